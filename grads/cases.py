@@ -1,0 +1,94 @@
+"""One gradient-check case per component: how every backward in scratchllm is checked.
+
+Each case draws float64 inputs at distinct odd sizes (so a wrong transpose cannot hide) from
+the seeded `rng` it is given and returns one Report, or a list of Reports for variants.
+Imports stay inside each case so that one broken module never hides the others.
+Register a case with @case; `python -m grads NAME ...` runs some, `--list` names them.
+"""
+import numpy as np
+
+from grads.check import check
+
+CASES = {}
+
+
+def case(fn):
+    """Register fn under its name."""
+    CASES[fn.__name__] = fn
+    return fn
+
+
+# ------------------------------------------------------------------- foundation (ops.py)
+@case
+def linear(rng):
+    from scratchllm.ops import linear_backward, linear_forward
+    x, W, b = rng.standard_normal((2, 5, 7)), rng.standard_normal((7, 3)), rng.standard_normal(3)
+    return [check(linear_forward, linear_backward, rng=rng, label="bias", x=x, W=W, b=b),
+            check(linear_forward, linear_backward, rng=rng, label="no bias", x=x, W=W)]
+
+
+@case
+def embedding(rng):
+    from scratchllm.ops import embedding_backward, embedding_forward
+    ids = np.array([[1, 4, 1], [6, 0, 4]])  # repeated ids must accumulate
+    return check(embedding_forward, embedding_backward, rng=rng,
+                 ids=ids, E=rng.standard_normal((7, 5)))
+
+
+@case
+def rmsnorm(rng):
+    from scratchllm.ops import rmsnorm_backward, rmsnorm_forward
+    return check(rmsnorm_forward, rmsnorm_backward, rng=rng,
+                 x=rng.standard_normal((2, 5, 11)), g=rng.standard_normal(11), eps=1e-5)
+
+
+@case
+def silu(rng):
+    from scratchllm.ops import silu_backward, silu_forward
+    return check(silu_forward, silu_backward, rng=rng, x=3 * rng.standard_normal((3, 7)))
+
+
+@case
+def swiglu(rng):
+    from scratchllm.ops import swiglu_backward, swiglu_forward
+    D, F = 7, 9
+    return check(swiglu_forward, swiglu_backward, rng=rng, x=rng.standard_normal((2, 3, D)),
+                 W1=rng.standard_normal((D, F)), W3=rng.standard_normal((D, F)),
+                 W2=rng.standard_normal((F, D)))
+
+
+@case
+def softmax(rng):
+    from scratchllm.ops import softmax_backward, softmax_forward
+    x = rng.standard_normal((3, 5, 7))
+    x[0, 1, 2:5] = -np.inf  # partly masked rows are part of the contract
+    return [check(softmax_forward, softmax_backward, rng=rng, label="last axis", x=x),
+            check(softmax_forward, softmax_backward, rng=rng, label="axis=1",
+                  x=rng.standard_normal((3, 5, 7)), axis=1)]
+
+
+@case
+def log_softmax(rng):
+    from scratchllm.ops import log_softmax_backward, log_softmax_forward
+    return check(log_softmax_forward, log_softmax_backward, rng=rng,
+                 x=rng.standard_normal((3, 5, 7)))
+
+
+@case
+def cross_entropy(rng):
+    from scratchllm.ops import cross_entropy_backward, cross_entropy_forward
+    targets = rng.integers(0, 11, size=(3, 5))
+    targets[1, 2] = -100  # ignored position
+    return check(cross_entropy_forward, cross_entropy_backward, rng=rng,
+                 logits=rng.standard_normal((3, 5, 11)), targets=targets)
+
+
+# ------------------------------------------------------------------- tokenizer: nothing to check
+
+# ------------------------------------------------------------------- attention (rope, attention, mla)
+
+# ------------------------------------------------------------------- mixture of experts (moe)
+
+# ------------------------------------------------------------------- state-space models (ssm, scan)
+
+# ------------------------------------------------------------------- models (model)

@@ -1,0 +1,132 @@
+"""Param, Module, and thin Modules that own parameters and call the functional pairs.
+
+Modules own parameters; calls own activations:
+    out, cache = module.forward(x)       # calls the pair, stores nothing on the module
+    dx = module.backward(dout, cache)    # calls the pair, adds (+=) into each Param.grad
+A Module contains no math of its own, so a layer can be reused and weights can be tied
+(the same Param object in two places accumulates both gradients).
+"""
+import numpy as np
+
+from scratchllm import ops
+
+
+class Param:
+    """A trainable array and its accumulated gradient."""
+
+    def __init__(self, data):
+        self.data = data
+        self.grad = np.zeros_like(data)
+
+    def __repr__(self):
+        return f"Param(shape={self.data.shape}, dtype={self.data.dtype})"
+
+
+class Module:
+    """A tree of Params and sub-Modules, found through the attributes (lists too)."""
+
+    def named_parameters(self, prefix=""):
+        """Yield (dotted name, Param) once per distinct Param, in attribute order."""
+        seen = set()
+        for name, p in self._walk(prefix):
+            if id(p) not in seen:
+                seen.add(id(p))
+                yield name, p
+
+    def _walk(self, prefix):
+        for attr, value in vars(self).items():
+            items = enumerate(value) if isinstance(value, (list, tuple)) else [(None, value)]
+            for i, item in items:
+                name = f"{prefix}{attr}" if i is None else f"{prefix}{attr}.{i}"
+                if isinstance(item, Param):
+                    yield name, item
+                elif isinstance(item, Module):
+                    yield from item._walk(name + ".")
+
+    def parameters(self):
+        return [p for _, p in self.named_parameters()]
+
+    def zero_grad(self):
+        for p in self.parameters():
+            p.grad[...] = 0
+
+    def n_params(self):
+        return sum(p.data.size for p in self.parameters())
+
+
+def _init(rng, shape, std, dtype):
+    return (rng.standard_normal(shape) * std).astype(dtype)
+
+
+class Linear(Module):
+    """y = x @ W (+ b); W (d_in, d_out) ~ N(0, 1/d_in)."""
+
+    def __init__(self, d_in, d_out, *, bias=False, rng, dtype=np.float32):
+        self.W = Param(_init(rng, (d_in, d_out), d_in ** -0.5, dtype))
+        self.b = Param(np.zeros(d_out, dtype)) if bias else None
+
+    def forward(self, x):
+        return ops.linear_forward(x, self.W.data, None if self.b is None else self.b.data)
+
+    def backward(self, dy, cache):
+        g = ops.linear_backward(dy, cache)
+        self.W.grad += g["W"]
+        if self.b is not None:
+            self.b.grad += g["b"]
+        return g["x"]
+
+
+class Embedding(Module):
+    """out = E[ids]; E (V, D) ~ N(0, 1). `attend` reuses E as a tied output head."""
+
+    def __init__(self, vocab_size, d_model, *, rng, dtype=np.float32):
+        self.E = Param(_init(rng, (vocab_size, d_model), 1.0, dtype))
+
+    def forward(self, ids):
+        return ops.embedding_forward(ids, self.E.data)
+
+    def backward(self, dout, cache):
+        self.E.grad += ops.embedding_backward(dout, cache)["E"]
+
+    def attend(self, x):
+        """Tied head: logits = x @ E^T, (..., D) -> (..., V)."""
+        return ops.linear_forward(x, self.E.data.T)
+
+    def attend_backward(self, dlogits, cache):
+        g = ops.linear_backward(dlogits, cache)
+        self.E.grad += g["W"].T  # W = E^T, so dE = dW^T
+        return g["x"]
+
+
+class RMSNorm(Module):
+    """y = x / rms(x) * g; g starts at ones."""
+
+    def __init__(self, d_model, *, eps=1e-5, dtype=np.float32):
+        self.g = Param(np.ones(d_model, dtype))
+        self.eps = eps
+
+    def forward(self, x):
+        return ops.rmsnorm_forward(x, self.g.data, self.eps)
+
+    def backward(self, dy, cache):
+        g = ops.rmsnorm_backward(dy, cache)
+        self.g.grad += g["g"]
+        return g["x"]
+
+
+class SwiGLU(Module):
+    """y = (silu(x @ W1) * (x @ W3)) @ W2, the Llama FFN."""
+
+    def __init__(self, d_model, d_ff, *, rng, dtype=np.float32):
+        self.W1 = Param(_init(rng, (d_model, d_ff), d_model ** -0.5, dtype))
+        self.W3 = Param(_init(rng, (d_model, d_ff), d_model ** -0.5, dtype))
+        self.W2 = Param(_init(rng, (d_ff, d_model), d_ff ** -0.5, dtype))
+
+    def forward(self, x):
+        return ops.swiglu_forward(x, self.W1.data, self.W3.data, self.W2.data)
+
+    def backward(self, dy, cache):
+        g = ops.swiglu_backward(dy, cache)
+        for name in ("W1", "W3", "W2"):
+            getattr(self, name).grad += g[name]
+        return g["x"]
