@@ -16,7 +16,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.ops import softmax_backward, softmax_forward
+from scratchllm.ops import linear_backward, linear_forward, softmax_backward, softmax_forward
+from scratchllm.rope import rope_backward, rope_forward
 from scratchllm.validate import expect_float, expect_ndim, expect_shape
 
 
@@ -105,3 +106,145 @@ def sdpa_backward(dout, cache):
     dq = ds @ k  # (B, H, Tq, Dh)
     dk = ds.swapaxes(-1, -2) @ q  # (B, H, Tk, Dh)
     return {"q": dq, "k": dk, "v": dv}
+
+
+# ---------------------------------------------------------------------------- head plumbing
+def split_heads(t, n_heads):
+    """(B, T, n*Dh) -> (B, n, T, Dh). Its backward is merge_heads, and vice versa."""
+    B, T, HD = t.shape
+    return t.reshape(B, T, n_heads, HD // n_heads).transpose(0, 2, 1, 3)  # (B, n, T, Dh)
+
+
+def merge_heads(t):
+    """(B, n, T, Dh) -> (B, T, n*Dh), contiguous."""
+    B, n, T, Dh = t.shape
+    return np.ascontiguousarray(t.transpose(0, 2, 1, 3)).reshape(B, T, n * Dh)  # (B, T, n*Dh)
+
+
+def repeat_kv_forward(kv, group):
+    """Share each KV head with `group` query heads: head h reads KV head h // group.
+
+    Inputs: kv (B, Hkv, T, Dh).  Returns: (B, Hkv*group, T, Dh).  Cache: (group,).
+    """
+    return np.repeat(kv, group, axis=1), (group,)  # (B, H, T, Dh)
+
+
+def repeat_kv_backward(dout, cache):
+    """Math: KV head j fed query heads j*G .. j*G+G-1, so its gradient is their sum."""
+    (group,) = cache
+    B, H, T, Dh = dout.shape
+    return {"kv": dout.reshape(B, H // group, group, T, Dh).sum(axis=2)}  # (B, Hkv, T, Dh)
+
+
+# ---------------------------------------------------------------------------- GQA
+class QKVCache(NamedTuple):
+    lin_q: tuple
+    lin_k: tuple
+    lin_v: tuple
+    rope_q: tuple  # None without RoPE
+    rope_k: tuple
+    n_heads: int
+    n_kv_heads: int
+
+
+class GQACache(NamedTuple):
+    qkv: QKVCache
+    rep_k: tuple
+    rep_v: tuple
+    sdpa: SDPACache
+    lin_o: tuple
+
+
+def _resolve_mask(mask, window, T):
+    """A mask name ("causal", "sliding" with window, "none"/None) or a bool array."""
+    if mask is None or (isinstance(mask, str) and mask == "none"):
+        return None
+    if isinstance(mask, str) and mask == "causal":
+        return causal_mask(T)  # (T, T)
+    if isinstance(mask, str) and mask == "sliding":
+        if window is None or window < 1:
+            raise ValueError(f"gqa: mask='sliding' needs window >= 1, got window={window!r}")
+        return sliding_window_mask(T, window)  # (T, T)
+    if isinstance(mask, np.ndarray):
+        return mask
+    raise ValueError(f"gqa: mask must be 'causal', 'sliding', 'none', None or a bool array, "
+                     f"got {mask!r}")
+
+
+def project_qkv(x, wq, wk, wv, n_heads, n_kv_heads, positions, inv_freq, rope_style,
+                attention_factor):
+    """q, k, v heads of x, with RoPE on q and k when inv_freq is given.
+
+    Inputs:  x (B, T, D), wq (D, H*Dh), wk/wv (D, Hkv*Dh), positions (T,) or (B, T).
+    Returns: q (B, H, T, Dh), k and v (B, Hkv, T, Dh), QKVCache.
+    """
+    expect_float("gqa", "x", x)
+    expect_ndim("gqa", "x", x, 3, "(B, T, D)")
+    B, T, D = x.shape
+    if n_heads % n_kv_heads:
+        raise ValueError(f"gqa: n_heads={n_heads} must be a multiple of n_kv_heads="
+                         f"{n_kv_heads}")
+    if wq.shape[-1] % n_heads:
+        raise ValueError(f"gqa: wq has shape {wq.shape}, expected (D, H*Dh) with H={n_heads}")
+    Dh = wq.shape[-1] // n_heads
+    expect_shape("gqa", "wq", wq, (D, n_heads * Dh), "(D, H*Dh)")
+    expect_shape("gqa", "wk", wk, (D, n_kv_heads * Dh), f"(D, Hkv*Dh) = (D, {n_kv_heads}*{Dh})")
+    expect_shape("gqa", "wv", wv, (D, n_kv_heads * Dh), f"(D, Hkv*Dh) = (D, {n_kv_heads}*{Dh})")
+    q, lin_q = linear_forward(x, wq)  # (B, T, H*Dh)
+    k, lin_k = linear_forward(x, wk)  # (B, T, Hkv*Dh)
+    v, lin_v = linear_forward(x, wv)  # (B, T, Hkv*Dh)
+    q, k, v = split_heads(q, n_heads), split_heads(k, n_kv_heads), split_heads(v, n_kv_heads)
+    rope_q = rope_k = None
+    if inv_freq is not None:
+        pos = np.arange(T) if positions is None else positions
+        q, rope_q = rope_forward(q, pos, inv_freq, rope_style, attention_factor)  # (B,H,T,Dh)
+        k, rope_k = rope_forward(k, pos, inv_freq, rope_style, attention_factor)  # (B,Hkv,T,Dh)
+    return q, k, v, QKVCache(lin_q, lin_k, lin_v, rope_q, rope_k, n_heads, n_kv_heads)
+
+
+def project_qkv_backward(dq, dk, dv, cache):
+    """Reverse of project_qkv: rope backward, merge heads, the three linear backwards."""
+    lin_q, lin_k, lin_v, rope_q, rope_k, _, _ = cache
+    if rope_q is not None:
+        dq = rope_backward(dq, rope_q)["x"]  # fwd: q = rope(q) -> rotate dq by -theta
+        dk = rope_backward(dk, rope_k)["x"]  # fwd: k = rope(k)
+    g_q = linear_backward(merge_heads(dq), lin_q)  # fwd: q = split_heads(x @ wq)
+    g_k = linear_backward(merge_heads(dk), lin_k)  # fwd: k = split_heads(x @ wk)
+    g_v = linear_backward(merge_heads(dv), lin_v)  # fwd: v = split_heads(x @ wv)
+    return {"x": g_q["x"] + g_k["x"] + g_v["x"], "wq": g_q["W"], "wk": g_k["W"],
+            "wv": g_v["W"]}
+
+
+def gqa_forward(x, wq, wk, wv, wo, *, n_heads, n_kv_heads, positions=None, inv_freq=None,
+                rope_style="half", attention_factor=1.0, mask="causal", window=None):
+    """Grouped-query self-attention: y = concat_h sdpa(q_h, k_{h//G}, v_{h//G}) @ wo.
+
+    Inputs:  x (B, T, D); wq (D, H*Dh); wk, wv (D, Hkv*Dh); wo (H*Dh, D); positions (T,) or
+             (B, T) ints (default arange(T)); inv_freq (Dh/2,) or None for no RoPE; mask
+             "causal" | "sliding" (with window) | "none" | bool array broadcastable to
+             (B, H, T, T).
+    Returns: y (B, T, D).  Cache: GQACache (qkv, repeat, sdpa and output-linear caches).
+    """
+    q, k, v, qkv = project_qkv(x, wq, wk, wv, n_heads, n_kv_heads, positions, inv_freq,
+                               rope_style, attention_factor)
+    expect_shape("gqa", "wo", wo, (wq.shape[1], x.shape[2]), "(H*Dh, D)")
+    G = n_heads // n_kv_heads
+    k_all, rep_k = repeat_kv_forward(k, G)  # (B, H, T, Dh)
+    v_all, rep_v = repeat_kv_forward(v, G)  # (B, H, T, Dh)
+    o, sd = sdpa_forward(q, k_all, v_all, _resolve_mask(mask, window, x.shape[1]))  # (B,H,T,Dh)
+    y, lin_o = linear_forward(merge_heads(o), wo)  # (B, T, D)
+    return y, GQACache(qkv, rep_k, rep_v, sd, lin_o)
+
+
+def gqa_backward(dy, cache):
+    """Reverse of gqa_forward through the pairs: linear, sdpa, repeat_kv (sum over the group),
+    rope (rotation by -theta), linear.  Reference: Ainslie et al. 2023; HF repeat_kv."""
+    qkv, rep_k, rep_v, sd, lin_o = cache
+    g_o = linear_backward(dy, lin_o)  # fwd: y = merge_heads(o) @ wo
+    do = split_heads(g_o["x"], qkv.n_heads)  # (B, H, T, Dh)
+    g_sd = sdpa_backward(do, sd)  # fwd: o = sdpa(q, k_all, v_all)
+    dk = repeat_kv_backward(g_sd["k"], rep_k)["kv"]  # fwd: k_all = repeat(k) -> sum group
+    dv = repeat_kv_backward(g_sd["v"], rep_v)["kv"]  # (B, Hkv, T, Dh)
+    grads = project_qkv_backward(g_sd["q"], dk, dv, qkv)
+    grads["wo"] = g_o["W"]
+    return grads

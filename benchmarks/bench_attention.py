@@ -1,0 +1,132 @@
+"""Benchmarks for issue 4: attention family (float32, 2 threads, medians, side by side in one run).
+
+Run serialised with other helpers:
+    flock /tmp/scratchllm-bench.lock python benchmarks/bench_attention.py [NAME ...]
+
+Each benchmark is a function `bench_NAME() -> None` that times scratchllm against a PyTorch CPU
+autograd twin doing the same math (written here, never in the library) and prints median ms
+and the ratio ours / torch. With no arguments every benchmark runs; otherwise the named ones.
+
+Sections:
+- GQA (attention.py, rope.py): gqa fwd+bwd with RoPE vs torch.
+- MLA (mla.py): added by the mla.py helper below its marker.
+"""
+import os
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "2")
+os.environ.setdefault("MKL_NUM_THREADS", "2")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
+
+torch.set_num_threads(2)
+
+
+def median_time(fn, repeats=7, warmup=2):
+    """Median wall time in seconds of `fn()` over `repeats` runs after `warmup` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def report(name, ours, theirs, target=None):
+    """Print one row: median ms of ours and torch, the ratio, and the target verdict."""
+    ratio = ours / theirs
+    verdict = "" if target is None else (f"  target <= {target}x: "
+                                         + ("met" if ratio <= target else "NOT met"))
+    print(f"{name:<40} ours {ours * 1e3:8.2f} ms   torch {theirs * 1e3:8.2f} ms   "
+          f"ratio {ratio:5.2f}x{verdict}")
+
+
+# --- GQA (attention.py, rope.py) ---
+def torch_rope_half(t, cos, sin):
+    """HF apply_rotary_pos_emb: t*cos + rotate_half(t)*sin, cos/sin (T, Dh/2) duplicated."""
+    c, s = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
+    half = t.shape[-1] // 2
+    return t * c + torch.cat([-t[..., half:], t[..., :half]], -1) * s
+
+
+def torch_gqa(x, wq, wk, wv, wo, H, Hkv, inv_freq):
+    """The same math as gqa_forward (causal, RoPE "half") with torch ops."""
+    B, T, D = x.shape
+    Dh = wq.shape[1] // H
+    ang = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq  # (T, Dh/2)
+    cos, sin = torch.cos(ang).float(), torch.sin(ang).float()
+    q = (x @ wq).view(B, T, H, Dh).transpose(1, 2)
+    k = (x @ wk).view(B, T, Hkv, Dh).transpose(1, 2)
+    v = (x @ wv).view(B, T, Hkv, Dh).transpose(1, 2)
+    q, k = torch_rope_half(q, cos, sin), torch_rope_half(k, cos, sin)
+    k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
+    s = (q @ k.transpose(-1, -2)) * Dh ** -0.5
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    p = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
+    o = (p @ v).transpose(1, 2).reshape(B, T, H * Dh)
+    return o @ wo
+
+
+def bench_gqa():
+    from scratchllm.attention import gqa_backward, gqa_forward
+    from scratchllm.rope import rope_frequencies
+    B, T, D, H, Hkv, Dh = 8, 256, 256, 8, 2, 32
+    rng = np.random.default_rng(0)
+    f32 = np.float32
+    x = rng.standard_normal((B, T, D)).astype(f32)
+    ws = {"wq": rng.standard_normal((D, H * Dh)).astype(f32) * D ** -0.5,
+          "wk": rng.standard_normal((D, Hkv * Dh)).astype(f32) * D ** -0.5,
+          "wv": rng.standard_normal((D, Hkv * Dh)).astype(f32) * D ** -0.5,
+          "wo": rng.standard_normal((H * Dh, D)).astype(f32) * (H * Dh) ** -0.5}
+    dy = rng.standard_normal((B, T, D)).astype(f32)
+    inv_freq, _ = rope_frequencies(Dh)
+
+    def ours():
+        y, cache = gqa_forward(x, **ws, n_heads=H, n_kv_heads=Hkv, inv_freq=inv_freq)
+        return gqa_backward(dy, cache)
+
+    tx = torch.tensor(x, requires_grad=True)
+    tws = {k: torch.tensor(w, requires_grad=True) for k, w in ws.items()}
+    tdy, tinv = torch.tensor(dy), torch.tensor(inv_freq)
+
+    def theirs():
+        for t in (tx, *tws.values()):
+            t.grad = None
+        torch_gqa(tx, *tws.values(), H, Hkv, tinv).backward(tdy)
+
+    g, _ = ours(), theirs()  # same math: check before timing
+    err = max(float(np.abs(g[k] - t.grad.numpy()).max() / np.abs(g[k]).max())
+              for k, t in [("x", tx), *tws.items()])
+    print(f"B={B} T={T} D={D} H={H} Hkv={Hkv} Dh={Dh}, RoPE half, causal; "
+          f"max rel grad diff vs torch {err:.1e}")
+    report("gqa fwd+bwd (RoPE)", median_time(ours), median_time(theirs), target=1.5)
+
+
+GQA_BENCHMARKS = [bench_gqa]
+
+
+# --- MLA ---
+MLA_BENCHMARKS = []
+
+
+def main(argv=None):
+    names = sys.argv[1:] if argv is None else argv
+    todo = [b for b in GQA_BENCHMARKS + MLA_BENCHMARKS
+            if not names or b.__name__.removeprefix("bench_") in names]
+    print(f"numpy {np.__version__}, torch {torch.__version__}, float32, "
+          f"torch threads {torch.get_num_threads()}, OMP/OPENBLAS threads 2")
+    for bench in todo:
+        print(f"\n## {bench.__name__}")
+        bench()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
