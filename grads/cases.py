@@ -90,5 +90,43 @@ def cross_entropy(rng):
 # ------------------------------------------------------------------- mixture of experts (moe)
 
 # ------------------------------------------------------------------- state-space models (ssm, scan)
+@case
+def zoh(rng):
+    from scratchllm.ssm import zoh_backward, zoh_forward
+    near_zero = np.array([[0.0, 1e-12, -1e-7, 3e-3, -0.05],    # A = 0 and the series region
+                          [0.1001, -0.0999, -3.0, -40.0, 2.0]])  # both sides of |ΔA| = 0.1
+    return [check(zoh_forward, zoh_backward, rng=rng, label="A near 0", A=near_zero,
+                  B=rng.standard_normal((2, 5)), delta=np.array([1.0, 1.0])),
+            check(zoh_forward, zoh_backward, rng=rng, label="S4D-like",
+                  A=-rng.uniform(0.5, 9, (3, 7)), B=rng.standard_normal((3, 7)),
+                  delta=rng.uniform(1e-3, 0.5, 3))]
+
+
+@case
+def ssm_kernel(rng):
+    from scratchllm.ssm import ssm_kernel_backward, ssm_kernel_forward
+    return check(ssm_kernel_forward, ssm_kernel_backward, rng=rng, L=11,  # odd L, |A_bar| < 1
+                 A_bar=rng.uniform(-0.95, 0.95, (3, 5)), B_bar=rng.standard_normal((3, 5)),
+                 C=rng.standard_normal((3, 5)))
+
+
+@case
+def fft_conv(rng):
+    from scratchllm.ssm import fft_conv_backward, fft_conv_forward
+    return [check(fft_conv_forward, fft_conv_backward, rng=rng, label="K shared over batch",
+                  x=rng.standard_normal((2, 3, 7)), K=rng.standard_normal((3, 7))),
+            check(fft_conv_forward, fft_conv_backward, rng=rng, label="T = 13, same shapes",
+                  x=rng.standard_normal((3, 13)), K=rng.standard_normal((3, 13)))]
+
+
+@case
+def s4d(rng):
+    from scratchllm.ssm import s4d_backward, s4d_forward
+    Dm, N = 3, 5
+    return check(s4d_forward, s4d_backward, rng=rng, x=rng.standard_normal((2, 7, Dm)),
+                 A_log=rng.normal(0, 0.7, (Dm, N)), B=rng.standard_normal((Dm, N)),
+                 C=rng.standard_normal((Dm, N)), log_dt=rng.uniform(-4, 0, Dm),
+                 D=rng.standard_normal(Dm))
+
 
 # ------------------------------------------------------------------- models (model)
