@@ -87,6 +87,32 @@ def cross_entropy(rng):
 
 # ------------------------------------------------------------------- attention (rope, attention, mla)
 
+@case
+def mla(rng):
+    from scratchllm.mla import mla_backward, mla_forward, mla_softmax_scale
+    from scratchllm.rope import rope_frequencies
+    B, T, D, H, dn, dr, dv, Dc, Dq = 2, 5, 11, 3, 4, 6, 5, 7, 9  # distinct sizes
+    w = dict(wkv_a=0.4 * rng.standard_normal((D, Dc + dr)), kv_norm=1 + rng.random(Dc),
+             wkv_b=0.4 * rng.standard_normal((Dc, H * (dn + dv))),
+             wo=0.4 * rng.standard_normal((H * dv, D)))
+    wq = dict(wq=0.4 * rng.standard_normal((D, H * (dn + dr))))
+    wq_lora = dict(wq_a=0.4 * rng.standard_normal((D, Dq)), q_norm=1 + rng.random(Dq),
+                   wq_b=0.4 * rng.standard_normal((Dq, H * (dn + dr))))
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2,
+            "mscale": 1.0, "mscale_all_dim": 1.0}
+    inv_freq, af = rope_frequencies(dr, scaling=yarn)
+    x = rng.standard_normal((B, T, D))
+    return [check(mla_forward, mla_backward, rng=rng, label="wq, interleaved", x=x, **w, **wq,
+                  n_heads=H),
+            check(mla_forward, mla_backward, rng=rng, label="wq_a/q_norm/wq_b", x=x, **w,
+                  **wq_lora, n_heads=H),
+            check(mla_forward, mla_backward, rng=rng, label="half, yarn, (B,T) pos", x=x, **w,
+                  **wq_lora, wrt=["x", *w, *wq_lora], n_heads=H, rope_style="half", inv_freq=inv_freq,
+                  attention_factor=af, softmax_scale=mla_softmax_scale(dn + dr, yarn),
+                  positions=np.array([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]]))]
+
+
+
 # ------------------------------------------------------------------- mixture of experts (moe)
 
 # ------------------------------------------------------------------- state-space models (ssm, scan)
