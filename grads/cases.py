@@ -88,6 +88,60 @@ def cross_entropy(rng):
 # ------------------------------------------------------------------- attention (rope, attention, mla)
 
 @case
+def rope(rng):
+    from scratchllm.rope import rope_backward, rope_forward, rope_frequencies
+    inv_freq, af = rope_frequencies(6, scaling={"rope_type": "yarn", "factor": 4.0,
+                                                "original_max_position_embeddings": 8})
+    x = rng.standard_normal((2, 3, 5, 6))
+    return [check(rope_forward, rope_backward, rng=rng, label=f"{style}, {pos.ndim}-d pos",
+                  wrt=["x"], x=x, positions=pos, inv_freq=inv_freq, style=style,
+                  attention_factor=af)
+            for style in ("half", "interleaved")
+            for pos in (np.arange(3, 8), rng.integers(0, 50, size=(2, 5)))]
+
+
+@case
+def sdpa(rng):
+    from scratchllm.attention import causal_mask, sdpa_backward, sdpa_forward
+    q, k, v = (rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((2, 3, 7, 4)),
+               rng.standard_normal((2, 3, 7, 6)))
+    mask = rng.random((2, 1, 5, 7)) < 0.6
+    mask[0, 0, 2] = False  # a fully masked row: zeros out, zero gradient
+    return [check(sdpa_forward, sdpa_backward, rng=rng, label="no mask", q=q, k=k, v=v),
+            check(sdpa_forward, sdpa_backward, rng=rng, label="random mask, scale", q=q, k=k,
+                  v=v, mask=mask, scale=0.3),
+            check(sdpa_forward, sdpa_backward, rng=rng, label="causal", q=q, k=k[:, :, :5],
+                  v=v[:, :, :5], mask=causal_mask(5))]
+
+
+@case
+def gqa(rng):
+    from scratchllm.attention import (attention_sink_mask, block_sparse_mask, gqa_backward,
+                                      gqa_forward)
+    from scratchllm.rope import rope_frequencies
+    B, T, D, H, Hkv, Dh = 2, 7, 5, 6, 2, 4
+    w = dict(x=rng.standard_normal((B, T, D)), wq=rng.standard_normal((D, H * Dh)),
+             wk=rng.standard_normal((D, Hkv * Dh)), wv=rng.standard_normal((D, Hkv * Dh)),
+             wo=rng.standard_normal((H * Dh, D)))
+    inv_freq, _ = rope_frequencies(Dh)
+    rope = dict(inv_freq=inv_freq, wrt=list(w))
+    variants = {"no rope, causal": {}, "no rope, no mask": dict(mask=None),
+                "rope half, causal": rope,
+                "rope interleaved, sliding 3, af 1.2": dict(rope, rope_style="interleaved",
+                                                            mask="sliding", window=3,
+                                                            attention_factor=1.2),
+                "rope, sink(3, 1), (B,T) pos": dict(rope, mask=attention_sink_mask(T, 3, 1),
+                                                    positions=rng.integers(0, 30, (B, T))),
+                "rope, block sparse(2, 1)": dict(rope, mask=block_sparse_mask(T, 2, 1)),
+                "MQA (Hkv=1), rope": dict(rope, wk=w["wk"][:, :Dh], wv=w["wv"][:, :Dh],
+                                          n_kv_heads=1)}
+    return [check(gqa_forward, gqa_backward, rng=rng, label=label,
+                  **{**w, "n_heads": H, "n_kv_heads": Hkv, **kw})
+            for label, kw in variants.items()]
+
+
+
+@case
 def mla(rng):
     from scratchllm.mla import mla_backward, mla_forward, mla_softmax_scale
     from scratchllm.rope import rope_frequencies

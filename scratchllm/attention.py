@@ -17,7 +17,8 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.ops import linear_backward, linear_forward, softmax_backward, softmax_forward
-from scratchllm.rope import rope_backward, rope_forward
+from scratchllm.nn import Module, Param, _init
+from scratchllm.rope import rope_backward, rope_forward, rope_frequencies
 from scratchllm.validate import expect_float, expect_ndim, expect_shape
 
 
@@ -248,3 +249,52 @@ def gqa_backward(dy, cache):
     grads = project_qkv_backward(g_sd["q"], dk, dv, qkv)
     grads["wo"] = g_o["W"]
     return grads
+
+
+# ---------------------------------------------------------------------------- module
+class Attention(Module):
+    """GQA self-attention layer owning wq, wk, wv, wo; calls gqa_forward / gqa_backward.
+
+    RoPE frequencies come from rope_frequencies(head_dim, rope_base, rope_scaling), recomputed
+    per call (cheap) so that "dynamic" scaling sees the current length. use_rope=False: none.
+    """
+
+    def __init__(self, d_model, n_heads, n_kv_heads, *, rng, head_dim=None, use_rope=True,
+                 rope_base=10000.0, rope_scaling=None, rope_style="half", mask="causal",
+                 window=None, dtype=np.float32):
+        Dh = head_dim or d_model // n_heads
+        self.wq = Param(_init(rng, (d_model, n_heads * Dh), d_model ** -0.5, dtype))
+        self.wk = Param(_init(rng, (d_model, n_kv_heads * Dh), d_model ** -0.5, dtype))
+        self.wv = Param(_init(rng, (d_model, n_kv_heads * Dh), d_model ** -0.5, dtype))
+        self.wo = Param(_init(rng, (n_heads * Dh, d_model), (n_heads * Dh) ** -0.5, dtype))
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, Dh
+        self.use_rope, self.rope_base, self.rope_scaling = use_rope, rope_base, rope_scaling
+        self.rope_style, self.mask, self.window = rope_style, mask, window
+
+    def _rope_kwargs(self, seq_len):
+        if not self.use_rope:
+            return {}
+        inv_freq, af = rope_frequencies(self.head_dim, self.rope_base, self.rope_scaling,
+                                        seq_len)
+        return {"inv_freq": inv_freq, "attention_factor": af, "rope_style": self.rope_style}
+
+    def _weights(self):
+        return self.wq.data, self.wk.data, self.wv.data, self.wo.data
+
+    def forward(self, x, positions=None):
+        pos = np.arange(x.shape[1]) if positions is None else positions
+        return gqa_forward(x, *self._weights(), n_heads=self.n_heads,
+                           n_kv_heads=self.n_kv_heads, positions=pos, mask=self.mask,
+                           window=self.window, **self._rope_kwargs(int(np.max(pos)) + 1))
+
+    def backward(self, dy, cache):
+        g = gqa_backward(dy, cache)
+        for name in ("wq", "wk", "wv", "wo"):
+            getattr(self, name).grad += g[name]
+        return g["x"]
+
+    def decode(self, x_t, cache, position):
+        """One token (B, D) -> (B, D) with a KVCache / RollingKVCache (see kv_cache.py)."""
+        from scratchllm.kv_cache import gqa_decode  # kv_cache imports this module
+        return gqa_decode(x_t, *self._weights(), cache, position, n_heads=self.n_heads,
+                          n_kv_heads=self.n_kv_heads, **self._rope_kwargs(position + 1))
