@@ -168,6 +168,80 @@ def mla(rng):
 
 
 # ------------------------------------------------------------------- mixture of experts (moe)
+def _routing_inputs(rng, N, D, E, k, score="softmax", bias=False, margin=1e-3):
+    """Draw x (N, D), w_router (D, E) [and a selection bias] until every token's top-k choice
+    is at least `margin` from a tie, far above what a 1e-5 step can move: no flips in the check."""
+    from scratchllm.moe_router import router_forward, topk_margin
+    while True:
+        x, w = rng.standard_normal((N, D)), rng.standard_normal((D, E))
+        b = 0.05 * rng.standard_normal(E) if bias else None
+        _, cache = router_forward(x, w, k=k, score=score, selection_bias=b)
+        if topk_margin(cache.scores + (0 if b is None else b), k).min() > margin:
+            return x, w, b
+
+
+@case
+def router(rng):
+    from scratchllm.moe_router import router_backward, router_forward
+    reports = []
+    for score, bias in (("softmax", False), ("sigmoid", True)):
+        x, w, b = _routing_inputs(rng, 7, 6, 5, 2, score, bias)
+        reports.append(check(router_forward, router_backward, rng=rng, wrt=["x", "w_router"],
+                             label=score + (" + bias" if bias else ""), x=x, w_router=w, k=2,
+                             score=score, selection_bias=b))
+    return reports
+
+
+@case
+def balance_loss(rng):
+    from scratchllm.moe_router import balance_loss_backward, balance_loss_forward
+    from scratchllm.ops import softmax_forward
+    probs = softmax_forward(rng.standard_normal((9, 5)))[0]
+    topk_idx = np.argsort(-probs, axis=-1)[:, :2]
+    return check(balance_loss_forward, balance_loss_backward, rng=rng,
+                 probs=probs, topk_idx=topk_idx)
+
+
+@case
+def z_loss(rng):
+    from scratchllm.moe_router import z_loss_backward, z_loss_forward
+    return check(z_loss_forward, z_loss_backward, rng=rng, logits=3 * rng.standard_normal((9, 5)))
+
+
+@case
+def moe(rng):
+    from scratchllm.moe import moe_backward, moe_forward
+    N, D, E, F, Fs, k = 11, 6, 4, 5, 3, 2
+    reports = []
+    variants = (("softmax", False, 0.75), ("sigmoid", True, 1.0), ("softmax", True, None))
+    for score, bias, c in variants:
+        x, w, b = _routing_inputs(rng, N, D, E, k, score, bias)
+        experts = dict(w1=rng.standard_normal((E, D, F)), w3=rng.standard_normal((E, D, F)),
+                       w2=rng.standard_normal((E, F, D)))
+        shared = dict(shared_w1=rng.standard_normal((D, Fs)), shared_w3=rng.standard_normal(
+            (D, Fs)), shared_w2=rng.standard_normal((Fs, D))) if c is not None else {}
+        label = f"{score}{' + bias' if bias else ''}, capacity {c}{', shared' if shared else ''}"
+        reports.append(check(moe_forward, moe_backward, rng=rng, label=label,
+                             wrt=["x", "w_router", *experts, *shared],
+                             x=x, w_router=w, k=k, capacity_factor=c, score=score,
+                             selection_bias=b, **experts, **shared))
+    return reports
+
+
+@case
+def expert_choice(rng):
+    from scratchllm.moe_expert_choice import expert_choice_backward, expert_choice_forward
+    from scratchllm.moe_router import topk_margin
+    from scratchllm.ops import softmax_forward
+    N, D, E, F = 9, 6, 4, 5
+    while True:  # each expert's top-C token choice far from a tie (C = ceil(2 * 9 / 4) = 5)
+        x, w = rng.standard_normal((N, D)), rng.standard_normal((D, E))
+        if topk_margin(softmax_forward(x @ w)[0].T, 5).min() > 1e-3:
+            break
+    return check(expert_choice_forward, expert_choice_backward, rng=rng, x=x, w_router=w,
+                 w1=rng.standard_normal((E, D, F)), w3=rng.standard_normal((E, D, F)),
+                 w2=rng.standard_normal((E, F, D)), capacity_factor=2.0)
+
 
 # ------------------------------------------------------------------- state-space models (ssm, scan)
 @case
