@@ -140,7 +140,6 @@ def gqa(rng):
             for label, kw in variants.items()]
 
 
-
 @case
 def mla(rng):
     from scratchllm.mla import mla_backward, mla_forward, mla_softmax_scale
@@ -164,7 +163,6 @@ def mla(rng):
                   **wq_lora, wrt=["x", *w, *wq_lora], n_heads=H, rope_style="half", inv_freq=inv_freq,
                   attention_factor=af, softmax_scale=mla_softmax_scale(dn + dr, yarn),
                   positions=np.array([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]]))]
-
 
 
 # ------------------------------------------------------------------- mixture of experts (moe)
@@ -284,3 +282,44 @@ def s4d(rng):
 
 
 # ------------------------------------------------------------------- models (model)
+LM_TINY = dict(vocab_size=23, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=12,
+               n_experts=4, kv_lora_rank=6, qk_nope_head_dim=4, qk_rope_head_dim=4,
+               v_head_dim=6, d_state=4, expand=2)
+LM_TINY_EXTRA = {"swa": dict(window=3, n_sink=1), "hybrid": dict(layer_pattern="MA")}
+
+
+def lm_tiny(name, **overrides):
+    """A model preset shrunk to LM_TINY sizes (tests share it)."""
+    from scratchllm.model import preset
+    return preset(name, **{**LM_TINY, **LM_TINY_EXTRA.get(name, {}), **overrides})
+
+
+def _lm(name, rng, label=None, **overrides):
+    """d loss / d every Param of a whole tiny model (CE + weighted MoE aux terms), along 2
+    random directions per Param, float64."""
+    from scratchllm.model import LM, loss_pair
+    model = LM(lm_tiny(name, **overrides), rng=rng, dtype=np.float64)
+    forward, backward, params = loss_pair(model)
+    V = model.cfg.vocab_size
+    return check(forward, backward, rng=rng, max_full=0, n_directions=2, label=label or name,
+                 ids=rng.integers(0, V, (2, 7)), targets=rng.integers(0, V, (2, 7)), **params)
+
+
+@case
+def lm_dense(rng):
+    return [_lm("dense", rng), _lm("dense", rng, "dense, tied", tie_embeddings=True)]
+
+
+@case
+def lm_moe(rng):
+    return _lm("moe", rng)
+
+
+@case
+def lm_mla(rng):
+    return _lm("mla", rng)
+
+
+@case
+def lm_swa(rng):
+    return _lm("swa", rng)

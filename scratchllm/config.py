@@ -1,0 +1,130 @@
+"""ModelConfig: every knob of the decoder LM in one commented dataclass, and the named presets.
+
+Presets (all small enough to train on 2 CPU cores in minutes):
+    dense   Llama-style: RMSNorm pre-norm, GQA, RoPE, SwiGLU
+    moe     Mixtral-style: dense attention, top-2 of 8 SwiGLU experts, balance + z losses
+    mla     DeepSeek-style: MLA + fine-grained MoE with a shared expert, sigmoid scores and the
+            aux-loss-free selection bias
+    swa     Mistral-style: sliding-window attention with attention sinks
+    hybrid  Jamba-style: Mamba and attention layers ("MAMA"), MoE FFN every other layer
+"""
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass
+class ModelConfig:
+    name: str = "custom"                # a label for logs and plots
+    # --- trunk
+    vocab_size: int = 1024              # V: BPE vocabulary, special tokens included
+    d_model: int = 128                  # D: residual stream width
+    n_layers: int = 4                   # L: blocks of (mixer, FFN)
+    norm_eps: float = 1e-5              # RMSNorm epsilon
+    tie_embeddings: bool = False        # output head = embedding^T (Embedding.attend)
+    # --- attention (layers marked "A")
+    attention: str = "gqa"              # "gqa" (MHA when n_kv_heads = n_heads, MQA at 1) | "mla"
+    n_heads: int = 4                    # H query heads
+    n_kv_heads: int = 2                 # Hkv KV heads (GQA); query head h reads h // (H/Hkv)
+    rope_base: float = 10000.0          # theta_i = base^(-2i/Dh)
+    rope_scaling: dict = None           # HF-style {"rope_type": "yarn", "factor": 4, ...} or None
+    rope_style: str = "half"            # "half" (rotate_half, HF) | "interleaved" (Meta)
+    window: int = None                  # sliding window W (None = full causal attention)
+    n_sink: int = 0                     # attention-sink tokens kept beside the window
+    # --- MLA (attention = "mla"), DeepSeek-V3 names
+    q_lora_rank: int = 0                # Dq (0 = a plain wq, no query compression)
+    kv_lora_rank: int = 32              # Dc: the cached KV latent
+    qk_nope_head_dim: int = 32          # dn: per-head key/query part without RoPE
+    qk_rope_head_dim: int = 16          # dr: RoPE part (one shared key per token)
+    v_head_dim: int = 32                # dv
+    # --- FFN
+    ffn: str = "swiglu"                 # "swiglu" | "moe"
+    d_ff: int = 384                     # F: SwiGLU hidden width (each expert's, for MoE)
+    moe_every: int = 1                  # MoE in layers i with (i + 1) % moe_every == 0
+    n_experts: int = 8                  # E routed experts
+    top_k: int = 2                      # K experts per token
+    capacity_factor: float = None       # per-expert capacity ceil(c N K / E); None = no drops
+    n_shared: int = 0                   # shared experts (one SwiGLU of width n_shared * d_ff)
+    score: str = "softmax"              # router scores: "softmax" (Mixtral) | "sigmoid" (DSv3)
+    balance_coef: float = 0.01          # weight of the Switch balance loss
+    z_coef: float = 0.001               # weight of the ST-MoE router z-loss
+    bias_gamma: float = 0.0             # aux-loss-free bias speed (0 = off), DeepSeek-V3
+    # --- hybrid (Mamba) layers
+    layer_pattern: str = None           # e.g. "MAMA": M = Mamba mixer, A = attention; None = all A
+    d_state: int = 16                   # N: SSM state per channel
+    d_conv: int = 4                     # causal depthwise conv width
+    expand: int = 2                     # Mamba inner width = expand * D
+
+    def layer_kinds(self):
+        """One letter per layer: "A" attention or "M" Mamba."""
+        return self.layer_pattern or "A" * self.n_layers
+
+    def is_moe_layer(self, i):
+        return self.ffn == "moe" and (i + 1) % self.moe_every == 0
+
+    def validate(self):
+        """Raise ValueError naming the first inconsistent field."""
+        def bad(msg):
+            raise ValueError(f"ModelConfig: {msg}")
+        for f in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
+                  "moe_every", "n_experts", "top_k", "d_state", "d_conv", "expand"):
+            if not isinstance(getattr(self, f), int) or getattr(self, f) <= 0:
+                bad(f"{f} must be a positive integer, got {getattr(self, f)!r}")
+        if self.attention not in ("gqa", "mla"):
+            bad(f"attention must be 'gqa' or 'mla', got {self.attention!r}")
+        if self.ffn not in ("swiglu", "moe"):
+            bad(f"ffn must be 'swiglu' or 'moe', got {self.ffn!r}")
+        if self.score not in ("softmax", "sigmoid"):
+            bad(f"score must be 'softmax' or 'sigmoid', got {self.score!r}")
+        if self.rope_style not in ("half", "interleaved"):
+            bad(f"rope_style must be 'half' or 'interleaved', got {self.rope_style!r}")
+        if self.d_model % self.n_heads:
+            bad(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        if (self.d_model // self.n_heads) % 2 or self.qk_rope_head_dim % 2:
+            bad("RoPE needs even head dims (d_model / n_heads and qk_rope_head_dim)")
+        if self.n_heads % self.n_kv_heads:
+            bad(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
+        if self.top_k > self.n_experts:
+            bad(f"top_k={self.top_k} must be <= n_experts={self.n_experts}")
+        if self.window is not None and self.window < 1:
+            bad(f"window must be None or >= 1, got {self.window!r}")
+        if self.n_sink < 0 or (self.n_sink and self.window is None):
+            bad(f"n_sink={self.n_sink} needs a window and must be >= 0")
+        if self.window is not None and self.attention == "mla":
+            bad("a sliding window is implemented for attention='gqa' only")
+        kinds = self.layer_kinds()
+        if len(kinds) != self.n_layers or set(kinds) - set("AM"):
+            bad(f"layer_pattern must be {self.n_layers} letters of 'A'/'M', got {kinds!r}")
+        return self
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d):
+        """Inverse of to_dict; unknown keys are an error (a config from another version)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"ModelConfig: unknown field(s) {unknown}; known: {sorted(known)}")
+        return cls(**d).validate()
+
+
+_MOE = dict(ffn="moe", n_experts=8, top_k=2, d_ff=192, balance_coef=0.01, z_coef=0.001)
+
+PRESETS = {
+    "dense": dict(),
+    "moe": dict(_MOE),
+    "mla": dict(_MOE, attention="mla", d_ff=96, n_shared=1, score="sigmoid", bias_gamma=1e-3,
+                balance_coef=1e-4, z_coef=0.0),
+    "swa": dict(window=32, n_sink=4),
+    "hybrid": dict(_MOE, layer_pattern="MAMA", moe_every=2, n_experts=4),
+}
+
+
+def preset(name, **overrides):
+    """The named preset as a ModelConfig, with field overrides (e.g. d_model=16 for tests)."""
+    if name not in PRESETS:
+        raise ValueError(f"preset: unknown preset {name!r}; choose from {sorted(PRESETS)}")
+    fields = dict(PRESETS[name], name=name)
+    fields.update(overrides)
+    return ModelConfig(**fields).validate()
