@@ -1,0 +1,276 @@
+"""Numba kernels for the GPT-2 pattern: pre-token scan, pre-token counting, BPE encoding.
+
+The `regex` module runs GPT-2's pattern at ~5 MB/s; tiktoken (Rust) encodes at ~17 MB/s. These
+kernels do the same work on UTF-8 bytes, exactly:
+
+- `char_classes()`: one class per code point (0 other, 1 \\p{L}, 2 \\p{N}, 3 \\s), computed by
+  the `regex` module itself, so the scanner agrees with the regex on every character;
+- `scan_gpt2`: the pattern `'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|
+  \\s+(?!\\S)|\\s+` as a hand-written scanner (alternatives tried in the regex's order);
+  its twin is `regex.findall` (tests/test_tokenizer_fast.py checks they agree);
+- `count_pretokens`: unique pre-tokens and their counts (open-addressing hash of the bytes);
+- `encode_pieces`: scan + BPE of every pre-token, with a cache per distinct pre-token (hash of
+  its bytes -> its ids). The merge loop keeps one rank per adjacent pair, merges the lowest,
+  and recomputes only the two neighbouring ranks (tokenizer.py `_bpe` is its Python twin).
+
+Glossary: data = UTF-8 bytes (uint8); seg_ends = end offset of each piece between special
+tokens; ends = end offset of each pre-token; (a, b) -> (rank, new id) = the merge table.
+"""
+import numpy as np
+import numba as nb
+import regex
+
+OTHER, LETTER, NUMBER, SPACE = 0, 1, 2, 3
+_CLASSES = None
+_MULT = np.uint64(0x9E3779B97F4A7C15)
+
+
+def char_classes():
+    """uint8 (0x110000,) class of every code point, as the `regex` module sees it."""
+    global _CLASSES
+    if _CLASSES is None:
+        every = "".join(map(chr, range(0x110000)))
+        cls = np.zeros(0x110000, dtype=np.uint8)  # (0x110000,)
+        for code, prop in ((LETTER, r"\p{L}+"), (NUMBER, r"\p{N}+"), (SPACE, r"\s+")):
+            for m in regex.finditer(prop, every):
+                cls[m.start():m.end()] = code
+        _CLASSES = cls
+    return _CLASSES
+
+
+@nb.njit(cache=True, inline="always")
+def _decode(data, i):
+    """(code point, next offset) of the UTF-8 character at byte offset i (valid UTF-8)."""
+    b0 = np.int64(data[i])
+    if b0 < 0x80:
+        return b0, i + 1
+    if b0 < 0xE0:
+        return ((b0 & 0x1F) << 6) | (data[i + 1] & 0x3F), i + 2
+    if b0 < 0xF0:
+        return ((b0 & 0x0F) << 12) | ((data[i + 1] & 0x3F) << 6) | (data[i + 2] & 0x3F), i + 3
+    return (((b0 & 0x07) << 18) | ((data[i + 1] & 0x3F) << 12) | ((data[i + 2] & 0x3F) << 6)
+            | (data[i + 3] & 0x3F)), i + 4
+
+
+@nb.njit(cache=True)
+def _run(data, cls, i, n, k):
+    """Offset after the run of characters of class k starting at byte offset i."""
+    while i < n:
+        c, j = _decode(data, i)
+        if cls[c] != k:
+            return i
+        i = j
+    return n
+
+
+@nb.njit(cache=True)
+def _next_pretoken(data, cls, i, n):
+    """End offset of the GPT-2 pre-token starting at i (the segment ends at n)."""
+    c, j = _decode(data, i)
+    if c == 39 and j < n:                                    # 's 't 're 've 'm 'll 'd
+        d = data[j]
+        if d == 115 or d == 116 or d == 109 or d == 100:
+            return j + 1
+        if j + 1 < n:
+            e = data[j + 1]
+            if (d == 114 and e == 101) or (d == 118 and e == 101) or (d == 108 and e == 108):
+                return j + 2
+    k = cls[c]
+    if c == 32 and j < n:                                    # ' ?' before L, N or other
+        c2, _ = _decode(data, j)
+        k2 = cls[c2]
+        if k2 != SPACE:
+            return _run(data, cls, j, n, k2)
+    if k != SPACE:                                           # \p{L}+ | \p{N}+ | other+
+        return _run(data, cls, i, n, k)
+    last, p = i, j                                           # \s+(?!\S) | \s+
+    while p < n:
+        c2, q = _decode(data, p)
+        if cls[c2] != SPACE:
+            break
+        last, p = p, q
+    if p == n or last == i:
+        return p
+    return last
+
+
+@nb.njit(cache=True)
+def scan_gpt2(data, cls, seg_ends):
+    """int64 (T,) end offsets of all pre-tokens; each segment is scanned as its own string."""
+    ends = np.empty(data.shape[0], dtype=np.int64)  # (N,) upper bound: one per byte
+    t, i = 0, 0
+    for n in seg_ends:
+        while i < n:
+            i = _next_pretoken(data, cls, i, n)
+            ends[t] = i
+            t += 1
+    return ends[:t]
+
+
+@nb.njit(cache=True, inline="always")
+def _hash_bytes(data, s, e):
+    h = np.uint64(1469598103934665603)                      # FNV-1a, 64 bit
+    for i in range(s, e):
+        h = (h ^ np.uint64(data[i])) * np.uint64(1099511628211)
+    return h
+
+
+@nb.njit(cache=True, inline="always")
+def _same(data, s1, e1, s2, e2):
+    if e1 - s1 != e2 - s2:
+        return False
+    for i in range(e1 - s1):
+        if data[s1 + i] != data[s2 + i]:
+            return False
+    return True
+
+
+@nb.njit(cache=True)
+def count_pretokens(data, ends):
+    """Unique pre-tokens: (starts (U,), ends (U,), counts (U,)) in first-seen order."""
+    size = 1 << max(4, int(np.ceil(np.log2(2 * ends.shape[0] + 1))))
+    slot_of = np.full(size, -1, dtype=np.int64)    # (S,) table slot -> unique index
+    us = np.empty(ends.shape[0], dtype=np.int64)   # (T,) starts of unique pre-tokens
+    ue = np.empty(ends.shape[0], dtype=np.int64)   # (T,)
+    uc = np.zeros(ends.shape[0], dtype=np.int64)   # (T,)
+    u, s = 0, 0
+    for e in ends:
+        h = _hash_bytes(data, s, e) & np.uint64(size - 1)
+        while True:
+            k = slot_of[h]
+            if k < 0:
+                slot_of[h] = u
+                us[u], ue[u], uc[u] = s, e, 1
+                u += 1
+                break
+            if _same(data, us[k], ue[k], s, e):
+                uc[k] += 1
+                break
+            h = (h + np.uint64(1)) & np.uint64(size - 1)
+        s = e
+    return us[:u], ue[:u], uc[:u]
+
+
+def merge_table(pairs, new_ids):
+    """Open-addressing table (keys (S,), ranks (S,), new ids (S,)): (a, b) -> rank, a+b's id.
+
+    `pairs` is int64 (M, 2) of token ids in merge-rank order; `new_ids` (M,) the merged ids.
+    """
+    size = 1 << max(4, int(np.ceil(np.log2(2 * len(pairs) + 1))))
+    keys = np.full(size, -1, dtype=np.int64)     # (S,)
+    ranks = np.zeros(size, dtype=np.int64)       # (S,)
+    news = np.zeros(size, dtype=np.int64)        # (S,)
+    _fill_table(np.asarray(pairs, dtype=np.int64).reshape(-1, 2),
+                np.asarray(new_ids, dtype=np.int64), keys, ranks, news)
+    return keys, ranks, news
+
+
+@nb.njit(cache=True)
+def _fill_table(pairs, new_ids, keys, ranks, news):
+    for r in range(pairs.shape[0]):
+        key = (pairs[r, 0] << 32) | pairs[r, 1]
+        h = _slot(key, keys.shape[0])
+        while keys[h] >= 0 and keys[h] != key:
+            h = (h + 1) & (keys.shape[0] - 1)
+        if keys[h] < 0:
+            keys[h], ranks[h], news[h] = key, r, new_ids[r]
+
+
+@nb.njit(cache=True, inline="always")
+def _slot(key, size):
+    return np.int64((np.uint64(key) * _MULT) >> np.uint64(40)) & (size - 1)
+
+
+@nb.njit(cache=True, inline="always")
+def _lookup(a, b, keys, ranks):
+    """(rank, slot) of the merge (a, b), or (-1, -1) when a, b never merge."""
+    key = (a << 32) | b
+    h = _slot(key, keys.shape[0])
+    while keys[h] >= 0:
+        if keys[h] == key:
+            return ranks[h], h
+        h = (h + 1) & (keys.shape[0] - 1)
+    return -1, -1
+
+
+@nb.njit(cache=True)
+def _bpe(data, s, e, byte_ids, keys, ranks, news, parts, prank, pslot, out, t):
+    """Write the ids of pre-token data[s:e] to out[t:]; return the new t.
+
+    parts = current ids; prank[i] = rank of the merge (parts[i], parts[i+1]) (-1: none).
+    """
+    m = e - s
+    for i in range(m):
+        parts[i] = byte_ids[data[s + i]]
+    for i in range(m - 1):
+        prank[i], pslot[i] = _lookup(parts[i], parts[i + 1], keys, ranks)
+    while m > 1:
+        best, r = -1, -1
+        for i in range(m - 1):
+            if prank[i] >= 0 and (r < 0 or prank[i] < r):
+                best, r = i, prank[i]
+        if best < 0:
+            break
+        parts[best] = news[pslot[best]]                  # merge parts[best], parts[best + 1]
+        for i in range(best + 1, m - 1):
+            parts[i] = parts[i + 1]
+            prank[i], pslot[i] = prank[i + 1], pslot[i + 1]
+        m -= 1
+        if best > 0:                                    # only the two neighbours change
+            prank[best - 1], pslot[best - 1] = _lookup(parts[best - 1], parts[best], keys, ranks)
+        if best < m - 1:
+            prank[best], pslot[best] = _lookup(parts[best], parts[best + 1], keys, ranks)
+    for i in range(m):
+        out[t + i] = parts[i]
+    return t + m
+
+
+@nb.njit(cache=True)
+def encode_pieces(data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news, max_cached):
+    """int64 (T,) ids of segments: seg_special[k] >= 0 is a special token's id (empty segment),
+    else the text data[prev_end:seg_ends[k]] is scanned and BPE-encoded.
+
+    Pre-tokens up to max_cached bytes are cached: table slot -> (start, end) of a first
+    occurrence and the offset/length of its ids in the out array.
+    """
+    n = data.shape[0]
+    out = np.empty(n + seg_ends.shape[0], dtype=np.int64)   # (N + K,) at most one id per byte
+    filled = 0
+    parts = np.empty(n + 1, dtype=np.int64)                 # (N + 1,) work arrays of _bpe
+    prank = np.empty(n + 1, dtype=np.int64)                 # (N + 1,)
+    pslot = np.empty(n + 1, dtype=np.int64)                 # (N + 1,)
+    size = 1 << 16
+    c_start = np.full(size, -1, dtype=np.int64)             # (S,) cached pre-token bytes
+    c_end = np.empty(size, dtype=np.int64)                  # (S,)
+    c_out = np.empty(size, dtype=np.int64)                  # (S,) where its ids are in out
+    c_len = np.empty(size, dtype=np.int64)                  # (S,)
+    t, i = 0, 0
+    for k in range(seg_ends.shape[0]):
+        if seg_special[k] >= 0:
+            out[t] = seg_special[k]
+            t += 1
+            continue
+        stop = seg_ends[k]
+        while i < stop:
+            e = _next_pretoken(data, cls, i, stop)
+            if e - i == 1:
+                out[t] = byte_ids[data[i]]
+                t += 1
+            elif e - i > max_cached:
+                t = _bpe(data, i, e, byte_ids, keys, ranks, news, parts, prank, pslot, out, t)
+            else:
+                h = _hash_bytes(data, i, e) & np.uint64(size - 1)
+                while c_start[h] >= 0 and not _same(data, c_start[h], c_end[h], i, e):
+                    h = (h + np.uint64(1)) & np.uint64(size - 1)
+                if c_start[h] >= 0:
+                    for j in range(c_len[h]):
+                        out[t + j] = out[c_out[h] + j]
+                    t += c_len[h]
+                else:
+                    t2 = _bpe(data, i, e, byte_ids, keys, ranks, news, parts, prank, pslot, out, t)
+                    if filled * 2 < size:                    # keep the table at most half full
+                        c_start[h], c_end[h], c_out[h], c_len[h] = i, e, t, t2 - t
+                        filled += 1
+                    t = t2
+            i = e
+    return out[:t]

@@ -1,0 +1,230 @@
+"""The byte-level BPE tokenizer: encode/decode text with a trained (or GPT-2's) vocabulary.
+
+Encoding one pre-token: start from its bytes' ids; repeatedly merge the adjacent pair (a, b)
+with the lowest merge rank (the order the trainer learned them) into the id of a+b, until no
+adjacent pair has a rank. `_bpe` keeps one rank per adjacent pair and recomputes only the two
+neighbours of a merge; `_bpe_ref` (its twin) rescans every pair after every merge. For the
+"gpt2" pattern the whole pipeline (scan + BPE + per-pre-token cache) runs in fast.py's Numba
+kernels; other patterns use `regex` and a dict cache per pre-token string.
+
+Glossary: rank = index of a merge in `merges`; specials = {special token string: id}.
+"""
+import os
+from multiprocessing import Pool
+
+import numpy as np
+
+from . import fast, gpt2
+from .pretokenize import (CHUNK_CHARS, PATTERNS, clean_surrogates, compile_pattern,
+                          iter_chunks, read_blocks, special_regex, split_special)
+
+_CACHE_MAX = 1 << 17       # entries of the Python per-pre-token cache before it is cleared
+_WORKER = None             # the Tokenizer of an encode_file worker process
+
+
+class Tokenizer:
+    """Byte-level BPE tokenizer.
+
+    vocab: {id: bytes}; merges: [(bytes, bytes)] in rank order (a+b must be in vocab);
+    special_tokens: None, an iterable of str (ids looked up in vocab by their UTF-8 bytes,
+    else appended) or {str: id}; pattern: "gpt2", "cl100k" or a regex string.
+    """
+
+    def __init__(self, vocab, merges, special_tokens=None, pattern="gpt2"):
+        compile_pattern(pattern)
+        self.vocab = dict(vocab)
+        self.merges = [(bytes(a), bytes(b)) for a, b in merges]
+        self.pattern = pattern
+        self.special_tokens = self._register_specials(special_tokens or {})
+        special_ids = set(self.special_tokens.values())
+        self._id_of = {tok: i for i, tok in sorted(self.vocab.items()) if i not in special_ids}
+        self._byte_ids = np.array([self._need(bytes([b]), "byte") for b in range(256)])  # (256,)
+        self._pairs = np.array([(self._need(a, f"merge {r}: left"), self._need(b, f"merge {r}: "
+                                 "right")) for r, (a, b) in enumerate(self.merges)],
+                               dtype=np.int64).reshape(-1, 2)                           # (M, 2)
+        new_ids = [self._need(a + b, f"merge {r}: merged") for r, (a, b) in enumerate(self.merges)]
+        self._rank = {(int(a), int(b)): (r, n) for r, ((a, b), n)
+                      in enumerate(zip(self._pairs.tolist(), new_ids))}
+        self._table = fast.merge_table(self._pairs, new_ids)
+        self._fast = PATTERNS.get(pattern, pattern) == PATTERNS["gpt2"]
+        self._regex = compile_pattern(pattern)
+        self._cache = {}
+
+    def _register_specials(self, special_tokens):
+        if isinstance(special_tokens, dict):
+            for tok, i in special_tokens.items():
+                self.vocab[i] = tok.encode("utf-8")
+            return dict(special_tokens)
+        out = {}
+        for tok in special_tokens:
+            raw = tok.encode("utf-8")
+            found = [i for i, t in self.vocab.items() if t == raw]
+            out[tok] = max(found) if found else max(self.vocab, default=-1) + 1
+            self.vocab[out[tok]] = raw
+        return out
+
+    def _need(self, token, what):
+        if token not in self._id_of:
+            raise ValueError(f"Tokenizer: {what} token {token!r} is not in the vocab")
+        return self._id_of[token]
+
+    # ---- encoding -------------------------------------------------------------------------
+    def _special_re(self, allowed_special):
+        if allowed_special == "all":
+            allowed = set(self.special_tokens)
+        elif allowed_special == "none":
+            allowed = set()
+        else:
+            allowed = set(allowed_special)
+            unknown = allowed - set(self.special_tokens)
+            if unknown:
+                raise ValueError(f"encode: allowed_special has unregistered tokens "
+                                 f"{sorted(unknown)}; registered: {sorted(self.special_tokens)}")
+        return special_regex(allowed)
+
+    def encode(self, text, allowed_special="all"):
+        """list[int] ids of `text`; allowed special tokens in it become their ids."""
+        return self._encode_array(text, self._special_re(allowed_special)).tolist()
+
+    def encode_ordinary(self, text):
+        """list[int] ids of `text` with special-token strings treated as plain text."""
+        return self._encode_array(text, None).tolist()
+
+    def _encode_array(self, text, special_re):
+        if not isinstance(text, str):
+            raise TypeError(f"encode: text must be str, got {type(text).__name__}")
+        pieces = list(split_special(clean_surrogates(text), special_re))
+        if not self._fast:
+            return np.array(self._encode_slow(pieces), dtype=np.int64)           # (T,)
+        blobs = [b"" if s else p.encode("utf-8") for s, p in pieces]
+        seg_ends = np.cumsum([len(b) for b in blobs], dtype=np.int64)          # (K,)
+        seg_special = np.array([self.special_tokens[p] if s else -1 for s, p in pieces],
+                               dtype=np.int64)                                  # (K,)
+        data = np.frombuffer(b"".join(blobs), dtype=np.uint8)                   # (N,)
+        return fast.encode_pieces(data, seg_ends, seg_special, fast.char_classes(),
+                                  self._byte_ids, *self._table, 64)
+
+    def _encode_slow(self, pieces):
+        ids = []
+        for is_special, piece in pieces:
+            if is_special:
+                ids.append(self.special_tokens[piece])
+                continue
+            for pre in self._regex.findall(piece):
+                hit = self._cache.get(pre)
+                if hit is None:
+                    if len(self._cache) >= _CACHE_MAX:
+                        self._cache.clear()
+                    hit = self._cache[pre] = self._bpe(pre.encode("utf-8"))
+                ids.extend(hit)
+        return ids
+
+    def _bpe(self, token):
+        """Ids of one pre-token (bytes): lowest-rank merge first, neighbours re-ranked only."""
+        parts = [int(self._byte_ids[b]) for b in token]
+        none = (len(self.merges), -1)
+        ranks = [self._rank.get(p, none) for p in zip(parts, parts[1:])]
+        while ranks:
+            best = min(ranks)
+            if best[1] < 0:
+                break
+            i = ranks.index(best)
+            parts[i:i + 2] = [best[1]]
+            del ranks[i]
+            if i > 0:
+                ranks[i - 1] = self._rank.get((parts[i - 1], parts[i]), none)
+            if i < len(ranks):
+                ranks[i] = self._rank.get((parts[i], parts[i + 1]), none)
+        return tuple(parts)
+
+    def _bpe_ref(self, token):
+        """Naive twin of _bpe: after every merge, rescan all pairs for the lowest rank."""
+        parts = [bytes([b]) for b in token]
+        rank = {pair: r for r, pair in enumerate(self.merges)}
+        while True:
+            found = [(rank[p], i) for i, p in enumerate(zip(parts, parts[1:])) if p in rank]
+            if not found:
+                return tuple(self._id_of[p] for p in parts)
+            _, i = min(found)
+            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+
+    def encode_iterable(self, iterable, chunk_chars=1 << 16):
+        """Yield the ids of the concatenated strings (e.g. a file's lines), lazily: the same
+        ids as encode(whole text), with memory bounded by one chunk."""
+        for chunk in iter_chunks(iterable, tuple(self.special_tokens), self.pattern, chunk_chars):
+            yield from self.encode(chunk)
+
+    def encode_file(self, path, workers=None):
+        """np.ndarray of the ids of a UTF-8 file (uint16 if every id fits, else int32),
+        encoded in safe chunks by `workers` processes (None: all cores)."""
+        dtype = np.uint16 if max(self.vocab) < 1 << 16 else np.int32
+        workers = os.cpu_count() if workers is None else workers
+        chunks = iter_chunks(read_blocks(path), tuple(self.special_tokens), self.pattern,
+                             CHUNK_CHARS)
+        if workers <= 1:
+            parts = [self._encode_array(c, self._special_re("all")).astype(dtype) for c in chunks]
+        else:
+            fast.char_classes()                      # build the table once, before the fork
+            with Pool(workers, initializer=_init_worker, initargs=(self, dtype)) as pool:
+                parts = list(pool.imap(_encode_chunk, chunks))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)        # (T,)
+
+    # ---- decoding -------------------------------------------------------------------------
+    def decode_bytes(self, ids):
+        """The bytes of a sequence of ids; an unknown id raises ValueError."""
+        ids = ids.tolist() if isinstance(ids, np.ndarray) else ids
+        try:
+            return b"".join([self.vocab[i] for i in ids])
+        except (KeyError, TypeError):
+            bad = next(i for i in ids if not isinstance(i, int) or i not in self.vocab)
+            raise ValueError(f"decode: id {bad!r} is not in the vocab (ids run 0.."
+                             f"{max(self.vocab)})") from None
+
+    def decode(self, ids):
+        """The text of a sequence of ids; invalid UTF-8 becomes U+FFFD, as in GPT-2."""
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    # ---- files ----------------------------------------------------------------------------
+    @classmethod
+    def from_gpt2_files(cls, vocab_json, merges_txt, special_tokens=None):
+        """GPT-2's vocab.json + merges.txt. special_tokens=None registers "<|endoftext|>"
+        when the vocab has it."""
+        table = gpt2.read_gpt2_vocab(vocab_json)
+        merges = gpt2.read_gpt2_merges(merges_txt)
+        if special_tokens is None:
+            special_tokens = [t for t in ("<|endoftext|>",) if t in table]
+        vocab = {i: gpt2.from_printable(t, f"{vocab_json} token {t!r}")
+                 for t, i in table.items() if t not in special_tokens}
+        specials = {t: table[t] for t in special_tokens if t in table}
+        specials.update({t: max(table.values()) + 1 + k for k, t in
+                         enumerate(t for t in special_tokens if t not in table)})
+        return cls(vocab, merges, specials, "gpt2")
+
+    def save(self, path):
+        """Write the documented text format of gpt2.py (round-trips exactly)."""
+        special_ids = set(self.special_tokens.values())
+        vocab = {i: t for i, t in self.vocab.items() if i not in special_ids}
+        gpt2.write_bpe(path, vocab, self.merges, self.special_tokens, self.pattern)
+
+    @classmethod
+    def load(cls, path):
+        """Read a file written by save (or a directory holding tokenizer.bpe)."""
+        if os.path.isdir(path):
+            path = os.path.join(path, "tokenizer.bpe")
+        vocab, merges, specials, pattern = gpt2.read_bpe(path)
+        return cls(vocab, merges, specials, pattern)
+
+    def save_tiktoken(self, path):
+        """tiktoken's .tiktoken file (base64 token, space, rank); specials are not in it."""
+        special_ids = set(self.special_tokens.values())
+        gpt2.write_tiktoken(path, {i: t for i, t in self.vocab.items() if i not in special_ids})
+
+
+def _init_worker(tokenizer, dtype):
+    global _WORKER
+    _WORKER = (tokenizer, dtype)
+
+
+def _encode_chunk(text):
+    tokenizer, dtype = _WORKER
+    return tokenizer._encode_array(text, tokenizer._special_re("all")).astype(dtype)
