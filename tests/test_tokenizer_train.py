@@ -3,8 +3,10 @@ and the CLI."""
 import base64
 import json
 import os
+import warnings
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from scratchllm.tokenizer import Tokenizer, train_bpe, train_bpe_ref
 from scratchllm.tokenizer.cli import main as bpe_main
@@ -32,6 +34,19 @@ def test_runs_out_of_pairs_with_a_warning():
     with pytest.warns(UserWarning, match="only 2 possible merges"):
         vocab, merges = train_bpe(["ab ab"], 300, workers=1)
     assert merges == [(b"a", b"b"), (b" ", b"ab")] and len(vocab) == 258
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "ab", "ba", " ", "  ", "\n", "é", "<|s|>", "'s"]),
+                min_size=1, max_size=60).map("".join), st.integers(257, 300))
+def test_fast_equals_naive_on_tie_heavy_corpora(text, vocab_size):
+    # few symbols: many equal counts, so the heap's tie-break decides most merges
+    if not text.replace("<|s|>", ""):
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert train_bpe([text], vocab_size, ["<|s|>"], workers=1) == \
+            train_bpe_ref([text], vocab_size, ["<|s|>"])
 
 
 @pytest.fixture(scope="module")

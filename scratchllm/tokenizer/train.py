@@ -11,16 +11,14 @@ worker processes), keep `count[(a, b)]` and `where[(a, b)]` = the pre-tokens con
 A merge rewrites only those pre-tokens and adjusts the counts of the pairs next to each merge
 site. The best pair comes from a heap with lazy invalidation: old pairs' counts only ever
 fall, so an entry whose count is stale is re-pushed with its current count when popped.
-Naive twin (`train_bpe_ref`): recount every pair of every pre-token after every merge.
+That loop runs in Numba (fast_train.py). Naive twin (`train_bpe_ref`): recount every pair of
+every pre-token after every merge, in plain Python on tuples of bytes.
 
-Glossary: word = a unique pre-token as a list of token ids; f = its count in the corpus;
-new = the id of the merged token; key(t) = a tuple ordering tokens in *reverse* byte order,
-so the min-heap of (-count, key(a), key(b)) pops the max count, then the greatest (a, b).
+Glossary: word = a unique pre-token; f = its count in the corpus; new = the merged token.
 """
-import heapq
 import os
 import warnings
-from collections import Counter, defaultdict
+from collections import Counter
 from functools import partial
 from multiprocessing import Pool
 
@@ -28,6 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 from . import fast
+from .fast_train import merge_loop_numba
 from .pretokenize import (PATTERNS, clean_surrogates, compile_pattern, iter_chunks,
                           read_blocks, special_regex, split_special)
 
@@ -96,72 +95,20 @@ def count_pretokens(input, special_tokens=(), pattern="gpt2", workers=None):
     return total
 
 
-def _rev_key(token):
-    """Tuple whose ascending order is the descending byte order of `token` (prefix = greater)."""
-    return tuple(255 - b for b in token) + (256,)
-
-
 def merge_loop(counts, n_merges, progress=False):
-    """The incremental merge loop on {pre-token bytes: count}; returns the merges."""
-    words = [list(w) for w in counts]
-    freqs = list(counts.values())
-    count, where = defaultdict(int), defaultdict(set)
-    for i, (w, f) in enumerate(zip(words, freqs)):
-        for pair in zip(w, w[1:]):
-            count[pair] += f
-            where[pair].add(i)
+    """The incremental merge loop (fast_train.py) on {pre-token bytes: count} -> merges."""
+    words = list(counts)
+    sym = np.frombuffer(b"".join(words), dtype=np.uint8).astype(np.int64)     # (N,)
+    length = np.array([len(w) for w in words], dtype=np.int64)                # (W,)
+    start = np.cumsum(length) - length                                        # (W,)
+    freq = np.array(list(counts.values()), dtype=np.int64)                    # (W,)
     tokens = [bytes([b]) for b in range(256)]
-    keys = [_rev_key(t) for t in tokens]
-    heap = [(-c, keys[a], keys[b], a, b) for (a, b), c in count.items()]
-    heapq.heapify(heap)
     merges = []
-    for _ in tqdm(range(n_merges), disable=not progress, desc="merges", unit="merge"):
-        while heap:
-            negc, _, _, a, b = heapq.heappop(heap)
-            now = count.get((a, b), 0)
-            if now == -negc:
-                break
-            if now > 0:
-                heapq.heappush(heap, (-now, keys[a], keys[b], a, b))
-        else:
-            break
-        new = len(tokens)
-        tokens.append(tokens[a] + tokens[b])
-        keys.append(_rev_key(tokens[new]))
+    for a, b in tqdm(merge_loop_numba(sym, start, length, freq, n_merges), total=n_merges,
+                     disable=not progress, desc="merges", unit="merge"):
         merges.append((tokens[a], tokens[b]))
-        touched = _apply_merge(words, freqs, count, where, a, b, new)
-        for pair in touched:
-            if count[pair] > 0:
-                heapq.heappush(heap, (-count[pair], keys[pair[0]], keys[pair[1]]) + pair)
+        tokens.append(tokens[a] + tokens[b])
     return merges
-
-
-def _apply_merge(words, freqs, count, where, a, b, new):
-    """Merge (a, b) -> new in every word containing it; returns the new pairs (with `new`)."""
-    touched = set()
-    for i in where.pop((a, b)):
-        w, f = words[i], freqs[i]
-        out, j, n = [], 0, len(w)
-        while j < n:
-            if j + 1 < n and w[j] == a and w[j + 1] == b:
-                if out:                              # (prev, a) -> (prev, new)
-                    count[(out[-1], a)] -= f
-                    count[(out[-1], new)] += f
-                    where[(out[-1], new)].add(i)
-                    touched.add((out[-1], new))
-                if j + 2 < n:                        # (b, next) -> (new, next)
-                    count[(b, w[j + 2])] -= f
-                    count[(new, w[j + 2])] += f
-                    where[(new, w[j + 2])].add(i)
-                    touched.add((new, w[j + 2]))
-                out.append(new)
-                j += 2
-            else:
-                out.append(w[j])
-                j += 1
-        words[i] = out
-    del count[(a, b)]
-    return touched
 
 
 def assemble_vocab(merges, special_tokens):
