@@ -281,6 +281,37 @@ def s4d(rng):
                  D=rng.standard_normal(Dm))
 
 
+@case
+def selective_scan(rng):
+    from scratchllm.scan import (selective_scan_backward, selective_scan_forward,
+                                 selective_scan_ref, selective_scan_ref_backward)
+    Bt, T, d, N = 2, 7, 5, 3  # Δ > 0 as after softplus; A < 0 as -exp(A_log)
+    inputs = dict(x=rng.standard_normal((Bt, T, d)), delta=rng.uniform(0.05, 1.0, (Bt, T, d)),
+                  A=-rng.uniform(0.2, 2.0, (d, N)), B=rng.standard_normal((Bt, T, N)),
+                  C=rng.standard_normal((Bt, T, N)), D=rng.standard_normal(d))
+    return [check(selective_scan_forward, selective_scan_backward, rng=rng, label="numba",
+                  **inputs),
+            check(selective_scan_ref, selective_scan_ref_backward, rng=rng, label="ref",
+                  **inputs)]
+
+
+@case
+def mamba(rng):
+    from scratchllm.mamba import causal_conv1d_backward, causal_conv1d_forward
+    from scratchllm.mamba import mamba_backward, mamba_forward
+    Bt, T, Dm, Di, N, R, K = 2, 7, 5, 9, 3, 2, 4
+    block = check(mamba_forward, mamba_backward, rng=rng, label="block",
+                  x=rng.standard_normal((Bt, T, Dm)), W_in=rng.normal(0, 0.5, (Dm, 2 * Di)),
+                  conv_w=rng.normal(0, 0.5, (Di, K)), conv_b=rng.normal(0, 0.1, Di),
+                  W_x=rng.normal(0, 0.5, (Di, R + 2 * N)), W_dt=rng.normal(0, 0.5, (R, Di)),
+                  b_dt=rng.normal(-1, 0.5, Di), A_log=rng.normal(0, 0.5, (Di, N)),
+                  D=rng.standard_normal(Di), W_out=rng.normal(0, 0.5, (Di, Dm)))
+    conv = check(causal_conv1d_forward, causal_conv1d_backward, rng=rng, label="causal conv1d",
+                 x=rng.standard_normal((Bt, T, 3)), w=rng.standard_normal((3, K)),
+                 b=rng.standard_normal(3))
+    return [block, conv]
+
+
 # ------------------------------------------------------------------- models (model)
 LM_TINY = dict(vocab_size=23, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=12,
                n_experts=4, kv_lora_rank=6, qk_nope_head_dim=4, qk_rope_head_dim=4,

@@ -76,10 +76,19 @@ def selective_scan_ref(x, delta, A, B, C, D):
     h = np.zeros((Bt, d, A.shape[1]), x.dtype)  # (B, d, N)
     y = np.empty_like(x)  # (B, T, d)
     for t in range(T):
-        dt = delta[:, t, :, None]  # (B, d, 1)
-        h = np.exp(dt * A) * h + dt * B[:, t, None, :] * x[:, t, :, None]  # (B, d, N)
-        y[:, t] = np.sum(h * C[:, t, None, :], axis=-1) + D * x[:, t]  # (B, d)
+        y[:, t], h = selective_scan_step(x[:, t], delta[:, t], A, B[:, t], C[:, t], D, h)
     return y, cache
+
+
+def selective_scan_step(x_t, delta_t, A, B_t, C_t, D, h):
+    """One step of the recurrence (the reference's loop body, and Mamba's decoding step).
+
+    Inputs:  x_t, delta_t (B, d); A (d, N); B_t, C_t (B, N); D (d,); h (B, d, N) = h_{t-1}.
+    Returns: (y_t (B, d), h_t (B, d, N)).
+    """
+    dt = delta_t[..., None]  # (B, d, 1)
+    h = np.exp(dt * A) * h + dt * B_t[:, None, :] * x_t[..., None]  # (B, d, N)
+    return np.sum(h * C_t[:, None, :], axis=-1) + D * x_t, h  # (B, d), (B, d, N)
 
 
 def selective_scan_ref_backward(dy, cache):
@@ -215,3 +224,12 @@ def _fixed_sum(parts, axis=0):
     for p in parts[1:]:
         total += p
     return total
+
+
+def __getattr__(name):
+    """`from scratchllm.scan import Mamba` (and the block's pairs) without an import cycle:
+    the Mamba block lives in mamba.py, which imports this module."""
+    if name in ("Mamba", "mamba_forward", "mamba_backward", "mamba_step"):
+        from scratchllm import mamba
+        return getattr(mamba, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
