@@ -22,7 +22,7 @@ import scipy.fft
 from scratchllm.nn import Module, Param
 from scratchllm.validate import expect_float, expect_ndim, expect_positive, expect_shape
 
-_SERIES_BELOW = 0.1  # |z| below this: Taylor series for φ and φ' (10 terms, error < 1e-17)
+_SERIES_BELOW = 0.1  # |z| below this: Taylor series for φ and φ' (10 terms, truncation < 3e-17)
 _PHI_COEFFS = [1 / math.factorial(k + 1) for k in range(10)]  # φ(z) = Σ z^k/(k+1)!
 _DPHI_COEFFS = [(k + 1) / math.factorial(k + 2) for k in range(10)]  # φ'(z) = Σ (k+1) z^k/(k+2)!
 
