@@ -29,7 +29,8 @@ def char_classes():
     """uint8 (0x110000,) class of every code point, as the `regex` module sees it."""
     global _CLASSES
     if _CLASSES is None:
-        every = "".join(map(chr, range(0x110000)))
+        codes = np.arange(0x110000, dtype=np.uint32)  # (0x110000,) every code point
+        every = codes.tobytes().decode("utf-32-le", "surrogatepass")
         cls = np.zeros(0x110000, dtype=np.uint8)  # (0x110000,)
         for code, prop in ((LETTER, r"\p{L}+"), (NUMBER, r"\p{N}+"), (SPACE, r"\s+")):
             for m in regex.finditer(prop, every):
@@ -239,7 +240,9 @@ def encode_pieces(data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news,
     parts = np.empty(n + 1, dtype=np.int64)                 # (N + 1,) work arrays of _bpe
     prank = np.empty(n + 1, dtype=np.int64)                 # (N + 1,)
     pslot = np.empty(n + 1, dtype=np.int64)                 # (N + 1,)
-    size = 1 << 16
+    size = 64                                               # cache slots: ~1 per 2 bytes
+    while size < n and size < 1 << 20:
+        size *= 2
     c_start = np.full(size, -1, dtype=np.int64)             # (S,) cached pre-token bytes
     c_end = np.empty(size, dtype=np.int64)                  # (S,)
     c_out = np.empty(size, dtype=np.int64)                  # (S,) where its ids are in out

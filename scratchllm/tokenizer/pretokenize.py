@@ -17,6 +17,8 @@ both halves tokenize the "\\n" alone or glued to the punctuation before it, as t
 Glossary: piece = text between special tokens; pre-token = one regex match; chunk = a run of
 whole pieces/pre-tokens small enough to hand to one worker.
 """
+from collections import deque
+
 import regex
 
 PATTERNS = {
@@ -129,3 +131,15 @@ def read_blocks(path, block_chars=CHUNK_CHARS):
             if not block:
                 return
             yield block
+
+
+def bounded_map(pool, fn, items, window):
+    """Ordered pool.map over a lazy iterable with at most `window` chunks in flight (Pool.imap
+    would read the whole input ahead into its task queue)."""
+    pending = deque()
+    for item in items:
+        pending.append(pool.apply_async(fn, (item,)))
+        if len(pending) >= window:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()

@@ -15,8 +15,9 @@ from multiprocessing import Pool
 import numpy as np
 
 from . import fast, gpt2
-from .pretokenize import (CHUNK_CHARS, PATTERNS, clean_surrogates, compile_pattern,
-                          iter_chunks, read_blocks, special_regex, split_special)
+from .pretokenize import (CHUNK_CHARS, PATTERNS, bounded_map, clean_surrogates,
+                          compile_pattern, iter_chunks, read_blocks, special_regex,
+                          split_special)
 
 _CACHE_MAX = 1 << 17       # entries of the Python per-pre-token cache before it is cleared
 _WORKER = None             # the Tokenizer of an encode_file worker process
@@ -166,7 +167,7 @@ class Tokenizer:
         else:
             fast.char_classes()                      # build the table once, before the fork
             with Pool(workers, initializer=_init_worker, initargs=(self, dtype)) as pool:
-                parts = list(pool.imap(_encode_chunk, chunks))
+                parts = list(bounded_map(pool, _encode_chunk, chunks, 2 * workers))
         return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)        # (T,)
 
     # ---- decoding -------------------------------------------------------------------------

@@ -27,8 +27,8 @@ from tqdm import tqdm
 
 from . import fast
 from .fast_train import merge_loop_numba
-from .pretokenize import (PATTERNS, clean_surrogates, compile_pattern, iter_chunks,
-                          read_blocks, special_regex, split_special)
+from .pretokenize import (PATTERNS, bounded_map, clean_surrogates, compile_pattern,
+                          iter_chunks, read_blocks, special_regex, split_special)
 
 
 def check_train_args(fn, vocab_size, special_tokens):
@@ -90,7 +90,7 @@ def count_pretokens(input, special_tokens=(), pattern="gpt2", workers=None):
         return total
     fast.char_classes()                      # build the table once, before the fork
     with Pool(workers) as pool:
-        for part in pool.imap_unordered(job, chunks):
+        for part in bounded_map(pool, job, chunks, 2 * workers):
             total.update(part)
     return total
 
