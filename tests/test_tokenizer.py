@@ -142,3 +142,27 @@ def test_gpt2_merges_with_or_without_version_line(tmp_path):
     b = Tokenizer.from_gpt2_files(vocab_path, versioned)
     assert a.merges == b.merges and len(a.merges) == 2000
     assert a.encode("Hello world") == b.encode("Hello world")
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(st.sampled_from(["a", "B", "7", ".", "'s", " ", "  ", "\n", "\r\n", "\t",
+                                 "\u00a0", "é", EOT, "<|end"]), max_size=80).map("".join),
+       st.sampled_from(["gpt2", "cl100k"]), st.integers(1, 12))
+def test_safe_chunks_pretokenize_like_the_whole(text, pattern, chunk_chars):
+    from scratchllm.tokenizer.pretokenize import compile_pattern, iter_chunks, special_regex, \
+        split_special
+    pat, specials = compile_pattern(pattern), special_regex([EOT])
+
+    def pretokens(s):
+        return [t for is_special, p in split_special(s, specials)
+                for t in ([p] if is_special else pat.findall(p))]
+
+    chunks = list(iter_chunks(iter(text), [EOT], pattern, chunk_chars))
+    assert "".join(chunks) == text
+    assert [t for c in chunks for t in pretokens(c)] == pretokens(text)
+
+
+def test_special_id_collision_is_an_error():
+    vocab = {b: bytes([b]) for b in range(256)}
+    with pytest.raises(ValueError, match="has id 5, which is already the token"):
+        Tokenizer(vocab, [], {"<s>": 5})

@@ -117,7 +117,7 @@ def merge_loop_numba(sym, start, length, freq, n_merges):
     for t in range(256):
         off[t], pool[t] = t, t
     pool_n = 256
-    heap = (np.empty(16, np.int64), np.empty(16, np.int64), np.empty(16, np.int64))
+    heap = (np.empty(16, np.int64), np.empty(16, np.int64), np.empty(16, np.int64))  # 3x (H,)
     n_heap = 0
     for k, c in count.items():
         heap, n_heap = _push(heap, n_heap, c, k >> 32, k & 0xFFFFFFFF, pool, off, size)

@@ -17,6 +17,7 @@ both halves tokenize the "\\n" alone or glued to the punctuation before it, as t
 Glossary: piece = text between special tokens; pre-token = one regex match; chunk = a run of
 whole pieces/pre-tokens small enough to hand to one worker.
 """
+import itertools
 from collections import deque
 
 import regex
@@ -131,6 +132,13 @@ def read_blocks(path, block_chars=CHUNK_CHARS):
             if not block:
                 return
             yield block
+
+
+def several(chunks):
+    """(iterator over the same chunks, True when there are at least two: worth a pool)."""
+    chunks = iter(chunks)
+    head = list(itertools.islice(chunks, 2))
+    return itertools.chain(head, chunks), len(head) == 2
 
 
 def bounded_map(pool, fn, items, window):

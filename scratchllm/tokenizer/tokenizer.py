@@ -16,8 +16,8 @@ import numpy as np
 
 from . import fast, gpt2
 from .pretokenize import (CHUNK_CHARS, PATTERNS, bounded_map, clean_surrogates,
-                          compile_pattern, iter_chunks, read_blocks, special_regex,
-                          split_special)
+                          compile_pattern, iter_chunks, read_blocks, several,
+                          special_regex, split_special)
 
 _CACHE_MAX = 1 << 17       # entries of the Python per-pre-token cache before it is cleared
 _WORKER = None             # the Tokenizer of an encode_file worker process
@@ -54,6 +54,9 @@ class Tokenizer:
     def _register_specials(self, special_tokens):
         if isinstance(special_tokens, dict):
             for tok, i in special_tokens.items():
+                if self.vocab.get(i, tok.encode("utf-8")) != tok.encode("utf-8"):
+                    raise ValueError(f"Tokenizer: special token {tok!r} has id {i}, which is "
+                                     f"already the token {self.vocab[i]!r}")
                 self.vocab[i] = tok.encode("utf-8")
             return dict(special_tokens)
         out = {}
@@ -162,7 +165,8 @@ class Tokenizer:
         workers = os.cpu_count() if workers is None else workers
         chunks = iter_chunks(read_blocks(path), tuple(self.special_tokens), self.pattern,
                              CHUNK_CHARS)
-        if workers <= 1:
+        chunks, many = several(chunks)
+        if workers <= 1 or not many:
             parts = [self._encode_array(c, self._special_re("all")).astype(dtype) for c in chunks]
         else:
             fast.char_classes()                      # build the table once, before the fork

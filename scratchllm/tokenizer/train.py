@@ -28,7 +28,7 @@ from tqdm import tqdm
 from . import fast
 from .fast_train import merge_loop_numba
 from .pretokenize import (PATTERNS, bounded_map, clean_surrogates, compile_pattern,
-                          iter_chunks, read_blocks, special_regex, split_special)
+                          iter_chunks, read_blocks, several, special_regex, split_special)
 
 
 def check_train_args(fn, vocab_size, special_tokens):
@@ -61,7 +61,7 @@ def count_chunk(text, special_tokens, pattern):
     seg_ends = np.cumsum([len(b) for b in blobs], dtype=np.int64)  # (K,)
     ends = fast.scan_gpt2(np.frombuffer(data, dtype=np.uint8), fast.char_classes(),
                           seg_ends)                                          # (T,)
-    us, ue, uc = fast.count_pretokens(np.frombuffer(data, dtype=np.uint8), ends)
+    us, ue, uc = fast.count_pretokens(np.frombuffer(data, dtype=np.uint8), ends)  # 3x (U,)
     return dict(zip(map(data.__getitem__, map(slice, us.tolist(), ue.tolist())), uc.tolist()))
 
 
@@ -84,7 +84,8 @@ def count_pretokens(input, special_tokens=(), pattern="gpt2", workers=None):
     chunks = iter_chunks(_pieces(input), special_tokens, pattern)
     job = partial(count_chunk, special_tokens=tuple(special_tokens), pattern=pattern)
     total = Counter()
-    if workers <= 1:
+    chunks, many = several(chunks)
+    if workers <= 1 or not many:
         for part in map(job, chunks):
             total.update(part)
         return total
