@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from scratchllm.tokenizer import Tokenizer, train_bpe, train_bpe_ref
+from scratchllm.tokenizer import pretokenize
 from scratchllm.tokenizer.cli import main as bpe_main
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -62,7 +63,9 @@ def test_fast_equals_naive_on_python_docs(trained):
     assert len(trained[0]) == 500 and len(trained[1]) == 500 - 257
 
 
-def test_workers_one_equals_two(trained):
+def test_workers_one_equals_two(trained, monkeypatch):
+    monkeypatch.setattr(pretokenize, "CHUNK_CHARS", 20_000)    # ~11 chunks for the 2 workers
+    assert len(list(pretokenize.iter_chunks(pretokenize.read_blocks(SLICE), [EOT], "gpt2"))) > 5
     assert train_bpe(SLICE, 500, [EOT], workers=2) == trained
 
 

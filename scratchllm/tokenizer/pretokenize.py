@@ -97,13 +97,14 @@ def safe_cut(buf, special_re, max_special, builtin):
     return best
 
 
-def iter_chunks(pieces, special_tokens, pattern, chunk_chars=CHUNK_CHARS):
+def iter_chunks(pieces, special_tokens, pattern, chunk_chars=None):
     """Re-cut an iterable of str (file lines, blocks, documents...) into safe chunks.
 
     The chunks concatenate to the input and each tokenizes exactly as it does inside the whole
     text, so chunks can be pre-tokenized independently (memory stays bounded by one chunk plus
     the carry-over when no safe cut exists, e.g. a custom pattern and no special tokens).
     """
+    chunk_chars = chunk_chars or CHUNK_CHARS
     special_re = special_regex(special_tokens)
     max_special = max((len(t) for t in special_tokens), default=0)
     builtin = pattern in PATTERNS
@@ -113,18 +114,20 @@ def iter_chunks(pieces, special_tokens, pattern, chunk_chars=CHUNK_CHARS):
         size += len(piece)
         if size < need:
             continue
-        buf = "".join(parts)
-        cut = safe_cut(buf, special_re, max_special, builtin)
-        if cut:
-            yield buf[:cut]
-            buf = buf[cut:]
+        buf, cut = "".join(parts), 1
+        while len(buf) >= chunk_chars and cut:
+            cut = (safe_cut(buf[:chunk_chars], special_re, max_special, builtin)
+                   or safe_cut(buf, special_re, max_special, builtin))
+            if cut:
+                yield buf[:cut]
+                buf = buf[cut:]
         parts, size = [buf], len(buf)
         need = chunk_chars if cut else size + chunk_chars
     if size:
         yield "".join(parts)
 
 
-def read_blocks(path, block_chars=CHUNK_CHARS):
+def read_blocks(path, block_chars=1 << 20):
     """Yield the text of a UTF-8 file in blocks (newlines kept as they are: no translation)."""
     with open(path, encoding="utf-8", newline="") as fh:
         while True:

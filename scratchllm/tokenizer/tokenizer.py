@@ -15,7 +15,7 @@ from multiprocessing import Pool
 import numpy as np
 
 from . import fast, gpt2
-from .pretokenize import (CHUNK_CHARS, PATTERNS, bounded_map, clean_surrogates,
+from .pretokenize import (PATTERNS, bounded_map, clean_surrogates,
                           compile_pattern, iter_chunks, read_blocks, several,
                           special_regex, split_special)
 
@@ -163,8 +163,7 @@ class Tokenizer:
         encoded in safe chunks by `workers` processes (None: all cores)."""
         dtype = np.uint16 if max(self.vocab) < 1 << 16 else np.int32
         workers = os.cpu_count() if workers is None else workers
-        chunks = iter_chunks(read_blocks(path), tuple(self.special_tokens), self.pattern,
-                             CHUNK_CHARS)
+        chunks = iter_chunks(read_blocks(path), tuple(self.special_tokens), self.pattern)
         chunks, many = several(chunks)
         if workers <= 1 or not many:
             parts = [self._encode_array(c, self._special_re("all")).astype(dtype) for c in chunks]
