@@ -21,6 +21,7 @@ import numpy as np
 from scratchllm import ops
 from scratchllm.config import PRESETS, ModelConfig, preset
 from scratchllm.mixers import make_ffn, make_mixer
+from scratchllm.moe_router import update_selection_bias
 from scratchllm.nn import Embedding, Linear, Module, RMSNorm
 from scratchllm.validate import expect_int, expect_ndim
 
@@ -166,17 +167,38 @@ class LM(Module):
         logits, _ = self.forward(ids)
         return float(ops.cross_entropy_forward(logits, targets)[0])
 
-    def after_step(self, cache):
-        """After an optimizer step: the aux-loss-free bias update of each MoE layer (when
-        bias_gamma > 0). Returns [(layer, share of routed slots per expert)] for MoE layers."""
+    def after_step(self, caches):
+        """After an optimizer step, given the step's LossCache (or one per data-parallel
+        shard): the aux-loss-free bias update of each MoE layer (when bias_gamma > 0), from
+        the routed counts summed over shards. Returns [(layer, share of routed slots per
+        expert)] for the MoE layers."""
+        caches = caches if isinstance(caches, list) else [caches]
         stats = []
-        for i, (layer, c) in enumerate(zip(self.layers, cache.lm.blocks)):
-            if layer.moe:
-                counts = np.asarray(c.ffn.tokens_per_expert, dtype=np.float64)  # (E,)
-                stats.append((i, counts / max(counts.sum(), 1)))
-                if self.cfg.bias_gamma > 0:
-                    layer.ffn.update_bias(c.ffn, self.cfg.bias_gamma)
+        for i, layer in enumerate(self.layers):
+            if not layer.moe:
+                continue
+            counts = sum(np.asarray(c.lm.blocks[i].ffn.tokens_per_expert, np.float64)
+                         for c in caches)  # (E,)
+            stats.append((i, counts / max(counts.sum(), 1)))
+            if self.cfg.bias_gamma > 0:
+                bias = layer.ffn.selection_bias  # in place: replicas share this array
+                bias[...] = update_selection_bias(bias, counts, self.cfg.bias_gamma)
         return stats
+
+    def replica(self):
+        """A model whose Params share .data with this one (weights updated in place show up
+        in both) but own their .grad; buffers shared too. For data-parallel threads."""
+        twin = LM(self.cfg, rng=np.random.default_rng(0), dtype=self.dtype)
+        for p, q in zip(self.parameters(), twin.parameters()):
+            q.data = p.data
+        twin.share_buffers(self)
+        return twin
+
+    def share_buffers(self, other):
+        """Point this model's MoE selection biases at other's arrays."""
+        for mine, theirs in zip(self.layers, other.layers):
+            if mine.moe:
+                mine.ffn.selection_bias = theirs.ffn.selection_bias
 
     # ------------------------------------------------------------------ decoding
     def init_state(self, batch, max_len):

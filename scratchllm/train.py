@@ -22,6 +22,7 @@ from tqdm import tqdm
 from scratchllm import checkpoint, corpus
 from scratchllm.model import LM, PRESETS, ModelConfig, preset
 from scratchllm.optim import AdamW, clip_grad_norm, cosine_schedule
+from scratchllm.parallel import DataParallel, set_blas_threads
 from scratchllm.tokenizer import Tokenizer
 
 
@@ -38,6 +39,7 @@ class Settings:
     eval_every: int = 100      # validation every N steps (and at the end)
     eval_tokens: int = 16384   # tokens per periodic validation (the final one uses all)
     seed: int = 0              # weight init and batch order
+    threads: int = 2           # data-parallel shards of each batch, one thread each
 
 
 def make_optimizer(model, s):
@@ -64,8 +66,12 @@ class Run:
         self.cfg, self.s = cfg, settings
         self.model = LM(cfg, rng=np.random.default_rng(settings.seed), dtype=dtype)
         self.opt = make_optimizer(self.model, settings)
+        if settings.threads > 1:
+            set_blas_threads(1)  # one BLAS thread per shard: no oversubscription
+        self.dp = DataParallel(self.model, settings.threads)
         self.rng = np.random.default_rng([settings.seed, 1])
         self.step = 0
+        self.data = None   # the text file trained on (recorded so --resume finds it)
         self.losses = []   # train loss per step
         self.evals = []    # (step, val loss)
 
@@ -73,16 +79,14 @@ class Run:
         """One optimizer step on a fresh random batch; returns (loss, routing stats)."""
         s, model = self.s, self.model
         x, y = corpus.sample_batch(train_ids, s.batch_size, s.seq_len, self.rng)
-        model.zero_grad()
-        _, cache = model.loss(x, y)
-        model.loss_backward(cache)
+        ce, caches = self.dp.loss_backward(x, y)
         clip_grad_norm(model.parameters(), s.clip)
         self.opt.lr = cosine_schedule(self.step + 1, s.lr, s.lr / 10, s.warmup, s.steps)
         self.opt.step()
-        stats = model.after_step(cache)
+        stats = model.after_step(caches)
         self.step += 1
-        self.losses.append(cache.ce)
-        return cache.ce, stats
+        self.losses.append(ce)
+        return ce, stats
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, directory, tokenizer=None):
@@ -98,7 +102,7 @@ class Run:
         arrays["losses"] = np.asarray(self.losses, dtype=np.float64)
         arrays["evals"] = np.asarray(self.evals, dtype=np.float64).reshape(-1, 2)
         meta = {"step": self.step, "rng": self.rng.bit_generator.state,
-                "settings": asdict(self.s), "dtype": str(self.model.dtype)}
+                "settings": asdict(self.s), "dtype": str(self.model.dtype), "data": self.data}
         checkpoint.save_state(directory, arrays, meta)
 
     def load(self, directory):
@@ -291,15 +295,16 @@ def _main(args):
         cfg = preset(name)
     s = _settings(args, saved_meta and saved_meta["settings"])
     dtype = np.dtype(args.dtype or (saved_meta or {}).get("dtype", "float32"))
+    data = args.data or (saved_meta or {}).get("data") or str(corpus.DEFAULT_CORPUS)
     t_start = time.perf_counter()
-    print(f"data: {args.data or corpus.DEFAULT_CORPUS} (tokenizer: BPE, vocab {cfg.vocab_size})")
-    tok, ids, _ = corpus.prepare(args.data or corpus.DEFAULT_CORPUS, cfg.vocab_size,
-                                 out / "cache")
+    print(f"data: {data} (tokenizer: BPE, vocab {cfg.vocab_size})")
+    tok, ids, _ = corpus.prepare(data, cfg.vocab_size, out / "cache")
     train_ids, val_ids = corpus.split(ids)
     baseline = corpus.unigram_baseline(train_ids, val_ids, cfg.vocab_size)
     print(f"tokens: {len(train_ids):,} train, {len(val_ids):,} validation "
           f"({time.perf_counter() - t_start:.1f} s); unigram baseline {baseline:.3f} nats/token")
     run = Run(cfg, s, dtype)
+    run.data = str(Path(data).resolve())
     if args.resume:
         run.load(out)
         print(f"resumed {out} at step {run.step}")
