@@ -10,6 +10,7 @@ kernels; other patterns use `regex` and a dict cache per pre-token string.
 Glossary: rank = index of a merge in `merges`; specials = {special token string: id}.
 """
 import os
+from collections.abc import Hashable
 from multiprocessing import Pool
 
 import numpy as np
@@ -180,7 +181,7 @@ class Tokenizer:
         try:
             return b"".join([self.vocab[i] for i in ids])
         except (KeyError, TypeError):
-            bad = next(i for i in ids if not isinstance(i, int) or i not in self.vocab)
+            bad = next(i for i in ids if not isinstance(i, Hashable) or i not in self.vocab)
             raise ValueError(f"decode: id {bad!r} is not in the vocab (ids run 0.."
                              f"{max(self.vocab)})") from None
 
