@@ -15,15 +15,19 @@ Backward (reverse-time adjoint scan; λ_t = dL/dh_t, Ā_T = 0):
     dB_t = Σ_c λ_t Δ_t x_t                        dC_t = Σ_c dy_t h_t
     dx_t = D dy_t + Σ_n λ_t Δ_t B_t               dD = Σ_{b,t} dy_t x_t
 
-Parallel layout: every (b, c) lane is an independent recurrence, so the Numba forward runs
-lanes in `prange`. The backward runs tasks (b, channel group): a task recomputes each of its
-lanes' states into a task-local (T, N) buffer (the cache holds only the inputs), runs the
-adjoint scan, and adds its lanes' dB, dC into its own partial; the partials and the per-b dA,
-dD are summed in a fixed order outside prange. Groups depend on d only, so the bits are the
-same for any thread count. Memory: O(B·T·(d + N·G)) plus O(threads·T·N), G = min(d, 8).
+Parallel layout: every (b, c) lane is an independent recurrence. The Numba kernels give each
+task W = 32 adjacent channels of one batch row, so the innermost loops run over channels with
+a constant trip count and no reduction: LLVM turns them into SIMD code (with exp_lanes, a
+vectorisable float32 exp: vexp.py; d is zero-padded to a multiple of W). The backward's tasks
+are (b, group of blocks): a task recomputes each block's states into a task-local buffer
+(the cache holds only the inputs), runs the adjoint scan, and sums its channels' dB, dC
+shares in channel order; those per-task partials and the per-b dA, dD are then summed in a
+fixed order outside prange. Groups depend on d only, so the bits are the same for any thread
+count. Memory: O(B·T·(d + N·G)) plus O(threads·T·N·W), G = min(d/W, 2) groups.
 
 Glossary: B batch (also the input matrix B_t, by context), T time, d channels (Mamba's
-d_inner), N state size, G channel groups of the backward.
+d_inner), dp = d padded to a multiple of W, N state size, W channels per task block,
+G channel groups of the backward.
 """
 from typing import NamedTuple
 
@@ -31,8 +35,10 @@ import numpy as np
 from numba import njit, prange
 
 from scratchllm.validate import expect_float, expect_ndim, expect_shape
+from scratchllm.vexp import exp_lanes
 
-GROUPS = 8  # channel groups per batch row in the backward: fixes the reduction order
+W = 32  # channels per task block (two AVX-512 vectors of float32); d is zero-padded to it
+GROUPS = 2  # block groups per batch row in the backward: fixes the reduction order
 
 
 class ScanCache(NamedTuple):
@@ -122,99 +128,134 @@ def selective_scan_ref_backward(dy, cache):
 
 
 # ---------------------------------------------------------------------------- Numba kernels
+# A task owns W adjacent channels of one batch row; the loops over those W channels have a
+# constant trip count and no reduction, so LLVM turns them into SIMD code (exp_lanes: vexp.py).
 @njit(parallel=True, cache=True, fastmath=False)
-def _forward_lanes(x, delta, A, B, C, D, y):
-    """y[b, :, c] for every lane (b, c) in parallel; the state h (N,) is lane-local."""
-    Bt, T, d = x.shape
-    N = A.shape[1]
-    for lane in prange(Bt * d):
-        b, c = lane // d, lane % d
-        h = np.zeros(N, x.dtype)  # (N,)
+def _forward_blocks(x, delta, AT, B, C, D, y):
+    """y for every task (b, block of W channels) in parallel; h (N, W) is task-local."""
+    Bt, T, dp = x.shape
+    N, nblk = AT.shape[0], dp // W
+    for task in prange(Bt * nblk):
+        b, c0 = task // nblk, task % nblk * W
+        h = np.zeros((N, W), x.dtype)  # (N, W)
+        acc = np.empty(W, x.dtype)  # (W,)
         for t in range(T):
-            dt, xt = delta[b, t, c], x[b, t, c]
-            dtx = dt * xt
-            acc = D[c] * xt
+            xt, dt, yt = x[b, t, c0:c0 + W], delta[b, t, c0:c0 + W], y[b, t, c0:c0 + W]
+            for w in range(W):
+                acc[w] = D[c0 + w] * xt[w]
             for n in range(N):
-                h[n] = np.exp(dt * A[c, n]) * h[n] + dtx * B[b, t, n]
-                acc += C[b, t, n] * h[n]
-            y[b, t, c] = acc
+                An, Bn, Cn, hn = AT[n, c0:c0 + W], B[b, t, n], C[b, t, n], h[n]
+                for w in range(W):  # h_t = exp(Δ_t A) h_{t-1} + Δ_t x_t B_t; y_t += C_t h_t
+                    hn[w] = exp_lanes(dt[w] * An[w]) * hn[w] + dt[w] * xt[w] * Bn
+                    acc[w] += Cn * hn[w]
+            yt[:] = acc
 
 
 @njit(parallel=True, cache=True, fastmath=False)
-def _backward_tasks(dy, x, delta, A, B, C, D, G, dx, ddelta, dA_b, dB_g, dC_g, dD_b):
-    """Adjoint scan per task (b, group g); each lane's states recomputed in task buffers.
-
-    Writes dx, ddelta (B, T, d) and the partials dA_b (B, d, N), dD_b (B, d) per lane, and
-    dB_g, dC_g (B, G, T, N) per task (lanes of a group add in channel order)."""
-    Bt, T, d = x.shape
-    N = A.shape[1]
+def _backward_blocks(dy, x, delta, AT, B, C, D, G, dx, ddelta, dAT_b, dBC_g, dD_b):
+    """Adjoint scan per task (b, group g of blocks). Each block's states are recomputed into
+    the task buffer hs; dB, dC shares gather per channel in P and are summed over channels
+    (in channel order) once per task. Writes dx, ddelta (B, T, dp), dAT_b (B, N, dp),
+    dD_b (B, dp) and dBC_g (B, G, T, N, 2) = the task's (dB, dC)."""
+    Bt, T, dp = x.shape
+    N, nblk = AT.shape[0], dp // W
     for task in prange(Bt * G):
         b, g = task // G, task % G
-        hs = np.zeros((T + 1, N), x.dtype)  # (T+1, N): hs[t+1] = h_t, hs[0] = 0
-        ab = np.zeros((T + 1, N), x.dtype)  # (T+1, N): ab[t] = Ā_t, ab[T] = 0
-        lam = np.empty(N, x.dtype)  # (N,)
-        zero = x.dtype.type(0)
-        for c in range(g * d // G, (g + 1) * d // G):
+        hs = np.zeros((T + 1, N, W), x.dtype)  # (T+1, N, W): hs[t+1] = h_t, hs[0] = 0
+        h = np.empty((N, W), x.dtype)  # (N, W)
+        S = np.empty((N, 4, W), x.dtype)  # (N, 4, W): λ_t, Ā_{t+1}, dA, q = λ_t h_{t-1} Ā_t
+        acc = np.empty((2, W), x.dtype)  # (2, W): dΔ_t, Σ_n λ_t B_t
+        P = np.zeros((T, N, 2, W), x.dtype)  # (T, N, 2, W): per-channel shares of dB, dC
+        for c0 in range(g * nblk // G * W, (g + 1) * nblk // G * W, W):
+            h[:] = 0
             for t in range(T):  # fwd: h_t = Ā_t h_{t-1} + Δ_t x_t B_t
-                dt = delta[b, t, c]
-                dtx = dt * x[b, t, c]
+                xt, dt = x[b, t, c0:c0 + W], delta[b, t, c0:c0 + W]
                 for n in range(N):
-                    ab[t, n] = np.exp(dt * A[c, n])
-                    hs[t + 1, n] = ab[t, n] * hs[t, n] + dtx * B[b, t, n]
-            lam[:] = 0
-            gD = zero
+                    An, Bn, hn, hsn = AT[n, c0:c0 + W], B[b, t, n], h[n], hs[t + 1, n]
+                    for w in range(W):
+                        hn[w] = exp_lanes(dt[w] * An[w]) * hn[w] + dt[w] * xt[w] * Bn
+                        hsn[w] = hn[w]
+            S[:] = 0  # λ_T = 0, Ā_T = 0
             for t in range(T - 1, -1, -1):
-                dyt, dt, xt = dy[b, t, c], delta[b, t, c], x[b, t, c]
-                dtx = dt * xt
-                gdt = zero
-                gx = dyt * D[c]  # fwd: y_t += D x_t
+                xt, dt, dyt = x[b, t, c0:c0 + W], delta[b, t, c0:c0 + W], dy[b, t, c0:c0 + W]
+                acc[:] = 0
                 for n in range(N):
-                    lam[n] = C[b, t, n] * dyt + ab[t + 1, n] * lam[n]  # λ_t
-                    hpa = hs[t, n] * ab[t, n]  # h_{t-1} Ā_t
-                    gdt += lam[n] * (hpa * A[c, n] + B[b, t, n] * xt)
-                    gx += lam[n] * dt * B[b, t, n]
-                    dA_b[b, c, n] += lam[n] * hpa * dt
-                    dB_g[b, g, t, n] += lam[n] * dtx
-                    dC_g[b, g, t, n] += dyt * hs[t + 1, n]  # fwd: y_t = <C_t, h_t>
-                ddelta[b, t, c] = gdt
-                dx[b, t, c] = gx
-                gD += dyt * xt  # fwd: y_t += D x_t
-            dD_b[b, c] = gD
+                    Bn, Cn = B[b, t, n], C[b, t, n]
+                    An, h0, h1, Sn, Pn = AT[n, c0:c0 + W], hs[t, n], hs[t + 1, n], S[n], P[t, n]
+                    for w in range(W):  # (loops kept apart so that each one vectorises)
+                        a = exp_lanes(dt[w] * An[w])
+                        lam = Cn * dyt[w] + Sn[1, w] * Sn[0, w]  # λ_t = C_t dy_t + Ā_{t+1} λ_{t+1}
+                        q = lam * h0[w] * a
+                        Sn[0, w], Sn[1, w], Sn[3, w] = lam, a, q
+                        Sn[2, w] += q * dt[w]  # dA += λ_t h_{t-1} Ā_t Δ_t
+                    for w in range(W):  # dΔ_t = Σ_n λ_t (h_{t-1} Ā_t A + B_t x_t)
+                        acc[0, w] += Sn[3, w] * An[w] + Sn[0, w] * Bn * xt[w]
+                        acc[1, w] += Sn[0, w] * Bn
+                    for w in range(W):  # dB_t = Σ_c λ_t Δ_t x_t; fwd y_t = <C_t, h_t>: dC_t
+                        Pn[0, w] += Sn[0, w] * dt[w] * xt[w]
+                        Pn[1, w] += dyt[w] * h1[w]
+                for w in range(W):  # fwd: y_t += D x_t; dx_t = D dy_t + Δ_t Σ_n λ_t B_t
+                    ddelta[b, t, c0 + w] = acc[0, w]
+                    dx[b, t, c0 + w] = D[c0 + w] * dyt[w] + dt[w] * acc[1, w]
+                    dD_b[b, c0 + w] += dyt[w] * xt[w]
+            for n in range(N):
+                dAT_b[b, n, c0:c0 + W] = S[n, 2]
+        for t in range(T):  # the sums over the task's channels, in channel order
+            for n in range(N):
+                for k in range(2):
+                    s = P[t, n, k, 0]
+                    for w in range(1, W):
+                        s += P[t, n, k, w]
+                    dBC_g[b, g, t, n, k] = s
+
+
+def _pad(a, axis, dp):
+    """Zero-pad `axis` to length dp (a multiple of W); padded channels stay exactly zero."""
+    if a.shape[axis] == dp:
+        return a
+    width = [(0, 0)] * a.ndim
+    width[axis] = (0, dp - a.shape[axis])
+    return np.pad(a, width)
 
 
 def selective_scan_forward(x, delta, A, B, C, D):
-    """Selective scan, Numba-parallel over (batch, channel) lanes.
+    """Selective scan, Numba-parallel over (batch, block of W channels) tasks.
 
     Inputs:  x, delta (B, T, d) (delta is Δ > 0, already softplus-ed); A (d, N);
              B, C (B, T, N); D (d,); one float dtype.
     Returns: y (B, T, d).  Cache: the inputs only (ScanCache): no (B, T, d, N) states.
     """
     cache = _check("selective_scan_forward", x, delta, A, B, C, D)
-    y = np.empty_like(cache.x)  # (B, T, d)
-    _forward_lanes(*cache, y)
-    return y, cache
+    d = x.shape[-1]
+    dp = -(-d // W) * W
+    y = np.empty(x.shape[:2] + (dp,), x.dtype)  # (B, T, dp)
+    _forward_blocks(_pad(cache.x, 2, dp), _pad(cache.delta, 2, dp), _pad(cache.A.T, 1, dp).copy(),
+                    cache.B, cache.C, _pad(cache.D, 0, dp), y)
+    return (y if dp == d else np.ascontiguousarray(y[..., :d])), cache
 
 
 def selective_scan_backward(dy, cache):
-    """Reverse-time adjoint scan, recomputing states per lane; deterministic reductions.
+    """Reverse-time adjoint scan, recomputing states per block; deterministic reductions.
 
     Math: the module docstring (λ_t = C_t dy_t + Ā_{t+1} λ_{t+1}, ...).
     Reference: REFERENCE §5; mamba's selective_scan backward (recompute, not store).
     Returns {x, delta, A, B, C, D}.
     """
-    x = cache.x
+    x, delta, A, B, C, D = cache
     Bt, T, d = x.shape
-    N = cache.A.shape[1]
-    G = min(d, GROUPS)
-    dx, ddelta = np.empty_like(x), np.empty_like(x)  # (B, T, d)
-    dA_b = np.zeros((Bt, d, N), x.dtype)  # (B, d, N)
-    dB_g = np.zeros((Bt, G, T, N), x.dtype)  # (B, G, T, N)
-    dC_g = np.zeros((Bt, G, T, N), x.dtype)  # (B, G, T, N)
-    dD_b = np.empty((Bt, d), x.dtype)  # (B, d)
-    dy = np.ascontiguousarray(dy, dtype=x.dtype)  # (B, T, d)
-    _backward_tasks(dy, *cache, G, dx, ddelta, dA_b, dB_g, dC_g, dD_b)
-    return {"x": dx, "delta": ddelta, "A": _fixed_sum(dA_b), "B": _fixed_sum(dB_g, 1),
-            "C": _fixed_sum(dC_g, 1), "D": _fixed_sum(dD_b)}
+    N, dp = A.shape[1], -(-d // W) * W
+    G = min(dp // W, GROUPS)
+    dx, ddelta = np.empty((Bt, T, dp), x.dtype), np.empty((Bt, T, dp), x.dtype)  # (B, T, dp)
+    dAT_b = np.empty((Bt, N, dp), x.dtype)  # (B, N, dp)
+    dBC_g = np.empty((Bt, G, T, N, 2), x.dtype)  # (B, G, T, N, 2)
+    dD_b = np.zeros((Bt, dp), x.dtype)  # (B, dp)
+    dyp = _pad(np.ascontiguousarray(dy, dtype=x.dtype), 2, dp)  # (B, T, dp)
+    _backward_blocks(dyp, _pad(x, 2, dp), _pad(delta, 2, dp), _pad(A.T, 1, dp).copy(), B, C,
+                     _pad(D, 0, dp), G, dx, ddelta, dAT_b, dBC_g, dD_b)
+    dBC = _fixed_sum(dBC_g, 1)  # (B, T, N, 2)
+    return {"x": dx[..., :d].copy(), "delta": ddelta[..., :d].copy(),
+            "A": _fixed_sum(dAT_b)[:, :d].T.copy(), "B": dBC[..., 0].copy(),
+            "C": dBC[..., 1].copy(), "D": _fixed_sum(dD_b)[:d].copy()}
 
 
 def _fixed_sum(parts, axis=0):

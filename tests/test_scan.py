@@ -9,7 +9,7 @@ from scratchllm.scan import (selective_scan_backward, selective_scan_forward,
 
 
 def inputs(rng, Bt=2, T=9, d=13, N=5, dtype=np.float64):
-    """Odd sizes; d = 13 splits unevenly into the backward's channel groups."""
+    """Odd sizes; d is zero-padded to blocks of W = 32 channels inside the kernels."""
     a = dict(x=rng.standard_normal((Bt, T, d)), delta=rng.uniform(0.05, 1.0, (Bt, T, d)),
              A=-rng.uniform(0.2, 2.0, (d, N)), B=rng.standard_normal((Bt, T, N)),
              C=rng.standard_normal((Bt, T, N)), D=rng.standard_normal(d))
@@ -20,7 +20,8 @@ def rel(a, b):
     return np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300)
 
 
-@pytest.mark.parametrize("sizes", [dict(), dict(Bt=1, T=1, d=1, N=1), dict(Bt=3, T=17, d=4, N=8)])
+@pytest.mark.parametrize("sizes", [dict(), dict(Bt=1, T=1, d=1, N=1), dict(Bt=3, T=17, d=4, N=8),
+                                   dict(Bt=2, T=5, d=70, N=3)])  # 3 blocks of W, 2 groups
 def test_numba_matches_reference_forward_and_every_gradient(sizes):
     rng = np.random.default_rng(0)
     a = inputs(rng, **sizes)
@@ -71,8 +72,8 @@ def _run(a, dy):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_same_bits_for_one_and_two_threads_and_over_runs(dtype):
     rng = np.random.default_rng(3)
-    a = inputs(rng, Bt=3, T=40, d=21, N=6, dtype=dtype)
-    dy = rng.standard_normal((3, 40, 21)).astype(dtype)
+    a = inputs(rng, Bt=3, T=40, d=70, N=6, dtype=dtype)  # 3 tasks of 2 groups each
+    dy = rng.standard_normal((3, 40, 70)).astype(dtype)
     before = numba.get_num_threads()
     try:
         numba.set_num_threads(1)
@@ -106,3 +107,24 @@ def test_bad_inputs_name_the_argument():
         selective_scan_ref(**{**a, "C": a["C"][:, :-1]})
     with pytest.raises(TypeError, match="B has dtype float32"):
         selective_scan_forward(**{**a, "B": a["B"].astype(np.float32)})
+
+
+def test_vectorisable_exp_float32_within_2_ulp_and_float64_is_libm_exp():
+    from numba import njit
+
+    from scratchllm.vexp import exp_lanes
+
+    @njit
+    def apply(v):
+        out = np.empty_like(v)
+        for i in range(v.size):
+            out[i] = exp_lanes(v[i])
+        return out
+
+    v = np.linspace(-86.9, 88.7, 200001).astype(np.float32)
+    exact = np.exp(v.astype(np.float64))
+    assert np.max(np.abs(apply(v) - exact) / exact) < 2.4e-7
+    edge = apply(np.array([-1e4, -87.5, 89.0, 0.0], np.float32))
+    assert edge.dtype == np.float32 and list(edge) == [0.0, 0.0, np.inf, 1.0]
+    v64 = np.linspace(-50, 50, 1001)
+    np.testing.assert_allclose(apply(v64), np.exp(v64), rtol=1e-15)  # libm vs numpy's SIMD exp
