@@ -111,13 +111,16 @@ def sdpa(rng):
             check(sdpa_forward, sdpa_backward, rng=rng, label="random mask, scale", q=q, k=k,
                   v=v, mask=mask, scale=0.3),
             check(sdpa_forward, sdpa_backward, rng=rng, label="causal", q=q, k=k[:, :, :5],
-                  v=v[:, :, :5], mask=causal_mask(5))]
+                  v=v[:, :, :5], mask=causal_mask(5)),
+            check(sdpa_forward, sdpa_backward, rng=rng, label="grouped kv (H=6, Hkv=2), "
+                  "per-head mask", q=rng.standard_normal((2, 6, 5, 4)), k=k[:, :2],
+                  v=v[:, :2], mask=rng.random((1, 6, 5, 7)) < 0.7)]
 
 
 @case
 def gqa(rng):
     from scratchllm.attention import (attention_sink_mask, block_sparse_mask, gqa_backward,
-                                      gqa_forward)
+                                      gqa_forward, gqa_forward_ref)
     from scratchllm.rope import rope_frequencies
     B, T, D, H, Hkv, Dh = 2, 7, 5, 6, 2, 4
     w = dict(x=rng.standard_normal((B, T, D)), wq=rng.standard_normal((D, H * Dh)),
@@ -135,9 +138,11 @@ def gqa(rng):
                 "rope, block sparse(2, 1)": dict(rope, mask=block_sparse_mask(T, 2, 1)),
                 "MQA (Hkv=1), rope": dict(rope, wk=w["wk"][:, :Dh], wv=w["wv"][:, :Dh],
                                           n_kv_heads=1)}
-    return [check(gqa_forward, gqa_backward, rng=rng, label=label,
-                  **{**w, "n_heads": H, "n_kv_heads": Hkv, **kw})
-            for label, kw in variants.items()]
+    reports = [check(gqa_forward, gqa_backward, rng=rng, label=label,
+                     **{**w, "n_heads": H, "n_kv_heads": Hkv, **kw})
+               for label, kw in variants.items()]
+    return reports + [check(gqa_forward_ref, gqa_backward, rng=rng, label="ref (repeat_kv), rope",
+                            **w, **rope, n_heads=H, n_kv_heads=Hkv)]
 
 
 @case
@@ -327,18 +332,34 @@ def lm_tiny(name, **overrides):
 
 def _lm(name, rng, label=None, **overrides):
     """d loss / d every Param of a whole tiny model (CE + weighted MoE aux terms), along 2
-    random directions per Param, float64."""
+    random directions per Param, float64.
+    Mamba layers: at init the step-size path (W_x, W_dt, b_dt, A_log) moves the loss by only
+    ~1e-5 per unit step, so round-off swamps h = 1e-5 there. The check point takes b_dt + 2
+    (Δ ~ 2) and W_out x 4, and that path is checked in a second report at h = 3e-4."""
     from scratchllm.model import LM, loss_pair
     model = LM(lm_tiny(name, **overrides), rng=rng, dtype=np.float64)
     forward, backward, params = loss_pair(model)
+    for n in params:
+        if n.endswith(".W_out"):
+            params[n] = 4.0 * params[n]
+        if n.endswith(".b_dt"):
+            params[n] = params[n] + 2.0
     V = model.cfg.vocab_size
-    return check(forward, backward, rng=rng, max_full=0, n_directions=2, label=label or name,
-                 ids=rng.integers(0, V, (2, 7)), targets=rng.integers(0, V, (2, 7)), **params)
+    data = dict(ids=rng.integers(0, V, (2, 7)), targets=rng.integers(0, V, (2, 7)), **params)
+    slow = [n for n in params if n.rsplit(".", 1)[-1] in ("W_x", "W_dt", "b_dt", "A_log")]
+    fast = [n for n in params if n not in slow]
+    reports = [check(forward, backward, rng=rng, max_full=0, n_directions=2, wrt=fast,
+                     label=label or name, **data)]
+    if slow:
+        reports.append(check(forward, backward, rng=rng, max_full=0, n_directions=2,
+                             wrt=slow, fd_step=3e-4, label=f"{name}, mamba dt path, h=3e-4",
+                             **data))
+    return reports
 
 
 @case
 def lm_dense(rng):
-    return [_lm("dense", rng), _lm("dense", rng, "dense, tied", tie_embeddings=True)]
+    return _lm("dense", rng) + _lm("dense", rng, "dense, tied", tie_embeddings=True)
 
 
 @case
@@ -354,3 +375,8 @@ def lm_mla(rng):
 @case
 def lm_swa(rng):
     return _lm("swa", rng)
+
+
+@case
+def lm_hybrid(rng):
+    return _lm("hybrid", rng)

@@ -42,10 +42,15 @@ class Settings:
     threads: int = 2           # data-parallel shards of each batch, one thread each
 
 
+def _decays(name, p):
+    """Weight decay on matrices only: not on norms' gains, vectors, or Mamba's A_log."""
+    return p.data.ndim >= 2 and not name.endswith("A_log")
+
+
 def make_optimizer(model, s):
-    """AdamW with decay on matrices only: norms' gains and 1-d vectors are not decayed."""
-    decay = [p for _, p in model.named_parameters() if p.data.ndim >= 2]
-    rest = [p for _, p in model.named_parameters() if p.data.ndim < 2]
+    """AdamW (betas 0.9, 0.95) with decoupled weight decay where _decays says so."""
+    decay = [p for n, p in model.named_parameters() if _decays(n, p)]
+    rest = [p for n, p in model.named_parameters() if not _decays(n, p)]
     return AdamW([{"params": decay, "weight_decay": s.weight_decay},
                   {"params": rest, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
 
@@ -165,12 +170,14 @@ def expert_usage_line(stats):
                      for i, frac in stats) + " (% of slots per expert)"
 
 
-def fit(run, train_ids, val_ids, *, out=None, tokenizer=None, progress=True, log=print):
-    """Train `run` up to run.s.steps, evaluating every eval_every steps and saving a
-    checkpoint to `out` at each evaluation and at the end. Ctrl-C saves and returns False.
-    Returns True when all steps ran."""
+def fit(run, train_ids, val_ids, *, out=None, tokenizer=None, progress=True, log=print,
+        eval_set=None):
+    """Train `run` up to run.s.steps, evaluating (on eval_set, default: eval_tokens of
+    val_ids) every eval_every steps and saving a checkpoint to `out` then. Ctrl-C saves and
+    returns False. Returns True when all steps ran."""
     s = run.s
-    eval_set = corpus.eval_batches(val_ids, s.batch_size, s.seq_len, s.eval_tokens)
+    if eval_set is None:
+        eval_set = corpus.eval_batches(val_ids, s.batch_size, s.seq_len, s.eval_tokens)
     tokens_per_step = s.batch_size * s.seq_len
     bar = tqdm(total=s.steps, initial=run.step, disable=not progress, unit="step",
                dynamic_ncols=True, file=sys.stderr)

@@ -6,7 +6,7 @@ import pytest
 from grads.cases import CASES, LM_TINY, lm_tiny
 from scratchllm.model import LM, ModelConfig, preset
 
-PRESET_NAMES = ["dense", "moe", "mla", "swa"]
+PRESET_NAMES = ["dense", "moe", "mla", "swa", "hybrid"]
 V = LM_TINY["vocab_size"]
 tiny = lm_tiny
 
@@ -15,9 +15,11 @@ tiny = lm_tiny
 def test_whole_model_gradients(name):
     """The registered grads case lm_NAME: every Param, CE + MoE aux terms (dense: also tied)."""
     reports = CASES[f"lm_{name}"](np.random.default_rng(7))
-    for report in reports if isinstance(reports, list) else [reports]:
+    for report in reports:
         assert report.ok, f"\n{report}"
-        assert len(report.rows) > 10
+    checked = {row.input for report in reports for row in report.rows}
+    model = LM(tiny(name), rng=np.random.default_rng(0))
+    assert checked == {n for n, _ in model.named_parameters()}
 
 
 def test_tied_head_has_no_head_param():

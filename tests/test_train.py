@@ -162,3 +162,24 @@ def test_data_parallel_equals_one_batch():
     assert ce == pytest.approx(cache.ce, rel=1e-12)
     for g, p in zip(whole, model.parameters()):
         np.testing.assert_allclose(p.grad, g, rtol=1e-10, atol=1e-13)
+
+
+def test_compare_prints_the_table(tmp_path, capsys):
+    from scratchllm import compare
+    args = ["--presets", "dense,swa", "--steps", "2", "--batch-size", "2", "--seq-len", "16",
+            "--data", str(FIXTURE), "--out", str(tmp_path), "--no-progress"]
+    assert compare.main(args) == 0
+    out = capsys.readouterr().out
+    assert "cache/token 128k" in out and "\nswa " in out and "\ndense " in out
+
+
+@pytest.mark.parametrize("name", ["dense", "moe", "mla", "swa", "hybrid"])
+def test_accounting_counts_the_model_params(name):
+    """Two independent counts: accounting's formulas vs the Params the LM allocates."""
+    from scratchllm import compare
+    from scratchllm.model import preset
+    cfg = preset(name)
+    total, active, _ = compare.sizes(cfg)
+    model = train.LM(cfg, rng=np.random.default_rng(0))
+    assert total == model.n_params()
+    assert active <= total and (active < total) == (cfg.ffn == "moe")
