@@ -19,7 +19,7 @@ import numpy as np
 
 from scratchllm import accounting, corpus
 from scratchllm.model import PRESETS, preset
-from scratchllm.train import Run, Settings, evaluate, fit
+from scratchllm.train import Run, Settings, evaluate, fit, save_loss_plot
 
 CONTEXTS = (4096, 131072)
 
@@ -59,24 +59,13 @@ def table(rows, baseline):
 
 def save_plot(path, curves, baseline, window=10):
     """Moving-average train loss per preset; False when matplotlib is missing."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, ax = plt.subplots(figsize=(7, 4))
+    series = []
     for name, losses in curves.items():
-        window = max(1, min(window, len(losses)))
-        smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
-        ax.plot(np.arange(window, len(losses) + 1), smooth, label=name)
-    ax.axhline(baseline, ls="--", c="gray", label="unigram baseline")
-    ax.set(xlabel="step", ylabel=f"train loss ({window}-step mean)", title="presets")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+        w = max(1, min(window, len(losses)))
+        smooth = np.convolve(losses, np.ones(w) / w, mode="valid")
+        series.append((name, np.arange(w, len(losses) + 1), smooth, "-"))
+    return save_loss_plot(path, series, baseline, "presets, same batches",
+                          f"train loss ({window}-step mean)")
 
 
 def main(argv=None):

@@ -258,8 +258,9 @@ def _config_for_resume(args, out):
     return cfg
 
 
-def save_plot(path, run, baseline):
-    """Loss curves to a PNG; returns False (with nothing written) without matplotlib."""
+def save_loss_plot(path, series, baseline, title, ylabel="cross-entropy (nats/token)"):
+    """Curves [(label, steps, losses, matplotlib fmt)] and the unigram baseline to a PNG.
+    Returns False (nothing written) when matplotlib is not installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -267,16 +268,23 @@ def save_plot(path, run, baseline):
     except ImportError:
         return False
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(np.arange(1, len(run.losses) + 1), run.losses, lw=0.8, label="train")
-    if run.evals:
-        ax.plot(*zip(*run.evals), "o-", label="validation")
+    for label, steps, losses, fmt in series:
+        ax.plot(steps, losses, fmt, lw=0.9, label=label)
     ax.axhline(baseline, ls="--", c="gray", label="unigram baseline")
-    ax.set(xlabel="step", ylabel="cross-entropy (nats/token)", title=f"{run.cfg.name}")
+    ax.set(xlabel="step", ylabel=ylabel, title=title)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def save_plot(path, run, baseline):
+    """The run's train losses and validation points."""
+    series = [("train", np.arange(1, len(run.losses) + 1), run.losses, "-")]
+    if run.evals:
+        series.append(("validation", *zip(*run.evals), "o-"))
+    return save_loss_plot(path, series, baseline, run.cfg.name)
 
 
 def main(argv=None):
