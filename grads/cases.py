@@ -141,7 +141,7 @@ def gqa(rng):
     reports = [check(gqa_forward, gqa_backward, rng=rng, label=label,
                      **{**w, "n_heads": H, "n_kv_heads": Hkv, **kw})
                for label, kw in variants.items()]
-    return reports + [check(gqa_forward_ref, gqa_backward, rng=rng, label="ref (repeat_kv), rope",
+    return reports + [check(gqa_forward_ref, gqa_backward, rng=rng, label="ref (repeat_kv)",
                             **w, **rope, n_heads=H, n_kv_heads=Hkv)]
 
 

@@ -35,7 +35,7 @@ def sliding_window_mask(T, window):
 
 
 def attention_sink_mask(T, window, n_sink):
-    """(T, T) bool: sliding window plus the first n_sink tokens (StreamingLLM, arXiv 2309.17453)."""
+    """(T, T) bool: sliding window plus the first n_sink tokens (StreamingLLM, 2309.17453)."""
     j = np.arange(T)[None, :]
     return sliding_window_mask(T, window) | ((j < n_sink) & causal_mask(T))  # (T, T)
 
@@ -49,63 +49,80 @@ def block_sparse_mask(T, block, global_tokens=0):
 
 # ---------------------------------------------------------------------------- sdpa
 class SDPACache(NamedTuple):
-    q: np.ndarray
+    q: np.ndarray  # grouped: (B, Hkv, G*Tq, Dh)
     k: np.ndarray
     v: np.ndarray
     scale: float
     softmax: tuple
 
 
-def _check_mask(fn, mask, shape):
-    if mask.dtype != bool:
+def _masked_out(fn, mask, B, H, Hkv, Tq, Tk):
+    """~mask, checked, as a view that broadcasts against the grouped scores (B,Hkv,G,Tq,Tk)."""
+    if not isinstance(mask, np.ndarray) or mask.dtype != bool:
         raise TypeError(f"{fn}: mask must be a boolean array (True = may attend), got "
-                        f"{mask.dtype}")
+                        f"{getattr(mask, 'dtype', type(mask).__name__)}")
     try:
-        np.broadcast_shapes(mask.shape, shape)
+        np.broadcast_shapes(mask.shape, (B, H, Tq, Tk))
     except ValueError:
         raise ValueError(f"{fn}: mask has shape {mask.shape}, expected one broadcastable to "
-                         f"(B, H, Tq, Tk) = {shape}") from None
+                         f"(B, H, Tq, Tk) = {(B, H, Tq, Tk)}") from None
+    m = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)  # (b, h, tq, tk), h in {1, H}
+    heads = (Hkv, H // Hkv) if m.shape[1] == H else (1, 1)
+    return ~m.reshape(m.shape[:1] + heads + m.shape[2:])  # (b, Hkv|1, G|1, tq, tk)
 
 
 def sdpa_forward(q, k, v, mask=None, scale=None):
-    """out = softmax(q k^T * scale, masked) v.
+    """out = softmax(q k^T * scale, masked) v, with grouped K/V heads allowed.
 
-    Inputs:  q (B, H, Tq, Dh), k (B, H, Tk, Dh), v (B, H, Tk, Dv); mask bool broadcastable
-             to (B, H, Tq, Tk) or None; scale defaults to Dh^-1/2.
+    Inputs:  q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv), H a multiple of Hkv
+             (query head h reads KV head h // (H/Hkv); Hkv = H is plain multi-head);
+             mask bool broadcastable to (B, H, Tq, Tk) or None; scale defaults to Dh^-1/2.
     Returns: out (B, H, Tq, Dv); a fully masked query row gives zeros.
-    Cache:   (q, k, v, scale, softmax cache holding P).
+    Cache:   (q grouped as (B, Hkv, G*Tq, Dh), k, v, scale, softmax cache holding P).
+    The G query heads of a group are stacked along the rows, so each KV head meets one
+    (G*Tq, Dh) @ (Dh, Tk) product: no copies of K/V, and fewer, larger matmuls.
     """
     for name, a in (("q", q), ("k", k), ("v", v)):
         expect_float("sdpa", name, a)
         expect_ndim("sdpa", name, a, 4, "(B, H, T, Dh)")
     B, H, Tq, Dh = q.shape
-    Tk = k.shape[2]
-    expect_shape("sdpa", "k", k, (B, H, None, Dh), "(B, H, Tk, Dh) like q")
-    expect_shape("sdpa", "v", v, (B, H, Tk, None), "(B, H, Tk, Dv) like k")
+    Hkv, Tk = k.shape[1], k.shape[2]
+    if Hkv < 1 or H % Hkv:
+        raise ValueError(f"sdpa: k has shape {k.shape}, expected (B, Hkv, Tk, Dh) with Hkv "
+                         f"dividing H = {H}")
+    expect_shape("sdpa", "k", k, (B, Hkv, None, Dh), "(B, Hkv, Tk, Dh) like q")
+    expect_shape("sdpa", "v", v, (B, Hkv, Tk, None), "(B, Hkv, Tk, Dv) like k")
+    G = H // Hkv
     scale = Dh ** -0.5 if scale is None else scale
-    s = q @ k.swapaxes(-1, -2)  # (B, H, Tq, Tk)
+    qg = q.reshape(B, Hkv, G * Tq, Dh)  # (B, Hkv, G*Tq, Dh)
+    s = qg @ k.swapaxes(-1, -2)  # (B, Hkv, G*Tq, Tk)
     s *= np.asarray(scale, dtype=s.dtype)
     if mask is not None:
-        _check_mask("sdpa", mask, (B, H, Tq, Tk))
-        s = np.where(mask, s, np.asarray(-np.inf, dtype=s.dtype))  # (B, H, Tq, Tk)
-    p, sm_cache = softmax_forward(s, axis=-1)  # (B, H, Tq, Tk)
-    return p @ v, SDPACache(q, k, v, scale, sm_cache)  # (B, H, Tq, Dv)
+        out_of_mask = _masked_out("sdpa", mask, B, H, Hkv, Tq, Tk)  # (b, Hkv|1, G|1, tq, tk)
+        np.copyto(s.reshape(B, Hkv, G, Tq, Tk), np.asarray(-np.inf, s.dtype), where=out_of_mask)
+    p, sm_cache = softmax_forward(s, axis=-1)  # (B, Hkv, G*Tq, Tk)
+    out = (p @ v).reshape(B, H, Tq, v.shape[3])  # (B, H, Tq, Dv)
+    return out, SDPACache(qg, k, v, scale, sm_cache)
 
 
 def sdpa_backward(dout, cache):
-    """Math (P = softmax(S), S = scale q k^T):
+    """Math (P = softmax(S), S = scale q k^T), per KV group with the G query heads stacked:
         dv = P^T dout,  dP = dout v^T,  dS = P * (dP - rowsum(dP * P)),
         dq = scale dS k,  dk = scale dS^T q.   Masked entries have P = 0, so dS = 0 there.
-    Reference: karpathy/llm.c train_gpt2.c attention_backward.
+    The products over the stacked G*Tq rows sum the gradients of the G query heads that
+    share a KV head (the KV-sharing backward, as repeat_kv_backward does explicitly).
+    Reference: karpathy/llm.c train_gpt2.c attention_backward; Ainslie et al. 2023.
     """
-    q, k, v, scale, sm_cache = cache
-    p = sm_cache[0]  # (B, H, Tq, Tk)
-    dv = p.swapaxes(-1, -2) @ dout  # fwd: out = P v -> dv = P^T dout      (B, H, Tk, Dv)
-    dp = dout @ v.swapaxes(-1, -2)  # fwd: out = P v -> dP = dout v^T      (B, H, Tq, Tk)
-    ds = softmax_backward(dp, sm_cache)["x"]  # fwd: P = softmax(S)       (B, H, Tq, Tk)
+    qg, k, v, scale, sm_cache = cache
+    B, H, Tq, Dv = dout.shape
+    p = sm_cache[0]  # (B, Hkv, G*Tq, Tk)
+    dog = dout.reshape(qg.shape[:3] + (Dv,))  # (B, Hkv, G*Tq, Dv)
+    dv = p.swapaxes(-1, -2) @ dog  # fwd: out = P v -> dv = P^T dout      (B, Hkv, Tk, Dv)
+    dp = dog @ v.swapaxes(-1, -2)  # fwd: out = P v -> dP = dout v^T      (B, Hkv, G*Tq, Tk)
+    ds = softmax_backward(dp, sm_cache)["x"]  # fwd: P = softmax(S)      (B, Hkv, G*Tq, Tk)
     ds *= np.asarray(scale, dtype=ds.dtype)  # fwd: S = scale q k^T
-    dq = ds @ k  # (B, H, Tq, Dh)
-    dk = ds.swapaxes(-1, -2) @ q  # (B, H, Tk, Dh)
+    dq = (ds @ k).reshape(B, H, Tq, qg.shape[3])  # (B, H, Tq, Dh)
+    dk = ds.swapaxes(-1, -2) @ qg  # (B, Hkv, Tk, Dh)
     return {"q": dq, "k": dk, "v": dv}
 
 
@@ -150,8 +167,7 @@ class QKVCache(NamedTuple):
 
 class GQACache(NamedTuple):
     qkv: QKVCache
-    rep_k: tuple
-    rep_v: tuple
+    rep: tuple  # repeat_kv cache in gqa_forward_ref; None when sdpa shares the heads itself
     sdpa: SDPACache
     lin_o: tuple
 
@@ -224,28 +240,47 @@ def gqa_forward(x, wq, wk, wv, wo, *, n_heads, n_kv_heads, positions=None, inv_f
              (B, T) ints (default arange(T)); inv_freq (Dh/2,) or None for no RoPE; mask
              "causal" | "sliding" (with window) | "none" | bool array broadcastable to
              (B, H, T, T).
-    Returns: y (B, T, D).  Cache: GQACache (qkv, repeat, sdpa and output-linear caches).
+    Returns: y (B, T, D).  Cache: GQACache (qkv, sdpa and output-linear caches).
+    Fast path: sdpa attends the G query heads of a group to their KV head directly.
+    gqa_forward_ref is its twin that copies each KV head G times first (HF repeat_kv).
     """
+    return _gqa(x, wq, wk, wv, wo, n_heads, n_kv_heads, positions, inv_freq, rope_style,
+                attention_factor, mask, window, expand_kv=False)
+
+
+def gqa_forward_ref(x, wq, wk, wv, wo, *, n_heads, n_kv_heads, positions=None, inv_freq=None,
+                    rope_style="half", attention_factor=1.0, mask="causal", window=None):
+    """gqa_forward with K/V explicitly repeated to H heads (repeat_kv), then plain MHA sdpa."""
+    return _gqa(x, wq, wk, wv, wo, n_heads, n_kv_heads, positions, inv_freq, rope_style,
+                attention_factor, mask, window, expand_kv=True)
+
+
+def _gqa(x, wq, wk, wv, wo, n_heads, n_kv_heads, positions, inv_freq, rope_style,
+         attention_factor, mask, window, expand_kv):
     q, k, v, qkv = project_qkv(x, wq, wk, wv, n_heads, n_kv_heads, positions, inv_freq,
-                               rope_style, attention_factor)
+                               rope_style, attention_factor)  # (B,H,T,Dh), (B,Hkv,T,Dh) x2
     expect_shape("gqa", "wo", wo, (wq.shape[1], x.shape[2]), "(H*Dh, D)")
-    G = n_heads // n_kv_heads
-    k_all, rep_k = repeat_kv_forward(k, G)  # (B, H, T, Dh)
-    v_all, rep_v = repeat_kv_forward(v, G)  # (B, H, T, Dh)
-    o, sd = sdpa_forward(q, k_all, v_all, _resolve_mask(mask, window, x.shape[1]))  # (B,H,T,Dh)
+    rep = None
+    if expand_kv:
+        k, rep = repeat_kv_forward(k, n_heads // n_kv_heads)  # (B, H, T, Dh)
+        v, _ = repeat_kv_forward(v, n_heads // n_kv_heads)  # (B, H, T, Dh)
+    o, sd = sdpa_forward(q, k, v, _resolve_mask(mask, window, x.shape[1]))  # (B, H, T, Dh)
     y, lin_o = linear_forward(merge_heads(o), wo)  # (B, T, D)
-    return y, GQACache(qkv, rep_k, rep_v, sd, lin_o)
+    return y, GQACache(qkv, rep, sd, lin_o)
 
 
 def gqa_backward(dy, cache):
-    """Reverse of gqa_forward through the pairs: linear, sdpa, repeat_kv (sum over the group),
-    rope (rotation by -theta), linear.  Reference: Ainslie et al. 2023; HF repeat_kv."""
-    qkv, rep_k, rep_v, sd, lin_o = cache
+    """Reverse of gqa_forward (or gqa_forward_ref) through the pairs: linear, sdpa, the
+    KV-sharing backward (a sum over each group: inside sdpa, or repeat_kv_backward for the
+    ref), rope (rotation by -theta), linear.  Reference: Ainslie et al. 2023; HF repeat_kv."""
+    qkv, rep, sd, lin_o = cache
     g_o = linear_backward(dy, lin_o)  # fwd: y = merge_heads(o) @ wo
     do = split_heads(g_o["x"], qkv.n_heads)  # (B, H, T, Dh)
-    g_sd = sdpa_backward(do, sd)  # fwd: o = sdpa(q, k_all, v_all)
-    dk = repeat_kv_backward(g_sd["k"], rep_k)["kv"]  # fwd: k_all = repeat(k) -> sum group
-    dv = repeat_kv_backward(g_sd["v"], rep_v)["kv"]  # (B, Hkv, T, Dh)
+    g_sd = sdpa_backward(do, sd)  # fwd: o = sdpa(q, k, v)
+    dk, dv = g_sd["k"], g_sd["v"]  # (B, Hkv, T, Dh), or (B, H, T, Dh) for the ref
+    if rep is not None:
+        dk = repeat_kv_backward(dk, rep)["kv"]  # fwd: k = repeat(k) -> sum over the group
+        dv = repeat_kv_backward(dv, rep)["kv"]  # (B, Hkv, T, Dh)
     grads = project_qkv_backward(g_sd["q"], dk, dv, qkv)
     grads["wo"] = g_o["W"]
     return grads

@@ -13,7 +13,7 @@ L cached length, W window, S sink tokens.
 """
 import numpy as np
 
-from scratchllm.attention import merge_heads, project_qkv, repeat_kv_forward, sdpa_forward
+from scratchllm.attention import merge_heads, project_qkv, sdpa_forward
 from scratchllm.ops import linear_forward
 from scratchllm.validate import expect_shape
 
@@ -120,7 +120,6 @@ def gqa_decode(x_t, wq, wk, wv, wo, cache, position, *, n_heads, n_kv_heads, inv
                              rope_style, attention_factor)  # (B, H, 1, Dh), (B, Hkv, 1, Dh)
     cache.append(k, v)
     K, V = cache.kv()  # (B, Hkv, L, Dh); every cached key is at or before `position`
-    G = n_heads // n_kv_heads
-    o, _ = sdpa_forward(q, repeat_kv_forward(K, G)[0], repeat_kv_forward(V, G)[0])  # (B,H,1,Dh)
+    o, _ = sdpa_forward(q, K, V)  # (B, H, 1, Dh), query head h reads KV head h // G
     y, _ = linear_forward(merge_heads(o), wo)  # (B, 1, D)
     return y[:, 0]  # (B, D)

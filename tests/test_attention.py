@@ -4,8 +4,8 @@ import pytest
 
 from grads.cases import CASES
 from scratchllm.attention import (Attention, attention_sink_mask, block_sparse_mask,
-                                  causal_mask, gqa_backward, gqa_forward, sdpa_backward,
-                                  sdpa_forward, sliding_window_mask)
+                                  causal_mask, gqa_backward, gqa_forward, gqa_forward_ref,
+                                  sdpa_backward, sdpa_forward, sliding_window_mask)
 from scratchllm.rope import rope_frequencies
 
 
@@ -58,6 +58,36 @@ def test_sdpa_matches_loop_and_zeroes_fully_masked_rows():
                                _sdpa_loop(q, k, v, causal_mask(6)[2:]), atol=1e-12)
 
 
+def test_grouped_sdpa_equals_repeated_kv():
+    """K/V with Hkv = 2 heads for H = 6 queries == each KV head copied 3 times (per-head mask)."""
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((2, 6, 4, 5)), rng.standard_normal((2, 2, 6, 5)),
+               rng.standard_normal((2, 2, 6, 3)))
+    mask = rng.random((2, 6, 4, 6)) < 0.6
+    out, cache = sdpa_forward(q, k, v, mask)
+    k3, v3 = np.repeat(k, 3, axis=1), np.repeat(v, 3, axis=1)
+    np.testing.assert_allclose(out, _sdpa_loop(q, k3, v3, mask), atol=1e-12)
+    dout = rng.standard_normal(out.shape)
+    g, g3 = sdpa_backward(dout, cache), sdpa_backward(dout, sdpa_forward(q, k3, v3, mask)[1])
+    np.testing.assert_allclose(g["q"], g3["q"], atol=1e-12)
+    for name in ("k", "v"):
+        np.testing.assert_allclose(g[name], g3[name].reshape(2, 2, 3, 6, -1).sum(2), atol=1e-12)
+
+
+def test_gqa_fast_path_equals_ref():
+    rng = np.random.default_rng(8)
+    x, w = rng.standard_normal((2, 7, 9)), _weights(rng, 9, 6, 2, 4)
+    kw = dict(n_heads=6, n_kv_heads=2, inv_freq=rope_frequencies(4)[0],
+              mask=attention_sink_mask(7, 3, 1))
+    y, cache = gqa_forward(x, *w, **kw)
+    y_ref, cache_ref = gqa_forward_ref(x, *w, **kw)
+    np.testing.assert_allclose(y, y_ref, atol=1e-12)
+    dy = rng.standard_normal(y.shape)
+    g, g_ref = gqa_backward(dy, cache), gqa_backward(dy, cache_ref)
+    for name in ("x", "wq", "wk", "wv", "wo"):
+        np.testing.assert_allclose(g[name], g_ref[name], atol=1e-10)
+
+
 def test_sdpa_bad_inputs():
     q = np.zeros((1, 2, 3, 4))
     with pytest.raises(TypeError, match="bool"):
@@ -66,6 +96,8 @@ def test_sdpa_bad_inputs():
         sdpa_forward(q, q, q, mask=np.ones((4, 3), bool))
     with pytest.raises(ValueError, match="k has shape"):
         sdpa_forward(q, np.zeros((1, 2, 3, 5)), q)
+    with pytest.raises(ValueError, match="Hkv dividing H"):
+        sdpa_forward(np.zeros((1, 3, 3, 4)), q, q)
 
 
 def _weights(rng, D, H, Hkv, Dh):
