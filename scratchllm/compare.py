@@ -38,8 +38,9 @@ def train_preset(name, train_ids, eval_set, settings, progress):
     t0 = time.perf_counter()
     fit(run, train_ids, None, progress=progress, eval_set=eval_set)
     tok_s = settings.steps * settings.batch_size * settings.seq_len / (time.perf_counter() - t0)
+    val = evaluate(run.model, eval_set, run.dp)
     run.dp.close()
-    return run.losses, tok_s, evaluate(run.model, eval_set), run.model.n_params()
+    return run.losses, tok_s, val, run.model.n_params()
 
 
 def _fmt_bytes(n):

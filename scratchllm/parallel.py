@@ -82,6 +82,11 @@ class DataParallel:
                 p.grad += q.grad
         return sum(c.ce for c in caches) / S, caches
 
+    def map(self, fn, items):
+        """[fn(item) for item in items] on the threads (forward-only work: a Module's forward
+        reads its Params and writes nothing, so threads may share the main model)."""
+        return list(map(fn, items) if self.pool is None else self.pool.map(fn, items))
+
     def close(self):
         if self.pool is not None:
             self.pool.shutdown()

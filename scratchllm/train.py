@@ -55,13 +55,10 @@ def make_optimizer(model, s):
                   {"params": rest, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
 
 
-def evaluate(model, batches):
-    """Mean cross-entropy (nats/token) over fixed batches, forward only."""
-    total, count = 0.0, 0
-    for x, y in batches:
-        total += model.cross_entropy(x, y) * y.size
-        count += y.size
-    return total / max(count, 1)
+def evaluate(model, batches, dp=None):
+    """Mean cross-entropy (nats/token) over fixed batches, forward only (on dp's threads)."""
+    losses = (dp.map if dp else map)(lambda b: model.cross_entropy(*b) * b[1].size, batches)
+    return sum(losses) / max(sum(y.size for _, y in batches), 1)
 
 
 class Run:
@@ -189,7 +186,7 @@ def fit(run, train_ids, val_ids, *, out=None, tokenizer=None, progress=True, log
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
             if run.step % s.eval_every == 0 and run.step < s.steps:
-                run.evals.append((run.step, evaluate(run.model, eval_set)))
+                run.evals.append((run.step, evaluate(run.model, eval_set, run.dp)))
                 msg = f"step {run.step}: train {loss:.3f}, val {run.evals[-1][1]:.3f}"
                 if stats:
                     msg += "\n  expert usage " + expert_usage_line(stats)
@@ -331,7 +328,8 @@ def _main(args):
     if not finished:
         return 130
     train_time = time.perf_counter() - t_train
-    val = evaluate(run.model, corpus.eval_batches(val_ids, s.batch_size, s.seq_len, len(val_ids)))
+    val = evaluate(run.model, corpus.eval_batches(val_ids, s.batch_size, s.seq_len, len(val_ids)),
+                   run.dp)
     run.evals.append((run.step, val))
     run.save(out, tok)
     print(f"validation loss {val:.3f} nats/token = {val / baseline:.2f} x unigram baseline "

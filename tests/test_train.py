@@ -183,3 +183,11 @@ def test_accounting_counts_the_model_params(name):
     model = train.LM(cfg, rng=np.random.default_rng(0))
     assert total == model.n_params()
     assert active <= total and (active < total) == (cfg.ffn == "moe")
+
+
+def test_moe_run_logs_expert_usage(tmp_path, capsys):
+    args = QUICK + ["--preset", "hybrid", "--steps", "4", "--eval-every", "2",
+                    "--out", str(tmp_path)]
+    assert train.main(args) == 0
+    err = capsys.readouterr().err
+    assert "expert usage L1:" in err and "L3:" in err  # MoE every other layer: 1 and 3
