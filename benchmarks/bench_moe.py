@@ -82,10 +82,13 @@ def run_torch(arrs, dy, k):
 
 def interleaved_times(fns, reps):
     """Seconds of each fn over `reps` rounds; every round runs every fn once, so the noise of
-    a shared machine falls on all of them alike. Round 0 is a warm-up and is not kept."""
+    a shared machine falls on all of them alike. Round 0 is a warm-up and is not kept. A short
+    untimed pause before each call lets the other library's spinning worker threads (OpenBLAS
+    pthreads, torch's OpenMP) go idle, so neither side pays for the other's thread pool."""
     times = [[] for _ in fns]
     for rep in range(reps + 1):
         for fn, ts in zip(fns, times):
+            time.sleep(0.05)
             t0 = time.perf_counter()
             fn()
             if rep:

@@ -236,6 +236,9 @@ def moe_forward_ref(x, w_router, w1, w3, w2, *, k, capacity_factor=None, shared_
 
 
 # ---------------------------------------------------------------------------- module
+SHARED = ("shared_w1", "shared_w3", "shared_w2")
+
+
 class MoE(Module):
     """A top-k MoE layer: owns the router, stacked expert and shared-expert Params, and the
     selection bias as non-trainable state (a plain array, not a Param).
@@ -253,24 +256,25 @@ class MoE(Module):
         self.w1 = Param(_init(rng, (E, D, F), D ** -0.5, dtype))
         self.w3 = Param(_init(rng, (E, D, F), D ** -0.5, dtype))
         self.w2 = Param(_init(rng, (E, F, D), F ** -0.5, dtype))
-        self.shared = [Param(_init(rng, (D, d_shared), D ** -0.5, dtype)),
-                       Param(_init(rng, (D, d_shared), D ** -0.5, dtype)),
-                       Param(_init(rng, (d_shared, D), d_shared ** -0.5, dtype))
-                       ] if d_shared else []
+        shapes = {"shared_w1": (D, d_shared), "shared_w3": (D, d_shared),
+                  "shared_w2": (d_shared, D)}
+        for name, shape in shapes.items():  # None (no Param) without shared experts
+            setattr(self, name, Param(_init(rng, shape, shape[0] ** -0.5, dtype))
+                    if d_shared else None)
         self.selection_bias = np.zeros(E, dtype)
 
+    def _weights(self):
+        names = ("w_router", "w1", "w3", "w2", *SHARED)
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
     def forward(self, x):
-        shared = dict(zip(("shared_w1", "shared_w3", "shared_w2"),
-                          [p.data for p in self.shared]))
-        return moe_forward(x, self.w_router.data, self.w1.data, self.w3.data, self.w2.data,
-                           k=self.k, capacity_factor=self.capacity_factor, score=self.score,
-                           selection_bias=self.selection_bias, **shared)
+        return moe_forward(x, **{n: p.data for n, p in self._weights().items()}, k=self.k,
+                           capacity_factor=self.capacity_factor, score=self.score,
+                           selection_bias=self.selection_bias)
 
     def backward(self, dout, cache):
         g = moe_backward(dout, cache)
-        for name in ("w_router", "w1", "w3", "w2"):
-            getattr(self, name).grad += g[name]
-        for p, name in zip(self.shared, ("shared_w1", "shared_w3", "shared_w2")):
+        for name, p in self._weights().items():
             p.grad += g[name]
         return g["x"]
 

@@ -300,7 +300,7 @@ def test_moe_module_calls_the_pair_and_keeps_the_bias_as_state():
     layer = MoE(6, 5, 4, 2, capacity_factor=1.0, d_shared=3, score="sigmoid", rng=rng,
                 dtype=np.float64)
     names = [n for n, _ in layer.named_parameters()]
-    assert names == ["w_router", "w1", "w3", "w2", "shared.0", "shared.1", "shared.2"]
+    assert names == ["w_router", "w1", "w3", "w2", "shared_w1", "shared_w3", "shared_w2"]
     x = rng.standard_normal((2, 5, 6))
     (y, aux, z), cache = layer.forward(x)
     dout = (rng.standard_normal(y.shape), 0.3, 0.1)
@@ -308,7 +308,11 @@ def test_moe_module_calls_the_pair_and_keeps_the_bias_as_state():
     layer.backward(dout, cache)  # grads accumulate
     g = moe_backward(dout, cache)
     assert np.allclose(dx, g["x"]) and np.allclose(layer.w1.grad, 2 * g["w1"])
-    assert np.allclose(layer.shared[2].grad, 2 * g["shared_w2"])
+    assert np.allclose(layer.shared_w2.grad, 2 * g["shared_w2"])
+    plain = MoE(6, 5, 4, 2, rng=rng)  # no shared experts, float32
+    assert [n for n, _ in plain.named_parameters()] == ["w_router", "w1", "w3", "w2"]
+    (y32, _, _), c32 = plain.forward(x.astype(np.float32))
+    assert y32.dtype == np.float32 and plain.backward((y32, None, None), c32).shape == x.shape
     layer.update_bias(cache, 0.01)
     assert np.abs(layer.selection_bias).max() == 0.01 and layer.n_params() == sum(
         p.data.size for p in layer.parameters())
