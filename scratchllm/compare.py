@@ -78,7 +78,8 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--lr", type=float, default=Settings.lr)
-    p.add_argument("--out", default="runs/compare", help="directory for the plot and cache")
+    p.add_argument("--out", default="runs/compare",
+                   help="directory for the plot (token cache in OUT/../cache)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.presets.split(",") if n.strip()]
@@ -92,7 +93,7 @@ def main(argv=None):
     if len(vocab) != 1:
         print(f"error: the presets use different vocab sizes {sorted(vocab)}", file=sys.stderr)
         return 2
-    _, ids, _ = corpus.prepare(args.data, vocab.pop(), out / "cache")
+    _, ids, _ = corpus.prepare(args.data, vocab.pop(), out.parent / "cache")
     train_ids, val_ids = corpus.split(ids)
     baseline = corpus.unigram_baseline(train_ids, val_ids, preset(names[0]).vocab_size)
     settings = Settings(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,

@@ -218,7 +218,8 @@ def build_parser():
     p.add_argument("--lr", type=float, default=None, help=f"peak learning rate ({d.lr})")
     p.add_argument("--dtype", choices=("float32", "float64"), default=None,
                    help="parameter and activation dtype (float32)")
-    p.add_argument("--out", default=None, help="checkpoint directory (runs/PRESET)")
+    p.add_argument("--out", default=None, help="checkpoint directory (runs/PRESET); the "
+                   "tokenizer and token ids are cached beside it in OUT/../cache")
     p.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
     p.add_argument("--seed", type=int, default=None, help=f"init and batch seed ({d.seed})")
     p.add_argument("--eval-every", type=int, default=None,
@@ -303,14 +304,14 @@ def _main(args):
     else:
         if (out / checkpoint.STATE).exists():
             raise ValueError(f"train: {out} already holds a checkpoint; pass --resume to "
-                             f"continue it or --out to start elsewhere")
+                             f"continue it, --out to start elsewhere, or delete {out}")
         cfg = preset(name)
     s = _settings(args, saved_meta and saved_meta["settings"])
     dtype = np.dtype(args.dtype or (saved_meta or {}).get("dtype", "float32"))
     data = args.data or (saved_meta or {}).get("data") or str(corpus.DEFAULT_CORPUS)
     t_start = time.perf_counter()
     print(f"data: {data} (tokenizer: BPE, vocab {cfg.vocab_size})")
-    tok, ids, _ = corpus.prepare(data, cfg.vocab_size, out / "cache")
+    tok, ids, _ = corpus.prepare(data, cfg.vocab_size, out.parent / "cache")
     train_ids, val_ids = corpus.split(ids)
     baseline = corpus.unigram_baseline(train_ids, val_ids, cfg.vocab_size)
     print(f"tokens: {len(train_ids):,} train, {len(val_ids):,} validation "
