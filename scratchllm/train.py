@@ -10,6 +10,7 @@ The run is deterministic given --seed, and --resume continues bit-exactly: the w
 optimizer moments, step, losses and the batch RNG's state all live in the checkpoint.
 """
 import argparse
+import os
 import signal
 import sys
 import time
@@ -39,7 +40,8 @@ class Settings:
     eval_every: int = 100      # validation every N steps (and at the end)
     eval_tokens: int = 16384   # tokens per periodic validation (the final one uses all)
     seed: int = 0              # weight init and batch order
-    threads: int = 2           # data-parallel shards of each batch, one thread each
+    threads: int = min(2, os.cpu_count() or 1)  # data-parallel batch shards, one thread each
+                                                # (1 when the batch does not divide evenly)
 
 
 def _decays(name, p):
@@ -68,9 +70,10 @@ class Run:
         self.cfg, self.s = cfg, settings
         self.model = LM(cfg, rng=np.random.default_rng(settings.seed), dtype=dtype)
         self.opt = make_optimizer(self.model, settings)
-        if settings.threads > 1:
+        shards = settings.threads if settings.batch_size % settings.threads == 0 else 1
+        if shards > 1:
             set_blas_threads(1)  # one BLAS thread per shard: no oversubscription
-        self.dp = DataParallel(self.model, settings.threads)
+        self.dp = DataParallel(self.model, shards)
         self.rng = np.random.default_rng([settings.seed, 1])
         self.step = 0
         self.data = None   # the text file trained on (recorded so --resume finds it)
