@@ -99,6 +99,15 @@ def test_numba_encoder_equals_python_path_on_corpus(gpt2, docs):
     assert gpt2.encode(text) == slow.encode(text)
 
 
+def test_cache_across_calls_and_when_full(gpt2, docs):
+    text = docs[:20000]
+    want = gpt2.encode(text)
+    for cache in (fast.new_cache(), fast.new_cache(16, 8, 4)):    # roomy, and full at once
+        gpt2._fast_cache = cache
+        assert gpt2.encode(text) == want and gpt2.encode(text) == want
+    assert 0 < cache[6][0] <= 8 and cache[6][1] <= 8 and cache[6][2] <= 4
+
+
 def test_tiktoken_agrees_on_corpus(gpt2, docs):
     tiktoken = pytest.importorskip("tiktoken")
     ranks = {t: i for i, t in gpt2.vocab.items() if i != 50256}

@@ -10,7 +10,7 @@ kernels do the same work on UTF-8 bytes, exactly:
   its twin is `regex.findall` (tests/test_tokenizer_fast.py checks they agree);
 - `count_pretokens`: unique pre-tokens and their counts (open-addressing hash of the bytes);
 - `encode_pieces`: scan + BPE of every pre-token, with a cache per distinct pre-token (hash of
-  its bytes -> its ids). The merge loop keeps one rank per adjacent pair, merges the lowest,
+  its bytes -> its ids) that the Tokenizer keeps across calls (`new_cache`). The merge loop keeps one rank per adjacent pair, merges the lowest,
   and recomputes only the two neighbouring ranks (tokenizer.py `_bpe` is its Python twin).
 
 Glossary: data = UTF-8 bytes (uint8); seg_ends = end offset of each piece between special
@@ -226,27 +226,63 @@ def _bpe(data, s, e, byte_ids, keys, ranks, news, parts, prank, pslot, out, t):
     return t + m
 
 
-@nb.njit(cache=True)
-def encode_pieces(data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news, max_cached):
-    """int64 (T,) ids of segments: seg_special[k] >= 0 is a special token's id (empty segment),
-    else the text data[prev_end:seg_ends[k]] is scanned and BPE-encoded.
+def new_cache(slots=1 << 18, key_bytes=1 << 21, ids=1 << 19):
+    """Empty per-pre-token cache (lives in the Tokenizer, kept across calls): slot -> key
+    offset/length in the key pool, ids offset/length in the ids pool; meta = (entries, key
+    bytes used, ids used). It fills up to half its slots or a full pool, then stops growing."""
+    return (np.full(slots, -1, dtype=np.int64), np.zeros(slots, dtype=np.int64),   # (S,) (S,)
+            np.zeros(slots, dtype=np.int64), np.zeros(slots, dtype=np.int64),      # (S,) (S,)
+            np.zeros(key_bytes, dtype=np.uint8), np.zeros(ids, dtype=np.int64),    # (K,) (I,)
+            np.zeros(3, dtype=np.int64))                                           # (3,)
 
-    Pre-tokens up to max_cached bytes are cached: table slot -> (start, end) of a first
-    occurrence and the offset/length of its ids in the out array.
-    """
+
+@nb.njit(cache=True)
+def _cache_find(cache, data, s, e):
+    """The slot of pre-token data[s:e]: where it is cached, or the empty slot it would take."""
+    key_off, key_len, kpool = cache[0], cache[1], cache[4]
+    mask = np.uint64(key_off.shape[0] - 1)
+    h = _hash_bytes(data, s, e) & mask
+    while key_off[h] >= 0:
+        if key_len[h] == e - s:
+            o = key_off[h]
+            same = True
+            for j in range(e - s):
+                if kpool[o + j] != data[s + j]:
+                    same = False
+                    break
+            if same:
+                return h
+        h = (h + np.uint64(1)) & mask
+    return h
+
+
+@nb.njit(cache=True)
+def _cache_put(cache, h, data, s, e, out, t, t2):
+    """Store pre-token data[s:e] -> ids out[t:t2] in empty slot h, if there is room."""
+    key_off, key_len, ids_off, ids_len, kpool, ipool, meta = cache
+    if 2 * (meta[0] + 1) > key_off.shape[0] or meta[1] + e - s > kpool.shape[0] \
+            or meta[2] + t2 - t > ipool.shape[0]:
+        return
+    key_off[h], key_len[h], ids_off[h], ids_len[h] = meta[1], e - s, meta[2], t2 - t
+    kpool[meta[1]:meta[1] + e - s] = data[s:e]
+    ipool[meta[2]:meta[2] + t2 - t] = out[t:t2]
+    meta[0] += 1
+    meta[1] += e - s
+    meta[2] += t2 - t
+
+
+@nb.njit(cache=True)
+def encode_pieces(data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news, cache,
+                  max_cached):
+    """int64 (T,) ids of segments: seg_special[k] >= 0 is a special token's id (empty segment),
+    else the text data[prev_end:seg_ends[k]] is scanned and BPE-encoded. Pre-tokens of 2 to
+    max_cached bytes go through `cache` (new_cache), which persists across calls."""
     n = data.shape[0]
     out = np.empty(n + seg_ends.shape[0], dtype=np.int64)   # (N + K,) at most one id per byte
-    filled = 0
     parts = np.empty(n + 1, dtype=np.int64)                 # (N + 1,) work arrays of _bpe
     prank = np.empty(n + 1, dtype=np.int64)                 # (N + 1,)
     pslot = np.empty(n + 1, dtype=np.int64)                 # (N + 1,)
-    size = 64                                               # cache slots: ~1 per 2 bytes
-    while size < n and size < 1 << 20:
-        size *= 2
-    c_start = np.full(size, -1, dtype=np.int64)             # (S,) cached pre-token bytes
-    c_end = np.empty(size, dtype=np.int64)                  # (S,)
-    c_out = np.empty(size, dtype=np.int64)                  # (S,) where its ids are in out
-    c_len = np.empty(size, dtype=np.int64)                  # (S,)
+    ids_off, ids_len, ipool = cache[2], cache[3], cache[5]
     t, i = 0, 0
     for k in range(seg_ends.shape[0]):
         if seg_special[k] >= 0:
@@ -262,18 +298,14 @@ def encode_pieces(data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news,
             elif e - i > max_cached:
                 t = _bpe(data, i, e, byte_ids, keys, ranks, news, parts, prank, pslot, out, t)
             else:
-                h = _hash_bytes(data, i, e) & np.uint64(size - 1)
-                while c_start[h] >= 0 and not _same(data, c_start[h], c_end[h], i, e):
-                    h = (h + np.uint64(1)) & np.uint64(size - 1)
-                if c_start[h] >= 0:
-                    for j in range(c_len[h]):
-                        out[t + j] = out[c_out[h] + j]
-                    t += c_len[h]
+                h = _cache_find(cache, data, i, e)
+                if cache[0][h] >= 0:
+                    for j in range(ids_len[h]):
+                        out[t + j] = ipool[ids_off[h] + j]
+                    t += ids_len[h]
                 else:
                     t2 = _bpe(data, i, e, byte_ids, keys, ranks, news, parts, prank, pslot, out, t)
-                    if filled * 2 < size:                    # keep the table at most half full
-                        c_start[h], c_end[h], c_out[h], c_len[h] = i, e, t, t2 - t
-                        filled += 1
+                    _cache_put(cache, h, data, i, e, out, t, t2)
                     t = t2
             i = e
     return out[:t]

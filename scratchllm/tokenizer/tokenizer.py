@@ -51,6 +51,7 @@ class Tokenizer:
         self._fast = PATTERNS.get(pattern, pattern) == PATTERNS["gpt2"]
         self._regex = compile_pattern(pattern)
         self._cache = {}
+        self._fast_cache = None
 
     def _register_specials(self, special_tokens):
         if isinstance(special_tokens, dict):
@@ -106,8 +107,10 @@ class Tokenizer:
         seg_special = np.array([self.special_tokens[p] if s else -1 for s, p in pieces],
                                dtype=np.int64)                                  # (K,)
         data = np.frombuffer(b"".join(blobs), dtype=np.uint8)                   # (N,)
+        if self._fast_cache is None:
+            self._fast_cache = fast.new_cache()
         return fast.encode_pieces(data, seg_ends, seg_special, fast.char_classes(),
-                                  self._byte_ids, *self._table, 64)
+                                  self._byte_ids, *self._table, self._fast_cache, 64)
 
     def _encode_slow(self, pieces):
         ids = []
