@@ -33,7 +33,7 @@ class Settings:
     steps: int = 600           # total optimizer steps
     batch_size: int = 16       # sequences per step
     seq_len: int = 128         # tokens per sequence (context length while training)
-    lr: float = 5e-3           # peak learning rate (after warmup), cosine down to lr / 10
+    lr: float = 8e-3           # peak learning rate (after warmup), cosine down to lr / 10
     warmup: int = 30           # linear warmup steps
     weight_decay: float = 0.1  # AdamW decoupled decay on matrices (not norms, not biases)
     clip: float = 1.0          # global gradient-norm clip
@@ -100,7 +100,9 @@ class Run:
         if not (directory / checkpoint.CONFIG).is_file():
             checkpoint.write_config(directory, self.cfg.to_dict())
         if tokenizer is not None and not (directory / corpus.TOKENIZER).exists():
-            tokenizer.save(str(directory / corpus.TOKENIZER))
+            tmp = directory / f"{corpus.TOKENIZER}.tmp-{os.getpid()}"
+            tokenizer.save(str(tmp))
+            os.replace(tmp, directory / corpus.TOKENIZER)  # atomic, like state.npz
         arrays = {f"model.{n}": p.data for n, p in self.model.named_parameters()}
         arrays.update({f"buffer.{n}": b for n, b in self.model.named_buffers()})
         arrays.update({f"opt.{k}": v for k, v in self.opt.state_dict().items()})
