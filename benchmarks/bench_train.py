@@ -32,11 +32,11 @@ def _env():
 
 
 def worker_numpy(args):
-    """The exact step of `python -m scratchllm train`: Run.train_step (data-parallel threads,
+    """The exact step of `python -m scratchllm train`: trainer.Run.train_step (data-parallel threads,
     one shard per thread, AdamW, clipping)."""
     import numpy as np
     from scratchllm.model import preset
-    from scratchllm.train import Run, Settings
+    from scratchllm.trainer import Run, Settings
     cfg = preset("dense")
     run = Run(cfg, Settings(batch_size=args.batch, seq_len=args.seq, steps=10 ** 6,
                             threads=int(THREADS)))

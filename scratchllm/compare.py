@@ -19,7 +19,7 @@ import numpy as np
 
 from scratchllm import accounting, corpus
 from scratchllm.model import PRESETS, preset
-from scratchllm.train import Run, Settings, evaluate, fit, save_loss_plot
+from scratchllm.trainer import Run, Settings, evaluate, fit, save_loss_plot
 
 CONTEXTS = (4096, 131072)
 

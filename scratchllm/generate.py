@@ -93,7 +93,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=None, help="sampling seed")
     args = p.parse_args(argv)
     from scratchllm.checkpoint import CheckpointError
-    from scratchllm.train import load_model
+    from scratchllm.trainer import load_model
     try:
         model, tok, _ = load_model(args.checkpoint)
         sys.stdout.write(args.prompt)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from grads.cases import lm_tiny
-from scratchllm import checkpoint, corpus, generate, train
+from scratchllm import checkpoint, corpus, generate, train, trainer
+from scratchllm.model import LM
 from scratchllm.parallel import DataParallel
 
 FIXTURE = Path(__file__).parent / "fixtures" / "python-docs-slice.txt"
@@ -41,7 +42,7 @@ def test_thirty_steps_lower_the_loss(trained):
 def test_ctrl_c_saves_and_resume_is_bit_exact(tmp_path, monkeypatch):
     args = QUICK + ["--steps", "16", "--eval-every", "100"]
     assert train.main(args + ["--out", str(tmp_path / "a")]) == 0
-    original = train.Run.train_step
+    original = trainer.Run.train_step
 
     def interrupted_at_7(self, ids):
         out = original(self, ids)
@@ -49,10 +50,10 @@ def test_ctrl_c_saves_and_resume_is_bit_exact(tmp_path, monkeypatch):
             signal.raise_signal(signal.SIGINT)  # as if the user pressed Ctrl-C here
         return out
 
-    monkeypatch.setattr(train.Run, "train_step", interrupted_at_7)
+    monkeypatch.setattr(trainer.Run, "train_step", interrupted_at_7)
     assert train.main(args + ["--out", str(tmp_path / "b")]) == 130
     assert _state(tmp_path / "b")[1]["step"] == 7
-    monkeypatch.setattr(train.Run, "train_step", original)
+    monkeypatch.setattr(trainer.Run, "train_step", original)
     assert train.main(["--resume", "--no-progress", "--out", str(tmp_path / "b")]) == 0
     a, b = _state(tmp_path / "a")[0], _state(tmp_path / "b")[0]
     np.testing.assert_array_equal(a["losses"], b["losses"])  # bit-exact, every step
@@ -62,8 +63,8 @@ def test_ctrl_c_saves_and_resume_is_bit_exact(tmp_path, monkeypatch):
 
 
 def _tiny_run(seed=0, **settings):
-    s = train.Settings(batch_size=4, seq_len=8, steps=50, warmup=2, seed=seed, **settings)
-    return train.Run(lm_tiny("moe"), s)
+    s = trainer.Settings(batch_size=4, seq_len=8, steps=50, warmup=2, seed=seed, **settings)
+    return trainer.Run(lm_tiny("moe"), s)
 
 
 def test_crash_mid_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -114,7 +115,7 @@ def test_mismatched_config_is_a_clear_error(trained, tmp_path, capsys):
     (tmp_path / checkpoint.STATE).write_bytes((trained / checkpoint.STATE).read_bytes())
     (tmp_path / corpus.TOKENIZER).write_bytes((trained / corpus.TOKENIZER).read_bytes())
     with pytest.raises(checkpoint.CheckpointError, match="has shape"):
-        train.load_model(tmp_path)
+        trainer.load_model(tmp_path)
     assert train.main(["--out", str(trained)] + QUICK) == 2  # exists, no --resume
     assert "--resume" in capsys.readouterr().err
 
@@ -150,7 +151,7 @@ def test_unigram_baseline_formula():
 def test_data_parallel_equals_one_batch():
     """Two shards on two threads: the same gradients as the whole batch in one call."""
     rng = np.random.default_rng(5)
-    model = train.LM(lm_tiny("dense"), rng=rng, dtype=np.float64)
+    model = LM(lm_tiny("dense"), rng=rng, dtype=np.float64)
     x, y = rng.integers(0, 23, (4, 7)), rng.integers(0, 23, (4, 7))
     model.zero_grad()
     _, cache = model.loss(x, y)
@@ -180,7 +181,7 @@ def test_accounting_counts_the_model_params(name):
     from scratchllm.model import preset
     cfg = preset(name)
     total, active, _ = compare.sizes(cfg)
-    model = train.LM(cfg, rng=np.random.default_rng(0))
+    model = LM(cfg, rng=np.random.default_rng(0))
     assert total == model.n_params()
     assert active <= total and (active < total) == (cfg.ffn == "moe")
 
