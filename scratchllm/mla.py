@@ -319,7 +319,10 @@ def mla_decode(x_t, wkv_a, kv_norm, wkv_b, wo, wq=None, wq_a=None, q_norm=None, 
     Returns: out (B, D), equal to the last row of mla_forward on the whole sequence.
     Math:    wkv_b as (Dc, H, dn+dv) = [W_UK | W_UV].  q_abs = W_UK q_nope (B, H, Dc), so
              scores = (q_abs . ckv_t + q_pe . k_pe_t) * scale; o = W_UV (sum_t P_t ckv_t).
-             All heads share one key, so the heads become the query rows of one sdpa call.
+             All heads share one key (like MQA), so per sequence this is one small
+             attention of H query rows against t latent rows. The scores are computed as
+             latents @ q^T (t rows), which OpenBLAS runs faster than sdpa's q @ k^T with only
+             H query rows (1.0 vs 3.6 ms at t = 4096, B = 8, one thread).
     """
     q_nope, q_pe, g, scale = _decode_project("mla_decode", x_t, wkv_a, kv_norm, wkv_b, wo, wq,
                                              wq_a, q_norm, wq_b, n_heads, cache, position,
@@ -328,11 +331,13 @@ def mla_decode(x_t, wkv_a, kv_norm, wkv_b, wo, wq=None, wq_a=None, q_norm=None, 
     H, dn, dr, dv, Dc = g
     B = x_t.shape[0]
     w = wkv_b.reshape(Dc, H, dn + dv).transpose(1, 0, 2)  # (H, Dc, dn+dv)
-    q_abs = (q_nope[:, :, 0].transpose(1, 0, 2) @ w[..., :dn].swapaxes(1, 2))  # (H, B, Dc)
+    q_abs = q_nope[:, :, 0].transpose(1, 0, 2) @ w[..., :dn].swapaxes(1, 2)  # (H, B, Dc)
     q = np.concatenate([q_abs.transpose(1, 0, 2), q_pe[:, :, 0]], axis=-1)  # (B, H, Dc+dr)
-    lat = cache.latents[:, None, :cache.length]  # (B, 1, t, Dc+dr) view: keys
-    o_lat, _ = sdpa_forward(q[:, None], lat, lat[..., :Dc], scale=scale)  # (B, 1, H, Dc)
-    o = o_lat[:, 0].transpose(1, 0, 2) @ w[..., dn:]  # (H, B, dv); W_UV after attention
+    lat = cache.latents[:, :cache.length]  # (B, t, Dc+dr) view: the keys; [..., :Dc] values
+    s = (lat @ q.swapaxes(1, 2)).swapaxes(1, 2) * np.asarray(scale, x_t.dtype)  # (B, H, t)
+    p, _ = ops.softmax_forward(s)  # (B, H, t)
+    o_lat = p @ lat[..., :Dc]  # (B, H, Dc)
+    o = o_lat.transpose(1, 0, 2) @ w[..., dn:]  # (H, B, dv); W_UV after attention
     return ops.linear_forward(o.transpose(1, 0, 2).reshape(B, H * dv), wo)[0]  # (B, D)
 
 
