@@ -80,6 +80,20 @@ def test_absorbed_decoding_equals_training_form(lora):
     np.testing.assert_array_equal(absorbed.latents, naive.latents)
 
 
+def test_causal():
+    rng = np.random.default_rng(10)
+    w, x = weights(rng, True), rng.standard_normal((B, T, D))
+    out, _ = mla_forward(x, **w, n_heads=H)
+    x2 = x.copy()
+    x2[:, 3] += 1.0  # a future token changes nothing before it, and changes its own row
+    out2, _ = mla_forward(x2, **w, n_heads=H)
+    np.testing.assert_array_equal(out2[:, :3], out[:, :3])
+    assert np.abs(out2[:, 3:] - out[:, 3:]).min(axis=-1).max() > 0
+    full, _ = mla_forward(x, **w, n_heads=H, mask=None)  # no mask: the last row is unchanged
+    np.testing.assert_allclose(full[:, -1], out[:, -1], atol=1e-13)
+    assert not np.allclose(full[:, 0], out[:, 0])
+
+
 def test_cache_holds_normalised_latent_and_roped_key():
     rng = np.random.default_rng(3)
     w, x = weights(rng, False), rng.standard_normal((B, 3, D))
