@@ -274,14 +274,14 @@ def _cache_put(cache, h, data, s, e, out, t, t2):
 @nb.njit(cache=True)
 def encode_pieces(data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news, cache,
                   max_cached):
-    """int64 (T,) ids of segments: seg_special[k] >= 0 is a special token's id (empty segment),
+    """int32 (T,) ids of segments: seg_special[k] >= 0 is a special token's id (empty segment),
     else the text data[prev_end:seg_ends[k]] is scanned and BPE-encoded. Pre-tokens of 2 to
     max_cached bytes go through `cache` (new_cache), which persists across calls."""
     n = data.shape[0]
-    out = np.empty(n + seg_ends.shape[0], dtype=np.int64)   # (N + K,) at most one id per byte
-    parts = np.empty(n + 1, dtype=np.int64)                 # (N + 1,) work arrays of _bpe
-    prank = np.empty(n + 1, dtype=np.int64)                 # (N + 1,)
-    pslot = np.empty(n + 1, dtype=np.int64)                 # (N + 1,)
+    out = np.empty(n + seg_ends.shape[0], dtype=np.int32)   # (N + K,) at most one id per byte
+    parts = np.empty(64, dtype=np.int64)                    # (L,) work arrays of _bpe, grown
+    prank = np.empty(64, dtype=np.int64)                    # (L,) to the longest pre-token
+    pslot = np.empty(64, dtype=np.int64)                    # (L,)
     ids_off, ids_len, ipool = cache[2], cache[3], cache[5]
     t, i = 0, 0
     for k in range(seg_ends.shape[0]):
@@ -292,6 +292,10 @@ def encode_pieces(data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news,
         stop = seg_ends[k]
         while i < stop:
             e = _next_pretoken(data, cls, i, stop)
+            if e - i > parts.shape[0]:
+                parts = np.empty(2 * (e - i), dtype=np.int64)  # (L,)
+                prank = np.empty(2 * (e - i), dtype=np.int64)  # (L,)
+                pslot = np.empty(2 * (e - i), dtype=np.int64)  # (L,)
             if e - i == 1:
                 out[t] = byte_ids[data[i]]
                 t += 1

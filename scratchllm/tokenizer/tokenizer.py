@@ -101,7 +101,7 @@ class Tokenizer:
             raise TypeError(f"encode: text must be str, got {type(text).__name__}")
         pieces = list(split_special(clean_surrogates(text), special_re))
         if not self._fast:
-            return np.array(self._encode_slow(pieces), dtype=np.int64)           # (T,)
+            return np.array(self._encode_slow(pieces), dtype=np.int32)           # (T,)
         blobs = [b"" if s else p.encode("utf-8") for s, p in pieces]
         seg_ends = np.cumsum([len(b) for b in blobs], dtype=np.int64)          # (K,)
         seg_special = np.array([self.special_tokens[p] if s else -1 for s, p in pieces],
