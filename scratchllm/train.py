@@ -119,8 +119,8 @@ def _main(args):
     if not finished:
         return 130
     train_time = time.perf_counter() - t_train
-    val = evaluate(run.model, corpus.eval_batches(val_ids, s.batch_size, s.seq_len, len(val_ids)),
-                   run.dp)
+    val = evaluate(run.model, corpus.eval_batches(val_ids, s.batch_size, s.seq_len,
+                                                  s.eval_tokens), run.dp)
     run.evals.append((run.step, val))
     run.save(out, tok)
     print(f"validation loss {val:.3f} nats/token = {val / baseline:.2f} x unigram baseline "

@@ -35,7 +35,7 @@ class Settings:
     weight_decay: float = 0.1  # AdamW decoupled decay on matrices (not norms, not biases)
     clip: float = 1.0          # global gradient-norm clip
     eval_every: int = 100      # validation every N steps (and at the end)
-    eval_tokens: int = 16384   # tokens per periodic validation (the final one uses all)
+    eval_tokens: int = 65536   # validation tokens per evaluation (at most; the same set)
     seed: int = 0              # weight init and batch order
     threads: int = min(2, os.cpu_count() or 1)  # data-parallel batch shards, one thread each
                                                 # (1 when the batch does not divide evenly)
