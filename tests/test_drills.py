@@ -9,7 +9,7 @@ from scratchllm.drills import run_checks
 REQUIRED = {"rmsnorm_backward": 5, "sdpa_backward": 15, "rope_backward": 10, "gqa_forward": 20,
             "balance_loss_backward": 15, "topk_router_forward": 10, "zoh": 10,
             "ssm_kernel": 10, "fft_conv_backward": 15,
-            "selective_scan_backward": 20}
+            "selective_scan_backward": 20, "bpe_merge_step": 25}
 
 
 def test_the_required_drills_exist_with_their_target_times():
@@ -47,6 +47,19 @@ def _scaled(solution, factor):
 def test_a_slightly_wrong_body_fails_a_check(name):
     results = run_checks(DRILLS[name], _scaled(DRILLS[name].solution, 1.001))
     assert not all(r.passed for r in results), results
+
+
+def test_bpe_step_breaking_ties_the_wrong_way_fails():
+    def smallest_on_ties(word_counts):
+        counts = {}
+        for w, c in word_counts.items():
+            for pair in zip(w, w[1:]):
+                counts[pair] = counts.get(pair, 0) + c
+        best = min(counts, key=lambda p: (-counts[p], p))
+        return best, DRILLS["bpe_merge_step"].solution(word_counts)[1]
+
+    results = run_checks(DRILLS["bpe_merge_step"], smallest_on_ties)
+    assert not results[0].passed and "expected (b's', b't')" in results[0].detail
 
 
 def test_rmsnorm_without_the_mean_term_fails_the_gradient_check():

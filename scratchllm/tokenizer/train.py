@@ -157,16 +157,29 @@ def train_bpe_ref(input, vocab_size, special_tokens=(), pattern="gpt2"):
     words = {tuple(bytes([x]) for x in w): c for w, c in counts.items()}
     merges = []
     for _ in range(vocab_size - 256 - len(specials)):
-        pairs = Counter()
-        for w, c in words.items():
-            for pair in zip(w, w[1:]):
-                pairs[pair] += c
-        if not pairs:
+        best, words = merge_step_ref(words)
+        if best is None:
             break
-        best = max(pairs, key=lambda p: (pairs[p], p))
         merges.append(best)
-        words = {_merge_word(w, best): c for w, c in words.items()}
     return _finish("train_bpe_ref", counts, vocab_size, specials, merges)
+
+
+def merge_step_ref(words):
+    """One naive BPE merge: recount every adjacent pair, merge the most frequent everywhere.
+
+    Inputs:  words {tuple of bytes tokens: count}.
+    Returns: (best pair, new words), ties to the greatest (a, b); (None, words) if no pair.
+    >>> merge_step_ref({(b"a", b"b", b"a", b"b"): 2, (b"b", b"a"): 3})
+    ((b'b', b'a'), {(b'a', b'ba', b'b'): 2, (b'ba',): 3})
+    """
+    pairs = Counter()
+    for w, c in words.items():
+        for pair in zip(w, w[1:]):
+            pairs[pair] += c
+    if not pairs:
+        return None, words
+    best = max(pairs, key=lambda p: (pairs[p], p))
+    return best, {_merge_word(w, best): c for w, c in words.items()}
 
 
 def _merge_word(w, pair):
