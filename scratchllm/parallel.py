@@ -7,10 +7,10 @@ copy of the weights, updated in place by the optimizer) but have their own `.gra
 both finish, the replicas' gradients are summed into the main model's, in a fixed order, so
 the result is deterministic.
 
-    loss = (1/S) sum_s loss(shard_s)      grad = (1/S) sum_s grad(shard_s)      (S shards)
+    loss = sum_s (n_s / B) loss(shard_s)      grad = sum_s (n_s / B) grad(shard_s)
 
-With equal shard sizes the cross-entropy part equals the full-batch mean; MoE auxiliary
-losses are computed per shard, as on real data-parallel devices.
+for S shards of n_s of the B sequences: the cross-entropy part equals the full-batch mean;
+MoE auxiliary losses are computed per shard, as on real data-parallel devices.
 
 BLAS itself is kept at one thread per shard (`set_blas_threads`): OpenBLAS's own threads
 spin-wait, which on a busy machine makes small matmuls many times slower.
@@ -63,24 +63,22 @@ class DataParallel:
         return cache
 
     def loss_backward(self, x, y):
-        """Returns (mean cross-entropy, [LossCache per shard]); grads in the main model."""
-        S = len(self.replicas)
+        """Returns (mean cross-entropy, [LossCache per shard]); grads in the main model.
+        Shard s of n_s sequences (np.array_split: sizes differ by at most one) has weight
+        n_s / B, so the cross-entropy is the mean over all B*T tokens."""
         B = x.shape[0]
-        if B % S:
-            raise ValueError(f"DataParallel: batch size {B} must be divisible by the number "
-                             f"of shards {S}")
-        xs, ys = np.split(x, S), np.split(y, S)
-        if self.pool is None:
-            caches = [self._shard(self.model, x, y, 1.0)]
+        S = min(len(self.replicas), B)
+        shards = [(m, a, b, len(a) / B) for m, a, b in
+                  zip(self.replicas, np.array_split(x, S), np.array_split(y, S))]
+        if self.pool is None or S == 1:
+            caches = [self._shard(*shards[0])]
         else:
-            futures = [self.pool.submit(self._shard, m, a, b, 1.0 / S)
-                       for m, a, b in zip(self.replicas, xs, ys)]
-            caches = [f.result() for f in futures]
+            caches = [f.result() for f in [self.pool.submit(self._shard, *sh) for sh in shards]]
         main = self.model.parameters()
-        for replica in self.replicas[1:]:
+        for replica in self.replicas[1:S]:
             for p, q in zip(main, replica.parameters()):
                 p.grad += q.grad
-        return sum(c.ce for c in caches) / S, caches
+        return sum(c.ce * w for c, (*_, w) in zip(caches, shards)), caches
 
     def map(self, fn, items):
         """[fn(item) for item in items] on the threads (forward-only work: a Module's forward

@@ -82,6 +82,9 @@ def main(argv=None):
     except (checkpoint.CheckpointError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # outside the training loop (data preparation, final eval)
+        print("\ninterrupted", file=sys.stderr)
+        return 130
 
 
 def _main(args):

@@ -38,7 +38,6 @@ class Settings:
     eval_tokens: int = 65536   # validation tokens per evaluation (at most; the same set)
     seed: int = 0              # weight init and batch order
     threads: int = min(2, os.cpu_count() or 1)  # data-parallel batch shards, one thread each
-                                                # (1 when the batch does not divide evenly)
 
 
 def _decays(name, p):
@@ -67,10 +66,9 @@ class Run:
         self.cfg, self.s = cfg, settings
         self.model = LM(cfg, rng=np.random.default_rng(settings.seed), dtype=dtype)
         self.opt = make_optimizer(self.model, settings)
-        shards = settings.threads if settings.batch_size % settings.threads == 0 else 1
-        if shards > 1:
+        if settings.threads > 1:
             set_blas_threads(1)  # one BLAS thread per shard: no oversubscription
-        self.dp = DataParallel(self.model, shards)
+        self.dp = DataParallel(self.model, settings.threads)
         self.rng = np.random.default_rng([settings.seed, 1])
         self.step = 0
         self.data = None   # the text file trained on (recorded so --resume finds it)

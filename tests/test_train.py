@@ -148,11 +148,13 @@ def test_unigram_baseline_formula():
     assert corpus.unigram_baseline(train_ids, val_ids, 3) == pytest.approx(expected)
 
 
-def test_data_parallel_equals_one_batch():
-    """Two shards on two threads: the same gradients as the whole batch in one call."""
+@pytest.mark.parametrize("batch", [4, 5])
+def test_data_parallel_equals_one_batch(batch):
+    """Two shards on two threads (5 = shards of 3 and 2 sequences, weighted 3/5 and 2/5):
+    the same loss and gradients as the whole batch in one call."""
     rng = np.random.default_rng(5)
     model = LM(lm_tiny("dense"), rng=rng, dtype=np.float64)
-    x, y = rng.integers(0, 23, (4, 7)), rng.integers(0, 23, (4, 7))
+    x, y = rng.integers(0, 23, (batch, 7)), rng.integers(0, 23, (batch, 7))
     model.zero_grad()
     _, cache = model.loss(x, y)
     model.loss_backward(cache)
