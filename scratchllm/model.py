@@ -115,7 +115,7 @@ class LM(Module):
         """ids (B, T) ints -> (logits (B, T, V), LMCache)."""
         expect_int("LM", "ids", ids)
         expect_ndim("LM", "ids", ids, 2, "(B, T)")
-        x, ce = self.embed.forward(ids)  # (B, T, D)
+        x, c_emb = self.embed.forward(ids)  # (B, T, D)
         blocks, aux = [], []
         for layer in self.layers:
             (x, a, z), c = layer.forward(x)  # (B, T, D)
@@ -124,7 +124,7 @@ class LM(Module):
                 aux.append((a, z))
         h, cn = self.norm.forward(x)  # (B, T, D)
         logits, ch = self._head_forward(h)  # (B, T, V)
-        return logits, LMCache(ce, blocks, cn, ch, aux)
+        return logits, LMCache(c_emb, blocks, cn, ch, aux)
 
     def _head_forward(self, h):
         return self.embed.attend(h) if self.head is None else self.head.forward(h)
@@ -132,7 +132,7 @@ class LM(Module):
     def backward(self, dlogits, cache, dloss_aux=1.0):
         """dlogits (B, T, V) -> Param grads (+=). Each MoE layer's aux loss gets the gradient
         dloss_aux * balance_coef, its z-loss dloss_aux * z_coef."""
-        ce, blocks, cn, ch, _ = cache
+        c_emb, blocks, cn, ch, _ = cache
         if self.head is None:
             dh = self.embed.attend_backward(dlogits, ch)  # fwd: logits = h @ E^T
         else:
@@ -144,7 +144,7 @@ class LM(Module):
         for layer, c in zip(reversed(self.layers), reversed(blocks)):
             d_moe = (daux, dz) if layer.moe else (None, None)
             dx = layer.backward((dx, *d_moe), c)  # fwd: x_l = block_l(x_{l-1})
-        self.embed.backward(dx, ce)  # fwd: x_0 = E[ids]
+        self.embed.backward(dx, c_emb)  # fwd: x_0 = E[ids]
 
     def loss(self, ids, targets):
         """Cross-entropy of next tokens plus the weighted MoE auxiliary losses.
