@@ -6,13 +6,12 @@ The MHA/GQA/MQA/MLA/MoE/SSM trade-off table of interview prep, made executable:
                                            latent for MLA, fixed conv/SSM state for Mamba,
                                            bf16; a fixed-size cache shrinks per token as the
                                            context grows)
-    training tokens/s, final validation loss
+    training tokens/s (median step), final validation loss
 Every preset sees the same batches (same seed) for the same number of steps; the loss curves
 go to a PNG. The cache and parameter arithmetic comes from accounting.py.
 """
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -33,11 +32,11 @@ def sizes(cfg):
 
 
 def train_preset(name, train_ids, eval_set, settings, progress):
-    """Train one preset; returns (losses per step, tokens/s, final val loss, n_params)."""
+    """Train one preset; returns (losses per step, tokens/s of the median step, final val
+    loss, n_params). The median keeps a burst of load on a shared machine out of the rate."""
     run = Run(preset(name), settings)
-    t0 = time.perf_counter()
     fit(run, train_ids, None, progress=progress, eval_set=eval_set)
-    tok_s = settings.steps * settings.batch_size * settings.seq_len / (time.perf_counter() - t0)
+    tok_s = settings.batch_size * settings.seq_len / float(np.median(run.step_seconds))
     val = evaluate(run.model, eval_set, run.dp)
     run.dp.close()
     return run.losses, tok_s, val, run.model.n_params()

@@ -73,11 +73,13 @@ class Run:
         self.step = 0
         self.data = None   # the text file trained on (recorded so --resume finds it)
         self.losses = []   # train loss per step
+        self.step_seconds = []  # wall time of each train_step in this process (not saved)
         self.evals = []    # (step, val loss)
 
     def train_step(self, train_ids):
         """One optimizer step on a fresh random batch; returns (loss, routing stats)."""
         s, model = self.s, self.model
+        t0 = time.perf_counter()
         x, y = corpus.sample_batch(train_ids, s.batch_size, s.seq_len, self.rng)
         ce, caches = self.dp.loss_backward(x, y)
         clip_grad_norm(model.parameters(), s.clip)
@@ -86,6 +88,7 @@ class Run:
         stats = model.after_step(caches)
         self.step += 1
         self.losses.append(ce)
+        self.step_seconds.append(time.perf_counter() - t0)
         return ce, stats
 
     # ------------------------------------------------------------------ checkpoints
