@@ -27,18 +27,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 torch.set_num_threads(2)
 
 
-def median_time(fn, repeats=7, warmup=2):
-    """Median wall time in seconds of `fn()` over `repeats` runs after `warmup` runs."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
-
 def median_times_interleaved(fns, repeats=9, warmup=2):
     """Median seconds of each fn, the fns alternating within each repeat (shared-load drift
     then hits every contestant alike)."""
@@ -54,6 +42,18 @@ def median_times_interleaved(fns, repeats=9, warmup=2):
     for fn, ts in zip(fns, times):
         fn.best = min(ts)  # reported beside the median: the least disturbed run
     return [float(np.median(ts)) for ts in times]
+
+
+def max_rel_grad_diff(grads, named_tensors):
+    """Largest relative difference between our gradients and torch's .grad, over the inputs."""
+    return max(float(np.abs(grads[k] - t.grad.numpy()).max() / np.abs(grads[k]).max())
+               for k, t in named_tensors)
+
+
+def time_against_torch(name, ours, theirs):
+    """Time ours vs theirs interleaved (15 repeats); report medians (target 1.5x) and bests."""
+    report(name, *median_times_interleaved([ours, theirs], repeats=15), target=1.5)
+    report("  best of 15 (least disturbed)", ours.best, theirs.best)
 
 
 def report(name, ours, theirs, target=None):
@@ -119,13 +119,10 @@ def bench_gqa():
         torch_gqa(tx, *tws.values(), H, Hkv, tinv).backward(tdy)
 
     g, _ = ours(), theirs()  # same math: check before timing
-    err = max(float(np.abs(g[k] - t.grad.numpy()).max() / np.abs(g[k]).max())
-              for k, t in [("x", tx), *tws.items()])
+    err = max_rel_grad_diff(g, [("x", tx), *tws.items()])
     print(f"B={B} T={T} D={D} H={H} Hkv={Hkv} Dh={Dh}, RoPE half, causal; "
           f"max rel grad diff vs torch {err:.1e}")
-    report("gqa fwd+bwd (RoPE)", *median_times_interleaved([ours, theirs], repeats=15),
-           target=1.5)
-    report("  best of 15 (least disturbed)", ours.best, theirs.best)
+    time_against_torch("gqa fwd+bwd (RoPE)", ours, theirs)
 
 
 GQA_BENCHMARKS = [bench_gqa]
@@ -191,13 +188,10 @@ def bench_mla():
                   H, dn, dr, dv, cos, sin).backward(tdy)
 
     g, _ = ours(), theirs()  # same math: check before timing
-    err = max(float(np.abs(g[k] - t.grad.numpy()).max() / np.abs(g[k]).max())
-              for k, t in [("x", tx), *tws.items()])
+    err = max_rel_grad_diff(g, [("x", tx), *tws.items()])
     print(f"B={B} T={T} D={D} H={H} Dc={Dc} dr={dr} dn=dv={dn}, wq form, interleaved RoPE, "
           f"causal; max rel grad diff vs torch {err:.1e}")
-    report("mla fwd+bwd (training form)", *median_times_interleaved([ours, theirs], repeats=15),
-           target=1.5)
-    report("  best of 15 (least disturbed)", ours.best, theirs.best)
+    time_against_torch("mla fwd+bwd (training form)", ours, theirs)
 
 
 def bench_mla_decode():
