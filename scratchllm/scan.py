@@ -19,11 +19,12 @@ Parallel layout: every (b, c) lane is an independent recurrence. The Numba kerne
 task W = 32 adjacent channels of one batch row, so the innermost loops run over channels with
 a constant trip count and no reduction: LLVM turns them into SIMD code (with exp_lanes, a
 vectorisable float32 exp: vexp.py; d is zero-padded to a multiple of W). The backward's tasks
-are (b, group of blocks): a task recomputes each block's states into a task-local buffer
-(the cache holds only the inputs), runs the adjoint scan, and sums its channels' dB, dC
-shares in channel order; those per-task partials and the per-b dA, dD are then summed in a
-fixed order outside prange. Groups depend on d only, so the bits are the same for any thread
-count. Memory: O(B·T·(d + N·G)) plus O(threads·T·N·W), G = min(d/W, 2) groups.
+are (b, group of blocks): a task recomputes each block's states h_t and Ā_t into task-local
+buffers (the cache holds only the inputs; the exp is paid once per step), runs the adjoint
+scan, and sums its channels' dB, dC shares (lanes first added block after block, then folded
+pairwise over W: _sum_lanes); those per-task partials and the per-b dA, dD are then summed
+in a fixed order outside prange. Groups depend on d only, so the bits are the same for any
+thread count. Memory: O(B·T·(d + N·G)) plus O(threads·T·N·W), G = min(d/W, 2) groups.
 
 Glossary: B batch (also the input matrix B_t, by context), T time, d channels (Mamba's
 d_inner), dp = d padded to a multiple of W, N state size, W channels per task block,
@@ -151,62 +152,96 @@ def _forward_blocks(x, delta, AT, B, C, D, y):
             yt[:] = acc
 
 
+@njit(cache=True, fastmath=False, inline="always")
+def _recompute_block(x, delta, AT, B, b, c0, hs, ab):
+    """fwd for one block: hs[t+1] = h_t (hs[0] = 0) and ab[t] = Ā_t = exp(Δ_t A), each (N, W).
+    The exp is paid here once; the reverse scan only reads ab."""
+    T, N = x.shape[1], AT.shape[0]
+    hs[0] = 0
+    for t in range(T):  # h_t = Ā_t h_{t-1} + Δ_t x_t B_t
+        xt, dt = x[b, t, c0:c0 + W], delta[b, t, c0:c0 + W]
+        for n in range(N):
+            An, Bn, h0, h1, an = AT[n, c0:c0 + W], B[b, t, n], hs[t, n], hs[t + 1, n], ab[t, n]
+            for w in range(W):  # (two loops, each writing one array: both vectorise)
+                an[w] = exp_lanes(dt[w] * An[w])
+            for w in range(W):
+                h1[w] = an[w] * h0[w] + dt[w] * xt[w] * Bn
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _adjoint_block(dy, x, delta, AT, B, C, D, b, c0, hs, ab, S, dA, acc, P, dx, ddelta, dAT_b,
+                   dD_b):
+    """Reverse-time adjoint scan of one block, reading hs and ab from _recompute_block (no exp).
+    S (N, 2, W) holds λ_t and g_t = Ā_t λ_t (so λ_t = C_t dy_t + g_{t+1}); dA (N, W) sums
+    g_t h_{t-1} Δ_t; P (T, N, 2, W) gathers per-channel shares of dB, dC (summed over channels
+    later). Helpers are inlined into the prange body (inline="always"), and each short loop
+    over w writes one array, so LLVM vectorises every one of them."""
+    T, N = x.shape[1], AT.shape[0]
+    S[:] = 0  # λ_T = 0, Ā_T = 0
+    dA[:] = 0
+    for t in range(T - 1, -1, -1):
+        xt, dt, dyt = x[b, t, c0:c0 + W], delta[b, t, c0:c0 + W], dy[b, t, c0:c0 + W]
+        acc[:] = 0
+        for n in range(N):
+            Bn, Cn, An, h0, h1 = B[b, t, n], C[b, t, n], AT[n, c0:c0 + W], hs[t, n], hs[t + 1, n]
+            an, Sn, Pn = ab[t, n], S[n], P[t, n]
+            for w in range(W):  # (short loops, each vectorises)
+                lam = Cn * dyt[w] + Sn[1, w]  # λ_t = C_t dy_t + Ā_{t+1} λ_{t+1}
+                Sn[0, w], Sn[1, w] = lam, an[w] * lam  # λ_t, Ā_t λ_t
+            for w in range(W):
+                dA[n, w] += Sn[1, w] * h0[w] * dt[w]  # dA += λ_t Ā_t h_{t-1} Δ_t
+            for w in range(W):
+                acc[0, w] += Sn[1, w] * h0[w] * An[w]  # Σ_n λ_t Ā_t h_{t-1} A
+                acc[1, w] += Sn[0, w] * Bn  # Σ_n λ_t B_t
+            for w in range(W):
+                Pn[0, w] += Sn[0, w] * (dt[w] * xt[w])  # dB_t = Σ_c λ_t Δ_t x_t
+                Pn[1, w] += dyt[w] * h1[w]  # fwd y_t = <C_t, h_t>: dC_t = Σ_c dy_t h_t
+        for w in range(W):  # dΔ_t = Σ_n λ_t (h_{t-1} Ā_t A + B_t x_t); fwd y_t += D x_t:
+            ddelta[b, t, c0 + w] = acc[0, w] + xt[w] * acc[1, w]
+            dx[b, t, c0 + w] = D[c0 + w] * dyt[w] + dt[w] * acc[1, w]  # D dy_t + Δ_t Σ_n λ_t B_t
+            dD_b[b, c0 + w] += dyt[w] * xt[w]
+    for n in range(N):
+        dAT_b[b, n, c0:c0 + W] = dA[n]
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _sum_lanes(P, out):
+    """out[t, n, k] = Σ_w P[t, n, k, w] by pairwise folding (a fixed order; P is overwritten)."""
+    T, N = P.shape[0], P.shape[1]
+    for t in range(T):
+        for n in range(N):
+            for k in range(2):
+                p = P[t, n, k]
+                for w in range(W // 2):  # (W = 32)
+                    p[w] += p[w + W // 2]
+                for w in range(W // 4):
+                    p[w] += p[w + W // 4]
+                for w in range(W // 8):
+                    p[w] += p[w + W // 8]
+                out[t, n, k] = (p[0] + p[2]) + (p[1] + p[3])
+
+
 @njit(parallel=True, cache=True, fastmath=False)
 def _backward_blocks(dy, x, delta, AT, B, C, D, G, dx, ddelta, dAT_b, dBC_g, dD_b):
-    """Adjoint scan per task (b, group g of blocks). Each block's states are recomputed into
-    the task buffer hs; dB, dC shares gather per channel in P and are summed over channels
-    (in channel order) once per task. Writes dx, ddelta (B, T, dp), dAT_b (B, N, dp),
-    dD_b (B, dp) and dBC_g (B, G, T, N, 2) = the task's (dB, dC)."""
+    """Adjoint scan per task (b, group g of blocks): each block's states and Ā are recomputed
+    into task buffers (hs, ab), then scanned in reverse; dB, dC shares gather per channel in P
+    and are summed over channels once per task. Writes dx, ddelta (B, T, dp),
+    dAT_b (B, N, dp), dD_b (B, dp) and dBC_g (B, G, T, N, 2) = the task's (dB, dC)."""
     Bt, T, dp = x.shape
     N, nblk = AT.shape[0], dp // W
     for task in prange(Bt * G):
         b, g = task // G, task % G
-        hs = np.zeros((T + 1, N, W), x.dtype)  # (T+1, N, W): hs[t+1] = h_t, hs[0] = 0
-        h = np.empty((N, W), x.dtype)  # (N, W)
-        S = np.empty((N, 4, W), x.dtype)  # (N, 4, W): λ_t, Ā_{t+1}, dA, q = λ_t h_{t-1} Ā_t
-        acc = np.empty((2, W), x.dtype)  # (2, W): dΔ_t, Σ_n λ_t B_t
+        hs = np.empty((T + 1, N, W), x.dtype)  # (T+1, N, W): hs[t+1] = h_t
+        ab = np.empty((T, N, W), x.dtype)  # (T, N, W): Ā_t
+        S = np.empty((N, 2, W), x.dtype)  # (N, 2, W): λ_t, Ā_t λ_t
+        dA = np.empty((N, W), x.dtype)  # (N, W)
+        acc = np.empty((2, W), x.dtype)  # (2, W): Σ_n λ_t h_{t-1} Ā_t A, Σ_n λ_t B_t
         P = np.zeros((T, N, 2, W), x.dtype)  # (T, N, 2, W): per-channel shares of dB, dC
         for c0 in range(g * nblk // G * W, (g + 1) * nblk // G * W, W):
-            h[:] = 0
-            for t in range(T):  # fwd: h_t = Ā_t h_{t-1} + Δ_t x_t B_t
-                xt, dt = x[b, t, c0:c0 + W], delta[b, t, c0:c0 + W]
-                for n in range(N):
-                    An, Bn, hn, hsn = AT[n, c0:c0 + W], B[b, t, n], h[n], hs[t + 1, n]
-                    for w in range(W):
-                        hn[w] = exp_lanes(dt[w] * An[w]) * hn[w] + dt[w] * xt[w] * Bn
-                        hsn[w] = hn[w]
-            S[:] = 0  # λ_T = 0, Ā_T = 0
-            for t in range(T - 1, -1, -1):
-                xt, dt, dyt = x[b, t, c0:c0 + W], delta[b, t, c0:c0 + W], dy[b, t, c0:c0 + W]
-                acc[:] = 0
-                for n in range(N):
-                    Bn, Cn = B[b, t, n], C[b, t, n]
-                    An, h0, h1, Sn, Pn = AT[n, c0:c0 + W], hs[t, n], hs[t + 1, n], S[n], P[t, n]
-                    for w in range(W):  # (loops kept apart so that each one vectorises)
-                        a = exp_lanes(dt[w] * An[w])
-                        lam = Cn * dyt[w] + Sn[1, w] * Sn[0, w]  # λ_t = C_t dy_t + Ā_{t+1} λ_{t+1}
-                        q = lam * h0[w] * a
-                        Sn[0, w], Sn[1, w], Sn[3, w] = lam, a, q
-                        Sn[2, w] += q * dt[w]  # dA += λ_t h_{t-1} Ā_t Δ_t
-                    for w in range(W):  # dΔ_t = Σ_n λ_t (h_{t-1} Ā_t A + B_t x_t)
-                        acc[0, w] += Sn[3, w] * An[w] + Sn[0, w] * Bn * xt[w]
-                        acc[1, w] += Sn[0, w] * Bn
-                    for w in range(W):  # dB_t = Σ_c λ_t Δ_t x_t; fwd y_t = <C_t, h_t>: dC_t
-                        Pn[0, w] += Sn[0, w] * dt[w] * xt[w]
-                        Pn[1, w] += dyt[w] * h1[w]
-                for w in range(W):  # fwd: y_t += D x_t; dx_t = D dy_t + Δ_t Σ_n λ_t B_t
-                    ddelta[b, t, c0 + w] = acc[0, w]
-                    dx[b, t, c0 + w] = D[c0 + w] * dyt[w] + dt[w] * acc[1, w]
-                    dD_b[b, c0 + w] += dyt[w] * xt[w]
-            for n in range(N):
-                dAT_b[b, n, c0:c0 + W] = S[n, 2]
-        for t in range(T):  # the sums over the task's channels, in channel order
-            for n in range(N):
-                for k in range(2):
-                    s = P[t, n, k, 0]
-                    for w in range(1, W):
-                        s += P[t, n, k, w]
-                    dBC_g[b, g, t, n, k] = s
+            _recompute_block(x, delta, AT, B, b, c0, hs, ab)
+            _adjoint_block(dy, x, delta, AT, B, C, D, b, c0, hs, ab, S, dA, acc, P, dx, ddelta,
+                           dAT_b, dD_b)
+        _sum_lanes(P, dBC_g[b, g])
 
 
 def _pad(a, axis, dp):

@@ -20,10 +20,12 @@ f32 = np.float32
 
 @intrinsic
 def _float32_from_bits(typingctx, bits):
-    """Reinterpret an int32 bit pattern as float32 (a free bitcast, also on vectors)."""
+    """Reinterpret int32(bits) as float32, for an integer-valued float32 `bits`: fptosi then
+    bitcast, inline (np.int32(...) would be a call with an error check, which stops the loop
+    vectoriser)."""
     def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-    return types.float32(types.int32), codegen
+        return builder.bitcast(builder.fptosi(args[0], ir.IntType(32)), ir.FloatType())
+    return types.float32(types.float32), codegen
 
 
 def exp_lanes(v):
@@ -31,7 +33,7 @@ def exp_lanes(v):
     return np.exp(v)
 
 
-@overload(exp_lanes, jit_options={"cache": True})
+@overload(exp_lanes, jit_options={"cache": True}, inline="always")
 def _exp_lanes_overload(v):
     if v != types.float32:
         return lambda v: np.exp(v)
@@ -48,8 +50,10 @@ def _exp32(v):
     p = p * r + f32(1.6666665459e-1)
     p = p * r + f32(5.0000001201e-1)
     p = p * r * r + r + f32(1.0)
-    k = min(max(k, f32(-125.0)), f32(128.0))
-    e = p * _float32_from_bits((np.int32(k) + np.int32(126)) << np.int32(23)) * f32(2.0)
+    k = f32(-125.0) if k < f32(-125.0) else k  # (no min/max: calls stop the vectoriser)
+    k = f32(128.0) if k > f32(128.0) else k
+    bits = (k + f32(126.0)) * f32(8388608.0)  # (k + 126) << 23 (exact: < 2^31)
+    e = p * _float32_from_bits(bits) * f32(2.0)
     if v < f32(-87.0):
         e = f32(0.0)
     if v > f32(88.72):
