@@ -166,12 +166,9 @@ def test_cli_list_and_unknown_name(capsys):
 
 @pytest.mark.parametrize("name", ["dense", "moe", "mla", "swa", "hybrid"])
 def test_from_model_config_matches_the_lm_parameters(name):
-    """Counted by formula == the sizes of the LM's Params (skipped until model.py exists)."""
-    np = pytest.importorskip("numpy")
-    config = pytest.importorskip("scratchllm.config")
-    model = pytest.importorskip("scratchllm.model")
-    if name == "hybrid":
-        pytest.importorskip("scratchllm.scan")
+    """Counted by formula == the sizes of the LM's Params."""
+    import numpy as np
+    from scratchllm import config, model
     cfg = config.preset(name, d_model=16, n_heads=2, n_kv_heads=1, d_ff=24, vocab_size=40,
                         kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4)
     lm = model.LM(cfg, rng=np.random.default_rng(0))
