@@ -18,7 +18,8 @@ Backward (reverse-time adjoint scan; λ_t = dL/dh_t, Ā_T = 0):
 Parallel layout: every (b, c) lane is an independent recurrence. The Numba kernels give each
 task W = 32 adjacent channels of one batch row, so the innermost loops run over channels with
 a constant trip count and no reduction: LLVM turns them into SIMD code (with exp_lanes, a
-vectorisable float32 exp: vexp.py; d is zero-padded to a multiple of W). The backward's tasks
+vectorisable float32 exp of fused multiply-adds: vexp.py; d is zero-padded to a multiple of
+W; the Numba cache tracks this file only: after editing vexp.py, touch this one). The backward's tasks
 are (b, group of blocks): a task recomputes each block's states h_t and Ā_t into task-local
 buffers (the cache holds only the inputs; the exp is paid once per step), runs the adjoint
 scan, and sums its channels' dB, dC shares (lanes first added block after block, then folded
