@@ -21,6 +21,7 @@ os.environ.setdefault("MKL_NUM_THREADS", "2")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from runner import run_named  # noqa: E402  (benchmarks/ is on sys.path as the script's folder)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 
@@ -226,15 +227,9 @@ MLA_BENCHMARKS = [bench_mla, bench_mla_decode]
 
 
 def main(argv=None):
-    names = sys.argv[1:] if argv is None else argv
-    todo = [b for b in GQA_BENCHMARKS + MLA_BENCHMARKS
-            if not names or b.__name__.removeprefix("bench_") in names]
     print(f"numpy {np.__version__}, torch {torch.__version__}, float32, "
           f"torch threads {torch.get_num_threads()}, OMP/OPENBLAS threads 2")
-    for bench in todo:
-        print(f"\n## {bench.__name__}")
-        bench()
-    return 0
+    return run_named(GQA_BENCHMARKS + MLA_BENCHMARKS, argv)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ os.environ.setdefault("MKL_NUM_THREADS", "2")
 
 import numpy as np  # noqa: E402
 import scipy.fft  # noqa: E402
+from runner import run_named  # noqa: E402  (benchmarks/ is on sys.path as the script's folder)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -262,12 +263,7 @@ BENCHMARKS = [
 
 
 def main(argv=None):
-    names = sys.argv[1:] if argv is None else argv
-    todo = [b for b in BENCHMARKS if not names or b.__name__.removeprefix("bench_") in names]
-    for bench in todo:
-        print(f"\n## {bench.__name__}")
-        bench()
-    return 0
+    return run_named(BENCHMARKS, argv)
 
 
 if __name__ == "__main__":

@@ -175,8 +175,9 @@ def _adjoint_block(dy, x, delta, AT, B, C, D, b, c0, hs, ab, S, dA, acc, P, dx, 
     """Reverse-time adjoint scan of one block, reading hs and ab from _recompute_block (no exp).
     S (N, 2, W) holds λ_t and g_t = Ā_t λ_t (so λ_t = C_t dy_t + g_{t+1}); dA (N, W) sums
     g_t h_{t-1} Δ_t; P (T, N, 2, W) gathers per-channel shares of dB, dC (summed over channels
-    later). Helpers are inlined into the prange body (inline="always"), and each short loop
-    over w writes one array, so LLVM vectorises every one of them."""
+    later). Helpers are inlined into the prange body (inline="always"). Measured (LLVM
+    remarks, assembly): unlike the forward's, most of these short loops stay scalar (Numba
+    disables SLP vectorisation); per-(t, n) loop overhead, not memory, bounds the backward."""
     T, N = x.shape[1], AT.shape[0]
     S[:] = 0  # λ_T = 0, Ā_T = 0
     dA[:] = 0
@@ -186,7 +187,7 @@ def _adjoint_block(dy, x, delta, AT, B, C, D, b, c0, hs, ab, S, dA, acc, P, dx, 
         for n in range(N):
             Bn, Cn, An, h0, h1 = B[b, t, n], C[b, t, n], AT[n, c0:c0 + W], hs[t, n], hs[t + 1, n]
             an, Sn, Pn = ab[t, n], S[n], P[t, n]
-            for w in range(W):  # (short loops, each vectorises)
+            for w in range(W):
                 lam = Cn * dyt[w] + Sn[1, w]  # λ_t = C_t dy_t + Ā_{t+1} λ_{t+1}
                 Sn[0, w], Sn[1, w] = lam, an[w] * lam  # λ_t, Ā_t λ_t
             for w in range(W):
