@@ -22,9 +22,11 @@ vectorisable float32 exp of fused multiply-adds: vexp.py; d is zero-padded to a 
 W; the Numba cache tracks this file only: after editing vexp.py, touch this one). The backward's tasks
 are (b, group of blocks): a task recomputes each block's states h_t and Ā_t into task-local
 buffers (the cache holds only the inputs; the exp is paid once per step), runs the adjoint
-scan, and sums its channels' dB, dC shares (lanes first added block after block, then folded
-pairwise over W: _sum_lanes); those per-task partials and the per-b dA, dD are then summed
-in a fixed order outside prange. Groups depend on d only, so the bits are the same for any
+scan, and sums its channels' dB, dC shares (float64: lanes added block after block, then
+folded pairwise over W: _sum_lanes; float32: folded over each block's W lanes at every t,
+then added block after block); those per-task partials and the per-b dA, dD are then summed
+in a fixed order outside prange. The float32 adjoint is written on explicit 16-lane vectors
+(Lanes16, vexp.py): Numba disables LLVM's SLP vectoriser, which left those loops scalar. Groups depend on d only, so the bits are the same for any
 thread count. Memory: O(B·T·(d + N·G)) plus O(threads·T·N·W), G = min(d/W, 2) groups.
 
 Glossary: B batch (also the input matrix B_t, by context), T time, d channels (Mamba's
@@ -34,10 +36,11 @@ G channel groups of the backward.
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 from scratchllm.validate import expect_float, expect_ndim, expect_shape
-from scratchllm.vexp import exp_lanes
+from scratchllm.vexp import exp_lanes, fold16, load16, splat16, store16
 
 W = 32  # channels per task block (two AVX-512 vectors of float32); d is zero-padded to it
 GROUPS = 2  # block groups per batch row in the backward: fixes the reduction order
@@ -169,15 +172,59 @@ def _recompute_block(x, delta, AT, B, b, c0, hs, ab):
                 h1[w] = an[w] * h0[w] + dt[w] * xt[w] * Bn
 
 
+def _backward_task(dy, x, delta, AT, B, C, D, b, c_lo, c_hi, dx, ddelta, dAT_b, dBC, dD_b):
+    """One backward task: batch row b, channels [c_lo, c_hi) in blocks of W; writes the
+    task's rows of dx, ddelta, dAT_b, dD_b and its (dB, dC) share dBC (T, N, 2). float32 runs
+    on explicit vectors (_task_lanes), float64 on scalar loops (_task_scalar)."""
+
+
+@overload(_backward_task, jit_options={"cache": True}, inline="always")
+def _backward_task_overload(dy, x, delta, AT, B, C, D, b, c_lo, c_hi, dx, ddelta, dAT_b, dBC,
+                            dD_b):
+    return _task_lanes if dy.dtype == types.float32 else _task_scalar
+
+
+def _task_scalar(dy, x, delta, AT, B, C, D, b, c_lo, c_hi, dx, ddelta, dAT_b, dBC, dD_b):
+    """Per block: recompute states, adjoint scan gathering per-channel dB, dC shares in P;
+    then P is summed over channels once (_sum_lanes)."""
+    T, N = x.shape[1], AT.shape[0]
+    hs = np.empty((T + 1, N, W), x.dtype)  # (T+1, N, W): hs[t+1] = h_t
+    ab = np.empty((T, N, W), x.dtype)  # (T, N, W): Ā_t
+    S = np.empty((N, 2, W), x.dtype)  # (N, 2, W): λ_t, Ā_t λ_t
+    dA = np.empty((N, W), x.dtype)  # (N, W)
+    acc = np.empty((2, W), x.dtype)  # (2, W): Σ_n λ_t h_{t-1} Ā_t A, Σ_n λ_t B_t
+    P = np.zeros((T, N, 2, W), x.dtype)  # (T, N, 2, W): per-channel shares of dB, dC
+    for c0 in range(c_lo, c_hi, W):
+        _recompute_block(x, delta, AT, B, b, c0, hs, ab)
+        _adjoint_scalar(dy, x, delta, AT, B, C, D, b, c0, hs, ab, S, dA, acc, P, dx, ddelta,
+                        dAT_b, dD_b)
+    _sum_lanes(P, dBC)
+
+
+def _task_lanes(dy, x, delta, AT, B, C, D, b, c_lo, c_hi, dx, ddelta, dAT_b, dBC, dD_b):
+    """_task_scalar for float32 on Lanes16 vectors; each block's dB, dC shares are summed
+    over its W channels at every t (no (T, N, 2, W) buffer to stream through)."""
+    T, N = x.shape[1], AT.shape[0]
+    hs = np.empty((T + 1, N, W), x.dtype)  # (T+1, N, W): hs[t+1] = h_t
+    ab = np.empty((T, N, W), x.dtype)  # (T, N, W): Ā_t
+    g = np.empty((N, W), x.dtype)  # (N, W): g_t = Ā_t λ_t
+    dA = np.empty((N, W), x.dtype)  # (N, W)
+    part = np.empty((N, 2, W), x.dtype)  # (N, 2, W): this t's per-channel dB, dC shares
+    dBC[:] = 0
+    for c0 in range(c_lo, c_hi, W):
+        _recompute_block(x, delta, AT, B, b, c0, hs, ab)
+        _adjoint_lanes(dy, x, delta, AT, B, C, D, b, c0, hs, ab, g, dA, part, dx, ddelta, dAT_b,
+                       dBC, dD_b)
+
+
 @njit(cache=True, fastmath=False, inline="always")
-def _adjoint_block(dy, x, delta, AT, B, C, D, b, c0, hs, ab, S, dA, acc, P, dx, ddelta, dAT_b,
+def _adjoint_scalar(dy, x, delta, AT, B, C, D, b, c0, hs, ab, S, dA, acc, P, dx, ddelta, dAT_b,
                    dD_b):
     """Reverse-time adjoint scan of one block, reading hs and ab from _recompute_block (no exp).
     S (N, 2, W) holds λ_t and g_t = Ā_t λ_t (so λ_t = C_t dy_t + g_{t+1}); dA (N, W) sums
     g_t h_{t-1} Δ_t; P (T, N, 2, W) gathers per-channel shares of dB, dC (summed over channels
-    later). Helpers are inlined into the prange body (inline="always"). Measured (LLVM
-    remarks, assembly): unlike the forward's, most of these short loops stay scalar (Numba
-    disables SLP vectorisation); per-(t, n) loop overhead, not memory, bounds the backward."""
+    later). Measured (LLVM remarks, assembly): most of these short loops stay scalar (Numba
+    disables SLP vectorisation): float32 takes _adjoint_lanes instead."""
     T, N = x.shape[1], AT.shape[0]
     S[:] = 0  # λ_T = 0, Ā_T = 0
     dA[:] = 0
@@ -207,6 +254,45 @@ def _adjoint_block(dy, x, delta, AT, B, C, D, b, c0, hs, ab, S, dA, acc, P, dx, 
 
 
 @njit(cache=True, fastmath=False, inline="always")
+def _adjoint_lanes(dy, x, delta, AT, B, C, D, b, c0, hs, ab, g, dA, part, dx, ddelta, dAT_b,
+                   dBC, dD_b):
+    """_adjoint_scalar on explicit vectors (float32 only; Lanes16: vexp.py): 16 channels per
+    op, flat offsets into the C-contiguous arrays (no per-(t, n) views), the sums over n in
+    registers. Per lane the same operations in the same order as _adjoint_scalar; dB_t, dC_t
+    shares are summed over the block's channels at once (fold16) and added block after block.
+    g (N, W) holds g_t = Ā_t λ_t (λ_t = C_t dy_t + g_{t+1}); part (N, 2, W) is scratch."""
+    T, dp, N = x.shape[1], x.shape[2], AT.shape[0]
+    g[:] = 0  # g_T = Ā_T λ_T = 0
+    dA[:] = 0
+    for t in range(T - 1, -1, -1):
+        for v in range(0, W, 16):  # two vectors of 16 channels
+            i = (b * T + t) * dp + c0 + v  # flat offset of [b, t, c0 + v]
+            xt, dt, dyt = load16(x, i), load16(delta, i), load16(dy, i)
+            dtx = dt * xt
+            a0, a1 = splat16(0.0), splat16(0.0)  # Σ_n λ_t Ā_t h_{t-1} A, Σ_n λ_t B_t
+            for n in range(N):
+                k, kt = n * W + v, (t * N + n) * W + v  # offsets of [n, v], [t, n, v]
+                lam = C[b, t, n] * dyt + load16(g, k)  # λ_t = C_t dy_t + g_{t+1}
+                gt = load16(ab, kt) * lam  # g_t = Ā_t λ_t
+                store16(g, k, gt)
+                gh = gt * load16(hs, kt)  # λ_t Ā_t h_{t-1}
+                store16(dA, k, load16(dA, k) + gh * dt)  # dA += λ_t Ā_t h_{t-1} Δ_t
+                a0 = a0 + gh * load16(AT, n * dp + c0 + v)
+                a1 = a1 + lam * B[b, t, n]
+                store16(part, 2 * n * W + v, lam * dtx)  # dB_t = Σ_c λ_t Δ_t x_t
+                store16(part, (2 * n + 1) * W + v, dyt * load16(hs, kt + N * W))  # dC_t = Σ_c dy_t h_t
+            store16(ddelta, i, a0 + xt * a1)  # dΔ_t = Σ_n λ_t (h_{t-1} Ā_t A + B_t x_t)
+            store16(dx, i, load16(D, c0 + v) * dyt + dt * a1)  # D dy_t + Δ_t Σ_n λ_t B_t
+            store16(dD_b, b * dp + c0 + v, load16(dD_b, b * dp + c0 + v) + dyt * xt)
+        for n in range(N):
+            for k in range(2):
+                j = (2 * n + k) * W
+                dBC[t, n, k] += fold16(load16(part, j) + load16(part, j + 16))
+    for n in range(N):
+        dAT_b[b, n, c0:c0 + W] = dA[n]
+
+
+@njit(cache=True, fastmath=False, inline="always")
 def _sum_lanes(P, out):
     """out[t, n, k] = Σ_w P[t, n, k, w] by pairwise folding (a fixed order; P is overwritten)."""
     T, N = P.shape[0], P.shape[1]
@@ -226,24 +312,14 @@ def _sum_lanes(P, out):
 @njit(parallel=True, cache=True, fastmath=False)
 def _backward_blocks(dy, x, delta, AT, B, C, D, G, dx, ddelta, dAT_b, dBC_g, dD_b):
     """Adjoint scan per task (b, group g of blocks): each block's states and Ā are recomputed
-    into task buffers (hs, ab), then scanned in reverse; dB, dC shares gather per channel in P
-    and are summed over channels once per task. Writes dx, ddelta (B, T, dp),
+    into task buffers, then scanned in reverse (_backward_task). Writes dx, ddelta (B, T, dp),
     dAT_b (B, N, dp), dD_b (B, dp) and dBC_g (B, G, T, N, 2) = the task's (dB, dC)."""
     Bt, T, dp = x.shape
-    N, nblk = AT.shape[0], dp // W
+    nblk = dp // W
     for task in prange(Bt * G):
         b, g = task // G, task % G
-        hs = np.empty((T + 1, N, W), x.dtype)  # (T+1, N, W): hs[t+1] = h_t
-        ab = np.empty((T, N, W), x.dtype)  # (T, N, W): Ā_t
-        S = np.empty((N, 2, W), x.dtype)  # (N, 2, W): λ_t, Ā_t λ_t
-        dA = np.empty((N, W), x.dtype)  # (N, W)
-        acc = np.empty((2, W), x.dtype)  # (2, W): Σ_n λ_t h_{t-1} Ā_t A, Σ_n λ_t B_t
-        P = np.zeros((T, N, 2, W), x.dtype)  # (T, N, 2, W): per-channel shares of dB, dC
-        for c0 in range(g * nblk // G * W, (g + 1) * nblk // G * W, W):
-            _recompute_block(x, delta, AT, B, b, c0, hs, ab)
-            _adjoint_block(dy, x, delta, AT, B, C, D, b, c0, hs, ab, S, dA, acc, P, dx, ddelta,
-                           dAT_b, dD_b)
-        _sum_lanes(P, dBC_g[b, g])
+        _backward_task(dy, x, delta, AT, B, C, D, b, g * nblk // G * W, (g + 1) * nblk // G * W,
+                       dx, ddelta, dAT_b, dBC_g[b, g], dD_b)
 
 
 def _pad(a, axis, dp):
