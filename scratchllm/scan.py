@@ -331,6 +331,11 @@ def _pad(a, axis, dp):
     return np.pad(a, width)
 
 
+def _unpad(a, d):
+    """The first d channels of a (..., dp) kernel output, contiguous (a itself if dp == d)."""
+    return a if a.shape[-1] == d else np.ascontiguousarray(a[..., :d])
+
+
 def selective_scan_forward(x, delta, A, B, C, D):
     """Selective scan, Numba-parallel over (batch, block of W channels) tasks.
 
@@ -344,7 +349,7 @@ def selective_scan_forward(x, delta, A, B, C, D):
     y = np.empty(x.shape[:2] + (dp,), x.dtype)  # (B, T, dp)
     _forward_blocks(_pad(cache.x, 2, dp), _pad(cache.delta, 2, dp), _pad(cache.A.T, 1, dp).copy(),
                     cache.B, cache.C, _pad(cache.D, 0, dp), y)
-    return (y if dp == d else np.ascontiguousarray(y[..., :d])), cache
+    return _unpad(y, d), cache
 
 
 def selective_scan_backward(dy, cache):
@@ -366,7 +371,7 @@ def selective_scan_backward(dy, cache):
     _backward_blocks(dyp, _pad(x, 2, dp), _pad(delta, 2, dp), _pad(A.T, 1, dp).copy(), B, C,
                      _pad(D, 0, dp), G, dx, ddelta, dAT_b, dBC_g, dD_b)
     dBC = _fixed_sum(dBC_g, 1)  # (B, T, N, 2)
-    return {"x": dx[..., :d].copy(), "delta": ddelta[..., :d].copy(),
+    return {"x": _unpad(dx, d), "delta": _unpad(ddelta, d),
             "A": _fixed_sum(dAT_b)[:, :d].T.copy(), "B": dBC[..., 0].copy(),
             "C": dBC[..., 1].copy(), "D": _fixed_sum(dD_b)[:d].copy()}
 
