@@ -19,15 +19,16 @@ Parallel layout: every (b, c) lane is an independent recurrence. The Numba kerne
 task W = 32 adjacent channels of one batch row, so the innermost loops run over channels with
 a constant trip count and no reduction: LLVM turns them into SIMD code (with exp_lanes, a
 vectorisable float32 exp of fused multiply-adds: vexp.py; d is zero-padded to a multiple of
-W; the Numba cache tracks this file only: after editing vexp.py, touch this one). The backward's tasks
-are (b, group of blocks): a task recomputes each block's states h_t and Ā_t into task-local
-buffers (the cache holds only the inputs; the exp is paid once per step), runs the adjoint
-scan, and sums its channels' dB, dC shares (float64: lanes added block after block, then
-folded pairwise over W: _sum_lanes; float32: folded over each block's W lanes at every t,
-then added block after block); those per-task partials and the per-b dA, dD are then summed
-in a fixed order outside prange. The float32 adjoint is written on explicit 16-lane vectors
-(Lanes16, vexp.py): Numba disables LLVM's SLP vectoriser, which left those loops scalar. Groups depend on d only, so the bits are the same for any
-thread count. Memory: O(B·T·(d + N·G)) plus O(threads·T·N·W), G = min(d/W, 2) groups.
+W; the Numba cache tracks this file only: after editing vexp.py, touch this one). The
+backward's tasks are (b, group of blocks): a task recomputes each block's states h_t and Ā_t
+into task-local buffers (the cache holds only the inputs; the exp is paid once per step),
+runs the adjoint scan, and sums its channels' dB, dC shares (float64: lanes added block after
+block, then folded pairwise over W: _sum_lanes; float32: folded over each block's W lanes at
+every t, then added block after block); those per-task partials and the per-b dA, dD are
+then summed in a fixed order outside prange. Groups depend on d only, so the bits are the
+same for any thread count. The float32 adjoint is written on explicit 16-lane vectors
+(Lanes16, vexp.py): Numba disables LLVM's SLP vectoriser, which left those loops scalar.
+Memory: O(B·T·(d + N·G)) plus O(threads·T·N·W), G = min(d/W, 2) groups.
 
 Glossary: B batch (also the input matrix B_t, by context), T time, d channels (Mamba's
 d_inner), dp = d padded to a multiple of W, N state size, W channels per task block,
@@ -209,12 +210,11 @@ def _task_lanes(dy, x, delta, AT, B, C, D, b, c_lo, c_hi, dx, ddelta, dAT_b, dBC
     ab = np.empty((T, N, W), x.dtype)  # (T, N, W): Ā_t
     g = np.empty((N, W), x.dtype)  # (N, W): g_t = Ā_t λ_t
     dA = np.empty((N, W), x.dtype)  # (N, W)
-    part = np.empty((N, 2, W), x.dtype)  # (N, 2, W): this t's per-channel dB, dC shares
     dBC[:] = 0
     for c0 in range(c_lo, c_hi, W):
         _recompute_block(x, delta, AT, B, b, c0, hs, ab)
-        _adjoint_lanes(dy, x, delta, AT, B, C, D, b, c0, hs, ab, g, dA, part, dx, ddelta, dAT_b,
-                       dBC, dD_b)
+        _adjoint_lanes(dy, x, delta, AT, B, C, D, b, c0, hs, ab, g, dA, dx, ddelta, dAT_b, dBC,
+                       dD_b)
 
 
 @njit(cache=True, fastmath=False, inline="always")
@@ -254,42 +254,51 @@ def _adjoint_scalar(dy, x, delta, AT, B, C, D, b, c0, hs, ab, S, dA, acc, P, dx,
 
 
 @njit(cache=True, fastmath=False, inline="always")
-def _adjoint_lanes(dy, x, delta, AT, B, C, D, b, c0, hs, ab, g, dA, part, dx, ddelta, dAT_b,
-                   dBC, dD_b):
-    """_adjoint_scalar on explicit vectors (float32 only; Lanes16: vexp.py): 16 channels per
-    op, flat offsets into the C-contiguous arrays (no per-(t, n) views), the sums over n in
-    registers. Per lane the same operations in the same order as _adjoint_scalar; dB_t, dC_t
-    shares are summed over the block's channels at once (fold16) and added block after block.
-    g (N, W) holds g_t = Ā_t λ_t (λ_t = C_t dy_t + g_{t+1}); part (N, 2, W) is scratch."""
+def _adjoint_lanes(dy, x, delta, AT, B, C, D, b, c0, hs, ab, g, dA, dx, ddelta, dAT_b, dBC,
+                   dD_b):
+    """_adjoint_scalar on explicit vectors (float32 only; Lanes16: vexp.py): the block's W = 32
+    channels as two 16-lane halves (suffixes 0, 1), flat offsets into the C-contiguous arrays
+    (no per-(t, n) views), the sums over n in registers. Per lane the same operations in the
+    same order as _adjoint_scalar; dB_t, dC_t shares are summed over the block's channels at
+    once (half 0 + half 1, then fold16) and added block after block.
+    g (N, W) holds g_t = Ā_t λ_t (λ_t = C_t dy_t + g_{t+1})."""
     T, dp, N = x.shape[1], x.shape[2], AT.shape[0]
     g[:] = 0  # g_T = Ā_T λ_T = 0
     dA[:] = 0
     for t in range(T - 1, -1, -1):
-        for v in range(0, W, 16):  # two vectors of 16 channels
-            i = (b * T + t) * dp + c0 + v  # flat offset of [b, t, c0 + v]
-            xt, dt, dyt = load16(x, i), load16(delta, i), load16(dy, i)
-            dtx = dt * xt
-            a0, a1 = splat16(0.0), splat16(0.0)  # Σ_n λ_t Ā_t h_{t-1} A, Σ_n λ_t B_t
-            for n in range(N):
-                k, kt = n * W + v, (t * N + n) * W + v  # offsets of [n, v], [t, n, v]
-                lam = C[b, t, n] * dyt + load16(g, k)  # λ_t = C_t dy_t + g_{t+1}
-                gt = load16(ab, kt) * lam  # g_t = Ā_t λ_t
-                store16(g, k, gt)
-                gh = gt * load16(hs, kt)  # λ_t Ā_t h_{t-1}
-                store16(dA, k, load16(dA, k) + gh * dt)  # dA += λ_t Ā_t h_{t-1} Δ_t
-                a0 = a0 + gh * load16(AT, n * dp + c0 + v)
-                a1 = a1 + lam * B[b, t, n]
-                store16(part, 2 * n * W + v, lam * dtx)  # dB_t = Σ_c λ_t Δ_t x_t
-                store16(part, (2 * n + 1) * W + v, dyt * load16(hs, kt + N * W))  # dC_t = Σ_c dy_t h_t
-            store16(ddelta, i, a0 + xt * a1)  # dΔ_t = Σ_n λ_t (h_{t-1} Ā_t A + B_t x_t)
-            store16(dx, i, load16(D, c0 + v) * dyt + dt * a1)  # D dy_t + Δ_t Σ_n λ_t B_t
-            store16(dD_b, b * dp + c0 + v, load16(dD_b, b * dp + c0 + v) + dyt * xt)
+        i = (b * T + t) * dp + c0  # flat offset of [b, t, c0]
+        x0, d0, dy0 = load16(x, i), load16(delta, i), load16(dy, i)
+        x1, d1, dy1 = load16(x, i + 16), load16(delta, i + 16), load16(dy, i + 16)
+        dx0, dx1 = d0 * x0, d1 * x1  # Δ_t x_t
+        zero = splat16(0.0)
+        a0, b0, a1, b1 = zero, zero, zero, zero  # Σ_n λ_t Ā_t h_{t-1} A, Σ_n λ_t B_t per half
         for n in range(N):
-            for k in range(2):
-                j = (2 * n + k) * W
-                dBC[t, n, k] += fold16(load16(part, j) + load16(part, j + 16))
+            Cn, Bn, k, kt = C[b, t, n], B[b, t, n], n * W, (t * N + n) * W  # [n, 0], [t, n, 0]
+            a0, b0, pB0, pC0 = _lanes_step(Cn, Bn, dy0, d0, dx0, AT, n * dp + c0, g, k, ab, hs,
+                                           kt, N * W, dA, a0, b0)
+            a1, b1, pB1, pC1 = _lanes_step(Cn, Bn, dy1, d1, dx1, AT, n * dp + c0 + 16, g, k + 16,
+                                           ab, hs, kt + 16, N * W, dA, a1, b1)
+            dBC[t, n, 0] += fold16(pB0 + pB1)  # dB_t = Σ_c λ_t Δ_t x_t
+            dBC[t, n, 1] += fold16(pC0 + pC1)  # dC_t = Σ_c dy_t h_t
+        for v, xt, dt, dyt, a, s in ((0, x0, d0, dy0, a0, b0), (16, x1, d1, dy1, a1, b1)):
+            store16(ddelta, i + v, a + xt * s)  # dΔ_t = Σ_n λ_t (h_{t-1} Ā_t A + B_t x_t)
+            store16(dx, i + v, load16(D, c0 + v) * dyt + dt * s)  # D dy_t + Δ_t Σ_n λ_t B_t
+            store16(dD_b, b * dp + c0 + v, load16(dD_b, b * dp + c0 + v) + dyt * xt)
     for n in range(N):
         dAT_b[b, n, c0:c0 + W] = dA[n]
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _lanes_step(Cn, Bn, dyt, dt, dtx, AT, ia, g, k, ab, hs, kt, NW, dA, a, s):
+    """One (t, n) step on 16 channels (offsets: ia of A, k of g and dA, kt of Ā_t and h_{t-1},
+    kt + NW of h_t). Returns the sums a + λ_t Ā_t h_{t-1} A, s + λ_t B_t and this step's
+    per-channel shares λ_t Δ_t x_t (of dB_t), dy_t h_t (of dC_t)."""
+    lam = Cn * dyt + load16(g, k)  # λ_t = C_t dy_t + g_{t+1}
+    gt = load16(ab, kt) * lam  # g_t = Ā_t λ_t
+    store16(g, k, gt)
+    gh = gt * load16(hs, kt)  # λ_t Ā_t h_{t-1}
+    store16(dA, k, load16(dA, k) + gh * dt)  # dA += λ_t Ā_t h_{t-1} Δ_t
+    return a + gh * load16(AT, ia), s + lam * Bn, lam * dtx, dyt * load16(hs, kt + NW)
 
 
 @njit(cache=True, fastmath=False, inline="always")
