@@ -41,7 +41,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from scratchllm.validate import expect_float, expect_ndim, expect_shape
-from scratchllm.vexp import exp_lanes, fold16, load16, splat16, store16
+from scratchllm.vexp import exp16, exp_lanes, fold16, load16, splat16, store16
 
 W = 32  # channels per task block (two AVX-512 vectors of float32); d is zero-padded to it
 GROUPS = 2  # block groups per batch row in the backward: fixes the reduction order
@@ -212,7 +212,7 @@ def _task_lanes(dy, x, delta, AT, B, C, D, b, c_lo, c_hi, dx, ddelta, dAT_b, dBC
     dA = np.empty((N, W), x.dtype)  # (N, W)
     dBC[:] = 0
     for c0 in range(c_lo, c_hi, W):
-        _recompute_block(x, delta, AT, B, b, c0, hs, ab)
+        _recompute_lanes(x, delta, AT, B, b, c0, hs, ab)
         _adjoint_lanes(dy, x, delta, AT, B, C, D, b, c0, hs, ab, g, dA, dx, ddelta, dAT_b, dBC,
                        dD_b)
 
@@ -251,6 +251,24 @@ def _adjoint_scalar(dy, x, delta, AT, B, C, D, b, c0, hs, ab, S, dA, acc, P, dx,
             dD_b[b, c0 + w] += dyt[w] * xt[w]
     for n in range(N):
         dAT_b[b, n, c0:c0 + W] = dA[n]
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _recompute_lanes(x, delta, AT, B, b, c0, hs, ab):
+    """_recompute_block on explicit vectors (float32 only): the same operations per lane
+    (exp16 is exp_lanes on 16 lanes), so the same hs[t+1] = h_t and ab[t] = Ā_t bits."""
+    T, dp, N = x.shape[1], x.shape[2], AT.shape[0]
+    hs[0] = 0
+    for t in range(T):  # h_t = Ā_t h_{t-1} + Δ_t x_t B_t
+        for v in range(0, W, 16):
+            i = (b * T + t) * dp + c0 + v  # flat offset of [b, t, c0 + v]
+            dt = load16(delta, i)
+            dtx = dt * load16(x, i)
+            for n in range(N):
+                kt = (t * N + n) * W + v  # flat offset of [t, n, v]
+                an = exp16(dt * load16(AT, n * dp + c0 + v))  # Ā_t = exp(Δ_t A)
+                store16(ab, kt, an)
+                store16(hs, kt + N * W, an * load16(hs, kt) + dtx * B[b, t, n])
 
 
 @njit(cache=True, fastmath=False, inline="always")

@@ -13,14 +13,16 @@ instruction; fastmath=False never fuses by itself): 17 vector ops per 16 lanes i
 np.exp: < 1e-7 on [-87, 88.7] (tests/test_scan.py).
 
 Lanes16 (second half): explicit <16 x float> vectors for loops LLVM would leave scalar (the
-selective scan's float32 adjoint): load16/store16 at a flat offset, + and * per lane, splat16,
-and fold16, a sum of the 16 lanes in a fixed order.
+selective scan's float32 backward): load16/store16 at a flat offset, + and * per lane, splat16,
+fma16, floor16, fold16 (a sum of the 16 lanes in a fixed order) and exp16 (_exp32 on 16 lanes:
+the same bits as exp_lanes).
 """
 import operator
 
 import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic, models, overload, register_model
 
 f32 = np.float32
@@ -188,3 +190,64 @@ def fold16(typingctx, v):
         lane = [builder.extract_element(s, ir.IntType(32)(k)) for k in range(4)]
         return builder.fadd(builder.fadd(lane[0], lane[2]), builder.fadd(lane[1], lane[3]))
     return types.float32(lanes16), codegen
+
+
+def _llvm_lanes_call(builder, name, args):
+    """llvm.<name>.v16f32 on <16 x float> args."""
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(_VEC, [_VEC] * len(args)), f"llvm.{name}.v16f32")
+    return builder.call(fn, args)
+
+
+@intrinsic
+def fma16(typingctx, a, b, c):
+    """a·b + c per lane, rounded once (llvm.fma)."""
+    if not a == b == c == lanes16:
+        return None
+    return lanes16(a, b, c), lambda context, builder, sig, args: _llvm_lanes_call(
+        builder, "fma", args)
+
+
+@intrinsic
+def floor16(typingctx, a):
+    """floor per lane (llvm.floor)."""
+    if a != lanes16:
+        return None
+    return lanes16(a), lambda context, builder, sig, args: _llvm_lanes_call(
+        builder, "floor", args)
+
+
+@intrinsic
+def _lanes_from_bits(typingctx, bits):
+    """_float32_from_bits per lane."""
+    def codegen(context, builder, signature, args):
+        ints = builder.fptosi(args[0], ir.VectorType(ir.IntType(32), 16))
+        return builder.bitcast(ints, _VEC)
+    return lanes16(lanes16), codegen
+
+
+@intrinsic
+def _exp16_edges(typingctx, v, e):
+    """e per lane, replaced by 0 where v < -87 and by inf where v > 88.72 (as _exp32)."""
+    def codegen(context, builder, signature, args):
+        v, e = args
+        e = builder.select(builder.fcmp_ordered("<", v, _VEC([ir.FloatType()(-87.0)] * 16)),
+                           _VEC([ir.FloatType()(0.0)] * 16), e)
+        return builder.select(builder.fcmp_ordered(">", v, _VEC([ir.FloatType()(88.72)] * 16)),
+                              _VEC([ir.FloatType()(np.inf)] * 16), e)
+    return lanes16(lanes16, lanes16), codegen
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def exp16(v):
+    """_exp32 on 16 lanes: the same operations, so the same bits as exp_lanes per lane."""
+    k = floor16(fma16(v, splat16(1.44269504088896341), splat16(0.5)))
+    r = fma16(k, splat16(-0.693359375), v)
+    r = fma16(k, splat16(2.12194440e-4), r)
+    p = splat16(1.9875691500e-4)
+    for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+              5.0000001201e-1):
+        p = fma16(p, r, splat16(c))
+    p = fma16(p * r, r, r) + splat16(1.0)
+    bits = fma16(k, splat16(8388608.0), splat16(126.0 * 8388608.0))
+    return _exp16_edges(v, p * _lanes_from_bits(bits) * splat16(2.0))

@@ -151,3 +151,24 @@ def test_fold16_sums_16_lanes_in_the_documented_order():
     s = v[:8] + v[8:]
     s = s[:4] + s[4:]
     assert njit(lambda a: fold16(load16(a, 0)))(v) == (s[0] + s[2]) + (s[1] + s[3])
+
+
+def test_exp16_has_the_bits_of_exp_lanes():
+    from numba import njit
+
+    from scratchllm.vexp import exp16, exp_lanes, load16, store16
+
+    @njit
+    def both(v, a, b):
+        for i in range(0, v.size, 16):
+            store16(a, i, exp16(load16(v, i)))
+        for i in range(v.size):
+            b[i] = exp_lanes(v[i])
+
+    v = np.concatenate([np.linspace(-100, 100, 4000), [np.nan, -87, 88.72, 88.73, -87.01, 0,
+                                                       np.inf, -np.inf, 1e-30, -1e-30]])
+    v = v.astype(np.float32)  # (4010 + 6 padding,)
+    v = np.concatenate([v, np.zeros(-v.size % 16, np.float32)])  # (4016,)
+    a, b = np.empty_like(v), np.empty_like(v)  # (4016,)
+    both(v, a, b)
+    assert np.array_equal(a, b, equal_nan=True)
