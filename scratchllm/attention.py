@@ -292,11 +292,12 @@ class Attention(Module):
 
     RoPE frequencies come from rope_frequencies(head_dim, rope_base, rope_scaling), recomputed
     per call (cheap) so that "dynamic" scaling sees the current length. use_rope=False: none.
+    A window (mask "sliding") with n_sink > 0 also keeps the first n_sink tokens (sinks).
     """
 
     def __init__(self, d_model, n_heads, n_kv_heads, *, rng, head_dim=None, use_rope=True,
                  rope_base=10000.0, rope_scaling=None, rope_style="half", mask="causal",
-                 window=None, dtype=np.float32):
+                 window=None, n_sink=0, dtype=np.float32):
         Dh = head_dim or d_model // n_heads
         self.wq = Param(_init(rng, (d_model, n_heads * Dh), d_model ** -0.5, dtype))
         self.wk = Param(_init(rng, (d_model, n_kv_heads * Dh), d_model ** -0.5, dtype))
@@ -304,7 +305,7 @@ class Attention(Module):
         self.wo = Param(_init(rng, (n_heads * Dh, d_model), (n_heads * Dh) ** -0.5, dtype))
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, Dh
         self.use_rope, self.rope_base, self.rope_scaling = use_rope, rope_base, rope_scaling
-        self.rope_style, self.mask, self.window = rope_style, mask, window
+        self.rope_style, self.mask, self.window, self.n_sink = rope_style, mask, window, n_sink
 
     def _rope_kwargs(self, seq_len):
         if not self.use_rope:
@@ -317,9 +318,11 @@ class Attention(Module):
         return self.wq.data, self.wk.data, self.wv.data, self.wo.data
 
     def forward(self, x, positions=None):
-        pos = np.arange(x.shape[1]) if positions is None else positions
+        T = x.shape[1]
+        pos = np.arange(T) if positions is None else positions
+        mask = attention_sink_mask(T, self.window, self.n_sink) if self.n_sink else self.mask
         return gqa_forward(x, *self._weights(), n_heads=self.n_heads,
-                           n_kv_heads=self.n_kv_heads, positions=pos, mask=self.mask,
+                           n_kv_heads=self.n_kv_heads, positions=pos, mask=mask,
                            window=self.window, **self._rope_kwargs(int(np.max(pos)) + 1))
 
     def backward(self, dy, cache):
@@ -327,6 +330,15 @@ class Attention(Module):
         for name in ("wq", "wk", "wv", "wo"):
             getattr(self, name).grad += g[name]
         return g["x"]
+
+    def new_cache(self, batch, max_len):
+        """The decoding state: a KVCache, or a RollingKVCache(window, n_sink) for a window."""
+        from scratchllm.kv_cache import KVCache, RollingKVCache  # kv_cache imports this module
+        dt = self.wq.data.dtype
+        if self.window is None:
+            return KVCache(batch, self.n_kv_heads, self.head_dim, max_len, dt)
+        return RollingKVCache(self.window, self.n_sink, batch, self.n_kv_heads, self.head_dim,
+                              dt)
 
     def decode(self, x_t, cache, position):
         """One token (B, D) -> (B, D) with a KVCache / RollingKVCache (see kv_cache.py)."""
