@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.ops import linear_backward, linear_forward, softmax_backward, softmax_forward
-from scratchllm.nn import Module, Param, _init
+from scratchllm.nn import Module, Param, normal_init
 from scratchllm.rope import rope_backward, rope_forward, rope_frequencies
 from scratchllm.validate import expect_float, expect_ndim, expect_shape
 
@@ -299,10 +299,10 @@ class Attention(Module):
                  rope_base=10000.0, rope_scaling=None, rope_style="half", mask="causal",
                  window=None, n_sink=0, dtype=np.float32):
         Dh = head_dim or d_model // n_heads
-        self.wq = Param(_init(rng, (d_model, n_heads * Dh), d_model ** -0.5, dtype))
-        self.wk = Param(_init(rng, (d_model, n_kv_heads * Dh), d_model ** -0.5, dtype))
-        self.wv = Param(_init(rng, (d_model, n_kv_heads * Dh), d_model ** -0.5, dtype))
-        self.wo = Param(_init(rng, (n_heads * Dh, d_model), (n_heads * Dh) ** -0.5, dtype))
+        self.wq = Param(normal_init(rng, (d_model, n_heads * Dh), d_model ** -0.5, dtype))
+        self.wk = Param(normal_init(rng, (d_model, n_kv_heads * Dh), d_model ** -0.5, dtype))
+        self.wv = Param(normal_init(rng, (d_model, n_kv_heads * Dh), d_model ** -0.5, dtype))
+        self.wo = Param(normal_init(rng, (n_heads * Dh, d_model), (n_heads * Dh) ** -0.5, dtype))
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, Dh
         self.use_rope, self.rope_base, self.rope_scaling = use_rope, rope_base, rope_scaling
         self.rope_style, self.mask, self.window, self.n_sink = rope_style, mask, window, n_sink

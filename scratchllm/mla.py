@@ -21,7 +21,7 @@ import numpy as np
 from scratchllm import ops
 from scratchllm.attention import (causal_mask, merge_heads, sdpa_backward, sdpa_forward,
                                   split_heads)
-from scratchllm.nn import Module, Param, _init
+from scratchllm.nn import Module, Param, normal_init
 from scratchllm.rope import get_mscale, rope_backward, rope_forward, rope_frequencies
 from scratchllm.validate import expect_float, expect_ndim, expect_positive, expect_shape
 
@@ -372,15 +372,15 @@ class MLA(Module):
         D, H, Dc, Dq = d_model, n_heads, kv_lora_rank, q_lora_rank
         qk, dr, dv = qk_nope_head_dim + qk_rope_head_dim, qk_rope_head_dim, v_head_dim
         if Dq:
-            self.wq_a = Param(_init(rng, (D, Dq), D ** -0.5, dtype))
+            self.wq_a = Param(normal_init(rng, (D, Dq), D ** -0.5, dtype))
             self.q_norm = Param(np.ones(Dq, dtype))
-            self.wq_b = Param(_init(rng, (Dq, H * qk), Dq ** -0.5, dtype))
+            self.wq_b = Param(normal_init(rng, (Dq, H * qk), Dq ** -0.5, dtype))
         else:
-            self.wq = Param(_init(rng, (D, H * qk), D ** -0.5, dtype))
-        self.wkv_a = Param(_init(rng, (D, Dc + dr), D ** -0.5, dtype))
+            self.wq = Param(normal_init(rng, (D, H * qk), D ** -0.5, dtype))
+        self.wkv_a = Param(normal_init(rng, (D, Dc + dr), D ** -0.5, dtype))
         self.kv_norm = Param(np.ones(Dc, dtype))
-        self.wkv_b = Param(_init(rng, (Dc, H * (qk_nope_head_dim + dv)), Dc ** -0.5, dtype))
-        self.wo = Param(_init(rng, (H * dv, D), (H * dv) ** -0.5, dtype))
+        self.wkv_b = Param(normal_init(rng, (Dc, H * (qk_nope_head_dim + dv)), Dc ** -0.5, dtype))
+        self.wo = Param(normal_init(rng, (H * dv, D), (H * dv) ** -0.5, dtype))
         self.n_heads, self.rope_style, self.eps = H, rope_style, eps
         self.inv_freq, self.attention_factor = rope_frequencies(dr, rope_base, rope_scaling)
         self.softmax_scale = mla_softmax_scale(qk, rope_scaling)

@@ -29,7 +29,7 @@ from scratchllm import ops
 from scratchllm.moe_router import (balance_loss_backward, balance_loss_forward, check_k,
                                    router_backward, router_forward, update_selection_bias,
                                    z_loss_backward, z_loss_forward)
-from scratchllm.nn import Module, Param, _init
+from scratchllm.nn import Module, Param, normal_init
 from scratchllm.validate import expect_float, expect_positive, expect_shape
 
 
@@ -252,14 +252,14 @@ class MoE(Module):
         D, F, E = d_model, d_ff, n_experts
         check_k("MoE", k, E)
         self.k, self.capacity_factor, self.score = k, capacity_factor, score
-        self.w_router = Param(_init(rng, (D, E), D ** -0.5, dtype))
-        self.w1 = Param(_init(rng, (E, D, F), D ** -0.5, dtype))
-        self.w3 = Param(_init(rng, (E, D, F), D ** -0.5, dtype))
-        self.w2 = Param(_init(rng, (E, F, D), F ** -0.5, dtype))
+        self.w_router = Param(normal_init(rng, (D, E), D ** -0.5, dtype))
+        self.w1 = Param(normal_init(rng, (E, D, F), D ** -0.5, dtype))
+        self.w3 = Param(normal_init(rng, (E, D, F), D ** -0.5, dtype))
+        self.w2 = Param(normal_init(rng, (E, F, D), F ** -0.5, dtype))
         shapes = {"shared_w1": (D, d_shared), "shared_w3": (D, d_shared),
                   "shared_w2": (d_shared, D)}
         for name, shape in shapes.items():  # None (no Param) without shared experts
-            setattr(self, name, Param(_init(rng, shape, shape[0] ** -0.5, dtype))
+            setattr(self, name, Param(normal_init(rng, shape, shape[0] ** -0.5, dtype))
                     if d_shared else None)
         self.selection_bias = np.zeros(E, dtype)
 

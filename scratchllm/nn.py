@@ -54,7 +54,8 @@ class Module:
         return sum(p.data.size for p in self.parameters())
 
 
-def _init(rng, shape, std, dtype):
+def normal_init(rng, shape, std, dtype):
+    """A weight drawn from N(0, std^2) in `dtype` (std = d_in^-1/2 for projections)."""
     return (rng.standard_normal(shape) * std).astype(dtype)
 
 
@@ -62,7 +63,7 @@ class Linear(Module):
     """y = x @ W (+ b); W (d_in, d_out) ~ N(0, 1/d_in)."""
 
     def __init__(self, d_in, d_out, *, bias=False, rng, dtype=np.float32):
-        self.W = Param(_init(rng, (d_in, d_out), d_in ** -0.5, dtype))
+        self.W = Param(normal_init(rng, (d_in, d_out), d_in ** -0.5, dtype))
         self.b = Param(np.zeros(d_out, dtype)) if bias else None
 
     def forward(self, x):
@@ -80,7 +81,7 @@ class Embedding(Module):
     """out = E[ids]; E (V, D) ~ N(0, 1). `attend` reuses E as a tied output head."""
 
     def __init__(self, vocab_size, d_model, *, rng, dtype=np.float32):
-        self.E = Param(_init(rng, (vocab_size, d_model), 1.0, dtype))
+        self.E = Param(normal_init(rng, (vocab_size, d_model), 1.0, dtype))
 
     def forward(self, ids):
         return ops.embedding_forward(ids, self.E.data)
@@ -118,9 +119,9 @@ class SwiGLU(Module):
     """y = (silu(x @ W1) * (x @ W3)) @ W2, the Llama FFN."""
 
     def __init__(self, d_model, d_ff, *, rng, dtype=np.float32):
-        self.W1 = Param(_init(rng, (d_model, d_ff), d_model ** -0.5, dtype))
-        self.W3 = Param(_init(rng, (d_model, d_ff), d_model ** -0.5, dtype))
-        self.W2 = Param(_init(rng, (d_ff, d_model), d_ff ** -0.5, dtype))
+        self.W1 = Param(normal_init(rng, (d_model, d_ff), d_model ** -0.5, dtype))
+        self.W3 = Param(normal_init(rng, (d_model, d_ff), d_model ** -0.5, dtype))
+        self.W2 = Param(normal_init(rng, (d_ff, d_model), d_ff ** -0.5, dtype))
 
     def forward(self, x):
         return ops.swiglu_forward(x, self.W1.data, self.W3.data, self.W2.data)
