@@ -32,6 +32,8 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from scratchllm.mla import kv_cache_elements
+
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "fp16": 2, "float16": 2, "fp8": 1, "int8": 1}
 
 
@@ -263,10 +265,11 @@ def dtype_bytes(dtype):
 def kv_elements_per_token_layer(a, absorbed=True):
     """Cached numbers per token per attention layer: 2·Hkv·Dh (K and V); MLA absorbed Dc + Dr,
     MLA naive H·(Dn + Dr + Dv) (full K and V per head, DeepSeek-V3 attn_impl="naive")."""
+    if a.mla and not absorbed:
+        return a.n_heads * (a.qk_nope + a.qk_rope + a.v_head_dim)
     if a.mla:
-        return a.kv_lora_rank + a.qk_rope if absorbed else a.n_heads * (
-            a.qk_nope + a.qk_rope + a.v_head_dim)
-    return 2 * a.n_kv_heads * a.dh
+        return kv_cache_elements("mla", kv_lora_rank=a.kv_lora_rank, qk_rope_head_dim=a.qk_rope)
+    return kv_cache_elements("gqa", n_kv_heads=a.n_kv_heads, head_dim=a.dh)
 
 
 class CacheSize(NamedTuple):

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 import scipy.fft
 
-from scratchllm.nn import Module, Param
+from scratchllm.nn import Module, Param, normal_init
 from scratchllm.validate import expect_float, expect_ndim, expect_positive, expect_shape
 
 _SERIES_BELOW = 0.1  # |z| below this: Taylor series for φ and φ' (10 terms, truncation < 3e-17)
@@ -348,7 +348,7 @@ class S4D(Module):
         n = np.arange(1, d_state + 1, dtype=np.float64)  # (N,)
         self.A_log = Param(np.tile(np.log(n), (d_model, 1)).astype(dtype))  # (Dm, N)
         self.B = Param(np.ones((d_model, d_state), dtype))  # (Dm, N)
-        self.C = Param((rng.standard_normal((d_model, d_state)) * d_state ** -0.5).astype(dtype))
+        self.C = Param(normal_init(rng, (d_model, d_state), d_state ** -0.5, dtype))
         log_dt = rng.uniform(np.log(dt_min), np.log(dt_max), d_model)  # (Dm,)
         self.log_dt = Param(log_dt.astype(dtype))  # (Dm,)
         self.D = Param(np.ones(d_model, dtype))  # (Dm,)
