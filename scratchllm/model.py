@@ -21,7 +21,6 @@ import numpy as np
 from scratchllm import ops
 from scratchllm.config import PRESETS, ModelConfig, preset
 from scratchllm.mixers import make_ffn, make_mixer
-from scratchllm.moe_router import update_selection_bias
 from scratchllm.nn import Embedding, Linear, Module, RMSNorm
 from scratchllm.validate import expect_int, expect_ndim
 
@@ -181,8 +180,7 @@ class LM(Module):
                          for c in caches)  # (E,)
             stats.append((i, counts / max(counts.sum(), 1)))
             if self.cfg.bias_gamma > 0:
-                bias = layer.ffn.selection_bias  # in place: replicas share this array
-                bias[...] = update_selection_bias(bias, counts, self.cfg.bias_gamma)
+                layer.ffn.update_bias(counts, self.cfg.bias_gamma)  # in place: replicas share it
         return stats
 
     def replica(self):

@@ -244,7 +244,8 @@ class MoE(Module):
     selection bias as non-trainable state (a plain array, not a Param).
 
     forward(x) -> ((y, aux, z), cache); backward((dy, daux, dz), cache) -> dx.
-    update_bias(cache, gamma) moves the selection bias towards balance (aux-loss-free).
+    update_bias(tokens_per_expert, gamma) moves the selection bias towards balance
+    (aux-loss-free), in place, so replicas that share the array see it.
     """
 
     def __init__(self, d_model, d_ff, n_experts, k, *, capacity_factor=None, d_shared=0,
@@ -278,7 +279,7 @@ class MoE(Module):
             p.grad += g[name]
         return g["x"]
 
-    def update_bias(self, cache, gamma):
-        """b_i += gamma sign(mean load - load_i), from this step's routed counts."""
-        self.selection_bias = update_selection_bias(self.selection_bias,
-                                                    cache.tokens_per_expert, gamma)
+    def update_bias(self, tokens_per_expert, gamma):
+        """b_i += gamma sign(mean load - load_i) from a step's routed counts (E,), in place."""
+        self.selection_bias[...] = update_selection_bias(self.selection_bias,
+                                                         tokens_per_expert, gamma)

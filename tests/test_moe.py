@@ -313,6 +313,8 @@ def test_moe_module_calls_the_pair_and_keeps_the_bias_as_state():
     assert [n for n, _ in plain.named_parameters()] == ["w_router", "w1", "w3", "w2"]
     (y32, _, _), c32 = plain.forward(x.astype(np.float32))
     assert y32.dtype == np.float32 and plain.backward((y32, None, None), c32).shape == x.shape
-    layer.update_bias(cache, 0.01)
+    shared_bias = layer.selection_bias
+    layer.update_bias(cache.tokens_per_expert, 0.01)
+    assert layer.selection_bias is shared_bias  # in place: data-parallel replicas share it
     assert np.abs(layer.selection_bias).max() == 0.01 and layer.n_params() == sum(
         p.data.size for p in layer.parameters())
