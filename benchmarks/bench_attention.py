@@ -66,7 +66,7 @@ def report(name, ours, theirs, target=None):
           f"ratio {ratio:5.2f}x{verdict}")
 
 
-# --- GQA (attention.py, rope.py) ---
+# --- GQA (attention/gqa.py, attention/rope.py) ---
 def torch_rope_half(t, cos, sin):
     """HF apply_rotary_pos_emb: t*cos + rotate_half(t)*sin, cos/sin (T, Dh/2) duplicated."""
     c, s = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
@@ -94,7 +94,7 @@ def torch_gqa(x, wq, wk, wv, wo, H, Hkv, inv_freq):
 
 def bench_gqa():
     from scratchllm.attention import gqa_backward, gqa_forward
-    from scratchllm.rope import rope_frequencies
+    from scratchllm.attention import rope_frequencies
     B, T, D, H, Hkv, Dh = 8, 256, 256, 8, 2, 32
     rng = np.random.default_rng(0)
     f32 = np.float32
@@ -164,8 +164,8 @@ def mla_weights(rng, D, H, dn, dr, dv, Dc):
 
 
 def bench_mla():
-    from scratchllm.mla import mla_backward, mla_forward
-    from scratchllm.rope import rope_frequencies
+    from scratchllm.attention import mla_backward, mla_forward
+    from scratchllm.attention import rope_frequencies
     B, T, D, H, Dc, dr, dn, dv = 8, 256, 256, 8, 64, 16, 32, 32
     rng = np.random.default_rng(0)
     ws = mla_weights(rng, D, H, dn, dr, dv, Dc)
@@ -196,18 +196,19 @@ def bench_mla():
 
 
 def bench_mla_decode():
-    from scratchllm.mla import MLACache, kv_cache_elements, mla_decode, mla_decode_ref
+    from scratchllm.attention import LatentKVState, mla_decode, mla_decode_ref
+    from scratchllm.teach.sizing import kv_cache_elements
     ctx, D, H, Dc, dr, dn, dv = 4096, 256, 8, 64, 16, 32, 32
     rng = np.random.default_rng(1)
     ws = mla_weights(rng, D, H, dn, dr, dv, Dc)
     for B in (1, 8):
-        cache = MLACache(B, ctx, Dc, dr, np.float32)
-        cache.latents[:] = rng.standard_normal(cache.latents.shape)
+        state = LatentKVState(B, ctx, Dc, dr, np.float32)
+        state.latents[:] = rng.standard_normal(state.latents.shape)
         x_t = rng.standard_normal((B, D)).astype(np.float32)
 
         def step(decode):
-            cache.length = ctx - 1  # ctx - 1 cached tokens; the step appends the ctx-th
-            return decode(x_t, **ws, n_heads=H, cache=cache, position=ctx - 1)
+            state.length = ctx - 1  # ctx - 1 cached tokens; the step appends the ctx-th
+            return decode(x_t, **ws, n_heads=H, state=state, position=ctx - 1)
 
         err = np.abs(step(mla_decode) - step(mla_decode_ref)).max()
         fns = [lambda: step(mla_decode), lambda: step(mla_decode_ref)]
@@ -216,9 +217,9 @@ def bench_mla_decode():
               f"   naive (rebuild K, V) {naive * 1e3:7.3f} ms   naive/absorbed "
               f"{naive / absorbed:5.1f}x   (best of 15: {fns[1].best / fns[0].best:5.1f}x)   "
               f"max abs diff {err:.1e}")
-    per_token = cache.nbytes // (cache.latents.shape[0] * ctx)
+    per_token = state.nbytes // (state.latents.shape[0] * ctx)
     mla = kv_cache_elements("mla", kv_lora_rank=Dc, qk_rope_head_dim=dr) * 4
-    print(f"cache bytes/token/layer (MLACache.nbytes, float32): {per_token} (= (Dc + dr) * 4 = "
+    print(f"cache bytes/token/layer (LatentKVState.nbytes, float32): {per_token} (= (Dc + dr) * 4 = "
           f"{mla}); the naive form's k + v cache: H * (dn + dr + dv) * 4 = "
           f"{H * (dn + dr + dv) * 4}")
 

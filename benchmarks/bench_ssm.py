@@ -7,8 +7,8 @@ Each benchmark is a function `bench_NAME() -> None` that prints its own table; `
 lists them in order. With no arguments every benchmark runs; otherwise only the named ones.
 
 Sections:
-- LTI (ssm.py): fft_conv vs causal_conv_ref over T; S4D fwd+bwd vs a PyTorch autograd twin.
-- selective scan (scan.py): added by the scan.py helper below its marker.
+- LTI (ssm/lti.py): fft_conv vs fft_conv_forward_ref over T; S4D fwd+bwd vs a PyTorch autograd twin.
+- selective scan (ssm/scan.py).
 """
 import os
 import sys
@@ -37,12 +37,12 @@ def median_time(fn, repeats=5, warmup=1):
     return float(np.median(times))
 
 
-# --- LTI state-space (ssm.py) ---
+# --- LTI state-space (ssm/lti.py, ssm/s4d.py) ---
 def bench_fft_conv():
-    """fft_conv_forward vs causal_conv_ref (direct sum), x and K (4, T) float32, 1 FFT worker.
+    """fft_conv_forward vs fft_conv_forward_ref (direct sum), x and K (4, T) float32, 1 FFT worker.
 
     The FFT's time over T·log2(T) should stay flat (T log T growth); the direct sum's over T²."""
-    from scratchllm.ssm import causal_conv_ref, fft_conv_forward, fft_len
+    from scratchllm.ssm import fft_conv_forward, fft_conv_forward_ref, fft_len
     rng = np.random.default_rng(0)
     print(f"{'T':>6} {'n':>6} {'fft ms':>9} {'direct ms':>10} {'direct/fft':>10} "
           f"{'fft ns/(T log2 T)':>18} {'direct ns/T^2':>14}")
@@ -51,7 +51,7 @@ def bench_fft_conv():
         x = rng.standard_normal((4, T)).astype(np.float32)  # (C, T)
         K = rng.standard_normal((4, T)).astype(np.float32)  # (C, T)
         t_fft = median_time(lambda: fft_conv_forward(x, K), repeats=7 if T < 16384 else 5)
-        t_dir = median_time(lambda: causal_conv_ref(x, K), repeats=5 if T < 16384 else 1,
+        t_dir = median_time(lambda: fft_conv_forward_ref(x, K), repeats=5 if T < 16384 else 1,
                             warmup=1 if T < 16384 else 0)
         if crossover is None and t_dir > t_fft:
             crossover = T
@@ -65,28 +65,28 @@ def _torch_s4d(torch, x, A_log, B, C, log_dt, D):
     """The same S4D layer in PyTorch, written like state-spaces/s4 S4DKernel (dense exp
     Vandermonde) + FFT convolution of length 2T (REFERENCE §5)."""
     T = x.shape[1]
-    A, dt = -torch.exp(A_log), torch.exp(log_dt)  # (Dm, N), (Dm,)
-    dtA = dt[:, None] * A  # (Dm, N)
-    Cp = C * B * torch.expm1(dtA) / A  # (Dm, N)
-    V = torch.exp(dtA[..., None] * torch.arange(T, dtype=x.dtype))  # (Dm, N, T)
-    K = torch.einsum("dn,dnl->dl", Cp, V)  # (Dm, T)
-    u = x.transpose(1, 2)  # (B, Dm, T)
+    A, dt = -torch.exp(A_log), torch.exp(log_dt)  # (D, N), (D,)
+    dtA = dt[:, None] * A  # (D, N)
+    Cp = C * B * torch.expm1(dtA) / A  # (D, N)
+    V = torch.exp(dtA[..., None] * torch.arange(T, dtype=x.dtype))  # (D, N, T)
+    K = torch.einsum("dn,dnl->dl", Cp, V)  # (D, T)
+    u = x.transpose(1, 2)  # (B, D, T)
     yc = torch.fft.irfft(torch.fft.rfft(u, n=2 * T) * torch.fft.rfft(K, n=2 * T), n=2 * T)
-    return yc[..., :T].transpose(1, 2) + D * x  # (B, T, Dm)
+    return yc[..., :T].transpose(1, 2) + D * x  # (B, T, D)
 
 
 def bench_s4d():
-    """S4D fwd+bwd, float32, B=4, T=2048, Dm=256, N=64: scratchllm vs a PyTorch autograd twin.
+    """S4D fwd+bwd, float32, B=4, T=2048, D=256, N=64: scratchllm vs a PyTorch autograd twin.
 
     Target: scratchllm (2 FFT workers) <= 1.5x torch (2 threads)."""
     import torch
 
     from scratchllm.ssm import S4D, s4d_backward, s4d_forward
-    Bsz, T, Dm, N = 4, 2048, 256, 64
+    batch, T, width, N = 4, 2048, 256, 64
     rng = np.random.default_rng(0)
-    params = {n: p.data for n, p in S4D(Dm, N, rng=rng).named_parameters()}
-    x = rng.standard_normal((Bsz, T, Dm)).astype(np.float32)  # (B, T, Dm)
-    dy = rng.standard_normal((Bsz, T, Dm)).astype(np.float32)  # (B, T, Dm)
+    params = {n: p.data for n, p in S4D(width, N, rng=rng).named_parameters()}
+    x = rng.standard_normal((batch, T, width)).astype(np.float32)  # (B, T, D)
+    dy = rng.standard_normal((batch, T, width)).astype(np.float32)  # (B, T, D)
 
     def ours():
         return s4d_backward(dy, s4d_forward(x, **params)[1])
@@ -115,16 +115,16 @@ def bench_s4d():
     torch.set_num_threads(2)
     rows.append(("torch autograd, 2 threads", median_time(theirs)))
     t_torch = rows[-1][1]
-    tK = torch.tensor(rng.standard_normal((Dm, T)).astype(np.float32), requires_grad=True)
+    tK = torch.tensor(rng.standard_normal((width, T)).astype(np.float32), requires_grad=True)
 
     def theirs_conv_only():  # the FFT convolution part of the twin alone, K given
-        u = tx.transpose(1, 2)  # (B, Dm, T)
+        u = tx.transpose(1, 2)  # (B, D, T)
         yc = torch.fft.irfft(torch.fft.rfft(u, n=2 * T) * torch.fft.rfft(tK, n=2 * T), n=2 * T)
         yc[..., :T].transpose(1, 2).backward(tdy)
         tx.grad = tK.grad = None
 
     rows.append(("torch, FFT conv part only", median_time(theirs_conv_only)))
-    print(f"B={Bsz} T={T} Dm={Dm} N={N}; max rel grad difference vs torch: {err:.1e}")
+    print(f"B={batch} T={T} D={width} N={N}; max rel grad difference vs torch: {err:.1e}")
     for name, t in rows:
         print(f"{name:<28} {t * 1e3:>9.1f} ms   {t / t_torch:>5.2f}x torch(2 threads)")
     verdict = "met" if rows[1][1] <= 1.5 * t_torch else "NOT met"
@@ -132,16 +132,16 @@ def bench_s4d():
 
 
 
-# --- selective scan (scan.py) ---
-def _scan_inputs(Bsz=4, T=1024, d=256, N=16):
+# --- selective scan (ssm/scan.py) ---
+def _scan_inputs(batch=4, T=1024, d=256, N=16):
     """Mamba-like float32 inputs: Δ in [1e-3, 0.1] (after softplus), A = -(1..N), D = 1."""
     rng = np.random.default_rng(0)
     f = np.float32
-    return dict(x=rng.standard_normal((Bsz, T, d)).astype(f),
-                delta=np.exp(rng.uniform(np.log(1e-3), np.log(0.1), (Bsz, T, d))).astype(f),
+    return dict(x=rng.standard_normal((batch, T, d)).astype(f),
+                delta=np.exp(rng.uniform(np.log(1e-3), np.log(0.1), (batch, T, d))).astype(f),
                 A=-np.tile(np.arange(1, N + 1, dtype=f), (d, 1)),
-                B=rng.standard_normal((Bsz, T, N)).astype(f),
-                C=rng.standard_normal((Bsz, T, N)).astype(f), D=np.ones(d, f))
+                B=rng.standard_normal((batch, T, N)).astype(f),
+                C=rng.standard_normal((batch, T, N)).astype(f), D=np.ones(d, f))
 
 
 def _torch_selective_scan(torch, u, delta, A, B, C, D):
@@ -176,7 +176,7 @@ def bench_selective_scan():
     import numba
     import torch
 
-    from scratchllm import scan
+    from scratchllm import ssm as scan
     a = _scan_inputs()
     dy = np.random.default_rng(1).standard_normal(a["x"].shape).astype(np.float32)
 
@@ -184,7 +184,7 @@ def bench_selective_scan():
         return scan.selective_scan_backward(dy, scan.selective_scan_forward(**a)[1])
 
     def ref():
-        return scan.selective_scan_ref_backward(dy, scan.selective_scan_ref(**a)[1])
+        return scan.selective_scan_backward_ref(dy, scan.selective_scan_forward_ref(**a)[1])
 
     bdl = {k: torch.tensor(np.ascontiguousarray(v.transpose(0, 2, 1)) if v.ndim == 3 else v,
                            requires_grad=True) for k, v in a.items()}
@@ -234,7 +234,7 @@ def bench_scan_first_call():
     Numba cache warm: import + cache load + the call. Target < 2 s."""
     import subprocess
     code = ("import time; t0 = time.perf_counter(); import numpy as np; "
-            "from scratchllm import scan; import bench_ssm as b; a = b._scan_inputs(); "
+            "from scratchllm import ssm as scan; import bench_ssm as b; a = b._scan_inputs(); "
             "y, c = scan.selective_scan_forward(**a); scan.selective_scan_backward(y, c); "
             "print(time.perf_counter() - t0)")
     here = os.path.dirname(os.path.abspath(__file__))

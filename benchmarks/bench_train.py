@@ -35,8 +35,8 @@ def worker_numpy(args):
     """The exact step of `python -m scratchllm train`: trainer.Run.train_step (data-parallel threads,
     one shard per thread, AdamW, clipping)."""
     import numpy as np
-    from scratchllm.model import preset
-    from scratchllm.trainer import Run, Settings
+    from scratchllm.lm import preset
+    from scratchllm.train import Run, Settings
     cfg = preset("dense")
     run = Run(cfg, Settings(batch_size=args.batch, seq_len=args.seq, steps=10 ** 6,
                             threads=int(THREADS)))
@@ -53,7 +53,7 @@ def worker_numpy(args):
 def worker_torch(args):
     import torch
     import torch.nn.functional as F
-    from scratchllm.model import preset
+    from scratchllm.lm import preset
     torch.set_num_threads(int(THREADS))
     torch.manual_seed(0)
     cfg = preset("dense")

@@ -18,10 +18,10 @@ def case(fn):
     return fn
 
 
-# ------------------------------------------------------------------- foundation (ops.py)
+# ------------------------------------------------------------------- core (ops)
 @case
 def linear(rng):
-    from scratchllm.ops import linear_backward, linear_forward
+    from scratchllm.core.ops import linear_backward, linear_forward
     x, W, b = rng.standard_normal((2, 5, 7)), rng.standard_normal((7, 3)), rng.standard_normal(3)
     return [check(linear_forward, linear_backward, rng=rng, label="bias", x=x, W=W, b=b),
             check(linear_forward, linear_backward, rng=rng, label="no bias", x=x, W=W)]
@@ -29,7 +29,7 @@ def linear(rng):
 
 @case
 def embedding(rng):
-    from scratchllm.ops import embedding_backward, embedding_forward
+    from scratchllm.core.ops import embedding_backward, embedding_forward
     ids = np.array([[1, 4, 1], [6, 0, 4]])  # repeated ids must accumulate
     return check(embedding_forward, embedding_backward, rng=rng,
                  ids=ids, E=rng.standard_normal((7, 5)))
@@ -37,20 +37,32 @@ def embedding(rng):
 
 @case
 def rmsnorm(rng):
-    from scratchllm.ops import rmsnorm_backward, rmsnorm_forward
+    from scratchllm.core.ops import rmsnorm_backward, rmsnorm_forward
     return check(rmsnorm_forward, rmsnorm_backward, rng=rng,
                  x=rng.standard_normal((2, 5, 11)), g=rng.standard_normal(11), eps=1e-5)
 
 
 @case
 def silu(rng):
-    from scratchllm.ops import silu_backward, silu_forward
+    from scratchllm.core.ops import silu_backward, silu_forward
     return check(silu_forward, silu_backward, rng=rng, x=3 * rng.standard_normal((3, 7)))
 
 
 @case
+def sigmoid(rng):
+    from scratchllm.core.ops import sigmoid_backward, sigmoid_forward
+    return check(sigmoid_forward, sigmoid_backward, rng=rng, x=4 * rng.standard_normal((3, 7)))
+
+
+@case
+def softplus(rng):
+    from scratchllm.core.ops import softplus_backward, softplus_forward
+    return check(softplus_forward, softplus_backward, rng=rng, x=4 * rng.standard_normal((3, 7)))
+
+
+@case
 def swiglu(rng):
-    from scratchllm.ops import swiglu_backward, swiglu_forward
+    from scratchllm.core.ops import swiglu_backward, swiglu_forward
     D, F = 7, 9
     return check(swiglu_forward, swiglu_backward, rng=rng, x=rng.standard_normal((2, 3, D)),
                  W1=rng.standard_normal((D, F)), W3=rng.standard_normal((D, F)),
@@ -59,7 +71,7 @@ def swiglu(rng):
 
 @case
 def softmax(rng):
-    from scratchllm.ops import softmax_backward, softmax_forward
+    from scratchllm.core.ops import softmax_backward, softmax_forward
     x = rng.standard_normal((3, 5, 7))
     x[0, 1, 2:5] = -np.inf  # partly masked rows are part of the contract
     return [check(softmax_forward, softmax_backward, rng=rng, label="last axis", x=x),
@@ -69,14 +81,14 @@ def softmax(rng):
 
 @case
 def log_softmax(rng):
-    from scratchllm.ops import log_softmax_backward, log_softmax_forward
+    from scratchllm.core.ops import log_softmax_backward, log_softmax_forward
     return check(log_softmax_forward, log_softmax_backward, rng=rng,
                  x=rng.standard_normal((3, 5, 7)))
 
 
 @case
 def cross_entropy(rng):
-    from scratchllm.ops import cross_entropy_backward, cross_entropy_forward
+    from scratchllm.core.ops import cross_entropy_backward, cross_entropy_forward
     targets = rng.integers(0, 11, size=(3, 5))
     targets[1, 2] = -100  # ignored position
     return check(cross_entropy_forward, cross_entropy_backward, rng=rng,
@@ -85,11 +97,11 @@ def cross_entropy(rng):
 
 # ------------------------------------------------------------------- tokenizer: nothing to check
 
-# ------------------------------------------------------------------- attention (rope, attention, mla)
+# ------------------------------------------------------------------- attention
 
 @case
 def rope(rng):
-    from scratchllm.rope import rope_backward, rope_forward, rope_frequencies
+    from scratchllm.attention import rope_backward, rope_forward, rope_frequencies
     inv_freq, af = rope_frequencies(6, scaling={"rope_type": "yarn", "factor": 4.0,
                                                 "original_max_position_embeddings": 8})
     x = rng.standard_normal((2, 3, 5, 6))
@@ -118,10 +130,29 @@ def sdpa(rng):
 
 
 @case
+def repeat_kv(rng):
+    from scratchllm.attention import repeat_kv_backward, repeat_kv_forward
+    return check(repeat_kv_forward, repeat_kv_backward, rng=rng,
+                 kv=rng.standard_normal((2, 3, 5, 4)), group=2)
+
+
+@case
+def project_qkv(rng):
+    from scratchllm.attention import project_qkv_backward, project_qkv_forward, rope_frequencies
+    B, T, D, H, Hkv, Dh = 2, 5, 7, 6, 3, 4
+    w = dict(x=rng.standard_normal((B, T, D)), wq=rng.standard_normal((D, H * Dh)),
+             wk=rng.standard_normal((D, Hkv * Dh)), wv=rng.standard_normal((D, Hkv * Dh)))
+    return [check(project_qkv_forward, project_qkv_backward, rng=rng, label="no rope", **w,
+                  n_heads=H, n_kv_heads=Hkv),
+            check(project_qkv_forward, project_qkv_backward, rng=rng, label="rope", **w,
+                  wrt=list(w), n_heads=H, n_kv_heads=Hkv, inv_freq=rope_frequencies(Dh)[0])]
+
+
+@case
 def gqa(rng):
     from scratchllm.attention import (attention_sink_mask, block_sparse_mask, gqa_backward,
                                       gqa_forward, gqa_forward_ref)
-    from scratchllm.rope import rope_frequencies
+    from scratchllm.attention import rope_frequencies
     B, T, D, H, Hkv, Dh = 2, 7, 5, 6, 2, 4
     w = dict(x=rng.standard_normal((B, T, D)), wq=rng.standard_normal((D, H * Dh)),
              wk=rng.standard_normal((D, Hkv * Dh)), wv=rng.standard_normal((D, Hkv * Dh)),
@@ -147,8 +178,8 @@ def gqa(rng):
 
 @case
 def mla(rng):
-    from scratchllm.mla import mla_backward, mla_forward, mla_softmax_scale
-    from scratchllm.rope import rope_frequencies
+    from scratchllm.attention import mla_backward, mla_forward, mla_softmax_scale
+    from scratchllm.attention import rope_frequencies
     B, T, D, H, dn, dr, dv, Dc, Dq = 2, 5, 11, 3, 4, 6, 5, 7, 9  # distinct sizes
     w = dict(wkv_a=0.4 * rng.standard_normal((D, Dc + dr)), kv_norm=1 + rng.random(Dc),
              wkv_b=0.4 * rng.standard_normal((Dc, H * (dn + dv))),
@@ -170,22 +201,38 @@ def mla(rng):
                   positions=np.array([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]]))]
 
 
-# ------------------------------------------------------------------- mixture of experts (moe)
+@case
+def mla_project(rng):
+    from scratchllm.attention import mla_project_backward, mla_project_forward, rope_frequencies
+    from scratchllm.attention.mla_projection import geometry
+    B, T, D, H, dn, dr, dv, Dc, Dq = 2, 5, 11, 3, 4, 6, 5, 7, 9
+    x = rng.standard_normal((B, T, D))
+    w = dict(wkv_a=0.4 * rng.standard_normal((D, Dc + dr)), kv_norm=1 + rng.random(Dc),
+             wq_a=0.4 * rng.standard_normal((D, Dq)), q_norm=1 + rng.random(Dq),
+             wq_b=0.4 * rng.standard_normal((Dq, H * (dn + dr))))
+    g = geometry("mla_project", x, w["wkv_a"], w["kv_norm"], np.zeros((Dc, H * (dn + dv))),
+                 np.zeros((H * dv, D)), None, w["wq_a"], w["q_norm"], w["wq_b"], H)
+    return check(mla_project_forward, mla_project_backward, rng=rng, wrt=["x", *w], x=x, **w,
+                 geometry=g, positions=np.arange(T), inv_freq=rope_frequencies(dr)[0],
+                 rope_style="interleaved", attention_factor=1.0, eps=1e-6)
+
+
+# ------------------------------------------------------------------- mixture of experts
 def _routing_inputs(rng, N, D, E, k, score="softmax", bias=False, margin=1e-3):
     """Draw x (N, D), w_router (D, E) [and a selection bias] until every token's top-k choice
     is at least `margin` from a tie, far above what a 1e-5 step can move: no flips in the check."""
-    from scratchllm.moe_router import router_forward, topk_margin
+    from scratchllm.moe import router_forward, topk_margin
     while True:
         x, w = rng.standard_normal((N, D)), rng.standard_normal((D, E))
         b = 0.05 * rng.standard_normal(E) if bias else None
         _, cache = router_forward(x, w, k=k, score=score, selection_bias=b)
-        if topk_margin(cache.scores + (0 if b is None else b), k).min() > margin:
+        if topk_margin(cache.score_cache.y + (0 if b is None else b), k).min() > margin:
             return x, w, b
 
 
 @case
 def router(rng):
-    from scratchllm.moe_router import router_backward, router_forward
+    from scratchllm.moe import router_backward, router_forward
     reports = []
     for score, bias in (("softmax", False), ("sigmoid", True)):
         x, w, b = _routing_inputs(rng, 7, 6, 5, 2, score, bias)
@@ -196,9 +243,24 @@ def router(rng):
 
 
 @case
+def normalise(rng):
+    from scratchllm.moe import normalise_backward, normalise_forward
+    return check(normalise_forward, normalise_backward, rng=rng, u=rng.uniform(0.1, 2, (5, 4)))
+
+
+@case
+def experts(rng):
+    from scratchllm.moe import experts_backward, experts_forward
+    M, D, E, F = 9, 6, 4, 5  # expert 2 gets no rows
+    return check(experts_forward, experts_backward, rng=rng, xs=rng.standard_normal((M, D)),
+                 bounds=np.array([0, 3, 7, 7, 9]), w1=rng.standard_normal((E, D, F)),
+                 w3=rng.standard_normal((E, D, F)), w2=rng.standard_normal((E, F, D)))
+
+
+@case
 def balance_loss(rng):
-    from scratchllm.moe_router import balance_loss_backward, balance_loss_forward
-    from scratchllm.ops import softmax_forward
+    from scratchllm.moe import balance_loss_backward, balance_loss_forward
+    from scratchllm.core.ops import softmax_forward
     probs = softmax_forward(rng.standard_normal((9, 5)))[0]
     topk_idx = np.argsort(-probs, axis=-1)[:, :2]
     return check(balance_loss_forward, balance_loss_backward, rng=rng,
@@ -207,7 +269,7 @@ def balance_loss(rng):
 
 @case
 def z_loss(rng):
-    from scratchllm.moe_router import z_loss_backward, z_loss_forward
+    from scratchllm.moe import z_loss_backward, z_loss_forward
     return check(z_loss_forward, z_loss_backward, rng=rng, logits=3 * rng.standard_normal((9, 5)))
 
 
@@ -233,9 +295,9 @@ def moe(rng):
 
 @case
 def expert_choice(rng):
-    from scratchllm.moe_expert_choice import expert_choice_backward, expert_choice_forward
-    from scratchllm.moe_router import topk_margin
-    from scratchllm.ops import softmax_forward
+    from scratchllm.moe import expert_choice_backward, expert_choice_forward
+    from scratchllm.moe import topk_margin
+    from scratchllm.core.ops import softmax_forward
     N, D, E, F = 9, 6, 4, 5
     while True:  # each expert's top-C token choice far from a tie (C = ceil(2 * 9 / 4) = 5)
         x, w = rng.standard_normal((N, D)), rng.standard_normal((D, E))
@@ -246,7 +308,7 @@ def expert_choice(rng):
                  w2=rng.standard_normal((E, F, D)), capacity_factor=2.0)
 
 
-# ------------------------------------------------------------------- state-space models (ssm, scan)
+# ------------------------------------------------------------------- state-space models
 @case
 def zoh(rng):
     from scratchllm.ssm import zoh_backward, zoh_forward
@@ -262,62 +324,70 @@ def zoh(rng):
 @case
 def ssm_kernel(rng):
     from scratchllm.ssm import ssm_kernel_backward, ssm_kernel_forward
-    return check(ssm_kernel_forward, ssm_kernel_backward, rng=rng, L=11,  # odd L, |A_bar| < 1
-                 A_bar=rng.uniform(-0.95, 0.95, (3, 5)), B_bar=rng.standard_normal((3, 5)),
-                 C=rng.standard_normal((3, 5)))
+    from scratchllm.ssm import ssm_kernel_forward_ref
+    inputs = dict(L=11, A_bar=rng.uniform(-0.95, 0.95, (3, 5)),  # odd L, |A_bar| < 1
+                  B_bar=rng.standard_normal((3, 5)), C=rng.standard_normal((3, 5)))
+    return [check(ssm_kernel_forward, ssm_kernel_backward, rng=rng, label="blocked", **inputs),
+            check(ssm_kernel_forward_ref, ssm_kernel_backward, rng=rng, label="dense ref",
+                  **inputs)]
 
 
 @case
 def fft_conv(rng):
-    from scratchllm.ssm import fft_conv_backward, fft_conv_forward
+    from scratchllm.ssm import (fft_conv_backward, fft_conv_backward_ref, fft_conv_forward,
+                                fft_conv_forward_ref)
+    shared = dict(x=rng.standard_normal((2, 3, 7)), K=rng.standard_normal((3, 7)))
+    same = dict(x=rng.standard_normal((3, 13)), K=rng.standard_normal((3, 13)))
     return [check(fft_conv_forward, fft_conv_backward, rng=rng, label="K shared over batch",
-                  x=rng.standard_normal((2, 3, 7)), K=rng.standard_normal((3, 7))),
+                  **shared),
             check(fft_conv_forward, fft_conv_backward, rng=rng, label="T = 13, same shapes",
-                  x=rng.standard_normal((3, 13)), K=rng.standard_normal((3, 13)))]
+                  **same),
+            check(fft_conv_forward_ref, fft_conv_backward_ref, rng=rng,
+                  label="direct ref, K shared", **shared)]
 
 
 @case
 def s4d(rng):
     from scratchllm.ssm import s4d_backward, s4d_forward
-    Dm, N = 3, 5
-    return check(s4d_forward, s4d_backward, rng=rng, x=rng.standard_normal((2, 7, Dm)),
-                 A_log=rng.normal(0, 0.7, (Dm, N)), B=rng.standard_normal((Dm, N)),
-                 C=rng.standard_normal((Dm, N)), log_dt=rng.uniform(-4, 0, Dm),
-                 D=rng.standard_normal(Dm))
+    width, N = 3, 5
+    return check(s4d_forward, s4d_backward, rng=rng, x=rng.standard_normal((2, 7, width)),
+                 A_log=rng.normal(0, 0.7, (width, N)), B=rng.standard_normal((width, N)),
+                 C=rng.standard_normal((width, N)), log_dt=rng.uniform(-4, 0, width),
+                 D=rng.standard_normal(width))
 
 
 @case
 def selective_scan(rng):
-    from scratchllm.scan import (selective_scan_backward, selective_scan_forward,
-                                 selective_scan_ref, selective_scan_ref_backward)
-    Bt, T, d, N = 2, 7, 5, 3  # Δ > 0 as after softplus; A < 0 as -exp(A_log)
-    inputs = dict(x=rng.standard_normal((Bt, T, d)), delta=rng.uniform(0.05, 1.0, (Bt, T, d)),
-                  A=-rng.uniform(0.2, 2.0, (d, N)), B=rng.standard_normal((Bt, T, N)),
-                  C=rng.standard_normal((Bt, T, N)), D=rng.standard_normal(d))
+    from scratchllm.ssm import (selective_scan_backward, selective_scan_backward_ref,
+                                selective_scan_forward, selective_scan_forward_ref)
+    batch, T, d, N = 2, 7, 5, 3  # Δ > 0 as after softplus; A < 0 as -exp(A_log)
+    inputs = dict(x=rng.standard_normal((batch, T, d)), delta=rng.uniform(0.05, 1.0, (batch, T, d)),
+                  A=-rng.uniform(0.2, 2.0, (d, N)), B=rng.standard_normal((batch, T, N)),
+                  C=rng.standard_normal((batch, T, N)), D=rng.standard_normal(d))
     return [check(selective_scan_forward, selective_scan_backward, rng=rng, label="numba",
                   **inputs),
-            check(selective_scan_ref, selective_scan_ref_backward, rng=rng, label="ref",
+            check(selective_scan_forward_ref, selective_scan_backward_ref, rng=rng, label="ref",
                   **inputs)]
 
 
 @case
 def mamba(rng):
-    from scratchllm.mamba import causal_conv1d_backward, causal_conv1d_forward
-    from scratchllm.mamba import mamba_backward, mamba_forward
-    Bt, T, Dm, Di, N, R, K = 2, 7, 5, 9, 3, 2, 4
+    from scratchllm.ssm import (causal_conv1d_backward, causal_conv1d_forward, mamba_backward,
+                                mamba_forward)
+    batch, T, width, Di, N, R, K = 2, 7, 5, 9, 3, 2, 4
     block = check(mamba_forward, mamba_backward, rng=rng, label="block",
-                  x=rng.standard_normal((Bt, T, Dm)), W_in=rng.normal(0, 0.5, (Dm, 2 * Di)),
+                  x=rng.standard_normal((batch, T, width)), W_in=rng.normal(0, 0.5, (width, 2 * Di)),
                   conv_w=rng.normal(0, 0.5, (Di, K)), conv_b=rng.normal(0, 0.1, Di),
                   W_x=rng.normal(0, 0.5, (Di, R + 2 * N)), W_dt=rng.normal(0, 0.5, (R, Di)),
                   b_dt=rng.normal(-1, 0.5, Di), A_log=rng.normal(0, 0.5, (Di, N)),
-                  D=rng.standard_normal(Di), W_out=rng.normal(0, 0.5, (Di, Dm)))
+                  D=rng.standard_normal(Di), W_out=rng.normal(0, 0.5, (Di, width)))
     conv = check(causal_conv1d_forward, causal_conv1d_backward, rng=rng, label="causal conv1d",
-                 x=rng.standard_normal((Bt, T, 3)), w=rng.standard_normal((3, K)),
+                 x=rng.standard_normal((batch, T, 3)), w=rng.standard_normal((3, K)),
                  b=rng.standard_normal(3))
     return [block, conv]
 
 
-# ------------------------------------------------------------------- models (model)
+# ------------------------------------------------------------------- language models
 LM_TINY = dict(vocab_size=23, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=12,
                n_experts=4, kv_lora_rank=6, qk_nope_head_dim=4, qk_rope_head_dim=4,
                v_head_dim=6, d_state=4, expand=2)
@@ -326,7 +396,7 @@ LM_TINY_EXTRA = {"swa": dict(window=3, n_sink=1), "hybrid": dict(layer_pattern="
 
 def lm_tiny(name, **overrides):
     """A model preset shrunk to LM_TINY sizes (tests share it)."""
-    from scratchllm.model import preset
+    from scratchllm.lm import preset
     return preset(name, **{**LM_TINY, **LM_TINY_EXTRA.get(name, {}), **overrides})
 
 
@@ -336,7 +406,7 @@ def _lm(name, rng, label=None, **overrides):
     Mamba layers: at init the step-size path (W_x, W_dt, b_dt, A_log) moves the loss by only
     ~1e-5 per unit step, so round-off swamps h = 1e-5 there. The check point takes b_dt + 2
     (Δ ~ 2) and W_out x 4, and that path is checked in a second report at h = 3e-4."""
-    from scratchllm.model import LM, loss_pair
+    from scratchllm.lm import LM, loss_pair
     model = LM(lm_tiny(name, **overrides), rng=rng, dtype=np.float64)
     forward, backward, params = loss_pair(model)
     for n in params:

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import grads
-from scratchllm import ops
+from scratchllm.core import ops
 
 
 def _rng():

@@ -1,7 +1,7 @@
 """Byte-level BPE (GPT-2 style): train_bpe / train_bpe_ref (train.py), Tokenizer (tokenizer.py),
-pre-tokenization (pretokenize.py), Numba kernels (fast.py), file formats (gpt2.py), CLI (cli.py).
-"""
-from .tokenizer import Tokenizer
+pre-tokenization (pretokenize.py), Numba kernels (fast.py), file formats (gpt2.py).
+Stands on nothing else of scratchllm (its CLI is scratchllm.cli.bpe)."""
+from .tokenizer import EOT, TOKENIZER_FILE, Tokenizer
 from .train import train_bpe, train_bpe_ref
 
-__all__ = ["Tokenizer", "train_bpe", "train_bpe_ref"]
+__all__ = ["EOT", "TOKENIZER_FILE", "Tokenizer", "train_bpe", "train_bpe_ref"]

@@ -7,7 +7,7 @@ kernels do the same work on UTF-8 bytes, exactly:
   the `regex` module itself, so the scanner agrees with the regex on every character;
 - `scan_gpt2`: the pattern `'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|
   \\s+(?!\\S)|\\s+` as a hand-written scanner (alternatives tried in the regex's order);
-  its twin is `regex.findall` (tests/test_tokenizer_fast.py checks they agree);
+  its twin is `regex.findall` (tests/tokenizer/test_tokenizer.py checks they agree);
 - `count_pretokens`: unique pre-tokens and their counts (open-addressing hash of the bytes);
 - `encode_pieces`: scan + BPE of every pre-token, with a cache per distinct pre-token (hash of
   its bytes -> its ids) that the Tokenizer keeps across calls (`new_cache`). The merge loop keeps one rank per adjacent pair, merges the lowest,

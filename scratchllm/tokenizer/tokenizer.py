@@ -20,6 +20,8 @@ from .pretokenize import (PATTERNS, bounded_map, clean_surrogates,
                           compile_pattern, iter_chunks, read_blocks, several,
                           special_regex, split_special)
 
+EOT = "<|endoftext|>"            # GPT-2's end-of-text special token
+TOKENIZER_FILE = "tokenizer.bpe"  # the file name `save` writes inside a directory
 _CACHE_MAX = 1 << 17       # entries of the Python per-pre-token cache before it is cleared
 _WORKER = None             # the Tokenizer of an encode_file worker process
 
@@ -216,9 +218,9 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path):
-        """Read a file written by save (or a directory holding tokenizer.bpe)."""
+        """Read a file written by save (or a directory holding TOKENIZER_FILE)."""
         if os.path.isdir(path):
-            path = os.path.join(path, "tokenizer.bpe")
+            path = os.path.join(path, TOKENIZER_FILE)
         vocab, merges, specials, pattern = gpt2.read_bpe(path)
         return cls(vocab, merges, specials, pattern)
 

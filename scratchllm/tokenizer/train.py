@@ -49,13 +49,18 @@ def _pieces(input):
     return iter(input)
 
 
+def _pieces_outside_specials(text, special_tokens):
+    """The text pieces between special tokens (which are never counted)."""
+    return [p for is_special, p in split_special(clean_surrogates(text),
+                                                 special_regex(special_tokens))
+            if not is_special]
+
+
 def count_chunk(text, special_tokens, pattern):
     """{pre-token bytes: count} of one chunk (special tokens removed, never counted)."""
-    pieces = [p for is_special, p in split_special(clean_surrogates(text),
-                                                   special_regex(special_tokens))
-              if not is_special]
+    pieces = _pieces_outside_specials(text, special_tokens)
     if PATTERNS.get(pattern, pattern) != PATTERNS["gpt2"]:
-        return count_chunk_ref(pieces, pattern)
+        return _count_regex(pieces, pattern)
     blobs = [p.encode("utf-8") for p in pieces]
     data = b"".join(blobs)
     seg_ends = np.cumsum([len(b) for b in blobs], dtype=np.int64)  # (K,)
@@ -65,8 +70,14 @@ def count_chunk(text, special_tokens, pattern):
     return dict(zip(map(data.__getitem__, map(slice, us.tolist(), ue.tolist())), uc.tolist()))
 
 
-def count_chunk_ref(pieces, pattern):
-    """The `regex` twin of count_chunk: {pre-token bytes: count} of the given text pieces."""
+def count_chunk_ref(text, special_tokens, pattern):
+    """The `regex` twin of count_chunk (the same signature and result): {pre-token bytes:
+    count} of one chunk, special tokens removed."""
+    return _count_regex(_pieces_outside_specials(text, special_tokens), pattern)
+
+
+def _count_regex(pieces, pattern):
+    """{pre-token bytes: count} of the given text pieces, pre-tokenized by `regex`."""
     pat = compile_pattern(pattern)
     counts = Counter()
     for piece in pieces:
@@ -148,28 +159,25 @@ def train_bpe(input, vocab_size, special_tokens=(), pattern="gpt2", workers=None
 def train_bpe_ref(input, vocab_size, special_tokens=(), pattern="gpt2"):
     """Naive twin of train_bpe: `regex` pre-tokenizer, full pair recount after every merge."""
     specials = check_train_args("train_bpe_ref", vocab_size, special_tokens)
-    text = "".join(_pieces(input))
-    pieces = [p for s, p in split_special(clean_surrogates(text), special_regex(specials))
-              if not s]
-    counts = count_chunk_ref(pieces, pattern)
+    counts = count_chunk_ref("".join(_pieces(input)), specials, pattern)
     if not counts:
         raise ValueError("train_bpe_ref: the corpus is empty (no text outside special tokens)")
     words = {tuple(bytes([x]) for x in w): c for w, c in counts.items()}
     merges = []
     for _ in range(vocab_size - 256 - len(specials)):
-        best, words = merge_step_ref(words)
+        best, words = merge_step(words)
         if best is None:
             break
         merges.append(best)
     return _finish("train_bpe_ref", counts, vocab_size, specials, merges)
 
 
-def merge_step_ref(words):
+def merge_step(words):
     """One naive BPE merge: recount every adjacent pair, merge the most frequent everywhere.
 
     Inputs:  words {tuple of bytes tokens: count}.
     Returns: (best pair, new words), ties to the greatest (a, b); (None, words) if no pair.
-    >>> merge_step_ref({(b"a", b"b", b"a", b"b"): 2, (b"b", b"a"): 3})
+    >>> merge_step({(b"a", b"b", b"a", b"b"): 2, (b"b", b"a"): 3})
     ((b'b', b'a'), {(b'a', b'ba', b'b'): 2, (b'ba',): 3})
     """
     pairs = Counter()

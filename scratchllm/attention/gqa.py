@@ -1,0 +1,249 @@
+"""Grouped-query attention (GQA, Ainslie et al. 2023, arXiv 2305.13245): the training pair,
+one-token decoding with a KV state, and the Attention Module. Covers multi-head (Hkv = H) and
+multi-query (Hkv = 1) attention.
+
+Math:
+    q = rope(x Wq), k = rope(x Wk), v = x Wv;  query head h reads KV head h // G;
+    y = concat_heads(sdpa(q, k, v)) Wo
+Backward: the linear, sdpa, rope (rotation by -theta) and KV-sharing (a sum over the G query
+heads of each group) backwards, each through its own pair.
+Decoding keeps the (already rotated) keys and values of past tokens in a KVState (or a
+RollingKVState for a sliding window, kv_state.py): a new token computes only its own q, k, v.
+
+Glossary: B batch, T time, D model width, H query heads, Hkv KV heads, G = H / Hkv,
+Dh head dim, W window, S sink tokens.
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+from scratchllm.attention.kv_state import KVState, RollingKVState
+from scratchllm.attention.masks import attention_sink_mask, causal_mask, sliding_window_mask
+from scratchllm.attention.rope import rope_backward, rope_forward, rope_frequencies
+from scratchllm.attention.sdpa import (SDPACache, merge_heads, repeat_kv_backward,
+                                       repeat_kv_forward, sdpa_backward, sdpa_forward,
+                                       split_heads)
+from scratchllm.core.nn import Module, Param, normal_init
+from scratchllm.core.ops import linear_backward, linear_forward
+from scratchllm.core.validate import expect_float, expect_ndim, expect_shape
+
+
+# ---------------------------------------------------------------------------- projections
+class QKV(NamedTuple):
+    """The output of project_qkv_forward (and the shape of its backward's dout)."""
+    q: np.ndarray  # (B, H, T, Dh)
+    k: np.ndarray  # (B, Hkv, T, Dh)
+    v: np.ndarray  # (B, Hkv, T, Dh)
+
+
+class QKVCache(NamedTuple):
+    lin_q: tuple
+    lin_k: tuple
+    lin_v: tuple
+    rope_q: tuple  # None without RoPE
+    rope_k: tuple
+    n_heads: int
+    n_kv_heads: int
+
+
+class GQACache(NamedTuple):
+    qkv: QKVCache
+    rep: tuple  # RepeatKVCache in gqa_forward_ref; None when sdpa shares the heads itself
+    sdpa: SDPACache
+    lin_o: tuple
+
+
+def _resolve_mask(mask, window, T):
+    """A mask name ("causal", "sliding" with window, "none"/None) or a bool array."""
+    if mask is None or (isinstance(mask, str) and mask == "none"):
+        return None
+    if isinstance(mask, str) and mask == "causal":
+        return causal_mask(T)  # (T, T)
+    if isinstance(mask, str) and mask == "sliding":
+        if window is None or window < 1:
+            raise ValueError(f"gqa: mask='sliding' needs window >= 1, got window={window!r}")
+        return sliding_window_mask(T, window)  # (T, T)
+    if isinstance(mask, np.ndarray):
+        return mask
+    raise ValueError(f"gqa: mask must be 'causal', 'sliding', 'none', None or a bool array, "
+                     f"got {mask!r}")
+
+
+def project_qkv_forward(x, wq, wk, wv, *, n_heads, n_kv_heads, positions=None, inv_freq=None,
+                        rope_style="half", attention_factor=1.0):
+    """q, k, v heads of x, with RoPE on q and k when inv_freq is given.
+
+    Inputs:  x (B, T, D), wq (D, H*Dh), wk/wv (D, Hkv*Dh), positions (T,) or (B, T) ints
+             (default arange(T)), inv_freq (Dh/2,) or None for no RoPE.
+    Returns: QKV(q (B, H, T, Dh), k (B, Hkv, T, Dh), v (B, Hkv, T, Dh)).  Cache: QKVCache.
+    """
+    expect_float("gqa", "x", x)
+    expect_ndim("gqa", "x", x, 3, "(B, T, D)")
+    B, T, D = x.shape
+    if n_heads % n_kv_heads:
+        raise ValueError(f"gqa: n_heads={n_heads} must be a multiple of n_kv_heads="
+                         f"{n_kv_heads}")
+    if wq.shape[-1] % n_heads:
+        raise ValueError(f"gqa: wq has shape {wq.shape}, expected (D, H*Dh) with H={n_heads}")
+    Dh = wq.shape[-1] // n_heads
+    expect_shape("gqa", "wq", wq, (D, n_heads * Dh), "(D, H*Dh)")
+    expect_shape("gqa", "wk", wk, (D, n_kv_heads * Dh), f"(D, Hkv*Dh) = (D, {n_kv_heads}*{Dh})")
+    expect_shape("gqa", "wv", wv, (D, n_kv_heads * Dh), f"(D, Hkv*Dh) = (D, {n_kv_heads}*{Dh})")
+    q, lin_q = linear_forward(x, wq)  # (B, T, H*Dh)
+    k, lin_k = linear_forward(x, wk)  # (B, T, Hkv*Dh)
+    v, lin_v = linear_forward(x, wv)  # (B, T, Hkv*Dh)
+    q, k, v = split_heads(q, n_heads), split_heads(k, n_kv_heads), split_heads(v, n_kv_heads)
+    rope_q = rope_k = None
+    if inv_freq is not None:
+        pos = np.arange(T) if positions is None else positions
+        q, rope_q = rope_forward(q, pos, inv_freq, rope_style, attention_factor)  # (B,H,T,Dh)
+        k, rope_k = rope_forward(k, pos, inv_freq, rope_style, attention_factor)  # (B,Hkv,T,Dh)
+    return QKV(q, k, v), QKVCache(lin_q, lin_k, lin_v, rope_q, rope_k, n_heads, n_kv_heads)
+
+
+def project_qkv_backward(dout, cache):
+    """Reverse of project_qkv_forward: rope backward, merge heads, the three linear backwards.
+    dout is a QKV of gradients (B, H, T, Dh), (B, Hkv, T, Dh), (B, Hkv, T, Dh)."""
+    lin_q, lin_k, lin_v, rope_q, rope_k, _, _ = cache
+    dq, dk, dv = dout
+    if rope_q is not None:
+        dq = rope_backward(dq, rope_q)["x"]  # fwd: q = rope(q) -> rotate dq by -theta
+        dk = rope_backward(dk, rope_k)["x"]  # fwd: k = rope(k)
+    g_q = linear_backward(merge_heads(dq), lin_q)  # fwd: q = split_heads(x @ wq)
+    g_k = linear_backward(merge_heads(dk), lin_k)  # fwd: k = split_heads(x @ wk)
+    g_v = linear_backward(merge_heads(dv), lin_v)  # fwd: v = split_heads(x @ wv)
+    return {"x": g_q["x"] + g_k["x"] + g_v["x"], "wq": g_q["W"], "wk": g_k["W"],
+            "wv": g_v["W"]}
+
+
+def gqa_forward(x, wq, wk, wv, wo, *, n_heads, n_kv_heads, positions=None, inv_freq=None,
+                rope_style="half", attention_factor=1.0, mask="causal", window=None):
+    """Grouped-query self-attention: y = concat_h sdpa(q_h, k_{h//G}, v_{h//G}) @ wo.
+
+    Inputs:  x (B, T, D); wq (D, H*Dh); wk, wv (D, Hkv*Dh); wo (H*Dh, D); positions (T,) or
+             (B, T) ints (default arange(T)); inv_freq (Dh/2,) or None for no RoPE; mask
+             "causal" | "sliding" (with window) | "none" | bool array broadcastable to
+             (B, H, T, T).
+    Returns: y (B, T, D).  Cache: GQACache (qkv, sdpa and output-linear caches).
+    Fast path: sdpa attends the G query heads of a group to their KV head directly.
+    gqa_forward_ref is its twin that copies each KV head G times first (HF repeat_kv).
+    """
+    return _gqa(x, wq, wk, wv, wo, n_heads, n_kv_heads, positions, inv_freq, rope_style,
+                attention_factor, mask, window, expand_kv=False)
+
+
+def gqa_forward_ref(x, wq, wk, wv, wo, *, n_heads, n_kv_heads, positions=None, inv_freq=None,
+                    rope_style="half", attention_factor=1.0, mask="causal", window=None):
+    """gqa_forward with K/V explicitly repeated to H heads (repeat_kv), then plain MHA sdpa."""
+    return _gqa(x, wq, wk, wv, wo, n_heads, n_kv_heads, positions, inv_freq, rope_style,
+                attention_factor, mask, window, expand_kv=True)
+
+
+def _gqa(x, wq, wk, wv, wo, n_heads, n_kv_heads, positions, inv_freq, rope_style,
+         attention_factor, mask, window, expand_kv):
+    (q, k, v), qkv = project_qkv_forward(x, wq, wk, wv, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                                         positions=positions, inv_freq=inv_freq,
+                                         rope_style=rope_style,
+                                         attention_factor=attention_factor)  # (B,H|Hkv,T,Dh)
+    expect_shape("gqa", "wo", wo, (wq.shape[1], x.shape[2]), "(H*Dh, D)")
+    rep = None
+    if expand_kv:
+        k, rep = repeat_kv_forward(k, n_heads // n_kv_heads)  # (B, H, T, Dh)
+        v, _ = repeat_kv_forward(v, n_heads // n_kv_heads)  # (B, H, T, Dh)
+    o, sd = sdpa_forward(q, k, v, _resolve_mask(mask, window, x.shape[1]))  # (B, H, T, Dh)
+    y, lin_o = linear_forward(merge_heads(o), wo)  # (B, T, D)
+    return y, GQACache(qkv, rep, sd, lin_o)
+
+
+def gqa_backward(dy, cache):
+    """Reverse of gqa_forward (or gqa_forward_ref) through the pairs: linear, sdpa, the
+    KV-sharing backward (a sum over each group: inside sdpa, or repeat_kv_backward for the
+    ref), rope (rotation by -theta), linear.  Reference: Ainslie et al. 2023; HF repeat_kv."""
+    qkv, rep, sd, lin_o = cache
+    g_o = linear_backward(dy, lin_o)  # fwd: y = merge_heads(o) @ wo
+    do = split_heads(g_o["x"], qkv.n_heads)  # (B, H, T, Dh)
+    g_sd = sdpa_backward(do, sd)  # fwd: o = sdpa(q, k, v)
+    dk, dv = g_sd["k"], g_sd["v"]  # (B, Hkv, T, Dh), or (B, H, T, Dh) for the ref
+    if rep is not None:
+        dk = repeat_kv_backward(dk, rep)["kv"]  # fwd: k = repeat(k) -> sum over the group
+        dv = repeat_kv_backward(dv, rep)["kv"]  # (B, Hkv, T, Dh)
+    grads = project_qkv_backward(QKV(g_sd["q"], dk, dv), qkv)
+    grads["wo"] = g_o["W"]
+    return grads
+
+
+# ---------------------------------------------------------------------------- decoding
+def gqa_decode(x_t, wq, wk, wv, wo, state, position, *, n_heads, n_kv_heads, inv_freq=None,
+               rope_style="half", attention_factor=1.0):
+    """One decoding step of gqa_forward for the token at `position`; appends to `state`.
+
+    Inputs:  x_t (B, D); weights as gqa_forward; state a KVState or RollingKVState; position
+             int (the token's absolute index, used by RoPE).
+    Returns: y_t (B, D), equal to the corresponding row of the full causal forward.
+    """
+    pos = np.array([position])  # (1,)
+    (q, k, v), _ = project_qkv_forward(x_t[:, None], wq, wk, wv, n_heads=n_heads,
+                                       n_kv_heads=n_kv_heads, positions=pos, inv_freq=inv_freq,
+                                       rope_style=rope_style,
+                                       attention_factor=attention_factor)  # (B, H|Hkv, 1, Dh)
+    state.append(k, v)
+    K, V = state.kv()  # (B, Hkv, L, Dh); every cached key is at or before `position`
+    o, _ = sdpa_forward(q, K, V)  # (B, H, 1, Dh), query head h reads KV head h // G
+    y, _ = linear_forward(merge_heads(o), wo)  # (B, 1, D)
+    return y[:, 0]  # (B, D)
+
+
+# ---------------------------------------------------------------------------- module
+class Attention(Module):
+    """GQA self-attention layer owning wq, wk, wv, wo; calls gqa_forward / gqa_backward.
+
+    RoPE frequencies come from rope_frequencies(head_dim, rope_base, rope_scaling), recomputed
+    per call (cheap) so that "dynamic" scaling sees the current length. use_rope=False: none.
+    A window (mask "sliding") with n_sink > 0 also keeps the first n_sink tokens (sinks).
+    """
+
+    def __init__(self, d_model, n_heads, n_kv_heads, *, rng, head_dim=None, use_rope=True,
+                 rope_base=10000.0, rope_scaling=None, rope_style="half", mask="causal",
+                 window=None, n_sink=0, dtype=np.float32):
+        Dh = head_dim or d_model // n_heads
+        self.wq = Param(normal_init(rng, (d_model, n_heads * Dh), d_model ** -0.5, dtype))
+        self.wk = Param(normal_init(rng, (d_model, n_kv_heads * Dh), d_model ** -0.5, dtype))
+        self.wv = Param(normal_init(rng, (d_model, n_kv_heads * Dh), d_model ** -0.5, dtype))
+        self.wo = Param(normal_init(rng, (n_heads * Dh, d_model), (n_heads * Dh) ** -0.5, dtype))
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, Dh
+        self.use_rope, self.rope_base, self.rope_scaling = use_rope, rope_base, rope_scaling
+        self.rope_style, self.mask, self.window, self.n_sink = rope_style, mask, window, n_sink
+
+    def _rope_kwargs(self, seq_len):
+        if not self.use_rope:
+            return {}
+        inv_freq, af = rope_frequencies(self.head_dim, self.rope_base, self.rope_scaling,
+                                        seq_len)
+        return {"inv_freq": inv_freq, "attention_factor": af, "rope_style": self.rope_style}
+
+    def _weights(self):
+        return self.wq.data, self.wk.data, self.wv.data, self.wo.data
+
+    def forward(self, x, positions=None):
+        T = x.shape[1]
+        pos = np.arange(T) if positions is None else positions
+        mask = attention_sink_mask(T, self.window, self.n_sink) if self.n_sink else self.mask
+        return gqa_forward(x, *self._weights(), n_heads=self.n_heads,
+                           n_kv_heads=self.n_kv_heads, positions=pos, mask=mask,
+                           window=self.window, **self._rope_kwargs(int(np.max(pos)) + 1))
+
+    def backward(self, dy, cache):
+        return self.add_grads(gqa_backward(dy, cache))
+
+    def init_state(self, batch, max_len):
+        """The decoding state: a KVState, or a RollingKVState(window, n_sink) for a window."""
+        dt = self.wq.data.dtype
+        if self.window is None:
+            return KVState(batch, self.n_kv_heads, self.head_dim, max_len, dt)
+        return RollingKVState(self.window, self.n_sink, batch, self.n_kv_heads, self.head_dim,
+                              dt)
+
+    def decode(self, x_t, state, position):
+        """One token (B, D) -> (B, D), appending its k, v to `state` (from init_state)."""
+        return gqa_decode(x_t, *self._weights(), state, position, n_heads=self.n_heads,
+                          n_kv_heads=self.n_kv_heads, **self._rope_kwargs(position + 1))

@@ -1,0 +1,204 @@
+"""Rotary position embeddings (RoPE, Su et al. 2021, arXiv 2104.09864) and the context-extension
+scalings of HF transformers' `modeling_rope_utils`: linear (position interpolation, Chen et al.
+2023), dynamic NTK, YaRN (Peng et al. 2023, arXiv 2309.00071) and Llama 3.1.
+
+Math: pair i of a head vector is rotated by the angle p * inv_freq[i] at position p,
+    inv_freq[i] = base^(-2i/Dh),   (y1, y2) = af * (x1 cos - x2 sin, x2 cos + x1 sin)
+with af the attention factor (YaRN's sqrt(1/t); 1 otherwise). Because q and k are both
+rotated, q_m . k_n depends on m - n only, and the logits are scaled by af^2.
+Pairing styles: "half" pairs (i, i + Dh/2) (HF rotate_half, GPT-NeoX);
+"interleaved" pairs (2i, 2i + 1) (RoFormer, Meta's Llama, DeepSeek's reference code).
+Backward: a rotation is orthogonal, so dx is dy rotated by -theta (times af).
+
+Glossary: B batch, T time, Dh head (rotary) dim, P = Dh/2 pairs, s scaling factor,
+L0 original (pre-training) context length.
+"""
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from scratchllm.core.validate import expect_float, expect_int, expect_positive
+
+# Valid keys of a `rope_scaling` dict per rope_type; `required` ones have no default.
+_KEYS = {
+    "default": ((), ()),
+    "linear": (("factor",), ()),
+    "dynamic": (("factor", "original_max_position_embeddings"), ()),
+    "yarn": (("factor", "original_max_position_embeddings"),
+             ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+              "truncate")),
+    "llama3": (("factor", "low_freq_factor", "high_freq_factor",
+                "original_max_position_embeddings"), ()),
+}
+
+
+# ---------------------------------------------------------------------------- frequencies
+def _default_inv_freq(dim, base):
+    """inv_freq[i] = base^(-2i/dim), i = 0..dim/2-1, float64."""
+    return 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)  # (P,)
+
+
+def _check_scaling(scaling):
+    """Return (rope_type, params) after checking the type, the keys and the required ones."""
+    if not isinstance(scaling, dict):
+        raise TypeError(f"rope_frequencies: scaling must be a dict or None, got "
+                        f"{type(scaling).__name__}")
+    params = dict(scaling)
+    rope_type = params.pop("rope_type", params.pop("type", None))  # "type": older configs
+    if rope_type not in _KEYS:
+        raise ValueError(f"rope_frequencies: scaling['rope_type'] = {rope_type!r} is not one of "
+                         f"{sorted(_KEYS)}")
+    required, optional = _KEYS[rope_type]
+    unknown = sorted(set(params) - set(required) - set(optional))
+    if unknown:
+        raise ValueError(f"rope_frequencies: unknown key(s) {unknown} for rope_type "
+                         f"{rope_type!r}; valid keys: {['rope_type', *required, *optional]}")
+    missing = [k for k in required if params.get(k) is None]
+    if missing:
+        raise ValueError(f"rope_frequencies: rope_type {rope_type!r} needs key(s) {missing}")
+    return rope_type, params
+
+
+def get_mscale(s, m=1.0):
+    """YaRN's sqrt(1/t) = 0.1 m ln(s) + 1 for s > 1 (else 1). s = 40 -> 1.3689."""
+    return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+
+
+def _yarn(dim, base, p):
+    """HF `_compute_yarn_parameters`: blend interpolated (theta/s) and original (theta)
+    frequencies by a linear ramp over the pair index between the correction dims."""
+    s, L0 = p["factor"], p["original_max_position_embeddings"]
+    af, m, m_all = p.get("attention_factor"), p.get("mscale"), p.get("mscale_all_dim")
+    if af is None:
+        af = get_mscale(s, m) / get_mscale(s, m_all) if (m and m_all) else get_mscale(s)
+    beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
+
+    def correction_dim(n_rot):  # pair index whose wavelength turns n_rot times over L0
+        return dim * math.log(L0 / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if p.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)  # HF clamps with dim - 1, not dim/2 - 1
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2) - low) / (high - low), 0, 1)  # (P,) 0 = keep, 1 = /s
+    theta = _default_inv_freq(dim, base)  # (P,)
+    return theta / s * ramp + theta * (1 - ramp), float(af)  # (P,)
+
+
+def _llama3(dim, base, p):
+    """HF `_compute_llama3_parameters`: wavelengths > L0/low_freq_factor are divided by s,
+    < L0/high_freq_factor kept, in between blended smoothly."""
+    s, lo, hi = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
+    L0 = p["original_max_position_embeddings"]
+    theta = _default_inv_freq(dim, base)  # (P,)
+    wavelen = 2 * math.pi / theta  # (P,)
+    smooth = (L0 / wavelen - lo) / (hi - lo)  # (P,)
+    blended = (1 - smooth) * theta / s + smooth * theta  # (P,)
+    out = np.where(wavelen > L0 / lo, theta / s, theta)  # (P,)
+    medium = (wavelen >= L0 / hi) & (wavelen <= L0 / lo)
+    return np.where(medium, blended, out), 1.0  # (P,)
+
+
+def rope_frequencies(head_dim, base=10000.0, scaling=None, seq_len=None):
+    """The rotary frequencies and attention factor, as HF's ROPE_INIT_FUNCTIONS compute them.
+
+    Inputs:  head_dim (even int), base (rope_theta), scaling: None or a config.json
+             `rope_scaling` dict {"rope_type": "linear"|"dynamic"|"yarn"|"llama3", "factor":
+             ...}. Since there is no config here, `original_max_position_embeddings` is
+             required for dynamic/yarn/llama3 (for dynamic it plays HF's
+             config.max_position_embeddings). seq_len: current length (dynamic only).
+    Returns: (inv_freq (head_dim/2,) float64, attention_factor float).
+    """
+    if not isinstance(head_dim, (int, np.integer)) or head_dim <= 0 or head_dim % 2:
+        raise ValueError(f"rope_frequencies: head_dim must be a positive even int, got "
+                         f"{head_dim!r}")
+    expect_positive("rope_frequencies", "base", base)
+    if scaling is None:
+        return _default_inv_freq(head_dim, base), 1.0
+    rope_type, p = _check_scaling(scaling)
+    if rope_type == "default":
+        return _default_inv_freq(head_dim, base), 1.0
+    expect_positive("rope_frequencies", "scaling['factor']", p["factor"])
+    if rope_type == "linear":
+        return _default_inv_freq(head_dim, base) / p["factor"], 1.0
+    if rope_type == "dynamic":
+        if seq_len is None:
+            raise ValueError("rope_frequencies: rope_type 'dynamic' needs seq_len")
+        L0, s = p["original_max_position_embeddings"], p["factor"]
+        L = max(seq_len, L0)
+        base = base * (s * L / L0 - (s - 1)) ** (head_dim / (head_dim - 2))
+        return _default_inv_freq(head_dim, base), 1.0
+    if rope_type == "yarn":
+        return _yarn(head_dim, base, p)
+    return _llama3(head_dim, base, p)
+
+
+# ---------------------------------------------------------------------------- rotation
+class RopeCache(NamedTuple):
+    cos: np.ndarray
+    sin: np.ndarray
+    style: str
+
+
+def _rotate(x, cos, sin, style):
+    """Rotate each pair of x by the angles whose (af-scaled) cos, sin are given."""
+    y = np.empty(x.shape, dtype=x.dtype)  # (..., T, Dh)
+    if style == "half":
+        P = x.shape[-1] // 2
+        x1, x2, y1, y2 = x[..., :P], x[..., P:], y[..., :P], y[..., P:]  # (..., T, P) views
+    else:
+        x1, x2, y1, y2 = x[..., 0::2], x[..., 1::2], y[..., 0::2], y[..., 1::2]  # (.., T, P)
+    np.subtract(x1 * cos, x2 * sin, out=y1)
+    np.add(x2 * cos, x1 * sin, out=y2)
+    return y
+
+
+def rope_angles(positions, inv_freq, x_ndim, dtype, attention_factor=1.0):
+    """cos and sin (times af) of positions * inv_freq, shaped to broadcast against x.
+
+    positions (T,) -> (T, P); positions (B, T) -> (B, 1, ..., 1, T, P) for x of x_ndim axes.
+    """
+    expect_int("rope", "positions", positions)
+    pos = np.asarray(positions)
+    ang = pos[..., None].astype(np.float64) * inv_freq  # (T, P) or (B, T, P)
+    if pos.ndim == 2:
+        ang = ang.reshape(ang.shape[:1] + (1,) * (x_ndim - 3) + ang.shape[1:])  # (B,1..,T,P)
+    cos = (np.cos(ang) * attention_factor).astype(dtype)  # (..., T, P)
+    sin = (np.sin(ang) * attention_factor).astype(dtype)  # (..., T, P)
+    return cos, sin
+
+
+def rope_forward(x, positions, inv_freq, style="half", attention_factor=1.0):
+    """Rotate the pairs of x by position * inv_freq, scaled by attention_factor.
+
+    Inputs:  x (..., T, Dh) float; positions (T,) or (B, T) ints (then x is (B, ..., T, Dh));
+             inv_freq (Dh/2,) from rope_frequencies; style "half" | "interleaved".
+    Returns: y (..., T, Dh), x's dtype.  Cache: (cos, sin, style), af folded into cos, sin.
+    """
+    expect_float("rope", "x", x)
+    if style not in ("half", "interleaved"):
+        raise ValueError(f"rope: style must be 'half' or 'interleaved', got {style!r}")
+    T, Dh = x.shape[-2:]
+    pos = np.asarray(positions)
+    if inv_freq.shape != (Dh // 2,) or Dh % 2:
+        raise ValueError(f"rope: inv_freq has shape {inv_freq.shape}, expected ({Dh // 2},) "
+                         f"for an even head dim Dh = x.shape[-1] = {Dh}")
+    if pos.ndim not in (1, 2) or pos.shape[-1] != T or (pos.ndim == 2 and (
+            x.ndim < 3 or pos.shape[0] != x.shape[0])):
+        raise ValueError(f"rope: positions has shape {pos.shape}, expected ({T},) or "
+                         f"(B, {T}) with B = x.shape[0] (x has shape {x.shape})")
+    cos, sin = rope_angles(pos, inv_freq, x.ndim, x.dtype, attention_factor)  # (..., T, P)
+    return _rotate(x, cos, sin, style), RopeCache(cos, sin, style)  # (..., T, Dh)
+
+
+def rope_backward(dout, cache):
+    """Math: y = af R(theta) x with R orthogonal -> dx = af R(theta)^T dy = af R(-theta) dy,
+    i.e. the same rotation with sin negated (for "half": dy*cos - rotate_half(dy*sin)).
+    Reference: Su et al. 2021 (arXiv 2104.09864) §3.4; huggingface/transformers
+    src/transformers/models/llama/modeling_llama.py apply_rotary_pos_emb.
+    """
+    cos, sin, style = cache
+    return {"x": _rotate(dout, cos, -sin, style)}  # (..., T, Dh)

@@ -1,0 +1,129 @@
+"""Masked scaled dot-product attention with grouped K/V heads, and the head plumbing.
+
+Math:
+    S = q k^T * scale,  S[mask == False] = -inf,  P = softmax(S),  out = P v
+Query head h reads KV head h // G (G = H / Hkv), so one function covers multi-head
+(Hkv = H), grouped-query (GQA, Ainslie et al. 2023, arXiv 2305.13245) and multi-query
+(Hkv = 1) attention. A fully masked row outputs zeros.
+Backward: dv = P^T dout, dP = dout v^T, dS = softmax backward, dq = scale dS k,
+dk = scale dS^T q; the G query heads of a group sum into their KV head.
+
+Glossary: B batch, Tq/Tk query/key lengths, H query heads, Hkv KV heads, G = H / Hkv,
+Dh head dim, Dv value head dim.
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+from scratchllm.core.ops import SoftmaxCache, softmax_backward, softmax_forward
+from scratchllm.core.validate import expect_float, expect_ndim, expect_shape
+
+
+class SDPACache(NamedTuple):
+    q: np.ndarray  # grouped: (B, Hkv, G*Tq, Dh)
+    k: np.ndarray
+    v: np.ndarray
+    scale: float
+    softmax: SoftmaxCache
+
+
+def _masked_out(fn, mask, B, H, Hkv, Tq, Tk):
+    """~mask, checked, as a view that broadcasts against the grouped scores (B,Hkv,G,Tq,Tk)."""
+    if not isinstance(mask, np.ndarray) or mask.dtype != bool:
+        raise TypeError(f"{fn}: mask must be a boolean array (True = may attend), got "
+                        f"{getattr(mask, 'dtype', type(mask).__name__)}")
+    try:
+        np.broadcast_shapes(mask.shape, (B, H, Tq, Tk))
+    except ValueError:
+        raise ValueError(f"{fn}: mask has shape {mask.shape}, expected one broadcastable to "
+                         f"(B, H, Tq, Tk) = {(B, H, Tq, Tk)}") from None
+    m = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)  # (b, h, tq, tk), h in {1, H}
+    heads = (Hkv, H // Hkv) if m.shape[1] == H else (1, 1)
+    return ~m.reshape(m.shape[:1] + heads + m.shape[2:])  # (b, Hkv|1, G|1, tq, tk)
+
+
+def sdpa_forward(q, k, v, mask=None, scale=None):
+    """out = softmax(q k^T * scale, masked) v, with grouped K/V heads allowed.
+
+    Inputs:  q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv), H a multiple of Hkv
+             (query head h reads KV head h // (H/Hkv); Hkv = H is plain multi-head);
+             mask bool broadcastable to (B, H, Tq, Tk) or None; scale defaults to Dh^-1/2.
+    Returns: out (B, H, Tq, Dv); a fully masked query row gives zeros.
+    Cache:   (q grouped as (B, Hkv, G*Tq, Dh), k, v, scale, softmax cache holding P).
+    The G query heads of a group are stacked along the rows, so each KV head meets one
+    (G*Tq, Dh) @ (Dh, Tk) product: no copies of K/V, and fewer, larger matmuls.
+    """
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        expect_float("sdpa", name, a)
+        expect_ndim("sdpa", name, a, 4, "(B, H, T, Dh)")
+    B, H, Tq, Dh = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    if Hkv < 1 or H % Hkv:
+        raise ValueError(f"sdpa: k has shape {k.shape}, expected (B, Hkv, Tk, Dh) with Hkv "
+                         f"dividing H = {H}")
+    expect_shape("sdpa", "k", k, (B, Hkv, None, Dh), "(B, Hkv, Tk, Dh) like q")
+    expect_shape("sdpa", "v", v, (B, Hkv, Tk, None), "(B, Hkv, Tk, Dv) like k")
+    G = H // Hkv
+    scale = Dh ** -0.5 if scale is None else scale
+    qg = q.reshape(B, Hkv, G * Tq, Dh)  # (B, Hkv, G*Tq, Dh)
+    s = qg @ k.swapaxes(-1, -2)  # (B, Hkv, G*Tq, Tk)
+    s *= np.asarray(scale, dtype=s.dtype)
+    if mask is not None:
+        out_of_mask = _masked_out("sdpa", mask, B, H, Hkv, Tq, Tk)  # (b, Hkv|1, G|1, tq, tk)
+        np.copyto(s.reshape(B, Hkv, G, Tq, Tk), np.asarray(-np.inf, s.dtype), where=out_of_mask)
+    p, sm_cache = softmax_forward(s, axis=-1)  # (B, Hkv, G*Tq, Tk)
+    out = (p @ v).reshape(B, H, Tq, v.shape[3])  # (B, H, Tq, Dv)
+    return out, SDPACache(qg, k, v, scale, sm_cache)
+
+
+def sdpa_backward(dout, cache):
+    """Math (P = softmax(S), S = scale q k^T), per KV group with the G query heads stacked:
+        dv = P^T dout,  dP = dout v^T,  dS = P * (dP - rowsum(dP * P)),
+        dq = scale dS k,  dk = scale dS^T q.   Masked entries have P = 0, so dS = 0 there.
+    The products over the stacked G*Tq rows sum the gradients of the G query heads that
+    share a KV head (the KV-sharing backward, as repeat_kv_backward does explicitly).
+    Reference: karpathy/llm.c train_gpt2.c attention_backward; Ainslie et al. 2023.
+    """
+    qg, k, v, scale, sm_cache = cache
+    B, H, Tq, Dv = dout.shape
+    p = sm_cache.y  # (B, Hkv, G*Tq, Tk)
+    dog = dout.reshape(qg.shape[:3] + (Dv,))  # (B, Hkv, G*Tq, Dv)
+    dv = p.swapaxes(-1, -2) @ dog  # fwd: out = P v -> dv = P^T dout      (B, Hkv, Tk, Dv)
+    dp = dog @ v.swapaxes(-1, -2)  # fwd: out = P v -> dP = dout v^T      (B, Hkv, G*Tq, Tk)
+    ds = softmax_backward(dp, sm_cache)["x"]  # fwd: P = softmax(S)      (B, Hkv, G*Tq, Tk)
+    ds *= np.asarray(scale, dtype=ds.dtype)  # fwd: S = scale q k^T
+    dq = (ds @ k).reshape(B, H, Tq, qg.shape[3])  # (B, H, Tq, Dh)
+    dk = ds.swapaxes(-1, -2) @ qg  # (B, Hkv, Tk, Dh)
+    return {"q": dq, "k": dk, "v": dv}
+
+
+# ---------------------------------------------------------------------------- head plumbing
+def split_heads(t, n_heads):
+    """(B, T, n*Dh) -> (B, n, T, Dh). Its backward is merge_heads, and vice versa."""
+    B, T, HD = t.shape
+    return t.reshape(B, T, n_heads, HD // n_heads).transpose(0, 2, 1, 3)  # (B, n, T, Dh)
+
+
+def merge_heads(t):
+    """(B, n, T, Dh) -> (B, T, n*Dh), contiguous."""
+    B, n, T, Dh = t.shape
+    return np.ascontiguousarray(t.transpose(0, 2, 1, 3)).reshape(B, T, n * Dh)  # (B, T, n*Dh)
+
+
+class RepeatKVCache(NamedTuple):
+    group: int
+
+
+def repeat_kv_forward(kv, group):
+    """Share each KV head with `group` query heads: head h reads KV head h // group.
+
+    Inputs: kv (B, Hkv, T, Dh).  Returns: (B, Hkv*group, T, Dh).  Cache: (group,).
+    """
+    return np.repeat(kv, group, axis=1), RepeatKVCache(group)  # (B, H, T, Dh)
+
+
+def repeat_kv_backward(dout, cache):
+    """Math: KV head j fed query heads j*G .. j*G+G-1, so its gradient is their sum."""
+    group = cache.group
+    B, H, T, Dh = dout.shape
+    return {"kv": dout.reshape(B, H // group, group, T, Dh).sum(axis=2)}  # (B, Hkv, T, Dh)

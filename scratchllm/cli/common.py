@@ -1,0 +1,38 @@
+"""What every command shares: its parser, its error prefix and its exit codes.
+
+    usage error (unknown flag, missing argument)   exit 2   "scratchllm COMMAND: ..."
+    runtime error (bad file, bad value, bad data)  exit 1   "scratchllm COMMAND: ..."
+    Ctrl-C outside a training loop                 exit 130
+"""
+import argparse
+import sys
+
+RUNTIME_ERRORS = (ValueError, TypeError, OSError)  # CheckpointError is a ValueError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse for `python -m scratchllm COMMAND`: usage errors exit 2 with the prefix."""
+
+    def __init__(self, command=None, description=None, **kwargs):
+        if command is not None:  # (sub-commands' parsers come from argparse with a prog)
+            kwargs.setdefault("prog", f"python -m scratchllm {command}")
+        super().__init__(description=description,
+                         formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+        self.command = command or self.prog.removeprefix("python -m scratchllm ")
+
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(2, f"scratchllm {self.command}: {message}\n")
+
+
+def run(command, body, args):
+    """body(args) -> exit code, with runtime errors printed as `scratchllm COMMAND: ...`
+    (exit 1) and Ctrl-C as exit 130."""
+    try:
+        return body(args)
+    except RUNTIME_ERRORS as e:
+        print(f"scratchllm {command}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"\nscratchllm {command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,101 @@
+"""python -m scratchllm compare: train every preset on the same tokens, print one table.
+
+The MHA/GQA/MQA/MLA/MoE/SSM trade-off table of interview prep, made executable:
+    params total / active per token       (MoE: only K of E routed experts run per token)
+    cache bytes per token at 4k and 128k  (KV cache for attention, rolling window for SWA,
+                                           latent for MLA, fixed conv/SSM state for Mamba,
+                                           bf16; a fixed-size cache shrinks per token as the
+                                           context grows)
+    training tokens/s (median step), final validation loss
+Every preset sees the same batches (same seed) for the same number of steps; the loss curves
+go to a PNG. The cache and parameter arithmetic comes from scratchllm/teach/sizing.py.
+"""
+from pathlib import Path
+
+from scratchllm.cli.common import Parser, run
+from scratchllm.lm import PRESETS, preset
+from scratchllm.teach import sizing
+from scratchllm.teach.arch import from_model_config
+from scratchllm.train import corpus
+from scratchllm.train.plots import save_compare_plot
+from scratchllm.train.trainer import Settings, train_preset
+
+CONTEXTS = (4096, 131072)
+
+
+def sizes(cfg):
+    """(params total, params active per token, [cache bytes per token at each CONTEXTS])."""
+    a = from_model_config(cfg, cfg.name)
+    p = sizing.parameters(a)
+    per_token = [sizing.kv_cache(a, context=c, dtype="bf16").bytes / c for c in CONTEXTS]
+    return p.total, p.active, per_token
+
+
+def _fmt_bytes(n):
+    return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n:.0f} B" if n >= 10 else f"{n:.2f} B"
+
+
+def table(rows, baseline):
+    head = (f"{'preset':<8}{'params':>10}{'active':>10}{'cache/token 4k':>16}"
+            f"{'cache/token 128k':>18}{'tokens/s':>10}{'val loss':>10}{'x unigram':>11}")
+    lines = [head]
+    for name, (total, active, cache), tok_s, val in rows:
+        lines.append(f"{name:<8}{total:>10,}{active:>10,}{_fmt_bytes(cache[0]):>16}"
+                     f"{_fmt_bytes(cache[1]):>18}{tok_s:>10,.0f}{val:>10.3f}"
+                     f"{val / baseline:>11.2f}")
+    return "\n".join(lines)
+
+
+def build_parser():
+    p = Parser("compare", __doc__)
+    p.add_argument("--presets", default=",".join(PRESETS), help="comma-separated presets")
+    p.add_argument("--data", default=str(corpus.DEFAULT_CORPUS), help="UTF-8 text file")
+    p.add_argument("--steps", type=int, default=100, help="steps per preset (100)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--lr", type=float, default=Settings.lr)
+    p.add_argument("--out", default="runs/compare",
+                   help="directory for the plot (token cache in OUT/../cache)")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.presets.split(",") if n.strip()]
+    unknown = [n for n in names if n not in PRESETS]
+    if unknown or not names:
+        parser.error(f"--presets: unknown preset(s) {unknown}; choose from {sorted(PRESETS)}")
+    return run("compare", lambda a: _compare(a, names), args)
+
+
+def _compare(args, names):
+    out = Path(args.out)
+    vocab = {preset(n).vocab_size for n in names}
+    if len(vocab) != 1:
+        raise ValueError(f"the presets use different vocab sizes {sorted(vocab)}")
+    _, ids, _ = corpus.prepare(args.data, vocab.pop(), out.parent / "cache")
+    train_ids, val_ids = corpus.split(ids)
+    baseline = corpus.unigram_baseline(train_ids, val_ids, preset(names[0]).vocab_size)
+    settings = Settings(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
+                        lr=args.lr, warmup=min(Settings.warmup, args.steps),
+                        eval_every=args.steps + 1)
+    eval_set = corpus.eval_batches(val_ids, settings.batch_size, settings.seq_len, 16384)
+    print(f"{len(names)} presets x {args.steps} steps x {args.batch_size}x{args.seq_len} "
+          f"tokens, same batches; unigram baseline {baseline:.3f} nats/token")
+    rows, curves = [], {}
+    for name in names:
+        losses, tok_s, val, _ = train_preset(preset(name), train_ids, eval_set, settings,
+                                             not args.no_progress)
+        curves[name] = losses
+        rows.append((name, sizes(preset(name)), tok_s, val))
+        print(f"{name}: val loss {val:.3f}, {tok_s:,.0f} tokens/s", flush=True)
+    print()
+    print(table(rows, baseline))
+    out.mkdir(parents=True, exist_ok=True)
+    if save_compare_plot(out / "compare.png", curves, baseline):
+        print(f"\nloss curves: {out / 'compare.png'}")
+    else:
+        print("\nloss curves: skipped (matplotlib is not installed)")
+    return 0

@@ -1,0 +1,40 @@
+"""python -m scratchllm sample: generate text from a checkpoint, one token at a time, through
+the per-layer decoding states (KVState for GQA, RollingKVState for sliding-window attention,
+LatentKVState for MLA in the absorbed form, MambaState for Mamba). Text streams as it is
+produced. The sampling itself (temperature, top-k, top-p) is scratchllm/lm/sampling.py.
+"""
+import sys
+
+import numpy as np
+
+from scratchllm.cli.common import Parser, run
+from scratchllm.lm import generate
+from scratchllm.train import load_model
+
+
+def build_parser():
+    p = Parser("sample", __doc__)
+    p.add_argument("--checkpoint", required=True, help="directory written by train")
+    p.add_argument("--prompt", default="", help="text to continue (default: a new document)")
+    p.add_argument("--max-tokens", type=int, default=200, help="tokens to generate (200)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (0.8)")
+    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus mass (0.95)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed")
+    return p
+
+
+def main(argv=None):
+    return run("sample", _sample, build_parser().parse_args(argv))
+
+
+def _sample(args):
+    model, tok, _ = load_model(args.checkpoint)
+    sys.stdout.write(args.prompt)
+    for piece in generate(model, tok, args.prompt, args.max_tokens,
+                          np.random.default_rng(args.seed), temperature=args.temperature,
+                          top_k=args.top_k, top_p=args.top_p):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0

@@ -1,0 +1,138 @@
+"""python -m scratchllm train: train a small decoder LM on a CPU, every gradient hand-written.
+
+With no arguments: train a byte-level BPE tokenizer on the bundled Python-docs corpus (cached),
+train the `dense` preset, report the validation loss against the unigram baseline, save a
+checkpoint directory and a loss-curve PNG, and print a short sample.
+
+One step:  loss = CE(LM(x), y) + sum of MoE aux terms  ->  backward  ->  clip global grad norm
+           ->  AdamW with lr = warmup + cosine(step)  ->  aux-free router bias update (MoE).
+The run is deterministic given --seed, and --resume continues bit-exactly: the weights,
+optimizer moments, step, losses and the batch RNG's state all live in the checkpoint.
+The loop itself lives in scratchllm/train/trainer.py.
+"""
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from scratchllm.cli.common import Parser, run
+from scratchllm.lm import PRESETS, ModelConfig, generate, preset
+from scratchllm.train import checkpoint, corpus
+from scratchllm.train.plots import save_run_plot
+from scratchllm.train.trainer import Run, Settings, evaluate, fit
+
+
+def build_parser():
+    p = Parser("train", __doc__)
+    d = Settings()
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="model architecture (default: dense)")
+    p.add_argument("--data", default=None,
+                   help="UTF-8 text file to train on (default: the bundled Python docs)")
+    p.add_argument("--steps", type=int, default=None, help=f"optimizer steps ({d.steps})")
+    p.add_argument("--batch-size", type=int, default=None, help=f"sequences ({d.batch_size})")
+    p.add_argument("--seq-len", type=int, default=None, help=f"context ({d.seq_len})")
+    p.add_argument("--lr", type=float, default=None, help=f"peak learning rate ({d.lr})")
+    p.add_argument("--dtype", choices=("float32", "float64"), default=None,
+                   help="parameter and activation dtype (float32)")
+    p.add_argument("--out", default=None, help="checkpoint directory (runs/PRESET); the "
+                   "tokenizer and token ids are cached beside it in OUT/../cache")
+    p.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
+    p.add_argument("--seed", type=int, default=None, help=f"init and batch seed ({d.seed})")
+    p.add_argument("--eval-every", type=int, default=None,
+                   help=f"validate and checkpoint every N steps ({d.eval_every})")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _settings(args, saved=None):
+    """Flags given explicitly win; then the checkpoint's settings; then the defaults."""
+    s = dict(asdict(Settings()), **(saved or {}))
+    for name in ("steps", "batch_size", "seq_len", "lr", "seed", "eval_every"):
+        if getattr(args, name) is not None:
+            s[name] = getattr(args, name)
+    for name in ("steps", "batch_size", "seq_len", "eval_every"):
+        if s[name] <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {s[name]}")
+    if s["lr"] <= 0:
+        raise ValueError(f"--lr must be > 0, got {s['lr']}")
+    s["warmup"] = min(s["warmup"], s["steps"])
+    return Settings(**s)
+
+
+def _config_for_resume(args, out):
+    """The checkpoint's config; a --preset that disagrees with it is an error."""
+    cfg = ModelConfig.from_dict(checkpoint.read_config(out))
+    if args.preset is not None:
+        differ = [k for k, v in preset(args.preset).to_dict().items() if cfg.to_dict()[k] != v]
+        if differ:
+            raise checkpoint.CheckpointError(
+                f"--preset {args.preset} does not match the checkpoint in {out} "
+                f"(differs in {', '.join(differ)}); drop --preset to resume it, or use "
+                f"another --out")
+    return cfg
+
+
+def main(argv=None):
+    return run("train", _main, build_parser().parse_args(argv))
+
+
+def _main(args):
+    name = args.preset or "dense"
+    out = Path(args.out or f"runs/{name}")
+    saved_meta = None
+    if args.resume:
+        cfg = _config_for_resume(args, out)
+        saved_meta = checkpoint.load_state(out)[1]
+    else:
+        if (out / checkpoint.STATE).exists():
+            raise ValueError(f"{out} already holds a checkpoint; pass --resume to "
+                             f"continue it, --out to start elsewhere, or delete {out}")
+        cfg = preset(name)
+    s = _settings(args, saved_meta and saved_meta["settings"])
+    dtype = np.dtype(args.dtype or (saved_meta or {}).get("dtype", "float32"))
+    data = args.data or (saved_meta or {}).get("data") or str(corpus.DEFAULT_CORPUS)
+    t_start = time.perf_counter()
+    print(f"data: {data} (tokenizer: BPE, vocab {cfg.vocab_size})")
+    tok, ids, _ = corpus.prepare(data, cfg.vocab_size, out.parent / "cache")
+    train_ids, val_ids = corpus.split(ids)
+    baseline = corpus.unigram_baseline(train_ids, val_ids, cfg.vocab_size)
+    print(f"tokens: {len(train_ids):,} train, {len(val_ids):,} validation "
+          f"({time.perf_counter() - t_start:.1f} s); unigram baseline {baseline:.3f} nats/token")
+    job = Run(cfg, s, dtype)
+    job.data = str(Path(data).resolve())
+    if args.resume:
+        job.load(out)
+        print(f"resumed {out} at step {job.step}")
+    print(f"model: {cfg.name}, {job.model.n_params():,} parameters, {s.steps} steps of "
+          f"{s.batch_size}x{s.seq_len} tokens, {dtype}")
+    t_train = time.perf_counter()
+    finished = fit(job, train_ids, val_ids, out=out, tokenizer=tok,
+                   progress=not args.no_progress)
+    if not finished:
+        return 130
+    train_time = time.perf_counter() - t_train
+    val = evaluate(job.model, corpus.eval_batches(val_ids, s.batch_size, s.seq_len,
+                                                  s.eval_tokens), job.dp)
+    job.evals.append((job.step, val))
+    job.save(out, tok)
+    print(f"validation loss {val:.3f} nats/token = {val / baseline:.2f} x unigram baseline "
+          f"{baseline:.3f} (training {train_time:.0f} s, total "
+          f"{time.perf_counter() - t_start:.0f} s)")
+    print(f"checkpoint: {out}")
+    if save_run_plot(out / "loss.png", job, baseline):
+        print(f"loss curve: {out / 'loss.png'}")
+    else:
+        print("loss curve: skipped (matplotlib is not installed: pip install matplotlib)")
+    _print_sample(job.model, tok)
+    return 0
+
+
+def _print_sample(model, tok):
+    prompt = "The "
+    print(f"sample (temperature 0.8, top-k 40):\n{prompt}", end="")
+    for piece in generate(model, tok, prompt, max_new_tokens=60, temperature=0.8, top_k=40,
+                          rng=np.random.default_rng(0)):
+        print(piece, end="", flush=True)
+    print()

@@ -1,0 +1,137 @@
+"""Param, Module, and thin Modules that own parameters and call the functional pairs.
+
+Modules own parameters; calls own activations:
+    out, cache = module.forward(x)       # calls the pair, stores nothing on the module
+    dx = module.backward(dout, cache)    # calls the pair, adds (+=) into each Param.grad
+A Module names each Param after the pair argument it feeds, so `add_grads` can add a pair's
+gradient dict into the Params in one place. A Module contains no math of its own, so a layer can be reused and weights can be tied
+(the same Param object in two places accumulates both gradients).
+"""
+import numpy as np
+
+from scratchllm.core import ops
+
+
+class Param:
+    """A trainable array and its accumulated gradient."""
+
+    def __init__(self, data):
+        self.data = data
+        self.grad = np.zeros_like(data)
+
+    def __repr__(self):
+        return f"Param(shape={self.data.shape}, dtype={self.data.dtype})"
+
+
+class Module:
+    """A tree of Params and sub-Modules, found through the attributes (lists too)."""
+
+    def named_parameters(self, prefix=""):
+        """Yield (dotted name, Param) once per distinct Param, in attribute order."""
+        seen = set()
+        for name, p in self._walk(prefix):
+            if id(p) not in seen:
+                seen.add(id(p))
+                yield name, p
+
+    def _walk(self, prefix):
+        for attr, value in vars(self).items():
+            items = enumerate(value) if isinstance(value, (list, tuple)) else [(None, value)]
+            for i, item in items:
+                name = f"{prefix}{attr}" if i is None else f"{prefix}{attr}.{i}"
+                if isinstance(item, Param):
+                    yield name, item
+                elif isinstance(item, Module):
+                    yield from item._walk(name + ".")
+
+    def add_grads(self, grads):
+        """Add a pair's gradients into this Module's own Params: p.grad += grads[name] for
+        every Param attribute `name` (sub-Modules add theirs themselves). Returns grads["x"],
+        the input gradient, or None when the pair has no input gradient (an embedding)."""
+        for name, value in vars(self).items():
+            if isinstance(value, Param):
+                if name not in grads:
+                    raise KeyError(f"{type(self).__name__}.add_grads: no gradient for Param "
+                                   f"{name!r}; the backward gave {sorted(grads)}")
+                value.grad += grads[name]
+        return grads.get("x")
+
+    def parameters(self):
+        return [p for _, p in self.named_parameters()]
+
+    def zero_grad(self):
+        for p in self.parameters():
+            p.grad[...] = 0
+
+    def n_params(self):
+        return sum(p.data.size for p in self.parameters())
+
+
+def normal_init(rng, shape, std, dtype):
+    """A weight drawn from N(0, std^2) in `dtype` (std = d_in^-1/2 for projections)."""
+    return (rng.standard_normal(shape) * std).astype(dtype)
+
+
+class Linear(Module):
+    """y = x @ W (+ b); W (d_in, d_out) ~ N(0, 1/d_in)."""
+
+    def __init__(self, d_in, d_out, *, bias=False, rng, dtype=np.float32):
+        self.W = Param(normal_init(rng, (d_in, d_out), d_in ** -0.5, dtype))
+        self.b = Param(np.zeros(d_out, dtype)) if bias else None
+
+    def forward(self, x):
+        return ops.linear_forward(x, self.W.data, None if self.b is None else self.b.data)
+
+    def backward(self, dy, cache):
+        return self.add_grads(ops.linear_backward(dy, cache))
+
+
+class Embedding(Module):
+    """out = E[ids]; E (V, D) ~ N(0, 1). `attend` reuses E as a tied output head."""
+
+    def __init__(self, vocab_size, d_model, *, rng, dtype=np.float32):
+        self.E = Param(normal_init(rng, (vocab_size, d_model), 1.0, dtype))
+
+    def forward(self, ids):
+        return ops.embedding_forward(ids, self.E.data)
+
+    def backward(self, dout, cache):
+        self.add_grads(ops.embedding_backward(dout, cache))
+
+    def attend(self, x):
+        """Tied head: logits = x @ E^T, (..., D) -> (..., V)."""
+        return ops.linear_forward(x, self.E.data.T)
+
+    def attend_backward(self, dlogits, cache):
+        g = ops.linear_backward(dlogits, cache)
+        self.E.grad += g["W"].T  # W = E^T, so dE = dW^T
+        return g["x"]
+
+
+class RMSNorm(Module):
+    """y = x / rms(x) * g; g starts at ones."""
+
+    def __init__(self, d_model, *, eps=1e-5, dtype=np.float32):
+        self.g = Param(np.ones(d_model, dtype))
+        self.eps = eps
+
+    def forward(self, x):
+        return ops.rmsnorm_forward(x, self.g.data, self.eps)
+
+    def backward(self, dy, cache):
+        return self.add_grads(ops.rmsnorm_backward(dy, cache))
+
+
+class SwiGLU(Module):
+    """y = (silu(x @ W1) * (x @ W3)) @ W2, the Llama FFN."""
+
+    def __init__(self, d_model, d_ff, *, rng, dtype=np.float32):
+        self.W1 = Param(normal_init(rng, (d_model, d_ff), d_model ** -0.5, dtype))
+        self.W3 = Param(normal_init(rng, (d_model, d_ff), d_model ** -0.5, dtype))
+        self.W2 = Param(normal_init(rng, (d_ff, d_model), d_ff ** -0.5, dtype))
+
+    def forward(self, x):
+        return ops.swiglu_forward(x, self.W1.data, self.W3.data, self.W2.data)
+
+    def backward(self, dy, cache):
+        return self.add_grads(ops.swiglu_backward(dy, cache))

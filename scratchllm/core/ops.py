@@ -1,0 +1,296 @@
+"""Core ops as forward/backward pairs: linear, embedding, rmsnorm, silu, sigmoid, softplus,
+swiglu, softmax, log_softmax, cross_entropy.
+
+Every `*_forward(...)` returns `(out, cache)`; every `*_backward(dout, cache)` returns a dict
+keyed by the forward's argument names. Weights are stored (d_in, d_out) so that y = x @ W.
+
+Letters (README glossary): BT rows (all leading axes flattened), D features, Din/Dout a
+linear's sizes, F FFN hidden size, V vocabulary, T time.
+"""
+from typing import NamedTuple
+
+import numpy as np
+from scipy.special import expit
+
+from scratchllm.core.validate import expect_float, expect_int, expect_shape
+
+
+# ---------------------------------------------------------------------------- linear
+class LinearCache(NamedTuple):
+    x: np.ndarray
+    W: np.ndarray
+    has_bias: bool
+
+
+def linear_forward(x, W, b=None):
+    """y = x @ W + b.
+
+    Inputs:  x (..., Din), W (Din, Dout), b (Dout,) or None.
+    Returns: y (..., Dout).  Cache: (x, W, has_bias).
+    """
+    expect_float("linear", "x", x)
+    expect_shape("linear", "W", W, (x.shape[-1], None), "(Din, Dout) with Din = x.shape[-1]")
+    y = x @ W  # (..., Dout)
+    if b is not None:
+        expect_shape("linear", "b", b, (W.shape[1],), "(Dout,)")
+        y = y + b  # (..., Dout)
+    return y, LinearCache(x, W, b is not None)
+
+
+def linear_backward(dy, cache):
+    """Math: dx = dy @ W^T, dW = sum over rows of x^T dy, db = sum over rows of dy."""
+    x, W, has_bias = cache
+    Din, Dout = W.shape
+    dx = dy @ W.T  # (..., Din)
+    dW = x.reshape(-1, Din).T @ dy.reshape(-1, Dout)  # (Din, Dout)
+    grads = {"x": dx, "W": dW}
+    if has_bias:
+        grads["b"] = dy.reshape(-1, Dout).sum(axis=0)  # (Dout,)
+    return grads
+
+
+# ---------------------------------------------------------------------------- embedding
+class EmbeddingCache(NamedTuple):
+    ids: np.ndarray
+    vocab_size: int
+
+
+def embedding_forward(ids, E):
+    """out = E[ids]: a row lookup.
+
+    Inputs:  ids (...) integers in [0, V), E (V, D).
+    Returns: out (..., D).  Cache: (ids, V).
+    """
+    expect_int("embedding", "ids", ids)
+    expect_float("embedding", "E", E)
+    expect_shape("embedding", "E", E, (None, None), "(V, D)")
+    if ids.size and (ids.min() < 0 or ids.max() >= E.shape[0]):
+        raise ValueError(f"embedding: ids must lie in [0, {E.shape[0]}), got values in "
+                         f"[{ids.min()}, {ids.max()}]")
+    return E[ids], EmbeddingCache(ids, E.shape[0])  # (..., D)
+
+
+def embedding_backward(dout, cache):
+    """Math: dE[v] = sum of dout over the positions where ids == v (repeats accumulate)."""
+    ids, V = cache
+    D = dout.shape[-1]
+    dE = np.zeros((V, D), dtype=dout.dtype)  # (V, D)
+    np.add.at(dE, ids.reshape(-1), dout.reshape(-1, D))
+    return {"E": dE}
+
+
+# ---------------------------------------------------------------------------- rmsnorm
+class RMSNormCache(NamedTuple):
+    x: np.ndarray
+    g: np.ndarray
+    rstd: np.ndarray
+
+
+def rmsnorm_forward(x, g, eps=1e-5):
+    """y = x / sqrt(mean(x^2) + eps) * g   (Zhang & Sennrich 2019), over the last axis.
+
+    Inputs:  x (..., D), g (D,).
+    Returns: y (..., D).  Cache: (x, g, rstd); xhat = x * rstd is recomputed.
+    """
+    expect_float("rmsnorm", "x", x)
+    expect_shape("rmsnorm", "g", g, (x.shape[-1],), "the last axis of x")
+    rstd = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)  # (..., 1)
+    return x * rstd * g, RMSNormCache(x, g, rstd)  # (..., D)
+
+
+def rmsnorm_backward(dy, cache):
+    """Math: with xhat = x r, r = (mean(x^2) + eps)^-1/2 and dxhat = dy * g,
+        dg = sum over rows of dy * xhat
+        dx = r * (dxhat - xhat * mean(dxhat * xhat))      (the mean term comes from dr/dx)
+    """
+    x, g, rstd = cache
+    D = x.shape[-1]
+    xhat = x * rstd  # (..., D)
+    dg = (dy * xhat).reshape(-1, D).sum(axis=0)  # (D,)
+    dxhat = dy * g  # (..., D)
+    dx = rstd * (dxhat - xhat * np.mean(dxhat * xhat, axis=-1, keepdims=True))  # (..., D)
+    return {"x": dx, "g": dg}
+
+
+# ---------------------------------------------------------------------------- activations
+class InputCache(NamedTuple):
+    """The cache of an element-wise op that recomputes everything from its input."""
+    x: np.ndarray
+
+
+class SigmoidCache(NamedTuple):
+    y: np.ndarray
+
+
+def silu_forward(x):
+    """y = x * sigmoid(x)  (sigmoid via scipy's overflow-free expit).  Cache: (x,)."""
+    expect_float("silu", "x", x)
+    return x * expit(x), InputCache(x)
+
+
+def silu_backward(dy, cache):
+    """Math: dy/dx = s + x s (1 - s) = s (1 + x (1 - s)), with s = sigmoid(x)."""
+    s = expit(cache.x)
+    return {"x": dy * s * (1 + cache.x * (1 - s))}
+
+
+def sigmoid_forward(x):
+    """y = 1 / (1 + e^-x), by scipy's expit (no overflow for large |x|).  Cache: (y,)."""
+    expect_float("sigmoid", "x", x)
+    y = expit(x)
+    return y, SigmoidCache(y)
+
+
+def sigmoid_backward(dy, cache):
+    """Math: dy/dx = y (1 - y)."""
+    return {"x": dy * cache.y * (1 - cache.y)}
+
+
+def softplus_forward(x):
+    """y = log(1 + e^x) = logaddexp(0, x) (no overflow).  Cache: (x,)."""
+    expect_float("softplus", "x", x)
+    return np.logaddexp(x.dtype.type(0), x), InputCache(x)
+
+
+def softplus_backward(dy, cache):
+    """Math: softplus'(x) = sigmoid(x)."""
+    return {"x": dy * expit(cache.x)}
+
+
+# ---------------------------------------------------------------------------- swiglu
+class SwiGLUCache(NamedTuple):
+    up_a: LinearCache
+    up_b: LinearCache
+    act: InputCache
+    down: LinearCache
+    silu_a: np.ndarray
+    b: np.ndarray
+
+
+def swiglu_forward(x, W1, W3, W2):
+    """y = (silu(x @ W1) * (x @ W3)) @ W2   (Shazeer 2020, the Llama FFN).
+
+    Inputs:  x (..., D), W1 (D, F), W3 (D, F), W2 (F, D).
+    Returns: y (..., D).  Cache: the children's caches and the two gate halves.
+    """
+    D = x.shape[-1]
+    expect_shape("swiglu", "W1", W1, (D, None), "(D, F)")
+    expect_shape("swiglu", "W3", W3, W1.shape, "(D, F), like W1")
+    expect_shape("swiglu", "W2", W2, (W1.shape[1], D), "(F, D)")
+    a, up_a = linear_forward(x, W1)  # (..., F)
+    b, up_b = linear_forward(x, W3)  # (..., F)
+    s, act = silu_forward(a)  # (..., F)
+    y, down = linear_forward(s * b, W2)  # (..., D)
+    return y, SwiGLUCache(up_a, up_b, act, down, s, b)
+
+
+def swiglu_backward(dy, cache):
+    """Reverse of the forward, each step through the smaller pairs."""
+    up_a, up_b, act, down, s, b = cache
+    g_down = linear_backward(dy, down)  # fwd: y = m @ W2      -> dm, dW2
+    dm = g_down["x"]  # (..., F)
+    da = silu_backward(dm * b, act)["x"]  # fwd: m = silu(a) * b -> da = silu'(a) dm b
+    g_a = linear_backward(da, up_a)  # fwd: a = x @ W1
+    g_b = linear_backward(dm * s, up_b)  # fwd: b = x @ W3     -> db = dm * silu(a)
+    return {"x": g_a["x"] + g_b["x"], "W1": g_a["W"], "W3": g_b["W"], "W2": g_down["W"]}
+
+
+# ---------------------------------------------------------------------------- softmax
+def _safe_max(x, axis):
+    """Row max for the stable shift; 0 for a fully masked (all -inf) row so no inf - inf."""
+    m = np.max(x, axis=axis, keepdims=True)
+    return np.where(np.isfinite(m), m, 0).astype(x.dtype)
+
+
+class SoftmaxCache(NamedTuple):
+    y: np.ndarray  # softmax(x), or log_softmax(x) in a LogSoftmaxCache
+    axis: int
+
+
+class LogSoftmaxCache(NamedTuple):
+    y: np.ndarray
+    axis: int
+
+
+def softmax_forward(x, axis=-1):
+    """y = exp(x - max) / sum exp(x - max). A fully masked (-inf) row gives zeros.
+
+    Inputs: x (...), any axis.  Returns: y, same shape.  Cache: (y, axis).
+    """
+    expect_float("softmax", "x", x)
+    e = np.exp(x - _safe_max(x, axis))  # (...)
+    total = np.sum(e, axis=axis, keepdims=True)  # (..., 1, ...)
+    y = e / np.where(total > 0, total, 1)  # (...)
+    return y, SoftmaxCache(y, axis)
+
+
+def softmax_backward(dy, cache):
+    """Math: dx = y * (dy - sum(dy * y)); zero where y is zero (masked entries)."""
+    y, axis = cache
+    return {"x": y * (dy - np.sum(dy * y, axis=axis, keepdims=True))}
+
+
+def log_softmax_forward(x, axis=-1):
+    """y = x - logsumexp(x). A fully masked (-inf) row gives -inf (and zero gradient).
+
+    Inputs: x (...).  Returns: y, same shape.  Cache: (y, axis); softmax = exp(y) is recomputed.
+    """
+    expect_float("log_softmax", "x", x)
+    shifted = x - _safe_max(x, axis)  # (...)
+    total = np.sum(np.exp(shifted), axis=axis, keepdims=True)  # (..., 1, ...)
+    live = total > 0
+    y = np.where(live, shifted - np.log(np.where(live, total, 1)), -np.inf).astype(x.dtype)
+    return y, LogSoftmaxCache(y, axis)
+
+
+def log_softmax_backward(dy, cache):
+    """Math: dx = dy - softmax(x) * sum(dy), with softmax(x) = exp(y)."""
+    y, axis = cache
+    p = np.exp(y)  # (...)
+    return {"x": np.where(np.isfinite(y), dy - p * np.sum(dy, axis=axis, keepdims=True), 0)}
+
+
+# ---------------------------------------------------------------------------- cross-entropy
+class CrossEntropyCache(NamedTuple):
+    log_softmax: LogSoftmaxCache
+    logits_shape: tuple
+    rows: np.ndarray
+    cols: np.ndarray
+    n_valid: int
+
+
+def cross_entropy_forward(logits, targets, ignore_index=-100):
+    """loss = -mean over non-ignored n of log_softmax(logits)[n, targets[n]].
+
+    Inputs:  logits (..., V), targets (...) integers in [0, V) or ignore_index.
+    Returns: loss, a 0-d array of logits' dtype (0 when every target is ignored).
+    Cache:   the log_softmax cache and the (row, target) pairs that count.
+    """
+    expect_float("cross_entropy", "logits", logits)
+    expect_int("cross_entropy", "targets", targets)
+    expect_shape("cross_entropy", "targets", targets, logits.shape[:-1], "logits.shape[:-1]")
+    V = logits.shape[-1]
+    flat_t = targets.reshape(-1)  # (BT,)
+    keep = flat_t != ignore_index  # (BT,)
+    bad = keep & ((flat_t < 0) | (flat_t >= V))
+    if bad.any():
+        raise ValueError(f"cross_entropy: targets must lie in [0, {V}) or equal ignore_index="
+                         f"{ignore_index}, got {flat_t[bad][0]}")
+    logp, ls_cache = log_softmax_forward(logits.reshape(-1, V))  # (BT, V)
+    rows, cols = np.nonzero(keep)[0], flat_t[keep]
+    n_valid = len(rows)
+    loss = -logp[rows, cols].sum() / max(n_valid, 1)
+    cache = CrossEntropyCache(ls_cache, logits.shape, rows, cols, n_valid)
+    return np.asarray(loss, dtype=logits.dtype), cache
+
+
+def cross_entropy_backward(dloss, cache):
+    """Math: dlogp[n, t_n] = -dloss / n_valid; then the log_softmax backward gives
+    dlogits = dloss / n_valid * (softmax - onehot(t)) on counted rows, 0 on ignored ones."""
+    ls_cache, logits_shape, rows, cols, n_valid = cache
+    logp = ls_cache.y  # (BT, V)
+    dlogp = np.zeros_like(logp)  # (BT, V)
+    if n_valid:
+        dlogp[rows, cols] = -np.asarray(dloss, dtype=logp.dtype) / n_valid
+    dlogits = log_softmax_backward(dlogp, ls_cache)["x"]  # (BT, V); ignored rows stay 0
+    return {"logits": dlogits.reshape(logits_shape)}

@@ -1,0 +1,97 @@
+"""AdamW, global gradient-norm clipping, and the warmup + cosine learning-rate schedule.
+
+AdamW (Loshchilov & Hutter 2019), exactly torch.optim.AdamW's update for step t >= 1:
+    p     <- p - lr * wd * p                       (decoupled weight decay, applied first)
+    m     <- b1 m + (1 - b1) g
+    v     <- b2 v + (1 - b2) g^2
+    p     <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+"""
+import math
+
+import numpy as np
+
+from scratchllm.core.validate import expect_positive
+
+
+class AdamW:
+    """AdamW over Params (`.data`, `.grad`). `params` is a list of Params or of groups
+    `{"params": [...], "weight_decay": wd}` (torch-style, e.g. no decay for norms).
+    Set `opt.lr` before `step()` to follow a schedule."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+        expect_positive("AdamW", "lr", lr)
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"AdamW: betas must lie in [0, 1), got {betas}")
+        self.lr, self.betas, self.eps = lr, betas, eps
+        params = list(params)
+        if params and not isinstance(params[0], dict):
+            params = [{"params": params}]
+        self.groups = [(list(g["params"]), g.get("weight_decay", weight_decay)) for g in params]
+        self.t = 0
+        self.m = [np.zeros_like(p.data) for p in self.params]
+        self.v = [np.zeros_like(p.data) for p in self.params]
+
+    @property
+    def params(self):
+        return [p for ps, _ in self.groups for p in ps]
+
+    def step(self):
+        """One update of every parameter from its .grad."""
+        self.t += 1
+        b1, b2 = self.betas
+        step_size = self.lr / (1 - b1 ** self.t)
+        sqrt_bias2 = math.sqrt(1 - b2 ** self.t)
+        decays = [wd for ps, wd in self.groups for _ in ps]
+        for p, m, v, wd in zip(self.params, self.m, self.v, decays):
+            p.data *= 1 - self.lr * wd
+            m *= b1
+            m += (1 - b1) * p.grad
+            v *= b2
+            v += (1 - b2) * p.grad * p.grad
+            p.data -= step_size * m / (np.sqrt(v) / sqrt_bias2 + self.eps)
+
+    def state_dict(self):
+        """Arrays and counters needed to resume exactly."""
+        state = {"t": np.asarray(self.t), "lr": np.asarray(self.lr)}
+        for i, (m, v) in enumerate(zip(self.m, self.v)):
+            state[f"m.{i}"], state[f"v.{i}"] = m, v
+        return state
+
+    def load_state_dict(self, state):
+        if len(self.m) * 2 + 2 != len(state):
+            raise ValueError(f"AdamW.load_state_dict: state has {len(state)} entries, "
+                             f"expected {len(self.m) * 2 + 2} for {len(self.m)} parameters")
+        self.t, self.lr = int(state["t"]), float(state["lr"])
+        for i, (m, v) in enumerate(zip(self.m, self.v)):
+            for name, buf in ((f"m.{i}", m), (f"v.{i}", v)):
+                if state[name].shape != buf.shape:
+                    raise ValueError(f"AdamW.load_state_dict: {name} has shape "
+                                     f"{state[name].shape}, expected {buf.shape}")
+                buf[...] = state[name]
+
+
+def clip_grad_norm(params, max_norm):
+    """Scale every .grad by max_norm / (norm + 1e-6) when the global L2 norm exceeds max_norm
+    (as torch.nn.utils.clip_grad_norm_). Returns the norm before clipping."""
+    expect_positive("clip_grad_norm", "max_norm", max_norm)
+    params = list(params)
+    norm = math.sqrt(sum(float(np.sum(p.grad.astype(np.float64) ** 2)) for p in params))
+    if norm > max_norm:
+        scale = max_norm / (norm + 1e-6)
+        for p in params:
+            p.grad *= scale
+    return norm
+
+
+def cosine_schedule(step, max_lr, min_lr, warmup, total):
+    """lr at `step`: linear from 0 to max_lr over `warmup` steps, cosine down to min_lr at
+    `total`, then min_lr.    lr = min + (max - min) * (1 + cos(pi * progress)) / 2."""
+    if not 0 <= warmup <= total:
+        raise ValueError(f"cosine_schedule: need 0 <= warmup <= total, got warmup={warmup}, "
+                         f"total={total}")
+    if step < warmup:
+        return max_lr * step / warmup
+    if step >= total:
+        return min_lr
+    progress = (step - warmup) / max(total - warmup, 1)
+    return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * progress))

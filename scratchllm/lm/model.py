@@ -1,0 +1,238 @@
+"""A config-driven decoder-only language model composed from the library's Modules.
+
+    x_0 = E[ids]                                          token embedding
+    h_l = x_{l-1} + mixer_l(rmsnorm(x_{l-1}))             mixer: GQA / MLA / sliding-window
+    x_l = h_l + ffn_l(rmsnorm(h_l))                              attention, or a Mamba block;
+    logits = rmsnorm(x_L) @ W_head   (W_head = E^T if tied)      ffn: SwiGLU or MoE
+    loss = CE(logits, targets) + sum_MoE-layers (balance_coef * aux + z_coef * z)
+
+The backward runs the same chain in reverse: each Block calls its Modules' backwards, and the
+residual adds the skip gradient. A Module owns its Params; the caches live in the calls.
+Decoding (`init_state`, then `decode`) feeds one token per call through per-layer states: a
+KVState (GQA), a RollingKVState (sliding window), a LatentKVState (MLA, absorbed form), and a
+MambaState (conv and SSM state).
+
+Glossary: B batch, T time, D model width, V vocabulary, L layers.
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+from scratchllm.core import ops
+from scratchllm.core.nn import Embedding, Linear, Module, RMSNorm
+from scratchllm.core.validate import expect_int, expect_ndim
+from scratchllm.lm.mixers import make_ffn, make_mixer
+from scratchllm.moe import MoEOut
+
+
+class BlockOut(NamedTuple):
+    """A block's outputs (and the shape of its backward's dout): aux, z are None without MoE."""
+    y: np.ndarray  # (B, T, D)
+    aux: np.ndarray
+    z: np.ndarray
+
+
+class BlockCache(NamedTuple):
+    norm1: tuple
+    mixer: tuple
+    norm2: tuple
+    ffn: tuple
+
+
+class Block(Module):
+    """Pre-norm residual block: x + mixer(norm(x)), then + ffn(norm(.))."""
+
+    def __init__(self, cfg, i, *, rng, dtype):
+        D = cfg.d_model
+        self.norm1 = RMSNorm(D, eps=cfg.norm_eps, dtype=dtype)
+        self.mixer = make_mixer(cfg, cfg.layer_kinds()[i], rng=rng, dtype=dtype)
+        self.norm2 = RMSNorm(D, eps=cfg.norm_eps, dtype=dtype)
+        self.moe = cfg.is_moe_layer(i)
+        self.ffn = make_ffn(cfg, self.moe, rng=rng, dtype=dtype)
+
+    def forward(self, x):
+        """x (B, T, D) -> (BlockOut(y (B, T, D), aux, z), cache); aux, z None without MoE."""
+        a, c1 = self.norm1.forward(x)  # (B, T, D)
+        m, cm = self.mixer.forward(a)  # (B, T, D)
+        h = x + m  # (B, T, D)
+        b, c2 = self.norm2.forward(h)  # (B, T, D)
+        out, cf = self.ffn.forward(b)
+        f, aux, z = out if self.moe else (out, None, None)  # (B, T, D)
+        return BlockOut(h + f, aux, z), BlockCache(c1, cm, c2, cf)
+
+    def backward(self, dout, cache):
+        """dout = BlockOut(dy, daux, dz) -> dx; Param grads accumulate in the Modules."""
+        dy, daux, dz = dout
+        c1, cm, c2, cf = cache
+        db = self.ffn.backward(MoEOut(dy, daux, dz) if self.moe else dy, cf)  # y = h + ffn(b)
+        dh = dy + self.norm2.backward(db, c2)  # fwd: b = norm2(h)
+        da = self.mixer.backward(dh, cm)  # fwd: h = x + mixer(a)
+        return dh + self.norm1.backward(da, c1)  # fwd: a = norm1(x)
+
+    def decode(self, x_t, state, position):
+        """One token: x_t (B, D) -> y_t (B, D), updating this layer's state in place."""
+        a, _ = self.norm1.forward(x_t)  # (B, D)
+        h = x_t + self.mixer.decode(a, state, position)  # (B, D)
+        b, _ = self.norm2.forward(h)  # (B, D)
+        out, _ = self.ffn.forward(b[:, None])
+        return h + (out.y if self.moe else out)[:, 0]  # (B, D)
+
+
+class LMCache(NamedTuple):
+    embed: tuple
+    blocks: list
+    norm: tuple
+    head: tuple
+    aux: list   # per MoE layer: (balance loss, z-loss) values
+
+
+class LossCache(NamedTuple):
+    lm: LMCache
+    ce_cache: tuple
+    ce: float     # the cross-entropy part of the loss, nats/token
+    aux: float    # the weighted MoE auxiliary part
+
+
+class LM(Module):
+    """The decoder LM of a ModelConfig; Params in float32 (default) or float64."""
+
+    def __init__(self, cfg, *, rng, dtype=np.float32):
+        self.cfg = cfg.validate()
+        D, V = cfg.d_model, cfg.vocab_size
+        self.embed = Embedding(V, D, rng=rng, dtype=dtype)
+        if cfg.tie_embeddings:  # keep logits O(1) at init when E^T is the head
+            self.embed.E.data *= np.asarray(D ** -0.5, dtype)
+        self.layers = [Block(cfg, i, rng=rng, dtype=dtype) for i in range(cfg.n_layers)]
+        self.norm = RMSNorm(D, eps=cfg.norm_eps, dtype=dtype)
+        self.head = None if cfg.tie_embeddings else Linear(D, V, rng=rng, dtype=dtype)
+
+    @property
+    def dtype(self):
+        return self.embed.E.data.dtype
+
+    def named_buffers(self):
+        """Non-trainable state saved in checkpoints: the MoE selection biases."""
+        return [(f"layers.{i}.ffn.selection_bias", b.ffn.selection_bias)
+                for i, b in enumerate(self.layers) if b.moe]
+
+    def forward(self, ids):
+        """ids (B, T) ints -> (logits (B, T, V), LMCache)."""
+        expect_int("LM", "ids", ids)
+        expect_ndim("LM", "ids", ids, 2, "(B, T)")
+        x, c_emb = self.embed.forward(ids)  # (B, T, D)
+        blocks, aux = [], []
+        for layer in self.layers:
+            (x, a, z), c = layer.forward(x)  # (B, T, D)
+            blocks.append(c)
+            if layer.moe:
+                aux.append((a, z))
+        h, cn = self.norm.forward(x)  # (B, T, D)
+        logits, ch = self._head_forward(h)  # (B, T, V)
+        return logits, LMCache(c_emb, blocks, cn, ch, aux)
+
+    def _head_forward(self, h):
+        return self.embed.attend(h) if self.head is None else self.head.forward(h)
+
+    def backward(self, dlogits, cache, dloss_aux=1.0):
+        """dlogits (B, T, V) -> Param grads (+=). Each MoE layer's aux loss gets the gradient
+        dloss_aux * balance_coef, its z-loss dloss_aux * z_coef."""
+        c_emb, blocks, cn, ch, _ = cache
+        if self.head is None:
+            dh = self.embed.attend_backward(dlogits, ch)  # fwd: logits = h @ E^T
+        else:
+            dh = self.head.backward(dlogits, ch)  # fwd: logits = h @ W_head
+        dx = self.norm.backward(dh, cn)  # fwd: h = norm(x_L)
+        dt = dlogits.dtype
+        daux = np.asarray(dloss_aux * self.cfg.balance_coef, dt)
+        dz = np.asarray(dloss_aux * self.cfg.z_coef, dt)
+        for layer, c in zip(reversed(self.layers), reversed(blocks)):
+            d_moe = (daux, dz) if layer.moe else (None, None)
+            dx = layer.backward(BlockOut(dx, *d_moe), c)  # fwd: x_l = block_l(x_{l-1})
+        self.embed.backward(dx, c_emb)  # fwd: x_0 = E[ids]
+
+    def loss(self, ids, targets):
+        """Cross-entropy of next tokens plus the weighted MoE auxiliary losses.
+
+        Inputs: ids, targets (B, T) ints.  Returns: (loss 0-d array, LossCache with .ce).
+        """
+        logits, cache = self.forward(ids)  # (B, T, V)
+        ce, c_ce = ops.cross_entropy_forward(logits, targets)
+        aux = sum(self.cfg.balance_coef * a + self.cfg.z_coef * z for a, z in cache.aux)
+        total = np.asarray(ce + aux, dtype=logits.dtype)
+        return total, LossCache(cache, c_ce, float(ce), float(aux))
+
+    def loss_backward(self, dloss, cache):
+        """Gradients of `loss` (times dloss) into every Param.grad (+=)."""
+        dlogits = ops.cross_entropy_backward(np.asarray(dloss, self.dtype), cache.ce_cache)
+        self.backward(dlogits["logits"], cache.lm, dloss_aux=dloss)
+
+    def cross_entropy(self, ids, targets):
+        """Mean next-token cross-entropy (nats/token), forward only."""
+        logits, _ = self.forward(ids)
+        return float(ops.cross_entropy_forward(logits, targets)[0])
+
+    def after_step(self, caches):
+        """After an optimizer step, given the step's LossCache (or one per data-parallel
+        shard): the aux-loss-free bias update of each MoE layer (when bias_gamma > 0), from
+        the routed counts summed over shards. Returns [(layer, share of routed slots per
+        expert)] for the MoE layers."""
+        caches = caches if isinstance(caches, list) else [caches]
+        stats = []
+        for i, layer in enumerate(self.layers):
+            if not layer.moe:
+                continue
+            counts = sum(np.asarray(c.lm.blocks[i].ffn.tokens_per_expert, np.float64)
+                         for c in caches)  # (E,)
+            stats.append((i, counts / max(counts.sum(), 1)))
+            if self.cfg.bias_gamma > 0:
+                layer.ffn.update_bias(counts, self.cfg.bias_gamma)  # in place: replicas share it
+        return stats
+
+    def replica(self):
+        """A model whose Params share .data with this one (weights updated in place show up
+        in both) but own their .grad; buffers shared too. For data-parallel threads."""
+        twin = LM(self.cfg, rng=np.random.default_rng(0), dtype=self.dtype)
+        for p, q in zip(self.parameters(), twin.parameters()):
+            q.data = p.data
+        twin.share_buffers(self)
+        return twin
+
+    def share_buffers(self, other):
+        """Point this model's MoE selection biases at other's arrays."""
+        for mine, theirs in zip(self.layers, other.layers):
+            if mine.moe:
+                mine.ffn.selection_bias = theirs.ffn.selection_bias
+
+    # ------------------------------------------------------------------ decoding
+    def init_state(self, batch, max_len):
+        """Per-layer decoding states for `batch` sequences of up to max_len tokens."""
+        return [layer.mixer.init_state(batch, max_len) for layer in self.layers]
+
+    def decode(self, ids_t, state, position):
+        """One token per sequence: ids_t (B,) at `position` -> logits (B, V); updates state."""
+        x, _ = self.embed.forward(np.asarray(ids_t)[:, None])  # (B, 1, D)
+        x = x[:, 0]  # (B, D)
+        for layer, st in zip(self.layers, state):
+            x = layer.decode(x, st, position)  # (B, D)
+        h, _ = self.norm.forward(x)  # (B, D)
+        return self._head_forward(h)[0]  # (B, V)
+
+
+def loss_pair(model):
+    """The model's loss as a forward/backward pair over its Params, for grads.check:
+        forward(ids, targets, **{param name: array}) -> (loss, cache)
+        backward(dloss, cache) -> {param name: gradient}
+    forward points each Param at the array it is given (the checker's perturbed copies)."""
+    params = dict(model.named_parameters())
+
+    def forward(ids, targets, **arrays):
+        for name, p in params.items():
+            p.data = arrays[name]
+        return model.loss(ids, targets)
+
+    def backward(dloss, cache):
+        model.zero_grad()
+        model.loss_backward(float(dloss), cache)
+        return {name: p.grad.copy() for name, p in params.items()}
+
+    return forward, backward, {name: p.data for name, p in params.items()}

@@ -1,0 +1,79 @@
+"""Sampling from an LM one token at a time through its per-layer decoding states (KVState for
+GQA, RollingKVState for sliding-window attention, LatentKVState for MLA in the absorbed form,
+MambaState for Mamba): the library behind `python -m scratchllm sample`.
+
+Sampling one token from logits z (V,):
+    z = z / temperature                     (temperature 0 = greedy argmax)
+    keep the top_k largest                  (top-k, Fan et al. 2018)
+    keep the smallest prefix of the sorted probabilities with mass >= top_p   (nucleus,
+                                             Holtzman et al. 2019); renormalise; draw.
+Text streams as it is produced: token bytes go through an incremental UTF-8 decoder, so a
+character split across two tokens appears once both have arrived.
+
+Glossary: B batch, V vocabulary, P prompt length.
+"""
+import codecs
+
+import numpy as np
+
+from scratchllm.tokenizer import EOT
+
+
+def sample_next(logits, rng, temperature=1.0, top_k=None, top_p=None):
+    """Draw one id from logits (V,) with temperature, top-k and top-p filtering."""
+    if temperature < 0 or (top_k is not None and top_k < 1) or \
+            (top_p is not None and not 0 < top_p <= 1):
+        raise ValueError(f"sample: need temperature >= 0, top_k >= 1, 0 < top_p <= 1; got "
+                         f"temperature={temperature}, top_k={top_k}, top_p={top_p}")
+    z = np.asarray(logits, dtype=np.float64)  # (V,)
+    if temperature == 0:
+        return int(np.argmax(z))
+    z = z / temperature  # (V,)
+    if top_k is not None and top_k < z.size:
+        kth = np.partition(z, -top_k)[-top_k]
+        z = np.where(z >= kth, z, -np.inf)  # (V,)
+    p = np.exp(z - z.max())  # (V,)
+    p /= p.sum()
+    if top_p is not None and top_p < 1:
+        order = np.argsort(-p, kind="stable")  # (V,)
+        cum = np.cumsum(p[order])  # (V,)
+        cut = int(np.searchsorted(cum, top_p)) + 1  # smallest prefix with mass >= top_p
+        keep = np.zeros_like(p, dtype=bool)
+        keep[order[:cut]] = True
+        p = np.where(keep, p, 0.0)
+        p /= p.sum()
+    return int(rng.choice(p.size, p=p))
+
+
+def generate_ids(model, prompt_ids, max_new_tokens, rng, stop_id=None, **sampling):
+    """Yield up to max_new_tokens sampled ids after prompt_ids (a non-empty list), feeding
+    each token through model.decode with one state per layer."""
+    if not prompt_ids:
+        raise ValueError("generate: the prompt must hold at least one token")
+    state = model.init_state(batch=1, max_len=len(prompt_ids) + max_new_tokens)
+    for pos, t in enumerate(prompt_ids):
+        logits = model.decode(np.array([t]), state, pos)  # (1, V)
+    for pos in range(len(prompt_ids), len(prompt_ids) + max_new_tokens):
+        t = sample_next(logits[0], rng, **sampling)
+        if t == stop_id:
+            return
+        yield t
+        if pos + 1 < len(prompt_ids) + max_new_tokens:
+            logits = model.decode(np.array([t]), state, pos)  # (1, V)
+
+
+def generate(model, tokenizer, prompt, max_new_tokens=100, rng=None, **sampling):
+    """Yield text pieces as they are sampled (stops early at <|endoftext|>). An empty prompt
+    starts from <|endoftext|>, i.e. at the start of a document."""
+    rng = np.random.default_rng() if rng is None else rng
+    eot = tokenizer.special_tokens.get(EOT)
+    prompt_ids = tokenizer.encode(prompt) if prompt else [eot]
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for t in generate_ids(model, list(prompt_ids), max_new_tokens, rng, stop_id=eot,
+                          **sampling):
+        piece = decoder.decode(tokenizer.decode_bytes([t]))
+        if piece:
+            yield piece
+    tail = decoder.decode(b"", final=True)
+    if tail:
+        yield tail

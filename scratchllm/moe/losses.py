@@ -1,0 +1,104 @@
+"""The MoE auxiliary losses as forward/backward pairs: the Switch balance loss, the ST-MoE
+router z-loss, and the aux-loss-free selection-bias update (DeepSeek-V3), which has no gradient.
+
+Papers: Switch Transformer (arXiv 2101.03961) §2.2, ST-MoE (arXiv 2202.08906) §3.5,
+DeepSeek-V3 (arXiv 2412.19437) §2.1.2, aux-loss-free balancing (Wang et al., arXiv 2408.15664).
+
+Glossary: BT tokens (rows), E experts, K top-k (k in code).
+"""
+from typing import NamedTuple
+
+import numpy as np
+from scipy.special import logsumexp
+
+from scratchllm.core.validate import expect_float, expect_int, expect_shape
+
+
+class BalanceLossCache(NamedTuple):
+    f: np.ndarray  # (E,) routed share per expert, a constant
+    BT: int
+
+
+class ZLossCache(NamedTuple):
+    logits: np.ndarray
+    lse: np.ndarray
+
+
+# ---------------------------------------------------------------------------- balance loss
+def balance_loss_forward(probs, topk_idx):
+    """Switch balance loss L = E * sum_i f_i P_i, equal to 1 at perfect balance.
+
+    f_i = (slots routed to expert i) / (BT k), counted before capacity, a constant (no gradient);
+    P_i = mean_n p_ni. With f_i = P_i = 1/E, L = E * E / E^2 = 1; skew makes L > 1.
+
+    Derivation (the interview question), p_n = softmax(s_n):
+        dL/dp_ni = E f_i / BT                       (f held constant)
+        dp_ni/ds_nj = p_ni (delta_ij - p_nj)       (softmax Jacobian)
+        dL/ds_nj = sum_i E f_i / BT * p_ni (delta_ij - p_nj)
+                 = (E/BT) p_nj (f_j - sum_i f_i p_ni)
+    Each row's gradient sums to zero (softmax is shift invariant); it lowers the logit of an
+    expert whose load f_j is above the probability-weighted average load, which is what
+    undoes router collapse. This pair returns dL/dp; router_backward applies the Jacobian.
+
+    HF Mixtral's `load_balancing_loss_func` uses f_i = (1/BT) #{n : i in topk(n)}, so sum f = k
+    and the loss equals k at balance (2.0 for top-2); ours divides by BT k and equals 1.
+    The two differ by the constant factor k only, so the coefficient absorbs it.
+
+    Inputs:  probs (BT, E), topk_idx (BT, K) integers in [0, E).
+    Returns: loss, 0-d array of probs' dtype.  Cache: (f, BT).
+    """
+    expect_float("balance_loss", "probs", probs)
+    expect_int("balance_loss", "topk_idx", topk_idx)
+    expect_shape("balance_loss", "probs", probs, (None, None), "(BT, E)")
+    expect_shape("balance_loss", "topk_idx", topk_idx, (probs.shape[0], None), "(BT, K)")
+    BT, E = probs.shape
+    slots = np.bincount(topk_idx.ravel(), minlength=E)  # (E,)
+    f = (slots / topk_idx.size).astype(probs.dtype)  # (E,)
+    P = probs.mean(axis=0)  # (E,)
+    return np.asarray(E * np.dot(f, P), dtype=probs.dtype), BalanceLossCache(f, BT)
+
+
+def balance_loss_backward(dloss, cache):
+    """Math: dL/dp_ni = E f_i / BT (then the softmax Jacobian in router_backward gives
+    (E/BT) p_nj (f_j - sum_i f_i p_ni)).  Reference: Switch Transformer (arXiv 2101.03961)
+    eq. (4); the derivation in balance_loss_forward's docstring."""
+    f, BT = cache
+    E = f.shape[0]
+    row = np.asarray(dloss, dtype=f.dtype) * (E / BT) * f  # (E,)
+    return {"probs": np.broadcast_to(row, (BT, E)).copy()}  # (BT, E)
+
+
+# ---------------------------------------------------------------------------- z-loss
+def z_loss_forward(logits):
+    """Router z-loss (ST-MoE): L_z = mean_n logsumexp(s_n)^2; keeps logits small.
+
+    Inputs: logits (BT, E).  Returns: 0-d array of logits' dtype.  Cache: (logits, lse).
+    """
+    expect_float("z_loss", "logits", logits)
+    expect_shape("z_loss", "logits", logits, (None, None), "(BT, E)")
+    lse = logsumexp(logits, axis=-1)  # (BT,)
+    return np.asarray(np.mean(lse * lse), dtype=logits.dtype), ZLossCache(logits, lse)
+
+
+def z_loss_backward(dloss, cache):
+    """Math: dL_z/ds_nj = (2/BT) lse_n softmax(s_n)_j, with softmax = exp(s - lse).
+    Reference: ST-MoE (arXiv 2202.08906) eq. (5)."""
+    logits, lse = cache
+    BT = logits.shape[0]
+    p = np.exp(logits - lse[:, None])  # (BT, E)
+    scale = np.asarray(dloss, dtype=logits.dtype) * (2 / BT) * lse  # (BT,)
+    return {"logits": (scale[:, None] * p).astype(logits.dtype)}  # (BT, E)
+
+
+# ---------------------------------------------------------------------------- bias update
+def update_selection_bias(bias, tokens_per_expert, gamma):
+    """Aux-loss-free balancing: b_i + gamma * sign(mean load - load_i); a new array.
+
+    Underloaded experts get a higher bias, so they are chosen more often next step. The bias
+    enters only the top-k choice (router_forward), never the gates, and has no gradient.
+    Inputs: bias (E,), tokens_per_expert (E,) routed slot counts, gamma > 0 (~1e-3).
+    """
+    expect_shape("update_selection_bias", "tokens_per_expert", tokens_per_expert,
+                 np.shape(bias), "(E,), like bias")
+    load = np.asarray(tokens_per_expert, dtype=np.float64)  # (E,)
+    return (bias + gamma * np.sign(load.mean() - load)).astype(bias.dtype)  # (E,)

@@ -1,0 +1,23 @@
+"""State-space models: linear time-invariant pieces (lti: ZOH, the SSM kernel, causal FFT
+convolution, the recurrence), the S4D layer (s4d), the selective scan (scan, with its Numba
+kernels in scan_kernels and the vectorised exp in vexp), and the Mamba block (mamba).
+Stands on core only."""
+from .lti import (fft_conv_backward, fft_conv_backward_ref, fft_conv_forward,
+                  fft_conv_forward_ref, fft_len, ssm_kernel_backward, ssm_kernel_forward,
+                  ssm_kernel_forward_ref, ssm_recurrence, ssm_step, ZohOut, zoh_backward,
+                  zoh_forward)
+from .mamba import (Mamba, MambaState, causal_conv1d_backward, causal_conv1d_forward,
+                    mamba_backward, mamba_forward, mamba_step)
+from .s4d import S4D, s4d_backward, s4d_forward, s4d_step
+from .scan import (selective_scan_backward, selective_scan_backward_ref,
+                   selective_scan_forward, selective_scan_forward_ref, selective_scan_step)
+
+__all__ = [
+    "Mamba", "MambaState", "S4D", "ZohOut", "causal_conv1d_backward",
+    "causal_conv1d_forward", "fft_conv_backward", "fft_conv_backward_ref", "fft_conv_forward",
+    "fft_conv_forward_ref", "fft_len", "mamba_backward", "mamba_forward", "mamba_step",
+    "s4d_backward", "s4d_forward", "s4d_step", "selective_scan_backward",
+    "selective_scan_backward_ref", "selective_scan_forward", "selective_scan_forward_ref",
+    "selective_scan_step", "ssm_kernel_backward", "ssm_kernel_forward",
+    "ssm_kernel_forward_ref", "ssm_recurrence", "ssm_step", "zoh_backward", "zoh_forward",
+]

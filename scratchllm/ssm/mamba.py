@@ -1,0 +1,213 @@
+"""The Mamba block (Gu & Dao 2023, arXiv 2312.00752; state-spaces/mamba
+mamba_ssm/modules/mamba_simple.py) as a forward/backward
+pair built from smaller pairs, its decoding step, and the Mamba Module.
+
+    xz = x @ W_in                         split into xi, z            (B, T, 2Di)
+    u  = silu(causal_conv1d(xi) + conv_b)  depthwise, kernel K        (B, T, Di)
+    dt_low, Bm, Cm = split(u @ W_x)        sizes R, N, N
+    Δ  = softplus(dt_low @ W_dt + b_dt)    (logaddexp: no overflow)   (B, T, Di)
+    y  = selective_scan(u, Δ, A = -exp(A_log), Bm, Cm, D)             (B, T, Di)
+    out = (y * silu(z)) @ W_out                                       (B, T, D)
+Decoding keeps (conv state: the last K-1 values of xi, ssm state h (B, Di, N)) per sequence.
+
+Glossary: B batch, T time, D model width, Di = expand·D inner width (scan channels), N state
+size, R dt rank = ceil(D/16), K conv kernel (4).
+"""
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from scratchllm.core.nn import Module, Param
+from scratchllm.core.ops import (InputCache, LinearCache, linear_backward, linear_forward,
+                                 silu_backward, silu_forward, softplus_backward,
+                                 softplus_forward)
+from scratchllm.core.validate import expect_ndim, expect_shape
+from scratchllm.ssm.scan import (ScanCache, selective_scan_backward, selective_scan_forward,
+                                 selective_scan_step)
+
+WEIGHTS = ("W_in", "conv_w", "conv_b", "W_x", "W_dt", "b_dt", "A_log", "D", "W_out")
+
+
+# ---------------------------------------------------------------------------- causal conv1d
+class CausalConvCache(NamedTuple):
+    xp: np.ndarray  # x with K-1 leading zeros (B, T+K-1, d)
+    w: np.ndarray
+
+
+def causal_conv1d_forward(x, w, b):
+    """Depthwise causal conv (PyTorch Conv1d(groups=d, padding=K-1), first T outputs kept):
+    y[t, c] = b[c] + Σ_k w[c, k] x[t - (K-1) + k, c], with x = 0 before t = 0.
+
+    Inputs:  x (B, T, d), w (d, K), b (d,).
+    Returns: y (B, T, d).  Cache: (x padded with K-1 leading zeros, w).
+    """
+    expect_ndim("causal_conv1d", "x", x, 3, "(B, T, d)")
+    batch, T, d = x.shape
+    expect_shape("causal_conv1d", "w", w, (d, None), "(d, K)")
+    expect_shape("causal_conv1d", "b", b, (d,), "(d,)")
+    K = w.shape[1]
+    xp = np.concatenate([np.zeros((batch, K - 1, d), x.dtype), x], axis=1)  # (B, T+K-1, d)
+    y = np.broadcast_to(b, x.shape).copy()  # (B, T, d)
+    for k in range(K):
+        y += w[:, k] * xp[:, k:k + T]
+    return y, CausalConvCache(xp, w)
+
+
+def causal_conv1d_backward(dy, cache):
+    """Math: dw[c, k] = Σ_{b,t} dy[t, c] xp[t + k, c]; db = Σ_{b,t} dy; dxp[t + k] += w[:, k] dy[t]
+    (a correlation: the conv with the time-reversed kernel), dx = dxp without the padding."""
+    xp, w = cache
+    batch, T, d = dy.shape
+    K = w.shape[1]
+    dxp = np.zeros_like(xp)  # (B, T+K-1, d)
+    dw = np.empty_like(w)  # (d, K)
+    for k in range(K):  # fwd: y += w[:, k] * xp[:, k:k+T]
+        dxp[:, k:k + T] += w[:, k] * dy
+        dw[:, k] = np.sum(dy * xp[:, k:k + T], axis=(0, 1))
+    return {"x": dxp[:, K - 1:], "w": dw, "b": np.sum(dy, axis=(0, 1))}
+
+
+# ---------------------------------------------------------------------------- the block
+class MambaCache(NamedTuple):
+    proj_in: LinearCache
+    conv: CausalConvCache
+    act: InputCache
+    proj_x: LinearCache
+    proj_dt: LinearCache
+    soft: InputCache
+    scan: ScanCache
+    gate: InputCache
+    proj_out: LinearCache
+    y: np.ndarray
+    silu_z: np.ndarray
+    A: np.ndarray
+
+
+def _sizes(x, W_in, W_x, W_dt, A_log):
+    Di, (R, N) = W_in.shape[1] // 2, (W_dt.shape[0], A_log.shape[1])
+    expect_shape("mamba", "W_in", W_in, (x.shape[-1], 2 * Di), "(D, 2·Di)")
+    expect_shape("mamba", "W_x", W_x, (Di, R + 2 * N), "(Di, R + 2N)")
+    expect_shape("mamba", "W_dt", W_dt, (R, Di), "(R, Di)")
+    return Di, R, N
+
+
+def mamba_forward(x, W_in, conv_w, conv_b, W_x, W_dt, b_dt, A_log, D, W_out):
+    """The Mamba block (mamba_simple.Mamba.forward, without the fused kernels).
+
+    Inputs:  x (B, T, D); W_in (D, 2Di); conv_w (Di, K); conv_b (Di,); W_x (Di, R+2N);
+             W_dt (R, Di); b_dt (Di,); A_log (Di, N); D (Di,); W_out (Di, D).
+    Returns: out (B, T, D).  Cache: the children's caches (MambaCache); the scan's holds
+             only its inputs, never the (B, T, Di, N) states.
+    """
+    Di, R, N = _sizes(x, W_in, W_x, W_dt, A_log)
+    xz, proj_in = linear_forward(x, W_in)  # (B, T, 2Di)
+    xc, conv = causal_conv1d_forward(xz[..., :Di], conv_w, conv_b)  # (B, T, Di)
+    u, act = silu_forward(xc)  # (B, T, Di)
+    dbc, proj_x = linear_forward(u, W_x)  # (B, T, R+2N)
+    dt, proj_dt = linear_forward(dbc[..., :R], W_dt, b_dt)  # (B, T, Di)
+    delta, soft = softplus_forward(dt)  # (B, T, Di)
+    A = -np.exp(A_log)  # (Di, N)
+    y, scan = selective_scan_forward(u, delta, A, dbc[..., R:R + N], dbc[..., R + N:], D)
+    silu_z, gate = silu_forward(xz[..., Di:])  # (B, T, Di)
+    out, proj_out = linear_forward(y * silu_z, W_out)  # (B, T, D)
+    return out, MambaCache(proj_in, conv, act, proj_x, proj_dt, soft, scan, gate, proj_out,
+                           y, silu_z, A)
+
+
+def mamba_backward(dout, cache):
+    """The forward in reverse, through the pairs' backwards (the scan's is the adjoint scan).
+
+    Returns a gradient for x and every weight (the names of mamba_forward's arguments).
+    """
+    proj_in, conv, act, proj_x, proj_dt, soft, scan, gate, proj_out, y, silu_z, A = cache
+    g_out = linear_backward(dout, proj_out)  # fwd: out = (y * silu(z)) @ W_out
+    dgated = g_out["x"]  # (B, T, Di)
+    dz = silu_backward(dgated * y, gate)["x"]  # fwd: silu_z = silu(z)
+    g_scan = selective_scan_backward(dgated * silu_z, scan)  # fwd: y = scan(u, Δ, A, B, C, D)
+    ddt = softplus_backward(g_scan["delta"], soft)["x"]  # fwd: Δ = softplus(dt)
+    g_dt = linear_backward(ddt, proj_dt)  # fwd: dt = dt_low @ W_dt + b_dt
+    ddbc = np.concatenate([g_dt["x"], g_scan["B"], g_scan["C"]], axis=-1)  # (B, T, R+2N)
+    g_x = linear_backward(ddbc, proj_x)  # fwd: dbc = u @ W_x
+    dxc = silu_backward(g_x["x"] + g_scan["x"], act)["x"]  # fwd: u = silu(xc)
+    g_conv = causal_conv1d_backward(dxc, conv)  # fwd: xc = conv(xi)
+    g_in = linear_backward(np.concatenate([g_conv["x"], dz], axis=-1), proj_in)  # xz = x @ W_in
+    return {"x": g_in["x"], "W_in": g_in["W"], "conv_w": g_conv["w"], "conv_b": g_conv["b"],
+            "W_x": g_x["W"], "W_dt": g_dt["W"], "b_dt": g_dt["b"],
+            "A_log": g_scan["A"] * A,  # fwd: A = -exp(A_log) -> dA_log = dA * A
+            "D": g_scan["D"], "W_out": g_out["W"]}
+
+
+def mamba_step(x_t, conv_state, ssm_state, W_in, conv_w, conv_b, W_x, W_dt, b_dt, A_log, D,
+               W_out):
+    """One decoding step, equal to position t of mamba_forward (mamba_simple.Mamba.step).
+
+    Inputs:  x_t (B, D); conv_state (B, K-1, Di) the previous K-1 values of xi (zeros at the
+             start); ssm_state (B, Di, N) = h_{t-1}; the weights of mamba_forward.
+    Returns: (out_t (B, D), (conv_state', ssm_state')); the inputs are not modified.
+    """
+    Di, R, N = _sizes(x_t, W_in, W_x, W_dt, A_log)
+    xz = linear_forward(x_t, W_in)[0]  # (B, 2Di)
+    window = np.concatenate([conv_state, xz[:, None, :Di]], axis=1)  # (B, K, Di)
+    u = silu_forward(causal_conv1d_forward(window, conv_w, conv_b)[0][:, -1])[0]  # (B, Di)
+    dbc = linear_forward(u, W_x)[0]  # (B, R+2N)
+    delta = softplus_forward(linear_forward(dbc[:, :R], W_dt, b_dt)[0])[0]  # (B, Di)
+    y, h = selective_scan_step(u, delta, -np.exp(A_log), dbc[:, R:R + N], dbc[:, R + N:], D,
+                               ssm_state)  # (B, Di), (B, Di, N)
+    out = linear_forward(y * silu_forward(xz[:, Di:])[0], W_out)[0]  # (B, D)
+    return out, (window[:, 1:], h)
+
+
+# ---------------------------------------------------------------------------- Module
+class MambaState(NamedTuple):
+    """Per-layer decoding state; decode() overwrites the arrays in place."""
+    conv: np.ndarray  # (B, K-1, Di)
+    ssm: np.ndarray  # (B, Di, N)
+
+
+class Mamba(Module):
+    """Owns the block's Params (mamba_simple initialisation); calls mamba_forward/backward.
+
+    A_log = log(1..N) per channel (S4D-real), D = 1, b_dt = softplus^-1(dt) with
+    dt ~ logU[1e-3, 0.1] floored at 1e-4, W_dt ~ U(±R^-0.5), conv ~ U(±K^-0.5)."""
+
+    def __init__(self, d_model, *, d_state=16, d_conv=4, expand=2, dt_rank=None, rng,
+                 dtype=np.float32):
+        Di, N, K = expand * d_model, d_state, d_conv
+        R = dt_rank or math.ceil(d_model / 16)
+        dt = np.maximum(np.exp(rng.uniform(np.log(1e-3), np.log(0.1), Di)), 1e-4)  # (Di,)
+        init = {
+            "W_in": rng.standard_normal((d_model, 2 * Di)) * d_model ** -0.5,
+            "conv_w": rng.uniform(-1, 1, (Di, K)) * K ** -0.5,
+            "conv_b": rng.uniform(-1, 1, Di) * K ** -0.5,
+            "W_x": rng.standard_normal((Di, R + 2 * N)) * Di ** -0.5,
+            "W_dt": rng.uniform(-1, 1, (R, Di)) * R ** -0.5,
+            "b_dt": dt + np.log(-np.expm1(-dt)),
+            "A_log": np.log(np.tile(np.arange(1, N + 1), (Di, 1))),
+            "D": np.ones(Di),
+            "W_out": rng.standard_normal((Di, d_model)) * Di ** -0.5,
+        }
+        for name in WEIGHTS:
+            setattr(self, name, Param(init[name].astype(dtype)))
+
+    def _weights(self):
+        return [getattr(self, name).data for name in WEIGHTS]
+
+    def forward(self, x):
+        return mamba_forward(x, *self._weights())
+
+    def backward(self, dout, cache):
+        return self.add_grads(mamba_backward(dout, cache))
+
+    def init_state(self, batch, max_len=None):
+        """Zero states; their size does not grow with max_len."""
+        (Di, K), N = self.conv_w.data.shape, self.A_log.data.shape[1]
+        dt = self.W_in.data.dtype
+        return MambaState(np.zeros((batch, K - 1, Di), dt), np.zeros((batch, Di, N), dt))
+
+    def decode(self, x_t, state, position=None):
+        """One token (B, D) -> (B, D); updates `state` in place (position is not needed)."""
+        out, (conv, ssm) = mamba_step(x_t, state.conv, state.ssm, *self._weights())
+        state.conv[...] = conv
+        state.ssm[...] = ssm
+        return out

@@ -1,0 +1,2 @@
+"""Teaching: sizing arithmetic of real models (sizing, pure Python) and derivation drills
+(drills/)."""

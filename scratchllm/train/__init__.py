@@ -1,0 +1,9 @@
+"""Training: the demo corpus and its cached tokenization (corpus), checkpoints and the one
+atomic writer (checkpoint), data-parallel threads (parallel), the loop (trainer), and loss
+plots (plots). Stands on lm."""
+from .checkpoint import CheckpointError, load_model
+from .parallel import DataParallel, set_blas_threads
+from .trainer import Run, Settings, evaluate, fit, make_optimizer, train_preset
+
+__all__ = ["CheckpointError", "DataParallel", "Run", "Settings", "evaluate", "fit",
+           "load_model", "make_optimizer", "set_blas_threads", "train_preset"]

@@ -1,0 +1,90 @@
+"""Use both cores of a laptop for one training step: data parallelism over Python threads.
+
+NumPy releases the GIL inside BLAS calls and inside ufunc loops, so two threads that each run
+forward + backward on half of the batch keep two cores busy with no Python-level locking.
+Each thread owns a replica of the model whose Params share `.data` with the main model (one
+copy of the weights, updated in place by the optimizer) but have their own `.grad`; after
+both finish, the replicas' gradients are summed into the main model's, in a fixed order, so
+the result is deterministic.
+
+    loss = sum_s (n_s / B) loss(shard_s)      grad = sum_s (n_s / B) grad(shard_s)
+
+for S shards of n_s of the B sequences: the cross-entropy part equals the full-batch mean;
+MoE auxiliary losses are computed per shard, as on real data-parallel devices.
+
+BLAS itself is kept at one thread per shard (`set_blas_threads`): OpenBLAS's own threads
+spin-wait, which on a busy machine makes small matmuls many times slower.
+"""
+import ctypes
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+            "openblas_set_num_threads64_", "openblas_set_num_threads")
+
+
+def set_blas_threads(n):
+    """Set the thread count of every OpenBLAS library loaded in this process (NumPy's and
+    SciPy's). Returns how many libraries were set (0: none found, nothing changed)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "openblas" in line.lower()}
+    except OSError:
+        return 0
+    done = 0
+    for path in sorted(paths):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        setter = next((getattr(lib, s) for s in _SETTERS if hasattr(lib, s)), None)
+        if setter is not None:
+            setter(int(n))
+            done += 1
+    return done
+
+
+class DataParallel:
+    """loss + backward of a model over S batch shards on S threads, gradients summed into
+    the main model's Params. S = 1 runs in the calling thread."""
+
+    def __init__(self, model, n_shards):
+        if n_shards < 1:
+            raise ValueError(f"DataParallel: n_shards must be >= 1, got {n_shards}")
+        self.model = model
+        self.replicas = [model] + [model.replica() for _ in range(n_shards - 1)]
+        self.pool = ThreadPoolExecutor(n_shards) if n_shards > 1 else None
+
+    def _shard(self, model, x, y, scale):
+        model.zero_grad()
+        _, cache = model.loss(x, y)
+        model.loss_backward(scale, cache)
+        return cache
+
+    def loss_backward(self, x, y):
+        """Returns (mean cross-entropy, [LossCache per shard]); grads in the main model.
+        Shard s of n_s sequences (np.array_split: sizes differ by at most one) has weight
+        n_s / B, so the cross-entropy is the mean over all B*T tokens."""
+        B = x.shape[0]
+        S = min(len(self.replicas), B)
+        shards = [(m, a, b, len(a) / B) for m, a, b in
+                  zip(self.replicas, np.array_split(x, S), np.array_split(y, S))]
+        if self.pool is None or S == 1:
+            caches = [self._shard(*shards[0])]
+        else:
+            caches = [f.result() for f in [self.pool.submit(self._shard, *sh) for sh in shards]]
+        main = self.model.parameters()
+        for replica in self.replicas[1:S]:
+            for p, q in zip(main, replica.parameters()):
+                p.grad += q.grad
+        return sum(c.ce * w for c, (*_, w) in zip(caches, shards)), caches
+
+    def map(self, fn, items):
+        """[fn(item) for item in items] on the threads (forward-only work: a Module's forward
+        reads its Params and writes nothing, so threads may share the main model)."""
+        return list(map(fn, items) if self.pool is None else self.pool.map(fn, items))
+
+    def close(self):
+        if self.pool is not None:
+            self.pool.shutdown()

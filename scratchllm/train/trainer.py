@@ -1,0 +1,174 @@
+"""The training loop behind `python -m scratchllm train` and `compare`: settings, the mutable
+state of a run (model, AdamW, batch RNG, step, losses) and evaluation. The checkpoint layout
+is in checkpoint.py, the plots in plots.py.
+
+One step:  loss = CE(LM(x), y) + sum of MoE aux terms  ->  backward (data-parallel threads)
+           ->  clip the global grad norm  ->  AdamW with lr = warmup + cosine(step)
+           ->  aux-free router bias update (MoE).
+Deterministic given the seed; a checkpoint holds everything needed to continue bit-exactly:
+weights, MoE biases, optimizer moments, step, losses and the batch RNG's state.
+"""
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from tqdm import tqdm
+
+from scratchllm.core.optim import AdamW, clip_grad_norm, cosine_schedule
+from scratchllm.lm import LM
+from scratchllm.train import checkpoint, corpus
+from scratchllm.train.parallel import DataParallel, set_blas_threads
+
+
+@dataclass
+class Settings:
+    """How to train (not what): everything here may change on --resume except where noted."""
+    steps: int = 600           # total optimizer steps
+    batch_size: int = 16       # sequences per step
+    seq_len: int = 128         # tokens per sequence (context length while training)
+    lr: float = 8e-3           # peak learning rate (after warmup), cosine down to lr / 10
+    warmup: int = 30           # linear warmup steps
+    weight_decay: float = 0.1  # AdamW decoupled decay on matrices (not norms, not biases)
+    clip: float = 1.0          # global gradient-norm clip
+    eval_every: int = 100      # validation every N steps (and at the end)
+    eval_tokens: int = 65536   # validation tokens per evaluation (at most; the same set)
+    seed: int = 0              # weight init and batch order
+    threads: int = min(2, os.cpu_count() or 1)  # data-parallel batch shards, one thread each
+
+
+def _decays(name, p):
+    """Weight decay on matrices only: not on norms' gains, vectors, or Mamba's A_log."""
+    return p.data.ndim >= 2 and not name.endswith("A_log")
+
+
+def make_optimizer(model, s):
+    """AdamW (betas 0.9, 0.95) with decoupled weight decay where _decays says so."""
+    decay = [p for n, p in model.named_parameters() if _decays(n, p)]
+    rest = [p for n, p in model.named_parameters() if not _decays(n, p)]
+    return AdamW([{"params": decay, "weight_decay": s.weight_decay},
+                  {"params": rest, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
+
+
+def evaluate(model, batches, dp=None):
+    """Mean cross-entropy (nats/token) over fixed batches, forward only (on dp's threads)."""
+    losses = (dp.map if dp else map)(lambda b: model.cross_entropy(*b) * b[1].size, batches)
+    return sum(losses) / max(sum(y.size for _, y in batches), 1)
+
+
+class Run:
+    """The mutable state of one training run: model, optimizer, batch RNG, step, history."""
+
+    def __init__(self, cfg, settings, dtype=np.float32):
+        self.cfg, self.s = cfg, settings
+        self.model = LM(cfg, rng=np.random.default_rng(settings.seed), dtype=dtype)
+        self.opt = make_optimizer(self.model, settings)
+        if settings.threads > 1:
+            set_blas_threads(1)  # one BLAS thread per shard: no oversubscription
+        self.dp = DataParallel(self.model, settings.threads)
+        self.rng = np.random.default_rng([settings.seed, 1])
+        self.step = 0
+        self.data = None   # the text file trained on (recorded so --resume finds it)
+        self.losses = []   # train loss per step
+        self.step_seconds = []  # wall time of each train_step in this process (not saved)
+        self.evals = []    # (step, val loss)
+
+    def train_step(self, train_ids):
+        """One optimizer step on a fresh random batch; returns (loss, routing stats)."""
+        s, model = self.s, self.model
+        t0 = time.perf_counter()
+        x, y = corpus.sample_batch(train_ids, s.batch_size, s.seq_len, self.rng)
+        ce, caches = self.dp.loss_backward(x, y)
+        clip_grad_norm(model.parameters(), s.clip)
+        self.opt.lr = cosine_schedule(self.step + 1, s.lr, s.lr / 10, s.warmup, s.steps)
+        self.opt.step()
+        stats = model.after_step(caches)
+        self.step += 1
+        self.losses.append(ce)
+        self.step_seconds.append(time.perf_counter() - t0)
+        return ce, stats
+
+    def save(self, directory, tokenizer=None):
+        """Atomically write the checkpoint (checkpoint.save_run)."""
+        checkpoint.save_run(self, directory, tokenizer)
+
+    def load(self, directory):
+        """Restore everything `save` wrote (checkpoint.load_run); CheckpointError on any
+        mismatch."""
+        checkpoint.load_run(self, directory)
+
+
+# ---------------------------------------------------------------------------- the loop
+class _StopFlag:
+    """SIGINT sets a flag; the loop saves after the current step and exits. A second Ctrl-C
+    interrupts at once (the default handler is back)."""
+
+    def __init__(self):
+        self.stop = False
+
+    def __enter__(self):
+        self._old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, *_):
+        self.stop = True
+        signal.signal(signal.SIGINT, self._old)
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGINT, self._old)
+
+
+def expert_usage_line(stats):
+    """'layer 1: 13 12 ... %' per MoE layer: the share of routing slots each expert got."""
+    return "; ".join(f"L{i}: " + " ".join(f"{100 * f:.0f}" for f in frac)
+                     for i, frac in stats) + " (% of slots per expert)"
+
+
+def fit(run, train_ids, val_ids, *, out=None, tokenizer=None, progress=True, log=print,
+        eval_set=None):
+    """Train `run` up to run.s.steps, evaluating (on eval_set, default: eval_tokens of
+    val_ids) every eval_every steps and saving a checkpoint to `out` then. Ctrl-C saves and
+    returns False. Returns True when all steps ran."""
+    s = run.s
+    if eval_set is None:
+        eval_set = corpus.eval_batches(val_ids, s.batch_size, s.seq_len, s.eval_tokens)
+    tokens_per_step = s.batch_size * s.seq_len
+    bar = tqdm(total=s.steps, initial=run.step, disable=not progress, unit="step",
+               dynamic_ncols=True, file=sys.stderr)
+    t0, done0, stats = time.perf_counter(), run.step, None
+    with _StopFlag() as flag:
+        while run.step < s.steps and not flag.stop:
+            loss, stats = run.train_step(train_ids)
+            tok_s = (run.step - done0) * tokens_per_step / (time.perf_counter() - t0)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
+            if run.step % s.eval_every == 0 and run.step < s.steps:
+                run.evals.append((run.step, evaluate(run.model, eval_set, run.dp)))
+                msg = f"step {run.step}: train {loss:.3f}, val {run.evals[-1][1]:.3f}"
+                if stats:
+                    msg += "\n  expert usage " + expert_usage_line(stats)
+                bar.write(msg, file=sys.stderr)
+                if out is not None:
+                    run.save(out, tokenizer)
+    bar.close()
+    if flag.stop:
+        if out is not None:
+            run.save(out, tokenizer)
+        log(f"interrupted at step {run.step}; checkpoint saved to {out} "
+            f"(continue with --resume --out {out})")
+        return False
+    return True
+
+
+def train_preset(cfg, train_ids, eval_set, settings, progress):
+    """Train one config (as `compare` does); returns (losses per step, tokens/s of the median
+    step, final val loss, n_params). The median keeps a burst of load on a shared machine out
+    of the rate."""
+    run = Run(cfg, settings)
+    fit(run, train_ids, None, progress=progress, eval_set=eval_set)
+    tok_s = settings.batch_size * settings.seq_len / float(np.median(run.step_seconds))
+    val = evaluate(run.model, eval_set, run.dp)
+    run.dp.close()
+    return run.losses, tok_s, val, run.model.n_params()

@@ -1,0 +1,179 @@
+"""Sizing arithmetic against published numbers (REFERENCE §7, copied here as literals) and
+against formulas written out independently of scratchllm/accounting.py."""
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+
+from scratchllm.cli import size as size_cli
+from scratchllm.teach import sizing as acc
+from scratchllm.teach import arch
+from scratchllm.teach.arch import get
+from scratchllm.teach.sizing import kv_cache, parameters
+
+KiB = 1024
+
+
+def test_llama_3_8b_parameters_term_by_term():
+    p = parameters(get("llama-3-8b"))
+    assert p.total == p.active == 8_030_261_248
+    assert p.parts["attention"][0] == 32 * 41_943_040      # 2·4096² + 2·4096·1024
+    assert p.parts["mlp"][0] == 32 * 176_160_768           # 3·4096·14336
+    assert p.parts["embedding"][0] + p.parts["head"][0] == 1_050_673_152
+    assert p.parts["norms"][0] == 32 * 8192 + 4096
+    assert acc.human(p.total) == "8.03B"
+
+
+@pytest.mark.parametrize("name, per_token", [
+    ("llama-3-8b", 128 * KiB), ("llama-3-70b", 320 * KiB), ("llama-3.1-405b", 504 * KiB)])
+def test_llama_kv_cache_per_token(name, per_token):
+    c = kv_cache(get(name), dtype="bf16")
+    assert c.elements_per_layer == 2 * 8 * 128
+    assert c.bytes_per_layer == 4 * KiB
+    assert c.bytes_per_token == per_token
+
+
+def test_gpt3_twelve_l_d_squared_plus_embeddings():
+    p = parameters(get("gpt-3-175b"))
+    matrices = p.parts["attention"][0] + p.parts["mlp"][0]
+    assert matrices == 12 * 96 * 12288 ** 2 == 173_946_175_488
+    with_embeddings = matrices + p.parts["embedding"][0] + p.parts["positions"][0]
+    assert with_embeddings == 173_946_175_488 + 50257 * 12288 + 2048 * 12288
+    assert round(with_embeddings / 1e9, 2) == 174.59
+    assert "head" not in p.parts                           # tied to the embedding
+    # biases (qkv 3d, out d, fc 4d, proj d) and LayerNorms (2 per layer + final, weight + bias)
+    assert p.total == with_embeddings + 96 * (9 * 12288 + 4 * 12288) + 2 * 12288
+
+
+def test_mixtral_total_and_active():
+    p = parameters(get("mixtral-8x7b"))
+    assert (p.total, p.active) == (46_702_792_704, 12_879_925_248)
+    assert p.parts["router"] == (32 * 4096 * 8, 32 * 4096 * 8)
+
+
+def test_mistral_7b_published_config():
+    d, f, layers = 4096, 14336, 32
+    per_layer = 2 * d * d + 2 * d * 1024 + 3 * d * f + 2 * d
+    assert parameters(get("mistral-7b")).total == layers * per_layer + 2 * 32000 * d + d
+    assert acc.human(parameters(get("mistral-7b")).total) == "7.24B"
+
+
+def test_deepseek_v2_mla_vs_mha_cache():
+    v2 = get("deepseek-v2")
+    mha = replace(v2, kv_lora_rank=0, n_kv_heads=128, head_dim=128)
+    assert acc.kv_elements_per_token_layer(v2) == 576
+    assert acc.kv_elements_per_token_layer(mha) == 32_768
+    assert acc.kv_elements_per_token_layer(v2, absorbed=False) == 128 * (192 + 128) == 40_960
+    assert kv_cache(v2).bytes_per_token * 2 == 135 * KiB  # 67.5 KiB
+    assert kv_cache(mha).bytes_per_token == 3840 * KiB
+
+
+def test_deepseek_v3_parameters_and_cache():
+    a = get("deepseek-v3")
+    p = parameters(a)
+    assert p.total == 671_026_419_200                       # no MTP module
+    assert p.parts["attention"][0] == 61 * 187_107_328
+    expert = 44_040_192
+    assert p.parts["routed experts"] == (58 * 256 * expert, 58 * 8 * expert)
+    assert p.parts["shared experts"][0] == 58 * expert
+    assert p.parts["mlp"][0] == 3 * 3 * 7168 * 18432
+    assert p.parts["router"][0] == 58 * (256 * 7168 + 256)  # gate weight + selection bias
+    assert p.active == p.total - 58 * 248 * expert == 37_552_297_472
+    assert acc.human(p.active) == "37.55B"
+    assert round((p.active - p.parts["embedding"][0]) / 1e9, 1) == 36.6
+    assert kv_cache(a, dtype="bf16").bytes_per_token == 61 * 576 * 2 == 70_272
+
+
+def test_deepseek_v2_headline_sizes():
+    p = parameters(get("deepseek-v2"))
+    assert round(p.total / 1e9) == 236 and round(p.active / 1e9) == 21
+
+
+def test_mamba_130m_matches_the_hf_checkpoint():
+    p = parameters(get("mamba-130m"))
+    assert p.total == 129_135_360                            # state-spaces/mamba-130m-hf numel
+    c = kv_cache(get("mamba-130m"), context=10**6, batch=3, dtype="fp32")
+    assert c.bytes_per_token == 0
+    assert c.bytes == 3 * 24 * 1536 * (3 + 16) * 4           # independent of the context
+
+
+def test_flops_per_token():
+    a = get("llama-3-8b")
+    n = 8_030_261_248 - 128256 * 4096                        # the embedding lookup is free
+    assert acc.flops_per_token(a, 0) == 2 * n
+    assert acc.flops_per_token(a, 2048) == 2 * n + 2 * 32 * 2048 * 4096
+    assert acc.flops_per_token(a, 2048, training=True) == 3 * acc.flops_per_token(a, 2048)
+    gpt3 = get("gpt-3-175b")                                 # tied: the head matmul still costs
+    assert acc.flops_per_token(gpt3, 0) == 2 * (parameters(gpt3).total - 2048 * 12288)
+    mix = get("mixtral-8x7b")
+    assert acc.flops_per_token(mix, 0) == 2 * (12_879_925_248 - 32000 * 4096)
+
+
+def test_serving_memory_and_window():
+    a = get("llama-3-70b")
+    s = acc.serving_memory(a, 65536, 8, "bf16")
+    assert s.cache == 80 * 4096 * 65536 * 8 == 160 * KiB ** 3
+    assert s.weights == 2 * 70_553_706_496 and s.total == s.weights + s.cache
+    assert acc.serving_memory(a, 65536, 8, "bf16", kv_dtype="fp8").cache == s.cache // 2
+    swa = replace(get("mistral-7b"), window=4096, n_sink=4)
+    assert kv_cache(swa, context=32768).tokens == 4100
+    assert kv_cache(swa, context=1000).tokens == 1000
+
+
+def test_from_model_config_reads_attributes():
+    cfg = SimpleNamespace(vocab_size=128256, d_model=4096, n_layers=32, n_heads=32,
+                          n_kv_heads=8, d_ff=14336, tie_embeddings=False, window=None)
+    assert parameters(arch.from_model_config(cfg)) == parameters(get("llama-3-8b"))
+    v3 = SimpleNamespace(
+        vocab_size=129280, d_model=7168, n_layers=61, n_heads=128, n_kv_heads=128, d_ff=18432,
+        attention="mla", q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+        qk_rope_head_dim=64, v_head_dim=128, ffn="moe", n_experts=256, top_k=8, n_shared=1,
+        moe_d_ff=2048, n_dense_layers=3, bias_gamma=1e-3)
+    # the LM's selection bias is a buffer, not a Param: not counted
+    v3_arch = arch.from_model_config(v3, "deepseek-v3")
+    assert v3_arch == replace(get("deepseek-v3"), router_bias=False)
+    assert parameters(arch.from_model_config(v3)).total == 671_026_419_200 - 58 * 256
+    assert kv_cache(arch.from_model_config(v3)).bytes_per_token == 70_272
+    hybrid = SimpleNamespace(vocab_size=64, d_model=16, n_layers=4, n_heads=2, n_kv_heads=1,
+                             d_ff=32, layer_pattern="MAMA", d_state=4, d_conv=3, expand=2)
+    assert acc.n_attention_layers(arch.from_model_config(hybrid)) == 2
+    with pytest.raises(TypeError, match="vocab_size"):
+        arch.from_model_config(SimpleNamespace(d_model=8, n_layers=1, n_heads=1, d_ff=8))
+
+
+def test_cli_prints_exact_integers(capsys):
+    assert size_cli.main(["llama-3-70b", "--context", "65536", "--batch", "8", "--dtype", "bf16"]) == 0
+    out = capsys.readouterr().out
+    for text in ("70,553,706,496", "70.55B", "327,680", "320.00 KiB", "171,798,691,840",
+                 "160.00 GiB", "141,107,412,992"):
+        assert text in out, out
+    assert size_cli.main(["deepseek-v3"]) == 0
+    out = capsys.readouterr().out
+    assert "671,026,419,200" in out and "37,552,297,472" in out and "70,272" in out
+
+
+def test_cli_list_and_unknown_name(capsys):
+    assert size_cli.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in arch.MODELS), out
+    with pytest.raises(SystemExit) as e:
+        size_cli.main(["llama-9"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown model 'llama-9'" in err and "deepseek-v3" in err
+    with pytest.raises(ValueError, match="known: llama-3-8b"):
+        get("gpt-5")
+    with pytest.raises(ValueError, match="unknown dtype"):
+        kv_cache(get("llama-3-8b"), dtype="fp6")
+
+
+@pytest.mark.parametrize("name", ["dense", "moe", "mla", "swa", "hybrid"])
+def test_from_model_config_matches_the_lm_parameters(name):
+    """Counted by formula == the sizes of the LM's Params."""
+    import numpy as np
+    from scratchllm.lm import config, model
+    cfg = config.preset(name, d_model=16, n_heads=2, n_kv_heads=1, d_ff=24, vocab_size=40,
+                        kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4)
+    lm = model.LM(cfg, rng=np.random.default_rng(0))
+    assert parameters(arch.from_model_config(cfg)).total == sum(
+        p.data.size for _, p in lm.named_parameters())
