@@ -8,8 +8,8 @@ autograd twin doing the same math (written here, never in the library) and print
 and the ratio ours / torch. With no arguments every benchmark runs; otherwise the named ones.
 
 Sections:
-- GQA (attention.py, rope.py): gqa fwd+bwd with RoPE vs torch.
-- MLA (mla.py): added by the mla.py helper below its marker.
+- GQA (attention/gqa.py, attention/rope.py): gqa fwd+bwd with RoPE vs torch.
+- MLA (attention/mla.py): the training form fwd+bwd vs torch; absorbed decoding vs rebuilding K, V.
 """
 import os
 import sys

@@ -63,7 +63,7 @@ def bench_fft_conv():
 
 def _torch_s4d(torch, x, A_log, B, C, log_dt, D):
     """The same S4D layer in PyTorch, written like state-spaces/s4 S4DKernel (dense exp
-    Vandermonde) + FFT convolution of length 2T (REFERENCE §5)."""
+    Vandermonde) + FFT convolution of length 2T (Gu et al. 2022, arXiv 2206.11893)."""
     T = x.shape[1]
     A, dt = -torch.exp(A_log), torch.exp(log_dt)  # (D, N), (D,)
     dtA = dt[:, None] * A  # (D, N)
@@ -253,10 +253,10 @@ def bench_scan_first_call():
 
 
 BENCHMARKS = [
-    # LTI (ssm.py)
+    # LTI (ssm/lti.py, ssm/s4d.py)
     bench_fft_conv,
     bench_s4d,
-    # selective scan (scan.py)
+    # selective scan (ssm/scan.py)
     bench_selective_scan,
     bench_scan_first_call,
 ]

@@ -158,7 +158,8 @@ def _gqa(x, wq, wk, wv, wo, n_heads, n_kv_heads, positions, inv_freq, rope_style
 def gqa_backward(dy, cache):
     """Reverse of gqa_forward (or gqa_forward_ref) through the pairs: linear, sdpa, the
     KV-sharing backward (a sum over each group: inside sdpa, or repeat_kv_backward for the
-    ref), rope (rotation by -theta), linear.  Reference: Ainslie et al. 2023; HF repeat_kv."""
+    ref), rope (rotation by -theta), linear.  Reference: Ainslie et al. 2023 (arXiv 2305.13245); huggingface/transformers
+    src/transformers/models/llama/modeling_llama.py repeat_kv."""
     qkv, rep, sd, lin_o = cache
     g_o = linear_backward(dy, lin_o)  # fwd: y = merge_heads(o) @ wo
     do = split_heads(g_o["x"], qkv.n_heads)  # (B, H, T, Dh)

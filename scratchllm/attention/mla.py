@@ -96,7 +96,8 @@ def mla_backward(dout, cache):
     Math: the shared key k_pe is broadcast over heads, so its gradient is the sum over heads
     of dk[..., dn:]; x feeds both the query and the latent, so dx adds the two paths.
     Returns: {x, wkv_a, kv_norm, wkv_b, wo} and {wq} or {wq_a, q_norm, wq_b}.
-    Reference: DeepSeek-V2 (arXiv 2405.04434) §2.1; DeepSeek-V3 inference/model.py MLA.
+    Reference: DeepSeek-V2 (arXiv 2405.04434) §2.1; deepseek-ai/DeepSeek-V3
+    inference/model.py class MLA.
     """
     proj, up, att, down = cache
     H, dn, dr, dv, Dc = proj.g

@@ -82,7 +82,8 @@ def sdpa_backward(dout, cache):
         dq = scale dS k,  dk = scale dS^T q.   Masked entries have P = 0, so dS = 0 there.
     The products over the stacked G*Tq rows sum the gradients of the G query heads that
     share a KV head (the KV-sharing backward, as repeat_kv_backward does explicitly).
-    Reference: karpathy/llm.c train_gpt2.c attention_backward; Ainslie et al. 2023.
+    Reference: karpathy/llm.c train_gpt2.c attention_backward; Ainslie et al. 2023
+    (arXiv 2305.13245).
     """
     qg, k, v, scale, sm_cache = cache
     B, H, Tq, Dv = dout.shape

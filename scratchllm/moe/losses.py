@@ -61,7 +61,7 @@ def balance_loss_forward(probs, topk_idx):
 def balance_loss_backward(dloss, cache):
     """Math: dL/dp_ni = E f_i / BT (then the softmax Jacobian in router_backward gives
     (E/BT) p_nj (f_j - sum_i f_i p_ni)).  Reference: Switch Transformer (arXiv 2101.03961)
-    eq. (4); the derivation in balance_loss_forward's docstring."""
+    eq. (4), derived step by step in balance_loss_forward's docstring."""
     f, BT = cache
     E = f.shape[0]
     row = np.asarray(dloss, dtype=f.dtype) * (E / BT) * f  # (E,)

@@ -10,7 +10,7 @@ sse_mathfun), so a loop over 16 channels becomes AVX-512 code:
 Every a·b + c is an explicit fused multiply-add (_fma32 = llvm.fma: one rounding, one
 instruction; fastmath=False never fuses by itself): 17 vector ops per 16 lanes instead of 30,
 ~1.4x faster scans. float64 (the gradient-checked path) keeps np.exp. Max relative error vs
-np.exp: < 1e-7 on [-87, 88.7] (tests/test_scan.py).
+np.exp: < 1e-7 on [-87, 88.7] (tests/ssm/test_scan.py).
 
 Lanes16 (second half): explicit <16 x float> vectors for loops LLVM would leave scalar (the
 selective scan's float32 backward): load16/store16 at a flat offset, + and * per lane, splat16,

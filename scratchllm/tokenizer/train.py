@@ -156,15 +156,22 @@ def train_bpe(input, vocab_size, special_tokens=(), pattern="gpt2", workers=None
     return _finish("train_bpe", counts, vocab_size, specials, merges)
 
 
-def train_bpe_ref(input, vocab_size, special_tokens=(), pattern="gpt2"):
-    """Naive twin of train_bpe: `regex` pre-tokenizer, full pair recount after every merge."""
+def train_bpe_ref(input, vocab_size, special_tokens=(), pattern="gpt2", workers=None,
+                  progress=False):
+    """Naive twin of train_bpe (same signature and result): `regex` pre-tokenizer in this
+    process, full pair recount after every merge; `progress` shows a bar over the merges.
+    The reference never forks: workers other than None or 1 is an error, not ignored."""
+    if workers not in (None, 1):
+        raise ValueError(f"train_bpe_ref: counts in one process; workers must be None or 1, "
+                         f"got {workers!r} (train_bpe uses workers)")
     specials = check_train_args("train_bpe_ref", vocab_size, special_tokens)
     counts = count_chunk_ref("".join(_pieces(input)), specials, pattern)
     if not counts:
         raise ValueError("train_bpe_ref: the corpus is empty (no text outside special tokens)")
     words = {tuple(bytes([x]) for x in w): c for w, c in counts.items()}
     merges = []
-    for _ in range(vocab_size - 256 - len(specials)):
+    for _ in tqdm(range(vocab_size - 256 - len(specials)), disable=not progress, unit="merge",
+                  desc="train_bpe_ref"):
         best, words = merge_step(words)
         if best is None:
             break

@@ -6,10 +6,10 @@ import numpy as np
 def save_loss_plot(path, series, baseline, title, ylabel="cross-entropy (nats/token)"):
     """Curves [(label, steps, losses, matplotlib fmt)] and the unigram baseline to a PNG.
     Returns False (nothing written) when matplotlib is not installed."""
-    try:  # optional dependency: imported only when a plot is asked for
-        import matplotlib
+    try:
+        import matplotlib  # an optional dependency: imported only when a plot is asked for
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # (optional, as above)
     except ImportError:
         return False
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -1,4 +1,4 @@
-"""KV caches: decoding one token at a time equals the full forward; rolling cache; bytes."""
+"""Decoding states: one token at a time equals the full forward; the rolling state; bytes."""
 import numpy as np
 import pytest
 

@@ -1,4 +1,4 @@
-"""Tests for scratchllm/mla.py: the training form against an independent transcription of
+"""Tests for scratchllm/attention/mla.py: the training form against an independent transcription of
 DeepSeek-V3's naive MLA, absorbed decoding against the training form, the latent cache's
 bytes, gradients (grads case `mla`), shape errors, cache arithmetic and the Module."""
 import numpy as np

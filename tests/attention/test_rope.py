@@ -85,7 +85,8 @@ def test_batched_positions_and_float32():
 
 
 def test_yarn_worked_example_deepseek_v3():
-    """REFERENCE §1: dim 64, base 1e4, L0 4096, s 40 -> low 10, high 23."""
+    """DeepSeek-V3 config.json YaRN (dim 64, base 1e4, L0 4096, s 40) through HF
+    _compute_yarn_parameters' correction range: low 10, high 23."""
     default, _ = rope_frequencies(64)
     inv_freq, af = rope_frequencies(64, scaling=YARN_V3)
     ratio = default / inv_freq

@@ -1,4 +1,4 @@
-"""Tests of scratchllm.moe, moe_router, moe_expert_choice: gradients, equivalences, the balance
+"""Tests of scratchllm.moe (router, losses, experts, layer, expert_choice): gradients, equivalences, the balance
 loss's exact values, router collapse and its two cures, capacity, bad input."""
 import math
 

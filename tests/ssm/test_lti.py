@@ -1,5 +1,5 @@
-"""Tests for scratchllm/ssm/lti.py and s4d.py: ZOH against the exact ODE solution, recurrence == direct
-convolution == FFT convolution, S4D stepping == the convolutional forward, gradient checks."""
+"""Tests for scratchllm/ssm/lti.py and s4d.py: ZOH against the exact ODE solution, recurrence ==
+direct convolution == FFT convolution, S4D stepping == the convolutional forward, gradients."""
 import numpy as np
 import pytest
 import scipy.fft

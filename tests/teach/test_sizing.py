@@ -1,5 +1,5 @@
-"""Sizing arithmetic against published numbers (REFERENCE §7, copied here as literals) and
-against formulas written out independently of scratchllm/accounting.py."""
+"""Sizing arithmetic against published numbers (papers and config.json files, copied here as
+literals) and against formulas written out independently of scratchllm/teach/sizing.py."""
 from dataclasses import replace
 from types import SimpleNamespace
 

@@ -180,8 +180,8 @@ def test_compare_prints_the_table(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name", ["dense", "moe", "mla", "swa", "hybrid"])
-def test_accounting_counts_the_model_params(name):
-    """Two independent counts: accounting's formulas vs the Params the LM allocates."""
+def test_sizing_counts_the_model_params(name):
+    """Two independent counts: teach/sizing's formulas vs the Params the LM allocates."""
     from scratchllm.cli import compare
     from scratchllm.lm import preset
     cfg = preset(name)

@@ -1,0 +1,107 @@
+"""The pair contract, checked over the whole library:
+- every public `<op>_backward` is exercised by a grads case, returns a dict, and its keys are
+  argument names of `<op>_forward`;
+- every public `<name>_ref` twin has its fast twin `<name>` beside it, with the same signature.
+"""
+import importlib
+import inspect
+import pkgutil
+
+import numpy as np
+import pytest
+
+import grads.cases
+import scratchllm
+from grads.check import check as real_check
+
+SLOW_CASES = ("lm_",)  # whole-model cases check loss_pair, not a library pair
+
+
+def library_functions():
+    """{(module, name): function} of every public function defined in scratchllm's modules."""
+    found = {}
+    for info in pkgutil.walk_packages(scratchllm.__path__, "scratchllm."):
+        if info.name.startswith(("scratchllm.cli", "scratchllm.teach", "scratchllm.__main__")):
+            continue  # commands, and drill solutions (they take plain inputs by design)
+        module = importlib.import_module(info.name)
+        for name, fn in vars(module).items():
+            if inspect.isfunction(fn) and fn.__module__ == info.name and not name.startswith("_"):
+                found[info.name, name] = fn
+    return found
+
+
+FUNCTIONS = library_functions()
+BACKWARDS = {key: fn for key, fn in FUNCTIONS.items() if key[1].endswith(("_backward",
+                                                                           "_backward_ref"))}
+
+
+def forward_of(module, name):
+    """The forward twin of a backward: x_backward -> x_forward, x_backward_ref -> x_forward_ref."""
+    return FUNCTIONS.get((module, name.replace("_backward", "_forward")))
+
+
+@pytest.fixture(scope="module")
+def returned_keys():
+    """Run every grads case with a recording checker: {backward: [key sets it returned]}."""
+    seen = {}
+
+    def recording_check(forward, backward, **kwargs):
+        def recorded(dout, cache):
+            grads_ = backward(dout, cache)
+            seen.setdefault(backward, []).append(grads_)
+            return grads_
+        return real_check(forward, recorded, **kwargs)
+
+    grads.cases.check = recording_check
+    try:
+        for name, case in grads.cases.CASES.items():
+            if not name.startswith(SLOW_CASES):
+                case(np.random.default_rng(0))
+    finally:
+        grads.cases.check = real_check
+    return seen
+
+
+def test_the_library_has_backwards_to_check():
+    assert len(BACKWARDS) >= 30
+
+
+def breaches(forward, results):
+    """What breaks the contract in the results a backward returned for `forward`."""
+    params = set(inspect.signature(forward).parameters)
+    out = []
+    for grads_ in results:
+        if not isinstance(grads_, dict) or not grads_:
+            out.append(f"returned {type(grads_).__name__} {grads_!r:.40}, not a dict")
+        elif not set(grads_) <= params:
+            out.append(f"keys {sorted(set(grads_) - params)} are not arguments of "
+                       f"{forward.__name__}{sorted(params)}")
+    return out
+
+
+@pytest.mark.parametrize("key", sorted(BACKWARDS), ids=lambda k: k[1])
+def test_backward_returns_a_dict_keyed_by_forward_arguments(key, returned_keys):
+    module, name = key
+    backward, forward = BACKWARDS[key], forward_of(module, name)
+    assert forward is not None, f"{module}.{name} has no forward twin beside it"
+    assert backward in returned_keys, f"no grads case checks {module}.{name}"
+    assert breaches(forward, returned_keys[backward]) == []
+
+
+REFS = {key: fn for key, fn in FUNCTIONS.items() if key[1].endswith("_ref")}
+
+
+@pytest.mark.parametrize("key", sorted(REFS), ids=lambda k: k[1])
+def test_ref_twin_has_the_signature_of_its_fast_twin(key):
+    module, name = key
+    fast = FUNCTIONS.get((module, name[:-len("_ref")]))
+    assert fast is not None, f"{module}.{name} has no fast twin {name[:-4]} beside it"
+    assert inspect.signature(REFS[key]) == inspect.signature(fast)
+
+
+def test_breaches_catches_a_tuple_an_empty_dict_and_a_stray_key():
+    def forward(x, W, *, eps=1e-5):
+        return x, None
+
+    assert breaches(forward, [{"x": 1.0, "W": 2.0}]) == []
+    assert len(breaches(forward, [(1.0, 2.0), {}, {"x": 1.0, "b": 2.0}])) == 3

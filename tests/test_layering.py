@@ -1,0 +1,212 @@
+"""The layout's rules on the import graph of scratchllm/, parsed with ast (function-level
+imports count too), and a synthetic tree that shows each rule can fail.
+
+    core                          imports nothing else of scratchllm
+    tokenizer, attention, moe, ssm  core, and each other where the math needs it
+    lm                            the component packages
+    train                         lm (and what lm stands on)
+    teach/sizing, teach/arch      the standard library only
+    teach/drills                  the component packages and grads
+    cli                           everything; nothing imports cli (but __main__)
+No cycles; a package's __init__ re-exports only its own modules' names; a function-level
+import is an optional dependency (matplotlib) with a comment saying so.
+"""
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPONENTS = {"tokenizer", "attention", "moe", "ssm"}
+ALLOWED = {  # top-level part of scratchllm -> the parts it may import
+    "core": set(),
+    "tokenizer": {"core"},
+    "attention": {"core"} | COMPONENTS,
+    "moe": {"core"} | COMPONENTS,
+    "ssm": {"core"} | COMPONENTS,
+    "lm": {"core"} | COMPONENTS,
+    "train": {"core", "lm"} | COMPONENTS,
+    "teach": {"core"} | COMPONENTS,
+    "cli": {"core", "lm", "train", "teach"} | COMPONENTS,
+    "__main__": {"cli"},
+    "__init__": set(),
+}
+STDLIB_ONLY = ("scratchllm.teach.sizing", "scratchllm.teach.arch")
+OPTIONAL = {"matplotlib"}  # the only modules a function may import
+
+
+def modules(root, package="scratchllm"):
+    """{dotted module name: path} of every .py file under root/package."""
+    found = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def imports(name, path, mods=()):
+    """[(imported module, line number, is_top_level)] of one module, relative imports
+    resolved; `from M import n` is module M.n when that is in `mods`, else M."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    top = {id(n) for n in tree.body}
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno, id(node) in top) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                out.append((sub if sub in mods else base, node.lineno, id(node) in top))
+    return out
+
+
+def import_graph(root, package="scratchllm"):
+    """{module: {modules of the package it imports}}."""
+    mods = modules(root, package)
+    return {name: {t for t, _, _ in imports(name, path, mods) if t in mods} - {name}
+            for name, path in mods.items()}
+
+
+def find_cycles(graph):
+    """Every import cycle, each as a list of modules (first == last)."""
+    cycles, state = [], {}
+
+    def visit(v, path):
+        state[v] = "open"
+        for w in sorted(graph.get(v, ())):
+            if state.get(w) == "open":
+                cycles.append(path[path.index(w):] + [w])
+            elif w not in state:
+                visit(w, path + [w])
+        state[v] = "done"
+
+    for v in sorted(graph):
+        if v not in state:
+            visit(v, [v])
+    return cycles
+
+
+def part(module):
+    """The layer a module belongs to: scratchllm.attention.gqa -> "attention"."""
+    pieces = module.split(".")
+    return pieces[1] if len(pieces) > 1 else "__init__"
+
+
+def layer_violations(graph):
+    """[(module, imported module)] that break ALLOWED."""
+    bad = []
+    for src, targets in graph.items():
+        for t in targets:
+            if part(t) != part(src) and part(t) not in ALLOWED.get(part(src), set()):
+                bad.append((src, t))
+    return sorted(bad)
+
+
+def reexports(root, package="scratchllm"):
+    """[(package __init__, imported module)] where an __init__ imports from another package."""
+    bad = []
+    mods = modules(root, package)
+    for name, path in mods.items():
+        if path.name == "__init__.py":
+            bad += [(name, t) for t, _, _ in imports(name, path, mods)
+                    if t.startswith(package + ".") and not t.startswith(name + ".")]
+    return sorted(set(bad))
+
+
+def stray_function_imports(root, package="scratchllm"):
+    """[(module, line, imported)] of imports inside functions that are not a commented
+    optional dependency."""
+    bad = []
+    for name, path in modules(root, package).items():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for target, lineno, top_level in imports(name, path):
+            if top_level:
+                continue
+            commented = any("#" in lines[i] for i in (lineno - 2, lineno - 1) if i >= 0)
+            if target.partition(".")[0] not in OPTIONAL or not commented:
+                bad.append((name, lineno, target))
+    return sorted(set(bad))
+
+
+def non_stdlib_imports(root, module):
+    path = modules(root)[module]
+    return sorted({t for t, _, _ in imports(module, path)
+                   if t.partition(".")[0] not in sys.stdlib_module_names})
+
+
+# ---------------------------------------------------------------------------- the library
+def test_no_import_cycles():
+    assert find_cycles(import_graph(ROOT)) == []
+
+
+def test_layers_import_only_what_they_stand_on():
+    assert layer_violations(import_graph(ROOT)) == []
+
+
+def test_nothing_imports_cli_but_the_entry_point():
+    users = {src for src, ts in import_graph(ROOT).items() for t in ts
+             if part(t) == "cli" and part(src) != "cli"}
+    assert users == {"scratchllm.__main__"}
+
+
+def test_packages_reexport_only_their_own_names():
+    assert reexports(ROOT) == []
+
+
+def test_function_level_imports_are_commented_optional_dependencies():
+    assert stray_function_imports(ROOT) == []
+
+
+def test_sizing_is_pure_python():
+    for module in STDLIB_ONLY:
+        assert non_stdlib_imports(ROOT, module) == [], module
+
+
+# ---------------------------------------------------------------------------- the checker fails
+def _tree(tmp_path, files):
+    for rel, text in files.items():
+        path = tmp_path / "scratchllm" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path
+
+
+def test_checker_catches_a_cycle_a_layer_breach_a_reexport_and_a_stray_import(tmp_path):
+    root = _tree(tmp_path, {
+        "__init__.py": "",
+        "core/__init__.py": "from scratchllm.lm.model import LM\n",  # re-export, breach
+        "core/ops.py": "from scratchllm.core import nn\n",
+        "core/nn.py": "from scratchllm.core.ops import x\n",  # cycle ops <-> nn
+        "lm/__init__.py": "",
+        "lm/model.py": "def f():\n    import numpy\n",  # function-level, not optional
+        "teach/__init__.py": "",
+        "teach/sizing.py": "import numpy as np\n",  # not the standard library
+    })
+    graph = import_graph(root)
+    assert ["scratchllm.core.nn", "scratchllm.core.ops", "scratchllm.core.nn"] in \
+        find_cycles(graph)
+    assert ("scratchllm.core", "scratchllm.lm.model") in layer_violations(graph)
+    assert ("scratchllm.core.ops", "scratchllm.core.nn") not in layer_violations(graph)
+    assert ("scratchllm.core", "scratchllm.lm.model") in reexports(root)
+    assert ("scratchllm.lm.model", 2, "numpy") in stray_function_imports(root)
+    assert non_stdlib_imports(root, "scratchllm.teach.sizing") == ["numpy"]
+
+
+def test_checker_accepts_a_clean_tree(tmp_path):
+    root = _tree(tmp_path, {
+        "__init__.py": "",
+        "core/__init__.py": "from .ops import f\n",
+        "core/ops.py": "import math\n",
+        "lm/__init__.py": "",
+        "lm/model.py": ("from scratchllm.core import ops\n\n\ndef plot():\n"
+                        "    # optional dependency\n    import matplotlib\n"),
+    })
+    graph = import_graph(root)
+    assert find_cycles(graph) == [] and layer_violations(graph) == []
+    assert reexports(root) == [] and stray_function_imports(root) == []
