@@ -14,6 +14,7 @@ USAGE_ERRORS = {
     "size": ["llama-9"],
     "drill": ["check", "no_such_drill"],
     "exercise": ["check", "9"],
+    "notebooks": [],  # --html is required
 }
 
 
@@ -33,6 +34,7 @@ def test_runtime_errors_exit_1_with_the_command_prefix(tmp_path, capsys):
         "bpe encode": ["bpe", "encode", "-t", missing, missing],
         "drill": ["drill", "check", "zoh", "--dir", missing],
         "exercise": ["exercise", "check", "2", "--file", missing],
+        "notebooks": ["notebooks", "--html", str(tmp_path / "site"), "--source", missing],
     }
     for command, argv in cases.items():
         assert cli.main(argv) == 1, command
