@@ -13,6 +13,8 @@ USAGE_ERRORS = {
     "bpe": ["encode"],  # -t and the file are required
     "size": ["llama-9"],
     "drill": ["check", "no_such_drill"],
+    "exercise": ["check", "9"],
+    "notebooks": [],  # --html is required
 }
 
 
@@ -31,6 +33,8 @@ def test_runtime_errors_exit_1_with_the_command_prefix(tmp_path, capsys):
         "sample": ["sample", "--checkpoint", missing],
         "bpe encode": ["bpe", "encode", "-t", missing, missing],
         "drill": ["drill", "check", "zoh", "--dir", missing],
+        "exercise": ["exercise", "check", "2", "--file", missing],
+        "notebooks": ["notebooks", "--html", str(tmp_path / "site"), "--source", missing],
     }
     for command, argv in cases.items():
         assert cli.main(argv) == 1, command

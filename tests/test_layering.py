@@ -9,7 +9,7 @@ imports count too), and a synthetic tree that shows each rule can fail.
     teach/drills                  the component packages and grads
     cli                           everything; nothing imports cli (but __main__)
 No cycles; a package's __init__ re-exports only its own modules' names; a function-level
-import is an optional dependency (matplotlib) with a comment saying so.
+import is an optional dependency (matplotlib; the notebooks extra) with a comment saying so.
 """
 import ast
 import sys
@@ -31,7 +31,8 @@ ALLOWED = {  # top-level part of scratchllm -> the parts it may import
     "__init__": set(),
 }
 STDLIB_ONLY = ("scratchllm.teach.sizing", "scratchllm.teach.arch")
-OPTIONAL = {"matplotlib"}  # the only modules a function may import
+OPTIONAL = {"matplotlib",  # the only modules a function may import
+            "nbformat", "nbclient", "nbconvert"}  # (the notebooks extra: cli/notebooks.py)
 
 
 def modules(root, package="scratchllm"):

@@ -1,4 +1,8 @@
-"""The notebooks: one per component, stored without outputs, and each executes cleanly."""
+"""The notebooks: one per component, stored without outputs, each opens with the course's
+import lines, executes cleanly within its time budget and saves its figures as PNGs; the
+course index notebooks/README.md lists every one of them."""
+import re
+import time
 from pathlib import Path
 
 import nbformat
@@ -6,6 +10,11 @@ import pytest
 from nbclient import NotebookClient
 
 FOLDER = Path(__file__).resolve().parent.parent / "notebooks"
+HEADER = "import numpy as np\nimport matplotlib.pyplot as plt\n\nimport grads\n"
+# Each notebook must run in under 60 s on 2 cores (a quiet machine; notebooks/README.md has
+# the measured times). CI machines share their cores (up to 8 jobs here), so the test allows
+# twice that before it fails: a notebook over 120 s is too slow on any machine.
+BUDGET_S, HEADROOM = 60, 2
 EXPECTED = ["01_bpe", "02_rope_yarn", "03_attention_gqa_kv_cache", "04_mla_absorption",
             "05_moe_balance_loss", "06_ssm_zoh_fft", "07_selective_scan", "08_tiny_lm"]
 
@@ -32,7 +41,72 @@ def test_notebook_executes_without_error(name, tmp_path):
     nb = nbformat.read(FOLDER / f"{name}.ipynb", as_version=4)
     client = NotebookClient(nb, timeout=120, kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}})
+    start = time.perf_counter()
     client.execute()  # raises CellExecutionError on the first failing cell
+    seconds = time.perf_counter() - start
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
                      for o in c.outputs)
     assert "FAIL" not in text, f"{name}: a gradient check printed FAIL"
+    assert seconds < BUDGET_S * HEADROOM, f"{name} took {seconds:.0f} s (budget {BUDGET_S} s)"
+    shown = sum(c.source.count("plt.show()") for c in nb.cells if c.cell_type == "code")
+    saved = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert shown and len(saved) == shown and saved[0].startswith(name), (shown, saved)
+
+
+@pytest.mark.parametrize("name", _present())
+def test_notebook_opens_with_the_course_imports(name):
+    nb = nbformat.read(FOLDER / f"{name}.ipynb", as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    assert first.source.startswith(HEADER), first.source[:200]
+
+
+def _readme_rows():
+    """{notebook: row cells} of the course table in notebooks/README.md, in course order."""
+    rows = {}
+    for line in (FOLDER / "README.md").read_text(encoding="utf-8").splitlines():
+        m = re.match(r"\| *\d+ *\| *\[`([\w.]+)`\]\(([^)]+)\)", line)
+        if m:
+            assert m.group(2) == f"{m.group(1)}.ipynb", line
+            rows[m.group(1)] = [cell.strip() for cell in line.strip("|").split("|")]
+    return rows
+
+
+def test_readme_lists_every_notebook_once():
+    rows = _readme_rows()
+    assert sorted(rows) == _present()
+
+
+def test_readme_names_only_drills_exercises_and_prerequisites_that_exist():
+    from scratchllm.teach.drills.bank import DRILLS
+    from scratchllm.teach.exercises import EXERCISES
+    rows = _readme_rows()
+    order = list(rows)
+    for name, (_, _, _, prereq, runs, drills, exercises) in rows.items():
+        for p in re.findall(r"\d\d", prereq):
+            earlier = [n for n in order[:order.index(name)] if n.startswith(p)]
+            assert earlier, f"{name}: prerequisite {p} is not an earlier notebook"
+        assert re.fullmatch(r"\d+ s", runs), f"{name}: run time {runs!r}, expected e.g. '9 s'"
+        assert int(runs[:-2]) < BUDGET_S, f"{name}: measured {runs}, budget {BUDGET_S} s"
+        for d in re.findall(r"`(\w+)`", drills):
+            assert d in DRILLS, f"{name}: unknown drill {d}"
+        for e in re.findall(r"Ex\. (\d+)", exercises):
+            assert int(e) in EXERCISES, f"{name}: unknown exercise {e}"
+    listed = {d for _, *_, drills, _ in rows.values() for d in re.findall(r"`(\w+)`", drills)}
+    assert listed == set(DRILLS), f"drills in no notebook's row: {set(DRILLS) - listed}"
+
+
+def test_html_command_writes_executed_pages_with_figures(tmp_path, capsys):
+    from scratchllm.cli import notebooks as notebooks_cli
+    site = tmp_path / "site"
+    assert notebooks_cli.main(["--html", str(site), "--only", "02_rope_yarn"]) == 0
+    page = (site / "02_rope_yarn.html").read_text(encoding="utf-8")
+    assert "data:image/png;base64," in page and "max rel err" in page  # figure, check table
+    assert (site / "02_rope_yarn.png").read_bytes()[:4] == b"\x89PNG"
+    assert '<a href="02_rope_yarn.html">' in (site / "index.html").read_text()
+    assert notebooks_cli.main(["--html", str(site), "--only", "99_nope"]) == 1
+    assert "no notebook named ['99_nope']" in capsys.readouterr().err
+
+
+def test_html_command_follows_the_readme_order():
+    from scratchllm.cli import notebooks as notebooks_cli
+    assert notebooks_cli.course_order(FOLDER) == list(_readme_rows())

@@ -14,6 +14,8 @@ COMMANDS = {
     "bpe": ("scratchllm.cli.bpe", "train a byte-level BPE tokenizer or encode a file"),
     "size": ("scratchllm.cli.size", "parameters, FLOPs and KV-cache bytes of a real model"),
     "drill": ("scratchllm.cli.drill", "retype a backward by hand and check it"),
+    "exercise": ("scratchllm.cli.exercise", "the chapters' exercises: statement, hint, checks"),
+    "notebooks": ("scratchllm.cli.notebooks", "the notebooks, executed, as HTML pages"),
 }
 
 

@@ -36,3 +36,13 @@ def run(command, body, args):
     except KeyboardInterrupt:
         print(f"\nscratchllm {command}: interrupted", file=sys.stderr)
         return 130
+
+
+def print_results(results):
+    """One PASS/FAIL line per check result (name, passed, detail), then "n/m checks pass"
+    without its newline (the caller may add to it); returns n."""
+    for r in results:
+        print(f"{'PASS' if r.passed else 'FAIL'}  {r.name}" + (f"  ({r.detail})" if r.detail else ""))
+    n_pass = sum(r.passed for r in results)
+    print(f"\n{n_pass}/{len(results)} checks pass", end="")
+    return n_pass

@@ -94,8 +94,5 @@ def _compare(args, names):
     print()
     print(table(rows, baseline))
     out.mkdir(parents=True, exist_ok=True)
-    if save_compare_plot(out / "compare.png", curves, baseline):
-        print(f"\nloss curves: {out / 'compare.png'}")
-    else:
-        print("\nloss curves: skipped (matplotlib is not installed)")
+    print(f"\nloss curves: {save_compare_plot(out / 'compare.png', curves, baseline)}")
     return 0

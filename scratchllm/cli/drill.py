@@ -10,7 +10,7 @@ The drills are scratchllm/teach/drills/bank.py.
 import time
 from pathlib import Path
 
-from scratchllm.cli.common import Parser, run
+from scratchllm.cli.common import Parser, print_results, run
 from scratchllm.teach.drills.bank import DRILLS
 from scratchllm.teach.drills.core import load_user_function, run_checks, start, started_at
 
@@ -54,10 +54,7 @@ def _clock(seconds):
 def _check(args):
     drill, folder = DRILLS[args.name], Path(args.dir)
     results = run_checks(drill, load_user_function(folder / f"{drill.name}.py", drill.name))
-    for r in results:
-        print(f"{'PASS' if r.passed else 'FAIL'}  {r.name}" + (f"  ({r.detail})" if r.detail else ""))
-    n_pass = sum(r.passed for r in results)
-    print(f"\n{n_pass}/{len(results)} checks pass", end="")
+    n_pass = print_results(results)
     began = started_at(folder, drill.name)
     if began is not None:
         elapsed = time.time() - began

@@ -121,10 +121,7 @@ def _main(args):
           f"{baseline:.3f} (training {train_time:.0f} s, total "
           f"{time.perf_counter() - t_start:.0f} s)")
     print(f"checkpoint: {out}")
-    if save_run_plot(out / "loss.png", job, baseline):
-        print(f"loss curve: {out / 'loss.png'}")
-    else:
-        print("loss curve: skipped (matplotlib is not installed: pip install matplotlib)")
+    print(f"loss curve: {save_run_plot(out / 'loss.png', job, baseline)}")
     _print_sample(job.model, tok)
     return 0
 

@@ -70,6 +70,9 @@ MODELS = {a.name: a for a in [
     Arch("llama-3.1-405b", 128256, 16384, 126, 128, 8, 53248),
     # mistralai params.json (v0.2+: no sliding window)
     Arch("mistral-7b", 32000, 4096, 32, 32, 8, 14336),
+    # mistralai/Mistral-7B-v0.1 config.json: the same weights' shapes, sliding_window 4096
+    # (Jiang et al. 2023, arXiv 2310.06825: W = 4096, a 32 x 4096 ~ 131k receptive field)
+    Arch("mistral-7b-v0.1", 32000, 4096, 32, 32, 8, 14336, window=4096),
     # HF configuration_mixtral.py defaults
     Arch("mixtral-8x7b", 32000, 4096, 32, 32, 8, 14336, n_experts=8, top_k=2),
     # HF deepseek-ai/DeepSeek-V2 config.json (236B): 160 routed + 2 shared, top-6, 1 dense layer

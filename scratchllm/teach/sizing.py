@@ -139,12 +139,14 @@ def flops_per_token(a, context, training=False):
     """FLOPs for one token attending to `context` tokens (Kaplan et al. 2020, Table 1):
     forward 2·N + 2·La·T·H·Dqk, training 3× forward. N = active parameters that enter a
     matmul: the head does (also when tied), embedding and position lookups do not. The Mamba
-    scan itself (a few Di·N per token) is not counted."""
+    scan itself (a few Di·N per token) is not counted. A sliding window attends to at most
+    window + n_sink tokens, so T = min(context, window + n_sink) there."""
     p = parameters(a)
     n = p.active - p.parts.get("embedding", (0, 0))[0] - p.parts.get("positions", (0, 0))[0]
     n += a.vocab * a.d_model if a.tied else 0
     width = a.n_heads * (a.qk_nope + a.qk_rope if a.mla else a.dh)
-    forward = 2 * n + 2 * n_attention_layers(a) * context * width
+    T = min(context, a.window + a.n_sink) if a.window else context
+    forward = 2 * n + 2 * n_attention_layers(a) * T * width
     return 3 * forward if training else forward
 
 
@@ -216,3 +218,85 @@ def human_bytes(n):
         if n >= 1024 ** i:
             return f"{n / 1024 ** i:.2f} {unit}" if i else f"{n} B"
     return f"{n} B"
+
+
+# ---------------------------------------------------------------- the chapters' rules of thumb
+# Printed beside the exact counts by `python -m scratchllm size` (--explain shows the formulas).
+CONTEXTS = (1024, 32768, 1048576)  # 1k, 32k, 1M tokens
+
+
+def twelve_l_d2(a):
+    """GPT-3's rule for the weights in the blocks: 12·L·D² (per block 4·D² + 8·D², below);
+    embeddings, biases and norms are left out. GPT-3: 12·96·12288² = 173,946,175,488."""
+    return 12 * a.n_layers * a.d_model ** 2
+
+
+def block_pieces(a):
+    """[(piece, rule, exact)] per block: attention 4·D² (wq, wk, wv, wo, each D·D for MHA) and
+    MLP 8·D² (two D·4D matrices), against the Arch's own matrices: one attention layer
+    (GQA and MLA are smaller) and the MLP a token passes through (SwiGLU has three matrices;
+    MoE: K routed + S shared experts)."""
+    D = a.d_model
+    attention = _attention(a)[0] if n_attention_layers(a) else 0
+    if a.n_experts:
+        mlp = (a.top_k + a.n_shared) * _mlp(a, a.moe_d_ff or a.d_ff)[0]
+    else:
+        mlp = _mlp(a, a.d_ff)[0] if a.d_ff else 0
+    return [("attention", 4 * D * D, attention), ("mlp", 8 * D * D, mlp)]
+
+
+def flop_rules(a):
+    """(2·N, 6·N): forward and training FLOPs per token by the rule, N = active parameters
+    (all of them, embeddings too, and no attention term: compare flops_per_token)."""
+    n = parameters(a).active
+    return 2 * n, 6 * n
+
+
+def attention_width(a):
+    """H·Dqk, the query-key width the attention term multiplies (MLA: Dqk = Dn + Dr)."""
+    return a.n_heads * (a.qk_nope + a.qk_rope if a.mla else a.dh)
+
+
+def attention_crossover(a, convention="4n2d"):
+    """The context n at which attention's n-dependent FLOPs equal the block's weight matmuls,
+    per token per layer: weights 2·P with P = the two block_pieces' exact sum (12·D² in GPT-3);
+      "4n2d" (the chapter): attention 4·n²·Dattn per sequence (QKᵀ and PV, 2 FLOPs per
+             multiply-add), 4·n·Dattn per token  ->  n = P / (2·Dattn)   (GPT-3: 6·D);
+      "2Td"  (Kaplan et al. 2020, Table 1, and flops_per_token): 2·T·Dattn per token, the QKᵀ
+             product only  ->  n = P / Dattn                              (GPT-3: 12·D).
+    Dattn = attention_width(a). None without attention layers. No causal halving in either."""
+    if convention not in ("4n2d", "2Td"):
+        raise ValueError(f"attention_crossover: convention must be '4n2d' or '2Td', "
+                         f"got {convention!r}")
+    if not n_attention_layers(a):
+        return None
+    P = sum(exact for _, _, exact in block_pieces(a))
+    return P / ((2 if convention == "4n2d" else 1) * attention_width(a))
+
+
+def receptive_field(a):
+    """L·W tokens: how far back the last layer sees through stacked sliding windows of W
+    (each layer reaches W further back). 0 without a window. Mistral-7B-v0.1: 32·4096."""
+    return n_attention_layers(a) * a.window if a.window else 0
+
+
+class MambaStateSize(NamedTuple):
+    chapter: int  # D·N numbers per layer: one N-vector per model channel
+    full: int     # Di·N + (d_conv - 1)·Di: what a decoding Mamba layer holds
+
+
+def mamba_state_numbers(a):
+    """Numbers one Mamba layer keeps per sequence while decoding, two ways. The chapter's D·N
+    leaves out (1) the expand factor: the scan runs on Di = expand·D channels, not D, and
+    (2) the conv state: the causal conv keeps its last d_conv - 1 inputs of Di channels."""
+    Di = a.expand * a.d_model
+    return MambaStateSize(a.d_model * a.d_state, Di * a.d_state + (a.d_conv - 1) * Di)
+
+
+def cache_at(a, contexts=CONTEXTS, dtype="bf16"):
+    """[(context, KV-cache bytes, Mamba-state bytes)] for one sequence at each context."""
+    out = []
+    for T in contexts:
+        c = kv_cache(a, T, 1, dtype)
+        out.append((T, c.tokens * c.bytes_per_token, c.state_bytes))
+    return out

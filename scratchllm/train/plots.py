@@ -1,18 +1,15 @@
-"""Loss-curve plots of training runs (PNG via matplotlib, an optional dependency: without it
-nothing is written and the functions return False)."""
+"""Loss-curve plots of training runs, written as PNG files. matplotlib's object API (Figure,
+no pyplot): no global backend is switched, so importing this module leaves a notebook's
+inline plots alone."""
 import numpy as np
+from matplotlib.figure import Figure
 
 
 def save_loss_plot(path, series, baseline, title, ylabel="cross-entropy (nats/token)"):
-    """Curves [(label, steps, losses, matplotlib fmt)] and the unigram baseline to a PNG.
-    Returns False (nothing written) when matplotlib is not installed."""
-    try:
-        import matplotlib  # an optional dependency: imported only when a plot is asked for
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # (optional, as above)
-    except ImportError:
-        return False
-    fig, ax = plt.subplots(figsize=(7, 4))
+    """Curves [(label, steps, losses, matplotlib fmt)] and the unigram baseline to the PNG at
+    `path`; returns path."""
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
     for label, steps, losses, fmt in series:
         ax.plot(steps, losses, fmt, lw=0.9, label=label)
     ax.axhline(baseline, ls="--", c="gray", label="unigram baseline")
@@ -20,8 +17,7 @@ def save_loss_plot(path, series, baseline, title, ylabel="cross-entropy (nats/to
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return path
 
 
 def save_run_plot(path, run, baseline):
@@ -33,8 +29,7 @@ def save_run_plot(path, run, baseline):
 
 
 def save_compare_plot(path, curves, baseline, window=10):
-    """Moving-average train loss per preset ({name: losses}); False when matplotlib is
-    missing."""
+    """Moving-average train loss per preset ({name: losses}) to the PNG at `path`."""
     series = []
     for name, losses in curves.items():
         w = max(1, min(window, len(losses)))

@@ -177,3 +177,89 @@ def test_from_model_config_matches_the_lm_parameters(name):
     lm = model.LM(cfg, rng=np.random.default_rng(0))
     assert parameters(arch.from_model_config(cfg)).total == sum(
         p.data.size for _, p in lm.named_parameters())
+
+
+# ---------------------------------------------------------------- the chapters' rules of thumb
+def test_gpt3_rule_beside_the_exact_count_and_its_pieces(capsys):
+    gpt3 = get("gpt-3-175b")
+    assert acc.twelve_l_d2(gpt3) == 173_946_175_488
+    assert parameters(gpt3).total == 174_604_259_328
+    assert acc.block_pieces(gpt3) == [("attention", 4 * 12288 ** 2, 603_979_776),
+                                      ("mlp", 8 * 12288 ** 2, 1_207_959_552)]
+    assert size_cli.main(["gpt-3-175b"]) == 0
+    out = capsys.readouterr().out
+    assert "173,946,175,488" in out and "174,604,259,328" in out
+    assert "603,979,776" in out and "1,207,959,552" in out
+
+
+def test_flop_rules_2n_and_6n():
+    a = get("llama-3-8b")
+    assert acc.flop_rules(a) == (2 * 8_030_261_248, 6 * 8_030_261_248)
+    assert acc.flop_rules(get("mixtral-8x7b")) == (2 * 12_879_925_248, 6 * 12_879_925_248)
+
+
+def test_attention_overtakes_the_weight_matmuls_at_6d_or_12d():
+    gpt3 = get("gpt-3-175b")
+    assert acc.attention_crossover(gpt3, "4n2d") == 6 * 12288
+    assert acc.attention_crossover(gpt3, "2Td") == 12 * 12288
+    # at that context the 2Td attention term of flops_per_token equals the blocks' 2·12·D²·L
+    n = 12 * 12288
+    attention_term = acc.flops_per_token(gpt3, n) - acc.flops_per_token(gpt3, 0)
+    assert attention_term == 2 * 12 * 12288 ** 2 * 96
+    assert acc.attention_crossover(get("mamba-130m")) is None
+    with pytest.raises(ValueError, match="convention must be"):
+        acc.attention_crossover(gpt3, "6nd")
+
+
+def test_mistral_v01_window_and_its_131k_receptive_field(capsys):
+    v01, v02 = get("mistral-7b-v0.1"), get("mistral-7b")
+    assert parameters(v01) == parameters(v02)
+    assert (v01.window, v02.window) == (4096, 0)
+    assert acc.receptive_field(v01) == 32 * 4096 == 131_072 and acc.receptive_field(v02) == 0
+    assert kv_cache(v01, context=32768).tokens == 4096
+    n = 2 * (parameters(v01).total - 32000 * 4096)
+    assert acc.flops_per_token(v01, 32768) == n + 2 * 32 * 4096 * 4096  # attends to W only
+    assert size_cli.main(["mistral-7b-v0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "131,072" in out and "131k" in out
+
+
+def test_llama_405b_gqa_against_mha():
+    a = get("llama-3.1-405b")
+    mha = replace(a, n_kv_heads=a.n_heads)
+    assert kv_cache(a).bytes_per_layer == 4096
+    assert kv_cache(mha).bytes_per_layer == 2 * 128 * 128 * 2 == 16 * 4096
+
+
+def test_mixtral_headline_figures():
+    p = parameters(get("mixtral-8x7b"))
+    assert (round(p.total / 1e9, 1), round(p.active / 1e9, 1)) == (46.7, 12.9)
+
+
+def test_mamba_state_chapter_and_full():
+    mamba = replace(get("llama-3-8b"), pattern="M")           # D 4096, N 16, expand 2, conv 4
+    m = acc.mamba_state_numbers(mamba)
+    assert m.chapter == 4096 * 16 == 65_536                    # the chapter's ~64k per layer
+    assert m.full == 2 * 4096 * 16 + 3 * 2 * 4096 == 155_648   # expand and conv state
+    small = acc.mamba_state_numbers(get("mamba-130m"))
+    assert small == (768 * 16, 1536 * (16 + 3))
+
+
+def test_kv_against_state_at_1k_32k_1m():
+    rows = acc.cache_at(get("llama-3-8b"))
+    assert rows == [(1024, 1024 * 128 * KiB, 0), (32768, 32768 * 128 * KiB, 0),
+                    (1048576, 1048576 * 128 * KiB, 0)]
+    state = 24 * 1536 * 19 * 2
+    assert acc.cache_at(get("mamba-130m")) == [(T, 0, state) for T in (1024, 32768, 1048576)]
+
+
+def test_explain_prints_the_formula_under_each_line(capsys):
+    assert size_cli.main(["gpt-3-175b", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "= 12 · 96 · 12288²" in out and "= P / (2·Dattn)" in out
+    assert "= 2·Hkv·Dh (K and V)" in out
+    assert size_cli.main(["gpt-3-175b"]) == 0
+    assert "= 12 · 96" not in capsys.readouterr().out
+    assert size_cli.main(["mamba-130m", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "D·N = 768·16" in out and "12,288" in out and "29,184" in out

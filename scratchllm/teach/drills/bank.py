@@ -206,14 +206,18 @@ def _gqa_vs_library(fn, n_kv_heads):
 
 
 def _gqa_causal(fn):
-    inp = _gqa_inputs()
+    return causal_check(fn, _gqa_inputs(), 3)
+
+
+def causal_check(fn, inp, t):
+    """fn(**inp) -> (B, T, ...): changing x at time t changes outputs t.. and none before."""
     y = fn(**inp)
-    inp["x"] = inp["x"].copy()
-    inp["x"][:, 3] += 1.0
+    inp = dict(inp, x=inp["x"].copy())
+    inp["x"][:, t] += 1.0
     y2 = fn(**inp)
-    assert_close(y2[:, :3], y[:, :3], tol=1e-12, what="outputs before the changed token")
-    if np.allclose(y2[:, 3:], y[:, 3:]):
-        raise AssertionError("changing token 3 did not change outputs 3 and 4")
+    assert_close(y2[:, :t], y[:, :t], tol=1e-12, what=f"outputs before the changed x_{t}")
+    if np.allclose(y2[:, t:], y[:, t:]):
+        raise AssertionError(f"changing x_{t} did not change the outputs from {t} on")
     return "ok"
 
 
@@ -508,3 +512,122 @@ def _bpe_vs_library(fn):
         first = next(i for i, (a, b) in enumerate(zip(merges, want)) if a != b)
         raise AssertionError(f"merge {first} is {merges[first]!r}, expected {want[first]!r}")
     return "40 merges equal"
+
+
+# ---------------------------------------------------------------------------- moe layer
+def _moe_inputs(E=4, D=6, F=5):
+    r = _rng(17)
+    return dict(x=r.standard_normal((9, D)), w_router=r.standard_normal((D, E)),
+                w1=r.standard_normal((E, D, F)), w3=r.standard_normal((E, D, F)),
+                w2=r.standard_normal((E, F, D)))
+
+
+@drill("moe_forward", 20, "scratchllm/moe/layer.py (the chapter's MoELayer.forward)", '''
+    def moe_forward(x, w_router, w1, w3, w2, k):
+        """A top-k Mixture-of-Experts layer of SwiGLU experts (Mixtral), no capacity limit.
+
+        x (N, D); w_router (D, E); w1, w3 (E, D, F); w2 (E, F, D).  Return y (N, D).
+        Reach: p = softmax(x w_router); per token the k largest p, gates g renormalised
+               over them;  expert_i(x) = (silu(x w1[i]) * (x w3[i])) w2[i];
+               y_n = sum over the chosen i of g_ni expert_i(x_n)
+        """
+''', [
+    ("equals scratchllm.moe.moe_forward (E=4, k=2)", lambda fn: _moe_vs_library(fn)),
+    ("k = E: the softmax-weighted mixture of every expert", lambda fn: _moe_dense(fn)),
+    ("k = 1: the argmax expert, gate 1", lambda fn: _moe_top1(fn)),
+])
+def moe_forward(x, w_router, w1, w3, w2, k):
+    return moe.moe_forward(x, w_router, w1, w3, w2, k=k)[0].y
+
+
+def _expert_outputs(x, w1, w3, w2):
+    """(E, N, D): every expert on every token, by the library's swiglu pair."""
+    return np.stack([ops.swiglu_forward(x, w1[i], w3[i], w2[i])[0] for i in range(len(w1))])
+
+
+def _moe_vs_library(fn):
+    inp = _moe_inputs()
+    return assert_close(fn(k=2, **inp), moe_forward(k=2, **inp), what="y")
+
+
+def _moe_dense(fn):
+    inp = _moe_inputs()
+    p = ops.softmax_forward(inp["x"] @ inp["w_router"])[0]  # (N, E)
+    ys = _expert_outputs(inp["x"], inp["w1"], inp["w3"], inp["w2"])  # (E, N, D)
+    return assert_close(fn(k=4, **inp), np.einsum("ne,end->nd", p, ys), what="y (k = E)")
+
+
+def _moe_top1(fn):
+    inp = _moe_inputs()
+    best = np.argmax(inp["x"] @ inp["w_router"], axis=1)  # (N,)
+    ys = _expert_outputs(inp["x"], inp["w1"], inp["w3"], inp["w2"])  # (E, N, D)
+    return assert_close(fn(k=1, **inp), ys[best, np.arange(len(best))], what="y (k = 1)")
+
+
+# ---------------------------------------------------------------------------- ssm recurrence
+def _lti_inputs():
+    A_bar, B_bar, C = _kernel_inputs()
+    return dict(x=_rng(18).standard_normal((2, 11, 3)), A_bar=A_bar, B_bar=B_bar, C=C,
+                D=_rng(19).standard_normal(3))
+
+
+@drill("ssm_recurrent", 10, "scratchllm/ssm/lti.py (ssm_recurrence)", '''
+    def ssm_recurrent(x, A_bar, B_bar, C, D):
+        """A discrete diagonal SSM run as a loop over time, per channel d and state n:
+            h_t = A_bar h_{t-1} + B_bar x_t  (h_{-1} = 0);   y_t = <C, h_t> + D x_t
+
+        x (B, T, D); A_bar, B_bar, C (D, N); D (D,).  Return y (B, T, D).
+        """
+''', [
+    ("equals kernel * x by FFT + D x (scratchllm ssm_kernel_forward, fft_conv_forward)",
+     lambda fn: _recurrent_vs_conv(fn)),
+    ("causal: a future input changes no earlier output",
+     lambda fn: causal_check(fn, _lti_inputs(), 6)),
+])
+def ssm_recurrent(x, A_bar, B_bar, C, D):
+    return ssm.ssm_recurrence(x, A_bar, B_bar, C, D)
+
+
+def _recurrent_vs_conv(fn):
+    inp = _lti_inputs()
+    K = ssm.ssm_kernel_forward(inp["A_bar"], inp["B_bar"], inp["C"], 11)[0]  # (D, T)
+    conv = ssm.fft_conv_forward(inp["x"].transpose(0, 2, 1), K)[0].transpose(0, 2, 1)
+    return assert_close(fn(**inp), conv + inp["D"] * inp["x"], what="y")
+
+
+
+
+# ---------------------------------------------------------------------------- selective scan forward
+@drill("selective_scan_forward", 15, "scratchllm/ssm/scan.py", '''
+    def selective_scan_forward(x, delta, A, B, C, D):
+        """Mamba's selective scan (S6): Δ, B, C change with the token. Per batch b, channel c,
+        state n:  A_bar_t = exp(delta_t A);  h_t = A_bar_t h_{t-1} + delta_t B_t x_t
+        (h_{-1} = 0, Euler for B);  y_t = <C_t, h_t> + D x_t
+
+        x, delta (B, T, d); A (d, N); B, C (B, T, N); D (d,).  Return y (B, T, d).
+        """
+''', [
+    ("equals the Numba scratchllm.ssm.selective_scan_forward", lambda fn: _scan_fwd_vs_library(fn)),
+    ("constant delta, B, C: the LTI recurrence with A_bar = exp(delta A), B_bar = delta B",
+     lambda fn: _scan_fwd_lti(fn)),
+])
+def selective_scan_forward(x, delta, A, B, C, D):
+    return ssm.selective_scan_forward(x, delta, A, B, C, D)[0]
+
+
+def _scan_fwd_vs_library(fn):
+    inp = _scan_inputs()
+    return assert_close(fn(**inp), selective_scan_forward(**inp), what="y")
+
+
+def _scan_fwd_lti(fn):
+    inp = _scan_inputs()
+    Bt, T, d = inp["x"].shape
+    N = inp["A"].shape[1]
+    dt = inp["delta"][0, 0]  # (d,) one step per channel, the same at every token
+    b, c = inp["B"][0, 0], inp["C"][0, 0]  # (N,)
+    inp.update(delta=np.broadcast_to(dt, (Bt, T, d)).copy(),
+               B=np.broadcast_to(b, (Bt, T, N)).copy(), C=np.broadcast_to(c, (Bt, T, N)).copy())
+    lti = ssm.ssm_recurrence(inp["x"], np.exp(dt[:, None] * inp["A"]), dt[:, None] * b,
+                             np.broadcast_to(c, (d, N)), inp["D"])  # (B, T, d)
+    return assert_close(fn(**inp), lti, what="y (time-invariant)")
