@@ -130,6 +130,73 @@ def sdpa(rng):
 
 
 @case
+def sdpa_bias(rng):
+    from scratchllm.attention import alibi_bias, alibi_slopes, causal_mask, sdpa_forward
+    from scratchllm.attention import sdpa_backward
+    q, k, v = (rng.standard_normal((2, 6, 5, 4)), rng.standard_normal((2, 3, 7, 4)),
+               rng.standard_normal((2, 3, 7, 3)))
+    return [check(sdpa_forward, sdpa_backward, rng=rng, label="alibi (H, Tq, Tk), causal",
+                  q=q, k=k, v=v, mask=causal_mask(7)[2:], bias=alibi_bias(alibi_slopes(6), 5, 7)),
+            check(sdpa_forward, sdpa_backward, rng=rng, label="per-batch (B, 1, Tq, Tk) bias",
+                  q=q, k=k, v=v, bias=rng.standard_normal((2, 1, 5, 7)))]
+
+
+@case
+def flash_sdpa(rng):
+    from scratchllm.attention import alibi_slopes, flash_sdpa_backward, flash_sdpa_forward
+    q, k, v = (rng.standard_normal((1, 4, 7, 3)), rng.standard_normal((1, 2, 9, 3)),
+               rng.standard_normal((1, 2, 9, 5)))
+    blocks = dict(block_q=3, block_k=4)  # ragged: 7 = 3+3+1 rows, 9 = 4+4+1 keys
+    slopes = alibi_slopes(4) * (1 + rng.random(4))
+    return [check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="no mask, Tq != Tk",
+                  q=q, k=k, v=v, **blocks),
+            check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="causal, scale",
+                  q=q, k=k, v=v, causal=True, scale=0.4, **blocks),
+            check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="window 3, 2 sinks",
+                  q=q, k=k, v=v, causal=True, window=3, n_sink=2, **blocks),
+            check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="learned alibi, causal",
+                  q=q, k=k, v=v, alibi_slopes=slopes, causal=True, **blocks),
+            check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="alibi bidirectional",
+                  q=q, k=k, v=v, alibi_slopes=slopes, **blocks)]
+
+
+@case
+def cross_attention(rng):
+    from scratchllm.attention import cross_attention_backward, cross_attention_forward
+    B, Tq, Tk, D, Dc, H, Hkv, Dh = 2, 5, 7, 9, 11, 6, 3, 4
+    w = dict(x=rng.standard_normal((B, Tq, D)), ctx=rng.standard_normal((B, Tk, Dc)),
+             wq=rng.standard_normal((D, H * Dh)), wk=rng.standard_normal((Dc, Hkv * Dh)),
+             wv=rng.standard_normal((Dc, Hkv * Dh)), wo=rng.standard_normal((H * Dh, D)))
+    pad = np.arange(Tk)[None, None, None, :] < np.array([Tk, 4])[:, None, None, None]
+    return [check(cross_attention_forward, cross_attention_backward, rng=rng, label="GQA",
+                  **w, n_heads=H, n_kv_heads=Hkv),
+            check(cross_attention_forward, cross_attention_backward, rng=rng,
+                  label="padding mask (B, 1, 1, Tk)", **w, n_heads=H, n_kv_heads=Hkv, mask=pad)]
+
+
+@case
+def sparse_attention(rng):
+    from scratchllm.attention import (indexer_kl_loss_backward, indexer_kl_loss_forward,
+                                      lightning_indexer_backward, lightning_indexer_forward,
+                                      topk_select, topk_sparse_attention_backward,
+                                      topk_sparse_attention_forward)
+    B, T, HI, DI, H, Hkv, Dh, Dv = 2, 9, 3, 5, 6, 2, 4, 3
+    q_idx, k_idx = rng.standard_normal((B, T, HI, DI)), rng.standard_normal((B, T, DI))
+    scores = rng.standard_normal((B, T, T))  # distinct: the top 4 has no ties
+    target = rng.random((B, T, T)) * np.tril(np.ones((T, T)))
+    target /= target.sum(-1, keepdims=True)
+    return [check(lightning_indexer_forward, lightning_indexer_backward, rng=rng,
+                  label="indexer", q_idx=q_idx, k_idx=k_idx, w=rng.standard_normal((B, T, HI))),
+            check(topk_sparse_attention_forward, topk_sparse_attention_backward, rng=rng,
+                  label="top 4 of 9, GQA, blocks of 4", q=rng.standard_normal((B, H, T, Dh)),
+                  k=rng.standard_normal((B, Hkv, T, Dh)), v=rng.standard_normal((B, Hkv, T, Dv)),
+                  indices=topk_select(scores, 4), block_q=4),
+            check(indexer_kl_loss_forward, indexer_kl_loss_backward, rng=rng, label="KL, causal",
+                  wrt=["index_scores"], index_scores=scores, target=target,
+                  allowed=np.tril(np.ones((T, T), bool)))]
+
+
+@case
 def repeat_kv(rng):
     from scratchllm.attention import repeat_kv_backward, repeat_kv_forward
     return check(repeat_kv_forward, repeat_kv_backward, rng=rng,
@@ -450,3 +517,50 @@ def lm_swa(rng):
 @case
 def lm_hybrid(rng):
     return _lm("hybrid", rng)
+
+
+@case
+def lm_positions(rng):
+    """Issue 14's attention options, whole model: ALiBi with flash attention on a sliding
+    window with sinks, sinusoidal positions, NoPE."""
+    return (_lm("swa", rng, "swa, alibi, flash", positions="alibi", attn_impl="flash")
+            + _lm("dense", rng, "dense, sinusoidal", positions="sinusoidal")
+            + _lm("dense", rng, "dense, nope", positions="nope"))
+
+
+def _module_loss_pair(model, *data):
+    """model.loss(*data) as a pair over the model's Params (as lm.loss_pair does for the LM)."""
+    params = dict(model.named_parameters())
+
+    def forward(**arrays):
+        for name, p in params.items():
+            p.data = arrays[name]
+        return model.loss(*data)
+
+    def backward(dloss, cache):
+        model.zero_grad()
+        model.loss_backward(float(dloss), cache)
+        return {name: p.grad.copy() for name, p in params.items()}
+
+    return forward, backward, {name: p.data for name, p in params.items()}
+
+
+@case
+def lm_encoders(rng):
+    """Whole encoder models (issue 14), every Param: the masked LM (BERT masking) and the
+    encoder-decoder (teacher-forced), float64."""
+    from scratchllm.attention import EncoderDecoder, MaskedLM, mlm_corrupt
+    V, D, L, H, F = 13, 8, 2, 2, 10
+    mlm = MaskedLM(V, D, L, H, F, rng=rng, dtype=np.float64)
+    ids = rng.integers(1, V, (2, 7))
+    inputs, targets = mlm_corrupt(ids, rng, mask_id=0, vocab_size=V, rate=0.5)
+    targets[0, 0] = ids[0, 0]  # at least one counted position
+    s2s = EncoderDecoder(V, D, L, H, F, rng=rng, dtype=np.float64)
+    src, tgt = rng.integers(0, V, (2, 5)), rng.integers(0, V, (2, 6))
+    reports = []
+    for label, model, data in (("masked LM", mlm, (inputs, targets)),
+                               ("encoder-decoder", s2s, (src, tgt[:, :-1], tgt[:, 1:]))):
+        forward, backward, params = _module_loss_pair(model, *data)
+        reports.append(check(forward, backward, rng=rng, max_full=0, n_directions=2,
+                             label=label, **params))
+    return reports

@@ -209,6 +209,7 @@ class MLA(Module):
         self.wkv_b = Param(normal_init(rng, (Dc, H * (qk_nope_head_dim + dv)), Dc ** -0.5, dtype))
         self.wo = Param(normal_init(rng, (H * dv, D), (H * dv) ** -0.5, dtype))
         self.n_heads, self.rope_style, self.eps = H, rope_style, eps
+        self.qk_nope_head_dim = qk_nope_head_dim
         self.inv_freq, self.attention_factor = rope_frequencies(dr, rope_base, rope_scaling)
         self.softmax_scale = mla_softmax_scale(qk, rope_scaling)
 
@@ -229,6 +230,20 @@ class MLA(Module):
         Dc = self.kv_norm.data.shape[0]
         return LatentKVState(batch, max_len, Dc, self.wkv_a.data.shape[1] - Dc,
                              self.wo.data.dtype)
+
+    def prefill(self, x, state):
+        """The prompt x (B, T, D) in one training-form forward; returns y (B, T, D) and
+        appends each token's [kv_norm(c_kv) | k_pe] to the empty LatentKVState: the latent is
+        the input of the wkv_b linear, k_pe the roped part of any head's key."""
+        if state.length:
+            raise ValueError(f"MLA.prefill: the state already holds {state.length} tokens; "
+                             f"prefill fills a fresh state from init_state")
+        y, cache = self.forward(x)  # (B, T, D)
+        ckv = cache.up.x  # (B, T, Dc): fwd kvb = ckv @ wkv_b
+        k_pe = cache.att.k[:, 0, :, self.qk_nope_head_dim:]  # (B, T, dr): shared by the heads
+        for t in range(x.shape[1]):
+            state.append(ckv[:, t], k_pe[:, t])
+        return y
 
     def decode(self, x_t, state, position):
         """One token (B, D) -> (B, D) in the absorbed form, appending to `state`."""

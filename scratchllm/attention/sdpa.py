@@ -25,6 +25,7 @@ class SDPACache(NamedTuple):
     v: np.ndarray
     scale: float
     softmax: SoftmaxCache
+    bias_shape: tuple = None  # the additive bias's shape (ALiBi, positions.py); None: no bias
 
 
 def _masked_out(fn, mask, B, H, Hkv, Tq, Tk):
@@ -42,12 +43,13 @@ def _masked_out(fn, mask, B, H, Hkv, Tq, Tk):
     return ~m.reshape(m.shape[:1] + heads + m.shape[2:])  # (b, Hkv|1, G|1, tq, tk)
 
 
-def sdpa_forward(q, k, v, mask=None, scale=None):
+def sdpa_forward(q, k, v, mask=None, scale=None, bias=None):
     """out = softmax(q k^T * scale, masked) v, with grouped K/V heads allowed.
 
     Inputs:  q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv), H a multiple of Hkv
              (query head h reads KV head h // (H/Hkv); Hkv = H is plain multi-head);
-             mask bool broadcastable to (B, H, Tq, Tk) or None; scale defaults to Dh^-1/2.
+             mask bool broadcastable to (B, H, Tq, Tk) or None; scale defaults to Dh^-1/2;
+             bias float broadcastable to (B, H, Tq, Tk) added to the scores (ALiBi), or None.
     Returns: out (B, H, Tq, Dv); a fully masked query row gives zeros.
     Cache:   (q grouped as (B, Hkv, G*Tq, Dh), k, v, scale, softmax cache holding P).
     The G query heads of a group are stacked along the rows, so each KV head meets one
@@ -68,34 +70,51 @@ def sdpa_forward(q, k, v, mask=None, scale=None):
     qg = q.reshape(B, Hkv, G * Tq, Dh)  # (B, Hkv, G*Tq, Dh)
     s = qg @ k.swapaxes(-1, -2)  # (B, Hkv, G*Tq, Tk)
     s *= np.asarray(scale, dtype=s.dtype)
+    if bias is not None:  # S = scale q k^T + bias
+        expect_float("sdpa", "bias", bias)
+        if bias.ndim > 4 or any(n not in (1, m) for n, m in zip(bias.shape[::-1],
+                                                                 (Tk, Tq, H, B))):
+            raise ValueError(f"sdpa: bias has shape {bias.shape}, expected one broadcastable "
+                             f"to (B, H, Tq, Tk) = {(B, H, Tq, Tk)}")
+        s.reshape(B, H, Tq, Tk)[...] += bias
     if mask is not None:
         out_of_mask = _masked_out("sdpa", mask, B, H, Hkv, Tq, Tk)  # (b, Hkv|1, G|1, tq, tk)
         np.copyto(s.reshape(B, Hkv, G, Tq, Tk), np.asarray(-np.inf, s.dtype), where=out_of_mask)
     p, sm_cache = softmax_forward(s, axis=-1)  # (B, Hkv, G*Tq, Tk)
     out = (p @ v).reshape(B, H, Tq, v.shape[3])  # (B, H, Tq, Dv)
-    return out, SDPACache(qg, k, v, scale, sm_cache)
+    return out, SDPACache(qg, k, v, scale, sm_cache, None if bias is None else bias.shape)
 
 
 def sdpa_backward(dout, cache):
     """Math (P = softmax(S), S = scale q k^T), per KV group with the G query heads stacked:
         dv = P^T dout,  dP = dout v^T,  dS = P * (dP - rowsum(dP * P)),
         dq = scale dS k,  dk = scale dS^T q.   Masked entries have P = 0, so dS = 0 there.
+        With a bias (S += bias): dbias = dS summed over the axes the bias was broadcast along.
     The products over the stacked G*Tq rows sum the gradients of the G query heads that
     share a KV head (the KV-sharing backward, as repeat_kv_backward does explicitly).
     Reference: karpathy/llm.c train_gpt2.c attention_backward; Ainslie et al. 2023
     (arXiv 2305.13245).
     """
-    qg, k, v, scale, sm_cache = cache
+    qg, k, v, scale, sm_cache, bias_shape = cache
     B, H, Tq, Dv = dout.shape
     p = sm_cache.y  # (B, Hkv, G*Tq, Tk)
     dog = dout.reshape(qg.shape[:3] + (Dv,))  # (B, Hkv, G*Tq, Dv)
     dv = p.swapaxes(-1, -2) @ dog  # fwd: out = P v -> dv = P^T dout      (B, Hkv, Tk, Dv)
     dp = dog @ v.swapaxes(-1, -2)  # fwd: out = P v -> dP = dout v^T      (B, Hkv, G*Tq, Tk)
     ds = softmax_backward(dp, sm_cache)["x"]  # fwd: P = softmax(S)      (B, Hkv, G*Tq, Tk)
+    grads = {} if bias_shape is None else {  # fwd: S += bias
+        "bias": _sum_to(ds.reshape(B, H, Tq, -1), bias_shape)}
     ds *= np.asarray(scale, dtype=ds.dtype)  # fwd: S = scale q k^T
     dq = (ds @ k).reshape(B, H, Tq, qg.shape[3])  # (B, H, Tq, Dh)
     dk = ds.swapaxes(-1, -2) @ qg  # (B, Hkv, Tk, Dh)
-    return {"q": dq, "k": dk, "v": dv}
+    return {"q": dq, "k": dk, "v": dv, **grads}
+
+
+def _sum_to(a, shape):
+    """Sum a over the axes a broadcast (of shape `shape`) was stretched along."""
+    lead = a.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1)
+    return a.sum(axis=axes, keepdims=True).reshape(shape)  # fwd: S += bias (broadcast)
 
 
 # ---------------------------------------------------------------------------- head plumbing

@@ -30,6 +30,9 @@ class ModelConfig:
     rope_style: str = "half"            # "half" (rotate_half, HF) | "interleaved" (Meta)
     window: int = None                  # sliding window W (None = full causal attention)
     n_sink: int = 0                     # attention-sink tokens kept beside the window
+    positions: str = "rope"             # "rope" | "alibi" (per-head linear bias) | "sinusoidal"
+                                        #   (added to the embedding) | "nope" (none)
+    attn_impl: str = "sdpa"             # "sdpa" (dense scores) | "flash" (tiled, O(T) memory)
     # --- MLA (attention = "mla"), DeepSeek-V3 names
     q_lora_rank: int = 0                # Dq (0 = a plain wq, no query compression)
     kv_lora_rank: int = 32              # Dc: the cached KV latent
@@ -89,6 +92,13 @@ class ModelConfig:
             bad(f"window must be None or >= 1, got {self.window!r}")
         if self.n_sink < 0 or (self.n_sink and self.window is None):
             bad(f"n_sink={self.n_sink} needs a window and must be >= 0")
+        if self.positions not in ("rope", "alibi", "sinusoidal", "nope"):
+            bad(f"positions must be 'rope', 'alibi', 'sinusoidal' or 'nope', got "
+                f"{self.positions!r}")
+        if self.attn_impl not in ("sdpa", "flash"):
+            bad(f"attn_impl must be 'sdpa' or 'flash', got {self.attn_impl!r}")
+        if self.attention == "mla" and (self.positions != "rope" or self.attn_impl != "sdpa"):
+            bad("attention='mla' supports positions='rope' and attn_impl='sdpa' only")
         if self.window is not None and self.attention == "mla":
             bad("a sliding window is implemented for attention='gqa' only")
         kinds = self.layer_kinds()

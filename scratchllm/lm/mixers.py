@@ -26,7 +26,8 @@ def make_mixer(cfg, kind, *, rng, dtype):
                    **rope)
     return Attention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, window=cfg.window,
                      n_sink=cfg.n_sink, mask="causal" if cfg.window is None else "sliding",
-                     **rope)
+                     use_rope=cfg.positions == "rope", alibi=cfg.positions == "alibi",
+                     attn_impl=cfg.attn_impl, **rope)
 
 
 def make_ffn(cfg, moe, *, rng, dtype):

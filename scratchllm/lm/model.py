@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from scratchllm.attention import sinusoidal_positions
 from scratchllm.core import ops
 from scratchllm.core.nn import Embedding, Linear, Module, RMSNorm
 from scratchllm.core.validate import expect_int, expect_ndim
@@ -68,6 +69,14 @@ class Block(Module):
         dh = dy + self.norm2.backward(db, c2)  # fwd: b = norm2(h)
         da = self.mixer.backward(dh, cm)  # fwd: h = x + mixer(a)
         return dh + self.norm1.backward(da, c1)  # fwd: a = norm1(x)
+
+    def prefill(self, x, state):
+        """A whole prompt x (B, T, D) -> y (B, T, D), filling this layer's fresh state."""
+        a, _ = self.norm1.forward(x)  # (B, T, D)
+        h = x + self.mixer.prefill(a, state)  # (B, T, D)
+        b, _ = self.norm2.forward(h)  # (B, T, D)
+        out, _ = self.ffn.forward(b)
+        return h + (out.y if self.moe else out)  # (B, T, D)
 
     def decode(self, x_t, state, position):
         """One token: x_t (B, D) -> y_t (B, D), updating this layer's state in place."""
@@ -120,6 +129,7 @@ class LM(Module):
         expect_int("LM", "ids", ids)
         expect_ndim("LM", "ids", ids, 2, "(B, T)")
         x, c_emb = self.embed.forward(ids)  # (B, T, D)
+        x = self._add_positions(x, 0)  # (B, T, D)
         blocks, aux = [], []
         for layer in self.layers:
             (x, a, z), c = layer.forward(x)  # (B, T, D)
@@ -129,6 +139,13 @@ class LM(Module):
         h, cn = self.norm.forward(x)  # (B, T, D)
         logits, ch = self._head_forward(h)  # (B, T, V)
         return logits, LMCache(c_emb, blocks, cn, ch, aux)
+
+    def _add_positions(self, x, start):
+        """x + PE[start:start+T] for positions="sinusoidal" (a constant: no backward), else x."""
+        if self.cfg.positions != "sinusoidal":
+            return x
+        T, D = x.shape[1], x.shape[2]
+        return x + sinusoidal_positions(start + T, D)[start:].astype(x.dtype)  # (B, T, D)
 
     def _head_forward(self, h):
         return self.embed.attend(h) if self.head is None else self.head.forward(h)
@@ -208,10 +225,23 @@ class LM(Module):
         """Per-layer decoding states for `batch` sequences of up to max_len tokens."""
         return [layer.mixer.init_state(batch, max_len) for layer in self.layers]
 
+    def prefill(self, ids, state):
+        """The prompt ids (B, T) at positions 0..T-1 in one forward pass per layer, filling
+        every layer's fresh state (from init_state) as T decode calls would. Returns the
+        logits (B, T, V); decoding continues with decode(ids_t, state, T)."""
+        expect_int("LM.prefill", "ids", ids)
+        expect_ndim("LM.prefill", "ids", ids, 2, "(B, T)")
+        x, _ = self.embed.forward(ids)  # (B, T, D)
+        x = self._add_positions(x, 0)  # (B, T, D)
+        for layer, st in zip(self.layers, state):
+            x = layer.prefill(x, st)  # (B, T, D)
+        h, _ = self.norm.forward(x)  # (B, T, D)
+        return self._head_forward(h)[0]  # (B, T, V)
+
     def decode(self, ids_t, state, position):
         """One token per sequence: ids_t (B,) at `position` -> logits (B, V); updates state."""
         x, _ = self.embed.forward(np.asarray(ids_t)[:, None])  # (B, 1, D)
-        x = x[:, 0]  # (B, D)
+        x = self._add_positions(x, position)[:, 0]  # (B, D)
         for layer, st in zip(self.layers, state):
             x = layer.decode(x, st, position)  # (B, D)
         h, _ = self.norm.forward(x)  # (B, D)

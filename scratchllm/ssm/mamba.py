@@ -205,6 +205,20 @@ class Mamba(Module):
         dt = self.W_in.data.dtype
         return MambaState(np.zeros((batch, K - 1, Di), dt), np.zeros((batch, Di, N), dt))
 
+    def prefill(self, x, state):
+        """The prompt x (B, T, D) in one forward; returns y (B, T, D) and sets `state` to
+        what T decode calls leave: conv = the last K-1 conv inputs, ssm = h_T with
+        h_T = sum_t exp(A sum_{s>t} delta_s) delta_t B_t x_t (the scan unrolled)."""
+        y, cache = self.forward(x)  # (B, T, D)
+        K1 = state.conv.shape[1]
+        xp = cache.conv.xp  # (B, T+K-1, Di): conv input with K-1 leading zeros
+        state.conv[...] = xp[:, xp.shape[1] - K1:]
+        u, delta, A, Bm = cache.scan.x, cache.scan.delta, cache.scan.A, cache.scan.B
+        later = delta[:, ::-1].cumsum(axis=1)[:, ::-1] - delta  # (B, T, Di): sum_{s>t} delta_s
+        decay = np.exp(later[..., None] * A)  # (B, T, Di, N)
+        state.ssm[...] = np.einsum("btdn,btd,btn->bdn", decay, delta * u, Bm)  # (B, Di, N)
+        return y
+
     def decode(self, x_t, state, position=None):
         """One token (B, D) -> (B, D); updates `state` in place (position is not needed)."""
         out, (conv, ssm) = mamba_step(x_t, state.conv, state.ssm, *self._weights())

@@ -6,6 +6,7 @@ the docstring alone. Checks differentiate the library's forward by finite differ
 (grads.check) and compare with the library's own backward or an independent formula.
 """
 import textwrap
+import tracemalloc
 
 import numpy as np
 
@@ -631,3 +632,111 @@ def _scan_fwd_lti(fn):
     lti = ssm.ssm_recurrence(inp["x"], np.exp(dt[:, None] * inp["A"]), dt[:, None] * b,
                              np.broadcast_to(c, (d, N)), inp["D"])  # (B, T, d)
     return assert_close(fn(**inp), lti, what="y (time-invariant)")
+
+
+# ---------------------------------------------------------------------------- masks, alibi, flash
+@drill("sliding_window_mask", 5, "scratchllm/attention/masks.py", '''
+    def sliding_window_mask(T, window):
+        """(T, T) bool, True = may attend: causal, and only the last `window` keys (Mistral).
+
+        Reach: query i sees key j iff  i - window < j <= i.
+        """
+''', [
+    ("equals scratchllm.attention.sliding_window_mask (T 7, W 1..8)",
+     lambda fn: _mask_vs_library(fn)),
+    ("a bool array; window >= T is the causal mask", lambda fn: _mask_properties(fn)),
+])
+def sliding_window_mask(T, window):
+    return attention.sliding_window_mask(T, window)
+
+
+def _mask_vs_library(fn):
+    for W in range(1, 9):
+        got = np.asarray(fn(7, W))
+        if got.dtype != bool or not np.array_equal(got, attention.sliding_window_mask(7, W)):
+            raise AssertionError(f"window {W}: got {got.astype(int).tolist()}")
+    return "8 windows equal"
+
+
+def _mask_properties(fn):
+    got = fn(6, 10)
+    if not isinstance(got, np.ndarray) or got.dtype != bool:
+        raise AssertionError(f"expected a bool array, got {getattr(got, 'dtype', type(got))}")
+    if not np.array_equal(got, np.tril(np.ones((6, 6), bool))):
+        raise AssertionError("window 10 >= T 6 must give the causal mask")
+    return "ok"
+
+
+@drill("alibi_bias", 5, "scratchllm/attention/positions.py", '''
+    def alibi_bias(n_heads, T):
+        """ALiBi's (H, T, T) bias added to the attention scores (Press et al. 2021), H a power
+        of two.
+
+        Reach: slopes m_h = 2^(-8 h / H) for h = 1..H;  bias[h, i, j] = -m_h |i - j|
+        """
+''', [
+    ("equals alibi_bias(alibi_slopes(H), T, T) for H = 8", lambda fn: assert_close(
+        fn(8, 6), attention.alibi_bias(attention.alibi_slopes(8), 6, 6), what="bias (H=8)")),
+    ("and for H = 4, T = 3", lambda fn: assert_close(
+        fn(4, 3), attention.alibi_bias(attention.alibi_slopes(4), 3, 3), what="bias (H=4)")),
+])
+def alibi_bias(n_heads, T):
+    return attention.alibi_bias(attention.alibi_slopes(n_heads), T, T)
+
+
+def _flash_inputs(T=13):
+    r = _rng(21)
+    return [r.standard_normal((3, T, 4)) for _ in range(3)]
+
+
+@drill("flash_attention_forward", 20, "scratchllm/attention/flash.py", '''
+    def flash_attention_forward(q, k, v, block):
+        """Causal attention, tiled: never build the (T, T) score matrix. Scale Dh^-1/2.
+
+        q, k, v (H, T, Dh); block: rows and keys per tile (T need not be a multiple).
+        Return (out (H, T, Dh), lse (H, T)), lse = log sum_j exp(S_ij) over the allowed keys.
+        Reach: per query block, running m (row max), l (row sum), acc (H, bq, Dh); per key
+               block S = q k^T scale (masked j > i to -inf), m' = max(m, rowmax S),
+               l = exp(m - m') l + rowsum exp(S - m'), acc = exp(m - m') acc + exp(S - m') v,
+               m = m'; at the end out = acc / l, lse = m + log l.
+        """
+''', [
+    ("out equals causal sdpa (T 13, blocks 4 and 5)", lambda fn: _flash_vs_sdpa(fn)),
+    ("lse is the row logsumexp of the masked scores", lambda fn: _flash_lse(fn)),
+    ("peak memory at T = 1024 far below the T x T matrix", lambda fn: _flash_memory(fn)),
+])
+def flash_attention_forward(q, k, v, block):
+    out, cache = attention.flash_sdpa_forward(q[None], k[None], v[None], causal=True,
+                                              block_q=block, block_k=block)
+    return out[0], cache.lse[0, :, :, 0]
+
+
+def _flash_vs_sdpa(fn):
+    q, k, v = _flash_inputs()
+    want = attention.sdpa_forward(q[None], k[None], v[None], attention.causal_mask(13))[0][0]
+    for block in (4, 5):
+        assert_close(fn(q, k, v, block)[0], want, what=f"out (block {block})")
+    return "blocks 4, 5 equal"
+
+
+def _flash_lse(fn):
+    q, k, v = _flash_inputs()
+    s = np.where(attention.causal_mask(13), q @ k.swapaxes(-1, -2) / 2.0, -np.inf)  # Dh 4
+    m = s.max(-1, keepdims=True)
+    want = (m + np.log(np.exp(s - m).sum(-1, keepdims=True)))[..., 0]  # (H, T)
+    return assert_close(fn(q, k, v, 4)[1], want, what="lse")
+
+
+def _flash_memory(fn):
+    q, k, v = [a.repeat(79, axis=1)[:, :1024] for a in _flash_inputs()]
+    tracemalloc.start()
+    try:
+        fn(q, k, v, 64)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    matrix = 3 * 1024 * 1024 * 8
+    if not peak < matrix / 4:
+        raise AssertionError(f"peak {peak / 2**20:.1f} MiB, the (H, T, T) matrix is "
+                             f"{matrix / 2**20:.0f} MiB: a tile is not a row")
+    return f"peak {peak / 2**20:.1f} MiB of {matrix / 2**20:.0f}"
