@@ -7,7 +7,8 @@ from nbclient import NotebookClient
 
 FOLDER = Path(__file__).resolve().parent.parent / "notebooks"
 EXPECTED = ["01_bpe", "02_rope_yarn", "03_attention_gqa_kv_cache", "04_mla_absorption",
-            "05_moe_balance_loss", "06_ssm_zoh_fft", "07_selective_scan", "08_tiny_lm"]
+            "05_moe_balance_loss", "06_ssm_zoh_fft", "07_selective_scan", "08_tiny_lm",
+            "11_one_recurrence_many_names"]
 
 
 def _present():

@@ -9,7 +9,8 @@ from scratchllm.teach.drills.core import run_checks
 REQUIRED = {"rmsnorm_backward": 5, "sdpa_backward": 15, "rope_backward": 10, "gqa_forward": 20,
             "balance_loss_backward": 15, "topk_router_forward": 10, "zoh": 10,
             "ssm_kernel": 10, "fft_conv_backward": 15,
-            "selective_scan_backward": 20, "bpe_merge_step": 25}
+            "selective_scan_backward": 20, "bpe_merge_step": 25,
+            "linear_attention_recurrent": 10, "delta_rule_step": 15, "ssd_chunk": 25}
 
 
 def test_the_required_drills_exist_with_their_target_times():
