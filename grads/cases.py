@@ -424,6 +424,21 @@ def s4d(rng):
 
 
 @case
+def s4d_complex(rng):
+    from scratchllm.ssm import s4d_complex_backward, s4d_complex_forward, s4d_init
+    width, N = 3, 5
+    reports = []
+    for init in ("lin", "inv"):  # the init's values, then perturbed off the special points
+        p = {k: v + rng.normal(0, 0.1, v.shape) for k, v in
+             s4d_init(width, N, init, rng=rng).items()}
+        p["log_dt"] = rng.uniform(-3, -1, width)
+        reports.append(check(s4d_complex_forward, s4d_complex_backward, rng=rng,
+                             label=f"S4D-{init.capitalize()}",
+                             x=rng.standard_normal((2, 7, width)), **p))
+    return reports
+
+
+@case
 def selective_scan(rng):
     from scratchllm.ssm import (selective_scan_backward, selective_scan_backward_ref,
                                 selective_scan_forward, selective_scan_forward_ref)
@@ -435,6 +450,18 @@ def selective_scan(rng):
                   **inputs),
             check(selective_scan_forward_ref, selective_scan_backward_ref, rng=rng, label="ref",
                   **inputs)]
+
+
+@case
+def ssd(rng):
+    from scratchllm.ssm import ssd_backward, ssd_forward
+    batch, T, H, Dh, G, N = 2, 7, 4, 3, 2, 5  # Δ > 0 as after softplus; A < 0
+    return [check(ssd_forward, ssd_backward, rng=rng, label=form, form=form, chunk=3,
+                  x=rng.standard_normal((batch, T, H, Dh)),
+                  dt=rng.uniform(0.05, 1.0, (batch, T, H)), A=-rng.uniform(0.2, 2.0, H),
+                  B=rng.standard_normal((batch, T, G, N)), C=rng.standard_normal((batch, T, G, N)),
+                  D=rng.standard_normal(H))
+            for form in ("parallel", "chunked", "recurrent")]
 
 
 @case
@@ -452,6 +479,103 @@ def mamba(rng):
                  x=rng.standard_normal((batch, T, 3)), w=rng.standard_normal((3, K)),
                  b=rng.standard_normal(3))
     return [block, conv]
+
+
+# ------------------------------------------------------------------- linear-attention family
+def _qkv(rng, B=2, H=2, T=7, Dk=3, Dv=5):
+    return dict(q=rng.standard_normal((B, H, T, Dk)), k=rng.standard_normal((B, H, T, Dk)),
+                v=rng.standard_normal((B, H, T, Dv)))
+
+
+@case
+def linear_attention(rng):
+    from scratchllm.linear_attention import linear_attention_backward, linear_attention_forward
+    return [check(linear_attention_forward, linear_attention_backward, rng=rng,
+                  label=f"{form}, elu, normalised", form=form, chunk=3, **_qkv(rng))
+            for form in ("parallel", "chunked", "recurrent")] + [
+        check(linear_attention_forward, linear_attention_backward, rng=rng,
+              label="chunked, identity, unnormalised", feature="identity", normalize=False,
+              chunk=3, **_qkv(rng))]
+
+
+@case
+def retnet_attention(rng):
+    from scratchllm.linear_attention import retnet_attention_backward, retnet_attention_forward
+    return [check(retnet_attention_forward, retnet_attention_backward, rng=rng, label=form,
+                  form=form, chunk=3, gamma=np.array([0.6, 0.9]), **_qkv(rng))
+            for form in ("parallel", "chunked", "recurrent")]
+
+
+@case
+def gla_attention(rng):
+    from scratchllm.linear_attention import gla_attention_backward, gla_attention_forward
+    return [check(gla_attention_forward, gla_attention_backward, rng=rng,
+                  label=f"{form}, gate per {'channel' if len(shape) == 4 else 'head'}",
+                  form=form, chunk=3, g=np.log(rng.uniform(0.3, 1.0, shape)), **_qkv(rng))
+            for form in ("parallel", "chunked", "recurrent") for shape in ((2, 2, 7, 3), (2, 2, 7))]
+
+
+@case
+def delta_rule(rng):
+    from scratchllm.linear_attention import delta_rule_backward, delta_rule_forward
+    reports = []
+    for gated in (False, True):
+        for form in ("parallel", "chunked", "recurrent"):
+            qkv = _qkv(rng)
+            qkv["k"] /= np.linalg.norm(qkv["k"], axis=-1, keepdims=True)  # as DeltaNet
+            g = np.log(rng.uniform(0.3, 1.0, (2, 2, 7))) if gated else None
+            reports.append(check(delta_rule_forward, delta_rule_backward, rng=rng,
+                                 label=f"{form}, {'gated' if gated else 'DeltaNet'}",
+                                 form=form, chunk=3, beta=rng.uniform(0.1, 0.9, (2, 2, 7)),
+                                 g=g, **qkv))
+    return reports
+
+
+@case
+def rwkv4(rng):
+    from scratchllm.linear_attention import (rwkv4_channel_mix_backward,
+                                             rwkv4_channel_mix_forward, rwkv4_time_mix_backward,
+                                             rwkv4_time_mix_forward, rwkv4_wkv_backward,
+                                             rwkv4_wkv_forward)
+    batch, T, D, F = 2, 7, 5, 9
+    W = {n: rng.normal(0, 0.5, (D, D)) for n in ("Wk", "Wv", "Wr", "Wo")}
+    mix = {n: rng.uniform(0, 1, D) for n in ("mix_k", "mix_v", "mix_r")}
+    return [check(rwkv4_wkv_forward, rwkv4_wkv_backward, rng=rng, label="wkv",
+                  w=rng.uniform(0.1, 2.0, D), u=rng.standard_normal(D),
+                  k=rng.standard_normal((batch, T, D)), v=rng.standard_normal((batch, T, D))),
+            check(rwkv4_time_mix_forward, rwkv4_time_mix_backward, rng=rng, label="time-mix",
+                  x=rng.standard_normal((batch, T, D)), time_decay=rng.normal(-1, 0.5, D),
+                  time_first=rng.standard_normal(D), **mix, **W),
+            check(rwkv4_channel_mix_forward, rwkv4_channel_mix_backward, rng=rng,
+                  label="channel-mix", x=rng.standard_normal((batch, T, D)),
+                  mix_k=mix["mix_k"], mix_r=mix["mix_r"], Wk=rng.normal(0, 0.5, (D, F)),
+                  Wr=W["Wr"], Wv=rng.normal(0, 0.5, (F, D)))]
+
+
+@case
+def recurrent_mixer(rng):
+    from scratchllm.linear_attention import recurrent_mixer_backward, recurrent_mixer_forward
+    D, H = 6, 2
+    reports = []
+    for kind, wa in (("linear", None), ("retnet", None), ("gla", D), ("delta", H)):
+        W = {n: rng.normal(0, 0.5, (D, D)) for n in ("Wq", "Wk", "Wv", "Wo")}
+        if wa:
+            W["Wa"] = rng.normal(0, 0.5, (D, wa))
+        reports.append(check(recurrent_mixer_forward, recurrent_mixer_backward, rng=rng,
+                             label=kind, kind=kind, n_heads=H, chunk=3,
+                             x=rng.standard_normal((2, 7, D)), **W))
+    return reports
+
+
+@case
+def mamba2(rng):
+    from scratchllm.ssm import mamba2_backward, mamba2_forward
+    D, Di, H, N = 5, 8, 2, 3
+    shapes = dict(Wz=(D, Di), Wx=(D, Di), WB=(D, N), WC=(D, N), Wdt=(D, H))
+    W = {n: rng.normal(0, 0.5, s) for n, s in shapes.items()}
+    return check(mamba2_forward, mamba2_backward, rng=rng, x=rng.standard_normal((2, 7, D)),
+                 dt_bias=rng.normal(-1, 0.5, H), A_log=rng.normal(0, 0.5, H),
+                 D=rng.standard_normal(H), Wout=rng.normal(0, 0.5, (Di, D)), chunk=3, **W)
 
 
 # ------------------------------------------------------------------- language models
@@ -564,3 +688,11 @@ def lm_encoders(rng):
         reports.append(check(forward, backward, rng=rng, max_full=0, n_directions=2,
                              label=label, **params))
     return reports
+
+
+@case
+def lm_recurrent(rng):
+    """The recurrent mixers inside a whole model: L R G D, then S (Mamba-2) and W (RWKV-4)
+    between attention layers."""
+    return (_lm("dense", rng, "LRGD", layer_pattern="LRGD", n_layers=4)
+            + _lm("dense", rng, "SAWA", layer_pattern="SAWA", n_layers=4))

@@ -7,9 +7,12 @@ Presets (all small enough to train on 2 CPU cores in minutes):
             aux-loss-free selection bias
     swa     Mistral-style: sliding-window attention with attention sinks
     hybrid  Jamba-style: Mamba and attention layers ("MAMA"), MoE FFN every other layer
+    linear, deltanet, mamba2, rwkv   one recurrent mixer in every layer (lm/mixers.py)
 """
 import dataclasses
 from dataclasses import dataclass
+
+LAYER_KINDS = "AMLRGDSW"  # attention, Mamba, then the recurrent mixers of lm/mixers.py
 
 
 @dataclass
@@ -53,12 +56,14 @@ class ModelConfig:
     bias_gamma: float = 0.0             # aux-loss-free bias speed (0 = off), DeepSeek-V3
     # --- hybrid (Mamba) layers
     layer_pattern: str = None           # e.g. "MAMA": M = Mamba mixer, A = attention; None = all A
+                                        # (recurrent mixers, lm/mixers.py: L linear attention,
+                                        # R RetNet, G GLA, D DeltaNet, S Mamba-2, W RWKV-4)
     d_state: int = 16                   # N: SSM state per channel
     d_conv: int = 4                     # causal depthwise conv width
     expand: int = 2                     # Mamba inner width = expand * D
 
     def layer_kinds(self):
-        """One letter per layer: "A" attention or "M" Mamba."""
+        """One letter per layer: "A" attention, "M" Mamba, or a recurrent mixer (LAYER_KINDS)."""
         return self.layer_pattern or "A" * self.n_layers
 
     def is_moe_layer(self, i):
@@ -102,8 +107,9 @@ class ModelConfig:
         if self.window is not None and self.attention == "mla":
             bad("a sliding window is implemented for attention='gqa' only")
         kinds = self.layer_kinds()
-        if len(kinds) != self.n_layers or set(kinds) - set("AM"):
-            bad(f"layer_pattern must be {self.n_layers} letters of 'A'/'M', got {kinds!r}")
+        if len(kinds) != self.n_layers or set(kinds) - set(LAYER_KINDS):
+            bad(f"layer_pattern must be {self.n_layers} letters of {LAYER_KINDS!r}, "
+                f"got {kinds!r}")
         return self
 
     def to_dict(self):
@@ -128,6 +134,11 @@ PRESETS = {
                 balance_coef=1e-4, z_coef=0.0),
     "swa": dict(window=32, n_sink=4),
     "hybrid": dict(_MOE, layer_pattern="MAMA", moe_every=2, n_experts=4),
+    # recurrent mixers (issue 15): every layer one recurrence, SwiGLU FFN
+    "linear": dict(layer_pattern="LLLL"),
+    "deltanet": dict(layer_pattern="DDDD"),
+    "mamba2": dict(layer_pattern="SSSS"),
+    "rwkv": dict(layer_pattern="WWWW"),
 }
 
 

@@ -9,13 +9,24 @@ init_state(batch, max_len) -> state and decode(x_t, state, position) -> y_t.
 from scratchllm.attention import MLA, Attention
 from scratchllm.core import SwiGLU
 from scratchllm.moe import MoE
-from scratchllm.ssm import Mamba
+from scratchllm.linear_attention import RecurrentMixer, RWKV4TimeMix
+from scratchllm.ssm import Mamba, Mamba2
+
+RECURRENT = {"L": "linear", "R": "retnet", "G": "gla", "D": "delta"}  # RecurrentMixer kinds
 
 
 def make_mixer(cfg, kind, *, rng, dtype):
-    """The token mixer of a layer of kind "A" (attention) or "M" (Mamba)."""
+    """The token mixer of a layer of kind "A" (attention), "M" (Mamba), "S" (Mamba-2),
+    "W" (RWKV-4 time-mix) or one of RECURRENT."""
     rope = dict(rope_base=cfg.rope_base, rope_scaling=cfg.rope_scaling,
                 rope_style=cfg.rope_style, rng=rng, dtype=dtype)
+    if kind in RECURRENT:
+        return RecurrentMixer(cfg.d_model, cfg.n_heads, RECURRENT[kind], rng=rng, dtype=dtype)
+    if kind == "S":
+        return Mamba2(cfg.d_model, n_heads=cfg.n_heads, d_state=cfg.d_state, expand=cfg.expand,
+                      rng=rng, dtype=dtype)
+    if kind == "W":
+        return RWKV4TimeMix(cfg.d_model, rng=rng, dtype=dtype)
     if kind == "M":
         return Mamba(cfg.d_model, d_state=cfg.d_state, d_conv=cfg.d_conv, expand=cfg.expand,
                      rng=rng, dtype=dtype)
