@@ -541,7 +541,8 @@ def _lm(name, rng, label=None, **overrides):
                      label=label or name, **data)]
     if slow:
         reports.append(check(forward, backward, rng=rng, max_full=0, n_directions=2,
-                             wrt=slow, fd_step=3e-4, label=f"{name}, mamba dt path, h=3e-4",
+                             wrt=slow, fd_step=3e-4,
+                             label=f"{label or name}, mamba dt path, h=3e-4",
                              **data))
     return reports
 
@@ -569,3 +570,20 @@ def lm_swa(rng):
 @case
 def lm_hybrid(rng):
     return _lm("hybrid", rng)
+
+
+# Config options of released checkpoints, on tiny models: HF Mamba-1 (mixer-only blocks),
+# Jamba's inner Mamba norms (dt rank 3: an RMSNorm over a single number is only its sign),
+# DeepSeek-V3 group-limited routing with scaling plus gpt-oss's router logit bias.
+LM_CHECKPOINTS = {
+    "mamba1": ("hybrid", dict(ffn="none", layer_pattern="MM")),
+    "jamba": ("hybrid", dict(mamba_inner_norms=True, dt_rank=3)),
+    "routing": ("mla", dict(n_group=2, topk_group=1, routed_scaling_factor=2.5,
+                            router_bias=True)),
+}
+
+
+@case
+def lm_checkpoint_options(rng):
+    return [report for label, (name, overrides) in LM_CHECKPOINTS.items()
+            for report in _lm(name, rng, label, **overrides)]
