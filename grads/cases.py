@@ -197,6 +197,21 @@ def sparse_attention(rng):
 
 
 @case
+def sdpa_sinks(rng):
+    from scratchllm.attention import causal_mask, sdpa_backward, sdpa_forward
+    q, k, v = (rng.standard_normal((2, 6, 5, 4)), rng.standard_normal((2, 2, 7, 4)),
+               rng.standard_normal((2, 2, 7, 3)))
+    mask = rng.random((2, 6, 5, 7)) < 0.6
+    mask[1, 4, 3] = False  # a fully masked row: all mass on the sink, zero output
+    sinks = rng.standard_normal(6)
+    return [check(sdpa_forward, sdpa_backward, rng=rng, label="gpt-oss sinks, grouped kv, "
+                  "random mask", q=q, k=k, v=v, mask=mask, sinks=sinks),
+            check(sdpa_forward, sdpa_backward, rng=rng, label="sinks, MHA, causal, scale",
+                  q=q[:, :2], k=k[:, :, :5], v=v[:, :, :5], mask=causal_mask(5), scale=0.3,
+                  sinks=sinks[:2])]
+
+
+@case
 def repeat_kv(rng):
     from scratchllm.attention import repeat_kv_backward, repeat_kv_forward
     return check(repeat_kv_forward, repeat_kv_backward, rng=rng,
@@ -309,6 +324,39 @@ def router(rng):
     return reports
 
 
+ROUTINGS = {  # router options of real checkpoints: score, selection bias?, logit bias?, options
+    "gpt-oss: logit bias, softmax over the chosen k": ("softmax", False, True, {}),
+    "deepseek-v3: sigmoid + bias, groups 4 -> 2, r = 2.5": (
+        "sigmoid", True, False, dict(n_group=4, topk_group=2, routed_scaling_factor=2.5)),
+    "deepseek-v2: softmax, groups 2 -> 1, not normalised": (
+        "softmax", False, False, dict(n_group=2, topk_group=1, norm_topk_prob=False)),
+}
+
+
+def _routed_inputs(rng, N, D, E, k, score, bias, logit_bias, options, margin=1e-3):
+    """x, w_router (b_router, selection_bias) drawn until every row's choice (groups and
+    top-k) is at least `margin` from a tie: no finite-difference step flips a decision."""
+    from scratchllm.moe import router_forward, selection_margin
+    while True:
+        x, w = rng.standard_normal((N, D)), rng.standard_normal((D, E))
+        b_r = rng.standard_normal(E) if logit_bias else None
+        b = 0.05 * rng.standard_normal(E) if bias else None
+        _, cache = router_forward(x, w, b_r, k=k, score=score, selection_bias=b, **options)
+        sel = cache.score_cache.y + (0 if b is None else b)
+        if selection_margin(sel, k, options.get("n_group", 1),
+                            options.get("topk_group", 1)).min() > margin:
+            return dict(x=x, w_router=w, b_router=b_r, score=score, selection_bias=b, **options)
+
+
+@case
+def router_routing(rng):
+    from scratchllm.moe import router_backward, router_forward
+    return [check(router_forward, router_backward, rng=rng, label=label, k=3,
+                  wrt=["x", "w_router"] + ["b_router"] * logit_bias,
+                  **_routed_inputs(rng, 7, 6, 8, 3, score, bias, logit_bias, options))
+            for label, (score, bias, logit_bias, options) in ROUTINGS.items()]
+
+
 @case
 def normalise(rng):
     from scratchllm.moe import normalise_backward, normalise_forward
@@ -322,6 +370,44 @@ def experts(rng):
     return check(experts_forward, experts_backward, rng=rng, xs=rng.standard_normal((M, D)),
                  bounds=np.array([0, 3, 7, 7, 9]), w1=rng.standard_normal((E, D, F)),
                  w3=rng.standard_normal((E, D, F)), w2=rng.standard_normal((E, F, D)))
+
+
+def _far_from_clamps(h, limit, margin=1e-3):
+    """Whether every gate (even column) and up (odd column) pre-activation of h lies >= margin
+    from its clamp boundary (gate = limit, up = +-limit), with some on each side of them."""
+    gate, up = h[..., 0::2], np.abs(h[..., 1::2])
+    return bool(min(np.abs(gate - limit).min(), np.abs(up - limit).min()) > margin
+                and (gate > limit).any() and (up > limit).any() and (up < limit).any())
+
+
+@case
+def clamped_swiglu(rng):
+    from scratchllm.moe import clamped_swiglu_backward, clamped_swiglu_forward
+    D, F, limit = 6, 5, 1.5  # a small limit, so that both clamps bind somewhere
+    while True:
+        x, gu, b = (rng.standard_normal((2, 3, D)), rng.standard_normal((D, 2 * F)),
+                    rng.standard_normal(2 * F))
+        if _far_from_clamps(x @ gu + b, limit):
+            break
+    return check(clamped_swiglu_forward, clamped_swiglu_backward, rng=rng, x=x, gate_up=gu,
+                 gate_up_b=b, down=rng.standard_normal((F, D)), down_b=rng.standard_normal(D),
+                 alpha=1.702, limit=limit)
+
+
+@case
+def clamped_experts(rng):
+    from scratchllm.moe import clamped_experts_backward, clamped_experts_forward
+    M, D, E, F, limit = 9, 6, 4, 5, 2.0
+    bounds = np.array([0, 3, 7, 7, 9])  # expert 2 gets no rows
+    while True:
+        x, gu, b = (rng.standard_normal((M, D)), rng.standard_normal((E, D, 2 * F)),
+                    rng.standard_normal((E, 2 * F)))
+        h = np.concatenate([x[bounds[i]:bounds[i + 1]] @ gu[i] + b[i] for i in range(E)])
+        if _far_from_clamps(h, limit):
+            break
+    return check(clamped_experts_forward, clamped_experts_backward, rng=rng, xs=x,
+                 bounds=bounds, gate_up=gu, gate_up_b=b, down=rng.standard_normal((E, F, D)),
+                 down_b=rng.standard_normal((E, D)), alpha=1.702, limit=limit)
 
 
 @case
@@ -357,6 +443,24 @@ def moe(rng):
                              wrt=["x", "w_router", *experts, *shared],
                              x=x, w_router=w, k=k, capacity_factor=c, score=score,
                              selection_bias=b, **experts, **shared))
+    return reports
+
+
+@case
+def moe_routing(rng):
+    from scratchllm.moe import moe_backward, moe_forward
+    N, D, E, F, Fs, k = 11, 6, 8, 5, 3, 3
+    reports = []
+    for label, (score, bias, logit_bias, options) in ROUTINGS.items():
+        inputs = _routed_inputs(rng, N, D, E, k, score, bias, logit_bias, options)
+        experts = dict(w1=rng.standard_normal((E, D, F)), w3=rng.standard_normal((E, D, F)),
+                       w2=rng.standard_normal((E, F, D)))
+        shared = dict(shared_w1=rng.standard_normal((D, Fs)), shared_w3=rng.standard_normal(
+            (D, Fs)), shared_w2=rng.standard_normal((Fs, D)))
+        reports.append(check(moe_forward, moe_backward, rng=rng, label=label, k=k,
+                             max_full=100, wrt=["x", "w_router", *["b_router"] * logit_bias,
+                                                *experts, *shared],
+                             **inputs, **experts, **shared))
     return reports
 
 
@@ -578,6 +682,21 @@ def mamba2(rng):
                  D=rng.standard_normal(H), Wout=rng.normal(0, 0.5, (Di, D)), chunk=3, **W)
 
 
+@case
+def mamba_inner_norms(rng):
+    from scratchllm.ssm import mamba_backward, mamba_forward
+    batch, T, width, Di, N, R, K = 2, 7, 5, 9, 3, 2, 4  # Jamba: rmsnorm on dt_low, B, C
+    return check(mamba_forward, mamba_backward, rng=rng, label="jamba inner norms",
+                 max_full=30, x=rng.standard_normal((batch, T, width)),
+                 W_in=rng.normal(0, 0.5, (width, 2 * Di)), conv_w=rng.normal(0, 0.5, (Di, K)),
+                 conv_b=rng.normal(0, 0.1, Di), W_x=rng.normal(0, 0.5, (Di, R + 2 * N)),
+                 W_dt=rng.normal(0, 0.5, (R, Di)), b_dt=rng.normal(-1, 0.5, Di),
+                 A_log=rng.normal(0, 0.5, (Di, N)), D=rng.standard_normal(Di),
+                 W_out=rng.normal(0, 0.5, (Di, width)), dt_norm=1 + 0.3 * rng.standard_normal(R),
+                 B_norm=1 + 0.3 * rng.standard_normal(N), C_norm=1 + 0.3 * rng.standard_normal(N),
+                 norm_eps=1e-6)
+
+
 # ------------------------------------------------------------------- language models
 LM_TINY = dict(vocab_size=23, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=12,
                n_experts=4, kv_lora_rank=6, qk_nope_head_dim=4, qk_rope_head_dim=4,
@@ -613,7 +732,8 @@ def _lm(name, rng, label=None, **overrides):
                      label=label or name, **data)]
     if slow:
         reports.append(check(forward, backward, rng=rng, max_full=0, n_directions=2,
-                             wrt=slow, fd_step=3e-4, label=f"{name}, mamba dt path, h=3e-4",
+                             wrt=slow, fd_step=3e-4,
+                             label=f"{label or name}, mamba dt path, h=3e-4",
                              **data))
     return reports
 
@@ -696,3 +816,19 @@ def lm_recurrent(rng):
     between attention layers."""
     return (_lm("dense", rng, "LRGD", layer_pattern="LRGD", n_layers=4)
             + _lm("dense", rng, "SAWA", layer_pattern="SAWA", n_layers=4))
+
+# Config options of released checkpoints, on tiny models: HF Mamba-1 (mixer-only blocks),
+# Jamba's inner Mamba norms (dt rank 3: an RMSNorm over a single number is only its sign),
+# DeepSeek-V3 group-limited routing with scaling plus gpt-oss's router logit bias.
+LM_CHECKPOINTS = {
+    "mamba1": ("hybrid", dict(ffn="none", layer_pattern="MM")),
+    "jamba": ("hybrid", dict(mamba_inner_norms=True, dt_rank=3)),
+    "routing": ("mla", dict(n_group=2, topk_group=1, routed_scaling_factor=2.5,
+                            router_bias=True)),
+}
+
+
+@case
+def lm_checkpoint_options(rng):
+    return [report for label, (name, overrides) in LM_CHECKPOINTS.items()
+            for report in _lm(name, rng, label, **overrides)]

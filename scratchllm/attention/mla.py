@@ -32,19 +32,20 @@ from scratchllm.core.validate import expect_ndim, expect_positive
 
 # ---------------------------------------------------------------------------- arithmetic
 def mla_softmax_scale(qk_head_dim, rope_scaling=None):
-    """(dn+dr)^-1/2, times mscale^2 when a YaRN rope_scaling carries `mscale_all_dim` (HF
-    deepseek_v3; DeepSeek-V3's model.py: 0.1 * mscale * ln(factor) + 1, the same with its
-    mscale = mscale_all_dim = 1).
+    """(dn+dr)^-1/2, times mscale^2 with mscale = 0.1 mscale_all_dim ln(factor) + 1 when a
+    non-default rope_scaling carries a nonzero `mscale_all_dim` (HF deepseek_v3
+    yarn_apply_mscale; DeepSeek-V3's model.py: 0.1 * mscale * ln(factor) + 1, the same with
+    its mscale = mscale_all_dim = 1).
 
     >>> round(mla_softmax_scale(192, {"rope_type": "yarn", "factor": 40, "mscale_all_dim": 1}), 7)
     0.1352338
     """
     expect_positive("mla_softmax_scale", "qk_head_dim", qk_head_dim)
     scale = qk_head_dim ** -0.5
-    if rope_scaling and rope_scaling.get("mscale_all_dim"):
-        scale *= get_mscale(rope_scaling.get("factor", 1.0), rope_scaling["mscale_all_dim"]) ** 2
+    p = rope_scaling or {}
+    if p.get("rope_type", p.get("type", "default")) != "default" and p.get("mscale_all_dim"):
+        scale *= get_mscale(p["factor"], p["mscale_all_dim"]) ** 2
     return scale
-
 
 
 # ---------------------------------------------------------------------------- training form

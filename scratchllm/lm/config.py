@@ -43,7 +43,7 @@ class ModelConfig:
     qk_rope_head_dim: int = 16          # dr: RoPE part (one shared key per token)
     v_head_dim: int = 32                # dv
     # --- FFN
-    ffn: str = "swiglu"                 # "swiglu" | "moe"
+    ffn: str = "swiglu"                 # "swiglu" | "moe" | "none" (mixer-only blocks: Mamba-1)
     d_ff: int = 384                     # F: SwiGLU hidden width (each expert's, for MoE)
     moe_every: int = 1                  # MoE in layers i with (i + 1) % moe_every == 0
     n_experts: int = 8                  # E routed experts
@@ -61,6 +61,14 @@ class ModelConfig:
     d_state: int = 16                   # N: SSM state per channel
     d_conv: int = 4                     # causal depthwise conv width
     expand: int = 2                     # Mamba inner width = expand * D
+    # --- details of released checkpoints (Hugging Face configs)
+    router_bias: bool = False           # a trained router logit bias (gpt-oss)
+    n_group: int = 1                    # DeepSeek-V3 group-limited routing: expert groups
+    topk_group: int = 1                 #   ... of which a token may route into this many
+    norm_topk_prob: bool = True         # gates renormalised over the chosen k (else raw scores)
+    routed_scaling_factor: float = 1.0  # gate multiplier (DeepSeek-V3: 2.5)
+    mamba_inner_norms: bool = False     # Jamba's RMSNorms on dt, B, C inside Mamba layers
+    dt_rank: int = None                 # R: Mamba's dt rank (None = ceil(d_model / 16))
 
     def layer_kinds(self):
         """One letter per layer: "A" attention, "M" Mamba, or a recurrent mixer (LAYER_KINDS)."""
@@ -79,8 +87,8 @@ class ModelConfig:
                 bad(f"{f} must be a positive integer, got {getattr(self, f)!r}")
         if self.attention not in ("gqa", "mla"):
             bad(f"attention must be 'gqa' or 'mla', got {self.attention!r}")
-        if self.ffn not in ("swiglu", "moe"):
-            bad(f"ffn must be 'swiglu' or 'moe', got {self.ffn!r}")
+        if self.ffn not in ("swiglu", "moe", "none"):
+            bad(f"ffn must be 'swiglu', 'moe' or 'none', got {self.ffn!r}")
         if self.score not in ("softmax", "sigmoid"):
             bad(f"score must be 'softmax' or 'sigmoid', got {self.score!r}")
         if self.rope_style not in ("half", "interleaved"):
@@ -106,6 +114,11 @@ class ModelConfig:
             bad("attention='mla' supports positions='rope' and attn_impl='sdpa' only")
         if self.window is not None and self.attention == "mla":
             bad("a sliding window is implemented for attention='gqa' only")
+        for f in ("n_group", "topk_group"):
+            if not isinstance(getattr(self, f), int) or getattr(self, f) <= 0:
+                bad(f"{f} must be a positive integer, got {getattr(self, f)!r}")
+        if self.dt_rank is not None and (not isinstance(self.dt_rank, int) or self.dt_rank <= 0):
+            bad(f"dt_rank must be None or a positive integer, got {self.dt_rank!r}")
         kinds = self.layer_kinds()
         if len(kinds) != self.n_layers or set(kinds) - set(LAYER_KINDS):
             bad(f"layer_pattern must be {self.n_layers} letters of {LAYER_KINDS!r}, "

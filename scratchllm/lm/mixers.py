@@ -29,7 +29,8 @@ def make_mixer(cfg, kind, *, rng, dtype):
         return RWKV4TimeMix(cfg.d_model, rng=rng, dtype=dtype)
     if kind == "M":
         return Mamba(cfg.d_model, d_state=cfg.d_state, d_conv=cfg.d_conv, expand=cfg.expand,
-                     rng=rng, dtype=dtype)
+                     dt_rank=cfg.dt_rank, inner_norms=cfg.mamba_inner_norms,
+                     norm_eps=cfg.norm_eps, rng=rng, dtype=dtype)
     if cfg.attention == "mla":
         return MLA(cfg.d_model, cfg.n_heads, kv_lora_rank=cfg.kv_lora_rank,
                    qk_nope_head_dim=cfg.qk_nope_head_dim, qk_rope_head_dim=cfg.qk_rope_head_dim,
@@ -42,9 +43,13 @@ def make_mixer(cfg, kind, *, rng, dtype):
 
 
 def make_ffn(cfg, moe, *, rng, dtype):
-    """SwiGLU, or (moe=True) the MoE layer with its router options."""
+    """SwiGLU, or (moe=True) the MoE layer with its router options; None for ffn="none"."""
+    if cfg.ffn == "none":
+        return None
     if not moe:
         return SwiGLU(cfg.d_model, cfg.d_ff, rng=rng, dtype=dtype)
     return MoE(cfg.d_model, cfg.d_ff, cfg.n_experts, cfg.top_k,
                capacity_factor=cfg.capacity_factor, d_shared=cfg.n_shared * cfg.d_ff,
-               score=cfg.score, rng=rng, dtype=dtype)
+               score=cfg.score, router_bias=cfg.router_bias, n_group=cfg.n_group,
+               topk_group=cfg.topk_group, norm_topk_prob=cfg.norm_topk_prob,
+               routed_scaling_factor=cfg.routed_scaling_factor, rng=rng, dtype=dtype)

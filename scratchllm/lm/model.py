@@ -3,7 +3,7 @@
     x_0 = E[ids]                                          token embedding
     h_l = x_{l-1} + mixer_l(rmsnorm(x_{l-1}))             mixer: GQA / MLA / sliding-window
     x_l = h_l + ffn_l(rmsnorm(h_l))                              attention, or a Mamba block;
-    logits = rmsnorm(x_L) @ W_head   (W_head = E^T if tied)      ffn: SwiGLU or MoE
+    logits = rmsnorm(x_L) @ W_head   (W_head = E^T if tied)      ffn: SwiGLU, MoE or none
     loss = CE(logits, targets) + sum_MoE-layers (balance_coef * aux + z_coef * z)
 
 The backward runs the same chain in reverse: each Block calls its Modules' backwards, and the
@@ -41,13 +41,14 @@ class BlockCache(NamedTuple):
 
 
 class Block(Module):
-    """Pre-norm residual block: x + mixer(norm(x)), then + ffn(norm(.))."""
+    """Pre-norm residual block: x + mixer(norm(x)), then + ffn(norm(.)) unless ffn="none"
+    (HF Mamba-1's MambaBlock is the mixer alone)."""
 
     def __init__(self, cfg, i, *, rng, dtype):
         D = cfg.d_model
         self.norm1 = RMSNorm(D, eps=cfg.norm_eps, dtype=dtype)
         self.mixer = make_mixer(cfg, cfg.layer_kinds()[i], rng=rng, dtype=dtype)
-        self.norm2 = RMSNorm(D, eps=cfg.norm_eps, dtype=dtype)
+        self.norm2 = None if cfg.ffn == "none" else RMSNorm(D, eps=cfg.norm_eps, dtype=dtype)
         self.moe = cfg.is_moe_layer(i)
         self.ffn = make_ffn(cfg, self.moe, rng=rng, dtype=dtype)
 
@@ -56,6 +57,8 @@ class Block(Module):
         a, c1 = self.norm1.forward(x)  # (B, T, D)
         m, cm = self.mixer.forward(a)  # (B, T, D)
         h = x + m  # (B, T, D)
+        if self.ffn is None:  # a mixer-only block
+            return BlockOut(h, None, None), BlockCache(c1, cm, None, None)
         b, c2 = self.norm2.forward(h)  # (B, T, D)
         out, cf = self.ffn.forward(b)
         f, aux, z = out if self.moe else (out, None, None)  # (B, T, D)
@@ -65,8 +68,10 @@ class Block(Module):
         """dout = BlockOut(dy, daux, dz) -> dx; Param grads accumulate in the Modules."""
         dy, daux, dz = dout
         c1, cm, c2, cf = cache
-        db = self.ffn.backward(MoEOut(dy, daux, dz) if self.moe else dy, cf)  # y = h + ffn(b)
-        dh = dy + self.norm2.backward(db, c2)  # fwd: b = norm2(h)
+        dh = dy  # fwd: y = h (+ ffn(b))
+        if self.ffn is not None:
+            db = self.ffn.backward(MoEOut(dy, daux, dz) if self.moe else dy, cf)  # y = h + ffn(b)
+            dh = dy + self.norm2.backward(db, c2)  # fwd: b = norm2(h)
         da = self.mixer.backward(dh, cm)  # fwd: h = x + mixer(a)
         return dh + self.norm1.backward(da, c1)  # fwd: a = norm1(x)
 
@@ -82,6 +87,8 @@ class Block(Module):
         """One token: x_t (B, D) -> y_t (B, D), updating this layer's state in place."""
         a, _ = self.norm1.forward(x_t)  # (B, D)
         h = x_t + self.mixer.decode(a, state, position)  # (B, D)
+        if self.ffn is None:
+            return h
         b, _ = self.norm2.forward(h)  # (B, D)
         out, _ = self.ffn.forward(b[:, None])
         return h + (out.y if self.moe else out)[:, 0]  # (B, D)
