@@ -13,6 +13,7 @@ USAGE_ERRORS = {
     "bpe": ["encode"],  # -t and the file are required
     "size": ["llama-9"],
     "drill": ["check", "no_such_drill"],
+    "finetune": ["--hf", "x"],  # --data and --out are required
 }
 
 
@@ -31,6 +32,7 @@ def test_runtime_errors_exit_1_with_the_command_prefix(tmp_path, capsys):
         "sample": ["sample", "--checkpoint", missing],
         "bpe encode": ["bpe", "encode", "-t", missing, missing],
         "drill": ["drill", "check", "zoh", "--dir", missing],
+        "finetune": ["finetune", "--hf", missing, "--data", missing, "--out", missing],
     }
     for command, argv in cases.items():
         assert cli.main(argv) == 1, command
