@@ -534,3 +534,10 @@ def geglu(rng):
     return check(geglu_forward, geglu_backward, rng=rng, x=rng.standard_normal((2, 3, D)),
                  W1=rng.standard_normal((D, F)), W3=rng.standard_normal((D, F)),
                  W2=rng.standard_normal((F, D)))
+
+
+@case
+def lm_post(rng):
+    """The post-norm block (block="post") and the sandwich block in a whole tiny model."""
+    return (_lm("dense", rng, "dense, post-norm", block="post")
+            + _lm("dense", rng, "dense, sandwich", block="sandwich", norm_offset=1.0))

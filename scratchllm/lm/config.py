@@ -63,7 +63,7 @@ class ModelConfig:
     max_positions: int = 1024           #   to the token embedding (GPT-2's wpe)
     gelu_approx: str = "tanh"           # ffn="gelu_mlp"/"geglu": "tanh" (GPT-2) | "none" (erf)
     block: str = "pre"                  # "pre" norm | "sandwich": also a norm on the mixer's
-                                        #   and the FFN's outputs (Gemma 2, 3)
+                                        #   and the FFN's outputs (Gemma 2, 3) | "post" norm
     norm_offset: float = 0.0            # RMSNorm gain = offset + g (Gemma: 1, g stored as w)
     embed_scale: bool = False           # x_0 = E[ids] * sqrt(D) (Gemma)
     attn_scale: float = None            # softmax scale; None = Dh^-1/2 (Gemma:
@@ -97,7 +97,7 @@ class ModelConfig:
         if self.ffn not in ("swiglu", "moe", "gelu_mlp", "geglu"):
             bad(f"ffn must be 'swiglu', 'moe', 'gelu_mlp' or 'geglu', got {self.ffn!r}")
         for f, allowed in (("norm", ("rmsnorm", "layernorm")), ("positions", ("rope", "learned")),
-                           ("gelu_approx", ("tanh", "none")), ("block", ("pre", "sandwich"))):
+                           ("gelu_approx", ("tanh", "none")), ("block", ("pre", "sandwich", "post"))):
             if getattr(self, f) not in allowed:
                 bad(f"{f} must be one of {allowed}, got {getattr(self, f)!r}")
         types = self.layer_types

@@ -44,7 +44,9 @@ class BlockCache(NamedTuple):
 class Block(Module):
     """Pre-norm residual block: x + mixer(norm(x)), then + ffn(norm(.)). block="sandwich"
     (Gemma 2, 3) also normalises the mixer's and the FFN's outputs before each residual add:
-    h = x + norm_m(mixer(norm1(x))), y = h + norm_f(ffn(norm2(h)))."""
+    h = x + norm_m(mixer(norm1(x))), y = h + norm_f(ffn(norm2(h))). block="post" is the
+    original Transformer's post-norm: h = norm1(x + mixer(x)), y = norm2(h + ffn(h)); its
+    gradients at init grow toward the output layers (Xiong et al. 2020, arXiv 2002.04745)."""
 
     def __init__(self, cfg, i, *, rng, dtype):
         self.norm1 = make_norm(cfg, dtype)
@@ -55,6 +57,24 @@ class Block(Module):
         sandwich = cfg.block == "sandwich"
         self.post_mixer_norm = make_norm(cfg, dtype) if sandwich else None
         self.post_ffn_norm = make_norm(cfg, dtype) if sandwich else None
+        self.post = cfg.block == "post"
+
+    def _forward_post(self, x):
+        """Post-norm (Vaswani et al. 2017): h = norm1(x + mixer(x)), y = norm2(h + ffn(h))."""
+        m, cm = self.mixer.forward(x)  # (B, T, D)
+        h, c1 = self.norm1.forward(x + m)  # (B, T, D)
+        out, cf = self.ffn.forward(h)
+        f, aux, z = out if self.moe else (out, None, None)  # (B, T, D)
+        y, c2 = self.norm2.forward(h + f)  # (B, T, D)
+        return BlockOut(y, aux, z), BlockCache(c1, cm, c2, cf, None, None)
+
+    def _backward_post(self, dout, cache):
+        dy, daux, dz = dout
+        c1, cm, c2, cf, _, _ = cache
+        ds = self.norm2.backward(dy, c2)  # fwd: y = norm2(s), s = h + f
+        dh = ds + self.ffn.backward(MoEOut(ds, daux, dz) if self.moe else ds, cf)  # f = ffn(h)
+        dr = self.norm1.backward(dh, c1)  # fwd: h = norm1(r), r = x + m
+        return dr + self.mixer.backward(dr, cm)  # fwd: m = mixer(x)
 
     @staticmethod
     def _post(norm, x):
@@ -63,6 +83,8 @@ class Block(Module):
 
     def forward(self, x):
         """x (B, T, D) -> (BlockOut(y (B, T, D), aux, z), cache); aux, z None without MoE."""
+        if self.post:
+            return self._forward_post(x)
         a, c1 = self.norm1.forward(x)  # (B, T, D)
         m, cm = self.mixer.forward(a)  # (B, T, D)
         m, c3 = self._post(self.post_mixer_norm, m)  # (B, T, D)
@@ -75,6 +97,8 @@ class Block(Module):
 
     def backward(self, dout, cache):
         """dout = BlockOut(dy, daux, dz) -> dx; Param grads accumulate in the Modules."""
+        if self.post:
+            return self._backward_post(dout, cache)
         dy, daux, dz = dout
         c1, cm, c2, cf, c3, c4 = cache
         df = dy if c4 is None else self.post_ffn_norm.backward(dy, c4)  # fwd: f = norm_f(f)
@@ -86,6 +110,10 @@ class Block(Module):
 
     def decode(self, x_t, state, position):
         """One token: x_t (B, D) -> y_t (B, D), updating this layer's state in place."""
+        if self.post:
+            h, _ = self.norm1.forward(x_t + self.mixer.decode(x_t, state, position))  # (B, D)
+            out, _ = self.ffn.forward(h[:, None])
+            return self.norm2.forward(h + (out.y if self.moe else out)[:, 0])[0]  # (B, D)
         a, _ = self.norm1.forward(x_t)  # (B, D)
         m, _ = self._post(self.post_mixer_norm, self.mixer.decode(a, state, position))  # (B, D)
         h = x_t + m  # (B, D)
