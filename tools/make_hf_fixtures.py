@@ -14,7 +14,8 @@ holds:
         (B, T, V))), grad/<HF name> = d sum(logits * G) / d param for every parameter, greedy (10 ids greedily generated after ids[0, :P])
 Plus dense/: scratchllm's `dense` preset (tiny) written by scratchllm.hub.save_pretrained,
 with the logits transformers computes after from_pretrained on it (the save path's proof),
-and tokenizer/: expected ids of HF `tokenizers` for the tokenizer.json files.
+and tokenizer_*/: expected ids of HF `tokenizers` for tokenizer.json files (ByteLevel,
+Split + ByteLevel, and Split + ByteLevel with an NFC normalizer).
 
 float64 in transformers: its modeling code casts to float32 in places (RMSNorm's
 `.to(torch.float32)`, the rotary frequencies `dtype=torch.float`, softmax's
@@ -32,12 +33,14 @@ import numpy as np
 import torch
 import transformers
 from safetensors.torch import load_file
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import (Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
+                        trainers)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "fixtures" / "hf"
 CORPUS = ROOT / "tests" / "fixtures" / "python-docs-slice.txt"
 SAMPLES = ["Hello world, héllo wörld! 你好，世界。 Привет мир. こんにちは 🙂🚀👍🏽 — naïve café",
+           "decomposed: cafe\u0301 n\u0303 A\u030a, composed: café ñ Å; 한국어 ﬁ ① ²",
            "def f(x):\n    return x  # 3.14 1234567 don't I'm we'll\n\n\n  spaces   here",
            "<|endoftext|>after a special token<|endoftext|>"]
 QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
@@ -82,7 +85,7 @@ def float64_everywhere():
         torch.set_default_dtype(saved[0])
 
 
-def make_tokenizer(split_regex):
+def make_tokenizer(split_regex, nfc=False):
     """A byte-level BPE (vocab 300 + <|endoftext|>) trained on the bundled corpus slice:
     GPT-2's ByteLevel pre-tokenizer, or Split(regex) + ByteLevel(use_regex=False) (Qwen2)."""
     tok = Tokenizer(models.BPE())
@@ -93,6 +96,8 @@ def make_tokenizer(split_regex):
             pre_tokenizers.Split(Regex(split_regex), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
+    if nfc:
+        tok.normalizer = normalizers.NFC()
     trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
@@ -207,7 +212,9 @@ def main():
         np.savez_compressed(d / "expected.npz", **reference(d, rng, V))
         print(f"{family}: {sorted(p.name for p in d.iterdir())}")
     dense_roundtrip(OUT / "dense", tok_split.get_vocab_size())
-    for name, tok in (("tokenizer_split", tok_split), ("tokenizer_bytelevel", tok_gpt2)):
+    tok_nfc = make_tokenizer(QWEN_SPLIT, nfc=True)
+    for name, tok in (("tokenizer_split", tok_split), ("tokenizer_bytelevel", tok_gpt2),
+                      ("tokenizer_nfc", tok_nfc)):
         d = OUT / name
         d.mkdir(exist_ok=True)
         tok.save(str(d / "tokenizer.json"))

@@ -9,15 +9,36 @@ What the file holds and what becomes of it:
                     -> the Tokenizer's pattern
     added_tokens    [{"id", "content", ...}] -> special tokens: matched before
                     pre-tokenization, as `tokenizers` matches added tokens
-A field the Tokenizer cannot reproduce (a normalizer, add_prefix_space, a Split that keeps
-only the gaps, ignore_merges) is an error naming it, never silently dropped.
+    normalizer      null, or NFC (Qwen2, Qwen3): the text is NFC-normalised before encoding
+                    (NormalizedTokenizer)
+A field the Tokenizer cannot reproduce (another normalizer, add_prefix_space, a Split that
+keeps only the gaps, ignore_merges) is an error naming it, never silently dropped.
 Reference: huggingface/tokenizers tokenizers/src/pre_tokenizers/byte_level.rs and
 tokenizers/src/models/bpe/model.rs (the serialized fields).
 """
 import json
+import unicodedata
 
 from .gpt2 import from_printable
 from .tokenizer import Tokenizer
+
+NORMALIZERS = ("NFC", "NFD", "NFKC", "NFKD")
+
+
+class NormalizedTokenizer(Tokenizer):
+    """A Tokenizer that applies a Unicode normal form to the text before encoding it, as a
+    `tokenizers` normalizer of that type does (added tokens are matched after it here; they
+    are ASCII in the checkpoints this serves, where the order does not matter)."""
+
+    def __init__(self, vocab, merges, special_tokens=None, pattern="gpt2", normal_form="NFC"):
+        super().__init__(vocab, merges, special_tokens, pattern)
+        self.normal_form = normal_form
+
+    def encode(self, text, allowed_special="all"):
+        return super().encode(unicodedata.normalize(self.normal_form, text), allowed_special)
+
+    def encode_ordinary(self, text):
+        return super().encode_ordinary(unicodedata.normalize(self.normal_form, text))
 
 
 def _fail(path, msg):
@@ -66,8 +87,9 @@ def from_tokenizer_json(path):
     model = spec.get("model") or {}
     if model.get("type") != "BPE":
         _fail(path, f"model.type {model.get('type')!r} is not BPE")
-    if spec.get("normalizer") is not None:
-        _fail(path, f"normalizer {spec['normalizer'].get('type')!r} is not implemented")
+    normal_form = (spec.get("normalizer") or {}).get("type")
+    if normal_form is not None and normal_form not in NORMALIZERS:
+        _fail(path, f"normalizer {normal_form!r} is not implemented (only {NORMALIZERS})")
     if model.get("ignore_merges") or model.get("dropout") or model.get("byte_fallback"):
         _fail(path, "model.ignore_merges / dropout / byte_fallback are not implemented")
     pattern = _pattern(path, spec.get("pre_tokenizer"))
@@ -75,4 +97,6 @@ def from_tokenizer_json(path):
     vocab = {i: from_printable(tok, f"tokenizer.json {path} token {tok!r}")
              for tok, i in model["vocab"].items() if tok not in added}
     merges = [_merge(path, r, m) for r, m in enumerate(model.get("merges", []))]
-    return Tokenizer(vocab, merges, added, pattern)
+    if normal_form is None:
+        return Tokenizer(vocab, merges, added, pattern)
+    return NormalizedTokenizer(vocab, merges, added, pattern, normal_form)
