@@ -325,7 +325,8 @@ def router(rng):
 
 
 ROUTINGS = {  # router options of real checkpoints: score, selection bias?, logit bias?, options
-    "gpt-oss: logit bias, softmax over the chosen k": ("softmax", False, True, {}),
+    "gpt-oss: logit bias, softmax over the chosen k (+ clamped experts in moe)": (
+        "softmax", False, True, {}),
     "deepseek-v3: sigmoid + bias, groups 4 -> 2, r = 2.5": (
         "sigmoid", True, False, dict(n_group=4, topk_group=2, routed_scaling_factor=2.5)),
     "deepseek-v2: softmax, groups 2 -> 1, not normalised": (
@@ -446,6 +447,17 @@ def moe(rng):
     return reports
 
 
+def _gpt_oss_experts(rng, x, E, F, limit):
+    """gpt-oss expert weights (E, D, 2F), (E, 2F), (E, F, D), (E, D) whose gate/up
+    pre-activations on every row of x lie away from the clamps (_far_from_clamps)."""
+    D = x.shape[-1]
+    while True:
+        gu, b = rng.standard_normal((E, D, 2 * F)), rng.standard_normal((E, 2 * F))
+        if all(_far_from_clamps(x @ gu[i] + b[i], limit) for i in range(E)):
+            return dict(gate_up=gu, gate_up_b=b, down=rng.standard_normal((E, F, D)),
+                        down_b=rng.standard_normal((E, D)))
+
+
 @case
 def moe_routing(rng):
     from scratchllm.moe import moe_backward, moe_forward
@@ -455,6 +467,9 @@ def moe_routing(rng):
         inputs = _routed_inputs(rng, N, D, E, k, score, bias, logit_bias, options)
         experts = dict(w1=rng.standard_normal((E, D, F)), w3=rng.standard_normal((E, D, F)),
                        w2=rng.standard_normal((E, F, D)))
+        if logit_bias:  # gpt-oss: its clamped experts too, every pre-activation off the clamps
+            experts = _gpt_oss_experts(rng, inputs["x"], E, F, limit=2.5)
+            inputs.update(swiglu_limit=2.5)
         shared = dict(shared_w1=rng.standard_normal((D, Fs)), shared_w3=rng.standard_normal(
             (D, Fs)), shared_w2=rng.standard_normal((Fs, D)))
         reports.append(check(moe_forward, moe_backward, rng=rng, label=label, k=k,
