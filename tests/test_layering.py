@@ -31,7 +31,7 @@ ALLOWED = {  # top-level part of scratchllm -> the parts it may import
     "__init__": set(),
 }
 STDLIB_ONLY = ("scratchllm.teach.sizing", "scratchllm.teach.arch")
-OPTIONAL = {"matplotlib"}  # the only modules a function may import
+OPTIONAL = {"matplotlib", "sentencepiece"}  # the only modules a function may import
 
 
 def modules(root, package="scratchllm"):
