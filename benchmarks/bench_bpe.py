@@ -135,9 +135,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--child", choices=["train", "encode"])
+    ap.add_argument("--patterns-only", action="store_true",
+                    help="only the cl100k / o200k / llama3 encode rows")
     args = ap.parse_args()
     if args.child:
         return child(args.child)
+    if args.patterns_only:
+        with open(CORPUS, encoding="utf-8", newline="") as fh:
+            text = fh.read()
+        return print_rows(pattern_rows(text, len(text.encode("utf-8")) / 1e6, args.reps),
+                          args.reps)
     if not os.path.exists(CORPUS):
         sys.exit(f"missing {CORPUS}: run bash benchmarks/make_bench_corpus.sh benchmarks/data")
     rss_rows = []
@@ -195,9 +202,11 @@ def main():
     del ids, ids_tik, arr
     rows += pattern_rows(text, mb, args.reps)
 
-    rows += rss_rows
-    print(f"corpus {mb:.1f} MB, reps {args.reps}, "
-          f"RAYON_NUM_THREADS={os.environ['RAYON_NUM_THREADS']}")
+    print_rows(rows + rss_rows, args.reps)
+
+
+def print_rows(rows, reps):
+    print(f"reps {reps}, RAYON_NUM_THREADS={os.environ['RAYON_NUM_THREADS']}")
     print("| case | ours | baseline | ratio | target | met |")
     print("|---|---|---|---|---|---|")
     for row in rows:

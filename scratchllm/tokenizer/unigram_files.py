@@ -66,7 +66,9 @@ def load_unigram_json(path):
 
 
 def save_unigram_json(tok, path):
-    """Write tok (a Unigram) as an HF tokenizer.json that HF `tokenizers` loads."""
+    """Write tok (a Unigram) as an HF tokenizer.json that HF `tokenizers` loads. The file
+    carries HF's rules (no collapsing of repeated spaces, unknown runs fused), as
+    load_unigram_json reads it back."""
     scheme = "always" if tok.add_dummy_prefix else "never"
     meta = {"type": "Metaspace", "replacement": SPACE, "prepend_scheme": scheme, "split": True}
     added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
@@ -114,7 +116,8 @@ def load_sentencepiece(path):
     specials = {p.piece: i for i, p in enumerate(proto.pieces) if p.type == _CONTROL}
     return Unigram([(p.piece, p.score) for p in proto.pieces], unk_id=unk[0] if unk else 0,
                    special_tokens=specials,
-                   unused=[i for i, k in enumerate(kinds) if k == _UNUSED], add_dummy_prefix=norm.add_dummy_prefix,
+                   unused=[i for i, k in enumerate(kinds) if k == _UNUSED],
+                   add_dummy_prefix=norm.add_dummy_prefix,
                    nfkc=norm.name == "nfkc", byte_fallback=proto.trainer_spec.byte_fallback,
                    remove_extra_whitespaces=norm.remove_extra_whitespaces,
                    score_dtype="float32", fuse_unk=True)
