@@ -43,6 +43,7 @@ def main():
     from scratchllm.tokenizer import Unigram, save_unigram_json, train_unigram
     from scratchllm.tokenizer.unigram_files import load_sentencepiece
     from scratchllm.tokenizer.unigram_train import _words
+    from bench_bpe import print_rows
     raw = open(CORPUS, "rb").read()[:int(args.mb * 1e6)].decode("utf-8", "ignore")
     text = raw.replace("<|endoftext|>", "")
     path = os.path.join(HERE, "data", f"unigram_{args.mb}mb.txt")
@@ -91,11 +92,7 @@ def main():
                  str(same_hf), "", "", "same ids", same_hf))
     rows.append(("peak RSS", f"{rss_train:.0f} MB after our training",
                  f"{rss_mb():.0f} MB at the end", "", "", None))
-    print("| case | ours | baseline | ratio | target | met |")
-    print("|---|---|---|---|---|---|")
-    for row in rows:
-        met = "" if row[-1] is None else ("yes" if row[-1] else "NO")
-        print("| " + " | ".join(row[:-1]) + f" | {met} |")
+    print_rows(rows, 1)
 
 
 if __name__ == "__main__":
