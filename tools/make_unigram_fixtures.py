@@ -1,5 +1,6 @@
 """Writes tests/fixtures/unigram/: Unigram models trained by HF `tokenizers` and by
-`sentencepiece` on the bundled slice, and the ids each library's own encoder gives for the
+`sentencepiece` (and sentencepiece BPE models, with and without byte fallback) on the bundled
+slice, and the ids each library's own encoder gives for the
 slice's lines and for a multilingual + emoji sample (the tests compare our encoder to them).
 
     pip install tokenizers sentencepiece      # the bench extra
@@ -36,11 +37,11 @@ def hf():
                                                         ensure_ascii=False))
 
 
-def spm(byte_fallback):
+def spm(byte_fallback, model_type="unigram"):
     import sentencepiece as sp
-    name = "spm_unigram_bytes" if byte_fallback else "spm_unigram"
+    name = f"spm_{model_type}" + ("_bytes" if byte_fallback else "")
     sp.SentencePieceTrainer.train(input=str(SLICE), model_prefix=str(OUT / name),
-                                  vocab_size=800 + 256 * byte_fallback, model_type="unigram",
+                                  vocab_size=800 + 256 * byte_fallback, model_type=model_type,
                                   normalization_rule_name="identity", byte_fallback=byte_fallback,
                                   character_coverage=1.0, num_threads=1, minloglevel=2)
     proc = sp.SentencePieceProcessor(model_file=str(OUT / f"{name}.model"))
@@ -51,8 +52,45 @@ def spm(byte_fallback):
     (OUT / f"{name}.vocab").unlink()
 
 
+def hf_llama_form():
+    """The spm BPE byte-fallback model as a Llama-2-style tokenizer.json (merges extracted as
+    transformers' SentencePieceExtractor does: every split of a piece into two pieces, ordered
+    by the piece's score), and the ids HF tokenizers gives with it."""
+    import sentencepiece as sp
+    from tokenizers import Tokenizer
+    proc = sp.SentencePieceProcessor(model_file=str(OUT / "spm_bpe_bytes.model"))
+    vocab = {proc.id_to_piece(i): i for i in range(proc.get_piece_size())}
+    scores = {p: proc.get_score(i) for p, i in vocab.items()}
+    merges = []
+    for piece in sorted(vocab, key=lambda p: -scores[p]):
+        local = [(piece[:k], piece[k:]) for k in range(1, len(piece))
+                 if piece[:k] in vocab and piece[k:] in vocab]
+        merges += sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]]))
+    spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [
+        {"id": i, "content": proc.id_to_piece(i), "single_word": False, "lstrip": False,
+         "rstrip": False, "normalized": False, "special": True} for i in range(3)],
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "\u2581"},
+            {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+        "pre_tokenizer": None, "post_processor": None, "decoder": None,
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>",
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                  "vocab": vocab, "merges": [list(m) for m in merges]}}
+    path = OUT / "hf_bpe_bytes.json"
+    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    tok = Tokenizer.from_file(str(path))
+    texts = lines() + MULTI
+    ids = [tok.encode(t).ids for t in texts]
+    (OUT / "hf_bpe_bytes_ids.json").write_text(json.dumps({"texts": texts, "ids": ids},
+                                                          ensure_ascii=False))
+
+
 if __name__ == "__main__":
     OUT.mkdir(parents=True, exist_ok=True)
     hf()
     spm(False)
     spm(True)
+    spm(True, "bpe")
+    spm(False, "bpe")
+    hf_llama_form()

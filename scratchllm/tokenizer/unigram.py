@@ -34,6 +34,8 @@ UNK_PENALTY = 10.0
 class Unigram:
     """pieces: [(piece, score)] in id order; unk_id: id of the unknown piece; special_tokens:
     {str: id} of control/user-defined pieces matched before segmentation (when allowed);
+    add_dummy_prefix: True = a "▁" before text that does not start with a space (SentencePiece
+    after its whitespace clean-up, HF's Metaspace), "always" = before any text (HF's Prepend);
     byte_fallback: unknown characters become <0xNN> pieces (they must be in the vocab);
     unused: ids that segmentation never produces (SentencePiece's unused pieces);
     fuse_unk: a run of unknown characters is one unknown id (HF tokenizers' Unigram does);
@@ -75,7 +77,8 @@ class Unigram:
             text = unicodedata.normalize("NFKC", text)
         if self.remove_extra_whitespaces:
             text = " ".join(t for t in text.split(" ") if t)
-        if self.add_dummy_prefix and text and not text.startswith(" "):
+        if self.add_dummy_prefix == "always" and text or \
+                self.add_dummy_prefix and text and not text.startswith(" "):
             text = " " + text
         return text.replace(" ", SPACE)
 
@@ -91,8 +94,8 @@ class Unigram:
                 edges[i].append((i + 1, self.unk_id, self.unk_score))
         return edges
 
-    def _viterbi(self, x):
-        """[(start, end, id)] of the best segmentation of the normalised text x."""
+    def _segment(self, x):
+        """[(start, end, id)] of the best (Viterbi) segmentation of the normalised text x."""
         n, edges = len(x), self._edges(x)
         best = np.full(n + 1, -np.inf, dtype=self._dtype)   # (n+1,) best path score up to j
         back = [None] * (n + 1)
@@ -138,13 +141,13 @@ class Unigram:
         check_disallowed(text, disallowed_re, 0, "Unigram.encode")
         out = []
         for is_special, x in self._pieces_of(text, allowed):
-            out += [self.special_tokens[x]] if is_special else self._ids(x, self._viterbi(x))
+            out += [self.special_tokens[x]] if is_special else self._ids(x, self._segment(x))
         return out
 
     def encode_ordinary(self, text):
         """Viterbi ids of text, special-token strings being ordinary text."""
         x = self.normalize(text)
-        return self._ids(x, self._viterbi(x))
+        return self._ids(x, self._segment(x))
 
     def nbest(self, text, n):
         """The n most likely segmentations of text (ordinary): [(ids, log P)], best first."""

@@ -18,6 +18,7 @@ path scores in float32.
 """
 import json
 
+from .spm_bpe import SentencePieceBPE
 from .unigram import SPACE, Unigram
 
 _NORMAL, _UNKNOWN, _CONTROL, _USER, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
@@ -85,6 +86,39 @@ def save_unigram_json(tok, path):
         json.dump(spec, fh, ensure_ascii=False)
 
 
+def load_bpe_json(path):
+    """A SentencePieceBPE from an HF tokenizer.json of the Llama-2 / Mistral form: a BPE model
+    over characters with byte_fallback, and either the normaliser Prepend("▁") + Replace(" ",
+    "▁") or a Metaspace pre-tokenizer without splitting."""
+    with open(path, encoding="utf-8") as fh:
+        spec = json.load(fh)
+    where = f"load_bpe_json({str(path)!r})"
+    model = spec.get("model") or {}
+    if model.get("type") != "BPE" or model.get("continuing_subword_prefix") or \
+            model.get("end_of_word_suffix"):
+        raise ValueError(f"{where}: expected a plain BPE model, got {model.get('type')!r}")
+    norm, pre = spec.get("normalizer"), spec.get("pre_tokenizer")
+    steps = [n.get("type") for n in (norm or {}).get("normalizers", [])]
+    if steps == ["Prepend", "Replace"] and pre is None:
+        prefix = "always"
+    elif norm is None and pre is not None and not pre.get("split", True):
+        prefix = _prefix(pre, where)
+    else:
+        raise ValueError(f"{where}: expected normalizer Prepend + Replace, or a Metaspace "
+                         f"pre_tokenizer with split false; got {norm!r}, {pre!r}")
+    vocab = model["vocab"]
+    pieces = [(p, 0.0) for p, _ in sorted(vocab.items(), key=lambda e: e[1])]
+    if [i for _, i in sorted(vocab.items(), key=lambda e: e[1])] != list(range(len(vocab))):
+        raise ValueError(f"{where}: vocab ids are not 0..{len(vocab) - 1}")
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    specials = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t.get("special")
+                and t["content"] != model.get("unk_token")}
+    return SentencePieceBPE(pieces, merges, unk_id=vocab.get(model.get("unk_token"), 0),
+                            special_tokens=specials, add_dummy_prefix=prefix,
+                            byte_fallback=bool(model.get("byte_fallback")),
+                            remove_extra_whitespaces=False, fuse_unk=bool(model.get("fuse_unk")))
+
+
 def read_model_proto(path):
     """The ModelProto of a SentencePiece .model file."""
     try:
@@ -100,21 +134,24 @@ def read_model_proto(path):
 
 
 def load_sentencepiece(path):
-    """A Unigram tokenizer from a SentencePiece .model file (model_type unigram)."""
+    """A Unigram (model_type 1) or SentencePieceBPE (model_type 2) tokenizer from a
+    SentencePiece .model file."""
     proto = read_model_proto(path)
     where = f"load_sentencepiece({str(path)!r})"
     norm = proto.normalizer_spec
     if norm.name not in ("identity", "nfkc"):
         raise ValueError(f"{where}: normalizer {norm.name!r} is not reproduced (train with "
                          f"normalization_rule_name='identity' or 'nfkc')")
-    if proto.trainer_spec.model_type != 1:
-        raise ValueError(f"{where}: model_type {proto.trainer_spec.model_type} is not unigram (1)")
+    model_type = proto.trainer_spec.model_type
+    if model_type not in (1, 2):
+        raise ValueError(f"{where}: model_type {model_type} is neither unigram (1) nor BPE (2)")
     kinds = [p.type for p in proto.pieces]
     if _USER in kinds:
         raise ValueError(f"{where}: user-defined pieces are not supported")
     unk = [i for i, k in enumerate(kinds) if k == _UNKNOWN]
     specials = {p.piece: i for i, p in enumerate(proto.pieces) if p.type == _CONTROL}
-    return Unigram([(p.piece, p.score) for p in proto.pieces], unk_id=unk[0] if unk else 0,
+    cls = Unigram if model_type == 1 else SentencePieceBPE
+    return cls([(p.piece, p.score) for p in proto.pieces], unk_id=unk[0] if unk else 0,
                    special_tokens=specials,
                    unused=[i for i, k in enumerate(kinds) if k == _UNUSED],
                    add_dummy_prefix=norm.add_dummy_prefix,

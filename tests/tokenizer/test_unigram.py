@@ -132,3 +132,25 @@ def test_train_unigram_small(tmp_path):
     assert tok.decode(tok.encode_ordinary(sample)) == sample
     assert 1 in tok.encode("a<|endoftext|>b", allowed_special="all")
     assert 1 not in tok.encode_ordinary("a<|endoftext|>b")
+
+
+@pytest.mark.parametrize("name", ["spm_bpe", "spm_bpe_bytes"])
+def test_sentencepiece_bpe_ids_with_byte_fallback(name):
+    from scratchllm.tokenizer.spm_bpe import SentencePieceBPE
+    tok = load_sentencepiece(os.path.join(FIX, f"{name}.model"))
+    assert isinstance(tok, SentencePieceBPE) and tok.byte_fallback == name.endswith("bytes")
+    texts, ids = _fixture(name)
+    assert [tok.encode_ordinary(t) for t in texts] == ids
+    if tok.byte_fallback:              # text outside the vocabulary round-trips through bytes
+        assert [tok.decode(i) for i in ids] == [" ".join(w for w in t.split(" ") if w)
+                                                for t in texts]     # spaces collapsed
+    with pytest.raises(TypeError, match="one segmentation"):
+        tok.nbest("x", 2)
+
+
+def test_hf_llama_form_bpe_json_ids():
+    from scratchllm.tokenizer.unigram_files import load_bpe_json
+    tok = load_bpe_json(os.path.join(FIX, "hf_bpe_bytes.json"))
+    texts, ids = _fixture("hf_bpe_bytes")
+    assert [tok.encode_ordinary(t) for t in texts] == ids
+    assert [tok.decode(i) for i in ids] == texts          # bytes and spaces round-trip
