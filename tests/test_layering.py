@@ -35,7 +35,7 @@ ALLOWED = {  # top-level part of scratchllm -> the parts it may import
     "__init__": set(),
 }
 STDLIB_ONLY = ("scratchllm.teach.sizing", "scratchllm.teach.arch")
-OPTIONAL = {"matplotlib",  # the only modules a function may import
+OPTIONAL = {"matplotlib", "sentencepiece",  # the only modules a function may import
             "nbformat", "nbclient", "nbconvert"}  # (the notebooks extra: cli/notebooks.py)
 
 

@@ -23,6 +23,9 @@ def build_parser():
     src.add_argument("--hf", help="Hugging Face checkpoint directory (config.json, "
                      "model.safetensors, tokenizer.json)")
     p.add_argument("--prompt", default="", help="text to continue (default: a new document)")
+    p.add_argument("--allow-special", action="store_true",
+                   help="encode special-token strings in the prompt (e.g. <|endoftext|>) as "
+                        "their ids; by default the prompt is ordinary text")
     p.add_argument("--max-tokens", type=int, default=200, help="tokens to generate (200)")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (0.8)")
     p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
@@ -46,7 +49,8 @@ def _sample(args):
     sys.stdout.write(args.prompt)
     for piece in generate(model, tok, args.prompt, args.max_tokens,
                           np.random.default_rng(args.seed), temperature=args.temperature,
-                          top_k=args.top_k, top_p=args.top_p):
+                          top_k=args.top_k, top_p=args.top_p,
+                          allow_special=args.allow_special):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
