@@ -34,8 +34,9 @@ class NormalizedTokenizer(Tokenizer):
         super().__init__(vocab, merges, special_tokens, pattern)
         self.normal_form = normal_form
 
-    def encode(self, text, allowed_special="all"):
-        return super().encode(unicodedata.normalize(self.normal_form, text), allowed_special)
+    def encode(self, text, **specials):
+        """Tokenizer.encode of the normalised text (the same special-token rules)."""
+        return super().encode(unicodedata.normalize(self.normal_form, text), **specials)
 
     def encode_ordinary(self, text):
         return super().encode_ordinary(unicodedata.normalize(self.normal_form, text))

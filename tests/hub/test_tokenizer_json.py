@@ -19,7 +19,8 @@ def test_ids_equal_hf_tokenizers(kind):
     tok = load_tokenizer(HF / kind)
     for text, ids, ordinary in zip(expected["texts"], expected["encode"],
                                    expected["encode_ordinary"]):
-        assert tok.encode(text) == ids, text[:40]
+        # HF tokenizers' encode matches added tokens in the text; ours does only when asked
+        assert tok.encode(text, allowed_special="all") == ids, text[:40]
         assert tok.encode_ordinary(text) == ordinary, text[:40]
         if kind != "tokenizer_nfc":  # NFC changes the text, so decoding gives the NFC form
             assert tok.decode(ids) == text
