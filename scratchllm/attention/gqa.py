@@ -19,10 +19,14 @@ import numpy as np
 
 from scratchllm.attention.kv_state import KVState, RollingKVState
 from scratchllm.attention.masks import attention_sink_mask, causal_mask, sliding_window_mask
-from scratchllm.attention.rope import rope_backward, rope_forward, rope_frequencies
+from scratchllm.attention.rope import rope_frequencies
+from scratchllm.attention.rope_heads import (RopeHeadsCache, rope_heads_backward,
+                                             rope_heads_backward_ref, rope_heads_forward,
+                                             rope_heads_forward_ref)
 from scratchllm.attention.sdpa import (SDPACache, merge_heads, repeat_kv_backward,
                                        repeat_kv_forward, sdpa_backward, sdpa_forward,
                                        split_heads)
+from scratchllm.core.fused import use_fused
 from scratchllm.core.nn import Module, Param, normal_init
 from scratchllm.core.ops import linear_backward, linear_forward
 from scratchllm.core.validate import expect_float, expect_ndim, expect_shape
@@ -92,12 +96,16 @@ def project_qkv_forward(x, wq, wk, wv, *, n_heads, n_kv_heads, positions=None, i
     q, lin_q = linear_forward(x, wq)  # (B, T, H*Dh)
     k, lin_k = linear_forward(x, wk)  # (B, T, Hkv*Dh)
     v, lin_v = linear_forward(x, wv)  # (B, T, Hkv*Dh)
-    q, k, v = split_heads(q, n_heads), split_heads(k, n_kv_heads), split_heads(v, n_kv_heads)
+    v = split_heads(v, n_kv_heads)  # (B, Hkv, T, Dh)
     rope_q = rope_k = None
-    if inv_freq is not None:
-        pos = np.arange(T) if positions is None else positions
-        q, rope_q = rope_forward(q, pos, inv_freq, rope_style, attention_factor)  # (B,H,T,Dh)
-        k, rope_k = rope_forward(k, pos, inv_freq, rope_style, attention_factor)  # (B,Hkv,T,Dh)
+    if inv_freq is None:
+        q, k = split_heads(q, n_heads), split_heads(k, n_kv_heads)  # (B, H|Hkv, T, Dh)
+    else:  # rotate while splitting the heads: one Numba pass (rope_heads.py), or readable
+        pos = np.arange(T) if positions is None else np.asarray(positions)
+        rope = rope_heads_forward if use_fused() and pos.ndim == 1 else rope_heads_forward_ref
+        kw = dict(style=rope_style, attention_factor=attention_factor)
+        q, rope_q = rope(q, pos, inv_freq, n_heads=n_heads, **kw)  # (B, H, T, Dh)
+        k, rope_k = rope(k, pos, inv_freq, n_heads=n_kv_heads, **kw)  # (B, Hkv, T, Dh)
     return QKV(q, k, v), QKVCache(lin_q, lin_k, lin_v, rope_q, rope_k, n_heads, n_kv_heads)
 
 
@@ -106,11 +114,14 @@ def project_qkv_backward(dout, cache):
     dout is a QKV of gradients (B, H, T, Dh), (B, Hkv, T, Dh), (B, Hkv, T, Dh)."""
     lin_q, lin_k, lin_v, rope_q, rope_k, _, _ = cache
     dq, dk, dv = dout
-    if rope_q is not None:
-        dq = rope_backward(dq, rope_q)["x"]  # fwd: q = rope(q) -> rotate dq by -theta
-        dk = rope_backward(dk, rope_k)["x"]  # fwd: k = rope(k)
-    g_q = linear_backward(merge_heads(dq), lin_q)  # fwd: q = split_heads(x @ wq)
-    g_k = linear_backward(merge_heads(dk), lin_k)  # fwd: k = split_heads(x @ wk)
+    if rope_q is None:
+        dq, dk = merge_heads(dq), merge_heads(dk)  # fwd: q = split_heads(x @ wq)
+    else:  # fwd: q = rope(split_heads(x @ wq)) -> rotate dq by -theta, merge the heads
+        fused = isinstance(rope_q, RopeHeadsCache)
+        back = rope_heads_backward if fused else rope_heads_backward_ref
+        dq, dk = back(dq, rope_q)["t"], back(dk, rope_k)["t"]  # (B, T, H*Dh), (B, T, Hkv*Dh)
+    g_q = linear_backward(dq, lin_q)  # fwd: q = x @ wq
+    g_k = linear_backward(dk, lin_k)  # fwd: k = x @ wk
     g_v = linear_backward(merge_heads(dv), lin_v)  # fwd: v = split_heads(x @ wv)
     return {"x": g_q["x"] + g_k["x"] + g_v["x"], "wq": g_q["W"], "wk": g_k["W"],
             "wv": g_v["W"]}

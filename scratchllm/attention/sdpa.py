@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from scratchllm.attention.sdpa_softmax import softmax_scores_, softmax_scores_backward_
+from scratchllm.core.fused import use_fused
 from scratchllm.core.ops import SoftmaxCache, softmax_backward, softmax_forward
 from scratchllm.core.validate import expect_float, expect_ndim, expect_shape
 
@@ -67,11 +69,16 @@ def sdpa_forward(q, k, v, mask=None, scale=None):
     scale = Dh ** -0.5 if scale is None else scale
     qg = q.reshape(B, Hkv, G * Tq, Dh)  # (B, Hkv, G*Tq, Dh)
     s = qg @ k.swapaxes(-1, -2)  # (B, Hkv, G*Tq, Tk)
-    s *= np.asarray(scale, dtype=s.dtype)
-    if mask is not None:
-        out_of_mask = _masked_out("sdpa", mask, B, H, Hkv, Tq, Tk)  # (b, Hkv|1, G|1, tq, tk)
-        np.copyto(s.reshape(B, Hkv, G, Tq, Tk), np.asarray(-np.inf, s.dtype), where=out_of_mask)
-    p, sm_cache = softmax_forward(s, axis=-1)  # (B, Hkv, G*Tq, Tk)
+    out_of_mask = None if mask is None else _masked_out("sdpa", mask, B, H, Hkv, Tq, Tk)
+    if use_fused() and (mask is None or mask.shape == (Tq, Tk)):  # one pass: sdpa_softmax.py
+        keep = None if mask is None else np.ascontiguousarray(mask)  # (Tq, Tk)
+        p, sm_cache = softmax_scores_(s, keep, scale), SoftmaxCache(s, -1)  # (B,Hkv,G*Tq,Tk)
+    else:
+        s *= np.asarray(scale, dtype=s.dtype)
+        if mask is not None:  # out_of_mask: (b, Hkv|1, G|1, tq, tk)
+            np.copyto(s.reshape(B, Hkv, G, Tq, Tk), np.asarray(-np.inf, s.dtype),
+                      where=out_of_mask)
+        p, sm_cache = softmax_forward(s, axis=-1)  # (B, Hkv, G*Tq, Tk)
     out = (p @ v).reshape(B, H, Tq, v.shape[3])  # (B, H, Tq, Dv)
     return out, SDPACache(qg, k, v, scale, sm_cache)
 
@@ -91,8 +98,11 @@ def sdpa_backward(dout, cache):
     dog = dout.reshape(qg.shape[:3] + (Dv,))  # (B, Hkv, G*Tq, Dv)
     dv = p.swapaxes(-1, -2) @ dog  # fwd: out = P v -> dv = P^T dout      (B, Hkv, Tk, Dv)
     dp = dog @ v.swapaxes(-1, -2)  # fwd: out = P v -> dP = dout v^T      (B, Hkv, G*Tq, Tk)
-    ds = softmax_backward(dp, sm_cache)["x"]  # fwd: P = softmax(S)      (B, Hkv, G*Tq, Tk)
-    ds *= np.asarray(scale, dtype=ds.dtype)  # fwd: S = scale q k^T
+    if use_fused():  # fwd: P = softmax(scale q k^T), in one pass (sdpa_softmax.py)
+        ds = softmax_scores_backward_(dp, p, scale)  # (B, Hkv, G*Tq, Tk)
+    else:
+        ds = softmax_backward(dp, sm_cache)["x"]  # fwd: P = softmax(S)  (B, Hkv, G*Tq, Tk)
+        ds *= np.asarray(scale, dtype=ds.dtype)  # fwd: S = scale q k^T
     dq = (ds @ k).reshape(B, H, Tq, qg.shape[3])  # (B, H, Tq, Dh)
     dk = ds.swapaxes(-1, -2) @ qg  # (B, Hkv, Tk, Dh)
     return {"q": dq, "k": dk, "v": dv}

@@ -9,7 +9,7 @@ gradient dict into the Params in one place. A Module contains no math of its own
 """
 import numpy as np
 
-from scratchllm.core import ops
+from scratchllm.core import fused, ops
 
 
 class Param:
@@ -109,21 +109,25 @@ class Embedding(Module):
 
 
 class RMSNorm(Module):
-    """y = x / rms(x) * g; g starts at ones."""
+    """y = x / rms(x) * g; g starts at ones. Runs the fused twin unless SCRATCHLLM_READABLE."""
 
     def __init__(self, d_model, *, eps=1e-5, dtype=np.float32):
         self.g = Param(np.ones(d_model, dtype))
         self.eps = eps
 
     def forward(self, x):
-        return ops.rmsnorm_forward(x, self.g.data, self.eps)
+        pair = fused.fused_rmsnorm_forward if fused.use_fused() else ops.rmsnorm_forward
+        return pair(x, self.g.data, self.eps)
 
     def backward(self, dy, cache):
-        return self.add_grads(ops.rmsnorm_backward(dy, cache))
+        is_fused = isinstance(cache, fused.FusedRMSNormCache)
+        return self.add_grads((fused.fused_rmsnorm_backward if is_fused else
+                               ops.rmsnorm_backward)(dy, cache))
 
 
 class SwiGLU(Module):
-    """y = (silu(x @ W1) * (x @ W3)) @ W2, the Llama FFN."""
+    """y = (silu(x @ W1) * (x @ W3)) @ W2, the Llama FFN; the fused twin unless
+    SCRATCHLLM_READABLE."""
 
     def __init__(self, d_model, d_ff, *, rng, dtype=np.float32):
         self.W1 = Param(normal_init(rng, (d_model, d_ff), d_model ** -0.5, dtype))
@@ -131,7 +135,10 @@ class SwiGLU(Module):
         self.W2 = Param(normal_init(rng, (d_ff, d_model), d_ff ** -0.5, dtype))
 
     def forward(self, x):
-        return ops.swiglu_forward(x, self.W1.data, self.W3.data, self.W2.data)
+        pair = fused.fused_swiglu_forward if fused.use_fused() else ops.swiglu_forward
+        return pair(x, self.W1.data, self.W3.data, self.W2.data)
 
     def backward(self, dy, cache):
-        return self.add_grads(ops.swiglu_backward(dy, cache))
+        is_fused = isinstance(cache, fused.FusedSwiGLUCache)
+        return self.add_grads((fused.fused_swiglu_backward if is_fused else
+                               ops.swiglu_backward)(dy, cache))

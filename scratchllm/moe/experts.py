@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core import ops
+from scratchllm.core import fused, ops
 from scratchllm.core.validate import expect_float, expect_positive, expect_shape
 
 
@@ -47,12 +47,13 @@ def experts_forward(xs, bounds, w1, w3, w2):
     """
     ys = np.empty_like(xs)  # (M, D)
     caches = []
+    swiglu = fused.fused_swiglu_forward if fused.use_fused() else ops.swiglu_forward
     for i in range(w1.shape[0]):
         a, b = bounds[i], bounds[i + 1]
         if a == b:
             caches.append(None)
             continue
-        ys[a:b], c = ops.swiglu_forward(xs[a:b], w1[i], w3[i], w2[i])  # (M_i, D)
+        ys[a:b], c = swiglu(xs[a:b], w1[i], w3[i], w2[i])  # (M_i, D)
         caches.append(c)
     return ys, ExpertsCache(bounds, caches, w1.shape)
 
@@ -70,7 +71,9 @@ def experts_backward(dys, cache):
         if c is None:
             continue
         a, b = bounds[i], bounds[i + 1]
-        g = ops.swiglu_backward(dys[a:b], c)  # fwd: ys[a:b] = swiglu(xs[a:b], w1[i], ...)
+        fast = isinstance(c, fused.FusedSwiGLUCache)
+        backward = fused.fused_swiglu_backward if fast else ops.swiglu_backward
+        g = backward(dys[a:b], c)  # fwd: ys[a:b] = swiglu(xs[a:b], w1[i], ...)
         dxs[a:b], dw1[i], dw3[i], dw2[i] = g["x"], g["W1"], g["W3"], g["W2"]
     return {"xs": dxs, "w1": dw1, "w3": dw3, "w2": dw2}
 
