@@ -35,11 +35,18 @@ def embedding(rng):
                  ids=ids, E=rng.standard_normal((7, 5)))
 
 
+def _twins(name):
+    """(label, forward, backward) of ops' readable pair and of its fused twin (core/fused.py)."""
+    from scratchllm.core import fused, ops
+    return [(label, getattr(mod, f"{pre}{name}_forward"), getattr(mod, f"{pre}{name}_backward"))
+            for label, mod, pre in (("readable", ops, ""), ("fused", fused, "fused_"))]
+
+
 @case
 def rmsnorm(rng):
-    from scratchllm.core.ops import rmsnorm_backward, rmsnorm_forward
-    return check(rmsnorm_forward, rmsnorm_backward, rng=rng,
-                 x=rng.standard_normal((2, 5, 11)), g=rng.standard_normal(11), eps=1e-5)
+    x, g = rng.standard_normal((2, 5, 11)), rng.standard_normal(11)
+    return [check(fwd, bwd, rng=rng, label=label, x=x, g=g, eps=1e-5)
+            for label, fwd, bwd in _twins("rmsnorm")]
 
 
 @case
@@ -62,11 +69,11 @@ def softplus(rng):
 
 @case
 def swiglu(rng):
-    from scratchllm.core.ops import swiglu_backward, swiglu_forward
     D, F = 7, 9
-    return check(swiglu_forward, swiglu_backward, rng=rng, x=rng.standard_normal((2, 3, D)),
-                 W1=rng.standard_normal((D, F)), W3=rng.standard_normal((D, F)),
-                 W2=rng.standard_normal((F, D)))
+    x, W2 = rng.standard_normal((2, 3, D)), rng.standard_normal((F, D))
+    W1, W3 = rng.standard_normal((D, F)), rng.standard_normal((D, F))
+    return [check(fwd, bwd, rng=rng, label=label, x=x, W1=W1, W3=W3, W2=W2)
+            for label, fwd, bwd in _twins("swiglu")]
 
 
 @case
@@ -88,11 +95,11 @@ def log_softmax(rng):
 
 @case
 def cross_entropy(rng):
-    from scratchllm.core.ops import cross_entropy_backward, cross_entropy_forward
     targets = rng.integers(0, 11, size=(3, 5))
     targets[1, 2] = -100  # ignored position
-    return check(cross_entropy_forward, cross_entropy_backward, rng=rng,
-                 logits=rng.standard_normal((3, 5, 11)), targets=targets)
+    logits = rng.standard_normal((3, 5, 11))
+    return [check(fwd, bwd, rng=rng, label=label, logits=logits, targets=targets)
+            for label, fwd, bwd in _twins("cross_entropy")]
 
 
 # ------------------------------------------------------------------- tokenizer: nothing to check
@@ -110,6 +117,22 @@ def rope(rng):
                   attention_factor=af)
             for style in ("half", "interleaved")
             for pos in (np.arange(3, 8), rng.integers(0, 50, size=(2, 5)))]
+
+
+@case
+def rope_heads(rng):
+    from scratchllm.attention import rope_frequencies
+    from scratchllm.attention import rope_heads as rh
+    inv_freq, af = rope_frequencies(6, scaling={"rope_type": "yarn", "factor": 4.0,
+                                                "original_max_position_embeddings": 8})
+    t = rng.standard_normal((2, 5, 3 * 6))
+    return [check(fwd, bwd, rng=rng, label=f"{label}, {style}", wrt=["t"], t=t,
+                  positions=np.arange(3, 8), inv_freq=inv_freq, n_heads=3, style=style,
+                  attention_factor=af)
+            for label, fwd, bwd in (("fused", rh.rope_heads_forward, rh.rope_heads_backward),
+                                    ("ref", rh.rope_heads_forward_ref,
+                                     rh.rope_heads_backward_ref))
+            for style in ("half", "interleaved")]
 
 
 @case

@@ -3,7 +3,9 @@ with grouped K/V heads (sdpa), grouped-query attention and its decoding step (gq
 state (kv_state), and multi-head latent attention (mla_projection, mla); tiled Flash attention
 (flash), sinusoidal and ALiBi positions (positions), MHA -> GQA conversion (convert),
 cross-attention (cross), DeepSeek's top-k sparse attention (indexer, sparse), and
-bidirectional encoder models (encoder).
+bidirectional encoder models (encoder);
+the Numba twins: RoPE fused with the head split (rope_heads), sdpa's softmax in one pass
+per row (sdpa_softmax).
 
 Stands on core only; mla stands on sdpa, rope and masks."""
 from .convert import mha_to_gqa
@@ -22,8 +24,11 @@ from .mla_projection import MLAProjection, mla_project_backward, mla_project_for
 from .positions import alibi_bias, alibi_slopes, sinusoidal_positions
 from .rope import get_mscale, rope_backward, rope_forward, rope_frequencies
 from .sparse import topk_select, topk_sparse_attention_backward, topk_sparse_attention_forward
+from .rope_heads import (rope_heads_backward, rope_heads_backward_ref, rope_heads_forward,
+                         rope_heads_forward_ref)
 from .sdpa import (merge_heads, repeat_kv_backward, repeat_kv_forward, sdpa_backward,
                    sdpa_forward, split_heads)
+from .sdpa_softmax import softmax_scores_, softmax_scores_backward_
 
 __all__ = [
     "Attention", "KVState", "LatentKVState", "MLA", "MLAProjection", "QKV", "RollingKVState",
@@ -31,8 +36,11 @@ __all__ = [
     "gqa_decode", "gqa_forward", "gqa_forward_ref", "merge_heads", "mla_backward", "mla_decode",
     "mla_decode_ref", "mla_forward", "mla_project_backward", "mla_project_forward",
     "mla_softmax_scale", "project_qkv_backward", "project_qkv_forward", "repeat_kv_backward",
-    "repeat_kv_forward", "rope_backward", "rope_forward", "rope_frequencies", "sdpa_backward",
-    "sdpa_forward", "sliding_window_mask", "split_heads",
+    "repeat_kv_forward", "rope_backward", "rope_forward", "rope_frequencies",
+    "rope_heads_backward", "rope_heads_backward_ref", "rope_heads_forward",
+    "rope_heads_forward_ref", "sdpa_backward",
+    "sdpa_forward", "sliding_window_mask", "softmax_scores_", "softmax_scores_backward_",
+    "split_heads",
     # issue 14: flash attention, positions
     "CrossAttention", "FlashCache", "alibi_bias", "cross_attention_backward",
     "cross_attention_forward", "alibi_slopes", "flash_sdpa_backward", "flash_sdpa_forward",

@@ -1,7 +1,11 @@
 """The foundation every other package stands on: input checks (validate), the element-wise and
 dense ops as forward/backward pairs (ops; LayerNorm in norms, GELU and the GPT-2 MLP in
-gelu), Param/Module and the thin Modules (nn), and the
-optimizer (optim). Imports nothing else of scratchllm."""
+gelu), Param/Module and the thin Modules (nn), the optimizer (optim), and the fused Numba twins
+of the training step's element-wise ops (fused). Imports nothing else of scratchllm."""
+from .fused import (adamw_update, adamw_update_ref, fused_cross_entropy_backward,
+                    fused_cross_entropy_forward, fused_rmsnorm_backward, fused_rmsnorm_forward,
+                    fused_swiglu_backward, fused_swiglu_forward, sum_squares, sum_squares_ref,
+                    use_fused)
 from .gelu import (geglu_backward, geglu_forward, gelu_backward, gelu_forward,
                    gelu_mlp_backward, gelu_mlp_forward)
 from .nn import (Embedding, GeGLU, GeluMLP, LayerNorm, Linear, Module, Param, RMSNorm, SwiGLU,
@@ -16,9 +20,14 @@ from .ops import (cross_entropy_backward, cross_entropy_forward, embedding_backw
 from .optim import AdamW, clip_grad_norm, cosine_schedule
 
 __all__ = [
-    "GeGLU", "GeluMLP", "LayerNorm", "geglu_backward", "geglu_forward", "gelu_backward", "gelu_forward", "gelu_mlp_backward",
-    "gelu_mlp_forward", "layernorm_backward", "layernorm_forward",
-    "AdamW", "Embedding", "Linear", "Module", "Param", "RMSNorm", "SwiGLU", "clip_grad_norm",
+    "GeGLU", "GeluMLP", "LayerNorm", "geglu_backward", "geglu_forward", "gelu_backward",
+    "gelu_forward", "gelu_mlp_backward", "gelu_mlp_forward", "layernorm_backward",
+    "layernorm_forward",
+    "AdamW", "Embedding", "Linear", "Module", "Param", "RMSNorm", "SwiGLU", "adamw_update",
+    "adamw_update_ref", "clip_grad_norm", "fused_cross_entropy_backward",
+    "fused_cross_entropy_forward", "fused_rmsnorm_backward", "fused_rmsnorm_forward",
+    "fused_swiglu_backward", "fused_swiglu_forward", "sum_squares", "sum_squares_ref",
+    "use_fused",
     "cosine_schedule", "cross_entropy_backward", "cross_entropy_forward", "embedding_backward",
     "embedding_forward", "linear_backward", "linear_forward", "log_softmax_backward",
     "log_softmax_forward", "normal_init", "rmsnorm_backward", "rmsnorm_forward",

@@ -9,7 +9,7 @@ gradient dict into the Params in one place. A Module contains no math of its own
 """
 import numpy as np
 
-from scratchllm.core import gelu, norms, ops
+from scratchllm.core import fused, gelu, norms, ops
 
 
 class Param:
@@ -111,7 +111,8 @@ class Embedding(Module):
 class RMSNorm(Module):
     """y = x / rms(x) * (offset + g); g starts at ones (offset 0), or at zeros with offset 1
     (Gemma stores w and scales by 1 + w). The pair sees the gain offset + g, whose gradient
-    is g's."""
+    is g's. Runs the fused twin unless
+    SCRATCHLLM_READABLE."""
 
     def __init__(self, d_model, *, eps=1e-5, offset=0.0, dtype=np.float32):
         self.g = Param(np.full(d_model, 1.0 - offset, dtype))
@@ -119,14 +120,18 @@ class RMSNorm(Module):
 
     def forward(self, x):
         g = self.g.data + self.offset if self.offset else self.g.data  # (D,)
-        return ops.rmsnorm_forward(x, g, self.eps)
+        pair = fused.fused_rmsnorm_forward if fused.use_fused() else ops.rmsnorm_forward
+        return pair(x, g, self.eps)
 
     def backward(self, dy, cache):
-        return self.add_grads(ops.rmsnorm_backward(dy, cache))
+        is_fused = isinstance(cache, fused.FusedRMSNormCache)
+        return self.add_grads((fused.fused_rmsnorm_backward if is_fused else
+                               ops.rmsnorm_backward)(dy, cache))
 
 
 class SwiGLU(Module):
-    """y = (silu(x @ W1) * (x @ W3)) @ W2, the Llama FFN."""
+    """y = (silu(x @ W1) * (x @ W3)) @ W2, the Llama FFN; the fused twin unless
+    SCRATCHLLM_READABLE."""
 
     def __init__(self, d_model, d_ff, *, rng, dtype=np.float32):
         self.W1 = Param(normal_init(rng, (d_model, d_ff), d_model ** -0.5, dtype))
@@ -134,10 +139,13 @@ class SwiGLU(Module):
         self.W2 = Param(normal_init(rng, (d_ff, d_model), d_ff ** -0.5, dtype))
 
     def forward(self, x):
-        return ops.swiglu_forward(x, self.W1.data, self.W3.data, self.W2.data)
+        pair = fused.fused_swiglu_forward if fused.use_fused() else ops.swiglu_forward
+        return pair(x, self.W1.data, self.W3.data, self.W2.data)
 
     def backward(self, dy, cache):
-        return self.add_grads(ops.swiglu_backward(dy, cache))
+        is_fused = isinstance(cache, fused.FusedSwiGLUCache)
+        return self.add_grads((fused.fused_swiglu_backward if is_fused else
+                               ops.swiglu_backward)(dy, cache))
 
 
 class LayerNorm(Module):

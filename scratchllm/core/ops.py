@@ -259,13 +259,8 @@ class CrossEntropyCache(NamedTuple):
     n_valid: int
 
 
-def cross_entropy_forward(logits, targets, ignore_index=-100):
-    """loss = -mean over non-ignored n of log_softmax(logits)[n, targets[n]].
-
-    Inputs:  logits (..., V), targets (...) integers in [0, V) or ignore_index.
-    Returns: loss, a 0-d array of logits' dtype (0 when every target is ignored).
-    Cache:   the log_softmax cache and the (row, target) pairs that count.
-    """
+def checked_targets(logits, targets, ignore_index):
+    """Check cross-entropy inputs; return (targets flattened (BT,), mask of counted rows)."""
     expect_float("cross_entropy", "logits", logits)
     expect_int("cross_entropy", "targets", targets)
     expect_shape("cross_entropy", "targets", targets, logits.shape[:-1], "logits.shape[:-1]")
@@ -276,6 +271,18 @@ def cross_entropy_forward(logits, targets, ignore_index=-100):
     if bad.any():
         raise ValueError(f"cross_entropy: targets must lie in [0, {V}) or equal ignore_index="
                          f"{ignore_index}, got {flat_t[bad][0]}")
+    return flat_t, keep
+
+
+def cross_entropy_forward(logits, targets, ignore_index=-100):
+    """loss = -mean over non-ignored n of log_softmax(logits)[n, targets[n]].
+
+    Inputs:  logits (..., V), targets (...) integers in [0, V) or ignore_index.
+    Returns: loss, a 0-d array of logits' dtype (0 when every target is ignored).
+    Cache:   the log_softmax cache and the (row, target) pairs that count.
+    """
+    V = logits.shape[-1]
+    flat_t, keep = checked_targets(logits, targets, ignore_index)  # (BT,), (BT,)
     logp, ls_cache = log_softmax_forward(logits.reshape(-1, V))  # (BT, V)
     rows, cols = np.nonzero(keep)[0], flat_t[keep]
     n_valid = len(rows)

@@ -5,11 +5,14 @@ AdamW (Loshchilov & Hutter 2019), exactly torch.optim.AdamW's update for step t 
     m     <- b1 m + (1 - b1) g
     v     <- b2 v + (1 - b2) g^2
     p     <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+The update of one parameter is core/fused.py adamw_update (one Numba pass), or its readable
+twin adamw_update_ref under SCRATCHLLM_READABLE.
 """
 import math
 
 import numpy as np
 
+from scratchllm.core import fused
 from scratchllm.core.validate import expect_positive
 
 
@@ -38,17 +41,11 @@ class AdamW:
     def step(self):
         """One update of every parameter from its .grad."""
         self.t += 1
-        b1, b2 = self.betas
-        step_size = self.lr / (1 - b1 ** self.t)
-        sqrt_bias2 = math.sqrt(1 - b2 ** self.t)
+        update = fused.adamw_update if fused.use_fused() else fused.adamw_update_ref
         decays = [wd for ps, wd in self.groups for _ in ps]
         for p, m, v, wd in zip(self.params, self.m, self.v, decays):
-            p.data *= 1 - self.lr * wd
-            m *= b1
-            m += (1 - b1) * p.grad
-            v *= b2
-            v += (1 - b2) * p.grad * p.grad
-            p.data -= step_size * m / (np.sqrt(v) / sqrt_bias2 + self.eps)
+            update(p.data, p.grad, m, v, lr=self.lr, betas=self.betas, eps=self.eps,
+                   weight_decay=wd, step=self.t)
 
     def state_dict(self):
         """Arrays and counters needed to resume exactly."""
@@ -75,7 +72,8 @@ def clip_grad_norm(params, max_norm):
     (as torch.nn.utils.clip_grad_norm_). Returns the norm before clipping."""
     expect_positive("clip_grad_norm", "max_norm", max_norm)
     params = list(params)
-    norm = math.sqrt(sum(float(np.sum(p.grad.astype(np.float64) ** 2)) for p in params))
+    squares = fused.sum_squares if fused.use_fused() else fused.sum_squares_ref
+    norm = math.sqrt(sum(squares(p.grad) for p in params))
     if norm > max_norm:
         scale = max_norm / (norm + 1e-6)
         for p in params:

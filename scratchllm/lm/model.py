@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.attention import sinusoidal_positions
-from scratchllm.core import ops
+from scratchllm.core import fused, ops
 from scratchllm.core.nn import Embedding, Linear, Module
 from scratchllm.core.validate import expect_int, expect_ndim
 from scratchllm.lm.mixers import make_ffn, make_mixer, make_norm
@@ -244,20 +244,22 @@ class LM(Module):
         Inputs: ids, targets (B, T) ints.  Returns: (loss 0-d array, LossCache with .ce).
         """
         logits, cache = self.forward(ids)  # (B, T, V)
-        ce, c_ce = ops.cross_entropy_forward(logits, targets)
+        ce, c_ce = _cross_entropy()(logits, targets)
         aux = sum(self.cfg.balance_coef * a + self.cfg.z_coef * z for a, z in cache.aux)
         total = np.asarray(ce + aux, dtype=logits.dtype)
         return total, LossCache(cache, c_ce, float(ce), float(aux))
 
     def loss_backward(self, dloss, cache):
         """Gradients of `loss` (times dloss) into every Param.grad (+=)."""
-        dlogits = ops.cross_entropy_backward(np.asarray(dloss, self.dtype), cache.ce_cache)
+        is_fused = isinstance(cache.ce_cache, fused.FusedCrossEntropyCache)
+        backward = fused.fused_cross_entropy_backward if is_fused else ops.cross_entropy_backward
+        dlogits = backward(np.asarray(dloss, self.dtype), cache.ce_cache)
         self.backward(dlogits["logits"], cache.lm, dloss_aux=dloss)
 
     def cross_entropy(self, ids, targets):
         """Mean next-token cross-entropy (nats/token), forward only."""
         logits, _ = self.forward(ids)
-        return float(ops.cross_entropy_forward(logits, targets)[0])
+        return float(_cross_entropy()(logits, targets)[0])
 
     def after_step(self, caches):
         """After an optimizer step, given the step's LossCache (or one per data-parallel
@@ -316,6 +318,11 @@ class LM(Module):
             x = layer.decode(x, st, position)  # (B, D)
         h, _ = self.norm.forward(x)  # (B, D)
         return self._head_forward(h)[0]  # (B, V)
+
+
+def _cross_entropy():
+    """The fused softmax + cross-entropy (core/fused.py) unless SCRATCHLLM_READABLE."""
+    return fused.fused_cross_entropy_forward if fused.use_fused() else ops.cross_entropy_forward
 
 
 def loss_pair(model):

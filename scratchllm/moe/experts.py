@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core import ops
+from scratchllm.core import fused, ops
 from scratchllm.core.validate import expect_float, expect_ndim, expect_positive, expect_shape
 
 
@@ -100,13 +100,20 @@ def experts_forward(xs, bounds, w1, w3, w2):
              w2 (E, F, D).
     Returns: ys (M, D).  Cache: (bounds, the per-expert swiglu caches; None if empty).
     """
-    return _run_experts(xs, bounds, ops.swiglu_forward, dict(w1=w1, w3=w3, w2=w2))
+    swiglu = fused.fused_swiglu_forward if fused.use_fused() else ops.swiglu_forward
+    return _run_experts(xs, bounds, swiglu, dict(w1=w1, w3=w3, w2=w2))
 
 
 def experts_backward(dys, cache):
     """Each expert slice through ops.swiglu_backward; an expert with no rows gets zeros.
     Returns {xs, w1, w3, w2}."""
-    return _experts_grads(dys, cache, ops.swiglu_backward, dict(w1="W1", w3="W3", w2="W2"))
+    return _experts_grads(dys, cache, _swiglu_backward, dict(w1="W1", w3="W3", w2="W2"))
+
+
+def _swiglu_backward(dy, cache):
+    """The backward of the swiglu twin that made `cache` (fused, or the readable ops pair)."""
+    fast = isinstance(cache, fused.FusedSwiGLUCache)
+    return (fused.fused_swiglu_backward if fast else ops.swiglu_backward)(dy, cache)
 
 
 # ---------------------------------------------------------------------------- gpt-oss expert

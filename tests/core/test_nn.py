@@ -1,7 +1,10 @@
 """Modules equal their functional pairs; tied weights accumulate; the parameter tree."""
-import numpy as np
+from types import SimpleNamespace
 
-from scratchllm.core import nn, ops
+import numpy as np
+import pytest
+
+from scratchllm.core import fused, nn, ops
 
 
 def _rng():
@@ -23,19 +26,25 @@ def test_linear_module_equals_the_pair():
     np.testing.assert_array_equal(layer.b.grad, g["b"])
 
 
-def test_rmsnorm_and_swiglu_modules_equal_the_pairs():
+@pytest.mark.parametrize("readable", [True, False], ids=["readable", "fused"])
+def test_rmsnorm_and_swiglu_modules_equal_the_pairs(readable, monkeypatch):
+    """The Modules run ops' pairs under SCRATCHLLM_READABLE=1, else core/fused.py's twins."""
+    monkeypatch.setenv("SCRATCHLLM_READABLE", "1" if readable else "0")
+    pairs = ops if readable else SimpleNamespace(**{
+        f"{op}_{half}": getattr(fused, f"fused_{op}_{half}")
+        for op in ("rmsnorm", "swiglu") for half in ("forward", "backward")})
     rng = _rng()
     norm, ffn = nn.RMSNorm(6, dtype=np.float64), nn.SwiGLU(6, 10, rng=rng, dtype=np.float64)
     norm.g.data[...] = rng.standard_normal(6)
     x, dy = rng.standard_normal((3, 6)), rng.standard_normal((3, 6))
     h, c1 = norm.forward(x)
     y, c2 = ffn.forward(h)
-    h_ref, r1 = ops.rmsnorm_forward(x, norm.g.data)
-    y_ref, r2 = ops.swiglu_forward(h_ref, ffn.W1.data, ffn.W3.data, ffn.W2.data)
+    h_ref, r1 = pairs.rmsnorm_forward(x, norm.g.data)
+    y_ref, r2 = pairs.swiglu_forward(h_ref, ffn.W1.data, ffn.W3.data, ffn.W2.data)
     np.testing.assert_array_equal(y, y_ref)
     dx = norm.backward(ffn.backward(dy, c2), c1)
-    g2 = ops.swiglu_backward(dy, r2)
-    g1 = ops.rmsnorm_backward(g2["x"], r1)
+    g2 = pairs.swiglu_backward(dy, r2)
+    g1 = pairs.rmsnorm_backward(g2["x"], r1)
     np.testing.assert_array_equal(dx, g1["x"])
     np.testing.assert_array_equal(norm.g.grad, g1["g"])
     for name in ("W1", "W3", "W2"):

@@ -1,0 +1,301 @@
+"""Fused Numba twins of the training step's element-wise ops: RMSNorm, the SwiGLU gate,
+softmax + cross-entropy, and the AdamW update. Each does in one pass over its arrays what the
+readable NumPy pair (core/ops.py, core/optim.py) does in several passes with a temporary each.
+
+Naming: `fused_<op>_forward/backward` is the fast twin of the readable pair `<op>_forward/
+backward` in ops.py, with the same signature and the same dict of gradients, and
+`fused_<op>_forward_ref` / `fused_<op>_backward_ref` ARE those readable pairs (aliases: the
+teaching text keeps its own name, used by drills, notebooks and grads cases).
+tests/core/test_fused.py checks every twin against its `_ref` (float32 to 1e-6, float64 to
+1e-12); grads/cases.py checks every fused backward by finite differences.
+The Modules (core/nn.py), the LM's loss and AdamW dispatch through `use_fused()`: set
+SCRATCHLLM_READABLE=1 to run the readable pairs instead (to step through them, say); a
+backward always follows the kind of cache its forward made.
+
+Math (the same as the readable pairs):
+    rmsnorm:  y = x r g,  r = (mean(x^2) + eps)^-1/2;  dx = r (dy g - xhat mean(dy g xhat))
+    swiglu:   [a | b] = x [W1 | W3] (one GEMM),  m = silu(a) b,  y = m W2
+    softmax + CE per row n: loss_n = logsumexp(z_n) - z_n[t_n];  dz_n = softmax(z_n) - onehot
+    adamw:    torch.optim.AdamW's single-tensor update, every scalar rounded to the dtype
+Sums run in float64 registers (never a float64 array); the outputs keep the input dtype; exp
+is core/exp32.py's exp_lanes, which LLVM vectorises for float32 (np.exp for float64).
+Every kernel releases the GIL (nogil), so the data-parallel threads run them side by side.
+
+Glossary: BT token rows, D features, F FFN hidden width, V vocabulary.
+"""
+import math
+import os
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from scratchllm.core import ops
+from scratchllm.core.exp32 import exp_lanes
+from scratchllm.core.validate import expect_float, expect_shape
+
+
+def use_fused():
+    """True unless the environment sets SCRATCHLLM_READABLE (to anything but "" or "0")."""
+    return os.environ.get("SCRATCHLLM_READABLE", "") in ("", "0")
+
+
+def _rows(a):
+    """a as C-contiguous (BT, last axis) rows: a view when a is contiguous."""
+    return np.ascontiguousarray(a).reshape(-1, a.shape[-1])  # (BT, D)
+
+
+# ---------------------------------------------------------------------------- rmsnorm
+class FusedRMSNormCache(NamedTuple):
+    x: np.ndarray  # (BT, D)
+    g: np.ndarray
+    rstd: np.ndarray  # (BT,)
+    shape: tuple
+
+
+@njit(cache=True, nogil=True)
+def _rmsnorm_rows(x, g, eps, y, rstd):
+    BT, D = x.shape
+    for i in range(BT):
+        acc = 0.0
+        for j in range(D):
+            acc += np.float64(x[i, j]) * x[i, j]
+        rstd[i] = 1.0 / np.sqrt(acc / D + eps)
+        r = rstd[i]
+        for j in range(D):
+            y[i, j] = x[i, j] * r * g[j]
+
+
+@njit(cache=True, nogil=True)
+def _rmsnorm_rows_backward(dy, x, g, rstd, dx, dg):
+    BT, D = x.shape
+    for i in range(BT):
+        r = rstd[i]
+        acc = 0.0
+        for j in range(D):
+            xhat = x[i, j] * r
+            acc += np.float64(dy[i, j] * g[j]) * xhat
+            dg[j] += np.float64(dy[i, j]) * xhat
+        mean = acc / D
+        for j in range(D):
+            dx[i, j] = r * (dy[i, j] * g[j] - x[i, j] * r * mean)
+
+
+def fused_rmsnorm_forward(x, g, eps=1e-5):
+    """ops.rmsnorm_forward in one pass per row.  Inputs: x (..., D), g (D,).
+    Returns: y (..., D).  Cache: (x rows, g, rstd (BT,), x.shape)."""
+    expect_float("rmsnorm", "x", x)
+    expect_shape("rmsnorm", "g", g, (x.shape[-1],), "the last axis of x")
+    xr = _rows(x)  # (BT, D)
+    y = np.empty_like(xr)  # (BT, D)
+    rstd = np.empty(xr.shape[0], x.dtype)  # (BT,)
+    _rmsnorm_rows(xr, g, eps, y, rstd)
+    return y.reshape(x.shape), FusedRMSNormCache(xr, g, rstd, x.shape)
+
+
+def fused_rmsnorm_backward(dy, cache):
+    """Math (ops.rmsnorm_backward): xhat = x r, dxhat = dy g,
+        dg = sum over rows of dy xhat,  dx = r (dxhat - xhat mean(dxhat xhat)).
+    Reference: Zhang & Sennrich 2019 (arXiv 1910.07467)."""
+    x, g, rstd, shape = cache
+    dx = np.empty_like(x)  # (BT, D)
+    dg = np.zeros(x.shape[1])  # (D,) float64 accumulator, returned in x's dtype
+    _rmsnorm_rows_backward(_rows(dy), x, g, rstd, dx, dg)
+    return {"x": dx.reshape(shape), "g": dg.astype(x.dtype)}
+
+
+fused_rmsnorm_forward_ref = ops.rmsnorm_forward
+fused_rmsnorm_backward_ref = ops.rmsnorm_backward
+
+
+# ---------------------------------------------------------------------------- swiglu
+class FusedSwiGLUCache(NamedTuple):
+    up: ops.LinearCache  # x @ [W1 | W3]
+    down: ops.LinearCache  # m @ W2
+    h: np.ndarray  # (BT, 2F) = [a | b]
+
+
+@njit(cache=True, nogil=True)
+def _gate(h, m, one):
+    """m = silu(a) * b for h = [a | b], in h's dtype (`one` is 1 in it)."""
+    BT, F = m.shape
+    for i in range(BT):
+        for j in range(F):
+            a = h[i, j]
+            m[i, j] = a / (one + exp_lanes(-a)) * h[i, F + j]
+
+
+@njit(cache=True, nogil=True)
+def _gate_backward(h, dm, dh, one):
+    """[da | db] from dm: da = dm b s (1 + a (1 - s)), db = dm silu(a), s = sigmoid(a)."""
+    BT, F = dm.shape
+    for i in range(BT):
+        for j in range(F):
+            a, d = h[i, j], dm[i, j]
+            s = one / (one + exp_lanes(-a))
+            dh[i, j] = d * h[i, F + j] * s * (one + a * (one - s))
+            dh[i, F + j] = d * a * s
+
+
+def fused_swiglu_forward(x, W1, W3, W2):
+    """ops.swiglu_forward with the two up-projections in one GEMM and the gate in one pass.
+    Inputs: x (..., D), W1, W3 (D, F), W2 (F, D).  Returns: y (..., D).
+    Cache: the two linear caches and h = [a | b] (BT, 2F)."""
+    D = x.shape[-1]
+    expect_shape("swiglu", "W1", W1, (D, None), "(D, F)")
+    expect_shape("swiglu", "W3", W3, W1.shape, "(D, F), like W1")
+    expect_shape("swiglu", "W2", W2, (W1.shape[1], D), "(F, D)")
+    h, up = ops.linear_forward(_rows(x), np.concatenate((W1, W3), axis=1))  # (BT, 2F)
+    m = np.empty((h.shape[0], W1.shape[1]), x.dtype)  # (BT, F)
+    _gate(h, m, h.dtype.type(1))
+    y, down = ops.linear_forward(m, W2)  # (BT, D)
+    return y.reshape(x.shape), FusedSwiGLUCache(up, down, h)
+
+
+def fused_swiglu_backward(dy, cache):
+    """Math: fwd y = m W2 -> dm = dy W2^T, dW2 = m^T dy; fwd m = silu(a) b -> da, db (_gate);
+    fwd [a | b] = x [W1 | W3] -> dx = [da | db] [W1 | W3]^T, [dW1 | dW3] = x^T [da | db].
+    Reference: Shazeer 2020 (arXiv 2002.05202)."""
+    up, down, h = cache
+    F = h.shape[1] // 2
+    g_down = ops.linear_backward(_rows(dy), down)  # fwd: y = m @ W2
+    dh = np.empty_like(h)  # (BT, 2F)
+    _gate_backward(h, g_down["x"], dh, h.dtype.type(1))  # fwd: m = silu(a) * b
+    g_up = ops.linear_backward(dh, up)  # fwd: [a | b] = x @ [W1 | W3]
+    return {"x": g_up["x"].reshape(dy.shape), "W1": g_up["W"][:, :F], "W3": g_up["W"][:, F:],
+            "W2": g_down["W"]}
+
+
+fused_swiglu_forward_ref = ops.swiglu_forward
+fused_swiglu_backward_ref = ops.swiglu_backward
+
+
+# ---------------------------------------------------------------------------- cross-entropy
+class FusedCrossEntropyCache(NamedTuple):
+    dlogits: np.ndarray  # (BT, V): softmax - onehot on counted rows, 0 on ignored ones
+    logits_shape: tuple
+    n_valid: int
+
+
+@njit(cache=True, nogil=True)
+def _softmax_xent_rows(z, targets, ignore_index, dz, zero):
+    """Sum over counted rows of logsumexp(z_n) - z_n[t_n]; dz = softmax - onehot."""
+    BT, V = z.shape
+    total = 0.0
+    for i in range(BT):
+        t = targets[i]
+        if t == ignore_index:
+            dz[i, :] = 0
+            continue
+        m = z[i, 0]
+        for j in range(1, V):
+            m = max(m, z[i, j])
+        if not np.isfinite(m):  # a fully masked row: shift by 0
+            m = zero
+        for j in range(V):  # vectorised: exp_lanes in z's dtype
+            dz[i, j] = exp_lanes(z[i, j] - m)
+        s = 0.0
+        for j in range(V):
+            s += dz[i, j]
+        total += m + np.log(s) - z[i, t]
+        inv = 1.0 / s
+        for j in range(V):
+            dz[i, j] = dz[i, j] * inv
+        dz[i, t] -= 1
+    return total
+
+
+def fused_cross_entropy_forward(logits, targets, ignore_index=-100):
+    """ops.cross_entropy_forward in one pass over each row of logits, which also leaves the
+    (unscaled) gradient softmax - onehot in the cache: no log-probabilities are stored.
+    Inputs: logits (..., V), targets (...) in [0, V) or ignore_index.
+    Returns: loss, a 0-d array of logits' dtype.  Cache: (dlogits (BT, V), shape, n_valid)."""
+    flat_t, keep = ops.checked_targets(logits, targets, ignore_index)  # (BT,)
+    z = _rows(logits)  # (BT, V)
+    dz = np.empty_like(z)  # (BT, V)
+    n_valid = int(keep.sum())
+    total = _softmax_xent_rows(z, flat_t, ignore_index, dz, z.dtype.type(0))
+    loss = np.asarray(total / max(n_valid, 1), dtype=logits.dtype)
+    return loss, FusedCrossEntropyCache(dz, logits.shape, n_valid)
+
+
+def fused_cross_entropy_backward(dloss, cache):
+    """Math: dlogits = dloss / n_valid * (softmax - onehot(t)) on counted rows, 0 on ignored
+    ones (the forward stored softmax - onehot).
+    Reference: scratchllm/core/ops.py cross_entropy_backward."""
+    dz, shape, n_valid = cache
+    scale = np.asarray(dloss, dz.dtype) / dz.dtype.type(max(n_valid, 1))
+    return {"logits": (dz * scale).reshape(shape)}  # (..., V)
+
+
+fused_cross_entropy_forward_ref = ops.cross_entropy_forward
+fused_cross_entropy_backward_ref = ops.cross_entropy_backward
+
+
+# ---------------------------------------------------------------------------- adamw
+@njit(cache=True, nogil=True)
+def _sum_squares_flat(a):
+    total = 0.0
+    for i in range(a.size):
+        total += np.float64(a[i]) * a[i]
+    return total
+
+
+def sum_squares(a):
+    """sum(a^2) accumulated in float64 in one pass, without a float64 copy of a."""
+    return float(_sum_squares_flat(np.ascontiguousarray(a).reshape(-1)))
+
+
+def sum_squares_ref(a):
+    """sum(a^2) in float64, readable: a float64 copy, squared, summed (pairwise)."""
+    return float(np.sum(a.astype(np.float64) ** 2))
+
+
+@njit(cache=True, nogil=True)
+def _adamw_flat(p, g, m, v, decay, w1, b2, w2, neg_step, bc2_sqrt, eps):
+    for i in range(p.size):
+        m[i] = np.float64(w1) * (g[i] - m[i]) + m[i]  # fma(w1, g - m, m): torch's lerp
+        vb = v[i] * b2
+        v[i] = np.float64(w2 * g[i]) * g[i] + vb  # fma(w2 g, g, v b2): torch's addcmul
+        p[i] = p[i] * decay + neg_step * m[i] / (np.sqrt(v[i]) / bc2_sqrt + eps)
+
+
+def _adamw_scalars(dtype, lr, betas, eps, weight_decay, step):
+    """The update's scalars, each rounded to dtype as torch does with Python numbers."""
+    b1, b2 = betas
+    values = (1 - lr * weight_decay, 1 - b1, b2, 1 - b2, -lr / (1 - b1 ** step),
+              math.sqrt(1 - b2 ** step), eps)
+    return tuple(dtype.type(s) for s in values)
+
+
+def adamw_update(p, grad, m, v, *, lr, betas, eps, weight_decay, step):
+    """One AdamW step of one parameter, in place, in one pass: p, m, v (any shape,
+    C-contiguous, one dtype) from grad at step t = `step` >= 1."""
+    for name, a in (("p", p), ("grad", grad), ("m", m), ("v", v)):
+        if not a.flags.c_contiguous or a.dtype != p.dtype or a.shape != p.shape:
+            raise ValueError(f"adamw_update: {name} must be C-contiguous {p.dtype} of shape "
+                             f"{p.shape} (updated in place), got {a.dtype} {a.shape}, "
+                             f"contiguous={a.flags.c_contiguous}")
+    decay, w1, b2, w2, neg_step, bc2_sqrt, e = _adamw_scalars(p.dtype, lr, betas, eps,
+                                                              weight_decay, step)
+    _adamw_flat(p.reshape(-1), grad.reshape(-1), m.reshape(-1), v.reshape(-1), decay, w1, b2,
+                w2, neg_step, bc2_sqrt, e)
+
+
+def adamw_update_ref(p, grad, m, v, *, lr, betas, eps, weight_decay, step):
+    """adamw_update as torch.optim.AdamW's single-tensor update writes it:
+        p *= 1 - lr wd;  m = lerp(m, g, 1 - b1);  v = v b2 + (1 - b2) g g
+        p += -lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+    torch's CPU kernels fuse two of these into multiply-adds (lerp = fma(w, g - m, m),
+    addcmul = fma(w g, g, v)); a float32 product is exact in float64, so the float64 lines
+    below round like an fma. (torch's vectorised float32 sqrt is not IEEE-rounded: it is
+    1 ulp off on some entries, so p can differ from torch's by an ulp; m and v match.)
+    Reference: pytorch/pytorch torch/optim/adam.py; Loshchilov & Hutter 2019
+    (arXiv 1711.05101)."""
+    decay, w1, b2, w2, neg_step, bc2_sqrt, e = _adamw_scalars(p.dtype, lr, betas, eps,
+                                                              weight_decay, step)
+    p *= decay
+    m[...] = np.float64(w1) * (grad - m) + m  # lerp(m, g, w1) for w1 < 0.5, as an fma
+    v *= b2
+    v[...] = (w2 * grad).astype(np.float64) * grad + v  # addcmul, as an fma
+    p += neg_step * m / (np.sqrt(v) / bc2_sqrt + e)
