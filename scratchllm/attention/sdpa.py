@@ -16,7 +16,8 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.ops import SoftmaxCache, softmax_backward, softmax_forward
-from scratchllm.core.validate import expect_float, expect_ndim, expect_shape
+from scratchllm.core.validate import (expect_dout, expect_float, expect_integer, expect_ndim,
+                                      expect_shape)
 
 
 class SDPACache(NamedTuple):
@@ -25,6 +26,7 @@ class SDPACache(NamedTuple):
     v: np.ndarray
     scale: float
     softmax: SoftmaxCache
+    n_heads: int  # H (the rows of q hold G = H / Hkv heads each)
 
 
 def _masked_out(fn, mask, B, H, Hkv, Tq, Tk):
@@ -63,6 +65,8 @@ def sdpa_forward(q, k, v, mask=None, scale=None):
                          f"dividing H = {H}")
     expect_shape("sdpa", "k", k, (B, Hkv, None, Dh), "(B, Hkv, Tk, Dh) like q")
     expect_shape("sdpa", "v", v, (B, Hkv, Tk, None), "(B, Hkv, Tk, Dv) like k")
+    if Tq < 1 or Tk < 1:
+        raise ValueError(f"sdpa: q has {Tq} and k has {Tk} positions; both need >= 1")
     G = H // Hkv
     scale = Dh ** -0.5 if scale is None else scale
     qg = q.reshape(B, Hkv, G * Tq, Dh)  # (B, Hkv, G*Tq, Dh)
@@ -73,7 +77,7 @@ def sdpa_forward(q, k, v, mask=None, scale=None):
         np.copyto(s.reshape(B, Hkv, G, Tq, Tk), np.asarray(-np.inf, s.dtype), where=out_of_mask)
     p, sm_cache = softmax_forward(s, axis=-1)  # (B, Hkv, G*Tq, Tk)
     out = (p @ v).reshape(B, H, Tq, v.shape[3])  # (B, H, Tq, Dv)
-    return out, SDPACache(qg, k, v, scale, sm_cache)
+    return out, SDPACache(qg, k, v, scale, sm_cache, H)
 
 
 def sdpa_backward(dout, cache):
@@ -85,8 +89,10 @@ def sdpa_backward(dout, cache):
     Reference: karpathy/llm.c train_gpt2.c attention_backward; Ainslie et al. 2023
     (arXiv 2305.13245).
     """
-    qg, k, v, scale, sm_cache = cache
-    B, H, Tq, Dv = dout.shape
+    qg, k, v, scale, sm_cache, H = cache
+    B, Hkv, GTq, _ = qg.shape
+    Tq, Dv = GTq * Hkv // H, v.shape[3]
+    expect_dout("sdpa_backward", dout, (B, H, Tq, Dv), np.result_type(qg, k, v))
     p = sm_cache.y  # (B, Hkv, G*Tq, Tk)
     dog = dout.reshape(qg.shape[:3] + (Dv,))  # (B, Hkv, G*Tq, Dv)
     dv = p.swapaxes(-1, -2) @ dog  # fwd: out = P v -> dv = P^T dout      (B, Hkv, Tk, Dv)
@@ -113,6 +119,8 @@ def merge_heads(t):
 
 class RepeatKVCache(NamedTuple):
     group: int
+    shape: tuple  # kv's (B, Hkv, T, Dh)
+    dtype: np.dtype
 
 
 def repeat_kv_forward(kv, group):
@@ -120,11 +128,13 @@ def repeat_kv_forward(kv, group):
 
     Inputs: kv (B, Hkv, T, Dh).  Returns: (B, Hkv*group, T, Dh).  Cache: (group,).
     """
-    return np.repeat(kv, group, axis=1), RepeatKVCache(group)  # (B, H, T, Dh)
+    expect_float("repeat_kv", "kv", kv, 4)
+    expect_integer("repeat_kv", "group", group, 1)
+    return np.repeat(kv, group, axis=1), RepeatKVCache(group, kv.shape, kv.dtype)  # (B, H, T, Dh)
 
 
 def repeat_kv_backward(dout, cache):
     """Math: KV head j fed query heads j*G .. j*G+G-1, so its gradient is their sum."""
-    group = cache.group
-    B, H, T, Dh = dout.shape
-    return {"kv": dout.reshape(B, H // group, group, T, Dh).sum(axis=2)}  # (B, Hkv, T, Dh)
+    group, (B, Hkv, T, Dh) = cache.group, cache.shape
+    expect_dout("repeat_kv_backward", dout, (B, Hkv * group, T, Dh), cache.dtype)
+    return {"kv": dout.reshape(B, Hkv, group, T, Dh).sum(axis=2)}  # (B, Hkv, T, Dh)

@@ -15,14 +15,15 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core import ops
-from scratchllm.core.validate import expect_float, expect_positive, expect_shape
+from scratchllm.core.validate import (expect_dout, expect_float, expect_int, expect_positive,
+                                      expect_shape)
 
 
 # ---------------------------------------------------------------------------- experts
 def check_layer(fn, x, w_router, w1, w3, w2):
     """Validate a layer's inputs; return x flattened to (BT, D) and E.
     Raises ValueError unless w_router is (D, E), w1, w3 are (E, D, F) and w2 is (E, F, D)."""
-    expect_float(fn, "x", x)
+    expect_float(fn, "x", x, 1)
     D = x.shape[-1]
     expect_shape(fn, "w_router", w_router, (D, None), f"(D, E) with D = {D}")
     E = w_router.shape[1]
@@ -36,6 +37,7 @@ class ExpertsCache(NamedTuple):
     bounds: np.ndarray  # (E+1,) slice edges
     swiglu: list  # per expert: its ops.swiglu cache, None when it got no rows
     w_shape: tuple  # (E, D, F)
+    dtype: np.dtype  # of xs and ys
 
 
 def experts_forward(xs, bounds, w1, w3, w2):
@@ -45,6 +47,15 @@ def experts_forward(xs, bounds, w1, w3, w2):
              w2 (E, F, D).
     Returns: ys (M, D).  Cache: (bounds, the per-expert swiglu caches; None if empty).
     """
+    expect_float("experts", "xs", xs, 2)
+    expect_shape("experts", "w1", w1, (None, xs.shape[1], None), "(E, D, F)")
+    expect_shape("experts", "w3", w3, w1.shape, "(E, D, F), like w1")
+    expect_shape("experts", "w2", w2, (w1.shape[0], w1.shape[2], xs.shape[1]), "(E, F, D)")
+    expect_int("experts", "bounds", bounds)
+    expect_shape("experts", "bounds", bounds, (w1.shape[0] + 1,), "(E+1,) slice edges")
+    if bounds[0] != 0 or bounds[-1] != xs.shape[0] or np.any(np.diff(bounds) < 0):
+        raise ValueError(f"experts: bounds must rise from 0 to M = {xs.shape[0]}, got "
+                         f"{bounds.tolist()}")
     ys = np.empty_like(xs)  # (M, D)
     caches = []
     for i in range(w1.shape[0]):
@@ -54,14 +65,15 @@ def experts_forward(xs, bounds, w1, w3, w2):
             continue
         ys[a:b], c = ops.swiglu_forward(xs[a:b], w1[i], w3[i], w2[i])  # (M_i, D)
         caches.append(c)
-    return ys, ExpertsCache(bounds, caches, w1.shape)
+    return ys, ExpertsCache(bounds, caches, w1.shape, ys.dtype)
 
 
 def experts_backward(dys, cache):
     """Each expert slice through ops.swiglu_backward; an expert with no rows gets zeros.
     Returns {xs, w1, w3, w2}."""
-    bounds, caches, w_shape = cache
+    bounds, caches, w_shape, dtype = cache
     E, D, F = w_shape
+    expect_dout("experts_backward", dys, (int(bounds[-1]), D), dtype, name="dys")
     dxs = np.empty_like(dys)  # (M, D)
     dw1 = np.zeros(w_shape, dys.dtype)  # (E, D, F)
     dw3 = np.zeros(w_shape, dys.dtype)  # (E, D, F)

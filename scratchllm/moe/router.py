@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core import ops
-from scratchllm.core.validate import expect_float, expect_shape
+from scratchllm.core.validate import expect_dout, expect_douts, expect_float, expect_shape
 
 SCORES = ("softmax", "sigmoid")
 
@@ -65,6 +65,7 @@ def normalise_forward(u):
 def normalise_backward(dv, cache):
     """Math: dv_i/du_j = (delta_ij - v_i) / sum  ->  du = (dv - sum(dv * v)) / sum."""
     v, total = cache
+    expect_dout("normalise_backward", dv, v.shape, v.dtype, name="dv")
     return {"u": (dv - np.sum(dv * v, axis=-1, keepdims=True)) / total}  # (..., M)
 
 
@@ -131,6 +132,9 @@ def router_backward(dout, cache):
     (arXiv 2412.19437) §2.1.2 (sigmoid scores, normalised over the chosen k).
     """
     lin, s_cache, topk_idx, g_cache, p_cache = cache
+    expect_douts("router_backward", dout, {
+        "gates": (g_cache.v.shape, g_cache.v.dtype), "topk_idx": None,
+        "probs": (p_cache.v.shape, p_cache.v.dtype), "logits": ops.linear_out(lin)})
     dgates, _, dprobs, dlogits = dout
     dscores = np.zeros_like(p_cache.v)  # (BT, E)
     if dgates is not None:  # fwd: g = normalise(q_K)

@@ -20,6 +20,8 @@ import numpy as np
 import numba as nb
 import regex
 
+from .kernel_checks import check_ends, check_tables, check_text
+
 OTHER, LETTER, NUMBER, SPACE = 0, 1, 2, 3
 _CLASSES = None
 _MULT = np.uint64(0x9E3779B97F4A7C15)
@@ -95,9 +97,18 @@ def _next_pretoken(data, cls, i, n):
     return last
 
 
-@nb.njit(cache=True)
 def scan_gpt2(data, cls, seg_ends):
-    """int64 (T,) end offsets of all pre-tokens; each segment is scanned as its own string."""
+    """int64 (T,) end offsets of all pre-tokens; each segment is scanned as its own string.
+
+    data: uint8 (N,) valid UTF-8; cls: char_classes(); seg_ends: int64 (K,) non-decreasing
+    offsets in [0, N] at character boundaries (checked: the kernel trusts them)."""
+    check_text("scan_gpt2", data, cls, seg_ends, "seg_ends")
+    return _scan_gpt2(data, cls, seg_ends)
+
+
+@nb.njit(cache=True)
+def _scan_gpt2(data, cls, seg_ends):
+    """The kernel of scan_gpt2 (inputs checked there)."""
     ends = np.empty(data.shape[0], dtype=np.int64)  # (N,) upper bound: one per byte
     t, i = 0, 0
     for n in seg_ends:
@@ -126,9 +137,16 @@ def _same(data, s1, e1, s2, e2):
     return True
 
 
-@nb.njit(cache=True)
 def count_pretokens(data, ends):
-    """Unique pre-tokens: (starts (U,), ends (U,), counts (U,)) in first-seen order."""
+    """Unique pre-tokens: (starts (U,), ends (U,), counts (U,)) in first-seen order.
+    data: uint8 (N,); ends: int64 (T,) non-decreasing end offsets in [0, N] (scan_gpt2's)."""
+    check_ends("count_pretokens", data, ends)
+    return _count_pretokens(data, ends)
+
+
+@nb.njit(cache=True)
+def _count_pretokens(data, ends):
+    """The kernel of count_pretokens (inputs checked there)."""
     size = 1 << max(4, int(np.ceil(np.log2(2 * ends.shape[0] + 1))))
     slot_of = np.full(size, -1, dtype=np.int64)    # (S,) table slot -> unique index
     us = np.empty(ends.shape[0], dtype=np.int64)   # (T,) starts of unique pre-tokens
@@ -157,12 +175,18 @@ def merge_table(pairs, new_ids):
 
     `pairs` is int64 (M, 2) of token ids in merge-rank order; `new_ids` (M,) the merged ids.
     """
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)  # (M, 2)
+    new_ids = np.asarray(new_ids, dtype=np.int64).reshape(-1)  # (M,)
+    if len(new_ids) != len(pairs) or (pairs.size and (pairs.min() < 0 or pairs.max() >= 1 << 31
+                                                      or new_ids.min() < 0
+                                                      or new_ids.max() >= 1 << 31)):
+        raise ValueError(f"merge_table: need one new id per pair and ids in [0, 2^31), got "
+                         f"{len(pairs)} pairs and {len(new_ids)} new ids")
     size = 1 << max(4, int(np.ceil(np.log2(2 * len(pairs) + 1))))
     keys = np.full(size, -1, dtype=np.int64)     # (S,)
     ranks = np.zeros(size, dtype=np.int64)       # (S,)
     news = np.zeros(size, dtype=np.int64)        # (S,)
-    _fill_table(np.asarray(pairs, dtype=np.int64).reshape(-1, 2),
-                np.asarray(new_ids, dtype=np.int64), keys, ranks, news)
+    _fill_table(pairs, new_ids, keys, ranks, news)
     return keys, ranks, news
 
 
@@ -271,12 +295,22 @@ def _cache_put(cache, h, data, s, e, out, t, t2):
     meta[2] += t2 - t
 
 
-@nb.njit(cache=True)
 def encode_pieces(data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news, cache,
                   max_cached):
     """int32 (T,) ids of segments: seg_special[k] >= 0 is a special token's id (empty segment),
     else the text data[prev_end:seg_ends[k]] is scanned and BPE-encoded. Pre-tokens of 2 to
-    max_cached bytes go through `cache` (new_cache), which persists across calls."""
+    max_cached bytes go through `cache` (new_cache), which persists across calls. Checks
+    what the kernel indexes (check_text, check_tables) before it runs."""
+    check_text("encode_pieces", data, cls, seg_ends, "seg_ends")
+    check_tables("encode_pieces", seg_ends, seg_special, byte_ids, (keys, ranks, news), cache)
+    return _encode_pieces(data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news, cache,
+                          int(max_cached))
+
+
+@nb.njit(cache=True)
+def _encode_pieces(data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news, cache,
+                   max_cached):
+    """The kernel of encode_pieces (inputs checked there)."""
     n = data.shape[0]
     out = np.empty(n + seg_ends.shape[0], dtype=np.int32)   # (N + K,) at most one id per byte
     parts = np.empty(64, dtype=np.int64)                    # (L,) work arrays of _bpe, grown

@@ -217,11 +217,12 @@ class Tokenizer:
         gpt2.write_bpe(path, vocab, self.merges, self.special_tokens, self.pattern)
 
     @classmethod
-    def load(cls, path):
-        """Read a file written by save (or a directory holding TOKENIZER_FILE)."""
+    def load(cls, path, allow_pattern=None):
+        """Read a file written by save (or a directory holding TOKENIZER_FILE). A pattern
+        other than "gpt2"/"cl100k" loads only if allow_pattern is that same string."""
         if os.path.isdir(path):
             path = os.path.join(path, TOKENIZER_FILE)
-        vocab, merges, specials, pattern = gpt2.read_bpe(path)
+        vocab, merges, specials, pattern = gpt2.read_bpe(path, allow_pattern)
         return cls(vocab, merges, specials, pattern)
 
     def save_tiktoken(self, path):
