@@ -59,7 +59,8 @@ def _resolve_mask(mask, window, T):
     acts on "causal" (it becomes "sliding"); with any other mask it would be ignored: an
     error."""
     if window is not None and not (isinstance(mask, str) and mask in ("causal", "sliding")):
-        raise ValueError(f"gqa: window={window!r} has no effect with mask={mask!r}; give "
+        shown = "a mask array" if isinstance(mask, np.ndarray) else repr(mask)
+        raise ValueError(f"gqa: window={window!r} has no effect with mask={shown}; give "
                          f"mask='causal' or 'sliding', or build the mask with "
                          f"sliding_window_mask / attention_sink_mask")
     if mask is None or (isinstance(mask, str) and mask == "none"):

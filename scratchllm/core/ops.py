@@ -103,7 +103,8 @@ def rmsnorm_forward(x, g, eps=1e-5):
     """
     expect_float("rmsnorm", "x", x, 1)
     expect_shape("rmsnorm", "g", g, (x.shape[-1],), "the last axis of x")
-    ms = np.mean(x * x, axis=-1, keepdims=True)  # (..., 1)
+    with np.errstate(over="ignore"):  # an overflowing row is rescaled below
+        ms = np.mean(x * x, axis=-1, keepdims=True)  # (..., 1)
     rstd = 1.0 / np.sqrt(ms + eps)  # (..., 1)
     if not np.isfinite(ms).all():  # x * x overflowed (float32 |x| > 1.8e19, float16 > 255)
         rstd = _rescaled_rstd(x, eps, rstd)

@@ -85,6 +85,7 @@ class RouterCache(NamedTuple):
     topk_idx: np.ndarray
     gates: NormaliseCache
     probs: NormaliseCache
+    w: np.ndarray  # sigmoid: the rescaled scores both normalisations see; None for softmax
 
 
 def router_forward(x, w_router, *, k, score="softmax", selection_bias=None):
@@ -106,6 +107,8 @@ def router_forward(x, w_router, *, k, score="softmax", selection_bias=None):
     logits, lin = ops.linear_forward(x, w_router)  # (BT, E)
     score_forward = ops.softmax_forward if score == "softmax" else ops.sigmoid_forward
     scores, s_cache = score_forward(logits)  # (BT, E)
+    w = None if score == "softmax" else _rescaled_sigmoid(logits)  # (BT, E)
+    norm_in = scores if w is None else w  # (BT, E) what gates and probs normalise
     sel = scores
     if selection_bias is not None:
         expect_shape("router", "selection_bias", selection_bias, (E,), "(E,)")
@@ -113,10 +116,18 @@ def router_forward(x, w_router, *, k, score="softmax", selection_bias=None):
     top = np.argpartition(-sel, k - 1, axis=-1)[:, :k]  # (BT, K) unordered
     order = np.argsort(-np.take_along_axis(sel, top, axis=-1), axis=-1, kind="stable")
     topk_idx = np.take_along_axis(top, order, axis=-1)  # (BT, K)
-    gates, g_cache = normalise_forward(np.take_along_axis(scores, topk_idx, axis=-1))  # (BT, K)
-    probs, p_cache = normalise_forward(scores)  # (BT, E)
-    cache = RouterCache(lin, s_cache, topk_idx, g_cache, p_cache)
+    gates, g_cache = normalise_forward(np.take_along_axis(norm_in, topk_idx, axis=-1))  # (BT, K)
+    probs, p_cache = normalise_forward(norm_in)  # (BT, E)
+    cache = RouterCache(lin, s_cache, topk_idx, g_cache, p_cache, w)
     return RouterOut(gates, topk_idx, probs, logits), cache
+
+
+def _rescaled_sigmoid(logits):
+    """w = sigmoid(s) / sigmoid(max_j s_j) per row, as exp(log sigmoid(s) - its row max):
+    in (0, 1] with a 1 in every row, so normalising w gives exactly the normalised sigmoid
+    scores (the ratio is scale-free) without 0/0 when every score underflows (s << 0)."""
+    log_q = -np.logaddexp(np.asarray(0, logits.dtype), -logits)  # (BT, E) log sigmoid(s)
+    return np.exp(log_q - log_q.max(axis=-1, keepdims=True))  # (BT, E)
 
 
 def router_backward(dout, cache):
@@ -125,13 +136,15 @@ def router_backward(dout, cache):
     Math: the gates see the logits only through the chosen scores q_K, so
         dq_K = (dg - sum(dg * g)) / sum(q_K)             (normalise backward), 0 off K
         softmax: ds = q (dq - sum(dq q)); for the gates alone ds_j = g_j (dg_j - sum g dg), j in K
-        sigmoid: ds = dq q (1 - q)
+        sigmoid: both normalise w = q / q_max instead of q (the same ratios, no underflow);
+                 normalising is scale-free, so the gradient through q_max vanishes and
+                 ds = dw w (1 - q)    (d log sigmoid(s) / ds = 1 - q)
     The selection bias only chose K: it gets no gradient (and has no entry).
     Reference: Mixtral (arXiv 2401.04088) §2.1, huggingface/transformers
     src/transformers/models/mixtral/modeling_mixtral.py MixtralSparseMoeBlock; DeepSeek-V3
     (arXiv 2412.19437) §2.1.2 (sigmoid scores, normalised over the chosen k).
     """
-    lin, s_cache, topk_idx, g_cache, p_cache = cache
+    lin, s_cache, topk_idx, g_cache, p_cache, w = cache
     expect_douts("router_backward", dout, {
         "gates": (g_cache.v.shape, g_cache.v.dtype), "topk_idx": None,
         "probs": (p_cache.v.shape, p_cache.v.dtype), "logits": ops.linear_out(lin)})
@@ -142,9 +155,10 @@ def router_backward(dout, cache):
         np.put_along_axis(dscores, topk_idx, dq_k, axis=-1)  # top-k indices are distinct
     if dprobs is not None:  # fwd: p = normalise(q)
         dscores += normalise_backward(dprobs, p_cache)["u"]
-    score_backward = (ops.softmax_backward if isinstance(s_cache, ops.SoftmaxCache)
-                      else ops.sigmoid_backward)
-    ds = score_backward(dscores, s_cache)["x"]  # (BT, E); fwd: q = softmax(s) or sigmoid(s)
+    if w is None:  # fwd: q = softmax(s)
+        ds = ops.softmax_backward(dscores, s_cache)["x"]  # (BT, E)
+    else:  # fwd: w = exp(log sigmoid(s) - max), normalised
+        ds = dscores * w * (1 - s_cache.y)  # (BT, E)
     if dlogits is not None:
         ds = ds + dlogits  # (BT, E)
     g = ops.linear_backward(ds, lin)  # fwd: s = x @ W_r

@@ -11,7 +11,9 @@ kernels do the same work on UTF-8 bytes, exactly:
 - `count_pretokens`: unique pre-tokens and their counts (open-addressing hash of the bytes);
 - `encode_pieces`: scan + BPE of every pre-token, with a cache per distinct pre-token (hash of
   its bytes -> its ids) that the Tokenizer keeps across calls (`new_cache`). The merge loop keeps one rank per adjacent pair, merges the lowest,
-  and recomputes only the two neighbouring ranks (tokenizer.py `_bpe` is its Python twin).
+  and recomputes only the two neighbouring ranks (tokenizer.py `_bpe` is its Python twin); a
+  pre-token longer than LONG bytes merges through a heap instead (`_bpe_long`, O(m log m)),
+  so one huge pre-token (a 50 MB line without spaces) costs O(m log m), not O(m^2).
 
 Glossary: data = UTF-8 bytes (uint8); seg_ends = end offset of each piece between special
 tokens; ends = end offset of each pre-token; (a, b) -> (rank, new id) = the merge table.
@@ -250,6 +252,97 @@ def _bpe(data, s, e, byte_ids, keys, ranks, news, parts, prank, pslot, out, t):
     return t + m
 
 
+LONG = 256  # pre-tokens of more bytes merge through a heap (_bpe_long): O(m log m), not O(m^2)
+
+
+@nb.njit(cache=True, inline="always")
+def _heap_push(heap, n, key):
+    """Push int64 `key` onto the min-heap heap[:n] (grown when full); returns (heap, n + 1)."""
+    if n == heap.shape[0]:
+        grown = np.empty(2 * n + 16, dtype=np.int64)  # (2n+16,)
+        grown[:n] = heap[:n]
+        heap = grown
+    i = n
+    heap[i] = key
+    while i > 0 and heap[(i - 1) >> 1] > heap[i]:
+        p = (i - 1) >> 1
+        heap[p], heap[i] = heap[i], heap[p]
+        i = p
+    return heap, n + 1
+
+
+@nb.njit(cache=True, inline="always")
+def _heap_pop(heap, n):
+    """(smallest key, n - 1) of the min-heap heap[:n]."""
+    top = heap[0]
+    n -= 1
+    heap[0] = heap[n]
+    i = 0
+    while True:
+        left, best = 2 * i + 1, i
+        if left < n and heap[left] < heap[best]:
+            best = left
+        if left + 1 < n and heap[left + 1] < heap[best]:
+            best = left + 1
+        if best == i:
+            return top, n
+        heap[best], heap[i] = heap[i], heap[best]
+        i = best
+
+
+@nb.njit(cache=True)
+def _bpe_long(data, s, e, byte_ids, keys, ranks, news, out, t):
+    """_bpe for a long pre-token, the same merges in the same order (lowest rank, then
+    leftmost): parts in a linked list (nxt, prv; a merged-away part is -1) and a heap of
+    rank << 32 | position keys; a popped key whose pair has changed is skipped. O(m log m)
+    time and O(m) memory for m bytes, where _bpe's rescans are O(m^2)."""
+    m = e - s
+    if m == 0:
+        return t
+    parts = np.empty(m, dtype=np.int64)  # (m,)
+    nxt = np.empty(m, dtype=np.int64)  # (m,)
+    prv = np.empty(m, dtype=np.int64)  # (m,)
+    heap = np.empty(m, dtype=np.int64)  # (m,) grows
+    n = 0
+    for i in range(m):
+        parts[i], nxt[i], prv[i] = byte_ids[data[s + i]], i + 1 if i + 1 < m else -1, i - 1
+    for i in range(m - 1):
+        r, _ = _lookup(parts[i], parts[i + 1], keys, ranks)
+        if r >= 0:
+            heap, n = _heap_push(heap, n, (r << 32) | i)
+    while n > 0:
+        key, n = _heap_pop(heap, n)
+        r, i = key >> 32, key & 0xFFFFFFFF
+        j = nxt[i] if parts[i] >= 0 else -1
+        if j < 0:
+            continue
+        now, slot = _lookup(parts[i], parts[j], keys, ranks)
+        if now != r:
+            continue                                     # stale: that pair has changed
+        parts[i], parts[j], nxt[i] = news[slot], -1, nxt[j]
+        if nxt[i] >= 0:
+            prv[nxt[i]] = i
+        for a in (prv[i], i):                            # the two new neighbouring pairs
+            if a >= 0 and nxt[a] >= 0:
+                r2, _ = _lookup(parts[a], parts[nxt[a]], keys, ranks)
+                if r2 >= 0:
+                    heap, n = _heap_push(heap, n, (r2 << 32) | a)
+    i = 0
+    while i >= 0:
+        out[t] = parts[i]
+        t += 1
+        i = nxt[i]
+    return t
+
+
+def bpe_long(token, byte_ids, keys, ranks, news):
+    """int64 ids of one pre-token (bytes, any length) by the heap merge (_bpe_long); the
+    Tokenizer's non-Numba path uses it for pre-tokens longer than LONG bytes."""
+    data = np.frombuffer(bytes(token), dtype=np.uint8)  # (m,)
+    out = np.empty(max(len(data), 1), dtype=np.int64)  # (m,)
+    return out[:_bpe_long(data, 0, len(data), byte_ids, keys, ranks, news, out, 0)]
+
+
 def new_cache(slots=1 << 18, key_bytes=1 << 21, ids=1 << 19):
     """Empty per-pre-token cache (lives in the Tokenizer, kept across calls): slot -> key
     offset/length in the key pool, ids offset/length in the ids pool; meta = (entries, key
@@ -326,13 +419,15 @@ def _encode_pieces(data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news
         stop = seg_ends[k]
         while i < stop:
             e = _next_pretoken(data, cls, i, stop)
-            if e - i > parts.shape[0]:
+            if LONG >= e - i > parts.shape[0]:                  # long ones: _bpe_long
                 parts = np.empty(2 * (e - i), dtype=np.int64)  # (L,)
                 prank = np.empty(2 * (e - i), dtype=np.int64)  # (L,)
                 pslot = np.empty(2 * (e - i), dtype=np.int64)  # (L,)
             if e - i == 1:
                 out[t] = byte_ids[data[i]]
                 t += 1
+            elif e - i > LONG:
+                t = _bpe_long(data, i, e, byte_ids, keys, ranks, news, out, t)
             elif e - i > max_cached:
                 t = _bpe(data, i, e, byte_ids, keys, ranks, news, parts, prank, pslot, out, t)
             else:

@@ -131,6 +131,8 @@ class Tokenizer:
 
     def _bpe(self, token):
         """Ids of one pre-token (bytes): lowest-rank merge first, neighbours re-ranked only."""
+        if len(token) > fast.LONG:  # the heap merge: O(m log m) where this loop is O(m^2)
+            return tuple(fast.bpe_long(token, self._byte_ids, *self._table).tolist())
         parts = [int(self._byte_ids[b]) for b in token]
         none = (len(self.merges), -1)
         ranks = [self._rank.get(p, none) for p in zip(parts, parts[1:])]
