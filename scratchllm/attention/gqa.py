@@ -30,9 +30,10 @@ from scratchllm.attention.sdpa import (SDPACache, merge_heads, repeat_kv_backwar
                                        repeat_kv_forward, sdpa_backward, sdpa_forward,
                                        split_heads)
 from scratchllm.core.nn import Module, Param, normal_init
-from scratchllm.core.ops import (linear_backward, linear_forward, rmsnorm_backward,
+from scratchllm.core.ops import (linear_backward, linear_forward, linear_out, rmsnorm_backward,
                                  rmsnorm_forward)
-from scratchllm.core.validate import expect_float, expect_ndim, expect_shape
+from scratchllm.core.validate import (expect_dout, expect_douts, expect_float, expect_ndim,
+                                      expect_shape)
 
 
 # ---------------------------------------------------------------------------- projections
@@ -63,12 +64,19 @@ class GQACache(NamedTuple):
 
 
 def _resolve_mask(mask, window, T):
-    """A mask name ("causal", "sliding" with window, "none"/None) or a bool array."""
+    """A mask name ("causal", "sliding" with window, "none"/None) or a bool array. A window
+    acts on "causal" (it becomes "sliding"); with any other mask it would be ignored: an
+    error."""
+    if window is not None and not (isinstance(mask, str) and mask in ("causal", "sliding")):
+        shown = "a mask array" if isinstance(mask, np.ndarray) else repr(mask)
+        raise ValueError(f"gqa: window={window!r} has no effect with mask={shown}; give "
+                         f"mask='causal' or 'sliding', or build the mask with "
+                         f"sliding_window_mask / attention_sink_mask")
     if mask is None or (isinstance(mask, str) and mask == "none"):
         return None
-    if isinstance(mask, str) and mask == "causal":
+    if isinstance(mask, str) and mask == "causal" and window is None:
         return causal_mask(T)  # (T, T)
-    if isinstance(mask, str) and mask == "sliding":
+    if isinstance(mask, str) and mask in ("causal", "sliding"):
         if window is None or window < 1:
             raise ValueError(f"gqa: mask='sliding' needs window >= 1, got window={window!r}")
         return sliding_window_mask(T, window)  # (T, T)
@@ -90,8 +98,8 @@ def _attend(q, k, v, mask, window, attn, scale=None):
     """sdpa or flash_sdpa of (q, k, v) under the named (or array) mask and ALiBi slopes."""
     T = q.shape[2]
     if attn.impl == "sdpa":
-        if attn.n_sink:
-            mask = attention_sink_mask(T, window, attn.n_sink)  # (T, T)
+        if attn.n_sink:  # the window is inside the sink mask
+            mask, window = attention_sink_mask(T, window, attn.n_sink), None  # (T, T)
         bias = None if attn.alibi is None else alibi_bias(attn.alibi, T, T)  # (H, T, T)
         return sdpa_forward(q, k, v, _resolve_mask(mask, window, T), scale, bias=bias)
     if attn.impl != "flash" or not (mask is None or isinstance(mask, str)):
@@ -119,6 +127,12 @@ def project_qkv_forward(x, wq, wk, wv, bq=None, bk=None, bv=None, q_norm=None, k
     expect_float("gqa", "x", x)
     expect_ndim("gqa", "x", x, 3, "(B, T, D)")
     B, T, D = x.shape
+    if T < 1:
+        raise ValueError(f"gqa: x has shape {x.shape}: no time steps (T must be >= 1)")
+    if inv_freq is None and (positions is not None or rope_style != "half"
+                             or attention_factor != 1.0):
+        raise ValueError("gqa: positions, rope_style and attention_factor act only through "
+                         "RoPE, and inv_freq is None (RoPE off); drop them or give inv_freq")
     if n_heads % n_kv_heads:
         raise ValueError(f"gqa: n_heads={n_heads} must be a multiple of n_kv_heads="
                          f"{n_kv_heads}")
@@ -155,7 +169,11 @@ def project_qkv_backward(dout, cache):
     Reference: Dehghani et al. 2023 (arXiv 2302.05442); huggingface/transformers
     src/transformers/models/qwen3/modeling_qwen3.py Qwen3Attention."""
     lin_q, lin_k, lin_v, rope_q, rope_k, _, _, norm_q, norm_k = cache
-    dq, dk, dv = dout
+    H, Hkv = cache.n_heads, cache.n_kv_heads
+    expect_douts("project_qkv_backward", dout, {
+        "q": _heads_out(lin_q, H), "k": _heads_out(lin_k, Hkv), "v": _heads_out(lin_v, Hkv)})
+    dq, dk, dv = (np.zeros(*_heads_out(c, n)) if d is None else d
+                  for d, c, n in zip(dout, (lin_q, lin_k, lin_v), (H, Hkv, Hkv)))
     grads = {}
     if rope_q is not None:
         dq = rope_backward(dq, rope_q)["x"]  # fwd: q = rope(q) -> rotate dq by -theta
@@ -173,6 +191,12 @@ def project_qkv_backward(dout, cache):
         if "b" in g:
             grads[name] = g["b"]
     return grads
+
+
+def _heads_out(lin, n_heads):
+    """(shape, dtype) of split_heads(linear output, n_heads): (B, n, T, Dh)."""
+    (B, T, HD), dtype = linear_out(lin)
+    return (B, n_heads, T, HD // n_heads), dtype
 
 
 def gqa_forward(x, wq, wk, wv, wo, bq=None, bk=None, bv=None, bo=None, q_norm=None,
@@ -228,6 +252,7 @@ def gqa_backward(dy, cache):
     ref), rope (rotation by -theta), linear.  Reference: Ainslie et al. 2023 (arXiv 2305.13245); huggingface/transformers
     src/transformers/models/llama/modeling_llama.py repeat_kv."""
     qkv, rep, sd, lin_o = cache
+    expect_dout("gqa_backward", dy, *linear_out(lin_o), name="dy")
     g_o = linear_backward(dy, lin_o)  # fwd: y = merge_heads(o) @ wo
     do = split_heads(g_o["x"], qkv.n_heads)  # (B, H, T, Dh)
     attend_backward = flash_sdpa_backward if isinstance(sd, FlashCache) else sdpa_backward
@@ -253,7 +278,7 @@ def gqa_decode(x_t, wq, wk, wv, wo, state, position, bq=None, bk=None, bv=None, 
              int (the token's absolute index, used by RoPE); alibi (H,) slopes or None.
     Returns: y_t (B, D), equal to the corresponding row of the full causal forward.
     """
-    pos = np.array([position])  # (1,)
+    pos = None if inv_freq is None else np.array([position])  # (1,)
     (q, k, v), _ = project_qkv_forward(x_t[:, None], wq, wk, wv, bq, bk, bv, q_norm, k_norm,
                                        n_heads=n_heads, n_kv_heads=n_kv_heads, positions=pos,
                                        inv_freq=inv_freq, rope_style=rope_style,
@@ -295,6 +320,9 @@ class Attention(Module):
                  window=None, n_sink=0, qkv_bias=False, o_bias=False, qk_norm=False,
                  norm_eps=1e-6, norm_offset=0.0, scale=None, dtype=np.float32, attn_impl="sdpa",
                  alibi=False, flash_block=128):
+        if not use_rope and (rope_scaling is not None or rope_style != "half"):
+            raise ValueError(f"Attention: rope_scaling={rope_scaling!r} and rope_style="
+                             f"{rope_style!r} act only through RoPE, and use_rope=False")
         Dh = head_dim or d_model // n_heads
         self.wq = Param(normal_init(rng, (d_model, n_heads * Dh), d_model ** -0.5, dtype))
         self.wk = Param(normal_init(rng, (d_model, n_kv_heads * Dh), d_model ** -0.5, dtype))
@@ -333,18 +361,22 @@ class Attention(Module):
 
     def forward(self, x, positions=None):
         T = x.shape[1]
-        pos = np.arange(T) if positions is None else positions
+        pos = np.arange(T) if positions is None and self.use_rope else positions
+        seq_len = int(np.max(pos)) + 1 if pos is not None and np.size(pos) else T
         attn = AttnOptions(self.attn_impl, self.alibi, self.n_sink, self.flash_block)
         return gqa_forward(x, *self._weights(), n_heads=self.n_heads,
                            n_kv_heads=self.n_kv_heads, positions=pos, mask=self.mask,
                            window=self.window, attn=attn, **self._options(),
-                           **self._rope_kwargs(int(np.max(pos)) + 1))
+                           **self._rope_kwargs(seq_len))
 
     def backward(self, dy, cache):
         return self.add_grads(gqa_backward(dy, cache))
 
     def init_state(self, batch, max_len):
         """The decoding state: a KVState, or a RollingKVState(window, n_sink) for a window."""
+        if self.mask not in ("causal", "sliding"):
+            raise ValueError(f"Attention.init_state: decoding is causal, so mask={self.mask!r} "
+                             f"cannot decode (its forward would differ)")
         dt = self.wq.data.dtype
         if self.window is None:
             return KVState(batch, self.n_kv_heads, self.head_dim, max_len, dt)

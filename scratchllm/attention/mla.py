@@ -27,7 +27,7 @@ from scratchllm.attention.rope import get_mscale, rope_frequencies
 from scratchllm.attention.sdpa import merge_heads, sdpa_backward, sdpa_forward, split_heads
 from scratchllm.core import ops
 from scratchllm.core.nn import Module, Param, normal_init
-from scratchllm.core.validate import expect_ndim, expect_positive
+from scratchllm.core.validate import expect_dout, expect_ndim, expect_positive
 
 
 # ---------------------------------------------------------------------------- arithmetic
@@ -71,6 +71,8 @@ def mla_forward(x, wkv_a, kv_norm, wkv_b, wo, wq=None, wq_a=None, q_norm=None, w
     """
     fn = "mla_forward"
     expect_ndim(fn, "x", x, 3, "(B, T, D)")
+    if x.shape[1] < 1:
+        raise ValueError(f"{fn}: x has shape {x.shape}: no time steps (T must be >= 1)")
     g = geometry(fn, x, wkv_a, kv_norm, wkv_b, wo, wq, wq_a, q_norm, wq_b, n_heads)
     B, T, D = x.shape
     H, dn, dr, dv, Dc = g
@@ -101,8 +103,8 @@ def mla_backward(dout, cache):
     inference/model.py class MLA.
     """
     proj, up, att, down = cache
+    expect_dout("mla_backward", dout, *ops.linear_out(down))
     H, dn, dr, dv, Dc = proj.g
-    B, T, _ = dout.shape
     g_out = ops.linear_backward(dout, down)  # fwd: out = o @ wo
     do = split_heads(g_out["x"], H)  # (B, H, T, dv); fwd: merge_heads(o)
     g_att = sdpa_backward(do, att)  # fwd: o = sdpa(q, k, v)

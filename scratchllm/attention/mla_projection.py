@@ -17,7 +17,8 @@ import numpy as np
 from scratchllm.attention.rope import rope_backward, rope_forward, rope_frequencies
 from scratchllm.attention.sdpa import merge_heads, split_heads
 from scratchllm.core import ops
-from scratchllm.core.validate import expect_float, expect_ndim, expect_positive, expect_shape
+from scratchllm.core.validate import (expect_douts, expect_float, expect_ndim, expect_positive,
+                                      expect_shape)
 
 
 # ---------------------------------------------------------------------------- shapes
@@ -53,13 +54,19 @@ def geometry(fn, x, wkv_a, kv_norm, wkv_b, wo, wq, wq_a, q_norm, wq_b, n_heads):
         got = [n for n, w in zip(("wq", "wq_a", "q_norm", "wq_b"), (wq, wq_a, q_norm, wq_b))
                if w is not None]
         raise ValueError(f"{fn}: give either wq, or all of wq_a, q_norm and wq_b; got {got}")
+    _check_query(fn, D, g, wq, wq_a, q_norm, wq_b)
+    return g
+
+
+def _check_query(fn, D, g, wq, wq_a, q_norm, wq_b):
+    """wq (D, H(dn+dr)), or wq_a (D, Dq), q_norm (Dq,), wq_b (Dq, H(dn+dr))."""
+    width = g.H * (g.dn + g.dr)
     if wq is not None:
-        expect_shape(fn, "wq", wq, (D, H * (dn + dr)), "(D, H * (dn + dr))")
+        expect_shape(fn, "wq", wq, (D, width), "(D, H * (dn + dr))")
     else:
         expect_shape(fn, "wq_a", wq_a, (D, None), "(D, Dq)")
         expect_shape(fn, "q_norm", q_norm, (wq_a.shape[1],), "(Dq,)")
-        expect_shape(fn, "wq_b", wq_b, (wq_a.shape[1], H * (dn + dr)), "(Dq, H * (dn + dr))")
-    return g
+        expect_shape(fn, "wq_b", wq_b, (wq_a.shape[1], width), "(Dq, H * (dn + dr))")
 
 
 def rope_defaults(T, dr, positions, inv_freq, softmax_scale, g):
@@ -98,8 +105,14 @@ def mla_project_forward(x, wkv_a, kv_norm, wq=None, wq_a=None, q_norm=None, wq_b
              ckv = kv_norm(c_kv) (B, T, Dc), k_pe (B, 1, T, dr) roped).  Cache: MLAProjCache.
     """
     g = geometry
-    B, T, _ = x.shape
+    fn = "mla_project"
+    expect_float(fn, "x", x)
+    expect_ndim(fn, "x", x, 3, "(B, T, D)")
+    B, T, D = x.shape
     H, dn, dr, dv, Dc = g
+    expect_shape(fn, "wkv_a", wkv_a, (D, Dc + dr), "(D, Dc + dr) of the geometry")
+    expect_shape(fn, "kv_norm", kv_norm, (Dc,), "(Dc,)")
+    _check_query(fn, D, g, wq, wq_a, q_norm, wq_b)
     if wq is not None:
         q, lin = ops.linear_forward(x, wq)  # (B, T, H*(dn+dr))
         q_caches = (lin,)
@@ -123,7 +136,13 @@ def mla_project_backward(dout, cache):
     """Reverse of mla_project_forward: dout is an MLAProjection of gradients; returns them
     for x, wkv_a, kv_norm and the query weights (wq, or wq_a, q_norm, wq_b)."""
     q_caches, q_rope, kv_lin, kv_rms, k_rope, g = cache
-    dq_nope, dq_pe, dckv, dk_pe = dout
+    specs = {"q_nope": (q_rope.shape[:-1] + (g.dn,), q_rope.cos.dtype),
+             "q_pe": (q_rope.shape, q_rope.cos.dtype),
+             "ckv": (kv_rms.x.shape, np.result_type(kv_rms.x, kv_rms.g)),
+             "k_pe": (k_rope.shape, k_rope.cos.dtype)}
+    expect_douts("mla_project_backward", dout, specs)
+    dq_nope, dq_pe, dckv, dk_pe = (np.zeros(*spec) if d is None else d
+                                   for d, spec in zip(dout, specs.values()))
     # fwd: q_pe = rope(q[..., dn:])  ->  rotate back by -theta
     dq = np.concatenate([dq_nope, rope_backward(dq_pe, q_rope)["x"]], axis=-1)  # (B, H, T, dn+dr)
     dq = merge_heads(dq)  # (B, T, H*(dn+dr)); fwd: q = split_heads(q)

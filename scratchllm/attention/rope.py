@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.validate import expect_float, expect_int, expect_positive
+from scratchllm.core.validate import expect_dout, expect_finite, expect_float, expect_int
 
 # Valid keys of a `rope_scaling` dict per rope_type; `required` ones have no default.
 _KEYS = {
@@ -115,13 +115,13 @@ def rope_frequencies(head_dim, base=10000.0, scaling=None, seq_len=None):
     if not isinstance(head_dim, (int, np.integer)) or head_dim <= 0 or head_dim % 2:
         raise ValueError(f"rope_frequencies: head_dim must be a positive even int, got "
                          f"{head_dim!r}")
-    expect_positive("rope_frequencies", "base", base)
+    expect_finite("rope_frequencies", "base", base, 0, open_low=True)
     if scaling is None:
         return _default_inv_freq(head_dim, base), 1.0
     rope_type, p = _check_scaling(scaling)
     if rope_type == "default":
         return _default_inv_freq(head_dim, base), 1.0
-    expect_positive("rope_frequencies", "scaling['factor']", p["factor"])
+    expect_finite("rope_frequencies", "scaling['factor']", p["factor"], 0, open_low=True)
     if rope_type == "linear":
         return _default_inv_freq(head_dim, base) / p["factor"], 1.0
     if rope_type == "dynamic":
@@ -141,6 +141,7 @@ class RopeCache(NamedTuple):
     cos: np.ndarray
     sin: np.ndarray
     style: str
+    shape: tuple  # x's (and y's) shape
 
 
 def _rotate(x, cos, sin, style):
@@ -178,7 +179,7 @@ def rope_forward(x, positions, inv_freq, style="half", attention_factor=1.0):
              inv_freq (Dh/2,) from rope_frequencies; style "half" | "interleaved".
     Returns: y (..., T, Dh), x's dtype.  Cache: (cos, sin, style), af folded into cos, sin.
     """
-    expect_float("rope", "x", x)
+    expect_float("rope", "x", x, 2)
     if style not in ("half", "interleaved"):
         raise ValueError(f"rope: style must be 'half' or 'interleaved', got {style!r}")
     T, Dh = x.shape[-2:]
@@ -191,7 +192,7 @@ def rope_forward(x, positions, inv_freq, style="half", attention_factor=1.0):
         raise ValueError(f"rope: positions has shape {pos.shape}, expected ({T},) or "
                          f"(B, {T}) with B = x.shape[0] (x has shape {x.shape})")
     cos, sin = rope_angles(pos, inv_freq, x.ndim, x.dtype, attention_factor)  # (..., T, P)
-    return _rotate(x, cos, sin, style), RopeCache(cos, sin, style)  # (..., T, Dh)
+    return _rotate(x, cos, sin, style), RopeCache(cos, sin, style, x.shape)  # (..., T, Dh)
 
 
 def rope_backward(dout, cache):
@@ -200,5 +201,6 @@ def rope_backward(dout, cache):
     Reference: Su et al. 2021 (arXiv 2104.09864) §3.4; huggingface/transformers
     src/transformers/models/llama/modeling_llama.py apply_rotary_pos_emb.
     """
-    cos, sin, style = cache
+    cos, sin, style, shape = cache
+    expect_dout("rope_backward", dout, shape, cos.dtype)
     return {"x": _rotate(dout, cos, -sin, style)}  # (..., T, Dh)

@@ -19,7 +19,8 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.ops import SoftmaxCache, softmax_backward, softmax_forward
-from scratchllm.core.validate import expect_float, expect_ndim, expect_shape
+from scratchllm.core.validate import (expect_dout, expect_float, expect_integer, expect_ndim,
+                                      expect_shape)
 
 
 class SDPACache(NamedTuple):
@@ -30,6 +31,7 @@ class SDPACache(NamedTuple):
     softmax: SoftmaxCache  # with sinks its y has Tk + 1 columns, the sink last
     bias_shape: tuple  # the additive bias's shape (ALiBi, positions.py); None: no bias
     has_sinks: bool
+    n_heads: int  # H (the rows of q hold G = H / Hkv heads each)
 
 
 def _masked_out(fn, mask, B, H, Hkv, Tq, Tk):
@@ -70,6 +72,8 @@ def sdpa_forward(q, k, v, mask=None, scale=None, bias=None, *, sinks=None):
                          f"dividing H = {H}")
     expect_shape("sdpa", "k", k, (B, Hkv, None, Dh), "(B, Hkv, Tk, Dh) like q")
     expect_shape("sdpa", "v", v, (B, Hkv, Tk, None), "(B, Hkv, Tk, Dv) like k")
+    if Tq < 1 or Tk < 1:
+        raise ValueError(f"sdpa: q has {Tq} and k has {Tk} positions; both need >= 1")
     G = H // Hkv
     scale = Dh ** -0.5 if scale is None else scale
     qg = q.reshape(B, Hkv, G * Tq, Dh)  # (B, Hkv, G*Tq, Dh)
@@ -90,7 +94,7 @@ def sdpa_forward(q, k, v, mask=None, scale=None, bias=None, *, sinks=None):
     p, sm_cache = softmax_forward(s, axis=-1)  # (B, Hkv, G*Tq, Tk[+1])
     out = (p[..., :Tk] @ v).reshape(B, H, Tq, v.shape[3])  # (B, H, Tq, Dv); no sink value
     return out, SDPACache(qg, k, v, scale, sm_cache,
-                          None if bias is None else bias.shape, sinks is not None)
+                          None if bias is None else bias.shape, sinks is not None, H)
 
 
 def sdpa_backward(dout, cache):
@@ -107,9 +111,11 @@ def sdpa_backward(dout, cache):
     (arXiv 2305.13245); gpt-oss sinks: huggingface/transformers
     src/transformers/models/gpt_oss/modeling_gpt_oss.py eager_attention_forward.
     """
-    qg, k, v, scale, sm_cache, bias_shape, has_sinks = cache
-    B, H, Tq, Dv = dout.shape
+    qg, k, v, scale, sm_cache, bias_shape, has_sinks, H = cache
+    B, Hkv, GTq, _ = qg.shape
     Tk = k.shape[2]
+    Tq, Dv = GTq * Hkv // H, v.shape[3]
+    expect_dout("sdpa_backward", dout, (B, H, Tq, Dv), np.result_type(qg, k, v))
     p = sm_cache.y[..., :Tk]  # (B, Hkv, G*Tq, Tk)
     dog = dout.reshape(qg.shape[:3] + (Dv,))  # (B, Hkv, G*Tq, Dv)
     dv = p.swapaxes(-1, -2) @ dog  # fwd: out = P v -> dv = P^T dout      (B, Hkv, Tk, Dv)
@@ -162,6 +168,8 @@ def merge_heads(t):
 
 class RepeatKVCache(NamedTuple):
     group: int
+    shape: tuple  # kv's (B, Hkv, T, Dh)
+    dtype: np.dtype
 
 
 def repeat_kv_forward(kv, group):
@@ -169,11 +177,13 @@ def repeat_kv_forward(kv, group):
 
     Inputs: kv (B, Hkv, T, Dh).  Returns: (B, Hkv*group, T, Dh).  Cache: (group,).
     """
-    return np.repeat(kv, group, axis=1), RepeatKVCache(group)  # (B, H, T, Dh)
+    expect_float("repeat_kv", "kv", kv, 4)
+    expect_integer("repeat_kv", "group", group, 1)
+    return np.repeat(kv, group, axis=1), RepeatKVCache(group, kv.shape, kv.dtype)  # (B, H, T, Dh)
 
 
 def repeat_kv_backward(dout, cache):
     """Math: KV head j fed query heads j*G .. j*G+G-1, so its gradient is their sum."""
-    group = cache.group
-    B, H, T, Dh = dout.shape
-    return {"kv": dout.reshape(B, H // group, group, T, Dh).sum(axis=2)}  # (B, Hkv, T, Dh)
+    group, (B, Hkv, T, Dh) = cache.group, cache.shape
+    expect_dout("repeat_kv_backward", dout, (B, Hkv * group, T, Dh), cache.dtype)
+    return {"kv": dout.reshape(B, Hkv, group, T, Dh).sum(axis=2)}  # (B, Hkv, T, Dh)

@@ -35,6 +35,8 @@ def _parser():
     en.add_argument("-t", "--tokenizer", required=True, metavar="DIR",
                     help=f"a directory written by train (or a {TOKENIZER_FILE} file)")
     en.add_argument("file")
+    en.add_argument("--pattern", default=None, help="trust this custom pattern (the file's own "
+                    "must equal it; gpt2 and cl100k need no flag)")
     en.add_argument("--workers", type=int, default=None)
     en.add_argument("--stats", action="store_true", help="print counts and speed, not ids")
     en.add_argument("--allow-special", action="store_true",
@@ -62,7 +64,7 @@ def _train(args):
 
 
 def _encode(args):
-    tok = Tokenizer.load(args.tokenizer)
+    tok = Tokenizer.load(args.tokenizer, allow_pattern=args.pattern)
     start = time.perf_counter()
     ids = tok.encode_file(args.file, workers=args.workers, disallowed_special=(),
                           allowed_special="all" if args.allow_special else ())

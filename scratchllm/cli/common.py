@@ -5,6 +5,7 @@
     Ctrl-C outside a training loop                 exit 130
 """
 import argparse
+import math
 import sys
 
 RUNTIME_ERRORS = (ValueError, TypeError, OSError)  # CheckpointError is a ValueError
@@ -23,6 +24,38 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         self.print_usage(sys.stderr)
         self.exit(2, f"scratchllm {self.command}: {message}\n")
+
+
+def int_at_least(low):
+    """An argparse `type`: an integer >= low, else a usage error (exit 2) naming the flag."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+    return parse
+
+
+def float_in(low, high, *, open_low=False):
+    """An argparse `type`: a finite number in [low, high] ((low, high] with open_low)."""
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        below = value <= low if open_low else value < low
+        if not math.isfinite(value) or below or value > high:
+            raise argparse.ArgumentTypeError(
+                f"must be a finite number in {'(' if open_low else '['}{low}, {high}], got "
+                f"{text}")
+        return value
+    return parse
+
+
+LR = float_in(0, 1, open_low=True)  # a peak learning rate: AdamW moves a weight ~lr per step
 
 
 def run(command, body, args):

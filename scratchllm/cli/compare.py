@@ -12,7 +12,7 @@ go to a PNG. The cache and parameter arithmetic comes from scratchllm/teach/sizi
 """
 from pathlib import Path
 
-from scratchllm.cli.common import Parser, run
+from scratchllm.cli.common import LR, Parser, int_at_least, run
 from scratchllm.lm import PRESETS, preset
 from scratchllm.teach import sizing
 from scratchllm.teach.arch import from_model_config
@@ -50,10 +50,10 @@ def build_parser():
     p = Parser("compare", __doc__)
     p.add_argument("--presets", default=",".join(PRESETS), help="comma-separated presets")
     p.add_argument("--data", default=str(corpus.DEFAULT_CORPUS), help="UTF-8 text file")
-    p.add_argument("--steps", type=int, default=100, help="steps per preset (100)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--lr", type=float, default=Settings.lr)
+    p.add_argument("--steps", type=int_at_least(1), default=100, help="steps per preset (100)")
+    p.add_argument("--batch-size", type=int_at_least(1), default=16)
+    p.add_argument("--seq-len", type=int_at_least(1), default=128)
+    p.add_argument("--lr", type=LR, default=Settings.lr)
     p.add_argument("--out", default="runs/compare",
                    help="directory for the plot (token cache in OUT/../cache)")
     p.add_argument("--no-progress", action="store_true")

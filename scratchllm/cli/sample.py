@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from scratchllm.cli.common import Parser, run
+from scratchllm.cli.common import Parser, float_in, int_at_least, run
 from scratchllm.hub import load_pretrained, load_tokenizer
 from scratchllm.lm import generate
 from scratchllm.tokenizer import EOT
@@ -26,11 +26,14 @@ def build_parser():
     p.add_argument("--allow-special", action="store_true",
                    help="encode special-token strings in the prompt (e.g. <|endoftext|>) as "
                         "their ids; by default the prompt is ordinary text")
-    p.add_argument("--max-tokens", type=int, default=200, help="tokens to generate (200)")
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (0.8)")
-    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
-    p.add_argument("--top-p", type=float, default=0.95, help="nucleus mass (0.95)")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed")
+    p.add_argument("--max-tokens", type=int_at_least(0), default=200,
+                   help="tokens to generate (200)")
+    p.add_argument("--temperature", type=float_in(0, 1e6), default=0.8, help="0 = greedy (0.8)")
+    p.add_argument("--top-k", type=int_at_least(1), default=None,
+                   help="keep the k most likely tokens")
+    p.add_argument("--top-p", type=float_in(0, 1, open_low=True), default=0.95,
+                   help="nucleus mass (0.95)")
+    p.add_argument("--seed", type=int_at_least(0), default=None, help="sampling seed")
     return p
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scratchllm.cli.common import Parser, run
+from scratchllm.cli.common import LR, Parser, int_at_least, run
 from scratchllm.lm import PRESETS, ModelConfig, generate, preset
 from scratchllm.train import checkpoint, corpus
 from scratchllm.train.plots import save_run_plot
@@ -30,19 +30,24 @@ def build_parser():
                    help="model architecture (default: dense)")
     p.add_argument("--data", default=None,
                    help="UTF-8 text file to train on (default: the bundled Python docs)")
-    p.add_argument("--steps", type=int, default=None, help=f"optimizer steps ({d.steps})")
-    p.add_argument("--batch-size", type=int, default=None, help=f"sequences ({d.batch_size})")
-    p.add_argument("--seq-len", type=int, default=None, help=f"context ({d.seq_len})")
-    p.add_argument("--lr", type=float, default=None, help=f"peak learning rate ({d.lr})")
+    p.add_argument("--steps", type=int_at_least(1), default=None,
+                   help=f"optimizer steps ({d.steps})")
+    p.add_argument("--batch-size", type=int_at_least(1), default=None,
+                   help=f"sequences ({d.batch_size})")
+    p.add_argument("--seq-len", type=int_at_least(1), default=None, help=f"context ({d.seq_len})")
+    p.add_argument("--lr", type=LR, default=None, help=f"peak learning rate ({d.lr}; in (0, 1])")
     p.add_argument("--dtype", choices=("float32", "float64"), default=None,
                    help="parameter and activation dtype (float32)")
     p.add_argument("--out", default=None, help="checkpoint directory (runs/PRESET); the "
                    "tokenizer and token ids are cached beside it in OUT/../cache")
     p.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
-    p.add_argument("--seed", type=int, default=None, help=f"init and batch seed ({d.seed})")
-    p.add_argument("--eval-every", type=int, default=None,
+    p.add_argument("--seed", type=int_at_least(0), default=None,
+                   help=f"init and batch seed ({d.seed})")
+    p.add_argument("--eval-every", type=int_at_least(1), default=None,
                    help=f"validate and checkpoint every N steps ({d.eval_every})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--detect-anomaly", action="store_true", help="check every Module's output "
+                   "and gradient; name the first to go NaN or inf (slower)")
     return p
 
 
@@ -96,12 +101,15 @@ def _main(args):
     t_start = time.perf_counter()
     print(f"data: {data} (tokenizer: BPE, vocab {cfg.vocab_size})")
     tok, ids, _ = corpus.prepare(data, cfg.vocab_size, out.parent / "cache")
+    if args.resume:
+        checkpoint.check_tokenizer(out, tok, saved_meta)
     train_ids, val_ids = corpus.split(ids)
     baseline = corpus.unigram_baseline(train_ids, val_ids, cfg.vocab_size)
     print(f"tokens: {len(train_ids):,} train, {len(val_ids):,} validation "
           f"({time.perf_counter() - t_start:.1f} s); unigram baseline {baseline:.3f} nats/token")
     job = Run(cfg, s, dtype)
     job.data = str(Path(data).resolve())
+    job.detect_anomaly = args.detect_anomaly
     if args.resume:
         job.load(out)
         print(f"resumed {out} at step {job.step}")
@@ -115,6 +123,9 @@ def _main(args):
     train_time = time.perf_counter() - t_train
     val = evaluate(job.model, corpus.eval_batches(val_ids, s.batch_size, s.seq_len,
                                                   s.eval_tokens), job.dp)
+    if not np.isfinite(val):
+        raise ValueError(f"the final validation loss is {val}; {job.likely_cause()} (the "
+                         f"checkpoint in {out} was not overwritten)")
     job.evals.append((job.step, val))
     job.save(out, tok)
     print(f"validation loss {val:.3f} nats/token = {val / baseline:.2f} x unigram baseline "

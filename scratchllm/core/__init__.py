@@ -9,7 +9,7 @@ from .fused import (adamw_update, adamw_update_ref, fused_cross_entropy_backward
 from .gelu import (geglu_backward, geglu_forward, gelu_backward, gelu_forward,
                    gelu_mlp_backward, gelu_mlp_forward)
 from .nn import (Embedding, GeGLU, GeluMLP, LayerNorm, Linear, Module, Param, RMSNorm, SwiGLU,
-                 normal_init)
+                 detect_anomaly, normal_init)
 from .norms import layernorm_backward, layernorm_forward
 from .ops import (cross_entropy_backward, cross_entropy_forward, embedding_backward,
                   embedding_forward, linear_backward, linear_forward, log_softmax_backward,
@@ -17,14 +17,14 @@ from .ops import (cross_entropy_backward, cross_entropy_forward, embedding_backw
                   sigmoid_forward, silu_backward, silu_forward, softmax_backward,
                   softmax_forward, softplus_backward, softplus_forward, swiglu_backward,
                   swiglu_forward)
-from .optim import AdamW, clip_grad_norm, cosine_schedule
+from .optim import AdamW, NonFiniteError, clip_grad_norm, cosine_schedule
 
 __all__ = [
     "GeGLU", "GeluMLP", "LayerNorm", "geglu_backward", "geglu_forward", "gelu_backward",
     "gelu_forward", "gelu_mlp_backward", "gelu_mlp_forward", "layernorm_backward",
     "layernorm_forward",
-    "AdamW", "Embedding", "Linear", "Module", "Param", "RMSNorm", "SwiGLU", "adamw_update",
-    "adamw_update_ref", "clip_grad_norm", "fused_cross_entropy_backward",
+    "AdamW", "Embedding", "Linear", "Module", "NonFiniteError", "Param", "RMSNorm", "SwiGLU",
+    "adamw_update", "adamw_update_ref", "clip_grad_norm", "detect_anomaly", "fused_cross_entropy_backward",
     "fused_cross_entropy_forward", "fused_rmsnorm_backward", "fused_rmsnorm_forward",
     "fused_swiglu_backward", "fused_swiglu_forward", "sum_squares", "sum_squares_ref",
     "use_fused",

@@ -7,9 +7,12 @@ A Module names each Param after the pair argument it feeds, so `add_grads` can a
 gradient dict into the Params in one place. A Module contains no math of its own, so a layer can be reused and weights can be tied
 (the same Param object in two places accumulates both gradients).
 """
+from contextlib import contextmanager
+
 import numpy as np
 
 from scratchllm.core import fused, gelu, norms, ops
+from scratchllm.core.optim import NonFiniteError
 
 
 class Param:
@@ -65,6 +68,59 @@ class Module:
 
     def n_params(self):
         return sum(p.data.size for p in self.parameters())
+
+    def named_modules(self, prefix=""):
+        """Yield (dotted name, Module) for this Module ("" for itself) and every sub-Module."""
+        yield prefix.rstrip("."), self
+        for attr, value in vars(self).items():
+            items = enumerate(value) if isinstance(value, (list, tuple)) else [(None, value)]
+            for i, item in items:
+                if isinstance(item, Module):
+                    name = f"{prefix}{attr}" if i is None else f"{prefix}{attr}.{i}"
+                    yield from item.named_modules(name + ".")
+
+
+def _non_finite(value):
+    """True if `value` (an array, or a tuple of arrays and None) holds a NaN or inf."""
+    if isinstance(value, tuple):
+        return any(_non_finite(v) for v in value)
+    return (isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating)
+            and not np.isfinite(value).all())
+
+
+@contextmanager
+def detect_anomaly(*models):
+    """Inside the block, every Module of `models` checks what it returns: the first forward
+    output or backward input-gradient holding NaN or inf raises NonFiniteError naming that
+    Module by its dotted path (the innermost one first: it returns first). Slower; for
+    finding where a run diverged (`train --detect-anomaly`)."""
+    patched = []
+    for model in models:
+        for name, module in model.named_modules():
+            for method in ("forward", "backward"):
+                if hasattr(module, method):
+                    setattr(module, method, _checked(name or type(module).__name__, module,
+                                                     method))
+                    patched.append((module, method))
+    try:
+        yield
+    finally:
+        for module, method in patched:
+            vars(module).pop(method, None)
+
+
+def _checked(name, module, method):
+    call = getattr(module, method)
+    what = "output" if method == "forward" else "input gradient"
+
+    def checked(*args, **kwargs):
+        result = call(*args, **kwargs)
+        out = result[0] if method == "forward" else result
+        if _non_finite(out):
+            raise NonFiniteError(f"detect_anomaly: the {what} of {name} "
+                                 f"({type(module).__name__}.{method}) holds NaN or inf")
+        return result
+    return checked
 
 
 def normal_init(rng, shape, std, dtype):

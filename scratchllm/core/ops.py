@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy.special import expit
 
-from scratchllm.core.validate import expect_float, expect_int, expect_shape
+from scratchllm.core.validate import expect_dout, expect_float, expect_int, expect_shape
 
 
 # ---------------------------------------------------------------------------- linear
@@ -28,7 +28,7 @@ def linear_forward(x, W, b=None):
     Inputs:  x (..., Din), W (Din, Dout), b (Dout,) or None.
     Returns: y (..., Dout).  Cache: (x, W, has_bias).
     """
-    expect_float("linear", "x", x)
+    expect_float("linear", "x", x, 1)
     expect_shape("linear", "W", W, (x.shape[-1], None), "(Din, Dout) with Din = x.shape[-1]")
     y = x @ W  # (..., Dout)
     if b is not None:
@@ -37,8 +37,15 @@ def linear_forward(x, W, b=None):
     return y, LinearCache(x, W, b is not None)
 
 
+def linear_out(cache):
+    """(shape, dtype) of a linear's output y = x @ W (+ b), read off its cache: what the dout
+    of any backward that ends in this linear must be."""
+    return cache.x.shape[:-1] + cache.W.shape[1:], np.result_type(cache.x, cache.W)
+
+
 def linear_backward(dy, cache):
     """Math: dx = dy @ W^T, dW = sum over rows of x^T dy, db = sum over rows of dy."""
+    expect_dout("linear_backward", dy, *linear_out(cache), name="dy")
     x, W, has_bias = cache
     Din, Dout = W.shape
     dx = dy @ W.T  # (..., Din)
@@ -53,6 +60,8 @@ def linear_backward(dy, cache):
 class EmbeddingCache(NamedTuple):
     ids: np.ndarray
     vocab_size: int
+    d_model: int
+    dtype: np.dtype
 
 
 def embedding_forward(ids, E):
@@ -67,13 +76,13 @@ def embedding_forward(ids, E):
     if ids.size and (ids.min() < 0 or ids.max() >= E.shape[0]):
         raise ValueError(f"embedding: ids must lie in [0, {E.shape[0]}), got values in "
                          f"[{ids.min()}, {ids.max()}]")
-    return E[ids], EmbeddingCache(ids, E.shape[0])  # (..., D)
+    return E[ids], EmbeddingCache(ids, *E.shape, E.dtype)  # (..., D)
 
 
 def embedding_backward(dout, cache):
     """Math: dE[v] = sum of dout over the positions where ids == v (repeats accumulate)."""
-    ids, V = cache
-    D = dout.shape[-1]
+    ids, V, D, dtype = cache
+    expect_dout("embedding_backward", dout, ids.shape + (D,), dtype)
     dE = np.zeros((V, D), dtype=dout.dtype)  # (V, D)
     np.add.at(dE, ids.reshape(-1), dout.reshape(-1, D))
     return {"E": dE}
@@ -92,10 +101,25 @@ def rmsnorm_forward(x, g, eps=1e-5):
     Inputs:  x (..., D), g (D,).
     Returns: y (..., D).  Cache: (x, g, rstd); xhat = x * rstd is recomputed.
     """
-    expect_float("rmsnorm", "x", x)
+    expect_float("rmsnorm", "x", x, 1)
     expect_shape("rmsnorm", "g", g, (x.shape[-1],), "the last axis of x")
-    rstd = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)  # (..., 1)
+    with np.errstate(over="ignore"):  # an overflowing row is rescaled below
+        ms = np.mean(x * x, axis=-1, keepdims=True)  # (..., 1)
+    rstd = 1.0 / np.sqrt(ms + eps)  # (..., 1)
+    if not np.isfinite(ms).all():  # x * x overflowed (float32 |x| > 1.8e19, float16 > 255)
+        rstd = _rescaled_rstd(x, eps, rstd)
     return x * rstd * g, RMSNormCache(x, g, rstd)  # (..., D)
+
+
+def _rescaled_rstd(x, eps, rstd):
+    """rstd of the rows whose mean square overflowed, from x / s with s = max|x| per row:
+    rstd = (1/s) / sqrt(mean((x/s)^2) + eps/s^2), every term representable."""
+    s = np.max(np.abs(x), axis=-1, keepdims=True)  # (..., 1)
+    big = np.isfinite(s) & (s > 1)  # (..., 1) finite rows only: inf/NaN inputs stay NaN
+    s = np.where(big, s, 1).astype(x.dtype)  # (..., 1)
+    xs = x / s  # (..., D)
+    r = (1 / s) / np.sqrt(np.mean(xs * xs, axis=-1, keepdims=True) + eps / s / s)  # (..., 1)
+    return np.where(big, r, rstd).astype(rstd.dtype)  # (..., 1)
 
 
 def rmsnorm_backward(dy, cache):
@@ -104,6 +128,7 @@ def rmsnorm_backward(dy, cache):
         dx = r * (dxhat - xhat * mean(dxhat * xhat))      (the mean term comes from dr/dx)
     """
     x, g, rstd = cache
+    expect_dout("rmsnorm_backward", dy, x.shape, np.result_type(x, g), name="dy")
     D = x.shape[-1]
     xhat = x * rstd  # (..., D)
     dg = (dy * xhat).reshape(-1, D).sum(axis=0)  # (D,)
@@ -130,6 +155,7 @@ def silu_forward(x):
 
 def silu_backward(dy, cache):
     """Math: dy/dx = s + x s (1 - s) = s (1 + x (1 - s)), with s = sigmoid(x)."""
+    expect_dout("silu_backward", dy, cache.x.shape, cache.x.dtype, name="dy")
     s = expit(cache.x)
     return {"x": dy * s * (1 + cache.x * (1 - s))}
 
@@ -143,6 +169,7 @@ def sigmoid_forward(x):
 
 def sigmoid_backward(dy, cache):
     """Math: dy/dx = y (1 - y)."""
+    expect_dout("sigmoid_backward", dy, cache.y.shape, cache.y.dtype, name="dy")
     return {"x": dy * cache.y * (1 - cache.y)}
 
 
@@ -154,6 +181,7 @@ def softplus_forward(x):
 
 def softplus_backward(dy, cache):
     """Math: softplus'(x) = sigmoid(x)."""
+    expect_dout("softplus_backward", dy, cache.x.shape, cache.x.dtype, name="dy")
     return {"x": dy * expit(cache.x)}
 
 
@@ -173,6 +201,7 @@ def swiglu_forward(x, W1, W3, W2):
     Inputs:  x (..., D), W1 (D, F), W3 (D, F), W2 (F, D).
     Returns: y (..., D).  Cache: the children's caches and the two gate halves.
     """
+    expect_float("swiglu", "x", x, 1)
     D = x.shape[-1]
     expect_shape("swiglu", "W1", W1, (D, None), "(D, F)")
     expect_shape("swiglu", "W3", W3, W1.shape, "(D, F), like W1")
@@ -186,6 +215,7 @@ def swiglu_forward(x, W1, W3, W2):
 
 def swiglu_backward(dy, cache):
     """Reverse of the forward, each step through the smaller pairs."""
+    expect_dout("swiglu_backward", dy, *linear_out(cache.down), name="dy")
     up_a, up_b, act, down, s, b = cache
     g_down = linear_backward(dy, down)  # fwd: y = m @ W2      -> dm, dW2
     dm = g_down["x"]  # (..., F)
@@ -217,16 +247,23 @@ def softmax_forward(x, axis=-1):
 
     Inputs: x (...), any axis.  Returns: y, same shape.  Cache: (y, axis).
     """
-    expect_float("softmax", "x", x)
+    expect_float("softmax", "x", x, 1)
     e = np.exp(x - _safe_max(x, axis))  # (...)
-    total = np.sum(e, axis=axis, keepdims=True)  # (..., 1, ...)
-    y = e / np.where(total > 0, total, 1)  # (...)
+    total = np.sum(e, axis=axis, keepdims=True, dtype=_acc(x))  # (..., 1, ...)
+    y = (e / np.where(total > 0, total, 1)).astype(x.dtype)  # (...)
     return y, SoftmaxCache(y, axis)
+
+
+def _acc(x):
+    """The dtype to sum exponentials in: float32 for float16 (65,504 overflows over a large
+    vocabulary: 128k terms near 1), else x's own."""
+    return np.float32 if x.dtype == np.float16 else x.dtype
 
 
 def softmax_backward(dy, cache):
     """Math: dx = y * (dy - sum(dy * y)); zero where y is zero (masked entries)."""
     y, axis = cache
+    expect_dout("softmax_backward", dy, y.shape, y.dtype, name="dy")
     return {"x": y * (dy - np.sum(dy * y, axis=axis, keepdims=True))}
 
 
@@ -235,9 +272,9 @@ def log_softmax_forward(x, axis=-1):
 
     Inputs: x (...).  Returns: y, same shape.  Cache: (y, axis); softmax = exp(y) is recomputed.
     """
-    expect_float("log_softmax", "x", x)
+    expect_float("log_softmax", "x", x, 1)
     shifted = x - _safe_max(x, axis)  # (...)
-    total = np.sum(np.exp(shifted), axis=axis, keepdims=True)  # (..., 1, ...)
+    total = np.sum(np.exp(shifted), axis=axis, keepdims=True, dtype=_acc(x))  # (..., 1, ...)
     live = total > 0
     y = np.where(live, shifted - np.log(np.where(live, total, 1)), -np.inf).astype(x.dtype)
     return y, LogSoftmaxCache(y, axis)
@@ -246,6 +283,7 @@ def log_softmax_forward(x, axis=-1):
 def log_softmax_backward(dy, cache):
     """Math: dx = dy - softmax(x) * sum(dy), with softmax(x) = exp(y)."""
     y, axis = cache
+    expect_dout("log_softmax_backward", dy, y.shape, y.dtype, name="dy")
     p = np.exp(y)  # (...)
     return {"x": np.where(np.isfinite(y), dy - p * np.sum(dy, axis=axis, keepdims=True), 0)}
 
@@ -261,7 +299,7 @@ class CrossEntropyCache(NamedTuple):
 
 def checked_targets(logits, targets, ignore_index):
     """Check cross-entropy inputs; return (targets flattened (BT,), mask of counted rows)."""
-    expect_float("cross_entropy", "logits", logits)
+    expect_float("cross_entropy", "logits", logits, 1)
     expect_int("cross_entropy", "targets", targets)
     expect_shape("cross_entropy", "targets", targets, logits.shape[:-1], "logits.shape[:-1]")
     V = logits.shape[-1]
@@ -286,7 +324,7 @@ def cross_entropy_forward(logits, targets, ignore_index=-100):
     logp, ls_cache = log_softmax_forward(logits.reshape(-1, V))  # (BT, V)
     rows, cols = np.nonzero(keep)[0], flat_t[keep]
     n_valid = len(rows)
-    loss = -logp[rows, cols].sum() / max(n_valid, 1)
+    loss = -logp[rows, cols].sum(dtype=_acc(logits)) / max(n_valid, 1)  # float16: in float32
     cache = CrossEntropyCache(ls_cache, logits.shape, rows, cols, n_valid)
     return np.asarray(loss, dtype=logits.dtype), cache
 
@@ -296,6 +334,7 @@ def cross_entropy_backward(dloss, cache):
     dlogits = dloss / n_valid * (softmax - onehot(t)) on counted rows, 0 on ignored ones."""
     ls_cache, logits_shape, rows, cols, n_valid = cache
     logp = ls_cache.y  # (BT, V)
+    expect_dout("cross_entropy_backward", dloss, (), logp.dtype, name="dloss")
     dlogp = np.zeros_like(logp)  # (BT, V)
     if n_valid:
         dlogp[rows, cols] = -np.asarray(dloss, dtype=logp.dtype) / n_valid

@@ -13,7 +13,11 @@ import math
 import numpy as np
 
 from scratchllm.core import fused
-from scratchllm.core.validate import expect_positive
+from scratchllm.core.validate import expect_finite
+
+
+class NonFiniteError(ValueError):
+    """A loss, gradient norm or update that went NaN or inf: training must stop there."""
 
 
 class AdamW:
@@ -22,14 +26,19 @@ class AdamW:
     Set `opt.lr` before `step()` to follow a schedule."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
-        expect_positive("AdamW", "lr", lr)
-        if not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"AdamW: betas must lie in [0, 1), got {betas}")
+        expect_finite("AdamW", "lr", lr, 0, open_low=True)
+        if len(betas) != 2 or not all(isinstance(b, (int, float)) and 0.0 <= b < 1.0
+                                      for b in betas):
+            raise ValueError(f"AdamW: betas must lie in [0, 1) (two of them), got {betas}")
+        expect_finite("AdamW", "eps", eps, 0, open_low=True)
+        expect_finite("AdamW", "weight_decay", weight_decay, 0)
         self.lr, self.betas, self.eps = lr, betas, eps
         params = list(params)
         if params and not isinstance(params[0], dict):
             params = [{"params": params}]
-        self.groups = [(list(g["params"]), g.get("weight_decay", weight_decay)) for g in params]
+        self.groups = [(list(g["params"]), expect_finite(
+            "AdamW", "a group's weight_decay", g.get("weight_decay", weight_decay), 0))
+            for g in params]
         self.t = 0
         self.m = [np.zeros_like(p.data) for p in self.params]
         self.v = [np.zeros_like(p.data) for p in self.params]
@@ -39,7 +48,9 @@ class AdamW:
         return [p for ps, _ in self.groups for p in ps]
 
     def step(self):
-        """One update of every parameter from its .grad."""
+        """One update of every parameter from its .grad (opt.lr, set by a schedule, is checked
+        here: a finite lr >= 0)."""
+        expect_finite("AdamW.step", "lr", self.lr, 0)
         self.t += 1
         update = fused.adamw_update if fused.use_fused() else fused.adamw_update_ref
         decays = [wd for ps, wd in self.groups for _ in ps]
@@ -69,11 +80,17 @@ class AdamW:
 
 def clip_grad_norm(params, max_norm):
     """Scale every .grad by max_norm / (norm + 1e-6) when the global L2 norm exceeds max_norm
-    (as torch.nn.utils.clip_grad_norm_). Returns the norm before clipping."""
-    expect_positive("clip_grad_norm", "max_norm", max_norm)
+    (as torch.nn.utils.clip_grad_norm_). Returns the norm before clipping.
+    A NaN or inf norm (some gradient holds NaN or inf) raises NonFiniteError and scales
+    nothing, like torch's error_if_nonfinite=True: scaling by max_norm / inf would zero
+    every gradient, and NaN would pass through to the weights."""
+    expect_finite("clip_grad_norm", "max_norm", max_norm, 0, open_low=True)
     params = list(params)
     squares = fused.sum_squares if fused.use_fused() else fused.sum_squares_ref
     norm = math.sqrt(sum(squares(p.grad) for p in params))
+    if not math.isfinite(norm):
+        raise NonFiniteError(f"clip_grad_norm: the global gradient norm is {norm} (a gradient "
+                             f"holds NaN or inf); nothing was clipped")
     if norm > max_norm:
         scale = max_norm / (norm + 1e-6)
         for p in params:
@@ -84,6 +101,8 @@ def clip_grad_norm(params, max_norm):
 def cosine_schedule(step, max_lr, min_lr, warmup, total):
     """lr at `step`: linear from 0 to max_lr over `warmup` steps, cosine down to min_lr at
     `total`, then min_lr.    lr = min + (max - min) * (1 + cos(pi * progress)) / 2."""
+    for name, v in (("max_lr", max_lr), ("min_lr", min_lr)):
+        expect_finite("cosine_schedule", name, v, 0)
     if not 0 <= warmup <= total:
         raise ValueError(f"cosine_schedule: need 0 <= warmup <= total, got warmup={warmup}, "
                          f"total={total}")

@@ -12,6 +12,9 @@ Presets (all small enough to train on 2 CPU cores in minutes):
 import dataclasses
 from dataclasses import dataclass
 
+from scratchllm.attention.rope import rope_frequencies
+from scratchllm.core.validate import expect_finite, expect_integer
+
 LAYER_KINDS = "AMLRGDSW"  # attention, Mamba, then the recurrent mixers of lm/mixers.py
 
 
@@ -140,6 +143,7 @@ class ModelConfig:
             bad("head_dim, qkv_bias and qk_norm are options of attention='gqa' only")
         if self.n_heads % self.n_kv_heads:
             bad(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
+        self._validate_numbers()
         if self.top_k > self.n_experts:
             bad(f"top_k={self.top_k} must be <= n_experts={self.n_experts}")
         if self.window is not None and self.window < 1:
@@ -165,6 +169,27 @@ class ModelConfig:
             bad(f"layer_pattern must be {self.n_layers} letters of {LAYER_KINDS!r}, "
                 f"got {kinds!r}")
         return self
+
+    def _validate_numbers(self):
+        """The real-valued knobs (finite, in their domain) and the integer ones' types."""
+        fn = "ModelConfig"
+        expect_finite(fn, "norm_eps", self.norm_eps, 0, open_low=True)
+        for f in ("balance_coef", "z_coef", "bias_gamma"):
+            expect_finite(fn, f, getattr(self, f), 0)
+        if self.capacity_factor is not None:
+            expect_finite(fn, "capacity_factor", self.capacity_factor, 0, open_low=True)
+        if self.window is not None:
+            expect_integer(fn, "window", self.window, 1)
+        for f in ("n_sink", "q_lora_rank"):
+            expect_integer(fn, f, getattr(self, f), 0)
+        for f in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            expect_integer(fn, f, getattr(self, f), 1)
+        try:  # rope_base and rope_scaling, checked the way attention will use them
+            rope_frequencies(self.d_model // self.n_heads, self.rope_base, self.rope_scaling,
+                             seq_len=1)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{fn}: rope_base={self.rope_base!r} / rope_scaling="
+                             f"{self.rope_scaling!r}: {e}") from None
 
     def to_dict(self):
         return dataclasses.asdict(self)

@@ -188,6 +188,8 @@ class LM(Module):
         """ids (B, T) ints -> (logits (B, T, V), LMCache)."""
         expect_int("LM", "ids", ids)
         expect_ndim("LM", "ids", ids, 2, "(B, T)")
+        if ids.shape[1] < 1:
+            raise ValueError(f"LM: ids has shape {ids.shape}: no tokens (T must be >= 1)")
         x, c_emb = self._embed_forward(ids)  # (B, T, D)
         blocks, aux = [], []
         for layer in self.layers:

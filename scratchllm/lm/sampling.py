@@ -26,13 +26,16 @@ def sample_next(logits, rng, temperature=1.0, top_k=None, top_p=None):
         raise ValueError(f"sample: need temperature >= 0, top_k >= 1, 0 < top_p <= 1; got "
                          f"temperature={temperature}, top_k={top_k}, top_p={top_p}")
     z = np.asarray(logits, dtype=np.float64)  # (V,)
+    if np.isnan(z).any() or not np.isfinite(z).any():
+        raise ValueError(f"sample: the logits hold NaN or no finite value ({np.isnan(z).sum()} "
+                         f"NaN of {z.size}); the model's weights are probably non-finite")
     if temperature == 0:
         return int(np.argmax(z))
-    z = z / temperature  # (V,)
+    z = (z - z.max()) / temperature  # (V,) shift first: a tiny temperature gives 0 and -inf
     if top_k is not None and top_k < z.size:
         kth = np.partition(z, -top_k)[-top_k]
         z = np.where(z >= kth, z, -np.inf)  # (V,)
-    p = np.exp(z - z.max())  # (V,)
+    p = np.exp(z)  # (V,) the max entry is exp(0) = 1: the sum is >= 1
     p /= p.sum()
     if top_p is not None and top_p < 1:
         order = np.argsort(-p, kind="stable")  # (V,)

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core import ops
-from scratchllm.core.validate import expect_positive
+from scratchllm.core.validate import expect_dout, expect_positive
 from scratchllm.moe.experts import ExpertsCache, check_layer, experts_backward, experts_forward
 
 
@@ -66,6 +66,7 @@ def expert_choice_backward(dy, cache):
     dS[I_ej, e] = dG_ej (zero for unchosen pairs), then softmax and linear backward.
     Reference: Zhou et al. 2022 (arXiv 2202.09368) §3.1."""
     x_shape, lin, sm, token_idx, gates, e_cache, ys = cache
+    expect_dout("expert_choice_backward", dy, x_shape, ys.dtype, name="dy")
     E, C = token_idx.shape
     D = x_shape[-1]
     rows = token_idx.ravel()  # (E C,)

@@ -23,14 +23,15 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core import fused, ops
-from scratchllm.core.validate import expect_float, expect_ndim, expect_positive, expect_shape
+from scratchllm.core.validate import (expect_dout, expect_float, expect_int, expect_ndim,
+                                      expect_positive, expect_shape)
 
 
 # ---------------------------------------------------------------------------- experts
 def check_layer(fn, x, w_router, w1, w3, w2):
     """Validate a layer's inputs; return x flattened to (BT, D) and E.
     Raises ValueError unless w_router is (D, E), w1, w3 are (E, D, F) and w2 is (E, F, D)."""
-    expect_float(fn, "x", x)
+    expect_float(fn, "x", x, 1)
     D = x.shape[-1]
     expect_shape(fn, "w_router", w_router, (D, None), f"(D, E) with D = {D}")
     E = w_router.shape[1]
@@ -59,6 +60,7 @@ class ExpertsCache(NamedTuple):
     bounds: np.ndarray  # (E+1,) slice edges
     per_expert: list  # per expert: its pair's cache, None when it got no rows
     shapes: dict  # stacked weight name -> shape, e.g. w1: (E, D, F)
+    dtype: np.dtype  # of xs and ys
 
 
 def _run_experts(xs, bounds, forward, weights, **hyper):
@@ -73,13 +75,16 @@ def _run_experts(xs, bounds, forward, weights, **hyper):
             continue
         ys[a:b], c = forward(xs[a:b], *(w[i] for w in weights.values()), **hyper)  # (M_i, D)
         caches.append(c)
-    return ys, ExpertsCache(bounds, caches, {n: w.shape for n, w in weights.items()})
+    return ys, ExpertsCache(bounds, caches, {n: w.shape for n, w in weights.items()},
+                            ys.dtype)
 
 
-def _experts_grads(dys, cache, backward, keys):
+def _experts_grads(fn, dys, cache, backward, keys):
     """Each expert slice through `backward`; keys maps a stacked weight name to the pair's
     gradient key. An expert with no rows gets zeros. Returns {xs, stacked weight names}."""
-    bounds, caches, shapes = cache
+    bounds, caches, shapes, dtype = cache
+    D = next(iter(shapes.values()))[1]  # every stacked weight is (E, D, ...) or (E, F, D)
+    expect_dout(fn, dys, (int(bounds[-1]), D), dtype, name="dys")
     dxs = np.empty_like(dys)  # (M, D)
     grads = {n: np.zeros(shape, dys.dtype) for n, shape in shapes.items()}  # (E, ...)
     for i, c in enumerate(caches):
@@ -100,6 +105,15 @@ def experts_forward(xs, bounds, w1, w3, w2):
              w2 (E, F, D).
     Returns: ys (M, D).  Cache: (bounds, the per-expert swiglu caches; None if empty).
     """
+    expect_float("experts", "xs", xs, 2)
+    expect_shape("experts", "w1", w1, (None, xs.shape[1], None), "(E, D, F)")
+    expect_shape("experts", "w3", w3, w1.shape, "(E, D, F), like w1")
+    expect_shape("experts", "w2", w2, (w1.shape[0], w1.shape[2], xs.shape[1]), "(E, F, D)")
+    expect_int("experts", "bounds", bounds)
+    expect_shape("experts", "bounds", bounds, (w1.shape[0] + 1,), "(E+1,) slice edges")
+    if bounds[0] != 0 or bounds[-1] != xs.shape[0] or np.any(np.diff(bounds) < 0):
+        raise ValueError(f"experts: bounds must rise from 0 to M = {xs.shape[0]}, got "
+                         f"{bounds.tolist()}")
     swiglu = fused.fused_swiglu_forward if fused.use_fused() else ops.swiglu_forward
     return _run_experts(xs, bounds, swiglu, dict(w1=w1, w3=w3, w2=w2))
 
@@ -107,7 +121,8 @@ def experts_forward(xs, bounds, w1, w3, w2):
 def experts_backward(dys, cache):
     """Each expert slice through ops.swiglu_backward; an expert with no rows gets zeros.
     Returns {xs, w1, w3, w2}."""
-    return _experts_grads(dys, cache, _swiglu_backward, dict(w1="W1", w3="W3", w2="W2"))
+    return _experts_grads("experts_backward", dys, cache, _swiglu_backward,
+                          dict(w1="W1", w3="W3", w2="W2"))
 
 
 def _swiglu_backward(dy, cache):
@@ -200,7 +215,8 @@ def clamped_experts_forward(xs, bounds, gate_up, gate_up_b, down, down_b, *, alp
 def clamped_experts_backward(dys, cache):
     """Each expert slice through clamped_swiglu_backward; no rows -> zeros.
     Returns {xs, gate_up, gate_up_b, down, down_b}."""
-    return _experts_grads(dys, cache, clamped_swiglu_backward, CLAMPED_KEYS)
+    return _experts_grads("clamped_experts_backward", dys, cache, clamped_swiglu_backward,
+                          CLAMPED_KEYS)
 
 
 # ---------------------------------------------------------------------------- dispatch

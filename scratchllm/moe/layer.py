@@ -22,6 +22,7 @@ import numpy as np
 
 from scratchllm.core import ops
 from scratchllm.core.nn import Module, Param, normal_init
+from scratchllm.core.validate import expect_douts
 from scratchllm.moe.experts import (Dispatch, ExpertsCache, capacity_of, check_clamped_layer,
                                     check_layer, clamped_experts_backward,
                                     clamped_experts_forward, clamped_swiglu_forward, dispatch,
@@ -156,6 +157,8 @@ def moe_backward(dout, cache):
     Reference: Switch Transformer (arXiv 2101.03961) §2; Mixtral (arXiv 2401.04088) §2.1.
     """
     x_shape, r_cache, b_cache, z_cache, disp, e_cache, ys, g, s_cache, clamped = cache
+    expect_douts("moe_backward", dout, {"y": (x_shape, ys.dtype), "aux": ((), ys.dtype),
+                                        "z": ((), ys.dtype)})
     dy, daux, dz = dout
     D = x_shape[-1]
     BT, k = r_cache.topk_idx.shape

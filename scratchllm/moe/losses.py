@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy.special import logsumexp
 
-from scratchllm.core.validate import expect_float, expect_int, expect_shape
+from scratchllm.core.validate import expect_dout, expect_float, expect_int, expect_shape
 
 
 class BalanceLossCache(NamedTuple):
@@ -63,6 +63,7 @@ def balance_loss_backward(dloss, cache):
     (E/BT) p_nj (f_j - sum_i f_i p_ni)).  Reference: Switch Transformer (arXiv 2101.03961)
     eq. (4), derived step by step in balance_loss_forward's docstring."""
     f, BT = cache
+    expect_dout("balance_loss_backward", dloss, (), f.dtype, name="dloss")
     E = f.shape[0]
     row = np.asarray(dloss, dtype=f.dtype) * (E / BT) * f  # (E,)
     return {"probs": np.broadcast_to(row, (BT, E)).copy()}  # (BT, E)
@@ -84,6 +85,7 @@ def z_loss_backward(dloss, cache):
     """Math: dL_z/ds_nj = (2/BT) lse_n softmax(s_n)_j, with softmax = exp(s - lse).
     Reference: ST-MoE (arXiv 2202.08906) eq. (5)."""
     logits, lse = cache
+    expect_dout("z_loss_backward", dloss, (), logits.dtype, name="dloss")
     BT = logits.shape[0]
     p = np.exp(logits - lse[:, None])  # (BT, E)
     scale = np.asarray(dloss, dtype=logits.dtype) * (2 / BT) * lse  # (BT,)

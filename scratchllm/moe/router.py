@@ -26,7 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core import ops
-from scratchllm.core.validate import expect_float, expect_shape
+from scratchllm.core.validate import expect_dout, expect_douts, expect_float, expect_shape
 
 SCORES = ("softmax", "sigmoid")
 
@@ -120,6 +120,7 @@ def normalise_forward(u):
 def normalise_backward(dv, cache):
     """Math: dv_i/du_j = (delta_ij - v_i) / sum  ->  du = (dv - sum(dv * v)) / sum."""
     v, total = cache
+    expect_dout("normalise_backward", dv, v.shape, v.dtype, name="dv")
     return {"u": (dv - np.sum(dv * v, axis=-1, keepdims=True)) / total}  # (..., M)
 
 
@@ -140,6 +141,7 @@ class RouterCache(NamedTuple):
     gates: NormaliseCache  # None without norm_topk_prob
     probs: NormaliseCache
     scaling: float  # routed_scaling_factor r
+    w: np.ndarray  # sigmoid: the rescaled scores both normalisations see; None for softmax
 
 
 def router_forward(x, w_router, b_router=None, *, k, score="softmax", selection_bias=None,
@@ -169,19 +171,30 @@ def router_forward(x, w_router, b_router=None, *, k, score="softmax", selection_
     logits, lin = ops.linear_forward(x, w_router, b_router)  # (BT, E)
     score_forward = ops.softmax_forward if score == "softmax" else ops.sigmoid_forward
     scores, s_cache = score_forward(logits)  # (BT, E)
+    w = None if score == "softmax" else _rescaled_sigmoid(logits)  # (BT, E)
+    norm_in = scores if w is None else w  # (BT, E) what gates and probs normalise
     sel = scores
     if selection_bias is not None:
         expect_shape("router", "selection_bias", selection_bias, (E,), "(E,)")
         sel = scores + selection_bias  # (BT, E)
     topk_idx = select_topk(sel, k, n_group, topk_group)  # (BT, K)
-    gates = np.take_along_axis(scores, topk_idx, axis=-1)  # (BT, K)
     g_cache = None
-    if norm_topk_prob:
-        gates, g_cache = normalise_forward(gates)  # (BT, K)
+    if norm_topk_prob:  # normalised: of w for sigmoid (the same ratios as of q)
+        gates, g_cache = normalise_forward(np.take_along_axis(norm_in, topk_idx, axis=-1))
+    else:  # the chosen scores q_K themselves
+        gates = np.take_along_axis(scores, topk_idx, axis=-1)  # (BT, K)
     gates = gates * routed_scaling_factor  # (BT, K)
-    probs, p_cache = normalise_forward(scores)  # (BT, E)
-    cache = RouterCache(lin, s_cache, topk_idx, g_cache, p_cache, routed_scaling_factor)
+    probs, p_cache = normalise_forward(norm_in)  # (BT, E)
+    cache = RouterCache(lin, s_cache, topk_idx, g_cache, p_cache, routed_scaling_factor, w)
     return RouterOut(gates, topk_idx, probs, logits), cache
+
+
+def _rescaled_sigmoid(logits):
+    """w = sigmoid(s) / sigmoid(max_j s_j) per row, as exp(log sigmoid(s) - its row max):
+    in (0, 1] with a 1 in every row, so normalising w gives exactly the normalised sigmoid
+    scores (the ratio is scale-free) without 0/0 when every score underflows (s << 0)."""
+    log_q = -np.logaddexp(np.asarray(0, logits.dtype), -logits)  # (BT, E) log sigmoid(s)
+    return np.exp(log_q - log_q.max(axis=-1, keepdims=True))  # (BT, E)
 
 
 def router_backward(dout, cache):
@@ -190,7 +203,10 @@ def router_backward(dout, cache):
     Math: the gates see the logits only through the chosen scores q_K, so with u = r dg
         dq_K = (u - sum(u * g/r)) / sum(q_K)  (normalise backward; dq_K = u without it), 0 off K
         softmax: ds = q (dq - sum(dq q)); for the gates alone ds_j = g_j (dg_j - sum g dg), j in K
-        sigmoid: ds = dq q (1 - q)
+        sigmoid: both normalise w = q / q_max instead of q (the same ratios, no underflow);
+                 normalising is scale-free, so the gradient through q_max vanishes and
+                 ds = dw w (1 - q)    (d log sigmoid(s) / ds = 1 - q); the raw q_K of
+                 norm_topk_prob=False: ds = dq q (1 - q)
         s = x W_r + b_r:  dx = ds W_r^T, dW_r = x^T ds, db_r = sum over rows of ds
     The selection bias and the group limit only chose K: K is piecewise constant in the
     inputs, so away from ties they get no gradient (and the bias has no entry).
@@ -201,19 +217,28 @@ def router_backward(dout, cache):
     DeepseekV3TopkRouter (groups, scaling); huggingface/transformers
     src/transformers/models/gpt_oss/modeling_gpt_oss.py GptOssTopKRouter (logit bias).
     """
-    lin, s_cache, topk_idx, g_cache, p_cache, scaling = cache
+    lin, s_cache, topk_idx, g_cache, p_cache, scaling, w = cache
+    expect_douts("router_backward", dout, {
+        "gates": (topk_idx.shape, p_cache.v.dtype), "topk_idx": None,
+        "probs": (p_cache.v.shape, p_cache.v.dtype), "logits": ops.linear_out(lin)})
     dgates, _, dprobs, dlogits = dout
-    dscores = np.zeros_like(p_cache.v)  # (BT, E)
+    d_in = np.zeros_like(p_cache.v)  # (BT, E) d of what the normalisations see (q, or w)
+    d_raw = None  # (BT, E) d of the raw chosen scores q_K (norm_topk_prob=False)
     if dgates is not None:  # fwd: g = r normalise(q_K)  (or r q_K)
         dq_k = dgates * scaling  # (BT, K)
         if g_cache is not None:
-            dq_k = normalise_backward(dq_k, g_cache)["u"]  # (BT, K)
-        np.put_along_axis(dscores, topk_idx, dq_k, axis=-1)  # top-k indices are distinct
-    if dprobs is not None:  # fwd: p = normalise(q)
-        dscores += normalise_backward(dprobs, p_cache)["u"]
-    score_backward = (ops.softmax_backward if isinstance(s_cache, ops.SoftmaxCache)
-                      else ops.sigmoid_backward)
-    ds = score_backward(dscores, s_cache)["x"]  # (BT, E); fwd: q = softmax(s) or sigmoid(s)
+            np.put_along_axis(d_in, topk_idx, normalise_backward(dq_k, g_cache)["u"], axis=-1)
+        else:
+            d_raw = np.zeros_like(d_in)  # (BT, E)
+            np.put_along_axis(d_raw, topk_idx, dq_k, axis=-1)  # top-k indices are distinct
+    if dprobs is not None:  # fwd: p = normalise(q or w)
+        d_in += normalise_backward(dprobs, p_cache)["u"]
+    if w is None:  # fwd: q = softmax(s), and both paths read q
+        ds = ops.softmax_backward(d_in if d_raw is None else d_in + d_raw, s_cache)["x"]
+    else:  # fwd: w = exp(log sigmoid(s) - max), normalised; raw q = sigmoid(s)
+        ds = d_in * w * (1 - s_cache.y)  # (BT, E)
+        if d_raw is not None:
+            ds = ds + ops.sigmoid_backward(d_raw, s_cache)["x"]  # (BT, E)
     if dlogits is not None:
         ds = ds + dlogits  # (BT, E)
     g = ops.linear_backward(ds, lin)  # fwd: s = x @ W_r (+ b_r)

@@ -21,8 +21,8 @@ from typing import NamedTuple
 import numpy as np
 import scipy.fft
 
-from scratchllm.core.validate import (expect_float, expect_inexact, expect_positive,
-                                      expect_shape)
+from scratchllm.core.validate import (expect_dout, expect_douts, expect_float, expect_inexact,
+                                      expect_positive, expect_shape)
 
 _SERIES_BELOW = 0.1  # |z| below this: Taylor series for φ and φ' (10 terms, truncation < 3e-17)
 _PHI_COEFFS = [1 / math.factorial(k + 1) for k in range(10)]  # φ(z) = Σ z^k/(k+1)!
@@ -52,6 +52,13 @@ def _dphi(z, phi):
     """φ'(z) = (exp(z) − φ(z))/z, by the series near 0 where that difference cancels."""
     small, zs, zd = _split(z)
     return np.where(small, _horner(_DPHI_COEFFS, zs), (np.exp(zd) - phi) / zd)  # (..., N)
+
+
+def _dt_phi(z, dt, A):
+    """Δ·φ(ΔA) = expm1(ΔA)/A: the series near z = 0, expm1(z)/A elsewhere (never Δ·(1/z):
+    a huge Δ sends z to -inf and gives -1/A, not 0·inf)."""
+    small, zs, zd = _split(z)
+    return np.where(small, dt * _horner(_PHI_COEFFS, zs), np.expm1(zd) / np.where(small, 1, A))
 
 
 def _sum_to_shape(g, shape):
@@ -90,7 +97,7 @@ def zoh_forward(A, B, delta):
     dt = delta[..., None]  # (..., 1)
     z = dt * A  # (..., N)
     A_bar = np.exp(z)  # (..., N)
-    B_bar = dt * _phi(z) * B  # (..., N)
+    B_bar = _dt_phi(z, dt, A) * B  # (..., N) = Δ φ(z) B
     return ZohOut(A_bar, B_bar), ZohCache(A, B, delta, A_bar)
 
 
@@ -100,15 +107,17 @@ def zoh_backward(dout, cache):
     A None entry of dout counts as zero. Reference: Gu et al. 2022 (arXiv 2206.11893) §2;
     the ZOH derivation in notebooks/06_ssm_zoh_fft.ipynb."""
     A, B, delta, A_bar = cache
+    expect_douts("zoh_backward", dout, {"A_bar": (A.shape, A_bar.dtype),
+                                        "B_bar": (A.shape, np.result_type(A, B, delta))})
     dA_bar, dB_bar = (np.zeros_like(A) if d is None else d for d in dout)
     dt = delta[..., None]  # (..., 1)
     z = dt * A  # (..., N)
     phi = _phi(z)  # (..., N)
     # fwd: B_bar = dt * phi(z) * B  ->  dB, and g = dB_bar * B flows into dt and phi(z)
     g = dB_bar * B  # (..., N)
-    dB = dB_bar * dt * phi  # (..., N)
+    dB = dB_bar * _dt_phi(z, dt, A)  # (..., N)
     # fwd: A_bar = exp(z)  ->  dz = dA_bar * A_bar (plus the phi(z) path)
-    dz = dA_bar * A_bar + g * dt * _dphi(z, phi)  # (..., N)
+    dz = dA_bar * A_bar + g * (dt * _dphi(z, phi))  # (..., N) dt·φ' first: no inf·0
     # fwd: z = dt * A  ->  dA = dz * dt, ddt = dz * A (plus the explicit dt of B_bar)
     dA = dz * dt  # (..., N)
     ddelta = (dz * A + g * phi).sum(axis=-1)  # (...)
@@ -162,6 +171,7 @@ class KernelCache(NamedTuple):
     A_bar: np.ndarray
     B_bar: np.ndarray
     C: np.ndarray
+    L: int
 
 
 def ssm_kernel_forward_ref(A_bar, B_bar, C, L):
@@ -169,7 +179,7 @@ def ssm_kernel_forward_ref(A_bar, B_bar, C, L):
     Same signature and return (K (..., L), KernelCache)."""
     V = A_bar[..., None] ** np.arange(L)  # (..., N, L)
     K = np.einsum("...n,...nl->...l", C * B_bar, V)  # (..., L)
-    return K, KernelCache(A_bar, B_bar, C)
+    return K, KernelCache(A_bar, B_bar, C, L)
 
 
 def ssm_kernel_forward(A_bar, B_bar, C, L):
@@ -183,7 +193,7 @@ def ssm_kernel_forward(A_bar, B_bar, C, L):
     expect_shape("ssm_kernel", "B_bar", B_bar, A_bar.shape, "the shape of A_bar")
     expect_shape("ssm_kernel", "C", C, A_bar.shape, "the shape of A_bar")
     expect_positive("ssm_kernel", "L", L)
-    return vandermonde(A_bar, C * B_bar, L), KernelCache(A_bar, B_bar, C)
+    return vandermonde(A_bar, C * B_bar, L), KernelCache(A_bar, B_bar, C, L)
 
 
 def ssm_kernel_backward(dK, cache):
@@ -191,8 +201,9 @@ def ssm_kernel_backward(dK, cache):
     dw_n = Σ_l dK_l Ā_n^l;  dC = dw·B̄;  dB̄ = dw·C;
     dĀ_n = w_n Σ_l l dK_l Ā_n^(l−1) = w_n Σ_l dK'_l Ā_n^l  with dK'_l = (l+1) dK_(l+1):
     both sums are one `vandermonde_transpose` of the stacked (dK, dK')."""
-    A_bar, B_bar, C = cache
-    L = dK.shape[-1]
+    A_bar, B_bar, C, L = cache
+    expect_dout("ssm_kernel_backward", dK, A_bar.shape[:-1] + (L,),
+                np.result_type(A_bar, B_bar, C), name="dK")
     l1 = np.arange(1, L, dtype=dK.dtype)  # (L-1,)
     shifted = np.concatenate([l1 * dK[..., 1:], np.zeros_like(dK[..., :1])], -1)  # (..., L)
     W = vandermonde_transpose(A_bar, np.stack([dK, shifted], -2))  # (..., 2, N)
@@ -212,10 +223,26 @@ class DirectConvCache(NamedTuple):
     K: np.ndarray
 
 
+def _check_conv(fn, x, K):
+    """x (..., T) and K (..., T) float, broadcastable against each other; returns T."""
+    expect_float(fn, "x", x, 1)
+    expect_float(fn, "K", K, 1)
+    T = x.shape[-1]
+    if K.shape[-1] != T:
+        raise ValueError(f"{fn}: K has length {K.shape[-1]} on its last axis, expected {T} "
+                         "(the length of x)")
+    try:
+        np.broadcast_shapes(x.shape, K.shape)
+    except ValueError:
+        raise ValueError(f"{fn}: K has shape {K.shape}, which does not broadcast against "
+                         f"x {x.shape}") from None
+    return T
+
+
 def fft_conv_forward_ref(x, K):
     """Twin of fft_conv_forward: the direct sum y_t = Σ_{s≤t} K_s x_(t−s), O(T²).
     Returns (y (..., T), DirectConvCache) for fft_conv_backward_ref."""
-    T = x.shape[-1]
+    T = _check_conv("fft_conv_ref", x, K)
     y = np.zeros(np.broadcast_shapes(x.shape, K.shape), np.result_type(x, K))  # (..., T)
     for s in range(T):
         y[..., s:] += K[..., s:s + 1] * x[..., :T - s]
@@ -227,6 +254,8 @@ def fft_conv_backward_ref(dy, cache):
     dK_s = Σ_{t≥s} dy_t x_(t−s), each summed over the axes its input was broadcast along."""
     x, K = cache
     T = x.shape[-1]
+    expect_dout("fft_conv_backward_ref", dy, np.broadcast_shapes(x.shape, K.shape),
+                np.result_type(x, K), name="dy")
     dx = np.zeros(dy.shape, dy.dtype)  # (..., T)
     dK = np.zeros(dy.shape, dy.dtype)  # (..., T)
     for s in range(T):  # fwd: y[..., s:] += K[..., s] * x[..., :T-s]
@@ -240,6 +269,7 @@ class ConvCache(NamedTuple):
     Kf: np.ndarray
     n: int
     K_shape: tuple
+    T: int
 
 
 def fft_conv_forward(x, K):
@@ -249,16 +279,11 @@ def fft_conv_forward(x, K):
     Returns: y (..., T), y_t = Σ_{s≤t} K_s x_(t−s) = irfft(rfft(x, n) · rfft(K, n), n)[:T].
     Cache:   (Xf, Kf, n, K.shape): the spectra, reused by the backward.
     """
-    expect_float("fft_conv", "x", x)
-    expect_float("fft_conv", "K", K)
-    T = x.shape[-1]
-    if K.shape[-1] != T:
-        raise ValueError(f"fft_conv: K has length {K.shape[-1]} on its last axis, expected {T} "
-                         "(the length of x)")
+    T = _check_conv("fft_conv", x, K)
     n = fft_len(T)
     Xf, Kf = scipy.fft.rfft(x, n), scipy.fft.rfft(K, n)  # (..., n//2+1) each
     y = scipy.fft.irfft(Xf * Kf, n)[..., :T]  # (..., T)
-    return y, ConvCache(Xf, Kf, n, K.shape)
+    return y, ConvCache(Xf, Kf, n, K.shape, T)
 
 
 def fft_conv_backward(dy, cache):
@@ -268,8 +293,9 @@ def fft_conv_backward(dy, cache):
     Each gradient is summed (as a spectrum, before the irfft) over the axes it was broadcast
     along. Reference: the derivation in notebooks/06_ssm_zoh_fft.ipynb.
     """
-    Xf, Kf, n, K_shape = cache
-    T = dy.shape[-1]
+    Xf, Kf, n, K_shape, T = cache
+    expect_dout("fft_conv_backward", dy, np.broadcast_shapes(Xf.shape[:-1], K_shape[:-1]) + (T,),
+                np.finfo(np.result_type(Xf, Kf)).dtype, name="dy")
     Yf = scipy.fft.rfft(dy, n)  # (..., n//2+1)
     # fwd: y = irfft(Xf * Kf)[:T]  ->  dx = irfft(conj(Kf) * Yf)[:T], dK likewise with conj(Xf)
     dxf = _sum_to_shape(np.conj(Kf) * Yf, Xf.shape)  # (x's axes, n//2+1)

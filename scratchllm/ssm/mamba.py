@@ -23,9 +23,9 @@ import numpy as np
 
 from scratchllm.core.nn import Module, Param
 from scratchllm.core.ops import (InputCache, LinearCache, linear_backward, linear_forward,
-                                 rmsnorm_backward, rmsnorm_forward, silu_backward, silu_forward,
-                                 softplus_backward, softplus_forward)
-from scratchllm.core.validate import expect_ndim, expect_shape
+                                 linear_out, rmsnorm_backward, rmsnorm_forward, silu_backward,
+                                 silu_forward, softplus_backward, softplus_forward)
+from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
 from scratchllm.ssm.scan import (ScanCache, selective_scan_backward, selective_scan_forward,
                                  selective_scan_step)
 
@@ -46,6 +46,8 @@ def causal_conv1d_forward(x, w, b):
     Inputs:  x (B, T, d), w (d, K), b (d,).
     Returns: y (B, T, d).  Cache: (x padded with K-1 leading zeros, w).
     """
+    for name, a in (("x", x), ("w", w), ("b", b)):
+        expect_float("causal_conv1d", name, a)
     expect_ndim("causal_conv1d", "x", x, 3, "(B, T, d)")
     batch, T, d = x.shape
     expect_shape("causal_conv1d", "w", w, (d, None), "(d, K)")
@@ -62,8 +64,9 @@ def causal_conv1d_backward(dy, cache):
     """Math: dw[c, k] = Σ_{b,t} dy[t, c] xp[t + k, c]; db = Σ_{b,t} dy; dxp[t + k] += w[:, k] dy[t]
     (a correlation: the conv with the time-reversed kernel), dx = dxp without the padding."""
     xp, w = cache
-    batch, T, d = dy.shape
     K = w.shape[1]
+    batch, T, d = xp.shape[0], xp.shape[1] - K + 1, xp.shape[2]
+    expect_dout("causal_conv1d_backward", dy, (batch, T, d), np.result_type(xp, w), name="dy")
     dxp = np.zeros_like(xp)  # (B, T+K-1, d)
     dw = np.empty_like(w)  # (d, K)
     for k in range(K):  # fwd: y += w[:, k] * xp[:, k:k+T]
@@ -90,6 +93,9 @@ class MambaCache(NamedTuple):
 
 
 def _sizes(x, W_in, W_x, W_dt, A_log):
+    expect_float("mamba", "x", x, 1)
+    for name, w in (("W_in", W_in), ("W_x", W_x), ("W_dt", W_dt), ("A_log", A_log)):
+        expect_float("mamba", name, w, 2)
     Di, (R, N) = W_in.shape[1] // 2, (W_dt.shape[0], A_log.shape[1])
     expect_shape("mamba", "W_in", W_in, (x.shape[-1], 2 * Di), "(D, 2·Di)")
     expect_shape("mamba", "W_x", W_x, (Di, R + 2 * N), "(Di, R + 2N)")
@@ -156,6 +162,7 @@ def mamba_backward(dout, cache):
     Returns a gradient for x and every weight (the names of mamba_forward's arguments).
     """
     proj_in, conv, act, proj_x, proj_dt, soft, scan, gate, proj_out, y, silu_z, A, norms = cache
+    expect_dout("mamba_backward", dout, *linear_out(proj_out))
     g_out = linear_backward(dout, proj_out)  # fwd: out = (y * silu(z)) @ W_out
     dgated = g_out["x"]  # (B, T, Di)
     dz = silu_backward(dgated * y, gate)["x"]  # fwd: silu_z = silu(z)

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.nn import Module, Param, normal_init
-from scratchllm.core.validate import expect_float, expect_ndim, expect_shape
+from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
 from scratchllm.ssm.lti import (ConvCache, KernelCache, ZohCache, fft_conv_backward,
                                 fft_conv_forward, ssm_kernel_backward, ssm_kernel_forward,
                                 ssm_step, zoh_backward, zoh_forward)
@@ -62,6 +62,7 @@ def s4d_backward(dy, cache):
     """Math: the pairs in reverse: conv → kernel → ZOH, then dA_log = dA·A (A = −exp(A_log)),
     dlog_dt = dΔ·Δ, dD = Σ_{b,t} dy·x, dx = conv's dx + D·dy."""
     x, A, dt, D, zoh_cache, kernel_cache, conv_cache = cache
+    expect_dout("s4d_backward", dy, x.shape, np.result_type(x, A, D), name="dy")
     # fwd: y = swap(yc) + D * x  ->  dD, the skip part of dx
     dD = (dy * x).sum(axis=(0, 1))  # (D,)
     g_conv = fft_conv_backward(np.swapaxes(dy, 1, 2), conv_cache)  # x (B, D, T), K (D, T)

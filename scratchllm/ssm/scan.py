@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.validate import expect_float, expect_ndim, expect_shape
+from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
 from scratchllm.ssm.scan_kernels import GROUPS, W, backward_blocks, forward_blocks
 
 
@@ -92,6 +92,7 @@ def selective_scan_backward_ref(dy, cache):
     Returns {x, delta, A, B, C, D}.
     """
     x, delta, A, B, C, D = cache
+    expect_dout("selective_scan_backward_ref", dy, x.shape, x.dtype, name="dy")
     batch, T, d = x.shape
     Abar = np.exp(delta[..., None] * A)  # (B, T, d, N)
     hs = np.zeros((batch, T + 1, d, A.shape[1]), x.dtype)  # (B, T+1, d, N); hs[:, t+1] = h_t
@@ -154,6 +155,7 @@ def selective_scan_backward(dy, cache):
     Returns {x, delta, A, B, C, D}.
     """
     x, delta, A, B, C, D = cache
+    expect_dout("selective_scan_backward", dy, x.shape, x.dtype, name="dy")
     batch, T, d = x.shape
     N, dp = A.shape[1], -(-d // W) * W
     G = min(dp // W, GROUPS)

@@ -14,7 +14,9 @@ kernels do the same work on UTF-8 bytes, exactly:
   the Tokenizer keeps across calls (`new_cache`). The merge loop keeps one rank per adjacent
   pair, merges the lowest, and recomputes only the two neighbouring ranks (tokenizer.py `_bpe`
   is its Python twin). Numba's on-disk cache tracks only this file: when fast_scan.py
-  changes, clear __pycache__/*.nb* (or touch this file).
+  changes, clear __pycache__/*.nb* (or touch this file). A
+  pre-token longer than LONG bytes merges through a heap instead (`_bpe_long`, O(m log m)),
+  so one huge pre-token (a 50 MB line without spaces) costs O(m log m), not O(m^2).
 
 Glossary: data = UTF-8 bytes (uint8); seg_ends = end offset of each piece between special
 tokens; ends = end offset of each pre-token; (a, b) -> (rank, new id) = the merge table.
@@ -23,6 +25,8 @@ import numpy as np
 import numba as nb
 
 from .fast_scan import GPT2, decode_utf8, next_pretoken, property_table
+
+from .kernel_checks import check_ends, check_tables, check_text
 
 OTHER, LETTER, NUMBER, SPACE = 0, 1, 2, 3
 _CLASSES = None
@@ -80,9 +84,18 @@ def _next_pretoken(data, cls, i, n):
     return last
 
 
-@nb.njit(cache=True)
 def scan_gpt2(data, cls, seg_ends):
-    """int64 (T,) end offsets of all pre-tokens; each segment is scanned as its own string."""
+    """int64 (T,) end offsets of all pre-tokens; each segment is scanned as its own string.
+
+    data: uint8 (N,) valid UTF-8; cls: char_classes(); seg_ends: int64 (K,) non-decreasing
+    offsets in [0, N] at character boundaries (checked: the kernel trusts them)."""
+    check_text("scan_gpt2", data, cls, seg_ends, "seg_ends")
+    return _scan_gpt2(data, cls, seg_ends)
+
+
+@nb.njit(cache=True)
+def _scan_gpt2(data, cls, seg_ends):
+    """The kernel of scan_gpt2 (inputs checked there)."""
     ends = np.empty(data.shape[0], dtype=np.int64)  # (N,) upper bound: one per byte
     t, i = 0, 0
     for n in seg_ends:
@@ -111,9 +124,16 @@ def _same(data, s1, e1, s2, e2):
     return True
 
 
-@nb.njit(cache=True)
 def count_pretokens(data, ends):
-    """Unique pre-tokens: (starts (U,), ends (U,), counts (U,)) in first-seen order."""
+    """Unique pre-tokens: (starts (U,), ends (U,), counts (U,)) in first-seen order.
+    data: uint8 (N,); ends: int64 (T,) non-decreasing end offsets in [0, N] (scan_gpt2's)."""
+    check_ends("count_pretokens", data, ends)
+    return _count_pretokens(data, ends)
+
+
+@nb.njit(cache=True)
+def _count_pretokens(data, ends):
+    """The kernel of count_pretokens (inputs checked there)."""
     size = 1 << max(4, int(np.ceil(np.log2(2 * ends.shape[0] + 1))))
     slot_of = np.full(size, -1, dtype=np.int64)    # (S,) table slot -> unique index
     us = np.empty(ends.shape[0], dtype=np.int64)   # (T,) starts of unique pre-tokens
@@ -142,12 +162,18 @@ def merge_table(pairs, new_ids):
 
     `pairs` is int64 (M, 2) of token ids in merge-rank order; `new_ids` (M,) the merged ids.
     """
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)  # (M, 2)
+    new_ids = np.asarray(new_ids, dtype=np.int64).reshape(-1)  # (M,)
+    if len(new_ids) != len(pairs) or (pairs.size and (pairs.min() < 0 or pairs.max() >= 1 << 31
+                                                      or new_ids.min() < 0
+                                                      or new_ids.max() >= 1 << 31)):
+        raise ValueError(f"merge_table: need one new id per pair and ids in [0, 2^31), got "
+                         f"{len(pairs)} pairs and {len(new_ids)} new ids")
     size = 1 << max(4, int(np.ceil(np.log2(2 * len(pairs) + 1))))
     keys = np.full(size, -1, dtype=np.int64)     # (S,)
     ranks = np.zeros(size, dtype=np.int64)       # (S,)
     news = np.zeros(size, dtype=np.int64)        # (S,)
-    _fill_table(np.asarray(pairs, dtype=np.int64).reshape(-1, 2),
-                np.asarray(new_ids, dtype=np.int64), keys, ranks, news)
+    _fill_table(pairs, new_ids, keys, ranks, news)
     return keys, ranks, news
 
 
@@ -211,6 +237,97 @@ def _bpe(data, s, e, byte_ids, keys, ranks, news, parts, prank, pslot, out, t):
     return t + m
 
 
+LONG = 256  # pre-tokens of more bytes merge through a heap (_bpe_long): O(m log m), not O(m^2)
+
+
+@nb.njit(cache=True, inline="always")
+def _heap_push(heap, n, key):
+    """Push int64 `key` onto the min-heap heap[:n] (grown when full); returns (heap, n + 1)."""
+    if n == heap.shape[0]:
+        grown = np.empty(2 * n + 16, dtype=np.int64)  # (2n+16,)
+        grown[:n] = heap[:n]
+        heap = grown
+    i = n
+    heap[i] = key
+    while i > 0 and heap[(i - 1) >> 1] > heap[i]:
+        p = (i - 1) >> 1
+        heap[p], heap[i] = heap[i], heap[p]
+        i = p
+    return heap, n + 1
+
+
+@nb.njit(cache=True, inline="always")
+def _heap_pop(heap, n):
+    """(smallest key, n - 1) of the min-heap heap[:n]."""
+    top = heap[0]
+    n -= 1
+    heap[0] = heap[n]
+    i = 0
+    while True:
+        left, best = 2 * i + 1, i
+        if left < n and heap[left] < heap[best]:
+            best = left
+        if left + 1 < n and heap[left + 1] < heap[best]:
+            best = left + 1
+        if best == i:
+            return top, n
+        heap[best], heap[i] = heap[i], heap[best]
+        i = best
+
+
+@nb.njit(cache=True)
+def _bpe_long(data, s, e, byte_ids, keys, ranks, news, out, t):
+    """_bpe for a long pre-token, the same merges in the same order (lowest rank, then
+    leftmost): parts in a linked list (nxt, prv; a merged-away part is -1) and a heap of
+    rank << 32 | position keys; a popped key whose pair has changed is skipped. O(m log m)
+    time and O(m) memory for m bytes, where _bpe's rescans are O(m^2)."""
+    m = e - s
+    if m == 0:
+        return t
+    parts = np.empty(m, dtype=np.int64)  # (m,)
+    nxt = np.empty(m, dtype=np.int64)  # (m,)
+    prv = np.empty(m, dtype=np.int64)  # (m,)
+    heap = np.empty(m, dtype=np.int64)  # (m,) grows
+    n = 0
+    for i in range(m):
+        parts[i], nxt[i], prv[i] = byte_ids[data[s + i]], i + 1 if i + 1 < m else -1, i - 1
+    for i in range(m - 1):
+        r, _ = _lookup(parts[i], parts[i + 1], keys, ranks)
+        if r >= 0:
+            heap, n = _heap_push(heap, n, (r << 32) | i)
+    while n > 0:
+        key, n = _heap_pop(heap, n)
+        r, i = key >> 32, key & 0xFFFFFFFF
+        j = nxt[i] if parts[i] >= 0 else -1
+        if j < 0:
+            continue
+        now, slot = _lookup(parts[i], parts[j], keys, ranks)
+        if now != r:
+            continue                                     # stale: that pair has changed
+        parts[i], parts[j], nxt[i] = news[slot], -1, nxt[j]
+        if nxt[i] >= 0:
+            prv[nxt[i]] = i
+        for a in (prv[i], i):                            # the two new neighbouring pairs
+            if a >= 0 and nxt[a] >= 0:
+                r2, _ = _lookup(parts[a], parts[nxt[a]], keys, ranks)
+                if r2 >= 0:
+                    heap, n = _heap_push(heap, n, (r2 << 32) | a)
+    i = 0
+    while i >= 0:
+        out[t] = parts[i]
+        t += 1
+        i = nxt[i]
+    return t
+
+
+def bpe_long(token, byte_ids, keys, ranks, news):
+    """int64 ids of one pre-token (bytes, any length) by the heap merge (_bpe_long); the
+    Tokenizer's non-Numba path uses it for pre-tokens longer than LONG bytes."""
+    data = np.frombuffer(bytes(token), dtype=np.uint8)  # (m,)
+    out = np.empty(max(len(data), 1), dtype=np.int64)  # (m,)
+    return out[:_bpe_long(data, 0, len(data), byte_ids, keys, ranks, news, out, 0)]
+
+
 def new_cache(slots=1 << 18, key_bytes=1 << 21, ids=1 << 19):
     """Empty per-pre-token cache (lives in the Tokenizer, kept across calls): slot -> key
     offset/length in the key pool, ids offset/length in the ids pool; meta = (entries, key
@@ -256,13 +373,23 @@ def _cache_put(cache, h, data, s, e, out, t, t2):
     meta[2] += t2 - t
 
 
-@nb.njit(cache=True)
 def encode_pieces(kind, data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news, cache,
                   max_cached):
     """int32 (T,) ids of segments: seg_special[k] >= 0 is a special token's id (empty segment),
     else the text data[prev_end:seg_ends[k]] is scanned (scanner `kind` of fast_scan.KIND, cls
     its table: char_classes() for GPT2, fast_scan.char_flags() else) and BPE-encoded.
-    Pre-tokens of 2 to max_cached bytes go through `cache` (new_cache), kept across calls."""
+    Pre-tokens of 2 to max_cached bytes go through `cache` (new_cache), kept across calls.
+    Checks what the kernel indexes (check_text, check_tables) before it runs."""
+    check_text("encode_pieces", data, cls, seg_ends, "seg_ends")
+    check_tables("encode_pieces", seg_ends, seg_special, byte_ids, (keys, ranks, news), cache)
+    return _encode_pieces(kind, data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news,
+                          cache, int(max_cached))
+
+
+@nb.njit(cache=True)
+def _encode_pieces(kind, data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news, cache,
+                   max_cached):
+    """The kernel of encode_pieces (inputs checked there)."""
     n = data.shape[0]
     out = np.empty(n + seg_ends.shape[0], dtype=np.int32)   # (N + K,) at most one id per byte
     parts = np.empty(64, dtype=np.int64)                    # (L,) work arrays of _bpe, grown
@@ -281,13 +408,15 @@ def encode_pieces(kind, data, seg_ends, seg_special, cls, byte_ids, keys, ranks,
                 e = _next_pretoken(data, cls, i, stop)
             else:
                 e = next_pretoken(kind, data, cls, i, stop)
-            if e - i > parts.shape[0]:
+            if LONG >= e - i > parts.shape[0]:                  # long ones: _bpe_long
                 parts = np.empty(2 * (e - i), dtype=np.int64)  # (L,)
                 prank = np.empty(2 * (e - i), dtype=np.int64)  # (L,)
                 pslot = np.empty(2 * (e - i), dtype=np.int64)  # (L,)
             if e - i == 1:
                 out[t] = byte_ids[data[i]]
                 t += 1
+            elif e - i > LONG:
+                t = _bpe_long(data, i, e, byte_ids, keys, ranks, news, out, t)
             elif e - i > max_cached:
                 t = _bpe(data, i, e, byte_ids, keys, ranks, news, parts, prank, pslot, out, t)
             else:

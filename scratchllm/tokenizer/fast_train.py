@@ -19,6 +19,8 @@ import numpy as np
 from numba import types
 from numba.typed import Dict
 
+from .kernel_checks import check_words
+
 
 @nb.njit(cache=True, inline="always")
 def _key(a, b):
@@ -94,10 +96,17 @@ def _grow(arr, n):
     return out
 
 
-@nb.njit(cache=True)
 def merge_loop_numba(sym, start, length, freq, n_merges):
     """Generator of the merged pairs (a, b) of ids, in order (new ids are 256, 257, ...); it
-    stops early when the corpus runs out of pairs. sym and length are rewritten in place."""
+    stops early when the corpus runs out of pairs. sym and length are rewritten in place.
+    The words are checked first (kernel_checks.check_words): the kernel trusts them."""
+    check_words("merge_loop_numba", sym, start, length, freq, n_merges)
+    return _merge_loop(sym, start, length, freq, int(n_merges))
+
+
+@nb.njit(cache=True)
+def _merge_loop(sym, start, length, freq, n_merges):
+    """The kernel of merge_loop_numba (inputs checked there)."""
     count = Dict.empty(key_type=types.int64, value_type=types.int64)
     head = Dict.empty(key_type=types.int64, value_type=types.int64)
     pw = np.empty(sym.shape[0] + 16, dtype=np.int64)      # (P,) posting -> word

@@ -21,6 +21,9 @@ Every reader raises ValueError naming the file and the line of the first bad rec
 """
 import base64
 import json
+from collections import Counter
+
+from .pretokenize import PATTERNS
 
 
 def bytes_to_unicode():
@@ -108,10 +111,15 @@ def write_bpe(path, vocab, merges, specials, pattern):
         fh.write("\n".join(lines) + "\n")
 
 
-def read_bpe(path):
-    """Read our format -> (vocab, merges, specials, pattern); errors name file and line."""
-    with open(path, encoding="utf-8") as fh:
-        lines = fh.read().split("\n")
+def read_bpe(path, allow_pattern=None):
+    """Read our format -> (vocab, merges, specials, pattern); errors name file and line.
+    Everything a file can say is checked (check_bpe_file): truncation, ids, the pattern (a
+    custom one loads only when the caller names it: allow_pattern)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().split("\n")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not valid UTF-8 text ({e})") from None
     pos = 0
 
     def take(prefix):
@@ -126,6 +134,9 @@ def read_bpe(path):
         value, where = take(prefix)
         if not value.isdigit():
             raise ValueError(f"{where}: expected a count after '{prefix}', got {value!r}")
+        if pos + int(value) > len(lines):
+            raise ValueError(f"{where}: the file is truncated: '{prefix} {value}' promises "
+                             f"{value} records, {len(lines) - pos} lines follow")
         return [(lines[pos + i] if pos + i < len(lines) else "", f"{path} line {pos + i + 1}")
                 for i in range(int(value))]
 
@@ -136,15 +147,21 @@ def read_bpe(path):
         value, where = take("pattern")
         pattern = json.loads(value)
         specials = {}
-        for line, where in records("specials"):
+        found = records("specials")
+        for line, where in found:
             idx, tok = line.split(" ", 1)
+            if json.loads(tok) in specials:
+                raise ValueError(f"{where}: special token {json.loads(tok)!r} listed twice")
             specials[json.loads(tok)] = int(idx)
-        pos += len(specials)
+        pos += len(found)
         vocab = {}
-        for line, where in records("vocab"):
+        found = records("vocab")
+        for line, where in found:
             idx, tok = line.split(" ")
+            if int(idx) in vocab:
+                raise ValueError(f"{where}: id {idx} used twice")
             vocab[int(idx)] = from_printable(tok, where)
-        pos += len(vocab)
+        pos += len(found)
         merges = []
         for line, where in records("merges"):
             a, b = line.split(" ")
@@ -154,7 +171,32 @@ def read_bpe(path):
             raise
         raise ValueError(f"{where}: malformed record {lines[int(where.split()[-1]) - 1]!r} "
                          f"({err})") from None
+    check_bpe_file(path, vocab, specials, pattern, allow_pattern)
     return vocab, merges, specials, pattern
+
+
+SAFE_PATTERNS = ("gpt2", "cl100k")  # a file may name only these (or give their exact source)
+
+
+def check_bpe_file(path, vocab, specials, pattern, allow_pattern=None):
+    """What a tokenizer file may say: ids in [0, 2^31) used once across vocab and specials,
+    non-empty special tokens, and a pattern from SAFE_PATTERNS: a regex from a file could
+    backtrack catastrophically ((a|a)+$) or silently drop text it does not match ([a-z]+);
+    a custom pattern is trusted only when the code names it (allow_pattern=the same string)."""
+    safe = pattern in SAFE_PATTERNS or pattern in [PATTERNS[p] for p in SAFE_PATTERNS]
+    if not safe and pattern != allow_pattern:
+        raise ValueError(f"{path}: pattern {pattern!r} is not one of the known safe patterns "
+                         f"{list(SAFE_PATTERNS)}; to trust it, load with allow_pattern=it")
+    ids = list(vocab) + list(specials.values())
+    bad = [i for i in ids if not 0 <= i < 1 << 31]
+    if bad:
+        raise ValueError(f"{path}: id {bad[0]} is outside [0, 2^31)")
+    if len(set(ids)) < len(ids):
+        dup = next(i for i, n in Counter(ids).items() if n > 1)
+        raise ValueError(f"{path}: id {dup} is used twice (vocab and special tokens share "
+                         f"one id space)")
+    if any(not tok for tok in specials):
+        raise ValueError(f"{path}: an empty special token (it would match everywhere)")
 
 
 def write_tiktoken(path, vocab):

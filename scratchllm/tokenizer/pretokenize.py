@@ -144,7 +144,10 @@ def read_blocks(path, block_chars=1 << 20):
     """Yield the text of a UTF-8 file in blocks (newlines kept as they are: no translation)."""
     with open(path, encoding="utf-8", newline="") as fh:
         while True:
-            block = fh.read(block_chars)
+            try:
+                block = fh.read(block_chars)
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}: not valid UTF-8 text ({e})") from None
             if not block:
                 return
             yield block

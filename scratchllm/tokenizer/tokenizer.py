@@ -132,6 +132,8 @@ class Tokenizer:
 
     def _bpe(self, token):
         """Ids of one pre-token (bytes): lowest-rank merge first, neighbours re-ranked only."""
+        if len(token) > fast.LONG:  # the heap merge: O(m log m) where this loop is O(m^2)
+            return tuple(fast.bpe_long(token, self._byte_ids, *self._table).tolist())
         parts = [int(self._byte_ids[b]) for b in token]
         none = (len(self.merges), -1)
         ranks = [self._rank.get(p, none) for p in zip(parts, parts[1:])]
@@ -231,11 +233,12 @@ class Tokenizer:
         gpt2.write_bpe(path, vocab, self.merges, self.special_tokens, self.pattern)
 
     @classmethod
-    def load(cls, path):
-        """Read a file written by save (or a directory holding TOKENIZER_FILE)."""
+    def load(cls, path, allow_pattern=None):
+        """Read a file written by save (or a directory holding TOKENIZER_FILE). A pattern
+        other than "gpt2"/"cl100k" loads only if allow_pattern is that same string."""
         if os.path.isdir(path):
             path = os.path.join(path, TOKENIZER_FILE)
-        vocab, merges, specials, pattern = gpt2.read_bpe(path)
+        vocab, merges, specials, pattern = gpt2.read_bpe(path, allow_pattern)
         return cls(vocab, merges, specials, pattern)
 
     def save_tiktoken(self, path):

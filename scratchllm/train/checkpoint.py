@@ -1,18 +1,24 @@
 """Training checkpoints: one directory, written so that a crash never leaves a half-written one,
 and `atomic_write`, the one writer every file of the project that must not be torn goes through.
 
-    DIR/config.json      the ModelConfig (written once per run)
-    DIR/tokenizer.bpe    the tokenizer (written once per run)
+    DIR/config.json      the ModelConfig
+    DIR/tokenizer.bpe    the tokenizer
     DIR/state.npz        weights, MoE buffers, optimizer moments, step, loss history, RNG
-                         state: everything that changes, in ONE file written to a temp name
-                         and os.replace'd in, so a reader sees the previous state or the new
-                         one, never a mix.
+                         state, and the manifest: the SHA-256 of config.json, tokenizer.bpe and
+                         of every array. Written last, to a temp name, then os.replace'd in.
 
-Loading checks the config against the model's and every array's name and shape, and turns a
-truncated or corrupt file into a CheckpointError that says which file and what to do.
+The checkpoint is one unit: every save rewrites all three files (each atomically), and
+state.npz, the commit point, names the exact config and tokenizer it was saved with. Loading
+verifies the manifest, so a stale file (a config left by another run, an edited config, a
+tokenizer from other data) is an error, never a silent mix; a kill during a save leaves the
+previous state.npz, whose manifest still matches. Temp files of killed writes are removed by
+the next save. Loading also checks every array's name and shape and that it is finite, and
+turns a truncated or corrupt file into a CheckpointError that says which file and what to do.
 """
+import hashlib
 import json
 import os
+import tempfile
 import zipfile
 from dataclasses import asdict
 from pathlib import Path
@@ -43,6 +49,28 @@ def atomic_write(path, write):
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def remove_stale_temps(directory):
+    """Delete the temp files `atomic_write` left in `directory` when a process was killed
+    mid-write (`NAME.tmp-PID` whose PID is no longer running). Returns how many."""
+    removed = 0
+    for tmp in Path(directory).glob("*.tmp-*"):
+        pid = tmp.name.rsplit(".tmp-", 1)[1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def write_bytes(path, data):
@@ -95,6 +123,11 @@ def load_state(directory):
     except (zipfile.BadZipFile, ValueError, KeyError, OSError, EOFError) as e:
         raise CheckpointError(f"checkpoint: {path} is corrupt or truncated ({type(e).__name__}: "
                               f"{e}); restore it from a backup or train again") from None
+    for name, a in arrays.items():
+        if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
+            raise CheckpointError(f"checkpoint: {path} entry {name} holds NaN or inf "
+                                  f"({int((~np.isfinite(a)).sum())} of {a.size} values); the "
+                                  f"run it came from diverged or the file was altered")
     return arrays, meta
 
 
@@ -121,23 +154,79 @@ def save_run(run, directory, tokenizer=None):
     """Atomically write a training run's checkpoint: config and tokenizer once, then
     state.npz with everything that changes (run: a train.trainer.Run)."""
     directory = Path(directory)
-    if not (directory / CONFIG).is_file():
-        write_config(directory, run.cfg.to_dict())
-    if tokenizer is not None and not (directory / TOKENIZER_FILE).exists():
+    directory.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(directory)
+    write_config(directory, run.cfg.to_dict())
+    if tokenizer is not None:
         atomic_write(directory / TOKENIZER_FILE, lambda tmp: tokenizer.save(str(tmp)))
+    else:
+        (directory / TOKENIZER_FILE).unlink(missing_ok=True)  # never a stale one
     arrays = {f"model.{n}": p.data for n, p in run.model.named_parameters()}
     arrays.update({f"buffer.{n}": b for n, b in run.model.named_buffers()})
     arrays.update({f"opt.{k}": v for k, v in run.opt.state_dict().items()})
     arrays["losses"] = np.asarray(run.losses, dtype=np.float64)
     arrays["evals"] = np.asarray(run.evals, dtype=np.float64).reshape(-1, 2)
     meta = {"step": run.step, "rng": run.rng.bit_generator.state,
-            "settings": asdict(run.s), "dtype": str(run.model.dtype), "data": run.data}
+            "settings": asdict(run.s), "dtype": str(run.model.dtype), "data": run.data,
+            "manifest": manifest(directory, arrays)}
     save_state(directory, arrays, meta)
+
+
+def _sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def manifest(directory, arrays):
+    """{file or array name: SHA-256} of config.json, tokenizer.bpe (None if absent) and every
+    array: what state.npz commits to."""
+    files = {name: _sha256((Path(directory) / name).read_bytes())
+             if (Path(directory) / name).is_file() else None
+             for name in (CONFIG, TOKENIZER_FILE)}
+    return {"files": files, "arrays": {k: _sha256(np.ascontiguousarray(v).tobytes())
+                                       for k, v in arrays.items()}}
+
+
+def check_tokenizer(directory, tokenizer, meta):
+    """CheckpointError unless `tokenizer` serialises to the checkpoint's tokenizer.bpe (the
+    ids the weights were trained on): e.g. --resume with --data of another text."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save(os.path.join(tmp, TOKENIZER_FILE))
+        digest = _sha256(Path(tmp, TOKENIZER_FILE).read_bytes())
+    if digest != meta.get("manifest", {}).get("files", {}).get(TOKENIZER_FILE):
+        raise CheckpointError(f"checkpoint: the tokenizer of this data differs from the one in "
+                              f"{Path(directory) / TOKENIZER_FILE} that the weights were trained "
+                              f"with (was {meta.get('data')!r}); resume with that --data, or "
+                              f"train into another --out")
+
+
+def verify(directory, arrays, meta):
+    """CheckpointError unless config.json, tokenizer.bpe and the arrays are exactly what
+    state.npz's manifest names (a stale, edited or foreign file, or a torn save)."""
+    where = Path(directory) / STATE
+    want = meta.get("manifest")
+    if want is None:
+        raise CheckpointError(f"checkpoint: {where} has no manifest (written by an older "
+                              f"version); train again")
+    have = manifest(directory, arrays)
+    for name, digest in want["files"].items():
+        if have["files"][name] != digest:
+            state = "is missing" if have["files"][name] is None else (
+                "is there but the checkpoint has none" if digest is None else
+                "does not match the checkpoint's manifest")
+            raise CheckpointError(f"checkpoint: {Path(directory) / name} {state} (edited, left "
+                                  f"by another run, or a save was interrupted); restore it or "
+                                  f"train again into an empty --out")
+    if have["arrays"] != want["arrays"]:
+        bad = sorted(set(have["arrays"]) ^ set(want["arrays"]) | {
+            k for k in have["arrays"] if want["arrays"].get(k) != have["arrays"][k]})
+        raise CheckpointError(f"checkpoint: {where} entries {bad[:3]} do not match its "
+                              f"manifest; the file was altered")
 
 
 def load_run(run, directory):
     """Restore everything save_run wrote into `run`; CheckpointError on any mismatch."""
     arrays, meta = load_state(directory)
+    verify(directory, arrays, meta)
     where = str(Path(directory) / STATE)
     if meta.get("dtype") != str(run.model.dtype):
         raise CheckpointError(f"checkpoint: {where} holds {meta.get('dtype')} weights, this "
@@ -157,8 +246,9 @@ def load_run(run, directory):
 
 def load_model(directory, dtype=None):
     """(model, tokenizer, meta) from a checkpoint directory, for sampling."""
-    cfg = ModelConfig.from_dict(read_config(directory))
     arrays, meta = load_state(directory)
+    verify(directory, arrays, meta)
+    cfg = ModelConfig.from_dict(read_config(directory))
     dtype = np.dtype(meta.get("dtype", "float32") if dtype is None else dtype)
     model = LM(cfg, rng=np.random.default_rng(0), dtype=dtype)
     _assign_model(model, arrays, str(Path(directory) / STATE))

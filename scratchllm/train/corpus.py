@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from scratchllm.tokenizer import EOT, TOKENIZER_FILE, Tokenizer, train_bpe
-from scratchllm.train.checkpoint import atomic_write, write_bytes
+from scratchllm.train.checkpoint import atomic_write, remove_stale_temps, write_bytes
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 DEFAULT_CORPUS = DATA_DIR / "python-docs.txt"
@@ -41,6 +41,7 @@ def prepare(text_path, vocab_size, cache_dir):
         raise ValueError(f"corpus.prepare: vocab_size must be >= 257 (256 bytes + {EOT}), "
                          f"got {vocab_size}")
     where.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(where)
     vocab, merges = train_bpe(str(text_path), vocab_size, special_tokens=[EOT])
     tok = Tokenizer(vocab, merges, special_tokens=[EOT])
     atomic_write(where / TOKENIZER_FILE, lambda tmp: tok.save(str(tmp)))
@@ -85,6 +86,9 @@ def eval_batches(ids, batch_size, seq_len, max_tokens):
     """Non-overlapping windows from the start of `ids`, at most `max_tokens` targets, in
     batches of B: a fixed evaluation set (the same every time it is asked for)."""
     n_win = min((len(ids) - 1) // seq_len, max(max_tokens // seq_len, 1))
+    if n_win < 1:  # no window: a mean over nothing would read "loss 0.000"
+        raise ValueError(f"eval_batches: the validation split has {len(ids)} tokens, fewer "
+                         f"than seq_len + 1 = {seq_len + 1}; lower --seq-len or use more data")
     idx = np.arange(n_win)[:, None] * seq_len + np.arange(seq_len + 1)  # (W, T+1)
     windows = ids[idx]  # (W, T+1)
     return [(windows[i:i + batch_size, :-1], windows[i:i + batch_size, 1:])

@@ -8,16 +8,20 @@ One step:  loss = CE(LM(x), y) + sum of MoE aux terms  ->  backward (data-parall
 Deterministic given the seed; a checkpoint holds everything needed to continue bit-exactly:
 weights, MoE biases, optimizer moments, step, losses and the batch RNG's state.
 """
+import math
 import os
 import signal
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from scratchllm.core.optim import AdamW, clip_grad_norm, cosine_schedule
+from scratchllm.core.nn import detect_anomaly
+from scratchllm.core.optim import AdamW, NonFiniteError, clip_grad_norm, cosine_schedule
 from scratchllm.lm import LM
 from scratchllm.train import checkpoint, corpus
 from scratchllm.train.parallel import DataParallel, set_blas_threads
@@ -54,6 +58,8 @@ def make_optimizer(model, s):
 
 def evaluate(model, batches, dp=None):
     """Mean cross-entropy (nats/token) over fixed batches, forward only (on dp's threads)."""
+    if not batches:
+        raise ValueError("evaluate: no evaluation batches (the mean of nothing is no loss)")
     losses = (dp.map if dp else map)(lambda b: model.cross_entropy(*b) * b[1].size, batches)
     return sum(losses) / max(sum(y.size for _, y in batches), 1)
 
@@ -75,14 +81,22 @@ class Run:
         self.losses = []   # train loss per step
         self.step_seconds = []  # wall time of each train_step in this process (not saved)
         self.evals = []    # (step, val loss)
+        self.detect_anomaly = False  # check every Module's outputs and gradients (slow)
 
     def train_step(self, train_ids):
         """One optimizer step on a fresh random batch; returns (loss, routing stats)."""
         s, model = self.s, self.model
         t0 = time.perf_counter()
         x, y = corpus.sample_batch(train_ids, s.batch_size, s.seq_len, self.rng)
-        ce, caches = self.dp.loss_backward(x, y)
-        clip_grad_norm(model.parameters(), s.clip)
+        with detect_anomaly(*self.dp.replicas) if self.detect_anomaly else nullcontext():
+            ce, caches = self.dp.loss_backward(x, y)
+        if not math.isfinite(ce):
+            raise NonFiniteError(f"step {self.step + 1}: the training loss is {ce}; "
+                                 f"{self.likely_cause()}")
+        try:
+            clip_grad_norm(model.parameters(), s.clip)
+        except NonFiniteError as e:
+            raise NonFiniteError(f"step {self.step + 1}: {e}; {self.likely_cause()}") from None
         self.opt.lr = cosine_schedule(self.step + 1, s.lr, s.lr / 10, s.warmup, s.steps)
         self.opt.step()
         stats = model.after_step(caches)
@@ -90,6 +104,16 @@ class Run:
         self.losses.append(ce)
         self.step_seconds.append(time.perf_counter() - t0)
         return ce, stats
+
+    def likely_cause(self):
+        """Why a step went NaN or inf, as far as the run can tell (for the error message)."""
+        bad = [n for n, p in self.model.named_parameters() if not np.isfinite(p.data).all()]
+        if bad:
+            return (f"the weights already hold NaN or inf ({', '.join(bad[:3])}): a corrupt "
+                    f"checkpoint or an earlier update that overflowed")
+        return (f"the run diverged: the learning rate (peak {self.s.lr:g}, {self.opt.lr:g} at "
+                f"this step) is likely too high; lower --lr, or rerun with --detect-anomaly "
+                f"to see which layer went non-finite first")
 
     def save(self, directory, tokenizer=None):
         """Atomically write the checkpoint (checkpoint.save_run)."""
@@ -133,6 +157,8 @@ def fit(run, train_ids, val_ids, *, out=None, tokenizer=None, progress=True, log
     val_ids) every eval_every steps and saving a checkpoint to `out` then. Ctrl-C saves and
     returns False. Returns True when all steps ran."""
     s = run.s
+    if out is not None and Path(out).is_dir():
+        checkpoint.remove_stale_temps(out)  # left by a write that was killed
     if eval_set is None:
         eval_set = corpus.eval_batches(val_ids, s.batch_size, s.seq_len, s.eval_tokens)
     tokens_per_step = s.batch_size * s.seq_len
@@ -141,12 +167,21 @@ def fit(run, train_ids, val_ids, *, out=None, tokenizer=None, progress=True, log
     t0, done0, stats = time.perf_counter(), run.step, None
     with _StopFlag() as flag:
         while run.step < s.steps and not flag.stop:
-            loss, stats = run.train_step(train_ids)
+            try:
+                loss, stats = run.train_step(train_ids)
+            except NonFiniteError as e:
+                bar.close()
+                raise NonFiniteError(f"training stopped at {e}. {_kept(out)}") from None
             tok_s = (run.step - done0) * tokens_per_step / (time.perf_counter() - t0)
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
             if run.step % s.eval_every == 0 and run.step < s.steps:
                 run.evals.append((run.step, evaluate(run.model, eval_set, run.dp)))
+                if not math.isfinite(run.evals[-1][1]):
+                    bar.close()
+                    raise NonFiniteError(f"training stopped at step {run.step}: the validation "
+                                         f"loss is {run.evals[-1][1]}; {run.likely_cause()}. "
+                                         f"{_kept(out)}")
                 msg = f"step {run.step}: train {loss:.3f}, val {run.evals[-1][1]:.3f}"
                 if stats:
                     msg += "\n  expert usage " + expert_usage_line(stats)
@@ -161,6 +196,14 @@ def fit(run, train_ids, val_ids, *, out=None, tokenizer=None, progress=True, log
             f"(continue with --resume --out {out})")
         return False
     return True
+
+
+def _kept(out):
+    """What is left on disk after a run stopped: the last good checkpoint, or none."""
+    if out is None or not (Path(out) / checkpoint.STATE).is_file():
+        return "No checkpoint was written."
+    return (f"The last good checkpoint in {out} (step {checkpoint.load_state(out)[1]['step']}) "
+            f"is kept.")
 
 
 def train_preset(cfg, train_ids, eval_set, settings, progress):

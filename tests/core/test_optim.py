@@ -60,7 +60,7 @@ def test_adamw_state_round_trip_resumes_exactly():
 
 
 def test_adamw_rejects_bad_hyperparameters():
-    with pytest.raises(ValueError, match="AdamW: lr must be > 0"):
+    with pytest.raises(ValueError, match="AdamW: lr must be a finite number > 0"):
         AdamW([Param(np.ones(1))], lr=0.0)
     with pytest.raises(ValueError, match=r"AdamW: betas must lie in \[0, 1\)"):
         AdamW([Param(np.ones(1))], betas=(0.9, 1.0))

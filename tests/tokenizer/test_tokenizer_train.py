@@ -91,7 +91,7 @@ def test_save_load_roundtrip(trained, tmp_path):
     for pattern in ("gpt2", r"\p{L}+|[^\p{L}]"):
         tok = Tokenizer(vocab, merges, [EOT], pattern)
         tok.save(tmp_path / "t.bpe")
-        back = Tokenizer.load(tmp_path / "t.bpe")
+        back = Tokenizer.load(tmp_path / "t.bpe", allow_pattern=pattern)
         assert (back.vocab, back.merges, back.special_tokens, back.pattern) == \
             (tok.vocab, tok.merges, tok.special_tokens, tok.pattern)
         text = "Hello  world\n\n" + EOT + " x"

@@ -117,7 +117,8 @@ def test_mismatched_config_is_a_clear_error(trained, tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     (tmp_path / checkpoint.STATE).write_bytes((trained / checkpoint.STATE).read_bytes())
     (tmp_path / TOKENIZER_FILE).write_bytes((trained / TOKENIZER_FILE).read_bytes())
-    with pytest.raises(checkpoint.CheckpointError, match="has shape"):
+    with pytest.raises(checkpoint.CheckpointError, match="config.json does not match the "
+                                                         "checkpoint's manifest"):
         checkpoint.load_model(tmp_path)
     assert train.main(["--out", str(trained)] + QUICK) == 1  # exists, no --resume
     assert "--resume" in capsys.readouterr().err

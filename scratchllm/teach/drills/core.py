@@ -55,7 +55,12 @@ def load_user_function(path, name):
                                 f"start {name}` first")
     spec = importlib.util.spec_from_file_location(f"drill_{name}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise ValueError(f"{path} line {e.lineno}: syntax error: {e.msg}") from None
+    except Exception as e:  # the user's module-level code may raise anything
+        raise ValueError(f"{path}: importing it raised {type(e).__name__}: {e}") from None
     if not hasattr(module, name):
         raise AttributeError(f"{path} defines no function named {name!r}")
     return getattr(module, name)

@@ -1,0 +1,125 @@
+"""Property-based checks of every public pair (hypothesis), from the valid inputs of its grads
+case (test_dout_checks.record_cases):
+- valid inputs, rescaled by a random positive factor: a finite output and finite gradients;
+- an input with a wrong shape, a wrong dtype, a list, or 0-d: a clear error (ValueError or
+  TypeError whose message starts with the function's name, `name: ...`) or a finite result;
+- no call mutates its inputs or its dout;
+- the backward refuses a wrong dout with a clear error.
+Examples are few and derandomized, so the whole file runs in seconds.
+"""
+import re
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from test_contract import BACKWARDS
+from test_dout_checks import record_cases, wrong_douts
+
+CALLS = record_cases()
+KEYS = sorted(k for k in BACKWARDS if BACKWARDS[k] in CALLS)
+FEW = settings(max_examples=12, deadline=None, derandomize=True,
+               suppress_health_check=[HealthCheck.too_slow])
+CLEAR = re.compile(r"^[A-Za-z_][\w.]*( \w+)?: ")
+
+
+def leaves(tree):
+    if isinstance(tree, (tuple, list)):
+        return [leaf for item in tree for leaf in leaves(item)]
+    return [tree]
+
+
+def all_finite(tree):
+    return all(np.isfinite(a).all() for a in leaves(tree)
+               if isinstance(a, np.ndarray) and np.issubdtype(a.dtype, np.floating))
+
+
+def copies(kwargs):
+    return {k: v.copy() for k, v in kwargs.items() if isinstance(v, np.ndarray)}
+
+
+def unchanged(kwargs, before):
+    return all(np.array_equal(kwargs[k], v, equal_nan=True) for k, v in before.items())
+
+
+def random_dout(out, rng):
+    """A gradient shaped like `out` (None for integer outputs such as indices)."""
+    if isinstance(out, tuple):
+        return type(out)(*(random_dout(o, rng) for o in out)) if hasattr(out, "_fields") \
+            else tuple(random_dout(o, rng) for o in out)
+    a = np.asarray(out)
+    if not np.issubdtype(a.dtype, np.floating):
+        return None
+    return np.asarray(rng.standard_normal(a.shape), a.dtype)
+
+
+def float_inputs(call):
+    return [k for k, v in call.kwargs.items()
+            if isinstance(v, np.ndarray) and np.issubdtype(v.dtype, np.floating)]
+
+
+def mutate(value, kind, axis):
+    """A wrong version of one array input."""
+    if kind == "extra axis":
+        return value[None]
+    if kind == "cut an axis":
+        ax = axis % value.ndim
+        return np.take(value, range(max(value.shape[ax] - 1, 0)), axis=ax)
+    if kind == "int64":
+        return np.nan_to_num(value, posinf=0, neginf=0).astype(np.int64)
+    if kind == "float32":
+        return value.astype(np.float32)
+    if kind == "list":
+        return value.tolist()
+    return np.asarray(value.reshape(-1)[0])  # "0-d"
+
+
+@pytest.mark.parametrize("key", KEYS, ids=lambda k: k[1])
+@FEW
+@given(factor=st.floats(0.25, 4.0), seed=st.integers(0, 2 ** 16))
+def test_valid_inputs_give_finite_outputs_and_gradients_without_mutation(key, factor, seed):
+    call = CALLS[BACKWARDS[key]]
+    kwargs = dict(call.kwargs)
+    for k in float_inputs(call):
+        kwargs[k] = kwargs[k] * factor
+    before = copies(kwargs)
+    out, cache = call.forward(**kwargs)
+    assert all_finite(out), f"non-finite output at factor {factor}"
+    dout = random_dout(out, np.random.default_rng(seed))
+    dout_before = [None if d is None else d.copy() for d in leaves(dout)]
+    grads = BACKWARDS[key](dout, cache)
+    assert all_finite(list(grads.values()))
+    assert unchanged(kwargs, before), "an input was mutated"
+    assert all(d is None or np.array_equal(d, b) for d, b in zip(leaves(dout), dout_before))
+
+
+@pytest.mark.parametrize("key", KEYS, ids=lambda k: k[1])
+@FEW
+@given(data=st.data())
+def test_wrong_inputs_give_a_clear_error_or_a_finite_result(key, data):
+    call = CALLS[BACKWARDS[key]]
+    names = [k for k, v in call.kwargs.items() if isinstance(v, np.ndarray) and v.ndim]
+    name = data.draw(st.sampled_from(names), "input")
+    kind = data.draw(st.sampled_from(["extra axis", "cut an axis", "int64", "float32", "list",
+                                      "0-d"]), "mutation")
+    kwargs = dict(call.kwargs)
+    kwargs[name] = mutate(kwargs[name], kind, data.draw(st.integers(0, 3), "axis"))
+    before = copies(kwargs)
+    try:
+        out, _ = call.forward(**kwargs)
+    except (ValueError, TypeError) as e:
+        assert CLEAR.match(str(e)), f"{name} {kind}: unclear error {type(e).__name__}: {e}"
+    else:
+        assert all_finite(out), f"{name} {kind}: accepted, but the output is not finite"
+    assert unchanged(kwargs, before), "an input was mutated"
+
+
+@pytest.mark.parametrize("key", KEYS, ids=lambda k: k[1])
+@FEW
+@given(data=st.data())
+def test_the_backward_refuses_a_wrong_dout(key, data):
+    backward = BACKWARDS[key]
+    call = CALLS[backward]
+    label, bad = data.draw(st.sampled_from(wrong_douts(call.dout)), "wrong dout")
+    with pytest.raises((ValueError, TypeError), match=rf"^{backward.__name__}: "):
+        backward(bad, call.cache)
