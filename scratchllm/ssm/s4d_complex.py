@@ -89,7 +89,7 @@ def s4d_complex_backward(dy, cache):
     g_conv = fft_conv_backward(np.swapaxes(dy, 1, 2), cc)  # x (B, D, T), K (D, T)
     dx = np.swapaxes(g_conv["x"], 1, 2) + D * dy  # (B, T, D)
     # fwd: K = 2 Re(Kc)  ->  dKc = 2 dK (no imaginary part)
-    g_k = _conj_backward(ssm_kernel_backward, 2 * g_conv["K"].astype(complex), kc)
+    g_k = _conj_backward(ssm_kernel_backward, 2 * g_conv["K"].astype(kc.A_bar.dtype), kc)
     g_z = _conj_backward(zoh_backward, (g_k["A_bar"], g_k["B_bar"]), zc)
     real = x.dtype
     return {"x": dx, "A_log_re": (g_z["A"].real * A_re).astype(real),

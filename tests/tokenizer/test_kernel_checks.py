@@ -61,15 +61,16 @@ def test_encode_pieces_refuses_foreign_tables_and_offsets():
     tok = Tokenizer({b: bytes([b]) for b in range(256)}, [])
     byte_ids, keys, ranks, news = _table_args(tok)
     cls, cache = fast.char_classes(), fast.new_cache(16, 8, 4)
-    good = (DATA, ends(len(TEXT)), ends(-1), cls, byte_ids, keys, ranks, news, cache, 64)
+    good = (fast.GPT2, DATA, ends(len(TEXT)), ends(-1), cls, byte_ids, keys, ranks, news,
+            cache, 64)
     assert fast.encode_pieces(*good).tolist() == list(TEXT)
-    bad = [((1, ends(99)), r"seg_ends must be non-decreasing"),
-           ((2, ends(-1, -1)), r"seg_special must be int64 of seg_ends' shape"),
-           ((2, ends(1 << 40)), r".*ids < 2\^31"),
-           ((4, byte_ids[:10]), r"byte_ids must be 256 integer ids"),
-           ((5, keys[:3]), r"keys, ranks, news must be merge_table\(\)'s"),
-           ((8, cache[:3]), r"cache must come from new_cache\(\)"),
-           ((8, cache[:6] + (np.array([99, 0, 0]),)), r"cache must come from new_cache\(\)")]
+    bad = [((2, ends(99)), r"seg_ends must be non-decreasing"),  # (index 0 is the scanner kind)
+           ((3, ends(-1, -1)), r"seg_special must be int64 of seg_ends' shape"),
+           ((3, ends(1 << 40)), r".*ids < 2\^31"),
+           ((5, byte_ids[:10]), r"byte_ids must be 256 integer ids"),
+           ((6, keys[:3]), r"keys, ranks, news must be merge_table\(\)'s"),
+           ((9, cache[:3]), r"cache must come from new_cache\(\)"),
+           ((9, cache[:6] + (np.array([99, 0, 0]),)), r"cache must come from new_cache\(\)")]
     for (i, value), match in bad:
         args = list(good)
         args[i] = value
