@@ -10,8 +10,14 @@ and the ratio ours / torch. With no arguments every benchmark runs; otherwise th
 Sections:
 - GQA (attention/gqa.py, attention/rope.py): gqa fwd+bwd with RoPE vs torch.
 - MLA (attention/mla.py): the training form fwd+bwd vs torch; absorbed decoding vs rebuilding K, V.
+- Flash (issue 14, attention/flash.py, attention/sparse.py): flash_sdpa vs sdpa vs torch
+  scaled_dot_product_attention, causal fwd+bwd at T = 1k..16k, time and peak extra memory
+  (each in a fresh subprocess: `bench_attention.py --peak IMPL T`); top-k sparse attention vs
+  flash at T = 8k, k = 512.
 """
 import os
+import resource
+import subprocess
 import sys
 import time
 
@@ -227,11 +233,104 @@ def bench_mla_decode():
 MLA_BENCHMARKS = [bench_mla, bench_mla_decode]
 
 
+# --- Flash and sparse attention (issue 14) ---
+FLASH_SHAPE = dict(B=1, H=8, Dh=64)
+FLASH_TS = (1024, 2048, 4096, 8192, 16384)
+SDPA_MAX_T = 4096  # sdpa's (B, H, T, T) float32 scores, probabilities and gradients: ~4 x 2 GiB at 8k
+
+
+def flash_inputs(T, B=1, H=8, Dh=64, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((B, H, T, Dh)).astype(np.float32) for _ in range(4)]
+
+
+def flash_step(impl, T, block=256):
+    """fwd+bwd closure of one implementation, causal, on fresh float32 inputs."""
+    from scratchllm.attention import (causal_mask, flash_sdpa_backward, flash_sdpa_forward,
+                                      sdpa_backward, sdpa_forward)
+    q, k, v, dout = flash_inputs(T, **FLASH_SHAPE)
+    if impl == "flash":
+        return lambda: flash_sdpa_backward(dout, flash_sdpa_forward(
+            q, k, v, causal=True, block_q=block, block_k=block)[1])
+    if impl == "sdpa":
+        mask = causal_mask(T)
+        return lambda: sdpa_backward(dout, sdpa_forward(q, k, v, mask)[1])
+    tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    tdo = torch.tensor(dout)
+
+    def theirs():
+        for t in (tq, tk, tv):
+            t.grad = None
+        torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True).backward(tdo)
+    return theirs
+
+
+def peak_extra_mib(impl, T):
+    """Peak RSS growth (MiB) of one fwd+bwd over the inputs, measured in a fresh process."""
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--peak", impl, str(T)],
+                         capture_output=True, text=True, check=True)
+    return float(out.stdout.split()[-1])
+
+
+def _print_peak(impl, T):
+    step = flash_step(impl, T)  # inputs allocated
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+    step()
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(f"peak_extra_mib {(after - before) / 1024:.1f}")
+
+
+def bench_flash():
+    from scratchllm.attention import flash_sdpa_forward, sdpa_forward
+    q, k, v, _ = flash_inputs(256, **FLASH_SHAPE)
+    err = np.abs(flash_sdpa_forward(q, k, v, causal=True, block_q=64, block_k=64)[0]
+                 - sdpa_forward(q, k, v, np.tril(np.ones((256, 256), bool)))[0]).max()
+    print(f"B=1 H=8 Dh=64 float32 causal fwd+bwd, flash blocks 256x256; "
+          f"max abs diff flash vs sdpa (T 256) {err:.1e}; peak = RSS growth in a fresh process")
+    for T in FLASH_TS:
+        impls = ["flash", "torch"] + (["sdpa"] if T <= SDPA_MAX_T else [])
+        repeats = 5 if T <= 4096 else 3
+        times = dict(zip(impls, median_times_interleaved([flash_step(i, T) for i in impls],
+                                                         repeats=repeats, warmup=1)))
+        peaks = {i: peak_extra_mib(i, T) for i in impls}
+        row = "   ".join(f"{i} {times[i] * 1e3:9.1f} ms {peaks[i]:7.0f} MiB" for i in impls)
+        ratios = f"flash/torch {times['flash'] / times['torch']:5.2f}x"
+        if "sdpa" in times:
+            ratios += f"  flash/sdpa {times['flash'] / times['sdpa']:5.2f}x"
+        print(f"T={T:<6} {row}   {ratios}")
+
+
+def bench_sparse():
+    from scratchllm.attention import topk_sparse_attention_backward, topk_sparse_attention_forward
+    T, K = 8192, 512
+    q, k, v, dout = flash_inputs(T, **FLASH_SHAPE)
+    rng = np.random.default_rng(1)
+    # the top-k of random causal scores: K random earlier keys per query (all of them early on)
+    idx = np.full((1, T, K), -1, np.int64)
+    for t in range(T):
+        n = min(t + 1, K)
+        idx[0, t, :n] = np.sort(rng.choice(t + 1, n, replace=False))
+
+    def sparse():
+        return topk_sparse_attention_backward(dout, topk_sparse_attention_forward(
+            q, k, v, idx, block_q=128)[1])
+
+    sp, fl = median_times_interleaved([sparse, flash_step("flash", T)], repeats=3, warmup=1)
+    print(f"T={T} k={K} B=1 H=8 Dh=64 float32 fwd+bwd (selection given): sparse "
+          f"{sp * 1e3:.0f} ms, flash {fl * 1e3:.0f} ms, sparse/flash {sp / fl:.2f}x  target < 1: "
+          + ("met" if sp < fl else "NOT met"))
+
+
+FLASH_BENCHMARKS = [bench_flash, bench_sparse]
+
+
 def main(argv=None):
     print(f"numpy {np.__version__}, torch {torch.__version__}, float32, "
           f"torch threads {torch.get_num_threads()}, OMP/OPENBLAS threads 2")
-    return run_named(GQA_BENCHMARKS + MLA_BENCHMARKS, argv)
+    return run_named(GQA_BENCHMARKS + MLA_BENCHMARKS + FLASH_BENCHMARKS, argv)
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--peak"]:
+        sys.exit(_print_peak(sys.argv[2], int(sys.argv[3])))
     sys.exit(main())

@@ -130,6 +130,88 @@ def sdpa(rng):
 
 
 @case
+def sdpa_bias(rng):
+    from scratchllm.attention import alibi_bias, alibi_slopes, causal_mask, sdpa_forward
+    from scratchllm.attention import sdpa_backward
+    q, k, v = (rng.standard_normal((2, 6, 5, 4)), rng.standard_normal((2, 3, 7, 4)),
+               rng.standard_normal((2, 3, 7, 3)))
+    return [check(sdpa_forward, sdpa_backward, rng=rng, label="alibi (H, Tq, Tk), causal",
+                  q=q, k=k, v=v, mask=causal_mask(7)[2:], bias=alibi_bias(alibi_slopes(6), 5, 7)),
+            check(sdpa_forward, sdpa_backward, rng=rng, label="per-batch (B, 1, Tq, Tk) bias",
+                  q=q, k=k, v=v, bias=rng.standard_normal((2, 1, 5, 7)))]
+
+
+@case
+def flash_sdpa(rng):
+    from scratchllm.attention import alibi_slopes, flash_sdpa_backward, flash_sdpa_forward
+    q, k, v = (rng.standard_normal((1, 4, 7, 3)), rng.standard_normal((1, 2, 9, 3)),
+               rng.standard_normal((1, 2, 9, 5)))
+    blocks = dict(block_q=3, block_k=4)  # ragged: 7 = 3+3+1 rows, 9 = 4+4+1 keys
+    slopes = alibi_slopes(4) * (1 + rng.random(4))
+    return [check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="no mask, Tq != Tk",
+                  q=q, k=k, v=v, **blocks),
+            check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="causal, scale",
+                  q=q, k=k, v=v, causal=True, scale=0.4, **blocks),
+            check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="window 3, 2 sinks",
+                  q=q, k=k, v=v, causal=True, window=3, n_sink=2, **blocks),
+            check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="learned alibi, causal",
+                  q=q, k=k, v=v, alibi_slopes=slopes, causal=True, **blocks),
+            check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="alibi bidirectional",
+                  q=q, k=k, v=v, alibi_slopes=slopes, **blocks)]
+
+
+@case
+def cross_attention(rng):
+    from scratchllm.attention import cross_attention_backward, cross_attention_forward
+    B, Tq, Tk, D, Dc, H, Hkv, Dh = 2, 5, 7, 9, 11, 6, 3, 4
+    w = dict(x=rng.standard_normal((B, Tq, D)), ctx=rng.standard_normal((B, Tk, Dc)),
+             wq=rng.standard_normal((D, H * Dh)), wk=rng.standard_normal((Dc, Hkv * Dh)),
+             wv=rng.standard_normal((Dc, Hkv * Dh)), wo=rng.standard_normal((H * Dh, D)))
+    pad = np.arange(Tk)[None, None, None, :] < np.array([Tk, 4])[:, None, None, None]
+    return [check(cross_attention_forward, cross_attention_backward, rng=rng, label="GQA",
+                  **w, n_heads=H, n_kv_heads=Hkv),
+            check(cross_attention_forward, cross_attention_backward, rng=rng,
+                  label="padding mask (B, 1, 1, Tk)", **w, n_heads=H, n_kv_heads=Hkv, mask=pad)]
+
+
+@case
+def sparse_attention(rng):
+    from scratchllm.attention import (indexer_kl_loss_backward, indexer_kl_loss_forward,
+                                      lightning_indexer_backward, lightning_indexer_forward,
+                                      topk_select, topk_sparse_attention_backward,
+                                      topk_sparse_attention_forward)
+    B, T, HI, DI, H, Hkv, Dh, Dv = 2, 9, 3, 5, 6, 2, 4, 3
+    q_idx, k_idx = rng.standard_normal((B, T, HI, DI)), rng.standard_normal((B, T, DI))
+    scores = rng.standard_normal((B, T, T))  # distinct: the top 4 has no ties
+    target = rng.random((B, T, T)) * np.tril(np.ones((T, T)))
+    target /= target.sum(-1, keepdims=True)
+    return [check(lightning_indexer_forward, lightning_indexer_backward, rng=rng,
+                  label="indexer", q_idx=q_idx, k_idx=k_idx, w=rng.standard_normal((B, T, HI))),
+            check(topk_sparse_attention_forward, topk_sparse_attention_backward, rng=rng,
+                  label="top 4 of 9, GQA, blocks of 4", q=rng.standard_normal((B, H, T, Dh)),
+                  k=rng.standard_normal((B, Hkv, T, Dh)), v=rng.standard_normal((B, Hkv, T, Dv)),
+                  indices=topk_select(scores, 4), block_q=4),
+            check(indexer_kl_loss_forward, indexer_kl_loss_backward, rng=rng, label="KL, causal",
+                  wrt=["index_scores"], index_scores=scores, target=target,
+                  allowed=np.tril(np.ones((T, T), bool)))]
+
+
+@case
+def sdpa_sinks(rng):
+    from scratchllm.attention import causal_mask, sdpa_backward, sdpa_forward
+    q, k, v = (rng.standard_normal((2, 6, 5, 4)), rng.standard_normal((2, 2, 7, 4)),
+               rng.standard_normal((2, 2, 7, 3)))
+    mask = rng.random((2, 6, 5, 7)) < 0.6
+    mask[1, 4, 3] = False  # a fully masked row: all mass on the sink, zero output
+    sinks = rng.standard_normal(6)
+    return [check(sdpa_forward, sdpa_backward, rng=rng, label="gpt-oss sinks, grouped kv, "
+                  "random mask", q=q, k=k, v=v, mask=mask, sinks=sinks),
+            check(sdpa_forward, sdpa_backward, rng=rng, label="sinks, MHA, causal, scale",
+                  q=q[:, :2], k=k[:, :, :5], v=v[:, :, :5], mask=causal_mask(5), scale=0.3,
+                  sinks=sinks[:2])]
+
+
+@case
 def repeat_kv(rng):
     from scratchllm.attention import repeat_kv_backward, repeat_kv_forward
     return check(repeat_kv_forward, repeat_kv_backward, rng=rng,
@@ -242,6 +324,39 @@ def router(rng):
     return reports
 
 
+ROUTINGS = {  # router options of real checkpoints: score, selection bias?, logit bias?, options
+    "gpt-oss: logit bias, softmax over the chosen k": ("softmax", False, True, {}),
+    "deepseek-v3: sigmoid + bias, groups 4 -> 2, r = 2.5": (
+        "sigmoid", True, False, dict(n_group=4, topk_group=2, routed_scaling_factor=2.5)),
+    "deepseek-v2: softmax, groups 2 -> 1, not normalised": (
+        "softmax", False, False, dict(n_group=2, topk_group=1, norm_topk_prob=False)),
+}
+
+
+def _routed_inputs(rng, N, D, E, k, score, bias, logit_bias, options, margin=1e-3):
+    """x, w_router (b_router, selection_bias) drawn until every row's choice (groups and
+    top-k) is at least `margin` from a tie: no finite-difference step flips a decision."""
+    from scratchllm.moe import router_forward, selection_margin
+    while True:
+        x, w = rng.standard_normal((N, D)), rng.standard_normal((D, E))
+        b_r = rng.standard_normal(E) if logit_bias else None
+        b = 0.05 * rng.standard_normal(E) if bias else None
+        _, cache = router_forward(x, w, b_r, k=k, score=score, selection_bias=b, **options)
+        sel = cache.score_cache.y + (0 if b is None else b)
+        if selection_margin(sel, k, options.get("n_group", 1),
+                            options.get("topk_group", 1)).min() > margin:
+            return dict(x=x, w_router=w, b_router=b_r, score=score, selection_bias=b, **options)
+
+
+@case
+def router_routing(rng):
+    from scratchllm.moe import router_backward, router_forward
+    return [check(router_forward, router_backward, rng=rng, label=label, k=3,
+                  wrt=["x", "w_router"] + ["b_router"] * logit_bias,
+                  **_routed_inputs(rng, 7, 6, 8, 3, score, bias, logit_bias, options))
+            for label, (score, bias, logit_bias, options) in ROUTINGS.items()]
+
+
 @case
 def normalise(rng):
     from scratchllm.moe import normalise_backward, normalise_forward
@@ -255,6 +370,44 @@ def experts(rng):
     return check(experts_forward, experts_backward, rng=rng, xs=rng.standard_normal((M, D)),
                  bounds=np.array([0, 3, 7, 7, 9]), w1=rng.standard_normal((E, D, F)),
                  w3=rng.standard_normal((E, D, F)), w2=rng.standard_normal((E, F, D)))
+
+
+def _far_from_clamps(h, limit, margin=1e-3):
+    """Whether every gate (even column) and up (odd column) pre-activation of h lies >= margin
+    from its clamp boundary (gate = limit, up = +-limit), with some on each side of them."""
+    gate, up = h[..., 0::2], np.abs(h[..., 1::2])
+    return bool(min(np.abs(gate - limit).min(), np.abs(up - limit).min()) > margin
+                and (gate > limit).any() and (up > limit).any() and (up < limit).any())
+
+
+@case
+def clamped_swiglu(rng):
+    from scratchllm.moe import clamped_swiglu_backward, clamped_swiglu_forward
+    D, F, limit = 6, 5, 1.5  # a small limit, so that both clamps bind somewhere
+    while True:
+        x, gu, b = (rng.standard_normal((2, 3, D)), rng.standard_normal((D, 2 * F)),
+                    rng.standard_normal(2 * F))
+        if _far_from_clamps(x @ gu + b, limit):
+            break
+    return check(clamped_swiglu_forward, clamped_swiglu_backward, rng=rng, x=x, gate_up=gu,
+                 gate_up_b=b, down=rng.standard_normal((F, D)), down_b=rng.standard_normal(D),
+                 alpha=1.702, limit=limit)
+
+
+@case
+def clamped_experts(rng):
+    from scratchllm.moe import clamped_experts_backward, clamped_experts_forward
+    M, D, E, F, limit = 9, 6, 4, 5, 2.0
+    bounds = np.array([0, 3, 7, 7, 9])  # expert 2 gets no rows
+    while True:
+        x, gu, b = (rng.standard_normal((M, D)), rng.standard_normal((E, D, 2 * F)),
+                    rng.standard_normal((E, 2 * F)))
+        h = np.concatenate([x[bounds[i]:bounds[i + 1]] @ gu[i] + b[i] for i in range(E)])
+        if _far_from_clamps(h, limit):
+            break
+    return check(clamped_experts_forward, clamped_experts_backward, rng=rng, xs=x,
+                 bounds=bounds, gate_up=gu, gate_up_b=b, down=rng.standard_normal((E, F, D)),
+                 down_b=rng.standard_normal((E, D)), alpha=1.702, limit=limit)
 
 
 @case
@@ -290,6 +443,24 @@ def moe(rng):
                              wrt=["x", "w_router", *experts, *shared],
                              x=x, w_router=w, k=k, capacity_factor=c, score=score,
                              selection_bias=b, **experts, **shared))
+    return reports
+
+
+@case
+def moe_routing(rng):
+    from scratchllm.moe import moe_backward, moe_forward
+    N, D, E, F, Fs, k = 11, 6, 8, 5, 3, 3
+    reports = []
+    for label, (score, bias, logit_bias, options) in ROUTINGS.items():
+        inputs = _routed_inputs(rng, N, D, E, k, score, bias, logit_bias, options)
+        experts = dict(w1=rng.standard_normal((E, D, F)), w3=rng.standard_normal((E, D, F)),
+                       w2=rng.standard_normal((E, F, D)))
+        shared = dict(shared_w1=rng.standard_normal((D, Fs)), shared_w3=rng.standard_normal(
+            (D, Fs)), shared_w2=rng.standard_normal((Fs, D)))
+        reports.append(check(moe_forward, moe_backward, rng=rng, label=label, k=k,
+                             max_full=100, wrt=["x", "w_router", *["b_router"] * logit_bias,
+                                                *experts, *shared],
+                             **inputs, **experts, **shared))
     return reports
 
 
@@ -357,6 +528,21 @@ def s4d(rng):
 
 
 @case
+def s4d_complex(rng):
+    from scratchllm.ssm import s4d_complex_backward, s4d_complex_forward, s4d_init
+    width, N = 3, 5
+    reports = []
+    for init in ("lin", "inv"):  # the init's values, then perturbed off the special points
+        p = {k: v + rng.normal(0, 0.1, v.shape) for k, v in
+             s4d_init(width, N, init, rng=rng).items()}
+        p["log_dt"] = rng.uniform(-3, -1, width)
+        reports.append(check(s4d_complex_forward, s4d_complex_backward, rng=rng,
+                             label=f"S4D-{init.capitalize()}",
+                             x=rng.standard_normal((2, 7, width)), **p))
+    return reports
+
+
+@case
 def selective_scan(rng):
     from scratchllm.ssm import (selective_scan_backward, selective_scan_backward_ref,
                                 selective_scan_forward, selective_scan_forward_ref)
@@ -368,6 +554,18 @@ def selective_scan(rng):
                   **inputs),
             check(selective_scan_forward_ref, selective_scan_backward_ref, rng=rng, label="ref",
                   **inputs)]
+
+
+@case
+def ssd(rng):
+    from scratchllm.ssm import ssd_backward, ssd_forward
+    batch, T, H, Dh, G, N = 2, 7, 4, 3, 2, 5  # Δ > 0 as after softplus; A < 0
+    return [check(ssd_forward, ssd_backward, rng=rng, label=form, form=form, chunk=3,
+                  x=rng.standard_normal((batch, T, H, Dh)),
+                  dt=rng.uniform(0.05, 1.0, (batch, T, H)), A=-rng.uniform(0.2, 2.0, H),
+                  B=rng.standard_normal((batch, T, G, N)), C=rng.standard_normal((batch, T, G, N)),
+                  D=rng.standard_normal(H))
+            for form in ("parallel", "chunked", "recurrent")]
 
 
 @case
@@ -385,6 +583,118 @@ def mamba(rng):
                  x=rng.standard_normal((batch, T, 3)), w=rng.standard_normal((3, K)),
                  b=rng.standard_normal(3))
     return [block, conv]
+
+
+# ------------------------------------------------------------------- linear-attention family
+def _qkv(rng, B=2, H=2, T=7, Dk=3, Dv=5):
+    return dict(q=rng.standard_normal((B, H, T, Dk)), k=rng.standard_normal((B, H, T, Dk)),
+                v=rng.standard_normal((B, H, T, Dv)))
+
+
+@case
+def linear_attention(rng):
+    from scratchllm.linear_attention import linear_attention_backward, linear_attention_forward
+    return [check(linear_attention_forward, linear_attention_backward, rng=rng,
+                  label=f"{form}, elu, normalised", form=form, chunk=3, **_qkv(rng))
+            for form in ("parallel", "chunked", "recurrent")] + [
+        check(linear_attention_forward, linear_attention_backward, rng=rng,
+              label="chunked, identity, unnormalised", feature="identity", normalize=False,
+              chunk=3, **_qkv(rng))]
+
+
+@case
+def retnet_attention(rng):
+    from scratchllm.linear_attention import retnet_attention_backward, retnet_attention_forward
+    return [check(retnet_attention_forward, retnet_attention_backward, rng=rng, label=form,
+                  form=form, chunk=3, gamma=np.array([0.6, 0.9]), **_qkv(rng))
+            for form in ("parallel", "chunked", "recurrent")]
+
+
+@case
+def gla_attention(rng):
+    from scratchllm.linear_attention import gla_attention_backward, gla_attention_forward
+    return [check(gla_attention_forward, gla_attention_backward, rng=rng,
+                  label=f"{form}, gate per {'channel' if len(shape) == 4 else 'head'}",
+                  form=form, chunk=3, g=np.log(rng.uniform(0.3, 1.0, shape)), **_qkv(rng))
+            for form in ("parallel", "chunked", "recurrent") for shape in ((2, 2, 7, 3), (2, 2, 7))]
+
+
+@case
+def delta_rule(rng):
+    from scratchllm.linear_attention import delta_rule_backward, delta_rule_forward
+    reports = []
+    for gated in (False, True):
+        for form in ("parallel", "chunked", "recurrent"):
+            qkv = _qkv(rng)
+            qkv["k"] /= np.linalg.norm(qkv["k"], axis=-1, keepdims=True)  # as DeltaNet
+            g = np.log(rng.uniform(0.3, 1.0, (2, 2, 7))) if gated else None
+            reports.append(check(delta_rule_forward, delta_rule_backward, rng=rng,
+                                 label=f"{form}, {'gated' if gated else 'DeltaNet'}",
+                                 form=form, chunk=3, beta=rng.uniform(0.1, 0.9, (2, 2, 7)),
+                                 g=g, **qkv))
+    return reports
+
+
+@case
+def rwkv4(rng):
+    from scratchllm.linear_attention import (rwkv4_channel_mix_backward,
+                                             rwkv4_channel_mix_forward, rwkv4_time_mix_backward,
+                                             rwkv4_time_mix_forward, rwkv4_wkv_backward,
+                                             rwkv4_wkv_forward)
+    batch, T, D, F = 2, 7, 5, 9
+    W = {n: rng.normal(0, 0.5, (D, D)) for n in ("Wk", "Wv", "Wr", "Wo")}
+    mix = {n: rng.uniform(0, 1, D) for n in ("mix_k", "mix_v", "mix_r")}
+    return [check(rwkv4_wkv_forward, rwkv4_wkv_backward, rng=rng, label="wkv",
+                  w=rng.uniform(0.1, 2.0, D), u=rng.standard_normal(D),
+                  k=rng.standard_normal((batch, T, D)), v=rng.standard_normal((batch, T, D))),
+            check(rwkv4_time_mix_forward, rwkv4_time_mix_backward, rng=rng, label="time-mix",
+                  x=rng.standard_normal((batch, T, D)), time_decay=rng.normal(-1, 0.5, D),
+                  time_first=rng.standard_normal(D), **mix, **W),
+            check(rwkv4_channel_mix_forward, rwkv4_channel_mix_backward, rng=rng,
+                  label="channel-mix", x=rng.standard_normal((batch, T, D)),
+                  mix_k=mix["mix_k"], mix_r=mix["mix_r"], Wk=rng.normal(0, 0.5, (D, F)),
+                  Wr=W["Wr"], Wv=rng.normal(0, 0.5, (F, D)))]
+
+
+@case
+def recurrent_mixer(rng):
+    from scratchllm.linear_attention import recurrent_mixer_backward, recurrent_mixer_forward
+    D, H = 6, 2
+    reports = []
+    for kind, wa in (("linear", None), ("retnet", None), ("gla", D), ("delta", H)):
+        W = {n: rng.normal(0, 0.5, (D, D)) for n in ("Wq", "Wk", "Wv", "Wo")}
+        if wa:
+            W["Wa"] = rng.normal(0, 0.5, (D, wa))
+        reports.append(check(recurrent_mixer_forward, recurrent_mixer_backward, rng=rng,
+                             label=kind, kind=kind, n_heads=H, chunk=3,
+                             x=rng.standard_normal((2, 7, D)), **W))
+    return reports
+
+
+@case
+def mamba2(rng):
+    from scratchllm.ssm import mamba2_backward, mamba2_forward
+    D, Di, H, N = 5, 8, 2, 3
+    shapes = dict(Wz=(D, Di), Wx=(D, Di), WB=(D, N), WC=(D, N), Wdt=(D, H))
+    W = {n: rng.normal(0, 0.5, s) for n, s in shapes.items()}
+    return check(mamba2_forward, mamba2_backward, rng=rng, x=rng.standard_normal((2, 7, D)),
+                 dt_bias=rng.normal(-1, 0.5, H), A_log=rng.normal(0, 0.5, H),
+                 D=rng.standard_normal(H), Wout=rng.normal(0, 0.5, (Di, D)), chunk=3, **W)
+
+
+@case
+def mamba_inner_norms(rng):
+    from scratchllm.ssm import mamba_backward, mamba_forward
+    batch, T, width, Di, N, R, K = 2, 7, 5, 9, 3, 2, 4  # Jamba: rmsnorm on dt_low, B, C
+    return check(mamba_forward, mamba_backward, rng=rng, label="jamba inner norms",
+                 max_full=30, x=rng.standard_normal((batch, T, width)),
+                 W_in=rng.normal(0, 0.5, (width, 2 * Di)), conv_w=rng.normal(0, 0.5, (Di, K)),
+                 conv_b=rng.normal(0, 0.1, Di), W_x=rng.normal(0, 0.5, (Di, R + 2 * N)),
+                 W_dt=rng.normal(0, 0.5, (R, Di)), b_dt=rng.normal(-1, 0.5, Di),
+                 A_log=rng.normal(0, 0.5, (Di, N)), D=rng.standard_normal(Di),
+                 W_out=rng.normal(0, 0.5, (Di, width)), dt_norm=1 + 0.3 * rng.standard_normal(R),
+                 B_norm=1 + 0.3 * rng.standard_normal(N), C_norm=1 + 0.3 * rng.standard_normal(N),
+                 norm_eps=1e-6)
 
 
 # ------------------------------------------------------------------- language models
@@ -422,7 +732,8 @@ def _lm(name, rng, label=None, **overrides):
                      label=label or name, **data)]
     if slow:
         reports.append(check(forward, backward, rng=rng, max_full=0, n_directions=2,
-                             wrt=slow, fd_step=3e-4, label=f"{name}, mamba dt path, h=3e-4",
+                             wrt=slow, fd_step=3e-4,
+                             label=f"{label or name}, mamba dt path, h=3e-4",
                              **data))
     return reports
 
@@ -450,3 +761,74 @@ def lm_swa(rng):
 @case
 def lm_hybrid(rng):
     return _lm("hybrid", rng)
+
+
+@case
+def lm_positions(rng):
+    """Issue 14's attention options, whole model: ALiBi with flash attention on a sliding
+    window with sinks, sinusoidal positions, NoPE."""
+    return (_lm("swa", rng, "swa, alibi, flash", positions="alibi", attn_impl="flash")
+            + _lm("dense", rng, "dense, sinusoidal", positions="sinusoidal")
+            + _lm("dense", rng, "dense, nope", positions="nope"))
+
+
+def _module_loss_pair(model, *data):
+    """model.loss(*data) as a pair over the model's Params (as lm.loss_pair does for the LM)."""
+    params = dict(model.named_parameters())
+
+    def forward(**arrays):
+        for name, p in params.items():
+            p.data = arrays[name]
+        return model.loss(*data)
+
+    def backward(dloss, cache):
+        model.zero_grad()
+        model.loss_backward(float(dloss), cache)
+        return {name: p.grad.copy() for name, p in params.items()}
+
+    return forward, backward, {name: p.data for name, p in params.items()}
+
+
+@case
+def lm_encoders(rng):
+    """Whole encoder models (issue 14), every Param: the masked LM (BERT masking) and the
+    encoder-decoder (teacher-forced), float64."""
+    from scratchllm.attention import EncoderDecoder, MaskedLM, mlm_corrupt
+    V, D, L, H, F = 13, 8, 2, 2, 10
+    mlm = MaskedLM(V, D, L, H, F, rng=rng, dtype=np.float64)
+    ids = rng.integers(1, V, (2, 7))
+    inputs, targets = mlm_corrupt(ids, rng, mask_id=0, vocab_size=V, rate=0.5)
+    targets[0, 0] = ids[0, 0]  # at least one counted position
+    s2s = EncoderDecoder(V, D, L, H, F, rng=rng, dtype=np.float64)
+    src, tgt = rng.integers(0, V, (2, 5)), rng.integers(0, V, (2, 6))
+    reports = []
+    for label, model, data in (("masked LM", mlm, (inputs, targets)),
+                               ("encoder-decoder", s2s, (src, tgt[:, :-1], tgt[:, 1:]))):
+        forward, backward, params = _module_loss_pair(model, *data)
+        reports.append(check(forward, backward, rng=rng, max_full=0, n_directions=2,
+                             label=label, **params))
+    return reports
+
+
+@case
+def lm_recurrent(rng):
+    """The recurrent mixers inside a whole model: L R G D, then S (Mamba-2) and W (RWKV-4)
+    between attention layers."""
+    return (_lm("dense", rng, "LRGD", layer_pattern="LRGD", n_layers=4)
+            + _lm("dense", rng, "SAWA", layer_pattern="SAWA", n_layers=4))
+
+# Config options of released checkpoints, on tiny models: HF Mamba-1 (mixer-only blocks),
+# Jamba's inner Mamba norms (dt rank 3: an RMSNorm over a single number is only its sign),
+# DeepSeek-V3 group-limited routing with scaling plus gpt-oss's router logit bias.
+LM_CHECKPOINTS = {
+    "mamba1": ("hybrid", dict(ffn="none", layer_pattern="MM")),
+    "jamba": ("hybrid", dict(mamba_inner_norms=True, dt_rank=3)),
+    "routing": ("mla", dict(n_group=2, topk_group=1, routed_scaling_factor=2.5,
+                            router_bias=True)),
+}
+
+
+@case
+def lm_checkpoint_options(rng):
+    return [report for label, (name, overrides) in LM_CHECKPOINTS.items()
+            for report in _lm(name, rng, label, **overrides)]

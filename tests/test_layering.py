@@ -2,7 +2,8 @@
 imports count too), and a synthetic tree that shows each rule can fail.
 
     core                          imports nothing else of scratchllm
-    tokenizer, attention, moe, ssm  core, and each other where the math needs it
+    tokenizer, attention, moe, ssm, linear_attention
+                                  core, and each other where the math needs it
     lm                            the component packages
     train                         lm (and what lm stands on)
     teach/sizing, teach/arch      the standard library only
@@ -16,13 +17,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPONENTS = {"tokenizer", "attention", "moe", "ssm"}
+COMPONENTS = {"tokenizer", "attention", "moe", "ssm", "linear_attention"}
 ALLOWED = {  # top-level part of scratchllm -> the parts it may import
     "core": set(),
     "tokenizer": {"core"},
     "attention": {"core"} | COMPONENTS,
     "moe": {"core"} | COMPONENTS,
     "ssm": {"core"} | COMPONENTS,
+    "linear_attention": {"core"} | COMPONENTS,
     "lm": {"core"} | COMPONENTS,
     "train": {"core", "lm"} | COMPONENTS,
     "teach": {"core"} | COMPONENTS,

@@ -16,7 +16,9 @@ HEADER = "import numpy as np\nimport matplotlib.pyplot as plt\n\nimport grads\n"
 # twice that before it fails: a notebook over 120 s is too slow on any machine.
 BUDGET_S, HEADROOM = 60, 2
 EXPECTED = ["01_bpe", "02_rope_yarn", "03_attention_gqa_kv_cache", "04_mla_absorption",
-            "05_moe_balance_loss", "06_ssm_zoh_fft", "07_selective_scan", "08_tiny_lm"]
+            "05_moe_balance_loss", "06_ssm_zoh_fft", "07_selective_scan", "08_tiny_lm",
+            "09_flash_attention", "10_positions",
+            "11_one_recurrence_many_names"]
 
 
 def _present():

@@ -1,15 +1,27 @@
 """Attention: RoPE and its scalings (rope), boolean masks (masks), scaled dot-product attention
 with grouped K/V heads (sdpa), grouped-query attention and its decoding step (gqa), decoding
-state (kv_state), and multi-head latent attention (mla_projection, mla).
+state (kv_state), and multi-head latent attention (mla_projection, mla); tiled Flash attention
+(flash), sinusoidal and ALiBi positions (positions), MHA -> GQA conversion (convert),
+cross-attention (cross), DeepSeek's top-k sparse attention (indexer, sparse), and
+bidirectional encoder models (encoder).
 
 Stands on core only; mla stands on sdpa, rope and masks."""
+from .convert import mha_to_gqa
+from .cross import CrossAttention, cross_attention_backward, cross_attention_forward
+from .encoder import DecoderBlock, EncoderBlock, EncoderDecoder, MaskedLM, mlm_corrupt
+from .flash import FlashCache, flash_sdpa_backward, flash_sdpa_forward
 from .gqa import (QKV, Attention, gqa_backward, gqa_decode, gqa_forward, gqa_forward_ref,
                   project_qkv_backward, project_qkv_forward)
+from .indexer import (attention_distribution, indexer_kl_loss_backward,
+                      indexer_kl_loss_forward, lightning_indexer_backward,
+                      lightning_indexer_forward)
 from .kv_state import KVState, LatentKVState, RollingKVState
 from .masks import attention_sink_mask, block_sparse_mask, causal_mask, sliding_window_mask
 from .mla import MLA, mla_backward, mla_decode, mla_decode_ref, mla_forward, mla_softmax_scale
 from .mla_projection import MLAProjection, mla_project_backward, mla_project_forward
+from .positions import alibi_bias, alibi_slopes, sinusoidal_positions
 from .rope import get_mscale, rope_backward, rope_forward, rope_frequencies
+from .sparse import topk_select, topk_sparse_attention_backward, topk_sparse_attention_forward
 from .sdpa import (merge_heads, repeat_kv_backward, repeat_kv_forward, sdpa_backward,
                    sdpa_forward, split_heads)
 
@@ -21,4 +33,14 @@ __all__ = [
     "mla_softmax_scale", "project_qkv_backward", "project_qkv_forward", "repeat_kv_backward",
     "repeat_kv_forward", "rope_backward", "rope_forward", "rope_frequencies", "sdpa_backward",
     "sdpa_forward", "sliding_window_mask", "split_heads",
+    # issue 14: flash attention, positions
+    "CrossAttention", "FlashCache", "alibi_bias", "cross_attention_backward",
+    "cross_attention_forward", "alibi_slopes", "flash_sdpa_backward", "flash_sdpa_forward",
+    "mha_to_gqa", "sinusoidal_positions",
+    # issue 14: DeepSeek sparse attention
+    "attention_distribution", "indexer_kl_loss_backward", "indexer_kl_loss_forward",
+    "lightning_indexer_backward", "lightning_indexer_forward", "topk_select",
+    "topk_sparse_attention_backward", "topk_sparse_attention_forward",
+    # issue 14: encoders
+    "DecoderBlock", "EncoderBlock", "EncoderDecoder", "MaskedLM", "mlm_corrupt",
 ]

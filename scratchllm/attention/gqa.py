@@ -17,8 +17,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from scratchllm.attention.flash import FlashCache, flash_sdpa_backward, flash_sdpa_forward
 from scratchllm.attention.kv_state import KVState, RollingKVState
 from scratchllm.attention.masks import attention_sink_mask, causal_mask, sliding_window_mask
+from scratchllm.attention.positions import alibi_bias, alibi_slopes
 from scratchllm.attention.rope import rope_backward, rope_forward, rope_frequencies
 from scratchllm.attention.sdpa import (SDPACache, merge_heads, repeat_kv_backward,
                                        repeat_kv_forward, sdpa_backward, sdpa_forward,
@@ -49,7 +51,7 @@ class QKVCache(NamedTuple):
 class GQACache(NamedTuple):
     qkv: QKVCache
     rep: tuple  # RepeatKVCache in gqa_forward_ref; None when sdpa shares the heads itself
-    sdpa: SDPACache
+    sdpa: SDPACache  # or a FlashCache (attn_impl="flash")
     lin_o: tuple
 
 
@@ -67,6 +69,32 @@ def _resolve_mask(mask, window, T):
         return mask
     raise ValueError(f"gqa: mask must be 'causal', 'sliding', 'none', None or a bool array, "
                      f"got {mask!r}")
+
+
+class AttnOptions(NamedTuple):
+    """How gqa attends (issue 14's options; the defaults are plain sdpa)."""
+    impl: str = "sdpa"      # "sdpa" (dense, mask arrays allowed) | "flash" (tiled, named masks)
+    alibi: np.ndarray = None  # (H,) fixed ALiBi slopes, or None
+    n_sink: int = 0         # sink tokens kept beside mask="sliding"
+    block: int = 128        # flash's block_q = block_k
+
+
+def _attend(q, k, v, mask, window, attn):
+    """sdpa or flash_sdpa of (q, k, v) under the named (or array) mask and ALiBi slopes."""
+    T = q.shape[2]
+    if attn.impl == "sdpa":
+        if attn.n_sink:
+            mask = attention_sink_mask(T, window, attn.n_sink)  # (T, T)
+        bias = None if attn.alibi is None else alibi_bias(attn.alibi, T, T)  # (H, T, T)
+        return sdpa_forward(q, k, v, _resolve_mask(mask, window, T), bias=bias)
+    if attn.impl != "flash" or not (mask is None or isinstance(mask, str)):
+        raise ValueError(f"gqa: attn.impl must be 'sdpa' or 'flash' (flash takes a mask name, "
+                         f"not an array), got impl={attn.impl!r}, mask {type(mask).__name__}")
+    _resolve_mask(mask, window, 1)  # the same checks of the name and window
+    named = {"causal": dict(causal=True), "sliding": dict(causal=True, window=window,
+                                                          n_sink=attn.n_sink)}
+    return flash_sdpa_forward(q, k, v, attn.alibi, **named.get(mask, {}), block_q=attn.block,
+                              block_k=attn.block)
 
 
 def project_qkv_forward(x, wq, wk, wv, *, n_heads, n_kv_heads, positions=None, inv_freq=None,
@@ -117,30 +145,33 @@ def project_qkv_backward(dout, cache):
 
 
 def gqa_forward(x, wq, wk, wv, wo, *, n_heads, n_kv_heads, positions=None, inv_freq=None,
-                rope_style="half", attention_factor=1.0, mask="causal", window=None):
+                rope_style="half", attention_factor=1.0, mask="causal", window=None,
+                attn=None):
     """Grouped-query self-attention: y = concat_h sdpa(q_h, k_{h//G}, v_{h//G}) @ wo.
 
     Inputs:  x (B, T, D); wq (D, H*Dh); wk, wv (D, Hkv*Dh); wo (H*Dh, D); positions (T,) or
              (B, T) ints (default arange(T)); inv_freq (Dh/2,) or None for no RoPE; mask
              "causal" | "sliding" (with window) | "none" | bool array broadcastable to
-             (B, H, T, T).
+             (B, H, T, T); attn None (sdpa), or an AttnOptions: ALiBi slopes, n_sink
+             beside a sliding window, impl "flash" (flash_sdpa, mask by name) or "sdpa".
     Returns: y (B, T, D).  Cache: GQACache (qkv, sdpa and output-linear caches).
     Fast path: sdpa attends the G query heads of a group to their KV head directly.
     gqa_forward_ref is its twin that copies each KV head G times first (HF repeat_kv).
     """
     return _gqa(x, wq, wk, wv, wo, n_heads, n_kv_heads, positions, inv_freq, rope_style,
-                attention_factor, mask, window, expand_kv=False)
+                attention_factor, mask, window, expand_kv=False, attn=attn)
 
 
 def gqa_forward_ref(x, wq, wk, wv, wo, *, n_heads, n_kv_heads, positions=None, inv_freq=None,
-                    rope_style="half", attention_factor=1.0, mask="causal", window=None):
+                    rope_style="half", attention_factor=1.0, mask="causal", window=None,
+                    attn=None):
     """gqa_forward with K/V explicitly repeated to H heads (repeat_kv), then plain MHA sdpa."""
     return _gqa(x, wq, wk, wv, wo, n_heads, n_kv_heads, positions, inv_freq, rope_style,
-                attention_factor, mask, window, expand_kv=True)
+                attention_factor, mask, window, expand_kv=True, attn=attn)
 
 
 def _gqa(x, wq, wk, wv, wo, n_heads, n_kv_heads, positions, inv_freq, rope_style,
-         attention_factor, mask, window, expand_kv):
+         attention_factor, mask, window, expand_kv, attn=None):
     (q, k, v), qkv = project_qkv_forward(x, wq, wk, wv, n_heads=n_heads, n_kv_heads=n_kv_heads,
                                          positions=positions, inv_freq=inv_freq,
                                          rope_style=rope_style,
@@ -150,7 +181,7 @@ def _gqa(x, wq, wk, wv, wo, n_heads, n_kv_heads, positions, inv_freq, rope_style
     if expand_kv:
         k, rep = repeat_kv_forward(k, n_heads // n_kv_heads)  # (B, H, T, Dh)
         v, _ = repeat_kv_forward(v, n_heads // n_kv_heads)  # (B, H, T, Dh)
-    o, sd = sdpa_forward(q, k, v, _resolve_mask(mask, window, x.shape[1]))  # (B, H, T, Dh)
+    o, sd = _attend(q, k, v, mask, window, attn or AttnOptions())  # (B, H, T, Dh)
     y, lin_o = linear_forward(merge_heads(o), wo)  # (B, T, D)
     return y, GQACache(qkv, rep, sd, lin_o)
 
@@ -163,7 +194,8 @@ def gqa_backward(dy, cache):
     qkv, rep, sd, lin_o = cache
     g_o = linear_backward(dy, lin_o)  # fwd: y = merge_heads(o) @ wo
     do = split_heads(g_o["x"], qkv.n_heads)  # (B, H, T, Dh)
-    g_sd = sdpa_backward(do, sd)  # fwd: o = sdpa(q, k, v)
+    attend_backward = flash_sdpa_backward if isinstance(sd, FlashCache) else sdpa_backward
+    g_sd = attend_backward(do, sd)  # fwd: o = sdpa(q, k, v) (or flash_sdpa)
     dk, dv = g_sd["k"], g_sd["v"]  # (B, Hkv, T, Dh), or (B, H, T, Dh) for the ref
     if rep is not None:
         dk = repeat_kv_backward(dk, rep)["kv"]  # fwd: k = repeat(k) -> sum over the group
@@ -175,11 +207,11 @@ def gqa_backward(dy, cache):
 
 # ---------------------------------------------------------------------------- decoding
 def gqa_decode(x_t, wq, wk, wv, wo, state, position, *, n_heads, n_kv_heads, inv_freq=None,
-               rope_style="half", attention_factor=1.0):
+               rope_style="half", attention_factor=1.0, alibi=None):
     """One decoding step of gqa_forward for the token at `position`; appends to `state`.
 
     Inputs:  x_t (B, D); weights as gqa_forward; state a KVState or RollingKVState; position
-             int (the token's absolute index, used by RoPE).
+             int (the token's absolute index, used by RoPE); alibi (H,) slopes or None.
     Returns: y_t (B, D), equal to the corresponding row of the full causal forward.
     """
     pos = np.array([position])  # (1,)
@@ -189,23 +221,37 @@ def gqa_decode(x_t, wq, wk, wv, wo, state, position, *, n_heads, n_kv_heads, inv
                                        attention_factor=attention_factor)  # (B, H|Hkv, 1, Dh)
     state.append(k, v)
     K, V = state.kv()  # (B, Hkv, L, Dh); every cached key is at or before `position`
-    o, _ = sdpa_forward(q, K, V)  # (B, H, 1, Dh), query head h reads KV head h // G
+    bias = None
+    if alibi is not None:  # -slope |position - j| over the kept keys' positions
+        bias = -alibi[:, None, None] * np.abs(position - state.positions())  # (H, 1, L)
+    o, _ = sdpa_forward(q, K, V, bias=bias)  # (B, H, 1, Dh), query head h reads KV head h // G
     y, _ = linear_forward(merge_heads(o), wo)  # (B, 1, D)
     return y[:, 0]  # (B, D)
 
 
 # ---------------------------------------------------------------------------- module
+def _expect_empty(fn, state):
+    """Prefill starts a sequence: the state must not hold tokens yet."""
+    held = getattr(state, "length", None) or getattr(state, "n_seen", 0)
+    if held:
+        raise ValueError(f"{fn}: the state already holds {held} tokens; prefill fills a "
+                         f"fresh state from init_state")
+
+
 class Attention(Module):
     """GQA self-attention layer owning wq, wk, wv, wo; calls gqa_forward / gqa_backward.
 
     RoPE frequencies come from rope_frequencies(head_dim, rope_base, rope_scaling), recomputed
     per call (cheap) so that "dynamic" scaling sees the current length. use_rope=False: none.
     A window (mask "sliding") with n_sink > 0 also keeps the first n_sink tokens (sinks).
+    attn_impl "flash" attends with flash_sdpa (tiles of flash_block); alibi=True adds ALiBi's
+    fixed biases (alibi_slopes(n_heads)); with use_rope=False and no ALiBi it is NoPE.
     """
 
     def __init__(self, d_model, n_heads, n_kv_heads, *, rng, head_dim=None, use_rope=True,
                  rope_base=10000.0, rope_scaling=None, rope_style="half", mask="causal",
-                 window=None, n_sink=0, dtype=np.float32):
+                 window=None, n_sink=0, dtype=np.float32, attn_impl="sdpa", alibi=False,
+                 flash_block=128):
         Dh = head_dim or d_model // n_heads
         self.wq = Param(normal_init(rng, (d_model, n_heads * Dh), d_model ** -0.5, dtype))
         self.wk = Param(normal_init(rng, (d_model, n_kv_heads * Dh), d_model ** -0.5, dtype))
@@ -214,6 +260,8 @@ class Attention(Module):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, Dh
         self.use_rope, self.rope_base, self.rope_scaling = use_rope, rope_base, rope_scaling
         self.rope_style, self.mask, self.window, self.n_sink = rope_style, mask, window, n_sink
+        self.attn_impl, self.flash_block = attn_impl, flash_block
+        self.alibi = alibi_slopes(n_heads).astype(dtype) if alibi else None  # (H,)
 
     def _rope_kwargs(self, seq_len):
         if not self.use_rope:
@@ -228,10 +276,11 @@ class Attention(Module):
     def forward(self, x, positions=None):
         T = x.shape[1]
         pos = np.arange(T) if positions is None else positions
-        mask = attention_sink_mask(T, self.window, self.n_sink) if self.n_sink else self.mask
+        attn = AttnOptions(self.attn_impl, self.alibi, self.n_sink, self.flash_block)
         return gqa_forward(x, *self._weights(), n_heads=self.n_heads,
-                           n_kv_heads=self.n_kv_heads, positions=pos, mask=mask,
-                           window=self.window, **self._rope_kwargs(int(np.max(pos)) + 1))
+                           n_kv_heads=self.n_kv_heads, positions=pos, mask=self.mask,
+                           window=self.window, attn=attn,
+                           **self._rope_kwargs(int(np.max(pos)) + 1))
 
     def backward(self, dy, cache):
         return self.add_grads(gqa_backward(dy, cache))
@@ -244,7 +293,17 @@ class Attention(Module):
         return RollingKVState(self.window, self.n_sink, batch, self.n_kv_heads, self.head_dim,
                               dt)
 
+    def prefill(self, x, state):
+        """The whole prompt x (B, T, D) at positions 0..T-1 in one forward: returns y (B, T, D)
+        and appends its (rotated) keys and values, read from the forward's attention cache,
+        to the empty `state`, as T decode calls would."""
+        _expect_empty("Attention.prefill", state)
+        y, cache = self.forward(x)  # (B, T, D)
+        state.append(cache.sdpa.k, cache.sdpa.v)  # (B, Hkv, T, Dh) each
+        return y
+
     def decode(self, x_t, state, position):
         """One token (B, D) -> (B, D), appending its k, v to `state` (from init_state)."""
         return gqa_decode(x_t, *self._weights(), state, position, n_heads=self.n_heads,
-                          n_kv_heads=self.n_kv_heads, **self._rope_kwargs(position + 1))
+                          n_kv_heads=self.n_kv_heads, alibi=self.alibi,
+                          **self._rope_kwargs(position + 1))

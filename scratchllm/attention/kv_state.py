@@ -57,6 +57,10 @@ class KVState:
         """Views of the filled keys and values, (B, Hkv, length, Dh) each."""
         return self.k[:, :, :self.length], self.v[:, :, :self.length]
 
+    def positions(self):
+        """The token positions of kv()'s keys, (length,) (ALiBi's distances)."""
+        return np.arange(self.length)  # (length,)
+
 
 class RollingKVState:
     """The first n_sink tokens plus a ring buffer of the last `window` tokens.
@@ -105,6 +109,12 @@ class RollingKVState:
         k = np.concatenate([self.sink_k[:, :, :n_sink_out], self.ring_k[:, :, order]], axis=2)
         v = np.concatenate([self.sink_v[:, :, :n_sink_out], self.ring_v[:, :, order]], axis=2)
         return k, v  # (B, Hkv, n_kept, Dh) each
+
+    def positions(self):
+        """The token positions of kv()'s keys in its order, (n_kept,)."""
+        n, W = self.n_seen, self.window
+        sinks = np.arange(max(0, min(self.n_sink, n - W)))  # (n_sink_out,)
+        return np.concatenate([sinks, np.arange(max(0, n - W), n)])  # (n_kept,)
 
 
 class LatentKVState:

@@ -32,19 +32,20 @@ from scratchllm.core.validate import expect_ndim, expect_positive
 
 # ---------------------------------------------------------------------------- arithmetic
 def mla_softmax_scale(qk_head_dim, rope_scaling=None):
-    """(dn+dr)^-1/2, times mscale^2 when a YaRN rope_scaling carries `mscale_all_dim` (HF
-    deepseek_v3; DeepSeek-V3's model.py: 0.1 * mscale * ln(factor) + 1, the same with its
-    mscale = mscale_all_dim = 1).
+    """(dn+dr)^-1/2, times mscale^2 with mscale = 0.1 mscale_all_dim ln(factor) + 1 when a
+    non-default rope_scaling carries a nonzero `mscale_all_dim` (HF deepseek_v3
+    yarn_apply_mscale; DeepSeek-V3's model.py: 0.1 * mscale * ln(factor) + 1, the same with
+    its mscale = mscale_all_dim = 1).
 
     >>> round(mla_softmax_scale(192, {"rope_type": "yarn", "factor": 40, "mscale_all_dim": 1}), 7)
     0.1352338
     """
     expect_positive("mla_softmax_scale", "qk_head_dim", qk_head_dim)
     scale = qk_head_dim ** -0.5
-    if rope_scaling and rope_scaling.get("mscale_all_dim"):
-        scale *= get_mscale(rope_scaling.get("factor", 1.0), rope_scaling["mscale_all_dim"]) ** 2
+    p = rope_scaling or {}
+    if p.get("rope_type", p.get("type", "default")) != "default" and p.get("mscale_all_dim"):
+        scale *= get_mscale(p["factor"], p["mscale_all_dim"]) ** 2
     return scale
-
 
 
 # ---------------------------------------------------------------------------- training form
@@ -209,6 +210,7 @@ class MLA(Module):
         self.wkv_b = Param(normal_init(rng, (Dc, H * (qk_nope_head_dim + dv)), Dc ** -0.5, dtype))
         self.wo = Param(normal_init(rng, (H * dv, D), (H * dv) ** -0.5, dtype))
         self.n_heads, self.rope_style, self.eps = H, rope_style, eps
+        self.qk_nope_head_dim = qk_nope_head_dim
         self.inv_freq, self.attention_factor = rope_frequencies(dr, rope_base, rope_scaling)
         self.softmax_scale = mla_softmax_scale(qk, rope_scaling)
 
@@ -229,6 +231,20 @@ class MLA(Module):
         Dc = self.kv_norm.data.shape[0]
         return LatentKVState(batch, max_len, Dc, self.wkv_a.data.shape[1] - Dc,
                              self.wo.data.dtype)
+
+    def prefill(self, x, state):
+        """The prompt x (B, T, D) in one training-form forward; returns y (B, T, D) and
+        appends each token's [kv_norm(c_kv) | k_pe] to the empty LatentKVState: the latent is
+        the input of the wkv_b linear, k_pe the roped part of any head's key."""
+        if state.length:
+            raise ValueError(f"MLA.prefill: the state already holds {state.length} tokens; "
+                             f"prefill fills a fresh state from init_state")
+        y, cache = self.forward(x)  # (B, T, D)
+        ckv = cache.up.x  # (B, T, Dc): fwd kvb = ckv @ wkv_b
+        k_pe = cache.att.k[:, 0, :, self.qk_nope_head_dim:]  # (B, T, dr): shared by the heads
+        for t in range(x.shape[1]):
+            state.append(ckv[:, t], k_pe[:, t])
+        return y
 
     def decode(self, x_t, state, position):
         """One token (B, D) -> (B, D) in the absorbed form, appending to `state`."""

@@ -33,6 +33,13 @@ def expect_float(fn, name, array):
         raise TypeError(f"{fn}: {name} must be a float array, got {got}")
 
 
+def expect_inexact(fn, name, array):
+    """Raise TypeError unless `array` is a float or complex ndarray (complex SSM arrays)."""
+    if not isinstance(array, np.ndarray) or not np.issubdtype(array.dtype, np.inexact):
+        got = array.dtype if isinstance(array, np.ndarray) else type(array).__name__
+        raise TypeError(f"{fn}: {name} must be a float or complex array, got {got}")
+
+
 def expect_int(fn, name, array):
     """Raise TypeError unless `array` holds integers (token ids, positions, indices)."""
     if not np.issubdtype(np.asarray(array).dtype, np.integer):

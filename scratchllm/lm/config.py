@@ -7,9 +7,12 @@ Presets (all small enough to train on 2 CPU cores in minutes):
             aux-loss-free selection bias
     swa     Mistral-style: sliding-window attention with attention sinks
     hybrid  Jamba-style: Mamba and attention layers ("MAMA"), MoE FFN every other layer
+    linear, deltanet, mamba2, rwkv   one recurrent mixer in every layer (lm/mixers.py)
 """
 import dataclasses
 from dataclasses import dataclass
+
+LAYER_KINDS = "AMLRGDSW"  # attention, Mamba, then the recurrent mixers of lm/mixers.py
 
 
 @dataclass
@@ -30,6 +33,9 @@ class ModelConfig:
     rope_style: str = "half"            # "half" (rotate_half, HF) | "interleaved" (Meta)
     window: int = None                  # sliding window W (None = full causal attention)
     n_sink: int = 0                     # attention-sink tokens kept beside the window
+    positions: str = "rope"             # "rope" | "alibi" (per-head linear bias) | "sinusoidal"
+                                        #   (added to the embedding) | "nope" (none)
+    attn_impl: str = "sdpa"             # "sdpa" (dense scores) | "flash" (tiled, O(T) memory)
     # --- MLA (attention = "mla"), DeepSeek-V3 names
     q_lora_rank: int = 0                # Dq (0 = a plain wq, no query compression)
     kv_lora_rank: int = 32              # Dc: the cached KV latent
@@ -37,7 +43,7 @@ class ModelConfig:
     qk_rope_head_dim: int = 16          # dr: RoPE part (one shared key per token)
     v_head_dim: int = 32                # dv
     # --- FFN
-    ffn: str = "swiglu"                 # "swiglu" | "moe"
+    ffn: str = "swiglu"                 # "swiglu" | "moe" | "none" (mixer-only blocks: Mamba-1)
     d_ff: int = 384                     # F: SwiGLU hidden width (each expert's, for MoE)
     moe_every: int = 1                  # MoE in layers i with (i + 1) % moe_every == 0
     n_experts: int = 8                  # E routed experts
@@ -50,12 +56,22 @@ class ModelConfig:
     bias_gamma: float = 0.0             # aux-loss-free bias speed (0 = off), DeepSeek-V3
     # --- hybrid (Mamba) layers
     layer_pattern: str = None           # e.g. "MAMA": M = Mamba mixer, A = attention; None = all A
+                                        # (recurrent mixers, lm/mixers.py: L linear attention,
+                                        # R RetNet, G GLA, D DeltaNet, S Mamba-2, W RWKV-4)
     d_state: int = 16                   # N: SSM state per channel
     d_conv: int = 4                     # causal depthwise conv width
     expand: int = 2                     # Mamba inner width = expand * D
+    # --- details of released checkpoints (Hugging Face configs)
+    router_bias: bool = False           # a trained router logit bias (gpt-oss)
+    n_group: int = 1                    # DeepSeek-V3 group-limited routing: expert groups
+    topk_group: int = 1                 #   ... of which a token may route into this many
+    norm_topk_prob: bool = True         # gates renormalised over the chosen k (else raw scores)
+    routed_scaling_factor: float = 1.0  # gate multiplier (DeepSeek-V3: 2.5)
+    mamba_inner_norms: bool = False     # Jamba's RMSNorms on dt, B, C inside Mamba layers
+    dt_rank: int = None                 # R: Mamba's dt rank (None = ceil(d_model / 16))
 
     def layer_kinds(self):
-        """One letter per layer: "A" attention or "M" Mamba."""
+        """One letter per layer: "A" attention, "M" Mamba, or a recurrent mixer (LAYER_KINDS)."""
         return self.layer_pattern or "A" * self.n_layers
 
     def is_moe_layer(self, i):
@@ -71,8 +87,8 @@ class ModelConfig:
                 bad(f"{f} must be a positive integer, got {getattr(self, f)!r}")
         if self.attention not in ("gqa", "mla"):
             bad(f"attention must be 'gqa' or 'mla', got {self.attention!r}")
-        if self.ffn not in ("swiglu", "moe"):
-            bad(f"ffn must be 'swiglu' or 'moe', got {self.ffn!r}")
+        if self.ffn not in ("swiglu", "moe", "none"):
+            bad(f"ffn must be 'swiglu', 'moe' or 'none', got {self.ffn!r}")
         if self.score not in ("softmax", "sigmoid"):
             bad(f"score must be 'softmax' or 'sigmoid', got {self.score!r}")
         if self.rope_style not in ("half", "interleaved"):
@@ -89,11 +105,24 @@ class ModelConfig:
             bad(f"window must be None or >= 1, got {self.window!r}")
         if self.n_sink < 0 or (self.n_sink and self.window is None):
             bad(f"n_sink={self.n_sink} needs a window and must be >= 0")
+        if self.positions not in ("rope", "alibi", "sinusoidal", "nope"):
+            bad(f"positions must be 'rope', 'alibi', 'sinusoidal' or 'nope', got "
+                f"{self.positions!r}")
+        if self.attn_impl not in ("sdpa", "flash"):
+            bad(f"attn_impl must be 'sdpa' or 'flash', got {self.attn_impl!r}")
+        if self.attention == "mla" and (self.positions != "rope" or self.attn_impl != "sdpa"):
+            bad("attention='mla' supports positions='rope' and attn_impl='sdpa' only")
         if self.window is not None and self.attention == "mla":
             bad("a sliding window is implemented for attention='gqa' only")
+        for f in ("n_group", "topk_group"):
+            if not isinstance(getattr(self, f), int) or getattr(self, f) <= 0:
+                bad(f"{f} must be a positive integer, got {getattr(self, f)!r}")
+        if self.dt_rank is not None and (not isinstance(self.dt_rank, int) or self.dt_rank <= 0):
+            bad(f"dt_rank must be None or a positive integer, got {self.dt_rank!r}")
         kinds = self.layer_kinds()
-        if len(kinds) != self.n_layers or set(kinds) - set("AM"):
-            bad(f"layer_pattern must be {self.n_layers} letters of 'A'/'M', got {kinds!r}")
+        if len(kinds) != self.n_layers or set(kinds) - set(LAYER_KINDS):
+            bad(f"layer_pattern must be {self.n_layers} letters of {LAYER_KINDS!r}, "
+                f"got {kinds!r}")
         return self
 
     def to_dict(self):
@@ -118,6 +147,11 @@ PRESETS = {
                 balance_coef=1e-4, z_coef=0.0),
     "swa": dict(window=32, n_sink=4),
     "hybrid": dict(_MOE, layer_pattern="MAMA", moe_every=2, n_experts=4),
+    # recurrent mixers (issue 15): every layer one recurrence, SwiGLU FFN
+    "linear": dict(layer_pattern="LLLL"),
+    "deltanet": dict(layer_pattern="DDDD"),
+    "mamba2": dict(layer_pattern="SSSS"),
+    "rwkv": dict(layer_pattern="WWWW"),
 }
 
 

@@ -3,7 +3,7 @@
     x_0 = E[ids]                                          token embedding
     h_l = x_{l-1} + mixer_l(rmsnorm(x_{l-1}))             mixer: GQA / MLA / sliding-window
     x_l = h_l + ffn_l(rmsnorm(h_l))                              attention, or a Mamba block;
-    logits = rmsnorm(x_L) @ W_head   (W_head = E^T if tied)      ffn: SwiGLU or MoE
+    logits = rmsnorm(x_L) @ W_head   (W_head = E^T if tied)      ffn: SwiGLU, MoE or none
     loss = CE(logits, targets) + sum_MoE-layers (balance_coef * aux + z_coef * z)
 
 The backward runs the same chain in reverse: each Block calls its Modules' backwards, and the
@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from scratchllm.attention import sinusoidal_positions
 from scratchllm.core import ops
 from scratchllm.core.nn import Embedding, Linear, Module, RMSNorm
 from scratchllm.core.validate import expect_int, expect_ndim
@@ -40,13 +41,14 @@ class BlockCache(NamedTuple):
 
 
 class Block(Module):
-    """Pre-norm residual block: x + mixer(norm(x)), then + ffn(norm(.))."""
+    """Pre-norm residual block: x + mixer(norm(x)), then + ffn(norm(.)) unless ffn="none"
+    (HF Mamba-1's MambaBlock is the mixer alone)."""
 
     def __init__(self, cfg, i, *, rng, dtype):
         D = cfg.d_model
         self.norm1 = RMSNorm(D, eps=cfg.norm_eps, dtype=dtype)
         self.mixer = make_mixer(cfg, cfg.layer_kinds()[i], rng=rng, dtype=dtype)
-        self.norm2 = RMSNorm(D, eps=cfg.norm_eps, dtype=dtype)
+        self.norm2 = None if cfg.ffn == "none" else RMSNorm(D, eps=cfg.norm_eps, dtype=dtype)
         self.moe = cfg.is_moe_layer(i)
         self.ffn = make_ffn(cfg, self.moe, rng=rng, dtype=dtype)
 
@@ -55,6 +57,8 @@ class Block(Module):
         a, c1 = self.norm1.forward(x)  # (B, T, D)
         m, cm = self.mixer.forward(a)  # (B, T, D)
         h = x + m  # (B, T, D)
+        if self.ffn is None:  # a mixer-only block
+            return BlockOut(h, None, None), BlockCache(c1, cm, None, None)
         b, c2 = self.norm2.forward(h)  # (B, T, D)
         out, cf = self.ffn.forward(b)
         f, aux, z = out if self.moe else (out, None, None)  # (B, T, D)
@@ -64,15 +68,27 @@ class Block(Module):
         """dout = BlockOut(dy, daux, dz) -> dx; Param grads accumulate in the Modules."""
         dy, daux, dz = dout
         c1, cm, c2, cf = cache
-        db = self.ffn.backward(MoEOut(dy, daux, dz) if self.moe else dy, cf)  # y = h + ffn(b)
-        dh = dy + self.norm2.backward(db, c2)  # fwd: b = norm2(h)
+        dh = dy  # fwd: y = h (+ ffn(b))
+        if self.ffn is not None:
+            db = self.ffn.backward(MoEOut(dy, daux, dz) if self.moe else dy, cf)  # y = h + ffn(b)
+            dh = dy + self.norm2.backward(db, c2)  # fwd: b = norm2(h)
         da = self.mixer.backward(dh, cm)  # fwd: h = x + mixer(a)
         return dh + self.norm1.backward(da, c1)  # fwd: a = norm1(x)
+
+    def prefill(self, x, state):
+        """A whole prompt x (B, T, D) -> y (B, T, D), filling this layer's fresh state."""
+        a, _ = self.norm1.forward(x)  # (B, T, D)
+        h = x + self.mixer.prefill(a, state)  # (B, T, D)
+        b, _ = self.norm2.forward(h)  # (B, T, D)
+        out, _ = self.ffn.forward(b)
+        return h + (out.y if self.moe else out)  # (B, T, D)
 
     def decode(self, x_t, state, position):
         """One token: x_t (B, D) -> y_t (B, D), updating this layer's state in place."""
         a, _ = self.norm1.forward(x_t)  # (B, D)
         h = x_t + self.mixer.decode(a, state, position)  # (B, D)
+        if self.ffn is None:
+            return h
         b, _ = self.norm2.forward(h)  # (B, D)
         out, _ = self.ffn.forward(b[:, None])
         return h + (out.y if self.moe else out)[:, 0]  # (B, D)
@@ -120,6 +136,7 @@ class LM(Module):
         expect_int("LM", "ids", ids)
         expect_ndim("LM", "ids", ids, 2, "(B, T)")
         x, c_emb = self.embed.forward(ids)  # (B, T, D)
+        x = self._add_positions(x, 0)  # (B, T, D)
         blocks, aux = [], []
         for layer in self.layers:
             (x, a, z), c = layer.forward(x)  # (B, T, D)
@@ -129,6 +146,13 @@ class LM(Module):
         h, cn = self.norm.forward(x)  # (B, T, D)
         logits, ch = self._head_forward(h)  # (B, T, V)
         return logits, LMCache(c_emb, blocks, cn, ch, aux)
+
+    def _add_positions(self, x, start):
+        """x + PE[start:start+T] for positions="sinusoidal" (a constant: no backward), else x."""
+        if self.cfg.positions != "sinusoidal":
+            return x
+        T, D = x.shape[1], x.shape[2]
+        return x + sinusoidal_positions(start + T, D)[start:].astype(x.dtype)  # (B, T, D)
 
     def _head_forward(self, h):
         return self.embed.attend(h) if self.head is None else self.head.forward(h)
@@ -208,10 +232,23 @@ class LM(Module):
         """Per-layer decoding states for `batch` sequences of up to max_len tokens."""
         return [layer.mixer.init_state(batch, max_len) for layer in self.layers]
 
+    def prefill(self, ids, state):
+        """The prompt ids (B, T) at positions 0..T-1 in one forward pass per layer, filling
+        every layer's fresh state (from init_state) as T decode calls would. Returns the
+        logits (B, T, V); decoding continues with decode(ids_t, state, T)."""
+        expect_int("LM.prefill", "ids", ids)
+        expect_ndim("LM.prefill", "ids", ids, 2, "(B, T)")
+        x, _ = self.embed.forward(ids)  # (B, T, D)
+        x = self._add_positions(x, 0)  # (B, T, D)
+        for layer, st in zip(self.layers, state):
+            x = layer.prefill(x, st)  # (B, T, D)
+        h, _ = self.norm.forward(x)  # (B, T, D)
+        return self._head_forward(h)[0]  # (B, T, V)
+
     def decode(self, ids_t, state, position):
         """One token per sequence: ids_t (B,) at `position` -> logits (B, V); updates state."""
         x, _ = self.embed.forward(np.asarray(ids_t)[:, None])  # (B, 1, D)
-        x = x[:, 0]  # (B, D)
+        x = self._add_positions(x, position)[:, 0]  # (B, D)
         for layer, st in zip(self.layers, state):
             x = layer.decode(x, st, position)  # (B, D)
         h, _ = self.norm.forward(x)  # (B, D)

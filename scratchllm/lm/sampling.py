@@ -47,12 +47,12 @@ def sample_next(logits, rng, temperature=1.0, top_k=None, top_p=None):
 
 def generate_ids(model, prompt_ids, max_new_tokens, rng, stop_id=None, **sampling):
     """Yield up to max_new_tokens sampled ids after prompt_ids (a non-empty list), feeding
-    each token through model.decode with one state per layer."""
+    the prompt through model.prefill (one forward) and each new token through model.decode,
+    with one state per layer."""
     if not prompt_ids:
         raise ValueError("generate: the prompt must hold at least one token")
     state = model.init_state(batch=1, max_len=len(prompt_ids) + max_new_tokens)
-    for pos, t in enumerate(prompt_ids):
-        logits = model.decode(np.array([t]), state, pos)  # (1, V)
+    logits = model.prefill(np.array([prompt_ids]), state)[:, -1]  # (1, V)
     for pos in range(len(prompt_ids), len(prompt_ids) + max_new_tokens):
         t = sample_next(logits[0], rng, **sampling)
         if t == stop_id:

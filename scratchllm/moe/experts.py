@@ -1,10 +1,18 @@
 """The experts of an MoE layer and the dispatch that feeds them: tokens sorted by expert once,
-each expert a SwiGLU on its contiguous slice (the grouped-GEMM pattern), and the capacity rule.
+each expert a SwiGLU on its contiguous slice (the grouped-GEMM pattern), and the capacity rule;
+and gpt-oss's expert, the clamped SwiGLU with biases.
 
 Dispatch: the BT K routing slots are sorted by expert (a stable argsort, so token order
 survives inside an expert), the first C = ceil(c BT K / E) of each expert are kept and the
 overflow dropped (Switch Transformer, arXiv 2101.03961 §2.1). The only Python loop is over
 experts; no per-token loop, no BT x E dense dispatch mask.
+
+gpt-oss's expert (huggingface/transformers modeling_gpt_oss.py GptOssExperts), per row x:
+    h = x @ gate_up + gate_up_b;  gate, up = h[0::2], h[1::2]      interleaved columns
+    gate = min(gate, limit);  up = clip(up, -limit, limit)
+    y = ((up + 1) * gate * sigmoid(alpha * gate)) @ down + down_b
+The clamps are kinks: the gradient is zero beyond a limit (torch.clamp passes it on
+gate <= limit and on -limit <= up <= limit, boundaries included; so does the backward here).
 
 Glossary: BT tokens (rows), D model width, E experts, K top-k, F expert hidden width,
 C capacity, M kept slots (<= BT K).
@@ -15,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core import ops
-from scratchllm.core.validate import expect_float, expect_positive, expect_shape
+from scratchllm.core.validate import expect_float, expect_ndim, expect_positive, expect_shape
 
 
 # ---------------------------------------------------------------------------- experts
@@ -34,8 +42,40 @@ def check_layer(fn, x, w_router, w1, w3, w2):
 
 class ExpertsCache(NamedTuple):
     bounds: np.ndarray  # (E+1,) slice edges
-    swiglu: list  # per expert: its ops.swiglu cache, None when it got no rows
-    w_shape: tuple  # (E, D, F)
+    per_expert: list  # per expert: its pair's cache, None when it got no rows
+    shapes: dict  # stacked weight name -> shape, e.g. w1: (E, D, F)
+
+
+def _run_experts(xs, bounds, forward, weights, **hyper):
+    """Expert i runs forward(xs[bounds[i]:bounds[i+1]], *its slices of the stacked weights);
+    returns ys and the ExpertsCache (None for an expert with no rows)."""
+    ys = np.empty_like(xs)  # (M, D)
+    caches = []
+    for i in range(len(bounds) - 1):
+        a, b = bounds[i], bounds[i + 1]
+        if a == b:
+            caches.append(None)
+            continue
+        ys[a:b], c = forward(xs[a:b], *(w[i] for w in weights.values()), **hyper)  # (M_i, D)
+        caches.append(c)
+    return ys, ExpertsCache(bounds, caches, {n: w.shape for n, w in weights.items()})
+
+
+def _experts_grads(dys, cache, backward, keys):
+    """Each expert slice through `backward`; keys maps a stacked weight name to the pair's
+    gradient key. An expert with no rows gets zeros. Returns {xs, stacked weight names}."""
+    bounds, caches, shapes = cache
+    dxs = np.empty_like(dys)  # (M, D)
+    grads = {n: np.zeros(shape, dys.dtype) for n, shape in shapes.items()}  # (E, ...)
+    for i, c in enumerate(caches):
+        if c is None:
+            continue
+        a, b = bounds[i], bounds[i + 1]
+        g = backward(dys[a:b], c)  # fwd: ys[a:b] = expert_i(xs[a:b])
+        dxs[a:b] = g["x"]
+        for name, key in keys.items():
+            grads[name][i] = g[key]
+    return {"xs": dxs, **grads}
 
 
 def experts_forward(xs, bounds, w1, w3, w2):
@@ -45,34 +85,100 @@ def experts_forward(xs, bounds, w1, w3, w2):
              w2 (E, F, D).
     Returns: ys (M, D).  Cache: (bounds, the per-expert swiglu caches; None if empty).
     """
-    ys = np.empty_like(xs)  # (M, D)
-    caches = []
-    for i in range(w1.shape[0]):
-        a, b = bounds[i], bounds[i + 1]
-        if a == b:
-            caches.append(None)
-            continue
-        ys[a:b], c = ops.swiglu_forward(xs[a:b], w1[i], w3[i], w2[i])  # (M_i, D)
-        caches.append(c)
-    return ys, ExpertsCache(bounds, caches, w1.shape)
+    return _run_experts(xs, bounds, ops.swiglu_forward, dict(w1=w1, w3=w3, w2=w2))
 
 
 def experts_backward(dys, cache):
     """Each expert slice through ops.swiglu_backward; an expert with no rows gets zeros.
     Returns {xs, w1, w3, w2}."""
-    bounds, caches, w_shape = cache
-    E, D, F = w_shape
-    dxs = np.empty_like(dys)  # (M, D)
-    dw1 = np.zeros(w_shape, dys.dtype)  # (E, D, F)
-    dw3 = np.zeros(w_shape, dys.dtype)  # (E, D, F)
-    dw2 = np.zeros((E, F, D), dys.dtype)  # (E, F, D)
-    for i, c in enumerate(caches):
-        if c is None:
-            continue
-        a, b = bounds[i], bounds[i + 1]
-        g = ops.swiglu_backward(dys[a:b], c)  # fwd: ys[a:b] = swiglu(xs[a:b], w1[i], ...)
-        dxs[a:b], dw1[i], dw3[i], dw2[i] = g["x"], g["W1"], g["W3"], g["W2"]
-    return {"xs": dxs, "w1": dw1, "w3": dw3, "w2": dw2}
+    return _experts_grads(dys, cache, ops.swiglu_backward, dict(w1="W1", w3="W3", w2="W2"))
+
+
+# ---------------------------------------------------------------------------- gpt-oss expert
+class ClampedSwiGLUCache(NamedTuple):
+    up: ops.LinearCache  # x @ gate_up + gate_up_b
+    act: ops.InputCache  # silu of alpha * gate
+    down: ops.LinearCache
+    gate_live: np.ndarray  # (..., F) bool: gate <= limit (the clamp passes the gradient)
+    up_live: np.ndarray  # (..., F) bool: |up| <= limit
+    glu: np.ndarray  # gate * sigmoid(alpha * gate), clamped gate
+    up_plus_1: np.ndarray  # clip(up) + 1
+
+
+def clamped_swiglu_forward(x, gate_up, gate_up_b, down, down_b, *, alpha=1.702, limit=7.0):
+    """gpt-oss's expert MLP (GptOssExperts): interleaved gate/up columns, clamped, biased.
+
+    Inputs:  x (..., D), gate_up (D, 2F) with gate in the even and up in the odd columns,
+             gate_up_b (2F,) or None, down (F, D), down_b (D,) or None; alpha, limit > 0
+             (gpt-oss: 1.702 and 7.0).
+    Returns: y (..., D).  Cache: the linear caches, silu's, the clamp masks, two halves.
+    The glu is silu(alpha gate) / alpha = gate sigmoid(alpha gate), so silu's pair serves.
+    """
+    expect_ndim("clamped_swiglu", "gate_up", gate_up, 2, "(D, 2F)")
+    if gate_up.shape[1] % 2:
+        raise ValueError(f"clamped_swiglu: gate_up has shape {gate_up.shape}, expected (D, 2F) "
+                         f"with an even number of interleaved gate/up columns")
+    expect_shape("clamped_swiglu", "down", down, (gate_up.shape[1] // 2, x.shape[-1]),
+                 "(F, D) with 2F = gate_up.shape[1], D = x.shape[-1]")
+    expect_positive("clamped_swiglu", "alpha", alpha)
+    expect_positive("clamped_swiglu", "limit", limit)
+    h, up_cache = ops.linear_forward(x, gate_up, gate_up_b)  # (..., 2F)
+    gate, up = h[..., 0::2], h[..., 1::2]  # (..., F) each, interleaved
+    s, act = ops.silu_forward(alpha * np.minimum(gate, limit))  # (..., F)
+    glu = s / alpha  # (..., F) gate sigmoid(alpha gate)
+    up_plus_1 = np.clip(up, -limit, limit) + 1  # (..., F)
+    y, down_cache = ops.linear_forward(up_plus_1 * glu, down, down_b)  # (..., D)
+    cache = ClampedSwiGLUCache(up_cache, act, down_cache, gate <= limit, np.abs(up) <= limit,
+                               glu, up_plus_1)
+    return y, cache
+
+
+def clamped_swiglu_backward(dy, cache):
+    """Math: m = (u + 1) glu(g), glu(g) = silu(alpha g) / alpha, g = min(gate, limit),
+    u = clip(up, -limit, limit):
+        dglu = dm (u + 1),  du = dm glu,  dg = silu'(alpha g) dglu   (the alphas cancel)
+        dgate = dg [gate <= limit],  dup = du [-limit <= up <= limit]   (zero past a clamp)
+    then dh interleaves dgate, dup back into the 2F columns of h = x @ gate_up + gate_up_b.
+    Reference: huggingface/transformers src/transformers/models/gpt_oss/modeling_gpt_oss.py
+    GptOssExperts._apply_gate; Shazeer 2020 (arXiv 2002.05202).
+    """
+    up_cache, act, down_cache, gate_live, up_live, glu, up_plus_1 = cache
+    g_down = ops.linear_backward(dy, down_cache)  # fwd: y = m @ down + down_b
+    dm = g_down["x"]  # (..., F)
+    dh = np.empty(dm.shape[:-1] + (2 * dm.shape[-1],), dm.dtype)  # (..., 2F)
+    dg = ops.silu_backward(dm * up_plus_1, act)["x"]  # fwd: glu = silu(alpha g) / alpha
+    dh[..., 0::2] = dg * gate_live  # fwd: g = min(gate, limit)
+    dh[..., 1::2] = dm * glu * up_live  # fwd: m = (clip(up) + 1) glu
+    g_up = ops.linear_backward(dh, up_cache)  # fwd: h = x @ gate_up + gate_up_b
+    grads = {"x": g_up["x"], "gate_up": g_up["W"], "down": g_down["W"]}
+    if "b" in g_up:
+        grads["gate_up_b"] = g_up["b"]
+    if "b" in g_down:
+        grads["down_b"] = g_down["b"]
+    return grads
+
+
+CLAMPED_KEYS = dict(gate_up="gate_up", gate_up_b="gate_up_b", down="down", down_b="down_b")
+
+
+def clamped_experts_forward(xs, bounds, gate_up, gate_up_b, down, down_b, *, alpha=1.702,
+                            limit=7.0):
+    """Expert i runs clamped_swiglu on its rows xs[bounds[i]:bounds[i+1]] (gpt-oss layout).
+
+    Inputs:  xs (M, D) rows sorted by expert, bounds (E+1,), gate_up (E, D, 2F) interleaved,
+             gate_up_b (E, 2F), down (E, F, D), down_b (E, D); alpha, limit.
+    Returns: ys (M, D).  Cache: ExpertsCache of the per-expert clamped_swiglu caches.
+    """
+    weights = dict(gate_up=gate_up, gate_up_b=gate_up_b, down=down, down_b=down_b)
+    for name, w in weights.items():
+        expect_float("clamped_experts", name, w)
+    return _run_experts(xs, bounds, clamped_swiglu_forward, weights, alpha=alpha, limit=limit)
+
+
+def clamped_experts_backward(dys, cache):
+    """Each expert slice through clamped_swiglu_backward; no rows -> zeros.
+    Returns {xs, gate_up, gate_up_b, down, down_b}."""
+    return _experts_grads(dys, cache, clamped_swiglu_backward, CLAMPED_KEYS)
 
 
 # ---------------------------------------------------------------------------- dispatch

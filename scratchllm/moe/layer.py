@@ -25,8 +25,8 @@ from scratchllm.moe.experts import (Dispatch, ExpertsCache, capacity_of, check_l
 from scratchllm.moe.losses import (BalanceLossCache, ZLossCache, balance_loss_backward,
                                    balance_loss_forward, update_selection_bias, z_loss_backward,
                                    z_loss_forward)
-from scratchllm.moe.router import (RouterCache, RouterOut, check_k, router_backward,
-                                   router_forward)
+from scratchllm.moe.router import (RouterCache, RouterOut, check_groups, check_k,
+                                   router_backward, router_forward)
 
 
 # ---------------------------------------------------------------------------- moe layer
@@ -59,12 +59,16 @@ class MoECache(NamedTuple):
 
 
 def moe_forward(x, w_router, w1, w3, w2, *, k, capacity_factor=None, shared_w1=None,
-                shared_w3=None, shared_w2=None, score="softmax", selection_bias=None):
+                shared_w3=None, shared_w2=None, score="softmax", selection_bias=None,
+                b_router=None, n_group=1, topk_group=1, norm_topk_prob=True,
+                routed_scaling_factor=1.0):
     """Top-k MoE of SwiGLU experts with capacity and optional shared experts.
 
     Inputs:  x (..., D), w_router (D, E), w1/w3 (E, D, F), w2 (E, F, D), k in [1, E],
              capacity_factor c > 0 or None, shared_w1/w3 (D, Fs), shared_w2 (Fs, D) or None,
-             score "softmax" | "sigmoid", selection_bias (E,) or None (selects only).
+             score "softmax" | "sigmoid", selection_bias (E,) or None (selects only);
+             b_router (E,) or None, n_group, topk_group, norm_topk_prob,
+             routed_scaling_factor: router options (router_forward).
     Returns: MoEOut(y (..., D), aux 0-d balance loss, z 0-d router z-loss).
     Cache:   MoECache; .tokens_per_expert (E,) routed counts, .n_dropped, .dispatch.
     """
@@ -73,7 +77,9 @@ def moe_forward(x, w_router, w1, w3, w2, *, k, capacity_factor=None, shared_w1=N
     check_k("moe", k, E)
     C = capacity_of(BT, k, E, capacity_factor)
     (gates, topk_idx, probs, logits), r_cache = router_forward(
-        xf, w_router, k=k, score=score, selection_bias=selection_bias)
+        xf, w_router, b_router, k=k, score=score, selection_bias=selection_bias,
+        n_group=n_group, topk_group=topk_group, norm_topk_prob=norm_topk_prob,
+        routed_scaling_factor=routed_scaling_factor)
     aux, b_cache = balance_loss_forward(probs, topk_idx)
     z, z_cache = z_loss_forward(logits)
     disp = dispatch(topk_idx, E, C)
@@ -125,6 +131,8 @@ def moe_backward(dout, cache):
     g_r = router_backward(RouterOut(dgates.reshape(BT, k), None, dprobs, dlogits), r_cache)
     dx = dx_slot.reshape(BT, k, D).sum(axis=1) + g_r["x"]  # (BT, D)
     grads = {"w_router": g_r["w_router"], "w1": g_e["w1"], "w3": g_e["w3"], "w2": g_e["w2"]}
+    if "b_router" in g_r:
+        grads["b_router"] = g_r["b_router"]
     if s_cache is not None:
         g_s = ops.swiglu_backward(dy, s_cache)  # fwd: y += swiglu(x, shared_w1, ...)
         dx = dx + g_s["x"]
@@ -133,7 +141,9 @@ def moe_backward(dout, cache):
 
 
 def moe_forward_ref(x, w_router, w1, w3, w2, *, k, capacity_factor=None, shared_w1=None,
-                    shared_w3=None, shared_w2=None, score="softmax", selection_bias=None):
+                    shared_w3=None, shared_w2=None, score="softmax", selection_bias=None,
+                    b_router=None, n_group=1, topk_group=1, norm_topk_prob=True,
+                    routed_scaling_factor=1.0):
     """The `_ref` twin of moe_forward: y by a plain loop over tokens in order with a per-expert
     slot counter (the capacity rule read literally), no sorting; aux and z from the same
     router outputs. Forward only: returns (MoEOut, None)."""
@@ -141,8 +151,10 @@ def moe_forward_ref(x, w_router, w1, w3, w2, *, k, capacity_factor=None, shared_
     xf = x.reshape(-1, D)  # (BT, D)
     BT, E = xf.shape[0], w_router.shape[1]
     C = capacity_of(BT, k, E, capacity_factor)
-    (gates, topk_idx, probs, logits), _ = router_forward(xf, w_router, k=k, score=score,
-                                                        selection_bias=selection_bias)
+    (gates, topk_idx, probs, logits), _ = router_forward(
+        xf, w_router, b_router, k=k, score=score, selection_bias=selection_bias,
+        n_group=n_group, topk_group=topk_group, norm_topk_prob=norm_topk_prob,
+        routed_scaling_factor=routed_scaling_factor)
     used = np.zeros(E, int)  # (E,) slots taken so far
     y = np.zeros_like(xf)  # (BT, D)
     for n in range(BT):
@@ -168,14 +180,22 @@ class MoE(Module):
     forward(x) -> ((y, aux, z), cache); backward((dy, daux, dz), cache) -> dx.
     update_bias(tokens_per_expert, gamma) moves the selection bias towards balance
     (aux-loss-free), in place, so replicas that share the array see it.
+    router_bias=True adds a trained logit bias b_router (gpt-oss, zeros at init); n_group,
+    topk_group, norm_topk_prob and routed_scaling_factor are router_forward's options.
     """
 
     def __init__(self, d_model, d_ff, n_experts, k, *, capacity_factor=None, d_shared=0,
-                 score="softmax", rng, dtype=np.float32):
+                 score="softmax", router_bias=False, n_group=1, topk_group=1,
+                 norm_topk_prob=True, routed_scaling_factor=1.0, rng, dtype=np.float32):
         D, F, E = d_model, d_ff, n_experts
         check_k("MoE", k, E)
+        check_groups("MoE", E, k, n_group, topk_group)
         self.k, self.capacity_factor, self.score = k, capacity_factor, score
+        self.routing = dict(n_group=n_group, topk_group=topk_group,
+                            norm_topk_prob=norm_topk_prob,
+                            routed_scaling_factor=routed_scaling_factor)
         self.w_router = Param(normal_init(rng, (D, E), D ** -0.5, dtype))
+        self.b_router = Param(np.zeros(E, dtype)) if router_bias else None
         self.w1 = Param(normal_init(rng, (E, D, F), D ** -0.5, dtype))
         self.w3 = Param(normal_init(rng, (E, D, F), D ** -0.5, dtype))
         self.w2 = Param(normal_init(rng, (E, F, D), F ** -0.5, dtype))
@@ -187,13 +207,13 @@ class MoE(Module):
         self.selection_bias = np.zeros(E, dtype)
 
     def _weights(self):
-        names = ("w_router", "w1", "w3", "w2", *SHARED)
+        names = ("w_router", "b_router", "w1", "w3", "w2", *SHARED)
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
     def forward(self, x):
         return moe_forward(x, **{n: p.data for n, p in self._weights().items()}, k=self.k,
                            capacity_factor=self.capacity_factor, score=self.score,
-                           selection_bias=self.selection_bias)
+                           selection_bias=self.selection_bias, **self.routing)
 
     def backward(self, dout, cache):
         return self.add_grads(moe_backward(dout, cache))

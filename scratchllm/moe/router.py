@@ -1,20 +1,25 @@
 """The MoE router as a forward/backward pair: scores, top-k choice with an optional
-selection-only bias, and the gates renormalised over the chosen k.
+selection-only bias (and DeepSeek-V3's group limit), and the gates over the chosen k.
 
 Papers: Switch Transformer (arXiv 2101.03961), Mixtral (HF `MixtralSparseMoeBlock`),
 ST-MoE z-loss (arXiv 2202.08906), DeepSeek-V3 (arXiv 2412.19437), aux-loss-free balancing
 (Wang et al., arXiv 2408.15664).
 
 Math (one row n of the BT token rows):
-    s = x @ W_r                       router logits                           (E,)
+    s = x @ W_r (+ b_r)               router logits; b_r a trained logit bias (gpt-oss)  (E,)
     q = softmax(s)  or  sigmoid(s)    scores                                  (E,)
     K = top-k of (q + b)              b: selection bias, selects only, no gradient
-    g = q_K / sum(q_K)                gates over the chosen k; for softmax this IS softmax(s_K)
+    g = r q_K / sum(q_K)              gates over the chosen k; for softmax this IS softmax(s_K),
+                                      gpt-oss's softmax after top-k on the logits; without
+                                      norm_topk_prob g = r q_K; r = routed_scaling_factor
     p = q / sum(q)                    router probabilities (= q for softmax; DeepSeek's
                                       normalised sigmoid for the balance loss otherwise)
 Both normalisations are the same map u -> u / sum(u), so one pair (normalise) serves both.
+Group-limited routing (DeepSeek-V3, n_group > 1): the E experts form n_group groups of E/n_group
+in order; a group scores the sum of its top-2 values of q + b; K is the top-k of q + b
+inside the topk_group best groups. Like the bias, the group limit only selects.
 
-Glossary: BT tokens (rows), D model width, E experts, K top-k (k in code).
+Glossary: BT tokens (rows), D model width, E experts, K top-k (k in code), n_group groups.
 """
 from typing import NamedTuple
 
@@ -43,6 +48,56 @@ def topk_margin(values, k):
         return np.full(values.shape[0], np.inf)  # (BT,)
     part = -np.partition(-values, (k - 1, k), axis=-1)  # (BT, E) k-th and (k+1)-th in place
     return part[:, k - 1] - part[:, k]  # (BT,)
+
+
+# ---------------------------------------------------------------------------- selection
+def check_groups(fn, E, k, n_group, topk_group):
+    """Raise ValueError unless n_group divides E into groups of >= 2 experts, 1 <= topk_group
+    <= n_group, and the topk_group groups hold at least k experts."""
+    if not (isinstance(n_group, (int, np.integer)) and n_group >= 1 and E % n_group == 0
+            and (n_group == 1 or E // n_group >= 2)):
+        raise ValueError(f"{fn}: n_group must be an integer >= 1 dividing E={E} into groups of "
+                         f">= 2 experts, got {n_group!r}")
+    if not (isinstance(topk_group, (int, np.integer)) and 1 <= topk_group <= n_group
+            and (n_group == 1 or topk_group * (E // n_group) >= k)):
+        raise ValueError(f"{fn}: topk_group must be an integer in [1, n_group={n_group}] whose "
+                         f"groups hold >= k={k} experts, got {topk_group!r}")
+
+
+def _group_limit(sel, n_group, topk_group):
+    """sel with the experts outside each row's topk_group best groups set to -inf (a group
+    scores the sum of its top-2 values), and the group scores (BT, n_group)."""
+    BT, E = sel.shape
+    grouped = sel.reshape(BT, n_group, E // n_group)  # (BT, n_group, E/n_group)
+    group_scores = -np.partition(-grouped, 1, axis=-1)[..., :2].sum(axis=-1)  # (BT, n_group)
+    best = np.argpartition(-group_scores, topk_group - 1, axis=-1)[:, :topk_group]  # (BT, tg)
+    keep = np.zeros((BT, n_group), bool)  # (BT, n_group)
+    np.put_along_axis(keep, best, True, axis=-1)
+    limited = np.where(np.repeat(keep, E // n_group, axis=1), sel, -np.inf)  # (BT, E)
+    return limited, group_scores
+
+
+def select_topk(sel, k, n_group=1, topk_group=1):
+    """The k experts of each row by descending selection value sel (scores + bias), inside
+    the topk_group best of n_group groups when n_group > 1 (DeepSeek-V3).
+
+    Inputs: sel (BT, E).  Returns: topk_idx (BT, K) ints, distinct per row.
+    """
+    if n_group > 1:
+        sel = _group_limit(sel, n_group, topk_group)[0]  # (BT, E), -inf outside the groups
+    top = np.argpartition(-sel, k - 1, axis=-1)[:, :k]  # (BT, K) unordered
+    order = np.argsort(-np.take_along_axis(sel, top, axis=-1), axis=-1, kind="stable")
+    return np.take_along_axis(top, order, axis=-1)  # (BT, K)
+
+
+def selection_margin(sel, k, n_group=1, topk_group=1):
+    """Per row, how far select_topk's choice is from a tie: the smaller of the top-k gap
+    inside the chosen groups and (n_group > 1) the gap between the topk_group-th and the next
+    group score. Inputs: sel (BT, E).  Returns: (BT,)."""
+    if n_group == 1:
+        return topk_margin(sel, k)  # (BT,)
+    limited, group_scores = _group_limit(sel, n_group, topk_group)
+    return np.minimum(topk_margin(limited, k), topk_margin(group_scores, topk_group))  # (BT,)
 
 
 # ---------------------------------------------------------------------------- normalise
@@ -82,59 +137,77 @@ class RouterCache(NamedTuple):
     linear: ops.LinearCache
     score_cache: tuple  # ops.SoftmaxCache or ops.SigmoidCache
     topk_idx: np.ndarray
-    gates: NormaliseCache
+    gates: NormaliseCache  # None without norm_topk_prob
     probs: NormaliseCache
+    scaling: float  # routed_scaling_factor r
 
 
-def router_forward(x, w_router, *, k, score="softmax", selection_bias=None):
+def router_forward(x, w_router, b_router=None, *, k, score="softmax", selection_bias=None,
+                   n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.0):
     """Top-k router.
 
-    Inputs:  x (BT, D), w_router (D, E), k in [1, E], score "softmax" | "sigmoid",
-             selection_bias (E,) or None: added to the scores for the top-k choice only.
+    Inputs:  x (BT, D), w_router (D, E), b_router (E,) or None: a trained logit bias
+             (gpt-oss), k in [1, E], score "softmax" | "sigmoid",
+             selection_bias (E,) or None: added to the scores for the top-k choice only;
+             n_group, topk_group: group-limited choice (DeepSeek-V3; n_group = 1: none);
+             norm_topk_prob: gates renormalised over the chosen k (else the chosen scores);
+             routed_scaling_factor r: the gates' multiplier (DeepSeek-V3).
     Returns: (gates (BT, K), topk_idx (BT, K) int, probs (BT, E), logits (BT, E)); the k chosen
              experts of a row are in descending order of score + bias.
-    Cache:   the logits' linear cache, the scores, topk_idx and the two normalise caches.
+    Cache:   the logits' linear cache, the scores, topk_idx, the two normalise caches, r.
     """
     expect_float("router", "x", x)
     expect_shape("router", "x", x, (None, None), "(BT, D)")
     expect_shape("router", "w_router", w_router, (x.shape[1], None), "(D, E), D = x.shape[1]")
     E = w_router.shape[1]
     check_k("router", k, E)
+    check_groups("router", E, k, n_group, topk_group)
     if score not in SCORES:
         raise ValueError(f"router: score must be one of {SCORES}, got {score!r}")
-    logits, lin = ops.linear_forward(x, w_router)  # (BT, E)
+    if b_router is not None:
+        expect_shape("router", "b_router", b_router, (E,), "(E,)")
+    logits, lin = ops.linear_forward(x, w_router, b_router)  # (BT, E)
     score_forward = ops.softmax_forward if score == "softmax" else ops.sigmoid_forward
     scores, s_cache = score_forward(logits)  # (BT, E)
     sel = scores
     if selection_bias is not None:
         expect_shape("router", "selection_bias", selection_bias, (E,), "(E,)")
         sel = scores + selection_bias  # (BT, E)
-    top = np.argpartition(-sel, k - 1, axis=-1)[:, :k]  # (BT, K) unordered
-    order = np.argsort(-np.take_along_axis(sel, top, axis=-1), axis=-1, kind="stable")
-    topk_idx = np.take_along_axis(top, order, axis=-1)  # (BT, K)
-    gates, g_cache = normalise_forward(np.take_along_axis(scores, topk_idx, axis=-1))  # (BT, K)
+    topk_idx = select_topk(sel, k, n_group, topk_group)  # (BT, K)
+    gates = np.take_along_axis(scores, topk_idx, axis=-1)  # (BT, K)
+    g_cache = None
+    if norm_topk_prob:
+        gates, g_cache = normalise_forward(gates)  # (BT, K)
+    gates = gates * routed_scaling_factor  # (BT, K)
     probs, p_cache = normalise_forward(scores)  # (BT, E)
-    cache = RouterCache(lin, s_cache, topk_idx, g_cache, p_cache)
+    cache = RouterCache(lin, s_cache, topk_idx, g_cache, p_cache, routed_scaling_factor)
     return RouterOut(gates, topk_idx, probs, logits), cache
 
 
 def router_backward(dout, cache):
     """Router gradients. dout = (dgates, None, dprobs, dlogits); dprobs, dlogits may be None.
 
-    Math: the gates see the logits only through the chosen scores q_K, so
-        dq_K = (dg - sum(dg * g)) / sum(q_K)             (normalise backward), 0 off K
+    Math: the gates see the logits only through the chosen scores q_K, so with u = r dg
+        dq_K = (u - sum(u * g/r)) / sum(q_K)  (normalise backward; dq_K = u without it), 0 off K
         softmax: ds = q (dq - sum(dq q)); for the gates alone ds_j = g_j (dg_j - sum g dg), j in K
         sigmoid: ds = dq q (1 - q)
-    The selection bias only chose K: it gets no gradient (and has no entry).
+        s = x W_r + b_r:  dx = ds W_r^T, dW_r = x^T ds, db_r = sum over rows of ds
+    The selection bias and the group limit only chose K: K is piecewise constant in the
+    inputs, so away from ties they get no gradient (and the bias has no entry).
     Reference: Mixtral (arXiv 2401.04088) §2.1, huggingface/transformers
     src/transformers/models/mixtral/modeling_mixtral.py MixtralSparseMoeBlock; DeepSeek-V3
-    (arXiv 2412.19437) §2.1.2 (sigmoid scores, normalised over the chosen k).
+    (arXiv 2412.19437) §2.1.2 (sigmoid scores, normalised over the chosen k);
+    huggingface/transformers src/transformers/models/deepseek_v3/modeling_deepseek_v3.py
+    DeepseekV3TopkRouter (groups, scaling); huggingface/transformers
+    src/transformers/models/gpt_oss/modeling_gpt_oss.py GptOssTopKRouter (logit bias).
     """
-    lin, s_cache, topk_idx, g_cache, p_cache = cache
+    lin, s_cache, topk_idx, g_cache, p_cache, scaling = cache
     dgates, _, dprobs, dlogits = dout
     dscores = np.zeros_like(p_cache.v)  # (BT, E)
-    if dgates is not None:  # fwd: g = normalise(q_K)
-        dq_k = normalise_backward(dgates, g_cache)["u"]  # (BT, K)
+    if dgates is not None:  # fwd: g = r normalise(q_K)  (or r q_K)
+        dq_k = dgates * scaling  # (BT, K)
+        if g_cache is not None:
+            dq_k = normalise_backward(dq_k, g_cache)["u"]  # (BT, K)
         np.put_along_axis(dscores, topk_idx, dq_k, axis=-1)  # top-k indices are distinct
     if dprobs is not None:  # fwd: p = normalise(q)
         dscores += normalise_backward(dprobs, p_cache)["u"]
@@ -143,5 +216,8 @@ def router_backward(dout, cache):
     ds = score_backward(dscores, s_cache)["x"]  # (BT, E); fwd: q = softmax(s) or sigmoid(s)
     if dlogits is not None:
         ds = ds + dlogits  # (BT, E)
-    g = ops.linear_backward(ds, lin)  # fwd: s = x @ W_r
-    return {"x": g["x"], "w_router": g["W"]}
+    g = ops.linear_backward(ds, lin)  # fwd: s = x @ W_r (+ b_r)
+    grads = {"x": g["x"], "w_router": g["W"]}
+    if "b" in g:
+        grads["b_router"] = g["b"]
+    return grads

@@ -1,23 +1,30 @@
 """State-space models: linear time-invariant pieces (lti: ZOH, the SSM kernel, causal FFT
-convolution, the recurrence), the S4D layer (s4d), the selective scan (scan, with its Numba
-kernels in scan_kernels and the vectorised exp in vexp), and the Mamba block (mamba).
-Stands on core only."""
+convolution, the recurrence), the S4D layer (s4d) and its complex form (s4d_complex), the selective scan (scan, with its Numba
+kernels in scan_kernels and the vectorised exp in vexp), the Mamba block (mamba), and
+Mamba-2's SSD (ssd, on the linear-attention engine) and block (mamba2). Stands on core, attention (the group
+sharing) and linear_attention."""
 from .lti import (fft_conv_backward, fft_conv_backward_ref, fft_conv_forward,
                   fft_conv_forward_ref, fft_len, ssm_kernel_backward, ssm_kernel_forward,
                   ssm_kernel_forward_ref, ssm_recurrence, ssm_step, ZohOut, zoh_backward,
                   zoh_forward)
 from .mamba import (Mamba, MambaState, causal_conv1d_backward, causal_conv1d_forward,
                     mamba_backward, mamba_forward, mamba_step)
+from .mamba2 import Mamba2, mamba2_backward, mamba2_forward, mamba2_step
 from .s4d import S4D, s4d_backward, s4d_forward, s4d_step
+from .s4d_complex import (S4DComplex, s4d_complex_backward, s4d_complex_forward,
+                          s4d_complex_step, s4d_init)
+from .ssd import ssd_backward, ssd_forward, ssd_recurrent, ssd_recurrent_ref, ssd_step
 from .scan import (selective_scan_backward, selective_scan_backward_ref,
                    selective_scan_forward, selective_scan_forward_ref, selective_scan_step)
 
 __all__ = [
-    "Mamba", "MambaState", "S4D", "ZohOut", "causal_conv1d_backward",
+    "Mamba", "Mamba2", "MambaState", "mamba2_backward", "mamba2_forward", "mamba2_step", "S4D", "ZohOut", "causal_conv1d_backward",
     "causal_conv1d_forward", "fft_conv_backward", "fft_conv_backward_ref", "fft_conv_forward",
     "fft_conv_forward_ref", "fft_len", "mamba_backward", "mamba_forward", "mamba_step",
-    "s4d_backward", "s4d_forward", "s4d_step", "selective_scan_backward",
+    "s4d_backward", "s4d_forward", "s4d_step", "S4DComplex", "s4d_complex_backward",
+    "s4d_complex_forward", "s4d_complex_step", "s4d_init", "selective_scan_backward",
     "selective_scan_backward_ref", "selective_scan_forward", "selective_scan_forward_ref",
-    "selective_scan_step", "ssm_kernel_backward", "ssm_kernel_forward",
+    "selective_scan_step", "ssd_backward", "ssd_forward", "ssd_recurrent", "ssd_recurrent_ref",
+    "ssd_step", "ssm_kernel_backward", "ssm_kernel_forward",
     "ssm_kernel_forward_ref", "ssm_recurrence", "ssm_step", "zoh_backward", "zoh_forward",
 ]

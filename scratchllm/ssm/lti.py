@@ -21,7 +21,8 @@ from typing import NamedTuple
 import numpy as np
 import scipy.fft
 
-from scratchllm.core.validate import expect_float, expect_positive, expect_shape
+from scratchllm.core.validate import (expect_float, expect_inexact, expect_positive,
+                                      expect_shape)
 
 _SERIES_BELOW = 0.1  # |z| below this: Taylor series for φ and φ' (10 terms, truncation < 3e-17)
 _PHI_COEFFS = [1 / math.factorial(k + 1) for k in range(10)]  # φ(z) = Σ z^k/(k+1)!
@@ -83,7 +84,7 @@ def zoh_forward(A, B, delta):
              (→ Δ·B as A → 0).
     Cache:   (A, B, delta, A_bar); φ is recomputed.
     """
-    expect_float("zoh", "A", A)
+    expect_inexact("zoh", "A", A)  # complex A: complex S4D (s4d_complex.py)
     expect_shape("zoh", "B", B, A.shape, "the shape of A")
     expect_shape("zoh", "delta", delta, A.shape[:-1], "A.shape[:-1], one step per channel")
     dt = delta[..., None]  # (..., 1)
@@ -178,7 +179,7 @@ def ssm_kernel_forward(A_bar, B_bar, C, L):
     Returns: K (..., L), via `vandermonde` (blocked powers: memory O(N sqrt L), not O(N L)).
     Cache:   (A_bar, B_bar, C); the power blocks are recomputed.
     """
-    expect_float("ssm_kernel", "A_bar", A_bar)
+    expect_inexact("ssm_kernel", "A_bar", A_bar)  # complex too (s4d_complex.py)
     expect_shape("ssm_kernel", "B_bar", B_bar, A_bar.shape, "the shape of A_bar")
     expect_shape("ssm_kernel", "C", C, A_bar.shape, "the shape of A_bar")
     expect_positive("ssm_kernel", "L", L)

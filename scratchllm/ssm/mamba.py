@@ -5,10 +5,13 @@ pair built from smaller pairs, its decoding step, and the Mamba Module.
     xz = x @ W_in                         split into xi, z            (B, T, 2Di)
     u  = silu(causal_conv1d(xi) + conv_b)  depthwise, kernel K        (B, T, Di)
     dt_low, Bm, Cm = split(u @ W_x)        sizes R, N, N
+    (Jamba: dt_low, Bm, Cm = rmsnorm(dt_low, dt_norm), rmsnorm(Bm, B_norm), rmsnorm(Cm, C_norm))
     Δ  = softplus(dt_low @ W_dt + b_dt)    (logaddexp: no overflow)   (B, T, Di)
     y  = selective_scan(u, Δ, A = -exp(A_log), Bm, Cm, D)             (B, T, Di)
     out = (y * silu(z)) @ W_out                                       (B, T, D)
 Decoding keeps (conv state: the last K-1 values of xi, ssm state h (B, Di, N)) per sequence.
+Jamba (arXiv 2403.19887; huggingface/transformers modeling_jamba.py JambaMambaMixer) adds
+the three inner RMSNorms, with gains dt_norm (R,), B_norm (N,), C_norm (N,).
 
 Glossary: B batch, T time, D model width, Di = expand·D inner width (scan channels), N state
 size, R dt rank = ceil(D/16), K conv kernel (4).
@@ -20,13 +23,14 @@ import numpy as np
 
 from scratchllm.core.nn import Module, Param
 from scratchllm.core.ops import (InputCache, LinearCache, linear_backward, linear_forward,
-                                 silu_backward, silu_forward, softplus_backward,
-                                 softplus_forward)
+                                 rmsnorm_backward, rmsnorm_forward, silu_backward, silu_forward,
+                                 softplus_backward, softplus_forward)
 from scratchllm.core.validate import expect_ndim, expect_shape
 from scratchllm.ssm.scan import (ScanCache, selective_scan_backward, selective_scan_forward,
                                  selective_scan_step)
 
 WEIGHTS = ("W_in", "conv_w", "conv_b", "W_x", "W_dt", "b_dt", "A_log", "D", "W_out")
+INNER_NORMS = ("dt_norm", "B_norm", "C_norm")  # Jamba's, on dt_low, Bm, Cm
 
 
 # ---------------------------------------------------------------------------- causal conv1d
@@ -82,6 +86,7 @@ class MambaCache(NamedTuple):
     y: np.ndarray
     silu_z: np.ndarray
     A: np.ndarray
+    norms: tuple  # the three inner rmsnorm caches (Jamba), None without them
 
 
 def _sizes(x, W_in, W_x, W_dt, A_log):
@@ -92,42 +97,77 @@ def _sizes(x, W_in, W_x, W_dt, A_log):
     return Di, R, N
 
 
-def mamba_forward(x, W_in, conv_w, conv_b, W_x, W_dt, b_dt, A_log, D, W_out):
+def _split_dbc(dbc, R, N, norms, eps):
+    """dt_low, Bm, Cm = split(dbc, [R, N, N]), each through its inner RMSNorm when `norms`
+    (the gains dt_norm, B_norm, C_norm) is given. Returns the three and their rmsnorm caches
+    (None without norms)."""
+    parts = (dbc[..., :R], dbc[..., R:R + N], dbc[..., R + N:])  # (.., R), (.., N), (.., N)
+    if norms is None:
+        return parts, None
+    normed = [rmsnorm_forward(a, g, eps) for a, g in zip(parts, norms)]
+    return tuple(n[0] for n in normed), tuple(n[1] for n in normed)
+
+
+def _inner_norms(fn, dt_norm, B_norm, C_norm, R, N):
+    """The three Jamba gains as a tuple, checked; None when none is given (all or none)."""
+    given = [g is not None for g in (dt_norm, B_norm, C_norm)]
+    if not any(given):
+        return None
+    if not all(given):
+        raise ValueError(f"{fn}: dt_norm, B_norm, C_norm must be given together, got "
+                         f"{['array' if g else 'None' for g in given]}")
+    for name, g, size in (("dt_norm", dt_norm, R), ("B_norm", B_norm, N), ("C_norm", C_norm, N)):
+        expect_shape(fn, name, g, (size,), "(R,) for dt_norm, (N,) for B_norm and C_norm")
+    return dt_norm, B_norm, C_norm
+
+
+def mamba_forward(x, W_in, conv_w, conv_b, W_x, W_dt, b_dt, A_log, D, W_out, dt_norm=None,
+                  B_norm=None, C_norm=None, *, norm_eps=1e-6):
     """The Mamba block (mamba_simple.Mamba.forward, without the fused kernels).
 
     Inputs:  x (B, T, D); W_in (D, 2Di); conv_w (Di, K); conv_b (Di,); W_x (Di, R+2N);
-             W_dt (R, Di); b_dt (Di,); A_log (Di, N); D (Di,); W_out (Di, D).
+             W_dt (R, Di); b_dt (Di,); A_log (Di, N); D (Di,); W_out (Di, D);
+             Jamba's inner RMSNorm gains dt_norm (R,), B_norm (N,), C_norm (N,) (all or
+             none) with epsilon norm_eps.
     Returns: out (B, T, D).  Cache: the children's caches (MambaCache); the scan's holds
              only its inputs, never the (B, T, Di, N) states.
     """
     Di, R, N = _sizes(x, W_in, W_x, W_dt, A_log)
+    norms = _inner_norms("mamba", dt_norm, B_norm, C_norm, R, N)
     xz, proj_in = linear_forward(x, W_in)  # (B, T, 2Di)
     xc, conv = causal_conv1d_forward(xz[..., :Di], conv_w, conv_b)  # (B, T, Di)
     u, act = silu_forward(xc)  # (B, T, Di)
     dbc, proj_x = linear_forward(u, W_x)  # (B, T, R+2N)
-    dt, proj_dt = linear_forward(dbc[..., :R], W_dt, b_dt)  # (B, T, Di)
+    (dt_low, Bm, Cm), n_caches = _split_dbc(dbc, R, N, norms, norm_eps)
+    dt, proj_dt = linear_forward(dt_low, W_dt, b_dt)  # (B, T, Di)
     delta, soft = softplus_forward(dt)  # (B, T, Di)
     A = -np.exp(A_log)  # (Di, N)
-    y, scan = selective_scan_forward(u, delta, A, dbc[..., R:R + N], dbc[..., R + N:], D)
+    y, scan = selective_scan_forward(u, delta, A, Bm, Cm, D)  # (B, T, Di)
     silu_z, gate = silu_forward(xz[..., Di:])  # (B, T, Di)
     out, proj_out = linear_forward(y * silu_z, W_out)  # (B, T, D)
     return out, MambaCache(proj_in, conv, act, proj_x, proj_dt, soft, scan, gate, proj_out,
-                           y, silu_z, A)
+                           y, silu_z, A, n_caches)
 
 
 def mamba_backward(dout, cache):
-    """The forward in reverse, through the pairs' backwards (the scan's is the adjoint scan).
+    """The forward in reverse, through the pairs' backwards (the scan's is the adjoint scan;
+    Jamba's inner norms go through rmsnorm_backward).
 
     Returns a gradient for x and every weight (the names of mamba_forward's arguments).
     """
-    proj_in, conv, act, proj_x, proj_dt, soft, scan, gate, proj_out, y, silu_z, A = cache
+    proj_in, conv, act, proj_x, proj_dt, soft, scan, gate, proj_out, y, silu_z, A, norms = cache
     g_out = linear_backward(dout, proj_out)  # fwd: out = (y * silu(z)) @ W_out
     dgated = g_out["x"]  # (B, T, Di)
     dz = silu_backward(dgated * y, gate)["x"]  # fwd: silu_z = silu(z)
     g_scan = selective_scan_backward(dgated * silu_z, scan)  # fwd: y = scan(u, Δ, A, B, C, D)
     ddt = softplus_backward(g_scan["delta"], soft)["x"]  # fwd: Δ = softplus(dt)
     g_dt = linear_backward(ddt, proj_dt)  # fwd: dt = dt_low @ W_dt + b_dt
-    ddbc = np.concatenate([g_dt["x"], g_scan["B"], g_scan["C"]], axis=-1)  # (B, T, R+2N)
+    parts, norm_grads = (g_dt["x"], g_scan["B"], g_scan["C"]), {}
+    if norms is not None:  # fwd: dt_low, Bm, Cm = rmsnorm(split(dbc), gains)
+        g_n = [rmsnorm_backward(d, c) for d, c in zip(parts, norms)]
+        parts = tuple(g["x"] for g in g_n)
+        norm_grads = {name: g["g"] for name, g in zip(INNER_NORMS, g_n)}
+    ddbc = np.concatenate(parts, axis=-1)  # (B, T, R+2N)
     g_x = linear_backward(ddbc, proj_x)  # fwd: dbc = u @ W_x
     dxc = silu_backward(g_x["x"] + g_scan["x"], act)["x"]  # fwd: u = silu(xc)
     g_conv = causal_conv1d_backward(dxc, conv)  # fwd: xc = conv(xi)
@@ -135,11 +175,11 @@ def mamba_backward(dout, cache):
     return {"x": g_in["x"], "W_in": g_in["W"], "conv_w": g_conv["w"], "conv_b": g_conv["b"],
             "W_x": g_x["W"], "W_dt": g_dt["W"], "b_dt": g_dt["b"],
             "A_log": g_scan["A"] * A,  # fwd: A = -exp(A_log) -> dA_log = dA * A
-            "D": g_scan["D"], "W_out": g_out["W"]}
+            "D": g_scan["D"], "W_out": g_out["W"], **norm_grads}
 
 
 def mamba_step(x_t, conv_state, ssm_state, W_in, conv_w, conv_b, W_x, W_dt, b_dt, A_log, D,
-               W_out):
+               W_out, dt_norm=None, B_norm=None, C_norm=None, *, norm_eps=1e-6):
     """One decoding step, equal to position t of mamba_forward (mamba_simple.Mamba.step).
 
     Inputs:  x_t (B, D); conv_state (B, K-1, Di) the previous K-1 values of xi (zeros at the
@@ -147,12 +187,13 @@ def mamba_step(x_t, conv_state, ssm_state, W_in, conv_w, conv_b, W_x, W_dt, b_dt
     Returns: (out_t (B, D), (conv_state', ssm_state')); the inputs are not modified.
     """
     Di, R, N = _sizes(x_t, W_in, W_x, W_dt, A_log)
+    norms = _inner_norms("mamba_step", dt_norm, B_norm, C_norm, R, N)
     xz = linear_forward(x_t, W_in)[0]  # (B, 2Di)
     window = np.concatenate([conv_state, xz[:, None, :Di]], axis=1)  # (B, K, Di)
     u = silu_forward(causal_conv1d_forward(window, conv_w, conv_b)[0][:, -1])[0]  # (B, Di)
-    dbc = linear_forward(u, W_x)[0]  # (B, R+2N)
-    delta = softplus_forward(linear_forward(dbc[:, :R], W_dt, b_dt)[0])[0]  # (B, Di)
-    y, h = selective_scan_step(u, delta, -np.exp(A_log), dbc[:, R:R + N], dbc[:, R + N:], D,
+    (dt_low, Bm, Cm), _ = _split_dbc(linear_forward(u, W_x)[0], R, N, norms, norm_eps)
+    delta = softplus_forward(linear_forward(dt_low, W_dt, b_dt)[0])[0]  # (B, Di)
+    y, h = selective_scan_step(u, delta, -np.exp(A_log), Bm, Cm, D,
                                ssm_state)  # (B, Di), (B, Di, N)
     out = linear_forward(y * silu_forward(xz[:, Di:])[0], W_out)[0]  # (B, D)
     return out, (window[:, 1:], h)
@@ -169,10 +210,11 @@ class Mamba(Module):
     """Owns the block's Params (mamba_simple initialisation); calls mamba_forward/backward.
 
     A_log = log(1..N) per channel (S4D-real), D = 1, b_dt = softplus^-1(dt) with
-    dt ~ logU[1e-3, 0.1] floored at 1e-4, W_dt ~ U(±R^-0.5), conv ~ U(±K^-0.5)."""
+    dt ~ logU[1e-3, 0.1] floored at 1e-4, W_dt ~ U(±R^-0.5), conv ~ U(±K^-0.5).
+    inner_norms=True adds Jamba's dt_norm, B_norm, C_norm gains (ones), epsilon norm_eps."""
 
-    def __init__(self, d_model, *, d_state=16, d_conv=4, expand=2, dt_rank=None, rng,
-                 dtype=np.float32):
+    def __init__(self, d_model, *, d_state=16, d_conv=4, expand=2, dt_rank=None,
+                 inner_norms=False, norm_eps=1e-6, rng, dtype=np.float32):
         Di, N, K = expand * d_model, d_state, d_conv
         R = dt_rank or math.ceil(d_model / 16)
         dt = np.maximum(np.exp(rng.uniform(np.log(1e-3), np.log(0.1), Di)), 1e-4)  # (Di,)
@@ -187,14 +229,18 @@ class Mamba(Module):
             "D": np.ones(Di),
             "W_out": rng.standard_normal((Di, d_model)) * Di ** -0.5,
         }
-        for name in WEIGHTS:
+        if inner_norms:
+            init.update(dt_norm=np.ones(R), B_norm=np.ones(N), C_norm=np.ones(N))
+        self.names = WEIGHTS + (INNER_NORMS if inner_norms else ())
+        for name in self.names:
             setattr(self, name, Param(init[name].astype(dtype)))
+        self.norm_eps = norm_eps
 
     def _weights(self):
-        return [getattr(self, name).data for name in WEIGHTS]
+        return [getattr(self, name).data for name in self.names]
 
     def forward(self, x):
-        return mamba_forward(x, *self._weights())
+        return mamba_forward(x, *self._weights(), norm_eps=self.norm_eps)
 
     def backward(self, dout, cache):
         return self.add_grads(mamba_backward(dout, cache))
@@ -205,9 +251,24 @@ class Mamba(Module):
         dt = self.W_in.data.dtype
         return MambaState(np.zeros((batch, K - 1, Di), dt), np.zeros((batch, Di, N), dt))
 
+    def prefill(self, x, state):
+        """The prompt x (B, T, D) in one forward; returns y (B, T, D) and sets `state` to
+        what T decode calls leave: conv = the last K-1 conv inputs, ssm = h_T with
+        h_T = sum_t exp(A sum_{s>t} delta_s) delta_t B_t x_t (the scan unrolled)."""
+        y, cache = self.forward(x)  # (B, T, D)
+        K1 = state.conv.shape[1]
+        xp = cache.conv.xp  # (B, T+K-1, Di): conv input with K-1 leading zeros
+        state.conv[...] = xp[:, xp.shape[1] - K1:]
+        u, delta, A, Bm = cache.scan.x, cache.scan.delta, cache.scan.A, cache.scan.B
+        later = delta[:, ::-1].cumsum(axis=1)[:, ::-1] - delta  # (B, T, Di): sum_{s>t} delta_s
+        decay = np.exp(later[..., None] * A)  # (B, T, Di, N)
+        state.ssm[...] = np.einsum("btdn,btd,btn->bdn", decay, delta * u, Bm)  # (B, Di, N)
+        return y
+
     def decode(self, x_t, state, position=None):
         """One token (B, D) -> (B, D); updates `state` in place (position is not needed)."""
-        out, (conv, ssm) = mamba_step(x_t, state.conv, state.ssm, *self._weights())
+        out, (conv, ssm) = mamba_step(x_t, state.conv, state.ssm, *self._weights(),
+                                      norm_eps=self.norm_eps)
         state.conv[...] = conv
         state.ssm[...] = ssm
         return out

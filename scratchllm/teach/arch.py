@@ -53,7 +53,8 @@ class Arch:
         return self.kv_lora_rank > 0
 
     def layers(self):
-        """One (mixer, ffn) per layer: mixer "A" or "M", ffn "dense", "moe" or "none"."""
+        """One (mixer, ffn) per layer: mixer "A", "M" or a recurrent mixer letter (L R G D S W),
+        ffn "dense", "moe" or "none"."""
         mixers = (self.pattern or "A") * self.n_layers
         out = []
         for i in range(self.n_layers):

@@ -9,6 +9,7 @@ Parameters per layer (La attention layers, Lm Mamba layers, L = La + Lm):
     MLA         D·Dq + Dq + Dq·H·(Dn+Dr) + D·(Dc+Dr) + Dc + Dc·H·(Dn+Dv) + H·Dv·D
                 (wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo; Dq = 0: wq is D·H·(Dn+Dr))
     Mamba       D·2Di + Di·(d_conv+1) + Di·(R+2N) + R·Di + Di + Di·N + Di + Di·D   (see _mamba)
+    recurrent   linear attention, RetNet, GLA, DeltaNet, Mamba-2, RWKV-4 (see _recurrent)
     MLP         SwiGLU 3·D·F;  GELU (GPT-3) 2·D·F
     MoE         E·3·D·Fe routed + S·3·D·Fe shared + D·E router (+ E selection bias)
     norms       2·D (RMSNorm weight) or 4·D (LayerNorm weight + bias); + one final norm
@@ -95,6 +96,20 @@ def _mamba(a):
     return D * 2 * Di + Di * a.d_conv + Di + Di * (R + 2 * N) + R * Di + Di + Di * N + Di + Di * D
 
 
+def _recurrent(a, kind):
+    """(params, state numbers per sequence) of one recurrent mixer of scratchllm's lm/mixers.py:
+    L/R/G/D wq, wk, wv, wo (D·D each) + G's gate D·D or D's β D·H, state H·Dh·Dh
+    (L: H·Dh·(Dh + 1), with z); S (Mamba-2) Wz, Wx D·Di, WB, WC D·N, Wdt D·H, 3 H-vectors,
+    Wout Di·D, state N·Di; W (RWKV-4 time-mix) 4·D·D + 5·D, state 4·D."""
+    D, H, Dh, N, Di = a.d_model, a.n_heads, a.dh, a.d_state, a.expand * a.d_model
+    if kind == "S":
+        return 2 * D * Di + 2 * D * N + D * H + 3 * H + Di * D, N * Di
+    if kind == "W":
+        return 4 * D * D + 5 * D, 4 * D
+    extra = {"G": D * D, "D": D * H}.get(kind, 0)
+    return 4 * D * D + extra, H * Dh * (Dh + (kind == "L"))
+
+
 def parameters(a):
     """Params(total, active, parts) of Arch `a`; formulas in the module docstring.
     Routed experts count E times in total and K times in active; the rest counts in both."""
@@ -114,8 +129,10 @@ def parameters(a):
             weights, biases = _attention(a)
             add("attention", weights)
             add("biases", biases)
-        else:
+        elif mixer == "M":
             add("mamba", _mamba(a))
+        else:
+            add("recurrent", _recurrent(a, mixer)[0])
         if ffn == "moe":
             expert = _mlp(a, a.moe_d_ff or a.d_ff)[0]
             add("routed experts", a.n_experts * expert, a.top_k * expert)
@@ -173,7 +190,8 @@ class CacheSize(NamedTuple):
     bytes_per_layer: int     # per token per attention layer
     bytes_per_token: int     # per token, all attention layers
     tokens: int              # tokens kept per sequence: T, or window + n_sink
-    state_bytes: int         # per sequence, Mamba conv + SSM states: Lm·Di·(d_conv - 1 + N)
+    state_bytes: int         # per sequence, Mamba conv + SSM states: Lm·Di·(d_conv - 1 + N),
+                             # + the recurrent mixers' states (_recurrent)
     bytes: int               # batch · (tokens · bytes_per_token + state_bytes)
 
 
@@ -183,8 +201,9 @@ def kv_cache(a, context=1, batch=1, dtype="bf16", absorbed=True):
     elements = kv_elements_per_token_layer(a, absorbed)
     per_token = n_attention_layers(a) * elements * size
     tokens = min(context, a.window + a.n_sink) if a.window else context
-    n_mamba = a.n_layers - n_attention_layers(a)
+    n_mamba = sum(mixer == "M" for mixer, _ in a.layers())
     state = n_mamba * a.expand * a.d_model * (a.d_conv - 1 + a.d_state) * size
+    state += sum(_recurrent(a, m)[1] for m, _ in a.layers() if m not in "AM") * size
     return CacheSize(elements, elements * size, per_token, tokens, state,
                  batch * (tokens * per_token + state))
 

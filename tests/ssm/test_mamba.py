@@ -1,11 +1,13 @@
-"""Mamba block: gradient checks of the block and its new pairs, decoding == full forward."""
+"""Mamba block: gradient checks of the block and its new pairs, decoding == full forward;
+Jamba's inner dt/B/C RMSNorms against transformers' JambaMambaMixer transcribed."""
 import numpy as np
 import pytest
 
+from grads.cases import CASES
 from grads.check import check
-from scratchllm.ssm.mamba import (WEIGHTS, Mamba, causal_conv1d_backward, causal_conv1d_forward,
-                              mamba_backward, mamba_forward, mamba_step, softplus_backward,
-                              softplus_forward)
+from scratchllm.ssm.mamba import (INNER_NORMS, WEIGHTS, Mamba, causal_conv1d_backward,
+                                  causal_conv1d_forward, mamba_backward, mamba_forward,
+                                  mamba_step, softplus_backward, softplus_forward)
 
 Bt, T, Dm, Di, N, R, K = 2, 7, 5, 9, 3, 2, 4
 
@@ -91,3 +93,105 @@ def test_bad_weight_shape_names_it():
     w = weights(rng)
     with pytest.raises(ValueError, match="mamba: W_x has shape"):
         mamba_forward(rng.standard_normal((Bt, T, Dm)), **{**w, "W_x": w["W_x"][:, :-1]})
+
+
+# ---------------------------------------------------------------------------- Jamba
+def test_inner_norms_gradient_check():
+    report = CASES["mamba_inner_norms"](np.random.default_rng(0))
+    assert report.ok, str(report)
+    assert {r.input for r in report.rows} >= {"x", *WEIGHTS, *INNER_NORMS}
+
+
+def jamba_weights(rng):
+    return dict(weights(rng), dt_norm=1 + 0.3 * rng.standard_normal(R),
+                B_norm=1 + 0.3 * rng.standard_normal(N), C_norm=1 + 0.3 * rng.standard_normal(N))
+
+
+def rms(v, g, eps=1e-6):
+    return g * v / np.sqrt((v * v).mean(-1, keepdims=True) + eps)
+
+
+def hf_jamba_mixer(x, w, eps=1e-6):
+    """huggingface/transformers src/transformers/models/jamba/modeling_jamba.py
+    JambaMambaMixer.forward without a cache, transcribed: nn.Conv1d(groups=Di, padding=K-1)
+    as a loop, the inner norms after x_proj, dt_proj's weight then delta_bias + softplus in
+    the scan, y * silu(gate), out_proj. nn.Linear weights are (out, in): ours transposed."""
+    proj = x @ w["W_in"]
+    xs, gate = proj[..., :Di], proj[..., Di:]
+    conv = np.zeros_like(xs)
+    for t in range(T):
+        for j in range(K):
+            src = t - (K - 1) + j
+            if src >= 0:
+                conv[:, t] += w["conv_w"][:, j] * xs[:, src]
+    hs = conv + w["conv_b"]
+    hs = hs / (1 + np.exp(-hs))  # silu
+    ssm = hs @ w["W_x"]
+    time_step, B, C = ssm[..., :R], ssm[..., R:R + N], ssm[..., R + N:]
+    time_step = rms(time_step, w["dt_norm"], eps)
+    B, C = rms(B, w["B_norm"], eps), rms(C, w["C_norm"], eps)
+    delta = np.log1p(np.exp(time_step @ w["W_dt"] + w["b_dt"]))  # delta_softplus
+    A = -np.exp(w["A_log"])
+    h = np.zeros((Bt, Di, N))
+    ys = []
+    for t in range(T):  # selective_scan_ref: h = exp(dA) h + dB x, y = C h + D x
+        h = np.exp(delta[:, t, :, None] * A) * h + delta[:, t, :, None] * B[:, t, None] \
+            * hs[:, t, :, None]
+        ys.append((h * C[:, t, None]).sum(-1) + w["D"] * hs[:, t])
+    y = np.stack(ys, axis=1) * gate / (1 + np.exp(-gate))
+    return y @ w["W_out"]
+
+
+def test_block_equals_jamba_mixer():
+    rng = np.random.default_rng(1)
+    w, x = jamba_weights(rng), rng.standard_normal((Bt, T, Dm))
+    out, _ = mamba_forward(x, **w)
+    np.testing.assert_allclose(out, hf_jamba_mixer(x, w), rtol=1e-12, atol=1e-12)
+    plain = {n: w[n] for n in WEIGHTS}
+    assert np.abs(mamba_forward(x, **plain)[0] - out).max() > 1e-3  # the norms do act
+
+
+def test_inner_norms_step_T_times_equals_the_full_forward():
+    rng = np.random.default_rng(2)
+    w, x = jamba_weights(rng), rng.standard_normal((Bt, T, Dm))
+    out = mamba_forward(x, **w, norm_eps=1e-5)[0]
+    conv, h = np.zeros((Bt, K - 1, Di)), np.zeros((Bt, Di, N))
+    steps = []
+    for t in range(T):
+        o, (conv, h) = mamba_step(x[:, t], conv, h, **w, norm_eps=1e-5)
+        steps.append(o)
+    np.testing.assert_allclose(np.stack(steps, axis=1), out, rtol=1e-12, atol=1e-12)
+
+
+def test_module_with_inner_norms():
+    rng = np.random.default_rng(3)
+    m = Mamba(16, d_state=4, inner_norms=True, norm_eps=1e-5, rng=rng, dtype=np.float64)
+    assert [n for n, _ in m.named_parameters()] == [*WEIGHTS, *INNER_NORMS]
+    assert m.dt_norm.data.shape == (1,) and np.all(m.B_norm.data == 1)
+    for p in (m.dt_norm, m.B_norm, m.C_norm):
+        p.data[:] = 1 + 0.2 * rng.standard_normal(p.data.shape)
+    x = rng.standard_normal((2, 5, 16))
+    y, cache = m.forward(x)
+    kw = {n: p.data for n, p in m.named_parameters()}
+    np.testing.assert_array_equal(y, mamba_forward(x, **kw, norm_eps=1e-5)[0])
+    dy = rng.standard_normal(y.shape)
+    m.backward(dy, cache)
+    want = mamba_backward(dy, cache)
+    for name, p in m.named_parameters():
+        assert np.array_equal(p.grad, want[name]), name
+    state = m.init_state(2, 5)
+    outs = np.stack([m.decode(x[:, t], state, t) for t in range(5)], axis=1)
+    np.testing.assert_allclose(outs, y, rtol=1e-12, atol=1e-12)
+    assert "dt_norm" not in dict(Mamba(16, d_state=4, rng=rng).named_parameters())
+
+
+def test_norms_all_or_none_and_shapes():
+    rng = np.random.default_rng(4)
+    w, x = jamba_weights(rng), rng.standard_normal((Bt, T, Dm))
+    with pytest.raises(ValueError, match=r"mamba: dt_norm, B_norm, C_norm must be given together"):
+        mamba_forward(x, **{**w, "C_norm": None})
+    with pytest.raises(ValueError, match=r"mamba: B_norm has shape \(2,\), expected \(3,\)"):
+        mamba_forward(x, **{**w, "B_norm": np.ones(2)})
+    with pytest.raises(ValueError, match="mamba_step: dt_norm, B_norm"):
+        mamba_step(x[:, 0], np.zeros((Bt, K - 1, Di)), np.zeros((Bt, Di, N)),
+                   **{**w, "dt_norm": None})

@@ -10,7 +10,9 @@ REQUIRED = {"rmsnorm_backward": 5, "sdpa_backward": 15, "rope_backward": 10, "gq
             "balance_loss_backward": 15, "topk_router_forward": 10, "zoh": 10,
             "ssm_kernel": 10, "fft_conv_backward": 15,
             "selective_scan_backward": 20, "bpe_merge_step": 25,
-            "moe_forward": 20, "ssm_recurrent": 10, "selective_scan_forward": 15}
+            "moe_forward": 20, "ssm_recurrent": 10, "selective_scan_forward": 15,
+            "flash_attention_forward": 20, "alibi_bias": 5, "sliding_window_mask": 5,
+            "linear_attention_recurrent": 10, "delta_rule_step": 15, "ssd_chunk": 25}
 
 
 def test_the_required_drills_exist_with_their_target_times():

@@ -6,11 +6,12 @@ the docstring alone. Checks differentiate the library's forward by finite differ
 (grads.check) and compare with the library's own backward or an independent formula.
 """
 import textwrap
+import tracemalloc
 
 import numpy as np
 
 import grads
-from scratchllm import attention, moe, ssm
+from scratchllm import attention, linear_attention, moe, ssm
 from scratchllm.attention import rope
 from scratchllm.core import ops
 from scratchllm.teach.drills.core import Drill
@@ -631,3 +632,246 @@ def _scan_fwd_lti(fn):
     lti = ssm.ssm_recurrence(inp["x"], np.exp(dt[:, None] * inp["A"]), dt[:, None] * b,
                              np.broadcast_to(c, (d, N)), inp["D"])  # (B, T, d)
     return assert_close(fn(**inp), lti, what="y (time-invariant)")
+
+
+# ---------------------------------------------------------------------------- masks, alibi, flash
+@drill("sliding_window_mask", 5, "scratchllm/attention/masks.py", '''
+    def sliding_window_mask(T, window):
+        """(T, T) bool, True = may attend: causal, and only the last `window` keys (Mistral).
+
+        Reach: query i sees key j iff  i - window < j <= i.
+        """
+''', [
+    ("equals scratchllm.attention.sliding_window_mask (T 7, W 1..8)",
+     lambda fn: _mask_vs_library(fn)),
+    ("a bool array; window >= T is the causal mask", lambda fn: _mask_properties(fn)),
+])
+def sliding_window_mask(T, window):
+    return attention.sliding_window_mask(T, window)
+
+
+def _mask_vs_library(fn):
+    for W in range(1, 9):
+        got = np.asarray(fn(7, W))
+        if got.dtype != bool or not np.array_equal(got, attention.sliding_window_mask(7, W)):
+            raise AssertionError(f"window {W}: got {got.astype(int).tolist()}")
+    return "8 windows equal"
+
+
+def _mask_properties(fn):
+    got = fn(6, 10)
+    if not isinstance(got, np.ndarray) or got.dtype != bool:
+        raise AssertionError(f"expected a bool array, got {getattr(got, 'dtype', type(got))}")
+    if not np.array_equal(got, np.tril(np.ones((6, 6), bool))):
+        raise AssertionError("window 10 >= T 6 must give the causal mask")
+    return "ok"
+
+
+@drill("alibi_bias", 5, "scratchllm/attention/positions.py", '''
+    def alibi_bias(n_heads, T):
+        """ALiBi's (H, T, T) bias added to the attention scores (Press et al. 2021), H a power
+        of two.
+
+        Reach: slopes m_h = 2^(-8 h / H) for h = 1..H;  bias[h, i, j] = -m_h |i - j|
+        """
+''', [
+    ("equals alibi_bias(alibi_slopes(H), T, T) for H = 8", lambda fn: assert_close(
+        fn(8, 6), attention.alibi_bias(attention.alibi_slopes(8), 6, 6), what="bias (H=8)")),
+    ("and for H = 4, T = 3", lambda fn: assert_close(
+        fn(4, 3), attention.alibi_bias(attention.alibi_slopes(4), 3, 3), what="bias (H=4)")),
+])
+def alibi_bias(n_heads, T):
+    return attention.alibi_bias(attention.alibi_slopes(n_heads), T, T)
+
+
+def _flash_inputs(T=13):
+    r = _rng(21)
+    return [r.standard_normal((3, T, 4)) for _ in range(3)]
+
+
+@drill("flash_attention_forward", 20, "scratchllm/attention/flash.py", '''
+    def flash_attention_forward(q, k, v, block):
+        """Causal attention, tiled: never build the (T, T) score matrix. Scale Dh^-1/2.
+
+        q, k, v (H, T, Dh); block: rows and keys per tile (T need not be a multiple).
+        Return (out (H, T, Dh), lse (H, T)), lse = log sum_j exp(S_ij) over the allowed keys.
+        Reach: per query block, running m (row max), l (row sum), acc (H, bq, Dh); per key
+               block S = q k^T scale (masked j > i to -inf), m' = max(m, rowmax S),
+               l = exp(m - m') l + rowsum exp(S - m'), acc = exp(m - m') acc + exp(S - m') v,
+               m = m'; at the end out = acc / l, lse = m + log l.
+        """
+''', [
+    ("out equals causal sdpa (T 13, blocks 4 and 5)", lambda fn: _flash_vs_sdpa(fn)),
+    ("lse is the row logsumexp of the masked scores", lambda fn: _flash_lse(fn)),
+    ("peak memory at T = 1024 far below the T x T matrix", lambda fn: _flash_memory(fn)),
+])
+def flash_attention_forward(q, k, v, block):
+    out, cache = attention.flash_sdpa_forward(q[None], k[None], v[None], causal=True,
+                                              block_q=block, block_k=block)
+    return out[0], cache.lse[0, :, :, 0]
+
+
+def _flash_vs_sdpa(fn):
+    q, k, v = _flash_inputs()
+    want = attention.sdpa_forward(q[None], k[None], v[None], attention.causal_mask(13))[0][0]
+    for block in (4, 5):
+        assert_close(fn(q, k, v, block)[0], want, what=f"out (block {block})")
+    return "blocks 4, 5 equal"
+
+
+def _flash_lse(fn):
+    q, k, v = _flash_inputs()
+    s = np.where(attention.causal_mask(13), q @ k.swapaxes(-1, -2) / 2.0, -np.inf)  # Dh 4
+    m = s.max(-1, keepdims=True)
+    want = (m + np.log(np.exp(s - m).sum(-1, keepdims=True)))[..., 0]  # (H, T)
+    return assert_close(fn(q, k, v, 4)[1], want, what="lse")
+
+
+def _flash_memory(fn):
+    q, k, v = [a.repeat(79, axis=1)[:, :1024] for a in _flash_inputs()]
+    tracemalloc.start()
+    try:
+        fn(q, k, v, 64)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    matrix = 3 * 1024 * 1024 * 8
+    if not peak < matrix / 4:
+        raise AssertionError(f"peak {peak / 2**20:.1f} MiB, the (H, T, T) matrix is "
+                             f"{matrix / 2**20:.0f} MiB: a tile is not a row")
+    return f"peak {peak / 2**20:.1f} MiB of {matrix / 2**20:.0f}"
+
+
+# ---------------------------------------------------------------------------- recurrent mixers
+def _la_inputs():
+    r = _rng(21)
+    return r.standard_normal((9, 4)), r.standard_normal((9, 4)), r.standard_normal((9, 3))
+
+
+@drill("linear_attention_recurrent", 10, "scratchllm/linear_attention/linear.py", '''
+    def linear_attention_recurrent(q, k, v):
+        """Causal linear attention (Katharopoulos et al. 2020) as an RNN, one sequence, one head.
+
+        q, k (T, Dk); v (T, Dv).  Return o (T, Dv).
+        Reach: phi(x) = elu(x) + 1 (x + 1 for x > 0, exp(x) otherwise); S = 0 (Dk, Dv), z = 0 (Dk,);
+               for each t: S += outer(phi(k_t), v_t);  z += phi(k_t);
+                           o_t = phi(q_t) @ S / (phi(q_t) @ z + 1e-6)
+        """
+''', [
+    ("equals scratchllm.linear_attention (parallel form)", lambda fn: _la_vs_library(fn)),
+    ("equals the masked quadratic formula", lambda fn: _la_quadratic(fn)),
+])
+def linear_attention_recurrent(q, k, v):
+    o, _ = linear_attention.linear_attention_forward(q[None, None], k[None, None], v[None, None],
+                                                     form="recurrent")
+    return o[0, 0]
+
+
+def _la_vs_library(fn):
+    q, k, v = _la_inputs()
+    want = linear_attention.linear_attention_forward(q[None, None], k[None, None],
+                                                     v[None, None], form="parallel")[0][0, 0]
+    return assert_close(fn(q, k, v), want, what="o")
+
+
+def _la_quadratic(fn):
+    q, k, v = _la_inputs()
+    fq, fk = (np.where(x > 0, x + 1, np.exp(x)) for x in (q, k))  # elu + 1
+    A = np.tril(fq @ fk.T)  # (T, T)
+    return assert_close(fn(q, k, v), A @ v / (A.sum(1, keepdims=True) + 1e-6), what="o")
+
+
+def _delta_inputs(T=7):
+    r = _rng(22)
+    k = r.standard_normal((T, 4))
+    return (r.standard_normal((T, 4)), k / np.linalg.norm(k, axis=1, keepdims=True),
+            r.standard_normal((T, 3)), r.uniform(0.1, 0.9, T))
+
+
+@drill("delta_rule_step", 15, "scratchllm/linear_attention/delta.py", '''
+    def delta_rule_step(S, q, k, v, beta):
+        """One step of DeltaNet's delta rule (Schlag et al. 2021; Yang et al. 2024).
+
+        S (Dk, Dv) the key -> value memory; q, k (Dk,); v (Dv,); beta a float in (0, 1).
+        Return (o (Dv,), S_new (Dk, Dv)).
+        Reach: u = S^T k (what the memory holds for k);  S_new = S + beta * outer(k, v - u);
+               o = S_new^T q
+        """
+''', [
+    ("T steps equal scratchllm.linear_attention.delta_rule_forward", lambda fn: _delta_seq(fn)),
+    ("a unit key written with beta = 1 reads back its value", lambda fn: _delta_recall(fn)),
+])
+def delta_rule_step(S, q, k, v, beta):
+    o, S_new = linear_attention.delta_rule_step(q[None, None], k[None, None], v[None, None],
+                                                np.array([[beta]]), None, S[None, None])
+    return o[0, 0], S_new[0, 0]
+
+
+def _delta_seq(fn):
+    q, k, v, beta = _delta_inputs()
+    S, outs = np.zeros((4, 3)), []
+    for t in range(len(beta)):
+        o, S = fn(S, q[t], k[t], v[t], float(beta[t]))
+        outs.append(o)
+    want = linear_attention.delta_rule_forward(q[None, None], k[None, None], v[None, None],
+                                               beta[None, None], chunk=3)[0][0, 0]
+    return assert_close(np.stack(outs), want, what="o")
+
+
+def _delta_recall(fn):
+    q, k, v, beta = _delta_inputs()
+    S = _rng(23).standard_normal((4, 3))  # whatever the memory held before
+    o, _ = fn(S, k[0], k[0], v[0], 1.0)
+    return assert_close(o, v[0], what="o read back at the written key")
+
+
+def _ssd_chunk_inputs():
+    r = _rng(24)
+    Q, Dh, N = 6, 3, 4
+    return dict(x=r.standard_normal((Q, Dh)), a=-r.uniform(0.1, 1.5, Q),
+                B=r.standard_normal((Q, N)), C=r.standard_normal((Q, N)),
+                S0=r.standard_normal((N, Dh)))
+
+
+@drill("ssd_chunk", 25, "scratchllm/ssm/ssd.py", '''
+    def ssd_chunk(x, a, B, C, S0):
+        """One chunk of Mamba-2's SSD algorithm (Dao & Gu 2024) for one head.
+
+        x (Q, Dh) the inputs (already times dt); a (Q,) log decays (dt * A, <= 0);
+        B, C (Q, N); S0 (N, Dh) the state entering the chunk.  Return (y (Q, Dh), S_out (N, Dh))
+        of the scan h_t = exp(a_t) h_{t-1} + outer(B_t, x_t), y_t = h_t^T C_t, h_{-1} = S0.
+        Reach (no loop over t): b = cumsum(a);  L_ts = exp(b_t - b_s) for s <= t else 0;
+               y = ((C B^T) * L) x + exp(b)[:, None] * (C S0);
+               S_out = exp(b_Q) S0 + (B * exp(b_Q - b)[:, None])^T x
+        """
+''', [
+    ("equals the sequential scan", lambda fn: _ssd_chunk_scan(fn)),
+    ("two chained chunks equal scratchllm.ssm.ssd_forward", lambda fn: _ssd_chunk_chain(fn)),
+])
+def ssd_chunk(x, a, B, C, S0):
+    b = np.cumsum(a)  # (Q,)
+    L = np.exp(np.where(np.tri(len(a), dtype=bool), b[:, None] - b[None, :], -np.inf))  # (Q, Q)
+    y = ((C @ B.T) * L) @ x + np.exp(b)[:, None] * (C @ S0)  # (Q, Dh)
+    return y, np.exp(b[-1]) * S0 + (B * np.exp(b[-1] - b)[:, None]).T @ x
+
+
+def _ssd_chunk_scan(fn):
+    p = _ssd_chunk_inputs()
+    h, ys = p["S0"], []
+    for t in range(len(p["a"])):
+        h = np.exp(p["a"][t]) * h + np.outer(p["B"][t], p["x"][t])
+        ys.append(h.T @ p["C"][t])
+    y, S = fn(**p)
+    return assert_close(y, np.stack(ys), what="y") + "; " + assert_close(S, h, what="S_out")
+
+
+def _ssd_chunk_chain(fn):
+    p = _ssd_chunk_inputs()
+    Q, (N, Dh) = 3, p["S0"].shape
+    y1, S1 = fn(p["x"][:Q], p["a"][:Q], p["B"][:Q], p["C"][:Q], np.zeros((N, Dh)))
+    y2, _ = fn(p["x"][Q:], p["a"][Q:], p["B"][Q:], p["C"][Q:], S1)
+    dt = -p["a"]  # with A = -1, dt A = a; ssd's input times dt is the drill's x
+    want = ssm.ssd_forward((p["x"] / dt[:, None])[None, :, None], dt[None, :, None],
+                           np.array([-1.0]), p["B"][None, :, None], p["C"][None, :, None],
+                           np.zeros(1), chunk=4)[0][0, :, 0]
+    return assert_close(np.concatenate([y1, y2]), want, what="y")

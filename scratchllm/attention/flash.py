@@ -1,0 +1,218 @@
+"""Tiled (Flash) attention: FlashAttention-2 (Dao 2023, arXiv 2307.08691) in NumPy. The same
+numbers as sdpa, but the (Tq, Tk) score matrix is never held: keys are visited in blocks with
+an online softmax, and the backward recomputes each block of P from the row logsumexp.
+
+Forward, for one block of query rows against key blocks j = 1, 2, ... (S_j = scale q k_j^T
++ bias_j, masked entries -inf):
+    m_j = max(m_{j-1}, rowmax(S_j))                    running row max
+    l_j = exp(m_{j-1} - m_j) l_{j-1} + rowsum(exp(S_j - m_j))
+    A_j = exp(m_{j-1} - m_j) A_{j-1} + exp(S_j - m_j) v_j
+Why the rescaling is exact: softmax is unchanged by a shift of the row, and A_j = sum over the
+keys seen so far of exp(S - m_j) v. Changing the reference from m_{j-1} to m_j multiplies
+every earlier term by exp(m_{j-1} - m_j), so the old A and l are rescaled by that factor and
+the new block's terms are added. After the last block out = A / l and L = m + log l (the
+row's logsumexp), so that P = exp(S - L) without any row max or sum. Only out and L are kept.
+Backward, per block, with P = exp(S - L) recomputed:
+    dv += P^T dout,  dP = dout v^T,  dS = P * (dP - D),  dq += scale dS k,  dk += scale dS^T q
+    D_i = rowsum(dP * P)_i = sum_j P_ij (dout_i . v_j) = dout_i . (sum_j P_ij v_j)
+        = rowsum(dout * out)_i,
+so the softmax backward's row term is computed once from out, without any full row of P.
+
+Masks, as the masks.py arrays (True = may attend), from positions: query row i sits at
+position i + Tk - Tq (bottom-right aligned, so a query block of the last Tq tokens lines up
+with the whole key sequence); causal keeps keys j <= pos; window W keeps j > pos - W; n_sink
+keeps the first S keys as well (attention_sink_mask). ALiBi (positions.py) adds
+-slope_h |pos - j| inside each block, and its slope gradient is the sum of dS times that
+distance. Grouped K/V heads as in sdpa: the G query heads of a KV head are stacked along the
+rows, so each block is one (G*bq, Dh) @ (Dh, bk) product. Extra memory: out, L, dq and the
+blocks, O(B H T + B H bq bk); no (Tq, Tk) array.
+
+Glossary: B batch, Tq/Tk query/key lengths, H query heads, Hkv KV heads, G = H / Hkv, Dh head
+dim, Dv value head dim, W window, S sink tokens; bq, bk query and key block sizes.
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+from scratchllm.core.validate import expect_float, expect_ndim, expect_positive, expect_shape
+
+
+class FlashOptions(NamedTuple):
+    scale: float
+    causal: bool
+    window: int       # None = no window
+    n_sink: int
+    block_q: int
+    block_k: int
+
+
+class FlashCache(NamedTuple):
+    q: np.ndarray      # (B, H, Tq, Dh)
+    k: np.ndarray      # (B, Hkv, Tk, Dh)
+    v: np.ndarray      # (B, Hkv, Tk, Dv)
+    alibi_slopes: np.ndarray  # (H,) or None
+    out: np.ndarray    # (B, H, Tq, Dv)
+    lse: np.ndarray    # (B, Hkv, G*Tq, 1) row logsumexp, -inf for a fully masked row
+    opts: FlashOptions
+
+
+def _check(q, k, v, alibi_slopes, causal, window, n_sink, block_q, block_k):
+    fn = "flash_sdpa"
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        expect_float(fn, name, a)
+        expect_ndim(fn, name, a, 4, "(B, H, T, Dh)")
+    B, H, Tq, Dh = q.shape
+    Hkv = k.shape[1]
+    if Hkv < 1 or H % Hkv:
+        raise ValueError(f"{fn}: k has shape {k.shape}, expected (B, Hkv, Tk, Dh) with Hkv "
+                         f"dividing H = {H}")
+    expect_shape(fn, "k", k, (B, Hkv, None, Dh), "(B, Hkv, Tk, Dh) like q")
+    expect_shape(fn, "v", v, (B, Hkv, k.shape[2], None), "(B, Hkv, Tk, Dv) like k")
+    if alibi_slopes is not None:
+        expect_shape(fn, "alibi_slopes", alibi_slopes, (H,), "(H,)")
+    expect_positive(fn, "block_q", block_q)
+    expect_positive(fn, "block_k", block_k)
+    if window is not None and (not causal or window < 1):
+        raise ValueError(f"{fn}: window={window!r} needs causal=True and window >= 1")
+    if n_sink and (window is None or n_sink < 0):
+        raise ValueError(f"{fn}: n_sink={n_sink!r} needs a window and must be >= 0")
+
+
+def _block_keep(opts, i0, i1, j0, j1, offset):
+    """Which (query i, key j) pairs of the block may attend: True (all), False (none) or a
+    (bq, bk) bool array. Query i sits at position i + offset."""
+    if not opts.causal:
+        return True
+    pos = np.arange(i0, i1)[:, None] + offset  # (bq, 1)
+    j = np.arange(j0, j1)[None, :]  # (1, bk)
+    keep = j <= pos  # (bq, bk)
+    if opts.window is not None:
+        keep &= (j > pos - opts.window) | (j < opts.n_sink)
+    return True if keep.all() else (keep if keep.any() else False)
+
+
+def _scores(qb, kb, slopes, keep, opts, i0, i1, j0, j1, offset):
+    """S = scale qb kb^T - slope |pos - j|, masked to -inf: (B, Hkv, G*bq, bk)."""
+    B, Hkv, R, _ = qb.shape
+    s = qb @ kb.swapaxes(-1, -2)  # (B, Hkv, G*bq, bk)
+    s *= np.asarray(opts.scale, s.dtype)
+    s5 = s.reshape(B, Hkv, -1, i1 - i0, j1 - j0)  # (B, Hkv, G, bq, bk), a view
+    if slopes is not None:
+        s5 += slopes * _distance(i0, i1, j0, j1, offset).astype(s.dtype)
+    if keep is not True:
+        np.copyto(s5, np.asarray(-np.inf, s.dtype), where=~keep)
+    return s
+
+
+def _distance(i0, i1, j0, j1, offset):
+    """-|pos - j| for the block: (bq, bk), ALiBi's bias per unit slope."""
+    return -np.abs(np.arange(i0, i1)[:, None] + offset - np.arange(j0, j1)[None, :])  # (bq, bk)
+
+
+def _rows(a, G, i0, i1):
+    """Rows i0:i1 of every head of a (B, H, T, X) array, grouped: (B, Hkv, G*bq, X)."""
+    B, H, _, X = a.shape
+    return a[:, :, i0:i1].reshape(B, H // G, G * (i1 - i0), X)  # (B, Hkv, G*bq, X)
+
+
+def _blocks(opts, Tq, Tk):
+    """(i0, i1, [(j0, j1, keep)]) per query block, fully masked key blocks left out."""
+    offset = Tk - Tq
+    for i0 in range(0, Tq, opts.block_q):
+        i1 = min(i0 + opts.block_q, Tq)
+        ks = []
+        for j0 in range(0, Tk, opts.block_k):
+            j1 = min(j0 + opts.block_k, Tk)
+            keep = _block_keep(opts, i0, i1, j0, j1, offset)
+            if keep is not False:
+                ks.append((j0, j1, keep))
+        yield i0, i1, ks
+
+
+def flash_sdpa_forward(q, k, v, alibi_slopes=None, *, causal=False, window=None, n_sink=0,
+                       scale=None, block_q=128, block_k=128):
+    """out = softmax(q k^T * scale + alibi, masked) v, tiled; equals sdpa_forward.
+
+    Inputs:  q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv), H a multiple of Hkv;
+             alibi_slopes (H,) or None; causal, window (with causal), n_sink (with window)
+             as causal_mask / sliding_window_mask / attention_sink_mask, query i at position
+             i + Tk - Tq; scale defaults to Dh^-1/2; block_q, block_k the tile sizes.
+    Returns: out (B, H, Tq, Dv); a fully masked query row gives zeros.
+    Cache:   FlashCache: the inputs, out and the row logsumexp L (B, Hkv, G*Tq, 1).
+    """
+    _check(q, k, v, alibi_slopes, causal, window, n_sink, block_q, block_k)
+    B, H, Tq, Dh = q.shape
+    Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[3]
+    G = H // Hkv
+    opts = FlashOptions(Dh ** -0.5 if scale is None else scale, bool(causal), window,
+                        int(n_sink), int(block_q), int(block_k))
+    slopes = None if alibi_slopes is None else alibi_slopes.reshape(Hkv, G, 1, 1)  # (Hkv,G,1,1)
+    out = np.zeros((B, H, Tq, Dv), q.dtype)  # (B, H, Tq, Dv)
+    lse = np.full((B, Hkv, G * Tq, 1), -np.inf, q.dtype)  # (B, Hkv, G*Tq, 1)
+    for i0, i1, ks in _blocks(opts, Tq, Tk):
+        qb = _rows(q, G, i0, i1)  # (B, Hkv, G*bq, Dh)
+        m = np.full(qb.shape[:3] + (1,), -np.inf, q.dtype)  # (B, Hkv, G*bq, 1) running max
+        l = np.zeros_like(m)  # (B, Hkv, G*bq, 1) running sum
+        acc = np.zeros(qb.shape[:3] + (Dv,), q.dtype)  # (B, Hkv, G*bq, Dv)
+        for j0, j1, keep in ks:
+            s = _scores(qb, k[:, :, j0:j1], slopes, keep, opts, i0, i1, j0, j1, Tk - Tq)
+            m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (B, Hkv, G*bq, 1)
+            ref = np.where(np.isfinite(m_new), m_new, 0)  # (B, Hkv, G*bq, 1): no inf - inf
+            p = np.exp(s - ref, out=s)  # (B, Hkv, G*bq, bk)
+            alpha = np.exp(m - ref)  # (B, Hkv, G*bq, 1) rescales the earlier blocks
+            l = alpha * l + p.sum(axis=-1, keepdims=True)  # (B, Hkv, G*bq, 1)
+            acc = alpha * acc + p @ v[:, :, j0:j1]  # (B, Hkv, G*bq, Dv)
+            m = m_new
+        seen = l > 0  # (B, Hkv, G*bq, 1)
+        ob = np.divide(acc, l, out=np.zeros_like(acc), where=seen)  # (B, Hkv, G*bq, Dv)
+        out[:, :, i0:i1] = ob.reshape(B, H, i1 - i0, Dv)
+        lse5 = lse.reshape(B, Hkv, G, Tq, 1)  # (B, Hkv, G, Tq, 1), a view
+        lse5[:, :, :, i0:i1] = np.where(seen, m + np.log(np.where(seen, l, 1)),
+                                        -np.inf).reshape(B, Hkv, G, i1 - i0, 1)
+    return out, FlashCache(q, k, v, alibi_slopes, out, lse, opts)
+
+
+def flash_sdpa_backward(dout, cache):
+    """Gradients of flash_sdpa_forward, block by block from the row logsumexp.
+
+    Math (S = scale q k^T + bias, P = exp(S - L), D = rowsum(dout * out)):
+        dv = P^T dout,  dP = dout v^T,  dS = P * (dP - D),
+        dq = scale dS k,  dk = scale dS^T q,  dslope_h = sum_ij dS_hij * (-|pos_i - j|).
+    D = rowsum(dP * P) because rowsum_j P_ij dout_i . v_j = dout_i . out_i (module docstring).
+    Reference: Dao 2023 (arXiv 2307.08691) Algorithm 2; Dao-AILab/flash-attention
+    flash_attn/flash_attn_triton.py.
+    """
+    q, k, v, alibi_slopes, out, lse, opts = cache
+    B, H, Tq, Dh = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    G = H // Hkv
+    slopes = None if alibi_slopes is None else alibi_slopes.reshape(Hkv, G, 1, 1)  # (Hkv,G,1,1)
+    dq = np.zeros_like(q)  # (B, H, Tq, Dh)
+    dk, dv = np.zeros_like(k), np.zeros_like(v)  # (B, Hkv, Tk, Dh), (B, Hkv, Tk, Dv)
+    dslopes = np.zeros((Hkv, G), q.dtype)  # (Hkv, G)
+    lse5 = lse.reshape(B, Hkv, G, Tq, 1)  # (B, Hkv, G, Tq, 1)
+    for i0, i1, ks in _blocks(opts, Tq, Tk):
+        qb, dob = _rows(q, G, i0, i1), _rows(dout, G, i0, i1)  # (B, Hkv, G*bq, Dh|Dv)
+        d_row = np.sum(dob * _rows(out, G, i0, i1), axis=-1, keepdims=True)  # D (B,Hkv,G*bq,1)
+        L = lse5[:, :, :, i0:i1].reshape(d_row.shape)  # (B, Hkv, G*bq, 1)
+        L = np.where(np.isfinite(L), L, np.inf)  # a fully masked row: P = exp(-inf) = 0
+        dqb = np.zeros_like(qb)  # (B, Hkv, G*bq, Dh)
+        for j0, j1, keep in ks:
+            kb, vb = k[:, :, j0:j1], v[:, :, j0:j1]  # (B, Hkv, bk, Dh|Dv)
+            s = _scores(qb, kb, slopes, keep, opts, i0, i1, j0, j1, Tk - Tq)
+            p = np.exp(s - L, out=s)  # fwd: P = exp(S - L)       (B, Hkv, G*bq, bk)
+            dv[:, :, j0:j1] += p.swapaxes(-1, -2) @ dob  # fwd: out = P v -> dv = P^T dout
+            dp = dob @ vb.swapaxes(-1, -2)  # fwd: out = P v -> dP = dout v^T  (B,Hkv,G*bq,bk)
+            ds = p * (dp - d_row)  # fwd: P = softmax(S) -> dS = P (dP - D)  (B,Hkv,G*bq,bk)
+            if slopes is not None:  # fwd: S += slope * dist -> dslope = sum dS * dist
+                dist = _distance(i0, i1, j0, j1, Tk - Tq)  # (bq, bk)
+                dslopes += np.einsum("bgxij,ij->gx", ds.reshape(
+                    B, Hkv, G, i1 - i0, j1 - j0), dist.astype(ds.dtype))
+            ds *= np.asarray(opts.scale, ds.dtype)  # fwd: S = scale q k^T
+            dqb += ds @ kb  # fwd: S = scale q k^T -> dq = scale dS k
+            dk[:, :, j0:j1] += ds.swapaxes(-1, -2) @ qb  # -> dk = scale dS^T q (G heads sum)
+        dq[:, :, i0:i1] = dqb.reshape(B, H, i1 - i0, Dh)
+    grads = {"q": dq, "k": dk, "v": dv}
+    if alibi_slopes is not None:
+        grads["alibi_slopes"] = dslopes.reshape(H)  # (H,)
+    return grads

@@ -1,0 +1,183 @@
+"""RWKV-4's time-mix and channel-mix blocks (Peng et al. 2023, arXiv 2305.13048, section 3;
+upstream `BlinkDL/RWKV-LM RWKV-v4/src/model.py` RWKV_TimeMix and RWKV_ChannelMix).
+
+Token shift: x'_t = x_{t-1} (x'_0 = 0); each branch mixes lerp(x', x, μ) = μ x + (1 − μ) x'.
+Time-mix:    k = lerp_k Wk, v = lerp_v Wv, r = lerp_r Wr,
+             out = (σ(r) ⊙ wkv(w = exp(time_decay), u = time_first, k, v)) Wo
+Channel-mix: k = relu(lerp_k Wk)², r = lerp_r Wr,  out = σ(r) ⊙ (k Wv)
+Decoding keeps the previous token's x per block (and the WKV state for time-mix).
+
+Glossary: B batch, T time, D model width, F channel-mix hidden width; μ (D,) the mixes.
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+from scratchllm.core.nn import Module, Param, normal_init
+from scratchllm.core.ops import (linear_backward, linear_forward, sigmoid_backward,
+                                 sigmoid_forward)
+from scratchllm.core.validate import expect_float, expect_ndim
+from scratchllm.linear_attention.rwkv import (WKVState, rwkv4_wkv_backward, rwkv4_wkv_forward,
+                                              rwkv4_wkv_step)
+
+
+def _shift(x):
+    """x'_t = x_{t-1}, zeros at t = 0: (B, T, D)."""
+    return np.concatenate([np.zeros_like(x[:, :1]), x[:, :-1]], axis=1)  # (B, T, D)
+
+
+def _unshift(dxs):
+    """The adjoint of _shift: dx_t = dx'_{t+1}."""
+    return np.concatenate([dxs[:, 1:], np.zeros_like(dxs[:, :1])], axis=1)  # (B, T, D)
+
+
+def _lerp_backward(d, x, xs, mu):
+    """fwd: m = μ x + (1 − μ) x'  ->  (dx, dx', dμ)."""
+    return d * mu, d * (1 - mu), (d * (x - xs)).sum(axis=(0, 1))
+
+
+class TimeMixCache(NamedTuple):
+    x: np.ndarray
+    xs: np.ndarray  # the shifted x
+    mus: tuple  # (mix_k, mix_v, mix_r)
+    w: np.ndarray  # exp(time_decay)
+    lin: tuple  # linear caches of k, v, r, out
+    sig: tuple
+    sr: np.ndarray  # sigmoid(r)
+    wkv_out: np.ndarray
+    wkv: tuple
+
+
+def rwkv4_time_mix_forward(x, mix_k, mix_v, mix_r, time_decay, time_first, Wk, Wv, Wr, Wo):
+    """Inputs: x (B, T, D); mix_* (D,); time_decay, time_first (D,) (w = exp(time_decay),
+    u = time_first); Wk, Wv, Wr, Wo (D, D). Returns out (B, T, D)."""
+    expect_ndim("rwkv4_time_mix", "x", x, 3, "(B, T, D)")
+    expect_float("rwkv4_time_mix", "x", x)
+    xs = _shift(x)  # (B, T, D)
+    lerp = [mu * x + (1 - mu) * xs for mu in (mix_k, mix_v, mix_r)]  # 3 x (B, T, D)
+    (k, ck), (v, cv), (r, cr) = (linear_forward(m, W) for m, W in zip(lerp, (Wk, Wv, Wr)))
+    w = np.exp(time_decay)  # (D,)
+    y, cw = rwkv4_wkv_forward(w, time_first, k, v)  # (B, T, D)
+    sr, cs = sigmoid_forward(r)  # (B, T, D)
+    out, co = linear_forward(sr * y, Wo)  # (B, T, D)
+    return out, TimeMixCache(x, xs, (mix_k, mix_v, mix_r), w, (ck, cv, cr, co), cs, sr, y, cw)
+
+
+def rwkv4_time_mix_backward(dout, cache):
+    """Math: the pairs in reverse (linear, σ, WKV, linear ×3), dtime_decay = dw · w, and each
+    lerp's adjoint onto x, the shifted x (then shifted back) and μ.
+    Reference: Peng et al. 2023, arXiv 2305.13048 (the backward derived here)."""
+    x, xs, mus, w, (ck, cv, cr, co), cs, sr, y, cw = cache
+    g_o = linear_backward(dout, co)  # fwd: out = (sr * y) Wo
+    g_s = sigmoid_backward(g_o["x"] * y, cs)  # fwd: sr = sigmoid(r)
+    g_w = rwkv4_wkv_backward(g_o["x"] * sr, cw)  # fwd: y = wkv(w, u, k, v)
+    dx, dxs, grads = np.zeros_like(x), np.zeros_like(x), {}
+    for name, d, c, mu in (("k", g_w["k"], ck, mus[0]), ("v", g_w["v"], cv, mus[1]),
+                           ("r", g_s["x"], cr, mus[2])):
+        g_l = linear_backward(d, c)  # fwd: k = lerp_k Wk, ...
+        a, b, grads["mix_" + name] = _lerp_backward(g_l["x"], x, xs, mu)
+        dx, dxs, grads["W" + name] = dx + a, dxs + b, g_l["W"]
+    return {"x": dx + _unshift(dxs), **grads, "time_decay": g_w["w"] * w,
+            "time_first": g_w["u"], "Wo": g_o["W"]}
+
+
+class ChannelMixCache(NamedTuple):
+    x: np.ndarray
+    xs: np.ndarray
+    mus: tuple  # (mix_k, mix_r)
+    lin: tuple  # linear caches of k, r, value
+    h: np.ndarray  # lerp_k Wk, before relu²
+    sig: tuple
+    sr: np.ndarray
+    kv: np.ndarray
+
+
+def rwkv4_channel_mix_forward(x, mix_k, mix_r, Wk, Wr, Wv):
+    """Inputs: x (B, T, D); mix_k, mix_r (D,); Wk (D, F), Wr (D, D), Wv (F, D).
+    Returns out (B, T, D) = σ(lerp_r Wr) ⊙ (relu(lerp_k Wk)² Wv)."""
+    expect_ndim("rwkv4_channel_mix", "x", x, 3, "(B, T, D)")
+    expect_float("rwkv4_channel_mix", "x", x)
+    xs = _shift(x)  # (B, T, D)
+    (h, ck), (r, cr) = (linear_forward(mu * x + (1 - mu) * xs, W)
+                        for mu, W in ((mix_k, Wk), (mix_r, Wr)))  # (B, T, F), (B, T, D)
+    kv, cv = linear_forward(np.maximum(h, 0) ** 2, Wv)  # (B, T, D)
+    sr, cs = sigmoid_forward(r)  # (B, T, D)
+    return sr * kv, ChannelMixCache(x, xs, (mix_k, mix_r), (ck, cr, cv), h, cs, sr, kv)
+
+
+def rwkv4_channel_mix_backward(dout, cache):
+    """Math: out = σ(r) ⊙ kv: dkv = dout σ(r), dσ = dout kv; kv = relu(h)² Wv:
+    dh = 2 relu(h) ⊙ (dkv Wv^T); then the linears and the lerps (as time-mix).
+    Reference: Peng et al. 2023, arXiv 2305.13048 (the backward derived here)."""
+    x, xs, (mix_k, mix_r), (ck, cr, cv), h, cs, sr, kv = cache
+    g_v = linear_backward(dout * sr, cv)  # fwd: kv = relu(h)^2 Wv
+    g_s = sigmoid_backward(dout * kv, cs)  # fwd: sr = sigmoid(r)
+    g_k = linear_backward(g_v["x"] * 2 * np.maximum(h, 0), ck)  # fwd: relu(h)^2
+    g_r = linear_backward(g_s["x"], cr)
+    ak, bk, dmk = _lerp_backward(g_k["x"], x, xs, mix_k)
+    ar, br, dmr = _lerp_backward(g_r["x"], x, xs, mix_r)
+    return {"x": ak + ar + _unshift(bk + br), "mix_k": dmk, "mix_r": dmr, "Wk": g_k["W"],
+            "Wr": g_r["W"], "Wv": g_v["W"]}
+
+
+def rwkv4_time_mix_step(x_t, state, mix_k, mix_v, mix_r, time_decay, time_first, Wk, Wv, Wr,
+                        Wo):
+    """One decoding step. x_t (B, D); state (previous x (B, D) or None, WKVState or None).
+    Returns (out_t (B, D), new state)."""
+    x_prev, wkv_state = state
+    xs = np.zeros_like(x_t) if x_prev is None else x_prev  # (B, D)
+    k, v, r = (linear_forward(mu * x_t + (1 - mu) * xs, W)[0]
+               for mu, W in ((mix_k, Wk), (mix_v, Wv), (mix_r, Wr)))  # (B, D) each
+    y, wkv_state = rwkv4_wkv_step(np.exp(time_decay), time_first, k, v, wkv_state)
+    return linear_forward(sigmoid_forward(r)[0] * y, Wo)[0], (x_t, wkv_state)
+
+
+def rwkv4_channel_mix_step(x_t, x_prev, mix_k, mix_r, Wk, Wr, Wv):
+    """One decoding step. x_t, x_prev (B, D) (x_prev None at the start). Returns (out_t, x_t)."""
+    xs = np.zeros_like(x_t) if x_prev is None else x_prev  # (B, D)
+    h = linear_forward(mix_k * x_t + (1 - mix_k) * xs, Wk)[0]  # (B, F)
+    r = linear_forward(mix_r * x_t + (1 - mix_r) * xs, Wr)[0]  # (B, D)
+    return sigmoid_forward(r)[0] * linear_forward(np.maximum(h, 0) ** 2, Wv)[0], x_t
+
+
+TIME_MIX = ("mix_k", "mix_v", "mix_r", "time_decay", "time_first", "Wk", "Wv", "Wr", "Wo")
+
+
+class RWKV4TimeMix(Module):
+    """RWKV-4 time-mix as a token mixer; upstream's init for the first layer: time_decay_c =
+    −5 + 8 (c/(D−1))^0.7, time_first = log 0.3, μ_k = μ_v = c/D, μ_r = (c/D)/2, W ~ N(0, 1/D).
+    The decoding state is (previous x (B, D), WKVState): 4·D numbers per sequence."""
+
+    def __init__(self, d_model, *, rng, dtype=np.float32):
+        c = np.arange(d_model) / d_model  # (D,)
+        init = dict(mix_k=c, mix_v=c, mix_r=0.5 * c,
+                    time_decay=-5 + 8 * (np.arange(d_model) / max(d_model - 1, 1)) ** 0.7,
+                    time_first=np.full(d_model, np.log(0.3)))
+        for name, value in init.items():
+            setattr(self, name, Param(value.astype(dtype)))
+        for name in ("Wk", "Wv", "Wr", "Wo"):
+            setattr(self, name, Param(normal_init(rng, (d_model, d_model), d_model ** -0.5,
+                                                  dtype)))
+
+    def _weights(self):
+        return [getattr(self, name).data for name in TIME_MIX]
+
+    def forward(self, x):
+        return rwkv4_time_mix_forward(x, *self._weights())
+
+    def backward(self, dout, cache):
+        return self.add_grads(rwkv4_time_mix_backward(dout, cache))
+
+    def init_state(self, batch, max_len=None):
+        """[previous x, a, b, p] as one (4, B, D) array (p starts at −1e38, as upstream)."""
+        state = np.zeros((4, batch, self.Wk.data.shape[0]), self.Wk.data.dtype)
+        state[3] = -1e38
+        return state
+
+    def decode(self, x_t, state, position=None):
+        """One token (B, D) -> (B, D); updates `state` in place. At position 0 the previous x
+        is zero (the token shift's padding), which the zero state already holds."""
+        out, (x_prev, wkv) = rwkv4_time_mix_step(x_t, (state[0], WKVState(*state[1:])),
+                                                 *self._weights())
+        state[0], state[1], state[2], state[3] = x_prev, wkv.a, wkv.b, wkv.p
+        return out

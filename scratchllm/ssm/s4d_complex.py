@@ -1,0 +1,155 @@
+"""Complex S4D (Gu et al. 2022, "On the Parameterization and Initialization of Diagonal State
+Space Models", arXiv 2206.11893; upstream `state-spaces/s4 models/s4/s4d.py` S4DKernel):
+a diagonal SSM with complex A, whose N modes stand for 2N real states in conjugate pairs, so
+the kernel and the output are real.
+
+    A = −exp(A_log_re) + i A_im,  B = B_re + i B_im,  C = C_re + i C_im,  Δ = exp(log_dt)
+    (Ā, B̄) = zoh(A, B, Δ)  in complex arithmetic (lti.py's zoh_forward)
+    K_l = 2 Re Σ_n C_n Ā_n^l B̄_n  (lti.py's Vandermonde kernel, then 2·Re)
+    y = causal_conv(x, K) + D x     (lti.py's FFT convolution)
+Initialisations (B = 1, C ~ CN(0, 1), log Δ ~ U[log 1e-3, log 1e-1]):
+    S4D-Lin  A_n = −1/2 + iπn
+    S4D-Inv  A_n = −1/2 + i (2N/π) (2N/(2n+1) − 1)     (2N the real state size)
+Gradients of a real loss w.r.t. a complex z = a + ib are carried as dz = ∂L/∂a + i ∂L/∂b.
+For a holomorphic step w = f(z) that is dz = conj(f'(z)) dw, so each real backward of the
+lti pairs (linear in dout, holomorphic in its inputs) serves as conj(backward(conj(dw))).
+Real parameters take the real part: dΔ = Re(...). The checker sees only real pairs.
+
+Glossary: B batch, T time, D channels, N complex modes per channel (2N real states).
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+from scratchllm.core.nn import Module, Param
+from scratchllm.core.validate import expect_float, expect_ndim, expect_shape
+from scratchllm.ssm.lti import (ConvCache, KernelCache, ZohCache, fft_conv_backward,
+                                fft_conv_forward, ssm_kernel_backward, ssm_kernel_forward,
+                                ssm_step, zoh_backward, zoh_forward)
+
+PARAMS = ("A_log_re", "A_im", "B_re", "B_im", "C_re", "C_im", "log_dt", "D")
+
+
+class S4DComplexCache(NamedTuple):
+    x: np.ndarray
+    A_re: np.ndarray
+    dt: np.ndarray
+    D: np.ndarray
+    zoh: ZohCache
+    kernel: KernelCache
+    conv: ConvCache
+
+
+def _check(fn, x_ndim, x, A_log_re, A_im, B_re, B_im, C_re, C_im, log_dt, D):
+    expect_ndim(fn, "x", x, x_ndim, "(B, T, D)" if x_ndim == 3 else "(B, D)")
+    width = x.shape[-1]
+    expect_shape(fn, "A_log_re", A_log_re, (width, None), "(D, N) with D = x.shape[-1]")
+    for name, a in zip(PARAMS, (A_log_re, A_im, B_re, B_im, C_re, C_im, log_dt, D)):
+        expect_float(fn, name, a)
+        if name != "A_log_re":
+            want = (width,) if name in ("log_dt", "D") else A_log_re.shape
+            expect_shape(fn, name, a, want, "(D,)" if len(want) == 1 else "(D, N) like A_log_re")
+    expect_float(fn, "x", x)
+
+
+def _discretise(A_log_re, A_im, B_re, B_im, log_dt):
+    A = -np.exp(A_log_re) + 1j * A_im  # (D, N) complex
+    return zoh_forward(A, B_re + 1j * B_im, np.exp(log_dt))  # ZohOut (D, N) each, cache
+
+
+def s4d_complex_forward(x, A_log_re, A_im, B_re, B_im, C_re, C_im, log_dt, D):
+    """Complex diagonal S4D on real inputs: ZOH → Vandermonde kernel → 2 Re → FFT conv → + D x.
+
+    Inputs:  x (B, T, D); A_log_re, A_im, B_re, B_im, C_re, C_im (D, N); log_dt, D (D,).
+    Returns: y (B, T, D), real.  Cache: x, Re A, Δ, D and the ZOH, kernel and conv caches.
+    """
+    _check("s4d_complex", 3, x, A_log_re, A_im, B_re, B_im, C_re, C_im, log_dt, D)
+    (A_bar, B_bar), zc = _discretise(A_log_re, A_im, B_re, B_im, log_dt)  # (D, N) complex
+    Kc, kc = ssm_kernel_forward(A_bar, B_bar, C_re + 1j * C_im, x.shape[1])  # (D, T) complex
+    K = (2 * Kc.real).astype(x.dtype)  # (D, T) real: the conjugate pairs' sum
+    yc, cc = fft_conv_forward(np.swapaxes(x, 1, 2), K)  # (B, D, T)
+    y = np.swapaxes(yc, 1, 2) + D * x  # (B, T, D)
+    return y, S4DComplexCache(x, -np.exp(A_log_re), np.exp(log_dt), D, zc, kc, cc)
+
+
+def _conj_backward(backward, dout, cache):
+    """A holomorphic pair's complex gradient: conj(backward(conj(dout)))."""
+    dout = tuple(np.conj(d) for d in dout) if isinstance(dout, tuple) else np.conj(dout)
+    return {name: np.conj(g) for name, g in backward(dout, cache).items()}
+
+
+def s4d_complex_backward(dy, cache):
+    """Math: dD = Σ dy x; conv's backward gives dx and dK (real); K = 2 Re Kc -> dKc = 2 dK;
+    then the kernel and ZOH backwards in complex arithmetic (conj(backward(conj(·))));
+    A = −exp(A_log_re) + i A_im: dA_log_re = Re(dA)·Re(A), dA_im = Im(dA); dB_re, dB_im =
+    Re, Im of dB (C likewise); dlog_dt = Re(dΔ)·Δ.
+    Reference: Gu et al. 2022, arXiv 2206.11893 (the backward derived here).
+    """
+    x, A_re, dt, D, zc, kc, cc = cache
+    g_conv = fft_conv_backward(np.swapaxes(dy, 1, 2), cc)  # x (B, D, T), K (D, T)
+    dx = np.swapaxes(g_conv["x"], 1, 2) + D * dy  # (B, T, D)
+    # fwd: K = 2 Re(Kc)  ->  dKc = 2 dK (no imaginary part)
+    g_k = _conj_backward(ssm_kernel_backward, 2 * g_conv["K"].astype(complex), kc)
+    g_z = _conj_backward(zoh_backward, (g_k["A_bar"], g_k["B_bar"]), zc)
+    real = x.dtype
+    return {"x": dx, "A_log_re": (g_z["A"].real * A_re).astype(real),
+            "A_im": g_z["A"].imag.astype(real), "B_re": g_z["B"].real.astype(real),
+            "B_im": g_z["B"].imag.astype(real), "C_re": g_k["C"].real.astype(real),
+            "C_im": g_k["C"].imag.astype(real), "log_dt": (g_z["delta"].real * dt).astype(real),
+            "D": (dy * x).sum(axis=(0, 1))}
+
+
+def s4d_complex_step(x_t, state, A_log_re, A_im, B_re, B_im, C_re, C_im, log_dt, D):
+    """One decoding step through the complex state h (B, D, N) (None = zeros):
+    h = Ā h + B̄ x_t, y_t = 2 Re ⟨C, h⟩ + D x_t. Returns (y_t (B, D), new h)."""
+    _check("s4d_complex_step", 2, x_t, A_log_re, A_im, B_re, B_im, C_re, C_im, log_dt, D)
+    (A_bar, B_bar), _ = _discretise(A_log_re, A_im, B_re, B_im, log_dt)  # (D, N)
+    if state is None:
+        state = np.zeros(x_t.shape + A_log_re.shape[-1:], complex)  # (B, D, N)
+    y, state = ssm_step(x_t, state, A_bar, B_bar, 2 * (C_re + 1j * C_im), np.zeros_like(D))
+    return (y.real + D * x_t).astype(x_t.dtype), state  # (B, D)
+
+
+def s4d_init(d_model, n_modes, init, *, rng, dtype=np.float64):
+    """{name: array} of S4D-Lin ("lin") or S4D-Inv ("inv") parameters (see the module doc)."""
+    n = np.arange(n_modes, dtype=np.float64)  # (N,)
+    if init == "lin":
+        imag = np.pi * n  # (N,)
+    elif init == "inv":
+        imag = (2 * n_modes / np.pi) * (2 * n_modes / (2 * n + 1) - 1)  # (N,)
+    else:
+        raise ValueError(f"s4d_init: init must be 'lin' or 'inv', got {init!r}")
+    shape = (d_model, n_modes)
+    p = dict(A_log_re=np.full(shape, np.log(0.5)), A_im=np.tile(imag, (d_model, 1)),
+             B_re=np.ones(shape), B_im=np.zeros(shape),
+             C_re=rng.standard_normal(shape) * 0.5 ** 0.5,
+             C_im=rng.standard_normal(shape) * 0.5 ** 0.5,
+             log_dt=rng.uniform(np.log(1e-3), np.log(1e-1), d_model), D=np.ones(d_model))
+    return {k: v.astype(dtype) for k, v in p.items()}
+
+
+class S4DComplex(Module):
+    """Complex S4D over (B, T, D) with S4D-Lin or S4D-Inv initialisation; real Params only."""
+
+    def __init__(self, d_model, n_modes=32, *, init="lin", rng, dtype=np.float32):
+        for name, value in s4d_init(d_model, n_modes, init, rng=rng, dtype=dtype).items():
+            setattr(self, name, Param(value))
+
+    def _params(self):
+        return [getattr(self, name).data for name in PARAMS]
+
+    def forward(self, x):
+        return s4d_complex_forward(x, *self._params())
+
+    def backward(self, dy, cache):
+        return self.add_grads(s4d_complex_backward(dy, cache))
+
+    def init_state(self, batch, max_len=None):
+        """The complex state (B, D, N); its size does not grow with max_len."""
+        return np.zeros((batch,) + self.A_log_re.data.shape, complex)
+
+    def decode(self, x_t, state, position=None):
+        """One token (B, D) -> (B, D); updates `state` in place."""
+        y, new = s4d_complex_step(x_t, state, *self._params())
+        state[...] = new
+        return y

@@ -1,0 +1,105 @@
+"""The length-extrapolation experiment (ALiBi's, Press et al. 2021, arXiv 2108.12409, figure
+1): train the same small LM with each position scheme at one context length, then measure
+its validation cross-entropy at longer ones. In the paper ALiBi's loss stays flat past the
+training length, while sinusoidal positions and RoPE, meeting positions (rotation angles)
+never seen in training, degrade; NoPE has only the causal mask to tell positions apart.
+This runs the same comparison at laptop scale; what it shows is whatever it measures.
+
+    python -m scratchllm.train.extrapolation [--steps 300] [--plot extrapolation.png]
+
+The data is the bundled Python-docs text as bytes (V = 256), so no tokenizer is trained.
+"""
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from scratchllm.lm import ModelConfig
+from scratchllm.train import corpus
+from scratchllm.train.trainer import Run, Settings, evaluate
+
+POSITIONS = ("rope", "alibi", "sinusoidal", "nope")
+DATA = Path(__file__).resolve().parent.parent / "data" / "python-docs.txt"
+MODEL = dict(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=192,
+             attn_impl="flash")
+
+
+def byte_ids(path=DATA, limit=None):
+    """The text's UTF-8 bytes as int64 token ids (V = 256)."""
+    data = Path(path).read_bytes()[:limit]
+    return np.frombuffer(data, np.uint8).astype(np.int64)  # (N,)
+
+
+def length_extrapolation(ids, positions=POSITIONS, *, train_len=128, eval_lens=(128, 256, 512),
+                         steps=300, batch_size=16, eval_tokens=16384, model=None, log=None):
+    """{position scheme: [validation CE (nats/token) at each eval length]}.
+
+    Each scheme trains the same ModelConfig (MODEL, overridden by `model`) for `steps`
+    AdamW steps at train_len; the evaluation windows are the same for every scheme.
+    """
+    train, val = corpus.split(ids)
+    settings = Settings(steps=steps, batch_size=batch_size, seq_len=train_len, threads=1,
+                        warmup=min(30, steps // 10 + 1))
+    table = {}
+    for pos in positions:
+        cfg = ModelConfig(**{**MODEL, **(model or {}), "name": pos, "positions": pos})
+        run = Run(cfg.validate(), settings)
+        for _ in range(steps):
+            run.train_step(train)
+        table[pos] = [evaluate(run.model, corpus.eval_batches(val, 4, T, eval_tokens))
+                      for T in eval_lens]
+        if log:
+            log(f"{pos:<11} " + "  ".join(f"{v:.3f}" for v in table[pos]))
+    return table
+
+
+def format_table(table, train_len, eval_lens):
+    """A Markdown table: one row per position scheme, one column per eval length."""
+    head = "| positions | " + " | ".join(
+        f"T={T}" + (" (train)" if T == train_len else "") for T in eval_lens) + " |"
+    rule = "|---" * (len(eval_lens) + 1) + "|"
+    rows = [f"| {pos} | " + " | ".join(f"{v:.3f}" for v in vals) + " |"
+            for pos, vals in table.items()]
+    return "\n".join([head, rule, *rows])
+
+
+def save_plot(path, table, train_len, eval_lens):
+    """Validation CE against eval length per scheme; False (nothing written) without
+    matplotlib."""
+    try:
+        import matplotlib  # an optional dependency: imported only when a plot is asked for
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # (optional, as above)
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for pos, vals in table.items():
+        ax.plot(eval_lens, vals, "o-", label=pos)
+    ax.axvline(train_len, ls="--", c="gray", label="training length")
+    ax.set(xscale="log", xlabel="evaluation length T", ylabel="validation CE (nats/byte)",
+           title="length extrapolation")
+    ax.set_xticks(eval_lens, [str(T) for T in eval_lens])
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--train-len", type=int, default=128)
+    p.add_argument("--plot", default="extrapolation.png")
+    a = p.parse_args(argv)
+    lens = (a.train_len, 2 * a.train_len, 4 * a.train_len)
+    table = length_extrapolation(byte_ids(), train_len=a.train_len, eval_lens=lens,
+                                 steps=a.steps, log=print)
+    print(format_table(table, a.train_len, lens))
+    if save_plot(a.plot, table, a.train_len, lens):
+        print(f"plot: {a.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
