@@ -325,7 +325,8 @@ def router(rng):
 
 
 ROUTINGS = {  # router options of real checkpoints: score, selection bias?, logit bias?, options
-    "gpt-oss: logit bias, softmax over the chosen k": ("softmax", False, True, {}),
+    "gpt-oss: logit bias, softmax over the chosen k (+ clamped experts in moe)": (
+        "softmax", False, True, {}),
     "deepseek-v3: sigmoid + bias, groups 4 -> 2, r = 2.5": (
         "sigmoid", True, False, dict(n_group=4, topk_group=2, routed_scaling_factor=2.5)),
     "deepseek-v2: softmax, groups 2 -> 1, not normalised": (
@@ -446,6 +447,17 @@ def moe(rng):
     return reports
 
 
+def _gpt_oss_experts(rng, x, E, F, limit):
+    """gpt-oss expert weights (E, D, 2F), (E, 2F), (E, F, D), (E, D) whose gate/up
+    pre-activations on every row of x lie away from the clamps (_far_from_clamps)."""
+    D = x.shape[-1]
+    while True:
+        gu, b = rng.standard_normal((E, D, 2 * F)), rng.standard_normal((E, 2 * F))
+        if all(_far_from_clamps(x @ gu[i] + b[i], limit) for i in range(E)):
+            return dict(gate_up=gu, gate_up_b=b, down=rng.standard_normal((E, F, D)),
+                        down_b=rng.standard_normal((E, D)))
+
+
 @case
 def moe_routing(rng):
     from scratchllm.moe import moe_backward, moe_forward
@@ -455,6 +467,9 @@ def moe_routing(rng):
         inputs = _routed_inputs(rng, N, D, E, k, score, bias, logit_bias, options)
         experts = dict(w1=rng.standard_normal((E, D, F)), w3=rng.standard_normal((E, D, F)),
                        w2=rng.standard_normal((E, F, D)))
+        if logit_bias:  # gpt-oss: its clamped experts too, every pre-activation off the clamps
+            experts = _gpt_oss_experts(rng, inputs["x"], E, F, limit=2.5)
+            inputs.update(swiglu_limit=2.5)
         shared = dict(shared_w1=rng.standard_normal((D, Fs)), shared_w3=rng.standard_normal(
             (D, Fs)), shared_w2=rng.standard_normal((Fs, D)))
         reports.append(check(moe_forward, moe_backward, rng=rng, label=label, k=k,
@@ -810,6 +825,54 @@ def lm_encoders(rng):
     return reports
 
 
+# ------------------------------------------------------------------- published checkpoints
+@case
+def gqa_options(rng):
+    """The attention options of published checkpoints: q/k/v and output biases (Qwen2,
+    GPT-2), QK-norm gains (Qwen3), a softmax scale other than Dh^-1/2 (Gemma 3)."""
+    from scratchllm.attention import gqa_backward, gqa_forward, rope_frequencies
+    B, T, D, H, Hkv, Dh = 2, 7, 5, 6, 2, 4
+    w = dict(x=rng.standard_normal((B, T, D)), wq=rng.standard_normal((D, H * Dh)),
+             wk=rng.standard_normal((D, Hkv * Dh)), wv=rng.standard_normal((D, Hkv * Dh)),
+             wo=rng.standard_normal((H * Dh, D)))
+    bias = dict(bq=rng.standard_normal(H * Dh), bk=rng.standard_normal(Hkv * Dh),
+                bv=rng.standard_normal(Hkv * Dh))
+    norm = dict(q_norm=1 + 0.3 * rng.standard_normal(Dh), k_norm=1 + 0.3 * rng.standard_normal(Dh))
+    rope = dict(inv_freq=rope_frequencies(Dh)[0], n_heads=H, n_kv_heads=Hkv)
+    return [check(gqa_forward, gqa_backward, rng=rng, label="qkv bias", wrt=[*w, *bias], **w,
+                  **bias, **rope),
+            check(gqa_forward, gqa_backward, rng=rng, label="qk-norm, scale 0.3",
+                  wrt=[*w, *norm], **w, **norm, **rope, scale=0.3, norm_eps=1e-6),
+            check(gqa_forward, gqa_backward, rng=rng, label="all biases but bk, no rope",
+                  wrt=[*w, "bq", "bv", "bo"], **w, **bias, bo=rng.standard_normal(D),
+                  n_heads=H, n_kv_heads=Hkv)]  # without RoPE d/dbk = 0 (see lm_hub)
+
+
+HF_FIXTURES = ("llama", "llama_yarn", "mistral", "qwen2", "qwen3", "gemma3", "gpt2")
+
+
+@case
+def lm_hub(rng):
+    """d loss / d every Param of each tiny Hugging Face checkpoint of tests/fixtures/hf,
+    loaded in float64 (2 random directions per Param)."""
+    from pathlib import Path
+    from scratchllm.hub import load_pretrained
+    from scratchllm.lm import loss_pair
+    root = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "hf"
+    reports = []
+    for family in HF_FIXTURES:
+        model = load_pretrained(root / family, dtype=np.float64)
+        forward, backward, params = loss_pair(model)
+        V = model.cfg.vocab_size
+        # Without RoPE (GPT-2) a key bias adds q . bk to every score of a query's row, which
+        # softmax ignores: d loss / d bk = 0 exactly, so there is nothing to compare.
+        wrt = [n for n in params if not (n.endswith(".bk") and model.cfg.positions != "rope")]
+        reports.append(check(forward, backward, rng=rng, max_full=0, n_directions=2,
+                             wrt=wrt, label=family, ids=rng.integers(0, V, (2, 7)),
+                             targets=rng.integers(0, V, (2, 7)), **params))
+    return reports
+
+
 @case
 def lm_recurrent(rng):
     """The recurrent mixers inside a whole model: L R G D, then S (Mamba-2) and W (RWKV-4)
@@ -832,3 +895,46 @@ LM_CHECKPOINTS = {
 def lm_checkpoint_options(rng):
     return [report for label, (name, overrides) in LM_CHECKPOINTS.items()
             for report in _lm(name, rng, label, **overrides)]
+
+
+@case
+def layernorm(rng):
+    from scratchllm.core import layernorm_backward, layernorm_forward
+    x = rng.standard_normal((2, 5, 11))
+    return [check(layernorm_forward, layernorm_backward, rng=rng, label="bias", x=x,
+                  g=rng.standard_normal(11), b=rng.standard_normal(11), eps=1e-5),
+            check(layernorm_forward, layernorm_backward, rng=rng, label="no bias", x=x,
+                  g=rng.standard_normal(11), eps=1e-5)]
+
+
+@case
+def gelu(rng):
+    from scratchllm.core import gelu_backward, gelu_forward
+    x = 3 * rng.standard_normal((3, 7))
+    return [check(gelu_forward, gelu_backward, rng=rng, label=a, x=x, approximate=a)
+            for a in ("tanh", "none")]
+
+
+@case
+def gelu_mlp(rng):
+    from scratchllm.core import gelu_mlp_backward, gelu_mlp_forward
+    D, F = 7, 9
+    return check(gelu_mlp_forward, gelu_mlp_backward, rng=rng, x=rng.standard_normal((2, 3, D)),
+                 W1=rng.standard_normal((D, F)), b1=rng.standard_normal(F),
+                 W2=rng.standard_normal((F, D)), b2=rng.standard_normal(D))
+
+
+@case
+def geglu(rng):
+    from scratchllm.core import geglu_backward, geglu_forward
+    D, F = 7, 9
+    return check(geglu_forward, geglu_backward, rng=rng, x=rng.standard_normal((2, 3, D)),
+                 W1=rng.standard_normal((D, F)), W3=rng.standard_normal((D, F)),
+                 W2=rng.standard_normal((F, D)))
+
+
+@case
+def lm_post(rng):
+    """The post-norm block (block="post") and the sandwich block in a whole tiny model."""
+    return (_lm("dense", rng, "dense, post-norm", block="post")
+            + _lm("dense", rng, "dense, sandwich", block="sandwich", norm_offset=1.0))

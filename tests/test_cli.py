@@ -15,6 +15,7 @@ USAGE_ERRORS = {
     "drill": ["check", "no_such_drill"],
     "exercise": ["check", "9"],
     "notebooks": [],  # --html is required
+    "finetune": ["--hf", "x"],  # --data and --out are required
 }
 
 
@@ -35,6 +36,7 @@ def test_runtime_errors_exit_1_with_the_command_prefix(tmp_path, capsys):
         "drill": ["drill", "check", "zoh", "--dir", missing],
         "exercise": ["exercise", "check", "2", "--file", missing],
         "notebooks": ["notebooks", "--html", str(tmp_path / "site"), "--source", missing],
+        "finetune": ["finetune", "--hf", missing, "--data", missing, "--out", missing],
     }
     for command, argv in cases.items():
         assert cli.main(argv) == 1, command

@@ -5,6 +5,7 @@ imports count too), and a synthetic tree that shows each rule can fail.
     tokenizer, attention, moe, ssm, linear_attention
                                   core, and each other where the math needs it
     lm                            the component packages
+    hub                           lm (Hugging Face checkpoints), beside it
     train                         lm (and what lm stands on)
     teach/sizing, teach/arch      the standard library only
     teach/drills                  the component packages and grads
@@ -26,14 +27,15 @@ ALLOWED = {  # top-level part of scratchllm -> the parts it may import
     "ssm": {"core"} | COMPONENTS,
     "linear_attention": {"core"} | COMPONENTS,
     "lm": {"core"} | COMPONENTS,
-    "train": {"core", "lm"} | COMPONENTS,
+    "hub": {"core", "lm"} | COMPONENTS,
+    "train": {"core", "lm", "hub"} | COMPONENTS,
     "teach": {"core"} | COMPONENTS,
-    "cli": {"core", "lm", "train", "teach"} | COMPONENTS,
+    "cli": {"core", "lm", "train", "teach", "hub"} | COMPONENTS,
     "__main__": {"cli"},
     "__init__": set(),
 }
 STDLIB_ONLY = ("scratchllm.teach.sizing", "scratchllm.teach.arch")
-OPTIONAL = {"matplotlib",  # the only modules a function may import
+OPTIONAL = {"matplotlib", "sentencepiece",  # the only modules a function may import
             "nbformat", "nbclient", "nbconvert"}  # (the notebooks extra: cli/notebooks.py)
 
 

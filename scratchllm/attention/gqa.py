@@ -5,6 +5,10 @@ multi-query (Hkv = 1) attention.
 Math:
     q = rope(x Wq), k = rope(x Wk), v = x Wv;  query head h reads KV head h // G;
     y = concat_heads(sdpa(q, k, v)) Wo
+Options the published checkpoints need: biases on the projections (x Wq + bq, ...: Qwen2,
+GPT-2), QK-norm (q = rope(rmsnorm_Dh(x Wq) * gq), an RMSNorm over each head vector before
+RoPE: Qwen3, Gemma 3; Dehghani et al. 2023, arXiv 2302.05442), no RoPE (GPT-2's learned
+positions), and a softmax scale other than Dh^-1/2 (Gemma 3's query_pre_attn_scalar^-1/2).
 Backward: the linear, sdpa, rope (rotation by -theta) and KV-sharing (a sum over the G query
 heads of each group) backwards, each through its own pair.
 Decoding keeps the (already rotated) keys and values of past tokens in a KVState (or a
@@ -26,7 +30,8 @@ from scratchllm.attention.sdpa import (SDPACache, merge_heads, repeat_kv_backwar
                                        repeat_kv_forward, sdpa_backward, sdpa_forward,
                                        split_heads)
 from scratchllm.core.nn import Module, Param, normal_init
-from scratchllm.core.ops import linear_backward, linear_forward
+from scratchllm.core.ops import (linear_backward, linear_forward, rmsnorm_backward,
+                                 rmsnorm_forward)
 from scratchllm.core.validate import expect_float, expect_ndim, expect_shape
 
 
@@ -46,6 +51,8 @@ class QKVCache(NamedTuple):
     rope_k: tuple
     n_heads: int
     n_kv_heads: int
+    norm_q: tuple  # RMSNormCache of the QK-norm, None without it
+    norm_k: tuple
 
 
 class GQACache(NamedTuple):
@@ -79,30 +86,34 @@ class AttnOptions(NamedTuple):
     block: int = 128        # flash's block_q = block_k
 
 
-def _attend(q, k, v, mask, window, attn):
+def _attend(q, k, v, mask, window, attn, scale=None):
     """sdpa or flash_sdpa of (q, k, v) under the named (or array) mask and ALiBi slopes."""
     T = q.shape[2]
     if attn.impl == "sdpa":
         if attn.n_sink:
             mask = attention_sink_mask(T, window, attn.n_sink)  # (T, T)
         bias = None if attn.alibi is None else alibi_bias(attn.alibi, T, T)  # (H, T, T)
-        return sdpa_forward(q, k, v, _resolve_mask(mask, window, T), bias=bias)
+        return sdpa_forward(q, k, v, _resolve_mask(mask, window, T), scale, bias=bias)
     if attn.impl != "flash" or not (mask is None or isinstance(mask, str)):
         raise ValueError(f"gqa: attn.impl must be 'sdpa' or 'flash' (flash takes a mask name, "
                          f"not an array), got impl={attn.impl!r}, mask {type(mask).__name__}")
     _resolve_mask(mask, window, 1)  # the same checks of the name and window
     named = {"causal": dict(causal=True), "sliding": dict(causal=True, window=window,
                                                           n_sink=attn.n_sink)}
-    return flash_sdpa_forward(q, k, v, attn.alibi, **named.get(mask, {}), block_q=attn.block,
-                              block_k=attn.block)
+    return flash_sdpa_forward(q, k, v, attn.alibi, **named.get(mask, {}), scale=scale,
+                              block_q=attn.block, block_k=attn.block)
 
 
-def project_qkv_forward(x, wq, wk, wv, *, n_heads, n_kv_heads, positions=None, inv_freq=None,
-                        rope_style="half", attention_factor=1.0):
-    """q, k, v heads of x, with RoPE on q and k when inv_freq is given.
+def project_qkv_forward(x, wq, wk, wv, bq=None, bk=None, bv=None, q_norm=None, k_norm=None,
+                        *, n_heads, n_kv_heads, positions=None, inv_freq=None,
+                        rope_style="half", attention_factor=1.0, norm_eps=1e-6):
+    """q, k, v heads of x, with QK-norm (when q_norm, k_norm are given) and then RoPE on q and
+    k (when inv_freq is given).
 
-    Inputs:  x (B, T, D), wq (D, H*Dh), wk/wv (D, Hkv*Dh), positions (T,) or (B, T) ints
-             (default arange(T)), inv_freq (Dh/2,) or None for no RoPE.
+    Inputs:  x (B, T, D), wq (D, H*Dh), wk/wv (D, Hkv*Dh), bq (H*Dh,), bk/bv (Hkv*Dh,) or
+             None, q_norm/k_norm (Dh,) RMSNorm gains over each head vector or None (with
+             eps norm_eps), positions (T,) or (B, T) ints (default arange(T)), inv_freq
+             (Dh/2,) or None for no RoPE.
     Returns: QKV(q (B, H, T, Dh), k (B, Hkv, T, Dh), v (B, Hkv, T, Dh)).  Cache: QKVCache.
     """
     expect_float("gqa", "x", x)
@@ -117,72 +128,97 @@ def project_qkv_forward(x, wq, wk, wv, *, n_heads, n_kv_heads, positions=None, i
     expect_shape("gqa", "wq", wq, (D, n_heads * Dh), "(D, H*Dh)")
     expect_shape("gqa", "wk", wk, (D, n_kv_heads * Dh), f"(D, Hkv*Dh) = (D, {n_kv_heads}*{Dh})")
     expect_shape("gqa", "wv", wv, (D, n_kv_heads * Dh), f"(D, Hkv*Dh) = (D, {n_kv_heads}*{Dh})")
-    q, lin_q = linear_forward(x, wq)  # (B, T, H*Dh)
-    k, lin_k = linear_forward(x, wk)  # (B, T, Hkv*Dh)
-    v, lin_v = linear_forward(x, wv)  # (B, T, Hkv*Dh)
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError("gqa: QK-norm needs both q_norm and k_norm (or neither)")
+    q, lin_q = linear_forward(x, wq, bq)  # (B, T, H*Dh)
+    k, lin_k = linear_forward(x, wk, bk)  # (B, T, Hkv*Dh)
+    v, lin_v = linear_forward(x, wv, bv)  # (B, T, Hkv*Dh)
     q, k, v = split_heads(q, n_heads), split_heads(k, n_kv_heads), split_heads(v, n_kv_heads)
+    norm_q = norm_k = None
+    if q_norm is not None:
+        q, norm_q = rmsnorm_forward(q, q_norm, norm_eps)  # (B, H, T, Dh)
+        k, norm_k = rmsnorm_forward(k, k_norm, norm_eps)  # (B, Hkv, T, Dh)
     rope_q = rope_k = None
     if inv_freq is not None:
         pos = np.arange(T) if positions is None else positions
         q, rope_q = rope_forward(q, pos, inv_freq, rope_style, attention_factor)  # (B,H,T,Dh)
         k, rope_k = rope_forward(k, pos, inv_freq, rope_style, attention_factor)  # (B,Hkv,T,Dh)
-    return QKV(q, k, v), QKVCache(lin_q, lin_k, lin_v, rope_q, rope_k, n_heads, n_kv_heads)
+    return QKV(q, k, v), QKVCache(lin_q, lin_k, lin_v, rope_q, rope_k, n_heads, n_kv_heads,
+                                  norm_q, norm_k)
 
 
 def project_qkv_backward(dout, cache):
-    """Reverse of project_qkv_forward: rope backward, merge heads, the three linear backwards.
-    dout is a QKV of gradients (B, H, T, Dh), (B, Hkv, T, Dh), (B, Hkv, T, Dh)."""
-    lin_q, lin_k, lin_v, rope_q, rope_k, _, _ = cache
+    """Reverse of project_qkv_forward: rope backward, QK-norm backward, merge heads, the three
+    linear backwards. dout is a QKV of gradients (B, H, T, Dh), (B, Hkv, T, Dh), (B, Hkv, T, Dh).
+    Math: each step is its own pair (rope: rotation by -theta; QK-norm: rmsnorm_backward over
+    the head axis Dh, its gain summing over B, heads and T; linear: dW = x^T dy, db = sum dy).
+    Reference: Dehghani et al. 2023 (arXiv 2302.05442); huggingface/transformers
+    src/transformers/models/qwen3/modeling_qwen3.py Qwen3Attention."""
+    lin_q, lin_k, lin_v, rope_q, rope_k, _, _, norm_q, norm_k = cache
     dq, dk, dv = dout
+    grads = {}
     if rope_q is not None:
         dq = rope_backward(dq, rope_q)["x"]  # fwd: q = rope(q) -> rotate dq by -theta
         dk = rope_backward(dk, rope_k)["x"]  # fwd: k = rope(k)
-    g_q = linear_backward(merge_heads(dq), lin_q)  # fwd: q = split_heads(x @ wq)
-    g_k = linear_backward(merge_heads(dk), lin_k)  # fwd: k = split_heads(x @ wk)
-    g_v = linear_backward(merge_heads(dv), lin_v)  # fwd: v = split_heads(x @ wv)
-    return {"x": g_q["x"] + g_k["x"] + g_v["x"], "wq": g_q["W"], "wk": g_k["W"],
-            "wv": g_v["W"]}
+    if norm_q is not None:
+        g_nq = rmsnorm_backward(dq, norm_q)  # fwd: q = rmsnorm(q) * q_norm
+        g_nk = rmsnorm_backward(dk, norm_k)  # fwd: k = rmsnorm(k) * k_norm
+        dq, dk = g_nq["x"], g_nk["x"]
+        grads.update(q_norm=g_nq["g"], k_norm=g_nk["g"])
+    g_q = linear_backward(merge_heads(dq), lin_q)  # fwd: q = split_heads(x @ wq + bq)
+    g_k = linear_backward(merge_heads(dk), lin_k)  # fwd: k = split_heads(x @ wk + bk)
+    g_v = linear_backward(merge_heads(dv), lin_v)  # fwd: v = split_heads(x @ wv + bv)
+    grads.update(x=g_q["x"] + g_k["x"] + g_v["x"], wq=g_q["W"], wk=g_k["W"], wv=g_v["W"])
+    for name, g in (("bq", g_q), ("bk", g_k), ("bv", g_v)):
+        if "b" in g:
+            grads[name] = g["b"]
+    return grads
 
 
-def gqa_forward(x, wq, wk, wv, wo, *, n_heads, n_kv_heads, positions=None, inv_freq=None,
+def gqa_forward(x, wq, wk, wv, wo, bq=None, bk=None, bv=None, bo=None, q_norm=None,
+                k_norm=None, *, n_heads, n_kv_heads, positions=None, inv_freq=None,
                 rope_style="half", attention_factor=1.0, mask="causal", window=None,
-                attn=None):
-    """Grouped-query self-attention: y = concat_h sdpa(q_h, k_{h//G}, v_{h//G}) @ wo.
+                scale=None, norm_eps=1e-6, attn=None):
+    """Grouped-query self-attention: y = concat_h sdpa(q_h, k_{h//G}, v_{h//G}) @ wo (+ bo).
 
-    Inputs:  x (B, T, D); wq (D, H*Dh); wk, wv (D, Hkv*Dh); wo (H*Dh, D); positions (T,) or
-             (B, T) ints (default arange(T)); inv_freq (Dh/2,) or None for no RoPE; mask
-             "causal" | "sliding" (with window) | "none" | bool array broadcastable to
-             (B, H, T, T); attn None (sdpa), or an AttnOptions: ALiBi slopes, n_sink
-             beside a sliding window, impl "flash" (flash_sdpa, mask by name) or "sdpa".
+    Inputs:  x (B, T, D); wq (D, H*Dh); wk, wv (D, Hkv*Dh); wo (H*Dh, D); optional biases bq,
+             bk, bv, bo and QK-norm gains q_norm, k_norm (Dh,) (project_qkv_forward);
+             positions (T,) or (B, T) ints (default arange(T)); inv_freq (Dh/2,) or None for
+             no RoPE; mask "causal" | "sliding" (with window) | "none" | bool array
+             broadcastable to (B, H, T, T); scale: softmax scale (default Dh^-1/2); attn None
+             (sdpa), or an AttnOptions: ALiBi slopes, n_sink beside a sliding window, impl
+             "flash" (flash_sdpa, mask by name) or "sdpa".
     Returns: y (B, T, D).  Cache: GQACache (qkv, sdpa and output-linear caches).
     Fast path: sdpa attends the G query heads of a group to their KV head directly.
     gqa_forward_ref is its twin that copies each KV head G times first (HF repeat_kv).
     """
-    return _gqa(x, wq, wk, wv, wo, n_heads, n_kv_heads, positions, inv_freq, rope_style,
-                attention_factor, mask, window, expand_kv=False, attn=attn)
+    return _gqa(locals(), expand_kv=False)
 
 
-def gqa_forward_ref(x, wq, wk, wv, wo, *, n_heads, n_kv_heads, positions=None, inv_freq=None,
+def gqa_forward_ref(x, wq, wk, wv, wo, bq=None, bk=None, bv=None, bo=None, q_norm=None,
+                    k_norm=None, *, n_heads, n_kv_heads, positions=None, inv_freq=None,
                     rope_style="half", attention_factor=1.0, mask="causal", window=None,
-                    attn=None):
+                    scale=None, norm_eps=1e-6, attn=None):
     """gqa_forward with K/V explicitly repeated to H heads (repeat_kv), then plain MHA sdpa."""
-    return _gqa(x, wq, wk, wv, wo, n_heads, n_kv_heads, positions, inv_freq, rope_style,
-                attention_factor, mask, window, expand_kv=True, attn=attn)
+    return _gqa(locals(), expand_kv=True)
 
 
-def _gqa(x, wq, wk, wv, wo, n_heads, n_kv_heads, positions, inv_freq, rope_style,
-         attention_factor, mask, window, expand_kv, attn=None):
-    (q, k, v), qkv = project_qkv_forward(x, wq, wk, wv, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                                         positions=positions, inv_freq=inv_freq,
-                                         rope_style=rope_style,
-                                         attention_factor=attention_factor)  # (B,H|Hkv,T,Dh)
+def _gqa(a, expand_kv):
+    """The body of gqa_forward(_ref); `a` is the caller's arguments by name."""
+    x, wq, wo, n_heads, n_kv_heads = a["x"], a["wq"], a["wo"], a["n_heads"], a["n_kv_heads"]
+    qkv_args = {n: a[n] for n in ("wk", "wv", "bq", "bk", "bv", "q_norm", "k_norm",
+                                  "positions", "inv_freq", "rope_style", "attention_factor",
+                                  "norm_eps")}
+    (q, k, v), qkv = project_qkv_forward(x, wq, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                                         **qkv_args)  # (B, H|Hkv, T, Dh)
     expect_shape("gqa", "wo", wo, (wq.shape[1], x.shape[2]), "(H*Dh, D)")
     rep = None
     if expand_kv:
         k, rep = repeat_kv_forward(k, n_heads // n_kv_heads)  # (B, H, T, Dh)
         v, _ = repeat_kv_forward(v, n_heads // n_kv_heads)  # (B, H, T, Dh)
-    o, sd = _attend(q, k, v, mask, window, attn or AttnOptions())  # (B, H, T, Dh)
-    y, lin_o = linear_forward(merge_heads(o), wo)  # (B, T, D)
+    o, sd = _attend(q, k, v, a["mask"], a["window"], a["attn"] or AttnOptions(),
+                    a["scale"])  # (B, H, T, Dh)
+    y, lin_o = linear_forward(merge_heads(o), wo, a["bo"])  # (B, T, D)
     return y, GQACache(qkv, rep, sd, lin_o)
 
 
@@ -202,12 +238,15 @@ def gqa_backward(dy, cache):
         dv = repeat_kv_backward(dv, rep)["kv"]  # (B, Hkv, T, Dh)
     grads = project_qkv_backward(QKV(g_sd["q"], dk, dv), qkv)
     grads["wo"] = g_o["W"]
+    if "b" in g_o:
+        grads["bo"] = g_o["b"]  # fwd: y = merge_heads(o) @ wo + bo
     return grads
 
 
 # ---------------------------------------------------------------------------- decoding
-def gqa_decode(x_t, wq, wk, wv, wo, state, position, *, n_heads, n_kv_heads, inv_freq=None,
-               rope_style="half", attention_factor=1.0, alibi=None):
+def gqa_decode(x_t, wq, wk, wv, wo, state, position, bq=None, bk=None, bv=None, bo=None,
+               q_norm=None, k_norm=None, *, n_heads, n_kv_heads, inv_freq=None,
+               rope_style="half", attention_factor=1.0, scale=None, norm_eps=1e-6, alibi=None):
     """One decoding step of gqa_forward for the token at `position`; appends to `state`.
 
     Inputs:  x_t (B, D); weights as gqa_forward; state a KVState or RollingKVState; position
@@ -215,17 +254,18 @@ def gqa_decode(x_t, wq, wk, wv, wo, state, position, *, n_heads, n_kv_heads, inv
     Returns: y_t (B, D), equal to the corresponding row of the full causal forward.
     """
     pos = np.array([position])  # (1,)
-    (q, k, v), _ = project_qkv_forward(x_t[:, None], wq, wk, wv, n_heads=n_heads,
-                                       n_kv_heads=n_kv_heads, positions=pos, inv_freq=inv_freq,
-                                       rope_style=rope_style,
-                                       attention_factor=attention_factor)  # (B, H|Hkv, 1, Dh)
+    (q, k, v), _ = project_qkv_forward(x_t[:, None], wq, wk, wv, bq, bk, bv, q_norm, k_norm,
+                                       n_heads=n_heads, n_kv_heads=n_kv_heads, positions=pos,
+                                       inv_freq=inv_freq, rope_style=rope_style,
+                                       attention_factor=attention_factor,
+                                       norm_eps=norm_eps)  # (B, H|Hkv, 1, Dh)
     state.append(k, v)
     K, V = state.kv()  # (B, Hkv, L, Dh); every cached key is at or before `position`
     bias = None
     if alibi is not None:  # -slope |position - j| over the kept keys' positions
         bias = -alibi[:, None, None] * np.abs(position - state.positions())  # (H, 1, L)
-    o, _ = sdpa_forward(q, K, V, bias=bias)  # (B, H, 1, Dh), query head h reads KV head h // G
-    y, _ = linear_forward(merge_heads(o), wo)  # (B, 1, D)
+    o, _ = sdpa_forward(q, K, V, scale=scale, bias=bias)  # (B, H, 1, Dh), head h reads h // G
+    y, _ = linear_forward(merge_heads(o), wo, bo)  # (B, 1, D)
     return y[:, 0]  # (B, D)
 
 
@@ -246,22 +286,31 @@ class Attention(Module):
     A window (mask "sliding") with n_sink > 0 also keeps the first n_sink tokens (sinks).
     attn_impl "flash" attends with flash_sdpa (tiles of flash_block); alibi=True adds ALiBi's
     fixed biases (alibi_slopes(n_heads)); with use_rope=False and no ALiBi it is NoPE.
+    Options: qkv_bias (bq, bk, bv), o_bias (bo), qk_norm (gains norm_offset + q_norm,
+    norm_offset + k_norm over Dh, with eps norm_eps), scale (softmax scale; None = Dh^-1/2).
     """
 
     def __init__(self, d_model, n_heads, n_kv_heads, *, rng, head_dim=None, use_rope=True,
                  rope_base=10000.0, rope_scaling=None, rope_style="half", mask="causal",
-                 window=None, n_sink=0, dtype=np.float32, attn_impl="sdpa", alibi=False,
-                 flash_block=128):
+                 window=None, n_sink=0, qkv_bias=False, o_bias=False, qk_norm=False,
+                 norm_eps=1e-6, norm_offset=0.0, scale=None, dtype=np.float32, attn_impl="sdpa",
+                 alibi=False, flash_block=128):
         Dh = head_dim or d_model // n_heads
         self.wq = Param(normal_init(rng, (d_model, n_heads * Dh), d_model ** -0.5, dtype))
         self.wk = Param(normal_init(rng, (d_model, n_kv_heads * Dh), d_model ** -0.5, dtype))
         self.wv = Param(normal_init(rng, (d_model, n_kv_heads * Dh), d_model ** -0.5, dtype))
         self.wo = Param(normal_init(rng, (n_heads * Dh, d_model), (n_heads * Dh) ** -0.5, dtype))
+        zeros = lambda n, on: Param(np.zeros(n, dtype)) if on else None  # noqa: E731
+        self.bq, self.bk = zeros(n_heads * Dh, qkv_bias), zeros(n_kv_heads * Dh, qkv_bias)
+        self.bv, self.bo = zeros(n_kv_heads * Dh, qkv_bias), zeros(d_model, o_bias)
+        self.q_norm = Param(np.full(Dh, 1.0 - norm_offset, dtype)) if qk_norm else None
+        self.k_norm = Param(np.full(Dh, 1.0 - norm_offset, dtype)) if qk_norm else None
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, Dh
         self.use_rope, self.rope_base, self.rope_scaling = use_rope, rope_base, rope_scaling
         self.rope_style, self.mask, self.window, self.n_sink = rope_style, mask, window, n_sink
         self.attn_impl, self.flash_block = attn_impl, flash_block
         self.alibi = alibi_slopes(n_heads).astype(dtype) if alibi else None  # (H,)
+        self.norm_eps, self.norm_offset, self.scale = norm_eps, norm_offset, scale
 
     def _rope_kwargs(self, seq_len):
         if not self.use_rope:
@@ -273,13 +322,22 @@ class Attention(Module):
     def _weights(self):
         return self.wq.data, self.wk.data, self.wv.data, self.wo.data
 
+    def _options(self):
+        """The optional arrays (biases, QK-norm gains) and the scale, as keyword arguments."""
+        opt = {n: getattr(self, n) for n in ("bq", "bk", "bv", "bo", "q_norm", "k_norm")}
+        out = {n: None if p is None else p.data for n, p in opt.items()}
+        if self.q_norm is not None and self.norm_offset:  # the gains are offset + g (Gemma)
+            out.update(q_norm=out["q_norm"] + self.norm_offset,
+                       k_norm=out["k_norm"] + self.norm_offset)
+        return dict(out, scale=self.scale, norm_eps=self.norm_eps)
+
     def forward(self, x, positions=None):
         T = x.shape[1]
         pos = np.arange(T) if positions is None else positions
         attn = AttnOptions(self.attn_impl, self.alibi, self.n_sink, self.flash_block)
         return gqa_forward(x, *self._weights(), n_heads=self.n_heads,
                            n_kv_heads=self.n_kv_heads, positions=pos, mask=self.mask,
-                           window=self.window, attn=attn,
+                           window=self.window, attn=attn, **self._options(),
                            **self._rope_kwargs(int(np.max(pos)) + 1))
 
     def backward(self, dy, cache):
@@ -305,5 +363,5 @@ class Attention(Module):
     def decode(self, x_t, state, position):
         """One token (B, D) -> (B, D), appending its k, v to `state` (from init_state)."""
         return gqa_decode(x_t, *self._weights(), state, position, n_heads=self.n_heads,
-                          n_kv_heads=self.n_kv_heads, alibi=self.alibi,
+                          n_kv_heads=self.n_kv_heads, alibi=self.alibi, **self._options(),
                           **self._rope_kwargs(position + 1))

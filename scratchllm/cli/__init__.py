@@ -10,6 +10,7 @@ import sys
 COMMANDS = {
     "train": ("scratchllm.cli.train", "train a small language model (the default demo)"),
     "sample": ("scratchllm.cli.sample", "generate text from a checkpoint"),
+    "finetune": ("scratchllm.cli.finetune", "fine-tune a Hugging Face checkpoint on a text file"),
     "compare": ("scratchllm.cli.compare", "train the presets on the same tokens and compare them"),
     "bpe": ("scratchllm.cli.bpe", "train a byte-level BPE tokenizer or encode a file"),
     "size": ("scratchllm.cli.size", "parameters, FLOPs and KV-cache bytes of a real model"),

@@ -3,6 +3,10 @@
     python -m scratchllm bpe train corpus.txt --vocab-size 10000 --special "<|endoftext|>" -o tok/
     python -m scratchllm bpe encode -t tok/ corpus.txt            # ids, space-separated
     python -m scratchllm bpe encode -t tok/ corpus.txt --stats    # tokens, bytes/token, MB/s
+    python -m scratchllm bpe encode -t tok/ corpus.txt --allow-special   # "<|endoftext|>" -> id
+
+`encode` treats the file as ordinary text (a special-token string in it is encoded as plain
+text, never as the control token) unless --allow-special is given.
 
 `train` writes DIR/tokenizer.bpe (our text format, see scratchllm/tokenizer/gpt2.py) and
 DIR/tokenizer.tiktoken.
@@ -33,6 +37,9 @@ def _parser():
     en.add_argument("file")
     en.add_argument("--workers", type=int, default=None)
     en.add_argument("--stats", action="store_true", help="print counts and speed, not ids")
+    en.add_argument("--allow-special", action="store_true",
+                    help="encode special-token strings in the file as their ids (default: "
+                         "as ordinary text)")
     return parser
 
 
@@ -57,7 +64,8 @@ def _train(args):
 def _encode(args):
     tok = Tokenizer.load(args.tokenizer)
     start = time.perf_counter()
-    ids = tok.encode_file(args.file, workers=args.workers)
+    ids = tok.encode_file(args.file, workers=args.workers, disallowed_special=(),
+                          allowed_special="all" if args.allow_special else ())
     seconds = time.perf_counter() - start
     if not args.stats:
         sys.stdout.write(" ".join(map(str, ids.tolist())) + "\n")

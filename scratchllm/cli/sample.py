@@ -2,20 +2,30 @@
 the per-layer decoding states (KVState for GQA, RollingKVState for sliding-window attention,
 LatentKVState for MLA in the absorbed form, MambaState for Mamba). Text streams as it is
 produced. The sampling itself (temperature, top-k, top-p) is scratchllm/lm/sampling.py.
+--hf DIR samples a Hugging Face checkpoint directory (config.json, model.safetensors,
+tokenizer.json) of a family scratchllm.hub reads: llama, mistral, qwen2, qwen3, gpt2.
 """
 import sys
 
 import numpy as np
 
 from scratchllm.cli.common import Parser, run
+from scratchllm.hub import load_pretrained, load_tokenizer
 from scratchllm.lm import generate
+from scratchllm.tokenizer import EOT
 from scratchllm.train import load_model
 
 
 def build_parser():
     p = Parser("sample", __doc__)
-    p.add_argument("--checkpoint", required=True, help="directory written by train")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="directory written by train")
+    src.add_argument("--hf", help="Hugging Face checkpoint directory (config.json, "
+                     "model.safetensors, tokenizer.json)")
     p.add_argument("--prompt", default="", help="text to continue (default: a new document)")
+    p.add_argument("--allow-special", action="store_true",
+                   help="encode special-token strings in the prompt (e.g. <|endoftext|>) as "
+                        "their ids; by default the prompt is ordinary text")
     p.add_argument("--max-tokens", type=int, default=200, help="tokens to generate (200)")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (0.8)")
     p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
@@ -29,11 +39,18 @@ def main(argv=None):
 
 
 def _sample(args):
-    model, tok, _ = load_model(args.checkpoint)
+    if args.hf:
+        model, tok = load_pretrained(args.hf), load_tokenizer(args.hf)
+        if not args.prompt and EOT not in tok.special_tokens:
+            raise ValueError(f"--prompt is needed: the tokenizer of {args.hf} has no {EOT} "
+                             f"to start a document with")
+    else:
+        model, tok, _ = load_model(args.checkpoint)
     sys.stdout.write(args.prompt)
     for piece in generate(model, tok, args.prompt, args.max_tokens,
                           np.random.default_rng(args.seed), temperature=args.temperature,
-                          top_k=args.top_k, top_p=args.top_p):
+                          top_k=args.top_k, top_p=args.top_p,
+                          allow_special=args.allow_special):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")

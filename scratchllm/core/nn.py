@@ -9,7 +9,7 @@ gradient dict into the Params in one place. A Module contains no math of its own
 """
 import numpy as np
 
-from scratchllm.core import ops
+from scratchllm.core import gelu, norms, ops
 
 
 class Param:
@@ -17,7 +17,7 @@ class Param:
 
     def __init__(self, data):
         self.data = data
-        self.grad = np.zeros_like(data)
+        self.grad = np.zeros(data.shape, data.dtype)  # calloc: pages stay untouched until used
 
     def __repr__(self):
         return f"Param(shape={self.data.shape}, dtype={self.data.dtype})"
@@ -109,14 +109,17 @@ class Embedding(Module):
 
 
 class RMSNorm(Module):
-    """y = x / rms(x) * g; g starts at ones."""
+    """y = x / rms(x) * (offset + g); g starts at ones (offset 0), or at zeros with offset 1
+    (Gemma stores w and scales by 1 + w). The pair sees the gain offset + g, whose gradient
+    is g's."""
 
-    def __init__(self, d_model, *, eps=1e-5, dtype=np.float32):
-        self.g = Param(np.ones(d_model, dtype))
-        self.eps = eps
+    def __init__(self, d_model, *, eps=1e-5, offset=0.0, dtype=np.float32):
+        self.g = Param(np.full(d_model, 1.0 - offset, dtype))
+        self.eps, self.offset = eps, offset
 
     def forward(self, x):
-        return ops.rmsnorm_forward(x, self.g.data, self.eps)
+        g = self.g.data + self.offset if self.offset else self.g.data  # (D,)
+        return ops.rmsnorm_forward(x, g, self.eps)
 
     def backward(self, dy, cache):
         return self.add_grads(ops.rmsnorm_backward(dy, cache))
@@ -135,3 +138,54 @@ class SwiGLU(Module):
 
     def backward(self, dy, cache):
         return self.add_grads(ops.swiglu_backward(dy, cache))
+
+
+class LayerNorm(Module):
+    """y = (x - mean) / std * g (+ b); g starts at ones, b at zeros (GPT-2's ln_1, ln_2)."""
+
+    def __init__(self, d_model, *, eps=1e-5, bias=True, dtype=np.float32):
+        self.g = Param(np.ones(d_model, dtype))
+        self.b = Param(np.zeros(d_model, dtype)) if bias else None
+        self.eps = eps
+
+    def forward(self, x):
+        return norms.layernorm_forward(x, self.g.data, None if self.b is None else self.b.data,
+                                       self.eps)
+
+    def backward(self, dy, cache):
+        return self.add_grads(norms.layernorm_backward(dy, cache))
+
+
+class GeluMLP(Module):
+    """y = gelu(x @ W1 + b1) @ W2 + b2, the GPT-2 MLP (c_fc, c_proj)."""
+
+    def __init__(self, d_model, d_ff, *, rng, approximate="tanh", dtype=np.float32):
+        self.W1 = Param(normal_init(rng, (d_model, d_ff), d_model ** -0.5, dtype))
+        self.b1 = Param(np.zeros(d_ff, dtype))
+        self.W2 = Param(normal_init(rng, (d_ff, d_model), d_ff ** -0.5, dtype))
+        self.b2 = Param(np.zeros(d_model, dtype))
+        self.approximate = approximate
+
+    def forward(self, x):
+        return gelu.gelu_mlp_forward(x, self.W1.data, self.b1.data, self.W2.data, self.b2.data,
+                                     approximate=self.approximate)
+
+    def backward(self, dy, cache):
+        return self.add_grads(gelu.gelu_mlp_backward(dy, cache))
+
+
+class GeGLU(Module):
+    """y = (gelu(x @ W1) * (x @ W3)) @ W2, Gemma's MLP (gate_proj, up_proj, down_proj)."""
+
+    def __init__(self, d_model, d_ff, *, rng, approximate="tanh", dtype=np.float32):
+        self.W1 = Param(normal_init(rng, (d_model, d_ff), d_model ** -0.5, dtype))
+        self.W3 = Param(normal_init(rng, (d_model, d_ff), d_model ** -0.5, dtype))
+        self.W2 = Param(normal_init(rng, (d_ff, d_model), d_ff ** -0.5, dtype))
+        self.approximate = approximate
+
+    def forward(self, x):
+        return gelu.geglu_forward(x, self.W1.data, self.W3.data, self.W2.data,
+                                  approximate=self.approximate)
+
+    def backward(self, dy, cache):
+        return self.add_grads(gelu.geglu_backward(dy, cache))

@@ -34,7 +34,8 @@ class ModelConfig:
     window: int = None                  # sliding window W (None = full causal attention)
     n_sink: int = 0                     # attention-sink tokens kept beside the window
     positions: str = "rope"             # "rope" | "alibi" (per-head linear bias) | "sinusoidal"
-                                        #   (added to the embedding) | "nope" (none)
+                                        #   (added to the embedding) | "nope" (none) |
+                                        #   "learned" (a table added to the embedding: GPT-2)
     attn_impl: str = "sdpa"             # "sdpa" (dense scores) | "flash" (tiled, O(T) memory)
     # --- MLA (attention = "mla"), DeepSeek-V3 names
     q_lora_rank: int = 0                # Dq (0 = a plain wq, no query compression)
@@ -69,6 +70,28 @@ class ModelConfig:
     routed_scaling_factor: float = 1.0  # gate multiplier (DeepSeek-V3: 2.5)
     mamba_inner_norms: bool = False     # Jamba's RMSNorms on dt, B, C inside Mamba layers
     dt_rank: int = None                 # R: Mamba's dt rank (None = ceil(d_model / 16))
+    # --- options of published checkpoints (scratchllm.hub reads them from config.json)
+    head_dim: int = None                # Dh when it is not d_model / n_heads (Qwen3, Gemma)
+    qkv_bias: bool = False              # biases on the q, k, v projections (Qwen2)
+    qk_norm: bool = False               # RMSNorm over each q and k head before RoPE (Qwen3)
+    o_bias: bool = False                # bias on the attention output projection (GPT-2)
+    norm: str = "rmsnorm"               # "rmsnorm" | "layernorm" (with bias: GPT-2)
+    max_positions: int = 1024           # rows of positions="learned"'s table (GPT-2's wpe)
+    gelu_approx: str = "tanh"           # ffn="gelu_mlp"/"geglu": "tanh" (GPT-2) | "none" (erf)
+    block: str = "pre"                  # "pre" norm | "sandwich": also a norm on the mixer's
+                                        #   and the FFN's outputs (Gemma 2, 3) | "post" norm
+    norm_offset: float = 0.0            # RMSNorm gain = offset + g (Gemma: 1, g stored as w)
+    embed_scale: bool = False           # x_0 = E[ids] * sqrt(D) (Gemma)
+    attn_scale: float = None            # softmax scale; None = Dh^-1/2 (Gemma:
+                                        #   query_pre_attn_scalar^-1/2)
+    layer_types: list = None            # per layer "full_attention" | "sliding_attention"
+                                        #   (window W, rope_local_base): Gemma 3
+    rope_local_base: float = None       # RoPE base of the sliding layers (None = rope_base)
+
+    @property
+    def dh(self):
+        """Dh, the attention head dim."""
+        return self.head_dim or self.d_model // self.n_heads
 
     def layer_kinds(self):
         """One letter per layer: "A" attention, "M" Mamba, or a recurrent mixer (LAYER_KINDS)."""
@@ -87,16 +110,34 @@ class ModelConfig:
                 bad(f"{f} must be a positive integer, got {getattr(self, f)!r}")
         if self.attention not in ("gqa", "mla"):
             bad(f"attention must be 'gqa' or 'mla', got {self.attention!r}")
-        if self.ffn not in ("swiglu", "moe", "none"):
-            bad(f"ffn must be 'swiglu', 'moe' or 'none', got {self.ffn!r}")
+        if self.ffn not in ("swiglu", "moe", "gelu_mlp", "geglu", "none"):
+            bad(f"ffn must be 'swiglu', 'moe', 'gelu_mlp', 'geglu' or 'none', got {self.ffn!r}")
+        for f, allowed in (("norm", ("rmsnorm", "layernorm")), ("gelu_approx", ("tanh", "none")),
+                           ("block", ("pre", "sandwich", "post"))):
+            if getattr(self, f) not in allowed:
+                bad(f"{f} must be one of {allowed}, got {getattr(self, f)!r}")
+        types = self.layer_types
+        if types is not None and (len(types) != self.n_layers or set(types) - {
+                "full_attention", "sliding_attention"}):
+            bad(f"layer_types must be {self.n_layers} of 'full_attention'/'sliding_attention', "
+                f"got {types!r}")
+        if types is not None and "sliding_attention" in types and self.window is None:
+            bad("layer_types has sliding_attention layers but window is None")
+        if self.positions == "learned" and self.attention == "mla":
+            bad("positions='learned' is implemented for attention='gqa' only")
         if self.score not in ("softmax", "sigmoid"):
             bad(f"score must be 'softmax' or 'sigmoid', got {self.score!r}")
         if self.rope_style not in ("half", "interleaved"):
             bad(f"rope_style must be 'half' or 'interleaved', got {self.rope_style!r}")
-        if self.d_model % self.n_heads:
+        if self.head_dim is None and self.d_model % self.n_heads:
             bad(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
-        if (self.d_model // self.n_heads) % 2 or self.qk_rope_head_dim % 2:
-            bad("RoPE needs even head dims (d_model / n_heads and qk_rope_head_dim)")
+        if self.head_dim is not None and (not isinstance(self.head_dim, int) or
+                                          self.head_dim <= 0):
+            bad(f"head_dim must be None or a positive integer, got {self.head_dim!r}")
+        if self.dh % 2 or self.qk_rope_head_dim % 2:
+            bad("RoPE needs even head dims (head_dim or d_model / n_heads, qk_rope_head_dim)")
+        if self.attention == "mla" and (self.head_dim or self.qkv_bias or self.qk_norm):
+            bad("head_dim, qkv_bias and qk_norm are options of attention='gqa' only")
         if self.n_heads % self.n_kv_heads:
             bad(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
         if self.top_k > self.n_experts:
@@ -105,8 +146,8 @@ class ModelConfig:
             bad(f"window must be None or >= 1, got {self.window!r}")
         if self.n_sink < 0 or (self.n_sink and self.window is None):
             bad(f"n_sink={self.n_sink} needs a window and must be >= 0")
-        if self.positions not in ("rope", "alibi", "sinusoidal", "nope"):
-            bad(f"positions must be 'rope', 'alibi', 'sinusoidal' or 'nope', got "
+        if self.positions not in ("rope", "alibi", "sinusoidal", "nope", "learned"):
+            bad(f"positions must be 'rope', 'alibi', 'sinusoidal', 'nope' or 'learned', got "
                 f"{self.positions!r}")
         if self.attn_impl not in ("sdpa", "flash"):
             bad(f"attn_impl must be 'sdpa' or 'flash', got {self.attn_impl!r}")

@@ -1,5 +1,5 @@
 """Which Module a ModelConfig puts in each block: the token mixer (GQA / sliding-window GQA /
-MLA attention, or a Mamba block) and the FFN (SwiGLU or MoE). No math here: the Modules come
+MLA attention, or a Mamba block) and the FFN (SwiGLU, MoE, or GPT-2's GELU MLP), and the norm (RMSNorm or LayerNorm). No math here: the Modules come
 from the attention, ssm, moe and core packages; this file only maps config fields to their
 constructor arguments.
 
@@ -7,7 +7,7 @@ Every mixer offers forward(x) -> (y, cache), backward(dy, cache) -> dx, and for 
 init_state(batch, max_len) -> state and decode(x_t, state, position) -> y_t.
 """
 from scratchllm.attention import MLA, Attention
-from scratchllm.core import SwiGLU
+from scratchllm.core import GeGLU, GeluMLP, LayerNorm, RMSNorm, SwiGLU
 from scratchllm.moe import MoE
 from scratchllm.linear_attention import RecurrentMixer, RWKV4TimeMix
 from scratchllm.ssm import Mamba, Mamba2
@@ -15,11 +15,22 @@ from scratchllm.ssm import Mamba, Mamba2
 RECURRENT = {"L": "linear", "R": "retnet", "G": "gla", "D": "delta"}  # RecurrentMixer kinds
 
 
-def make_mixer(cfg, kind, *, rng, dtype):
-    """The token mixer of a layer of kind "A" (attention), "M" (Mamba), "S" (Mamba-2),
+def _layer_attention(cfg, layer):
+    """(window, rope base, rope scaling) of attention layer `layer`: with layer_types, a
+    sliding layer has the window and rope_local_base, a full one neither (Gemma 3)."""
+    if cfg.layer_types is None:
+        return cfg.window, cfg.rope_base, cfg.rope_scaling
+    if cfg.layer_types[layer] == "sliding_attention":
+        return cfg.window, cfg.rope_local_base or cfg.rope_base, None
+    return None, cfg.rope_base, cfg.rope_scaling
+
+
+def make_mixer(cfg, kind, *, rng, dtype, layer=0):
+    """The token mixer of layer `layer` of kind "A" (attention), "M" (Mamba), "S" (Mamba-2),
     "W" (RWKV-4 time-mix) or one of RECURRENT."""
-    rope = dict(rope_base=cfg.rope_base, rope_scaling=cfg.rope_scaling,
-                rope_style=cfg.rope_style, rng=rng, dtype=dtype)
+    window, base, scaling = _layer_attention(cfg, layer)
+    rope = dict(rope_base=base, rope_scaling=scaling, rope_style=cfg.rope_style, rng=rng,
+                dtype=dtype)
     if kind in RECURRENT:
         return RecurrentMixer(cfg.d_model, cfg.n_heads, RECURRENT[kind], rng=rng, dtype=dtype)
     if kind == "S":
@@ -36,16 +47,24 @@ def make_mixer(cfg, kind, *, rng, dtype):
                    qk_nope_head_dim=cfg.qk_nope_head_dim, qk_rope_head_dim=cfg.qk_rope_head_dim,
                    v_head_dim=cfg.v_head_dim, q_lora_rank=cfg.q_lora_rank, eps=cfg.norm_eps,
                    **rope)
-    return Attention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, window=cfg.window,
-                     n_sink=cfg.n_sink, mask="causal" if cfg.window is None else "sliding",
+    return Attention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, window=window,
+                     n_sink=cfg.n_sink if window else 0,
+                     mask="causal" if window is None else "sliding", head_dim=cfg.head_dim,
+                     qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
+                     norm_offset=cfg.norm_offset, o_bias=cfg.o_bias, scale=cfg.attn_scale,
                      use_rope=cfg.positions == "rope", alibi=cfg.positions == "alibi",
                      attn_impl=cfg.attn_impl, **rope)
 
 
 def make_ffn(cfg, moe, *, rng, dtype):
-    """SwiGLU, or (moe=True) the MoE layer with its router options; None for ffn="none"."""
+    """SwiGLU, GPT-2's GELU MLP, GeGLU, or (moe=True) the MoE layer with its router options;
+    None for ffn="none"."""
     if cfg.ffn == "none":
         return None
+    if cfg.ffn == "gelu_mlp":
+        return GeluMLP(cfg.d_model, cfg.d_ff, rng=rng, approximate=cfg.gelu_approx, dtype=dtype)
+    if cfg.ffn == "geglu":
+        return GeGLU(cfg.d_model, cfg.d_ff, rng=rng, approximate=cfg.gelu_approx, dtype=dtype)
     if not moe:
         return SwiGLU(cfg.d_model, cfg.d_ff, rng=rng, dtype=dtype)
     return MoE(cfg.d_model, cfg.d_ff, cfg.n_experts, cfg.top_k,
@@ -53,3 +72,10 @@ def make_ffn(cfg, moe, *, rng, dtype):
                score=cfg.score, router_bias=cfg.router_bias, n_group=cfg.n_group,
                topk_group=cfg.topk_group, norm_topk_prob=cfg.norm_topk_prob,
                routed_scaling_factor=cfg.routed_scaling_factor, rng=rng, dtype=dtype)
+
+
+def make_norm(cfg, dtype):
+    """The block and final norm: RMSNorm, or LayerNorm with bias (GPT-2)."""
+    if cfg.norm == "layernorm":
+        return LayerNorm(cfg.d_model, eps=cfg.norm_eps, dtype=dtype)
+    return RMSNorm(cfg.d_model, eps=cfg.norm_eps, offset=cfg.norm_offset, dtype=dtype)

@@ -1,6 +1,6 @@
 """A config-driven decoder-only language model composed from the library's Modules.
 
-    x_0 = E[ids]                                          token embedding
+    x_0 = E[ids]  (+ P[positions], learned positions)     token embedding
     h_l = x_{l-1} + mixer_l(rmsnorm(x_{l-1}))             mixer: GQA / MLA / sliding-window
     x_l = h_l + ffn_l(rmsnorm(h_l))                              attention, or a Mamba block;
     logits = rmsnorm(x_L) @ W_head   (W_head = E^T if tied)      ffn: SwiGLU, MoE or none
@@ -20,9 +20,9 @@ import numpy as np
 
 from scratchllm.attention import sinusoidal_positions
 from scratchllm.core import ops
-from scratchllm.core.nn import Embedding, Linear, Module, RMSNorm
+from scratchllm.core.nn import Embedding, Linear, Module
 from scratchllm.core.validate import expect_int, expect_ndim
-from scratchllm.lm.mixers import make_ffn, make_mixer
+from scratchllm.lm.mixers import make_ffn, make_mixer, make_norm
 from scratchllm.moe import MoEOut
 
 
@@ -38,64 +38,115 @@ class BlockCache(NamedTuple):
     mixer: tuple
     norm2: tuple
     ffn: tuple
+    post_mixer: tuple  # the sandwich block's output norms' caches (None for pre-norm)
+    post_ffn: tuple
 
 
 class Block(Module):
-    """Pre-norm residual block: x + mixer(norm(x)), then + ffn(norm(.)) unless ffn="none"
-    (HF Mamba-1's MambaBlock is the mixer alone)."""
+    """Pre-norm residual block: x + mixer(norm(x)), then + ffn(norm(.)). block="sandwich"
+    (Gemma 2, 3) also normalises the mixer's and the FFN's outputs before each residual add:
+    h = x + norm_m(mixer(norm1(x))), y = h + norm_f(ffn(norm2(h))). block="post" is the
+    original Transformer's post-norm: h = norm1(x + mixer(x)), y = norm2(h + ffn(h)); its
+    gradients at init grow toward the output layers (Xiong et al. 2020, arXiv 2002.04745).
+    ffn="none" leaves the FFN out (HF Mamba-1's MambaBlock is the mixer alone)."""
 
     def __init__(self, cfg, i, *, rng, dtype):
-        D = cfg.d_model
-        self.norm1 = RMSNorm(D, eps=cfg.norm_eps, dtype=dtype)
-        self.mixer = make_mixer(cfg, cfg.layer_kinds()[i], rng=rng, dtype=dtype)
-        self.norm2 = None if cfg.ffn == "none" else RMSNorm(D, eps=cfg.norm_eps, dtype=dtype)
+        self.norm1 = make_norm(cfg, dtype)
+        self.mixer = make_mixer(cfg, cfg.layer_kinds()[i], rng=rng, dtype=dtype, layer=i)
+        self.norm2 = None if cfg.ffn == "none" else make_norm(cfg, dtype)
         self.moe = cfg.is_moe_layer(i)
         self.ffn = make_ffn(cfg, self.moe, rng=rng, dtype=dtype)
+        sandwich = cfg.block == "sandwich"
+        self.post_mixer_norm = make_norm(cfg, dtype) if sandwich else None
+        self.post_ffn_norm = make_norm(cfg, dtype) if sandwich else None
+        self.post = cfg.block == "post"
+
+    def _forward_post(self, x):
+        """Post-norm (Vaswani et al. 2017): h = norm1(x + mixer(x)), y = norm2(h + ffn(h))."""
+        m, cm = self.mixer.forward(x)  # (B, T, D)
+        h, c1 = self.norm1.forward(x + m)  # (B, T, D)
+        out, cf = self.ffn.forward(h)
+        f, aux, z = out if self.moe else (out, None, None)  # (B, T, D)
+        y, c2 = self.norm2.forward(h + f)  # (B, T, D)
+        return BlockOut(y, aux, z), BlockCache(c1, cm, c2, cf, None, None)
+
+    def _backward_post(self, dout, cache):
+        dy, daux, dz = dout
+        c1, cm, c2, cf, _, _ = cache
+        ds = self.norm2.backward(dy, c2)  # fwd: y = norm2(s), s = h + f
+        dh = ds + self.ffn.backward(MoEOut(ds, daux, dz) if self.moe else ds, cf)  # f = ffn(h)
+        dr = self.norm1.backward(dh, c1)  # fwd: h = norm1(r), r = x + m
+        return dr + self.mixer.backward(dr, cm)  # fwd: m = mixer(x)
+
+    @staticmethod
+    def _post(norm, x):
+        """norm(x) with its cache, or x itself (and None) without that norm."""
+        return (x, None) if norm is None else norm.forward(x)
 
     def forward(self, x):
         """x (B, T, D) -> (BlockOut(y (B, T, D), aux, z), cache); aux, z None without MoE."""
+        if self.post:
+            return self._forward_post(x)
         a, c1 = self.norm1.forward(x)  # (B, T, D)
         m, cm = self.mixer.forward(a)  # (B, T, D)
+        m, c3 = self._post(self.post_mixer_norm, m)  # (B, T, D)
         h = x + m  # (B, T, D)
         if self.ffn is None:  # a mixer-only block
-            return BlockOut(h, None, None), BlockCache(c1, cm, None, None)
+            return BlockOut(h, None, None), BlockCache(c1, cm, None, None, c3, None)
         b, c2 = self.norm2.forward(h)  # (B, T, D)
         out, cf = self.ffn.forward(b)
         f, aux, z = out if self.moe else (out, None, None)  # (B, T, D)
-        return BlockOut(h + f, aux, z), BlockCache(c1, cm, c2, cf)
+        f, c4 = self._post(self.post_ffn_norm, f)  # (B, T, D)
+        return BlockOut(h + f, aux, z), BlockCache(c1, cm, c2, cf, c3, c4)
 
     def backward(self, dout, cache):
         """dout = BlockOut(dy, daux, dz) -> dx; Param grads accumulate in the Modules."""
+        if self.post:
+            return self._backward_post(dout, cache)
         dy, daux, dz = dout
-        c1, cm, c2, cf = cache
-        dh = dy  # fwd: y = h (+ ffn(b))
+        c1, cm, c2, cf, c3, c4 = cache
+        dh = dy  # fwd: y = h (+ f)
         if self.ffn is not None:
-            db = self.ffn.backward(MoEOut(dy, daux, dz) if self.moe else dy, cf)  # y = h + ffn(b)
+            df = dy if c4 is None else self.post_ffn_norm.backward(dy, c4)  # fwd: f = norm_f(f)
+            db = self.ffn.backward(MoEOut(df, daux, dz) if self.moe else df, cf)  # y = h + f
             dh = dy + self.norm2.backward(db, c2)  # fwd: b = norm2(h)
-        da = self.mixer.backward(dh, cm)  # fwd: h = x + mixer(a)
+        dm = dh if c3 is None else self.post_mixer_norm.backward(dh, c3)  # fwd: m = norm_m(m)
+        da = self.mixer.backward(dm, cm)  # fwd: h = x + m, m = mixer(a)
         return dh + self.norm1.backward(da, c1)  # fwd: a = norm1(x)
+
+    def _stateful(self, x, mix):
+        """The block on x (..., D) with the mixer called as `mix` (its prefill or decode, which
+        fill the layer's state) and no backward caches."""
+        if self.post:
+            h, _ = self.norm1.forward(x + mix(x))  # (..., D)
+            return self.norm2.forward(h + self._ffn_out(h))[0]  # (..., D)
+        m, _ = self._post(self.post_mixer_norm, mix(self.norm1.forward(x)[0]))  # (..., D)
+        h = x + m  # (..., D)
+        if self.ffn is None:
+            return h
+        f, _ = self._post(self.post_ffn_norm, self._ffn_out(self.norm2.forward(h)[0]))
+        return h + f  # (..., D)
+
+    def _ffn_out(self, b):
+        out, _ = self.ffn.forward(b)
+        return out.y if self.moe else out
 
     def prefill(self, x, state):
         """A whole prompt x (B, T, D) -> y (B, T, D), filling this layer's fresh state."""
-        a, _ = self.norm1.forward(x)  # (B, T, D)
-        h = x + self.mixer.prefill(a, state)  # (B, T, D)
-        b, _ = self.norm2.forward(h)  # (B, T, D)
-        out, _ = self.ffn.forward(b)
-        return h + (out.y if self.moe else out)  # (B, T, D)
+        return self._stateful(x, lambda a: self.mixer.prefill(a, state))
 
     def decode(self, x_t, state, position):
         """One token: x_t (B, D) -> y_t (B, D), updating this layer's state in place."""
-        a, _ = self.norm1.forward(x_t)  # (B, D)
-        h = x_t + self.mixer.decode(a, state, position)  # (B, D)
-        if self.ffn is None:
-            return h
-        b, _ = self.norm2.forward(h)  # (B, D)
-        out, _ = self.ffn.forward(b[:, None])
-        return h + (out.y if self.moe else out)[:, 0]  # (B, D)
+        return self._stateful(x_t, lambda a: self.mixer.decode(a, state, position))
+
+
+class EmbedCache(NamedTuple):
+    tok: tuple   # the token embedding's cache
+    pos: tuple   # the learned position table's cache (None with RoPE)
 
 
 class LMCache(NamedTuple):
-    embed: tuple
+    embed: EmbedCache
     blocks: list
     norm: tuple
     head: tuple
@@ -118,8 +169,10 @@ class LM(Module):
         self.embed = Embedding(V, D, rng=rng, dtype=dtype)
         if cfg.tie_embeddings:  # keep logits O(1) at init when E^T is the head
             self.embed.E.data *= np.asarray(D ** -0.5, dtype)
+        if cfg.positions == "learned":  # GPT-2's wpe: x_0 = E[ids] + P[positions]
+            self.pos = Embedding(cfg.max_positions, D, rng=rng, dtype=dtype)
         self.layers = [Block(cfg, i, rng=rng, dtype=dtype) for i in range(cfg.n_layers)]
-        self.norm = RMSNorm(D, eps=cfg.norm_eps, dtype=dtype)
+        self.norm = make_norm(cfg, dtype)
         self.head = None if cfg.tie_embeddings else Linear(D, V, rng=rng, dtype=dtype)
 
     @property
@@ -135,8 +188,7 @@ class LM(Module):
         """ids (B, T) ints -> (logits (B, T, V), LMCache)."""
         expect_int("LM", "ids", ids)
         expect_ndim("LM", "ids", ids, 2, "(B, T)")
-        x, c_emb = self.embed.forward(ids)  # (B, T, D)
-        x = self._add_positions(x, 0)  # (B, T, D)
+        x, c_emb = self._embed_forward(ids)  # (B, T, D)
         blocks, aux = [], []
         for layer in self.layers:
             (x, a, z), c = layer.forward(x)  # (B, T, D)
@@ -147,12 +199,20 @@ class LM(Module):
         logits, ch = self._head_forward(h)  # (B, T, V)
         return logits, LMCache(c_emb, blocks, cn, ch, aux)
 
-    def _add_positions(self, x, start):
-        """x + PE[start:start+T] for positions="sinusoidal" (a constant: no backward), else x."""
-        if self.cfg.positions != "sinusoidal":
-            return x
-        T, D = x.shape[1], x.shape[2]
-        return x + sinusoidal_positions(start + T, D)[start:].astype(x.dtype)  # (B, T, D)
+    def _embed_forward(self, ids, start=0):
+        """x_0 = E[ids] (+ P[start + t]: sinusoidal, a constant with no backward, or a learned
+        table) -> (x (B, T, D), caches)."""
+        x, c_tok = self.embed.forward(ids)  # (B, T, D)
+        if self.cfg.embed_scale:  # Gemma: E[ids] * sqrt(D), sqrt(D) in the weights' dtype
+            x = x * np.asarray(self.cfg.d_model ** 0.5, x.dtype)  # (B, T, D)
+        if self.cfg.positions == "sinusoidal":
+            T, D = x.shape[1], x.shape[2]
+            x = x + sinusoidal_positions(start + T, D)[start:].astype(x.dtype)  # (B, T, D)
+        if self.cfg.positions != "learned":
+            return x, EmbedCache(c_tok, None)
+        positions = np.broadcast_to(start + np.arange(ids.shape[1]), ids.shape)  # (B, T)
+        p, c_pos = self.pos.forward(positions)  # (B, T, D)
+        return x + p, EmbedCache(c_tok, c_pos)
 
     def _head_forward(self, h):
         return self.embed.attend(h) if self.head is None else self.head.forward(h)
@@ -172,7 +232,11 @@ class LM(Module):
         for layer, c in zip(reversed(self.layers), reversed(blocks)):
             d_moe = (daux, dz) if layer.moe else (None, None)
             dx = layer.backward(BlockOut(dx, *d_moe), c)  # fwd: x_l = block_l(x_{l-1})
-        self.embed.backward(dx, c_emb)  # fwd: x_0 = E[ids]
+        if c_emb.pos is not None:
+            self.pos.backward(dx, c_emb.pos)  # fwd: x_0 = E[ids] + P[positions]: scatter-add
+        if self.cfg.embed_scale:
+            dx = dx * np.asarray(self.cfg.d_model ** 0.5, dx.dtype)  # fwd: x_0 = E[ids] sqrt(D)
+        self.embed.backward(dx, c_emb.tok)  # fwd: x_0 = E[ids]
 
     def loss(self, ids, targets):
         """Cross-entropy of next tokens plus the weighted MoE auxiliary losses.
@@ -238,8 +302,7 @@ class LM(Module):
         logits (B, T, V); decoding continues with decode(ids_t, state, T)."""
         expect_int("LM.prefill", "ids", ids)
         expect_ndim("LM.prefill", "ids", ids, 2, "(B, T)")
-        x, _ = self.embed.forward(ids)  # (B, T, D)
-        x = self._add_positions(x, 0)  # (B, T, D)
+        x, _ = self._embed_forward(ids)  # (B, T, D)
         for layer, st in zip(self.layers, state):
             x = layer.prefill(x, st)  # (B, T, D)
         h, _ = self.norm.forward(x)  # (B, T, D)
@@ -247,8 +310,8 @@ class LM(Module):
 
     def decode(self, ids_t, state, position):
         """One token per sequence: ids_t (B,) at `position` -> logits (B, V); updates state."""
-        x, _ = self.embed.forward(np.asarray(ids_t)[:, None])  # (B, 1, D)
-        x = self._add_positions(x, position)[:, 0]  # (B, D)
+        x, _ = self._embed_forward(np.asarray(ids_t)[:, None], position)  # (B, 1, D)
+        x = x[:, 0]  # (B, D)
         for layer, st in zip(self.layers, state):
             x = layer.decode(x, st, position)  # (B, D)
         h, _ = self.norm.forward(x)  # (B, D)

@@ -62,12 +62,19 @@ def generate_ids(model, prompt_ids, max_new_tokens, rng, stop_id=None, **samplin
             logits = model.decode(np.array([t]), state, pos)  # (1, V)
 
 
-def generate(model, tokenizer, prompt, max_new_tokens=100, rng=None, **sampling):
+def generate(model, tokenizer, prompt, max_new_tokens=100, rng=None, allow_special=False,
+             **sampling):
     """Yield text pieces as they are sampled (stops early at <|endoftext|>). An empty prompt
-    starts from <|endoftext|>, i.e. at the start of a document."""
+    starts from <|endoftext|>, i.e. at the start of a document. The prompt is ordinary text
+    (a special-token string in it never becomes the control token) unless allow_special."""
     rng = np.random.default_rng() if rng is None else rng
     eot = tokenizer.special_tokens.get(EOT)
-    prompt_ids = tokenizer.encode(prompt) if prompt else [eot]
+    if not prompt:
+        prompt_ids = [eot]
+    elif allow_special:
+        prompt_ids = tokenizer.encode(prompt, allowed_special="all")
+    else:
+        prompt_ids = tokenizer.encode_ordinary(prompt)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for t in generate_ids(model, list(prompt_ids), max_new_tokens, rng, stop_id=eot,
                           **sampling):

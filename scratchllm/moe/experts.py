@@ -40,6 +40,21 @@ def check_layer(fn, x, w_router, w1, w3, w2):
     return x.reshape(-1, D), E  # (BT, D)
 
 
+def check_clamped_layer(fn, x, w_router, gate_up, gate_up_b, down, down_b):
+    """Validate a layer's gpt-oss experts; return x flattened to (BT, D) and E. Raises
+    ValueError unless gate_up is (E, D, 2F), gate_up_b (E, 2F), down (E, F, D), down_b (E, D)."""
+    expect_float(fn, "x", x)
+    D = x.shape[-1]
+    expect_shape(fn, "w_router", w_router, (D, None), f"(D, E) with D = {D}")
+    E = w_router.shape[1]
+    expect_shape(fn, "gate_up", gate_up, (E, D, None), f"(E, D, 2F) with E = {E}, D = {D}")
+    F2 = gate_up.shape[2]
+    expect_shape(fn, "gate_up_b", gate_up_b, (E, F2), "(E, 2F), matching gate_up")
+    expect_shape(fn, "down", down, (E, F2 // 2, D), "(E, F, D), matching gate_up")
+    expect_shape(fn, "down_b", down_b, (E, D), "(E, D)")
+    return x.reshape(-1, D), E  # (BT, D)
+
+
 class ExpertsCache(NamedTuple):
     bounds: np.ndarray  # (E+1,) slice edges
     per_expert: list  # per expert: its pair's cache, None when it got no rows

@@ -1,7 +1,19 @@
-"""Byte-level BPE (GPT-2 style): train_bpe / train_bpe_ref (train.py), Tokenizer (tokenizer.py),
-pre-tokenization (pretokenize.py), Numba kernels (fast.py), file formats (gpt2.py).
-Stands on nothing else of scratchllm (its CLI is scratchllm.cli.bpe)."""
+"""Tokenizers. Byte-level BPE (GPT-2 style): train_bpe / train_bpe_ref (train.py), Tokenizer
+(tokenizer.py), pre-tokenization (pretokenize.py), Numba kernels (fast.py, fast_scan.py), file
+formats (gpt2.py), Hugging Face byte-level BPE tokenizer.json (hf_json.py), special-token
+safety (specials.py). The Unigram language model
+(SentencePiece): Unigram (unigram.py), train_unigram (unigram_train.py), tokenizer.json and
+.model files (unigram_files.py). SentencePiece BPE with byte fallback, the Llama-2 form
+(spm_bpe.py). Stands on nothing else of scratchllm (its CLI is
+scratchllm.cli.bpe)."""
+from .hf_json import from_tokenizer_json
 from .tokenizer import EOT, TOKENIZER_FILE, Tokenizer
 from .train import train_bpe, train_bpe_ref
+from .spm_bpe import SentencePieceBPE
+from .unigram import Unigram
+from .unigram_files import load_bpe_json, load_sentencepiece, load_unigram_json, save_unigram_json
+from .unigram_train import train_unigram
 
-__all__ = ["EOT", "TOKENIZER_FILE", "Tokenizer", "train_bpe", "train_bpe_ref"]
+__all__ = ["EOT", "TOKENIZER_FILE", "SentencePieceBPE", "Tokenizer", "Unigram",
+           "from_tokenizer_json", "load_bpe_json", "load_sentencepiece", "load_unigram_json",
+           "save_unigram_json", "train_bpe", "train_bpe_ref", "train_unigram"]

@@ -1,4 +1,4 @@
-"""Numba kernels for the GPT-2 pattern: pre-token scan, pre-token counting, BPE encoding.
+"""Numba kernels: GPT-2's pre-token scan, pre-token counting, BPE encoding (any scanner).
 
 The `regex` module runs GPT-2's pattern at ~5 MB/s; tiktoken (Rust) encodes at ~17 MB/s. These
 kernels do the same work on UTF-8 bytes, exactly:
@@ -9,16 +9,20 @@ kernels do the same work on UTF-8 bytes, exactly:
   \\s+(?!\\S)|\\s+` as a hand-written scanner (alternatives tried in the regex's order);
   its twin is `regex.findall` (tests/tokenizer/test_tokenizer.py checks they agree);
 - `count_pretokens`: unique pre-tokens and their counts (open-addressing hash of the bytes);
-- `encode_pieces`: scan + BPE of every pre-token, with a cache per distinct pre-token (hash of
-  its bytes -> its ids) that the Tokenizer keeps across calls (`new_cache`). The merge loop keeps one rank per adjacent pair, merges the lowest,
-  and recomputes only the two neighbouring ranks (tokenizer.py `_bpe` is its Python twin).
+- `encode_pieces`: scan (GPT-2's scanner here, cl100k/o200k/Llama-3's in fast_scan.py) + BPE
+  of every pre-token, with a cache per distinct pre-token (hash of its bytes -> its ids) that
+  the Tokenizer keeps across calls (`new_cache`). The merge loop keeps one rank per adjacent
+  pair, merges the lowest, and recomputes only the two neighbouring ranks (tokenizer.py `_bpe`
+  is its Python twin). Numba's on-disk cache tracks only this file: when fast_scan.py
+  changes, clear __pycache__/*.nb* (or touch this file).
 
 Glossary: data = UTF-8 bytes (uint8); seg_ends = end offset of each piece between special
 tokens; ends = end offset of each pre-token; (a, b) -> (rank, new id) = the merge table.
 """
 import numpy as np
 import numba as nb
-import regex
+
+from .fast_scan import GPT2, decode_utf8, next_pretoken, property_table
 
 OTHER, LETTER, NUMBER, SPACE = 0, 1, 2, 3
 _CLASSES = None
@@ -29,35 +33,16 @@ def char_classes():
     """uint8 (0x110000,) class of every code point, as the `regex` module sees it."""
     global _CLASSES
     if _CLASSES is None:
-        codes = np.arange(0x110000, dtype=np.uint32)  # (0x110000,) every code point
-        every = codes.tobytes().decode("utf-32-le", "surrogatepass")
-        cls = np.zeros(0x110000, dtype=np.uint8)  # (0x110000,)
-        for code, prop in ((LETTER, r"\p{L}+"), (NUMBER, r"\p{N}+"), (SPACE, r"\s+")):
-            for m in regex.finditer(prop, every):
-                cls[m.start():m.end()] = code
-        _CLASSES = cls
+        _CLASSES = property_table([(LETTER, r"\p{L}+"), (NUMBER, r"\p{N}+"), (SPACE, r"\s+")],
+                                  np.uint8)
     return _CLASSES
-
-
-@nb.njit(cache=True, inline="always")
-def _decode(data, i):
-    """(code point, next offset) of the UTF-8 character at byte offset i (valid UTF-8)."""
-    b0 = np.int64(data[i])
-    if b0 < 0x80:
-        return b0, i + 1
-    if b0 < 0xE0:
-        return ((b0 & 0x1F) << 6) | (data[i + 1] & 0x3F), i + 2
-    if b0 < 0xF0:
-        return ((b0 & 0x0F) << 12) | ((data[i + 1] & 0x3F) << 6) | (data[i + 2] & 0x3F), i + 3
-    return (((b0 & 0x07) << 18) | ((data[i + 1] & 0x3F) << 12) | ((data[i + 2] & 0x3F) << 6)
-            | (data[i + 3] & 0x3F)), i + 4
 
 
 @nb.njit(cache=True)
 def _run(data, cls, i, n, k):
     """Offset after the run of characters of class k starting at byte offset i."""
     while i < n:
-        c, j = _decode(data, i)
+        c, j = decode_utf8(data, i)
         if cls[c] != k:
             return i
         i = j
@@ -67,7 +52,7 @@ def _run(data, cls, i, n, k):
 @nb.njit(cache=True)
 def _next_pretoken(data, cls, i, n):
     """End offset of the GPT-2 pre-token starting at i (the segment ends at n)."""
-    c, j = _decode(data, i)
+    c, j = decode_utf8(data, i)
     if c == 39 and j < n:                                    # 's 't 're 've 'm 'll 'd
         d = data[j]
         if d == 115 or d == 116 or d == 109 or d == 100:
@@ -78,7 +63,7 @@ def _next_pretoken(data, cls, i, n):
                 return j + 2
     k = cls[c]
     if c == 32 and j < n:                                    # ' ?' before L, N or other
-        c2, _ = _decode(data, j)
+        c2, _ = decode_utf8(data, j)
         k2 = cls[c2]
         if k2 != SPACE:
             return _run(data, cls, j, n, k2)
@@ -86,7 +71,7 @@ def _next_pretoken(data, cls, i, n):
         return _run(data, cls, i, n, k)
     last, p = i, j                                           # \s+(?!\S) | \s+
     while p < n:
-        c2, q = _decode(data, p)
+        c2, q = decode_utf8(data, p)
         if cls[c2] != SPACE:
             break
         last, p = p, q
@@ -272,11 +257,12 @@ def _cache_put(cache, h, data, s, e, out, t, t2):
 
 
 @nb.njit(cache=True)
-def encode_pieces(data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news, cache,
+def encode_pieces(kind, data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news, cache,
                   max_cached):
     """int32 (T,) ids of segments: seg_special[k] >= 0 is a special token's id (empty segment),
-    else the text data[prev_end:seg_ends[k]] is scanned and BPE-encoded. Pre-tokens of 2 to
-    max_cached bytes go through `cache` (new_cache), which persists across calls."""
+    else the text data[prev_end:seg_ends[k]] is scanned (scanner `kind` of fast_scan.KIND, cls
+    its table: char_classes() for GPT2, fast_scan.char_flags() else) and BPE-encoded.
+    Pre-tokens of 2 to max_cached bytes go through `cache` (new_cache), kept across calls."""
     n = data.shape[0]
     out = np.empty(n + seg_ends.shape[0], dtype=np.int32)   # (N + K,) at most one id per byte
     parts = np.empty(64, dtype=np.int64)                    # (L,) work arrays of _bpe, grown
@@ -291,7 +277,10 @@ def encode_pieces(data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news,
             continue
         stop = seg_ends[k]
         while i < stop:
-            e = _next_pretoken(data, cls, i, stop)
+            if kind == GPT2:
+                e = _next_pretoken(data, cls, i, stop)
+            else:
+                e = next_pretoken(kind, data, cls, i, stop)
             if e - i > parts.shape[0]:
                 parts = np.empty(2 * (e - i), dtype=np.int64)  # (L,)
                 prank = np.empty(2 * (e - i), dtype=np.int64)  # (L,)

@@ -1,4 +1,5 @@
-"""Pre-tokenization: special tokens first, then the GPT-2 (or cl100k) regex, then safe chunking.
+"""Pre-tokenization: special tokens first, then the GPT-2 (cl100k, o200k, llama3) regex, then
+safe chunking.
 
 Byte-level BPE never merges across pre-token boundaries. A text is cut in three stages:
 
@@ -6,13 +7,15 @@ Byte-level BPE never merges across pre-token boundaries. A text is cut in three 
    overlap; they bound documents and never take part in a merge;
 2. each piece between special tokens is split into pre-tokens by a regex: GPT-2's
    `'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+`
-   ("gpt2"), GPT-4's ("cl100k"), or any custom pattern;
+   ("gpt2"), GPT-4's ("cl100k"), GPT-4o's ("o200k"), Llama-3's ("llama3") or any custom
+   pattern;
 3. BPE merges bytes inside each pre-token (train.py learns the merges, tokenizer.py applies).
 
 Big inputs are processed in chunks. A cut is *safe* when it gives the same pre-tokens as the
 uncut text: right before a special token, or (built-in patterns only) right after a "\\n" that
-follows a non-space character and precedes one (no gpt2/cl100k pre-token can cross it, and
-both halves tokenize the "\\n" alone or glued to the punctuation before it, as the whole does).
+follows a non-space character and precedes a non-space character other than "/" (no built-in
+pre-token can cross it, and both halves tokenize the "\\n" alone or glued to the punctuation
+before it, as the whole does; o200k's punctuation runs take [\\r\\n/]*, hence the "/").
 
 Glossary: piece = text between special tokens; pre-token = one regex match; chunk = a run of
 whole pieces/pre-tokens small enough to hand to one worker.
@@ -26,15 +29,25 @@ PATTERNS = {
     "gpt2": r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
     "cl100k": r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++"""
               r"""[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+""",
+    "o200k": "|".join([
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"""
+        r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"""
+        r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""",
+        r"""\s+"""]),
+    "llama3": r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"""
+              r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
 }
 CHUNK_CHARS = 1 << 20           # characters per chunk handed to one worker
-_SAFE_CUT = regex.compile(r"(?<=\S\n)(?=\S)")
+_SAFE_CUT = regex.compile(r"(?<=\S\n)(?=[^\s/])")
 
 
 def pattern_string(pattern):
-    """The regex source for "gpt2", "cl100k" or a custom pattern string."""
+    """The regex source for a built-in pattern name (PATTERNS) or a custom pattern string."""
     if not isinstance(pattern, str) or not pattern:
-        raise ValueError(f"pattern must be 'gpt2', 'cl100k' or a regex string, got {pattern!r}")
+        raise ValueError(f"pattern must be one of {sorted(PATTERNS)} or a regex string, got "
+                         f"{pattern!r}")
     return PATTERNS.get(pattern, pattern)
 
 
@@ -82,7 +95,7 @@ def clean_surrogates(text):
 def safe_cut(buf, special_re, max_special, builtin):
     """The largest position p > 0 where buf[:p] / buf[p:] tokenize as the whole does, or 0.
 
-    Candidates: the start of the last special token in buf; after it, the last "\\S\\n|\\S"
+    Candidates: the start of the last special token in buf; after it, the last "\\S\\n|[^\\s/]"
     boundary (built-in patterns) that no special token still arriving could straddle.
     """
     best, after = 0, 0

@@ -4,8 +4,9 @@ Encoding one pre-token: start from its bytes' ids; repeatedly merge the adjacent
 with the lowest merge rank (the order the trainer learned them) into the id of a+b, until no
 adjacent pair has a rank. `_bpe` keeps one rank per adjacent pair and recomputes only the two
 neighbours of a merge; `_bpe_ref` (its twin) rescans every pair after every merge. For the
-"gpt2" pattern the whole pipeline (scan + BPE + per-pre-token cache) runs in fast.py's Numba
-kernels; other patterns use `regex` and a dict cache per pre-token string.
+built-in patterns (gpt2, cl100k, o200k, llama3) the whole pipeline (scan + BPE + per-pre-token
+cache) runs in Numba kernels (fast.py, fast_scan.py); custom patterns use `regex` and a dict
+cache per pre-token string.
 
 Glossary: rank = index of a merge in `merges`; specials = {special token string: id}.
 """
@@ -15,10 +16,11 @@ from multiprocessing import Pool
 
 import numpy as np
 
-from . import fast, gpt2
-from .pretokenize import (PATTERNS, bounded_map, clean_surrogates,
-                          compile_pattern, iter_chunks, read_blocks, several,
+from . import fast, fast_scan, gpt2
+from .pretokenize import (bounded_map, clean_surrogates, compile_pattern,
+                          iter_chunks, pattern_string, read_blocks, several,
                           special_regex, split_special)
+from .specials import check_disallowed, checked_chunks, special_plan
 
 EOT = "<|endoftext|>"            # GPT-2's end-of-text special token
 TOKENIZER_FILE = "tokenizer.bpe"  # the file name `save` writes inside a directory
@@ -31,7 +33,7 @@ class Tokenizer:
 
     vocab: {id: bytes}; merges: [(bytes, bytes)] in rank order (a+b must be in vocab);
     special_tokens: None, an iterable of str (ids looked up in vocab by their UTF-8 bytes,
-    else appended) or {str: id}; pattern: "gpt2", "cl100k" or a regex string.
+    else appended) or {str: id}; pattern: "gpt2", "cl100k", "o200k", "llama3" or a regex.
     """
 
     def __init__(self, vocab, merges, special_tokens=None, pattern="gpt2"):
@@ -50,7 +52,8 @@ class Tokenizer:
         self._rank = {(int(a), int(b)): (r, n) for r, ((a, b), n)
                       in enumerate(zip(self._pairs.tolist(), new_ids))}
         self._table = fast.merge_table(self._pairs, new_ids)
-        self._fast = PATTERNS.get(pattern, pattern) == PATTERNS["gpt2"]
+        self._kind = fast_scan.KIND.get(pattern_string(pattern), -1)   # -1: regex path
+        self._fast = self._kind >= 0
         self._regex = compile_pattern(pattern)
         self._cache = {}
         self._fast_cache = None
@@ -77,30 +80,24 @@ class Tokenizer:
         return self._id_of[token]
 
     # ---- encoding -------------------------------------------------------------------------
-    def _special_re(self, allowed_special):
-        if allowed_special == "all":
-            allowed = set(self.special_tokens)
-        elif allowed_special == "none":
-            allowed = set()
-        else:
-            allowed = set(allowed_special)
-            unknown = allowed - set(self.special_tokens)
-            if unknown:
-                raise ValueError(f"encode: allowed_special has unregistered tokens "
-                                 f"{sorted(unknown)}; registered: {sorted(self.special_tokens)}")
-        return special_regex(allowed)
-
-    def encode(self, text, allowed_special="all"):
-        """list[int] ids of `text`; allowed special tokens in it become their ids."""
-        return self._encode_array(text, self._special_re(allowed_special)).tolist()
+    def encode(self, text, *, allowed_special=(), disallowed_special="all"):
+        """list[int] ids of `text`. Special tokens follow tiktoken (specials.py): by default a
+        special-token string in the text raises ValueError naming it and its position;
+        allowed_special="all" (or a set) encodes those strings as their ids (the CS336
+        behaviour); disallowed_special=() lets the others through as ordinary text."""
+        _need_str(text, "encode")
+        allowed, disallowed_re, _ = special_plan(self.special_tokens, allowed_special,
+                                                 disallowed_special, "encode")
+        check_disallowed(text, disallowed_re, 0, "encode")
+        return self._encode_array(text, special_regex(allowed)).tolist()
 
     def encode_ordinary(self, text):
-        """list[int] ids of `text` with special-token strings treated as plain text."""
+        """list[int] ids of `text` with special-token strings treated as plain text: never a
+        special id (special ids are not in the BPE tables)."""
+        _need_str(text, "encode_ordinary")
         return self._encode_array(text, None).tolist()
 
     def _encode_array(self, text, special_re):
-        if not isinstance(text, str):
-            raise TypeError(f"encode: text must be str, got {type(text).__name__}")
         pieces = list(split_special(clean_surrogates(text), special_re))
         if not self._fast:
             return np.array(self._encode_slow(pieces), dtype=np.int32)           # (T,)
@@ -111,8 +108,12 @@ class Tokenizer:
         data = np.frombuffer(b"".join(blobs), dtype=np.uint8)                   # (N,)
         if self._fast_cache is None:
             self._fast_cache = fast.new_cache()
-        return fast.encode_pieces(data, seg_ends, seg_special, fast.char_classes(),
+        return fast.encode_pieces(self._kind, data, seg_ends, seg_special, self._char_table(),
                                   self._byte_ids, *self._table, self._fast_cache, 64)
+
+    def _char_table(self):
+        """The scanner's table of code point classes (built once per process)."""
+        return fast.char_classes() if self._kind == fast_scan.GPT2 else fast_scan.char_flags()
 
     def _encode_slow(self, pieces):
         ids = []
@@ -158,24 +159,37 @@ class Tokenizer:
             _, i = min(found)
             parts[i:i + 2] = [parts[i] + parts[i + 1]]
 
-    def encode_iterable(self, iterable, chunk_chars=1 << 16):
+    def encode_iterable(self, iterable, chunk_chars=1 << 16, *, allowed_special=(),
+                        disallowed_special="all"):
         """Yield the ids of the concatenated strings (e.g. a file's lines), lazily: the same
-        ids as encode(whole text), with memory bounded by one chunk."""
-        for chunk in iter_chunks(iterable, tuple(self.special_tokens), self.pattern, chunk_chars):
-            yield from self.encode(chunk)
+        ids as encode(whole text, same specials), with memory bounded by one chunk. A
+        disallowed special raises when its chunk is reached (earlier ids were yielded)."""
+        allowed, disallowed_re, cut_at = special_plan(self.special_tokens, allowed_special,
+                                                      disallowed_special, "encode_iterable")
+        allowed_re = special_regex(allowed)
+        chunks = iter_chunks(iterable, cut_at, self.pattern, chunk_chars)
+        for chunk in checked_chunks(chunks, disallowed_re, "encode_iterable"):
+            yield from self._encode_array(chunk, allowed_re).tolist()
 
-    def encode_file(self, path, workers=None):
+    def encode_file(self, path, workers=None, *, allowed_special=(), disallowed_special="all"):
         """np.ndarray of the ids of a UTF-8 file (uint16 if every id fits, else int32),
-        encoded in safe chunks by `workers` processes (None: all cores)."""
+        encoded in safe chunks by `workers` processes (None: all cores). Specials as in
+        encode; a corpus whose documents end in "<|endoftext|>" needs allowed_special."""
+        allowed, disallowed_re, cut_at = special_plan(self.special_tokens, allowed_special,
+                                                      disallowed_special, "encode_file")
         dtype = np.uint16 if max(self.vocab) < 1 << 16 else np.int32
         workers = os.cpu_count() if workers is None else workers
-        chunks = iter_chunks(read_blocks(path), tuple(self.special_tokens), self.pattern)
+        chunks = checked_chunks(iter_chunks(read_blocks(path), cut_at, self.pattern),
+                                disallowed_re, "encode_file")
         chunks, many = several(chunks)
         if workers <= 1 or not many:
-            parts = [self._encode_array(c, self._special_re("all")).astype(dtype) for c in chunks]
+            allowed_re = special_regex(allowed)
+            parts = [self._encode_array(c, allowed_re).astype(dtype) for c in chunks]
         else:
-            fast.char_classes()                      # build the table once, before the fork
-            with Pool(workers, initializer=_init_worker, initargs=(self, dtype)) as pool:
+            if self._fast:
+                self._char_table()                   # build the table once, before the fork
+            with Pool(workers, initializer=_init_worker,
+                      initargs=(self, dtype, allowed)) as pool:
                 parts = list(bounded_map(pool, _encode_chunk, chunks, 2 * workers))
         return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)        # (T,)
 
@@ -230,11 +244,16 @@ class Tokenizer:
         gpt2.write_tiktoken(path, {i: t for i, t in self.vocab.items() if i not in special_ids})
 
 
-def _init_worker(tokenizer, dtype):
+def _need_str(text, where):
+    if not isinstance(text, str):
+        raise TypeError(f"{where}: text must be str, got {type(text).__name__}")
+
+
+def _init_worker(tokenizer, dtype, allowed):
     global _WORKER
-    _WORKER = (tokenizer, dtype)
+    _WORKER = (tokenizer, dtype, special_regex(allowed))
 
 
 def _encode_chunk(text):
-    tokenizer, dtype = _WORKER
-    return tokenizer._encode_array(text, tokenizer._special_re("all")).astype(dtype)
+    tokenizer, dtype, allowed_re = _WORKER
+    return tokenizer._encode_array(text, allowed_re).astype(dtype)

@@ -44,7 +44,7 @@ def prepare(text_path, vocab_size, cache_dir):
     vocab, merges = train_bpe(str(text_path), vocab_size, special_tokens=[EOT])
     tok = Tokenizer(vocab, merges, special_tokens=[EOT])
     atomic_write(where / TOKENIZER_FILE, lambda tmp: tok.save(str(tmp)))
-    ids = tok.encode_file(str(text_path)).astype(np.int32)  # (n_tokens,)
+    ids = tok.encode_file(str(text_path), allowed_special={EOT}).astype(np.int32)  # (n_tokens,)
     atomic_write(ids_path, lambda tmp: _save_npy(tmp, ids))
     write_bytes(where / "DONE", json.dumps({"source": str(text_path)}).encode())
     return tok, ids, where

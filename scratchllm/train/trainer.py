@@ -61,9 +61,10 @@ def evaluate(model, batches, dp=None):
 class Run:
     """The mutable state of one training run: model, optimizer, batch RNG, step, history."""
 
-    def __init__(self, cfg, settings, dtype=np.float32):
+    def __init__(self, cfg, settings, dtype=np.float32, model=None):
+        """model: an LM of cfg to train (e.g. a loaded checkpoint); default a fresh one."""
         self.cfg, self.s = cfg, settings
-        self.model = LM(cfg, rng=np.random.default_rng(settings.seed), dtype=dtype)
+        self.model = model or LM(cfg, rng=np.random.default_rng(settings.seed), dtype=dtype)
         self.opt = make_optimizer(self.model, settings)
         if settings.threads > 1:
             set_blas_threads(1)  # one BLAS thread per shard: no oversubscription

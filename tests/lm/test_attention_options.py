@@ -50,7 +50,7 @@ def test_flash_model_equals_sdpa_model(name):
 
 
 @pytest.mark.parametrize("fields, message", [
-    (dict(positions="learned"), "positions must be"),
+    (dict(positions="relative"), "positions must be"),
     (dict(attn_impl="cuda"), "attn_impl must be"),
 ])
 def test_config_rejects_unknown_options(fields, message):

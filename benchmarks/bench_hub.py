@@ -1,0 +1,173 @@
+"""A Hugging Face checkpoint in scratchllm vs transformers (eager, CPU), same weights, float32:
+a Llama with SmolLM-135M's geometry (D 576, L 30, H 9, Hkv 3, F 1536, V 49152, tied head),
+random weights written once as safetensors by scratchllm.hub.save_pretrained.
+
+    load      load_pretrained / AutoModelForCausalLM.from_pretrained, seconds
+    decode    batch-1 greedy decoding through the KV state / DynamicCache, tokens/s
+    prefill   one forward over 256 tokens (batch 1), tokens/s
+    finetune  one training step, B 4 x T 128: scratchllm's Run.train_step (2 data-parallel
+              threads, AdamW, clipping) vs torch autograd + torch.optim.AdamW + clipping
+    peak RSS  ru_maxrss of each process (load + inference + fine-tune steps)
+
+Each framework runs in its own subprocess with 2 threads; medians over the timed repeats.
+
+    flock /tmp/scratchllm-bench.lock python benchmarks/bench_hub.py [--rounds 2]
+"""
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+THREADS = "2"
+ROOT = Path(__file__).resolve().parents[1]
+SMOL = dict(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, d_ff=1536,
+            tie_embeddings=True, norm_eps=1e-5, rope_base=10000.0)
+PROMPT, NEW, PREFILL, B, T, STEPS = 16, 32, 256, 4, 128, 3
+
+
+def _env():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
+                                                                    os.environ.get("PYTHONPATH")])))
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        env[var] = THREADS
+    return env
+
+
+def make_checkpoint(directory):
+    import numpy as np
+    from scratchllm.hub import save_pretrained
+    from scratchllm.lm import LM, preset
+    save_pretrained(LM(preset("dense", **SMOL), rng=np.random.default_rng(0)), directory)
+
+
+def _median(xs):
+    return sorted(xs)[len(xs) // 2]
+
+
+def worker_numpy(directory):
+    import numpy as np
+    from scratchllm.hub import load_pretrained
+    from scratchllm.train import Run, Settings
+    t0 = time.perf_counter()
+    model = load_pretrained(directory)
+    load = time.perf_counter() - t0
+    ids = np.random.default_rng(0).integers(0, SMOL["vocab_size"], 20_000)
+    state = model.init_state(1, PROMPT + NEW)
+    for pos in range(PROMPT):
+        logits = model.decode(ids[pos:pos + 1], state, pos)
+    steps = []
+    for pos in range(PROMPT, PROMPT + NEW):
+        t = time.perf_counter()
+        logits = model.decode(np.array([int(np.argmax(logits[0]))]), state, pos)
+        steps.append(time.perf_counter() - t)
+    prefill = []
+    for _ in range(3):
+        t = time.perf_counter()
+        model.forward(ids[None, :PREFILL])
+        prefill.append(time.perf_counter() - t)
+    run = Run(model.cfg, Settings(batch_size=B, seq_len=T, steps=10 ** 6, threads=2,
+                                  lr=1e-4), model.dtype, model=model)
+    ft = []
+    for i in range(STEPS + 1):
+        t = time.perf_counter()
+        run.train_step(ids)
+        if i:
+            ft.append(time.perf_counter() - t)
+    return dict(load=load, decode=1 / _median(steps), prefill=PREFILL / _median(prefill),
+                finetune=B * T / _median(ft))
+
+
+def worker_torch(directory):
+    import torch
+    import transformers
+    torch.set_num_threads(int(THREADS))
+    t0 = time.perf_counter()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, dtype=torch.float32, attn_implementation="eager")
+    load = time.perf_counter() - t0
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, SMOL["vocab_size"], (20_000,), generator=g)
+    steps = []
+    with torch.no_grad():
+        out = model(ids[None, :PROMPT], use_cache=True)
+        cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        for _ in range(NEW):
+            t = time.perf_counter()
+            out = model(nxt, past_key_values=cache, use_cache=True)
+            cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+            steps.append(time.perf_counter() - t)
+        prefill = []
+        for _ in range(3):
+            t = time.perf_counter()
+            model(ids[None, :PREFILL], use_cache=False)
+            prefill.append(time.perf_counter() - t)
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    rest = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": rest, "weight_decay": 0.0}], lr=1e-4, betas=(0.9, 0.95))
+    model.train()
+    ft = []
+    for i in range(STEPS + 1):
+        t = time.perf_counter()
+        start = torch.randint(0, len(ids) - T - 1, (B,), generator=g)
+        x = torch.stack([ids[s:s + T] for s in start])
+        y = torch.stack([ids[s + 1:s + T + 1] for s in start])
+        logits = model(x, use_cache=False).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if i:
+            ft.append(time.perf_counter() - t)
+    return dict(load=load, decode=1 / _median(steps), prefill=PREFILL / _median(prefill),
+                finetune=B * T / _median(ft))
+
+
+def _child(kind, directory):
+    result = (worker_numpy if kind == "numpy" else worker_torch)(directory)
+    result["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(result))
+
+
+def _spawn(kind, directory):
+    out = subprocess.run([sys.executable, __file__, "--child", kind, directory], env=_env(),
+                         check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return _child(*args.child)
+    with tempfile.TemporaryDirectory() as d:
+        make_checkpoint(d)
+        rows = {"numpy": [], "torch": []}
+        for _ in range(args.rounds):
+            for kind in rows:  # scratchllm first in each round
+                rows[kind].append(_spawn(kind, d))
+    med = {k: {m: _median([r[m] for r in v]) for m in v[0]} for k, v in rows.items()}
+    print(f"uptime: {os.popen('uptime').read().strip()}")
+    print("| metric | scratchllm | transformers | ratio | target |")
+    print("|---|---|---|---|---|")
+    targets = {"decode": 1.0, "prefill": 0.8, "finetune": 0.8}
+    for m, unit in (("decode", "tok/s"), ("prefill", "tok/s"), ("finetune", "tok/s")):
+        a, b = med["numpy"][m], med["torch"][m]
+        print(f"| {m} | {a:,.1f} {unit} | {b:,.1f} {unit} | {a / b:.2f} | >= {targets[m]} |")
+    a, b = med["numpy"]["load"], med["torch"]["load"]
+    print(f"| load | {a:.2f} s | {b:.2f} s | {a / b:.2f} | < 2 s |")
+    a, b = med["numpy"]["rss_mib"], med["torch"]["rss_mib"]
+    print(f"| peak RSS | {a:,.0f} MiB | {b:,.0f} MiB | {a / b:.2f} | <= 1.2 |")
+
+
+if __name__ == "__main__":
+    main()

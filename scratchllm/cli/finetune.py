@@ -1,0 +1,92 @@
+"""python -m scratchllm finetune: continue training a Hugging Face checkpoint on a text file,
+on a CPU, with the library's hand-written backward, and save the result as a Hugging Face
+checkpoint that transformers loads.
+
+    python -m scratchllm finetune --hf DIR --data FILE --steps N --out DIR2
+
+One step is train's (scratchllm/train/trainer.py): loss = CE(LM(x), y) -> backward -> clip
+-> AdamW with warmup + cosine. The text is encoded with DIR's tokenizer.json. Progress,
+validation and checkpoints are train's: the resumable state lives in DIR2/state/ (weights,
+AdamW moments, step, batch RNG), and --resume continues it bit-exactly. At the end (and on
+Ctrl-C) DIR2 gets config.json, model.safetensors and DIR's tokenizer files.
+"""
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from scratchllm.cli.common import Parser, run
+from scratchllm.hub import load_pretrained, load_tokenizer, save_pretrained
+from scratchllm.train import Run, Settings, checkpoint, corpus, evaluate, fit
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "generation_config.json")
+DEFAULTS = dict(steps=100, batch_size=4, seq_len=128, lr=1e-4, eval_every=50, warmup=10)
+
+
+def build_parser():
+    p = Parser("finetune", __doc__)
+    p.add_argument("--hf", required=True, help="Hugging Face checkpoint directory")
+    p.add_argument("--data", required=True, help="UTF-8 text file to fine-tune on")
+    p.add_argument("--out", required=True, help="output directory (a Hugging Face checkpoint)")
+    p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="optimizer steps (100)")
+    p.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"], help="(4)")
+    p.add_argument("--seq-len", type=int, default=DEFAULTS["seq_len"], help="(128)")
+    p.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="peak learning rate (1e-4)")
+    p.add_argument("--eval-every", type=int, default=DEFAULTS["eval_every"],
+                   help="validate and checkpoint every N steps (50)")
+    p.add_argument("--seed", type=int, default=0, help="batch order seed (0)")
+    p.add_argument("--resume", action="store_true", help="continue the state in OUT/state")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv=None):
+    return run("finetune", _main, build_parser().parse_args(argv))
+
+
+def _settings(args):
+    for name in ("steps", "batch_size", "seq_len", "eval_every"):
+        if getattr(args, name) <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.lr <= 0:
+        raise ValueError(f"--lr must be > 0, got {args.lr}")
+    return Settings(**dict(asdict(Settings()), steps=args.steps, batch_size=args.batch_size,
+                           seq_len=args.seq_len, lr=args.lr, eval_every=args.eval_every,
+                           seed=args.seed, warmup=min(DEFAULTS["warmup"], args.steps)))
+
+
+def _main(args):
+    out, state = Path(args.out), Path(args.out) / "state"
+    if (state / checkpoint.STATE).exists() and not args.resume:
+        raise ValueError(f"{out} already holds a fine-tuning state; pass --resume to continue "
+                         f"it, or use another --out")
+    model, tok = load_pretrained(args.hf), load_tokenizer(args.hf)
+    text = Path(args.data).read_text(encoding="utf-8")
+    ids = np.asarray(tok.encode_ordinary(text), dtype=np.int64)  # (N,)
+    s = _settings(args)
+    train_ids, val_ids = corpus.split(ids, val_fraction=0.1)
+    if len(val_ids) <= s.seq_len:
+        raise ValueError(f"--data {args.data} has {len(ids)} tokens; its last 10% (the "
+                         f"validation split) must hold more than --seq-len {s.seq_len}")
+    job = Run(model.cfg, s, model.dtype, model=model)
+    job.data = str(Path(args.data).resolve())
+    if args.resume:
+        job.load(state)
+        print(f"resumed {state} at step {job.step}")
+    print(f"model: {args.hf} ({model.cfg.name}, {model.n_params():,} parameters); data: "
+          f"{len(train_ids):,} train + {len(val_ids):,} validation tokens; {s.steps} steps of "
+          f"{s.batch_size}x{s.seq_len}")
+    eval_set = corpus.eval_batches(val_ids, s.batch_size, s.seq_len, s.eval_tokens)
+    finished = fit(job, train_ids, val_ids, out=state, progress=not args.no_progress,
+                   eval_set=eval_set)
+    if finished:
+        job.save(state)
+        print(f"validation loss {evaluate(job.model, eval_set, job.dp):.3f} nats/token")
+    save_pretrained(job.model, out)
+    for name in TOKENIZER_FILES:
+        if (Path(args.hf) / name).is_file():
+            shutil.copy(Path(args.hf) / name, out / name)
+    print(f"saved {out} (transformers: AutoModelForCausalLM.from_pretrained({str(out)!r}))")
+    return 0 if finished else 130

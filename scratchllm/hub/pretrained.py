@@ -1,0 +1,183 @@
+"""Load, save and inspect Hugging Face checkpoints as scratchllm LMs.
+
+A checkpoint directory holds config.json (the architecture, families.py) and the weights in
+safetensors files: model.safetensors, or shards listed by model.safetensors.index.json
+({"weight_map": {tensor name: file name}}). safetensors' NumPy API reads float32, float16 and
+bfloat16 (through ml_dtypes) into arrays; torch is never imported.
+
+    load_pretrained(path, dtype)  -> LM   every tensor checked by name and shape
+    save_pretrained(model, path)          config.json + model.safetensors, loadable by
+                                          transformers.AutoModelForCausalLM.from_pretrained
+    state_dict(model), grad_dict(model)   {HF name: array} in HF's layouts (names.py)
+
+Reference: huggingface/safetensors bindings/python/py_src/safetensors/numpy.py;
+huggingface/transformers src/transformers/modeling_utils.py (the index file, tied weights).
+"""
+import json
+import os
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from scratchllm.hub.families import family_of, from_hf_config, to_hf_config
+from scratchllm.hub.names import IGNORED_SUFFIXES, entries
+from scratchllm.lm import LM, ModelConfig
+from scratchllm.tokenizer import from_tokenizer_json
+
+CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
+DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16,
+          "float64": np.float64}
+
+
+class _NoInit:
+    """An rng for LM(...) whose 'random' weights are zeros: load_pretrained overwrites every
+    Param, so drawing N(0, 1) numbers for a 100M-parameter model first would waste seconds."""
+
+    @staticmethod
+    def standard_normal(shape):
+        return np.zeros(shape, np.float32)  # (shape)
+
+
+def read_hf_config(path):
+    """config.json of a checkpoint directory as a dict; ValueError if it is not one."""
+    path = Path(path)
+    if not (path / CONFIG).is_file():
+        raise ValueError(f"load_pretrained: {path} is not a Hugging Face checkpoint directory "
+                         f"(no {CONFIG})")
+    return json.loads((path / CONFIG).read_text(encoding="utf-8"))
+
+
+def weight_files(path):
+    """{tensor name: safetensors file} of a checkpoint: one file or an index of shards."""
+    path = Path(path)
+    if (path / INDEX).is_file():
+        weight_map = json.loads((path / INDEX).read_text(encoding="utf-8"))["weight_map"]
+        return {name: path / file for name, file in weight_map.items()}
+    if not (path / WEIGHTS).is_file():
+        raise ValueError(f"load_pretrained: {path} has no {WEIGHTS} or {INDEX} (only "
+                         f"safetensors weights are read)")
+    with safe_open(path / WEIGHTS, framework="np") as f:
+        return {name: path / WEIGHTS for name in f.keys()}
+
+
+def _canonical(name, family):
+    """GPT-2 checkpoints saved from GPT2Model (openai-community/gpt2) lack 'transformer.'."""
+    if family == "gpt2" and not name.startswith(("transformer.", "lm_head.")):
+        return "transformer." + name
+    return name
+
+
+def _read_tensors(stored, wanted):
+    """Yield (name, array) for the wanted names, one shard open at a time; stored maps a
+    name to (file, the name inside the file)."""
+    by_file = {}
+    for name in wanted:
+        by_file.setdefault(stored[name][0], []).append(name)
+    for file, names in by_file.items():
+        with safe_open(file, framework="np") as f:
+            for name in names:
+                yield name, f.get_tensor(stored[name][1])
+
+
+def _check_names(path, cfg, stored, expected):
+    missing = sorted(expected - set(stored))
+    if missing:
+        raise ValueError(f"load_pretrained: {path}: tensor(s) {missing[:5]} missing "
+                         f"({len(missing)} in all) for {cfg.name} with {cfg.n_layers} layers")
+    extra = sorted(n for n in set(stored) - expected if not n.endswith(IGNORED_SUFFIXES))
+    if cfg.tie_embeddings and "lm_head.weight" in extra:
+        extra.remove("lm_head.weight")  # a tied head saved anyway: it is embed_tokens
+    if extra:
+        raise ValueError(f"load_pretrained: {path}: unexpected tensor(s) {extra[:5]} "
+                         f"({len(extra)} in all) for {cfg.name} (config.json does not "
+                         f"describe them)")
+
+
+def load_pretrained(path, dtype=np.float32):
+    """The LM of a Hugging Face checkpoint directory, its weights cast to `dtype`.
+
+    Inputs:  path (config.json + model.safetensors or a sharded index), dtype float32 or
+             float64 (the compute dtype; the files may hold float32, float16 or bfloat16).
+    Returns: LM whose cfg.name is the model_type; model.hf_config keeps config.json.
+    Raises:  ValueError naming the field (unsupported model_type or option) or the tensor
+             (missing, unexpected, wrong shape).
+    """
+    if np.dtype(dtype) not in (np.float32, np.float64):
+        raise ValueError(f"load_pretrained: dtype must be float32 or float64 (the compute "
+                         f"dtype), got {np.dtype(dtype)}")
+    hf = read_hf_config(path)
+    cfg = ModelConfig(**from_hf_config(hf)).validate()
+    model = LM(cfg, rng=_NoInit(), dtype=dtype)
+    stored = {_canonical(n, cfg.name): (f, n) for n, f in weight_files(path).items()}
+    table = entries(model)
+    _check_names(path, cfg, stored, {e.hf for e in table})
+    params = dict(model.named_parameters())
+    by_hf = {e.hf: e for e in table}
+    for name, array in _read_tensors(stored, by_hf):
+        e = by_hf[name]
+        parts = [params[n] for n in e.lib]
+        widths = [p.data.shape[-1] for p in parts]
+        want = parts[0].data.shape[:-1] + (sum(widths),)
+        want = want[::-1] if e.transpose else want
+        if array.shape != want:
+            raise ValueError(f"load_pretrained: {path}: tensor {name!r} has shape "
+                             f"{array.shape}, expected {want} from config.json")
+        array = array.T if e.transpose else array
+        for p, piece in zip(parts, np.split(array, np.cumsum(widths)[:-1], axis=-1)):
+            p.data = np.ascontiguousarray(piece, dtype=dtype)
+    model.hf_config = hf
+    return model
+
+
+def _hf_arrays(model, attr):
+    params = dict(model.named_parameters())
+    out = {}
+    for e in entries(model):
+        parts = [getattr(params[n], attr) for n in e.lib]
+        a = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
+        out[e.hf] = np.ascontiguousarray(a.T if e.transpose else a)
+    return out
+
+
+def state_dict(model):
+    """{HF parameter name: weight} in HF's layouts (a projection weight is (out, in)); copies
+    where the layout differs. A tied head appears once, as model.embed_tokens.weight."""
+    return _hf_arrays(model, "data")
+
+
+def grad_dict(model):
+    """{HF parameter name: gradient} after a backward, in the layouts of state_dict."""
+    return _hf_arrays(model, "grad")
+
+
+def save_pretrained(model, path, dtype=None):
+    """Write config.json and model.safetensors for transformers' from_pretrained.
+
+    Inputs: model an LM of a family in families.py; path a directory (created);
+            dtype "float32" | "float16" | "bfloat16" | "float64" (default: the model's).
+    """
+    family_of(model.cfg)  # an error for an LM that no family covers, before writing
+    name = dtype or np.dtype(model.dtype).name
+    if name not in DTYPES:
+        raise ValueError(f"save_pretrained: dtype must be one of {sorted(DTYPES)}, got {name!r}")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.astype(DTYPES[name], copy=False) for k, v in state_dict(model).items()}
+    tmp = path / f"{WEIGHTS}.tmp-{os.getpid()}"
+    save_file(tensors, tmp, metadata={"format": "pt"})
+    os.replace(tmp, path / WEIGHTS)
+    (path / INDEX).unlink(missing_ok=True)  # a shard index left there would win on loading
+    hf = to_hf_config(model.cfg, name, getattr(model, "hf_config", None))
+    (path / CONFIG).write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
+
+
+def load_tokenizer(path):
+    """The Tokenizer of a checkpoint directory's tokenizer.json (byte-level BPE), encoding
+    as Hugging Face `tokenizers` does (scratchllm/tokenizer/hf_json.py)."""
+    file = Path(path) / "tokenizer.json"
+    if not file.is_file():
+        raise ValueError(f"load_tokenizer: {path} has no tokenizer.json")
+    return from_tokenizer_json(file)

@@ -1,0 +1,203 @@
+"""The Unigram language-model tokenizer (Kudo 2018, arXiv 1804.10959), SentencePiece's default.
+
+A piece vocabulary with log-probabilities log p(v) (the "scores"). A text x is first normalised
+SentencePiece's way (optional NFKC; runs of spaces collapsed and stripped; a dummy "▁" prefix;
+every space -> "▁"), then every segmentation s = (s_1..s_K) of it into pieces has
+
+    log P(s) = sum_k log p(s_k)
+
+and the lattice of x holds one edge (i -> j, piece x[i:j]) per vocabulary piece in x:
+    Viterbi:   best[j] = max_{edges i->j} best[i] + log p(x[i:j]);  s* = argmax_s log P(s)
+    n-best:    the n best partial paths kept per position (exact on a DAG)
+    sampling:  s ~ P(s)^alpha / Z_alpha: forward filtering a[j] = logsumexp_i a[i] + alpha
+               log p(x[i:j]), then backward sampling: the edge into j is drawn with
+               probability exp(a[i] + alpha log p - a[j])   (subword regularisation, Kudo 2018)
+    log_likelihood(x) = log sum_s P(s) = a[len x] at alpha = 1   (nats)
+A position that no piece covers gets the unknown piece (score = min score - 10, as
+SentencePiece's and HF tokenizers' kUnkPenalty) or, with byte fallback, one <0xNN> piece per
+UTF-8 byte. Ties go to the edge with the smaller start (both references scan starts in order
+and replace only on a strictly better score).
+
+Glossary: piece = vocabulary string; score = log p(piece); lattice edge = (start, end, id).
+"""
+import unicodedata
+
+import numpy as np
+
+from .pretokenize import special_regex, split_special
+from .specials import check_disallowed, special_plan
+
+SPACE = "\u2581"          # "▁", SentencePiece's visible space
+UNK_PENALTY = 10.0
+
+
+class Unigram:
+    """pieces: [(piece, score)] in id order; unk_id: id of the unknown piece; special_tokens:
+    {str: id} of control/user-defined pieces matched before segmentation (when allowed);
+    add_dummy_prefix: True = a "▁" before text that does not start with a space (SentencePiece
+    after its whitespace clean-up, HF's Metaspace), "always" = before any text (HF's Prepend);
+    byte_fallback: unknown characters become <0xNN> pieces (they must be in the vocab);
+    unused: ids that segmentation never produces (SentencePiece's unused pieces);
+    fuse_unk: a run of unknown characters is one unknown id (HF tokenizers' Unigram does);
+    score_dtype: the float type path scores add up in: SentencePiece adds float32 (its order
+    of rounding can break an exact tie), HF tokenizers float64."""
+
+    def __init__(self, pieces, unk_id=0, special_tokens=None, add_dummy_prefix=True,
+                 nfkc=False, byte_fallback=False, remove_extra_whitespaces=True, unused=(),
+                 fuse_unk=False, score_dtype="float64"):
+        self.pieces = [(str(p), float(s)) for p, s in pieces]
+        if not 0 <= unk_id < len(self.pieces):
+            raise ValueError(f"Unigram: unk_id {unk_id} is not an id of the {len(self.pieces)} "
+                             f"pieces")
+        self.unk_id, self.special_tokens = unk_id, dict(special_tokens or {})
+        self.add_dummy_prefix, self.nfkc = add_dummy_prefix, nfkc
+        self.byte_fallback, self.remove_extra_whitespaces = byte_fallback, remove_extra_whitespaces
+        self.fuse_unk, self._dtype = fuse_unk, np.dtype(score_dtype)
+        self._score = np.array([s for _, s in self.pieces], dtype=self._dtype)   # (V,)
+        special_ids = set(self.special_tokens.values()) | {unk_id} | set(unused)
+        self._bytes = {}
+        self._index = {}
+        for i, (p, s) in enumerate(self.pieces):
+            if len(p) == 6 and p.startswith("<0x") and p.endswith(">") and byte_fallback:
+                self._bytes[int(p[3:5], 16)] = i
+            elif i not in special_ids and p:
+                self._index.setdefault(p, i)
+        if byte_fallback and len(self._bytes) != 256:
+            raise ValueError(f"Unigram: byte_fallback needs the 256 pieces <0x00>..<0xFF>, "
+                             f"found {len(self._bytes)}")
+        self._byte_ids = set(self._bytes.values())
+        self._max_len = max(map(len, self._index), default=1)
+        scores = [s for p, s in self.pieces if p in self._index]
+        self.unk_score = self._dtype.type(min(scores, default=0.0) - UNK_PENALTY)
+
+    # ---- normalisation and the lattice ----------------------------------------------------
+    def normalize(self, text):
+        """SentencePiece's normal form of `text` (spaces shown as ▁)."""
+        if self.nfkc:
+            text = unicodedata.normalize("NFKC", text)
+        if self.remove_extra_whitespaces:
+            text = " ".join(t for t in text.split(" ") if t)
+        if self.add_dummy_prefix == "always" and text or \
+                self.add_dummy_prefix and text and not text.startswith(" "):
+            text = " " + text
+        return text.replace(" ", SPACE)
+
+    def _edges(self, x):
+        """edges[i] = [(j, id, score)] for every piece x[i:j] (unknown: id unk_id / -1)."""
+        edges = [[] for _ in range(len(x))]
+        for i in range(len(x)):
+            for j in range(i + 1, min(len(x), i + self._max_len) + 1):
+                k = self._index.get(x[i:j])
+                if k is not None:
+                    edges[i].append((j, k, self._score[k]))
+            if not any(j == i + 1 for j, _, _ in edges[i]):
+                edges[i].append((i + 1, self.unk_id, self.unk_score))
+        return edges
+
+    def _segment(self, x):
+        """[(start, end, id)] of the best (Viterbi) segmentation of the normalised text x."""
+        n, edges = len(x), self._edges(x)
+        best = np.full(n + 1, -np.inf, dtype=self._dtype)   # (n+1,) best path score up to j
+        back = [None] * (n + 1)
+        best[0] = 0.0
+        for i in range(n):
+            for j, k, s in edges[i]:
+                if best[i] + s > best[j]:
+                    best[j], back[j] = best[i] + s, (i, k)
+        path, j = [], n
+        while j > 0:
+            i, k = back[j]
+            path.append((i, j, k))
+            j = i
+        return path[::-1]
+
+    def _forward(self, edges, n, alpha):
+        a = np.full(n + 1, -np.inf)                          # (n+1,) log forward weights
+        a[0] = 0.0
+        for i in range(n):
+            for j, _, s in edges[i]:
+                a[j] = np.logaddexp(a[j], a[i] + alpha * s)
+        return a
+
+    # ---- encoding -------------------------------------------------------------------------
+    def _ids(self, x, path):
+        out = []
+        for i, j, k in path:
+            if k == self.unk_id and self.byte_fallback:
+                out += [self._bytes[b] for b in x[i:j].encode("utf-8")]
+            elif not (k == self.unk_id and self.fuse_unk and out and out[-1] == k):
+                out.append(k)
+        return out
+
+    def _pieces_of(self, text, allowed):
+        """(is_special, normalised piece) parts of text; specials in `allowed` split out."""
+        parts = list(split_special(text, special_regex(allowed)))
+        return [(s, p if s else self.normalize(p)) for s, p in parts]
+
+    def encode(self, text, *, allowed_special=(), disallowed_special="all"):
+        """Viterbi ids; special tokens as in Tokenizer.encode (specials.py)."""
+        allowed, disallowed_re, _ = special_plan(self.special_tokens, allowed_special,
+                                                 disallowed_special, "Unigram.encode")
+        check_disallowed(text, disallowed_re, 0, "Unigram.encode")
+        out = []
+        for is_special, x in self._pieces_of(text, allowed):
+            out += [self.special_tokens[x]] if is_special else self._ids(x, self._segment(x))
+        return out
+
+    def encode_ordinary(self, text):
+        """Viterbi ids of text, special-token strings being ordinary text."""
+        x = self.normalize(text)
+        return self._ids(x, self._segment(x))
+
+    def nbest(self, text, n):
+        """The n most likely segmentations of text (ordinary): [(ids, log P)], best first."""
+        x = self.normalize(text)
+        edges = self._edges(x)
+        tops = [[] for _ in range(len(x) + 1)]             # per end: [(score, path)] top n
+        tops[0] = [(0.0, ())]
+        for i in range(len(x)):
+            for j, k, s in edges[i]:
+                tops[j] = sorted(tops[j] + [(t + s, p + ((i, j, k),)) for t, p in tops[i]],
+                                 key=lambda e: -e[0])[:n]
+        return [(self._ids(x, p), float(t)) for t, p in tops[len(x)]]
+
+    def sample(self, text, alpha, rng):
+        """Ids of one segmentation drawn with probability P(s)^alpha / Z (ordinary text)."""
+        x = self.normalize(text)
+        edges = self._edges(x)
+        a = self._forward(edges, len(x), alpha)
+        into = [[] for _ in range(len(x) + 1)]
+        for i in range(len(x)):
+            for j, k, s in edges[i]:
+                into[j].append((i, k, a[i] + alpha * s))
+        path, j = [], len(x)
+        while j > 0:
+            w = np.array([e[2] for e in into[j]])                  # (E,) log weights
+            p = np.exp(w - a[j])                                   # (E,)
+            i, k, _ = into[j][int(rng.choice(len(p), p=p / p.sum()))]
+            path.append((i, j, k))
+            j = i
+        return self._ids(x, path[::-1])
+
+    def log_likelihood(self, text):
+        """log P(text) = log sum over its segmentations of P(s), in nats (ordinary text)."""
+        x = self.normalize(text)
+        return float(self._forward(self._edges(x), len(x), 1.0)[len(x)])
+
+    # ---- decoding -------------------------------------------------------------------------
+    def decode(self, ids):
+        """Text of ids: pieces joined, <0xNN> runs decoded as UTF-8, ▁ -> space, the dummy
+        prefix removed."""
+        out, run = [], bytearray()
+        for i in ids:
+            if not isinstance(i, (int, np.integer)) or not 0 <= i < len(self.pieces):
+                raise ValueError(f"Unigram.decode: id {i!r} is not in the vocab (ids run "
+                                 f"0..{len(self.pieces) - 1})")
+            piece = self.pieces[i][0]
+            if i in self._byte_ids:
+                run.append(int(piece[3:5], 16))
+                continue
+            out.append(run.decode("utf-8", "replace") + piece)
+            run = bytearray()
+        text = ("".join(out) + run.decode("utf-8", "replace")).replace(SPACE, " ")
+        return text[1:] if self.add_dummy_prefix and text.startswith(" ") else text

@@ -1,0 +1,160 @@
+"""Unigram model files: HF `tokenizer.json` (model type "Unigram") and SentencePiece `.model`.
+
+tokenizer.json (huggingface/tokenizers tokenizers/src/models/unigram/serialization.rs):
+    {"model": {"type": "Unigram", "unk_id": 0, "vocab": [[piece, score], ...],
+               "byte_fallback": false},
+     "normalizer": null | {"type": "NFKC"}, "pre_tokenizer": {"type": "Metaspace",
+     "replacement": "▁", "prepend_scheme": "always" | "first" | "never"}, "added_tokens": [...]}
+HF's Metaspace does not collapse repeated spaces (SentencePiece's remove_extra_whitespaces),
+and HF's Unigram fuses a run of unknown characters into one unknown id.
+
+.model: a ModelProto protobuf (google/sentencepiece src/sentencepiece_model.proto), read with
+the schema module the `sentencepiece` package ships (sentencepiece_model_pb2; needs protobuf):
+pieces with score and type (1 normal, 2 unknown, 3 control, 4 user defined, 5 unused, 6 byte),
+trainer_spec.model_type (1 unigram, 2 BPE), normalizer_spec (name, add_dummy_prefix,
+remove_extra_whitespaces). Only the "identity" and "nfkc" normalisers are reproduced. Like
+HF's, SentencePiece's encoder fuses a run of unknown characters into one unknown id; it adds
+path scores in float32.
+"""
+import json
+
+from .spm_bpe import SentencePieceBPE
+from .unigram import SPACE, Unigram
+
+_NORMAL, _UNKNOWN, _CONTROL, _USER, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
+
+
+def _normalizer(spec, where):
+    """nfkc flag for a tokenizer.json normalizer (None, NFKC or a Sequence of them)."""
+    if spec is None:
+        return False
+    kind = spec.get("type")
+    if kind == "NFKC":
+        return True
+    if kind == "Sequence" and len(spec["normalizers"]) <= 1:
+        return _normalizer((spec["normalizers"] or [None])[0], where)
+    raise ValueError(f"{where}: normalizer {kind!r} is not supported (expected null or NFKC)")
+
+
+def _prefix(spec, where):
+    """add_dummy_prefix of a tokenizer.json Metaspace pre-tokenizer."""
+    if spec is None or spec.get("type") != "Metaspace" or spec.get("replacement") != SPACE:
+        raise ValueError(f"{where}: expected a Metaspace pre_tokenizer with replacement "
+                         f"{SPACE!r}, got {spec!r}")
+    scheme = spec.get("prepend_scheme", "always" if spec.get("add_prefix_space", True)
+                      else "never")
+    if scheme not in ("always", "first", "never"):
+        raise ValueError(f"{where}: unknown prepend_scheme {scheme!r}")
+    return scheme != "never"
+
+
+def load_unigram_json(path):
+    """A Unigram from an HF tokenizer.json with a Unigram model."""
+    with open(path, encoding="utf-8") as fh:
+        spec = json.load(fh)
+    where = f"load_unigram_json({str(path)!r})"
+    model = spec.get("model") or {}
+    if model.get("type") != "Unigram":
+        raise ValueError(f"{where}: model type is {model.get('type')!r}, expected 'Unigram'")
+    specials = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t.get("special")
+                and t["id"] != model.get("unk_id")}
+    return Unigram([tuple(v) for v in model["vocab"]], unk_id=model.get("unk_id") or 0,
+                   special_tokens=specials, add_dummy_prefix=_prefix(spec.get("pre_tokenizer"),
+                                                                     where),
+                   nfkc=_normalizer(spec.get("normalizer"), where),
+                   byte_fallback=bool(model.get("byte_fallback")),
+                   remove_extra_whitespaces=False, fuse_unk=True)
+
+
+def save_unigram_json(tok, path):
+    """Write tok (a Unigram) as an HF tokenizer.json that HF `tokenizers` loads. The file
+    carries HF's rules (no collapsing of repeated spaces, unknown runs fused), as
+    load_unigram_json reads it back."""
+    scheme = "always" if tok.add_dummy_prefix else "never"
+    meta = {"type": "Metaspace", "replacement": SPACE, "prepend_scheme": scheme, "split": True}
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True}
+             for t, i in sorted({tok.pieces[tok.unk_id][0]: tok.unk_id,
+                                 **tok.special_tokens}.items(), key=lambda e: e[1])]
+    spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": {"type": "NFKC"} if tok.nfkc else None, "pre_tokenizer": meta,
+            "post_processor": None, "decoder": meta,
+            "model": {"type": "Unigram", "unk_id": tok.unk_id,
+                      "vocab": [[p, s] for p, s in tok.pieces],
+                      "byte_fallback": tok.byte_fallback}}
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(spec, fh, ensure_ascii=False)
+
+
+def load_bpe_json(path):
+    """A SentencePieceBPE from an HF tokenizer.json of the Llama-2 / Mistral form: a BPE model
+    over characters with byte_fallback, and either the normaliser Prepend("▁") + Replace(" ",
+    "▁") or a Metaspace pre-tokenizer without splitting."""
+    with open(path, encoding="utf-8") as fh:
+        spec = json.load(fh)
+    where = f"load_bpe_json({str(path)!r})"
+    model = spec.get("model") or {}
+    if model.get("type") != "BPE" or model.get("continuing_subword_prefix") or \
+            model.get("end_of_word_suffix"):
+        raise ValueError(f"{where}: expected a plain BPE model, got {model.get('type')!r}")
+    norm, pre = spec.get("normalizer"), spec.get("pre_tokenizer")
+    steps = [n.get("type") for n in (norm or {}).get("normalizers", [])]
+    if steps == ["Prepend", "Replace"] and pre is None:
+        prefix = "always"
+    elif norm is None and pre is not None and not pre.get("split", True):
+        prefix = _prefix(pre, where)
+    else:
+        raise ValueError(f"{where}: expected normalizer Prepend + Replace, or a Metaspace "
+                         f"pre_tokenizer with split false; got {norm!r}, {pre!r}")
+    vocab = model["vocab"]
+    pieces = [(p, 0.0) for p, _ in sorted(vocab.items(), key=lambda e: e[1])]
+    if [i for _, i in sorted(vocab.items(), key=lambda e: e[1])] != list(range(len(vocab))):
+        raise ValueError(f"{where}: vocab ids are not 0..{len(vocab) - 1}")
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    specials = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t.get("special")
+                and t["content"] != model.get("unk_token")}
+    return SentencePieceBPE(pieces, merges, unk_id=vocab.get(model.get("unk_token"), 0),
+                            special_tokens=specials, add_dummy_prefix=prefix,
+                            byte_fallback=bool(model.get("byte_fallback")),
+                            remove_extra_whitespaces=False, fuse_unk=bool(model.get("fuse_unk")))
+
+
+def read_model_proto(path):
+    """The ModelProto of a SentencePiece .model file."""
+    try:
+        from sentencepiece import sentencepiece_model_pb2 as pb  # optional: the spm extra
+    except ImportError as err:
+        raise ImportError(f"load_sentencepiece: reading .model files needs the `sentencepiece` "
+                          f"and `protobuf` packages (pip install 'scratchllm[spm]'): "
+                          f"{err}") from None
+    proto = pb.ModelProto()
+    with open(path, "rb") as fh:
+        proto.ParseFromString(fh.read())
+    return proto
+
+
+def load_sentencepiece(path):
+    """A Unigram (model_type 1) or SentencePieceBPE (model_type 2) tokenizer from a
+    SentencePiece .model file."""
+    proto = read_model_proto(path)
+    where = f"load_sentencepiece({str(path)!r})"
+    norm = proto.normalizer_spec
+    if norm.name not in ("identity", "nfkc"):
+        raise ValueError(f"{where}: normalizer {norm.name!r} is not reproduced (train with "
+                         f"normalization_rule_name='identity' or 'nfkc')")
+    model_type = proto.trainer_spec.model_type
+    if model_type not in (1, 2):
+        raise ValueError(f"{where}: model_type {model_type} is neither unigram (1) nor BPE (2)")
+    kinds = [p.type for p in proto.pieces]
+    if _USER in kinds:
+        raise ValueError(f"{where}: user-defined pieces are not supported")
+    unk = [i for i, k in enumerate(kinds) if k == _UNKNOWN]
+    specials = {p.piece: i for i, p in enumerate(proto.pieces) if p.type == _CONTROL}
+    cls = Unigram if model_type == 1 else SentencePieceBPE
+    return cls([(p.piece, p.score) for p in proto.pieces], unk_id=unk[0] if unk else 0,
+                   special_tokens=specials,
+                   unused=[i for i, k in enumerate(kinds) if k == _UNUSED],
+                   add_dummy_prefix=norm.add_dummy_prefix,
+                   nfkc=norm.name == "nfkc", byte_fallback=proto.trainer_spec.byte_fallback,
+                   remove_extra_whitespaces=norm.remove_extra_whitespaces,
+                   score_dtype="float32", fuse_unk=True)

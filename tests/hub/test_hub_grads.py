@@ -1,0 +1,28 @@
+"""The grads case of every loaded tiny checkpoint (lm_hub), and the one gradient it leaves
+out: GPT-2's key bias, whose gradient is zero without RoPE."""
+from pathlib import Path
+
+import numpy as np
+
+from grads.cases import CASES, HF_FIXTURES
+from scratchllm.hub import load_pretrained
+
+HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
+
+
+def test_every_loaded_family_passes_its_gradient_check():
+    reports = CASES["lm_hub"](np.random.default_rng(3))
+    assert [r.label for r in reports] == list(HF_FIXTURES)
+    for report in reports:
+        assert report.ok, f"\n{report}"
+
+
+def test_gpt2_key_bias_gradient_is_zero():
+    """softmax(s + c) = softmax(s) for a per-row constant c = q . bk."""
+    model = load_pretrained(HF / "gpt2", dtype=np.float64)
+    ids = np.random.default_rng(0).integers(0, model.cfg.vocab_size, (2, 7))
+    loss, cache = model.loss(ids, np.roll(ids, -1, axis=1))
+    model.loss_backward(1.0, cache)
+    bk = model.layers[0].mixer.bk.grad
+    bq = model.layers[0].mixer.bq.grad
+    assert np.abs(bk).max() < 1e-12 * np.abs(bq).max()
