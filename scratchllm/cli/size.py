@@ -100,7 +100,8 @@ def _rules(out, a, p):
     for piece, per_block, own in block_pieces(a):
         k = 4 if piece == "attention" else 8
         out.row(f"  per block {piece} {k}·D²", per_block, f"this model's own: {own:,}",
-                f"{k} · {a.d_model}²" + ("  (wq, wk, wv, wo)" if k == 4 else "  (D·4D up, 4D·D down)"))
+                f"{k} · {a.d_model}²" + ("  (wq, wk, wv, wo)" if k == 4
+                                          else "  (D·4D up, 4D·D down)"))
     out.row("  blocks' own matrices", exact, _ratio(rule, exact),
             "L · (attention + MLP) of this model (MoE: active experts)")
 

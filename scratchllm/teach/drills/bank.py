@@ -598,7 +598,7 @@ def _recurrent_vs_conv(fn):
 
 
 
-# ---------------------------------------------------------------------------- selective scan forward
+# ---------------------------------------------------------------------------- scan forward
 @drill("selective_scan_forward", 15, "scratchllm/ssm/scan.py", '''
     def selective_scan_forward(x, delta, A, B, C, D):
         """Mamba's selective scan (S6): Δ, B, C change with the token. Per batch b, channel c,

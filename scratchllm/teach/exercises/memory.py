@@ -42,7 +42,8 @@ def _state_vs_sizing(fn):
             raise AssertionError(f"context {T:,}: got {got}, expected {want}")
         rows.append(f"{T:,}: {got.kv / got.state_chapter:,.0f}x")
     if StateVsCache(*fn(32, **LLAMA_3_8B)).kv != want.state_chapter:
-        raise AssertionError("at 32 tokens the cache (2·8·128·32 per layer) equals D·N = 4096·16")
+        raise AssertionError("at 32 tokens the cache (2·8·128·32 per layer) equals D·N "
+                             "= 4096·16")
     return "GQA cache / Mamba state (D·N) at " + ", ".join(rows)
 
 
@@ -68,7 +69,8 @@ def _state_vs_library(fn):
     return f"KVState {kv_state.nbytes} B after {T} tokens; MambaState {held} B"
 
 
-@exercise(4, "a Mamba state against the GQA cache at 1k, 32k and 1M tokens", "07_selective_scan", '''
+@exercise(4, "a Mamba state against the GQA cache at 1k, 32k and 1M tokens",
+          "07_selective_scan", '''
     Take a Llama-3-8B-sized model (D 4096, L 32, GQA with Hkv 8, Dh 128, bf16) and the same
     width and depth built from Mamba layers (N 16, expand 2, d_conv 4). How many bytes does
     one sequence's decoding memory take at 1k, 32k and 1M tokens, for the GQA cache and for
@@ -159,7 +161,8 @@ def _repeat_not_tile(fn):
     return detail + "; np.tile differs"
 
 
-@exercise(5, "repeat vs repeat_interleave, and the mean-pool conversion", "03_attention_gqa_kv_cache", '''
+@exercise(5, "repeat vs repeat_interleave, and the mean-pool conversion",
+          "03_attention_gqa_kv_cache", '''
     In GQA query head h reads KV head h // G (G = H / Hkv). (a) To run GQA as MHA, the Hkv KV
     heads are expanded to H: is that np.repeat(kv, G, axis=1) (torch repeat_interleave) or
     np.tile (torch .repeat)? (b) Ainslie et al. (arXiv 2305.13245) turn an MHA checkpoint

@@ -96,7 +96,8 @@ def _gap_counterexample(fn):
     return f"Σ f_i P_i = {r.loss / 2:.4f} < 1/2; f uniform, P skewed: gap 0"
 
 
-@exercise(2, "the balance loss is smallest at balance: Σ f_i P_i ≥ 1/E", "05_moe_balance_loss", '''
+@exercise(2, "the balance loss is smallest at balance: Σ f_i P_i ≥ 1/E",
+          "05_moe_balance_loss", '''
     The Switch balance loss is E·Σ_i f_i P_i (f_i the fraction of routing slots sent to expert
     i, P_i the mean router probability of i; Σ f = Σ P = 1). Show Σ_i f_i P_i ≥ 1/E, with
     equality iff f = P = uniform. Write the proof's key identity as
@@ -117,8 +118,8 @@ def _gap_counterexample(fn):
     (c) Not for every router. Three tokens, two experts, top-1: p = (0.5+ε, 0.5-ε) twice and
         (ε, 1-ε) once give f = (2/3, 1/3), P ≈ (1/3, 2/3) and Σ f_i P_i ≈ 4/9 < 1/2. Of the
         check's 10,000 random routers (random BT, E, K, temperature) 649 fall below 1/E;
-        none of the 5,431 similarly ordered ones do. f carries no gradient, so the loss pushes P against the
-        current counts; balance is where f = P = uniform, the fixed point of that push.
+        none of the 5,431 similarly ordered ones do. f carries no gradient, so the loss
+        pushes P against the current counts; balance, f = P = uniform, is where that stops.
 ''', '''
     def balance_gap(f, P):
         """f, P (E,) nonnegative, each summing to 1.  Return Σ_i f_i P_i - 1/E written as a
@@ -136,7 +137,8 @@ def balance_gap(f, P):
 
 # ---------------------------------------------------------------------------- Ex. 3
 def _expert_choice_run(rng, BT, E, D=6, F=5, capacity_factor=2.0, skew=0.0):
-    """The library's expert_choice_forward on random weights: (token_idx (E, C), probs, C)."""
+    """The library's expert_choice_forward on random weights: (token_idx (E, C) from its
+    cache, probs (BT, E), C, x, w_router)."""
     x = rng.standard_normal((BT, D))
     w_router = rng.standard_normal((D, E))
     w_router[:, 0] += skew * np.sign(x.mean(axis=0))  # skew > 0: every token prefers expert 0
@@ -176,7 +178,8 @@ def _ec_collapsed(fn):
             f"loss {float(out.aux):.2f}; expert choice: {C} each, loss {loss:.12f}")
 
 
-@exercise(3, "expert choice never exceeds capacity; its balance loss is 1", "05_moe_balance_loss", '''
+@exercise(3, "expert choice never exceeds capacity; its balance loss is 1",
+          "05_moe_balance_loss", '''
     In expert-choice routing (Zhou et al. 2022, arXiv 2202.09368) each expert takes its top
     C = min(BT, ceil(c·BT/E)) tokens by router probability. Show that no expert ever exceeds
     capacity and that the Switch balance loss E·Σ_i f_i P_i equals 1 for every router, by
