@@ -4,7 +4,7 @@ with them, so the tests can compare scratchllm against transformers without torc
     pip install ".[ref]"      # torch, transformers, tokenizers
     PYTHONPATH=$PWD python tools/make_hf_fixtures.py
 
-Per family (llama with llama3 and with yarn rope scaling, mistral with a sliding window
+Per family (llama with llama3, yarn, linear and dynamic rope scaling, mistral with a sliding window
 shorter than the test sequences, qwen2, qwen3, gemma3 (gemma3_text), gpt2) a directory
 holds:
     config.json, model.safetensors   transformers' own save_pretrained (float32 weights)
@@ -56,6 +56,9 @@ FAMILIES = {
         original_max_position_embeddings=16)),
     "llama_yarn": dict(model_type="llama", rope_theta=500.0, rope_scaling=dict(
         rope_type="yarn", factor=4.0, original_max_position_embeddings=16)),
+    "llama_linear": dict(model_type="llama", rope_scaling=dict(rope_type="linear", factor=2.0)),
+    "llama_dynamic": dict(model_type="llama", max_position_embeddings=8, rope_scaling=dict(
+        rope_type="dynamic", factor=2.0)),  # T = 9 > 8: the NTK base grows with the length
     "mistral": dict(model_type="mistral", sliding_window=4, head_dim=8),
     "qwen2": dict(model_type="qwen2", tie_word_embeddings=True, rope_theta=1e6),
     "qwen3": dict(model_type="qwen3", head_dim=12, tie_word_embeddings=True),
