@@ -11,7 +11,10 @@ holds:
     tokenizer.json                   a byte-level BPE trained with HF `tokenizers`
     expected.npz                     computed by transformers in float64 from those weights:
         ids (B, T), logits (B, T, V), G_seed (G = default_rng(G_seed).standard_normal(
-        (B, T, V))), grad/<HF name> = d sum(logits * G) / d param for every parameter, greedy (10 ids greedily generated after ids[0, :P])
+        (B, T, V))), grad/<HF name> = d sum(logits * G) / d param for every parameter,
+        greedy (10 ids greedily generated after ids[0, :P]), saved_by_scratchllm_rel_err
+        (scratchllm's save_pretrained of the checkpoint, loaded by from_pretrained: the
+        float32 logits' largest relative difference from `logits`)
 Plus dense/: scratchllm's `dense` preset (tiny) written by scratchllm.hub.save_pretrained,
 with the logits transformers computes after from_pretrained on it (the save path's proof),
 and tokenizer_*/: expected ids of HF `tokenizers` for tokenizer.json files (ByteLevel,
@@ -19,14 +22,16 @@ Split + ByteLevel, and Split + ByteLevel with an NFC normalizer).
 
 float64 in transformers: its modeling code casts to float32 in places (RMSNorm's
 `.to(torch.float32)`, the rotary frequencies `dtype=torch.float`, softmax's
-`dtype=torch.float32`, Gemma's `x.float()`). Those are precision choices, not semantics, so while computing the
-references torch.float32, torch.float and Tensor.float are pointed at float64 (`float64_everywhere`); the
+`dtype=torch.float32`, Gemma's `x.float()`). Those are precision choices, not semantics,
+so while computing the references torch.float32, torch.float and Tensor.float are pointed
+at float64 (`float64_everywhere`); the
 checkpoints themselves are written outside that context, in float32.
 Reference: huggingface/transformers src/transformers/models/llama/modeling_llama.py.
 """
 import contextlib
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -167,6 +172,24 @@ def reference(directory, rng, V):
                 greedy=out[0, P:].numpy(), **grads)
 
 
+def saved_by_scratchllm(directory, expected):
+    """scratchllm.hub.save_pretrained of the loaded checkpoint, read back by transformers'
+    from_pretrained (float32): the largest relative logit difference from the float64
+    reference, recorded in expected.npz (and asserted < 1e-5 here)."""
+    sys.path.insert(0, str(ROOT))
+    from scratchllm.hub import load_pretrained, save_pretrained
+    with tempfile.TemporaryDirectory() as saved:
+        save_pretrained(load_pretrained(directory), saved)
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(
+            saved, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+        assert not any(info.values()), info
+        with torch.no_grad():
+            logits = model(torch.tensor(expected["ids"])).logits.numpy()
+    err = float(np.abs(logits - expected["logits"]).max() / np.abs(expected["logits"]).max())
+    assert err < 1e-5, err
+    return err
+
+
 def dense_roundtrip(directory, V):
     """scratchllm's dense preset, saved by scratchllm.hub, loaded by transformers: its logits."""
     sys.path.insert(0, str(ROOT))
@@ -212,7 +235,9 @@ def main():
         tok.save(str(d / "tokenizer.json"))
         V = tok.get_vocab_size()
         write_checkpoint(d, fields, V, seed=len(family))
-        np.savez_compressed(d / "expected.npz", **reference(d, rng, V))
+        expected = reference(d, rng, V)
+        expected["saved_by_scratchllm_rel_err"] = saved_by_scratchllm(d, expected)
+        np.savez_compressed(d / "expected.npz", **expected)
         print(f"{family}: {sorted(p.name for p in d.iterdir())}")
     dense_roundtrip(OUT / "dense", tok_split.get_vocab_size())
     tok_nfc = make_tokenizer(QWEN_SPLIT, nfc=True)

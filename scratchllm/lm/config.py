@@ -97,7 +97,8 @@ class ModelConfig:
         if self.ffn not in ("swiglu", "moe", "gelu_mlp", "geglu"):
             bad(f"ffn must be 'swiglu', 'moe', 'gelu_mlp' or 'geglu', got {self.ffn!r}")
         for f, allowed in (("norm", ("rmsnorm", "layernorm")), ("positions", ("rope", "learned")),
-                           ("gelu_approx", ("tanh", "none")), ("block", ("pre", "sandwich", "post"))):
+                           ("gelu_approx", ("tanh", "none")),
+                           ("block", ("pre", "sandwich", "post"))):
             if getattr(self, f) not in allowed:
                 bad(f"{f} must be one of {allowed}, got {getattr(self, f)!r}")
         types = self.layer_types
