@@ -871,7 +871,8 @@ def gqa_options(rng):
                   n_heads=H, n_kv_heads=Hkv)]  # without RoPE d/dbk = 0 (see lm_hub)
 
 
-HF_FIXTURES = ("llama", "llama_yarn", "mistral", "qwen2", "qwen3", "gemma3", "gpt2")
+HF_FIXTURES = ("llama", "llama_yarn", "llama_linear", "llama_dynamic", "mistral", "qwen2",
+               "qwen3", "gemma3", "gpt2")
 
 
 @case

@@ -4,14 +4,17 @@ with them, so the tests can compare scratchllm against transformers without torc
     pip install ".[ref]"      # torch, transformers, tokenizers
     PYTHONPATH=$PWD python tools/make_hf_fixtures.py
 
-Per family (llama with llama3 and with yarn rope scaling, mistral with a sliding window
+Per family (llama with llama3, yarn, linear and dynamic rope scaling, mistral with a sliding window
 shorter than the test sequences, qwen2, qwen3, gemma3 (gemma3_text), gpt2) a directory
 holds:
     config.json, model.safetensors   transformers' own save_pretrained (float32 weights)
     tokenizer.json                   a byte-level BPE trained with HF `tokenizers`
     expected.npz                     computed by transformers in float64 from those weights:
         ids (B, T), logits (B, T, V), G_seed (G = default_rng(G_seed).standard_normal(
-        (B, T, V))), grad/<HF name> = d sum(logits * G) / d param for every parameter, greedy (10 ids greedily generated after ids[0, :P])
+        (B, T, V))), grad/<HF name> = d sum(logits * G) / d param for every parameter,
+        greedy (10 ids greedily generated after ids[0, :P]), saved_by_scratchllm_rel_err
+        (scratchllm's save_pretrained of the checkpoint, loaded by from_pretrained: the
+        float32 logits' largest relative difference from `logits`)
 Plus dense/: scratchllm's `dense` preset (tiny) written by scratchllm.hub.save_pretrained,
 with the logits transformers computes after from_pretrained on it (the save path's proof),
 and tokenizer_*/: expected ids of HF `tokenizers` for tokenizer.json files (ByteLevel,
@@ -19,14 +22,16 @@ Split + ByteLevel, and Split + ByteLevel with an NFC normalizer).
 
 float64 in transformers: its modeling code casts to float32 in places (RMSNorm's
 `.to(torch.float32)`, the rotary frequencies `dtype=torch.float`, softmax's
-`dtype=torch.float32`, Gemma's `x.float()`). Those are precision choices, not semantics, so while computing the
-references torch.float32, torch.float and Tensor.float are pointed at float64 (`float64_everywhere`); the
+`dtype=torch.float32`, Gemma's `x.float()`). Those are precision choices, not semantics,
+so while computing the references torch.float32, torch.float and Tensor.float are pointed
+at float64 (`float64_everywhere`); the
 checkpoints themselves are written outside that context, in float32.
 Reference: huggingface/transformers src/transformers/models/llama/modeling_llama.py.
 """
 import contextlib
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +61,9 @@ FAMILIES = {
         original_max_position_embeddings=16)),
     "llama_yarn": dict(model_type="llama", rope_theta=500.0, rope_scaling=dict(
         rope_type="yarn", factor=4.0, original_max_position_embeddings=16)),
+    "llama_linear": dict(model_type="llama", rope_scaling=dict(rope_type="linear", factor=2.0)),
+    "llama_dynamic": dict(model_type="llama", max_position_embeddings=8, rope_scaling=dict(
+        rope_type="dynamic", factor=2.0)),  # T = 9 > 8: the NTK base grows with the length
     "mistral": dict(model_type="mistral", sliding_window=4, head_dim=8),
     "qwen2": dict(model_type="qwen2", tie_word_embeddings=True, rope_theta=1e6),
     "qwen3": dict(model_type="qwen3", head_dim=12, tie_word_embeddings=True),
@@ -164,6 +172,24 @@ def reference(directory, rng, V):
                 greedy=out[0, P:].numpy(), **grads)
 
 
+def saved_by_scratchllm(directory, expected):
+    """scratchllm.hub.save_pretrained of the loaded checkpoint, read back by transformers'
+    from_pretrained (float32): the largest relative logit difference from the float64
+    reference, recorded in expected.npz (and asserted < 1e-5 here)."""
+    sys.path.insert(0, str(ROOT))
+    from scratchllm.hub import load_pretrained, save_pretrained
+    with tempfile.TemporaryDirectory() as saved:
+        save_pretrained(load_pretrained(directory), saved)
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(
+            saved, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+        assert not any(info.values()), info
+        with torch.no_grad():
+            logits = model(torch.tensor(expected["ids"])).logits.numpy()
+    err = float(np.abs(logits - expected["logits"]).max() / np.abs(expected["logits"]).max())
+    assert err < 1e-5, err
+    return err
+
+
 def dense_roundtrip(directory, V):
     """scratchllm's dense preset, saved by scratchllm.hub, loaded by transformers: its logits."""
     sys.path.insert(0, str(ROOT))
@@ -209,7 +235,9 @@ def main():
         tok.save(str(d / "tokenizer.json"))
         V = tok.get_vocab_size()
         write_checkpoint(d, fields, V, seed=len(family))
-        np.savez_compressed(d / "expected.npz", **reference(d, rng, V))
+        expected = reference(d, rng, V)
+        expected["saved_by_scratchllm_rel_err"] = saved_by_scratchllm(d, expected)
+        np.savez_compressed(d / "expected.npz", **expected)
         print(f"{family}: {sorted(p.name for p in d.iterdir())}")
     dense_roundtrip(OUT / "dense", tok_split.get_vocab_size())
     tok_nfc = make_tokenizer(QWEN_SPLIT, nfc=True)

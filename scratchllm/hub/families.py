@@ -234,7 +234,7 @@ def to_hf_config(cfg, dtype_name, base=None):
                   num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
                   head_dim=cfg.dh, rms_norm_eps=cfg.norm_eps,
                   tie_word_embeddings=cfg.tie_embeddings,
-                  query_pre_attn_scalar=(cfg.attn_scale or cfg.dh ** -0.5) ** -2,
+                  query_pre_attn_scalar=round((cfg.attn_scale or cfg.dh ** -0.5) ** -2),
                   sliding_window=cfg.window, layer_types=list(cfg.layer_types or
                                                               ["full_attention"] * cfg.n_layers),
                   hidden_activation="gelu_pytorch_tanh", dtype=dtype_name, rope_parameters={
@@ -253,8 +253,8 @@ def to_hf_config(cfg, dtype_name, base=None):
         return hf
     scaling = dict(cfg.rope_scaling) if cfg.rope_scaling else None
     max_pos = hf.get("max_position_embeddings", _DEFAULTS[family]["max_position_embeddings"])
-    if scaling and scaling.get("rope_type") == "dynamic":
-        max_pos = scaling["original_max_position_embeddings"]
+    if scaling and scaling.get("rope_type") == "dynamic":  # HF reads L0 from max_position
+        max_pos = scaling.pop("original_max_position_embeddings")
     hf.update(
         architectures=[ARCHITECTURES[family]], model_type=family, vocab_size=cfg.vocab_size,
         hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,

@@ -1,5 +1,6 @@
 """Which Module a ModelConfig puts in each block: the token mixer (GQA / sliding-window GQA /
-MLA attention, or a Mamba block) and the FFN (SwiGLU, MoE, or GPT-2's GELU MLP), and the norm (RMSNorm or LayerNorm). No math here: the Modules come
+MLA attention, or a Mamba block) and the FFN (SwiGLU, MoE, GPT-2's GELU MLP or
+Gemma's GeGLU), and the norm (RMSNorm or LayerNorm). No math here: the Modules come
 from the attention, ssm, moe and core packages; this file only maps config fields to their
 constructor arguments.
 
