@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from grads.cases import CASES
-from scratchllm.attention import (attention_distribution, causal_mask, indexer_kl_loss_forward,
-                                  lightning_indexer_forward, sdpa_backward, sdpa_forward,
+from scratchllm.attention import (attention_distribution, causal_mask,
+                                  indexer_kl_loss_backward, indexer_kl_loss_forward,
+                                  lightning_indexer_backward, lightning_indexer_forward, sdpa_backward, sdpa_forward,
                                   topk_select, topk_sparse_attention_backward,
                                   topk_sparse_attention_forward)
 
@@ -91,3 +92,32 @@ def test_kl_loss_value_and_target():
     assert float(loss) == pytest.approx(want / (B * T), rel=1e-12)
     assert float(indexer_kl_loss_forward(np.log(p + 1e-300), p, allowed)[0]) == \
         pytest.approx(0.0, abs=1e-12)
+
+
+def test_indexer_trained_on_its_kl_loss_learns_the_dense_attention_ranking():
+    """Gradient descent through indexer_kl_loss_backward and lightning_indexer_backward: the
+    KL to the dense attention distribution falls, and the indexer's top-4 keys come to cover
+    most of dense attention's mass."""
+    rng = np.random.default_rng(8)
+    B, H, T, Dh, HI, DI = 2, 4, 16, 8, 2, 8
+    q, k = 2 * rng.standard_normal((B, H, T, Dh)), 2 * rng.standard_normal((B, 1, T, Dh))
+    allowed = causal_mask(T)
+    target = attention_distribution(q, k, allowed)  # (B, T, T)
+    params = dict(q_idx=0.3 * rng.standard_normal((B, T, HI, DI)),
+                  k_idx=0.3 * rng.standard_normal((B, T, DI)), w=np.ones((B, T, HI)))
+
+    def step():
+        scores, c_idx = lightning_indexer_forward(**params)
+        loss, c_kl = indexer_kl_loss_forward(scores, target, allowed)
+        grads = lightning_indexer_backward(indexer_kl_loss_backward(1.0, c_kl)["index_scores"],
+                                           c_idx)
+        for name in params:
+            params[name] -= 2.0 * grads[name]
+        return float(loss), scores
+
+    first, _ = step()
+    for _ in range(300):
+        last, scores = step()
+    covered = np.take_along_axis(target, np.maximum(topk_select(scores, 4), 0), -1).sum(-1)
+    assert last < 0.5 * first
+    assert covered[:, 4:].mean() > 0.7  # rows with more than 4 keys to choose from

@@ -223,3 +223,16 @@ def test_moe_run_logs_expert_usage(tmp_path, capsys):
     assert train.main(args) == 0
     err = capsys.readouterr().err
     assert "expert usage L1:" in err and "L3:" in err  # MoE every other layer: 1 and 3
+
+
+def test_compare_sets_position_schemes_side_by_side(tmp_path, capsys):
+    from scratchllm.cli import compare
+    args = ["--presets", "dense", "--positions", "rope,alibi,sinusoidal,nope", "--steps", "2",
+            "--batch-size", "2", "--seq-len", "16", "--data", str(FIXTURE), "--out",
+            str(tmp_path), "--no-progress"]
+    assert compare.main(args) == 0
+    out = capsys.readouterr().out
+    rows = [line.split()[0] for line in out.splitlines()[-8:] if line.startswith("dense/")]
+    assert rows == ["dense/rope", "dense/alibi", "dense/sinusoidal", "dense/nope"]
+    with pytest.raises(SystemExit):
+        compare.main(["--positions", "learned"])
