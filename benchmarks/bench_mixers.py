@@ -102,7 +102,8 @@ def bench_mixers():
     for name, (fwd, bwd, chunk) in pairs.items():  # Numba and NumPy before torch
         ours = median_time(_fwd_bwd(fwd, bwd, inputs[name], form="chunked", chunk=chunk),
                            repeats=3)
-        ref = median_time(_fwd_bwd(fwd, bwd, inputs[name], form="recurrent"), repeats=1)
+        ref = median_time(_fwd_bwd(fwd, bwd, inputs[name], form="recurrent"), repeats=1,
+                          warmup=0)
         rows[name] = [ours, ref]
     import torch
     for name in pairs:
@@ -115,7 +116,7 @@ def bench_mixers():
             def theirs():
                 out = _torch_loop(torch, name, ta)
                 out.backward(torch.ones_like(out))
-            t = median_time(theirs, repeats=1)
+            t = median_time(theirs, repeats=1, warmup=0)  # one run: a loop has no warm-up
             best = t if best is None else min(best, t)
         rows[name].append(best)
     print(f"B={BATCH} T={T} H={H} Dh={DH} (d={H * DH}) N={N} float32, {THREADS} threads")
