@@ -1,0 +1,216 @@
+"""Benchmarks for issue 15: the recurrent sequence mixers (float32, medians, side by side).
+
+Run serialised with other helpers:
+    flock /tmp/scratchllm-bench.lock python benchmarks/bench_mixers.py [NAME ...]
+
+B = 4, T = 1024, d = 256 (H = 4 heads of Dh = 64; SSD: N = 16, one group). For every mixer:
+scratchllm's training pair (chunked form, fwd + bwd), its NumPy reference (the recurrent form
+with the reverse-time adjoint, fwd + bwd) and a torch autograd loop of the same recurrence
+(fwd + bwd, the faster of 1 and 2 threads). Target: scratchllm >= 5x the torch loop.
+`bench_threads` reruns the scratchllm pairs in subprocesses at 1 and 2 BLAS/Numba threads.
+"""
+import os
+import subprocess
+import sys
+
+THREADS = os.environ.get("SCRATCHLLM_BENCH_THREADS", "2")
+for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ[var] = THREADS
+
+import numpy as np  # noqa: E402
+from bench_ssm import median_time  # noqa: E402  (benchmarks/ is on sys.path)
+from runner import run_named  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+BATCH, T, H, DH, N = 4, 1024, 4, 64, 16
+
+
+def _inputs(rng):
+    f = np.float32
+    q, k, v = (rng.standard_normal((BATCH, H, T, DH)).astype(f) for _ in range(3))
+    k_unit = (k / np.linalg.norm(k, axis=-1, keepdims=True)).astype(f)
+    return dict(
+        linear=dict(q=q, k=k, v=v),
+        retnet=dict(q=q, k=k, v=v, gamma=(1 - 2.0 ** (-5 - np.arange(H))).astype(f)),
+        gla=dict(q=q, k=k, v=v, g=np.log(rng.uniform(0.9, 1.0, (BATCH, H, T, DH))).astype(f)),
+        delta=dict(q=q, k=k_unit, v=v, beta=rng.uniform(0.1, 0.9, (BATCH, H, T)).astype(f),
+                   g=np.log(rng.uniform(0.9, 1.0, (BATCH, H, T))).astype(f)),
+        ssd=dict(x=rng.standard_normal((BATCH, T, H, DH)).astype(f),
+                 dt=rng.uniform(0.01, 0.1, (BATCH, T, H)).astype(f),
+                 A=-rng.uniform(0.5, 2.0, H).astype(f),
+                 B=rng.standard_normal((BATCH, T, 1, N)).astype(f),
+                 C=rng.standard_normal((BATCH, T, 1, N)).astype(f), D=np.ones(H, f)))
+
+
+def _pairs():
+    from scratchllm import linear_attention as la
+    from scratchllm import ssm
+    return dict(linear=(la.linear_attention_forward, la.linear_attention_backward, 64),
+                retnet=(la.retnet_attention_forward, la.retnet_attention_backward, 64),
+                gla=(la.gla_attention_forward, la.gla_attention_backward, 16),
+                delta=(la.delta_rule_forward, la.delta_rule_backward, 64),
+                ssd=(ssm.ssd_forward, ssm.ssd_backward, 64))
+
+
+def _fwd_bwd(forward, backward, inputs, **opts):
+    def run():
+        out, cache = forward(**inputs, **opts)
+        backward(np.ones_like(out), cache)
+    return run
+
+
+def _torch_loop(torch, name, a):
+    """The recurrence as a plain torch loop over T (autograd records every step)."""
+    if name == "ssd":
+        x, dt, A, B, C, D = (a[n] for n in ("x", "dt", "A", "B", "C", "D"))
+        S, ys = torch.zeros(BATCH, H, N, DH), []
+        for t in range(T):
+            S = (torch.exp(dt[:, t] * A)[..., None, None] * S
+                 + B[:, t, 0, None, :, None] * (dt[:, t, :, None] * x[:, t])[:, :, None, :])
+            ys.append(torch.einsum("bhnp,bn->bhp", S, C[:, t, 0]) + D[:, None] * x[:, t])
+        return torch.stack(ys, 1)
+    q, k, v = a["q"], a["k"], a["v"]
+    if name == "linear":
+        q, k = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    S, z, outs = torch.zeros(BATCH, H, DH, DH), torch.zeros(BATCH, H, DH), []
+    for t in range(T):
+        kt, vt, qt = k[:, :, t], v[:, :, t], q[:, :, t]
+        if name == "delta":
+            alpha = torch.exp(a["g"][:, :, t])[..., None]
+            e = vt - alpha * torch.einsum("bhij,bhi->bhj", S, kt)
+            S = alpha[..., None] * S + (a["beta"][:, :, t, None] * kt)[..., None] * e[..., None, :]
+        else:
+            decay = 1.0
+            if name == "gla":
+                decay = torch.exp(a["g"][:, :, t])[..., None]
+            elif name == "retnet":
+                decay = a["gamma"][None, :, None, None]
+            S = decay * S + kt[..., None] * vt[..., None, :]
+        o = torch.einsum("bhi,bhij->bhj", qt, S)
+        if name == "linear":
+            z = z + kt
+            o = o / (torch.einsum("bhi,bhi->bh", qt, z)[..., None] + 1e-6)
+        outs.append(o)
+    return torch.stack(outs, 2)
+
+
+def bench_mixers():
+    """Each mixer: scratchllm chunked fwd+bwd vs its NumPy recurrent reference vs torch loop."""
+    rng = np.random.default_rng(0)
+    inputs, pairs, rows = _inputs(rng), _pairs(), {}
+    for name, (fwd, bwd, chunk) in pairs.items():  # Numba and NumPy before torch
+        ours = median_time(_fwd_bwd(fwd, bwd, inputs[name], form="chunked", chunk=chunk),
+                           repeats=3)
+        ref = median_time(_fwd_bwd(fwd, bwd, inputs[name], form="recurrent"), repeats=1,
+                          warmup=0)
+        rows[name] = [ours, ref]
+    import torch
+    for name in pairs:
+        best = None
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            ta = {n: torch.tensor(v, requires_grad=n not in ("gamma",))
+                  for n, v in inputs[name].items()}
+
+            def theirs():
+                out = _torch_loop(torch, name, ta)
+                out.backward(torch.ones_like(out))
+            t = median_time(theirs, repeats=1, warmup=0)  # one run: a loop has no warm-up
+            best = t if best is None else min(best, t)
+        rows[name].append(best)
+    print(f"B={BATCH} T={T} H={H} Dh={DH} (d={H * DH}) N={N} float32, {THREADS} threads")
+    print(f"{'mixer':<8}{'ours ms':>10}{'numpy ref ms':>14}{'torch loop ms':>15}"
+          f"{'ref/ours':>10}{'torch/ours':>12}  target >= 5x")
+    for name, (ours, ref, tl) in rows.items():
+        print(f"{name:<8}{ours * 1e3:>10.1f}{ref * 1e3:>14.1f}{tl * 1e3:>15.1f}"
+              f"{ref / ours:>10.1f}{tl / ours:>12.1f}  {'met' if tl / ours >= 5 else 'NOT met'}")
+
+
+def bench_ssd_vs_scan():
+    """SSD chunked (H = 4 heads of 64 channels, scalar A per head, N = 16) against Mamba-1's
+    Numba selective scan over the same d = 256 channels and N = 16 states; fwd + bwd."""
+    from scratchllm.ssm import selective_scan_backward, selective_scan_forward
+    a = _inputs(np.random.default_rng(1))["ssd"]
+    fwd, bwd, chunk = _pairs()["ssd"]
+    t_ssd = median_time(_fwd_bwd(fwd, bwd, a, chunk=chunk))
+    f = np.float32
+    scan = dict(x=a["x"].reshape(BATCH, T, H * DH), delta=np.repeat(a["dt"], DH, axis=2),
+                A=np.repeat(np.repeat(a["A"][:, None], N, 1), DH, 0).astype(f),
+                B=a["B"][:, :, 0], C=a["C"][:, :, 0], D=np.ones(H * DH, f))
+    t_scan = median_time(_fwd_bwd(selective_scan_forward, selective_scan_backward, scan))
+    from scratchllm.ssm import ssd_recurrent, ssd_recurrent_ref
+    t_numba = median_time(lambda: ssd_recurrent(**a))
+    t_ref = median_time(lambda: ssd_recurrent_ref(**a), repeats=1)
+    print(f"fwd+bwd: SSD chunked {t_ssd * 1e3:.1f} ms, selective scan (Numba) "
+          f"{t_scan * 1e3:.1f} ms, scan/ssd {t_scan / t_ssd:.2f} ({THREADS} threads)")
+    print(f"forward scan: ssd_recurrent (Numba) {t_numba * 1e3:.1f} ms, ssd_recurrent_ref "
+          f"{t_ref * 1e3:.1f} ms, ref/numba {t_ref / t_numba:.1f}x")
+
+
+def bench_rwkv():
+    """RWKV-4 WKV at T = 256 (its parallel form keeps a (B, D, T, T) softmax: 1 GiB of float32
+    at T = 1024, so the issue's T is out of reach for it): parallel fwd+bwd vs the torch loop
+    of the stabilised recurrence; the NumPy recurrence (forward only) for scale."""
+    from scratchllm.linear_attention import (rwkv4_wkv_backward, rwkv4_wkv_forward,
+                                             rwkv4_wkv_recurrent)
+    rng, Tr, D = np.random.default_rng(2), 256, H * DH
+    f = np.float32
+    a = dict(w=rng.uniform(0.1, 2.0, D).astype(f), u=rng.standard_normal(D).astype(f),
+             k=rng.standard_normal((BATCH, Tr, D)).astype(f),
+             v=rng.standard_normal((BATCH, Tr, D)).astype(f))
+    ours = median_time(_fwd_bwd(rwkv4_wkv_forward, rwkv4_wkv_backward, a), repeats=3)
+    ref = median_time(lambda: rwkv4_wkv_recurrent(**a), repeats=1)
+    import torch
+    ta = {n: torch.tensor(x, requires_grad=True) for n, x in a.items()}
+
+    def theirs():
+        num, den = torch.zeros(BATCH, D), torch.zeros(BATCH, D)
+        p, ys = torch.full((BATCH, D), -1e38), []
+        for t in range(Tr):
+            kt, vt = ta["k"][:, t], ta["v"][:, t]
+            q = torch.maximum(p, ta["u"] + kt)
+            e1, e2 = torch.exp(p - q), torch.exp(ta["u"] + kt - q)
+            ys.append((e1 * num + e2 * vt) / (e1 * den + e2))
+            q = torch.maximum(p - ta["w"], kt)
+            e1, e2 = torch.exp(p - ta["w"] - q), torch.exp(kt - q)
+            num, den, p = e1 * num + e2 * vt, e1 * den + e2, q
+        y = torch.stack(ys, 1)
+        y.backward(torch.ones_like(y))
+    best = None
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        t = median_time(theirs, repeats=1)
+        best = t if best is None else min(best, t)
+    print(f"WKV B={BATCH} T={Tr} D={D}: ours (parallel fwd+bwd) {ours * 1e3:.1f} ms, "
+          f"NumPy recurrence (fwd only) {ref * 1e3:.1f} ms, torch loop fwd+bwd "
+          f"{best * 1e3:.1f} ms, torch/ours {best / ours:.1f}x "
+          f"({'met' if best / ours >= 5 else 'NOT met'} >= 5x)")
+
+
+def bench_threads():
+    """The scratchllm pairs at 1 and 2 threads (BLAS and Numba), each in a fresh process."""
+    times = {}
+    for threads in ("1", "2"):
+        env = dict(os.environ, SCRATCHLLM_BENCH_THREADS=threads)
+        out = subprocess.run([sys.executable, __file__, "ours"], env=env, check=True,
+                             capture_output=True, text=True).stdout
+        times[threads] = dict(line.split() for line in out.splitlines() if line.count(" ") == 1)
+    print(f"{'mixer':<8}{'1 thread ms':>12}{'2 threads ms':>14}{'speed-up':>10}")
+    for name in times["1"]:
+        t1, t2 = float(times["1"][name]), float(times["2"][name])
+        print(f"{name:<8}{t1:>12.1f}{t2:>14.1f}{t1 / t2:>10.2f}")
+
+
+def bench_ours():
+    """Only scratchllm's chunked fwd+bwd per mixer, as 'name ms' lines (for bench_threads)."""
+    inputs = _inputs(np.random.default_rng(0))
+    for name, (fwd, bwd, chunk) in _pairs().items():
+        t = median_time(_fwd_bwd(fwd, bwd, inputs[name], form="chunked", chunk=chunk),
+                        repeats=3)
+        print(f"{name} {t * 1e3:.1f}")
+
+
+if __name__ == "__main__":
+    sys.exit(run_named([bench_mixers, bench_ssd_vs_scan, bench_rwkv, bench_threads,
+                        bench_ours]))
