@@ -28,8 +28,12 @@ def rss_mb():
 
 
 def corpus_ll(words, pieces):
+    """sum_w f_w log Z(w) with the pieces' scores renormalised to a distribution (a model's
+    stored scores need not sum to 1 after its final pruning)."""
+    import numpy as np
     from scratchllm.tokenizer.unigram_train import _expected_counts
-    logp = {p: s for p, s in pieces if p}
+    z = np.logaddexp.reduce([s for p, s in pieces if p])
+    logp = {p: s - z for p, s in pieces if p}
     return _expected_counts(words, logp, max(map(len, logp)))[1]
 
 

@@ -28,7 +28,7 @@ def _parser():
                     help="256 bytes + merges + special tokens")
     tr.add_argument("--special", nargs="*", default=[], metavar="TOK",
                     help='special tokens, e.g. "<|endoftext|>"')
-    tr.add_argument("--pattern", default="gpt2", help="gpt2, cl100k or a regex")
+    tr.add_argument("--pattern", default="gpt2", help="gpt2, cl100k, o200k, llama3 or a regex")
     tr.add_argument("--workers", type=int, default=None, help="pre-tokenizer processes")
     tr.add_argument("-o", "--out", required=True, metavar="DIR")
     en = sub.add_parser("encode", help="encode a UTF-8 text file")
