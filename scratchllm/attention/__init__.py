@@ -12,7 +12,7 @@ from .convert import mha_to_gqa
 from .cross import CrossAttention, cross_attention_backward, cross_attention_forward
 from .encoder import DecoderBlock, EncoderBlock, EncoderDecoder, MaskedLM, mlm_corrupt
 from .flash import FlashCache, flash_sdpa_backward, flash_sdpa_forward
-from .gqa import (QKV, Attention, gqa_backward, gqa_decode, gqa_forward, gqa_forward_ref,
+from .gqa import (Attention, gqa_backward, gqa_decode, gqa_forward, gqa_forward_ref,
                   project_qkv_backward, project_qkv_forward)
 from .indexer import (attention_distribution, indexer_kl_loss_backward,
                       indexer_kl_loss_forward, lightning_indexer_backward,
