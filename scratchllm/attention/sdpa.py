@@ -49,6 +49,22 @@ def _masked_out(fn, mask, B, H, Hkv, Tq, Tk):
     return ~m.reshape(m.shape[:1] + heads + m.shape[2:])  # (b, Hkv|1, G|1, tq, tk)
 
 
+def check_heads(fn, q, k, v):
+    """Check q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv) with Hkv dividing H;
+    return (B, H, Tq, Dh, Hkv, Tk)."""
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        expect_float(fn, name, a)
+        expect_ndim(fn, name, a, 4, "(B, H, T, Dh)")
+    B, H, Tq, Dh = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    if Hkv < 1 or H % Hkv:
+        raise ValueError(f"{fn}: k has shape {k.shape}, expected (B, Hkv, Tk, Dh) with Hkv "
+                         f"dividing H = {H}")
+    expect_shape(fn, "k", k, (B, Hkv, None, Dh), "(B, Hkv, Tk, Dh) like q")
+    expect_shape(fn, "v", v, (B, Hkv, Tk, None), "(B, Hkv, Tk, Dv) like k")
+    return B, H, Tq, Dh, Hkv, Tk
+
+
 def sdpa_forward(q, k, v, mask=None, scale=None, bias=None, *, sinks=None):
     """out = softmax(q k^T * scale, masked) v, with grouped K/V heads allowed.
 
@@ -62,16 +78,7 @@ def sdpa_forward(q, k, v, mask=None, scale=None, bias=None, *, sinks=None):
     The G query heads of a group are stacked along the rows, so each KV head meets one
     (G*Tq, Dh) @ (Dh, Tk) product: no copies of K/V, and fewer, larger matmuls.
     """
-    for name, a in (("q", q), ("k", k), ("v", v)):
-        expect_float("sdpa", name, a)
-        expect_ndim("sdpa", name, a, 4, "(B, H, T, Dh)")
-    B, H, Tq, Dh = q.shape
-    Hkv, Tk = k.shape[1], k.shape[2]
-    if Hkv < 1 or H % Hkv:
-        raise ValueError(f"sdpa: k has shape {k.shape}, expected (B, Hkv, Tk, Dh) with Hkv "
-                         f"dividing H = {H}")
-    expect_shape("sdpa", "k", k, (B, Hkv, None, Dh), "(B, Hkv, Tk, Dh) like q")
-    expect_shape("sdpa", "v", v, (B, Hkv, Tk, None), "(B, Hkv, Tk, Dv) like k")
+    B, H, Tq, Dh, Hkv, Tk = check_heads("sdpa", q, k, v)
     if Tq < 1 or Tk < 1:
         raise ValueError(f"sdpa: q has {Tq} and k has {Tk} positions; both need >= 1")
     G = H // Hkv

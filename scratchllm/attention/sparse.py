@@ -18,8 +18,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from scratchllm.attention.sdpa import check_heads
 from scratchllm.core.ops import softmax_forward
-from scratchllm.core.validate import expect_float, expect_int, expect_ndim, expect_shape
+from scratchllm.core.validate import expect_int, expect_ndim, expect_shape
 
 
 class SparseCache(NamedTuple):
@@ -79,16 +80,7 @@ def topk_sparse_attention_forward(q, k, v, indices, *, scale=None, block_q=64):
              ints (topk_select of the indexer's scores; -1 = no key); scale default Dh^-1/2.
     Returns: out (B, H, Tq, Dv); a row with no selected key gives zeros.  Cache: SparseCache.
     """
-    for name, a in (("q", q), ("k", k), ("v", v)):
-        expect_float("topk_sparse_attention", name, a)
-        expect_ndim("topk_sparse_attention", name, a, 4, "(B, H, T, Dh)")
-    B, H, Tq, Dh = q.shape
-    Hkv, Tk = k.shape[1], k.shape[2]
-    if Hkv < 1 or H % Hkv:
-        raise ValueError(f"topk_sparse_attention: k has {Hkv} heads, expected a divisor of "
-                         f"H = {H}")
-    expect_shape("topk_sparse_attention", "k", k, (B, Hkv, None, Dh), "(B, Hkv, Tk, Dh)")
-    expect_shape("topk_sparse_attention", "v", v, (B, Hkv, Tk, None), "(B, Hkv, Tk, Dv)")
+    B, H, Tq, Dh, Hkv, Tk = check_heads("topk_sparse_attention", q, k, v)
     expect_int("topk_sparse_attention", "indices", indices)
     expect_shape("topk_sparse_attention", "indices", indices, (B, Tq, None), "(B, Tq, K)")
     if indices.size and (indices.max() >= Tk or indices.min() < -1):
