@@ -68,10 +68,11 @@ def rwkv4_wkv_backward(dy, cache):
     Reference: Peng et al. 2023, arXiv 2305.13048, appendix (the WKV gradients, derived
     here).
     """
+    y = cache.y if isinstance(cache, WKVScanCache) else cache.v  # the output's shape, dtype
+    expect_dout("rwkv4_wkv_backward", dy, y.shape, y.dtype, "dy")
     if isinstance(cache, WKVScanCache):
         return rwkv4_wkv_scan_backward(dy, cache)
     v, sm = cache
-    expect_dout("rwkv4_wkv_backward", dy, v.shape, v.dtype)
     P = sm.y  # (B, D, T, T)
     dyt, vt = np.swapaxes(dy, 1, 2), np.swapaxes(v, 1, 2)  # (B, D, T)
     # fwd: y_t = sum_i P_ti v_i  ->  dv_i = sum_t P_ti dy_t, dP_ti = dy_t v_i

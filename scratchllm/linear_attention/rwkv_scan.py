@@ -88,7 +88,7 @@ def rwkv4_wkv_scan_backward_ref(dy, cache):
     Reference: Peng et al. 2023, arXiv 2305.13048 (derived in this module's docstring);
     upstream `BlinkDL/RWKV-LM RWKV-v4/cuda/wkv_cuda.cu` (kernel_backward sums dw forward)."""
     w, u, k, v, y, a, b, p = cache
-    expect_dout("rwkv4_wkv_scan_backward", dy, y.shape, y.dtype)
+    expect_dout("rwkv4_wkv_scan_backward_ref", dy, y.shape, y.dtype, "dy")
     dk, dv = np.empty_like(k), np.empty_like(v)  # (B, T, D)
     dw, du = np.zeros_like(k[:, 0]), np.zeros_like(k[:, 0])  # (B, D), summed over B at the end
     l, m, s = np.zeros_like(dw), np.zeros_like(dw), np.full_like(dw, NEG)  # λ_{t+1}, μ_{t+1}
@@ -172,7 +172,7 @@ def rwkv4_wkv_scan_forward(w, u, k, v):
 def rwkv4_wkv_scan_backward(dy, cache):
     """The Numba twin of rwkv4_wkv_scan_backward_ref.
     Reference: Peng et al. 2023, arXiv 2305.13048 (the derivation in the module docstring)."""
-    expect_dout("rwkv4_wkv_scan_backward", dy, cache.y.shape, cache.y.dtype)
+    expect_dout("rwkv4_wkv_scan_backward", dy, cache.y.shape, cache.y.dtype, "dy")
     dk, dv = np.empty_like(cache.k), np.empty_like(cache.v)  # (B, T, D)
     dw, du = (np.empty_like(cache.k[:, 0]) for _ in range(2))  # (B, D)
     _backward_kernel(*cache, np.ascontiguousarray(dy), dk, dv, dw, du)

@@ -140,5 +140,5 @@ def test_bad_input():
     with pytest.raises(ValueError, match="rwkv4_wkv: form must be"):
         rwkv4_wkv_forward(**a, form="chunked")
     y, cache = rwkv4_wkv_forward(**a)
-    with pytest.raises(TypeError, match="rwkv4_wkv_scan_backward: dout has dtype float32"):
+    with pytest.raises(TypeError, match="rwkv4_wkv_backward: dy has dtype float32"):
         rwkv4_wkv_backward(y.astype(np.float32), cache)
