@@ -26,6 +26,7 @@ import numpy as np
 
 from .pretokenize import special_regex, split_special
 from .specials import check_disallowed, special_plan
+from .unigram_lattice import PieceTrie, code_points, lattice_ref, viterbi
 
 SPACE = "\u2581"          # "▁", SentencePiece's visible space
 UNK_PENALTY = 10.0
@@ -69,6 +70,7 @@ class Unigram:
         self._max_len = max(map(len, self._index), default=1)
         scores = [s for p, s in self.pieces if p in self._index]
         self.unk_score = self._dtype.type(min(scores, default=0.0) - UNK_PENALTY)
+        self._trie = None
 
     # ---- normalisation and the lattice ----------------------------------------------------
     def normalize(self, text):
@@ -83,33 +85,21 @@ class Unigram:
         return text.replace(" ", SPACE)
 
     def _edges(self, x):
-        """edges[i] = [(j, id, score)] for every piece x[i:j] (unknown: id unk_id / -1)."""
-        edges = [[] for _ in range(len(x))]
-        for i in range(len(x)):
-            for j in range(i + 1, min(len(x), i + self._max_len) + 1):
-                k = self._index.get(x[i:j])
-                if k is not None:
-                    edges[i].append((j, k, self._score[k]))
-            if not any(j == i + 1 for j, _, _ in edges[i]):
-                edges[i].append((i + 1, self.unk_id, self.unk_score))
-        return edges
+        """edges[i] = [(j, id, score)] for every piece x[i:j] (unknown: id unk_id)."""
+        return lattice_ref(x, self._index, self._max_len, self._score, self.unk_id,
+                           self.unk_score)
 
-    def _segment(self, x):
-        """[(start, end, id)] of the best (Viterbi) segmentation of the normalised text x."""
-        n, edges = len(x), self._edges(x)
-        best = np.full(n + 1, -np.inf, dtype=self._dtype)   # (n+1,) best path score up to j
-        back = [None] * (n + 1)
-        best[0] = 0.0
-        for i in range(n):
-            for j, k, s in edges[i]:
-                if best[i] + s > best[j]:
-                    best[j], back[j] = best[i] + s, (i, k)
-        path, j = [], n
-        while j > 0:
-            i, k = back[j]
-            path.append((i, j, k))
-            j = i
-        return path[::-1]
+    def _segment_ids(self, x):
+        """Ids of the best (Viterbi) segmentation of the normalised text x (the Numba kernel
+        unigram_lattice.viterbi), unknown pieces resolved by _ids."""
+        if self._trie is None:
+            self._trie = PieceTrie.from_strings(list(self._index), list(self._index.values()),
+                                                len(self.pieces))
+        starts, ends, ids = viterbi(code_points(x), self._trie, self._score, self.unk_id,
+                                    self.unk_score)
+        if not (ids == self.unk_id).any():
+            return ids.tolist()
+        return self._ids(x, zip(starts.tolist(), ends.tolist(), ids.tolist()))
 
     def _forward(self, edges, n, alpha):
         a = np.full(n + 1, -np.inf)                          # (n+1,) log forward weights
@@ -141,13 +131,13 @@ class Unigram:
         check_disallowed(text, disallowed_re, 0, "Unigram.encode")
         out = []
         for is_special, x in self._pieces_of(text, allowed):
-            out += [self.special_tokens[x]] if is_special else self._ids(x, self._segment(x))
+            out += [self.special_tokens[x]] if is_special else self._segment_ids(x)
         return out
 
     def encode_ordinary(self, text):
         """Viterbi ids of text, special-token strings being ordinary text."""
         x = self.normalize(text)
-        return self._ids(x, self._segment(x))
+        return self._segment_ids(x)
 
     def nbest(self, text, n):
         """The n most likely segmentations of text (ordinary): [(ids, log P)], best first."""
