@@ -78,7 +78,7 @@ class Unigram:
         if self.nfkc:
             text = unicodedata.normalize("NFKC", text)
         if self.remove_extra_whitespaces:
-            text = " ".join(t for t in text.split(" ") if t)
+            text = " ".join(filter(None, text.split(" ")))
         if self.add_dummy_prefix == "always" and text or \
                 self.add_dummy_prefix and text and not text.startswith(" "):
             text = " " + text
@@ -90,16 +90,25 @@ class Unigram:
                            self.unk_score)
 
     def _segment_ids(self, x):
-        """Ids of the best (Viterbi) segmentation of the normalised text x (the Numba kernel
-        unigram_lattice.viterbi), unknown pieces resolved by _ids."""
+        """Ids of the best (Viterbi) segmentation of the normalised text x."""
+        return self._batch_ids([x])[0]
+
+    def _batch_ids(self, xs):
+        """Viterbi ids of each normalised text (the Numba kernel unigram_lattice.viterbi, all
+        texts in one call); unknown pieces resolved by _ids."""
         if self._trie is None:
             self._trie = PieceTrie.from_strings(list(self._index), list(self._index.values()),
                                                 len(self.pieces))
-        starts, ends, ids = viterbi(code_points(x), self._trie, self._score, self.unk_id,
-                                    self.unk_score)
-        if not (ids == self.unk_id).any():
-            return ids.tolist()
-        return self._ids(x, zip(starts.tolist(), ends.tolist(), ids.tolist()))
+        bounds = np.concatenate([[0], np.cumsum([len(x) for x in xs])])
+        starts, ends, ids, counts = viterbi(code_points("".join(xs)), bounds, self._trie,
+                                            self._score, self.unk_id, self.unk_score)
+        ends_at = np.cumsum(counts).tolist()
+        flat = ids.tolist()
+        out = [flat[a:b] for a, b in zip([0] + ends_at[:-1], ends_at)]
+        for k in set(np.searchsorted(ends_at, np.flatnonzero(ids == self.unk_id), "right")):
+            a, b = ends_at[k] - counts[k], ends_at[k]
+            out[k] = self._ids(xs[k], zip(starts[a:b].tolist(), ends[a:b].tolist(), out[k]))
+        return out
 
     def _forward(self, edges, n, alpha):
         a = np.full(n + 1, -np.inf)                          # (n+1,) log forward weights
@@ -138,6 +147,10 @@ class Unigram:
         """Viterbi ids of text, special-token strings being ordinary text."""
         x = self.normalize(text)
         return self._segment_ids(x)
+
+    def encode_ordinary_batch(self, texts):
+        """[encode_ordinary(t) for t in texts], segmented in one kernel call."""
+        return self._batch_ids([self.normalize(t) for t in texts])
 
     def nbest(self, text, n):
         """The n most likely segmentations of text (ordinary): [(ids, log P)], best first."""

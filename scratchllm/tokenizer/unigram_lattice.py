@@ -38,11 +38,14 @@ class PieceTrie:
         pool, off = np.ascontiguousarray(pool, np.int32), np.ascontiguousarray(off, np.int64)
         self.pool, self.off, self.ids = pool, off, np.ascontiguousarray(ids, np.int64)
         self.n_ids, self.max_len = int(n_ids), int(np.diff(off).max(initial=1))
-        slots = 1 << max(4, int(2 * len(pool) + 2).bit_length())
-        self.keys = np.full(slots, -1, np.int64)
-        self.child = np.zeros(slots, np.int32)
-        self.node_piece = np.full(len(pool) + 1, -1, np.int64)
-        _fill(pool, off, self.ids, self.keys, self.child, self.node_piece)
+        slots = 1 << max(4, int(4 * len(off)).bit_length())    # doubled while over half full
+        while True:
+            self.keys = np.full(slots, -1, np.int64)
+            self.child = np.zeros(slots, np.int32)
+            self.node_piece = np.full(len(pool) + 1, -1, np.int64)
+            if _fill(pool, off, self.ids, self.keys, self.child, self.node_piece):
+                break
+            slots *= 2
         self._index = None
 
     @classmethod
@@ -79,10 +82,13 @@ def _fill(pool, off, ids, keys, child, node_piece):
             while keys[h] != -1 and keys[h] != key:
                 h = (h + 1) & mask
             if keys[h] == -1:
+                if 2 * nodes > len(keys):
+                    return False
                 keys[h], child[h] = key, nodes
                 nodes += 1
             u = child[h]
         node_piece[u] = ids[k]
+    return True
 
 
 @nb.njit(cache=True, inline="always")
@@ -128,36 +134,43 @@ def _logadd(a, b):
 
 
 # ---- Viterbi (encoding) ----------------------------------------------------------------------
-def viterbi(x, trie, scores, unk_id, unk_score):
-    """(starts, ends, ids) of the best segmentation of code points x; scores (n_ids,) add up in
-    their own dtype; a position no piece covers is one unk_id edge of score unk_score."""
-    return _viterbi(x, trie.keys, trie.child, trie.node_piece, trie.max_len, scores, unk_id,
-                    scores.dtype.type(unk_score))
+def viterbi(x, bounds, trie, scores, unk_id, unk_score):
+    """The best segmentation of each text x[bounds[t]:bounds[t+1]] of code points: (starts,
+    ends, ids) of all texts' pieces in order (starts and ends within their text) and counts
+    (T,) of pieces per text. Scores (n_ids,) add up in their own dtype; a position no piece
+    covers is one unk_id edge of score unk_score."""
+    return _viterbi(x, np.asarray(bounds, np.int64), trie.keys, trie.child, trie.node_piece,
+                    trie.max_len, scores, unk_id, scores.dtype.type(unk_score))
 
 
 @nb.njit(cache=True)
-def _viterbi(x, keys, child, node_piece, max_len, scores, unk_id, unk_score):
-    n = len(x)
-    es = np.empty(n * (max_len + 1), np.int64)
+def _viterbi(x, bounds, keys, child, node_piece, max_len, scores, unk_id, unk_score):
+    longest = np.max(bounds[1:] - bounds[:-1]) if len(bounds) > 1 else 0
+    es = np.empty(longest * (max_len + 1), np.int64)
     ee, ep = np.empty_like(es), np.empty_like(es)
-    m = _edges(x, 0, n, keys, child, node_piece, max_len, scores, es, ee, ep)
-    best = np.full(n + 1, -np.inf, scores.dtype)              # (n+1,) best score up to j
-    back = np.full(n + 1, -1, np.int64)                       # (n+1,) edge into j
-    best[0] = 0.0
-    for e in range(m):
-        s = best[es[e]] + (scores[ep[e]] if ep[e] >= 0 else unk_score)
-        if s > best[ee[e]]:
-            best[ee[e]], back[ee[e]] = s, e
-    t, j = 0, n
-    while j > 0:
-        t, j = t + 1, es[back[j]]
-    starts, ends, ids = np.empty(t, np.int64), np.empty(t, np.int64), np.empty(t, np.int64)
-    j = n
-    for k in range(t - 1, -1, -1):
-        e = back[j]
-        starts[k], ends[k], ids[k] = es[e], j, ep[e] if ep[e] >= 0 else unk_id
-        j = es[e]
-    return starts, ends, ids
+    best = np.empty(longest + 1, scores.dtype)               # best path score up to j
+    back = np.empty(longest + 1, np.int64)                   # its last edge
+    starts, ends, ids = np.empty(len(x), np.int64), np.empty(len(x), np.int64), \
+        np.empty(len(x), np.int64)
+    counts = np.zeros(len(bounds) - 1, np.int64)
+    t = 0
+    for text in range(len(bounds) - 1):
+        n = bounds[text + 1] - bounds[text]
+        m = _edges(x, bounds[text], n, keys, child, node_piece, max_len, scores, es, ee, ep)
+        best[:n + 1], best[0] = -np.inf, 0.0
+        for e in range(m):
+            s = best[es[e]] + (scores[ep[e]] if ep[e] >= 0 else unk_score)
+            if s > best[ee[e]]:
+                best[ee[e]], back[ee[e]] = s, e
+        j = n
+        while j > 0:
+            counts[text], j = counts[text] + 1, es[back[j]]
+        j, t = n, t + counts[text]
+        for k in range(t - 1, t - 1 - counts[text], -1):
+            e = back[j]
+            starts[k], ends[k], ids[k] = es[e], j, ep[e] if ep[e] >= 0 else unk_id
+            j = es[e]
+    return starts[:t], ends[:t], ids[:t], counts
 
 
 def lattice_ref(x, index, max_len, scores, unk_id, unk_score):
@@ -178,22 +191,25 @@ def _text(x):
     return np.asarray(x, "<i4").tobytes().decode("utf-32-le")
 
 
-def viterbi_ref(x, trie, scores, unk_id, unk_score):
+def viterbi_ref(x, bounds, trie, scores, unk_id, unk_score):
     """Readable twin of viterbi."""
-    s, n = _text(x), len(x)
-    best = np.full(n + 1, -np.inf, dtype=scores.dtype)        # (n+1,)
-    back = [None] * (n + 1)
-    best[0] = 0.0
-    for i, out in enumerate(lattice_ref(s, trie.index, trie.max_len, scores, unk_id,
-                                        scores.dtype.type(unk_score))):
-        for j, k, score in out:
-            if best[i] + score > best[j]:
-                best[j], back[j] = best[i] + score, (i, k)
-    path, j = [], n
-    while j > 0:
-        i, k = back[j]
-        path.append((i, j, k))
-        j = i
-    starts, ends, ids = (np.array(c, dtype=np.int64) for c in zip(*path[::-1])) if path else \
-        (np.zeros(0, np.int64),) * 3
-    return starts, ends, ids
+    path, counts = [], []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        s, n = _text(x[a:b]), b - a
+        best = np.full(n + 1, -np.inf, dtype=scores.dtype)    # (n+1,)
+        back = [None] * (n + 1)
+        best[0] = 0.0
+        for i, out in enumerate(lattice_ref(s, trie.index, trie.max_len, scores, unk_id,
+                                            scores.dtype.type(unk_score))):
+            for j, k, score in out:
+                if best[i] + score > best[j]:
+                    best[j], back[j] = best[i] + score, (i, k)
+        mine, j = [], n
+        while j > 0:
+            i, k = back[j]
+            mine.append((i, j, k))
+            j = i
+        path += mine[::-1]
+        counts.append(len(mine))
+    starts, ends, ids = (np.array([e[c] for e in path], dtype=np.int64) for c in range(3))
+    return starts, ends, ids, np.array(counts, dtype=np.int64)

@@ -91,6 +91,7 @@ def test_sentencepiece_unigram_ids(name):
     tok = load_sentencepiece(os.path.join(FIX, f"{name}.model"))
     texts, ids = _fixture(name)
     assert [tok.encode_ordinary(t) for t in texts] == ids
+    assert tok.encode_ordinary_batch(texts) == ids
     assert [tok.decode(i) for i in ids[:50]] == [" ".join(t.split()) for t in texts[:50]]
 
 

@@ -109,13 +109,17 @@ def test_viterbi_agrees_with_its_twin(dtype):
     pieces, logp = _random_vocab(rng, "abcé" + SP, 50)
     scores = logp.astype(dtype)
     trie = PieceTrie.from_strings(pieces, range(len(pieces)), len(pieces))
-    for text in _random_words(rng, "abcéxy", 30) + ["", "x", SP + "a" * 40]:   # x, y unknown
-        x = code_points(text)
-        got, want = viterbi(x, trie, scores, 99, -30.0), viterbi_ref(x, trie, scores, 99, -30.0)
-        for g, w in zip(got, want):
-            np.testing.assert_array_equal(g, w)
-        if text:
-            assert got[1][-1] == len(text) and ("x" not in text or 99 in got[2])
+    texts = _random_words(rng, "abcéxy", 30) + ["", "x", SP + "a" * 40]   # x, y unknown
+    x = code_points("".join(texts))
+    bounds = np.concatenate([[0], np.cumsum([len(t) for t in texts])])
+    got, want = viterbi(x, bounds, trie, scores, 99, -30.0), \
+        viterbi_ref(x, bounds, trie, scores, 99, -30.0)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    starts, ends, ids, counts = got
+    assert counts[-3] == 0 and counts[-2] == 1 and ids[counts[:-2].sum()] == 99   # "", "x"
+    ends_of_text = ends[np.cumsum(counts)[counts > 0] - 1]
+    assert ends_of_text.tolist() == [len(t) for t in texts if t]
 
 
 def test_trie_walk_finds_every_piece_of_the_text():
