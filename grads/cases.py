@@ -683,12 +683,18 @@ def rwkv4(rng):
                                              rwkv4_channel_mix_forward, rwkv4_time_mix_backward,
                                              rwkv4_time_mix_forward, rwkv4_wkv_backward,
                                              rwkv4_wkv_forward)
+    from scratchllm.linear_attention import rwkv_scan as sc
     batch, T, D, F = 2, 7, 5, 9
     W = {n: rng.normal(0, 0.5, (D, D)) for n in ("Wk", "Wv", "Wr", "Wo")}
     mix = {n: rng.uniform(0, 1, D) for n in ("mix_k", "mix_v", "mix_r")}
-    return [check(rwkv4_wkv_forward, rwkv4_wkv_backward, rng=rng, label="wkv",
-                  w=rng.uniform(0.1, 2.0, D), u=rng.standard_normal(D),
-                  k=rng.standard_normal((batch, T, D)), v=rng.standard_normal((batch, T, D))),
+    wkv = [(rwkv4_wkv_forward, rwkv4_wkv_backward, "parallel", dict(form="parallel")),
+           (rwkv4_wkv_forward, rwkv4_wkv_backward, "recurrent", {}),
+           (sc.rwkv4_wkv_scan_forward, sc.rwkv4_wkv_scan_backward, "scan (numba)", {}),
+           (sc.rwkv4_wkv_scan_forward_ref, sc.rwkv4_wkv_scan_backward_ref, "scan (ref)", {})]
+    return [check(fwd, bwd, rng=rng, label=f"wkv, {label}", w=rng.uniform(0.1, 2.0, D),
+                  u=rng.standard_normal(D), k=rng.standard_normal((batch, T, D)),
+                  v=rng.standard_normal((batch, T, D)), **opts)
+            for fwd, bwd, label, opts in wkv] + [
             check(rwkv4_time_mix_forward, rwkv4_time_mix_backward, rng=rng, label="time-mix",
                   x=rng.standard_normal((batch, T, D)), time_decay=rng.normal(-1, 0.5, D),
                   time_first=rng.standard_normal(D), **mix, **W),
