@@ -8,8 +8,10 @@ This runs the same comparison at laptop scale; what it shows is whatever it meas
     python -m scratchllm.train.extrapolation [--steps 150] [--plot extrapolation.png]
                                              [--json extrapolation.json]
 
-The defaults take a few minutes on 2 cores; notebook 10 shows the committed result of one
-run (notebooks/data/extrapolation.json, with the command, steps and date it records).
+The default budget (150 steps of 16 x 128 bytes per scheme) is meant for a few minutes on a
+quiet 2-core machine. Notebook 10 shows the committed result of one run (RESULT,
+scratchllm/data/extrapolation.json, with the command, settings, date and seconds it
+recorded).
 
 The data is the bundled Python-docs text as bytes (V = 256), so no tokenizer is trained.
 """
@@ -26,6 +28,7 @@ from scratchllm.train.trainer import Run, Settings, evaluate
 
 POSITIONS = ("rope", "alibi", "sinusoidal", "nope")
 DATA = Path(__file__).resolve().parent.parent / "data" / "python-docs.txt"
+RESULT = DATA.parent / "extrapolation.json"  # one run of main(), committed
 MODEL = dict(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=192,
              attn_impl="flash")
 
@@ -57,6 +60,12 @@ def length_extrapolation(ids, positions=POSITIONS, *, train_len=128, eval_lens=(
         if log:
             log(f"{pos:<11} " + "  ".join(f"{v:.3f}" for v in table[pos]))
     return table
+
+
+def load_result(path=RESULT):
+    """The record a `--json` run wrote: {command, steps, train_len, eval_lens, model, table,
+    seconds, date}."""
+    return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
 def format_table(table, train_len, eval_lens):
