@@ -658,6 +658,18 @@ def gla_attention(rng):
 
 
 @case
+def gla_scores(rng):
+    from scratchllm.linear_attention import gla_scores as gs
+    shape = (2, 3, 5, 4)  # (B, n, C, Dk)
+    return [check(fwd, bwd, rng=rng, label=label, q=rng.standard_normal(shape),
+                  k=rng.standard_normal(shape),
+                  b=np.cumsum(np.log(rng.uniform(0.3, 1.0, shape)), axis=-2))
+            for fwd, bwd, label in ((gs.gla_scores_forward, gs.gla_scores_backward, "numba"),
+                                    (gs.gla_scores_forward_ref, gs.gla_scores_backward_ref,
+                                     "ref"))]
+
+
+@case
 def delta_rule(rng):
     from scratchllm.linear_attention import delta_rule_backward, delta_rule_forward
     reports = []
