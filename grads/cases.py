@@ -662,6 +662,18 @@ def gla_attention(rng):
 
 
 @case
+def gla_scores(rng):
+    from scratchllm.linear_attention import gla_scores as gs
+    shape = (2, 3, 5, 4)  # (B, n, C, Dk)
+    return [check(fwd, bwd, rng=rng, label=label, q=rng.standard_normal(shape),
+                  k=rng.standard_normal(shape),
+                  b=np.cumsum(np.log(rng.uniform(0.3, 1.0, shape)), axis=-2))
+            for fwd, bwd, label in ((gs.gla_scores_forward, gs.gla_scores_backward, "numba"),
+                                    (gs.gla_scores_forward_ref, gs.gla_scores_backward_ref,
+                                     "ref"))]
+
+
+@case
 def delta_rule(rng):
     from scratchllm.linear_attention import delta_rule_backward, delta_rule_forward
     reports = []
@@ -722,12 +734,14 @@ def recurrent_mixer(rng):
 @case
 def mamba2(rng):
     from scratchllm.ssm import mamba2_backward, mamba2_forward
-    D, Di, H, N = 5, 8, 2, 3
-    shapes = dict(Wz=(D, Di), Wx=(D, Di), WB=(D, N), WC=(D, N), Wdt=(D, H))
+    D, Di, H, N, K = 5, 8, 2, 3, 3
+    shapes = dict(Wz=(D, Di), Wx=(D, Di), WB=(D, N), WC=(D, N), Wdt=(D, H),
+                  conv_w=(Di + 2 * N, K), conv_b=(Di + 2 * N,))
     W = {n: rng.normal(0, 0.5, s) for n, s in shapes.items()}
     return check(mamba2_forward, mamba2_backward, rng=rng, x=rng.standard_normal((2, 7, D)),
                  dt_bias=rng.normal(-1, 0.5, H), A_log=rng.normal(0, 0.5, H),
-                 D=rng.standard_normal(H), Wout=rng.normal(0, 0.5, (Di, D)), chunk=3, **W)
+                 D=rng.standard_normal(H), norm=1 + rng.random(Di),
+                 Wout=rng.normal(0, 0.5, (Di, D)), chunk=3, **W)
 
 
 @case
