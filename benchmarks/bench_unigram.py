@@ -150,7 +150,7 @@ def likelihoods(args):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--vocab", type=int, default=4000)
-    ap.add_argument("--mb", type=float, default=0, help="first MB of the corpus (0: all)")
+    ap.add_argument("--mb", type=float, default=0.0, help="first MB of the corpus (0: all)")
     ap.add_argument("--encode-mb", type=float, default=2.0)
     ap.add_argument("--child")
     ap.add_argument("--stages", default=STAGES)
@@ -161,7 +161,7 @@ def main():
     size = run_child("prepare", args)["mb"]   # the parent stays small (a child starts with
     results = os.path.join(DATA, f"unigram_results_{args.vocab}_{args.mb}.json")  # its
     r = json.load(open(results)) if os.path.exists(results) else {}       # parent's peak RSS)
-    for stage in args.stages.split(","):
+    for stage in filter(None, args.stages.split(",")):
         r[stage] = run_child(stage, args)
         r[stage]["load"] = os.getloadavg()[0]
         with open(results, "w") as fh:
