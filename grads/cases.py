@@ -930,6 +930,21 @@ def lm_hub(rng):
 
 
 @case
+def hub_gpt_oss(rng):
+    """d loss / d every Param of the tiny gpt-oss checkpoint (tests/fixtures/hf/gpt_oss) in
+    float64, on the fixture's ids, whose routing is at least 1e-3 from a top-k tie."""
+    from pathlib import Path
+    from scratchllm.hub import load_pretrained
+    from scratchllm.lm import loss_pair
+    d = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "hf" / "gpt_oss"
+    model = load_pretrained(d, dtype=np.float64)
+    forward, backward, params = loss_pair(model)
+    ids = np.load(d / "expected.npz")["ids"]  # (B, T)
+    return check(forward, backward, rng=rng, max_full=0, n_directions=2, label="gpt_oss",
+                 ids=ids, targets=np.roll(ids, -1, axis=1), **params)
+
+
+@case
 def lm_recurrent(rng):
     """The recurrent mixers inside a whole model: L R G D, then S (Mamba-2) and W (RWKV-4)
     between attention layers."""
