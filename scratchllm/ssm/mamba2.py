@@ -54,8 +54,14 @@ def mamba2_forward(x, Wz, Wx, WB, WC, Wdt, dt_bias, A_log, D, conv_w, conv_b, no
     expect_ndim("mamba2", "x", x, 3, "(B, T, D)")
     expect_float("mamba2", "x", x)
     batch, T, _ = x.shape
-    H, Di, N = A_log.shape[0], Wx.shape[1], WB.shape[1]
     (z, cz), (u, cu), (Bm, cB), (Cm, cC) = (linear_forward(x, W) for W in (Wz, Wx, WB, WC))
+    Di, N = u.shape[-1], Bm.shape[-1]
+    expect_float("mamba2", "A_log", A_log)
+    expect_ndim("mamba2", "A_log", A_log, 1, "(H,)")
+    H = A_log.shape[0]
+    if H == 0 or Di % H:
+        raise ValueError(f"mamba2: Wx gives {Di} inner channels, not a multiple of H={H} heads "
+                         f"(A_log has shape {A_log.shape})")
     c, cc = causal_conv1d_forward(np.concatenate([u, Bm, Cm], axis=-1), conv_w, conv_b)
     xbc, ca = silu_forward(c)  # (B, T, Di + 2N)
     u, Bm, Cm = _split(xbc, Di, N)
