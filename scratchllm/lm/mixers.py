@@ -39,7 +39,7 @@ def make_mixer(cfg, kind, *, rng, dtype, layer=0):
         return RecurrentMixer(cfg.d_model, cfg.n_heads, RECURRENT[kind], rng=rng, dtype=dtype)
     if kind == "S":
         return Mamba2(cfg.d_model, n_heads=cfg.n_heads, d_state=cfg.d_state, expand=cfg.expand,
-                      rng=rng, dtype=dtype)
+                      d_conv=cfg.d_conv, rng=rng, dtype=dtype)
     if kind == "W":
         return RWKV4TimeMix(cfg.d_model, rng=rng, dtype=dtype)
     if kind == "M":
