@@ -873,6 +873,7 @@ def gqa_options(rng):
 
 HF_FIXTURES = ("llama", "llama_yarn", "llama_linear", "llama_dynamic", "mistral", "qwen2",
                "qwen3", "gemma3", "gpt2")
+HF_FIXTURES += ("mixtral", "deepseek_v3", "deepseek_v3_plain")  # tools/make_hf_fixtures_moe.py
 
 
 @case

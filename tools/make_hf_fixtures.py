@@ -18,7 +18,8 @@ holds:
 Plus dense/: scratchllm's `dense` preset (tiny) written by scratchllm.hub.save_pretrained,
 with the logits transformers computes after from_pretrained on it (the save path's proof),
 and tokenizer_*/: expected ids of HF `tokenizers` for tokenizer.json files (ByteLevel,
-Split + ByteLevel, and Split + ByteLevel with an NFC normalizer).
+Split + ByteLevel, and Split + ByteLevel with an NFC normalizer). The MoE checkpoints
+(mixtral, deepseek_v3) and the moe / mla presets: make_hf_fixtures_moe.py, called at the end.
 
 float64 in transformers: its modeling code casts to float32 in places (RMSNorm's
 `.to(torch.float32)`, the rotary frequencies `dtype=torch.float`, softmax's
@@ -247,6 +248,8 @@ def main():
         d.mkdir(exist_ok=True)
         tok.save(str(d / "tokenizer.json"))
         tokenizer_expectations(d, tok)
+    import make_hf_fixtures_moe  # mixtral, deepseek_v3 and the moe / mla presets
+    make_hf_fixtures_moe.main(tok_split)
     print(f"wrote {OUT}")
 
 

@@ -1,8 +1,9 @@
-"""Hugging Face checkpoints as scratchllm models: config.json families (families), the tensor
-names and layouts (names), and loading, saving and inspecting them (pretrained).
+"""Hugging Face checkpoints as scratchllm models: config.json families (families, and the MoE
+ones in families_moe), the tensor names and layouts (names, names_moe), the choice between
+them (catalog), and loading, saving and inspecting them (pretrained).
 
 Stands on lm and what lm stands on; train and cli may import it."""
-from .families import FAMILIES, family_of, from_hf_config, to_hf_config
+from .catalog import FAMILIES, family_of, from_hf_config, to_hf_config
 from .pretrained import (grad_dict, load_pretrained, load_tokenizer, read_hf_config,
                          save_pretrained, state_dict)
 

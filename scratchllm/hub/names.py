@@ -69,10 +69,14 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")  #
 
 class Entry(NamedTuple):
     """One HF tensor: its name, the library Params it holds (several = concatenated along the
-    last axis), and whether it is the transpose of the library's layout."""
+    last axis), whether it is the transpose of the library's layout, the slice `index` of a
+    stacked Param it is (one MoE expert, names_moe.py; None = the whole Param), and whether
+    the library name is a buffer (no gradient) rather than a Param."""
     hf: str
     lib: tuple
     transpose: bool
+    index: int = None
+    buffer: bool = False
 
 
 def entries(model):

@@ -1,6 +1,6 @@
 """Load, save and inspect Hugging Face checkpoints as scratchllm LMs.
 
-A checkpoint directory holds config.json (the architecture, families.py) and the weights in
+A checkpoint directory holds config.json (the architecture, catalog.py) and the weights in
 safetensors files: model.safetensors, or shards listed by model.safetensors.index.json
 ({"weight_map": {tensor name: file name}}). safetensors' NumPy API reads float32, float16 and
 bfloat16 (through ml_dtypes) into arrays; torch is never imported.
@@ -22,8 +22,8 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from scratchllm.hub.families import family_of, from_hf_config, to_hf_config
-from scratchllm.hub.names import IGNORED_SUFFIXES, entries
+from scratchllm.hub.catalog import entries, family_of, from_hf_config, to_hf_config
+from scratchllm.hub.names import IGNORED_SUFFIXES
 from scratchllm.lm import LM, ModelConfig
 from scratchllm.tokenizer import from_tokenizer_json
 
@@ -114,29 +114,43 @@ def load_pretrained(path, dtype=np.float32):
     stored = {_canonical(n, cfg.name): (f, n) for n, f in weight_files(path).items()}
     table = entries(model)
     _check_names(path, cfg, stored, {e.hf for e in table})
-    params = dict(model.named_parameters())
+    arrays = _library_arrays(model, "data")
     by_hf = {e.hf: e for e in table}
     for name, array in _read_tensors(stored, by_hf):
         e = by_hf[name]
-        parts = [params[n] for n in e.lib]
-        widths = [p.data.shape[-1] for p in parts]
-        want = parts[0].data.shape[:-1] + (sum(widths),)
+        parts = _parts(arrays, e)  # views: written in place
+        widths = [a.shape[-1] for a in parts]
+        want = parts[0].shape[:-1] + (sum(widths),)
         want = want[::-1] if e.transpose else want
         if array.shape != want:
             raise ValueError(f"load_pretrained: {path}: tensor {name!r} has shape "
                              f"{array.shape}, expected {want} from config.json")
         array = array.T if e.transpose else array
-        for p, piece in zip(parts, np.split(array, np.cumsum(widths)[:-1], axis=-1)):
-            p.data = np.ascontiguousarray(piece, dtype=dtype)
+        for a, piece in zip(parts, np.split(array, np.cumsum(widths)[:-1], axis=-1)):
+            a[...] = piece
     model.hf_config = hf
     return model
 
 
+def _library_arrays(model, attr):
+    """{library name: array} of every Param's `attr` (data or grad), and of the buffers for
+    data."""
+    arrays = {name: getattr(p, attr) for name, p in model.named_parameters()}
+    return {**arrays, **dict(model.named_buffers())} if attr == "data" else arrays
+
+
+def _parts(arrays, e):
+    """The library arrays an Entry holds: whole, or the slice e.index of a stacked one."""
+    return [arrays[n] if e.index is None else arrays[n][e.index] for n in e.lib]
+
+
 def _hf_arrays(model, attr):
-    params = dict(model.named_parameters())
+    arrays = _library_arrays(model, attr)
     out = {}
     for e in entries(model):
-        parts = [getattr(params[n], attr) for n in e.lib]
+        if e.buffer and attr != "data":
+            continue  # a buffer has no gradient
+        parts = _parts(arrays, e)
         a = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
         out[e.hf] = np.ascontiguousarray(a.T if e.transpose else a)
     return out

@@ -50,6 +50,10 @@ class ModelConfig:
     ffn: str = "swiglu"                 # "swiglu" | "moe" | "none" (mixer-only blocks: Mamba-1)
     d_ff: int = 384                     # F: SwiGLU hidden width (each expert's, for MoE)
     moe_every: int = 1                  # MoE in layers i with (i + 1) % moe_every == 0
+    first_k_dense: int = 0              #   ... and i >= first_k_dense (DeepSeek-V3's
+                                        #   first_k_dense_replace: the first layers dense)
+    dense_d_ff: int = None              # SwiGLU width of an MoE model's dense layers (None =
+                                        #   d_ff; DeepSeek-V3: intermediate_size)
     n_experts: int = 8                  # E routed experts
     top_k: int = 2                      # K experts per token
     capacity_factor: float = None       # per-expert capacity ceil(c N K / E); None = no drops
@@ -101,7 +105,7 @@ class ModelConfig:
         return self.layer_pattern or "A" * self.n_layers
 
     def is_moe_layer(self, i):
-        return self.ffn == "moe" and (i + 1) % self.moe_every == 0
+        return self.ffn == "moe" and i >= self.first_k_dense and (i + 1) % self.moe_every == 0
 
     def validate(self):
         """Raise ValueError naming the first inconsistent field."""
@@ -162,6 +166,9 @@ class ModelConfig:
         for f in ("n_group", "topk_group"):
             if not isinstance(getattr(self, f), int) or getattr(self, f) <= 0:
                 bad(f"{f} must be a positive integer, got {getattr(self, f)!r}")
+        if self.dense_d_ff is not None and (not isinstance(self.dense_d_ff, int) or
+                                            self.dense_d_ff <= 0):
+            bad(f"dense_d_ff must be None or a positive integer, got {self.dense_d_ff!r}")
         if self.dt_rank is not None and (not isinstance(self.dt_rank, int) or self.dt_rank <= 0):
             bad(f"dt_rank must be None or a positive integer, got {self.dt_rank!r}")
         kinds = self.layer_kinds()
@@ -180,7 +187,7 @@ class ModelConfig:
             expect_finite(fn, "capacity_factor", self.capacity_factor, 0, open_low=True)
         if self.window is not None:
             expect_integer(fn, "window", self.window, 1)
-        for f in ("n_sink", "q_lora_rank"):
+        for f in ("n_sink", "q_lora_rank", "first_k_dense"):
             expect_integer(fn, f, getattr(self, f), 0)
         for f in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             expect_integer(fn, f, getattr(self, f), 1)
