@@ -30,7 +30,7 @@ Where a field is absent from config.json, the transformers configuration class's
 applies (huggingface/transformers src/transformers/models/mixtral/configuration_mixtral.py,
 src/transformers/models/deepseek_v3/configuration_deepseek_v3.py).
 """
-from scratchllm.hub.families import _REQUIRED, _fail, rope_of
+from scratchllm.hub.families import _REQUIRED, EXTRA_FAMILIES, _fail, rope_of
 
 FAMILIES = ("mixtral", "deepseek_v3")
 ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
@@ -56,9 +56,10 @@ _TRAINING_ONLY = dict(balance_coef=0.0, z_coef=0.0, bias_gamma=0.0)
 
 def moe_family(cfg):
     """The family of this module a ModelConfig saves as (None for any other config):
-    deepseek_v3 for MLA attention, mixtral for an MoE FFN; hybrid layer patterns are not
-    theirs."""
-    if cfg.layer_pattern:
+    deepseek_v3 for MLA attention, mixtral for an MoE FFN of SwiGLU experts; hybrid layer
+    patterns and gpt-oss (sinks, clamped experts: families_gpt_oss.py) are not theirs."""
+    if (cfg.layer_pattern or cfg.name in EXTRA_FAMILIES or cfg.experts != "swiglu"
+            or cfg.attn_sinks):
         return None
     if cfg.attention == "mla":
         return "deepseek_v3"

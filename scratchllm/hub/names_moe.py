@@ -34,7 +34,7 @@ Glossary: D model width, E experts, F expert width, H heads, dn / dr / dv the no
 value head dims, Dc kv_lora_rank, Dq q_lora_rank.
 """
 from scratchllm.hub.families_moe import moe_family
-from scratchllm.hub.names import _LAYER, _TOP, Entry
+from scratchllm.hub.names import _TOP, LAYER_NAMES, Entry
 
 _MLA = {
     "mixer.wq": ("self_attn.q_proj.weight", True),
@@ -47,8 +47,8 @@ _MLA = {
     "mixer.wo": ("self_attn.o_proj.weight", True),
 }
 _LAYERS = {
-    "mixtral": dict(_LAYER, **{"ffn.w_router": ("block_sparse_moe.gate.weight", True)}),
-    "deepseek_v3": dict(_LAYER, **_MLA, **{
+    "mixtral": dict(LAYER_NAMES, **{"ffn.w_router": ("block_sparse_moe.gate.weight", True)}),
+    "deepseek_v3": dict(LAYER_NAMES, **_MLA, **{
         "ffn.w_router": ("mlp.gate.weight", True),
         "ffn.shared_w1": ("mlp.shared_experts.gate_proj.weight", True),
         "ffn.shared_w3": ("mlp.shared_experts.up_proj.weight", True),

@@ -36,7 +36,9 @@ class Unigram:
     """pieces: [(piece, score)] in id order; unk_id: id of the unknown piece; special_tokens:
     {str: id} of control/user-defined pieces matched before segmentation (when allowed);
     add_dummy_prefix: True = a "▁" before text that does not start with a space (SentencePiece
-    after its whitespace clean-up, HF's Metaspace), "always" = before any text (HF's Prepend);
+    after its whitespace clean-up, HF's Metaspace), "always" = before any text (HF's Prepend),
+    "first" = as True, but only at the start of the text, not after a special token (HF's
+    Metaspace prepend_scheme "first");
     byte_fallback: unknown characters become <0xNN> pieces (they must be in the vocab);
     unused: ids that segmentation never produces (SentencePiece's unused pieces);
     fuse_unk: a run of unknown characters is one unknown id (HF tokenizers' Unigram does);
@@ -73,14 +75,15 @@ class Unigram:
         self._trie = None
 
     # ---- normalisation and the lattice ----------------------------------------------------
-    def normalize(self, text):
-        """SentencePiece's normal form of `text` (spaces shown as ▁)."""
+    def normalize(self, text, at_start=True):
+        """SentencePiece's normal form of `text` (spaces shown as ▁); at_start False: text
+        follows a special token (no prefix with add_dummy_prefix "first")."""
         if self.nfkc:
             text = unicodedata.normalize("NFKC", text)
         if self.remove_extra_whitespaces:
             text = " ".join(filter(None, text.split(" ")))
-        if self.add_dummy_prefix == "always" and text or \
-                self.add_dummy_prefix and text and not text.startswith(" "):
+        prefix = self.add_dummy_prefix if at_start or self.add_dummy_prefix != "first" else False
+        if prefix == "always" and text or prefix and text and not text.startswith(" "):
             text = " " + text
         return text.replace(" ", SPACE)
 
@@ -130,8 +133,9 @@ class Unigram:
 
     def _pieces_of(self, text, allowed):
         """(is_special, normalised piece) parts of text; specials in `allowed` split out."""
-        parts = list(split_special(text, special_regex(allowed)))
-        return [(s, p if s else self.normalize(p)) for s, p in parts]
+        parts = list(split_special(text, special_regex(allowed)))  # (k = 0: at the start)
+        return [(s, p if s else self.normalize(p, at_start=k == 0)) for k, (s, p) in
+                enumerate(parts)]
 
     def encode(self, text, *, allowed_special=(), disallowed_special="all"):
         """Viterbi ids; special tokens as in Tokenizer.encode (specials.py)."""
