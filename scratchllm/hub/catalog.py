@@ -1,6 +1,7 @@
-"""Every family the hub reads and writes, and which module holds it: the dense ones
-(families.py, names.py: llama, mistral, qwen2, qwen3, gpt2, gemma3_text) and the MoE ones
-(families_moe.py, names_moe.py: mixtral, deepseek_v3). pretrained.py asks this module.
+"""Every family the hub reads and writes, and which module holds it: families.py, names.py
+(llama, mistral, qwen2, qwen3, gpt2, gemma3_text, and gpt_oss through their extra_family)
+and the MoE ones of families_moe.py, names_moe.py (mixtral, deepseek_v3). pretrained.py
+asks this module.
 
     from_hf_config(hf)        config.json dict -> ModelConfig fields, by its model_type
     family_of(cfg)            the family a ModelConfig saves as (ValueError if none can)
