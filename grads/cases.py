@@ -906,6 +906,7 @@ def gqa_options(rng):
 HF_FIXTURES = ("llama", "llama_yarn", "llama_linear", "llama_dynamic", "mistral", "qwen2",
                "qwen3", "gemma3", "gpt2",
                "mamba", "jamba")  # tools/make_hf_fixtures_ssm.py
+HF_FIXTURES += ("mixtral", "deepseek_v3", "deepseek_v3_plain")  # tools/make_hf_fixtures_moe.py
 
 
 @case

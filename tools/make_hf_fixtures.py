@@ -20,7 +20,8 @@ preset (tiny) written by scratchllm.hub.save_pretrained, with the logits transfo
 after from_pretrained on it (the save path's proof), mamba/, jamba/ and hybrid_jamba/
 (tools/make_hf_fixtures_ssm.py, run at the end),
 and tokenizer_*/: expected ids of HF `tokenizers` for tokenizer.json files (ByteLevel,
-Split + ByteLevel, and Split + ByteLevel with an NFC normalizer).
+Split + ByteLevel, and Split + ByteLevel with an NFC normalizer). The MoE checkpoints
+(mixtral, deepseek_v3) and the moe / mla presets: make_hf_fixtures_moe.py, called at the end.
 
 float64 in transformers: its modeling code casts to float32 in places (RMSNorm's
 `.to(torch.float32)`, the rotary frequencies `dtype=torch.float`, softmax's
@@ -254,6 +255,8 @@ def main():
         tokenizer_expectations(d, tok)
     import make_hf_fixtures_ssm  # mamba/, jamba/, hybrid_jamba/ (it imports this module)
     make_hf_fixtures_ssm.main()
+    import make_hf_fixtures_moe  # mixtral, deepseek_v3 and the moe / mla presets
+    make_hf_fixtures_moe.main(tok_split)
     print(f"wrote {OUT}")
 
 

@@ -1,7 +1,7 @@
-"""One Hugging Face tensor as a view of library Params: the Entry of the name tables (names.py,
-names_ssm.py) and the three conversions every table shares.
+"""One Hugging Face tensor as a view of library arrays: the Entry of the name tables (names.py,
+names_ssm.py, names_moe.py) and the three conversions every table shares.
 
-An HF tensor is built from the library Params `lib` by
+An HF tensor is built from the library arrays `lib` (Params, or buffers) by
     1. taking slice [expert] of each (a stacked (E, ...) expert Param, when expert is set),
     2. concatenating them along the last axis (GPT-2's fused c_attn = [q | k | v]),
     3. transposing (torch's nn.Linear weight (out, in) against the library's W (in, out)),
@@ -16,47 +16,46 @@ import numpy as np
 
 
 class Entry(NamedTuple):
-    """One HF tensor: its name, the library Params it holds (several = concatenated along the
-    last axis), whether it is the transpose of the library's layout, the expert it is a
-    slice of (None: the whole Param) and the size-1 axis HF adds (None: none)."""
+    """One HF tensor: its name, the library arrays it holds (several = concatenated along the
+    last axis), whether it is the transpose of the library's layout, the expert it is a slice
+    of (None: the whole array), the size-1 axis HF adds (None: none), and whether the library
+    name is a buffer (no gradient: DeepSeek-V3's e_score_correction_bias) rather than a Param."""
     hf: str
     lib: tuple
     transpose: bool
     expert: int = None
     unsqueeze: int = None
+    buffer: bool = False
 
 
-def _pieces(e, params, attr):
-    arrays = [getattr(params[n], attr) for n in e.lib]
-    return arrays if e.expert is None else [a[e.expert] for a in arrays]
+def _pieces(e, arrays):
+    """Views of the library arrays {name: array} that Entry e holds."""
+    parts = [arrays[n] for n in e.lib]
+    return parts if e.expert is None else [a[e.expert] for a in parts]
 
 
-def hf_shape(e, params):
-    """The shape the HF tensor of Entry e has for the model's Params {name: Param}."""
-    shapes = [a.shape for a in _pieces(e, params, "data")]
+def hf_shape(e, arrays):
+    """The shape the HF tensor of Entry e has for the library arrays {name: array}."""
+    shapes = [a.shape for a in _pieces(e, arrays)]
     shape = shapes[0][:-1] + (sum(s[-1] for s in shapes),)
     shape = shape[::-1] if e.transpose else shape
     return shape if e.unsqueeze is None else shape[:e.unsqueeze] + (1,) + shape[e.unsqueeze:]
 
 
-def to_hf(e, params, attr="data"):
-    """The HF tensor of Entry e from the Params' `attr` ("data" or "grad"), contiguous."""
-    parts = _pieces(e, params, attr)
+def to_hf(e, arrays):
+    """The HF tensor of Entry e from the library arrays (weights or gradients), contiguous."""
+    parts = _pieces(e, arrays)
     a = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
     a = a.T if e.transpose else a
     return np.ascontiguousarray(a if e.unsqueeze is None else np.expand_dims(a, e.unsqueeze))
 
 
-def from_hf(e, array, params, dtype):
-    """Write the HF tensor `array` (of shape hf_shape(e, params)) into the Params, as dtype."""
+def from_hf(e, array, arrays):
+    """Write the HF tensor `array` (of shape hf_shape(e, arrays)) into the library arrays in
+    place, cast to their dtype."""
     array = array if e.unsqueeze is None else np.squeeze(array, axis=e.unsqueeze)
     array = array.T if e.transpose else array
-    parts = [params[n] for n in e.lib]
-    widths = [a.shape[-1] for a in _pieces(e, params, "data")]
-    for p, piece in zip(parts, np.split(array, np.cumsum(widths)[:-1], axis=-1)):
-        if e.expert is None:
-            p.data = np.ascontiguousarray(piece, dtype=dtype)
-        else:
-            if p.data.dtype != dtype:
-                p.data = p.data.astype(dtype)
-            p.data[e.expert] = piece
+    parts = _pieces(e, arrays)
+    widths = [a.shape[-1] for a in parts]
+    for a, piece in zip(parts, np.split(array, np.cumsum(widths)[:-1], axis=-1)):
+        a[...] = piece

@@ -1,6 +1,6 @@
 """Load, save and inspect Hugging Face checkpoints as scratchllm LMs.
 
-A checkpoint directory holds config.json (the architecture, families.py) and the weights in
+A checkpoint directory holds config.json (the architecture, catalog.py) and the weights in
 safetensors files: model.safetensors, or shards listed by model.safetensors.index.json
 ({"weight_map": {tensor name: file name}}). safetensors' NumPy API reads float32, float16 and
 bfloat16 (through ml_dtypes) into arrays; torch is never imported.
@@ -23,9 +23,9 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from scratchllm.hub.families import family_of, from_hf_config, to_hf_config
+from scratchllm.hub.catalog import entries, family_of, from_hf_config, to_hf_config
 from scratchllm.hub.layout import from_hf, hf_shape, to_hf
-from scratchllm.hub.names import IGNORED_SUFFIXES, entries
+from scratchllm.hub.names import IGNORED_SUFFIXES
 from scratchllm.lm import LM, ModelConfig
 from scratchllm.tokenizer import from_tokenizer_json
 
@@ -80,27 +80,28 @@ def _canonical(name, family):
     return name
 
 
-def _load_into(path, stored, by_hf, params, dtype):
-    """Read every wanted tensor into its Params, one shard open at a time; stored maps a name
-    to (file, the name inside the file). LOAD_THREADS threads: one reads a tensor while
+def _load_into(path, stored, by_hf, arrays):
+    """Read every wanted tensor into the model's arrays, one shard open at a time; stored maps
+    a name to (file, the name inside the file). LOAD_THREADS threads: one reads a tensor while
     another transposes the last (safetensors and NumPy's copies release the GIL)."""
     by_file = {}
     for name in by_hf:
         by_file.setdefault(stored[name][0], []).append(name)
     for file, names in by_file.items():
         with safe_open(file, framework="np") as f, ThreadPoolExecutor(LOAD_THREADS) as pool:
-            list(pool.map(lambda n: _place(path, by_hf[n], f.get_tensor(stored[n][1]), params,
-                                           dtype), names))
+            list(pool.map(lambda n: _place(path, by_hf[n], f.get_tensor(stored[n][1]), arrays),
+                          names))
 
 
-def _place(path, e, array, params, dtype):
-    """Check an HF tensor's shape against its Params and store it in them (layout.from_hf:
-    transposed, split or an expert's slice, cast to the compute dtype)."""
-    want = hf_shape(e, params)
+def _place(path, e, array, arrays):
+    """Check an HF tensor's shape against its library arrays and write it into them in place
+    (layout.from_hf: transposed, split, squeezed or an expert's slice, cast to their dtype; an
+    MoE expert is one slice of its stacked array, so threads write disjoint memory)."""
+    want = hf_shape(e, arrays)
     if array.shape != want:
         raise ValueError(f"load_pretrained: {path}: tensor {e.hf!r} has shape {array.shape}, "
                          f"expected {want} from config.json")
-    from_hf(e, array, params, dtype)
+    from_hf(e, array, arrays)
 
 
 def _check_names(path, cfg, stored, expected):
@@ -135,14 +136,21 @@ def load_pretrained(path, dtype=np.float32):
     stored = {_canonical(n, cfg.name): (f, n) for n, f in weight_files(path).items()}
     table = entries(model)
     _check_names(path, cfg, stored, {e.hf for e in table})
-    _load_into(path, stored, {e.hf: e for e in table}, dict(model.named_parameters()), dtype)
+    _load_into(path, stored, {e.hf: e for e in table}, _library_arrays(model, "data"))
     model.hf_config = hf
     return model
 
 
+def _library_arrays(model, attr):
+    """{library name: array} of every Param's `attr` (data or grad), and of the buffers for
+    data."""
+    arrays = {name: getattr(p, attr) for name, p in model.named_parameters()}
+    return {**arrays, **dict(model.named_buffers())} if attr == "data" else arrays
+
+
 def _hf_arrays(model, attr):
-    params = dict(model.named_parameters())
-    return {e.hf: to_hf(e, params, attr) for e in entries(model)}
+    arrays = _library_arrays(model, attr)
+    return {e.hf: to_hf(e, arrays) for e in entries(model) if attr == "data" or not e.buffer}
 
 
 def state_dict(model):

@@ -51,6 +51,10 @@ class ModelConfig:
     d_ff: int = 384                     # F: SwiGLU hidden width (each expert's, for MoE)
     moe_every: int = 1                  # MoE in layers i with i % moe_every == moe_offset
     moe_offset: int = None              #   (None = moe_every - 1: every moe_every-th layer)
+    first_k_dense: int = 0              #   ... and i >= first_k_dense (DeepSeek-V3's
+                                        #   first_k_dense_replace: the first layers dense)
+    dense_d_ff: int = None              # SwiGLU width of an MoE model's dense layers (None =
+                                        #   d_ff; DeepSeek-V3: intermediate_size)
     n_experts: int = 8                  # E routed experts
     top_k: int = 2                      # K experts per token
     capacity_factor: float = None       # per-expert capacity ceil(c N K / E); None = no drops
@@ -109,7 +113,7 @@ class ModelConfig:
 
     def is_moe_layer(self, i):
         offset = self.moe_every - 1 if self.moe_offset is None else self.moe_offset
-        return self.ffn == "moe" and i % self.moe_every == offset
+        return self.ffn == "moe" and i >= self.first_k_dense and i % self.moe_every == offset
 
     def validate(self):
         """Raise ValueError naming the first inconsistent field."""
@@ -176,6 +180,9 @@ class ModelConfig:
                                                 and 0 <= self.moe_offset < self.moe_every):
             bad(f"moe_offset must be None or an integer in [0, moe_every={self.moe_every}), "
                 f"got {self.moe_offset!r}")
+        if self.dense_d_ff is not None and (not isinstance(self.dense_d_ff, int) or
+                                            self.dense_d_ff <= 0):
+            bad(f"dense_d_ff must be None or a positive integer, got {self.dense_d_ff!r}")
         if self.dt_rank is not None and (not isinstance(self.dt_rank, int) or self.dt_rank <= 0):
             bad(f"dt_rank must be None or a positive integer, got {self.dt_rank!r}")
         kinds = self.layer_kinds()
@@ -196,7 +203,7 @@ class ModelConfig:
             expect_finite(fn, "capacity_factor", self.capacity_factor, 0, open_low=True)
         if self.window is not None:
             expect_integer(fn, "window", self.window, 1)
-        for f in ("n_sink", "q_lora_rank"):
+        for f in ("n_sink", "q_lora_rank", "first_k_dense"):
             expect_integer(fn, f, getattr(self, f), 0)
         for f in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             expect_integer(fn, f, getattr(self, f), 1)

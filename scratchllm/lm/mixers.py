@@ -69,8 +69,8 @@ def make_ffn(cfg, moe, *, rng, dtype):
         return GeluMLP(cfg.d_model, cfg.d_ff, rng=rng, approximate=cfg.gelu_approx, dtype=dtype)
     if cfg.ffn == "geglu":
         return GeGLU(cfg.d_model, cfg.d_ff, rng=rng, approximate=cfg.gelu_approx, dtype=dtype)
-    if not moe:
-        return SwiGLU(cfg.d_model, cfg.d_ff, rng=rng, dtype=dtype)
+    if not moe:  # a dense layer (of an MoE model: dense_d_ff wide, DeepSeek-V3)
+        return SwiGLU(cfg.d_model, cfg.dense_d_ff or cfg.d_ff, rng=rng, dtype=dtype)
     return MoE(cfg.d_model, cfg.d_ff, cfg.n_experts, cfg.top_k,
                capacity_factor=cfg.capacity_factor, d_shared=cfg.n_shared * cfg.d_ff,
                score=cfg.score, router_bias=cfg.router_bias, n_group=cfg.n_group,

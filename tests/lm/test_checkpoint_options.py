@@ -58,3 +58,20 @@ def test_bad_options():
         lm_tiny("hybrid", dt_rank=0)
     with pytest.raises(ValueError, match="MoE: n_group must"):
         LM(lm_tiny("moe", n_group=3), rng=np.random.default_rng(0))
+
+
+def test_first_k_dense_layers_and_their_width():
+    """DeepSeek-V3's first_k_dense_replace: layers i < first_k_dense are dense SwiGLUs of
+    dense_d_ff (default d_ff), the others MoE (with moe_every)."""
+    model = LM(lm_tiny("mla", n_layers=3, first_k_dense=1, dense_d_ff=20),
+               rng=np.random.default_rng(0))
+    assert [layer.moe for layer in model.layers] == [False, True, True]
+    assert model.layers[0].ffn.W1.data.shape == (LM_TINY["d_model"], 20)
+    every = LM(lm_tiny("moe", n_layers=4, moe_every=2, first_k_dense=2),
+               rng=np.random.default_rng(0))
+    assert [layer.moe for layer in every.layers] == [False, False, False, True]
+    assert every.layers[0].ffn.W1.data.shape == (LM_TINY["d_model"], LM_TINY["d_ff"])
+    with pytest.raises(ValueError, match="first_k_dense must be"):
+        lm_tiny("moe", first_k_dense=-1)
+    with pytest.raises(ValueError, match="dense_d_ff must be None or a positive integer"):
+        lm_tiny("moe", dense_d_ff=0)
