@@ -1,5 +1,6 @@
-"""Write tests/fixtures/hf/tokenizer_<kind>/: tokenizer.json files with the options real
-checkpoints use beyond tools/make_hf_fixtures.py's three, and the ids HF `tokenizers` gives.
+"""Write tests/fixtures/hf/ (one directory tokenizer_KIND per kind): tokenizer.json files
+with the options real checkpoints use beyond tools/make_hf_fixtures.py's three, and the ids
+HF `tokenizers` gives.
 
     pip install tokenizers      # the ref extra
     PYTHONPATH=$PWD python tools/make_hf_tokenizer_fixtures.py   # after make_hf_fixtures.py
