@@ -13,10 +13,17 @@ backward turns the fresh dP into dS (sdpa owns both arrays).
 
 Glossary: Tq, Tk query and key lengths; rows = B * Hkv * G * Tq.
 """
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
 from scratchllm.core.exp32 import exp_lanes
+
+
+class FusedSoftmaxCache(NamedTuple):
+    """sdpa's softmax cache on the fused path: y = P (rows sum to 1 over the kept keys)."""
+    y: np.ndarray  # (B, Hkv, G*Tq, Tk)
 
 
 @njit(cache=True, nogil=True)
