@@ -180,7 +180,11 @@ def flash_sdpa(rng):
             check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="learned alibi, causal",
                   q=q, k=k, v=v, alibi_slopes=slopes, causal=True, **blocks),
             check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="alibi bidirectional",
-                  q=q, k=k, v=v, alibi_slopes=slopes, **blocks)]
+                  q=q, k=k, v=v, alibi_slopes=slopes, **blocks),
+            check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="gpt-oss sinks, causal "
+                  "(Tq < Tk)", q=q, k=k, v=v, sinks=rng.standard_normal(4), causal=True, **blocks),
+            check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="sinks, window 3",
+                  q=q, k=k, v=v, sinks=rng.standard_normal(4), causal=True, window=3, **blocks)]
 
 
 @case
@@ -679,12 +683,18 @@ def rwkv4(rng):
                                              rwkv4_channel_mix_forward, rwkv4_time_mix_backward,
                                              rwkv4_time_mix_forward, rwkv4_wkv_backward,
                                              rwkv4_wkv_forward)
+    from scratchllm.linear_attention import rwkv_scan as sc
     batch, T, D, F = 2, 7, 5, 9
     W = {n: rng.normal(0, 0.5, (D, D)) for n in ("Wk", "Wv", "Wr", "Wo")}
     mix = {n: rng.uniform(0, 1, D) for n in ("mix_k", "mix_v", "mix_r")}
-    return [check(rwkv4_wkv_forward, rwkv4_wkv_backward, rng=rng, label="wkv",
-                  w=rng.uniform(0.1, 2.0, D), u=rng.standard_normal(D),
-                  k=rng.standard_normal((batch, T, D)), v=rng.standard_normal((batch, T, D))),
+    wkv = [(rwkv4_wkv_forward, rwkv4_wkv_backward, "parallel", dict(form="parallel")),
+           (rwkv4_wkv_forward, rwkv4_wkv_backward, "recurrent", {}),
+           (sc.rwkv4_wkv_scan_forward, sc.rwkv4_wkv_scan_backward, "scan (numba)", {}),
+           (sc.rwkv4_wkv_scan_forward_ref, sc.rwkv4_wkv_scan_backward_ref, "scan (ref)", {})]
+    return [check(fwd, bwd, rng=rng, label=f"wkv, {label}", w=rng.uniform(0.1, 2.0, D),
+                  u=rng.standard_normal(D), k=rng.standard_normal((batch, T, D)),
+                  v=rng.standard_normal((batch, T, D)), **opts)
+            for fwd, bwd, label, opts in wkv] + [
             check(rwkv4_time_mix_forward, rwkv4_time_mix_backward, rng=rng, label="time-mix",
                   x=rng.standard_normal((batch, T, D)), time_decay=rng.normal(-1, 0.5, D),
                   time_first=rng.standard_normal(D), **mix, **W),
@@ -852,8 +862,10 @@ def lm_encoders(rng):
 @case
 def gqa_options(rng):
     """The attention options of published checkpoints: q/k/v and output biases (Qwen2,
-    GPT-2), QK-norm gains (Qwen3), a softmax scale other than Dh^-1/2 (Gemma 3)."""
+    GPT-2), QK-norm gains (Qwen3), a softmax scale other than Dh^-1/2 (Gemma 3), learned sink
+    logits (gpt-oss)."""
     from scratchllm.attention import gqa_backward, gqa_forward, rope_frequencies
+    from scratchllm.attention.gqa import AttnOptions
     B, T, D, H, Hkv, Dh = 2, 7, 5, 6, 2, 4
     w = dict(x=rng.standard_normal((B, T, D)), wq=rng.standard_normal((D, H * Dh)),
              wk=rng.standard_normal((D, Hkv * Dh)), wv=rng.standard_normal((D, Hkv * Dh)),
@@ -868,7 +880,13 @@ def gqa_options(rng):
                   wrt=[*w, *norm], **w, **norm, **rope, scale=0.3, norm_eps=1e-6),
             check(gqa_forward, gqa_backward, rng=rng, label="all biases but bk, no rope",
                   wrt=[*w, "bq", "bv", "bo"], **w, **bias, bo=rng.standard_normal(D),
-                  n_heads=H, n_kv_heads=Hkv)]  # without RoPE d/dbk = 0 (see lm_hub)
+                  n_heads=H, n_kv_heads=Hkv),  # without RoPE d/dbk = 0 (see lm_hub)
+            check(gqa_forward, gqa_backward, rng=rng, label="gpt-oss: biases, sinks, window 3",
+                  wrt=[*w, *bias, "bo", "sinks"], **w, **bias, bo=rng.standard_normal(D),
+                  sinks=rng.standard_normal(H), mask="sliding", window=3, **rope),
+            check(gqa_forward, gqa_backward, rng=rng, label="sinks through flash, causal",
+                  wrt=[*w, "sinks"], **w, sinks=rng.standard_normal(H), **rope,
+                  attn=AttnOptions("flash", block=3))]
 
 
 HF_FIXTURES = ("llama", "llama_yarn", "llama_linear", "llama_dynamic", "mistral", "qwen2",

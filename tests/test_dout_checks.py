@@ -85,7 +85,7 @@ DOUT_GAPS = {
     "fused_swiglu_backward", "geglu_backward", "gelu_backward", "gelu_mlp_backward",
     "layernorm_backward", "delta_rule_backward", "gla_attention_backward",
     "recurrent_mixer_backward", "linear_attention_backward", "retnet_attention_backward",
-    "rwkv4_wkv_backward", "rwkv4_channel_mix_backward", "rwkv4_time_mix_backward",
+    "rwkv4_channel_mix_backward", "rwkv4_time_mix_backward",
     "clamped_swiglu_backward", "mamba2_backward", "s4d_complex_backward", "ssd_backward",
 }
 
