@@ -57,7 +57,7 @@ def _pairs():
     for name, fwd, bwd, chunk in (
             ("linear", la.linear_attention_forward, la.linear_attention_backward, 64),
             ("retnet", la.retnet_attention_forward, la.retnet_attention_backward, 64),
-            ("gla", la.gla_attention_forward, la.gla_attention_backward, 16),
+            ("gla", la.gla_attention_forward, la.gla_attention_backward, 32),
             ("delta", la.delta_rule_forward, la.delta_rule_backward, 64),
             ("ssd", ssm.ssd_forward, ssm.ssd_backward, 64)):
         rows[name] = ((fwd, bwd, dict(form="chunked", chunk=chunk)),
@@ -179,7 +179,8 @@ def bench_threads():
         env = dict(os.environ, SCRATCHLLM_BENCH_THREADS=threads)
         out = subprocess.run([sys.executable, __file__, "ours"], env=env, check=True,
                              capture_output=True, text=True).stdout
-        times[threads] = dict(line.split() for line in out.splitlines() if line.count(" ") == 1)
+        times[threads] = dict(line.split() for line in out.splitlines()
+                              if line.count(" ") == 1 and not line.startswith("#"))
     print(f"{'mixer':<8}{'1 thread ms':>12}{'2 threads ms':>14}{'speed-up':>10}")
     for name in times["1"]:
         t1, t2 = float(times["1"][name]), float(times["2"][name])

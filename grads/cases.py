@@ -662,6 +662,18 @@ def gla_attention(rng):
 
 
 @case
+def gla_scores(rng):
+    from scratchllm.linear_attention import gla_scores as gs
+    shape = (2, 3, 5, 4)  # (B, n, C, Dk)
+    return [check(fwd, bwd, rng=rng, label=label, q=rng.standard_normal(shape),
+                  k=rng.standard_normal(shape),
+                  b=np.cumsum(np.log(rng.uniform(0.3, 1.0, shape)), axis=-2))
+            for fwd, bwd, label in ((gs.gla_scores_forward, gs.gla_scores_backward, "numba"),
+                                    (gs.gla_scores_forward_ref, gs.gla_scores_backward_ref,
+                                     "ref"))]
+
+
+@case
 def delta_rule(rng):
     from scratchllm.linear_attention import delta_rule_backward, delta_rule_forward
     reports = []
@@ -722,12 +734,14 @@ def recurrent_mixer(rng):
 @case
 def mamba2(rng):
     from scratchllm.ssm import mamba2_backward, mamba2_forward
-    D, Di, H, N = 5, 8, 2, 3
-    shapes = dict(Wz=(D, Di), Wx=(D, Di), WB=(D, N), WC=(D, N), Wdt=(D, H))
+    D, Di, H, N, K = 5, 8, 2, 3, 3
+    shapes = dict(Wz=(D, Di), Wx=(D, Di), WB=(D, N), WC=(D, N), Wdt=(D, H),
+                  conv_w=(Di + 2 * N, K), conv_b=(Di + 2 * N,))
     W = {n: rng.normal(0, 0.5, s) for n, s in shapes.items()}
     return check(mamba2_forward, mamba2_backward, rng=rng, x=rng.standard_normal((2, 7, D)),
                  dt_bias=rng.normal(-1, 0.5, H), A_log=rng.normal(0, 0.5, H),
-                 D=rng.standard_normal(H), Wout=rng.normal(0, 0.5, (Di, D)), chunk=3, **W)
+                 D=rng.standard_normal(H), norm=1 + rng.random(Di),
+                 Wout=rng.normal(0, 0.5, (Di, D)), chunk=3, **W)
 
 
 @case
@@ -890,7 +904,8 @@ def gqa_options(rng):
 
 
 HF_FIXTURES = ("llama", "llama_yarn", "llama_linear", "llama_dynamic", "mistral", "qwen2",
-               "qwen3", "gemma3", "gpt2")
+               "qwen3", "gemma3", "gpt2",
+               "mamba", "jamba")  # tools/make_hf_fixtures_ssm.py
 
 
 @case
@@ -905,14 +920,49 @@ def lm_hub(rng):
     for family in HF_FIXTURES:
         model = load_pretrained(root / family, dtype=np.float64)
         forward, backward, params = loss_pair(model)
-        V = model.cfg.vocab_size
         # Without RoPE (GPT-2) a key bias adds q . bk to every score of a query's row, which
         # softmax ignores: d loss / d bk = 0 exactly, so there is nothing to compare.
         wrt = [n for n in params if not (n.endswith(".bk") and model.cfg.positions != "rope")]
+        # Mamba layers: the dt path (A_log, b_dt, ...) moves the loss little, so at h = 1e-5
+        # round-off reaches ~1e-7 of those gradients, and at 1e-4 the curvature of Jamba's
+        # attention does; h = 3e-5 keeps both below.
+        h = 3e-5 if "M" in model.cfg.layer_kinds() else 1e-5
         reports.append(check(forward, backward, rng=rng, max_full=0, n_directions=2,
-                             wrt=wrt, label=family, ids=rng.integers(0, V, (2, 7)),
-                             targets=rng.integers(0, V, (2, 7)), **params))
+                             wrt=wrt, label=family, fd_step=h, **_hub_ids(model, rng), **params))
     return reports
+
+
+def _hub_ids(model, rng, margin=1e-3):
+    """ids, targets (2, 7); with MoE layers, drawn again until every router's top-k choice is
+    at least `margin` from a tie (no finite-difference step flips it)."""
+    from scratchllm.moe import selection_margin
+    V = model.cfg.vocab_size
+    while True:
+        data = dict(ids=rng.integers(0, V, (2, 7)), targets=rng.integers(0, V, (2, 7)))
+        moe = [layer.ffn for layer in model.layers if layer.moe]
+        if not moe:
+            return data
+        blocks = model.forward(data["ids"])[1].blocks
+        routers = [c.ffn.router for c, layer in zip(blocks, model.layers) if layer.moe]
+        if all(selection_margin(r.score_cache.y + f.selection_bias, f.k, f.routing["n_group"],
+                                f.routing["topk_group"]).min() > margin
+               for r, f in zip(routers, moe)):
+            return data
+
+
+@case
+def hub_gpt_oss(rng):
+    """d loss / d every Param of the tiny gpt-oss checkpoint (tests/fixtures/hf/gpt_oss) in
+    float64, on the fixture's ids, whose routing is at least 1e-3 from a top-k tie."""
+    from pathlib import Path
+    from scratchllm.hub import load_pretrained
+    from scratchllm.lm import loss_pair
+    d = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "hf" / "gpt_oss"
+    model = load_pretrained(d, dtype=np.float64)
+    forward, backward, params = loss_pair(model)
+    ids = np.load(d / "expected.npz")["ids"]  # (B, T)
+    return check(forward, backward, rng=rng, max_full=0, n_directions=2, label="gpt_oss",
+                 ids=ids, targets=np.roll(ids, -1, axis=1), **params)
 
 
 @case

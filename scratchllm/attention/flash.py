@@ -39,6 +39,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from scratchllm.attention.flash_kernels import exp_shift_, fused_ok, softmax_grad_
 from scratchllm.attention.sdpa import check_heads
 from scratchllm.core.validate import expect_dout, expect_float, expect_positive, expect_shape
 
@@ -158,7 +159,7 @@ def flash_sdpa_forward(q, k, v, alibi_slopes=None, *, causal=False, window=None,
             s = _scores(qb, k[:, :, j0:j1], slopes, keep, opts, i0, i1, j0, j1, Tk - Tq)
             m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (B, Hkv, G*bq, 1)
             ref = np.where(np.isfinite(m_new), m_new, 0)  # (B, Hkv, G*bq, 1): no inf - inf
-            p = np.exp(s - ref, out=s)  # (B, Hkv, G*bq, bk)
+            p = _exp_shift(s, ref)  # exp(S - ref) in place  (B, Hkv, G*bq, bk)
             alpha = np.exp(m - ref)  # (B, Hkv, G*bq, 1) rescales the earlier blocks
             l = alpha * l + p.sum(axis=-1, keepdims=True)  # (B, Hkv, G*bq, 1)
             acc = alpha * acc + p @ v[:, :, j0:j1]  # (B, Hkv, G*bq, Dv)
@@ -170,6 +171,27 @@ def flash_sdpa_forward(q, k, v, alibi_slopes=None, *, causal=False, window=None,
         lse5[:, :, :, i0:i1] = np.where(seen, m + np.log(np.where(seen, l, 1)),
                                         -np.inf).reshape(B, Hkv, G, i1 - i0, 1)
     return out, FlashCache(q, k, v, alibi_slopes, sinks, out, lse, opts)
+
+
+def _exp_shift(s, ref):
+    """exp(s - ref) in place, s (B, Hkv, G*bq, bk), ref (B, Hkv, G*bq, 1): one Numba pass
+    for float32 (flash_kernels.py), else these NumPy lines (the readable twin)."""
+    if fused_ok(s):
+        return exp_shift_(s, ref)
+    s -= ref
+    return np.exp(s, out=s)
+
+
+def _softmax_grad(dp, p, d_row, c):
+    """c P (dP - D) in place of dp (B, Hkv, G*bq, bk), d_row (B, Hkv, G*bq, 1): one Numba
+    pass for float32 (flash_kernels.py), else these NumPy lines."""
+    if fused_ok(dp):
+        return softmax_grad_(dp, p, d_row, c)
+    dp -= d_row
+    np.multiply(dp, p, out=dp)
+    if c != 1:
+        dp *= np.asarray(c, dp.dtype)
+    return dp
 
 
 def _sink_rows(sinks, shape, G, bq):
@@ -222,15 +244,16 @@ def flash_sdpa_backward(dout, cache):
         for j0, j1, keep in ks:
             kb, vb = k[:, :, j0:j1], v[:, :, j0:j1]  # (B, Hkv, bk, Dh|Dv)
             s = _scores(qb, kb, slopes, keep, opts, i0, i1, j0, j1, Tk - Tq)
-            p = np.exp(s - L, out=s)  # fwd: P = exp(S - L)       (B, Hkv, G*bq, bk)
+            p = _exp_shift(s, L)  # fwd: P = exp(S - L)       (B, Hkv, G*bq, bk)
             dv[:, :, j0:j1] += p.swapaxes(-1, -2) @ dob  # fwd: out = P v -> dv = P^T dout
             dp = dob @ vb.swapaxes(-1, -2)  # fwd: out = P v -> dP = dout v^T  (B,Hkv,G*bq,bk)
-            ds = p * (dp - d_row)  # fwd: P = softmax(S) -> dS = P (dP - D)  (B,Hkv,G*bq,bk)
+            c = 1.0 if slopes is not None else opts.scale  # the scale after ALiBi's gradient
+            ds = _softmax_grad(dp, p, d_row, c)  # fwd: P = softmax(S) -> dS = c P (dP - D)
             if slopes is not None:  # fwd: S += slope * dist -> dslope = sum dS * dist
                 dist = _distance(i0, i1, j0, j1, Tk - Tq)  # (bq, bk)
                 dslopes += np.einsum("bgxij,ij->gx", ds.reshape(
                     B, Hkv, G, i1 - i0, j1 - j0), dist.astype(ds.dtype))
-            ds *= np.asarray(opts.scale, ds.dtype)  # fwd: S = scale q k^T
+                ds *= np.asarray(opts.scale, ds.dtype)  # fwd: S = scale q k^T
             dqb += ds @ kb  # fwd: S = scale q k^T -> dq = scale dS k
             dk[:, :, j0:j1] += ds.swapaxes(-1, -2) @ qb  # -> dk = scale dS^T q (G heads sum)
         dq[:, :, i0:i1] = dqb.reshape(B, H, i1 - i0, Dh)

@@ -15,6 +15,7 @@ huggingface/transformers src/transformers/modeling_utils.py (the index file, tie
 """
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import ml_dtypes
@@ -23,22 +24,31 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from scratchllm.hub.families import family_of, from_hf_config, to_hf_config
+from scratchllm.hub.layout import from_hf, hf_shape, to_hf
 from scratchllm.hub.names import IGNORED_SUFFIXES, entries
 from scratchllm.lm import LM, ModelConfig
 from scratchllm.tokenizer import from_tokenizer_json
 
+LOAD_THREADS = 2
 CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16,
           "float64": np.float64}
 
 
 class _NoInit:
-    """An rng for LM(...) whose 'random' weights are zeros: load_pretrained overwrites every
-    Param, so drawing N(0, 1) numbers for a 100M-parameter model first would waste seconds."""
+    """An rng for LM(...) that draws nothing: load_pretrained overwrites every Param, so
+    drawing N(0, 1) numbers for a 100M-parameter model first would waste seconds. normal_init
+    sees skip_init and leaves its weights uninitialised; a module drawing directly gets zeros."""
+
+    skip_init = True
 
     @staticmethod
     def standard_normal(shape):
         return np.zeros(shape, np.float32)  # (shape)
+
+    @staticmethod
+    def uniform(low, high, size):  # the Mamba block's conv and dt initialisation
+        return np.zeros(size, np.float32)  # (size)
 
 
 def read_hf_config(path):
@@ -70,16 +80,27 @@ def _canonical(name, family):
     return name
 
 
-def _read_tensors(stored, wanted):
-    """Yield (name, array) for the wanted names, one shard open at a time; stored maps a
-    name to (file, the name inside the file)."""
+def _load_into(path, stored, by_hf, params, dtype):
+    """Read every wanted tensor into its Params, one shard open at a time; stored maps a name
+    to (file, the name inside the file). LOAD_THREADS threads: one reads a tensor while
+    another transposes the last (safetensors and NumPy's copies release the GIL)."""
     by_file = {}
-    for name in wanted:
+    for name in by_hf:
         by_file.setdefault(stored[name][0], []).append(name)
     for file, names in by_file.items():
-        with safe_open(file, framework="np") as f:
-            for name in names:
-                yield name, f.get_tensor(stored[name][1])
+        with safe_open(file, framework="np") as f, ThreadPoolExecutor(LOAD_THREADS) as pool:
+            list(pool.map(lambda n: _place(path, by_hf[n], f.get_tensor(stored[n][1]), params,
+                                           dtype), names))
+
+
+def _place(path, e, array, params, dtype):
+    """Check an HF tensor's shape against its Params and store it in them (layout.from_hf:
+    transposed, split or an expert's slice, cast to the compute dtype)."""
+    want = hf_shape(e, params)
+    if array.shape != want:
+        raise ValueError(f"load_pretrained: {path}: tensor {e.hf!r} has shape {array.shape}, "
+                         f"expected {want} from config.json")
+    from_hf(e, array, params, dtype)
 
 
 def _check_names(path, cfg, stored, expected):
@@ -114,32 +135,14 @@ def load_pretrained(path, dtype=np.float32):
     stored = {_canonical(n, cfg.name): (f, n) for n, f in weight_files(path).items()}
     table = entries(model)
     _check_names(path, cfg, stored, {e.hf for e in table})
-    params = dict(model.named_parameters())
-    by_hf = {e.hf: e for e in table}
-    for name, array in _read_tensors(stored, by_hf):
-        e = by_hf[name]
-        parts = [params[n] for n in e.lib]
-        widths = [p.data.shape[-1] for p in parts]
-        want = parts[0].data.shape[:-1] + (sum(widths),)
-        want = want[::-1] if e.transpose else want
-        if array.shape != want:
-            raise ValueError(f"load_pretrained: {path}: tensor {name!r} has shape "
-                             f"{array.shape}, expected {want} from config.json")
-        array = array.T if e.transpose else array
-        for p, piece in zip(parts, np.split(array, np.cumsum(widths)[:-1], axis=-1)):
-            p.data = np.ascontiguousarray(piece, dtype=dtype)
+    _load_into(path, stored, {e.hf: e for e in table}, dict(model.named_parameters()), dtype)
     model.hf_config = hf
     return model
 
 
 def _hf_arrays(model, attr):
     params = dict(model.named_parameters())
-    out = {}
-    for e in entries(model):
-        parts = [getattr(params[n], attr) for n in e.lib]
-        a = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
-        out[e.hf] = np.ascontiguousarray(a.T if e.transpose else a)
-    return out
+    return {e.hf: to_hf(e, params, attr) for e in entries(model)}
 
 
 def state_dict(model):

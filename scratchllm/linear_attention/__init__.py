@@ -1,5 +1,6 @@
 """The linear-attention family, one recurrence S_t = (decay) S_{t-1} + (write) with three forms
-each (parallel, chunked, recurrent): gated linear attention, the engine (gla); causal linear
+each (parallel, chunked, recurrent): gated linear attention, the engine (gla;
+its per-channel intra-chunk scores as a Numba kernel in gla_scores); causal linear
 attention (linear); RetNet's scalar decay (retnet); the delta rule and gated DeltaNet (delta);
 RWKV-4's WKV (rwkv; its recurrent training pair, the stabilised scan and its adjoint, in
 rwkv_scan) and its time-mix / channel-mix blocks (rwkv_blocks); the token-mixer

@@ -49,7 +49,8 @@ class ModelConfig:
     # --- FFN
     ffn: str = "swiglu"                 # "swiglu" | "moe" | "none" (mixer-only blocks: Mamba-1)
     d_ff: int = 384                     # F: SwiGLU hidden width (each expert's, for MoE)
-    moe_every: int = 1                  # MoE in layers i with (i + 1) % moe_every == 0
+    moe_every: int = 1                  # MoE in layers i with i % moe_every == moe_offset
+    moe_offset: int = None              #   (None = moe_every - 1: every moe_every-th layer)
     n_experts: int = 8                  # E routed experts
     top_k: int = 2                      # K experts per token
     capacity_factor: float = None       # per-expert capacity ceil(c N K / E); None = no drops
@@ -67,6 +68,10 @@ class ModelConfig:
     expand: int = 2                     # Mamba inner width = expand * D
     # --- details of released checkpoints (Hugging Face configs)
     router_bias: bool = False           # a trained router logit bias (gpt-oss)
+    experts: str = "swiglu"             # MoE experts: "swiglu" (w1, w3, w2) | "clamped" (gpt-oss:
+    swiglu_alpha: float = 1.702         #   interleaved gate_up with biases, gate clamped at
+    swiglu_limit: float = 7.0           #   limit, up to [-limit, limit], gate sigma(alpha gate))
+    attn_sinks: bool = False            # a learned sink logit per attention head (gpt-oss)
     n_group: int = 1                    # DeepSeek-V3 group-limited routing: expert groups
     topk_group: int = 1                 #   ... of which a token may route into this many
     norm_topk_prob: bool = True         # gates renormalised over the chosen k (else raw scores)
@@ -89,7 +94,9 @@ class ModelConfig:
                                         #   query_pre_attn_scalar^-1/2)
     layer_types: list = None            # per layer "full_attention" | "sliding_attention"
                                         #   (window W, rope_local_base): Gemma 3
-    rope_local_base: float = None       # RoPE base of the sliding layers (None = rope_base)
+    rope_local_base: float = None       # RoPE base of the sliding layers, which then have no
+                                        #   rope_scaling (Gemma 3); None = the full layers'
+                                        #   RoPE, scaling included (gpt-oss)
 
     @property
     def dh(self):
@@ -101,7 +108,8 @@ class ModelConfig:
         return self.layer_pattern or "A" * self.n_layers
 
     def is_moe_layer(self, i):
-        return self.ffn == "moe" and (i + 1) % self.moe_every == 0
+        offset = self.moe_every - 1 if self.moe_offset is None else self.moe_offset
+        return self.ffn == "moe" and i % self.moe_every == offset
 
     def validate(self):
         """Raise ValueError naming the first inconsistent field."""
@@ -128,6 +136,8 @@ class ModelConfig:
             bad("layer_types has sliding_attention layers but window is None")
         if self.positions == "learned" and self.attention == "mla":
             bad("positions='learned' is implemented for attention='gqa' only")
+        if self.experts not in ("swiglu", "clamped"):
+            bad(f"experts must be 'swiglu' or 'clamped', got {self.experts!r}")
         if self.score not in ("softmax", "sigmoid"):
             bad(f"score must be 'softmax' or 'sigmoid', got {self.score!r}")
         if self.rope_style not in ("half", "interleaved"):
@@ -162,6 +172,10 @@ class ModelConfig:
         for f in ("n_group", "topk_group"):
             if not isinstance(getattr(self, f), int) or getattr(self, f) <= 0:
                 bad(f"{f} must be a positive integer, got {getattr(self, f)!r}")
+        if self.moe_offset is not None and not (isinstance(self.moe_offset, int)
+                                                and 0 <= self.moe_offset < self.moe_every):
+            bad(f"moe_offset must be None or an integer in [0, moe_every={self.moe_every}), "
+                f"got {self.moe_offset!r}")
         if self.dt_rank is not None and (not isinstance(self.dt_rank, int) or self.dt_rank <= 0):
             bad(f"dt_rank must be None or a positive integer, got {self.dt_rank!r}")
         kinds = self.layer_kinds()
@@ -176,6 +190,8 @@ class ModelConfig:
         expect_finite(fn, "norm_eps", self.norm_eps, 0, open_low=True)
         for f in ("balance_coef", "z_coef", "bias_gamma"):
             expect_finite(fn, f, getattr(self, f), 0)
+        for f in ("swiglu_alpha", "swiglu_limit"):
+            expect_finite(fn, f, getattr(self, f), 0, open_low=True)
         if self.capacity_factor is not None:
             expect_finite(fn, "capacity_factor", self.capacity_factor, 0, open_low=True)
         if self.window is not None:

@@ -5,8 +5,8 @@ with the lowest merge rank (the order the trainer learned them) into the id of a
 adjacent pair has a rank. `_bpe` keeps one rank per adjacent pair and recomputes only the two
 neighbours of a merge; `_bpe_ref` (its twin) rescans every pair after every merge. For the
 built-in patterns (gpt2, cl100k, o200k, llama3) the whole pipeline (scan + BPE + per-pre-token
-cache) runs in Numba kernels (fast.py, fast_scan.py); custom patterns use `regex` and a dict
-cache per pre-token string.
+cache) runs in Numba kernels (fast.py, fast_bpe.py, fast_scan.py); custom patterns use `regex`
+and a dict cache per pre-token string.
 
 Glossary: rank = index of a merge in `merges`; specials = {special token string: id}.
 """
@@ -16,7 +16,7 @@ from multiprocessing import Pool
 
 import numpy as np
 
-from . import fast, fast_scan, gpt2
+from . import fast, fast_bpe, fast_scan, gpt2
 from .pretokenize import (bounded_map, clean_surrogates, compile_pattern,
                           iter_chunks, pattern_string, read_blocks, several,
                           special_regex, split_special)
@@ -51,7 +51,7 @@ class Tokenizer:
         new_ids = [self._need(a + b, f"merge {r}: merged") for r, (a, b) in enumerate(self.merges)]
         self._rank = {(int(a), int(b)): (r, n) for r, ((a, b), n)
                       in enumerate(zip(self._pairs.tolist(), new_ids))}
-        self._table = fast.merge_table(self._pairs, new_ids)
+        self._table = fast_bpe.merge_table(self._pairs, new_ids)
         self._kind = fast_scan.KIND.get(pattern_string(pattern), -1)   # -1: regex path
         self._fast = self._kind >= 0
         self._regex = compile_pattern(pattern)
@@ -97,8 +97,17 @@ class Tokenizer:
         _need_str(text, "encode_ordinary")
         return self._encode_array(text, None).tolist()
 
+    def _pieces(self, text, special_re):
+        """[(is_special, str)]: text with the allowed specials split out (hf_json's pipelines
+        override it to normalise or prefix the ordinary pieces)."""
+        return list(split_special(clean_surrogates(text), special_re))
+
+    def _pretokens(self, piece):
+        """The pre-tokens (str) of an ordinary piece on the regex path: the pattern's matches."""
+        return self._regex.findall(piece)
+
     def _encode_array(self, text, special_re):
-        pieces = list(split_special(clean_surrogates(text), special_re))
+        pieces = self._pieces(text, special_re)
         if not self._fast:
             return np.array(self._encode_slow(pieces), dtype=np.int32)           # (T,)
         blobs = [b"" if s else p.encode("utf-8") for s, p in pieces]
@@ -121,7 +130,7 @@ class Tokenizer:
             if is_special:
                 ids.append(self.special_tokens[piece])
                 continue
-            for pre in self._regex.findall(piece):
+            for pre in self._pretokens(piece):
                 hit = self._cache.get(pre)
                 if hit is None:
                     if len(self._cache) >= _CACHE_MAX:
@@ -132,8 +141,8 @@ class Tokenizer:
 
     def _bpe(self, token):
         """Ids of one pre-token (bytes): lowest-rank merge first, neighbours re-ranked only."""
-        if len(token) > fast.LONG:  # the heap merge: O(m log m) where this loop is O(m^2)
-            return tuple(fast.bpe_long(token, self._byte_ids, *self._table).tolist())
+        if len(token) > fast_bpe.LONG:  # the heap merge: O(m log m) where this loop is O(m^2)
+            return tuple(fast_bpe.bpe_long(token, self._byte_ids, *self._table).tolist())
         parts = [int(self._byte_ids[b]) for b in token]
         none = (len(self.merges), -1)
         ranks = [self._rank.get(p, none) for p in zip(parts, parts[1:])]

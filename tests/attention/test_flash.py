@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from grads.cases import CASES
+from scratchllm.attention.flash_kernels import fused_ok
 from scratchllm.attention import (Attention, alibi_bias, alibi_slopes, attention_sink_mask,
                                   causal_mask, flash_sdpa_backward, flash_sdpa_forward,
                                   sdpa_backward, sdpa_forward, sliding_window_mask)
@@ -215,3 +216,28 @@ def test_attention_module_with_sinks_flash_sdpa_and_decode_agree(mask_kw):
     state = mods[0].init_state(2, 9)
     steps = np.stack([mods[0].decode(x[:, t], state, t) for t in range(9)], axis=1)
     np.testing.assert_allclose(steps, outs[0][0], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("opts", [dict(causal=True), dict(causal=True, window=5, n_sink=2),
+                                  dict(alibi_slopes=alibi_slopes(6))])
+def test_float32_numba_passes_equal_the_readable_numpy_twin(opts, monkeypatch):
+    """flash_kernels' fused exp and dS passes (float32) against the NumPy lines they replace
+    (SCRATCHLLM_READABLE=1), forward and every gradient, sinks included."""
+    rng = np.random.default_rng(9)
+    q, k, v = (a.astype(np.float32) for a in _inputs(rng, Tq=21, Tk=21))
+    sinks, dout = rng.standard_normal(6).astype(np.float32), rng.standard_normal(
+        (2, 6, 21, 3)).astype(np.float32)
+    if "alibi_slopes" in opts:
+        opts = dict(alibi_slopes=opts["alibi_slopes"].astype(np.float32))
+
+    def run():
+        out, cache = flash_sdpa_forward(q, k, v, block_q=8, block_k=5, sinks=sinks, **opts)
+        return {"out": out, **flash_sdpa_backward(dout, cache)}
+
+    assert fused_ok(q[:, :2, :8] @ k[:, :, :5].swapaxes(-1, -2))  # a block's scores: Numba
+    fast = run()
+    monkeypatch.setenv("SCRATCHLLM_READABLE", "1")
+    assert not fused_ok(q)
+    readable = run()
+    for name, want in readable.items():
+        np.testing.assert_allclose(fast[name], want, rtol=1e-5, atol=1e-5, err_msg=name)
