@@ -34,7 +34,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.validate import expect_float, expect_ndim, expect_positive, expect_shape
+from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_ndim,
+                                      expect_positive, expect_shape)
 
 
 class FlashOptions(NamedTuple):
@@ -144,8 +145,8 @@ def flash_sdpa_forward(q, k, v, alibi_slopes=None, *, causal=False, window=None,
     B, H, Tq, Dh = q.shape
     Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[3]
     G = H // Hkv
-    opts = FlashOptions(Dh ** -0.5 if scale is None else scale, bool(causal), window,
-                        int(n_sink), int(block_q), int(block_k))
+    scale = Dh ** -0.5 if scale is None else expect_finite("flash_sdpa", "scale", scale)
+    opts = FlashOptions(scale, bool(causal), window, int(n_sink), int(block_q), int(block_k))
     slopes = None if alibi_slopes is None else alibi_slopes.reshape(Hkv, G, 1, 1)  # (Hkv,G,1,1)
     out = np.zeros((B, H, Tq, Dv), q.dtype)  # (B, H, Tq, Dv)
     lse = np.full((B, Hkv, G * Tq, 1), -np.inf, q.dtype)  # (B, Hkv, G*Tq, 1)
@@ -182,6 +183,7 @@ def flash_sdpa_backward(dout, cache):
     Reference: Dao 2023 (arXiv 2307.08691) Algorithm 2; Dao-AILab/flash-attention
     flash_attn/flash_attn_triton.py.
     """
+    expect_dout("flash_sdpa_backward", dout, cache.out.shape, cache.out.dtype)
     q, k, v, alibi_slopes, out, lse, opts = cache
     B, H, Tq, Dh = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]

@@ -32,7 +32,7 @@ from numba import njit
 
 from scratchllm.core import ops
 from scratchllm.core.exp32 import exp_lanes
-from scratchllm.core.validate import expect_float, expect_shape
+from scratchllm.core.validate import expect_dout, expect_finite, expect_float, expect_shape
 
 
 def use_fused():
@@ -84,8 +84,9 @@ def _rmsnorm_rows_backward(dy, x, g, rstd, dx, dg):
 def fused_rmsnorm_forward(x, g, eps=1e-5):
     """ops.rmsnorm_forward in one pass per row.  Inputs: x (..., D), g (D,).
     Returns: y (..., D).  Cache: (x rows, g, rstd (BT,), x.shape)."""
-    expect_float("rmsnorm", "x", x)
+    expect_float("rmsnorm", "x", x, 1)
     expect_shape("rmsnorm", "g", g, (x.shape[-1],), "the last axis of x")
+    eps = expect_finite("rmsnorm", "eps", eps, 0, open_low=True)
     xr = _rows(x)  # (BT, D)
     y = np.empty_like(xr)  # (BT, D)
     rstd = np.empty(xr.shape[0], x.dtype)  # (BT,)
@@ -97,6 +98,7 @@ def fused_rmsnorm_backward(dy, cache):
     """Math (ops.rmsnorm_backward): xhat = x r, dxhat = dy g,
         dg = sum over rows of dy xhat,  dx = r (dxhat - xhat mean(dxhat xhat)).
     Reference: Zhang & Sennrich 2019 (arXiv 1910.07467)."""
+    expect_dout("fused_rmsnorm_backward", dy, cache.shape, cache.x.dtype, name="dy")
     x, g, rstd, shape = cache
     dx = np.empty_like(x)  # (BT, D)
     dg = np.zeros(x.shape[1])  # (D,) float64 accumulator, returned in x's dtype
@@ -113,6 +115,7 @@ class FusedSwiGLUCache(NamedTuple):
     up: ops.LinearCache  # x @ [W1 | W3]
     down: ops.LinearCache  # m @ W2
     h: np.ndarray  # (BT, 2F) = [a | b]
+    shape: tuple  # x.shape
 
 
 @njit(cache=True, nogil=True)
@@ -140,7 +143,8 @@ def _gate_backward(h, dm, dh, one):
 def fused_swiglu_forward(x, W1, W3, W2):
     """ops.swiglu_forward with the two up-projections in one GEMM and the gate in one pass.
     Inputs: x (..., D), W1, W3 (D, F), W2 (F, D).  Returns: y (..., D).
-    Cache: the two linear caches and h = [a | b] (BT, 2F)."""
+    Cache: the two linear caches, h = [a | b] (BT, 2F) and x.shape."""
+    expect_float("swiglu", "x", x, 1)
     D = x.shape[-1]
     expect_shape("swiglu", "W1", W1, (D, None), "(D, F)")
     expect_shape("swiglu", "W3", W3, W1.shape, "(D, F), like W1")
@@ -149,14 +153,15 @@ def fused_swiglu_forward(x, W1, W3, W2):
     m = np.empty((h.shape[0], W1.shape[1]), x.dtype)  # (BT, F)
     _gate(h, m, h.dtype.type(1))
     y, down = ops.linear_forward(m, W2)  # (BT, D)
-    return y.reshape(x.shape), FusedSwiGLUCache(up, down, h)
+    return y.reshape(x.shape), FusedSwiGLUCache(up, down, h, x.shape)
 
 
 def fused_swiglu_backward(dy, cache):
     """Math: fwd y = m W2 -> dm = dy W2^T, dW2 = m^T dy; fwd m = silu(a) b -> da, db (_gate);
     fwd [a | b] = x [W1 | W3] -> dx = [da | db] [W1 | W3]^T, [dW1 | dW3] = x^T [da | db].
     Reference: Shazeer 2020 (arXiv 2002.05202)."""
-    up, down, h = cache
+    expect_dout("fused_swiglu_backward", dy, cache.shape, ops.linear_out(cache.down)[1], name="dy")
+    up, down, h, _ = cache
     F = h.shape[1] // 2
     g_down = ops.linear_backward(_rows(dy), down)  # fwd: y = m @ W2
     dh = np.empty_like(h)  # (BT, 2F)
@@ -223,6 +228,7 @@ def fused_cross_entropy_backward(dloss, cache):
     """Math: dlogits = dloss / n_valid * (softmax - onehot(t)) on counted rows, 0 on ignored
     ones (the forward stored softmax - onehot).
     Reference: scratchllm/core/ops.py cross_entropy_backward."""
+    expect_dout("fused_cross_entropy_backward", dloss, (), cache.dlogits.dtype, name="dloss")
     dz, shape, n_valid = cache
     scale = np.asarray(dloss, dz.dtype) / dz.dtype.type(max(n_valid, 1))
     return {"logits": (dz * scale).reshape(shape)}  # (..., V)

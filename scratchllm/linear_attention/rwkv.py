@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.ops import softmax_backward, softmax_forward
-from scratchllm.core.validate import expect_float, expect_ndim, expect_shape
+from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
 
 
 class WKVCache(NamedTuple):
@@ -66,6 +66,8 @@ def rwkv4_wkv_backward(dy, cache):
     Reference: Peng et al. 2023, arXiv 2305.13048, appendix (the WKV gradients, derived
     here).
     """
+    expect_dout("rwkv4_wkv_backward", dy, cache.v.shape, np.result_type(cache.v, cache.softmax.y),
+                name="dy")
     v, sm = cache
     P = sm.y  # (B, D, T, T)
     dyt, vt = np.swapaxes(dy, 1, 2), np.swapaxes(v, 1, 2)  # (B, D, T)

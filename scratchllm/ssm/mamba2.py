@@ -16,9 +16,9 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.nn import Module, Param, normal_init
-from scratchllm.core.ops import (linear_backward, linear_forward, silu_backward, silu_forward,
-                                 softplus_backward, softplus_forward)
-from scratchllm.core.validate import expect_float, expect_ndim
+from scratchllm.core.ops import (linear_backward, linear_forward, linear_out, silu_backward,
+                                 silu_forward, softplus_backward, softplus_forward)
+from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
 from scratchllm.ssm.ssd import ssd_backward, ssd_forward, ssd_step
 
 WEIGHTS = ("Wz", "Wx", "WB", "WC", "Wdt", "dt_bias", "A_log", "D", "Wout")
@@ -39,8 +39,19 @@ def mamba2_forward(x, Wz, Wx, WB, WC, Wdt, dt_bias, A_log, D, Wout, *, chunk=64)
     Wout (H·Dh, D). Returns out (B, T, D)."""
     expect_ndim("mamba2", "x", x, 3, "(B, T, D)")
     expect_float("mamba2", "x", x)
-    batch, T, _ = x.shape
+    batch, T, Dm = x.shape
+    expect_ndim("mamba2", "A_log", A_log, 1, "(H,)")
     H = A_log.shape[0]
+    expect_shape("mamba2", "Wz", Wz, (Dm, None), "(D, H·Dh)")
+    if Wz.shape[1] % H:
+        raise ValueError(f"mamba2: Wz has shape {Wz.shape}, expected (D, H·Dh) with H = {H}")
+    expect_shape("mamba2", "Wx", Wx, Wz.shape, "(D, H·Dh), like Wz")
+    expect_shape("mamba2", "WB", WB, (Dm, None), "(D, N)")
+    expect_shape("mamba2", "WC", WC, WB.shape, "(D, N), like WB")
+    expect_shape("mamba2", "Wdt", Wdt, (Dm, H), "(D, H)")
+    for name, a in (("dt_bias", dt_bias), ("D", D)):
+        expect_shape("mamba2", name, a, (H,), "(H,), like A_log")
+    expect_shape("mamba2", "Wout", Wout, Wz.shape[::-1], "(H·Dh, D)")
     (z, cz), (u, cu), (Bm, cB), (Cm, cC) = (linear_forward(x, W) for W in (Wz, Wx, WB, WC))
     dt_lin, cdt = linear_forward(x, Wdt, dt_bias)  # (B, T, H)
     dt, sp = softplus_forward(dt_lin)  # (B, T, H)
@@ -58,6 +69,7 @@ def mamba2_backward(dout, cache):
     SSD (dx, dΔ, dA, dB, dC, dD), dA_log = dA·A, Δ through softplus and its linear, and the four
     input projections, whose dx add up.
     Reference: Dao & Gu 2024, arXiv 2405.21060 (the backward derived here)."""
+    expect_dout("mamba2_backward", dout, *linear_out(cache.lin[5]))
     (cz, cu, cB, cC, cdt, co), sp, csilu, z_act, y, A, cs = cache
     g_o = linear_backward(dout, co)  # fwd: out = (y * silu(z)) Wout
     dz = silu_backward(g_o["x"] * y, csilu)["x"]  # (B, T, H·Dh)
