@@ -269,6 +269,8 @@ def gla_attention_step(q_t, k_t, v_t, g_t, state):
     """
     if state is None:
         state = np.zeros(k_t.shape + v_t.shape[-1:], k_t.dtype)  # (B, H, Dk, Dv)
+    expect_shape("gla_attention_step", "state", state, k_t.shape + v_t.shape[-1:],
+                 "(B, H, Dk, Dv) of k_t, v_t")
     if g_t is not None:
         a = np.exp(g_t if g_t.ndim == 3 else g_t[..., None])  # (B, H, G)
         state = a[..., None] * state  # (B, H, Dk, Dv)
