@@ -180,7 +180,11 @@ def flash_sdpa(rng):
             check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="learned alibi, causal",
                   q=q, k=k, v=v, alibi_slopes=slopes, causal=True, **blocks),
             check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="alibi bidirectional",
-                  q=q, k=k, v=v, alibi_slopes=slopes, **blocks)]
+                  q=q, k=k, v=v, alibi_slopes=slopes, **blocks),
+            check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="gpt-oss sinks, causal "
+                  "(Tq < Tk)", q=q, k=k, v=v, sinks=rng.standard_normal(4), causal=True, **blocks),
+            check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="sinks, window 3",
+                  q=q, k=k, v=v, sinks=rng.standard_normal(4), causal=True, window=3, **blocks)]
 
 
 @case
@@ -658,6 +662,18 @@ def gla_attention(rng):
 
 
 @case
+def gla_scores(rng):
+    from scratchllm.linear_attention import gla_scores as gs
+    shape = (2, 3, 5, 4)  # (B, n, C, Dk)
+    return [check(fwd, bwd, rng=rng, label=label, q=rng.standard_normal(shape),
+                  k=rng.standard_normal(shape),
+                  b=np.cumsum(np.log(rng.uniform(0.3, 1.0, shape)), axis=-2))
+            for fwd, bwd, label in ((gs.gla_scores_forward, gs.gla_scores_backward, "numba"),
+                                    (gs.gla_scores_forward_ref, gs.gla_scores_backward_ref,
+                                     "ref"))]
+
+
+@case
 def delta_rule(rng):
     from scratchllm.linear_attention import delta_rule_backward, delta_rule_forward
     reports = []
@@ -679,12 +695,18 @@ def rwkv4(rng):
                                              rwkv4_channel_mix_forward, rwkv4_time_mix_backward,
                                              rwkv4_time_mix_forward, rwkv4_wkv_backward,
                                              rwkv4_wkv_forward)
+    from scratchllm.linear_attention import rwkv_scan as sc
     batch, T, D, F = 2, 7, 5, 9
     W = {n: rng.normal(0, 0.5, (D, D)) for n in ("Wk", "Wv", "Wr", "Wo")}
     mix = {n: rng.uniform(0, 1, D) for n in ("mix_k", "mix_v", "mix_r")}
-    return [check(rwkv4_wkv_forward, rwkv4_wkv_backward, rng=rng, label="wkv",
-                  w=rng.uniform(0.1, 2.0, D), u=rng.standard_normal(D),
-                  k=rng.standard_normal((batch, T, D)), v=rng.standard_normal((batch, T, D))),
+    wkv = [(rwkv4_wkv_forward, rwkv4_wkv_backward, "parallel", dict(form="parallel")),
+           (rwkv4_wkv_forward, rwkv4_wkv_backward, "recurrent", {}),
+           (sc.rwkv4_wkv_scan_forward, sc.rwkv4_wkv_scan_backward, "scan (numba)", {}),
+           (sc.rwkv4_wkv_scan_forward_ref, sc.rwkv4_wkv_scan_backward_ref, "scan (ref)", {})]
+    return [check(fwd, bwd, rng=rng, label=f"wkv, {label}", w=rng.uniform(0.1, 2.0, D),
+                  u=rng.standard_normal(D), k=rng.standard_normal((batch, T, D)),
+                  v=rng.standard_normal((batch, T, D)), **opts)
+            for fwd, bwd, label, opts in wkv] + [
             check(rwkv4_time_mix_forward, rwkv4_time_mix_backward, rng=rng, label="time-mix",
                   x=rng.standard_normal((batch, T, D)), time_decay=rng.normal(-1, 0.5, D),
                   time_first=rng.standard_normal(D), **mix, **W),
@@ -712,12 +734,14 @@ def recurrent_mixer(rng):
 @case
 def mamba2(rng):
     from scratchllm.ssm import mamba2_backward, mamba2_forward
-    D, Di, H, N = 5, 8, 2, 3
-    shapes = dict(Wz=(D, Di), Wx=(D, Di), WB=(D, N), WC=(D, N), Wdt=(D, H))
+    D, Di, H, N, K = 5, 8, 2, 3, 3
+    shapes = dict(Wz=(D, Di), Wx=(D, Di), WB=(D, N), WC=(D, N), Wdt=(D, H),
+                  conv_w=(Di + 2 * N, K), conv_b=(Di + 2 * N,))
     W = {n: rng.normal(0, 0.5, s) for n, s in shapes.items()}
     return check(mamba2_forward, mamba2_backward, rng=rng, x=rng.standard_normal((2, 7, D)),
                  dt_bias=rng.normal(-1, 0.5, H), A_log=rng.normal(0, 0.5, H),
-                 D=rng.standard_normal(H), Wout=rng.normal(0, 0.5, (Di, D)), chunk=3, **W)
+                 D=rng.standard_normal(H), norm=1 + rng.random(Di),
+                 Wout=rng.normal(0, 0.5, (Di, D)), chunk=3, **W)
 
 
 @case
@@ -852,8 +876,10 @@ def lm_encoders(rng):
 @case
 def gqa_options(rng):
     """The attention options of published checkpoints: q/k/v and output biases (Qwen2,
-    GPT-2), QK-norm gains (Qwen3), a softmax scale other than Dh^-1/2 (Gemma 3)."""
+    GPT-2), QK-norm gains (Qwen3), a softmax scale other than Dh^-1/2 (Gemma 3), learned sink
+    logits (gpt-oss)."""
     from scratchllm.attention import gqa_backward, gqa_forward, rope_frequencies
+    from scratchllm.attention.gqa import AttnOptions
     B, T, D, H, Hkv, Dh = 2, 7, 5, 6, 2, 4
     w = dict(x=rng.standard_normal((B, T, D)), wq=rng.standard_normal((D, H * Dh)),
              wk=rng.standard_normal((D, Hkv * Dh)), wv=rng.standard_normal((D, Hkv * Dh)),
@@ -868,7 +894,13 @@ def gqa_options(rng):
                   wrt=[*w, *norm], **w, **norm, **rope, scale=0.3, norm_eps=1e-6),
             check(gqa_forward, gqa_backward, rng=rng, label="all biases but bk, no rope",
                   wrt=[*w, "bq", "bv", "bo"], **w, **bias, bo=rng.standard_normal(D),
-                  n_heads=H, n_kv_heads=Hkv)]  # without RoPE d/dbk = 0 (see lm_hub)
+                  n_heads=H, n_kv_heads=Hkv),  # without RoPE d/dbk = 0 (see lm_hub)
+            check(gqa_forward, gqa_backward, rng=rng, label="gpt-oss: biases, sinks, window 3",
+                  wrt=[*w, *bias, "bo", "sinks"], **w, **bias, bo=rng.standard_normal(D),
+                  sinks=rng.standard_normal(H), mask="sliding", window=3, **rope),
+            check(gqa_forward, gqa_backward, rng=rng, label="sinks through flash, causal",
+                  wrt=[*w, "sinks"], **w, sinks=rng.standard_normal(H), **rope,
+                  attn=AttnOptions("flash", block=3))]
 
 
 HF_FIXTURES = ("llama", "llama_yarn", "llama_linear", "llama_dynamic", "mistral", "qwen2",
@@ -895,6 +927,21 @@ def lm_hub(rng):
                              wrt=wrt, label=family, ids=rng.integers(0, V, (2, 7)),
                              targets=rng.integers(0, V, (2, 7)), **params))
     return reports
+
+
+@case
+def hub_gpt_oss(rng):
+    """d loss / d every Param of the tiny gpt-oss checkpoint (tests/fixtures/hf/gpt_oss) in
+    float64, on the fixture's ids, whose routing is at least 1e-3 from a top-k tie."""
+    from pathlib import Path
+    from scratchllm.hub import load_pretrained
+    from scratchllm.lm import loss_pair
+    d = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "hf" / "gpt_oss"
+    model = load_pretrained(d, dtype=np.float64)
+    forward, backward, params = loss_pair(model)
+    ids = np.load(d / "expected.npz")["ids"]  # (B, T)
+    return check(forward, backward, rng=rng, max_full=0, n_directions=2, label="gpt_oss",
+                 ids=ids, targets=np.roll(ids, -1, axis=1), **params)
 
 
 @case

@@ -47,7 +47,8 @@ def test_notebook_is_stored_without_outputs(name):
 @pytest.mark.parametrize("name", _present())
 def test_notebook_executes_without_error(name, tmp_path):
     nb = nbformat.read(FOLDER / f"{name}.ipynb", as_version=4)
-    client = NotebookClient(nb, timeout=600, kernel_name="python3",  # hung kernels only
+    client = NotebookClient(nb, timeout=600, startup_timeout=600,  # hung kernels only: a loaded
+                            kernel_name="python3",  # machine can take over 60 s to start one
                             resources={"metadata": {"path": str(tmp_path)}})
     nb.cells.append(nbformat.v4.new_code_cell(CPU_CELL))
     start = time.perf_counter()

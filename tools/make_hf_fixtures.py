@@ -15,8 +15,8 @@ holds:
         greedy (10 ids greedily generated after ids[0, :P]), saved_by_scratchllm_rel_err
         (scratchllm's save_pretrained of the checkpoint, loaded by from_pretrained: the
         float32 logits' largest relative difference from `logits`)
-Plus dense/: scratchllm's `dense` preset (tiny) written by scratchllm.hub.save_pretrained,
-with the logits transformers computes after from_pretrained on it (the save path's proof),
+Plus gpt_oss/ (tools/make_gpt_oss_fixture.py, the same format); dense/: scratchllm's `dense`
+preset (tiny) written by scratchllm.hub.save_pretrained, with the logits transformers computes after from_pretrained on it (the save path's proof),
 and tokenizer_*/: expected ids of HF `tokenizers` for tokenizer.json files (ByteLevel,
 Split + ByteLevel, and Split + ByteLevel with an NFC normalizer).
 
@@ -147,7 +147,8 @@ def load_float64(directory):
     state = load_file(Path(directory) / "model.safetensors")
     with float64_everywhere():
         model = transformers.AutoModelForCausalLM.from_config(
-            cfg, dtype=torch.float64, attn_implementation="eager")
+            cfg, dtype=torch.float64, attn_implementation="eager",
+            experts_implementation="eager")  # MoE: the default grouped_mm takes no float64
     missing, unexpected = model.load_state_dict({k: v.double() for k, v in state.items()},
                                                 strict=False)
     tied = {k for k in missing if k == "lm_head.weight" and cfg.tie_word_embeddings}
@@ -240,6 +241,8 @@ def main():
         np.savez_compressed(d / "expected.npz", **expected)
         print(f"{family}: {sorted(p.name for p in d.iterdir())}")
     dense_roundtrip(OUT / "dense", tok_split.get_vocab_size())
+    import make_gpt_oss_fixture  # here: it imports this module's helpers
+    make_gpt_oss_fixture.main()  # tests/fixtures/hf/gpt_oss
     tok_nfc = make_tokenizer(QWEN_SPLIT, nfc=True)
     for name, tok in (("tokenizer_split", tok_split), ("tokenizer_bytelevel", tok_gpt2),
                       ("tokenizer_nfc", tok_nfc)):

@@ -73,8 +73,8 @@ def cross_attention_backward(dy, cache):
 
 class CrossAttention(Module):
     """Cross-attention layer owning wq, wk, wv, wo: forward(x, ctx, mask) -> (y, cache);
-    backward(dy, cache) -> (dx, dctx), Param grads added (the context's gradient goes back to
-    the encoder, so both input gradients are returned)."""
+    backward(dy, cache) -> {"x": dx, "ctx": dctx}, Param grads added (the context's gradient
+    goes back to the encoder, so both input gradients are returned, keyed like the pair's)."""
 
     def __init__(self, d_model, n_heads, n_kv_heads=None, *, rng, d_context=None,
                  head_dim=None, dtype=np.float32):
@@ -93,4 +93,5 @@ class CrossAttention(Module):
 
     def backward(self, dy, cache):
         grads = cross_attention_backward(dy, cache)
-        return self.add_grads(grads), grads["ctx"]
+        self.add_grads(grads)
+        return {"x": grads["x"], "ctx": grads["ctx"]}

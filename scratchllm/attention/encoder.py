@@ -35,6 +35,27 @@ def mlm_corrupt(ids, rng, *, mask_id, vocab_size, rate=0.15):
     return inputs, np.where(chosen, ids, -100)  # (B, T) each
 
 
+class EncoderBlockCache(NamedTuple):
+    norm1: tuple
+    attn: tuple
+    norm2: tuple
+    ffn: tuple
+
+
+class DecoderBlockCache(NamedTuple):
+    self_block: EncoderBlockCache
+    norm_c: tuple
+    cross: tuple
+
+
+class MLMCache(NamedTuple):
+    embed: tuple
+    blocks: list
+    norm: tuple
+    head: tuple
+    ce: tuple
+
+
 class EncoderBlock(Module):
     """Pre-norm block with bidirectional (unmasked) GQA self-attention and RoPE."""
 
@@ -50,7 +71,7 @@ class EncoderBlock(Module):
         m, ca = self.attn.forward(a)  # (B, T, D)
         b, c2 = self.norm2.forward(x + m)  # (B, T, D)
         f, cf = self.ffn.forward(b)  # (B, T, D)
-        return x + m + f, (c1, ca, c2, cf)
+        return x + m + f, EncoderBlockCache(c1, ca, c2, cf)
 
     def backward(self, dy, cache):
         c1, ca, c2, cf = cache
@@ -72,14 +93,14 @@ class DecoderBlock(Module):
         h, cs = self.self_block.forward(x)  # (B, Tt, D)
         a, cn = self.norm_c.forward(h)  # (B, Tt, D)
         c, cc = self.cross.forward(a, enc)  # (B, Tt, D)
-        return h + c, (cs, cn, cc)
+        return h + c, DecoderBlockCache(cs, cn, cc)
 
     def backward(self, dy, cache):
-        """dy (B, Tt, D) -> (dx, denc)."""
+        """dy (B, Tt, D) -> {"x": dx, "enc": denc}, the gradients of forward's two inputs."""
         cs, cn, cc = cache
-        da, denc = self.cross.backward(dy, cc)  # fwd: y = h + cross(a, enc)
-        dh = dy + self.norm_c.backward(da, cn)  # fwd: a = norm_c(h)
-        return self.self_block.backward(dh, cs), denc
+        g = self.cross.backward(dy, cc)  # fwd: y = h + cross(a, enc)
+        dh = dy + self.norm_c.backward(g["x"], cn)  # fwd: a = norm_c(h)
+        return {"x": self.self_block.backward(dh, cs), "enc": g["ctx"]}
 
 
 def _stack_forward(blocks, x, *context):
@@ -120,7 +141,7 @@ class MaskedLM(Module):
         h, cn = self.norm.forward(x)  # (B, T, D)
         logits, ch = self.head.forward(h)  # (B, T, V)
         loss, cce = ops.cross_entropy_forward(logits, targets)
-        return loss, (ce_emb, caches, cn, ch, cce)
+        return loss, MLMCache(ce_emb, caches, cn, ch, cce)
 
     def loss_backward(self, dloss, cache):
         ce_emb, caches, cn, ch, cce = cache
@@ -168,8 +189,8 @@ class EncoderDecoder(Module):
                                     cache.dec_norm)
         denc = 0
         for blk, c in zip(reversed(self.decoder), reversed(cache.dec)):
-            dy, de = blk.backward(dy, c)  # fwd: y = block(y, enc)
-            denc = denc + de  # every decoder block reads enc
+            g = blk.backward(dy, c)  # fwd: y = block(y, enc)
+            dy, denc = g["x"], denc + g["enc"]  # every decoder block reads enc
         self.tgt_embed.backward(dy, cache.tgt)
         dx = self.enc_norm.backward(denc, cache.enc_norm)  # fwd: enc = enc_norm(x)
         for blk, c in zip(reversed(self.encoder), reversed(cache.enc)):

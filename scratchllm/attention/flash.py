@@ -21,7 +21,12 @@ so the softmax backward's row term is computed once from out, without any full r
 Masks, as the masks.py arrays (True = may attend), from positions: query row i sits at
 position i + Tk - Tq (bottom-right aligned, so a query block of the last Tq tokens lines up
 with the whole key sequence); causal keeps keys j <= pos; window W keeps j > pos - W; n_sink
-keeps the first S keys as well (attention_sink_mask). ALiBi (positions.py) adds
+keeps the first S keys as well (attention_sink_mask). Sink logits (gpt-oss, `sinks=`): row i of
+head h has one more softmax column of logit sinks[h] and no value; the online softmax starts
+from it (m_0 = sinks[h], l_0 = 1, A_0 = 0), so L includes it and P_sink = exp(sinks[h] - L).
+Its gradient: dP_sink = 0 (no value), so dS_sink = -P_sink D and dsinks[h] = -sum_rows
+P_sink D; the key columns' dS = P (dP - D) is unchanged, as D = rowsum(dout * out) already
+sums only the keys (the sink adds nothing to out). ALiBi (positions.py) adds
 -slope_h |pos - j| inside each block, and its slope gradient is the sum of dS times that
 distance. Grouped K/V heads as in sdpa: the G query heads of a KV head are stacked along the
 rows, so each block is one (G*bq, Dh) @ (Dh, bk) product. Extra memory: out, L, dq and the
@@ -34,8 +39,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_ndim,
-                                      expect_positive, expect_shape)
+from scratchllm.attention.flash_kernels import exp_shift_, fused_ok, softmax_grad_
+from scratchllm.attention.sdpa import check_heads
+from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_positive,
+                                      expect_shape)
 
 
 class FlashOptions(NamedTuple):
@@ -52,25 +59,19 @@ class FlashCache(NamedTuple):
     k: np.ndarray      # (B, Hkv, Tk, Dh)
     v: np.ndarray      # (B, Hkv, Tk, Dv)
     alibi_slopes: np.ndarray  # (H,) or None
+    sinks: np.ndarray  # (H,) sink logits or None
     out: np.ndarray    # (B, H, Tq, Dv)
     lse: np.ndarray    # (B, Hkv, G*Tq, 1) row logsumexp, -inf for a fully masked row
     opts: FlashOptions
 
 
-def _check(q, k, v, alibi_slopes, causal, window, n_sink, block_q, block_k):
+def _check(q, k, v, alibi_slopes, sinks, causal, window, n_sink, block_q, block_k):
     fn = "flash_sdpa"
-    for name, a in (("q", q), ("k", k), ("v", v)):
-        expect_float(fn, name, a)
-        expect_ndim(fn, name, a, 4, "(B, H, T, Dh)")
-    B, H, Tq, Dh = q.shape
-    Hkv = k.shape[1]
-    if Hkv < 1 or H % Hkv:
-        raise ValueError(f"{fn}: k has shape {k.shape}, expected (B, Hkv, Tk, Dh) with Hkv "
-                         f"dividing H = {H}")
-    expect_shape(fn, "k", k, (B, Hkv, None, Dh), "(B, Hkv, Tk, Dh) like q")
-    expect_shape(fn, "v", v, (B, Hkv, k.shape[2], None), "(B, Hkv, Tk, Dv) like k")
-    if alibi_slopes is not None:
-        expect_shape(fn, "alibi_slopes", alibi_slopes, (H,), "(H,)")
+    H = check_heads(fn, q, k, v)[1]
+    for name, a in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
+        if a is not None:
+            expect_float(fn, name, a)
+            expect_shape(fn, name, a, (H,), "(H,): one per query head")
     expect_positive(fn, "block_q", block_q)
     expect_positive(fn, "block_k", block_k)
     if window is not None and (not causal or window < 1):
@@ -131,17 +132,18 @@ def _blocks(opts, Tq, Tk):
 
 
 def flash_sdpa_forward(q, k, v, alibi_slopes=None, *, causal=False, window=None, n_sink=0,
-                       scale=None, block_q=128, block_k=128):
+                       scale=None, block_q=128, block_k=128, sinks=None):
     """out = softmax(q k^T * scale + alibi, masked) v, tiled; equals sdpa_forward.
 
     Inputs:  q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv), H a multiple of Hkv;
              alibi_slopes (H,) or None; causal, window (with causal), n_sink (with window)
              as causal_mask / sliding_window_mask / attention_sink_mask, query i at position
-             i + Tk - Tq; scale defaults to Dh^-1/2; block_q, block_k the tile sizes.
+             i + Tk - Tq; scale defaults to Dh^-1/2; block_q, block_k the tile sizes;
+             sinks (H,) or None: gpt-oss's per-head sink logits (as sdpa_forward's).
     Returns: out (B, H, Tq, Dv); a fully masked query row gives zeros.
     Cache:   FlashCache: the inputs, out and the row logsumexp L (B, Hkv, G*Tq, 1).
     """
-    _check(q, k, v, alibi_slopes, causal, window, n_sink, block_q, block_k)
+    _check(q, k, v, alibi_slopes, sinks, causal, window, n_sink, block_q, block_k)
     B, H, Tq, Dh = q.shape
     Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[3]
     G = H // Hkv
@@ -152,14 +154,13 @@ def flash_sdpa_forward(q, k, v, alibi_slopes=None, *, causal=False, window=None,
     lse = np.full((B, Hkv, G * Tq, 1), -np.inf, q.dtype)  # (B, Hkv, G*Tq, 1)
     for i0, i1, ks in _blocks(opts, Tq, Tk):
         qb = _rows(q, G, i0, i1)  # (B, Hkv, G*bq, Dh)
-        m = np.full(qb.shape[:3] + (1,), -np.inf, q.dtype)  # (B, Hkv, G*bq, 1) running max
-        l = np.zeros_like(m)  # (B, Hkv, G*bq, 1) running sum
+        m, l = _start(sinks, qb.shape[:3], G, i1 - i0, q.dtype)  # (B, Hkv, G*bq, 1) max, sum
         acc = np.zeros(qb.shape[:3] + (Dv,), q.dtype)  # (B, Hkv, G*bq, Dv)
         for j0, j1, keep in ks:
             s = _scores(qb, k[:, :, j0:j1], slopes, keep, opts, i0, i1, j0, j1, Tk - Tq)
             m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (B, Hkv, G*bq, 1)
             ref = np.where(np.isfinite(m_new), m_new, 0)  # (B, Hkv, G*bq, 1): no inf - inf
-            p = np.exp(s - ref, out=s)  # (B, Hkv, G*bq, bk)
+            p = _exp_shift(s, ref)  # exp(S - ref) in place  (B, Hkv, G*bq, bk)
             alpha = np.exp(m - ref)  # (B, Hkv, G*bq, 1) rescales the earlier blocks
             l = alpha * l + p.sum(axis=-1, keepdims=True)  # (B, Hkv, G*bq, 1)
             acc = alpha * acc + p @ v[:, :, j0:j1]  # (B, Hkv, G*bq, Dv)
@@ -170,7 +171,45 @@ def flash_sdpa_forward(q, k, v, alibi_slopes=None, *, causal=False, window=None,
         lse5 = lse.reshape(B, Hkv, G, Tq, 1)  # (B, Hkv, G, Tq, 1), a view
         lse5[:, :, :, i0:i1] = np.where(seen, m + np.log(np.where(seen, l, 1)),
                                         -np.inf).reshape(B, Hkv, G, i1 - i0, 1)
-    return out, FlashCache(q, k, v, alibi_slopes, out, lse, opts)
+    return out, FlashCache(q, k, v, alibi_slopes, sinks, out, lse, opts)
+
+
+def _exp_shift(s, ref):
+    """exp(s - ref) in place, s (B, Hkv, G*bq, bk), ref (B, Hkv, G*bq, 1): one Numba pass
+    for float32 (flash_kernels.py), else these NumPy lines (the readable twin)."""
+    if fused_ok(s):
+        return exp_shift_(s, ref)
+    s -= ref
+    return np.exp(s, out=s)
+
+
+def _softmax_grad(dp, p, d_row, c):
+    """c P (dP - D) in place of dp (B, Hkv, G*bq, bk), d_row (B, Hkv, G*bq, 1): one Numba
+    pass for float32 (flash_kernels.py), else these NumPy lines."""
+    if fused_ok(dp):
+        return softmax_grad_(dp, p, d_row, c)
+    dp -= d_row
+    np.multiply(dp, p, out=dp)
+    if c != 1:
+        dp *= np.asarray(c, dp.dtype)
+    return dp
+
+
+def _sink_rows(sinks, shape, G, bq):
+    """sinks[h] on each of the G*bq grouped rows of every head: (B, Hkv, G*bq, 1)."""
+    B, Hkv, _ = shape
+    return np.broadcast_to(sinks.reshape(1, Hkv, G, 1, 1), (B, Hkv, G, bq, 1)).reshape(
+        B, Hkv, G * bq, 1)  # (B, Hkv, G*bq, 1)
+
+
+def _start(sinks, shape, G, bq, dtype):
+    """The online softmax before any key block: m = -inf, l = 0; with sinks the sink column
+    is already seen: m = sinks[h], l = exp(sinks[h] - m) = 1 (and A = 0: no value)."""
+    if sinks is None:
+        m = np.full(shape + (1,), -np.inf, dtype)  # (B, Hkv, G*bq, 1)
+        return m, np.zeros_like(m)
+    m = _sink_rows(sinks.astype(dtype), shape, G, bq).copy()  # (B, Hkv, G*bq, 1)
+    return m, np.ones_like(m)
 
 
 def flash_sdpa_backward(dout, cache):
@@ -178,43 +217,50 @@ def flash_sdpa_backward(dout, cache):
 
     Math (S = scale q k^T + bias, P = exp(S - L), D = rowsum(dout * out)):
         dv = P^T dout,  dP = dout v^T,  dS = P * (dP - D),
-        dq = scale dS k,  dk = scale dS^T q,  dslope_h = sum_ij dS_hij * (-|pos_i - j|).
+        dq = scale dS k,  dk = scale dS^T q,  dslope_h = sum_ij dS_hij * (-|pos_i - j|),
+        dsinks_h = -sum_i exp(sinks_h - L_i) D_i   (the sink column: dP = 0, dS = -P D).
     D = rowsum(dP * P) because rowsum_j P_ij dout_i . v_j = dout_i . out_i (module docstring).
     Reference: Dao 2023 (arXiv 2307.08691) Algorithm 2; Dao-AILab/flash-attention
     flash_attn/flash_attn_triton.py.
     """
-    expect_dout("flash_sdpa_backward", dout, cache.out.shape, cache.out.dtype)
-    q, k, v, alibi_slopes, out, lse, opts = cache
+    q, k, v, alibi_slopes, sinks, out, lse, opts = cache
+    expect_dout("flash_sdpa_backward", dout, out.shape, out.dtype)
     B, H, Tq, Dh = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     G = H // Hkv
     slopes = None if alibi_slopes is None else alibi_slopes.reshape(Hkv, G, 1, 1)  # (Hkv,G,1,1)
     dq = np.zeros_like(q)  # (B, H, Tq, Dh)
     dk, dv = np.zeros_like(k), np.zeros_like(v)  # (B, Hkv, Tk, Dh), (B, Hkv, Tk, Dv)
-    dslopes = np.zeros((Hkv, G), q.dtype)  # (Hkv, G)
+    dslopes, dsinks = np.zeros((Hkv, G), q.dtype), np.zeros((Hkv, G), q.dtype)  # (Hkv, G)
     lse5 = lse.reshape(B, Hkv, G, Tq, 1)  # (B, Hkv, G, Tq, 1)
     for i0, i1, ks in _blocks(opts, Tq, Tk):
         qb, dob = _rows(q, G, i0, i1), _rows(dout, G, i0, i1)  # (B, Hkv, G*bq, Dh|Dv)
         d_row = np.sum(dob * _rows(out, G, i0, i1), axis=-1, keepdims=True)  # D (B,Hkv,G*bq,1)
         L = lse5[:, :, :, i0:i1].reshape(d_row.shape)  # (B, Hkv, G*bq, 1)
         L = np.where(np.isfinite(L), L, np.inf)  # a fully masked row: P = exp(-inf) = 0
+        if sinks is not None:  # fwd: sink column, P_s = exp(sink - L), no value -> dS_s = -P_s D
+            p_sink = np.exp(_sink_rows(sinks.astype(q.dtype), L.shape[:3], G, i1 - i0) - L)
+            dsinks -= (p_sink * d_row).reshape(B, Hkv, G, i1 - i0).sum(axis=(0, 3))  # (Hkv, G)
         dqb = np.zeros_like(qb)  # (B, Hkv, G*bq, Dh)
         for j0, j1, keep in ks:
             kb, vb = k[:, :, j0:j1], v[:, :, j0:j1]  # (B, Hkv, bk, Dh|Dv)
             s = _scores(qb, kb, slopes, keep, opts, i0, i1, j0, j1, Tk - Tq)
-            p = np.exp(s - L, out=s)  # fwd: P = exp(S - L)       (B, Hkv, G*bq, bk)
+            p = _exp_shift(s, L)  # fwd: P = exp(S - L)       (B, Hkv, G*bq, bk)
             dv[:, :, j0:j1] += p.swapaxes(-1, -2) @ dob  # fwd: out = P v -> dv = P^T dout
             dp = dob @ vb.swapaxes(-1, -2)  # fwd: out = P v -> dP = dout v^T  (B,Hkv,G*bq,bk)
-            ds = p * (dp - d_row)  # fwd: P = softmax(S) -> dS = P (dP - D)  (B,Hkv,G*bq,bk)
+            c = 1.0 if slopes is not None else opts.scale  # the scale after ALiBi's gradient
+            ds = _softmax_grad(dp, p, d_row, c)  # fwd: P = softmax(S) -> dS = c P (dP - D)
             if slopes is not None:  # fwd: S += slope * dist -> dslope = sum dS * dist
                 dist = _distance(i0, i1, j0, j1, Tk - Tq)  # (bq, bk)
                 dslopes += np.einsum("bgxij,ij->gx", ds.reshape(
                     B, Hkv, G, i1 - i0, j1 - j0), dist.astype(ds.dtype))
-            ds *= np.asarray(opts.scale, ds.dtype)  # fwd: S = scale q k^T
+                ds *= np.asarray(opts.scale, ds.dtype)  # fwd: S = scale q k^T
             dqb += ds @ kb  # fwd: S = scale q k^T -> dq = scale dS k
             dk[:, :, j0:j1] += ds.swapaxes(-1, -2) @ qb  # -> dk = scale dS^T q (G heads sum)
         dq[:, :, i0:i1] = dqb.reshape(B, H, i1 - i0, Dh)
     grads = {"q": dq, "k": dk, "v": dv}
     if alibi_slopes is not None:
         grads["alibi_slopes"] = dslopes.reshape(H)  # (H,)
+    if sinks is not None:
+        grads["sinks"] = dsinks.reshape(H)  # (H,)
     return grads

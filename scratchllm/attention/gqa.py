@@ -35,12 +35,13 @@ from scratchllm.core.ops import linear_backward, linear_forward, linear_out
 from scratchllm.core.validate import expect_dout, expect_integer, expect_shape
 
 
-
 class GQACache(NamedTuple):
     qkv: QKVCache
     rep: tuple  # RepeatKVCache in gqa_forward_ref; None when sdpa shares the heads itself
     sdpa: SDPACache  # or a FlashCache (attn_impl="flash")
     lin_o: tuple
+    k: np.ndarray  # (B, Hkv, T, Dh) the rotated keys and values attended: what a KV state
+    v: np.ndarray  # (B, Hkv, T, Dh) holds after these tokens (Attention.prefill)
 
 
 def _resolve_mask(mask, window, T):
@@ -74,14 +75,16 @@ class AttnOptions(NamedTuple):
     block: int = 128        # flash's block_q = block_k
 
 
-def _attend(q, k, v, mask, window, attn, scale=None):
-    """sdpa or flash_sdpa of (q, k, v) under the named (or array) mask and ALiBi slopes."""
+def _attend(q, k, v, mask, window, attn, scale=None, sinks=None):
+    """sdpa or flash_sdpa of (q, k, v) under the named (or array) mask, ALiBi slopes and
+    sink logits."""
     T = q.shape[2]
     if attn.impl == "sdpa":
         if attn.n_sink:  # the window is inside the sink mask
             mask, window = attention_sink_mask(T, window, attn.n_sink), None  # (T, T)
         bias = None if attn.alibi is None else alibi_bias(attn.alibi, T, T)  # (H, T, T)
-        return sdpa_forward(q, k, v, _resolve_mask(mask, window, T), scale, bias=bias)
+        return sdpa_forward(q, k, v, _resolve_mask(mask, window, T), scale, bias=bias,
+                            sinks=sinks)
     if attn.impl != "flash" or not (mask is None or isinstance(mask, str)):
         raise ValueError(f"gqa: attn.impl must be 'sdpa' or 'flash' (flash takes a mask name, "
                          f"not an array), got impl={attn.impl!r}, mask {type(mask).__name__}")
@@ -89,18 +92,18 @@ def _attend(q, k, v, mask, window, attn, scale=None):
     named = {"causal": dict(causal=True), "sliding": dict(causal=True, window=window,
                                                           n_sink=attn.n_sink)}
     return flash_sdpa_forward(q, k, v, attn.alibi, **named.get(mask, {}), scale=scale,
-                              block_q=attn.block, block_k=attn.block)
-
+                              block_q=attn.block, block_k=attn.block, sinks=sinks)
 
 
 def gqa_forward(x, wq, wk, wv, wo, bq=None, bk=None, bv=None, bo=None, q_norm=None,
-                k_norm=None, *, n_heads, n_kv_heads, positions=None, inv_freq=None,
+                k_norm=None, sinks=None, *, n_heads, n_kv_heads, positions=None, inv_freq=None,
                 rope_style="half", attention_factor=1.0, mask="causal", window=None,
                 scale=None, norm_eps=1e-6, attn=None):
     """Grouped-query self-attention: y = concat_h sdpa(q_h, k_{h//G}, v_{h//G}) @ wo (+ bo).
 
     Inputs:  x (B, T, D); wq (D, H*Dh); wk, wv (D, Hkv*Dh); wo (H*Dh, D); optional biases bq,
              bk, bv, bo and QK-norm gains q_norm, k_norm (Dh,) (project_qkv_forward);
+             sinks (H,) gpt-oss's learned sink logits (sdpa_forward) or None;
              positions (T,) or (B, T) ints (default arange(T)); inv_freq (Dh/2,) or None for
              no RoPE; mask "causal" | "sliding" (with window) | "none" | bool array
              broadcastable to (B, H, T, T); scale: softmax scale (default Dh^-1/2); attn None
@@ -114,7 +117,7 @@ def gqa_forward(x, wq, wk, wv, wo, bq=None, bk=None, bv=None, bo=None, q_norm=No
 
 
 def gqa_forward_ref(x, wq, wk, wv, wo, bq=None, bk=None, bv=None, bo=None, q_norm=None,
-                    k_norm=None, *, n_heads, n_kv_heads, positions=None, inv_freq=None,
+                    k_norm=None, sinks=None, *, n_heads, n_kv_heads, positions=None, inv_freq=None,
                     rope_style="half", attention_factor=1.0, mask="causal", window=None,
                     scale=None, norm_eps=1e-6, attn=None):
     """gqa_forward with K/V explicitly repeated to H heads (repeat_kv), then plain MHA sdpa."""
@@ -130,14 +133,14 @@ def _gqa(a, expand_kv):
     (q, k, v), qkv = project_qkv_forward(x, wq, n_heads=n_heads, n_kv_heads=n_kv_heads,
                                          **qkv_args)  # (B, H|Hkv, T, Dh)
     expect_shape("gqa", "wo", wo, (wq.shape[1], x.shape[2]), "(H*Dh, D)")
-    rep = None
+    rep, ka, va = None, k, v  # ka, va: what sdpa attends (B, H|Hkv, T, Dh)
     if expand_kv:
-        k, rep = repeat_kv_forward(k, n_heads // n_kv_heads)  # (B, H, T, Dh)
-        v, _ = repeat_kv_forward(v, n_heads // n_kv_heads)  # (B, H, T, Dh)
-    o, sd = _attend(q, k, v, a["mask"], a["window"], a["attn"] or AttnOptions(),
-                    a["scale"])  # (B, H, T, Dh)
+        ka, rep = repeat_kv_forward(k, n_heads // n_kv_heads)  # (B, H, T, Dh)
+        va, _ = repeat_kv_forward(v, n_heads // n_kv_heads)  # (B, H, T, Dh)
+    o, sd = _attend(q, ka, va, a["mask"], a["window"], a["attn"] or AttnOptions(),
+                    a["scale"], a["sinks"])  # (B, H, T, Dh)
     y, lin_o = linear_forward(merge_heads(o), wo, a["bo"])  # (B, T, D)
-    return y, GQACache(qkv, rep, sd, lin_o)
+    return y, GQACache(qkv, rep, sd, lin_o, k, v)
 
 
 def gqa_backward(dy, cache):
@@ -146,7 +149,7 @@ def gqa_backward(dy, cache):
     ref), rope (rotation by -theta), linear (the projections' pair is in qkv.py).
     Reference: Ainslie et al. 2023 (arXiv 2305.13245); huggingface/transformers
     src/transformers/models/llama/modeling_llama.py repeat_kv."""
-    qkv, rep, sd, lin_o = cache
+    qkv, rep, sd, lin_o, _, _ = cache
     expect_dout("gqa_backward", dy, *linear_out(lin_o), name="dy")
     g_o = linear_backward(dy, lin_o)  # fwd: y = merge_heads(o) @ wo
     do = split_heads(g_o["x"], qkv.n_heads)  # (B, H, T, Dh)
@@ -158,6 +161,8 @@ def gqa_backward(dy, cache):
         dv = repeat_kv_backward(dv, rep)["kv"]  # (B, Hkv, T, Dh)
     grads = project_qkv_backward(QKV(g_sd["q"], dk, dv), qkv)
     grads["wo"] = g_o["W"]
+    if "sinks" in g_sd:
+        grads["sinks"] = g_sd["sinks"]  # fwd: softmax([S, sinks]) (sdpa's sink column)
     if "b" in g_o:
         grads["bo"] = g_o["b"]  # fwd: y = merge_heads(o) @ wo + bo
     return grads
@@ -165,7 +170,7 @@ def gqa_backward(dy, cache):
 
 # ---------------------------------------------------------------------------- decoding
 def gqa_decode(x_t, wq, wk, wv, wo, state, position, bq=None, bk=None, bv=None, bo=None,
-               q_norm=None, k_norm=None, *, n_heads, n_kv_heads, inv_freq=None,
+               q_norm=None, k_norm=None, sinks=None, *, n_heads, n_kv_heads, inv_freq=None,
                rope_style="half", attention_factor=1.0, scale=None, norm_eps=1e-6, alibi=None):
     """One decoding step of gqa_forward for the token at `position`; appends to `state`.
 
@@ -188,7 +193,7 @@ def gqa_decode(x_t, wq, wk, wv, wo, state, position, bq=None, bk=None, bv=None, 
     bias = None
     if alibi is not None:  # -slope |position - j| over the kept keys' positions
         bias = -alibi[:, None, None] * np.abs(position - state.positions())  # (H, 1, L)
-    o, _ = sdpa_forward(q, K, V, scale=scale, bias=bias)  # (B, H, 1, Dh), head h reads h // G
+    o, _ = sdpa_forward(q, K, V, scale=scale, bias=bias, sinks=sinks)  # (B, H, 1, Dh)
     y, _ = linear_forward(merge_heads(o), wo, bo)  # (B, 1, D)
     return y[:, 0]  # (B, D)
 
@@ -211,14 +216,15 @@ class Attention(Module):
     attn_impl "flash" attends with flash_sdpa (tiles of flash_block); alibi=True adds ALiBi's
     fixed biases (alibi_slopes(n_heads)); with use_rope=False and no ALiBi it is NoPE.
     Options: qkv_bias (bq, bk, bv), o_bias (bo), qk_norm (gains norm_offset + q_norm,
-    norm_offset + k_norm over Dh, with eps norm_eps), scale (softmax scale; None = Dh^-1/2).
+    norm_offset + k_norm over Dh, with eps norm_eps), scale (softmax scale; None = Dh^-1/2),
+    sinks (a learned sink logit per head, gpt-oss: Param `sinks` (H,), zeros at init).
     """
 
     def __init__(self, d_model, n_heads, n_kv_heads, *, rng, head_dim=None, use_rope=True,
                  rope_base=10000.0, rope_scaling=None, rope_style="half", mask="causal",
                  window=None, n_sink=0, qkv_bias=False, o_bias=False, qk_norm=False,
                  norm_eps=1e-6, norm_offset=0.0, scale=None, dtype=np.float32, attn_impl="sdpa",
-                 alibi=False, flash_block=128):
+                 alibi=False, flash_block=128, sinks=False):
         if not use_rope and (rope_scaling is not None or rope_style != "half"):
             raise ValueError(f"Attention: rope_scaling={rope_scaling!r} and rope_style="
                              f"{rope_style!r} act only through RoPE, and use_rope=False")
@@ -230,6 +236,7 @@ class Attention(Module):
         zeros = lambda n, on: Param(np.zeros(n, dtype)) if on else None  # noqa: E731
         self.bq, self.bk = zeros(n_heads * Dh, qkv_bias), zeros(n_kv_heads * Dh, qkv_bias)
         self.bv, self.bo = zeros(n_kv_heads * Dh, qkv_bias), zeros(d_model, o_bias)
+        self.sinks = zeros(n_heads, sinks)  # (H,) or None
         self.q_norm = Param(np.full(Dh, 1.0 - norm_offset, dtype)) if qk_norm else None
         self.k_norm = Param(np.full(Dh, 1.0 - norm_offset, dtype)) if qk_norm else None
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, Dh
@@ -251,7 +258,8 @@ class Attention(Module):
 
     def _options(self):
         """The optional arrays (biases, QK-norm gains) and the scale, as keyword arguments."""
-        opt = {n: getattr(self, n) for n in ("bq", "bk", "bv", "bo", "q_norm", "k_norm")}
+        opt = {n: getattr(self, n) for n in ("bq", "bk", "bv", "bo", "q_norm", "k_norm",
+                                             "sinks")}
         out = {n: None if p is None else p.data for n, p in opt.items()}
         if self.q_norm is not None and self.norm_offset:  # the gains are offset + g (Gemma)
             out.update(q_norm=out["q_norm"] + self.norm_offset,
@@ -284,11 +292,11 @@ class Attention(Module):
 
     def prefill(self, x, state):
         """The whole prompt x (B, T, D) at positions 0..T-1 in one forward: returns y (B, T, D)
-        and appends its (rotated) keys and values, read from the forward's attention cache,
-        to the empty `state`, as T decode calls would."""
+        and appends its (rotated) keys and values, which gqa_forward's cache names k and v, to
+        the empty `state`, as T decode calls would."""
         _expect_empty("Attention.prefill", state)
         y, cache = self.forward(x)  # (B, T, D)
-        state.append(cache.sdpa.k, cache.sdpa.v)  # (B, Hkv, T, Dh) each
+        state.append(cache.k, cache.v)  # (B, Hkv, T, Dh) each
         return y
 
     def decode(self, x_t, state, position):

@@ -54,6 +54,8 @@ class MLATrainCache(NamedTuple):
     up: ops.LinearCache
     att: tuple
     down: ops.LinearCache
+    latent: np.ndarray  # (B, T, Dc) kv_norm(c_kv) and (B, 1, T, dr) the roped shared key:
+    k_pe: np.ndarray  # what a LatentKVState holds after these tokens (MLA.prefill)
 
 
 def mla_forward(x, wkv_a, kv_norm, wkv_b, wo, wq=None, wq_a=None, q_norm=None, wq_b=None, *,
@@ -90,7 +92,7 @@ def mla_forward(x, wkv_a, kv_norm, wkv_b, wo, wq=None, wq_a=None, q_norm=None, w
     k = np.concatenate([kvb[..., :dn], np.broadcast_to(k_pe, (B, H, T, dr))], axis=-1)  # (B, H, T, dn+dr)
     o, att = sdpa_forward(q, k, kvb[..., dn:], mask=mask, scale=scale)  # (B, H, T, dv)
     out, down = ops.linear_forward(merge_heads(o), wo)  # (B, T, D)
-    return out, MLATrainCache(proj, up, att, down)
+    return out, MLATrainCache(proj, up, att, down, ckv, k_pe)
 
 
 def mla_backward(dout, cache):
@@ -102,7 +104,7 @@ def mla_backward(dout, cache):
     Reference: DeepSeek-V2 (arXiv 2405.04434) §2.1; deepseek-ai/DeepSeek-V3
     inference/model.py class MLA.
     """
-    proj, up, att, down = cache
+    proj, up, att, down, _, _ = cache
     expect_dout("mla_backward", dout, *ops.linear_out(down))
     H, dn, dr, dv, Dc = proj.g
     g_out = ops.linear_backward(dout, down)  # fwd: out = o @ wo
@@ -242,10 +244,8 @@ class MLA(Module):
             raise ValueError(f"MLA.prefill: the state already holds {state.length} tokens; "
                              f"prefill fills a fresh state from init_state")
         y, cache = self.forward(x)  # (B, T, D)
-        ckv = cache.up.x  # (B, T, Dc): fwd kvb = ckv @ wkv_b
-        k_pe = cache.att.k[:, 0, :, self.qk_nope_head_dim:]  # (B, T, dr): shared by the heads
-        for t in range(x.shape[1]):
-            state.append(ckv[:, t], k_pe[:, t])
+        for t in range(x.shape[1]):  # the latent (B, T, Dc) and k_pe (B, 1, T, dr) of the cache
+            state.append(cache.latent[:, t], cache.k_pe[:, 0, t])
         return y
 
     def decode(self, x_t, state, position):

@@ -14,7 +14,7 @@ backward always follows the kind of cache its forward made.
 
 Math (the same as the readable pairs):
     rmsnorm:  y = x r g,  r = (mean(x^2) + eps)^-1/2;  dx = r (dy g - xhat mean(dy g xhat))
-    swiglu:   [a | b] = x [W1 | W3] (one GEMM),  m = silu(a) b,  y = m W2
+    swiglu:   a = x W1,  b = x W3,  m = silu(a) b (one pass),  y = m W2
     softmax + CE per row n: loss_n = logsumexp(z_n) - z_n[t_n];  dz_n = softmax(z_n) - onehot
     adamw:    torch.optim.AdamW's single-tensor update, every scalar rounded to the dtype
 Sums run in float64 registers (never a float64 array); the outputs keep the input dtype; exp
@@ -112,63 +112,69 @@ fused_rmsnorm_backward_ref = ops.rmsnorm_backward
 
 # ---------------------------------------------------------------------------- swiglu
 class FusedSwiGLUCache(NamedTuple):
-    up: ops.LinearCache  # x @ [W1 | W3]
+    gate: ops.LinearCache  # x @ W1
+    up: ops.LinearCache  # x @ W3
     down: ops.LinearCache  # m @ W2
-    h: np.ndarray  # (BT, 2F) = [a | b]
+    a: np.ndarray  # (BT, F) = x @ W1
+    b: np.ndarray  # (BT, F) = x @ W3
     shape: tuple  # x.shape
 
 
 @njit(cache=True, nogil=True)
-def _gate(h, m, one):
-    """m = silu(a) * b for h = [a | b], in h's dtype (`one` is 1 in it)."""
+def _gate(a, b, m, one):
+    """m = silu(a) * b, in a's dtype (`one` is 1 in it)."""
     BT, F = m.shape
     for i in range(BT):
         for j in range(F):
-            a = h[i, j]
-            m[i, j] = a / (one + exp_lanes(-a)) * h[i, F + j]
+            m[i, j] = a[i, j] / (one + exp_lanes(-a[i, j])) * b[i, j]
 
 
 @njit(cache=True, nogil=True)
-def _gate_backward(h, dm, dh, one):
-    """[da | db] from dm: da = dm b s (1 + a (1 - s)), db = dm silu(a), s = sigmoid(a)."""
+def _gate_backward(a, b, dm, da, db, one):
+    """da = dm b s (1 + a (1 - s)), db = dm silu(a), s = sigmoid(a)."""
     BT, F = dm.shape
     for i in range(BT):
         for j in range(F):
-            a, d = h[i, j], dm[i, j]
-            s = one / (one + exp_lanes(-a))
-            dh[i, j] = d * h[i, F + j] * s * (one + a * (one - s))
-            dh[i, F + j] = d * a * s
+            x, d = a[i, j], dm[i, j]
+            s = one / (one + exp_lanes(-x))
+            da[i, j] = d * b[i, j] * s * (one + x * (one - s))
+            db[i, j] = d * x * s
 
 
 def fused_swiglu_forward(x, W1, W3, W2):
-    """ops.swiglu_forward with the two up-projections in one GEMM and the gate in one pass.
+    """ops.swiglu_forward with the gate in one pass. The two up-projections are two GEMMs that
+    read W1 and W3 where they are (concatenating them into one (D, 2F) GEMM would copy both
+    weights on every call: at batch-1 decoding that copy costs more than the GEMVs).
     Inputs: x (..., D), W1, W3 (D, F), W2 (F, D).  Returns: y (..., D).
-    Cache: the two linear caches, h = [a | b] (BT, 2F) and x.shape."""
+    Cache: the three linear caches, a, b (BT, F) and x.shape."""
     expect_float("swiglu", "x", x, 1)
     D = x.shape[-1]
     expect_shape("swiglu", "W1", W1, (D, None), "(D, F)")
     expect_shape("swiglu", "W3", W3, W1.shape, "(D, F), like W1")
     expect_shape("swiglu", "W2", W2, (W1.shape[1], D), "(F, D)")
-    h, up = ops.linear_forward(_rows(x), np.concatenate((W1, W3), axis=1))  # (BT, 2F)
-    m = np.empty((h.shape[0], W1.shape[1]), x.dtype)  # (BT, F)
-    _gate(h, m, h.dtype.type(1))
+    x2 = _rows(x)  # (BT, D)
+    a, gate = ops.linear_forward(x2, W1)  # (BT, F)
+    b, up = ops.linear_forward(x2, W3)  # (BT, F)
+    m = np.empty_like(a)  # (BT, F)
+    _gate(a, b, m, a.dtype.type(1))
     y, down = ops.linear_forward(m, W2)  # (BT, D)
-    return y.reshape(x.shape), FusedSwiGLUCache(up, down, h, x.shape)
+    return y.reshape(x.shape), FusedSwiGLUCache(gate, up, down, a, b, x.shape)
 
 
 def fused_swiglu_backward(dy, cache):
     """Math: fwd y = m W2 -> dm = dy W2^T, dW2 = m^T dy; fwd m = silu(a) b -> da, db (_gate);
-    fwd [a | b] = x [W1 | W3] -> dx = [da | db] [W1 | W3]^T, [dW1 | dW3] = x^T [da | db].
+    fwd a = x W1, b = x W3 -> dx = da W1^T + db W3^T, dW1 = x^T da, dW3 = x^T db.
     Reference: Shazeer 2020 (arXiv 2002.05202)."""
-    expect_dout("fused_swiglu_backward", dy, cache.shape, ops.linear_out(cache.down)[1], name="dy")
-    up, down, h, _ = cache
-    F = h.shape[1] // 2
+    expect_dout("fused_swiglu_backward", dy, cache.shape, ops.linear_out(cache.down)[1],
+                name="dy")
+    gate, up, down, a, b, _ = cache
     g_down = ops.linear_backward(_rows(dy), down)  # fwd: y = m @ W2
-    dh = np.empty_like(h)  # (BT, 2F)
-    _gate_backward(h, g_down["x"], dh, h.dtype.type(1))  # fwd: m = silu(a) * b
-    g_up = ops.linear_backward(dh, up)  # fwd: [a | b] = x @ [W1 | W3]
-    return {"x": g_up["x"].reshape(dy.shape), "W1": g_up["W"][:, :F], "W3": g_up["W"][:, F:],
-            "W2": g_down["W"]}
+    da, db = np.empty_like(a), np.empty_like(b)  # (BT, F)
+    _gate_backward(a, b, g_down["x"], da, db, a.dtype.type(1))  # fwd: m = silu(a) * b
+    g_gate = ops.linear_backward(da, gate)  # fwd: a = x @ W1
+    g_up = ops.linear_backward(db, up)  # fwd: b = x @ W3
+    return {"x": (g_gate["x"] + g_up["x"]).reshape(dy.shape), "W1": g_gate["W"],
+            "W3": g_up["W"], "W2": g_down["W"]}
 
 
 fused_swiglu_forward_ref = ops.swiglu_forward

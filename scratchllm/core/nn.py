@@ -124,7 +124,11 @@ def _checked(name, module, method):
 
 
 def normal_init(rng, shape, std, dtype):
-    """A weight drawn from N(0, std^2) in `dtype` (std = d_in^-1/2 for projections)."""
+    """A weight drawn from N(0, std^2) in `dtype` (std = d_in^-1/2 for projections). An rng
+    with `skip_init = True` (hub's loader, which overwrites every Param) gets np.empty: no
+    draws and no memory touched."""
+    if getattr(rng, "skip_init", False):
+        return np.empty(shape, dtype)
     return (rng.standard_normal(shape) * std).astype(dtype)
 
 

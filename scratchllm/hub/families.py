@@ -15,15 +15,21 @@ ModelConfig options that the LM builds from the library's own pairs.
              scale query_pre_attn_scalar^-1/2, GeGLU (GELU-tanh gate), per-layer
              layer_types: sliding layers (window, local RoPE base) and full layers (global
              base and rope_scaling), tied head             (Gemma Team 2025, arXiv 2503.19786)
+    gpt_oss  sink logits, q/k/v/o biases, sliding/full layer_types, YaRN, a biased router and
+             clamped SwiGLU experts with biases               (families_gpt_oss.py)
 
 Where a field is absent from config.json, the transformers configuration class's default
 applies (huggingface/transformers src/transformers/models/llama/configuration_llama.py and
 its siblings); a field whose value the library does not implement is an error naming it.
 """
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "gemma3_text")
+import importlib
+
+EXTRA_FAMILIES = ("gpt_oss",)  # each in a module of its own, families_<name>.py beside this
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "gemma3_text") + EXTRA_FAMILIES
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "gpt2": "GPT2LMHeadModel", "gemma3_text": "Gemma3ForCausalLM"}
+                 "gpt2": "GPT2LMHeadModel", "gemma3_text": "Gemma3ForCausalLM",
+                 "gpt_oss": "GptOssForCausalLM"}
 _GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}  # HF ACT2FN names
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
              "num_attention_heads")
@@ -44,6 +50,13 @@ _UNSUPPORTED = {  # field: (the value the library implements, the families that 
     "use_sliding_window": (False, ("qwen2", "qwen3")),
     "pretraining_tp": (1, ("llama",)),
 }
+
+
+def extra_family(name):
+    """The module of a family kept in a file of its own (families_<name>.py), with the same
+    from_hf_config, family_of, to_hf_config, and the names' entries(model); imported when
+    first asked for, as it builds on this module and names.py."""
+    return importlib.import_module(f"scratchllm.hub.families_{name}")
 
 
 def _fail(msg):
@@ -81,6 +94,8 @@ def from_hf_config(hf):
     family = hf.get("model_type")
     if family not in FAMILIES:
         _fail(f"model_type {family!r} is not supported; supported: {list(FAMILIES)}")
+    if family in EXTRA_FAMILIES:
+        return extra_family(family).from_hf_config(hf)
     if family == "gpt2":
         return _from_gpt2(hf)
     if family == "gemma3_text":
@@ -183,6 +198,8 @@ def _from_gemma3(hf):
 def family_of(cfg):
     """The transformers family a ModelConfig is an instance of (its name when that is one);
     ValueError for a config no family covers (MoE, MLA, Mamba, attention sinks)."""
+    if cfg.name in EXTRA_FAMILIES:
+        return extra_family(cfg.name).family_of(cfg)
     gpt2 = dict(norm="layernorm", positions="learned", ffn="gelu_mlp", qkv_bias=True,
                 o_bias=True, qk_norm=False, window=None, head_dim=None, n_sink=0,
                 layer_pattern=None, attention="gqa", n_kv_heads=cfg.n_heads)
@@ -223,6 +240,8 @@ def to_hf_config(cfg, dtype_name, base=None):
     """A config.json dict for a ModelConfig, over `base` (the loaded config.json, kept so that
     token ids and other fields the library does not use survive a round trip)."""
     family = family_of(cfg)
+    if family in EXTRA_FAMILIES:
+        return extra_family(family).to_hf_config(cfg, dtype_name, base)
     hf = dict(base or {})
     for key in ("rope_scaling", "rope_parameters", "torch_dtype", "transformers_version"):
         hf.pop(key, None)

@@ -36,9 +36,11 @@ Glossary: V vocabulary, D model width, H heads, Dh head dim.
 """
 from typing import NamedTuple
 
+from scratchllm.hub.families import EXTRA_FAMILIES, extra_family
+
 _TOP = {"embed.E": ("model.embed_tokens.weight", False), "norm.g": ("model.norm.weight", False),
         "head.W": ("lm_head.weight", True)}
-_LAYER = {
+LAYER_NAMES = {
     "norm1.g": ("input_layernorm.weight", False),
     "norm2.g": ("post_attention_layernorm.weight", False),
     "mixer.wq": ("self_attn.q_proj.weight", True), "mixer.bq": ("self_attn.q_proj.bias", False),
@@ -50,7 +52,7 @@ _LAYER = {
     "ffn.W1": ("mlp.gate_proj.weight", True), "ffn.W3": ("mlp.up_proj.weight", True),
     "ffn.W2": ("mlp.down_proj.weight", True),
 }
-_GEMMA3_LAYER = dict(_LAYER, **{
+_GEMMA3_LAYER = dict(LAYER_NAMES, **{
     "norm2.g": ("pre_feedforward_layernorm.weight", False),
     "post_mixer_norm.g": ("post_attention_layernorm.weight", False),
     "post_ffn_norm.g": ("post_feedforward_layernorm.weight", False)})
@@ -77,9 +79,16 @@ class Entry(NamedTuple):
 
 def entries(model):
     """[Entry] for every Param of an LM of a supported family."""
+    if model.cfg.name in EXTRA_FAMILIES:
+        return extra_family(model.cfg.name).entries(model)
     if model.cfg.name == "gpt2":
         return _gpt2_entries(model)
-    layer_names = _GEMMA3_LAYER if model.cfg.block == "sandwich" else _LAYER
+    return named_entries(model, _GEMMA3_LAYER if model.cfg.block == "sandwich" else LAYER_NAMES)
+
+
+def named_entries(model, layer_names):
+    """[Entry] for every Param: _TOP's names, and model.layers.i. + layer_names[rest] for
+    layers.i.rest."""
     out = []
     for name, _ in model.named_parameters():
         if name in _TOP:

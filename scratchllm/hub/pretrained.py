@@ -15,6 +15,7 @@ huggingface/transformers src/transformers/modeling_utils.py (the index file, tie
 """
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import ml_dtypes
@@ -27,14 +28,18 @@ from scratchllm.hub.names import IGNORED_SUFFIXES, entries
 from scratchllm.lm import LM, ModelConfig
 from scratchllm.tokenizer import from_tokenizer_json
 
+LOAD_THREADS = 2
 CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16,
           "float64": np.float64}
 
 
 class _NoInit:
-    """An rng for LM(...) whose 'random' weights are zeros: load_pretrained overwrites every
-    Param, so drawing N(0, 1) numbers for a 100M-parameter model first would waste seconds."""
+    """An rng for LM(...) that draws nothing: load_pretrained overwrites every Param, so
+    drawing N(0, 1) numbers for a 100M-parameter model first would waste seconds. normal_init
+    sees skip_init and leaves its weights uninitialised; a module drawing directly gets zeros."""
+
+    skip_init = True
 
     @staticmethod
     def standard_normal(shape):
@@ -70,16 +75,32 @@ def _canonical(name, family):
     return name
 
 
-def _read_tensors(stored, wanted):
-    """Yield (name, array) for the wanted names, one shard open at a time; stored maps a
-    name to (file, the name inside the file)."""
+def _load_into(path, stored, by_hf, params, dtype):
+    """Read every wanted tensor into its Params, one shard open at a time; stored maps a name
+    to (file, the name inside the file). LOAD_THREADS threads: one reads a tensor while
+    another transposes the last (safetensors and NumPy's copies release the GIL)."""
     by_file = {}
-    for name in wanted:
+    for name in by_hf:
         by_file.setdefault(stored[name][0], []).append(name)
     for file, names in by_file.items():
-        with safe_open(file, framework="np") as f:
-            for name in names:
-                yield name, f.get_tensor(stored[name][1])
+        with safe_open(file, framework="np") as f, ThreadPoolExecutor(LOAD_THREADS) as pool:
+            list(pool.map(lambda n: _place(path, by_hf[n], f.get_tensor(stored[n][1]), params,
+                                           dtype), names))
+
+
+def _place(path, e, array, params, dtype):
+    """Check an HF tensor's shape against its Params and store it in them (transposed or split
+    into the library's layout, cast to the compute dtype: one copy where the layout differs)."""
+    parts = [params[n] for n in e.lib]
+    widths = [p.data.shape[-1] for p in parts]
+    want = parts[0].data.shape[:-1] + (sum(widths),)
+    want = want[::-1] if e.transpose else want
+    if array.shape != want:
+        raise ValueError(f"load_pretrained: {path}: tensor {e.hf!r} has shape {array.shape}, "
+                         f"expected {want} from config.json")
+    array = array.T if e.transpose else array
+    for p, piece in zip(parts, np.split(array, np.cumsum(widths)[:-1], axis=-1)):
+        p.data = np.ascontiguousarray(piece, dtype=dtype)
 
 
 def _check_names(path, cfg, stored, expected):
@@ -114,20 +135,7 @@ def load_pretrained(path, dtype=np.float32):
     stored = {_canonical(n, cfg.name): (f, n) for n, f in weight_files(path).items()}
     table = entries(model)
     _check_names(path, cfg, stored, {e.hf for e in table})
-    params = dict(model.named_parameters())
-    by_hf = {e.hf: e for e in table}
-    for name, array in _read_tensors(stored, by_hf):
-        e = by_hf[name]
-        parts = [params[n] for n in e.lib]
-        widths = [p.data.shape[-1] for p in parts]
-        want = parts[0].data.shape[:-1] + (sum(widths),)
-        want = want[::-1] if e.transpose else want
-        if array.shape != want:
-            raise ValueError(f"load_pretrained: {path}: tensor {name!r} has shape "
-                             f"{array.shape}, expected {want} from config.json")
-        array = array.T if e.transpose else array
-        for p, piece in zip(parts, np.split(array, np.cumsum(widths)[:-1], axis=-1)):
-            p.data = np.ascontiguousarray(piece, dtype=dtype)
+    _load_into(path, stored, {e.hf: e for e in table}, dict(model.named_parameters()), dtype)
     model.hf_config = hf
     return model
 

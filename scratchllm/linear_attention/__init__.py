@@ -1,7 +1,9 @@
 """The linear-attention family, one recurrence S_t = (decay) S_{t-1} + (write) with three forms
-each (parallel, chunked, recurrent): gated linear attention, the engine (gla); causal linear
+each (parallel, chunked, recurrent): gated linear attention, the engine (gla;
+its per-channel intra-chunk scores as a Numba kernel in gla_scores); causal linear
 attention (linear); RetNet's scalar decay (retnet); the delta rule and gated DeltaNet (delta);
-RWKV-4's WKV (rwkv) and its time-mix / channel-mix blocks (rwkv_blocks); the token-mixer
+RWKV-4's WKV (rwkv; its recurrent training pair, the stabilised scan and its adjoint, in
+rwkv_scan) and its time-mix / channel-mix blocks (rwkv_blocks); the token-mixer
 pair and Module for a language model (layer).
 Stands on core."""
 from .delta import (delta_rule_backward, delta_rule_forward, delta_rule_recurrent,
@@ -15,6 +17,8 @@ from .linear import (linear_attention_backward, linear_attention_forward,
                      linear_attention_step)
 from .rwkv import (WKVState, rwkv4_wkv_backward, rwkv4_wkv_forward, rwkv4_wkv_recurrent,
                    rwkv4_wkv_recurrent_ref, rwkv4_wkv_step)
+from .rwkv_scan import (rwkv4_wkv_scan_backward, rwkv4_wkv_scan_backward_ref,
+                        rwkv4_wkv_scan_forward, rwkv4_wkv_scan_forward_ref)
 from .rwkv_blocks import (RWKV4TimeMix, rwkv4_channel_mix_backward, rwkv4_channel_mix_forward,
                           rwkv4_channel_mix_step, rwkv4_time_mix_backward,
                           rwkv4_time_mix_forward, rwkv4_time_mix_step)
@@ -34,5 +38,6 @@ __all__ = [
     "retnet_gammas", "rwkv4_channel_mix_backward", "rwkv4_channel_mix_forward",
     "rwkv4_channel_mix_step", "rwkv4_time_mix_backward", "rwkv4_time_mix_forward",
     "rwkv4_time_mix_step", "rwkv4_wkv_backward", "rwkv4_wkv_forward", "rwkv4_wkv_recurrent",
-    "rwkv4_wkv_recurrent_ref", "rwkv4_wkv_step",
+    "rwkv4_wkv_recurrent_ref", "rwkv4_wkv_scan_backward", "rwkv4_wkv_scan_backward_ref",
+    "rwkv4_wkv_scan_forward", "rwkv4_wkv_scan_forward_ref", "rwkv4_wkv_step",
 ]

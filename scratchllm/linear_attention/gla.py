@@ -11,7 +11,8 @@ Chunked (size C): the parallel form inside each chunk, plus the state at each ch
     o_t += (q_t ⊙ exp(b_t))^T S_in,   S_out = diag(exp(b_C)) S_in + Σ_s (k_s ⊙ exp(b_C − b_s)) v_s^T
 with b counted from the chunk's start. Every exp argument above is ≤ 0 (s ≤ t and g ≤ 0), so
 no gate, however large, overflows in float32; the pairs (t, s > t) are masked *before* exp.
-The parallel form is the chunked form with one chunk (no state is passed).
+The parallel form is the chunked form with one chunk (no state is passed). With a gate per
+channel the intra-chunk scores are a Numba kernel (gla_scores.py, with its NumPy twin).
 
 Gates g: (B, H, T, Dk) one per key channel (GLA), (B, H, T) one per head (RetNet, SSD), or
 None (α = 1: linear attention). Ragged T is zero-padded to whole chunks (a zero key adds
@@ -26,6 +27,8 @@ import numpy as np
 
 from scratchllm.core.validate import (expect_dout, expect_float, expect_ndim, expect_positive,
                                       expect_shape)
+from scratchllm.linear_attention.gla_scores import (decay_tensor, gla_scores_backward,
+                                                    gla_scores_forward)
 
 FORMS = ("parallel", "chunked", "recurrent")
 
@@ -82,35 +85,26 @@ def _to_gate(w, G):
     return w if G > 1 else w.sum(axis=-1, keepdims=True)
 
 
-def _decay(b):
-    """exp(b_t − b_s) for s ≤ t, 0 above the diagonal: (..., C, C) per head, or (..., C, C, Dk)."""
-    C = b.shape[-2]
-    diff = b[..., :, None, :] - b[..., None, :, :]  # (..., C, C, G)
-    keep = np.tril(np.ones((C, C), bool))[:, :, None]  # (C, C, 1)
-    E = np.exp(np.where(keep, diff, -np.inf))  # (..., C, C, G)
-    return E[..., 0] if b.shape[-1] == 1 else E
-
-
-def _scores(q, k, E):
-    """P_ts = Σ_i q_t[i] k_s[i] E_ts(i)."""
-    if E.ndim == q.ndim:  # per-head decay (..., C, C)
-        return (q @ np.swapaxes(k, -1, -2)) * E  # (..., C, C)
-    return np.einsum("...ti,...si,...tsi->...ts", q, k, E)  # (..., C, C)
+def _scores(q, k, b):
+    """P_ts = Σ_i q_t[i] k_s[i] exp(b_t[i] − b_s[i]) (s ≤ t) and what its backward needs.
+    A per-head gate factors out of the sum: P = (q k^T) ⊙ E with E (..., C, C); a gate per
+    channel goes to the Numba kernel of gla_scores.py."""
+    if b.shape[-1] > 1:
+        return gla_scores_forward(q, k, b)
+    E = decay_tensor(b)[..., 0]  # (..., C, C)
+    return (q @ np.swapaxes(k, -1, -2)) * E, E  # (..., C, C)
 
 
 def _scores_backward(dP, q, k, E):
-    """(dq, dk, db) of P = scores(q, k, E) with E = exp(b_t − b_s) masked."""
-    if E.ndim == q.ndim:
-        # fwd: P = (q k^T) ⊙ E  ->  d(qk) = dP ⊙ E, dE = dP ⊙ (q k^T)
-        dqk = dP * E  # (..., C, C)
-        W = dqk * (q @ np.swapaxes(k, -1, -2))  # (..., C, C) = d(b_t − b_s)
-        db = (W.sum(axis=-1) - W.sum(axis=-2))[..., None]  # (..., C, 1)
-        return dqk @ k, np.swapaxes(dqk, -1, -2) @ q, db
-    # fwd: P_ts = Σ_i q_ti k_si E_tsi  ->  W_tsi = dP_ts q_ti k_si E_tsi = d(b_ti − b_si)
-    dq = np.einsum("...ts,...si,...tsi->...ti", dP, k, E)  # (..., C, Dk)
-    dk = np.einsum("...ts,...ti,...tsi->...si", dP, q, E)  # (..., C, Dk)
-    W = dP[..., None] * q[..., :, None, :] * k[..., None, :, :] * E  # (..., C, C, Dk)
-    return dq, dk, W.sum(axis=-2) - W.sum(axis=-3)
+    """(dq, dk, db) of P = scores(q, k, b); E is the per-head decay or gla_scores' cache."""
+    if not isinstance(E, np.ndarray):
+        g = gla_scores_backward(dP, E)
+        return g["q"], g["k"], g["b"]
+    # fwd: P = (q k^T) ⊙ E  ->  d(qk) = dP ⊙ E, dE = dP ⊙ (q k^T)
+    dqk = dP * E  # (..., C, C)
+    W = dqk * (q @ np.swapaxes(k, -1, -2))  # (..., C, C) = d(b_t − b_s)
+    db = (W.sum(axis=-1) - W.sum(axis=-2))[..., None]  # (..., C, 1)
+    return dqk @ k, np.swapaxes(dqk, -1, -2) @ q, db
 
 
 def _chunked(q, k, v, g, C):
@@ -118,7 +112,7 @@ def _chunked(q, k, v, g, C):
     T = q.shape[2]
     qc, kc, vc = split_chunks(q, C), split_chunks(k, C), split_chunks(v, C)  # (B, H, n, C, Dk/Dv)
     b = np.cumsum(split_chunks(g, C), axis=3)  # (B, H, n, C, G)
-    o = _scores(qc, kc, _decay(b)) @ vc  # (B, H, n, C, Dv) intra-chunk
+    o = _scores(qc, kc, b)[0] @ vc  # (B, H, n, C, Dv) intra-chunk
     last = b[..., -1:, :]  # (B, H, n, 1, G)
     X = np.swapaxes(kc * np.exp(last - b), -1, -2) @ vc  # (B, H, n, Dk, Dv)
     decay = np.swapaxes(np.exp(last), -1, -2)  # (B, H, n, G, 1) scales the rows of S
@@ -133,8 +127,7 @@ def _chunked_backward(do, cache):
     qc, kc, vc, b, states = cache.q, cache.k, cache.v, cache.b, cache.states
     G = b.shape[-1]
     doc = split_chunks(do, qc.shape[3])  # (B, H, n, C, Dv)
-    E = _decay(b)  # (..., C, C) or (..., C, C, Dk), recomputed
-    P = _scores(qc, kc, E)  # (B, H, n, C, C)
+    P, E = _scores(qc, kc, b)  # (B, H, n, C, C), recomputed
     last = b[..., -1:, :]  # (B, H, n, 1, G)
     kd, qd = kc * np.exp(last - b), qc * np.exp(b)  # (B, H, n, C, Dk)
     decay = np.swapaxes(np.exp(last), -1, -2)  # (B, H, n, G, 1)

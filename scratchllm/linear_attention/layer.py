@@ -8,6 +8,10 @@ forward/backward pair and a Module with a constant-size decoding state.
     kind "delta":   o = delta_rule(q, k / |k|, v, β),  β = σ(x Wa)    (DeltaNet, Wa (D, H))
 The decoding state is the recurrence's S per head: H·Dh·Dh numbers (linear: H·Dh·(Dh + 1)),
 whatever the context length.
+Simplified against the papers' layers (the recurrences themselves are complete): "gla" has
+no output gate (GLA's o ⊙ swish(x Wr)), no group norm on o and a full-rank Wa (the paper's is
+low-rank); "delta" runs DeltaNet ungated (delta_rule's gated option, Gated DeltaNet's decay,
+is not wired into a layer) and without its short convolutions on q, k, v or its output norm.
 
 Glossary: B batch, T time, D model width, H heads, Dh = D / H head dim.
 """

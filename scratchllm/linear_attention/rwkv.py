@@ -11,8 +11,10 @@ Recurrent (constant memory), the sums a (numerator), b (denominator) kept divide
 p the running max of the exponents, so nothing overflows:
     q = max(p, u + k_t);  wkv_t = (e^{p−q} a + e^{u+k_t−q} v_t) / (e^{p−q} b + e^{u+k_t−q})
     q' = max(p − w, k_t); a ← e^{p−w−q'} a + e^{k_t−q'} v_t; b ← e^{p−w−q'} b + e^{k_t−q'}; p ← q'
-Backward: through the parallel form (softmax backward; dk_i = Σ_t dL_ti,
-dw = −Σ_{i<t} (t−1−i) dL_ti, du = Σ_t dL_tt).
+Backward: of the parallel form, the softmax backward (dk_i = Σ_t dL_ti,
+dw = −Σ_{i<t} (t−1−i) dL_ti, du = Σ_t dL_tt); of the recurrent form, the reverse-time adjoint
+of the stabilised scan (rwkv_scan.py, derived there), in O(B·T·D) memory instead of the
+softmax's O(B·D·T²): the default, and what RWKV4TimeMix trains with.
 
 Glossary: B batch, T time, D channels (RWKV's C); w, u (D,) decay and bonus; a, b, p the
 state (B, D) each.
@@ -22,21 +24,15 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.ops import softmax_backward, softmax_forward
-from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
+from scratchllm.core.validate import expect_dout
+from scratchllm.linear_attention.rwkv_scan import (WKVScanCache, check_wkv,
+                                                   rwkv4_wkv_scan_backward,
+                                                   rwkv4_wkv_scan_forward)
 
 
 class WKVCache(NamedTuple):
     v: np.ndarray
     softmax: tuple  # the softmax pair's cache over (B, D, T, T)
-
-
-def _check(fn, w, u, k, v):
-    expect_ndim(fn, "k", k, 3, "(B, T, D)")
-    for name, a in (("w", w), ("u", u), ("k", k), ("v", v)):
-        expect_float(fn, name, a)
-    expect_shape(fn, "v", v, k.shape, "the shape of k")
-    for name, a in (("w", w), ("u", u)):
-        expect_shape(fn, name, a, (k.shape[2],), "(D,): one per channel")
 
 
 def _lags(T, dtype):
@@ -45,10 +41,15 @@ def _lags(T, dtype):
     return np.where(i < t, t - 1 - i, 0).astype(dtype), i < t, i == t
 
 
-def rwkv4_wkv_forward(w, u, k, v):
-    """WKV in the parallel (softmax) form. Inputs: w, u (D,); k, v (B, T, D).
-    Returns: wkv (B, T, D).  Cache: v and the softmax cache (B, D, T, T)."""
-    _check("rwkv4_wkv", w, u, k, v)
+def rwkv4_wkv_forward(w, u, k, v, *, form="recurrent"):
+    """WKV in the recurrent form (the Numba scan, O(B·T·D) memory) or the parallel (softmax)
+    form. Inputs: w, u (D,); k, v (B, T, D). Returns: wkv (B, T, D).
+    Cache: the scan's states (B, T, D), or v and the softmax cache (B, D, T, T)."""
+    if form not in ("recurrent", "parallel"):
+        raise ValueError(f"rwkv4_wkv: form must be 'recurrent' or 'parallel', got {form!r}")
+    if form == "recurrent":
+        return rwkv4_wkv_scan_forward(w, u, k, v)
+    check_wkv("rwkv4_wkv", w, u, k, v)
     T = k.shape[1]
     lag, past, now = _lags(T, k.dtype)  # (T, T)
     kt = np.swapaxes(k, 1, 2)[:, :, None, :]  # (B, D, 1, T) k_i along the last axis
@@ -60,14 +61,17 @@ def rwkv4_wkv_forward(w, u, k, v):
 
 
 def rwkv4_wkv_backward(dy, cache):
-    """Math: wkv_t = Σ_i P_ti v_i, P = softmax(L): dv_i = Σ_t P_ti dy_t, dP_ti = dy_t v_i,
+    """Math (parallel form; the recurrent form's adjoint is rwkv4_wkv_scan_backward):
+    wkv_t = Σ_i P_ti v_i, P = softmax(L): dv_i = Σ_t P_ti dy_t, dP_ti = dy_t v_i,
     dL = softmax backward; L_ti = k_i − (t−1−i) w (i < t), u + k_t (i = t):
     dk_i = Σ_t dL_ti, dw = −Σ_{b, i<t} (t−1−i) dL_ti, du = Σ_{b,t} dL_tt.
     Reference: Peng et al. 2023, arXiv 2305.13048, appendix (the WKV gradients, derived
     here).
     """
-    expect_dout("rwkv4_wkv_backward", dy, cache.v.shape, np.result_type(cache.v, cache.softmax.y),
-                name="dy")
+    y = cache.y if isinstance(cache, WKVScanCache) else cache.v  # the output's shape, dtype
+    expect_dout("rwkv4_wkv_backward", dy, y.shape, y.dtype, "dy")
+    if isinstance(cache, WKVScanCache):
+        return rwkv4_wkv_scan_backward(dy, cache)
     v, sm = cache
     P = sm.y  # (B, D, T, T)
     dyt, vt = np.swapaxes(dy, 1, 2), np.swapaxes(v, 1, 2)  # (B, D, T)
@@ -102,7 +106,7 @@ def rwkv4_wkv_step(w, u, k_t, v_t, state):
 
 def rwkv4_wkv_recurrent(w, u, k, v):
     """The stabilised recurrence over a sequence (T steps). Returns (wkv (B, T, D), state)."""
-    _check("rwkv4_wkv_recurrent", w, u, k, v)
+    check_wkv("rwkv4_wkv_recurrent", w, u, k, v)
     state, outs = None, []
     for t in range(k.shape[1]):
         y, state = rwkv4_wkv_step(w, u, k[:, t], v[:, t], state)
@@ -112,7 +116,7 @@ def rwkv4_wkv_recurrent(w, u, k, v):
 
 def rwkv4_wkv_recurrent_ref(w, u, k, v):
     """The plain loop of upstream's CUDA kernel, one (batch, channel) lane at a time."""
-    _check("rwkv4_wkv_recurrent_ref", w, u, k, v)
+    check_wkv("rwkv4_wkv_recurrent_ref", w, u, k, v)
     batch, T, D = k.shape
     y = np.zeros(k.shape, k.dtype)  # (B, T, D)
     final = [np.zeros((batch, D), k.dtype) for _ in range(3)]  # a, b, p (B, D) each

@@ -5,6 +5,8 @@ Token shift: x'_t = x_{t-1} (x'_0 = 0); each branch mixes lerp(x', x, μ) = μ x
 Time-mix:    k = lerp_k Wk, v = lerp_v Wv, r = lerp_r Wr,
              out = (σ(r) ⊙ wkv(w = exp(time_decay), u = time_first, k, v)) Wo
 Channel-mix: k = relu(lerp_k Wk)², r = lerp_r Wr,  out = σ(r) ⊙ (k Wv)
+Time-mix trains through WKV's recurrent form (the stabilised scan and its reverse-time adjoint,
+O(B·T·D) memory), never the (B, D, T, T) softmax of the parallel form.
 Decoding keeps the previous token's x per block (and the WKV state for time-mix).
 
 Glossary: B batch, T time, D model width, F channel-mix hidden width; μ (D,) the mixes.

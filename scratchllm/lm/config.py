@@ -67,6 +67,10 @@ class ModelConfig:
     expand: int = 2                     # Mamba inner width = expand * D
     # --- details of released checkpoints (Hugging Face configs)
     router_bias: bool = False           # a trained router logit bias (gpt-oss)
+    experts: str = "swiglu"             # MoE experts: "swiglu" (w1, w3, w2) | "clamped" (gpt-oss:
+    swiglu_alpha: float = 1.702         #   interleaved gate_up with biases, gate clamped at
+    swiglu_limit: float = 7.0           #   limit, up to [-limit, limit], gate sigma(alpha gate))
+    attn_sinks: bool = False            # a learned sink logit per attention head (gpt-oss)
     n_group: int = 1                    # DeepSeek-V3 group-limited routing: expert groups
     topk_group: int = 1                 #   ... of which a token may route into this many
     norm_topk_prob: bool = True         # gates renormalised over the chosen k (else raw scores)
@@ -89,7 +93,9 @@ class ModelConfig:
                                         #   query_pre_attn_scalar^-1/2)
     layer_types: list = None            # per layer "full_attention" | "sliding_attention"
                                         #   (window W, rope_local_base): Gemma 3
-    rope_local_base: float = None       # RoPE base of the sliding layers (None = rope_base)
+    rope_local_base: float = None       # RoPE base of the sliding layers, which then have no
+                                        #   rope_scaling (Gemma 3); None = the full layers'
+                                        #   RoPE, scaling included (gpt-oss)
 
     @property
     def dh(self):
@@ -128,6 +134,8 @@ class ModelConfig:
             bad("layer_types has sliding_attention layers but window is None")
         if self.positions == "learned" and self.attention == "mla":
             bad("positions='learned' is implemented for attention='gqa' only")
+        if self.experts not in ("swiglu", "clamped"):
+            bad(f"experts must be 'swiglu' or 'clamped', got {self.experts!r}")
         if self.score not in ("softmax", "sigmoid"):
             bad(f"score must be 'softmax' or 'sigmoid', got {self.score!r}")
         if self.rope_style not in ("half", "interleaved"):
@@ -176,6 +184,8 @@ class ModelConfig:
         expect_finite(fn, "norm_eps", self.norm_eps, 0, open_low=True)
         for f in ("balance_coef", "z_coef", "bias_gamma"):
             expect_finite(fn, f, getattr(self, f), 0)
+        for f in ("swiglu_alpha", "swiglu_limit"):
+            expect_finite(fn, f, getattr(self, f), 0, open_low=True)
         if self.capacity_factor is not None:
             expect_finite(fn, "capacity_factor", self.capacity_factor, 0, open_low=True)
         if self.window is not None:

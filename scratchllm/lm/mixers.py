@@ -18,11 +18,14 @@ RECURRENT = {"L": "linear", "R": "retnet", "G": "gla", "D": "delta"}  # Recurren
 
 def _layer_attention(cfg, layer):
     """(window, rope base, rope scaling) of attention layer `layer`: with layer_types, a
-    sliding layer has the window and rope_local_base, a full one neither (Gemma 3)."""
+    sliding layer has the window, and rope_local_base without scaling when that is given
+    (Gemma 3) or the full layers' RoPE (gpt-oss); a full layer has no window."""
     if cfg.layer_types is None:
         return cfg.window, cfg.rope_base, cfg.rope_scaling
+    if cfg.layer_types[layer] == "sliding_attention" and cfg.rope_local_base is None:
+        return cfg.window, cfg.rope_base, cfg.rope_scaling
     if cfg.layer_types[layer] == "sliding_attention":
-        return cfg.window, cfg.rope_local_base or cfg.rope_base, None
+        return cfg.window, cfg.rope_local_base, None
     return None, cfg.rope_base, cfg.rope_scaling
 
 
@@ -36,7 +39,7 @@ def make_mixer(cfg, kind, *, rng, dtype, layer=0):
         return RecurrentMixer(cfg.d_model, cfg.n_heads, RECURRENT[kind], rng=rng, dtype=dtype)
     if kind == "S":
         return Mamba2(cfg.d_model, n_heads=cfg.n_heads, d_state=cfg.d_state, expand=cfg.expand,
-                      rng=rng, dtype=dtype)
+                      d_conv=cfg.d_conv, rng=rng, dtype=dtype)
     if kind == "W":
         return RWKV4TimeMix(cfg.d_model, rng=rng, dtype=dtype)
     if kind == "M":
@@ -54,7 +57,7 @@ def make_mixer(cfg, kind, *, rng, dtype, layer=0):
                      qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
                      norm_offset=cfg.norm_offset, o_bias=cfg.o_bias, scale=cfg.attn_scale,
                      use_rope=cfg.positions == "rope", alibi=cfg.positions == "alibi",
-                     attn_impl=cfg.attn_impl, **rope)
+                     attn_impl=cfg.attn_impl, sinks=cfg.attn_sinks, **rope)
 
 
 def make_ffn(cfg, moe, *, rng, dtype):
@@ -72,7 +75,9 @@ def make_ffn(cfg, moe, *, rng, dtype):
                capacity_factor=cfg.capacity_factor, d_shared=cfg.n_shared * cfg.d_ff,
                score=cfg.score, router_bias=cfg.router_bias, n_group=cfg.n_group,
                topk_group=cfg.topk_group, norm_topk_prob=cfg.norm_topk_prob,
-               routed_scaling_factor=cfg.routed_scaling_factor, rng=rng, dtype=dtype)
+               routed_scaling_factor=cfg.routed_scaling_factor, experts=cfg.experts,
+               swiglu_alpha=cfg.swiglu_alpha, swiglu_limit=cfg.swiglu_limit, rng=rng,
+               dtype=dtype)
 
 
 def make_norm(cfg, dtype):

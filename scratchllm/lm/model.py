@@ -132,8 +132,12 @@ class Block(Module):
         return out.y if self.moe else out
 
     def prefill(self, x, state):
-        """A whole prompt x (B, T, D) -> y (B, T, D), filling this layer's fresh state."""
-        return self._stateful(x, lambda a: self.mixer.prefill(a, state))
+        """A whole prompt x (B, T, D) -> y (B, T, D), filling this layer's fresh state (a mixer
+        without a prefill of its own, like the recurrent ones, decodes the prompt step by step)."""
+        if hasattr(self.mixer, "prefill"):
+            return self._stateful(x, lambda a: self.mixer.prefill(a, state))
+        return self._stateful(x, lambda a: np.stack(
+            [self.mixer.decode(a[:, t], state, t) for t in range(a.shape[1])], axis=1))
 
     def decode(self, x_t, state, position):
         """One token: x_t (B, D) -> y_t (B, D), updating this layer's state in place."""

@@ -9,7 +9,7 @@ from .lti import (fft_conv_backward, fft_conv_backward_ref, fft_conv_forward,
                   zoh_forward)
 from .mamba import (Mamba, MambaState, causal_conv1d_backward, causal_conv1d_forward,
                     mamba_backward, mamba_forward, mamba_step)
-from .mamba2 import Mamba2, mamba2_backward, mamba2_forward, mamba2_step
+from .mamba2 import Mamba2, Mamba2State, mamba2_backward, mamba2_forward, mamba2_step
 from .s4d import S4D, s4d_backward, s4d_forward, s4d_step
 from .s4d_complex import (S4DComplex, s4d_complex_backward, s4d_complex_forward,
                           s4d_complex_step, s4d_init)
@@ -18,7 +18,7 @@ from .scan import (selective_scan_backward, selective_scan_backward_ref,
                    selective_scan_forward, selective_scan_forward_ref, selective_scan_step)
 
 __all__ = [
-    "Mamba", "Mamba2", "MambaState", "mamba2_backward", "mamba2_forward", "mamba2_step", "S4D", "ZohOut", "causal_conv1d_backward",
+    "Mamba", "Mamba2", "Mamba2State", "MambaState", "mamba2_backward", "mamba2_forward", "mamba2_step", "S4D", "ZohOut", "causal_conv1d_backward",
     "causal_conv1d_forward", "fft_conv_backward", "fft_conv_backward_ref", "fft_conv_forward",
     "fft_conv_forward_ref", "fft_len", "mamba_backward", "mamba_forward", "mamba_step",
     "s4d_backward", "s4d_forward", "s4d_step", "S4DComplex", "s4d_complex_backward",

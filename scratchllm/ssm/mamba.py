@@ -90,6 +90,7 @@ class MambaCache(NamedTuple):
     silu_z: np.ndarray
     A: np.ndarray
     norms: tuple  # the three inner rmsnorm caches (Jamba), None without them
+    state_in: tuple  # (conv input (B, T, Di), u, delta (B, T, Di), B (B, T, N)): Mamba.prefill
 
 
 def _sizes(x, W_in, W_x, W_dt, A_log):
@@ -152,7 +153,7 @@ def mamba_forward(x, W_in, conv_w, conv_b, W_x, W_dt, b_dt, A_log, D, W_out, dt_
     silu_z, gate = silu_forward(xz[..., Di:])  # (B, T, Di)
     out, proj_out = linear_forward(y * silu_z, W_out)  # (B, T, D)
     return out, MambaCache(proj_in, conv, act, proj_x, proj_dt, soft, scan, gate, proj_out,
-                           y, silu_z, A, n_caches)
+                           y, silu_z, A, n_caches, (xz[..., :Di], u, delta, Bm))
 
 
 def mamba_backward(dout, cache):
@@ -161,7 +162,8 @@ def mamba_backward(dout, cache):
 
     Returns a gradient for x and every weight (the names of mamba_forward's arguments).
     """
-    proj_in, conv, act, proj_x, proj_dt, soft, scan, gate, proj_out, y, silu_z, A, norms = cache
+    (proj_in, conv, act, proj_x, proj_dt, soft, scan, gate, proj_out, y, silu_z, A, norms,
+     _) = cache
     expect_dout("mamba_backward", dout, *linear_out(proj_out))
     g_out = linear_backward(dout, proj_out)  # fwd: out = (y * silu(z)) @ W_out
     dgated = g_out["x"]  # (B, T, Di)
@@ -264,9 +266,10 @@ class Mamba(Module):
         h_T = sum_t exp(A sum_{s>t} delta_s) delta_t B_t x_t (the scan unrolled)."""
         y, cache = self.forward(x)  # (B, T, D)
         K1 = state.conv.shape[1]
-        xp = cache.conv.xp  # (B, T+K-1, Di): conv input with K-1 leading zeros
+        xc, u, delta, Bm = cache.state_in  # (B, T, Di) x3, (B, T, N)
+        xp = np.concatenate([state.conv, xc], axis=1)  # (B, K-1+T, Di): a fresh state's zeros first
         state.conv[...] = xp[:, xp.shape[1] - K1:]
-        u, delta, A, Bm = cache.scan.x, cache.scan.delta, cache.scan.A, cache.scan.B
+        A = cache.A  # (Di, N)
         later = delta[:, ::-1].cumsum(axis=1)[:, ::-1] - delta  # (B, T, Di): sum_{s>t} delta_s
         decay = np.exp(later[..., None] * A)  # (B, T, Di, N)
         state.ssm[...] = np.einsum("btdn,btd,btn->bdn", decay, delta * u, Bm)  # (B, Di, N)

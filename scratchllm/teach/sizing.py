@@ -100,10 +100,13 @@ def _recurrent(a, kind):
     """(params, state numbers per sequence) of one recurrent mixer of scratchllm's lm/mixers.py:
     L/R/G/D wq, wk, wv, wo (D·D each) + G's gate D·D or D's β D·H, state H·Dh·Dh
     (L: H·Dh·(Dh + 1), with z); S (Mamba-2) Wz, Wx D·Di, WB, WC D·N, Wdt D·H, 3 H-vectors,
-    Wout Di·D, state N·Di; W (RWKV-4 time-mix) 4·D·D + 5·D, state 4·D."""
+    the conv (Di + 2N)·(d_conv + 1), the norm Di, Wout Di·D, state N·Di + (d_conv − 1)·(Di + 2N);
+    W (RWKV-4 time-mix) 4·D·D + 5·D, state 4·D."""
     D, H, Dh, N, Di = a.d_model, a.n_heads, a.dh, a.d_state, a.expand * a.d_model
     if kind == "S":
-        return 2 * D * Di + 2 * D * N + D * H + 3 * H + Di * D, N * Di
+        conv = Di + 2 * N  # channels of the conv over [x | B | C]
+        return (2 * D * Di + 2 * D * N + D * H + 3 * H + conv * (a.d_conv + 1) + Di + Di * D,
+                N * Di + (a.d_conv - 1) * conv)
     if kind == "W":
         return 4 * D * D + 5 * D, 4 * D
     extra = {"G": D * D, "D": D * H}.get(kind, 0)

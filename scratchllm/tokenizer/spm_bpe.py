@@ -34,6 +34,10 @@ class SentencePieceBPE(Unigram):
             return None
         return self._score[k] if self._rank is None else self._rank.get((a, b))
 
+    def _segment_ids(self, x):
+        """Ids of the BPE segmentation of the normalised text x."""
+        return self._ids(x, self._segment(x))
+
     def _segment(self, x):
         """[(start, end, id)] of the BPE segmentation of the normalised text x."""
         spans = [(i, i + 1) for i in range(len(x))]

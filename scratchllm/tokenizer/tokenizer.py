@@ -97,8 +97,17 @@ class Tokenizer:
         _need_str(text, "encode_ordinary")
         return self._encode_array(text, None).tolist()
 
+    def _pieces(self, text, special_re):
+        """[(is_special, str)]: text with the allowed specials split out (hf_json's pipelines
+        override it to normalise or prefix the ordinary pieces)."""
+        return list(split_special(clean_surrogates(text), special_re))
+
+    def _pretokens(self, piece):
+        """The pre-tokens (str) of an ordinary piece on the regex path: the pattern's matches."""
+        return self._regex.findall(piece)
+
     def _encode_array(self, text, special_re):
-        pieces = list(split_special(clean_surrogates(text), special_re))
+        pieces = self._pieces(text, special_re)
         if not self._fast:
             return np.array(self._encode_slow(pieces), dtype=np.int32)           # (T,)
         blobs = [b"" if s else p.encode("utf-8") for s, p in pieces]
@@ -121,7 +130,7 @@ class Tokenizer:
             if is_special:
                 ids.append(self.special_tokens[piece])
                 continue
-            for pre in self._regex.findall(piece):
+            for pre in self._pretokens(piece):
                 hit = self._cache.get(pre)
                 if hit is None:
                     if len(self._cache) >= _CACHE_MAX:

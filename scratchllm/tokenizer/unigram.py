@@ -26,6 +26,7 @@ import numpy as np
 
 from .pretokenize import special_regex, split_special
 from .specials import check_disallowed, special_plan
+from .unigram_lattice import PieceTrie, code_points, lattice_ref, viterbi
 
 SPACE = "\u2581"          # "▁", SentencePiece's visible space
 UNK_PENALTY = 10.0
@@ -35,7 +36,9 @@ class Unigram:
     """pieces: [(piece, score)] in id order; unk_id: id of the unknown piece; special_tokens:
     {str: id} of control/user-defined pieces matched before segmentation (when allowed);
     add_dummy_prefix: True = a "▁" before text that does not start with a space (SentencePiece
-    after its whitespace clean-up, HF's Metaspace), "always" = before any text (HF's Prepend);
+    after its whitespace clean-up, HF's Metaspace), "always" = before any text (HF's Prepend),
+    "first" = as True, but only at the start of the text, not after a special token (HF's
+    Metaspace prepend_scheme "first");
     byte_fallback: unknown characters become <0xNN> pieces (they must be in the vocab);
     unused: ids that segmentation never produces (SentencePiece's unused pieces);
     fuse_unk: a run of unknown characters is one unknown id (HF tokenizers' Unigram does);
@@ -69,47 +72,46 @@ class Unigram:
         self._max_len = max(map(len, self._index), default=1)
         scores = [s for p, s in self.pieces if p in self._index]
         self.unk_score = self._dtype.type(min(scores, default=0.0) - UNK_PENALTY)
+        self._trie = None
 
     # ---- normalisation and the lattice ----------------------------------------------------
-    def normalize(self, text):
-        """SentencePiece's normal form of `text` (spaces shown as ▁)."""
+    def normalize(self, text, at_start=True):
+        """SentencePiece's normal form of `text` (spaces shown as ▁); at_start False: text
+        follows a special token (no prefix with add_dummy_prefix "first")."""
         if self.nfkc:
             text = unicodedata.normalize("NFKC", text)
         if self.remove_extra_whitespaces:
-            text = " ".join(t for t in text.split(" ") if t)
-        if self.add_dummy_prefix == "always" and text or \
-                self.add_dummy_prefix and text and not text.startswith(" "):
+            text = " ".join(filter(None, text.split(" ")))
+        prefix = self.add_dummy_prefix if at_start or self.add_dummy_prefix != "first" else False
+        if prefix == "always" and text or prefix and text and not text.startswith(" "):
             text = " " + text
         return text.replace(" ", SPACE)
 
     def _edges(self, x):
-        """edges[i] = [(j, id, score)] for every piece x[i:j] (unknown: id unk_id / -1)."""
-        edges = [[] for _ in range(len(x))]
-        for i in range(len(x)):
-            for j in range(i + 1, min(len(x), i + self._max_len) + 1):
-                k = self._index.get(x[i:j])
-                if k is not None:
-                    edges[i].append((j, k, self._score[k]))
-            if not any(j == i + 1 for j, _, _ in edges[i]):
-                edges[i].append((i + 1, self.unk_id, self.unk_score))
-        return edges
+        """edges[i] = [(j, id, score)] for every piece x[i:j] (unknown: id unk_id)."""
+        return lattice_ref(x, self._index, self._max_len, self._score, self.unk_id,
+                           self.unk_score)
 
-    def _segment(self, x):
-        """[(start, end, id)] of the best (Viterbi) segmentation of the normalised text x."""
-        n, edges = len(x), self._edges(x)
-        best = np.full(n + 1, -np.inf, dtype=self._dtype)   # (n+1,) best path score up to j
-        back = [None] * (n + 1)
-        best[0] = 0.0
-        for i in range(n):
-            for j, k, s in edges[i]:
-                if best[i] + s > best[j]:
-                    best[j], back[j] = best[i] + s, (i, k)
-        path, j = [], n
-        while j > 0:
-            i, k = back[j]
-            path.append((i, j, k))
-            j = i
-        return path[::-1]
+    def _segment_ids(self, x):
+        """Ids of the best (Viterbi) segmentation of the normalised text x."""
+        return self._batch_ids([x])[0]
+
+    def _batch_ids(self, xs):
+        """Viterbi ids of each normalised text (the Numba kernel unigram_lattice.viterbi, all
+        texts in one call); unknown pieces resolved by _ids."""
+        if self._trie is None:
+            self._trie = PieceTrie.from_strings(list(self._index), list(self._index.values()),
+                                                len(self.pieces))
+        bounds = np.concatenate([[0], np.cumsum([len(x) for x in xs])])
+        starts, ends, ids, counts = viterbi(code_points("".join(xs)), bounds, self._trie,
+                                            self._score, self.unk_id, self.unk_score)
+        ends_at = np.cumsum(counts).tolist()
+        flat = ids.tolist()
+        out = [flat[a:b] for a, b in zip([0] + ends_at[:-1], ends_at)]
+        for k in set(np.searchsorted(ends_at, np.flatnonzero(ids == self.unk_id), "right")):
+            a, b = ends_at[k] - counts[k], ends_at[k]
+            out[k] = self._ids(xs[k], zip(starts[a:b].tolist(), ends[a:b].tolist(), out[k]))
+        return out
 
     def _forward(self, edges, n, alpha):
         a = np.full(n + 1, -np.inf)                          # (n+1,) log forward weights
@@ -131,8 +133,9 @@ class Unigram:
 
     def _pieces_of(self, text, allowed):
         """(is_special, normalised piece) parts of text; specials in `allowed` split out."""
-        parts = list(split_special(text, special_regex(allowed)))
-        return [(s, p if s else self.normalize(p)) for s, p in parts]
+        parts = list(split_special(text, special_regex(allowed)))  # (k = 0: at the start)
+        return [(s, p if s else self.normalize(p, at_start=k == 0)) for k, (s, p) in
+                enumerate(parts)]
 
     def encode(self, text, *, allowed_special=(), disallowed_special="all"):
         """Viterbi ids; special tokens as in Tokenizer.encode (specials.py)."""
@@ -141,13 +144,17 @@ class Unigram:
         check_disallowed(text, disallowed_re, 0, "Unigram.encode")
         out = []
         for is_special, x in self._pieces_of(text, allowed):
-            out += [self.special_tokens[x]] if is_special else self._ids(x, self._segment(x))
+            out += [self.special_tokens[x]] if is_special else self._segment_ids(x)
         return out
 
     def encode_ordinary(self, text):
         """Viterbi ids of text, special-token strings being ordinary text."""
         x = self.normalize(text)
-        return self._ids(x, self._segment(x))
+        return self._segment_ids(x)
+
+    def encode_ordinary_batch(self, texts):
+        """[encode_ordinary(t) for t in texts], segmented in one kernel call."""
+        return self._batch_ids([self.normalize(t) for t in texts])
 
     def nbest(self, text, n):
         """The n most likely segmentations of text (ordinary): [(ids, log P)], best first."""

@@ -37,7 +37,7 @@ def _normalizer(spec, where):
 
 
 def _prefix(spec, where):
-    """add_dummy_prefix of a tokenizer.json Metaspace pre-tokenizer."""
+    """add_dummy_prefix of a tokenizer.json Metaspace pre-tokenizer (True, "first", False)."""
     if spec is None or spec.get("type") != "Metaspace" or spec.get("replacement") != SPACE:
         raise ValueError(f"{where}: expected a Metaspace pre_tokenizer with replacement "
                          f"{SPACE!r}, got {spec!r}")
@@ -45,7 +45,7 @@ def _prefix(spec, where):
                       else "never")
     if scheme not in ("always", "first", "never"):
         raise ValueError(f"{where}: unknown prepend_scheme {scheme!r}")
-    return scheme != "never"
+    return {"always": True, "first": "first", "never": False}[scheme]
 
 
 def load_unigram_json(path):
@@ -70,7 +70,8 @@ def save_unigram_json(tok, path):
     """Write tok (a Unigram) as an HF tokenizer.json that HF `tokenizers` loads. The file
     carries HF's rules (no collapsing of repeated spaces, unknown runs fused), as
     load_unigram_json reads it back."""
-    scheme = "always" if tok.add_dummy_prefix else "never"
+    scheme = "first" if tok.add_dummy_prefix == "first" else \
+        "always" if tok.add_dummy_prefix else "never"
     meta = {"type": "Metaspace", "replacement": SPACE, "prepend_scheme": scheme, "split": True}
     added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
               "normalized": False, "special": True}

@@ -1,33 +1,39 @@
 """Training a Unigram tokenizer by EM and pruning (Kudo 2018, arXiv 1804.10959; SentencePiece's
-google/sentencepiece src/unigram_model_trainer.cc is the reference implementation).
+google/sentencepiece src/unigram_model_trainer.cc is the reference implementation, and its
+defaults are the defaults here).
 
 1. Words: each line is normalised (unigram.py) and cut before every "▁"; distinct words w are
-   counted (f_w). Characters of the words are *required* pieces: never pruned.
+   counted (f_w), most frequent first. Their characters are *required* pieces: never pruned.
 2. Seed: every substring of 2..max_len characters of every word, counted with f_w (a "▁" only
    as the first character, as in SentencePiece's split_by_whitespace). Memory stays bounded:
-   when the counter holds more than `seed_cap` strings, the half with the smallest counts is
-   dropped. Kept: the seed_size strings of largest count x length; score = log count / total.
-3. Rounds, until |V| <= vocab_size:
+   whenever the counter holds more than `seed_cap` strings, those with at most the median
+   count are dropped (unigram_em.count_substrings). Kept: the substrings seen at least twice,
+   at most seed_size pieces in all, by largest count x length; the initial p(v) is
+   proportional to the count x length (to the count for a character), as in SentencePiece.
+3. Rounds, until |V| <= 1.1 vocab_size (SentencePiece's margin):
    - EM (em_iters times). E-step: per word, forward-backward over its lattice gives the
      expected count of every piece: c_v = sum_w f_w sum_{edges e = v} P(e | w), with
-     P(e = i->j | w) = exp(a[i] + log p(v) + b[j] - log Z(w)). M-step (log space):
-     log p(v) = log c_v - log sum_u c_u; pieces with c_v < 0.5 are dropped (not required ones).
-     Corpus log-likelihood L = sum_w f_w log Z(w) is reported per round.
-   - Prune: F_v = Viterbi count of v; alt(v) = best segmentation of v's string without v;
-     loss_v = F_v (log p(v) - sum_{u in alt(v)} log p'(u)), with p' the probabilities after
-     F_v moves to alt(v) (SentencePiece's formula). Keep the max(vocab_size, shrink |V|) pieces
-     of largest loss, plus every required character.
+     P(e = i->j | w) = exp(a[i] + log p(v) + b[j] - log Z(w)). M-step, in log space and
+     Bayesian as SentencePiece's: log p(v) = digamma(c_v) - digamma(sum_u c_u) (= log c_v -
+     log sum c_u up to O(1/c)); pieces with c_v < 0.5 are dropped (required ones kept, at
+     c_v = 0.5). The corpus log-likelihood L = sum_w f_w log Z(w) is reported per round.
+   - Prune (unigram_em.prune_losses): drop the pieces never used by a word's Viterbi
+     segmentation or whose own string segments better without them; keep the pieces of
+     largest loss of likelihood, max(1.1 vocab_size, shrink |V|) pieces in all.
+4. The required characters, then the remaining pieces of largest log p, up to vocab_size;
+   their log-probabilities are renormalised to sum to 1.
 
 Glossary: f_w = count of word w; c_v = expected count of piece v; a/b = forward/backward log
 weights over a word's lattice; Z(w) = sum over the word's segmentations of P(s).
 """
-import math
 from collections import Counter
 
 import numpy as np
 
 from .pretokenize import read_blocks, special_regex, split_special
 from .unigram import SPACE, Unigram
+from .unigram_em import count_substrings, expected_counts, prune_losses, viterbi_counts
+from .unigram_lattice import PieceTrie, code_points
 
 
 def _words(path, special_tokens, normalize):
@@ -46,127 +52,122 @@ def _words(path, special_tokens, normalize):
 def _count_line(line, specials, normalize, words):
     for is_special, piece in split_special(line, specials):
         if not is_special:
-            x = normalize(piece)
-            cuts = [i for i, c in enumerate(x) if c == SPACE and i > 0] + [len(x)]
-            for a, b in zip([0] + cuts[:-1], cuts):
-                if b > a:
-                    words[x[a:b]] += 1
+            first, *rest = normalize(piece).split(SPACE)
+            words.update(SPACE + w for w in rest)
+            if first:
+                words[first] += 1
 
 
-def _seed(words, seed_size, max_len, seed_cap):
-    """{piece: log prob} of the seed vocabulary (rule 2 of the module docstring)."""
-    counts = Counter()
-    for w, f in words.items():
-        for i in range(len(w)):
-            for j in range(i + 2, min(len(w), i + max_len) + 1):
-                if SPACE not in w[i + 1:j]:
-                    counts[w[i:j]] += f
-        if len(counts) > seed_cap:
-            counts = Counter(dict(counts.most_common(seed_cap // 2)))
-    chars = Counter()
-    for w, f in words.items():
-        for c in w:
-            chars[c] += f
-    best = sorted(counts.items(), key=lambda e: (-e[1] * len(e[0]), e[0]))[:seed_size]
-    pieces = dict(chars) | dict(best)
-    total = sum(pieces.values())
-    return {p: math.log(c / total) for p, c in pieces.items()}, set(chars)
+def _word_arrays(words):
+    """(pool, off, freq) of the words, most frequent first (ties by string)."""
+    items = sorted(words.items(), key=lambda e: (-e[1], e[0]))
+    lens = np.fromiter((len(w) for w, _ in items), np.int64, len(items))
+    off = np.concatenate([[0], np.cumsum(lens)])
+    freq = np.fromiter((f for _, f in items), np.float64, len(items))
+    return code_points("".join(w for w, _ in items)), off, freq
 
 
-def _lattice(w, logp, max_len):
-    """edges[i] = [(j, piece, log p)] of word w."""
-    return [[(j, w[i:j], logp[w[i:j]]) for j in range(i + 1, min(len(w), i + max_len) + 1)
-             if w[i:j] in logp] for i in range(len(w))]
+def _seed(pool, off, freq, seed_size, max_len, seed_cap):
+    """(piece pool, piece offsets, log p, number of required characters): rule 2."""
+    chars, inverse = np.unique(pool, return_inverse=True)
+    char_counts = np.bincount(inverse, weights=np.repeat(freq, np.diff(off)))
+    starts, lens, counts = count_substrings(pool, off, freq, max_len, seed_cap)
+    score = counts * lens
+    order = np.lexsort((lens, starts, -score))
+    order = order[counts[order] >= 2][:max(seed_size - len(chars), 0)]
+    starts, lens = starts[order], lens[order]
+    rel = np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens, lens)
+    piece_pool = np.concatenate([chars.astype(np.int32), pool[np.repeat(starts, lens) + rel]])
+    piece_off = np.concatenate([np.arange(len(chars) + 1), len(chars) + np.cumsum(lens)])
+    value = np.concatenate([char_counts, score[order]])
+    return piece_pool, piece_off, np.log(value) - np.log(value.sum()), len(chars)
 
 
-def _expected_counts(words, logp, max_len):
-    """(expected counts {piece: c}, corpus log-likelihood) by forward-backward."""
-    counts, total = Counter(), 0.0
-    for w, f in words.items():
-        n, edges = len(w), _lattice(w, logp, max_len)
-        a = np.full(n + 1, -np.inf)                    # (n+1,) forward log weights
-        b = np.full(n + 1, -np.inf)                    # (n+1,) backward log weights
-        a[0], b[n] = 0.0, 0.0
-        for i in range(n):
-            for j, _, s in edges[i]:
-                a[j] = np.logaddexp(a[j], a[i] + s)
-        for i in range(n - 1, -1, -1):
-            for j, _, s in edges[i]:
-                b[i] = np.logaddexp(b[i], s + b[j])
-        total += f * a[n]
-        for i in range(n):
-            for j, p, s in edges[i]:
-                counts[p] += f * math.exp(a[i] + s + b[j] - a[n])
-    return counts, total
+def digamma(x):
+    """psi(x) for x >= 0.5 (float64 array): recurrence up to 7, then the asymptotic series
+    (SentencePiece's Digamma)."""
+    x, out = np.array(x, dtype=np.float64), np.zeros(np.shape(x))
+    for _ in range(7):
+        small = x < 7
+        out[small] -= 1 / x[small]
+        x[small] += 1
+    x = x - 0.5
+    xx2 = 1 / x ** 2
+    xx4 = xx2 * xx2
+    return out + np.log(x) + xx2 / 24 - 7 / 960 * xx4 + 31 / 8064 * xx4 * xx2 - \
+        127 / 30720 * xx4 * xx4
 
 
-def _viterbi(w, logp, max_len, banned=None):
-    """Best segmentation of w (list of pieces) without the piece `banned`."""
-    n, edges = len(w), _lattice(w, logp, max_len)
-    best, back = [0.0] + [-math.inf] * n, [None] * (n + 1)
-    for i in range(n):
-        for j, p, s in edges[i]:
-            if p != banned and best[i] + s > best[j]:
-                best[j], back[j] = best[i] + s, (i, p)
-    if back[n] is None:
-        return None
-    out, j = [], n
-    while j > 0:
-        i, p = back[j]
-        out.append(p)
-        j = i
-    return out[::-1]
+class _Pieces:
+    """The current pieces: code points (pool, off), log p, required mask, and their trie."""
+
+    def __init__(self, pool, off, logp, required):
+        self.pool, self.off, self.logp, self.required = pool, off, logp, required
+        self.trie = PieceTrie(pool, off, np.arange(len(logp)), len(logp))
+
+    def keep(self, mask, logp):
+        lens = np.diff(self.off)[mask]
+        starts = self.off[:-1][mask]
+        rel = np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens, lens)
+        return _Pieces(self.pool[np.repeat(starts, lens) + rel],
+                       np.concatenate([[0], np.cumsum(lens)]), logp[mask], self.required[mask])
+
+    def strings(self):
+        return [self.trie.piece(k) for k in range(len(self.logp))]
 
 
-def _prune(words, logp, required, keep, max_len):
-    """The `keep` pieces of largest likelihood loss, plus the required characters."""
-    freq = Counter()
-    for w, f in words.items():
-        for p in _viterbi(w, logp, max_len):
-            freq[p] += f
-    total = sum(freq.values())
-    loss = {}
-    for p in logp:
-        if p in required:
-            continue
-        alt = _viterbi(p, logp, max_len, banned=p) if freq[p] else []
-        if alt is None:
-            continue
-        logsum_alt = math.log(total + freq[p] * (len(alt) - 1))
-        lp_alt = sum(math.log(freq[u] + freq[p]) - logsum_alt for u in alt)
-        lp = math.log(freq[p] / total) if freq[p] else -math.inf
-        loss[p] = freq[p] * (lp - lp_alt) if freq[p] else -math.inf
-    kept = sorted(loss, key=lambda p: (-loss[p], p))[:max(keep - len(required), 0)]
-    return {p: logp[p] for p in list(required) + kept}
+def _em_step(pieces, pool, off, freq):
+    """One E-step and M-step: (new pieces, corpus log-likelihood before the M-step)."""
+    counts, ll = expected_counts(pool, off, freq, pieces.trie, pieces.logp)
+    keep = (counts >= 0.5) | pieces.required
+    counts = np.maximum(counts, 0.5)
+    logp = digamma(counts) - digamma(counts[keep].sum())
+    return pieces.keep(keep, logp), ll
 
 
-def train_unigram(path, vocab_size, special_tokens=(), *, max_len=16, seed_size=None,
-                  seed_cap=2_000_000, shrink=0.8, em_iters=2, nfkc=False, report=None):
+def _prune(pieces, pool, off, freq, size):
+    """Pieces kept by rule 3's pruning, `size` in all (fewer if many are removable)."""
+    loss = prune_losses(pieces.trie, pieces.logp,
+                        viterbi_counts(pool, off, freq, pieces.trie, pieces.logp))
+    sure = pieces.required | (loss == np.inf)
+    ranked = np.flatnonzero(~sure & (loss > -np.inf))
+    ranked = ranked[np.argsort(-loss[ranked], kind="stable")][:max(size - sure.sum(), 0)]
+    keep = sure.copy()
+    keep[ranked] = True
+    return pieces.keep(keep, pieces.logp)
+
+
+def train_unigram(path, vocab_size, special_tokens=(), *, max_len=16, seed_size=1_000_000,
+                  seed_cap=2_000_000, shrink=0.75, em_iters=2, nfkc=False, report=None):
     """A Unigram tokenizer of vocab_size pieces (<unk> first, then special_tokens, then the
     learned pieces by score) trained on a UTF-8 text file. report(round, size, log-lik) is
     called after each round; the same triples are in the returned tokenizer's train_log."""
     reserved = 1 + len(special_tokens)
     norm = Unigram([("<unk>", 0.0)], nfkc=nfkc).normalize
-    words = _words(path, special_tokens, norm)
-    logp, required = _seed(words, seed_size or 10 * vocab_size, max_len, seed_cap)
-    if len(required) + reserved > vocab_size:
-        raise ValueError(f"train_unigram: vocab_size {vocab_size} < {len(required)} characters "
+    pool, off, freq = _word_arrays(_words(path, special_tokens, norm))
+    piece_pool, piece_off, logp, n_chars = _seed(pool, off, freq, seed_size, max_len, seed_cap)
+    if n_chars + reserved > vocab_size:
+        raise ValueError(f"train_unigram: vocab_size {vocab_size} < {n_chars} characters "
                          f"+ {reserved} reserved pieces")
+    pieces = _Pieces(piece_pool, piece_off, logp, np.arange(len(logp)) < n_chars)
     log, target = [], vocab_size - reserved
     while True:
         for _ in range(em_iters):
-            counts, ll = _expected_counts(words, logp, max_len)
-            counts = {p: c for p, c in counts.items() if c >= 0.5 or p in required}
-            z = math.log(sum(counts.values()))
-            logp = {p: math.log(max(c, 1e-12)) - z for p, c in counts.items()}
-        log.append((len(log) + 1, len(logp), ll))
+            pieces, ll = _em_step(pieces, pool, off, freq)
+        log.append((len(log) + 1, len(pieces.logp), ll))
         if report is not None:
             report(*log[-1])
-        if len(logp) <= target:
+        if len(pieces.logp) <= int(1.1 * target):
             break
-        logp = _prune(words, logp, required, max(target, int(shrink * len(logp))), max_len)
-    pieces = [("<unk>", 0.0)] + [(t, 0.0) for t in special_tokens]
-    pieces += sorted(logp.items(), key=lambda e: (-e[1], e[0]))
-    tok = Unigram(pieces, 0, {t: 1 + k for k, t in enumerate(special_tokens)}, nfkc=nfkc)
+        pieces = _prune(pieces, pool, off, freq,
+                        max(int(1.1 * target), int(shrink * len(pieces.logp))))
+    rest = np.flatnonzero(~pieces.required)
+    rest = rest[np.argsort(-pieces.logp[rest], kind="stable")][:target - n_chars]
+    final = pieces.keep(pieces.required | np.isin(np.arange(len(pieces.logp)), rest),
+                        pieces.logp)
+    scores = final.logp - np.logaddexp.reduce(final.logp)
+    learned = sorted(zip(final.strings(), scores.tolist()), key=lambda e: (-e[1], e[0]))
+    tok = Unigram([("<unk>", 0.0)] + [(t, 0.0) for t in special_tokens] + learned, 0,
+                  {t: 1 + k for k, t in enumerate(special_tokens)}, nfkc=nfkc)
     tok.train_log = log
     return tok

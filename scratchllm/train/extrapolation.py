@@ -5,11 +5,17 @@ training length, while sinusoidal positions and RoPE, meeting positions (rotatio
 never seen in training, degrade; NoPE has only the causal mask to tell positions apart.
 This runs the same comparison at laptop scale; what it shows is whatever it measures.
 
-    python -m scratchllm.train.extrapolation [--steps 300] [--plot extrapolation.png]
+    python -m scratchllm.train.extrapolation [--steps 150] [--plot extrapolation.png]
+                                             [--json extrapolation.json]
+
+The defaults take a few minutes on 2 cores; notebook 10 shows the committed result of one
+run (notebooks/data/extrapolation.json, with the command, steps and date it records).
 
 The data is the bundled Python-docs text as bytes (V = 256), so no tokenizer is trained.
 """
 import argparse
+import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +37,7 @@ def byte_ids(path=DATA, limit=None):
 
 
 def length_extrapolation(ids, positions=POSITIONS, *, train_len=128, eval_lens=(128, 256, 512),
-                         steps=300, batch_size=16, eval_tokens=16384, model=None, log=None):
+                         steps=150, batch_size=16, eval_tokens=16384, model=None, log=None):
     """{position scheme: [validation CE (nats/token) at each eval length]}.
 
     Each scheme trains the same ModelConfig (MODEL, overridden by `model`) for `steps`
@@ -88,14 +94,23 @@ def save_plot(path, table, train_len, eval_lens):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=150)
     p.add_argument("--train-len", type=int, default=128)
     p.add_argument("--plot", default="extrapolation.png")
+    p.add_argument("--json", default=None, help="also write the table and the run's settings")
     a = p.parse_args(argv)
     lens = (a.train_len, 2 * a.train_len, 4 * a.train_len)
+    t0 = time.time()
     table = length_extrapolation(byte_ids(), train_len=a.train_len, eval_lens=lens,
                                  steps=a.steps, log=print)
     print(format_table(table, a.train_len, lens))
+    if a.json:
+        record = dict(command=f"python -m scratchllm.train.extrapolation --steps {a.steps} "
+                      f"--train-len {a.train_len}", steps=a.steps, train_len=a.train_len,
+                      eval_lens=list(lens), model=MODEL, table=table,
+                      seconds=round(time.time() - t0, 1),
+                      date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+        Path(a.json).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     if save_plot(a.plot, table, a.train_len, lens):
         print(f"plot: {a.plot}")
     return 0

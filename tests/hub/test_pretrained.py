@@ -18,6 +18,7 @@ from scratchllm.lm import LM, preset
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 FAMILIES = ["llama", "llama_yarn", "llama_linear", "llama_dynamic", "mistral", "qwen2", "qwen3",
             "gemma3", "gpt2"]
+FAMILIES += ["gpt_oss"]  # issue 13: sinks, sliding/full layer_types, biased router, clamped experts
 
 
 def expected(family):

@@ -1,7 +1,8 @@
 """RWKV-4: the WKV operator's stabilised recurrence (vectorised and upstream's scalar loop) ==
-its parallel softmax form == the formula with explicit sums; gradients of w, u, k, v and of the
-time-mix and channel-mix blocks; decoding == the full forward; float32 with huge k (the
-exponents that overflow without the running max)."""
+its parallel softmax form == the formula with explicit sums; the recurrent backward (Numba and
+NumPy) == the parallel backward; gradients of w, u, k, v and of the time-mix and channel-mix
+blocks; decoding == the full forward; float32 with huge k (the exponents that overflow
+without the running max), forward and backward."""
 import numpy as np
 import pytest
 
@@ -10,6 +11,10 @@ from scratchllm.linear_attention import (
     rwkv4_channel_mix_backward, rwkv4_channel_mix_forward, rwkv4_channel_mix_step,
     rwkv4_time_mix_backward, rwkv4_time_mix_forward, rwkv4_time_mix_step, rwkv4_wkv_backward,
     rwkv4_wkv_forward, rwkv4_wkv_recurrent, rwkv4_wkv_recurrent_ref)
+from scratchllm.linear_attention.rwkv_scan import (rwkv4_wkv_scan_backward,
+                                                   rwkv4_wkv_scan_backward_ref,
+                                                   rwkv4_wkv_scan_forward,
+                                                   rwkv4_wkv_scan_forward_ref)
 
 
 def rel(a, b):
@@ -37,7 +42,8 @@ def direct_wkv(w, u, k, v):
 def test_recurrent_and_parallel_equal_the_sums():
     a = wkv_inputs(np.random.default_rng(0))
     want = direct_wkv(**a)
-    assert rel(rwkv4_wkv_forward(**a)[0], want) < 1e-12
+    for form in ("parallel", "recurrent"):
+        assert rel(rwkv4_wkv_forward(**a, form=form)[0], want) < 1e-12
     y, state = rwkv4_wkv_recurrent(**a)
     y_ref, state_ref = rwkv4_wkv_recurrent_ref(**a)
     assert rel(y, want) < 1e-12 and rel(y_ref, want) < 1e-12
@@ -45,11 +51,31 @@ def test_recurrent_and_parallel_equal_the_sums():
         assert rel(got, ref) < 1e-12
 
 
-def test_wkv_backward():
+@pytest.mark.parametrize("form", ["parallel", "recurrent"])
+def test_wkv_backward(form):
     rng = np.random.default_rng(1)
-    report = check(rwkv4_wkv_forward, rwkv4_wkv_backward, rng=rng, **wkv_inputs(rng, 2, 7, 3))
+    report = check(rwkv4_wkv_forward, rwkv4_wkv_backward, rng=rng, form=form,
+                   **wkv_inputs(rng, 2, 7, 3))
     assert report.ok, report
     assert {r.input for r in report.rows} == {"w", "u", "k", "v"}
+
+
+@pytest.mark.parametrize("T, D", [(1, 3), (13, 40), (50, 70)])  # D ragged against BLOCK = 32
+def test_recurrent_backward_equals_the_parallel_backward(T, D):
+    rng = np.random.default_rng(T)
+    a = wkv_inputs(rng, 3, T, D)
+    a["w"][0] = 1e-4  # a channel that barely decays
+    y_par, c_par = rwkv4_wkv_forward(**a, form="parallel")
+    dy = rng.standard_normal(y_par.shape)
+    want = rwkv4_wkv_backward(dy, c_par)
+    for fwd, bwd in ((rwkv4_wkv_scan_forward, rwkv4_wkv_scan_backward),
+                     (rwkv4_wkv_scan_forward_ref, rwkv4_wkv_scan_backward_ref)):
+        y, cache = fwd(**a)
+        assert rel(y, y_par) < 1e-12
+        got = bwd(dy, cache)
+        assert got.keys() == want.keys()
+        for name in want:
+            assert rel(got[name], want[name]) < 1e-12, (fwd.__name__, name)
 
 
 def test_float32_huge_keys_stay_finite():
@@ -60,9 +86,13 @@ def test_float32_huge_keys_stay_finite():
     a32 = {n: x.astype(np.float32) for n, x in a.items()}
     for y in (rwkv4_wkv_recurrent(**a32)[0], rwkv4_wkv_forward(**a32)[0]):
         assert y.dtype == np.float32 and np.all(np.isfinite(y)) and rel(y, want) < 1e-4
-    g = rwkv4_wkv_backward(rng.standard_normal(want.shape).astype(np.float32),
-                           rwkv4_wkv_forward(**a32)[1])
-    assert all(np.all(np.isfinite(x)) for x in g.values())
+    dy = rng.standard_normal(want.shape)
+    g64 = rwkv4_wkv_backward(dy, rwkv4_wkv_forward(**a, form="parallel")[1])
+    for form in ("parallel", "recurrent"):
+        g = rwkv4_wkv_backward(dy.astype(np.float32), rwkv4_wkv_forward(**a32, form=form)[1])
+        for name, x in g.items():
+            assert x.dtype == np.float32 and np.all(np.isfinite(x)), (form, name)
+            assert rel(x, g64[name]) < 1e-3, (form, name)
 
 
 def block_inputs(rng, D=5, F=7):
@@ -103,5 +133,12 @@ def test_block_decoding_equals_the_full_forward():
 
 def test_bad_input():
     a = wkv_inputs(np.random.default_rng(5))
-    with pytest.raises(ValueError, match="rwkv4_wkv: w has shape"):
+    with pytest.raises(ValueError, match="rwkv4_wkv_scan: w has shape"):
         rwkv4_wkv_forward(**{**a, "w": a["w"][:2]})
+    with pytest.raises(ValueError, match="rwkv4_wkv: w has shape"):
+        rwkv4_wkv_forward(**{**a, "w": a["w"][:2]}, form="parallel")
+    with pytest.raises(ValueError, match="rwkv4_wkv: form must be"):
+        rwkv4_wkv_forward(**a, form="chunked")
+    y, cache = rwkv4_wkv_forward(**a)
+    with pytest.raises(TypeError, match="rwkv4_wkv_backward: dy has dtype float32"):
+        rwkv4_wkv_backward(y.astype(np.float32), cache)

@@ -38,6 +38,21 @@ def test_cached_decoding_equals_full_recompute(pattern):
                                    atol=1e-9, err_msg=f"{pattern}: position {t}")
 
 
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_prefill_then_decode_equals_full_recompute(pattern):
+    """The recurrent mixers have no prefill of their own: the block decodes the prompt."""
+    rng = np.random.default_rng(4)
+    model = LM(lm_tiny("dense", layer_pattern=pattern, n_layers=4), rng=rng, dtype=np.float64)
+    ids = rng.integers(0, V, (2, 8))
+    full, _ = model.forward(ids)  # (2, 8, V)
+    state = model.init_state(batch=2, max_len=8)
+    np.testing.assert_allclose(model.prefill(ids[:, :5], state), full[:, :5], rtol=0,
+                               atol=1e-9)
+    for t in range(5, 8):
+        np.testing.assert_allclose(model.decode(ids[:, t], state, t), full[:, t], rtol=0,
+                                   atol=1e-9, err_msg=f"{pattern}: position {t}")
+
+
 @pytest.mark.parametrize("name", ["linear", "deltanet", "mamba2", "rwkv"])
 def test_sizing_counts_the_params_and_a_fixed_state(name):
     cfg = preset(name, d_model=16, n_heads=4, d_ff=12, vocab_size=23, d_state=4)
@@ -45,7 +60,7 @@ def test_sizing_counts_the_params_and_a_fixed_state(name):
     a = from_model_config(cfg)
     assert sizing.parameters(a).total == model.n_params()
     state = model.init_state(batch=1, max_len=10)
-    numbers = sum(np.size(s) for s in state)
+    numbers = sum(np.size(a) for s in state for a in (s if isinstance(s, tuple) else [s]))
     per = sizing.kv_cache(a, context=4096, dtype="fp32")
     assert per.bytes_per_token == 0 and per.state_bytes == 4 * numbers
     assert sizing.kv_cache(a, context=131072, dtype="fp32").bytes == per.bytes

@@ -91,27 +91,8 @@ def test_sentencepiece_unigram_ids(name):
     tok = load_sentencepiece(os.path.join(FIX, f"{name}.model"))
     texts, ids = _fixture(name)
     assert [tok.encode_ordinary(t) for t in texts] == ids
+    assert tok.encode_ordinary_batch(texts) == ids
     assert [tok.decode(i) for i in ids[:50]] == [" ".join(t.split()) for t in texts[:50]]
-
-
-def test_expected_counts_equal_brute_force():
-    from collections import Counter
-    from scratchllm.tokenizer.unigram_train import _expected_counts
-    tok = Unigram(TOY)
-    logp = {p: s for p, s in TOY[1:]}
-    words = Counter({tok.normalize("abab"): 3, tok.normalize("bab"): 2})
-    counts, ll = _expected_counts(words, logp, 8)
-    want, want_ll = Counter(), 0.0
-    for w, f in words.items():
-        every = _segmentations(tok, w)
-        z = np.logaddexp.reduce([s for s, _ in every])
-        want_ll += f * z
-        for s, ids in every:
-            for i in ids:
-                want[tok.pieces[i][0]] += f * math.exp(s - z)
-    assert math.isclose(ll, want_ll, rel_tol=1e-12)
-    assert set(counts) == set(want)
-    assert all(math.isclose(counts[p], want[p], rel_tol=1e-9) for p in want)
 
 
 def test_train_unigram_small(tmp_path):
@@ -123,8 +104,8 @@ def test_train_unigram_small(tmp_path):
     seen = []
     tok = train_unigram(path, 300, ["<|endoftext|>"], report=lambda *r: seen.append(r))
     assert seen == tok.train_log and len(seen) >= 2
-    assert [size for _, size, _ in seen][-1] <= 300 - 2 < seen[0][1]
-    assert len(tok.pieces) <= 300 and tok.pieces[1][0] == "<|endoftext|>"
+    assert [size for _, size, _ in seen][-1] <= int(1.1 * (300 - 2)) < seen[0][1]
+    assert len(tok.pieces) == 300 and tok.pieces[1][0] == "<|endoftext|>"
     chars = {c for line in text.replace("<|endoftext|>", "").split("\n")
              for c in tok.normalize(line)}
     assert chars <= {p for p, _ in tok.pieces}

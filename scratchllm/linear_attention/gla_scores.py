@@ -1,0 +1,122 @@
+"""GLA's intra-chunk scores with one gate per key channel (gla.py's hot spot):
+    P_ts = Σ_i q_t[i] k_s[i] E_ts[i],   E_ts[i] = exp(b_t[i] − b_s[i]) for s ≤ t, 0 above,
+b the in-chunk cumulative log gate. The NumPy pair (`_ref`) builds the whole decay tensor E
+(..., C, C, Dk) and contracts it with einsum; its Numba twin never builds E: one task per chunk
+walks each key s forward in time and keeps E_ts = E_{t−1,s} ⊙ α_t, α_t = exp(b_t − b_{t−1}),
+as a running product (C·Dk exps per chunk instead of C²·Dk, and no (C, C, Dk) array). Every
+factor α is exp(g) ≤ 1 for g ≤ 0, so the product underflows at worst, as exp(b_t − b_s) would.
+
+Backward (W_tsi = dP_ts q_ti k_si E_tsi, the gradient of the exponent b_ti − b_si):
+    dq_ti = Σ_s dP_ts k_si E_tsi,   dk_si = Σ_t dP_ts q_ti E_tsi,   db_ti = Σ_s W_tsi − Σ_s W_sti
+
+Glossary: M chunks (the flattened leading axes: batch, heads, chunks), C chunk length,
+Dk key channels.
+"""
+from typing import NamedTuple
+
+import numba
+import numpy as np
+
+from scratchllm.core.validate import expect_dout, expect_float, expect_shape
+
+
+class ScoresCache(NamedTuple):
+    q: np.ndarray
+    k: np.ndarray
+    b: np.ndarray
+    E: np.ndarray  # the decay tensor (..., C, C, Dk) (the reference only; None in the twin)
+
+
+def _check(fn, q, k, b):
+    for name, a in (("q", q), ("k", k), ("b", b)):
+        expect_float(fn, name, a, min_ndim=2)
+        expect_shape(fn, name, a, q.shape, "(..., C, Dk) like q")
+
+
+def decay_tensor(b):
+    """E_ts = exp(b_t − b_s) for s ≤ t, 0 above the diagonal: (..., C, C, G). Masked before
+    exp, so no argument above the diagonal (where b_t − b_s ≥ 0) can overflow."""
+    C = b.shape[-2]
+    diff = b[..., :, None, :] - b[..., None, :, :]  # (..., C, C, G)
+    keep = np.tril(np.ones((C, C), bool))[:, :, None]  # (C, C, 1)
+    return np.exp(np.where(keep, diff, -np.inf))  # (..., C, C, G)
+
+
+# ---------------------------------------------------------------------------- reference
+def gla_scores_forward_ref(q, k, b):
+    """P (..., C, C) from q, k, b (..., C, Dk), through the whole decay tensor."""
+    _check("gla_scores", q, k, b)
+    E = decay_tensor(b)  # (..., C, C, Dk)
+    return np.einsum("...ti,...si,...tsi->...ts", q, k, E), ScoresCache(q, k, b, E)
+
+
+def gla_scores_backward_ref(dP, cache):
+    """Math: as the module docstring, each sum an einsum over E.
+    Reference: Yang et al. 2023, arXiv 2312.06635, section 4 (the backward derived here)."""
+    q, k, b, E = cache
+    expect_dout("gla_scores_backward_ref", dP, q.shape[:-1] + q.shape[-2:-1], q.dtype, "dP")
+    dq = np.einsum("...ts,...si,...tsi->...ti", dP, k, E)  # (..., C, Dk)
+    dk = np.einsum("...ts,...ti,...tsi->...si", dP, q, E)  # (..., C, Dk)
+    W = dP[..., None] * q[..., :, None, :] * k[..., None, :, :] * E  # (..., C, C, Dk)
+    return {"q": dq, "k": dk, "b": W.sum(axis=-2) - W.sum(axis=-3)}
+
+
+# ---------------------------------------------------------------------------- Numba twins
+@numba.njit(parallel=True, cache=True)
+def _forward_kernel(q, k, b, P):  # pragma: no cover (compiled)
+    M, C, Dk = q.shape
+    for m in numba.prange(M):
+        alpha = np.exp(b[m, 1:] - b[m, :-1])  # (C − 1, Dk): α_t = exp(g_t), t ≥ 1
+        for s in range(C):
+            e = k[m, s].copy()  # k_s ⊙ E_ss (E_ss = 1)
+            for t in range(s, C):
+                if t > s:
+                    e *= alpha[t - 1]
+                acc = q.dtype.type(0)
+                for i in range(Dk):
+                    acc += q[m, t, i] * e[i]
+                P[m, t, s] = acc
+
+
+@numba.njit(parallel=True, cache=True)
+def _backward_kernel(dP, q, k, b, dq, dk, db):  # pragma: no cover (compiled)
+    M, C, Dk = q.shape
+    for m in numba.prange(M):
+        alpha = np.exp(b[m, 1:] - b[m, :-1])  # (C − 1, Dk)
+        for s in range(C):
+            e = np.ones(Dk, q.dtype)  # E_ts for this s, walking t forward
+            for t in range(s, C):
+                if t > s:
+                    e *= alpha[t - 1]
+                d = dP[m, t, s]
+                for i in range(Dk):
+                    de = d * e[i]
+                    dq[m, t, i] += de * k[m, s, i]
+                    dk[m, s, i] += de * q[m, t, i]
+                    w = de * q[m, t, i] * k[m, s, i]
+                    db[m, t, i] += w
+                    db[m, s, i] -= w
+
+
+def _flat(a):
+    """(..., C, X) -> (M, C, X), C-contiguous."""
+    return np.ascontiguousarray(a.reshape((-1,) + a.shape[-2:]))
+
+
+def gla_scores_forward(q, k, b):
+    """The Numba twin of gla_scores_forward_ref (no decay tensor is built)."""
+    _check("gla_scores", q, k, b)
+    P = np.zeros(q.shape[:-1] + q.shape[-2:-1], q.dtype)  # (..., C, C), 0 above the diagonal
+    _forward_kernel(_flat(q), _flat(k), _flat(b), P.reshape((-1,) + P.shape[-2:]))
+    return P, ScoresCache(q, k, b, None)
+
+
+def gla_scores_backward(dP, cache):
+    """The Numba twin of gla_scores_backward_ref.
+    Reference: Yang et al. 2023, arXiv 2312.06635, section 4 (the backward derived here)."""
+    q, k, b, _ = cache
+    expect_dout("gla_scores_backward", dP, q.shape[:-1] + q.shape[-2:-1], q.dtype, "dP")
+    grads = [np.zeros(q.shape, q.dtype) for _ in range(3)]  # dq, dk, db (..., C, Dk)
+    _backward_kernel(_flat(dP), _flat(q), _flat(k), _flat(b),
+                     *(g.reshape((-1,) + q.shape[-2:]) for g in grads))
+    return dict(zip("qkb", grads))

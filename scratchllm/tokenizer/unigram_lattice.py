@@ -1,0 +1,215 @@
+"""Numba kernels over Unigram lattices, each beside its readable Python twin (`_ref`).
+
+A vocabulary of pieces is held as a trie (`PieceTrie`): node 0 is the root; the child of node u
+by code point c is found in an open-addressing hash table keyed by u * 0x110000 + c; node_piece
+[u] is the id of the piece that ends at u (-1: none). Walking the trie from position i of a
+text x gives every lattice edge i -> j (x[i:j] a piece) in increasing j, and stops as soon as
+x[i:j] is no prefix of any piece. An edge whose piece has log p = -inf is absent.
+
+    viterbi          best[j] = max_{i->j} best[i] + s(x[i:j]); ties keep the smaller start
+    expected_counts  forward a[j] = logsumexp_{i->j} a[i] + s, backward b[i] = logsumexp_{i->j}
+                     s + b[j]; expected count of the edge's piece += f exp(a[i] + s + b[j] -
+                     a[n]); log-likelihood += f a[n]   (the E-step, over every word)
+    viterbi_counts   count of each piece in the Viterbi segmentations of the words
+    prune_losses     SentencePiece's pruning loss of each piece (unigram_train.py)
+
+Words are given as one int32 array of code points (pool), offsets off (W+1,) and counts freq
+(W,); the word w is pool[off[w]:off[w+1]].
+Glossary: s = score = log p(piece); f = count of a word; V = number of piece ids.
+"""
+import math
+
+import numba as nb
+import numpy as np
+
+_MULT = np.uint64(0x9E3779B97F4A7C15)
+_BASE = 0x110000
+
+
+def code_points(text):
+    """int32 (len(text),) code points of a str."""
+    return np.frombuffer(text.encode("utf-32-le"), dtype="<i4")
+
+
+class PieceTrie:
+    """The trie of the pieces pool[off[k]:off[k+1]] with ids ids[k] (ids < n_ids)."""
+
+    def __init__(self, pool, off, ids, n_ids):
+        pool, off = np.ascontiguousarray(pool, np.int32), np.ascontiguousarray(off, np.int64)
+        self.pool, self.off, self.ids = pool, off, np.ascontiguousarray(ids, np.int64)
+        self.n_ids, self.max_len = int(n_ids), int(np.diff(off).max(initial=1))
+        slots = 1 << max(4, int(4 * len(off)).bit_length())    # doubled while over half full
+        while True:
+            self.keys = np.full(slots, -1, np.int64)
+            self.child = np.zeros(slots, np.int32)
+            self.node_piece = np.full(len(pool) + 1, -1, np.int64)
+            if _fill(pool, off, self.ids, self.keys, self.child, self.node_piece):
+                break
+            slots *= 2
+        self._index = None
+
+    @classmethod
+    def from_strings(cls, pieces, ids, n_ids):
+        lens = np.fromiter((len(p) for p in pieces), np.int64, len(pieces))
+        return cls(code_points("".join(pieces)), np.concatenate([[0], np.cumsum(lens)]), ids,
+                   n_ids)
+
+    def piece(self, k):
+        """The string of the k-th piece (not id: position in the constructor's arrays)."""
+        return self.pool[self.off[k]:self.off[k + 1]].tobytes().decode("utf-32-le")
+
+    @property
+    def index(self):
+        """{piece string: id}, the readable twins' vocabulary."""
+        if self._index is None:
+            self._index = {self.piece(k): int(i) for k, i in enumerate(self.ids)}
+        return self._index
+
+
+@nb.njit(cache=True, inline="always")
+def _slot(key, mask):
+    return np.int64((np.uint64(key) * _MULT) >> np.uint64(24)) & mask
+
+
+@nb.njit(cache=True)
+def _fill(pool, off, ids, keys, child, node_piece):
+    mask, nodes = len(keys) - 1, 1
+    for k in range(len(off) - 1):
+        u = 0
+        for t in range(off[k], off[k + 1]):
+            key = u * _BASE + pool[t]
+            h = _slot(key, mask)
+            while keys[h] != -1 and keys[h] != key:
+                h = (h + 1) & mask
+            if keys[h] == -1:
+                if 2 * nodes > len(keys):
+                    return False
+                keys[h], child[h] = key, nodes
+                nodes += 1
+            u = child[h]
+        node_piece[u] = ids[k]
+    return True
+
+
+@nb.njit(cache=True, inline="always")
+def _child(keys, child, u, c):
+    key, mask = u * _BASE + c, len(keys) - 1
+    h = _slot(key, mask)
+    while keys[h] != -1:
+        if keys[h] == key:
+            return child[h]
+        h = (h + 1) & mask
+    return -1
+
+
+@nb.njit(cache=True)
+def _edges(x, s, n, keys, child, node_piece, max_len, logp, es, ee, ep):
+    """Edges of the lattice of x[s:s+n] into es/ee/ep (start, end, id), by start then end.
+    A position without a one-character piece gets an edge of id -1. Returns their number."""
+    m = 0
+    for i in range(n):
+        u, one = 0, False
+        for j in range(i, min(n, i + max_len)):
+            u = _child(keys, child, u, x[s + j])
+            if u < 0:
+                break
+            k = node_piece[u]
+            if k >= 0 and logp[k] > -np.inf:
+                es[m], ee[m], ep[m] = i, j + 1, k
+                m += 1
+                one = one or j == i
+        if not one:
+            es[m], ee[m], ep[m] = i, i + 1, -1
+            m += 1
+    return m
+
+
+@nb.njit(cache=True, inline="always")
+def _logadd(a, b):
+    if a < b:
+        a, b = b, a
+    if b == -np.inf:
+        return a
+    return a + math.log1p(math.exp(b - a))
+
+
+# ---- Viterbi (encoding) ----------------------------------------------------------------------
+def viterbi(x, bounds, trie, scores, unk_id, unk_score):
+    """The best segmentation of each text x[bounds[t]:bounds[t+1]] of code points: (starts,
+    ends, ids) of all texts' pieces in order (starts and ends within their text) and counts
+    (T,) of pieces per text. Scores (n_ids,) add up in their own dtype; a position no piece
+    covers is one unk_id edge of score unk_score."""
+    return _viterbi(x, np.asarray(bounds, np.int64), trie.keys, trie.child, trie.node_piece,
+                    trie.max_len, scores, unk_id, scores.dtype.type(unk_score))
+
+
+@nb.njit(cache=True)
+def _viterbi(x, bounds, keys, child, node_piece, max_len, scores, unk_id, unk_score):
+    longest = np.max(bounds[1:] - bounds[:-1]) if len(bounds) > 1 else 0
+    es = np.empty(longest * (max_len + 1), np.int64)
+    ee, ep = np.empty_like(es), np.empty_like(es)
+    best = np.empty(longest + 1, scores.dtype)               # best path score up to j
+    back = np.empty(longest + 1, np.int64)                   # its last edge
+    starts, ends, ids = np.empty(len(x), np.int64), np.empty(len(x), np.int64), \
+        np.empty(len(x), np.int64)
+    counts = np.zeros(len(bounds) - 1, np.int64)
+    t = 0
+    for text in range(len(bounds) - 1):
+        n = bounds[text + 1] - bounds[text]
+        m = _edges(x, bounds[text], n, keys, child, node_piece, max_len, scores, es, ee, ep)
+        best[:n + 1], best[0] = -np.inf, 0.0
+        for e in range(m):
+            s = best[es[e]] + (scores[ep[e]] if ep[e] >= 0 else unk_score)
+            if s > best[ee[e]]:
+                best[ee[e]], back[ee[e]] = s, e
+        j = n
+        while j > 0:
+            counts[text], j = counts[text] + 1, es[back[j]]
+        j, t = n, t + counts[text]
+        for k in range(t - 1, t - 1 - counts[text], -1):
+            e = back[j]
+            starts[k], ends[k], ids[k] = es[e], j, ep[e] if ep[e] >= 0 else unk_id
+            j = es[e]
+    return starts[:t], ends[:t], ids[:t], counts
+
+
+def lattice_ref(x, index, max_len, scores, unk_id, unk_score):
+    """edges[i] = [(j, id, score)] of the str x: every piece x[i:j] in `index` whose score is
+    finite, then an unk_id edge i -> i+1 if no piece covers x[i]."""
+    edges = [[] for _ in range(len(x))]
+    for i in range(len(x)):
+        for j in range(i + 1, min(len(x), i + max_len) + 1):
+            k = index.get(x[i:j])
+            if k is not None and scores[k] > -np.inf:
+                edges[i].append((j, k, scores[k]))
+        if not any(j == i + 1 for j, _, _ in edges[i]):
+            edges[i].append((i + 1, unk_id, unk_score))
+    return edges
+
+
+def _text(x):
+    return np.asarray(x, "<i4").tobytes().decode("utf-32-le")
+
+
+def viterbi_ref(x, bounds, trie, scores, unk_id, unk_score):
+    """Readable twin of viterbi."""
+    path, counts = [], []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        s, n = _text(x[a:b]), b - a
+        best = np.full(n + 1, -np.inf, dtype=scores.dtype)    # (n+1,)
+        back = [None] * (n + 1)
+        best[0] = 0.0
+        for i, out in enumerate(lattice_ref(s, trie.index, trie.max_len, scores, unk_id,
+                                            scores.dtype.type(unk_score))):
+            for j, k, score in out:
+                if best[i] + score > best[j]:
+                    best[j], back[j] = best[i] + score, (i, k)
+        mine, j = [], n
+        while j > 0:
+            i, k = back[j]
+            mine.append((i, j, k))
+            j = i
+        path += mine[::-1]
+        counts.append(len(mine))
+    starts, ends, ids = (np.array([e[c] for e in path], dtype=np.int64) for c in range(3))
+    return starts, ends, ids, np.array(counts, dtype=np.int64)
