@@ -13,15 +13,16 @@ which reports its wall time and its own peak RSS (ru_maxrss):
 - train to --vocab pieces: our train_unigram (Numba kernels, NUMBA_NUM_THREADS=2) vs
   SentencePieceTrainer (unigram, identity normalisation, character_coverage 1, 2 threads,
   split_by_unicode_script and split_by_number off: ours has no such rule, a piece may mix
-  letters, digits and punctuation; otherwise spm's defaults, which are also ours). Ours gets "<s>", "</s>" as special tokens so
-  that both learn vocab - 3 pieces;
+  letters, digits and punctuation; otherwise spm's defaults, which are also ours). Ours gets
+  "<s>", "</s>" as special tokens so that both learn vocab - 3 pieces;
 - quality: the corpus log-likelihood sum_w f_w log Z(w) of each model over the same words
   (the corpus's, split as both trainers split it), computed by the same forward algorithm
   (unigram_em.expected_counts) with each model's learned pieces' scores renormalised to sum
   to 1 (sentencepiece's do not after its final pruning). Target: ours within 1% of spm's;
 - Viterbi encode MB/s on the first --encode-mb MB of lines, one thread each: ours (on our
-  model, encode_ordinary_batch: normalised per line in Python, segmented in one kernel call) vs sentencepiece (on its model, num_threads=1) vs HF
-  tokenizers (on our model saved as tokenizer.json, encode_batch, RAYON_NUM_THREADS=1).
+  model, encode_ordinary_batch: normalised per line in Python, segmented in one kernel call)
+  vs sentencepiece (on its model, num_threads=1) vs HF tokenizers (on our model saved as
+  tokenizer.json, encode_batch, RAYON_NUM_THREADS=1).
 """
 import argparse
 import json
@@ -150,7 +151,7 @@ def likelihoods(args):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--vocab", type=int, default=4000)
-    ap.add_argument("--mb", type=float, default=0, help="first MB of the corpus (0: all)")
+    ap.add_argument("--mb", type=float, default=0.0, help="first MB of the corpus (0: all)")
     ap.add_argument("--encode-mb", type=float, default=2.0)
     ap.add_argument("--child")
     ap.add_argument("--stages", default=STAGES)
@@ -161,7 +162,7 @@ def main():
     size = run_child("prepare", args)["mb"]   # the parent stays small (a child starts with
     results = os.path.join(DATA, f"unigram_results_{args.vocab}_{args.mb}.json")  # its
     r = json.load(open(results)) if os.path.exists(results) else {}       # parent's peak RSS)
-    for stage in args.stages.split(","):
+    for stage in filter(None, args.stages.split(",")):
         r[stage] = run_child(stage, args)
         r[stage]["load"] = os.getloadavg()[0]
         with open(results, "w") as fh:

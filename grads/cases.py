@@ -904,7 +904,8 @@ def gqa_options(rng):
 
 
 HF_FIXTURES = ("llama", "llama_yarn", "llama_linear", "llama_dynamic", "mistral", "qwen2",
-               "qwen3", "gemma3", "gpt2")
+               "qwen3", "gemma3", "gpt2",
+               "mamba", "jamba")  # tools/make_hf_fixtures_ssm.py
 
 
 @case
@@ -919,14 +920,34 @@ def lm_hub(rng):
     for family in HF_FIXTURES:
         model = load_pretrained(root / family, dtype=np.float64)
         forward, backward, params = loss_pair(model)
-        V = model.cfg.vocab_size
         # Without RoPE (GPT-2) a key bias adds q . bk to every score of a query's row, which
         # softmax ignores: d loss / d bk = 0 exactly, so there is nothing to compare.
         wrt = [n for n in params if not (n.endswith(".bk") and model.cfg.positions != "rope")]
+        # Mamba layers: the dt path (A_log, b_dt, ...) moves the loss little, so at h = 1e-5
+        # round-off reaches ~1e-7 of those gradients, and at 1e-4 the curvature of Jamba's
+        # attention does; h = 3e-5 keeps both below.
+        h = 3e-5 if "M" in model.cfg.layer_kinds() else 1e-5
         reports.append(check(forward, backward, rng=rng, max_full=0, n_directions=2,
-                             wrt=wrt, label=family, ids=rng.integers(0, V, (2, 7)),
-                             targets=rng.integers(0, V, (2, 7)), **params))
+                             wrt=wrt, label=family, fd_step=h, **_hub_ids(model, rng), **params))
     return reports
+
+
+def _hub_ids(model, rng, margin=1e-3):
+    """ids, targets (2, 7); with MoE layers, drawn again until every router's top-k choice is
+    at least `margin` from a tie (no finite-difference step flips it)."""
+    from scratchllm.moe import selection_margin
+    V = model.cfg.vocab_size
+    while True:
+        data = dict(ids=rng.integers(0, V, (2, 7)), targets=rng.integers(0, V, (2, 7)))
+        moe = [layer.ffn for layer in model.layers if layer.moe]
+        if not moe:
+            return data
+        blocks = model.forward(data["ids"])[1].blocks
+        routers = [c.ffn.router for c, layer in zip(blocks, model.layers) if layer.moe]
+        if all(selection_margin(r.score_cache.y + f.selection_bias, f.k, f.routing["n_group"],
+                                f.routing["topk_group"]).min() > margin
+               for r, f in zip(routers, moe)):
+            return data
 
 
 @case

@@ -16,7 +16,9 @@ holds:
         (scratchllm's save_pretrained of the checkpoint, loaded by from_pretrained: the
         float32 logits' largest relative difference from `logits`)
 Plus gpt_oss/ (tools/make_gpt_oss_fixture.py, the same format); dense/: scratchllm's `dense`
-preset (tiny) written by scratchllm.hub.save_pretrained, with the logits transformers computes after from_pretrained on it (the save path's proof),
+preset (tiny) written by scratchllm.hub.save_pretrained, with the logits transformers computes
+after from_pretrained on it (the save path's proof), mamba/, jamba/ and hybrid_jamba/
+(tools/make_hf_fixtures_ssm.py, run at the end),
 and tokenizer_*/: expected ids of HF `tokenizers` for tokenizer.json files (ByteLevel,
 Split + ByteLevel, and Split + ByteLevel with an NFC normalizer).
 
@@ -250,6 +252,8 @@ def main():
         d.mkdir(exist_ok=True)
         tok.save(str(d / "tokenizer.json"))
         tokenizer_expectations(d, tok)
+    import make_hf_fixtures_ssm  # mamba/, jamba/, hybrid_jamba/ (it imports this module)
+    make_hf_fixtures_ssm.main()
     print(f"wrote {OUT}")
 
 

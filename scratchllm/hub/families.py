@@ -17,6 +17,7 @@ ModelConfig options that the LM builds from the library's own pairs.
              base and rope_scaling), tied head             (Gemma Team 2025, arXiv 2503.19786)
     gpt_oss  sink logits, q/k/v/o biases, sliding/full layer_types, YaRN, a biased router and
              clamped SwiGLU experts with biases               (families_gpt_oss.py)
+    mamba, jamba  the state-space families: families_ssm.py
 
 Where a field is absent from config.json, the transformers configuration class's default
 applies (huggingface/transformers src/transformers/models/llama/configuration_llama.py and
@@ -24,12 +25,16 @@ its siblings); a field whose value the library does not implement is an error na
 """
 import importlib
 
+from scratchllm.hub import families_ssm
+from scratchllm.hub.families_ssm import SSM_FAMILIES
+
 EXTRA_FAMILIES = ("gpt_oss",)  # each in a module of its own, families_<name>.py beside this
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "gemma3_text") + EXTRA_FAMILIES
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "gemma3_text") + EXTRA_FAMILIES \
+    + SSM_FAMILIES
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "gpt2": "GPT2LMHeadModel", "gemma3_text": "Gemma3ForCausalLM",
-                 "gpt_oss": "GptOssForCausalLM"}
+                 "gpt_oss": "GptOssForCausalLM", **families_ssm.ARCHITECTURES}
 _GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}  # HF ACT2FN names
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
              "num_attention_heads")
@@ -96,6 +101,8 @@ def from_hf_config(hf):
         _fail(f"model_type {family!r} is not supported; supported: {list(FAMILIES)}")
     if family in EXTRA_FAMILIES:
         return extra_family(family).from_hf_config(hf)
+    if family in SSM_FAMILIES:  # mamba, jamba: families_ssm.py
+        return families_ssm.from_ssm_config(hf)
     if family == "gpt2":
         return _from_gpt2(hf)
     if family == "gemma3_text":
@@ -197,9 +204,11 @@ def _from_gemma3(hf):
 
 def family_of(cfg):
     """The transformers family a ModelConfig is an instance of (its name when that is one);
-    ValueError for a config no family covers (MoE, MLA, Mamba, attention sinks)."""
+    ValueError for a config no family covers (MoE, MLA, attention sinks)."""
     if cfg.name in EXTRA_FAMILIES:
         return extra_family(cfg.name).family_of(cfg)
+    if families_ssm.is_ssm(cfg):  # Mamba layers: families_ssm.py
+        return families_ssm.ssm_family_of(cfg)
     gpt2 = dict(norm="layernorm", positions="learned", ffn="gelu_mlp", qkv_bias=True,
                 o_bias=True, qk_norm=False, window=None, head_dim=None, n_sink=0,
                 layer_pattern=None, attention="gqa", n_kv_heads=cfg.n_heads)
@@ -242,6 +251,8 @@ def to_hf_config(cfg, dtype_name, base=None):
     family = family_of(cfg)
     if family in EXTRA_FAMILIES:
         return extra_family(family).to_hf_config(cfg, dtype_name, base)
+    if family in SSM_FAMILIES:
+        return families_ssm.to_ssm_config(cfg, family, dtype_name, base)
     hf = dict(base or {})
     for key in ("rope_scaling", "rope_parameters", "torch_dtype", "transformers_version"):
         hf.pop(key, None)

@@ -34,7 +34,8 @@ layout, so nothing is transposed; but q, k, v are one fused c_attn whose columns
 
 Glossary: V vocabulary, D model width, H heads, Dh head dim.
 """
-from typing import NamedTuple
+from scratchllm.hub.layout import Entry
+from scratchllm.hub.names_ssm import is_ssm, ssm_entries
 
 from scratchllm.hub.families import EXTRA_FAMILIES, extra_family
 
@@ -69,20 +70,14 @@ _GPT2_FUSED = {"attn.c_attn.weight": ("mixer.wq", "mixer.wk", "mixer.wv"),
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")  # old buffers
 
 
-class Entry(NamedTuple):
-    """One HF tensor: its name, the library Params it holds (several = concatenated along the
-    last axis), and whether it is the transpose of the library's layout."""
-    hf: str
-    lib: tuple
-    transpose: bool
-
-
 def entries(model):
     """[Entry] for every Param of an LM of a supported family."""
     if model.cfg.name in EXTRA_FAMILIES:
         return extra_family(model.cfg.name).entries(model)
     if model.cfg.name == "gpt2":
         return _gpt2_entries(model)
+    if is_ssm(model.cfg):  # mamba, jamba: names_ssm.py
+        return ssm_entries(model)
     return named_entries(model, _GEMMA3_LAYER if model.cfg.block == "sandwich" else LAYER_NAMES)
 
 

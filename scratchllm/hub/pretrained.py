@@ -24,6 +24,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from scratchllm.hub.families import family_of, from_hf_config, to_hf_config
+from scratchllm.hub.layout import from_hf, hf_shape, to_hf
 from scratchllm.hub.names import IGNORED_SUFFIXES, entries
 from scratchllm.lm import LM, ModelConfig
 from scratchllm.tokenizer import from_tokenizer_json
@@ -44,6 +45,10 @@ class _NoInit:
     @staticmethod
     def standard_normal(shape):
         return np.zeros(shape, np.float32)  # (shape)
+
+    @staticmethod
+    def uniform(low, high, size):  # the Mamba block's conv and dt initialisation
+        return np.zeros(size, np.float32)  # (size)
 
 
 def read_hf_config(path):
@@ -89,18 +94,13 @@ def _load_into(path, stored, by_hf, params, dtype):
 
 
 def _place(path, e, array, params, dtype):
-    """Check an HF tensor's shape against its Params and store it in them (transposed or split
-    into the library's layout, cast to the compute dtype: one copy where the layout differs)."""
-    parts = [params[n] for n in e.lib]
-    widths = [p.data.shape[-1] for p in parts]
-    want = parts[0].data.shape[:-1] + (sum(widths),)
-    want = want[::-1] if e.transpose else want
+    """Check an HF tensor's shape against its Params and store it in them (layout.from_hf:
+    transposed, split or an expert's slice, cast to the compute dtype)."""
+    want = hf_shape(e, params)
     if array.shape != want:
         raise ValueError(f"load_pretrained: {path}: tensor {e.hf!r} has shape {array.shape}, "
                          f"expected {want} from config.json")
-    array = array.T if e.transpose else array
-    for p, piece in zip(parts, np.split(array, np.cumsum(widths)[:-1], axis=-1)):
-        p.data = np.ascontiguousarray(piece, dtype=dtype)
+    from_hf(e, array, params, dtype)
 
 
 def _check_names(path, cfg, stored, expected):
@@ -142,12 +142,7 @@ def load_pretrained(path, dtype=np.float32):
 
 def _hf_arrays(model, attr):
     params = dict(model.named_parameters())
-    out = {}
-    for e in entries(model):
-        parts = [getattr(params[n], attr) for n in e.lib]
-        a = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
-        out[e.hf] = np.ascontiguousarray(a.T if e.transpose else a)
-    return out
+    return {e.hf: to_hf(e, params, attr) for e in entries(model)}
 
 
 def state_dict(model):

@@ -49,7 +49,8 @@ class ModelConfig:
     # --- FFN
     ffn: str = "swiglu"                 # "swiglu" | "moe" | "none" (mixer-only blocks: Mamba-1)
     d_ff: int = 384                     # F: SwiGLU hidden width (each expert's, for MoE)
-    moe_every: int = 1                  # MoE in layers i with (i + 1) % moe_every == 0
+    moe_every: int = 1                  # MoE in layers i with i % moe_every == moe_offset
+    moe_offset: int = None              #   (None = moe_every - 1: every moe_every-th layer)
     n_experts: int = 8                  # E routed experts
     top_k: int = 2                      # K experts per token
     capacity_factor: float = None       # per-expert capacity ceil(c N K / E); None = no drops
@@ -107,7 +108,8 @@ class ModelConfig:
         return self.layer_pattern or "A" * self.n_layers
 
     def is_moe_layer(self, i):
-        return self.ffn == "moe" and (i + 1) % self.moe_every == 0
+        offset = self.moe_every - 1 if self.moe_offset is None else self.moe_offset
+        return self.ffn == "moe" and i % self.moe_every == offset
 
     def validate(self):
         """Raise ValueError naming the first inconsistent field."""
@@ -170,6 +172,10 @@ class ModelConfig:
         for f in ("n_group", "topk_group"):
             if not isinstance(getattr(self, f), int) or getattr(self, f) <= 0:
                 bad(f"{f} must be a positive integer, got {getattr(self, f)!r}")
+        if self.moe_offset is not None and not (isinstance(self.moe_offset, int)
+                                                and 0 <= self.moe_offset < self.moe_every):
+            bad(f"moe_offset must be None or an integer in [0, moe_every={self.moe_every}), "
+                f"got {self.moe_offset!r}")
         if self.dt_rank is not None and (not isinstance(self.dt_rank, int) or self.dt_rank <= 0):
             bad(f"dt_rank must be None or a positive integer, got {self.dt_rank!r}")
         kinds = self.layer_kinds()

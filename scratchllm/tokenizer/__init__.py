@@ -1,11 +1,11 @@
 """Tokenizers. Byte-level BPE (GPT-2 style): train_bpe / train_bpe_ref (train.py), Tokenizer
-(tokenizer.py), pre-tokenization (pretokenize.py), Numba kernels (fast.py, fast_scan.py), file
-formats (gpt2.py), Hugging Face byte-level BPE tokenizer.json (hf_json.py), special-token
-safety (specials.py). The Unigram language model
-(SentencePiece): Unigram (unigram.py), train_unigram (unigram_train.py), tokenizer.json and
-.model files (unigram_files.py). SentencePiece BPE with byte fallback, the Llama-2 form
-(spm_bpe.py). Stands on nothing else of scratchllm (its CLI is
-scratchllm.cli.bpe)."""
+(tokenizer.py), pre-tokenization (pretokenize.py), Numba kernels (fast.py, fast_bpe.py,
+fast_scan.py; nbcache.py keeps their on-disk cache fresh), file formats (gpt2.py), Hugging
+Face byte-level BPE tokenizer.json (hf_json.py), special-token safety (specials.py). The
+Unigram language model (SentencePiece): Unigram (unigram.py), train_unigram
+(unigram_train.py), their Numba kernels (unigram_lattice.py, unigram_em.py), tokenizer.json
+and .model files (unigram_files.py). SentencePiece BPE with byte fallback, the Llama-2 form
+(spm_bpe.py). Stands on nothing else of scratchllm (its CLI is scratchllm.cli.bpe)."""
 from .hf_json import from_tokenizer_json
 from .tokenizer import EOT, TOKENIZER_FILE, Tokenizer
 from .train import train_bpe, train_bpe_ref

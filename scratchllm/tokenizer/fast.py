@@ -10,13 +10,10 @@ kernels do the same work on UTF-8 bytes, exactly:
   its twin is `regex.findall` (tests/tokenizer/test_tokenizer.py checks they agree);
 - `count_pretokens`: unique pre-tokens and their counts (open-addressing hash of the bytes);
 - `encode_pieces`: scan (GPT-2's scanner here, cl100k/o200k/Llama-3's in fast_scan.py) + BPE
-  of every pre-token, with a cache per distinct pre-token (hash of its bytes -> its ids) that
-  the Tokenizer keeps across calls (`new_cache`). The merge loop keeps one rank per adjacent
-  pair, merges the lowest, and recomputes only the two neighbouring ranks (tokenizer.py `_bpe`
-  is its Python twin). Numba's on-disk cache tracks only this file: when fast_scan.py
-  changes, clear __pycache__/*.nb* (or touch this file). A
-  pre-token longer than LONG bytes merges through a heap instead (`_bpe_long`, O(m log m)),
-  so one huge pre-token (a 50 MB line without spaces) costs O(m log m), not O(m^2).
+  of every pre-token (fast_bpe.py), with a cache per distinct pre-token (hash of its bytes ->
+  its ids) that the Tokenizer keeps across calls (`new_cache`).
+Numba's on-disk cache checks only the file a kernel is defined in, so this module drops its
+cache when fast_scan.py or fast_bpe.py is newer (nbcache.drop_stale).
 
 Glossary: data = UTF-8 bytes (uint8); seg_ends = end offset of each piece between special
 tokens; ends = end offset of each pre-token; (a, b) -> (rank, new id) = the merge table.
@@ -24,13 +21,15 @@ tokens; ends = end offset of each pre-token; (a, b) -> (rank, new id) = the merg
 import numpy as np
 import numba as nb
 
+from . import nbcache
+from .fast_bpe import LONG, _bpe, _bpe_long
 from .fast_scan import GPT2, decode_utf8, next_pretoken, property_table
-
 from .kernel_checks import check_ends, check_tables, check_text
+
+nbcache.drop_stale(__file__, "fast_bpe.py", "fast_scan.py")
 
 OTHER, LETTER, NUMBER, SPACE = 0, 1, 2, 3
 _CLASSES = None
-_MULT = np.uint64(0x9E3779B97F4A7C15)
 
 
 def char_classes():
@@ -155,177 +154,6 @@ def _count_pretokens(data, ends):
             h = (h + np.uint64(1)) & np.uint64(size - 1)
         s = e
     return us[:u], ue[:u], uc[:u]
-
-
-def merge_table(pairs, new_ids):
-    """Open-addressing table (keys (S,), ranks (S,), new ids (S,)): (a, b) -> rank, a+b's id.
-
-    `pairs` is int64 (M, 2) of token ids in merge-rank order; `new_ids` (M,) the merged ids.
-    """
-    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)  # (M, 2)
-    new_ids = np.asarray(new_ids, dtype=np.int64).reshape(-1)  # (M,)
-    if len(new_ids) != len(pairs) or (pairs.size and (pairs.min() < 0 or pairs.max() >= 1 << 31
-                                                      or new_ids.min() < 0
-                                                      or new_ids.max() >= 1 << 31)):
-        raise ValueError(f"merge_table: need one new id per pair and ids in [0, 2^31), got "
-                         f"{len(pairs)} pairs and {len(new_ids)} new ids")
-    size = 1 << max(4, int(np.ceil(np.log2(2 * len(pairs) + 1))))
-    keys = np.full(size, -1, dtype=np.int64)     # (S,)
-    ranks = np.zeros(size, dtype=np.int64)       # (S,)
-    news = np.zeros(size, dtype=np.int64)        # (S,)
-    _fill_table(pairs, new_ids, keys, ranks, news)
-    return keys, ranks, news
-
-
-@nb.njit(cache=True)
-def _fill_table(pairs, new_ids, keys, ranks, news):
-    for r in range(pairs.shape[0]):
-        key = (pairs[r, 0] << 32) | pairs[r, 1]
-        h = _slot(key, keys.shape[0])
-        while keys[h] >= 0 and keys[h] != key:
-            h = (h + 1) & (keys.shape[0] - 1)
-        if keys[h] < 0:
-            keys[h], ranks[h], news[h] = key, r, new_ids[r]
-
-
-@nb.njit(cache=True, inline="always")
-def _slot(key, size):
-    return np.int64((np.uint64(key) * _MULT) >> np.uint64(40)) & (size - 1)
-
-
-@nb.njit(cache=True, inline="always")
-def _lookup(a, b, keys, ranks):
-    """(rank, slot) of the merge (a, b), or (-1, -1) when a, b never merge."""
-    key = (a << 32) | b
-    h = _slot(key, keys.shape[0])
-    while keys[h] >= 0:
-        if keys[h] == key:
-            return ranks[h], h
-        h = (h + 1) & (keys.shape[0] - 1)
-    return -1, -1
-
-
-@nb.njit(cache=True)
-def _bpe(data, s, e, byte_ids, keys, ranks, news, parts, prank, pslot, out, t):
-    """Write the ids of pre-token data[s:e] to out[t:]; return the new t.
-
-    parts = current ids; prank[i] = rank of the merge (parts[i], parts[i+1]) (-1: none).
-    """
-    m = e - s
-    for i in range(m):
-        parts[i] = byte_ids[data[s + i]]
-    for i in range(m - 1):
-        prank[i], pslot[i] = _lookup(parts[i], parts[i + 1], keys, ranks)
-    while m > 1:
-        best, r = -1, -1
-        for i in range(m - 1):
-            if prank[i] >= 0 and (r < 0 or prank[i] < r):
-                best, r = i, prank[i]
-        if best < 0:
-            break
-        parts[best] = news[pslot[best]]                  # merge parts[best], parts[best + 1]
-        for i in range(best + 1, m - 1):
-            parts[i] = parts[i + 1]
-            prank[i], pslot[i] = prank[i + 1], pslot[i + 1]
-        m -= 1
-        if best > 0:                                    # only the two neighbours change
-            prank[best - 1], pslot[best - 1] = _lookup(parts[best - 1], parts[best], keys, ranks)
-        if best < m - 1:
-            prank[best], pslot[best] = _lookup(parts[best], parts[best + 1], keys, ranks)
-    for i in range(m):
-        out[t + i] = parts[i]
-    return t + m
-
-
-LONG = 256  # pre-tokens of more bytes merge through a heap (_bpe_long): O(m log m), not O(m^2)
-
-
-@nb.njit(cache=True, inline="always")
-def _heap_push(heap, n, key):
-    """Push int64 `key` onto the min-heap heap[:n] (grown when full); returns (heap, n + 1)."""
-    if n == heap.shape[0]:
-        grown = np.empty(2 * n + 16, dtype=np.int64)  # (2n+16,)
-        grown[:n] = heap[:n]
-        heap = grown
-    i = n
-    heap[i] = key
-    while i > 0 and heap[(i - 1) >> 1] > heap[i]:
-        p = (i - 1) >> 1
-        heap[p], heap[i] = heap[i], heap[p]
-        i = p
-    return heap, n + 1
-
-
-@nb.njit(cache=True, inline="always")
-def _heap_pop(heap, n):
-    """(smallest key, n - 1) of the min-heap heap[:n]."""
-    top = heap[0]
-    n -= 1
-    heap[0] = heap[n]
-    i = 0
-    while True:
-        left, best = 2 * i + 1, i
-        if left < n and heap[left] < heap[best]:
-            best = left
-        if left + 1 < n and heap[left + 1] < heap[best]:
-            best = left + 1
-        if best == i:
-            return top, n
-        heap[best], heap[i] = heap[i], heap[best]
-        i = best
-
-
-@nb.njit(cache=True)
-def _bpe_long(data, s, e, byte_ids, keys, ranks, news, out, t):
-    """_bpe for a long pre-token, the same merges in the same order (lowest rank, then
-    leftmost): parts in a linked list (nxt, prv; a merged-away part is -1) and a heap of
-    rank << 32 | position keys; a popped key whose pair has changed is skipped. O(m log m)
-    time and O(m) memory for m bytes, where _bpe's rescans are O(m^2)."""
-    m = e - s
-    if m == 0:
-        return t
-    parts = np.empty(m, dtype=np.int64)  # (m,)
-    nxt = np.empty(m, dtype=np.int64)  # (m,)
-    prv = np.empty(m, dtype=np.int64)  # (m,)
-    heap = np.empty(m, dtype=np.int64)  # (m,) grows
-    n = 0
-    for i in range(m):
-        parts[i], nxt[i], prv[i] = byte_ids[data[s + i]], i + 1 if i + 1 < m else -1, i - 1
-    for i in range(m - 1):
-        r, _ = _lookup(parts[i], parts[i + 1], keys, ranks)
-        if r >= 0:
-            heap, n = _heap_push(heap, n, (r << 32) | i)
-    while n > 0:
-        key, n = _heap_pop(heap, n)
-        r, i = key >> 32, key & 0xFFFFFFFF
-        j = nxt[i] if parts[i] >= 0 else -1
-        if j < 0:
-            continue
-        now, slot = _lookup(parts[i], parts[j], keys, ranks)
-        if now != r:
-            continue                                     # stale: that pair has changed
-        parts[i], parts[j], nxt[i] = news[slot], -1, nxt[j]
-        if nxt[i] >= 0:
-            prv[nxt[i]] = i
-        for a in (prv[i], i):                            # the two new neighbouring pairs
-            if a >= 0 and nxt[a] >= 0:
-                r2, _ = _lookup(parts[a], parts[nxt[a]], keys, ranks)
-                if r2 >= 0:
-                    heap, n = _heap_push(heap, n, (r2 << 32) | a)
-    i = 0
-    while i >= 0:
-        out[t] = parts[i]
-        t += 1
-        i = nxt[i]
-    return t
-
-
-def bpe_long(token, byte_ids, keys, ranks, news):
-    """int64 ids of one pre-token (bytes, any length) by the heap merge (_bpe_long); the
-    Tokenizer's non-Numba path uses it for pre-tokens longer than LONG bytes."""
-    data = np.frombuffer(bytes(token), dtype=np.uint8)  # (m,)
-    out = np.empty(max(len(data), 1), dtype=np.int64)  # (m,)
-    return out[:_bpe_long(data, 0, len(data), byte_ids, keys, ranks, news, out, 0)]
 
 
 def new_cache(slots=1 << 18, key_bytes=1 << 21, ids=1 << 19):

@@ -5,8 +5,8 @@ with the lowest merge rank (the order the trainer learned them) into the id of a
 adjacent pair has a rank. `_bpe` keeps one rank per adjacent pair and recomputes only the two
 neighbours of a merge; `_bpe_ref` (its twin) rescans every pair after every merge. For the
 built-in patterns (gpt2, cl100k, o200k, llama3) the whole pipeline (scan + BPE + per-pre-token
-cache) runs in Numba kernels (fast.py, fast_scan.py); custom patterns use `regex` and a dict
-cache per pre-token string.
+cache) runs in Numba kernels (fast.py, fast_bpe.py, fast_scan.py); custom patterns use `regex`
+and a dict cache per pre-token string.
 
 Glossary: rank = index of a merge in `merges`; specials = {special token string: id}.
 """
@@ -16,7 +16,7 @@ from multiprocessing import Pool
 
 import numpy as np
 
-from . import fast, fast_scan, gpt2
+from . import fast, fast_bpe, fast_scan, gpt2
 from .pretokenize import (bounded_map, clean_surrogates, compile_pattern,
                           iter_chunks, pattern_string, read_blocks, several,
                           special_regex, split_special)
@@ -51,7 +51,7 @@ class Tokenizer:
         new_ids = [self._need(a + b, f"merge {r}: merged") for r, (a, b) in enumerate(self.merges)]
         self._rank = {(int(a), int(b)): (r, n) for r, ((a, b), n)
                       in enumerate(zip(self._pairs.tolist(), new_ids))}
-        self._table = fast.merge_table(self._pairs, new_ids)
+        self._table = fast_bpe.merge_table(self._pairs, new_ids)
         self._kind = fast_scan.KIND.get(pattern_string(pattern), -1)   # -1: regex path
         self._fast = self._kind >= 0
         self._regex = compile_pattern(pattern)
@@ -141,8 +141,8 @@ class Tokenizer:
 
     def _bpe(self, token):
         """Ids of one pre-token (bytes): lowest-rank merge first, neighbours re-ranked only."""
-        if len(token) > fast.LONG:  # the heap merge: O(m log m) where this loop is O(m^2)
-            return tuple(fast.bpe_long(token, self._byte_ids, *self._table).tolist())
+        if len(token) > fast_bpe.LONG:  # the heap merge: O(m log m) where this loop is O(m^2)
+            return tuple(fast_bpe.bpe_long(token, self._byte_ids, *self._table).tolist())
         parts = [int(self._byte_ids[b]) for b in token]
         none = (len(self.merges), -1)
         ranks = [self._rank.get(p, none) for p in zip(parts, parts[1:])]

@@ -26,7 +26,7 @@ import numpy as np
 
 from .pretokenize import special_regex, split_special
 from .specials import check_disallowed, special_plan
-from .unigram_lattice import PieceTrie, code_points, lattice_ref, viterbi
+from .unigram_lattice import PieceTrie, code_points, lattice_edges, viterbi
 
 SPACE = "\u2581"          # "▁", SentencePiece's visible space
 UNK_PENALTY = 10.0
@@ -43,11 +43,12 @@ class Unigram:
     unused: ids that segmentation never produces (SentencePiece's unused pieces);
     fuse_unk: a run of unknown characters is one unknown id (HF tokenizers' Unigram does);
     score_dtype: the float type path scores add up in: SentencePiece adds float32 (its order
-    of rounding can break an exact tie), HF tokenizers float64."""
+    of rounding can break an exact tie), HF tokenizers float64; charsmap: a CharsMap
+    (SentencePiece's precompiled rules, charsmap.py) that normalises instead of nfkc."""
 
     def __init__(self, pieces, unk_id=0, special_tokens=None, add_dummy_prefix=True,
                  nfkc=False, byte_fallback=False, remove_extra_whitespaces=True, unused=(),
-                 fuse_unk=False, score_dtype="float64"):
+                 fuse_unk=False, score_dtype="float64", charsmap=None):
         self.pieces = [(str(p), float(s)) for p, s in pieces]
         if not 0 <= unk_id < len(self.pieces):
             raise ValueError(f"Unigram: unk_id {unk_id} is not an id of the {len(self.pieces)} "
@@ -56,6 +57,7 @@ class Unigram:
         self.add_dummy_prefix, self.nfkc = add_dummy_prefix, nfkc
         self.byte_fallback, self.remove_extra_whitespaces = byte_fallback, remove_extra_whitespaces
         self.fuse_unk, self._dtype = fuse_unk, np.dtype(score_dtype)
+        self.charsmap = charsmap
         self._score = np.array([s for _, s in self.pieces], dtype=self._dtype)   # (V,)
         special_ids = set(self.special_tokens.values()) | {unk_id} | set(unused)
         self._bytes = {}
@@ -78,18 +80,22 @@ class Unigram:
     def normalize(self, text, at_start=True):
         """SentencePiece's normal form of `text` (spaces shown as ▁); at_start False: text
         follows a special token (no prefix with add_dummy_prefix "first")."""
-        if self.nfkc:
+        prefix = self.add_dummy_prefix if at_start or self.add_dummy_prefix != "first" else False
+        if self.charsmap is not None and not self.charsmap.hf:
+            return self.charsmap.normalize(text, bool(prefix), self.remove_extra_whitespaces)
+        if self.charsmap is not None:
+            text = self.charsmap.normalize_hf(text)
+        elif self.nfkc:
             text = unicodedata.normalize("NFKC", text)
         if self.remove_extra_whitespaces:
             text = " ".join(filter(None, text.split(" ")))
-        prefix = self.add_dummy_prefix if at_start or self.add_dummy_prefix != "first" else False
         if prefix == "always" and text or prefix and text and not text.startswith(" "):
             text = " " + text
         return text.replace(" ", SPACE)
 
     def _edges(self, x):
         """edges[i] = [(j, id, score)] for every piece x[i:j] (unknown: id unk_id)."""
-        return lattice_ref(x, self._index, self._max_len, self._score, self.unk_id,
+        return lattice_edges(x, self._index, self._max_len, self._score, self.unk_id,
                            self.unk_score)
 
     def _segment_ids(self, x):

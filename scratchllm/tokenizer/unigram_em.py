@@ -19,7 +19,10 @@ from collections import Counter
 import numba as nb
 import numpy as np
 
-from .unigram_lattice import _edges, _logadd, _text, lattice_ref
+from . import nbcache
+from .unigram_lattice import _edges, _logadd, _text, lattice_edges
+
+nbcache.drop_stale(__file__, "unigram_lattice.py")   # these kernels call unigram_lattice's
 
 SPACE_CP = 0x2581
 _FNV = np.uint64(0x100000001B3)
@@ -77,7 +80,7 @@ def expected_counts_ref(pool, off, freq, trie, logp):
     counts, total = np.zeros(len(logp)), 0.0
     for w, f in zip(_word_refs(pool, off), freq):
         n = len(w)
-        edges = lattice_ref(w, trie.index, trie.max_len, logp, -1, -np.inf)
+        edges = lattice_edges(w, trie.index, trie.max_len, logp, -1, -np.inf)
         a, b = np.full(n + 1, -np.inf), np.full(n + 1, -np.inf)   # (n+1,) each
         a[0], b[n] = 0.0, 0.0
         for i in range(n):
@@ -138,7 +141,7 @@ def _viterbi_counts(pool, off, freq, keys, child, node_piece, max_len, logp, n_c
 def _viterbi_pieces_ref(w, index, max_len, logp, banned=None):
     """Ids of the best segmentation of the str w, without the piece w itself if banned."""
     n, best, back = len(w), [0.0] + [-math.inf] * len(w), [None] * (len(w) + 1)
-    for i, out in enumerate(lattice_ref(w, index, max_len, logp, -1, -np.inf)):
+    for i, out in enumerate(lattice_edges(w, index, max_len, logp, -1, -np.inf)):
         for j, k, s in out:
             if k >= 0 and not (k == banned and (i, j) == (0, n)) and best[i] + s > best[j]:
                 best[j], back[j] = best[i] + s, (i, k)

@@ -3,7 +3,8 @@
 tokenizer.json (huggingface/tokenizers tokenizers/src/models/unigram/serialization.rs):
     {"model": {"type": "Unigram", "unk_id": 0, "vocab": [[piece, score], ...],
                "byte_fallback": false},
-     "normalizer": null | {"type": "NFKC"}, "pre_tokenizer": {"type": "Metaspace",
+     "normalizer": null | {"type": "NFKC"} | {"type": "Precompiled", "precompiled_charsmap":
+     base64 of SentencePiece's blob (charsmap.py)}, "pre_tokenizer": {"type": "Metaspace",
      "replacement": "▁", "prepend_scheme": "always" | "first" | "never"}, "added_tokens": [...]}
 HF's Metaspace does not collapse repeated spaces (SentencePiece's remove_extra_whitespaces),
 and HF's Unigram fuses a run of unknown characters into one unknown id.
@@ -12,12 +13,15 @@ and HF's Unigram fuses a run of unknown characters into one unknown id.
 the schema module the `sentencepiece` package ships (sentencepiece_model_pb2; needs protobuf):
 pieces with score and type (1 normal, 2 unknown, 3 control, 4 user defined, 5 unused, 6 byte),
 trainer_spec.model_type (1 unigram, 2 BPE), normalizer_spec (name, add_dummy_prefix,
-remove_extra_whitespaces). Only the "identity" and "nfkc" normalisers are reproduced. Like
+remove_extra_whitespaces, precompiled_charsmap: the rules of "nmt_nfkc", "nfkc", ... applied
+by charsmap.py; "identity" has none). Like
 HF's, SentencePiece's encoder fuses a run of unknown characters into one unknown id; it adds
 path scores in float32.
 """
+import base64
 import json
 
+from .charsmap import CharsMap
 from .spm_bpe import SentencePieceBPE
 from .unigram import SPACE, Unigram
 
@@ -25,15 +29,19 @@ _NORMAL, _UNKNOWN, _CONTROL, _USER, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 
 
 def _normalizer(spec, where):
-    """nfkc flag for a tokenizer.json normalizer (None, NFKC or a Sequence of them)."""
+    """(nfkc flag, CharsMap or None) of a tokenizer.json normalizer: null, NFKC, Precompiled
+    or a Sequence of one of them."""
     if spec is None:
-        return False
+        return False, None
     kind = spec.get("type")
     if kind == "NFKC":
-        return True
+        return True, None
+    if kind == "Precompiled":
+        return False, CharsMap(base64.b64decode(spec["precompiled_charsmap"]), hf=True)
     if kind == "Sequence" and len(spec["normalizers"]) <= 1:
         return _normalizer((spec["normalizers"] or [None])[0], where)
-    raise ValueError(f"{where}: normalizer {kind!r} is not supported (expected null or NFKC)")
+    raise ValueError(f"{where}: normalizer {kind!r} is not supported (expected null, NFKC or "
+                     f"Precompiled)")
 
 
 def _prefix(spec, where):
@@ -58,10 +66,11 @@ def load_unigram_json(path):
         raise ValueError(f"{where}: model type is {model.get('type')!r}, expected 'Unigram'")
     specials = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t.get("special")
                 and t["id"] != model.get("unk_id")}
+    nfkc, charsmap = _normalizer(spec.get("normalizer"), where)
     return Unigram([tuple(v) for v in model["vocab"]], unk_id=model.get("unk_id") or 0,
                    special_tokens=specials, add_dummy_prefix=_prefix(spec.get("pre_tokenizer"),
                                                                      where),
-                   nfkc=_normalizer(spec.get("normalizer"), where),
+                   nfkc=nfkc, charsmap=charsmap,
                    byte_fallback=bool(model.get("byte_fallback")),
                    remove_extra_whitespaces=False, fuse_unk=True)
 
@@ -78,13 +87,20 @@ def save_unigram_json(tok, path):
              for t, i in sorted({tok.pieces[tok.unk_id][0]: tok.unk_id,
                                  **tok.special_tokens}.items(), key=lambda e: e[1])]
     spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-            "normalizer": {"type": "NFKC"} if tok.nfkc else None, "pre_tokenizer": meta,
+            "normalizer": _normalizer_spec(tok), "pre_tokenizer": meta,
             "post_processor": None, "decoder": meta,
             "model": {"type": "Unigram", "unk_id": tok.unk_id,
                       "vocab": [[p, s] for p, s in tok.pieces],
                       "byte_fallback": tok.byte_fallback}}
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(spec, fh, ensure_ascii=False)
+
+
+def _normalizer_spec(tok):
+    if tok.charsmap is not None:
+        return {"type": "Precompiled",
+                "precompiled_charsmap": base64.b64encode(tok.charsmap.blob).decode("ascii")}
+    return {"type": "NFKC"} if tok.nfkc else None
 
 
 def load_bpe_json(path):
@@ -140,9 +156,10 @@ def load_sentencepiece(path):
     proto = read_model_proto(path)
     where = f"load_sentencepiece({str(path)!r})"
     norm = proto.normalizer_spec
-    if norm.name not in ("identity", "nfkc"):
-        raise ValueError(f"{where}: normalizer {norm.name!r} is not reproduced (train with "
-                         f"normalization_rule_name='identity' or 'nfkc')")
+    if norm.name != "identity" and not norm.precompiled_charsmap:
+        raise ValueError(f"{where}: normalizer {norm.name!r} has no precompiled_charsmap "
+                         f"(expected 'identity' or a precompiled rule set such as 'nmt_nfkc')")
+    charsmap = CharsMap(norm.precompiled_charsmap) if norm.name != "identity" else None
     model_type = proto.trainer_spec.model_type
     if model_type not in (1, 2):
         raise ValueError(f"{where}: model_type {model_type} is neither unigram (1) nor BPE (2)")
@@ -156,6 +173,6 @@ def load_sentencepiece(path):
                    special_tokens=specials,
                    unused=[i for i, k in enumerate(kinds) if k == _UNUSED],
                    add_dummy_prefix=norm.add_dummy_prefix,
-                   nfkc=norm.name == "nfkc", byte_fallback=proto.trainer_spec.byte_fallback,
+                   charsmap=charsmap, byte_fallback=proto.trainer_spec.byte_fallback,
                    remove_extra_whitespaces=norm.remove_extra_whitespaces,
                    score_dtype="float32", fuse_unk=True)

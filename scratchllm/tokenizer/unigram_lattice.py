@@ -173,7 +173,7 @@ def _viterbi(x, bounds, keys, child, node_piece, max_len, scores, unk_id, unk_sc
     return starts[:t], ends[:t], ids[:t], counts
 
 
-def lattice_ref(x, index, max_len, scores, unk_id, unk_score):
+def lattice_edges(x, index, max_len, scores, unk_id, unk_score):
     """edges[i] = [(j, id, score)] of the str x: every piece x[i:j] in `index` whose score is
     finite, then an unk_id edge i -> i+1 if no piece covers x[i]."""
     edges = [[] for _ in range(len(x))]
@@ -199,7 +199,7 @@ def viterbi_ref(x, bounds, trie, scores, unk_id, unk_score):
         best = np.full(n + 1, -np.inf, dtype=scores.dtype)    # (n+1,)
         back = [None] * (n + 1)
         best[0] = 0.0
-        for i, out in enumerate(lattice_ref(s, trie.index, trie.max_len, scores, unk_id,
+        for i, out in enumerate(lattice_edges(s, trie.index, trie.max_len, scores, unk_id,
                                             scores.dtype.type(unk_score))):
             for j, k, score in out:
                 if best[i] + score > best[j]:

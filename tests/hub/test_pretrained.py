@@ -17,7 +17,8 @@ from scratchllm.lm import LM, preset
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 FAMILIES = ["llama", "llama_yarn", "llama_linear", "llama_dynamic", "mistral", "qwen2", "qwen3",
-            "gemma3", "gpt2"]
+            "gemma3", "gpt2",
+            "mamba", "jamba"]  # tools/make_hf_fixtures_ssm.py
 FAMILIES += ["gpt_oss"]  # issue 13: sinks, sliding/full layer_types, biased router, clamped experts
 
 

@@ -4,7 +4,7 @@ error instead of reading out of bounds (a segfault, or garbage ids)."""
 import numpy as np
 import pytest
 
-from scratchllm.tokenizer import Tokenizer, fast
+from scratchllm.tokenizer import Tokenizer, fast, fast_bpe
 from scratchllm.tokenizer.fast_train import merge_loop_numba
 
 TEXT = "Hello wörld, it's 2024!".encode("utf-8")
@@ -80,7 +80,7 @@ def test_encode_pieces_refuses_foreign_tables_and_offsets():
 
 def test_merge_table_refuses_ids_beyond_int32():
     with pytest.raises(ValueError, match=r"^merge_table: .*ids in \[0, 2\^31\)"):
-        fast.merge_table(np.array([[1, 1 << 33]]), np.array([256]))
+        fast_bpe.merge_table(np.array([[1, 1 << 33]]), np.array([256]))
 
 
 def _words(*words):

@@ -1,11 +1,11 @@
-"""Long pre-tokens (tokenizer DoS, issue 18 item 5): a pre-token longer than fast.LONG bytes
-merges through a heap (O(m log m)) and gives exactly the ids of the rescanning merge."""
+"""Long pre-tokens (tokenizer DoS, issue 18 item 5): a pre-token longer than fast_bpe.LONG
+bytes merges through a heap (O(m log m)) and gives exactly the ids of the rescanning merge."""
 import os
 
 import numpy as np
 import pytest
 
-from scratchllm.tokenizer import Tokenizer, fast
+from scratchllm.tokenizer import Tokenizer, fast_bpe
 
 FIX = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
 
@@ -19,10 +19,10 @@ def gpt2():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_a_long_pretoken_gives_the_ids_of_the_rescanning_merge(gpt2, seed):
     rng = np.random.default_rng(seed)
-    word = "".join(rng.choice(list("etaoinshrdlu"), size=3 * fast.LONG))  # one \p{L}+ run
+    word = "".join(rng.choice(list("etaoinshrdlu"), size=3 * fast_bpe.LONG))  # one \p{L}+ run
     want = list(gpt2._bpe_ref(word.encode()))
     assert gpt2.encode(word) == want
-    heap = fast.bpe_long(word.encode(), gpt2._byte_ids, *gpt2._table).tolist()
+    heap = fast_bpe.bpe_long(word.encode(), gpt2._byte_ids, *gpt2._table).tolist()
     assert heap == want == list(gpt2._bpe(word.encode()))
     assert gpt2.decode(want) == word
 

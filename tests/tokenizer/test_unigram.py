@@ -135,3 +135,37 @@ def test_hf_llama_form_bpe_json_ids():
     texts, ids = _fixture("hf_bpe_bytes")
     assert [tok.encode_ordinary(t) for t in texts] == ids
     assert [tok.decode(i) for i in ids] == texts          # bytes and spaces round-trip
+
+
+def test_sentencepiece_precompiled_charsmap_normalisation():
+    """nmt_nfkc (sentencepiece's default rules): the normal form and the ids sentencepiece
+    gives, on the slice, the multilingual sample and a sample of what the rules rewrite
+    (fullwidth, ligatures, compatibility forms, odd spaces, control and zero-width chars)."""
+    tok = load_sentencepiece(os.path.join(FIX, "spm_unigram_nmt_nfkc.model"))
+    with open(os.path.join(FIX, "spm_unigram_nmt_nfkc_ids.json"), encoding="utf-8") as fh:
+        data = json.load(fh)
+    assert tok.charsmap is not None
+    assert [tok.normalize(t) for t in data["texts"]] == data["normalized"]
+    assert [tok.encode_ordinary(t) for t in data["texts"]] == data["ids"]
+    plain = Unigram(tok.pieces)                    # the same whitespace rules, no charsmap
+    assert sum(plain.normalize(t) != n for t, n in zip(data["texts"], data["normalized"])) >= 8
+
+
+def test_charsmap_rejects_a_truncated_blob():
+    from scratchllm.tokenizer.charsmap import CharsMap
+    with pytest.raises(ValueError, match="truncated"):
+        CharsMap(b"\x10\x00\x00\x00abc")
+
+
+def test_hf_precompiled_normaliser(tmp_path):
+    """The same charsmap as HF tokenizers' Precompiled normaliser applies it (per grapheme
+    cluster), with a Metaspace pre-tokenizer: HF's normal form and ids; saved and loaded back."""
+    tok = load_unigram_json(os.path.join(FIX, "hf_unigram_precompiled.json"))
+    with open(os.path.join(FIX, "hf_unigram_precompiled_ids.json"), encoding="utf-8") as fh:
+        data = json.load(fh)
+    assert tok.charsmap is not None and tok.charsmap.hf
+    assert [tok.charsmap.normalize_hf(t) for t in data["texts"]] == data["normalized"]
+    assert [tok.encode_ordinary(t) for t in data["texts"]] == data["ids"]
+    save_unigram_json(tok, tmp_path / "back.json")
+    back = load_unigram_json(tmp_path / "back.json")
+    assert [back.encode_ordinary(t) for t in data["texts"]] == data["ids"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from scratchllm.tokenizer import unigram_em as em
-from scratchllm.tokenizer.unigram_lattice import (PieceTrie, code_points, lattice_ref, viterbi,
+from scratchllm.tokenizer.unigram_lattice import (PieceTrie, code_points, lattice_edges, viterbi,
                                                   viterbi_ref)
 from scratchllm.tokenizer.unigram_train import digamma
 
@@ -128,7 +128,7 @@ def test_trie_walk_finds_every_piece_of_the_text():
     trie = PieceTrie.from_strings(pieces, range(len(pieces)), len(pieces))
     assert trie.index == {p: k for k, p in enumerate(pieces)}
     text = SP + "abcabba" + SP + "cab"
-    edges = lattice_ref(text, trie.index, trie.max_len, logp, -1, -1.0)
+    edges = lattice_edges(text, trie.index, trie.max_len, logp, -1, -1.0)
     x = code_points(text)
     es, ee, ep = (np.empty(len(x) * (trie.max_len + 1), np.int64) for _ in range(3))
     m = em._edges(x, 0, len(x), trie.keys, trie.child, trie.node_piece, trie.max_len, logp,
