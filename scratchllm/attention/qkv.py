@@ -66,6 +66,7 @@ def project_qkv_forward(x, wq, wk, wv, bq=None, bk=None, bv=None, q_norm=None, k
     if n_heads % n_kv_heads:
         raise ValueError(f"gqa: n_heads={n_heads} must be a multiple of n_kv_heads="
                          f"{n_kv_heads}")
+    expect_ndim("gqa", "wq", wq, 2, "(D, H*Dh)")
     if wq.shape[-1] % n_heads:
         raise ValueError(f"gqa: wq has shape {wq.shape}, expected (D, H*Dh) with H={n_heads}")
     Dh = wq.shape[-1] // n_heads

@@ -22,8 +22,8 @@ from scratchllm.attention.sdpa_softmax import (FusedSoftmaxCache, softmax_scores
                                                softmax_scores_backward_)
 from scratchllm.core.fused import use_fused
 from scratchllm.core.ops import SoftmaxCache, softmax_backward, softmax_forward
-from scratchllm.core.validate import (expect_dout, expect_float, expect_integer, expect_ndim,
-                                      expect_shape)
+from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_integer,
+                                      expect_ndim, expect_shape)
 
 
 class SDPACache(NamedTuple):
@@ -86,7 +86,7 @@ def sdpa_forward(q, k, v, mask=None, scale=None, bias=None, *, sinks=None):
     if Tq < 1 or Tk < 1:
         raise ValueError(f"sdpa: q has {Tq} and k has {Tk} positions; both need >= 1")
     G = H // Hkv
-    scale = Dh ** -0.5 if scale is None else scale
+    scale = Dh ** -0.5 if scale is None else expect_finite("sdpa", "scale", scale)
     qg = q.reshape(B, Hkv, G * Tq, Dh)  # (B, Hkv, G*Tq, Dh)
     s = qg @ k.swapaxes(-1, -2)  # (B, Hkv, G*Tq, Tk)
     if _fused_case(mask, bias, sinks, s, Tq) and use_fused():

@@ -35,7 +35,7 @@ from numba import njit
 
 from scratchllm.core import ops
 from scratchllm.core.exp32 import exp_lanes
-from scratchllm.core.validate import expect_float, expect_shape
+from scratchllm.core.validate import expect_dout, expect_finite, expect_float, expect_shape
 
 
 def use_fused():
@@ -87,8 +87,9 @@ def _rmsnorm_rows_backward(dy, x, g, rstd, dx, dg):
 def fused_rmsnorm_forward(x, g, eps=1e-5):
     """ops.rmsnorm_forward in one pass per row.  Inputs: x (..., D), g (D,).
     Returns: y (..., D).  Cache: (x rows, g, rstd (BT,), x.shape)."""
-    expect_float("rmsnorm", "x", x)
+    expect_float("rmsnorm", "x", x, 1)
     expect_shape("rmsnorm", "g", g, (x.shape[-1],), "the last axis of x")
+    eps = expect_finite("rmsnorm", "eps", eps, 0, open_low=True)
     xr = _rows(x)  # (BT, D)
     y = np.empty_like(xr)  # (BT, D)
     rstd = np.empty(xr.shape[0], x.dtype)  # (BT,)
@@ -100,6 +101,7 @@ def fused_rmsnorm_backward(dy, cache):
     """Math (ops.rmsnorm_backward): xhat = x r, dxhat = dy g,
         dg = sum over rows of dy xhat,  dx = r (dxhat - xhat mean(dxhat xhat)).
     Reference: Zhang & Sennrich 2019 (arXiv 1910.07467)."""
+    expect_dout("fused_rmsnorm_backward", dy, cache.shape, cache.x.dtype, name="dy")
     x, g, rstd, shape = cache
     dx = np.empty_like(x)  # (BT, D)
     dg = np.zeros(x.shape[1])  # (D,) float64 accumulator, returned in x's dtype
@@ -118,6 +120,7 @@ class FusedSwiGLUCache(NamedTuple):
     down: ops.LinearCache  # m @ W2
     a: np.ndarray  # (BT, F) = x @ W1
     b: np.ndarray  # (BT, F) = x @ W3
+    shape: tuple  # x.shape
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -146,7 +149,8 @@ def fused_swiglu_forward(x, W1, W3, W2):
     read W1 and W3 where they are (concatenating them into one (D, 2F) GEMM would copy both
     weights on every call: at batch-1 decoding that copy costs more than the GEMVs).
     Inputs: x (..., D), W1, W3 (D, F), W2 (F, D).  Returns: y (..., D).
-    Cache: the three linear caches and a, b (BT, F)."""
+    Cache: the three linear caches, a, b (BT, F) and x.shape."""
+    expect_float("swiglu", "x", x, 1)
     D = x.shape[-1]
     expect_shape("swiglu", "W1", W1, (D, None), "(D, F)")
     expect_shape("swiglu", "W3", W3, W1.shape, "(D, F), like W1")
@@ -157,14 +161,16 @@ def fused_swiglu_forward(x, W1, W3, W2):
     m = np.empty_like(a)  # (BT, F)
     _gate(a, b, m, a.dtype.type(1))
     y, down = ops.linear_forward(m, W2)  # (BT, D)
-    return y.reshape(x.shape), FusedSwiGLUCache(gate, up, down, a, b)
+    return y.reshape(x.shape), FusedSwiGLUCache(gate, up, down, a, b, x.shape)
 
 
 def fused_swiglu_backward(dy, cache):
     """Math: fwd y = m W2 -> dm = dy W2^T, dW2 = m^T dy; fwd m = silu(a) b -> da, db (_gate);
     fwd a = x W1, b = x W3 -> dx = da W1^T + db W3^T, dW1 = x^T da, dW3 = x^T db.
     Reference: Shazeer 2020 (arXiv 2002.05202)."""
-    gate, up, down, a, b = cache
+    expect_dout("fused_swiglu_backward", dy, cache.shape, ops.linear_out(cache.down)[1],
+                name="dy")
+    gate, up, down, a, b, _ = cache
     g_down = ops.linear_backward(_rows(dy), down)  # fwd: y = m @ W2
     da, db = np.empty_like(a), np.empty_like(b)  # (BT, F)
     _gate_backward(a, b, g_down["x"], da, db, a.dtype.type(1))  # fwd: m = silu(a) * b
@@ -231,6 +237,7 @@ def fused_cross_entropy_backward(dloss, cache):
     """Math: dlogits = dloss / n_valid * (softmax - onehot(t)) on counted rows, 0 on ignored
     ones (the forward stored softmax - onehot).
     Reference: scratchllm/core/ops.py cross_entropy_backward."""
+    expect_dout("fused_cross_entropy_backward", dloss, (), cache.dlogits.dtype, name="dloss")
     dz, shape, n_valid = cache
     scale = np.asarray(dloss, dz.dtype) / dz.dtype.type(max(n_valid, 1))
     return {"logits": (dz * scale).reshape(shape)}  # (..., V)
