@@ -45,7 +45,8 @@ def _softmax_rows(s, lo, hi, keep, holes, Tq, scale, zero, minus_inf):
             if holes and not keep[t, j]:
                 v = minus_inf
             s[r, j] = v
-            m = max(m, v)
+            if v > m or v != v:  # a NaN score makes the row NaN, as the readable path does
+                m = v
         if m == minus_inf:  # nothing to attend: zeros
             s[r, a:b] = zero
             continue

@@ -74,3 +74,12 @@ def test_gqa_takes_the_fused_rope_and_softmax_and_matches_the_readable_path(dtyp
     for a, b in [(y, y_r)] + [(g[n], g_r[n]) for n in ("x", "wq", "wk", "wv", "wo")]:
         assert a.dtype == b.dtype == dtype
         assert np.max(np.abs(a - b)) <= TOL[dtype] * np.max(np.abs(b))
+
+
+def test_a_row_of_nan_scores_stays_nan_as_on_the_readable_path():
+    s = np.random.default_rng(0).standard_normal((1, 4, 4)).astype(np.float32)
+    s[0, 1, :2] = np.nan  # every score row 1 keeps is NaN (a NaN weight upstream)
+    keep = np.tril(np.ones((4, 4), bool))
+    softmax_scores_(s, keep, 0.5)
+    assert np.isnan(s[0, 1, :2]).all() and (s[0, 1, 2:] == 0).all()
+    assert np.isfinite(s[0, [0, 2, 3]]).all()
