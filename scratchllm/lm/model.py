@@ -169,10 +169,19 @@ class LM(Module):
 
     def __init__(self, cfg, *, rng, dtype=np.float32):
         self.cfg = cfg.validate()
+        try:
+            self._build(cfg, rng, dtype)
+        except MemoryError:
+            raise MemoryError(
+                f"LM: the weights of this config (d_model={cfg.d_model}, n_layers="
+                f"{cfg.n_layers}, vocab_size={cfg.vocab_size}, d_ff={cfg.d_ff}) in "
+                f"{np.dtype(dtype)} are more than this machine can allocate") from None
+
+    def _build(self, cfg, rng, dtype):
         D, V = cfg.d_model, cfg.vocab_size
         self.embed = Embedding(V, D, rng=rng, dtype=dtype)
-        if cfg.tie_embeddings:  # keep logits O(1) at init when E^T is the head
-            self.embed.E.data *= np.asarray(D ** -0.5, dtype)
+        if cfg.tie_embeddings and not getattr(rng, "skip_init", False):
+            self.embed.E.data *= np.asarray(D ** -0.5, dtype)  # logits O(1) at init, E^T the head
         if cfg.positions == "learned":  # GPT-2's wpe: x_0 = E[ids] + P[positions]
             self.pos = Embedding(cfg.max_positions, D, rng=rng, dtype=dtype)
         self.layers = [Block(cfg, i, rng=rng, dtype=dtype) for i in range(cfg.n_layers)]

@@ -105,3 +105,10 @@ def test_bad_ids_raise():
         model.forward(np.zeros(5, dtype=np.int64))
     with pytest.raises(TypeError, match="integer"):
         model.forward(np.zeros((1, 5)))
+
+
+def test_a_config_too_big_for_memory_is_a_memory_error_naming_lm():
+    cfg = ModelConfig(vocab_size=2 ** 20, d_model=2 ** 16, n_layers=64, n_heads=64,
+                      n_kv_heads=64, d_ff=2 ** 18)  # a 2^36-float embedding: 256 GiB
+    with pytest.raises(MemoryError, match=r"LM: the weights of this config \(d_model=65536"):
+        LM(cfg, rng=np.random.default_rng(0))
