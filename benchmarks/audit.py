@@ -10,8 +10,9 @@ forked process (a segfault or a hang cannot take the audit down), classified as
     ok         the right answer (an expected finite value)
 
 Run it against any checkout:  PYTHONPATH=/path/to/checkout python benchmarks/audit.py
-(`--list` prints each case's outcome). The cases are the issue's reproductions plus the
-categories it names; their `want` says what the right answer is.
+(`--list` prints each case's outcome, `--only NAME...` runs the cases named). The cases are
+the issue's reproductions plus the categories it names, and those of audit_extra.py (masks,
+decoding states, the Tokenizer's methods, sizes); their `want` says what the right answer is.
 """
 import argparse
 import multiprocessing as mp
@@ -21,6 +22,8 @@ import traceback
 from collections import Counter
 
 import numpy as np
+
+from audit_extra import EXTRA_CASES
 
 CLEAR = re.compile(r"^(scratchllm )?[A-Za-z_][\w.]*( \w+)?: |^\S+ line \d+: |^/")
 ERROR = "error"  # the right answer is a clear error
@@ -357,7 +360,7 @@ CASES = [  # (case, want): ERROR = a clear error; "--flag": a command's clear er
     (tokfile_redos_pattern, ERROR), (tokfile_dropping_pattern, ERROR), (tokfile_truncated, ERROR),
     (tokfile_huge_id, ERROR), (tokfile_duplicate_id, ERROR), (tokfile_empty_special, ERROR),
     (drill_syntax_error, ERROR), (corpus_bad_utf8, ERROR),
-]
+] + EXTRA_CASES
 
 
 # ---------------------------------------------------------------------------- running
@@ -408,7 +411,7 @@ def classify(kind, payload, want):
         if isinstance(want, str) and want.startswith("--"):
             return "unclear"  # a command let an exception escape: a traceback
         clear = name in ("ValueError", "TypeError", "CheckpointError", "NonFiniteError",
-                         "FileNotFoundError") and CLEAR.match(msg)
+                         "FileNotFoundError", "MemoryError") and CLEAR.match(msg)
         return "clear" if clear else "unclear"
     if kind == "exit":
         code, err = payload
@@ -449,15 +452,18 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--timeout", type=float, default=30.0)
     p.add_argument("--list", action="store_true", help="print every case's outcome")
+    p.add_argument("--only", nargs="*", help="run only the cases named (or audit_extra's: extra)")
     args = p.parse_args(argv)
+    cases = [(c, w) for c, w in CASES if not args.only or c.__name__ in args.only
+             or ("extra" in args.only and (c, w) in EXTRA_CASES)]
     counts = Counter()
-    for case, want in CASES:
+    for case, want in cases:
         outcome, detail = run_case(case, want, args.timeout)
         counts[outcome] += 1
         if args.list:
             print(f"{outcome:<10} {case.__name__:<28} {str(detail)[:90]}")
     order = ["ok", "clear", "unclear", "wrong", "nonfinite", "hang", "crash"]
-    print(f"{len(CASES)} cases: " + ", ".join(f"{k} {counts[k]}" for k in order))
+    print(f"{len(cases)} cases: " + ", ".join(f"{k} {counts[k]}" for k in order))
     return 0
 
 

@@ -6,10 +6,12 @@ data-parallel shards on BENCH_THREADS threads (default 2), one BLAS thread each.
 (`torch_loss`) is the same math written with torch ops over the SAME initial weights (copied
 from scratchllm's LM by Param name) and the SAME batches (corpus.sample_batch with the
 trainer's RNG): embedding, pre-norm blocks of [RMSNorm, GQA with RoPE (rotate_half) under the
-preset's mask (causal, or sliding window + sinks) or MLA, RMSNorm, SwiGLU or top-k MoE
+preset's mask (causal, or sliding window + sinks), MLA or a Mamba block (hybrid's "M" layers:
+mamba_simple's selective_scan_ref recurrence), RMSNorm, SwiGLU or top-k MoE
 (softmax or sigmoid scores, shared expert, balance + z losses)], final RMSNorm, untied head;
 AdamW (betas 0.9/0.95, wd 0.1 on matrices), clip_grad_norm_ 1.0. Both print the first
-step's cross-entropy; they must agree to 1e-5. Twins exist for dense, swa, moe and mla (hybrid's Mamba layers: not written).
+step's cross-entropy; they must agree to 1e-5. Twins exist for dense, swa, moe, mla and
+hybrid.
 
 Each side runs in its own subprocess (so neither's imports inflate the other's RSS); the
 sides alternate for --rounds rounds (ours first in each round) and the table reports medians
@@ -27,7 +29,7 @@ import sys
 import time
 
 THREADS = os.environ.get("BENCH_THREADS", "2")
-TWINS = ("dense", "swa", "moe", "mla")
+TWINS = ("dense", "swa", "moe", "mla", "hybrid")
 
 
 def _env(threads):
@@ -113,6 +115,32 @@ def torch_mla(cfg, w, p, a, mask):
     return o.transpose(1, 2).reshape(B, T, H * dv) @ w[p + "wo"]
 
 
+def torch_mamba(cfg, w, p, a, mask):
+    """The Mamba block (ssm/mamba.py): in-projection, causal depthwise conv1d + silu, x_proj
+    to (dt, B, C), softplus dt, the selective scan h_t = exp(dt A) h_{t-1} + dt B_t u_t,
+    y_t = C_t h_t + D u_t as a loop over t (mamba_simple's selective_scan_ref), silu(z) gate,
+    out-projection. `mask` is unused (the recurrence is causal)."""
+    import torch
+    import torch.nn.functional as F
+    B, T, _ = a.shape
+    Di, (R, N) = w[p + "W_in"].shape[1] // 2, (w[p + "W_dt"].shape[0], w[p + "A_log"].shape[1])
+    K = w[p + "conv_w"].shape[1]
+    xz = a @ w[p + "W_in"]  # (B, T, 2Di)
+    xc = F.conv1d(xz[..., :Di].transpose(1, 2), w[p + "conv_w"].unsqueeze(1), w[p + "conv_b"],
+                  padding=K - 1, groups=Di)[..., :T].transpose(1, 2)  # (B, T, Di)
+    u = F.silu(xc)
+    dbc = u @ w[p + "W_x"]  # (B, T, R+2N)
+    delta = F.softplus(dbc[..., :R] @ w[p + "W_dt"] + w[p + "b_dt"])  # (B, T, Di)
+    decay = torch.exp(delta.unsqueeze(-1) * -torch.exp(w[p + "A_log"]))  # (B, T, Di, N)
+    drive = (delta * u).unsqueeze(-1) * dbc[..., None, R:R + N]  # (B, T, Di, N)
+    h, ys = torch.zeros(B, Di, N), []
+    for t in range(T):
+        h = decay[:, t] * h + drive[:, t]
+        ys.append(torch.einsum("bdn,bn->bd", h, dbc[:, t, R + N:]))
+    y = torch.stack(ys, 1) + u * w[p + "D"]  # (B, T, Di)
+    return (y * F.silu(xz[..., Di:])) @ w[p + "W_out"]
+
+
 def torch_moe(cfg, w, p, x):
     """Top-k MoE without capacity (moe/layer.py): softmax or sigmoid scores, gates over the
     chosen k, argsort dispatch, SwiGLU experts, shared expert; (y, balance loss, z-loss).
@@ -152,10 +180,11 @@ def torch_loss(cfg, w, ids, targets):
     B, T = ids.shape
     mask = torch.from_numpy(causal_mask(T) if cfg.window is None else
                             attention_sink_mask(T, cfg.window, cfg.n_sink))
-    mixer = torch_mla if cfg.attention == "mla" else torch_gqa
+    attention = torch_mla if cfg.attention == "mla" else torch_gqa
     x, aux = w["embed.E"][ids], 0.0
     for i in range(cfg.n_layers):
         p = f"layers.{i}."
+        mixer = torch_mamba if cfg.layer_kinds()[i] == "M" else attention
         x = x + mixer(cfg, w, p + "mixer.", F.rms_norm(x, (D,), w[p + "norm1.g"], cfg.norm_eps),
                       mask)
         b = F.rms_norm(x, (D,), w[p + "norm2.g"], cfg.norm_eps)

@@ -912,10 +912,11 @@ HF_FIXTURES += ("mixtral", "deepseek_v3", "deepseek_v3_plain")  # tools/make_hf_
 @case
 def lm_hub(rng):
     """d loss / d every Param of each tiny Hugging Face checkpoint of tests/fixtures/hf,
-    loaded in float64 (2 random directions per Param)."""
+    loaded in float64 (2 random directions per Param, from a seed of its own)."""
     from pathlib import Path
     from scratchllm.hub import load_pretrained
     from scratchllm.lm import loss_pair
+    import zlib
     root = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "hf"
     reports = []
     for family in HF_FIXTURES:
@@ -927,9 +928,14 @@ def lm_hub(rng):
         # Mamba layers: the dt path (A_log, b_dt, ...) moves the loss little, so at h = 1e-5
         # round-off reaches ~1e-7 of those gradients, and at 1e-4 the curvature of Jamba's
         # attention does; h = 3e-5 keeps both below.
+        # Each family draws its ids and directions from its own seed, so adding a fixture
+        # does not change the others' checks. Jamba's W_dt (under the inner dt RMSNorm) is the
+        # worst conditioned: over 6 seeds 2 directions reach a kink at 1.6e-7 to 8.6e-7, while
+        # its gradient equals torch autograd to 2e-14 (tests/hub/test_ssm_families.py).
         h = 3e-5 if "M" in model.cfg.layer_kinds() else 1e-5
-        reports.append(check(forward, backward, rng=rng, max_full=0, n_directions=2,
-                             wrt=wrt, label=family, fd_step=h, **_hub_ids(model, rng), **params))
+        fam_rng = np.random.default_rng(zlib.crc32(family.encode()))
+        reports.append(check(forward, backward, rng=fam_rng, max_full=0, n_directions=2, wrt=wrt,
+                             label=family, fd_step=h, **_hub_ids(model, fam_rng), **params))
     return reports
 
 

@@ -75,29 +75,7 @@ def wrong_douts(dout):
     return out
 
 
-# Backwards that landed from issues 12-17 in parallel with this checking (issue 18), before
-# they check their dout: each is a strict xfail, so a backward that gains its check fails here
-# until it is taken off the list, and a new backward without the check fails outright.
-DOUT_GAPS = {
-    "cross_attention_backward", "indexer_kl_loss_backward",
-    "lightning_indexer_backward", "rope_heads_backward", "rope_heads_backward_ref",
-    "topk_sparse_attention_backward", "fused_cross_entropy_backward", "fused_rmsnorm_backward",
-    "fused_swiglu_backward", "geglu_backward", "gelu_backward", "gelu_mlp_backward",
-    "layernorm_backward", "delta_rule_backward", "gla_attention_backward",
-    "recurrent_mixer_backward", "linear_attention_backward", "retnet_attention_backward",
-    "rwkv4_channel_mix_backward", "rwkv4_time_mix_backward",
-    "clamped_swiglu_backward", "mamba2_backward", "s4d_complex_backward", "ssd_backward",
-}
-
-
-def with_gaps(keys, gaps, reason, strict=True):
-    """keys as pytest params, those named in `gaps` marked as known failures."""
-    return [pytest.param(k, marks=pytest.mark.xfail(strict=strict, reason=reason))
-            if k[1] in gaps else k for k in keys]
-
-
-@pytest.mark.parametrize("key", with_gaps(sorted(BACKWARDS), DOUT_GAPS, "checks no dout yet"),
-                         ids=lambda k: k[1])
+@pytest.mark.parametrize("key", sorted(BACKWARDS), ids=lambda k: k[1])
 def test_backward_rejects_a_wrong_dout_by_name(key, recorded):
     backward = BACKWARDS[key]
     assert backward in recorded, f"no grads case calls {key[1]}"

@@ -16,8 +16,8 @@ import numpy as np
 
 from scratchllm.attention.sdpa import merge_heads, sdpa_backward, sdpa_forward, split_heads
 from scratchllm.core.nn import Module, Param, normal_init
-from scratchllm.core.ops import linear_backward, linear_forward
-from scratchllm.core.validate import expect_ndim, expect_shape
+from scratchllm.core.ops import linear_backward, linear_forward, linear_out
+from scratchllm.core.validate import expect_dout, expect_ndim, expect_shape
 
 
 class CrossCache(NamedTuple):
@@ -41,6 +41,7 @@ def cross_attention_forward(x, ctx, wq, wk, wv, wo, *, n_heads, n_kv_heads, mask
     expect_ndim("cross_attention", "x", x, 3, "(B, Tq, D)")
     expect_ndim("cross_attention", "ctx", ctx, 3, "(B, Tk, Dc)")
     expect_shape("cross_attention", "ctx", ctx, (x.shape[0], None, None), "(B, Tk, Dc) like x")
+    expect_ndim("cross_attention", "wq", wq, 2, "(D, H*Dh)")
     if n_kv_heads < 1 or n_heads % n_kv_heads or wq.shape[-1] % n_heads:
         raise ValueError(f"cross_attention: n_heads={n_heads} must be a multiple of "
                          f"n_kv_heads={n_kv_heads} and divide wq's {wq.shape[-1]} columns")
@@ -60,6 +61,7 @@ def cross_attention_forward(x, ctx, wq, wk, wv, wo, *, n_heads, n_kv_heads, mask
 def cross_attention_backward(dy, cache):
     """Math: the linear and sdpa backwards in reverse; d ctx = dk Wk^T + dv Wv^T.
     Reference: Vaswani et al. 2017 (arXiv 1706.03762) section 3.2.3."""
+    expect_dout("cross_attention_backward", dy, *linear_out(cache.lin_o), name="dy")
     g_o = linear_backward(dy, cache.lin_o)  # fwd: y = merge_heads(o) @ wo
     g = sdpa_backward(split_heads(g_o["x"], cache.n_heads), cache.sdpa)  # fwd: o = sdpa(q,k,v)
     g_q = linear_backward(merge_heads(g["q"]), cache.lin_q)  # fwd: q = split(x @ wq)

@@ -41,7 +41,8 @@ import numpy as np
 
 from scratchllm.attention.flash_kernels import exp_shift_, fused_ok, softmax_grad_
 from scratchllm.attention.sdpa import check_heads
-from scratchllm.core.validate import expect_dout, expect_float, expect_positive, expect_shape
+from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_positive,
+                                      expect_shape)
 
 
 class FlashOptions(NamedTuple):
@@ -146,8 +147,8 @@ def flash_sdpa_forward(q, k, v, alibi_slopes=None, *, causal=False, window=None,
     B, H, Tq, Dh = q.shape
     Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[3]
     G = H // Hkv
-    opts = FlashOptions(Dh ** -0.5 if scale is None else scale, bool(causal), window,
-                        int(n_sink), int(block_q), int(block_k))
+    scale = Dh ** -0.5 if scale is None else expect_finite("flash_sdpa", "scale", scale)
+    opts = FlashOptions(scale, bool(causal), window, int(n_sink), int(block_q), int(block_k))
     slopes = None if alibi_slopes is None else alibi_slopes.reshape(Hkv, G, 1, 1)  # (Hkv,G,1,1)
     out = np.zeros((B, H, Tq, Dv), q.dtype)  # (B, H, Tq, Dv)
     lse = np.full((B, Hkv, G * Tq, 1), -np.inf, q.dtype)  # (B, Hkv, G*Tq, 1)

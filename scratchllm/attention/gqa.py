@@ -32,7 +32,7 @@ from scratchllm.attention.sdpa import (SDPACache, merge_heads, repeat_kv_backwar
                                        split_heads)
 from scratchllm.core.nn import Module, Param, normal_init
 from scratchllm.core.ops import linear_backward, linear_forward, linear_out
-from scratchllm.core.validate import expect_dout, expect_shape
+from scratchllm.core.validate import expect_dout, expect_integer, expect_shape
 
 
 class GQACache(NamedTuple):
@@ -178,6 +178,10 @@ def gqa_decode(x_t, wq, wk, wv, wo, state, position, bq=None, bk=None, bv=None, 
              int (the token's absolute index, used by RoPE); alibi (H,) slopes or None.
     Returns: y_t (B, D), equal to the corresponding row of the full causal forward.
     """
+    expect_integer("gqa_decode", "position", position, 0)
+    if position != state.n_seen:
+        raise ValueError(f"gqa_decode: position={position}, but the state holds {state.n_seen} "
+                         f"tokens: the next token is at position {state.n_seen}")
     pos = None if inv_freq is None else np.array([position])  # (1,)
     (q, k, v), _ = project_qkv_forward(x_t[:, None], wq, wk, wv, bq, bk, bv, q_norm, k_norm,
                                        n_heads=n_heads, n_kv_heads=n_kv_heads, positions=pos,

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.ops import log_softmax_forward, softmax_forward
-from scratchllm.core.validate import expect_ndim, expect_shape
+from scratchllm.core.validate import expect_bool, expect_dout, expect_ndim, expect_shape
 
 
 # ---------------------------------------------------------------------------- indexer
@@ -58,6 +58,8 @@ def lightning_indexer_backward(dout, cache):
     """Math (a = relu(r), r = q_I . k_I):  dw = sum_s dI a,  dr = w dI [r > 0],
     dq_I = dr k_I,  dk_I = sum_{t, j} dr^T q_I.
     Reference: deepseek-ai/DeepSeek-V3.2-Exp inference/model.py class Indexer."""
+    expect_dout("lightning_indexer_backward", dout, cache.r.shape[:2] + cache.r.shape[3:],
+                np.result_type(cache.w, cache.r))  # I (B, Tq, Tk)
     q_idx, k_idx, w, r = cache
     B, Tq, HI, DI = q_idx.shape
     a = np.maximum(r, 0)  # (B, Tq, HI, Tk)
@@ -101,6 +103,10 @@ def indexer_kl_loss_forward(index_scores, target, allowed):
     """
     expect_ndim("indexer_kl_loss", "index_scores", index_scores, 3, "(B, Tq, Tk)")
     expect_shape("indexer_kl_loss", "target", target, index_scores.shape, "like index_scores")
+    expect_bool("indexer_kl_loss", "allowed", allowed)
+    if allowed.shape not in (index_scores.shape, index_scores.shape[1:]):
+        raise ValueError(f"indexer_kl_loss: allowed has shape {allowed.shape}, expected (Tq, Tk)"
+                         f" = {index_scores.shape[1:]} or (B, Tq, Tk) = {index_scores.shape}")
     log_q = log_softmax_forward(np.where(allowed, index_scores, -np.inf))[0]  # (B, Tq, Tk)
     live = target > 0  # (B, Tq, Tk): 0 log 0 = 0
     safe_t, safe_log_q = np.where(live, target, 1), np.where(live, log_q, 0)  # no 0 * inf
@@ -116,6 +122,7 @@ def indexer_kl_loss_backward(dloss, cache):
     zero at the keys not allowed (softmax is 0 there and so is p).
     The loss is the DeepSeek-V3.2-Exp report's (section 2.1); the gradient is derived here.
     Reference: grads/cases.py indexer_kl_loss (checked by finite differences)."""
+    expect_dout("indexer_kl_loss_backward", dloss, (), cache.log_q.dtype, name="dloss")
     log_q, target, n_rows = cache
     q = np.exp(log_q)  # (B, Tq, Tk), 0 where not allowed
     rows = target.sum(axis=-1, keepdims=True)  # (B, Tq, 1): 1, or 0 for an empty row

@@ -15,7 +15,20 @@ Dc KV latent, dr rope dim.
 """
 import numpy as np
 
-from scratchllm.core.validate import expect_positive, expect_shape
+from scratchllm.core.validate import expect_float, expect_integer, expect_positive, expect_shape
+
+
+def _zeros(fn, shape, dtype, names):
+    """np.zeros(shape, dtype) for a state, each size checked to be an integer >= 1 (`names`);
+    a state too large for memory raises MemoryError naming the sizes and the bytes."""
+    for name, n in zip(names, shape):
+        expect_integer(fn, name, n, 1)
+    try:
+        return np.zeros(shape, dtype)
+    except MemoryError:
+        gib = np.prod(shape, dtype=np.float64) * np.dtype(dtype).itemsize / 2 ** 30
+        raise MemoryError(f"{fn}: {dict(zip(names, shape))} needs {gib:.3g} GiB per array, "
+                          f"more than this machine can allocate") from None
 
 
 class KVState:
@@ -26,13 +39,20 @@ class KVState:
     """
 
     def __init__(self, batch, n_kv_heads, head_dim, max_len, dtype=np.float32):
-        self.k = np.zeros((batch, n_kv_heads, max_len, head_dim), dtype)  # (B, Hkv, L, Dh)
-        self.v = np.zeros((batch, n_kv_heads, max_len, head_dim), dtype)  # (B, Hkv, L, Dh)
+        names = ("batch", "n_kv_heads", "max_len", "head_dim")
+        shape = (batch, n_kv_heads, max_len, head_dim)
+        self.k = _zeros("KVState", shape, dtype, names)  # (B, Hkv, L, Dh)
+        self.v = _zeros("KVState", shape, dtype, names)  # (B, Hkv, L, Dh)
         self.length = 0
 
     @property
     def max_len(self):
         return self.k.shape[2]
+
+    @property
+    def n_seen(self):
+        """Tokens appended so far (the position of the next one)."""
+        return self.length
 
     @property
     def nbytes(self):
@@ -41,6 +61,8 @@ class KVState:
 
     def append(self, k, v):
         """Store k, v (B, Hkv, t, Dh) after the filled part; ValueError when it would overflow."""
+        expect_float("KVState.append", "k", k)
+        expect_float("KVState.append", "v", v)
         expect_shape("KVState.append", "k", k, self.k.shape[:2] + (None, self.k.shape[3]),
                      "(B, Hkv, t, Dh) of this state")
         expect_shape("KVState.append", "v", v, k.shape, "like k")
@@ -70,13 +92,12 @@ class RollingKVState:
     """
 
     def __init__(self, window, n_sink, batch, n_kv_heads, head_dim, dtype=np.float32):
-        if window < 1 or n_sink < 0:
-            raise ValueError(f"RollingKVState: need window >= 1 and n_sink >= 0, got "
-                             f"window={window}, n_sink={n_sink}")
-        shape = (batch, n_kv_heads, 0, head_dim)
-        self.sink_k = np.zeros(shape[:2] + (n_sink,) + shape[3:], dtype)  # (B, Hkv, S, Dh)
+        expect_integer("RollingKVState", "n_sink", n_sink, 0)
+        names = ("batch", "n_kv_heads", "window", "head_dim")
+        self.ring_k = _zeros("RollingKVState", (batch, n_kv_heads, window, head_dim), dtype,
+                             names)  # (B, Hkv, W, Dh)
+        self.sink_k = np.zeros((batch, n_kv_heads, n_sink, head_dim), dtype)  # (B, Hkv, S, Dh)
         self.sink_v = np.zeros_like(self.sink_k)  # (B, Hkv, S, Dh)
-        self.ring_k = np.zeros(shape[:2] + (window,) + shape[3:], dtype)  # (B, Hkv, W, Dh)
         self.ring_v = np.zeros_like(self.ring_k)  # (B, Hkv, W, Dh)
         self.window, self.n_sink, self.n_seen = window, n_sink, 0
 
@@ -87,6 +108,8 @@ class RollingKVState:
 
     def append(self, k, v):
         """Store k, v (B, Hkv, t, Dh) token by token, overwriting the oldest ring slot."""
+        expect_float("RollingKVState.append", "k", k)
+        expect_float("RollingKVState.append", "v", v)
         expect_shape("RollingKVState.append", "k", k,
                      self.ring_k.shape[:2] + (None, self.ring_k.shape[3]), "(B, Hkv, t, Dh)")
         expect_shape("RollingKVState.append", "v", v, k.shape, "like k")

@@ -11,7 +11,10 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.attention.rope import rope_backward, rope_forward
+from scratchllm.attention.rope_heads import (RopeHeadsCache, rope_heads_backward,
+                                             rope_heads_forward)
 from scratchllm.attention.sdpa import merge_heads, split_heads
+from scratchllm.core.fused import use_fused
 from scratchllm.core.ops import (linear_backward, linear_forward, linear_out, rmsnorm_backward,
                                  rmsnorm_forward)
 from scratchllm.core.validate import expect_douts, expect_float, expect_ndim, expect_shape
@@ -48,6 +51,8 @@ def project_qkv_forward(x, wq, wk, wv, bq=None, bk=None, bv=None, q_norm=None, k
              eps norm_eps), positions (T,) or (B, T) ints (default arange(T)), inv_freq
              (Dh/2,) or None for no RoPE.
     Returns: QKV(q (B, H, T, Dh), k (B, Hkv, T, Dh), v (B, Hkv, T, Dh)).  Cache: QKVCache.
+    Fast path (RoPE on, no QK-norm, positions (T,), unless SCRATCHLLM_READABLE): the head
+    split and RoPE in one pass (rope_heads.py), the same bits as split_heads then rope.
     """
     expect_float("gqa", "x", x)
     expect_ndim("gqa", "x", x, 3, "(B, T, D)")
@@ -61,6 +66,7 @@ def project_qkv_forward(x, wq, wk, wv, bq=None, bk=None, bv=None, q_norm=None, k
     if n_heads % n_kv_heads:
         raise ValueError(f"gqa: n_heads={n_heads} must be a multiple of n_kv_heads="
                          f"{n_kv_heads}")
+    expect_ndim("gqa", "wq", wq, 2, "(D, H*Dh)")
     if wq.shape[-1] % n_heads:
         raise ValueError(f"gqa: wq has shape {wq.shape}, expected (D, H*Dh) with H={n_heads}")
     Dh = wq.shape[-1] // n_heads
@@ -72,6 +78,14 @@ def project_qkv_forward(x, wq, wk, wv, bq=None, bk=None, bv=None, q_norm=None, k
     q, lin_q = linear_forward(x, wq, bq)  # (B, T, H*Dh)
     k, lin_k = linear_forward(x, wk, bk)  # (B, T, Hkv*Dh)
     v, lin_v = linear_forward(x, wv, bv)  # (B, T, Hkv*Dh)
+    pos = np.arange(T) if positions is None else positions
+    if inv_freq is not None and q_norm is None and np.ndim(pos) == 1 and use_fused():
+        q, rope_q = rope_heads_forward(q, pos, inv_freq, n_heads=n_heads, style=rope_style,
+                                       attention_factor=attention_factor)  # (B, H, T, Dh)
+        k, rope_k = rope_heads_forward(k, pos, inv_freq, n_heads=n_kv_heads, style=rope_style,
+                                       attention_factor=attention_factor)  # (B, Hkv, T, Dh)
+        return QKV(q, k, split_heads(v, n_kv_heads)), QKVCache(
+            lin_q, lin_k, lin_v, rope_q, rope_k, n_heads, n_kv_heads, None, None)
     q, k, v = split_heads(q, n_heads), split_heads(k, n_kv_heads), split_heads(v, n_kv_heads)
     norm_q = norm_k = None
     if q_norm is not None:
@@ -79,7 +93,6 @@ def project_qkv_forward(x, wq, wk, wv, bq=None, bk=None, bv=None, q_norm=None, k
         k, norm_k = rmsnorm_forward(k, k_norm, norm_eps)  # (B, Hkv, T, Dh)
     rope_q = rope_k = None
     if inv_freq is not None:
-        pos = np.arange(T) if positions is None else positions
         q, rope_q = rope_forward(q, pos, inv_freq, rope_style, attention_factor)  # (B,H,T,Dh)
         k, rope_k = rope_forward(k, pos, inv_freq, rope_style, attention_factor)  # (B,Hkv,T,Dh)
     return QKV(q, k, v), QKVCache(lin_q, lin_k, lin_v, rope_q, rope_k, n_heads, n_kv_heads,
@@ -100,7 +113,10 @@ def project_qkv_backward(dout, cache):
     dq, dk, dv = (np.zeros(*_heads_out(c, n)) if d is None else d
                   for d, c, n in zip(dout, (lin_q, lin_k, lin_v), (H, Hkv, Hkv)))
     grads = {}
-    if rope_q is not None:
+    if isinstance(rope_q, RopeHeadsCache):  # the fused path: rope and the head split in one
+        dq = split_heads(rope_heads_backward(dq, rope_q)["t"], H)  # fwd: q = rope_heads(x wq)
+        dk = split_heads(rope_heads_backward(dk, rope_k)["t"], Hkv)  # (B, Hkv, T, Dh) views
+    elif rope_q is not None:
         dq = rope_backward(dq, rope_q)["x"]  # fwd: q = rope(q) -> rotate dq by -theta
         dk = rope_backward(dk, rope_k)["x"]  # fwd: k = rope(k)
     if norm_q is not None:

@@ -167,6 +167,8 @@ def rope_angles(positions, inv_freq, x_ndim, dtype, attention_factor=1.0):
     ang = pos[..., None].astype(np.float64) * inv_freq  # (T, P) or (B, T, P)
     if pos.ndim == 2:
         ang = ang.reshape(ang.shape[:1] + (1,) * (x_ndim - 3) + ang.shape[1:])  # (B,1..,T,P)
+    attention_factor = expect_finite("rope", "attention_factor", attention_factor, 0,
+                                     open_low=True)
     cos = (np.cos(ang) * attention_factor).astype(dtype)  # (..., T, P)
     sin = (np.sin(ang) * attention_factor).astype(dtype)  # (..., T, P)
     return cos, sin
@@ -184,6 +186,7 @@ def rope_forward(x, positions, inv_freq, style="half", attention_factor=1.0):
         raise ValueError(f"rope: style must be 'half' or 'interleaved', got {style!r}")
     T, Dh = x.shape[-2:]
     pos = np.asarray(positions)
+    expect_float("rope", "inv_freq", inv_freq)
     if inv_freq.shape != (Dh // 2,) or Dh % 2:
         raise ValueError(f"rope: inv_freq has shape {inv_freq.shape}, expected ({Dh // 2},) "
                          f"for an even head dim Dh = x.shape[-1] = {Dh}")

@@ -18,13 +18,14 @@ from numba import njit
 
 from scratchllm.attention.rope import rope_angles, rope_backward, rope_forward
 from scratchllm.attention.sdpa import merge_heads, split_heads
-from scratchllm.core.validate import expect_float, expect_ndim, expect_shape
+from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
 
 
 class RopeHeadsCache(NamedTuple):
     cos: np.ndarray  # (T, P)
     sin: np.ndarray
     half: bool  # style "half" (pairs i, i + P), else "interleaved" (2i, 2i + 1)
+    shape: tuple  # (B, n, T, Dh) of the heads
 
 
 @njit(cache=True, nogil=True)
@@ -57,14 +58,8 @@ def _rotate_back_from_heads(dy, cos, sin, half, dt):
                     dt[b, i, h, j2] = y2 * c - y1 * s
 
 
-def rope_heads_forward(t, positions, inv_freq, *, n_heads, style="half",
-                       attention_factor=1.0):
-    """rope_forward(split_heads(t, n_heads), ...) in one pass.
-
-    Inputs:  t (B, T, n*Dh) float, a projection's output; positions (T,) ints; inv_freq
-             (Dh/2,); style "half" | "interleaved".
-    Returns: heads (B, n, T, Dh), C-contiguous.  Cache: (cos, sin (T, P), half).
-    """
+def _check(t, positions, inv_freq, n_heads, style):
+    """The inputs of either twin; returns (B, T, Dh)."""
     expect_float("rope_heads", "t", t)
     expect_ndim("rope_heads", "t", t, 3, "(B, T, n*Dh)")
     B, T, HD = t.shape
@@ -72,19 +67,31 @@ def rope_heads_forward(t, positions, inv_freq, *, n_heads, style="half",
         raise ValueError(f"rope_heads: need style 'half' or 'interleaved' and t.shape[-1] = "
                          f"n_heads * (even Dh), got style={style!r}, t {t.shape}, "
                          f"n_heads={n_heads}")
-    Dh = HD // n_heads
     expect_shape("rope_heads", "positions", positions, (T,), "(T,) = t.shape[1:2]")
-    expect_shape("rope_heads", "inv_freq", inv_freq, (Dh // 2,), "(Dh/2,)")
+    expect_shape("rope_heads", "inv_freq", inv_freq, (HD // n_heads // 2,), "(Dh/2,)")
+    return B, T, HD // n_heads
+
+
+def rope_heads_forward(t, positions, inv_freq, *, n_heads, style="half",
+                       attention_factor=1.0):
+    """rope_forward(split_heads(t, n_heads), ...) in one pass.
+
+    Inputs:  t (B, T, n*Dh) float, a projection's output; positions (T,) ints; inv_freq
+             (Dh/2,); style "half" | "interleaved".
+    Returns: heads (B, n, T, Dh), C-contiguous.  Cache: (cos, sin (T, P), half, shape).
+    """
+    B, T, Dh = _check(t, positions, inv_freq, n_heads, style)
     cos, sin = rope_angles(positions, inv_freq, 4, t.dtype, attention_factor)  # (T, P)
     heads = np.empty((B, n_heads, T, Dh), t.dtype)  # (B, n, T, Dh)
     t4 = np.ascontiguousarray(t).reshape(B, T, n_heads, Dh)  # (B, T, n, Dh) view
     _rotate_into_heads(t4, cos, sin, style == "half", heads)
-    return heads, RopeHeadsCache(cos, sin, style == "half")
+    return heads, RopeHeadsCache(cos, sin, style == "half", heads.shape)
 
 
 def rope_heads_backward(dout, cache):
     """Math: fwd heads = R(theta) split_heads(t) -> dt = merge_heads(R(-theta) dheads).
     Reference: Su et al. 2021 (arXiv 2104.09864) §3.4; scratchllm/attention/rope.py."""
+    expect_dout("rope_heads_backward", dout, cache.shape, cache.cos.dtype)
     B, n, T, Dh = dout.shape
     dt = np.empty((B, T, n, Dh), dout.dtype)  # (B, T, n, Dh)
     _rotate_back_from_heads(np.ascontiguousarray(dout), cache.cos, cache.sin, cache.half, dt)
@@ -94,9 +101,11 @@ def rope_heads_backward(dout, cache):
 def rope_heads_forward_ref(t, positions, inv_freq, *, n_heads, style="half",
                            attention_factor=1.0):
     """The readable twin: split_heads, then rope_forward (a new contiguous array)."""
+    _check(t, positions, inv_freq, n_heads, style)
     return rope_forward(split_heads(t, n_heads), positions, inv_freq, style, attention_factor)
 
 
 def rope_heads_backward_ref(dout, cache):
     """The readable twin: rope_backward (rotation by -theta), then merge_heads."""
+    expect_dout("rope_heads_backward_ref", dout, cache.shape, cache.cos.dtype)
     return {"t": merge_heads(rope_backward(dout, cache)["x"])}  # (B, T, n*Dh)

@@ -18,9 +18,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from scratchllm.attention.sdpa_softmax import (FusedSoftmaxCache, softmax_scores_,
+                                               softmax_scores_backward_)
+from scratchllm.core.fused import use_fused
 from scratchllm.core.ops import SoftmaxCache, softmax_backward, softmax_forward
-from scratchllm.core.validate import (expect_dout, expect_float, expect_integer, expect_ndim,
-                                      expect_shape)
+from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_integer,
+                                      expect_ndim, expect_shape)
 
 
 class SDPACache(NamedTuple):
@@ -28,7 +31,8 @@ class SDPACache(NamedTuple):
     k: np.ndarray
     v: np.ndarray
     scale: float
-    softmax: SoftmaxCache  # with sinks its y has Tk + 1 columns, the sink last
+    softmax: SoftmaxCache  # with sinks its y has Tk + 1 columns, the sink last; or a
+    #                        FusedSoftmaxCache (sdpa_softmax.py: P of scale q k^T in one pass)
     bias_shape: tuple  # the additive bias's shape (ALiBi, positions.py); None: no bias
     has_sinks: bool
     n_heads: int  # H (the rows of q hold G = H / Hkv heads each)
@@ -82,9 +86,15 @@ def sdpa_forward(q, k, v, mask=None, scale=None, bias=None, *, sinks=None):
     if Tq < 1 or Tk < 1:
         raise ValueError(f"sdpa: q has {Tq} and k has {Tk} positions; both need >= 1")
     G = H // Hkv
-    scale = Dh ** -0.5 if scale is None else scale
+    scale = Dh ** -0.5 if scale is None else expect_finite("sdpa", "scale", scale)
     qg = q.reshape(B, Hkv, G * Tq, Dh)  # (B, Hkv, G*Tq, Dh)
     s = qg @ k.swapaxes(-1, -2)  # (B, Hkv, G*Tq, Tk)
+    if _fused_case(mask, bias, sinks, s, Tq) and use_fused():
+        if mask is not None:
+            _masked_out("sdpa", mask, B, H, Hkv, Tq, Tk)  # its checks
+        p = softmax_scores_(s, mask, scale)  # (B, Hkv, G*Tq, Tk), in place, one pass per row
+        return (p @ v).reshape(B, H, Tq, v.shape[3]), SDPACache(
+            qg, k, v, scale, FusedSoftmaxCache(p), None, False, H)  # (B, H, Tq, Dv)
     s *= np.asarray(scale, dtype=s.dtype)
     if bias is not None:  # S = scale q k^T + bias
         expect_float("sdpa", "bias", bias)
@@ -127,6 +137,10 @@ def sdpa_backward(dout, cache):
     dog = dout.reshape(qg.shape[:3] + (Dv,))  # (B, Hkv, G*Tq, Dv)
     dv = p.swapaxes(-1, -2) @ dog  # fwd: out = P v -> dv = P^T dout      (B, Hkv, Tk, Dv)
     dp = dog @ v.swapaxes(-1, -2)  # fwd: out = P v -> dP = dout v^T      (B, Hkv, G*Tq, Tk)
+    if isinstance(sm_cache, FusedSoftmaxCache):  # dS = scale P (dP - rowsum(dP P)), one pass
+        ds = softmax_scores_backward_(dp, p, scale)  # (B, Hkv, G*Tq, Tk), in place of dp
+        return {"q": (ds @ k).reshape(B, H, Tq, qg.shape[3]), "k": ds.swapaxes(-1, -2) @ qg,
+                "v": dv}
     if has_sinks:  # fwd: the sink column carries no value -> its dP is 0
         dp = np.concatenate([dp, np.zeros(dp.shape[:3] + (1,), dp.dtype)], axis=-1)
     ds = softmax_backward(dp, sm_cache)["x"]  # fwd: P = softmax(S)      (B, Hkv, G*Tq, Tk[+1])
@@ -140,6 +154,14 @@ def sdpa_backward(dout, cache):
     dq = (ds @ k).reshape(B, H, Tq, qg.shape[3])  # (B, H, Tq, Dh)
     dk = ds.swapaxes(-1, -2) @ qg  # (B, Hkv, Tk, Dh)
     return {"q": dq, "k": dk, "v": dv, **grads}
+
+
+def _fused_case(mask, bias, sinks, s, Tq):
+    """The cases the fused softmax (sdpa_softmax.py) covers: float32/64 scores s (.., Tk),
+    no bias, no sinks, and no mask or one (Tq, Tk) bool mask shared by all rows and heads."""
+    plain = mask is None or (isinstance(mask, np.ndarray) and mask.dtype == bool
+                             and mask.shape == (Tq, s.shape[-1]))
+    return plain and bias is None and sinks is None and s.dtype in (np.float32, np.float64)
 
 
 def _sum_to(a, shape):

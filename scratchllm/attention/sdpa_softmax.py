@@ -13,35 +13,49 @@ backward turns the fresh dP into dS (sdpa owns both arrays).
 
 Glossary: Tq, Tk query and key lengths; rows = B * Hkv * G * Tq.
 """
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
 from scratchllm.core.exp32 import exp_lanes
 
 
+class FusedSoftmaxCache(NamedTuple):
+    """sdpa's softmax cache on the fused path: y = P (rows sum to 1 over the kept keys)."""
+    y: np.ndarray  # (B, Hkv, G*Tq, Tk)
+
+
 @njit(cache=True, nogil=True)
-def _softmax_rows(s, keep, masked, Tq, scale, zero, minus_inf):
-    """scale times each row, softmax over the kept keys; scale, zero and minus_inf in s's
-    dtype, so that exp_lanes runs in it (vectorised for float32)."""
+def _softmax_rows(s, lo, hi, keep, holes, Tq, scale, zero, minus_inf):
+    """scale times each row, softmax over the kept keys; row r (position t = r mod Tq) keeps
+    keys lo[t] <= j < hi[t], and inside that span only those with keep[t, j] when `holes`
+    (else the span is all kept: causal and sliding masks, no branch in the loops). scale,
+    zero and minus_inf are in s's dtype, so that exp_lanes runs in it (vectorised for
+    float32)."""
     rows, Tk = s.shape
     for r in range(rows):
         t = r % Tq
+        a, b = lo[t], hi[t]
+        s[r, :a] = zero
+        s[r, b:] = zero
         m = minus_inf
-        for j in range(Tk):
-            s[r, j] = s[r, j] * scale
-            if not masked or keep[t, j]:
-                m = max(m, s[r, j])
+        for j in range(a, b):
+            v = s[r, j] * scale
+            if holes and not keep[t, j]:
+                v = minus_inf
+            s[r, j] = v
+            m = max(m, v)
         if m == minus_inf:  # nothing to attend: zeros
-            s[r, :] = 0
+            s[r, a:b] = zero
             continue
-        for j in range(Tk):
-            e = exp_lanes(s[r, j] - m)
-            s[r, j] = e if not masked or keep[t, j] else zero
         total = 0.0
-        for j in range(Tk):
-            total += s[r, j]
+        for j in range(a, b):
+            e = exp_lanes(s[r, j] - m)  # exp(-inf) = 0 at the holes
+            s[r, j] = e
+            total += e
         inv = 1.0 / total
-        for j in range(Tk):
+        for j in range(a, b):
             s[r, j] = s[r, j] * inv
 
 
@@ -58,11 +72,17 @@ def _softmax_rows_backward(dp, p, scale):
 
 def softmax_scores_(s, keep, scale):
     """In place: s (..., Tq, Tk) scores (C-contiguous) -> P = softmax(scale * s) where keep
-    (Tq, Tk) bool (None: no mask) says a query may attend a key; returns s."""
+    (Tq, Tk) bool (None: no mask) says a query may attend a key; returns s. Each mask row is
+    reduced to the span of its kept keys (causal: 0..t), so masked keys outside it cost no
+    exp."""
     Tk = s.shape[-1]
-    Tq = keep.shape[0] if keep is not None else 1
-    dummy = np.ones((1, 1), dtype=bool)
-    _softmax_rows(s.reshape(-1, Tk), dummy if keep is None else keep, keep is not None, Tq,
+    if keep is None:
+        keep = np.ones((1, Tk), dtype=bool)  # (1, Tk)
+    any_kept = keep.any(axis=1)  # (Tq,)
+    lo = np.where(any_kept, keep.argmax(axis=1), 0)  # (Tq,) first kept key
+    hi = np.where(any_kept, Tk - keep[:, ::-1].argmax(axis=1), 0)  # (Tq,) last kept + 1
+    holes = bool(np.any(keep.sum(axis=1) != hi - lo))  # a masked key inside some span
+    _softmax_rows(s.reshape(-1, Tk), lo, hi, keep, holes, keep.shape[0],
                   *(s.dtype.type(c) for c in (scale, 0, -np.inf)))
     return s
 

@@ -20,7 +20,8 @@ import numpy as np
 
 from scratchllm.attention.sdpa import check_heads
 from scratchllm.core.ops import softmax_forward
-from scratchllm.core.validate import expect_int, expect_ndim, expect_shape
+from scratchllm.core.validate import (expect_dout, expect_finite, expect_int, expect_ndim,
+                                      expect_shape)
 
 
 class SparseCache(NamedTuple):
@@ -86,7 +87,8 @@ def topk_sparse_attention_forward(q, k, v, indices, *, scale=None, block_q=64):
     if indices.size and (indices.max() >= Tk or indices.min() < -1):
         raise ValueError(f"topk_sparse_attention: indices must lie in [-1, Tk) = [-1, {Tk})")
     G, K, Dv = H // Hkv, indices.shape[2], v.shape[3]
-    scale = Dh ** -0.5 if scale is None else scale
+    scale = Dh ** -0.5 if scale is None else expect_finite("topk_sparse_attention", "scale",
+                                                           scale)
     qg = q.reshape(B, Hkv, G, Tq, Dh).transpose(0, 1, 3, 2, 4)  # (B, Hkv, Tq, G, Dh)
     out = np.empty((B, Hkv, Tq, G, Dv), q.dtype)  # (B, Hkv, Tq, G, Dv)
     p = np.empty((B, Hkv, Tq, G, K), q.dtype)  # (B, Hkv, Tq, G, K)
@@ -109,6 +111,8 @@ def topk_sparse_attention_backward(dout, cache):
     Only the selected entries carry gradient; padding (-1) has P = 0.
     Reference: deepseek-ai/DeepSeek-V3.2-Exp inference/model.py; Dao 2023 (arXiv 2307.08691)
     for the softmax backward's row term."""
+    expect_dout("topk_sparse_attention_backward", dout, cache.q.shape[:3] + cache.v.shape[3:],
+                cache.q.dtype)  # (B, H, Tq, Dv)
     q, k, v, indices, p, scale, block_q = cache
     B, H, Tq, Dh = q.shape
     Hkv, G, Dv = k.shape[1], H // k.shape[1], v.shape[3]

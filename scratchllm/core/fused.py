@@ -20,6 +20,9 @@ Math (the same as the readable pairs):
 Sums run in float64 registers (never a float64 array); the outputs keep the input dtype; exp
 is core/exp32.py's exp_lanes, which LLVM vectorises for float32 (np.exp for float64).
 Every kernel releases the GIL (nogil), so the data-parallel threads run them side by side.
+A kernel that divides inside its inner loop uses error_model="numpy" (x / 0 gives inf, as in
+NumPy, instead of Python's ZeroDivisionError check, whose branch stops the loop vectoriser:
+the gate ran 4x slower with it).
 
 Glossary: BT token rows, D features, F FFN hidden width, V vocabulary.
 """
@@ -32,7 +35,7 @@ from numba import njit
 
 from scratchllm.core import ops
 from scratchllm.core.exp32 import exp_lanes
-from scratchllm.core.validate import expect_float, expect_shape
+from scratchllm.core.validate import expect_dout, expect_finite, expect_float, expect_shape
 
 
 def use_fused():
@@ -84,8 +87,9 @@ def _rmsnorm_rows_backward(dy, x, g, rstd, dx, dg):
 def fused_rmsnorm_forward(x, g, eps=1e-5):
     """ops.rmsnorm_forward in one pass per row.  Inputs: x (..., D), g (D,).
     Returns: y (..., D).  Cache: (x rows, g, rstd (BT,), x.shape)."""
-    expect_float("rmsnorm", "x", x)
+    expect_float("rmsnorm", "x", x, 1)
     expect_shape("rmsnorm", "g", g, (x.shape[-1],), "the last axis of x")
+    eps = expect_finite("rmsnorm", "eps", eps, 0, open_low=True)
     xr = _rows(x)  # (BT, D)
     y = np.empty_like(xr)  # (BT, D)
     rstd = np.empty(xr.shape[0], x.dtype)  # (BT,)
@@ -97,6 +101,7 @@ def fused_rmsnorm_backward(dy, cache):
     """Math (ops.rmsnorm_backward): xhat = x r, dxhat = dy g,
         dg = sum over rows of dy xhat,  dx = r (dxhat - xhat mean(dxhat xhat)).
     Reference: Zhang & Sennrich 2019 (arXiv 1910.07467)."""
+    expect_dout("fused_rmsnorm_backward", dy, cache.shape, cache.x.dtype, name="dy")
     x, g, rstd, shape = cache
     dx = np.empty_like(x)  # (BT, D)
     dg = np.zeros(x.shape[1])  # (D,) float64 accumulator, returned in x's dtype
@@ -115,9 +120,10 @@ class FusedSwiGLUCache(NamedTuple):
     down: ops.LinearCache  # m @ W2
     a: np.ndarray  # (BT, F) = x @ W1
     b: np.ndarray  # (BT, F) = x @ W3
+    shape: tuple  # x.shape
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _gate(a, b, m, one):
     """m = silu(a) * b, in a's dtype (`one` is 1 in it)."""
     BT, F = m.shape
@@ -126,7 +132,7 @@ def _gate(a, b, m, one):
             m[i, j] = a[i, j] / (one + exp_lanes(-a[i, j])) * b[i, j]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _gate_backward(a, b, dm, da, db, one):
     """da = dm b s (1 + a (1 - s)), db = dm silu(a), s = sigmoid(a)."""
     BT, F = dm.shape
@@ -143,7 +149,8 @@ def fused_swiglu_forward(x, W1, W3, W2):
     read W1 and W3 where they are (concatenating them into one (D, 2F) GEMM would copy both
     weights on every call: at batch-1 decoding that copy costs more than the GEMVs).
     Inputs: x (..., D), W1, W3 (D, F), W2 (F, D).  Returns: y (..., D).
-    Cache: the three linear caches and a, b (BT, F)."""
+    Cache: the three linear caches, a, b (BT, F) and x.shape."""
+    expect_float("swiglu", "x", x, 1)
     D = x.shape[-1]
     expect_shape("swiglu", "W1", W1, (D, None), "(D, F)")
     expect_shape("swiglu", "W3", W3, W1.shape, "(D, F), like W1")
@@ -154,14 +161,16 @@ def fused_swiglu_forward(x, W1, W3, W2):
     m = np.empty_like(a)  # (BT, F)
     _gate(a, b, m, a.dtype.type(1))
     y, down = ops.linear_forward(m, W2)  # (BT, D)
-    return y.reshape(x.shape), FusedSwiGLUCache(gate, up, down, a, b)
+    return y.reshape(x.shape), FusedSwiGLUCache(gate, up, down, a, b, x.shape)
 
 
 def fused_swiglu_backward(dy, cache):
     """Math: fwd y = m W2 -> dm = dy W2^T, dW2 = m^T dy; fwd m = silu(a) b -> da, db (_gate);
     fwd a = x W1, b = x W3 -> dx = da W1^T + db W3^T, dW1 = x^T da, dW3 = x^T db.
     Reference: Shazeer 2020 (arXiv 2002.05202)."""
-    gate, up, down, a, b = cache
+    expect_dout("fused_swiglu_backward", dy, cache.shape, ops.linear_out(cache.down)[1],
+                name="dy")
+    gate, up, down, a, b, _ = cache
     g_down = ops.linear_backward(_rows(dy), down)  # fwd: y = m @ W2
     da, db = np.empty_like(a), np.empty_like(b)  # (BT, F)
     _gate_backward(a, b, g_down["x"], da, db, a.dtype.type(1))  # fwd: m = silu(a) * b
@@ -228,6 +237,7 @@ def fused_cross_entropy_backward(dloss, cache):
     """Math: dlogits = dloss / n_valid * (softmax - onehot(t)) on counted rows, 0 on ignored
     ones (the forward stored softmax - onehot).
     Reference: scratchllm/core/ops.py cross_entropy_backward."""
+    expect_dout("fused_cross_entropy_backward", dloss, (), cache.dlogits.dtype, name="dloss")
     dz, shape, n_valid = cache
     scale = np.asarray(dloss, dz.dtype) / dz.dtype.type(max(n_valid, 1))
     return {"logits": (dz * scale).reshape(shape)}  # (..., V)
@@ -256,7 +266,7 @@ def sum_squares_ref(a):
     return float(np.sum(a.astype(np.float64) ** 2))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _adamw_flat(p, g, m, v, decay, w1, b2, w2, neg_step, bc2_sqrt, eps):
     for i in range(p.size):
         m[i] = np.float64(w1) * (g[i] - m[i]) + m[i]  # fma(w1, g - m, m): torch's lerp

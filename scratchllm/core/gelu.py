@@ -19,8 +19,8 @@ from typing import NamedTuple
 import numpy as np
 from scipy.special import erf
 
-from scratchllm.core.ops import LinearCache, linear_backward, linear_forward
-from scratchllm.core.validate import expect_float
+from scratchllm.core.ops import LinearCache, linear_backward, linear_forward, linear_out
+from scratchllm.core.validate import expect_dout, expect_float, expect_shape
 
 _C = math.sqrt(2.0 / math.pi)
 _K = 0.044715
@@ -51,6 +51,7 @@ def gelu_backward(dy, cache):
     (1 + 3 k x^2)  (the product rule on 0.5 x (1 + t), tanh' = 1 - tanh^2);
     erf form: d/dx x Phi(x) = Phi(x) + x phi(x).
     Reference: Hendrycks & Gimpel 2016 (arXiv 1606.08415) §2."""
+    expect_dout("gelu_backward", dy, cache.x.shape, cache.x.dtype, name="dy")
     x, approximate = cache
     if approximate == "tanh":
         t = np.tanh(_C * (x + _K * x ** 3))  # (...)
@@ -82,6 +83,7 @@ def gelu_mlp_forward(x, W1, b1, W2, b2, *, approximate="tanh"):
 def gelu_mlp_backward(dy, cache):
     """Reverse of the forward through the smaller pairs (linear, gelu, linear).
     Reference: openai/gpt-2 src/model.py mlp; karpathy/llm.c train_gpt2.c gelu_backward."""
+    expect_dout("gelu_mlp_backward", dy, *linear_out(cache.down), name="dy")
     up, act, down = cache
     g_down = linear_backward(dy, down)  # fwd: y = a @ W2 + b2
     dh = gelu_backward(g_down["x"], act)["x"]  # fwd: a = gelu(h)
@@ -105,6 +107,11 @@ def geglu_forward(x, W1, W3, W2, *, approximate="tanh"):
     Inputs:  x (..., D), W1 (D, F), W3 (D, F), W2 (F, D).
     Returns: y (..., D).  Cache: the children's caches and the two gate halves.
     """
+    expect_float("geglu", "x", x, 1)
+    D = x.shape[-1]
+    expect_shape("geglu", "W1", W1, (D, None), "(D, F)")
+    expect_shape("geglu", "W3", W3, W1.shape, "(D, F), like W1")
+    expect_shape("geglu", "W2", W2, (W1.shape[1], D), "(F, D)")
     a, up_a = linear_forward(x, W1)  # (..., F)
     b, up_b = linear_forward(x, W3)  # (..., F)
     g, act = gelu_forward(a, approximate)  # (..., F)
@@ -116,6 +123,7 @@ def geglu_backward(dy, cache):
     """Math: m = gelu(a) * b -> da = gelu'(a) (dm * b), db = dm * gelu(a); then the linears.
     Reference: Shazeer 2020 (arXiv 2002.05202); huggingface/transformers
     src/transformers/models/gemma3/modeling_gemma3.py Gemma3MLP."""
+    expect_dout("geglu_backward", dy, *linear_out(cache.down), name="dy")
     up_a, up_b, act, down, g, b = cache
     g_down = linear_backward(dy, down)  # fwd: y = m @ W2
     dm = g_down["x"]  # (..., F)

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.validate import expect_float, expect_shape
+from scratchllm.core.validate import expect_dout, expect_finite, expect_float, expect_shape
 
 
 class LayerNormCache(NamedTuple):
@@ -29,8 +29,9 @@ def layernorm_forward(x, g, b=None, eps=1e-5):
     Inputs:  x (..., D), g (D,), b (D,) or None.
     Returns: y (..., D).  Cache: (xhat, g, rstd, has_bias).
     """
-    expect_float("layernorm", "x", x)
+    expect_float("layernorm", "x", x, 1)
     expect_shape("layernorm", "g", g, (x.shape[-1],), "the last axis of x")
+    eps = expect_finite("layernorm", "eps", eps, 0, open_low=True)
     xc = x - np.mean(x, axis=-1, keepdims=True)  # (..., D)
     rstd = 1.0 / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + eps)  # (..., 1)
     xhat = xc * rstd  # (..., D)
@@ -49,6 +50,8 @@ def layernorm_backward(dy, cache):
     Reference: Ba et al. 2016 (arXiv 1607.06450); karpathy/llm.c train_gpt2.c
     layernorm_backward.
     """
+    expect_dout("layernorm_backward", dy, cache.xhat.shape, np.result_type(cache.xhat, cache.g),
+                name="dy")
     xhat, g, rstd, has_bias = cache
     D = xhat.shape[-1]
     dxhat = dy * g  # (..., D)

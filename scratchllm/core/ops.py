@@ -12,7 +12,8 @@ from typing import NamedTuple
 import numpy as np
 from scipy.special import expit
 
-from scratchllm.core.validate import expect_dout, expect_float, expect_int, expect_shape
+from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_int,
+                                      expect_integer, expect_shape)
 
 
 # ---------------------------------------------------------------------------- linear
@@ -103,6 +104,7 @@ def rmsnorm_forward(x, g, eps=1e-5):
     """
     expect_float("rmsnorm", "x", x, 1)
     expect_shape("rmsnorm", "g", g, (x.shape[-1],), "the last axis of x")
+    eps = expect_finite("rmsnorm", "eps", eps, 0, open_low=True)
     with np.errstate(over="ignore"):  # an overflowing row is rescaled below
         ms = np.mean(x * x, axis=-1, keepdims=True)  # (..., 1)
     rstd = 1.0 / np.sqrt(ms + eps)  # (..., 1)
@@ -248,6 +250,7 @@ def softmax_forward(x, axis=-1):
     Inputs: x (...), any axis.  Returns: y, same shape.  Cache: (y, axis).
     """
     expect_float("softmax", "x", x, 1)
+    expect_integer("softmax", "axis", axis, -x.ndim, x.ndim - 1)
     e = np.exp(x - _safe_max(x, axis))  # (...)
     total = np.sum(e, axis=axis, keepdims=True, dtype=_acc(x))  # (..., 1, ...)
     y = (e / np.where(total > 0, total, 1)).astype(x.dtype)  # (...)
@@ -273,6 +276,7 @@ def log_softmax_forward(x, axis=-1):
     Inputs: x (...).  Returns: y, same shape.  Cache: (y, axis); softmax = exp(y) is recomputed.
     """
     expect_float("log_softmax", "x", x, 1)
+    expect_integer("log_softmax", "axis", axis, -x.ndim, x.ndim - 1)
     shifted = x - _safe_max(x, axis)  # (...)
     total = np.sum(np.exp(shifted), axis=axis, keepdims=True, dtype=_acc(x))  # (..., 1, ...)
     live = total > 0
@@ -319,8 +323,8 @@ def cross_entropy_forward(logits, targets, ignore_index=-100):
     Returns: loss, a 0-d array of logits' dtype (0 when every target is ignored).
     Cache:   the log_softmax cache and the (row, target) pairs that count.
     """
-    V = logits.shape[-1]
     flat_t, keep = checked_targets(logits, targets, ignore_index)  # (BT,), (BT,)
+    V = logits.shape[-1]
     logp, ls_cache = log_softmax_forward(logits.reshape(-1, V))  # (BT, V)
     rows, cols = np.nonzero(keep)[0], flat_t[keep]
     n_valid = len(rows)

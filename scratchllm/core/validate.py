@@ -59,6 +59,13 @@ def expect_int(fn, name, array):
         raise TypeError(f"{fn}: {name} must be an integer array, got {got}")
 
 
+def expect_bool(fn, name, array):
+    """Raise TypeError unless `array` is a bool ndarray (a mask: True = keep)."""
+    if not isinstance(array, np.ndarray) or array.dtype != np.bool_:
+        got = array.dtype if isinstance(array, np.ndarray) else type(array).__name__
+        raise TypeError(f"{fn}: {name} must be a bool array (a mask), got {got}")
+
+
 def expect_positive(fn, name, value):
     """Raise ValueError unless value > 0."""
     if not value > 0:

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.validate import expect_float, expect_positive, expect_shape
+from scratchllm.core.validate import expect_dout, expect_float, expect_positive, expect_shape
 from scratchllm.linear_attention.gla import check_qkv, merge_chunks, split_chunks
 
 FORMS = ("parallel", "chunked", "recurrent")
@@ -244,6 +244,8 @@ def delta_rule_backward(do, cache):
     Reference: Yang et al. 2024, arXiv 2406.06484, section 3 (the WY form, the backward
     derived here).
     """
+    expect_dout("delta_rule_backward", do, cache.q.shape[:2] + (cache.T, cache.v.shape[-1]),
+                np.result_type(cache.q, cache.k, cache.v, cache.beta), name="do")  # (B, H, T, Dv)
     if cache.form == "recurrent":
         dq, dk, dv, dbeta, dg = _recurrent_backward(do, cache)
     else:

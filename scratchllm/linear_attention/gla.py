@@ -25,7 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.validate import expect_float, expect_ndim, expect_positive, expect_shape
+from scratchllm.core.validate import (expect_dout, expect_float, expect_ndim, expect_positive,
+                                      expect_shape)
 from scratchllm.linear_attention.gla_scores import (decay_tensor, gla_scores_backward,
                                                     gla_scores_forward)
 
@@ -209,6 +210,12 @@ def gla_forward_parts(fn, q, k, v, g, form, chunk):
     return o, GLACache(form, qc, kc, vc, b, states, q.shape[2], gate)
 
 
+def gla_out(cache):
+    """(shape, dtype) of the output o (B, H, T, Dv) that made a GLACache: what its dout must be."""
+    return cache.q.shape[:2] + (cache.T, cache.v.shape[-1]), np.result_type(cache.q, cache.k,
+                                                                            cache.v, cache.b)
+
+
 def gla_backward_parts(do, cache):
     """(dq, dk, dv, dg) with dg in g's layout (None when there was no gate)."""
     back = _recurrence_backward if cache.form == "recurrent" else _chunked_backward
@@ -238,6 +245,7 @@ def gla_attention_backward(do, cache):
     Reference: Yang et al. 2023, arXiv 2312.06635, section 4 (the chunkwise form, the
     backward derived here).
     """
+    expect_dout("gla_attention_backward", do, *gla_out(cache), name="do")
     dq, dk, dv, dg = gla_backward_parts(do, cache)
     grads = {"q": dq, "k": dk, "v": dv}
     if dg is not None:
@@ -254,6 +262,8 @@ def gla_attention_step(q_t, k_t, v_t, g_t, state):
     """
     if state is None:
         state = np.zeros(k_t.shape + v_t.shape[-1:], k_t.dtype)  # (B, H, Dk, Dv)
+    expect_shape("gla_attention_step", "state", state, k_t.shape + v_t.shape[-1:],
+                 "(B, H, Dk, Dv) of k_t, v_t")
     if g_t is not None:
         a = np.exp(g_t if g_t.ndim == 3 else g_t[..., None])  # (B, H, G)
         state = a[..., None] * state  # (B, H, Dk, Dv)

@@ -20,9 +20,9 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.nn import Module, Param, normal_init
-from scratchllm.core.ops import (linear_backward, linear_forward, sigmoid_backward,
+from scratchllm.core.ops import (linear_backward, linear_forward, linear_out, sigmoid_backward,
                                  sigmoid_forward, softplus_backward, softplus_forward)
-from scratchllm.core.validate import expect_float, expect_ndim
+from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
 from scratchllm.linear_attention.delta import (delta_rule_backward, delta_rule_forward,
                                                delta_rule_step)
 from scratchllm.linear_attention.gla import (gla_attention_backward, gla_attention_forward,
@@ -92,6 +92,14 @@ def recurrent_mixer_forward(x, Wq, Wk, Wv, Wo, Wa=None, *, kind, n_heads, chunk=
         raise ValueError(f"{fn}: Wa is needed for kind 'gla' and 'delta' only, got kind {kind!r}"
                          f" with Wa {'None' if Wa is None else 'given'}")
     H = n_heads
+    expect_shape(fn, "Wq", Wq, (x.shape[2], None), "(D, H·Dh)")
+    if Wq.shape[1] % H:
+        raise ValueError(f"{fn}: Wq has shape {Wq.shape}, expected (D, H·Dh) with H = {H}")
+    for name, W in (("Wk", Wk), ("Wv", Wv)) + ((("Wa", Wa),) if kind == "gla" else ()):
+        expect_shape(fn, name, W, Wq.shape, "(D, H·Dh), like Wq")
+    if kind == "delta":
+        expect_shape(fn, "Wa", Wa, (x.shape[2], H), "(D, H): one β per head")
+    expect_shape(fn, "Wo", Wo, Wq.shape[::-1], "(H·Dh, D)")
     (q, cq), (k, ck), (v, cv) = (linear_forward(x, W) for W in (Wq, Wk, Wv))  # (B, T, H·Dh)
     q, k, v = _heads(q, H), _heads(k, H), _heads(v, H)  # (B, H, T, Dh)
     ca, k_raw, k_norm, gate = None, None, None, None
@@ -118,6 +126,7 @@ def recurrent_mixer_backward(dout, cache):
     norm), the head split, and the three input projections, whose dx add up.
     Reference: Yang et al. 2023, arXiv 2312.06635 (GLA's gate, τ = 16); Yang et al. 2024,
     arXiv 2406.06484 (DeltaNet's L2-normalised keys and sigmoid β)"""
+    expect_dout("recurrent_mixer_backward", dout, *linear_out(cache.lin[4]))
     kind, H, (cq, ck, cv, ca, co), k_raw, k_norm, gate, core = cache
     g_o = linear_backward(dout, co)  # fwd: out = merge(o) Wo
     do = _heads(g_o["x"], H)  # (B, H, T, Dh)

@@ -16,8 +16,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from scratchllm.core.validate import expect_dout
 from scratchllm.linear_attention.gla import (GLACache, check_qkv, gla_attention_step,
-                                             gla_backward_parts, gla_forward_parts)
+                                             gla_backward_parts, gla_forward_parts, gla_out)
 
 FEATURES = ("elu", "identity")
 
@@ -83,6 +84,12 @@ def linear_attention_forward(q, k, v, *, feature="elu", normalize=True, eps=1e-6
     return _normalise(out, normalize, eps), cache
 
 
+def _linear_out(cache):
+    """(shape, dtype) of linear attention's o: the GLA output without the normaliser column."""
+    (B, H, T, Dv), dtype = gla_out(cache.gla)
+    return (B, H, T, Dv - (cache.out is not None)), dtype
+
+
 def linear_attention_backward(do, cache):
     """Math: with num = S_t^T φq_t, den = z_t·φq_t + eps, o = num / den:
     dnum = do / den, dden = −Σ_j do_j num_j / den²; then the GLA backward (no gate) on the
@@ -92,6 +99,7 @@ def linear_attention_backward(do, cache):
     Reference: Katharopoulos et al. 2020, arXiv 2006.16236, section 3.3 (the backward derived
     here).
     """
+    expect_dout("linear_attention_backward", do, *_linear_out(cache), name="do")
     if cache.out is None:
         dout = do
     else:

@@ -14,10 +14,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.validate import expect_float, expect_shape
+from scratchllm.core.validate import expect_dout, expect_float, expect_shape
 from scratchllm.linear_attention.gla import (GLACache, check_qkv, gla_attention_recurrent_ref,
                                              gla_attention_step, gla_backward_parts,
-                                             gla_forward_parts)
+                                             gla_forward_parts, gla_out)
 
 
 def retnet_gammas(n_heads, dtype=np.float64):
@@ -56,6 +56,7 @@ def retnet_attention_backward(do, cache):
     batch and time, and dγ = Σ_{b,t} dg / γ.
     Reference: Sun et al. 2023, arXiv 2307.08621 (the backward derived here).
     """
+    expect_dout("retnet_attention_backward", do, *gla_out(cache.gla), name="do")
     dq, dk, dv, dg = gla_backward_parts(do, cache.gla)
     # fwd: g = broadcast(log gamma)  ->  dgamma = sum_{b,t} dg / gamma
     return {"q": dq, "k": dk, "v": dv, "gamma": dg.sum(axis=(0, 2)) / cache.gamma}

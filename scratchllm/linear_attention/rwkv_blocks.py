@@ -16,11 +16,20 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.nn import Module, Param, normal_init
-from scratchllm.core.ops import (linear_backward, linear_forward, sigmoid_backward,
+from scratchllm.core.ops import (linear_backward, linear_forward, linear_out, sigmoid_backward,
                                  sigmoid_forward)
-from scratchllm.core.validate import expect_float, expect_ndim
+from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
 from scratchllm.linear_attention.rwkv import (WKVState, rwkv4_wkv_backward, rwkv4_wkv_forward,
                                               rwkv4_wkv_step)
+
+
+def _check(fn, x, **vectors):
+    """x (B, T, D) float and each vector (D,); returns D."""
+    expect_ndim(fn, "x", x, 3, "(B, T, D)")
+    expect_float(fn, "x", x)
+    for name, a in vectors.items():
+        expect_shape(fn, name, a, (x.shape[2],), "(D,): one per channel")
+    return x.shape[2]
 
 
 def _shift(x):
@@ -53,8 +62,11 @@ class TimeMixCache(NamedTuple):
 def rwkv4_time_mix_forward(x, mix_k, mix_v, mix_r, time_decay, time_first, Wk, Wv, Wr, Wo):
     """Inputs: x (B, T, D); mix_* (D,); time_decay, time_first (D,) (w = exp(time_decay),
     u = time_first); Wk, Wv, Wr, Wo (D, D). Returns out (B, T, D)."""
-    expect_ndim("rwkv4_time_mix", "x", x, 3, "(B, T, D)")
-    expect_float("rwkv4_time_mix", "x", x)
+    fn = "rwkv4_time_mix"
+    D = _check(fn, x, mix_k=mix_k, mix_v=mix_v, mix_r=mix_r, time_decay=time_decay,
+               time_first=time_first)
+    for name, W in (("Wk", Wk), ("Wv", Wv), ("Wr", Wr), ("Wo", Wo)):
+        expect_shape(fn, name, W, (D, D), "(D, D)")
     xs = _shift(x)  # (B, T, D)
     lerp = [mu * x + (1 - mu) * xs for mu in (mix_k, mix_v, mix_r)]  # 3 x (B, T, D)
     (k, ck), (v, cv), (r, cr) = (linear_forward(m, W) for m, W in zip(lerp, (Wk, Wv, Wr)))
@@ -69,6 +81,7 @@ def rwkv4_time_mix_backward(dout, cache):
     """Math: the pairs in reverse (linear, σ, WKV, linear ×3), dtime_decay = dw · w, and each
     lerp's adjoint onto x, the shifted x (then shifted back) and μ.
     Reference: Peng et al. 2023, arXiv 2305.13048 (the backward derived here)."""
+    expect_dout("rwkv4_time_mix_backward", dout, *linear_out(cache.lin[3]))
     x, xs, mus, w, (ck, cv, cr, co), cs, sr, y, cw = cache
     g_o = linear_backward(dout, co)  # fwd: out = (sr * y) Wo
     g_s = sigmoid_backward(g_o["x"] * y, cs)  # fwd: sr = sigmoid(r)
@@ -97,8 +110,11 @@ class ChannelMixCache(NamedTuple):
 def rwkv4_channel_mix_forward(x, mix_k, mix_r, Wk, Wr, Wv):
     """Inputs: x (B, T, D); mix_k, mix_r (D,); Wk (D, F), Wr (D, D), Wv (F, D).
     Returns out (B, T, D) = σ(lerp_r Wr) ⊙ (relu(lerp_k Wk)² Wv)."""
-    expect_ndim("rwkv4_channel_mix", "x", x, 3, "(B, T, D)")
-    expect_float("rwkv4_channel_mix", "x", x)
+    fn = "rwkv4_channel_mix"
+    D = _check(fn, x, mix_k=mix_k, mix_r=mix_r)
+    expect_shape(fn, "Wk", Wk, (D, None), "(D, F)")
+    expect_shape(fn, "Wr", Wr, (D, D), "(D, D)")
+    expect_shape(fn, "Wv", Wv, (Wk.shape[1], D), "(F, D) with F = Wk.shape[1]")
     xs = _shift(x)  # (B, T, D)
     (h, ck), (r, cr) = (linear_forward(mu * x + (1 - mu) * xs, W)
                         for mu, W in ((mix_k, Wk), (mix_r, Wr)))  # (B, T, F), (B, T, D)
@@ -111,6 +127,8 @@ def rwkv4_channel_mix_backward(dout, cache):
     """Math: out = σ(r) ⊙ kv: dkv = dout σ(r), dσ = dout kv; kv = relu(h)² Wv:
     dh = 2 relu(h) ⊙ (dkv Wv^T); then the linears and the lerps (as time-mix).
     Reference: Peng et al. 2023, arXiv 2305.13048 (the backward derived here)."""
+    expect_dout("rwkv4_channel_mix_backward", dout, cache.x.shape,
+                np.result_type(cache.sr, cache.kv))
     x, xs, (mix_k, mix_r), (ck, cr, cv), h, cs, sr, kv = cache
     g_v = linear_backward(dout * sr, cv)  # fwd: kv = relu(h)^2 Wv
     g_s = sigmoid_backward(dout * kv, cs)  # fwd: sr = sigmoid(r)

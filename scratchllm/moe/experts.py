@@ -98,6 +98,14 @@ def _experts_grads(fn, dys, cache, backward, keys):
     return {"xs": dxs, **grads}
 
 
+def _check_bounds(fn, bounds, E, M):
+    """bounds (E+1,) integers rising from 0 to M: the experts' row slices of xs."""
+    expect_int(fn, "bounds", bounds)
+    expect_shape(fn, "bounds", bounds, (E + 1,), "(E+1,) slice edges")
+    if bounds[0] != 0 or bounds[-1] != M or np.any(np.diff(bounds) < 0):
+        raise ValueError(f"{fn}: bounds must rise from 0 to M = {M}, got {bounds.tolist()}")
+
+
 def experts_forward(xs, bounds, w1, w3, w2):
     """Expert i runs ops.swiglu on its contiguous rows xs[bounds[i]:bounds[i+1]].
 
@@ -109,11 +117,7 @@ def experts_forward(xs, bounds, w1, w3, w2):
     expect_shape("experts", "w1", w1, (None, xs.shape[1], None), "(E, D, F)")
     expect_shape("experts", "w3", w3, w1.shape, "(E, D, F), like w1")
     expect_shape("experts", "w2", w2, (w1.shape[0], w1.shape[2], xs.shape[1]), "(E, F, D)")
-    expect_int("experts", "bounds", bounds)
-    expect_shape("experts", "bounds", bounds, (w1.shape[0] + 1,), "(E+1,) slice edges")
-    if bounds[0] != 0 or bounds[-1] != xs.shape[0] or np.any(np.diff(bounds) < 0):
-        raise ValueError(f"experts: bounds must rise from 0 to M = {xs.shape[0]}, got "
-                         f"{bounds.tolist()}")
+    _check_bounds("experts", bounds, w1.shape[0], xs.shape[0])
     swiglu = fused.fused_swiglu_forward if fused.use_fused() else ops.swiglu_forward
     return _run_experts(xs, bounds, swiglu, dict(w1=w1, w3=w3, w2=w2))
 
@@ -151,6 +155,7 @@ def clamped_swiglu_forward(x, gate_up, gate_up_b, down, down_b, *, alpha=1.702, 
     Returns: y (..., D).  Cache: the linear caches, silu's, the clamp masks, two halves.
     The glu is silu(alpha gate) / alpha = gate sigmoid(alpha gate), so silu's pair serves.
     """
+    expect_float("clamped_swiglu", "x", x, 1)
     expect_ndim("clamped_swiglu", "gate_up", gate_up, 2, "(D, 2F)")
     if gate_up.shape[1] % 2:
         raise ValueError(f"clamped_swiglu: gate_up has shape {gate_up.shape}, expected (D, 2F) "
@@ -179,6 +184,7 @@ def clamped_swiglu_backward(dy, cache):
     Reference: huggingface/transformers src/transformers/models/gpt_oss/modeling_gpt_oss.py
     GptOssExperts._apply_gate; Shazeer 2020 (arXiv 2002.05202).
     """
+    expect_dout("clamped_swiglu_backward", dy, *ops.linear_out(cache.down), name="dy")
     up_cache, act, down_cache, gate_live, up_live, glu, up_plus_1 = cache
     g_down = ops.linear_backward(dy, down_cache)  # fwd: y = m @ down + down_b
     dm = g_down["x"]  # (..., F)
@@ -206,9 +212,18 @@ def clamped_experts_forward(xs, bounds, gate_up, gate_up_b, down, down_b, *, alp
              gate_up_b (E, 2F), down (E, F, D), down_b (E, D); alpha, limit.
     Returns: ys (M, D).  Cache: ExpertsCache of the per-expert clamped_swiglu caches.
     """
+    fn = "clamped_experts"
     weights = dict(gate_up=gate_up, gate_up_b=gate_up_b, down=down, down_b=down_b)
     for name, w in weights.items():
-        expect_float("clamped_experts", name, w)
+        expect_float(fn, name, w)
+    expect_float(fn, "xs", xs, 2)
+    expect_ndim(fn, "gate_up", gate_up, 3, "(E, D, 2F)")
+    E, D = gate_up.shape[0], xs.shape[1]
+    expect_shape(fn, "gate_up", gate_up, (E, D, None), f"(E, D, 2F) with D = {D}")
+    expect_shape(fn, "gate_up_b", gate_up_b, (E, gate_up.shape[2]), "(E, 2F), like gate_up")
+    expect_shape(fn, "down", down, (E, gate_up.shape[2] // 2, D), "(E, F, D), like gate_up")
+    expect_shape(fn, "down_b", down_b, (E, D), "(E, D)")
+    _check_bounds(fn, bounds, E, xs.shape[0])
     return _run_experts(xs, bounds, clamped_swiglu_forward, weights, alpha=alpha, limit=limit)
 
 

@@ -20,13 +20,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core import ops
+from scratchllm.core import fused, ops
 from scratchllm.core.nn import Module, Param, normal_init
 from scratchllm.core.validate import expect_douts
 from scratchllm.moe.experts import (Dispatch, ExpertsCache, capacity_of, check_clamped_layer,
                                     check_layer, clamped_experts_backward,
                                     clamped_experts_forward, clamped_swiglu_forward, dispatch,
                                     experts_backward, experts_forward)
+from scratchllm.moe.experts import _swiglu_backward as shared_swiglu_backward
 from scratchllm.moe.losses import (BalanceLossCache, ZLossCache, balance_loss_backward,
                                    balance_loss_forward, update_selection_bias, z_loss_backward,
                                    z_loss_forward)
@@ -52,7 +53,7 @@ class MoECache(NamedTuple):
     experts: ExpertsCache
     ys: np.ndarray
     gates: np.ndarray
-    shared: tuple  # the shared expert's ops.swiglu cache, None without one
+    shared: tuple  # the shared expert's swiglu cache (fused or ops), None without one
     clamped: bool  # gpt-oss's clamped experts (else SwiGLU)
 
     @property
@@ -107,7 +108,8 @@ def moe_forward(x, w_router, w1=None, w3=None, w2=None, *, k, capacity_factor=No
     y = slot_out.reshape(BT, k, D).sum(axis=1)  # (BT, D)
     s_cache = None
     if _has_shared(shared_w1, shared_w3, shared_w2):
-        y_shared, s_cache = ops.swiglu_forward(xf, shared_w1, shared_w3, shared_w2)  # (BT, D)
+        swiglu = fused.fused_swiglu_forward if fused.use_fused() else ops.swiglu_forward
+        y_shared, s_cache = swiglu(xf, shared_w1, shared_w3, shared_w2)  # (BT, D)
         y = y + y_shared  # (BT, D)
     cache = MoECache(x.shape, r_cache, b_cache, z_cache, disp, e_cache, ys, g, s_cache,
                      clamped)
@@ -178,7 +180,7 @@ def moe_backward(dout, cache):
     if "b_router" in g_r:
         grads["b_router"] = g_r["b_router"]
     if s_cache is not None:
-        g_s = ops.swiglu_backward(dy, s_cache)  # fwd: y += swiglu(x, shared_w1, ...)
+        g_s = shared_swiglu_backward(dy, s_cache)  # fwd: y += swiglu(x, shared_w1, ...)
         dx = dx + g_s["x"]
         grads.update(shared_w1=g_s["W1"], shared_w3=g_s["W3"], shared_w2=g_s["W2"])
     return {"x": dx.reshape(x_shape), **grads}

@@ -52,6 +52,9 @@ def balance_loss_forward(probs, topk_idx):
     expect_shape("balance_loss", "probs", probs, (None, None), "(BT, E)")
     expect_shape("balance_loss", "topk_idx", topk_idx, (probs.shape[0], None), "(BT, K)")
     BT, E = probs.shape
+    if topk_idx.size and (topk_idx.min() < 0 or topk_idx.max() >= E):
+        raise ValueError(f"balance_loss: topk_idx must lie in [0, E) = [0, {E}) (probs has E "
+                         f"columns), got values in [{topk_idx.min()}, {topk_idx.max()}]")
     slots = np.bincount(topk_idx.ravel(), minlength=E)  # (E,)
     f = (slots / topk_idx.size).astype(probs.dtype)  # (E,)
     P = probs.mean(axis=0)  # (E,)

@@ -42,16 +42,17 @@ def _split(z):
     return small, np.where(small, z, 0), np.where(small, 1, z)
 
 
-def _phi(z):
-    """φ(z) = expm1(z)/z, 1 at z = 0. Any negative z is safe in float32 (expm1 → −1)."""
+def _dt_phi_dA(z, dt, A):
+    """∂(Δ φ(ΔA))/∂A = Δ² φ'(z) = (z exp(z) − expm1(z)) / A², by the series near z = 0 (where
+    the difference cancels) and the right-hand side elsewhere: Δ² times φ'(z) underflows to
+    0·huge for a huge Δ, while the right-hand side tends to 1/A², the gradient of the limit
+    B̄ = −B/A. (z exp(z) is 0, not −inf·0, where exp(z) underflows.)"""
     small, zs, zd = _split(z)
-    return np.where(small, _horner(_PHI_COEFFS, zs), np.expm1(zd) / zd)  # (..., N)
-
-
-def _dphi(z, phi):
-    """φ'(z) = (exp(z) − φ(z))/z, by the series near 0 where that difference cancels."""
-    small, zs, zd = _split(z)
-    return np.where(small, _horner(_DPHI_COEFFS, zs), (np.exp(zd) - phi) / zd)  # (..., N)
+    ez = np.exp(zd)  # (..., N)
+    Ad = np.where(small, 1, A)  # (..., N)
+    direct = (np.where(ez == 0, 0, zd) * ez - np.expm1(zd)) / Ad / Ad  # (..., N)
+    dts = np.where(small, dt, 0)  # (..., N)
+    return np.where(small, dts * dts * _horner(_DPHI_COEFFS, zs), direct)  # (..., N)
 
 
 def _dt_phi(z, dt, A):
@@ -102,8 +103,9 @@ def zoh_forward(A, B, delta):
 
 
 def zoh_backward(dout, cache):
-    """Math: with z = ΔA, g = dB̄·B:  dz = dĀ·Ā + g·Δ·φ'(z);  dA = dz·Δ;
-    dB = dB̄·Δ·φ(z);  dΔ = Σ_n (dz·A + g·φ(z)).  (Check: ∂B̄/∂Δ = φ + zφ' = exp(z) B.)
+    """Math: with z = ΔA, g = dB̄·B:  ∂Ā/∂A = Δ Ā, ∂B̄/∂A = Δ² φ'(z) B = (z e^z − expm1(z)) B/A²
+    (→ B/A² as z → −∞: the gradient of the limit −B/A), so dA = dĀ·Δ·Ā + g·Δ²φ'(z);
+    dB = dB̄·Δ·φ(z);  ∂Ā/∂Δ = A Ā, ∂B̄/∂Δ = (φ + zφ') B = Ā B, so dΔ = Σ_n (dĀ·A + g)·Ā.
     A None entry of dout counts as zero. Reference: Gu et al. 2022 (arXiv 2206.11893) §2;
     the ZOH derivation in notebooks/06_ssm_zoh_fft.ipynb."""
     A, B, delta, A_bar = cache
@@ -112,15 +114,12 @@ def zoh_backward(dout, cache):
     dA_bar, dB_bar = (np.zeros_like(A) if d is None else d for d in dout)
     dt = delta[..., None]  # (..., 1)
     z = dt * A  # (..., N)
-    phi = _phi(z)  # (..., N)
-    # fwd: B_bar = dt * phi(z) * B  ->  dB, and g = dB_bar * B flows into dt and phi(z)
+    # fwd: B_bar = dt * phi(z) * B  ->  dB, and g = dB_bar * B flows into A and dt
     g = dB_bar * B  # (..., N)
     dB = dB_bar * _dt_phi(z, dt, A)  # (..., N)
-    # fwd: A_bar = exp(z)  ->  dz = dA_bar * A_bar (plus the phi(z) path)
-    dz = dA_bar * A_bar + g * (dt * _dphi(z, phi))  # (..., N) dt·φ' first: no inf·0
-    # fwd: z = dt * A  ->  dA = dz * dt, ddt = dz * A (plus the explicit dt of B_bar)
-    dA = dz * dt  # (..., N)
-    ddelta = (dz * A + g * phi).sum(axis=-1)  # (...)
+    # fwd: A_bar = exp(dt A), B_bar = expm1(dt A) / A * B  ->  their partials in A and dt
+    dA = dA_bar * A_bar * dt + g * _dt_phi_dA(z, dt, A)  # (..., N)
+    ddelta = ((dA_bar * A + g) * A_bar).sum(axis=-1)  # (...)
     return {"A": dA, "B": dB, "delta": ddelta}
 
 

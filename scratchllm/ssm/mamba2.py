@@ -18,10 +18,10 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.nn import Module, Param, normal_init
-from scratchllm.core.ops import (linear_backward, linear_forward, rmsnorm_backward,
+from scratchllm.core.ops import (linear_backward, linear_forward, linear_out, rmsnorm_backward,
                                  rmsnorm_forward, silu_backward, silu_forward,
                                  softplus_backward, softplus_forward)
-from scratchllm.core.validate import expect_float, expect_ndim
+from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
 from scratchllm.ssm.mamba import causal_conv1d_backward, causal_conv1d_forward
 from scratchllm.ssm.ssd import ssd_backward, ssd_forward, ssd_step
 
@@ -53,15 +53,23 @@ def mamba2_forward(x, Wz, Wx, WB, WC, Wdt, dt_bias, A_log, D, conv_w, conv_b, no
     conv_w (Di + 2N, K), conv_b (Di + 2N,); norm (Di,); Wout (Di, D). Returns out (B, T, D)."""
     expect_ndim("mamba2", "x", x, 3, "(B, T, D)")
     expect_float("mamba2", "x", x)
-    batch, T, _ = x.shape
-    (z, cz), (u, cu), (Bm, cB), (Cm, cC) = (linear_forward(x, W) for W in (Wz, Wx, WB, WC))
-    Di, N = u.shape[-1], Bm.shape[-1]
+    batch, T, Dm = x.shape
     expect_float("mamba2", "A_log", A_log)
     expect_ndim("mamba2", "A_log", A_log, 1, "(H,)")
     H = A_log.shape[0]
-    if H == 0 or Di % H:
-        raise ValueError(f"mamba2: Wx gives {Di} inner channels, not a multiple of H={H} heads "
-                         f"(A_log has shape {A_log.shape})")
+    expect_shape("mamba2", "Wz", Wz, (Dm, None), "(D, Di)")
+    if H == 0 or Wz.shape[1] % H:
+        raise ValueError(f"mamba2: Wz has shape {Wz.shape}, expected (D, Di) with H = {H} | Di")
+    expect_shape("mamba2", "Wx", Wx, Wz.shape, "(D, Di), like Wz")
+    expect_shape("mamba2", "WB", WB, (Dm, None), "(D, N)")
+    expect_shape("mamba2", "WC", WC, WB.shape, "(D, N), like WB")
+    expect_shape("mamba2", "Wdt", Wdt, (Dm, H), "(D, H)")
+    for name, a in (("dt_bias", dt_bias), ("D", D)):
+        expect_shape("mamba2", name, a, (H,), "(H,), like A_log")
+    expect_shape("mamba2", "norm", norm, (Wz.shape[1],), "(Di,)")
+    expect_shape("mamba2", "Wout", Wout, Wz.shape[::-1], "(Di, D)")
+    Di, N = Wx.shape[1], WB.shape[1]
+    (z, cz), (u, cu), (Bm, cB), (Cm, cC) = (linear_forward(x, W) for W in (Wz, Wx, WB, WC))
     c, cc = causal_conv1d_forward(np.concatenate([u, Bm, Cm], axis=-1), conv_w, conv_b)
     xbc, ca = silu_forward(c)  # (B, T, Di + 2N)
     u, Bm, Cm = _split(xbc, Di, N)
@@ -84,6 +92,7 @@ def mamba2_backward(dout, cache):
     silu and the causal conv (dconv_w, dconv_b), split again into the three input projections,
     whose dx add up with Wz's and Wdt's.
     Reference: Dao & Gu 2024, arXiv 2405.21060 (the backward derived here)."""
+    expect_dout("mamba2_backward", dout, *linear_out(cache.lin[5]))
     (cz, cu, cB, cC, cdt, co), sp, (cc, ca), csilu, z_act, y, cn, A, cs = cache
     g_o = linear_backward(dout, co)  # fwd: out = n Wout
     g_n = rmsnorm_backward(g_o["x"], cn)  # fwd: n = rmsnorm(y * silu(z), norm)

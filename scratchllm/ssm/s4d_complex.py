@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.nn import Module, Param
-from scratchllm.core.validate import expect_float, expect_ndim, expect_shape
+from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
 from scratchllm.ssm.lti import (ConvCache, KernelCache, ZohCache, fft_conv_backward,
                                 fft_conv_forward, ssm_kernel_backward, ssm_kernel_forward,
                                 ssm_step, zoh_backward, zoh_forward)
@@ -85,6 +85,8 @@ def s4d_complex_backward(dy, cache):
     Re, Im of dB (C likewise); dlog_dt = Re(dΔ)·Δ.
     Reference: Gu et al. 2022, arXiv 2206.11893 (the backward derived here).
     """
+    expect_dout("s4d_complex_backward", dy, cache.x.shape, np.result_type(cache.x, cache.D),
+                name="dy")
     x, A_re, dt, D, zc, kc, cc = cache
     g_conv = fft_conv_backward(np.swapaxes(dy, 1, 2), cc)  # x (B, D, T), K (D, T)
     dx = np.swapaxes(g_conv["x"], 1, 2) + D * dy  # (B, T, D)

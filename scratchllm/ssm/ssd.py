@@ -22,9 +22,9 @@ import numba
 import numpy as np
 
 from scratchllm.attention import repeat_kv_backward, repeat_kv_forward
-from scratchllm.core.validate import expect_float, expect_ndim, expect_shape
+from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
 from scratchllm.linear_attention.gla import (GLACache, gla_attention_step, gla_backward_parts,
-                                             gla_forward_parts)
+                                             gla_forward_parts, gla_out)
 
 
 class SSDCache(NamedTuple):
@@ -80,6 +80,8 @@ def ssd_backward(dy, cache):
     Reference: Dao & Gu 2024, arXiv 2405.21060, section 6 (the SSD algorithm, the backward
     derived here).
     """
+    expect_dout("ssd_backward", dy, cache.x.shape,
+                np.result_type(cache.x, cache.D, gla_out(cache.gla)[1]), name="dy")
     x, dt, A, D, rep, gla = cache
     dq, dk, dv, dg = gla_backward_parts(np.swapaxes(dy, 1, 2), gla)  # (B, H, T, *)
     dv, dg = np.swapaxes(dv, 1, 2), np.swapaxes(dg, 1, 2)  # (B, T, H, Dh), (B, T, H)

@@ -1,16 +1,19 @@
 """Numba merge loop of the fast BPE trainer (train.py `merge_loop` calls it).
 
 State, for W unique pre-tokens ("words") and the pairs (a, b) of token ids inside them:
-- sym: every word's token ids, word w at sym[start[w] : start[w] + length[w]] (shrinks in place);
+- sym: every word's token ids, word w at sym[start[w] : start[w] + length[w]], linked as a list
+  per word (nxt, prv): a merge at a site rewrites its left position and unlinks its right one;
 - count[key(a, b)] = sum over words of freq[w] * occurrences of (a, b) in w;
-- postings: pair -> linked list of words that contained it when it appeared (stale entries are
-  harmless: a word whose copy no longer holds (a, b) is rewritten unchanged);
+- postings: pair -> linked list of the positions where it appeared (stale entries are
+  harmless: a position that no longer starts (a, b) is skipped), so a merge costs O(its sites)
+  however long the word (a word of m bytes is not rescanned, O(m), at every merge);
 - heap of (count, a, b), best = largest count, ties -> greatest (bytes(a), bytes(b)).
   Lazy invalidation: counts of existing pairs only fall (a merge only creates pairs containing
   the new token), so a popped entry whose count is stale is re-pushed with its current count.
-Merging (a, b) -> new in a word: at each site, with `prev` the token before it in the rewritten
-word and `next` the one after, (prev, a) becomes (prev, new) and (b, next) becomes (new, next);
-nothing else in the word changes. Twin: train.py `train_bpe_ref` (full recount per merge).
+Merging (a, b) -> new: at each site, left to right in each word, with `prev` the token before
+it in the rewritten word and `next` the one after, (prev, a) becomes (prev, new) and (b, next)
+becomes (new, next); nothing else in the word changes. Twin: train.py `train_bpe_ref` (full
+recount per merge).
 
 Glossary: key(a, b) = a << 32 | b; pool/off/size = the bytes of every token, for tie-breaks.
 """
@@ -98,10 +101,23 @@ def _grow(arr, n):
 
 def merge_loop_numba(sym, start, length, freq, n_merges):
     """Generator of the merged pairs (a, b) of ids, in order (new ids are 256, 257, ...); it
-    stops early when the corpus runs out of pairs. sym and length are rewritten in place.
-    The words are checked first (kernel_checks.check_words): the kernel trusts them."""
+    stops early when the corpus runs out of pairs. sym is rewritten in place (a merged-away
+    position holds -1). The words are checked first (kernel_checks.check_words): the kernel
+    trusts them."""
     check_words("merge_loop_numba", sym, start, length, freq, n_merges)
     return _merge_loop(sym, start, length, freq, int(n_merges))
+
+
+@nb.njit(cache=True)
+def _links(start, length, n):
+    """Each position's word, and the next and previous live position in that word (-1 past
+    its ends): (N,) each. A merge unlinks the right half of each site."""
+    wof, nxt, prv = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    for w in range(start.shape[0]):
+        s, e = start[w], start[w] + length[w]
+        for j in range(s, e):
+            wof[j], nxt[j], prv[j] = w, j + 1 if j + 1 < e else -1, j - 1 if j > s else -1
+    return wof, nxt, prv
 
 
 @nb.njit(cache=True)
@@ -109,14 +125,15 @@ def _merge_loop(sym, start, length, freq, n_merges):
     """The kernel of merge_loop_numba (inputs checked there)."""
     count = Dict.empty(key_type=types.int64, value_type=types.int64)
     head = Dict.empty(key_type=types.int64, value_type=types.int64)
-    pw = np.empty(sym.shape[0] + 16, dtype=np.int64)      # (P,) posting -> word
+    links = _links(start, length, sym.shape[0])           # 3x (N,): word, next, previous
+    pp = np.empty(sym.shape[0] + 16, dtype=np.int64)      # (P,) posting -> position
     pn = np.empty(sym.shape[0] + 16, dtype=np.int64)      # (P,) posting -> next posting
     n_post = 0
     for w in range(start.shape[0]):
         for j in range(start[w], start[w] + length[w] - 1):
             k = _key(sym[j], sym[j + 1])
             count[k] = count.get(k, 0) + freq[w]
-            pw[n_post], pn[n_post] = w, head.get(k, -1)
+            pp[n_post], pn[n_post] = j, head.get(k, -1)
             head[k] = n_post
             n_post += 1
     n_tok = 256 + n_merges
@@ -130,7 +147,6 @@ def _merge_loop(sym, start, length, freq, n_merges):
     n_heap = 0
     for k, c in count.items():
         heap, n_heap = _push(heap, n_heap, c, k >> 32, k & 0xFFFFFFFF, pool, off, size)
-    seen = np.full(start.shape[0], -1, dtype=np.int64)    # (W,) step a word was rewritten at
     for step in range(n_merges):
         a, b, found = 0, 0, False
         while n_heap > 0 and not found:
@@ -150,8 +166,8 @@ def _merge_loop(sym, start, length, freq, n_merges):
         pool[pool_n + size[a]:pool_n + size[a] + size[b]] = pool[off[b]:off[b] + size[b]]
         off[new], size[new] = pool_n, size[a] + size[b]
         pool_n += size[new]
-        touched, pw, pn, n_post = _merge_words(sym, start, length, freq, count, head, pw, pn,
-                                               n_post, seen, step, a, b, new)
+        touched, pp, pn, n_post = _merge_sites(sym, links, freq, count, head, pp, pn, n_post,
+                                               a, b, new)
         count.pop(_key(a, b))
         head.pop(_key(a, b))
         for k in np.unique(touched):
@@ -161,50 +177,53 @@ def _merge_loop(sym, start, length, freq, n_merges):
 
 
 @nb.njit(cache=True)
-def _add(count, head, pw, pn, n_post, touched, nt, k, f, w):
-    """count[k] += f, word w posted under pair k, k recorded as touched."""
+def _add(count, head, pp, pn, n_post, touched, nt, k, f, j):
+    """count[k] += f, position j posted under pair k, k recorded as touched."""
     count[k] = count.get(k, 0) + f
-    if n_post == pw.shape[0]:
-        pw, pn = _grow(pw, 2 * n_post), _grow(pn, 2 * n_post)
-    pw[n_post], pn[n_post] = w, head.get(k, -1)
+    if n_post == pp.shape[0]:
+        pp, pn = _grow(pp, 2 * n_post), _grow(pn, 2 * n_post)
+    pp[n_post], pn[n_post] = j, head.get(k, -1)
     head[k] = n_post
     if nt == touched.shape[0]:
         touched = _grow(touched, 2 * nt)
     touched[nt] = k
-    return pw, pn, n_post + 1, touched, nt + 1
+    return pp, pn, n_post + 1, touched, nt + 1
 
 
 @nb.njit(cache=True)
-def _merge_words(sym, start, length, freq, count, head, pw, pn, n_post, seen, step, a, b, new):
-    """Rewrite (a, b) -> new in every word posted under (a, b); returns the touched pair keys
-    (pairs with `new`) and the postings."""
+def _sites(head, pp, pn, k):
+    """The positions posted under pair k, in position order (so each word's sites are merged
+    left to right, as a scan would); some are stale or repeated."""
+    out = np.empty(16, dtype=np.int64)                    # (S,) grows
+    n, node = 0, head[k]
+    while node >= 0:
+        if n == out.shape[0]:
+            out = _grow(out, 2 * n)
+        out[n], n, node = pp[node], n + 1, pn[node]
+    return np.sort(out[:n])
+
+
+@nb.njit(cache=True)
+def _merge_sites(sym, links, freq, count, head, pp, pn, n_post, a, b, new):
+    """Rewrite (a, b) -> new at each live site: the work is per site, not per word (a word
+    of m bytes costs O(sites), not O(m), per merge). Returns the touched pair keys (pairs
+    with `new`) and the postings."""
+    wof, nxt, prv = links
     touched = np.empty(16, dtype=np.int64)                # (K,) grows
     nt = 0
-    node = head[_key(a, b)]
-    while node >= 0:
-        w = pw[node]
-        node = pn[node]
-        if seen[w] == step:
+    for p in _sites(head, pp, pn, _key(a, b)):
+        q = nxt[p]
+        if sym[p] != a or q < 0 or sym[q] != b:           # stale, or merged at this step
             continue
-        seen[w] = step
-        s, f = start[w], freq[w]
-        end = s + length[w]
-        o, j = s, s
-        while j < end:
-            if j + 1 < end and sym[j] == a and sym[j + 1] == b:
-                if o > s:                                 # (prev, a) -> (prev, new)
-                    count[_key(sym[o - 1], a)] -= f
-                    pw, pn, n_post, touched, nt = _add(count, head, pw, pn, n_post, touched,
-                                                       nt, _key(sym[o - 1], new), f, w)
-                if j + 2 < end:                           # (b, next) -> (new, next)
-                    count[_key(b, sym[j + 2])] -= f
-                    pw, pn, n_post, touched, nt = _add(count, head, pw, pn, n_post, touched,
-                                                       nt, _key(new, sym[j + 2]), f, w)
-                sym[o] = new
-                j += 2
-            else:
-                sym[o] = sym[j]
-                j += 1
-            o += 1
-        length[w] = o - s
-    return touched[:nt], pw, pn, n_post
+        f, o, r = freq[wof[p]], prv[p], nxt[q]
+        if o >= 0:                                        # (prev, a) -> (prev, new)
+            count[_key(sym[o], a)] -= f
+            pp, pn, n_post, touched, nt = _add(count, head, pp, pn, n_post, touched, nt,
+                                               _key(sym[o], new), f, o)
+        if r >= 0:                                        # (b, next) -> (new, next)
+            count[_key(b, sym[r])] -= f
+            pp, pn, n_post, touched, nt = _add(count, head, pp, pn, n_post, touched, nt,
+                                               _key(new, sym[r]), f, p)
+            prv[r] = p
+        sym[p], sym[q], nxt[p] = new, -1, r               # q leaves the word
+    return touched[:nt], pp, pn, n_post

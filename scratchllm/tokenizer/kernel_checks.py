@@ -83,7 +83,8 @@ def check_tables(fn, seg_ends, seg_special, byte_ids, table, cache):
 
 def check_words(fn, sym, start, length, freq, n_merges):
     """The merge loop's words: sym int64 (N,) byte ids in [0, 256); start, length, freq int64
-    (W,) with every word inside sym and freq >= 0; n_merges an int in [0, 2^31 - 256)."""
+    (W,) with every word inside sym, in order, not overlapping, and freq >= 0; n_merges an int
+    in [0, 2^31 - 256)."""
     for name, a in (("sym", sym), ("start", start), ("length", length), ("freq", freq)):
         if not _is_array(a, np.int64):
             raise TypeError(f"{fn}: {name} must be a 1-d int64 array, got "
@@ -98,6 +99,9 @@ def check_words(fn, sym, start, length, freq, n_merges):
                        or (start + length).max() > sym.shape[0]):
         raise ValueError(f"{fn}: every word must lie inside sym (start >= 0, length >= 0, "
                          f"start + length <= {sym.shape[0]}) with freq >= 0")
+    if start.size > 1 and np.any(start[1:] < start[:-1] + length[:-1]):
+        raise ValueError(f"{fn}: the words must follow each other in sym without overlapping "
+                         f"(start[w + 1] >= start[w] + length[w])")
     if isinstance(n_merges, bool) or not isinstance(n_merges, (int, np.integer)) \
             or not 0 <= n_merges < (1 << 31) - 256:
         raise ValueError(f"{fn}: n_merges must be an integer in [0, 2^31 - 256), got "

@@ -184,6 +184,9 @@ class Tokenizer:
         """Yield the ids of the concatenated strings (e.g. a file's lines), lazily: the same
         ids as encode(whole text, same specials), with memory bounded by one chunk. A
         disallowed special raises when its chunk is reached (earlier ids were yielded)."""
+        if isinstance(chunk_chars, bool) or not isinstance(chunk_chars, int) or chunk_chars < 1:
+            raise ValueError(f"encode_iterable: chunk_chars must be an integer >= 1, got "
+                             f"{chunk_chars!r}")
         allowed, disallowed_re, cut_at = special_plan(self.special_tokens, allowed_special,
                                                       disallowed_special, "encode_iterable")
         allowed_re = special_regex(allowed)

@@ -48,3 +48,29 @@ def test_softmax_scores_rows_sum_to_one_and_respect_the_mask():
     assert np.all(p[:, ~causal_mask(4)] == 0)
     e = np.exp(0.5 * s[0, 1, :2].astype(np.float64))
     np.testing.assert_allclose(p[0, 1, :2], e / e.sum(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gqa_takes_the_fused_rope_and_softmax_and_matches_the_readable_path(dtype, monkeypatch):
+    from scratchllm.attention import gqa_backward, gqa_forward, rope_frequencies
+    from scratchllm.attention.rope_heads import RopeHeadsCache
+    from scratchllm.attention.sdpa_softmax import FusedSoftmaxCache
+    rng = np.random.default_rng(3)
+    B, T, D, H, Hkv = 2, 7, 16, 4, 2
+    x = rng.standard_normal((B, T, D)).astype(dtype)
+    ws = [(rng.standard_normal(s) * 0.5).astype(dtype)
+          for s in ((D, D), (D, D // 2), (D, D // 2), (D, D))]
+    dy = rng.standard_normal((B, T, D)).astype(dtype)
+    kw = dict(n_heads=H, n_kv_heads=Hkv, inv_freq=rope_frequencies(D // H)[0])
+    outs = []
+    for readable in (False, True):
+        monkeypatch.setenv("SCRATCHLLM_READABLE", "1" if readable else "0")
+        y, cache = gqa_forward(x, *ws, **kw)
+        fused = (isinstance(cache.qkv.rope_q, RopeHeadsCache),
+                 isinstance(cache.sdpa.softmax, FusedSoftmaxCache))
+        assert fused == (not readable, not readable)
+        outs.append((y, gqa_backward(dy, cache)))
+    (y, g), (y_r, g_r) = outs
+    for a, b in [(y, y_r)] + [(g[n], g_r[n]) for n in ("x", "wq", "wk", "wv", "wo")]:
+        assert a.dtype == b.dtype == dtype
+        assert np.max(np.abs(a - b)) <= TOL[dtype] * np.max(np.abs(b))

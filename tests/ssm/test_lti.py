@@ -232,3 +232,17 @@ def test_s4d_gradient_with_A_near_zero():
     p["A_log"][0] = [-40.0, -25.0, -8.0, -30.0, 0.0]  # A = −exp(A_log) ≈ 0: series region
     r = grads.check(s4d_forward, s4d_backward, rng=rng, x=rng.standard_normal((2, 7, 3)), **p)
     assert r.ok, f"\n{r}"
+
+
+def test_zoh_gradient_at_a_huge_step_is_the_limits():
+    # Δ → ∞ with A < 0: B̄ → −B/A, so dB̄/dA → B/A² and dB̄/dB → −1/A, while Ā → 0 and every
+    # derivative in Δ → 0. Δ² φ'(ΔA) underflowed to 0 here (dA = 0) before
+    A, B = np.array([-1.0, -2.0, -0.5]), np.array([3.0, 1.0, -2.0])
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        (A_bar, B_bar), cache = zoh_forward(A, B, np.array(1e300))
+        g = zoh_backward((np.ones(3), np.ones(3)), cache)
+    np.testing.assert_array_equal(A_bar, 0.0)
+    np.testing.assert_allclose(B_bar, -B / A, rtol=1e-15)
+    np.testing.assert_allclose(g["A"], B / A ** 2, rtol=1e-15)
+    np.testing.assert_allclose(g["B"], -1 / A, rtol=1e-15)
+    assert g["delta"] == 0.0

@@ -96,6 +96,7 @@ def test_merge_loop_runs_on_good_words_and_refuses_bad_ones():
     bad = [((sym + 300, start, length, freq, 2), r"sym must hold byte ids in \[0, 256\)"),
            ((sym, start + 10 ** 6, length, freq, 2), r"every word must lie inside sym"),
            ((sym, start, -length, freq, 2), r"every word must lie inside sym"),
+           ((sym, start * 0, length, freq, 2), r"the words must follow each other"),
            ((sym, start, length, freq[:1], 2), r".*one entry per word"),
            ((sym, start, length, freq, -1), r"n_merges must be an integer"),
            ((sym.astype(np.int32), start, length, freq, 2), r"sym must be a 1-d int64 array")]

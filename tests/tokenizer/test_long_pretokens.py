@@ -39,3 +39,13 @@ def test_a_400k_character_pretoken_encodes_and_round_trips():
     assert ids == [257] * 100_000 and tok.decode(ids) == text
     slow = Tokenizer(vocab, merges, pattern=r"\p{L}+|[^\p{L}]")  # the non-Numba path
     assert slow.encode(text) == ids
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_training_on_one_long_pretoken_equals_the_naive_trainer(seed):
+    # one 3,000-letter pre-token of runs (aaab...): the merge loop rewrites only the sites of
+    # each pair, left to right in the word, and must give the full-recount trainer's merges
+    from scratchllm.tokenizer import train_bpe, train_bpe_ref
+    rng = np.random.default_rng(seed)
+    text = "".join(rng.choice(list("aab"), 3000))
+    assert train_bpe([text], 300, workers=1) == train_bpe_ref([text], 300)
