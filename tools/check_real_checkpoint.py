@@ -17,7 +17,11 @@ written directly). On that directory this script prints:
     greedy     the 12 greedy tokens of each (the same ids expected)
     tokenizer  whether load_tokenizer's ids equal HF `tokenizers` on the multilingual,
                emoji and special-token samples (encode, add_special_tokens both ways)
-Then `python -m scratchllm sample --hf DIR` and `finetune --hf DIR` run on DIR.
+Then `python -m scratchllm sample --hf DIR` and `finetune --hf DIR` run on DIR. A DIR that
+already holds model.safetensors is checked as it is (no GGUF needed: pass - for it), e.g. the
+output of finetune:
+    python -m scratchllm finetune --hf /tmp/smollm2 --data FILE --steps 3 --out /tmp/ft
+    PYTHONPATH=$PWD python tools/check_real_checkpoint.py - /tmp/ft
 """
 import json
 import sys
@@ -32,6 +36,7 @@ from scratchllm.hub import load_pretrained, load_tokenizer
 
 SAMPLES = ["Hello world, héllo wörld! 你好，世界。 Привет мир. こんにちは 🙂🚀👍🏽 — naïve café",
            "def f(x):\n    return x  # 3.14 1234567 don't I'm we'll\n\n\n  spaces   here",
+           "bytes SmolLM2's vocab lacks: \x04 \x06\x13 a\x04b !\x04!",
            "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"]
 
 
@@ -62,7 +67,7 @@ def main(gguf, out):
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64,
                                                            attn_implementation="eager")
     ours = load_pretrained(out, np.float64)
-    ids = np.array([hf_tok.backend_tokenizer.encode(SAMPLES[2], add_special_tokens=False).ids])
+    ids = np.array([hf_tok.backend_tokenizer.encode(SAMPLES[-1], add_special_tokens=False).ids])
     with torch.no_grad():
         want = hf(torch.tensor(ids)).logits.numpy()
     got, _ = ours.forward(ids)

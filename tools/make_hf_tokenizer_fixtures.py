@@ -18,6 +18,9 @@ Each kind starts from an existing fixture file and changes what the name says:
     metaspace     the same model with a Metaspace pre-tokenizer (prepend_scheme "first",
                   split false; the newer conversion of Llama 2) + TemplateProcessing
                   "<s> $A </s>"
+    missing_bytes tokenizer_bytelevel without the single-byte tokens of MISSING (as
+                  SmolLM2-135M's vocab lacks 21 bytes) and with a merge "!" "!": HF
+                  `tokenizers` drops such a byte (no unk_token), so "!\x04!" is one "!!"
 expected.json: texts (the multilingual, emoji and special-token samples of make_hf_fixtures,
 more special-token samples, and the corpus slice: its first 6000 characters, 1000 for the
 SentencePiece BPE kinds, whose merge loop is quadratic in the text's length), and per text the ids of encode(text,
@@ -38,6 +41,8 @@ SAMPLES = ["Hello world, héllo wörld! 你好，世界。 Привет мир. 
            "<|endoftext|>after a special token<|endoftext|>",
            "<s>Hello</s> world <s>x<s></s>", "<|begin_of_text|>Hello world<|begin_of_text|>",
            " leading space", "\nnewline first", ""]
+MISSING = b"\x04\x06\x13\xf0\xff"  # missing_bytes' absent bytes: controls and the emoji lead
+SAMPLES_MISSING = ["\x04", "!\x04!", "a\x04b \x06\x13x\x7f", "emoji 🙂 gone\xff"]
 WHOLE_WORDS = ["Hello", " world", " Привет", " 🙂🚀👍🏽", " return", "def"]  # llama3's extras
 
 
@@ -104,8 +109,23 @@ def metaspace():
     return tok
 
 
+def missing_bytes():
+    spec = spec_of(HF / "tokenizer_bytelevel" / "tokenizer.json")
+    vocab, merges = spec["model"]["vocab"], spec["model"]["merges"]
+    kept = [*range(33, 127), *range(161, 173), *range(174, 256)]  # GPT-2's byte spelling:
+    spelled = {b: chr(b) for b in kept}                            # these bytes as themselves,
+    spelled.update({b: chr(256 + k) for k, b in enumerate(sorted(set(range(256)) - set(kept)))})
+    assert set(spelled.values()) == set(pre_tokenizers.ByteLevel.alphabet())
+    for b in MISSING:
+        assert not any(spelled[b] in "".join(m) for m in merges), b
+        del vocab[spelled[b]]
+    vocab["!!"] = max(vocab.values()) + 1
+    merges.append(["!", "!"])
+    return Tokenizer.from_str(json.dumps(spec))
+
+
 def expectations(tok, corpus_chars):
-    texts = SAMPLES + [CORPUS.read_text(encoding="utf-8")[:corpus_chars]]
+    texts = SAMPLES + SAMPLES_MISSING * (tok.token_to_id("!!") is not None) + [CORPUS.read_text(encoding="utf-8")[:corpus_chars]]
     out = {"texts": texts, "encode": [tok.encode(t, add_special_tokens=False).ids for t in texts],
            "encode_special": [tok.encode(t).ids for t in texts]}
     tok.encode_special_tokens = True
@@ -115,7 +135,7 @@ def expectations(tok, corpus_chars):
 
 
 def main():
-    for kind in (prefix, prefix_split, llama3, llama2, metaspace):
+    for kind in (prefix, prefix_split, llama3, llama2, metaspace, missing_bytes):
         d = HF / f"tokenizer_{kind.__name__}"
         d.mkdir(exist_ok=True)
         tok = kind()

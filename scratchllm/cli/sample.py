@@ -3,14 +3,15 @@ the per-layer decoding states (KVState for GQA, RollingKVState for sliding-windo
 LatentKVState for MLA in the absorbed form, MambaState for Mamba). Text streams as it is
 produced. The sampling itself (temperature, top-k, top-p) is scratchllm/lm/sampling.py.
 --hf DIR samples a Hugging Face checkpoint directory (config.json, model.safetensors,
-tokenizer.json) of a family scratchllm.hub reads: llama, mistral, qwen2, qwen3, gpt2.
+tokenizer.json) of a family scratchllm.hub reads: llama, mistral, qwen2, qwen3, gpt2; it
+stops at the checkpoint's eos_token_id (generation_config.json, else config.json).
 """
 import sys
 
 import numpy as np
 
 from scratchllm.cli.common import Parser, float_in, int_at_least, run
-from scratchllm.hub import load_pretrained, load_tokenizer
+from scratchllm.hub import eos_ids, load_pretrained, load_tokenizer
 from scratchllm.lm import generate
 from scratchllm.tokenizer import EOT
 from scratchllm.train import load_model
@@ -43,17 +44,17 @@ def main(argv=None):
 
 def _sample(args):
     if args.hf:
-        model, tok = load_pretrained(args.hf), load_tokenizer(args.hf)
+        model, tok, stop = load_pretrained(args.hf), load_tokenizer(args.hf), eos_ids(args.hf)
         if not args.prompt and EOT not in tok.special_tokens:
             raise ValueError(f"--prompt is needed: the tokenizer of {args.hf} has no {EOT} "
                              f"to start a document with")
     else:
-        model, tok, _ = load_model(args.checkpoint)
+        (model, tok, _), stop = load_model(args.checkpoint), ()
     sys.stdout.write(args.prompt)
     for piece in generate(model, tok, args.prompt, args.max_tokens,
                           np.random.default_rng(args.seed), temperature=args.temperature,
                           top_k=args.top_k, top_p=args.top_p,
-                          allow_special=args.allow_special):
+                          allow_special=args.allow_special, stop_ids=stop):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")

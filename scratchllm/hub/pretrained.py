@@ -192,3 +192,15 @@ def load_tokenizer(path):
     if not file.is_file():
         raise ValueError(f"load_tokenizer: {path} has no tokenizer.json")
     return from_tokenizer_json(file)
+
+
+def eos_ids(path):
+    """The set of end-of-sequence ids of a checkpoint directory, where transformers' generate
+    stops: eos_token_id (an int or a list) of generation_config.json, else of config.json."""
+    for name in ("generation_config.json", "config.json"):
+        file = Path(path) / name
+        eos = json.loads(file.read_text(encoding="utf-8")).get("eos_token_id") \
+            if file.is_file() else None
+        if eos is not None:
+            return {eos} if isinstance(eos, int) else set(eos)
+    return set()

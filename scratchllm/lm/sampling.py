@@ -48,17 +48,17 @@ def sample_next(logits, rng, temperature=1.0, top_k=None, top_p=None):
     return int(rng.choice(p.size, p=p))
 
 
-def generate_ids(model, prompt_ids, max_new_tokens, rng, stop_id=None, **sampling):
+def generate_ids(model, prompt_ids, max_new_tokens, rng, stop_ids=(), **sampling):
     """Yield up to max_new_tokens sampled ids after prompt_ids (a non-empty list), feeding
     the prompt through model.prefill (one forward) and each new token through model.decode,
-    with one state per layer."""
+    with one state per layer; a sampled id in stop_ids ends it (and is not yielded)."""
     if not prompt_ids:
         raise ValueError("generate: the prompt must hold at least one token")
     state = model.init_state(batch=1, max_len=len(prompt_ids) + max_new_tokens)
     logits = model.prefill(np.array([prompt_ids]), state)[:, -1]  # (1, V)
     for pos in range(len(prompt_ids), len(prompt_ids) + max_new_tokens):
         t = sample_next(logits[0], rng, **sampling)
-        if t == stop_id:
+        if t in stop_ids:
             return
         yield t
         if pos + 1 < len(prompt_ids) + max_new_tokens:
@@ -66,8 +66,9 @@ def generate_ids(model, prompt_ids, max_new_tokens, rng, stop_id=None, **samplin
 
 
 def generate(model, tokenizer, prompt, max_new_tokens=100, rng=None, allow_special=False,
-             **sampling):
-    """Yield text pieces as they are sampled (stops early at <|endoftext|>). An empty prompt
+             stop_ids=(), **sampling):
+    """Yield text pieces as they are sampled (stops early at <|endoftext|> or an id in
+    stop_ids, e.g. a Hugging Face config's eos_token_id). An empty prompt
     starts from <|endoftext|>, i.e. at the start of a document. The prompt is ordinary text
     (a special-token string in it never becomes the control token) unless allow_special."""
     rng = np.random.default_rng() if rng is None else rng
@@ -79,7 +80,8 @@ def generate(model, tokenizer, prompt, max_new_tokens=100, rng=None, allow_speci
     else:
         prompt_ids = tokenizer.encode_ordinary(prompt)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    for t in generate_ids(model, list(prompt_ids), max_new_tokens, rng, stop_id=eot,
+    stop = {eot, *stop_ids} - {None}
+    for t in generate_ids(model, list(prompt_ids), max_new_tokens, rng, stop_ids=stop,
                           **sampling):
         piece = decoder.decode(tokenizer.decode_bytes([t]))
         if piece:

@@ -13,6 +13,8 @@ What a byte-level file holds and what becomes of it:
     model.vocab     {GPT-2-spelled token: id}  -> {id: bytes} (gpt2.from_printable)
     model.merges    ["a b", ...] (older files) or [["a", "b"], ...] (tokenizers >= 0.20)
                     -> [(bytes, bytes)] in rank order
+    a byte with no single-byte token in the vocab: dropped from the text when model.unk_token
+                    is null, as `tokenizers` does (SmolLM2); with an unk_token, an error
     model.ignore_merges  (Llama 3) a pre-token that is itself in the vocab is that one id,
                     whatever the merges would make of it
     pre_tokenizer   ByteLevel (GPT-2's regex when use_regex), or Split(Regex) followed by
@@ -49,8 +51,9 @@ class HFByteLevel(Tokenizer):
     The pre-token prefix and ignore_merges run on the regex path, not the Numba scanner."""
 
     def __init__(self, vocab, merges, special_tokens=None, pattern="gpt2", *, normal_form=None,
-                 prefix=None, ignore_merges=False):
-        super().__init__(vocab, merges, special_tokens, pattern)
+                 prefix=None, ignore_merges=False, drop_missing_bytes=False):
+        super().__init__(vocab, merges, special_tokens, pattern,
+                         drop_missing_bytes=drop_missing_bytes)
         self.normal_form, self.prefix, self.ignore_merges = normal_form, prefix, ignore_merges
         if prefix == "pretoken" or ignore_merges:
             self._fast = False
@@ -150,10 +153,11 @@ def _byte_level(path, spec):
              for tok, i in model["vocab"].items() if tok not in added}
     merges = [_merge(path, r, m) for r, m in enumerate(model.get("merges", []))]
     ignore_merges = bool(model.get("ignore_merges"))
+    drop = model.get("unk_token") is None  # `tokenizers` drops a byte with no token
     if normal_form is None and prefix is None and not ignore_merges:
-        return Tokenizer(vocab, merges, added, pattern)
+        return Tokenizer(vocab, merges, added, pattern, drop_missing_bytes=drop)
     return HFByteLevel(vocab, merges, added, pattern, normal_form=normal_form, prefix=prefix,
-                       ignore_merges=ignore_merges)
+                       ignore_merges=ignore_merges, drop_missing_bytes=drop)
 
 
 def from_tokenizer_json(path):

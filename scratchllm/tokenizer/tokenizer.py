@@ -34,9 +34,14 @@ class Tokenizer:
     vocab: {id: bytes}; merges: [(bytes, bytes)] in rank order (a+b must be in vocab);
     special_tokens: None, an iterable of str (ids looked up in vocab by their UTF-8 bytes,
     else appended) or {str: id}; pattern: "gpt2", "cl100k", "o200k", "llama3" or a regex.
+    drop_missing_bytes: a vocab may lack some of the 256 single-byte tokens, and encode drops
+    those bytes from each pre-token before BPE (what HF `tokenizers` does for a BPE with no
+    unk_token, e.g. SmolLM2's vocab); such a tokenizer encodes on the regex path. Otherwise
+    (the default) a missing byte token is an error.
     """
 
-    def __init__(self, vocab, merges, special_tokens=None, pattern="gpt2"):
+    def __init__(self, vocab, merges, special_tokens=None, pattern="gpt2", *,
+                 drop_missing_bytes=False):
         compile_pattern(pattern)
         self.vocab = dict(vocab)
         self.merges = [(bytes(a), bytes(b)) for a, b in merges]
@@ -44,7 +49,10 @@ class Tokenizer:
         self.special_tokens = self._register_specials(special_tokens or {})
         special_ids = set(self.special_tokens.values())
         self._id_of = {tok: i for i, tok in sorted(self.vocab.items()) if i not in special_ids}
-        self._byte_ids = np.array([self._need(bytes([b]), "byte") for b in range(256)])  # (256,)
+        self._missing = bytes(b for b in range(256) if drop_missing_bytes
+                              and bytes([b]) not in self._id_of)   # the bytes encode drops
+        self._byte_ids = np.array([-1 if b in self._missing else self._need(bytes([b]), "byte")
+                                   for b in range(256)])                                # (256,)
         self._pairs = np.array([(self._need(a, f"merge {r}: left"), self._need(b, f"merge {r}: "
                                  "right")) for r, (a, b) in enumerate(self.merges)],
                                dtype=np.int64).reshape(-1, 2)                           # (M, 2)
@@ -53,7 +61,7 @@ class Tokenizer:
                       in enumerate(zip(self._pairs.tolist(), new_ids))}
         self._table = fast_bpe.merge_table(self._pairs, new_ids)
         self._kind = fast_scan.KIND.get(pattern_string(pattern), -1)   # -1: regex path
-        self._fast = self._kind >= 0
+        self._fast = self._kind >= 0 and not self._missing
         self._regex = compile_pattern(pattern)
         self._cache = {}
         self._fast_cache = None
@@ -141,6 +149,7 @@ class Tokenizer:
 
     def _bpe(self, token):
         """Ids of one pre-token (bytes): lowest-rank merge first, neighbours re-ranked only."""
+        token = token.translate(None, self._missing)
         if len(token) > fast_bpe.LONG:  # the heap merge: O(m log m) where this loop is O(m^2)
             return tuple(fast_bpe.bpe_long(token, self._byte_ids, *self._table).tolist())
         parts = [int(self._byte_ids[b]) for b in token]
@@ -161,7 +170,7 @@ class Tokenizer:
 
     def _bpe_ref(self, token):
         """Naive twin of _bpe: after every merge, rescan all pairs for the lowest rank."""
-        parts = [bytes([b]) for b in token]
+        parts = [bytes([b]) for b in token.translate(None, self._missing)]
         rank = {pair: r for r, pair in enumerate(self.merges)}
         while True:
             found = [(rank[p], i) for i, p in enumerate(zip(parts, parts[1:])) if p in rank]

@@ -1,6 +1,9 @@
 """`sample --hf` and `finetune --hf` on the tiny fixture checkpoints."""
 from pathlib import Path
 
+import json
+import shutil
+
 import numpy as np
 
 from scratchllm import cli
@@ -22,6 +25,28 @@ def test_sample_hf_greedy_equals_full_forward_argmax(capsys):
         logits, _ = model.forward(np.array([ids]))
         ids.append(int(np.argmax(logits[0, -1])))
     assert capsys.readouterr().out == tok.decode(ids) + "\n"
+
+
+def test_sample_hf_stops_at_the_configs_eos_token_id(tmp_path, capsys):
+    """With the first greedy id unlike those before it made the eos (generation_config.json,
+    as a list; else config.json's int), `sample --hf` prints the ids before it and stops."""
+    prompt, src = "def f(x):", HF / "llama"
+    model, tok = load_pretrained(src, np.float64), load_tokenizer(src)
+    ids = tok.encode(prompt)
+    for _ in range(6):
+        logits, _ = model.forward(np.array([ids]))
+        ids.append(int(np.argmax(logits[0, -1])))
+    new = ids[-6:]
+    k = next(j for j in range(1, 6) if new[j] not in new[:j])
+    ids = ids[:len(ids) - 6 + k + 1]                       # the prompt, k ids, the eos
+    shutil.copytree(src, tmp_path / "ck")
+    for name, eos in (("generation_config.json", [ids[-1], 10 ** 6]), ("config.json", ids[-1])):
+        spec = json.loads((src / name).read_text(encoding="utf-8")) if name == "config.json" else {}
+        (tmp_path / "ck" / name).write_text(json.dumps(dict(spec, eos_token_id=eos)), "utf-8")
+        assert cli.main(["sample", "--hf", str(tmp_path / "ck"), "--prompt", prompt,
+                         "--max-tokens", "6", "--temperature", "0", "--top-p", "1"]) == 0
+        assert capsys.readouterr().out == tok.decode(ids[:-1]) + "\n"
+        (tmp_path / "ck" / "generation_config.json").unlink(missing_ok=True)
 
 
 def _finetune(out, steps, *extra):

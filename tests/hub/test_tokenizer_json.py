@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from scratchllm.hub import load_tokenizer
-from scratchllm.tokenizer import from_tokenizer_json
+from scratchllm.tokenizer import Tokenizer, from_tokenizer_json
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 KINDS = ["tokenizer_bytelevel", "tokenizer_split", "tokenizer_nfc"]
@@ -54,7 +54,7 @@ def test_unsupported_fields_are_errors(tmp_path):
 # tools/make_hf_tokenizer_fixtures.py: add_prefix_space, ignore_merges, SentencePiece BPE forms,
 # post-processors; "encode_special" = HF's encode(text) with add_special_tokens=True
 PIPELINES = ["tokenizer_prefix", "tokenizer_prefix_split", "tokenizer_llama3",
-             "tokenizer_llama2", "tokenizer_metaspace"]
+             "tokenizer_llama2", "tokenizer_metaspace", "tokenizer_missing_bytes"]
 
 
 @pytest.mark.parametrize("kind", PIPELINES)
@@ -119,3 +119,20 @@ def test_bert_and_roberta_post_processors_wrap_cls_and_sep(tmp_path):
     (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
     tok = load_tokenizer(tmp_path)
     assert tok.encode("hi", add_special_tokens=True) == [0] + tok.encode("hi") + [0, 7, 8]
+
+
+def test_missing_byte_tokens_are_dropped_only_without_unk_token(tmp_path):
+    """tokenizer_missing_bytes lacks b"\\x04" (and four more): HF drops it, merges over the gap
+    ("!\\x04!" -> "!!"); with an unk_token (HF would emit it) or in a plain Tokenizer, an error;
+    a merge of a missing byte is a malformed file."""
+    tok = load_tokenizer(HF / "tokenizer_missing_bytes")
+    assert tok.encode("\x04") == [] and tok.encode("!\x04!") == [tok.encode("!!")[0]]
+    assert tok.encode("a\x04b") == tok.encode("a") + tok.encode("b")
+    spec = json.loads((HF / "tokenizer_missing_bytes" / "tokenizer.json").read_text("utf-8"))
+    with pytest.raises(ValueError, match="byte token b'\\\\x04' is not in the vocab"):
+        Tokenizer(tok.vocab, tok.merges)
+    for change in ({"unk_token": "!"}, {"merges": spec["model"]["merges"] + [["\u0104", "!"]]}):
+        broken = dict(spec, model=dict(spec["model"], **change))
+        (tmp_path / "tokenizer.json").write_text(json.dumps(broken), encoding="utf-8")
+        with pytest.raises(ValueError, match="token b'\\\\x04' is not in the vocab"):
+            load_tokenizer(tmp_path)
