@@ -35,7 +35,8 @@ from numba import njit
 
 from scratchllm.core import ops
 from scratchllm.core.exp32 import exp_lanes
-from scratchllm.core.validate import expect_dout, expect_finite, expect_float, expect_shape
+from scratchllm.core.validate import (expect_dout, expect_finite, expect_float,
+                                      expect_gated_ffn, expect_shape)
 
 
 def use_fused():
@@ -150,11 +151,7 @@ def fused_swiglu_forward(x, W1, W3, W2):
     weights on every call: at batch-1 decoding that copy costs more than the GEMVs).
     Inputs: x (..., D), W1, W3 (D, F), W2 (F, D).  Returns: y (..., D).
     Cache: the three linear caches, a, b (BT, F) and x.shape."""
-    expect_float("swiglu", "x", x, 1)
-    D = x.shape[-1]
-    expect_shape("swiglu", "W1", W1, (D, None), "(D, F)")
-    expect_shape("swiglu", "W3", W3, W1.shape, "(D, F), like W1")
-    expect_shape("swiglu", "W2", W2, (W1.shape[1], D), "(F, D)")
+    expect_gated_ffn("swiglu", x, W1, W3, W2)
     x2 = _rows(x)  # (BT, D)
     a, gate = ops.linear_forward(x2, W1)  # (BT, F)
     b, up = ops.linear_forward(x2, W3)  # (BT, F)

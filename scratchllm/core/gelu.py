@@ -20,7 +20,7 @@ import numpy as np
 from scipy.special import erf
 
 from scratchllm.core.ops import LinearCache, linear_backward, linear_forward, linear_out
-from scratchllm.core.validate import expect_dout, expect_float, expect_shape
+from scratchllm.core.validate import expect_dout, expect_float, expect_gated_ffn
 
 _C = math.sqrt(2.0 / math.pi)
 _K = 0.044715
@@ -107,11 +107,7 @@ def geglu_forward(x, W1, W3, W2, *, approximate="tanh"):
     Inputs:  x (..., D), W1 (D, F), W3 (D, F), W2 (F, D).
     Returns: y (..., D).  Cache: the children's caches and the two gate halves.
     """
-    expect_float("geglu", "x", x, 1)
-    D = x.shape[-1]
-    expect_shape("geglu", "W1", W1, (D, None), "(D, F)")
-    expect_shape("geglu", "W3", W3, W1.shape, "(D, F), like W1")
-    expect_shape("geglu", "W2", W2, (W1.shape[1], D), "(F, D)")
+    expect_gated_ffn("geglu", x, W1, W3, W2)
     a, up_a = linear_forward(x, W1)  # (..., F)
     b, up_b = linear_forward(x, W3)  # (..., F)
     g, act = gelu_forward(a, approximate)  # (..., F)

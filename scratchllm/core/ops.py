@@ -12,8 +12,8 @@ from typing import NamedTuple
 import numpy as np
 from scipy.special import expit
 
-from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_int,
-                                      expect_integer, expect_shape)
+from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_gated_ffn,
+                                      expect_int, expect_integer, expect_shape)
 
 
 # ---------------------------------------------------------------------------- linear
@@ -203,11 +203,7 @@ def swiglu_forward(x, W1, W3, W2):
     Inputs:  x (..., D), W1 (D, F), W3 (D, F), W2 (F, D).
     Returns: y (..., D).  Cache: the children's caches and the two gate halves.
     """
-    expect_float("swiglu", "x", x, 1)
-    D = x.shape[-1]
-    expect_shape("swiglu", "W1", W1, (D, None), "(D, F)")
-    expect_shape("swiglu", "W3", W3, W1.shape, "(D, F), like W1")
-    expect_shape("swiglu", "W2", W2, (W1.shape[1], D), "(F, D)")
+    expect_gated_ffn("swiglu", x, W1, W3, W2)
     a, up_a = linear_forward(x, W1)  # (..., F)
     b, up_b = linear_forward(x, W3)  # (..., F)
     s, act = silu_forward(a)  # (..., F)

@@ -161,3 +161,13 @@ def expect_all_finite(fn, name, array):
         raise ValueError(f"{fn}: {name} has {int(bad.sum())} non-finite entries (NaN or inf) "
                          f"of {np.size(array)}, first at index "
                          f"{tuple(int(i) for i in np.argwhere(bad)[0])}")
+
+
+def expect_gated_ffn(fn, x, W1, W3, W2):
+    """The shapes of a gated FFN (SwiGLU, GeGLU): x float (..., D), W1 and W3 (D, F),
+    W2 (F, D); ValueError/TypeError naming `fn` and the argument."""
+    expect_float(fn, "x", x, 1)
+    D = x.shape[-1]
+    expect_shape(fn, "W1", W1, (D, None), "(D, F)")
+    expect_shape(fn, "W3", W3, W1.shape, "(D, F), like W1")
+    expect_shape(fn, "W2", W2, (W1.shape[1], D), "(F, D)")
