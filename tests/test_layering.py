@@ -1,7 +1,8 @@
 """The layout's rules on the import graph of scratchllm/, parsed with ast (function-level
 imports count too), and a synthetic tree that shows each rule can fail.
 
-    core                          imports nothing else of scratchllm
+    specs                         the standard library only (the configs, read by every layer)
+    core                          specs; nothing else of scratchllm
     tokenizer, attention, moe, ssm, linear_attention
                                   core, and each other where the math needs it
     lm                            the component packages
@@ -20,21 +21,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 COMPONENTS = {"tokenizer", "attention", "moe", "ssm", "linear_attention"}
 ALLOWED = {  # top-level part of scratchllm -> the parts it may import
-    "core": set(),
-    "tokenizer": {"core"},
-    "attention": {"core"} | COMPONENTS,
-    "moe": {"core"} | COMPONENTS,
-    "ssm": {"core"} | COMPONENTS,
-    "linear_attention": {"core"} | COMPONENTS,
-    "lm": {"core"} | COMPONENTS,
-    "hub": {"core", "lm"} | COMPONENTS,
-    "train": {"core", "lm", "hub"} | COMPONENTS,
-    "teach": {"core"} | COMPONENTS,
-    "cli": {"core", "lm", "train", "teach", "hub"} | COMPONENTS,
+    "specs": set(),
+    "core": {"specs"},
+    "tokenizer": {"core", "specs"},
+    "attention": {"core", "specs"} | COMPONENTS,
+    "moe": {"core", "specs"} | COMPONENTS,
+    "ssm": {"core", "specs"} | COMPONENTS,
+    "linear_attention": {"core", "specs"} | COMPONENTS,
+    "lm": {"core", "specs"} | COMPONENTS,
+    "hub": {"core", "specs", "lm"} | COMPONENTS,
+    "train": {"core", "specs", "lm", "hub"} | COMPONENTS,
+    "teach": {"core", "specs"} | COMPONENTS,
+    "cli": {"core", "specs", "lm", "train", "teach", "hub"} | COMPONENTS,
     "__main__": {"cli"},
     "__init__": set(),
 }
-STDLIB_ONLY = ("scratchllm.teach.sizing", "scratchllm.teach.arch")
+STDLIB_ONLY = ("scratchllm.teach.sizing", "scratchllm.teach.arch", "scratchllm.specs")
+# ... each of these modules (and every module of the specs package) imports only the standard
+# library and the others of them
 OPTIONAL = {"matplotlib", "sentencepiece",  # the only modules a function may import
             "nbformat", "nbclient", "nbconvert"}  # (the notebooks extra: cli/notebooks.py)
 
@@ -139,10 +143,15 @@ def stray_function_imports(root, package="scratchllm"):
     return sorted(set(bad))
 
 
+def pure_python_modules(root):
+    return [m for m in modules(root) if m in STDLIB_ONLY or m.startswith("scratchllm.specs.")]
+
+
 def non_stdlib_imports(root, module):
-    path = modules(root)[module]
-    return sorted({t for t, _, _ in imports(module, path)
-                   if t.partition(".")[0] not in sys.stdlib_module_names})
+    """What `module` imports besides the standard library and the pure-Python modules."""
+    mods, pure = modules(root), pure_python_modules(root)
+    return sorted({t for t, _, _ in imports(module, mods[module], mods)
+                   if t.partition(".")[0] not in sys.stdlib_module_names and t not in pure})
 
 
 # ---------------------------------------------------------------------------- the library
@@ -168,8 +177,8 @@ def test_function_level_imports_are_commented_optional_dependencies():
     assert stray_function_imports(ROOT) == []
 
 
-def test_sizing_is_pure_python():
-    for module in STDLIB_ONLY:
+def test_sizing_and_specs_are_pure_python():
+    for module in pure_python_modules(ROOT):
         assert non_stdlib_imports(ROOT, module) == [], module
 
 

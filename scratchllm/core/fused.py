@@ -35,13 +35,9 @@ from numba import njit
 
 from scratchllm.core import ops
 from scratchllm.core.exp32 import exp_lanes
+from scratchllm.core.twins import use_fused
 from scratchllm.core.validate import (expect_dout, expect_finite, expect_float,
                                       expect_gated_ffn, expect_shape)
-
-
-def use_fused():
-    """True unless the environment sets SCRATCHLLM_READABLE (to anything but "" or "0")."""
-    return os.environ.get("SCRATCHLLM_READABLE", "") in ("", "0")
 
 
 def _rows(a):

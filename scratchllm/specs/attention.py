@@ -1,0 +1,184 @@
+"""The attention specs: RoPE, the mask, a GQA layer and an MLA layer. Frozen, plain Python.
+
+A spec travels unchanged from the ModelConfig through the Module into the pair: Attention
+(attention/gqa.py) reads an AttentionSpec, gqa_forward(x, w, spec=..., rope=..., mask=...)
+reads the same object. Arrays never live in a spec; what a spec turns into at run time (RoPE's
+inv_freq, a mask's boolean array) is built by the attention package from it.
+
+Glossary: H query heads, Hkv KV heads, Dh head dim, W window, S sink tokens.
+"""
+from dataclasses import dataclass
+
+from scratchllm.specs._check import fail, flag, instance, one_of, positive_int, real
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """Rotary positions (Su et al. 2021, arXiv 2104.09864): theta_i = base^(-2i/Dh).
+
+    scaling is Hugging Face's rope_scaling dict (linear, dynamic, yarn, llama3, ...) or None;
+    style "half" pairs (i, i + Dh/2) (rotate_half: HF, GPT-NeoX), "interleaved" pairs
+    (2i, 2i + 1) (RoFormer, Meta's Llama). attention/rope.py turns it into a Rope (inv_freq,
+    attention factor, positions) per call."""
+    base: float = 10000.0
+    scaling: dict = None
+    style: str = "half"
+
+    def __post_init__(self):
+        real(self, "base", 1.0, open_low=True)
+        instance(self, "scaling", dict, none_ok=True)
+        one_of(self, "style", ("half", "interleaved"))
+
+
+@dataclass(frozen=True)
+class Mask:
+    """Which keys a query may attend: one vocabulary for sdpa, flash, gqa, mla and decoding.
+
+    causal: key j <= query i.  window W: also i - j < W (sliding window, Mistral; needs
+    causal).  n_sink S: the first S keys stay visible beside the window (StreamingLLM, Xiao et
+    al. 2023).  block (with n_global): the block-sparse pattern of attention/masks.py.
+    array: an explicit boolean array broadcastable to (B, H, Tq, Tk), True = may attend, for
+    what the names cannot say (it excludes the other fields).  Mask(causal=False) attends
+    everywhere (an encoder).  attention/masks.py mask_array(mask, Tq, Tk) builds the array."""
+    causal: bool = True
+    window: int = None
+    n_sink: int = 0
+    block: int = None
+    n_global: int = 0
+    array: object = None
+
+    def __post_init__(self):
+        flag(self, "causal")
+        positive_int(self, "window", none_ok=True)
+        positive_int(self, "n_sink", low=0)
+        positive_int(self, "block", none_ok=True)
+        positive_int(self, "n_global", low=0)
+        if self.window is not None and not self.causal:
+            fail(self, f"window={self.window} needs causal=True (a sliding window looks back)")
+        if self.n_sink and self.window is None:
+            fail(self, f"n_sink={self.n_sink} keeps sink tokens beside a window; give window")
+        if self.n_global and self.block is None:
+            fail(self, f"n_global={self.n_global} belongs to a block pattern; give block")
+        if self.array is not None and (self.window or self.n_sink or self.block
+                                       or not self.causal):
+            fail(self, "array excludes window, n_sink, block and causal=False: put the whole "
+                       "pattern in the array")
+
+    @property
+    def is_plain_causal(self):
+        """The lower triangle and nothing else."""
+        return self.causal and self.window is None and self.block is None and self.array is None
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """A grouped-query attention layer (GQA, Ainslie et al. 2023; MHA at Hkv = H, MQA at 1).
+
+    head_dim None means d_model / n_heads.  qkv_bias, o_bias: biases on the projections
+    (Qwen2; GPT-2).  qk_norm: an RMSNorm over each q and k head before RoPE (Qwen3, Gemma 3),
+    with its eps and gain offset (Gemma: gain = offset + g).  scale: the softmax scale (None =
+    Dh^-1/2).  sinks: a learned sink logit per head (gpt-oss).  rope None: no rotary positions
+    (NoPE, or GPT-2's learned table); alibi: ALiBi's fixed per-head biases instead.  impl
+    "sdpa" (dense scores) or "flash" (tiled, block x block).  mask: the Mask every call of the
+    layer uses (decoding keeps window + n_sink keys)."""
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int = None
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    norm_eps: float = 1e-6
+    norm_offset: float = 0.0
+    scale: float = None
+    sinks: bool = False
+    rope: RopeSpec = RopeSpec()
+    alibi: bool = False
+    impl: str = "sdpa"
+    block: int = 128
+    mask: Mask = Mask()
+
+    def __post_init__(self):
+        for name in ("n_heads", "n_kv_heads", "block"):
+            positive_int(self, name)
+        positive_int(self, "head_dim", none_ok=True)
+        for name in ("qkv_bias", "o_bias", "qk_norm", "sinks", "alibi"):
+            flag(self, name)
+        real(self, "norm_eps", 0, open_low=True)
+        real(self, "norm_offset")
+        real(self, "scale", 0, open_low=True, none_ok=True)
+        instance(self, "rope", RopeSpec, none_ok=True)
+        instance(self, "mask", Mask)
+        one_of(self, "impl", ("sdpa", "flash"))
+        if self.n_heads % self.n_kv_heads:
+            fail(self, f"n_heads={self.n_heads} must be a multiple of n_kv_heads="
+                       f"{self.n_kv_heads}")
+        if self.rope is not None and self.alibi:
+            fail(self, "rope and alibi are two position schemes; give one (rope=None for ALiBi)")
+        if self.head_dim is not None and self.rope is not None and self.head_dim % 2:
+            fail(self, f"RoPE rotates pairs: head_dim={self.head_dim} must be even")
+        if self.impl == "flash" and self.mask.array is not None:
+            fail(self, "impl='flash' tiles named masks; a mask array needs impl='sdpa'")
+
+    def dh(self, d_model):
+        """Dh for a model of width d_model."""
+        if self.head_dim is None and d_model % self.n_heads:
+            fail(self, f"d_model={d_model} must be divisible by n_heads={self.n_heads} "
+                       f"(or give head_dim)")
+        return self.head_dim or d_model // self.n_heads
+
+    def n_params(self, d_model):
+        """wq, wk, wv, wo (+ biases, QK-norm gains, sink logits)."""
+        D, H, Hkv, Dh = d_model, self.n_heads, self.n_kv_heads, self.dh(d_model)
+        n = D * H * Dh + 2 * D * Hkv * Dh + H * Dh * D
+        n += (H + 2 * Hkv) * Dh if self.qkv_bias else 0
+        n += D if self.o_bias else 0
+        n += 2 * Dh if self.qk_norm else 0
+        return n + (H if self.sinks else 0)
+
+    def kv_per_token(self, d_model):
+        """Numbers a decoding state holds per token: K and V of every KV head."""
+        return 2 * self.n_kv_heads * self.dh(d_model)
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434), DeepSeek-V3's names.
+
+    q_lora_rank Dq (0 = a plain wq), kv_lora_rank Dc (the cached latent), qk_nope_head_dim dn,
+    qk_rope_head_dim dr (one shared rope key per token), v_head_dim dv; norm_eps of the latent
+    RMSNorms; rope: its RoPE (YaRN's mscale enters the softmax scale); mask: causal only."""
+    n_heads: int = 4
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 32
+    qk_nope_head_dim: int = 32
+    qk_rope_head_dim: int = 16
+    v_head_dim: int = 32
+    norm_eps: float = 1e-6
+    rope: RopeSpec = RopeSpec()
+    mask: Mask = Mask()
+
+    def __post_init__(self):
+        for name in ("n_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                     "v_head_dim"):
+            positive_int(self, name)
+        positive_int(self, "q_lora_rank", low=0)
+        real(self, "norm_eps", 0, open_low=True)
+        instance(self, "rope", RopeSpec)
+        instance(self, "mask", Mask)
+        if self.qk_rope_head_dim % 2:
+            fail(self, f"RoPE rotates pairs: qk_rope_head_dim={self.qk_rope_head_dim} must be "
+                       f"even")
+        if not self.mask.is_plain_causal:
+            fail(self, f"MLA attends with the plain causal mask, got {self.mask!r}")
+
+    def n_params(self, d_model):
+        """wq (or wq_a, q_norm, wq_b), wkv_a, kv_norm, wkv_b, wo."""
+        D, H = d_model, self.n_heads
+        Dq, Dc, dn, dr, dv = (self.q_lora_rank, self.kv_lora_rank, self.qk_nope_head_dim,
+                              self.qk_rope_head_dim, self.v_head_dim)
+        q = D * H * (dn + dr) if Dq == 0 else D * Dq + Dq + Dq * H * (dn + dr)
+        return q + D * (Dc + dr) + Dc + Dc * H * (dn + dv) + H * dv * D
+
+    def kv_per_token(self, d_model):
+        """The absorbed form caches the latent and the shared rope key: Dc + dr numbers."""
+        return self.kv_lora_rank + self.qk_rope_head_dim

@@ -1,0 +1,104 @@
+"""The feed-forward specs: a dense MLP and a mixture of experts (router + experts). Plain Python.
+
+Glossary: D model width, F hidden width, E experts, K top-k, Fs shared-expert width.
+"""
+from dataclasses import dataclass
+
+from scratchllm.specs._check import fail, flag, instance, one_of, positive_int, real
+
+
+@dataclass(frozen=True)
+class FFNSpec:
+    """A dense MLP of hidden width d_ff: "swiglu" (W1, W3, W2: Llama), "gelu_mlp" (W1 + b1,
+    W2 + b2: GPT-2) or "geglu" (W1, W3, W2 with GELU: Gemma); gelu_approx "tanh" | "none"
+    (erf) for the GELU kinds."""
+    kind: str = "swiglu"
+    d_ff: int = 384
+    gelu_approx: str = "tanh"
+
+    def __post_init__(self):
+        one_of(self, "kind", ("swiglu", "gelu_mlp", "geglu"))
+        positive_int(self, "d_ff")
+        one_of(self, "gelu_approx", ("tanh", "none"))
+
+    def n_params(self, d_model):
+        D, F = d_model, self.d_ff
+        return 2 * D * F + F + D if self.kind == "gelu_mlp" else 3 * D * F
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """A top-k router (moe/router.py). score "softmax" (Mixtral) | "sigmoid" (DeepSeek-V3);
+    bias: a trained logit bias b_router (gpt-oss); n_group, topk_group: group-limited choice;
+    norm_topk_prob: gates renormalised over the chosen k; routed_scaling_factor: the gates'
+    multiplier; bias_gamma: the speed of the aux-loss-free selection bias (0 = off)."""
+    n_experts: int = 8
+    top_k: int = 2
+    score: str = "softmax"
+    bias: bool = False
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
+    bias_gamma: float = 0.0
+
+    def __post_init__(self):
+        for name in ("n_experts", "top_k", "n_group", "topk_group"):
+            positive_int(self, name)
+        one_of(self, "score", ("softmax", "sigmoid"))
+        flag(self, "bias")
+        flag(self, "norm_topk_prob")
+        real(self, "routed_scaling_factor", 0, open_low=True)
+        real(self, "bias_gamma", 0)
+        if self.top_k > self.n_experts:
+            fail(self, f"top_k={self.top_k} must be <= n_experts={self.n_experts}")
+        if self.n_experts % self.n_group or self.topk_group > self.n_group:
+            fail(self, f"n_group={self.n_group} must divide n_experts={self.n_experts} and "
+                       f"topk_group={self.topk_group} be <= n_group")
+
+
+@dataclass(frozen=True)
+class ExpertsSpec:
+    """The routed experts: "swiglu" (w1, w3, w2 stacked over E) or "clamped" (gpt-oss:
+    interleaved gate_up with biases, gate clamped at limit, sigma(alpha gate)); d_ff each."""
+    kind: str = "swiglu"
+    d_ff: int = 192
+    alpha: float = 1.702
+    limit: float = 7.0
+
+    def __post_init__(self):
+        one_of(self, "kind", ("swiglu", "clamped"))
+        positive_int(self, "d_ff")
+        real(self, "alpha", 0, open_low=True)
+        real(self, "limit", 0, open_low=True)
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """A mixture-of-experts FFN (Shazeer et al. 2017; Switch; Mixtral; DeepSeek-V3).
+
+    capacity_factor c: per-expert capacity ceil(c N K / E), overflow dropped (None = no drops);
+    d_shared Fs: one always-on SwiGLU of that width (DeepSeek's shared experts; 0 = none);
+    balance_coef, z_coef: weights of the Switch balance loss and the ST-MoE z-loss."""
+    router: RouterSpec = RouterSpec()
+    experts: ExpertsSpec = ExpertsSpec()
+    capacity_factor: float = None
+    d_shared: int = 0
+    balance_coef: float = 0.01
+    z_coef: float = 0.001
+
+    def __post_init__(self):
+        instance(self, "router", RouterSpec)
+        instance(self, "experts", ExpertsSpec)
+        real(self, "capacity_factor", 0, open_low=True, none_ok=True)
+        positive_int(self, "d_shared", low=0)
+        real(self, "balance_coef", 0)
+        real(self, "z_coef", 0)
+
+    def n_params(self, d_model, active=False):
+        """Router (+ bias), the experts (all of them, or the K a token uses), shared experts."""
+        D, E, F = d_model, self.router.n_experts, self.experts.d_ff
+        per_expert = 3 * D * F if self.experts.kind == "swiglu" else 3 * D * F + 2 * F + D
+        n_routed = self.router.top_k if active else E
+        router = D * E + (E if self.router.bias else 0)
+        return router + n_routed * per_expert + 3 * D * self.d_shared

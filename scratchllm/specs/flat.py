@@ -1,0 +1,204 @@
+"""The flat names (`preset("dense", d_model=64, window=32)`, config.json files of older
+checkpoints) mapped into a ModelConfig of specs.
+
+Each flat name is the spec field it sets, prefixed where the flat list needs it to be unique:
+attn_sinks -> AttentionSpec.sinks, attn_scale -> .scale, attn_impl -> .impl, rope_base ->
+RopeSpec.base, router_bias -> RouterSpec.bias, experts -> ExpertsSpec.kind, n_shared * d_ff ->
+MoESpec.d_shared, block -> LayerSpec.placement, norm / norm_eps / norm_offset -> NormSpec.
+The per-layer choices (layer_pattern, layer_types, moe_every, moe_offset, first_k_dense) pick
+the spec of each layer.
+"""
+from dataclasses import dataclass, fields
+
+from scratchllm.specs.attention import AttentionSpec, Mask, MLASpec, RopeSpec
+from scratchllm.specs.ffn import ExpertsSpec, FFNSpec, MoESpec, RouterSpec
+from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
+from scratchllm.specs.model import LayerSpec, ModelConfig, NormSpec
+
+LAYER_KINDS = "AMLRGDSW"  # attention, Mamba, linear, RetNet, GLA, DeltaNet, Mamba-2, RWKV-4
+RECURRENT = {"L": "linear", "R": "retnet", "G": "gla", "D": "delta"}
+
+
+@dataclass
+class Flat:
+    """Every flat name with its default (the values of today's `dense` preset)."""
+    name: str = "custom"
+    vocab_size: int = 1024
+    d_model: int = 128
+    n_layers: int = 4
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    attention: str = "gqa"
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    rope_base: float = 10000.0
+    rope_scaling: dict = None
+    rope_style: str = "half"
+    window: int = None
+    n_sink: int = 0
+    positions: str = "rope"
+    attn_impl: str = "sdpa"
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 32
+    qk_nope_head_dim: int = 32
+    qk_rope_head_dim: int = 16
+    v_head_dim: int = 32
+    ffn: str = "swiglu"
+    d_ff: int = 384
+    moe_every: int = 1
+    moe_offset: int = None
+    first_k_dense: int = 0
+    dense_d_ff: int = None
+    n_experts: int = 8
+    top_k: int = 2
+    capacity_factor: float = None
+    n_shared: int = 0
+    score: str = "softmax"
+    balance_coef: float = 0.01
+    z_coef: float = 0.001
+    bias_gamma: float = 0.0
+    layer_pattern: str = None
+    d_state: int = 16
+    d_conv: int = 4
+    expand: int = 2
+    router_bias: bool = False
+    experts: str = "swiglu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    attn_sinks: bool = False
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
+    mamba_inner_norms: bool = False
+    dt_rank: int = None
+    head_dim: int = None
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    o_bias: bool = False
+    norm: str = "rmsnorm"
+    max_positions: int = 1024
+    gelu_approx: str = "tanh"
+    block: str = "pre"
+    norm_offset: float = 0.0
+    embed_scale: bool = False
+    attn_scale: float = None
+    layer_types: list = None
+    rope_local_base: float = None
+
+
+FLAT_NAMES = tuple(f.name for f in fields(Flat))
+
+
+def from_flat(**flat):
+    """A ModelConfig from flat names (FLAT_NAMES); an unknown name or a value a spec refuses
+    is a ValueError naming the flat field."""
+    unknown = sorted(set(flat) - set(FLAT_NAMES))
+    if unknown:
+        raise ValueError(f"ModelConfig: unknown field(s) {unknown}; known: {sorted(FLAT_NAMES)}")
+    f = Flat(**flat)
+    _check_layers(f)
+    norm = NormSpec(f.norm, f.norm_eps, f.norm_offset)
+    layers = tuple(LayerSpec(_mixer(f, i, kind), _ffn(f, i), norm, f.block)
+                   for i, kind in enumerate(_kinds(f)))
+    embedded = f.positions if f.positions in ("learned", "sinusoidal") else "none"
+    return ModelConfig(f.name, f.vocab_size, f.d_model, layers, norm, f.tie_embeddings,
+                       f.embed_scale, embedded, f.max_positions)
+
+
+def _kinds(f):
+    return f.layer_pattern or "A" * f.n_layers
+
+
+def _check_layers(f):
+    """The flat-only fields (they choose per-layer specs and have no spec of their own)."""
+    def bad(msg):
+        raise ValueError(f"ModelConfig: {msg}")
+    for name in ("n_layers", "moe_every"):
+        v = getattr(f, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            bad(f"{name} must be a positive integer, got {v!r}")
+    kinds = _kinds(f)
+    if not isinstance(kinds, str) or len(kinds) != f.n_layers or set(kinds) - set(LAYER_KINDS):
+        bad(f"layer_pattern must be {f.n_layers} letters of {LAYER_KINDS!r}, got {kinds!r}")
+    if f.attention not in ("gqa", "mla"):
+        bad(f"attention must be 'gqa' or 'mla', got {f.attention!r}")
+    if f.ffn not in ("swiglu", "moe", "gelu_mlp", "geglu", "none"):
+        bad(f"ffn must be 'swiglu', 'moe', 'gelu_mlp', 'geglu' or 'none', got {f.ffn!r}")
+    if f.positions not in ("rope", "alibi", "sinusoidal", "nope", "learned"):
+        bad(f"positions must be 'rope', 'alibi', 'sinusoidal', 'nope' or 'learned', got "
+            f"{f.positions!r}")
+    if f.moe_offset is not None and (isinstance(f.moe_offset, bool) or not isinstance(
+            f.moe_offset, int) or not 0 <= f.moe_offset < f.moe_every):
+        bad(f"moe_offset must be None or an integer in [0, moe_every={f.moe_every}), got "
+            f"{f.moe_offset!r}")
+    if isinstance(f.first_k_dense, bool) or not isinstance(f.first_k_dense, int) \
+            or f.first_k_dense < 0:
+        bad(f"first_k_dense must be an integer >= 0, got {f.first_k_dense!r}")
+    types = f.layer_types
+    if types is not None and (len(types) != f.n_layers or set(types) - {
+            "full_attention", "sliding_attention"}):
+        bad(f"layer_types must be {f.n_layers} of 'full_attention'/'sliding_attention', "
+            f"got {types!r}")
+    if types is not None and "sliding_attention" in types and f.window is None:
+        bad("layer_types has sliding_attention layers but window is None")
+    if f.attention == "mla" and (f.positions != "rope" or f.attn_impl != "sdpa"
+                                 or f.window is not None or f.head_dim or f.qkv_bias
+                                 or f.qk_norm):
+        bad("attention='mla' supports positions='rope', attn_impl='sdpa', no window, and none "
+            "of head_dim, qkv_bias, qk_norm (options of attention='gqa')")
+    if f.positions != "rope" and (f.rope_scaling is not None or f.rope_style != "half"):
+        bad(f"rope_scaling={f.rope_scaling!r} and rope_style={f.rope_style!r} act only "
+            f"through RoPE, and positions={f.positions!r}")
+
+
+def _attention_layer(f, i):
+    """(window, RopeSpec) of attention layer i: with layer_types, a sliding layer has the
+    window and rope_local_base without scaling when that is given (Gemma 3), else the full
+    layers' RoPE (gpt-oss); a full layer has no window."""
+    window, base, scaling = f.window, f.rope_base, f.rope_scaling
+    if f.layer_types is not None and f.layer_types[i] == "full_attention":
+        window = None
+    elif f.layer_types is not None and f.rope_local_base is not None:
+        base, scaling = f.rope_local_base, None
+    return window, RopeSpec(base, scaling, f.rope_style)
+
+
+def _mixer(f, i, kind):
+    if kind in RECURRENT:
+        return RecurrentSpec(RECURRENT[kind], f.n_heads)
+    if kind == "S":
+        return Mamba2Spec(f.n_heads, f.d_state, f.expand, f.d_conv)
+    if kind == "W":
+        return RWKVSpec()
+    if kind == "M":
+        return MambaSpec(f.d_state, f.d_conv, f.expand, f.dt_rank, f.mamba_inner_norms,
+                         f.norm_eps)
+    window, rope = _attention_layer(f, i)
+    if f.attention == "mla":
+        return MLASpec(f.n_heads, f.q_lora_rank, f.kv_lora_rank, f.qk_nope_head_dim,
+                       f.qk_rope_head_dim, f.v_head_dim, f.norm_eps, rope)
+    mask = Mask(window=window, n_sink=f.n_sink if window else 0)
+    return AttentionSpec(
+        f.n_heads, f.n_kv_heads, f.head_dim, f.qkv_bias, f.o_bias, f.qk_norm, f.norm_eps,
+        f.norm_offset, f.attn_scale, f.attn_sinks, rope if f.positions == "rope" else None,
+        f.positions == "alibi", f.attn_impl, mask=mask)
+
+
+def is_moe_layer(f, i):
+    offset = f.moe_every - 1 if f.moe_offset is None else f.moe_offset
+    return f.ffn == "moe" and i >= f.first_k_dense and i % f.moe_every == offset
+
+
+def _ffn(f, i):
+    if f.ffn == "none":
+        return None
+    if f.ffn in ("gelu_mlp", "geglu"):
+        return FFNSpec(f.ffn, f.d_ff, f.gelu_approx)
+    if not is_moe_layer(f, i):  # a dense layer (of an MoE model: dense_d_ff wide)
+        return FFNSpec("swiglu", f.dense_d_ff or f.d_ff)
+    router = RouterSpec(f.n_experts, f.top_k, f.score, f.router_bias, f.n_group, f.topk_group,
+                        f.norm_topk_prob, f.routed_scaling_factor, f.bias_gamma)
+    experts = ExpertsSpec(f.experts, f.d_ff, f.swiglu_alpha, f.swiglu_limit)
+    return MoESpec(router, experts, f.capacity_factor, f.n_shared * f.d_ff, f.balance_coef,
+                   f.z_coef)

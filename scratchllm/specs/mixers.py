@@ -1,0 +1,106 @@
+"""The recurrent token mixers' specs: Mamba, Mamba-2, the linear-attention family, RWKV-4.
+
+Glossary: D model width, Di inner width (expand * D), N state size, R dt rank, H heads.
+"""
+import math
+from dataclasses import dataclass
+
+from scratchllm.specs._check import flag, one_of, positive_int, real
+
+
+@dataclass(frozen=True)
+class MambaSpec:
+    """A Mamba (S6) block (Gu & Dao 2023, arXiv 2312.00752): d_state N, d_conv K, expand
+    (Di = expand D), dt_rank R (None = ceil(D / 16)); inner_norms: Jamba's RMSNorms on dt, B
+    and C, with norm_eps."""
+    d_state: int = 16
+    d_conv: int = 4
+    expand: int = 2
+    dt_rank: int = None
+    inner_norms: bool = False
+    norm_eps: float = 1e-6
+
+    def __post_init__(self):
+        for name in ("d_state", "d_conv", "expand"):
+            positive_int(self, name)
+        positive_int(self, "dt_rank", none_ok=True)
+        flag(self, "inner_norms")
+        real(self, "norm_eps", 0, open_low=True)
+
+    def rank(self, d_model):
+        return self.dt_rank or math.ceil(d_model / 16)
+
+    def n_params(self, d_model):
+        """W_in, conv_w, conv_b, W_x, W_dt, b_dt, A_log, D, W_out (+ the inner norms)."""
+        D, Di, N, K, R = d_model, self.expand * d_model, self.d_state, self.d_conv, \
+            self.rank(d_model)
+        n = D * 2 * Di + Di * K + Di + Di * (R + 2 * N) + R * Di + Di + Di * N + Di + Di * D
+        return n + (R + 2 * N if self.inner_norms else 0)
+
+    def state_per_sequence(self, d_model):
+        """Numbers a decoding state holds: the conv window and the SSM state."""
+        Di = self.expand * d_model
+        return Di * (self.d_conv - 1) + Di * self.d_state
+
+
+@dataclass(frozen=True)
+class Mamba2Spec:
+    """A Mamba-2 (SSD) block (Dao & Gu 2024, arXiv 2405.21060): H heads, d_state N, expand,
+    d_conv K, chunk: the chunk length of the chunked scan."""
+    n_heads: int = 4
+    d_state: int = 16
+    expand: int = 2
+    d_conv: int = 4
+    chunk: int = 64
+
+    def __post_init__(self):
+        for name in ("n_heads", "d_state", "expand", "d_conv", "chunk"):
+            positive_int(self, name)
+
+    def n_params(self, d_model):
+        """Wz, Wx, WB, WC, Wdt, dt_bias, A_log, D, conv_w, conv_b, norm, Wout."""
+        D, Di, N, H, K = d_model, self.expand * d_model, self.d_state, self.n_heads, self.d_conv
+        return D * (2 * Di + 2 * N + H) + 3 * H + (Di + 2 * N) * (K + 1) + Di + Di * D
+
+    def state_per_sequence(self, d_model):
+        Di = self.expand * d_model
+        return (Di + 2 * self.d_state) * (self.d_conv - 1) + Di * self.d_state
+
+
+@dataclass(frozen=True)
+class RecurrentSpec:
+    """A linear-attention-family mixer (linear_attention/layer.py): kind "linear" (Katharopoulos
+    et al. 2020), "retnet" (Sun et al. 2023), "gla" (Yang et al. 2023) or "delta" (DeltaNet,
+    Schlag et al. 2021); H heads, chunk length of the chunked form."""
+    kind: str = "linear"
+    n_heads: int = 4
+    chunk: int = 64
+
+    def __post_init__(self):
+        one_of(self, "kind", ("linear", "retnet", "gla", "delta"))
+        positive_int(self, "n_heads")
+        positive_int(self, "chunk")
+
+    def n_params(self, d_model):
+        """Wq, Wk, Wv, Wo (D, D) and the gate Wa: (D, D) for gla, (D, H) for delta."""
+        extra = {"gla": d_model, "delta": self.n_heads}.get(self.kind, 0)
+        return 4 * d_model * d_model + d_model * extra
+
+    def state_per_sequence(self, d_model):
+        return d_model * d_model // self.n_heads
+
+
+@dataclass(frozen=True)
+class RWKVSpec:
+    """RWKV-4's time mixing (Peng et al. 2023, arXiv 2305.13048): Wk, Wv, Wr, Wo and the
+    per-channel mix_k, mix_v, mix_r, time_decay, time_first."""
+    version: int = 4
+
+    def __post_init__(self):
+        one_of(self, "version", (4,))
+
+    def n_params(self, d_model):
+        return 4 * d_model * d_model + 5 * d_model
+
+    def state_per_sequence(self, d_model):
+        return 4 * d_model

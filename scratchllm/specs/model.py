@@ -1,0 +1,116 @@
+"""ModelConfig: a trunk (vocabulary, width, embedding, final norm) plus one LayerSpec per layer.
+
+A LayerSpec is a token mixer spec (AttentionSpec, MLASpec, MambaSpec, Mamba2Spec,
+RecurrentSpec, RWKVSpec), an FFN spec (FFNSpec, MoESpec or None for a mixer-only block), the
+norm and where it sits: "pre" (x + f(norm(x))), "post" (norm(x + f(x)): Vaswani et al. 2017)
+or "sandwich" (x + norm(f(norm(x))): Gemma 2, 3). lm/ builds one Block per LayerSpec; teach/
+sizes the same objects, so `size` and `LM` can never disagree. Plain Python: no numpy here.
+"""
+from dataclasses import dataclass
+
+from scratchllm.specs._check import fail, flag, instance, one_of, positive_int, real
+from scratchllm.specs.attention import AttentionSpec, MLASpec
+from scratchllm.specs.ffn import FFNSpec, MoESpec
+from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
+
+MIXERS = (AttentionSpec, MLASpec, MambaSpec, Mamba2Spec, RecurrentSpec, RWKVSpec)
+FFNS = (FFNSpec, MoESpec)
+
+
+@dataclass(frozen=True)
+class NormSpec:
+    """A norm: "rmsnorm" (Zhang & Sennrich 2019) or "layernorm" (with bias: GPT-2), eps, and
+    a gain offset (Gemma stores w with gain = offset + w)."""
+    kind: str = "rmsnorm"
+    eps: float = 1e-5
+    offset: float = 0.0
+
+    def __post_init__(self):
+        one_of(self, "kind", ("rmsnorm", "layernorm"))
+        real(self, "eps", 0, open_low=True)
+        real(self, "offset")
+
+    def n_params(self, d_model):
+        return 2 * d_model if self.kind == "layernorm" else d_model
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One block: mixer, ffn (None = the block is the mixer alone), norm and its placement."""
+    mixer: object = AttentionSpec()
+    ffn: object = FFNSpec()
+    norm: NormSpec = NormSpec()
+    placement: str = "pre"
+
+    def __post_init__(self):
+        instance(self, "mixer", MIXERS)
+        instance(self, "ffn", FFNS, none_ok=True)
+        instance(self, "norm", NormSpec)
+        one_of(self, "placement", ("pre", "post", "sandwich"))
+        if self.ffn is None and self.placement != "pre":
+            fail(self, f"a mixer-only block (ffn=None) is pre-norm, got {self.placement!r}")
+
+    @property
+    def n_norms(self):
+        """norm1 (+ norm2 with an FFN) (+ the two output norms of a sandwich block)."""
+        return (1 if self.ffn is None else 2) * (2 if self.placement == "sandwich" else 1)
+
+    def n_params(self, d_model, active=False):
+        ffn = 0 if self.ffn is None else (
+            self.ffn.n_params(d_model, active) if isinstance(self.ffn, MoESpec)
+            else self.ffn.n_params(d_model))
+        return self.mixer.n_params(d_model) + ffn + self.n_norms * self.norm.n_params(d_model)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A decoder LM: the trunk fields and `layers`, one LayerSpec per layer (a tuple).
+
+    positions: what the embedding adds ("none"; "learned": GPT-2's wpe of max_positions rows;
+    "sinusoidal": Vaswani et al.'s fixed table); RoPE and ALiBi live in each AttentionSpec.
+    embed_scale: x_0 = E[ids] sqrt(D) (Gemma).  tie_embeddings: the head is E^T."""
+    name: str = "custom"
+    vocab_size: int = 1024
+    d_model: int = 128
+    layers: tuple = (LayerSpec(),) * 4
+    norm: NormSpec = NormSpec()
+    tie_embeddings: bool = False
+    embed_scale: bool = False
+    positions: str = "none"
+    max_positions: int = 1024
+
+    def __post_init__(self):
+        if not isinstance(self.name, str):
+            fail(self, f"name must be a string, got {self.name!r}")
+        positive_int(self, "vocab_size")
+        positive_int(self, "d_model")
+        positive_int(self, "max_positions")
+        if not isinstance(self.layers, tuple) or not self.layers:
+            fail(self, f"layers must be a non-empty tuple of LayerSpec, got {self.layers!r}")
+        for i, layer in enumerate(self.layers):
+            if not isinstance(layer, LayerSpec):
+                fail(self, f"layers[{i}] must be a LayerSpec, got {layer!r}")
+            if isinstance(layer.mixer, AttentionSpec):
+                dh = layer.mixer.dh(self.d_model)  # d_model divisible by n_heads (or head_dim)
+                if layer.mixer.rope is not None and dh % 2:
+                    fail(self, f"layers[{i}]: RoPE rotates pairs, head dim {dh} is odd")
+            if self.positions != "none" and isinstance(layer.mixer, MLASpec):
+                fail(self, f"layers[{i}]: positions={self.positions!r} is implemented for "
+                           f"attention layers (AttentionSpec) only, not MLA")
+        instance(self, "norm", NormSpec)
+        flag(self, "tie_embeddings")
+        flag(self, "embed_scale")
+        one_of(self, "positions", ("none", "learned", "sinusoidal"))
+
+    @property
+    def n_layers(self):
+        return len(self.layers)
+
+    def n_params(self, active=False):
+        """Parameters of LM(self), counted from the specs without allocating anything:
+        embedding (+ position table) + blocks + final norm (+ untied head). active=True counts
+        the K routed experts a token uses instead of all E."""
+        D, V = self.d_model, self.vocab_size
+        n = V * D + (self.max_positions * D if self.positions == "learned" else 0)
+        n += sum(layer.n_params(D, active) for layer in self.layers)
+        return n + self.norm.n_params(D) + (0 if self.tie_embeddings else D * V)

@@ -1,0 +1,80 @@
+"""ModelConfig <-> a JSON-able dict (checkpoints' config.json).
+
+Format 2 writes each distinct LayerSpec once under "specs" and the layers as a list of their
+keys: {"format": 2, "name": ..., "specs": {"0": {...}}, "layers": ["0", "0", "1", ...]}; a spec
+is {"spec": class name, field: value, ...}, nested specs likewise. A dict without "format" is a
+flat config of the first format (every checkpoint written before specs) and goes through
+from_flat, so those checkpoints still load.
+"""
+import dataclasses
+
+from scratchllm.specs.attention import AttentionSpec, Mask, MLASpec, RopeSpec
+from scratchllm.specs.ffn import ExpertsSpec, FFNSpec, MoESpec, RouterSpec
+from scratchllm.specs.flat import from_flat
+from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
+from scratchllm.specs.model import LayerSpec, ModelConfig, NormSpec
+
+FORMAT = 2
+SPECS = {c.__name__: c for c in (AttentionSpec, Mask, MLASpec, RopeSpec, ExpertsSpec, FFNSpec,
+                                 MoESpec, RouterSpec, Mamba2Spec, MambaSpec, RecurrentSpec,
+                                 RWKVSpec, LayerSpec, NormSpec)}
+TRUNK = ("name", "vocab_size", "d_model", "tie_embeddings", "embed_scale", "positions",
+         "max_positions")
+
+
+def spec_to_dict(spec):
+    """A spec as {"spec": class name, field: value}; nested specs likewise."""
+    out = {"spec": type(spec).__name__}
+    for f in dataclasses.fields(spec):
+        v = getattr(spec, f.name)
+        out[f.name] = spec_to_dict(v) if type(v).__name__ in SPECS else v
+    return out
+
+
+def spec_from_dict(d):
+    """Inverse of spec_to_dict; an unknown spec or field is a ValueError naming it."""
+    if not isinstance(d, dict) or d.get("spec") not in SPECS:
+        raise ValueError(f"config: expected a spec {{'spec': one of {sorted(SPECS)}, ...}}, "
+                         f"got {d!r}")
+    cls = SPECS[d["spec"]]
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known - {"spec"})
+    if unknown:
+        raise ValueError(f"config: {cls.__name__} has no field(s) {unknown}; known: "
+                         f"{sorted(known)}")
+    return cls(**{k: spec_from_dict(v) if isinstance(v, dict) and "spec" in v else v
+                  for k, v in d.items() if k != "spec"})
+
+
+def to_dict(cfg):
+    """The config as a JSON-able dict of format 2."""
+    keys, specs = [], {}
+    for layer in cfg.layers:
+        d = spec_to_dict(layer)
+        key = next((k for k, v in specs.items() if v == d), str(len(specs)))
+        specs[key] = d
+        keys.append(key)
+    trunk = {name: getattr(cfg, name) for name in TRUNK}
+    return {"format": FORMAT, **trunk, "norm": spec_to_dict(cfg.norm), "specs": specs,
+            "layers": keys}
+
+
+def from_dict(d):
+    """Inverse of to_dict; a dict of the flat first format goes through from_flat; a newer
+    format is a ValueError naming it."""
+    if not isinstance(d, dict):
+        raise ValueError(f"config: expected a dict, got {type(d).__name__}")
+    if "format" not in d:
+        return from_flat(**d)
+    if d["format"] != FORMAT:
+        raise ValueError(f"config: format {d['format']!r} is not one this version reads "
+                         f"({FORMAT}, or the flat first format); upgrade scratchllm")
+    unknown = sorted(set(d) - set(TRUNK) - {"format", "norm", "specs", "layers"})
+    if unknown:
+        raise ValueError(f"config: unknown field(s) {unknown}")
+    specs = {k: spec_from_dict(v) for k, v in d["specs"].items()}
+    missing = sorted(set(d["layers"]) - set(specs))
+    if missing:
+        raise ValueError(f"config: layers name spec(s) {missing} that 'specs' lacks")
+    return ModelConfig(**{n: d[n] for n in TRUNK if n in d}, norm=spec_from_dict(d["norm"]),
+                       layers=tuple(specs[k] for k in d["layers"]))
