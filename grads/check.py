@@ -16,6 +16,10 @@ When an input fails, the checker looks again at step h/10 and at the one-sided d
 If the estimates disagree with each other the function is not smooth inside the step (a ReLU
 kink, a top-k tie, a capacity boundary): the status is `kink`, not `FAIL`.
 It also fails the check when forward or backward mutated an input or `dout`.
+
+An input that is a NamedTuple of arrays (one layer's weights, e.g. `w = AttentionWeights(wq,
+wk, ...)`) is checked field by field, as inputs named "w.wq", "w.wk", ...: its backward returns
+a NamedTuple of the same type for it, with None exactly where the input's field is None.
 """
 from dataclasses import dataclass, field
 
@@ -88,6 +92,15 @@ def check(forward, backward, *, rng=None, wrt=None, label="", fd_step=1e-5, n_di
              returns a gradient of the wrong shape.
     """
     rng = np.random.default_rng(0) if rng is None else rng
+    groups = {k: v for k, v in inputs.items() if _is_weights(v)}
+    if groups:  # check the NamedTuples' fields as inputs of their own ("w.wq", ...)
+        flat = _flat_inputs(inputs, groups)
+        if wrt is not None:  # a NamedTuple's name stands for its array fields
+            wrt = [f for n in wrt for f in ([f for f in flat if f.startswith(n + ".")]
+                                            if n in groups else [n])]
+        return check(_flat_forward(forward, groups), _flat_backward(backward, groups), rng=rng,
+                     wrt=wrt, label=label, fd_step=fd_step, n_directions=n_directions,
+                     max_full=max_full, **flat)
     names = _names_to_check(inputs, wrt)
     originals = {k: np.copy(v) for k, v in inputs.items() if isinstance(v, np.ndarray)}
     out, cache = forward(**inputs)
@@ -101,6 +114,52 @@ def check(forward, backward, *, rng=None, wrt=None, label="", fd_step=1e-5, n_di
         report.rows.append(_check_input(forward, inputs, name, analytic, dout, rng,
                                         fd_step, n_directions, max_full))
     return report
+
+
+def _is_weights(value):
+    """A NamedTuple (the weights of one layer): a tuple with _fields."""
+    return isinstance(value, tuple) and hasattr(value, "_fields")
+
+
+def _flat_inputs(inputs, groups):
+    """inputs with each NamedTuple w replaced by its array fields "w.<field>"."""
+    flat = {k: v for k, v in inputs.items() if k not in groups}
+    for k, w in groups.items():
+        flat.update({f"{k}.{f}": a for f, a in zip(w._fields, w) if a is not None})
+    return flat
+
+
+def _flat_forward(forward, groups):
+    """forward over the flat inputs: each NamedTuple rebuilt from its fields."""
+    def flat_forward(**flat):
+        args = {k: v for k, v in flat.items() if "." not in k}
+        for k, w in groups.items():
+            args[k] = w._replace(**{f: flat[f"{k}.{f}"] for f in w._fields
+                                    if f"{k}.{f}" in flat})
+        return forward(**args)
+    return flat_forward
+
+
+def _flat_backward(backward, groups):
+    """backward with each NamedTuple gradient spread into "w.<field>" entries; a gradient of
+    another type, or one whose None fields differ from the input's, is a TypeError."""
+    def flat_backward(dout, cache):
+        grads = backward(dout, cache)
+        flat = {k: v for k, v in grads.items() if k not in groups}
+        for k, w in groups.items():
+            g = grads.get(k)
+            if type(g) is not type(w):
+                raise TypeError(f"grads.check: the gradient for input '{k}' must be a "
+                                f"{type(w).__name__} like the input, got {type(g).__name__}")
+            for f, a, da in zip(w._fields, w, g):
+                if (a is None) != (da is None):
+                    raise TypeError(f"grads.check: gradient field '{k}.{f}' is "
+                                    f"{'None' if da is None else 'an array'}, but the input's "
+                                    f"field is {'None' if a is None else 'an array'}")
+                if da is not None:
+                    flat[f"{k}.{f}"] = da
+        return flat
+    return flat_backward
 
 
 def _names_to_check(inputs, wrt):

@@ -1,4 +1,6 @@
 """The checker itself: it must catch wrong backwards, flag kinks, and police purity."""
+from typing import NamedTuple
+
 import numpy as np
 import pytest
 
@@ -160,3 +162,59 @@ def test_tuple_outputs_get_a_tuple_dout():
 
     rng = _rng()
     assert grads.check(two_outputs, two_backward, rng=rng, x=rng.standard_normal(4)).ok
+
+
+# ---------------------------------------------------------------- NamedTuple inputs (weights)
+class _W(NamedTuple):
+    a: np.ndarray
+    b: np.ndarray = None
+    c: np.ndarray = None
+
+
+def _affine(x, w):
+    y = x @ w.a  # (N, M)
+    return (y if w.b is None else y + w.b), (x, w)
+
+
+def _affine_backward(dy, cache, scale=1.0):
+    x, w = cache
+    return {"x": dy @ w.a.T, "w": _W(scale * x.T @ dy, None if w.b is None else dy.sum(0))}
+
+
+def _weights(rng, bias=True):
+    return _W(rng.standard_normal((4, 5)), rng.standard_normal(5) if bias else None)
+
+
+def test_namedtuple_fields_are_checked_as_inputs_of_their_own():
+    rng = _rng()
+    report = grads.check(_affine, _affine_backward, rng=rng, x=rng.standard_normal((3, 4)),
+                         w=_weights(rng))
+    assert report.ok, report
+    assert [r.input for r in report.rows] == ["x", "w.a", "w.b"]  # w.c is None: not checked
+
+
+def test_a_wrong_field_gradient_fails_that_field_only():
+    rng = _rng()
+    wrong = lambda dy, cache: _affine_backward(dy, cache, scale=1.01)  # noqa: E731
+    report = grads.check(_affine, wrong, rng=rng, x=rng.standard_normal((3, 4)),
+                         w=_weights(rng))
+    assert {r.input: r.status for r in report.rows} == {"x": "ok", "w.a": "FAIL", "w.b": "ok"}
+
+
+def test_wrt_names_a_namedtuple_for_all_its_fields():
+    rng = _rng()
+    report = grads.check(_affine, _affine_backward, rng=rng, wrt=["w"],
+                         x=rng.standard_normal((3, 4)), w=_weights(rng))
+    assert [r.input for r in report.rows] == ["w.a", "w.b"]
+
+
+def test_namedtuple_gradient_must_match_the_input_type_and_its_none_fields():
+    rng = _rng()
+    as_dict = lambda dy, cache: {**_affine_backward(dy, cache), "w": {"a": 0}}  # noqa: E731
+    with pytest.raises(TypeError, match="gradient for input 'w' must be a _W"):
+        grads.check(_affine, as_dict, rng=rng, x=rng.standard_normal((3, 4)), w=_weights(rng))
+    extra = lambda dy, cache: {**_affine_backward(dy, cache),  # noqa: E731
+                               "w": _W(cache[0].T @ dy, dy.sum(0))}
+    with pytest.raises(TypeError, match="'w.b' is an array, but the input's field is None"):
+        grads.check(_affine, extra, rng=rng, x=rng.standard_normal((3, 4)),
+                    w=_weights(rng, bias=False))
