@@ -117,8 +117,11 @@ def check(forward, backward, *, rng=None, wrt=None, label="", fd_step=1e-5, n_di
 
 
 def _is_weights(value):
-    """A NamedTuple (the weights of one layer): a tuple with _fields."""
-    return isinstance(value, tuple) and hasattr(value, "_fields")
+    """A NamedTuple of arrays (the weights of one layer): every field an array or None, one
+    at least a float array. (A NamedTuple of sizes or options passes through unchanged.)"""
+    return (isinstance(value, tuple) and hasattr(value, "_fields")
+            and all(a is None or isinstance(a, np.ndarray) for a in value)
+            and any(isinstance(a, np.ndarray) and _is_float(a) for a in value))
 
 
 def _flat_inputs(inputs, groups):

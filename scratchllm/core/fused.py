@@ -8,9 +8,10 @@ backward` in ops.py, with the same signature and the same dict of gradients, and
 teaching text keeps its own name, used by drills, notebooks and grads cases).
 tests/core/test_fused.py checks every twin against its `_ref` (float32 to 1e-6, float64 to
 1e-12); grads/cases.py checks every fused backward by finite differences.
-The Modules (core/nn.py), the LM's loss and AdamW dispatch through `use_fused()`: set
-SCRATCHLLM_READABLE=1 to run the readable pairs instead (to step through them, say); a
-backward always follows the kind of cache its forward made.
+The Modules (core/nn.py) and the LM's loss run them through the Twin objects at the end of
+this file (RMSNORM, SWIGLU, CROSS_ENTROPY: twins.py), AdamW picks its update at construction:
+set SCRATCHLLM_READABLE=1 to run the readable pairs instead (to step through them, say); a
+backward always runs the twin its forward chose, which the cache carries.
 
 Math (the same as the readable pairs):
     rmsnorm:  y = x r g,  r = (mean(x^2) + eps)^-1/2;  dx = r (dy g - xhat mean(dy g xhat))
@@ -35,7 +36,7 @@ from numba import njit
 
 from scratchllm.core import ops
 from scratchllm.core.exp32 import exp_lanes
-from scratchllm.core.twins import use_fused
+from scratchllm.core.twins import Twin, use_fused
 from scratchllm.core.validate import (expect_dout, expect_finite, expect_float,
                                       expect_gated_ffn, expect_shape)
 
@@ -307,3 +308,13 @@ def adamw_update_ref(p, grad, m, v, *, lr, betas, eps, weight_decay, step):
     v *= b2
     v[...] = (w2 * grad).astype(np.float64) * grad + v  # addcmul, as an fma
     p += neg_step * m / (np.sqrt(v) / bc2_sqrt + e)
+
+
+# The pairs with both twins, for the Modules and the LM: each forward chooses once (use_fused)
+# and its cache carries the chosen backward (twins.py).
+RMSNORM = Twin((fused_rmsnorm_forward, fused_rmsnorm_backward),
+               (ops.rmsnorm_forward, ops.rmsnorm_backward))
+SWIGLU = Twin((fused_swiglu_forward, fused_swiglu_backward),
+              (ops.swiglu_forward, ops.swiglu_backward))
+CROSS_ENTROPY = Twin((fused_cross_entropy_forward, fused_cross_entropy_backward),
+                     (ops.cross_entropy_forward, ops.cross_entropy_backward))

@@ -180,13 +180,10 @@ class RMSNorm(Module):
 
     def forward(self, x):
         g = self.g.data + self.offset if self.offset else self.g.data  # (D,)
-        pair = fused.fused_rmsnorm_forward if fused.use_fused() else ops.rmsnorm_forward
-        return pair(x, g, self.eps)
+        return fused.RMSNORM.forward(x, g, self.eps)
 
     def backward(self, dy, cache):
-        is_fused = isinstance(cache, fused.FusedRMSNormCache)
-        return self.add_grads((fused.fused_rmsnorm_backward if is_fused else
-                               ops.rmsnorm_backward)(dy, cache))
+        return self.add_grads(fused.RMSNORM.backward(dy, cache))
 
 
 class SwiGLU(Module):
@@ -199,13 +196,10 @@ class SwiGLU(Module):
         self.W2 = Param(normal_init(rng, (d_ff, d_model), d_ff ** -0.5, dtype))
 
     def forward(self, x):
-        pair = fused.fused_swiglu_forward if fused.use_fused() else ops.swiglu_forward
-        return pair(x, self.W1.data, self.W3.data, self.W2.data)
+        return fused.SWIGLU.forward(x, self.W1.data, self.W3.data, self.W2.data)
 
     def backward(self, dy, cache):
-        is_fused = isinstance(cache, fused.FusedSwiGLUCache)
-        return self.add_grads((fused.fused_swiglu_backward if is_fused else
-                               ops.swiglu_backward)(dy, cache))
+        return self.add_grads(fused.SWIGLU.backward(dy, cache))
 
 
 class LayerNorm(Module):

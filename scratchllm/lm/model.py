@@ -259,22 +259,20 @@ class LM(Module):
         Inputs: ids, targets (B, T) ints.  Returns: (loss 0-d array, LossCache with .ce).
         """
         logits, cache = self.forward(ids)  # (B, T, V)
-        ce, c_ce = _cross_entropy()(logits, targets)
+        ce, c_ce = fused.CROSS_ENTROPY.forward(logits, targets)
         aux = sum(self.cfg.balance_coef * a + self.cfg.z_coef * z for a, z in cache.aux)
         total = np.asarray(ce + aux, dtype=logits.dtype)
         return total, LossCache(cache, c_ce, float(ce), float(aux))
 
     def loss_backward(self, dloss, cache):
         """Gradients of `loss` (times dloss) into every Param.grad (+=)."""
-        is_fused = isinstance(cache.ce_cache, fused.FusedCrossEntropyCache)
-        backward = fused.fused_cross_entropy_backward if is_fused else ops.cross_entropy_backward
-        dlogits = backward(np.asarray(dloss, self.dtype), cache.ce_cache)
+        dlogits = fused.CROSS_ENTROPY.backward(np.asarray(dloss, self.dtype), cache.ce_cache)
         self.backward(dlogits["logits"], cache.lm, dloss_aux=dloss)
 
     def cross_entropy(self, ids, targets):
         """Mean next-token cross-entropy (nats/token), forward only."""
         logits, _ = self.forward(ids)
-        return float(_cross_entropy()(logits, targets)[0])
+        return float(fused.CROSS_ENTROPY.forward(logits, targets)[0])
 
     def after_step(self, caches):
         """After an optimizer step, given the step's LossCache (or one per data-parallel
@@ -333,11 +331,6 @@ class LM(Module):
             x = layer.decode(x, st, position)  # (B, D)
         h, _ = self.norm.forward(x)  # (B, D)
         return self._head_forward(h)[0]  # (B, V)
-
-
-def _cross_entropy():
-    """The fused softmax + cross-entropy (core/fused.py) unless SCRATCHLLM_READABLE."""
-    return fused.fused_cross_entropy_forward if fused.use_fused() else ops.cross_entropy_forward
 
 
 def loss_pair(model):

@@ -143,8 +143,10 @@ def test_switch_selects_the_readable_pair_with_the_same_numbers(module, cache_ty
     y, cache = module.forward(x)
     monkeypatch.setenv("SCRATCHLLM_READABLE", "1")
     y_ref, cache_ref = module.forward(x)
-    assert isinstance(cache, cache_type) and not isinstance(cache_ref, cache_type)
+    assert isinstance(cache.cache, cache_type) and not isinstance(cache_ref.cache, cache_type)
+    assert cache.backward is not cache_ref.backward  # the choice travels with the cache
     close(y, y_ref, np.float32)
+    monkeypatch.delenv("SCRATCHLLM_READABLE")  # the backward follows the cache, not the switch
     dx, dx_ref = module.backward(dy, cache), module.backward(dy, cache_ref)  # each its own kind
     close(dx, dx_ref, np.float32)
 

@@ -41,8 +41,8 @@ def rel_err(a, b):
 def test_fused_and_readable_paths_agree(name, dtype, monkeypatch):
     loss, grads, after, cache, _ = train_step(name, dtype, False, monkeypatch)
     loss_r, grads_r, after_r, cache_r, _ = train_step(name, dtype, True, monkeypatch)
-    assert isinstance(cache.ce_cache, fused.FusedCrossEntropyCache)
-    assert not isinstance(cache_r.ce_cache, fused.FusedCrossEntropyCache)
+    assert isinstance(cache.ce_cache.cache, fused.FusedCrossEntropyCache)
+    assert not isinstance(cache_r.ce_cache.cache, fused.FusedCrossEntropyCache)
     assert abs(loss - loss_r) <= TOL[dtype] * abs(loss_r)
     bad = {n: rel_err(grads[n], grads_r[n]) for n in grads
            if rel_err(grads[n], grads_r[n]) >= TOL[dtype]}
