@@ -42,6 +42,11 @@ def to_flat(cfg):
     return flat
 
 
+def flat_view(cfg):
+    """Every flat name of cfg as attributes (a Flat): `flat_view(cfg).n_heads`."""
+    return Flat(**to_flat(cfg))
+
+
 def _letter(mixer):
     return KIND_LETTER[mixer.kind] if isinstance(mixer, RecurrentSpec) else LETTER[type(mixer)]
 
