@@ -2,15 +2,13 @@
 with grouped K/V heads (sdpa), grouped-query attention and its decoding step (gqa), decoding
 state (kv_state), and multi-head latent attention (mla_projection, mla); tiled Flash attention
 (flash), sinusoidal and ALiBi positions (positions), MHA -> GQA conversion (convert),
-cross-attention (cross), DeepSeek's top-k sparse attention (indexer, sparse), and
-bidirectional encoder models (encoder);
+cross-attention (cross), and DeepSeek's top-k sparse attention (indexer, sparse);
 the Numba twins: RoPE fused with the head split (rope_heads), sdpa's softmax in one pass
 per row (sdpa_softmax).
 
 Stands on core only; mla stands on sdpa, rope and masks."""
 from .convert import mha_to_gqa
 from .cross import CrossAttention, cross_attention_backward, cross_attention_forward
-from .encoder import DecoderBlock, EncoderBlock, EncoderDecoder, MaskedLM, mlm_corrupt
 from .flash import FlashCache, flash_sdpa_backward, flash_sdpa_forward
 from .gqa import (Attention, gqa_backward, gqa_decode, gqa_forward, gqa_forward_ref,
                   project_qkv_backward, project_qkv_forward)
@@ -49,6 +47,4 @@ __all__ = [
     "attention_distribution", "indexer_kl_loss_backward", "indexer_kl_loss_forward",
     "lightning_indexer_backward", "lightning_indexer_forward", "topk_select",
     "topk_sparse_attention_backward", "topk_sparse_attention_forward",
-    # issue 14: encoders
-    "DecoderBlock", "EncoderBlock", "EncoderDecoder", "MaskedLM", "mlm_corrupt",
 ]

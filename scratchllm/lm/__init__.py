@@ -1,9 +1,12 @@
-"""Language models composed from the component packages: ModelConfig and its presets (config),
-which Module each block gets (mixers), the decoder LM (model), and sampling through the
-per-layer decoding states (sampling)."""
-from .config import PRESETS, ModelConfig, preset
+"""Models composed from the component packages: the configuration (config: ModelConfig and its
+presets, from scratchllm.specs), which Module a spec becomes (mixers, ffn), the one residual
+Block (block), the decoder LM (model), the encoder models built from the same Block (encoder:
+a masked LM and an encoder-decoder), and sampling through the per-layer decoding states."""
+from .block import Block
+from .config import ModelConfig, preset
+from .encoder import EncoderDecoder, MaskedLM, encoder_layer, mlm_corrupt
 from .model import LM, loss_pair
 from .sampling import generate, generate_ids, sample_next
 
-__all__ = ["LM", "ModelConfig", "PRESETS", "generate", "generate_ids", "loss_pair", "preset",
-           "sample_next"]
+__all__ = ["Block", "EncoderDecoder", "LM", "MaskedLM", "ModelConfig", "encoder_layer",
+           "generate", "generate_ids", "loss_pair", "mlm_corrupt", "preset", "sample_next"]

@@ -1,10 +1,11 @@
-"""A config-driven decoder-only language model composed from the library's Modules.
+"""The decoder-only language model of a ModelConfig: an embedding, one Block per LayerSpec
+(lm/block.py), a final norm and the output head.
 
-    x_0 = E[ids]  (+ P[positions], learned positions)     token embedding
-    h_l = x_{l-1} + mixer_l(rmsnorm(x_{l-1}))             mixer: GQA / MLA / sliding-window
-    x_l = h_l + ffn_l(rmsnorm(h_l))                              attention, or a Mamba block;
-    logits = rmsnorm(x_L) @ W_head   (W_head = E^T if tied)      ffn: SwiGLU, MoE or none
-    loss = CE(logits, targets) + sum_MoE-layers (balance_coef * aux + z_coef * z)
+    x_0 = E[ids]  (* sqrt(D): embed_scale) (+ P[positions]: learned or sinusoidal)
+    x_l = block_l(x_{l-1})          mixer (attention, MLA, Mamba, a recurrence) and FFN
+    logits = norm(x_L) @ W_head     (W_head = E^T if tied)
+    loss = CE(logits, targets) + sum over layers of the FFN's aux terms
+           (an MoE's balance_coef * aux + z_coef * z; none for a dense FFN)
 
 The backward runs the same chain in reverse: each Block calls its Modules' backwards, and the
 residual adds the skip gradient. A Module owns its Params; the caches live in the calls.
@@ -19,129 +20,12 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.attention import sinusoidal_positions
-from scratchllm.core import fused, ops
+from scratchllm.core import fused
 from scratchllm.core.nn import Embedding, Linear, Module
 from scratchllm.core.validate import expect_int, expect_ndim
-from scratchllm.lm.mixers import make_ffn, make_mixer, make_norm
-from scratchllm.moe import MoEOut
-
-
-class BlockOut(NamedTuple):
-    """A block's outputs (and the shape of its backward's dout): aux, z are None without MoE."""
-    y: np.ndarray  # (B, T, D)
-    aux: np.ndarray
-    z: np.ndarray
-
-
-class BlockCache(NamedTuple):
-    norm1: tuple
-    mixer: tuple
-    norm2: tuple
-    ffn: tuple
-    post_mixer: tuple  # the sandwich block's output norms' caches (None for pre-norm)
-    post_ffn: tuple
-
-
-class Block(Module):
-    """Pre-norm residual block: x + mixer(norm(x)), then + ffn(norm(.)). block="sandwich"
-    (Gemma 2, 3) also normalises the mixer's and the FFN's outputs before each residual add:
-    h = x + norm_m(mixer(norm1(x))), y = h + norm_f(ffn(norm2(h))). block="post" is the
-    original Transformer's post-norm: h = norm1(x + mixer(x)), y = norm2(h + ffn(h)); its
-    gradients at init grow toward the output layers (Xiong et al. 2020, arXiv 2002.04745).
-    ffn="none" leaves the FFN out (HF Mamba-1's MambaBlock is the mixer alone)."""
-
-    def __init__(self, cfg, i, *, rng, dtype):
-        self.norm1 = make_norm(cfg, dtype)
-        self.mixer = make_mixer(cfg, cfg.layer_kinds()[i], rng=rng, dtype=dtype, layer=i)
-        self.norm2 = None if cfg.ffn == "none" else make_norm(cfg, dtype)
-        self.moe = cfg.is_moe_layer(i)
-        self.ffn = make_ffn(cfg, self.moe, rng=rng, dtype=dtype)
-        sandwich = cfg.block == "sandwich"
-        self.post_mixer_norm = make_norm(cfg, dtype) if sandwich else None
-        self.post_ffn_norm = make_norm(cfg, dtype) if sandwich else None
-        self.post = cfg.block == "post"
-
-    def _forward_post(self, x):
-        """Post-norm (Vaswani et al. 2017): h = norm1(x + mixer(x)), y = norm2(h + ffn(h))."""
-        m, cm = self.mixer.forward(x)  # (B, T, D)
-        h, c1 = self.norm1.forward(x + m)  # (B, T, D)
-        out, cf = self.ffn.forward(h)
-        f, aux, z = out if self.moe else (out, None, None)  # (B, T, D)
-        y, c2 = self.norm2.forward(h + f)  # (B, T, D)
-        return BlockOut(y, aux, z), BlockCache(c1, cm, c2, cf, None, None)
-
-    def _backward_post(self, dout, cache):
-        dy, daux, dz = dout
-        c1, cm, c2, cf, _, _ = cache
-        ds = self.norm2.backward(dy, c2)  # fwd: y = norm2(s), s = h + f
-        dh = ds + self.ffn.backward(MoEOut(ds, daux, dz) if self.moe else ds, cf)  # f = ffn(h)
-        dr = self.norm1.backward(dh, c1)  # fwd: h = norm1(r), r = x + m
-        return dr + self.mixer.backward(dr, cm)  # fwd: m = mixer(x)
-
-    @staticmethod
-    def _post(norm, x):
-        """norm(x) with its cache, or x itself (and None) without that norm."""
-        return (x, None) if norm is None else norm.forward(x)
-
-    def forward(self, x):
-        """x (B, T, D) -> (BlockOut(y (B, T, D), aux, z), cache); aux, z None without MoE."""
-        if self.post:
-            return self._forward_post(x)
-        a, c1 = self.norm1.forward(x)  # (B, T, D)
-        m, cm = self.mixer.forward(a)  # (B, T, D)
-        m, c3 = self._post(self.post_mixer_norm, m)  # (B, T, D)
-        h = x + m  # (B, T, D)
-        if self.ffn is None:  # a mixer-only block
-            return BlockOut(h, None, None), BlockCache(c1, cm, None, None, c3, None)
-        b, c2 = self.norm2.forward(h)  # (B, T, D)
-        out, cf = self.ffn.forward(b)
-        f, aux, z = out if self.moe else (out, None, None)  # (B, T, D)
-        f, c4 = self._post(self.post_ffn_norm, f)  # (B, T, D)
-        return BlockOut(h + f, aux, z), BlockCache(c1, cm, c2, cf, c3, c4)
-
-    def backward(self, dout, cache):
-        """dout = BlockOut(dy, daux, dz) -> dx; Param grads accumulate in the Modules."""
-        if self.post:
-            return self._backward_post(dout, cache)
-        dy, daux, dz = dout
-        c1, cm, c2, cf, c3, c4 = cache
-        dh = dy  # fwd: y = h (+ f)
-        if self.ffn is not None:
-            df = dy if c4 is None else self.post_ffn_norm.backward(dy, c4)  # fwd: f = norm_f(f)
-            db = self.ffn.backward(MoEOut(df, daux, dz) if self.moe else df, cf)  # y = h + f
-            dh = dy + self.norm2.backward(db, c2)  # fwd: b = norm2(h)
-        dm = dh if c3 is None else self.post_mixer_norm.backward(dh, c3)  # fwd: m = norm_m(m)
-        da = self.mixer.backward(dm, cm)  # fwd: h = x + m, m = mixer(a)
-        return dh + self.norm1.backward(da, c1)  # fwd: a = norm1(x)
-
-    def _stateful(self, x, mix):
-        """The block on x (..., D) with the mixer called as `mix` (its prefill or decode, which
-        fill the layer's state) and no backward caches."""
-        if self.post:
-            h, _ = self.norm1.forward(x + mix(x))  # (..., D)
-            return self.norm2.forward(h + self._ffn_out(h))[0]  # (..., D)
-        m, _ = self._post(self.post_mixer_norm, mix(self.norm1.forward(x)[0]))  # (..., D)
-        h = x + m  # (..., D)
-        if self.ffn is None:
-            return h
-        f, _ = self._post(self.post_ffn_norm, self._ffn_out(self.norm2.forward(h)[0]))
-        return h + f  # (..., D)
-
-    def _ffn_out(self, b):
-        out, _ = self.ffn.forward(b)
-        return out.y if self.moe else out
-
-    def prefill(self, x, state):
-        """A whole prompt x (B, T, D) -> y (B, T, D), filling this layer's fresh state (a mixer
-        without a prefill of its own, like the recurrent ones, decodes the prompt step by step)."""
-        if hasattr(self.mixer, "prefill"):
-            return self._stateful(x, lambda a: self.mixer.prefill(a, state))
-        return self._stateful(x, lambda a: np.stack(
-            [self.mixer.decode(a[:, t], state, t) for t in range(a.shape[1])], axis=1))
-
-    def decode(self, x_t, state, position):
-        """One token: x_t (B, D) -> y_t (B, D), updating this layer's state in place."""
-        return self._stateful(x_t, lambda a: self.mixer.decode(a, state, position))
+from scratchllm.lm.block import Block
+from scratchllm.lm.mixers import make_norm
+from scratchllm.specs import ModelConfig
 
 
 class EmbedCache(NamedTuple):
@@ -154,28 +38,31 @@ class LMCache(NamedTuple):
     blocks: list
     norm: tuple
     head: tuple
-    aux: list   # per MoE layer: (balance loss, z-loss) values
+    aux: list   # per layer: its FFN's weighted aux terms ((name, value), ...)
 
 
 class LossCache(NamedTuple):
     lm: LMCache
     ce_cache: tuple
     ce: float     # the cross-entropy part of the loss, nats/token
-    aux: float    # the weighted MoE auxiliary part
+    aux: float    # the FFNs' weighted auxiliary part (MoE balance and z terms)
 
 
 class LM(Module):
     """The decoder LM of a ModelConfig; Params in float32 (default) or float64."""
 
     def __init__(self, cfg, *, rng, dtype=np.float32):
-        self.cfg = cfg.validate()
+        if not isinstance(cfg, ModelConfig):
+            raise TypeError(f"LM: cfg must be a ModelConfig (scratchllm.specs), got "
+                            f"{type(cfg).__name__}")
+        self.cfg = cfg
         try:
             self._build(cfg, rng, dtype)
         except MemoryError:
             raise MemoryError(
                 f"LM: the weights of this config (d_model={cfg.d_model}, n_layers="
-                f"{cfg.n_layers}, vocab_size={cfg.vocab_size}, d_ff={cfg.d_ff}) in "
-                f"{np.dtype(dtype)} are more than this machine can allocate") from None
+                f"{cfg.n_layers}, vocab_size={cfg.vocab_size}, {cfg.n_params():,} parameters) "
+                f"in {np.dtype(dtype)} are more than this machine can allocate") from None
 
     def _build(self, cfg, rng, dtype):
         D, V = cfg.d_model, cfg.vocab_size
@@ -184,8 +71,8 @@ class LM(Module):
             self.embed.E.data *= np.asarray(D ** -0.5, dtype)  # logits O(1) at init, E^T the head
         if cfg.positions == "learned":  # GPT-2's wpe: x_0 = E[ids] + P[positions]
             self.pos = Embedding(cfg.max_positions, D, rng=rng, dtype=dtype)
-        self.layers = [Block(cfg, i, rng=rng, dtype=dtype) for i in range(cfg.n_layers)]
-        self.norm = make_norm(cfg, dtype)
+        self.layers = [Block(D, spec, rng=rng, dtype=dtype) for spec in cfg.layers]
+        self.norm = make_norm(D, cfg.norm, dtype)
         self.head = None if cfg.tie_embeddings else Linear(D, V, rng=rng, dtype=dtype)
 
     @property
@@ -193,9 +80,10 @@ class LM(Module):
         return self.embed.E.data.dtype
 
     def named_buffers(self):
-        """Non-trainable state saved in checkpoints: the MoE selection biases."""
-        return [(f"layers.{i}.ffn.selection_bias", b.ffn.selection_bias)
-                for i, b in enumerate(self.layers) if b.moe]
+        """Non-trainable state saved in checkpoints: the MoE selection biases
+        ("layers.{i}.ffn.selection_bias")."""
+        return [(f"layers.{i}.{name}", b) for i, layer in enumerate(self.layers)
+                for name, b in layer.named_buffers()]
 
     def forward(self, ids):
         """ids (B, T) ints -> (logits (B, T, V), LMCache)."""
@@ -204,14 +92,13 @@ class LM(Module):
         if ids.shape[1] < 1:
             raise ValueError(f"LM: ids has shape {ids.shape}: no tokens (T must be >= 1)")
         x, c_emb = self._embed_forward(ids)  # (B, T, D)
-        blocks, aux = [], []
+        blocks = []
         for layer in self.layers:
-            (x, a, z), c = layer.forward(x)  # (B, T, D)
+            x, c = layer.forward(x)  # (B, T, D)
             blocks.append(c)
-            if layer.moe:
-                aux.append((a, z))
         h, cn = self.norm.forward(x)  # (B, T, D)
         logits, ch = self._head_forward(h)  # (B, T, V)
+        aux = [layer.aux_losses(c) for layer, c in zip(self.layers, blocks)]
         return logits, LMCache(c_emb, blocks, cn, ch, aux)
 
     def _embed_forward(self, ids, start=0):
@@ -233,20 +120,17 @@ class LM(Module):
         return self.embed.attend(h) if self.head is None else self.head.forward(h)
 
     def backward(self, dlogits, cache, dloss_aux=1.0):
-        """dlogits (B, T, V) -> Param grads (+=). Each MoE layer's aux loss gets the gradient
-        dloss_aux * balance_coef, its z-loss dloss_aux * z_coef."""
+        """dlogits (B, T, V) -> Param grads (+=). Every FFN aux term of the loss gets the
+        gradient dloss_aux (an MoE layer's balance loss dloss_aux * balance_coef, its z-loss
+        dloss_aux * z_coef)."""
         c_emb, blocks, cn, ch, _ = cache
         if self.head is None:
             dh = self.embed.attend_backward(dlogits, ch)  # fwd: logits = h @ E^T
         else:
             dh = self.head.backward(dlogits, ch)  # fwd: logits = h @ W_head
         dx = self.norm.backward(dh, cn)  # fwd: h = norm(x_L)
-        dt = dlogits.dtype
-        daux = np.asarray(dloss_aux * self.cfg.balance_coef, dt)
-        dz = np.asarray(dloss_aux * self.cfg.z_coef, dt)
         for layer, c in zip(reversed(self.layers), reversed(blocks)):
-            d_moe = (daux, dz) if layer.moe else (None, None)
-            dx = layer.backward(BlockOut(dx, *d_moe), c)  # fwd: x_l = block_l(x_{l-1})
+            dx = layer.backward(dx, c, dloss_aux)  # fwd: x_l = block_l(x_{l-1})
         if c_emb.pos is not None:
             self.pos.backward(dx, c_emb.pos)  # fwd: x_0 = E[ids] + P[positions]: scatter-add
         if self.cfg.embed_scale:
@@ -254,13 +138,13 @@ class LM(Module):
         self.embed.backward(dx, c_emb.tok)  # fwd: x_0 = E[ids]
 
     def loss(self, ids, targets):
-        """Cross-entropy of next tokens plus the weighted MoE auxiliary losses.
+        """Cross-entropy of next tokens plus the FFNs' weighted auxiliary terms.
 
         Inputs: ids, targets (B, T) ints.  Returns: (loss 0-d array, LossCache with .ce).
         """
         logits, cache = self.forward(ids)  # (B, T, V)
         ce, c_ce = fused.CROSS_ENTROPY.forward(logits, targets)
-        aux = sum(self.cfg.balance_coef * a + self.cfg.z_coef * z for a, z in cache.aux)
+        aux = sum(sum(value for _, value in terms) for terms in cache.aux)
         total = np.asarray(ce + aux, dtype=logits.dtype)
         return total, LossCache(cache, c_ce, float(ce), float(aux))
 
@@ -276,19 +160,16 @@ class LM(Module):
 
     def after_step(self, caches):
         """After an optimizer step, given the step's LossCache (or one per data-parallel
-        shard): the aux-loss-free bias update of each MoE layer (when bias_gamma > 0), from
-        the routed counts summed over shards. Returns [(layer, share of routed slots per
-        expert)] for the MoE layers."""
+        shard): each FFN's after-step update, from its caches of every shard (an MoE layer's
+        aux-loss-free bias update when its router's bias_gamma > 0, from the routed counts
+        summed over shards). Returns [(layer, share of routed slots per expert)] for the MoE
+        layers."""
         caches = caches if isinstance(caches, list) else [caches]
         stats = []
         for i, layer in enumerate(self.layers):
-            if not layer.moe:
-                continue
-            counts = sum(np.asarray(c.lm.blocks[i].ffn.tokens_per_expert, np.float64)
-                         for c in caches)  # (E,)
-            stats.append((i, counts / max(counts.sum(), 1)))
-            if self.cfg.bias_gamma > 0:
-                layer.ffn.update_bias(counts, self.cfg.bias_gamma)  # in place: replicas share it
+            share = layer.after_step([c.lm.blocks[i] for c in caches])  # (E,) or None
+            if share is not None:
+                stats.append((i, share))
         return stats
 
     def replica(self):
@@ -303,8 +184,7 @@ class LM(Module):
     def share_buffers(self, other):
         """Point this model's MoE selection biases at other's arrays."""
         for mine, theirs in zip(self.layers, other.layers):
-            if mine.moe:
-                mine.ffn.selection_bias = theirs.ffn.selection_bias
+            mine.share_buffers(theirs)
 
     # ------------------------------------------------------------------ decoding
     def init_state(self, batch, max_len):

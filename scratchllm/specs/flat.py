@@ -10,6 +10,7 @@ the spec of each layer.
 """
 from dataclasses import dataclass, fields
 
+from scratchllm.specs._check import SpecError
 from scratchllm.specs.attention import AttentionSpec, Mask, MLASpec, RopeSpec
 from scratchllm.specs.ffn import ExpertsSpec, FFNSpec, MoESpec, RouterSpec
 from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
@@ -88,6 +89,16 @@ class Flat:
 
 
 FLAT_NAMES = tuple(f.name for f in fields(Flat))
+RENAMED = {  # (spec, field) -> the flat name that sets it, where the two differ
+    ("AttentionSpec", "sinks"): "attn_sinks", ("AttentionSpec", "scale"): "attn_scale",
+    ("AttentionSpec", "impl"): "attn_impl", ("RopeSpec", "base"): "rope_base",
+    ("RopeSpec", "scaling"): "rope_scaling", ("RopeSpec", "style"): "rope_style",
+    ("RouterSpec", "bias"): "router_bias",
+    ("ExpertsSpec", "kind"): "experts", ("ExpertsSpec", "alpha"): "swiglu_alpha",
+    ("ExpertsSpec", "limit"): "swiglu_limit", ("MambaSpec", "inner_norms"): "mamba_inner_norms",
+    ("NormSpec", "kind"): "norm", ("NormSpec", "eps"): "norm_eps",
+    ("NormSpec", "offset"): "norm_offset", ("LayerSpec", "placement"): "block",
+}
 
 
 def from_flat(**flat):
@@ -98,12 +109,19 @@ def from_flat(**flat):
         raise ValueError(f"ModelConfig: unknown field(s) {unknown}; known: {sorted(FLAT_NAMES)}")
     f = Flat(**flat)
     _check_layers(f)
-    norm = NormSpec(f.norm, f.norm_eps, f.norm_offset)
-    layers = tuple(LayerSpec(_mixer(f, i, kind), _ffn(f, i), norm, f.block)
-                   for i, kind in enumerate(_kinds(f)))
-    embedded = f.positions if f.positions in ("learned", "sinusoidal") else "none"
-    return ModelConfig(f.name, f.vocab_size, f.d_model, layers, norm, f.tie_embeddings,
-                       f.embed_scale, embedded, f.max_positions)
+    try:
+        norm = NormSpec(f.norm, f.norm_eps, f.norm_offset)
+        layers = tuple(LayerSpec(_mixer(f, i, kind), _ffn(f, i), norm, f.block)
+                       for i, kind in enumerate(_kinds(f)))
+        embedded = f.positions if f.positions in ("learned", "sinusoidal") else "none"
+        return ModelConfig(f.name, f.vocab_size, f.d_model, layers, norm, f.tie_embeddings,
+                           f.embed_scale, embedded, f.max_positions)
+    except SpecError as e:
+        name = RENAMED.get((e.spec, e.field))
+        if name is None:
+            raise
+        raise ValueError(f"ModelConfig: {name}{e.msg[len(e.field):]} ({e.spec}."
+                         f"{e.field})") from None
 
 
 def _kinds(f):
@@ -135,6 +153,9 @@ def _check_layers(f):
     if isinstance(f.first_k_dense, bool) or not isinstance(f.first_k_dense, int) \
             or f.first_k_dense < 0:
         bad(f"first_k_dense must be an integer >= 0, got {f.first_k_dense!r}")
+    if f.dense_d_ff is not None and (isinstance(f.dense_d_ff, bool) or not isinstance(
+            f.dense_d_ff, int) or f.dense_d_ff <= 0):
+        bad(f"dense_d_ff must be None or a positive integer, got {f.dense_d_ff!r}")
     types = f.layer_types
     if types is not None and (len(types) != f.n_layers or set(types) - {
             "full_attention", "sliding_attention"}):

@@ -5,6 +5,7 @@ import pytest
 
 from grads.cases import CASES, LM_CHECKPOINTS, LM_TINY, lm_tiny
 from scratchllm.lm import LM
+from scratchllm.moe import MoE
 
 V = LM_TINY["vocab_size"]
 
@@ -43,7 +44,7 @@ def test_mixer_only_blocks_and_options_reach_the_modules():
     jamba = LM(lm_tiny("hybrid", **LM_CHECKPOINTS["jamba"][1]), rng=rng)
     mamba = jamba.layers[0].mixer
     assert mamba.dt_norm.data.shape == mamba.W_dt.data.shape[:1] == (3,)
-    assert mamba.norm_eps == jamba.cfg.norm_eps
+    assert mamba.norm_eps == jamba.cfg.layers[0].mixer.norm_eps == jamba.cfg.norm.eps
     moe = LM(lm_tiny("mla", **LM_CHECKPOINTS["routing"][1]), rng=rng).layers[1].ffn
     assert moe.b_router is not None and moe.routing == dict(
         n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5)
@@ -52,11 +53,11 @@ def test_mixer_only_blocks_and_options_reach_the_modules():
 def test_bad_options():
     with pytest.raises(ValueError, match="ffn must be 'swiglu', 'moe', 'gelu_mlp', 'geglu' or 'none'"):
         lm_tiny("dense", ffn="mlp")
-    with pytest.raises(ValueError, match="n_group must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="n_group must be an integer >= 1, got 0"):
         lm_tiny("moe", n_group=0)
-    with pytest.raises(ValueError, match="dt_rank must be None or a positive integer, got 0"):
+    with pytest.raises(ValueError, match="dt_rank must be None or an integer >= 1, got 0"):
         lm_tiny("hybrid", dt_rank=0)
-    with pytest.raises(ValueError, match="MoE: n_group must"):
+    with pytest.raises(ValueError, match="n_group=3 must divide n_experts=4"):
         LM(lm_tiny("moe", n_group=3), rng=np.random.default_rng(0))
 
 
@@ -65,11 +66,11 @@ def test_first_k_dense_layers_and_their_width():
     dense_d_ff (default d_ff), the others MoE (with moe_every)."""
     model = LM(lm_tiny("mla", n_layers=3, first_k_dense=1, dense_d_ff=20),
                rng=np.random.default_rng(0))
-    assert [layer.moe for layer in model.layers] == [False, True, True]
+    assert [isinstance(layer.ffn, MoE) for layer in model.layers] == [False, True, True]
     assert model.layers[0].ffn.W1.data.shape == (LM_TINY["d_model"], 20)
     every = LM(lm_tiny("moe", n_layers=4, moe_every=2, first_k_dense=2),
                rng=np.random.default_rng(0))
-    assert [layer.moe for layer in every.layers] == [False, False, False, True]
+    assert [isinstance(layer.ffn, MoE) for layer in every.layers] == [False, False, False, True]
     assert every.layers[0].ffn.W1.data.shape == (LM_TINY["d_model"], LM_TINY["d_ff"])
     with pytest.raises(ValueError, match="first_k_dense must be"):
         lm_tiny("moe", first_k_dense=-1)

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from grads.cases import CASES, LM_TINY, lm_tiny
-from scratchllm.lm import LM, ModelConfig, preset
+from scratchllm.lm import LM, preset
+from scratchllm.specs import from_dict, from_flat, to_dict
 
 PRESET_NAMES = ["dense", "moe", "mla", "swa", "hybrid"]
 V = LM_TINY["vocab_size"]
@@ -33,8 +34,11 @@ def test_loss_includes_weighted_aux_terms():
     model = LM(cfg, rng=rng, dtype=np.float64)
     ids = rng.integers(0, V, (2, 5))
     loss, cache = model.loss(ids, ids)
-    expected = cache.ce + sum(0.5 * a + 0.25 * z for a, z in cache.lm.aux)
+    moe = [c.ffn.inner for c in cache.lm.blocks]  # each layer's unweighted aux and z
+    expected = cache.ce + sum(0.5 * m.aux + 0.25 * m.z for m in moe)
     assert len(cache.lm.aux) == cfg.n_layers
+    assert [dict(terms) for terms in cache.lm.aux] == [{"balance": 0.5 * m.aux, "z": 0.25 * m.z}
+                                                       for m in moe]
     assert float(loss) == pytest.approx(expected, rel=1e-12)
     assert cache.aux > 0
 
@@ -87,14 +91,14 @@ def test_after_step_reports_usage_and_moves_the_bias():
 ])
 def test_config_errors_name_the_field(fields, message):
     with pytest.raises(ValueError, match=message):
-        ModelConfig(**fields).validate()
+        from_flat(**fields)
 
 
 def test_config_round_trip_and_unknown_fields():
     cfg = preset("hybrid")
-    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    assert from_dict(to_dict(cfg)) == cfg
     with pytest.raises(ValueError, match="unknown field"):
-        ModelConfig.from_dict(dict(cfg.to_dict(), n_expert=3))
+        from_dict(dict(to_dict(cfg), n_expert=3))
     with pytest.raises(ValueError, match="unknown preset"):
         preset("gpt5")
 
@@ -108,7 +112,7 @@ def test_bad_ids_raise():
 
 
 def test_a_config_too_big_for_memory_is_a_memory_error_naming_lm():
-    cfg = ModelConfig(vocab_size=2 ** 20, d_model=2 ** 16, n_layers=64, n_heads=64,
-                      n_kv_heads=64, d_ff=2 ** 18)  # a 2^36-float embedding: 256 GiB
+    cfg = from_flat(vocab_size=2 ** 20, d_model=2 ** 16, n_layers=64, n_heads=64,
+                    n_kv_heads=64, d_ff=2 ** 18)  # a 2^36-float embedding: 256 GiB
     with pytest.raises(MemoryError, match=r"LM: the weights of this config \(d_model=65536"):
         LM(cfg, rng=np.random.default_rng(0))

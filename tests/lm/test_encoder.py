@@ -5,8 +5,8 @@ import time
 import numpy as np
 
 from grads.cases import CASES
-from scratchllm.attention import EncoderBlock, EncoderDecoder, mlm_corrupt
-from scratchllm.core.optim import AdamW
+from scratchllm.lm import Block, EncoderDecoder, encoder_layer, mlm_corrupt
+from scratchllm.core.optim import AdamW, cosine_schedule
 
 
 def test_whole_model_gradients():
@@ -34,8 +34,8 @@ def test_encoder_block_is_bidirectional_and_decoder_style_block_causal():
     x2 = x.copy()
     x2[0, 4] += 1.0
     for causal in (False, True):
-        blk = EncoderBlock(8, 2, 12, rng=np.random.default_rng(2), dtype=np.float64,
-                           causal=causal)
+        blk = Block(8, encoder_layer(2, 12, causal=causal), rng=np.random.default_rng(2),
+                    dtype=np.float64)
         changed = np.abs(blk.forward(x2)[0] - blk.forward(x)[0]).max(axis=-1)[0]  # (6,)
         assert (changed[:4].max() == 0) == causal and changed[4] > 0
 
@@ -47,16 +47,19 @@ def _reversal_batch(rng, n, length, n_symbols, bos):
 
 
 def test_encoder_decoder_learns_to_reverse_strings():
-    """Symbols 0..7, length 6, BOS = 8: exact-match accuracy on fresh strings after training."""
+    """Symbols 0..7, length 6, BOS = 8: exact-match accuracy on fresh strings after training
+    (700 steps, warmup + cosine decay of the learning rate: 0.95-0.99 over seeds 0-5; at a
+    constant 1e-2 the last steps' noise leaves 0.80-0.91)."""
     rng = np.random.default_rng(0)
     model = EncoderDecoder(9, 32, 1, 4, 64, rng=rng)
     opt = AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.98), weight_decay=0.0)
     t0 = time.perf_counter()
-    for _ in range(700):
+    for step in range(1, 701):
         src, tgt = _reversal_batch(rng, 32, 6, 8, 8)
         model.zero_grad()
         loss, cache = model.loss(src, tgt[:, :-1], tgt[:, 1:])
         model.loss_backward(1.0, cache)
+        opt.lr = cosine_schedule(step, 1e-2, 1e-3, 50, 700)
         opt.step()
     src, tgt = _reversal_batch(np.random.default_rng(99), 200, 6, 8, 8)
     exact = (model.greedy(src, 8, 6) == tgt[:, 1:]).all(axis=1).mean()

@@ -1,27 +1,29 @@
-"""Bidirectional encoders and an encoder-decoder, from the same pairs as the decoder LM: an
+"""Bidirectional encoders and an encoder-decoder, built from the decoder LM's Block: an
 encoder-only masked language model (BERT, Devlin et al. 2018, arXiv 1810.04805) and a small
 sequence-to-sequence Transformer (Vaswani et al. 2017, arXiv 1706.03762) with cross-attention.
 
-    encoder block:  h = x + attn(rmsnorm(x))  (no causal mask: every token sees every token)
+    encoder block:  h = x + attn(rmsnorm(x))   (Mask(causal=False): every token sees every one)
                     y = h + swiglu(rmsnorm(h))
-    decoder block:  h = x + self_attn(rmsnorm(x))  (causal)
-                    c = h + cross_attn(rmsnorm(h), enc)   (queries from h, keys/values enc)
+    decoder block:  h = x + self_attn(rmsnorm(x))            (causal)
+                    c = h + cross_attn(rmsnorm(h), enc)      (queries from h, keys/values enc)
                     y = c + swiglu(rmsnorm(c))
     MLM:   15% of the tokens are chosen; of those 80% become [MASK], 10% a random token,
            10% stay; the loss is the cross-entropy at the chosen positions only (BERT 3.1).
-Backward: each block calls its Modules' backwards; the decoder's cross-attentions each send
+Backward: each Block runs its sub-layers in reverse; the decoder's cross-attentions each send
 a gradient to the encoder output, summed over the decoder blocks.
 
-Glossary: B batch, Ts/Tt source/target lengths, D model width, V vocabulary, L layers.
+Glossary: B batch, Ts/Tt source/target lengths, D model width, V vocabulary, L layers,
+H heads, F FFN width.
 """
 from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.attention.cross import CrossAttention
-from scratchllm.attention.gqa import Attention
 from scratchllm.core import ops
-from scratchllm.core.nn import Embedding, Linear, Module, RMSNorm, SwiGLU
+from scratchllm.core.nn import Embedding, Linear, Module
+from scratchllm.lm.block import Block
+from scratchllm.lm.mixers import make_norm
+from scratchllm.specs import AttentionSpec, FFNSpec, LayerSpec, Mask, NormSpec
 
 
 def mlm_corrupt(ids, rng, *, mask_id, vocab_size, rate=0.15):
@@ -35,72 +37,16 @@ def mlm_corrupt(ids, rng, *, mask_id, vocab_size, rate=0.15):
     return inputs, np.where(chosen, ids, -100)  # (B, T) each
 
 
-class EncoderBlockCache(NamedTuple):
-    norm1: tuple
-    attn: tuple
-    norm2: tuple
-    ffn: tuple
+def encoder_layer(n_heads, d_ff, *, causal=False):
+    """The LayerSpec of an encoder block: pre-norm RMSNorm, MHA with RoPE and no causal mask
+    (causal=True: a decoder's self-attention block), SwiGLU of width d_ff."""
+    return LayerSpec(AttentionSpec(n_heads, n_heads, mask=Mask(causal=causal)),
+                     FFNSpec("swiglu", d_ff))
 
 
-class DecoderBlockCache(NamedTuple):
-    self_block: EncoderBlockCache
-    norm_c: tuple
-    cross: tuple
-
-
-class MLMCache(NamedTuple):
-    embed: tuple
-    blocks: list
-    norm: tuple
-    head: tuple
-    ce: tuple
-
-
-class EncoderBlock(Module):
-    """Pre-norm block with bidirectional (unmasked) GQA self-attention and RoPE."""
-
-    def __init__(self, d_model, n_heads, d_ff, *, rng, dtype=np.float32, causal=False):
-        self.norm1 = RMSNorm(d_model, dtype=dtype)
-        self.attn = Attention(d_model, n_heads, n_heads, rng=rng, dtype=dtype,
-                              mask="causal" if causal else "none")
-        self.norm2 = RMSNorm(d_model, dtype=dtype)
-        self.ffn = SwiGLU(d_model, d_ff, rng=rng, dtype=dtype)
-
-    def forward(self, x):
-        a, c1 = self.norm1.forward(x)  # (B, T, D)
-        m, ca = self.attn.forward(a)  # (B, T, D)
-        b, c2 = self.norm2.forward(x + m)  # (B, T, D)
-        f, cf = self.ffn.forward(b)  # (B, T, D)
-        return x + m + f, EncoderBlockCache(c1, ca, c2, cf)
-
-    def backward(self, dy, cache):
-        c1, ca, c2, cf = cache
-        dh = dy + self.norm2.backward(self.ffn.backward(dy, cf), c2)  # fwd: y = h + ffn(n(h))
-        return dh + self.norm1.backward(self.attn.backward(dh, ca), c1)  # h = x + attn(n(x))
-
-
-class DecoderBlock(Module):
-    """Causal self-attention, then cross-attention to the encoder output, then SwiGLU."""
-
-    def __init__(self, d_model, n_heads, d_ff, *, rng, dtype=np.float32):
-        self.self_block = EncoderBlock(d_model, n_heads, d_ff, rng=rng, dtype=dtype,
-                                       causal=True)
-        self.norm_c = RMSNorm(d_model, dtype=dtype)
-        self.cross = CrossAttention(d_model, n_heads, rng=rng, dtype=dtype)
-
-    def forward(self, x, enc):
-        """x (B, Tt, D), enc (B, Ts, D) -> (B, Tt, D): self block, then + cross(norm(.))."""
-        h, cs = self.self_block.forward(x)  # (B, Tt, D)
-        a, cn = self.norm_c.forward(h)  # (B, Tt, D)
-        c, cc = self.cross.forward(a, enc)  # (B, Tt, D)
-        return h + c, DecoderBlockCache(cs, cn, cc)
-
-    def backward(self, dy, cache):
-        """dy (B, Tt, D) -> {"x": dx, "enc": denc}, the gradients of forward's two inputs."""
-        cs, cn, cc = cache
-        g = self.cross.backward(dy, cc)  # fwd: y = h + cross(a, enc)
-        dh = dy + self.norm_c.backward(g["x"], cn)  # fwd: a = norm_c(h)
-        return {"x": self.self_block.backward(dh, cs), "enc": g["ctx"]}
+def cross_attention(n_heads):
+    """The AttentionSpec of a decoder block's cross-attention: heads only (no RoPE, no mask)."""
+    return AttentionSpec(n_heads, n_heads, rope=None, mask=Mask(causal=False))
 
 
 def _stack_forward(blocks, x, *context):
@@ -113,13 +59,10 @@ def _stack_forward(blocks, x, *context):
     return x, caches
 
 
-class Seq2SeqCache(NamedTuple):
-    src: tuple
-    enc: list
-    enc_norm: tuple
-    tgt: tuple
-    dec: list
-    dec_norm: tuple
+class MLMCache(NamedTuple):
+    embed: tuple
+    blocks: list
+    norm: tuple
     head: tuple
     ce: tuple
 
@@ -129,9 +72,9 @@ class MaskedLM(Module):
 
     def __init__(self, vocab_size, d_model, n_layers, n_heads, d_ff, *, rng, dtype=np.float32):
         self.embed = Embedding(vocab_size, d_model, rng=rng, dtype=dtype)
-        self.blocks = [EncoderBlock(d_model, n_heads, d_ff, rng=rng, dtype=dtype)
+        self.blocks = [Block(d_model, encoder_layer(n_heads, d_ff), rng=rng, dtype=dtype)
                        for _ in range(n_layers)]
-        self.norm = RMSNorm(d_model, dtype=dtype)
+        self.norm = make_norm(d_model, NormSpec(), dtype)
         self.head = Linear(d_model, vocab_size, rng=rng, dtype=dtype)
 
     def loss(self, inputs, targets):
@@ -152,18 +95,29 @@ class MaskedLM(Module):
         self.embed.backward(dx, ce_emb)
 
 
+class Seq2SeqCache(NamedTuple):
+    src: tuple
+    enc: list
+    enc_norm: tuple
+    tgt: tuple
+    dec: list
+    dec_norm: tuple
+    head: tuple
+    ce: tuple
+
+
 class EncoderDecoder(Module):
     """A small sequence-to-sequence Transformer: encoder over src, decoder over tgt_in."""
 
     def __init__(self, vocab_size, d_model, n_layers, n_heads, d_ff, *, rng, dtype=np.float32):
+        enc, dec = encoder_layer(n_heads, d_ff), encoder_layer(n_heads, d_ff, causal=True)
         self.src_embed = Embedding(vocab_size, d_model, rng=rng, dtype=dtype)
-        self.encoder = [EncoderBlock(d_model, n_heads, d_ff, rng=rng, dtype=dtype)
-                        for _ in range(n_layers)]
-        self.enc_norm = RMSNorm(d_model, dtype=dtype)
+        self.encoder = [Block(d_model, enc, rng=rng, dtype=dtype) for _ in range(n_layers)]
+        self.enc_norm = make_norm(d_model, NormSpec(), dtype)
         self.tgt_embed = Embedding(vocab_size, d_model, rng=rng, dtype=dtype)
-        self.decoder = [DecoderBlock(d_model, n_heads, d_ff, rng=rng, dtype=dtype)
-                        for _ in range(n_layers)]
-        self.dec_norm = RMSNorm(d_model, dtype=dtype)
+        self.decoder = [Block(d_model, dec, rng=rng, dtype=dtype,
+                              cross=cross_attention(n_heads)) for _ in range(n_layers)]
+        self.dec_norm = make_norm(d_model, NormSpec(), dtype)
         self.head = Linear(d_model, vocab_size, rng=rng, dtype=dtype)
 
     def logits(self, src, tgt_in):
@@ -190,7 +144,7 @@ class EncoderDecoder(Module):
         denc = 0
         for blk, c in zip(reversed(self.decoder), reversed(cache.dec)):
             g = blk.backward(dy, c)  # fwd: y = block(y, enc)
-            dy, denc = g["x"], denc + g["enc"]  # every decoder block reads enc
+            dy, denc = g["x"], denc + g["context"]  # every decoder block reads enc
         self.tgt_embed.backward(dy, cache.tgt)
         dx = self.enc_norm.backward(denc, cache.enc_norm)  # fwd: enc = enc_norm(x)
         for blk, c in zip(reversed(self.encoder), reversed(cache.enc)):

@@ -1,0 +1,160 @@
+"""The residual block of every model in the library, built from one LayerSpec: a token mixer,
+then (a decoder's) cross-attention, then an FFN, each a residual sub-layer around its norm.
+
+A sub-layer f with its norm N sits where LayerSpec.placement says:
+    pre        y = x + f(N(x))              (GPT-2 onward, Llama)
+    sandwich   y = x + N'(f(N(x)))          (Gemma 2, 3: N' a second norm on f's output)
+    post       y = N(x + f(x))              (Vaswani et al. 2017; its gradients at init grow
+                                             toward the output layers: Xiong et al. 2020,
+                                             arXiv 2002.04745)
+The block:  h = sub(x, mixer)   [h = sub(h, cross-attention to a context)]   y = sub(h, ffn)
+(ffn None: the block is the mixer sub-layer alone, as HF Mamba-1's MambaBlock).
+
+One body serves training, prefill and decoding: it is written over how the mixer is called
+(forward with a backward cache, prefill filling a decoding state, or one decode step), and
+only training keeps the caches. The FFN interface (lm/ffn.py) carries an MoE's loss terms.
+Backward runs each sub-layer in reverse: the residual adds the skip gradient.
+
+Glossary: B batch, T time, Tc context length, D model width.
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+from scratchllm.core.nn import Module
+from scratchllm.lm.ffn import make_ffn
+from scratchllm.lm.mixers import make_cross, make_mixer, make_norm
+
+
+class SublayerCache(NamedTuple):
+    norm: tuple       # N before f (pre, sandwich; None for post)
+    inner: tuple      # f's cache (None when decoding)
+    out_norm: tuple   # N' on f's output (sandwich; else None)
+    post_norm: tuple  # N after the residual add (post; else None)
+
+
+class BlockCache(NamedTuple):
+    mixer: SublayerCache
+    cross: SublayerCache  # None without cross-attention
+    ffn: SublayerCache    # None for a mixer-only block
+
+
+class Block(Module):
+    """One residual block of a LayerSpec (Params: norm1, mixer, [norm_cross, cross], norm2,
+    ffn, and for placement "sandwich" post_mixer_norm, post_ffn_norm). cross: an
+    AttentionSpec (heads only) for a decoder's cross-attention sub-layer, or None."""
+
+    def __init__(self, d_model, spec, *, rng, dtype=np.float32, cross=None):
+        self.norm1 = make_norm(d_model, spec.norm, dtype)
+        self.mixer = make_mixer(d_model, spec.mixer, rng=rng, dtype=dtype)
+        self.norm_cross = None if cross is None else make_norm(d_model, spec.norm, dtype)
+        self.cross = None if cross is None else make_cross(d_model, cross, rng=rng,
+                                                           dtype=dtype)
+        self.norm2 = None if spec.ffn is None else make_norm(d_model, spec.norm, dtype)
+        self.ffn = None if spec.ffn is None else make_ffn(d_model, spec.ffn, rng=rng,
+                                                          dtype=dtype)
+        sandwich = spec.placement == "sandwich"
+        self.post_mixer_norm = make_norm(d_model, spec.norm, dtype) if sandwich else None
+        self.post_ffn_norm = make_norm(d_model, spec.norm, dtype) if sandwich else None
+        self.spec = spec
+
+    # ------------------------------------------------------------------ the one body
+    def _sublayer(self, x, norm, out_norm, call):
+        """y = x + out_norm(call(norm(x))) (pre: no out_norm; sandwich) or
+        y = norm(x + call(x)) (post); call(a) -> (m, cache). Returns (y, SublayerCache)."""
+        pre = self.spec.placement != "post"
+        a, c_norm = norm.forward(x) if pre else (x, None)  # (..., D)
+        m, c_inner = call(a)  # (..., D)
+        m, c_out = (m, None) if out_norm is None else out_norm.forward(m)  # (..., D)
+        y, c_post = (x + m, None) if pre else norm.forward(x + m)  # (..., D)
+        return y, SublayerCache(c_norm, c_inner, c_out, c_post)
+
+    def _body(self, x, mix, context=None):
+        """The block on x (..., D) with the mixer called as mix(a) -> (m, cache)."""
+        if (context is None) != (self.cross is None):
+            raise ValueError("Block: a context goes with a cross-attention sub-layer and only "
+                             f"with one (cross is {'None' if self.cross is None else 'set'}, "
+                             f"context is {'None' if context is None else 'given'})")
+        h, c_mix = self._sublayer(x, self.norm1, self.post_mixer_norm, mix)  # (..., D)
+        c_cross = None
+        if self.cross is not None:
+            h, c_cross = self._sublayer(h, self.norm_cross, None,
+                                        lambda a: self.cross.forward(a, context))
+        if self.ffn is None:
+            return h, BlockCache(c_mix, c_cross, None)
+        y, c_ffn = self._sublayer(h, self.norm2, self.post_ffn_norm, self.ffn.forward)
+        return y, BlockCache(c_mix, c_cross, c_ffn)  # (..., D)
+
+    def forward(self, x, context=None):
+        """x (B, T, D) [, context (B, Tc, D) with cross-attention] -> (y (B, T, D),
+        BlockCache)."""
+        return self._body(x, self.mixer.forward, context)
+
+    def prefill(self, x, state):
+        """A whole prompt x (B, T, D) -> y (B, T, D), filling this layer's fresh state (a mixer
+        without a prefill of its own, like the recurrent ones, decodes the prompt step by
+        step)."""
+        if hasattr(self.mixer, "prefill"):
+            return self._body(x, lambda a: (self.mixer.prefill(a, state), None))[0]
+        return self._body(x, lambda a: (np.stack(
+            [self.mixer.decode(a[:, t], state, t) for t in range(a.shape[1])], axis=1),
+            None))[0]
+
+    def decode(self, x_t, state, position):
+        """One token: x_t (B, D) -> y_t (B, D), updating this layer's state in place."""
+        return self._body(x_t, lambda a: (self.mixer.decode(a, state, position), None))[0]
+
+    # ------------------------------------------------------------------ backward
+    def _sublayer_backward(self, dy, cache, norm, out_norm, back):
+        """Reverse of _sublayer; back(dm, cache) -> (da, extra) is f's backward.
+        Returns (dx, extra)."""
+        c_norm, c_inner, c_out, c_post = cache
+        ds = dy if c_post is None else norm.backward(dy, c_post)  # fwd: y = norm(s) (post)
+        dm = ds if c_out is None else out_norm.backward(ds, c_out)  # fwd: m = out_norm(m)
+        da, extra = back(dm, c_inner)  # fwd: m = f(a)
+        if c_norm is None:
+            return ds + da, extra  # fwd: s = x + m, a = x (post)
+        return ds + norm.backward(da, c_norm), extra  # fwd: s = x + m, a = norm(x)
+
+    def backward(self, dy, cache, dloss_aux=1.0):
+        """dy (B, T, D) -> dx, or {"x": dx, "context": dcontext} for a block that read a
+        context. dloss_aux: the loss's gradient on each FFN aux term (an MoE's). Param grads
+        accumulate in the Modules."""
+        c_mix, c_cross, c_ffn = cache
+        dh = dy  # fwd: y = h (a mixer-only block)
+        if c_ffn is not None:  # fwd: y = sub(h, ffn)
+            dh, _ = self._sublayer_backward(
+                dy, c_ffn, self.norm2, self.post_ffn_norm,
+                lambda df, c: (self.ffn.backward(df, c, dloss_aux), None))
+        dcontext = None
+        if c_cross is not None:  # fwd: h = sub(h, cross(., context))
+            dh, dcontext = self._sublayer_backward(dh, c_cross, self.norm_cross, None,
+                                                   self._cross_backward)
+        dx, _ = self._sublayer_backward(  # fwd: h = sub(x, mixer)
+            dh, c_mix, self.norm1, self.post_mixer_norm,
+            lambda dm, c: (self.mixer.backward(dm, c), None))
+        return dx if c_cross is None else {"x": dx, "context": dcontext}
+
+    def _cross_backward(self, dm, cache):
+        g = self.cross.backward(dm, cache)  # fwd: m = cross(a, context)
+        return g["x"], g["ctx"]
+
+    # ------------------------------------------------------------------ the FFN's extras
+    def aux_losses(self, cache):
+        """The FFN's loss terms ((name, value), ...) of this forward (empty when dense)."""
+        return () if self.ffn is None else self.ffn.aux_losses(cache.ffn.inner)
+
+    def named_buffers(self):
+        """[(name, array)] of the FFN's non-trainable state ("ffn.selection_bias")."""
+        return [] if self.ffn is None else [(f"ffn.{n}", b)
+                                            for n, b in self.ffn.named_buffers()]
+
+    def share_buffers(self, other):
+        """Point this block's buffers at other's arrays (data-parallel replicas)."""
+        for name, b in other.named_buffers():
+            setattr(self.ffn, name.removeprefix("ffn."), b)
+
+    def after_step(self, caches):
+        """The FFN's after-step update from this block's cache of each shard: an MoE's share
+        of routed slots per expert (E,), else None."""
+        return None if self.ffn is None else self.ffn.after_step([c.ffn.inner for c in caches])

@@ -1,0 +1,123 @@
+"""The FFN of a Block: one interface for a dense MLP and a mixture of experts, built from the
+LayerSpec's ffn (an FFNSpec or a MoESpec).
+
+What a Block and the LM ask of every FFN:
+    y, cache = ffn.forward(x)               x (..., D) -> y (..., D)
+    ffn.aux_losses(cache)                   ((name, value), ...): terms the LM adds to its
+                                            loss, coefficients applied (empty when dense)
+    dx = ffn.backward(dy, cache, dloss_aux) dloss_aux: d loss / d each aux term (the loss's
+                                            scale); those terms' gradients flow in here too
+    ffn.named_buffers()                     [(name, array)]: state that is saved but not
+                                            trained (the MoE's selection bias)
+    ffn.after_step(caches)                  after an optimizer step, given this layer's cache
+                                            of each data-parallel shard: the MoE's routed
+                                            share per expert (and its bias update); None
+The dense FFNs are core.nn's SwiGLU (Llama), GeluMLP (GPT-2) and GeGLU (Gemma) with that
+interface added; the MoE is moe.MoE with its outputs (y, aux, z) split into y and the loss
+terms:  balance_coef * aux (Switch)  and  z_coef * z (ST-MoE), coefficients of its MoESpec.
+
+Glossary: D model width, F hidden width, E experts.
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+from scratchllm.core import GeGLU, GeluMLP, SwiGLU
+from scratchllm.moe import MoE, MoEOut
+from scratchllm.specs import FFNSpec, MoESpec
+
+
+class Dense:
+    """The FFN interface of a dense MLP (mixed into its Module): no loss terms, no buffers."""
+
+    def aux_losses(self, cache):
+        return ()
+
+    def backward(self, dy, cache, dloss_aux=1.0):
+        """dy (..., D) -> dx; dloss_aux has nothing to reach (no aux terms)."""
+        return super().backward(dy, cache)
+
+    def named_buffers(self):
+        return []
+
+    def after_step(self, caches):
+        return None
+
+
+class SwiGLUFFN(Dense, SwiGLU):
+    """y = (silu(x W1) * (x W3)) W2 as a Block's FFN."""
+
+
+class GeluMLPFFN(Dense, GeluMLP):
+    """y = gelu(x W1 + b1) W2 + b2 as a Block's FFN."""
+
+
+class GeGLUFFN(Dense, GeGLU):
+    """y = (gelu(x W1) * (x W3)) W2 as a Block's FFN."""
+
+
+class MoEFFNCache(NamedTuple):
+    moe: tuple       # moe_forward's cache (MoECache)
+    aux: np.ndarray  # 0-d balance loss, unweighted
+    z: np.ndarray    # 0-d router z-loss, unweighted
+
+
+class MoEFFN(MoE):
+    """The MoE layer as a Block's FFN: forward(x) -> (y, cache), the weighted balance and z
+    terms through aux_losses, their gradients through backward. self.spec is its MoESpec."""
+
+    def __init__(self, d_model, spec, *, rng, dtype):
+        r, e = spec.router, spec.experts
+        super().__init__(d_model, e.d_ff, r.n_experts, r.top_k,
+                         capacity_factor=spec.capacity_factor, d_shared=spec.d_shared,
+                         score=r.score, router_bias=r.bias, n_group=r.n_group,
+                         topk_group=r.topk_group, norm_topk_prob=r.norm_topk_prob,
+                         routed_scaling_factor=r.routed_scaling_factor, experts=e.kind,
+                         swiglu_alpha=e.alpha, swiglu_limit=e.limit, rng=rng, dtype=dtype)
+        self.spec = spec
+
+    def forward(self, x):
+        """x (..., D) -> (y (..., D), MoEFFNCache)."""
+        (y, aux, z), cache = super().forward(x)
+        return y, MoEFFNCache(cache, aux, z)
+
+    def aux_losses(self, cache):
+        """(("balance", balance_coef * aux), ("z", z_coef * z))."""
+        return (("balance", self.spec.balance_coef * cache.aux),
+                ("z", self.spec.z_coef * cache.z))
+
+    def backward(self, dy, cache, dloss_aux=1.0):
+        """dy (..., D) -> dx. fwd: loss += balance_coef aux + z_coef z, so
+        daux = dloss_aux balance_coef, dz = dloss_aux z_coef."""
+        dt = dy.dtype
+        daux = np.asarray(dloss_aux * self.spec.balance_coef, dt)
+        dz = np.asarray(dloss_aux * self.spec.z_coef, dt)
+        return super().backward(MoEOut(dy, daux, dz), cache.moe)
+
+    def named_buffers(self):
+        return [("selection_bias", self.selection_bias)]
+
+    def after_step(self, caches):
+        """The share of routed slots per expert (E,) over the shards' caches; with the
+        router's bias_gamma > 0, the aux-loss-free bias update from those counts (in place:
+        replicas share the array)."""
+        counts = sum(np.asarray(c.moe.tokens_per_expert, np.float64) for c in caches)  # (E,)
+        if self.spec.router.bias_gamma > 0:
+            self.update_bias(counts, self.spec.router.bias_gamma)
+        return counts / max(counts.sum(), 1)
+
+
+DENSE = {"swiglu": SwiGLUFFN, "gelu_mlp": GeluMLPFFN, "geglu": GeGLUFFN}
+
+
+def make_ffn(d_model, spec, *, rng, dtype):
+    """The FFN Module of an FFNSpec or a MoESpec."""
+    if isinstance(spec, MoESpec):
+        return MoEFFN(d_model, spec, rng=rng, dtype=dtype)
+    if not isinstance(spec, FFNSpec):
+        raise TypeError(f"make_ffn: spec must be an FFNSpec or a MoESpec, got "
+                        f"{type(spec).__name__}")
+    if spec.kind == "swiglu":
+        return SwiGLUFFN(d_model, spec.d_ff, rng=rng, dtype=dtype)
+    return DENSE[spec.kind](d_model, spec.d_ff, rng=rng, approximate=spec.gelu_approx,
+                            dtype=dtype)
