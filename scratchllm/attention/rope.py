@@ -19,18 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.validate import expect_dout, expect_finite, expect_float, expect_int
-
-# Valid keys of a `rope_scaling` dict per rope_type; `required` ones have no default.
-_KEYS = {
-    "default": ((), ()),
-    "linear": (("factor",), ()),
-    "dynamic": (("factor", "original_max_position_embeddings"), ()),
-    "yarn": (("factor", "original_max_position_embeddings"),
-             ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
-              "truncate")),
-    "llama3": (("factor", "low_freq_factor", "high_freq_factor",
-                "original_max_position_embeddings"), ()),
-}
+from scratchllm.specs.attention import rope_scaling_params
 
 
 # ---------------------------------------------------------------------------- frequencies
@@ -40,24 +29,15 @@ def _default_inv_freq(dim, base):
 
 
 def _check_scaling(scaling):
-    """Return (rope_type, params) after checking the type, the keys and the required ones."""
+    """Return (rope_type, params) after checking the type, the keys and the required ones
+    (the keys of each rope_type: specs.attention.ROPE_SCALINGS)."""
     if not isinstance(scaling, dict):
         raise TypeError(f"rope_frequencies: scaling must be a dict or None, got "
                         f"{type(scaling).__name__}")
-    params = dict(scaling)
-    rope_type = params.pop("rope_type", params.pop("type", None))  # "type": older configs
-    if rope_type not in _KEYS:
-        raise ValueError(f"rope_frequencies: scaling['rope_type'] = {rope_type!r} is not one of "
-                         f"{sorted(_KEYS)}")
-    required, optional = _KEYS[rope_type]
-    unknown = sorted(set(params) - set(required) - set(optional))
-    if unknown:
-        raise ValueError(f"rope_frequencies: unknown key(s) {unknown} for rope_type "
-                         f"{rope_type!r}; valid keys: {['rope_type', *required, *optional]}")
-    missing = [k for k in required if params.get(k) is None]
-    if missing:
-        raise ValueError(f"rope_frequencies: rope_type {rope_type!r} needs key(s) {missing}")
-    return rope_type, params
+    try:
+        return rope_scaling_params(scaling)
+    except ValueError as e:
+        raise ValueError(f"rope_frequencies: {e}") from None
 
 
 def get_mscale(s, m=1.0):

@@ -14,7 +14,9 @@ scheme (rows "dense/alibi", ...), side by side. The cache and parameter arithmet
 from pathlib import Path
 
 from scratchllm.cli.common import LR, Parser, int_at_least, run
-from scratchllm.lm import PRESETS, preset
+from scratchllm.lm import preset
+from scratchllm.specs import PRESETS
+from scratchllm.specs.unflat import flat_view
 from scratchllm.train.extrapolation import POSITIONS
 from scratchllm.teach import sizing
 from scratchllm.teach.arch import from_model_config
@@ -27,7 +29,7 @@ CONTEXTS = (4096, 131072)
 
 def sizes(cfg):
     """(params total, params active per token, [cache bytes per token at each CONTEXTS])."""
-    a = from_model_config(cfg, cfg.name)
+    a = from_model_config(flat_view(cfg), cfg.name)
     p = sizing.parameters(a)
     per_token = [sizing.kv_cache(a, context=c, dtype="bf16").bytes / c for c in CONTEXTS]
     return p.total, p.active, per_token

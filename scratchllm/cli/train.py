@@ -17,7 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from scratchllm.cli.common import LR, Parser, int_at_least, run
-from scratchllm.lm import PRESETS, ModelConfig, generate, preset
+from scratchllm.lm import generate, preset
+from scratchllm.specs import PRESETS, to_dict
+from scratchllm.specs.unflat import flat_view
 from scratchllm.train import checkpoint, corpus
 from scratchllm.train.plots import save_run_plot
 from scratchllm.train.trainer import Run, Settings, evaluate, fit
@@ -68,15 +70,23 @@ def _settings(args, saved=None):
 
 def _config_for_resume(args, out):
     """The checkpoint's config; a --preset that disagrees with it is an error."""
-    cfg = ModelConfig.from_dict(checkpoint.read_config(out))
-    if args.preset is not None:
-        differ = [k for k, v in preset(args.preset).to_dict().items() if cfg.to_dict()[k] != v]
-        if differ:
-            raise checkpoint.CheckpointError(
-                f"--preset {args.preset} does not match the checkpoint in {out} "
-                f"(differs in {', '.join(differ)}); drop --preset to resume it, or use "
-                f"another --out")
+    cfg = checkpoint.read_config(out)
+    if args.preset is not None and preset(args.preset) != cfg:
+        want, have = _fields(preset(args.preset)), _fields(cfg)
+        differ = [k for k, v in want.items() if have.get(k) != v]
+        raise checkpoint.CheckpointError(
+            f"--preset {args.preset} does not match the checkpoint in {out} (differs in "
+            f"{', '.join(differ)}); drop --preset to resume it, or use another --out")
     return cfg
+
+
+def _fields(cfg):
+    """{name: value} of a config to compare: its flat names, or the fields of its format-2
+    dict when it has no flat form."""
+    try:
+        return asdict(flat_view(cfg))
+    except ValueError:
+        return to_dict(cfg)
 
 
 def main(argv=None):

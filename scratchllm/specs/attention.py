@@ -12,6 +12,38 @@ from dataclasses import dataclass
 from scratchllm.specs._check import fail, flag, instance, one_of, positive_int, real
 
 
+# Hugging Face's rope_scaling dicts: rope_type -> (required keys, optional keys)
+ROPE_SCALINGS = {
+    "default": ((), ()),
+    "linear": (("factor",), ()),
+    "dynamic": (("factor", "original_max_position_embeddings"), ()),
+    "yarn": (("factor", "original_max_position_embeddings"),
+             ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+              "truncate")),
+    "llama3": (("factor", "low_freq_factor", "high_freq_factor",
+                "original_max_position_embeddings"), ()),
+}
+
+
+def rope_scaling_params(scaling):
+    """(rope_type, the other keys as a dict) of a rope_scaling dict ("type" in older
+    configs); ValueError for an unknown rope_type, an unknown key or a missing one."""
+    params = dict(scaling)
+    rope_type = params.pop("rope_type", params.pop("type", None))
+    if rope_type not in ROPE_SCALINGS:
+        raise ValueError(f"scaling['rope_type'] = {rope_type!r} is not one of "
+                         f"{sorted(ROPE_SCALINGS)}")
+    required, optional = ROPE_SCALINGS[rope_type]
+    unknown = sorted(set(params) - set(required) - set(optional))
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} for rope_type {rope_type!r}; valid keys: "
+                         f"{['rope_type', *required, *optional]}")
+    missing = [k for k in required if params.get(k) is None]
+    if missing:
+        raise ValueError(f"rope_type {rope_type!r} needs key(s) {missing}")
+    return rope_type, params
+
+
 @dataclass(frozen=True)
 class RopeSpec:
     """Rotary positions (Su et al. 2021, arXiv 2104.09864): theta_i = base^(-2i/Dh).
@@ -28,6 +60,11 @@ class RopeSpec:
         real(self, "base", 1.0, open_low=True)
         instance(self, "scaling", dict, none_ok=True)
         one_of(self, "style", ("half", "interleaved"))
+        if self.scaling is not None:
+            try:
+                rope_scaling_params(self.scaling)
+            except ValueError as e:
+                fail(self, f"scaling: {e}", "scaling")
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,8 @@ RENAMED = {  # (spec, field) -> the flat name that sets it, where the two differ
 
 def from_flat(**flat):
     """A ModelConfig from flat names (FLAT_NAMES); an unknown name or a value a spec refuses
-    is a ValueError naming the flat field."""
+    is a ValueError "ModelConfig: ..." naming the flat field. Every flat field is checked,
+    also those of layer kinds the config lacks (a bad value never passes unnoticed)."""
     unknown = sorted(set(flat) - set(FLAT_NAMES))
     if unknown:
         raise ValueError(f"ModelConfig: unknown field(s) {unknown}; known: {sorted(FLAT_NAMES)}")
@@ -113,13 +114,18 @@ def from_flat(**flat):
         norm = NormSpec(f.norm, f.norm_eps, f.norm_offset)
         layers = tuple(LayerSpec(_mixer(f, i, kind), _ffn(f, i), norm, f.block)
                        for i, kind in enumerate(_kinds(f)))
+        for kind in "AM":  # the fields of the kinds it lacks
+            _mixer(f, 0, kind)
+        _moe(f)
         embedded = f.positions if f.positions in ("learned", "sinusoidal") else "none"
         return ModelConfig(f.name, f.vocab_size, f.d_model, layers, norm, f.tie_embeddings,
                            f.embed_scale, embedded, f.max_positions)
     except SpecError as e:
+        if e.spec == "ModelConfig":
+            raise
         name = RENAMED.get((e.spec, e.field))
         if name is None:
-            raise
+            raise ValueError(f"ModelConfig: {e}") from None
         raise ValueError(f"ModelConfig: {name}{e.msg[len(e.field):]} ({e.spec}."
                          f"{e.field})") from None
 
@@ -220,6 +226,10 @@ def _ffn(f, i):
         return FFNSpec(f.ffn, f.d_ff, f.gelu_approx)
     if not is_moe_layer(f, i):  # a dense layer (of an MoE model: dense_d_ff wide)
         return FFNSpec("swiglu", f.dense_d_ff or f.d_ff)
+    return _moe(f)
+
+
+def _moe(f):
     router = RouterSpec(f.n_experts, f.top_k, f.score, f.router_bias, f.n_group, f.topk_group,
                         f.norm_topk_prob, f.routed_scaling_factor, f.bias_gamma)
     experts = ExpertsSpec(f.experts, f.d_ff, f.swiglu_alpha, f.swiglu_limit)

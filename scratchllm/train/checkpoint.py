@@ -1,7 +1,8 @@
 """Training checkpoints: one directory, written so that a crash never leaves a half-written one,
 and `atomic_write`, the one writer every file of the project that must not be torn goes through.
 
-    DIR/config.json      the ModelConfig
+    DIR/config.json      the ModelConfig (scratchllm.specs.to_dict; a flat config of the
+                         first format, from older checkpoints, still loads)
     DIR/tokenizer.bpe    the tokenizer
     DIR/state.npz        weights, MoE buffers, optimizer moments, step, loss history, RNG
                          state, and the manifest: the SHA-256 of config.json, tokenizer.bpe and
@@ -25,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from scratchllm.lm import LM, ModelConfig
+from scratchllm.lm import LM
+from scratchllm.specs import from_dict, to_dict
 from scratchllm.tokenizer import TOKENIZER_FILE, Tokenizer
 
 STATE = "state.npz"
@@ -78,23 +80,27 @@ def write_bytes(path, data):
     atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
-def write_config(directory, config_dict):
-    """Write DIR/config.json atomically (creating DIR)."""
+def write_config(directory, cfg):
+    """Write the ModelConfig to DIR/config.json atomically (creating DIR)."""
     Path(directory).mkdir(parents=True, exist_ok=True)
-    text = json.dumps(config_dict, indent=2, sort_keys=True).encode()
+    text = json.dumps(to_dict(cfg), indent=2, sort_keys=True).encode()
     write_bytes(Path(directory) / CONFIG, text)
 
 
 def read_config(directory):
+    """The ModelConfig of DIR/config.json (either format); CheckpointError naming the file
+    if it is missing, corrupt, or of a format this version does not read."""
     path = Path(directory) / CONFIG
     if not path.is_file():
         raise CheckpointError(f"checkpoint: no {CONFIG} in {str(directory)!r}; is it a "
                               f"checkpoint directory written by `python -m scratchllm train`?")
     try:
-        return json.loads(path.read_text())
+        return from_dict(json.loads(path.read_text()))
     except json.JSONDecodeError as e:
         raise CheckpointError(f"checkpoint: {path} is corrupt ({e}); delete the directory "
                               f"and train again") from None
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"checkpoint: {path}: {e}") from None
 
 
 def save_state(directory, arrays, meta):
@@ -156,7 +162,7 @@ def save_run(run, directory, tokenizer=None):
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(directory)
-    write_config(directory, run.cfg.to_dict())
+    write_config(directory, run.cfg)
     if tokenizer is not None:
         atomic_write(directory / TOKENIZER_FILE, lambda tmp: tokenizer.save(str(tmp)))
     else:
@@ -248,7 +254,7 @@ def load_model(directory, dtype=None):
     """(model, tokenizer, meta) from a checkpoint directory, for sampling."""
     arrays, meta = load_state(directory)
     verify(directory, arrays, meta)
-    cfg = ModelConfig.from_dict(read_config(directory))
+    cfg = read_config(directory)
     dtype = np.dtype(meta.get("dtype", "float32") if dtype is None else dtype)
     model = LM(cfg, rng=np.random.default_rng(0), dtype=dtype)
     _assign_model(model, arrays, str(Path(directory) / STATE))

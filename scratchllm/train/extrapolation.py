@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scratchllm.lm import ModelConfig
+from scratchllm.specs import from_flat
 from scratchllm.train import corpus
 from scratchllm.train.trainer import Run, Settings, evaluate
 
@@ -43,16 +43,16 @@ def length_extrapolation(ids, positions=POSITIONS, *, train_len=128, eval_lens=(
                          steps=150, batch_size=16, eval_tokens=16384, model=None, log=None):
     """{position scheme: [validation CE (nats/token) at each eval length]}.
 
-    Each scheme trains the same ModelConfig (MODEL, overridden by `model`) for `steps`
-    AdamW steps at train_len; the evaluation windows are the same for every scheme.
+    Each scheme trains the same model (MODEL in flat names, overridden by `model`) for
+    `steps` AdamW steps at train_len; the evaluation windows are the same for every scheme.
     """
     train, val = corpus.split(ids)
     settings = Settings(steps=steps, batch_size=batch_size, seq_len=train_len, threads=1,
                         warmup=min(30, steps // 10 + 1))
     table = {}
     for pos in positions:
-        cfg = ModelConfig(**{**MODEL, **(model or {}), "name": pos, "positions": pos})
-        run = Run(cfg.validate(), settings)
+        cfg = from_flat(**{**MODEL, **(model or {}), "name": pos, "positions": pos})
+        run = Run(cfg, settings)
         for _ in range(steps):
             run.train_step(train)
         table[pos] = [evaluate(run.model, corpus.eval_batches(val, 4, T, eval_tokens))

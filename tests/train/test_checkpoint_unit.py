@@ -4,11 +4,14 @@ disagreed with its own weights is now an error or consistent; killed writes' tem
 removed by the next save."""
 import json
 import os
+from dataclasses import asdict
 
 import numpy as np
 import pytest
 
 from grads.cases import lm_tiny
+from scratchllm.specs import from_dict, from_flat, to_dict
+from scratchllm.specs.unflat import flat_view
 from scratchllm.tokenizer import TOKENIZER_FILE, Tokenizer
 from scratchllm.train import checkpoint, trainer
 
@@ -20,6 +23,11 @@ def _run(name="dense", **overrides):
     run = trainer.Run(lm_tiny(name, **overrides), s)
     run.train_step(IDS)
     return run
+
+
+def _config(directory):
+    """The flat view of the config.json in directory."""
+    return flat_view(from_dict(json.loads((directory / "config.json").read_text())))
 
 
 def _tokenizer(extra=b""):
@@ -39,14 +47,14 @@ def test_a_kill_during_the_first_save_then_another_preset_is_consistent(tmp_path
     with pytest.raises(KeyboardInterrupt):
         _run("swa").save(tmp_path, _tokenizer())
     monkeypatch.undo()
-    assert json.loads((tmp_path / "config.json").read_text())["window"] is not None
+    assert _config(tmp_path).window is not None
     with pytest.raises(checkpoint.CheckpointError, match="no state.npz"):
         checkpoint.load_model(tmp_path)
     dead = tmp_path / "state.npz.tmp-999999999"  # a killed writer's 12 MB leftover
     dead.write_bytes(b"x" * 100)
     _run("dense").save(tmp_path, _tokenizer())
     model, _, _ = checkpoint.load_model(tmp_path)
-    assert model.cfg.window is None and model.cfg.name == "dense"
+    assert flat_view(model.cfg).window is None and model.cfg.name == "dense"
     assert not dead.exists() and not list(tmp_path.glob("*.tmp-*"))
 
 
@@ -55,16 +63,16 @@ def test_a_deleted_state_then_a_new_run_rewrites_config_and_tokenizer(tmp_path):
     (tmp_path / checkpoint.STATE).unlink()
     _run("dense").save(tmp_path, _tokenizer())
     model, tok, _ = checkpoint.load_model(tmp_path)
-    assert model.cfg.window is None and len(tok.merges) == 1
+    assert flat_view(model.cfg).window is None and len(tok.merges) == 1
 
 
 @pytest.mark.parametrize("field, value", [("rope_base", 500000.0), ("window", 4),
                                           ("norm_eps", 1e-6)])
 def test_an_edited_config_whose_shapes_still_match_is_an_error(tmp_path, field, value):
     _run().save(tmp_path, _tokenizer())
-    cfg = json.loads((tmp_path / "config.json").read_text())
-    cfg[field] = value
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    flat = asdict(_config(tmp_path))
+    flat[field] = value
+    (tmp_path / "config.json").write_text(json.dumps(to_dict(from_flat(**flat))))
     with pytest.raises(checkpoint.CheckpointError,
                        match=r"config.json does not match the checkpoint's manifest"):
         checkpoint.load_model(tmp_path)
@@ -106,3 +114,56 @@ def test_remove_stale_temps_keeps_live_writers_files(tmp_path):
         f.write_bytes(b"1")
     assert checkpoint.remove_stale_temps(tmp_path) == 1
     assert mine.exists() and not dead.exists()
+
+
+# config.json of a checkpoint written before specs: the flat dict of the first format (every
+# field of the old ModelConfig), here lm_tiny("swa")'s
+FLAT_SWA = {
+    "attention": "gqa", "attn_impl": "sdpa", "attn_scale": None, "attn_sinks": False,
+    "balance_coef": 0.01, "bias_gamma": 0.0, "block": "pre", "capacity_factor": None,
+    "d_conv": 4, "d_ff": 12, "d_model": 16, "d_state": 4, "dense_d_ff": None, "dt_rank": None,
+    "embed_scale": False, "expand": 2, "experts": "swiglu", "ffn": "swiglu",
+    "first_k_dense": 0, "gelu_approx": "tanh", "head_dim": None, "kv_lora_rank": 6,
+    "layer_pattern": None, "layer_types": None, "mamba_inner_norms": False,
+    "max_positions": 1024, "moe_every": 1, "moe_offset": None, "n_experts": 4, "n_group": 1,
+    "n_heads": 4, "n_kv_heads": 2, "n_layers": 2, "n_shared": 0, "n_sink": 1, "name": "swa",
+    "norm": "rmsnorm", "norm_eps": 1e-05, "norm_offset": 0.0, "norm_topk_prob": True,
+    "o_bias": False, "positions": "rope", "q_lora_rank": 0, "qk_nope_head_dim": 4,
+    "qk_norm": False, "qk_rope_head_dim": 4, "qkv_bias": False, "rope_base": 10000.0,
+    "rope_local_base": None, "rope_scaling": None, "rope_style": "half",
+    "routed_scaling_factor": 1.0, "router_bias": False, "score": "softmax",
+    "swiglu_alpha": 1.702, "swiglu_limit": 7.0, "tie_embeddings": False, "top_k": 2,
+    "topk_group": 1, "v_head_dim": 6, "vocab_size": 23, "window": 3, "z_coef": 0.001}
+
+
+def _replace_config(directory, config):
+    """config.json := config, and state.npz's manifest re-signed to match (as a checkpoint
+    that was written with that config.json)."""
+    (directory / "config.json").write_text(json.dumps(config))
+    arrays, meta = checkpoint.load_state(directory)
+    meta["manifest"] = checkpoint.manifest(directory, arrays)
+    checkpoint.save_state(directory, arrays, meta)
+
+
+def test_config_json_is_format_2_and_the_flat_first_format_loads_to_the_same_model(tmp_path):
+    run = _run("swa")
+    run.save(tmp_path, _tokenizer())
+    assert json.loads((tmp_path / "config.json").read_text())["format"] == 2
+    new, _, _ = checkpoint.load_model(tmp_path)
+    _replace_config(tmp_path, FLAT_SWA)
+    old, _, _ = checkpoint.load_model(tmp_path)
+    assert old.cfg == new.cfg == run.cfg
+    assert [(n, p.data.tolist()) for n, p in old.named_parameters()] == \
+        [(n, p.data.tolist()) for n, p in new.named_parameters()]
+    ids = IDS[None, :9]
+    assert np.array_equal(old.forward(ids)[0], run.model.forward(ids)[0])
+
+
+def test_a_config_json_of_a_future_format_is_refused_naming_the_version(tmp_path):
+    _run().save(tmp_path, _tokenizer())
+    config = json.loads((tmp_path / "config.json").read_text())
+    _replace_config(tmp_path, dict(config, format=3))
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=r"config.json: config: format 3 is not one this version reads "
+                             r"\(2, or the flat first format\); upgrade scratchllm"):
+        checkpoint.load_model(tmp_path)

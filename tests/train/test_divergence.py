@@ -109,7 +109,7 @@ def test_detect_anomaly_names_the_first_module_that_went_non_finite():
     x, y = IDS[None, :8], IDS[None, 1:9]
     with detect_anomaly(model):
         with pytest.raises(NonFiniteError, match=r"^detect_anomaly: the output of layers\.1\."
-                                                 r"ffn \(SwiGLU\.forward\) holds NaN or inf"):
+                                                 r"ffn \(SwiGLUFFN\.forward\) holds NaN or inf"):
             model.loss(x, y)
     assert "forward" not in vars(model.layers[1].ffn)  # unpatched after the block
     model.layers[1].ffn.W2.data[0, 0] = 0.0

@@ -2,6 +2,7 @@
 a crash mid-save keeps the previous checkpoint, bad checkpoints give clear errors."""
 import json
 import signal
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,8 @@ from scratchllm.cli import sample as sample_cli, train
 from scratchllm.lm import sampling as generate
 from scratchllm.train import checkpoint, corpus, trainer
 from scratchllm.lm import LM
+from scratchllm.specs import from_dict, from_flat, to_dict
+from scratchllm.specs.unflat import flat_view
 from scratchllm.tokenizer import TOKENIZER_FILE
 from scratchllm.train import DataParallel
 
@@ -112,9 +115,9 @@ def test_corrupt_checkpoint_is_a_clear_error(trained, tmp_path, capsys):
 def test_mismatched_config_is_a_clear_error(trained, tmp_path, capsys):
     assert train.main(["--resume", "--preset", "moe", "--out", str(trained)] + QUICK) == 1
     assert "does not match the checkpoint" in capsys.readouterr().err
-    cfg = json.loads((trained / "config.json").read_text())
-    cfg["d_ff"] += 8
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    flat = asdict(flat_view(from_dict(json.loads((trained / "config.json").read_text()))))
+    flat["d_ff"] += 8
+    (tmp_path / "config.json").write_text(json.dumps(to_dict(from_flat(**flat))))
     (tmp_path / checkpoint.STATE).write_bytes((trained / checkpoint.STATE).read_bytes())
     (tmp_path / TOKENIZER_FILE).write_bytes((trained / TOKENIZER_FILE).read_bytes())
     with pytest.raises(checkpoint.CheckpointError, match="config.json does not match the "
@@ -214,7 +217,7 @@ def test_sizing_counts_the_model_params(name):
     total, active, _ = compare.sizes(cfg)
     model = LM(cfg, rng=np.random.default_rng(0))
     assert total == model.n_params()
-    assert active <= total and (active < total) == (cfg.ffn == "moe")
+    assert active <= total and (active < total) == (flat_view(cfg).ffn == "moe")
 
 
 def test_moe_run_logs_expert_usage(tmp_path, capsys):
