@@ -24,11 +24,11 @@ import unicodedata
 
 import numpy as np
 
+from .charsmap import SPACE
 from .pretokenize import special_regex, split_special
 from .specials import check_disallowed, special_plan
 from .unigram_lattice import PieceTrie, code_points, lattice_edges, viterbi
 
-SPACE = "\u2581"          # "▁", SentencePiece's visible space
 UNK_PENALTY = 10.0
 
 

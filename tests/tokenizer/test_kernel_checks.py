@@ -47,9 +47,9 @@ def test_scan_gpt2_refuses_a_wrong_class_table_and_data_type():
         fast.scan_gpt2(DATA.astype(np.int64), fast.char_classes(), ends(len(TEXT)))
 
 
-def test_count_pretokens_refuses_ends_past_the_data():
-    with pytest.raises(ValueError, match=r"^count_pretokens: ends must be non-decreasing"):
-        fast.count_pretokens(DATA, ends(3, 10 ** 6))
+def test_unique_pretokens_refuses_ends_past_the_data():
+    with pytest.raises(ValueError, match=r"^unique_pretokens: ends must be non-decreasing"):
+        fast.unique_pretokens(DATA, ends(3, 10 ** 6))
 
 
 def test_encode_pieces_refuses_foreign_tables_and_offsets():
