@@ -30,8 +30,10 @@ from collections import Counter
 
 import numpy as np
 
+from .charsmap import SPACE
+from .normalizer import Normalizer
 from .pretokenize import read_blocks, special_regex, split_special
-from .unigram import SPACE, Unigram
+from .unigram import Unigram
 from .unigram_em import count_substrings, expected_counts, prune_losses, viterbi_counts
 from .unigram_lattice import PieceTrie, code_points
 
@@ -143,7 +145,7 @@ def train_unigram(path, vocab_size, special_tokens=(), *, max_len=16, seed_size=
     learned pieces by score) trained on a UTF-8 text file. report(round, size, log-lik) is
     called after each round; the same triples are in the returned tokenizer's train_log."""
     reserved = 1 + len(special_tokens)
-    norm = Unigram([("<unk>", 0.0)], nfkc=nfkc).normalize
+    norm = Normalizer(nfkc=nfkc).normalize
     pool, off, freq = _word_arrays(_words(path, special_tokens, norm))
     piece_pool, piece_off, logp, n_chars = _seed(pool, off, freq, seed_size, max_len, seed_cap)
     if n_chars + reserved > vocab_size:
@@ -168,6 +170,7 @@ def train_unigram(path, vocab_size, special_tokens=(), *, max_len=16, seed_size=
     scores = final.logp - np.logaddexp.reduce(final.logp)
     learned = sorted(zip(final.strings(), scores.tolist()), key=lambda e: (-e[1], e[0]))
     tok = Unigram([("<unk>", 0.0)] + [(t, 0.0) for t in special_tokens] + learned, 0,
-                  {t: 1 + k for k, t in enumerate(special_tokens)}, nfkc=nfkc)
+                  {t: 1 + k for k, t in enumerate(special_tokens)},
+                  normalizer=Normalizer(nfkc=nfkc))
     tok.train_log = log
     return tok
