@@ -1,10 +1,11 @@
-"""The option specs of the Unigram tokenizer: Normalizer (SentencePiece's NormalizerSpec):
-its normal forms, and clear errors naming the field, what it got and what it expects."""
+"""The option specs of the Unigram tokenizer: Normalizer (SentencePiece's NormalizerSpec) and
+TrainerSpec (train_unigram's seed, EM and pruning options): their normal forms, and clear
+errors naming the field, what it got and what it expects."""
 import re
 
 import pytest
 
-from scratchllm.tokenizer import Normalizer, Unigram
+from scratchllm.tokenizer import Normalizer, TrainerSpec, Unigram, train_unigram
 from scratchllm.tokenizer.charsmap import SPACE
 
 
@@ -46,6 +47,24 @@ def test_normalizer_refuses_nfkc_beside_a_charsmap():
         Normalizer(nfkc=True, charsmap=CharsMap(b"\x00\x00\x00\x00"))
 
 
-def test_unigram_takes_a_normalizer():
+@pytest.mark.parametrize("field,value,expected", [
+    ("max_len", 0, "an integer >= 1"),
+    ("seed_size", 1.5, "an integer >= 1"),
+    ("seed_cap", True, "an integer >= 1"),
+    ("em_iters", 0, "an integer >= 1"),
+    ("shrink", 1.0, r"a number in \(0, 1\)"),
+    ("shrink", 0, r"a number in \(0, 1\)"),
+])
+def test_trainer_spec_names_the_bad_field(field, value, expected):
+    with pytest.raises(ValueError, match=rf"^TrainerSpec: {field} must be {expected}, got "
+                                         rf"{re.escape(repr(value))}$"):
+        TrainerSpec(**{field: value})
+
+
+def test_options_must_be_their_specs(tmp_path):
     with pytest.raises(TypeError, match="^Unigram: normalizer must be a Normalizer"):
         Unigram([("<unk>", 0.0)], normalizer={"nfkc": True})
+    with pytest.raises(TypeError, match="^train_unigram: trainer must be a TrainerSpec"):
+        train_unigram(tmp_path / "none.txt", 100, trainer={"em_iters": 3})
+    with pytest.raises(TypeError, match="^train_unigram: normalizer must be a Normalizer"):
+        train_unigram(tmp_path / "none.txt", 100, normalizer=True)
