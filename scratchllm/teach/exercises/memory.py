@@ -6,12 +6,12 @@ arXiv 2305.13245 §2.1), checked with scratchllm.attention.gqa_forward.
 Glossary: Hkv KV heads, Dh head dim, G = H / Hkv query heads per KV head, N state size,
 Di = expand·D Mamba inner width.
 """
-from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
 
 from scratchllm import attention
+from scratchllm.specs import MambaSpec
 from scratchllm.ssm import Mamba
 from scratchllm.teach import arch, sizing
 from scratchllm.teach.drills.bank import assert_close
@@ -31,7 +31,7 @@ LLAMA_3_8B = dict(d_model=4096, n_layers=32, n_kv_heads=8, head_dim=128, d_state
 
 def _state_vs_sizing(fn):
     llama = arch.get("llama-3-8b")
-    mamba = replace(llama, pattern="M")  # the same D and L, every layer a Mamba mixer
+    mamba = arch.with_mixer(llama, MambaSpec())  # the same D and L, every mixer a Mamba
     m = sizing.mamba_state_numbers(mamba)
     rows = []
     for T in sizing.CONTEXTS:
