@@ -5,9 +5,8 @@ L·W, KV against Mamba state at 1k / 32k / 1M); --explain prints each line's for
 arithmetic is scratchllm/teach/sizing.py (pure Python: this command loads no numpy).
 """
 from scratchllm.cli.common import Parser, run
-from scratchllm.specs import (FFNSpec, MambaSpec, Mamba2Spec, MLASpec, MoESpec, RecurrentSpec,
-                              RWKVSpec)
-from scratchllm.specs.flat import RECURRENT
+from scratchllm.specs import FFNSpec, MambaSpec, MLASpec, MoESpec
+from scratchllm.specs.unflat import mixer_letter
 from scratchllm.teach.arch import MODELS
 from scratchllm.teach.sizing import (CONTEXTS, DTYPE_BYTES, attention_crossover,
                                      attention_spec, attention_width, block_pieces, cache_at,
@@ -57,18 +56,9 @@ def _moe(cfg, moe):
 def _pattern(cfg):
     """The layers' letters (scratchllm.specs.LAYER_KINDS), the shortest unit that tiles them:
     "M" for 24 Mamba layers."""
-    letters = "".join(_letter(layer.mixer) for layer in cfg.layers)
+    letters = "".join(mixer_letter(layer.mixer) for layer in cfg.layers)
     return next(letters[:n] for n in range(1, len(letters) + 1)
                 if letters == letters[:n] * (len(letters) // n))
-
-
-LETTERS = {kind: letter for letter, kind in RECURRENT.items()}  # "linear" -> "L", ...
-
-
-def _letter(mixer):
-    if isinstance(mixer, RecurrentSpec):
-        return LETTERS[mixer.kind]
-    return {MambaSpec: "M", Mamba2Spec: "S", RWKVSpec: "W"}.get(type(mixer), "A")
 
 
 PARTS_FORMULA = {
