@@ -18,12 +18,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MAX_PARAMS = 8
 NUMBA = {"njit", "jit", "vectorize", "guvectorize", "overload", "generated_jit", "stencil"}
-IMPORT_DOORS = {"scratchllm/cli/__init__.py"}  # the lazy command table: cli.<command> modules
+IMPORT_DOORS = {"cli/__init__.py"}  # the lazy command table: cli.<command> modules
 PROTOCOL = {"main", "build_parser"}  # every cli command module defines both (the command table)
 
 
 def python_files(root):
-    return sorted((root / "scratchllm").rglob("*.py"))
+    """(path relative to the package folder scratchllm/, Path) of every module."""
+    package = root / "scratchllm"
+    return [(p.relative_to(package).as_posix(), p) for p in sorted(package.rglob("*.py"))]
 
 
 def _decorator_names(node):
@@ -55,21 +57,20 @@ def _is_public(qualname):
 
 
 def long_signatures(root):
-    """['path:line name (n parameters)'] of public functions over MAX_PARAMS parameters."""
+    """['path:line name (n parameters)'] of public functions over MAX_PARAMS parameters (paths
+    relative to scratchllm/, as in every list below)."""
     found = []
-    for path in python_files(root):
+    for rel, path in python_files(root):
         for qualname, fn in _functions(ast.parse(path.read_text(encoding="utf-8"))):
             if (_is_public(qualname) and _n_params(fn) > MAX_PARAMS
                     and not NUMBA & set(_decorator_names(fn))):
-                found.append(f"{path.relative_to(root)}:{fn.lineno} {qualname} "
-                             f"({_n_params(fn)} parameters)")
+                found.append(f"{rel}:{fn.lineno} {qualname} ({_n_params(fn)} parameters)")
     return found
 
 
 def _calls(root, predicate):
     found = []
-    for path in python_files(root):
-        rel = path.relative_to(root).as_posix()
+    for rel, path in python_files(root):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and predicate(rel, node.func):
                 found.append(f"{rel}:{node.lineno}")
@@ -100,10 +101,9 @@ def _module_names(tree):
 def names_defined_twice(root):
     """{public name: [files]} for names defined at module level in more than one module."""
     where = defaultdict(list)
-    for path in python_files(root):
-        rel = path.relative_to(root).as_posix()
+    for rel, path in python_files(root):
         for name in set(_module_names(ast.parse(path.read_text(encoding="utf-8")))):
-            command = rel.startswith("scratchllm/cli/") and name in PROTOCOL
+            command = rel.startswith("cli/") and name in PROTOCOL
             if not name.startswith("_") and not command:
                 where[name].append(rel)
     return {name: files for name, files in sorted(where.items()) if len(files) > 1}
@@ -139,12 +139,11 @@ BAD = {
 
 def test_checkers_catch_each_broken_rule(tmp_path):
     root = _tree(tmp_path, BAD)
-    assert long_signatures(root) == ["scratchllm/a/wide.py:1 wide (9 parameters)",
-                                     "scratchllm/a/wide.py:4 M.__init__ (9 parameters)"]
-    assert locals_calls(root) == ["scratchllm/a/bag.py:2"]
-    assert import_doors(root) == ["scratchllm/a/door.py:2"]
-    assert names_defined_twice(root) == {"wide": ["scratchllm/a/wide.py",
-                                                  "scratchllm/b/twice.py"]}
+    assert long_signatures(root) == ["a/wide.py:1 wide (9 parameters)",
+                                     "a/wide.py:4 M.__init__ (9 parameters)"]
+    assert locals_calls(root) == ["a/bag.py:2"]
+    assert import_doors(root) == ["a/door.py:2"]
+    assert names_defined_twice(root) == {"wide": ["a/wide.py", "b/twice.py"]}
 
 
 def test_checkers_accept_a_clean_tree(tmp_path):
