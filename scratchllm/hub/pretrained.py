@@ -16,7 +16,6 @@ Reference: huggingface/safetensors bindings/python/py_src/safetensors/numpy.py;
 huggingface/transformers src/transformers/modeling_utils.py (the index file, tied weights).
 """
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from scratchllm.core.atomic import atomic_write, write_text
 from scratchllm.hub.layout import from_hf, hf_shape, to_hf
 from scratchllm.hub.registry import config_from_flat, family_for, family_named, flat_of
 from scratchllm.lm import LM
@@ -198,18 +198,10 @@ def save_pretrained(model, path, dtype=None):
                for k, v in _hf_arrays(model, family.names(model, f), "data").items()}
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    _write(path / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    atomic_write(path / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     (path / INDEX).unlink(missing_ok=True)  # a shard index left there would win on loading
-    _write(path / CONFIG, lambda tmp: tmp.write_text(json.dumps(hf, indent=2) + "\n",
-                                                     encoding="utf-8"))
+    write_text(path / CONFIG, json.dumps(hf, indent=2) + "\n")
 
-
-def _write(path, write):
-    """Write `path` whole or not at all: write(tmp) fills a temporary file beside it, which
-    then replaces it."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def load_tokenizer(path):
