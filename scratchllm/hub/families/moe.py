@@ -200,7 +200,8 @@ def _deepseek_from_hf(hf):
 def _deepseek_to_hf(f, dtype_name, base=None):
     hf = over(base, ("rope_scaling", "rope_theta", "head_dim"))  # HF: head_dim = rope part
     _common_to_hf(f, hf, DEEPSEEK_V3, dtype_name, _DEEPSEEK["max_position_embeddings"])
-    hf.update(intermediate_size=f.dense_d_ff or f.d_ff, moe_intermediate_size=f.d_ff,
+    dense = f.dense_d_ff or hf.get("intermediate_size", f.d_ff)  # kept when no layer is dense
+    hf.update(intermediate_size=dense, moe_intermediate_size=f.d_ff,
               num_key_value_heads=f.n_heads, q_lora_rank=f.q_lora_rank or None,
               kv_lora_rank=f.kv_lora_rank, qk_nope_head_dim=f.qk_nope_head_dim,
               qk_rope_head_dim=f.qk_rope_head_dim, v_head_dim=f.v_head_dim,
