@@ -125,21 +125,22 @@ class _LlamaShaped:
 
 _PLAIN = dict(rms_norm_eps=1e-6, tie_word_embeddings=False, head_dim=None)
 LLAMA = _LlamaShaped(
-    "llama", "LlamaForCausalLM", dict(_PLAIN, max_position_embeddings=2048),
-    dict(window=None, qkv_bias=False, qk_norm=False),
-    dict(attention_bias=False, mlp_bias=False, pretraining_tp=1)).record()
+    "llama", "LlamaForCausalLM", defaults=dict(_PLAIN, max_position_embeddings=2048),
+    options=dict(window=None, qkv_bias=False, qk_norm=False),
+    fixed=dict(attention_bias=False, mlp_bias=False, pretraining_tp=1)).record()
 MISTRAL = _LlamaShaped(
     "mistral", "MistralForCausalLM",
-    dict(_PLAIN, sliding_window=4096, max_position_embeddings=4096 * 32),
-    dict(qkv_bias=False, qk_norm=False), {}, windowed=True).record()
+    defaults=dict(_PLAIN, sliding_window=4096, max_position_embeddings=4096 * 32),
+    options=dict(qkv_bias=False, qk_norm=False), fixed={}, windowed=True).record()
 QWEN2 = _LlamaShaped(
-    "qwen2", "Qwen2ForCausalLM", dict(_PLAIN, max_position_embeddings=32768),
-    dict(window=None, qkv_bias=True, qk_norm=False), dict(use_sliding_window=False),
-    full_layer_types=True).record()
+    "qwen2", "Qwen2ForCausalLM", defaults=dict(_PLAIN, max_position_embeddings=32768),
+    options=dict(window=None, qkv_bias=True, qk_norm=False),
+    fixed=dict(use_sliding_window=False), full_layer_types=True).record()
 QWEN3 = _LlamaShaped(
-    "qwen3", "Qwen3ForCausalLM", dict(_PLAIN, head_dim=128, max_position_embeddings=32768),
-    dict(window=None, qkv_bias=False, qk_norm=True),
-    dict(attention_bias=False, use_sliding_window=False), full_layer_types=True).record()
+    "qwen3", "Qwen3ForCausalLM",
+    defaults=dict(_PLAIN, head_dim=128, max_position_embeddings=32768),
+    options=dict(window=None, qkv_bias=False, qk_norm=True),
+    fixed=dict(attention_bias=False, use_sliding_window=False), full_layer_types=True).record()
 
 
 # ---------------------------------------------------------------------------- gemma3_text
