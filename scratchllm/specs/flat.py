@@ -142,6 +142,8 @@ def _check_layers(f):
             f"got {types!r}")
     if types is not None and "sliding_attention" in types and f.window is None:
         bad("layer_types has sliding_attention layers but window is None")
+    if f.n_sink and f.window is None:
+        bad(f"n_sink={f.n_sink} needs a window (the sink tokens are kept beside it)")
     if f.attention == "mla" and (f.positions != "rope" or f.attn_impl != "sdpa"
                                  or f.window is not None or f.head_dim or f.qkv_bias
                                  or f.qk_norm):

@@ -201,13 +201,15 @@ def _cache_put(cache, h, data, s, e, out, t, t2):
     meta[2] += t2 - t
 
 
-def encode_pieces(kind, data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news, cache,
-                  max_cached):
-    """int32 (T,) ids of segments: seg_special[k] >= 0 is a special token's id (empty segment),
-    else the text data[prev_end:seg_ends[k]] is scanned (scanner `kind` of fast_scan.KIND, cls
-    its table: char_classes() for GPT2, fast_scan.char_flags() else) and BPE-encoded.
+def encode_pieces(kind, cls, data, segments, byte_ids, table, cache, max_cached=64):
+    """int32 (T,) ids of segments = (seg_ends, seg_special): seg_special[k] >= 0 is a special
+    token's id (empty segment), else the text data[prev_end:seg_ends[k]] is scanned (scanner
+    `kind` of fast_scan.KIND, cls its table: char_classes() for GPT2, fast_scan.char_flags()
+    else) and BPE-encoded with byte_ids and the merge table (keys, ranks, news).
     Pre-tokens of 2 to max_cached bytes go through `cache` (new_cache), kept across calls.
     Checks what the kernel indexes (check_text, check_tables) before it runs."""
+    seg_ends, seg_special = segments
+    keys, ranks, news = table
     check_text("encode_pieces", data, cls, seg_ends, "seg_ends")
     check_tables("encode_pieces", seg_ends, seg_special, byte_ids, (keys, ranks, news), cache)
     return _encode_pieces(kind, data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news,

@@ -21,6 +21,8 @@ path scores in float32.
 import base64
 import json
 
+from scratchllm.core.atomic import write_text
+
 from .charsmap import CharsMap
 from .spm_bpe import SentencePieceBPE
 from .unigram import SPACE, Unigram
@@ -92,8 +94,7 @@ def save_unigram_json(tok, path):
             "model": {"type": "Unigram", "unk_id": tok.unk_id,
                       "vocab": [[p, s] for p, s in tok.pieces],
                       "byte_fallback": tok.byte_fallback}}
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(spec, fh, ensure_ascii=False)
+    write_text(path, json.dumps(spec, ensure_ascii=False))
 
 
 def _normalizer_spec(tok):
