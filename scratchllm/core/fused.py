@@ -7,7 +7,7 @@ backward` in ops.py, with the same signature and the same dict of gradients, and
 `fused_<op>_forward_ref` / `fused_<op>_backward_ref` ARE those readable pairs (aliases: the
 teaching text keeps its own name, used by drills, notebooks and grads cases).
 tests/core/test_fused.py checks every twin against its `_ref` (float32 to 1e-6, float64 to
-1e-12); grads/cases.py checks every fused backward by finite differences.
+1e-12); grads/cases/core.py checks every fused backward by finite differences.
 The Modules (core/nn.py) and the LM's loss run them through the Twin objects at the end of
 this file (RMSNORM, SWIGLU, CROSS_ENTROPY: twins.py), AdamW picks its update at construction:
 set SCRATCHLLM_READABLE=1 to run the readable pairs instead (to step through them, say); a
