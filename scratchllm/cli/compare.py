@@ -16,10 +16,8 @@ from pathlib import Path
 from scratchllm.cli.common import LR, Parser, int_at_least, run
 from scratchllm.lm import preset
 from scratchllm.specs import PRESETS
-from scratchllm.specs.unflat import flat_view
 from scratchllm.train.extrapolation import POSITIONS
 from scratchllm.teach import sizing
-from scratchllm.teach.arch import from_model_config
 from scratchllm.train import corpus
 from scratchllm.train.plots import save_compare_plot
 from scratchllm.train.trainer import Settings, train_preset
@@ -28,10 +26,10 @@ CONTEXTS = (4096, 131072)
 
 
 def sizes(cfg):
-    """(params total, params active per token, [cache bytes per token at each CONTEXTS])."""
-    a = from_model_config(flat_view(cfg), cfg.name)
-    p = sizing.parameters(a)
-    per_token = [sizing.kv_cache(a, context=c, dtype="bf16").bytes / c for c in CONTEXTS]
+    """(params total, params active per token, [cache bytes per token at each CONTEXTS]) of a
+    scratchllm.specs.ModelConfig."""
+    p = sizing.parameters(cfg)
+    per_token = [sizing.kv_cache(cfg, context=c, dtype="bf16").bytes / c for c in CONTEXTS]
     return p.total, p.active, per_token
 
 

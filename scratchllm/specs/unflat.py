@@ -24,7 +24,7 @@ def to_flat(cfg):
                 embed_scale=cfg.embed_scale, max_positions=cfg.max_positions,
                 norm=cfg.norm.kind, norm_eps=cfg.norm.eps, norm_offset=cfg.norm.offset,
                 block=layers[0].placement)
-    kinds = "".join(_letter(layer.mixer) for layer in layers)
+    kinds = "".join(mixer_letter(layer.mixer) for layer in layers)
     flat["layer_pattern"] = None if set(kinds) == {"A"} else kinds
     flat.update(_mixer_fields(cfg))
     flat.update(_ffn_fields(layers))
@@ -47,7 +47,8 @@ def flat_view(cfg):
     return Flat(**to_flat(cfg))
 
 
-def _letter(mixer):
+def mixer_letter(mixer):
+    """The layer_pattern letter (LAYER_KINDS) of a mixer spec: "A" attention, "M" Mamba, ..."""
     return KIND_LETTER[mixer.kind] if isinstance(mixer, RecurrentSpec) else LETTER[type(mixer)]
 
 
@@ -129,10 +130,11 @@ def _ffn_fields(layers):
 
 def _moe_pattern(moe, n_layers):
     """first_k_dense, moe_every, moe_offset whose layers i >= first_k_dense with i % moe_every
-    == moe_offset are exactly `moe` (the simplest such choice; {} if none is)."""
-    for every in range(1, n_layers + 1):
-        offset = moe[0] % every
-        for first in (0, moe[0]):
+    == moe_offset are exactly `moe` (the simplest such choice, first_k_dense = 0 if a period
+    alone says it; {} if none is)."""
+    for first in (0, moe[0]):
+        for every in range(1, n_layers + 1):
+            offset = moe[0] % every
             if [i for i in range(first, n_layers) if i % every == offset] == moe:
                 return dict(first_k_dense=first, moe_every=every,
                             moe_offset=None if offset == every - 1 else offset)

@@ -6,9 +6,7 @@ import pytest
 
 from grads.cases import CASES, LM_TINY, lm_tiny
 from scratchllm.lm import LM, preset
-from scratchllm.specs.unflat import flat_view
 from scratchllm.teach import sizing
-from scratchllm.teach.arch import from_model_config
 
 PATTERNS = ["LRGD", "SAWA"]
 V = LM_TINY["vocab_size"]
@@ -58,7 +56,7 @@ def test_prefill_then_decode_equals_full_recompute(pattern):
 def test_sizing_counts_the_params_and_a_fixed_state(name):
     cfg = preset(name, d_model=16, n_heads=4, d_ff=12, vocab_size=23, d_state=4)
     model = LM(cfg, rng=np.random.default_rng(0))
-    a = from_model_config(flat_view(cfg))
+    a = cfg
     assert sizing.parameters(a).total == model.n_params()
     state = model.init_state(batch=1, max_len=10)
     numbers = sum(np.size(a) for s in state for a in (s if isinstance(s, tuple) else [s]))
