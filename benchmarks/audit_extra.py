@@ -182,24 +182,25 @@ def train_bpe_float_vocab():
 
 # ---------------------------------------------------------------------------- sizes
 def config_heads_do_not_divide():
-    from scratchllm.lm import ModelConfig
-    return ModelConfig(d_model=10, n_heads=3, n_kv_heads=3).validate()
+    from scratchllm.specs import from_flat
+    return from_flat(d_model=10, n_heads=3, n_kv_heads=3)
 
 
 def config_kv_heads_do_not_divide():
-    from scratchllm.lm import ModelConfig
-    return ModelConfig(d_model=24, n_heads=6, n_kv_heads=4).validate()
+    from scratchllm.specs import from_flat
+    return from_flat(d_model=24, n_heads=6, n_kv_heads=4)
 
 
 def config_float_width():
-    from scratchllm.lm import ModelConfig
-    return ModelConfig(d_model=128.0).validate()
+    from scratchllm.specs import from_flat
+    return from_flat(d_model=128.0)
 
 
 def lm_too_big_for_memory():
-    from scratchllm.lm import LM, ModelConfig
-    cfg = ModelConfig(vocab_size=2 ** 20, d_model=2 ** 16, n_layers=64, n_heads=64,
-                      n_kv_heads=64, d_ff=2 ** 18)
+    from scratchllm.lm import LM
+    from scratchllm.specs import from_flat
+    cfg = from_flat(vocab_size=2 ** 20, d_model=2 ** 16, n_layers=64, n_heads=64,
+                    n_kv_heads=64, d_ff=2 ** 18)
     return LM(cfg, rng=_rng())
 
 

@@ -172,10 +172,12 @@ def torch_moe(cfg, w, p, x):
 
 
 def torch_loss(cfg, w, ids, targets):
-    """(CE, CE + MoE aux terms) of the LM with weights w (torch tensors by Param name)."""
+    """(CE, CE + MoE aux terms) of the LM with weights w (torch tensors by Param name); cfg:
+    the config's flat names (scratchllm.specs.unflat.flat_view)."""
     import torch
     import torch.nn.functional as F
     from scratchllm.attention.masks import attention_sink_mask, causal_mask
+    from scratchllm.specs.flat import is_moe_layer
     D, V = cfg.d_model, cfg.vocab_size
     B, T = ids.shape
     mask = torch.from_numpy(causal_mask(T) if cfg.window is None else
@@ -184,11 +186,11 @@ def torch_loss(cfg, w, ids, targets):
     x, aux = w["embed.E"][ids], 0.0
     for i in range(cfg.n_layers):
         p = f"layers.{i}."
-        mixer = torch_mamba if cfg.layer_kinds()[i] == "M" else attention
+        mixer = torch_mamba if (cfg.layer_pattern or "A" * cfg.n_layers)[i] == "M" else attention
         x = x + mixer(cfg, w, p + "mixer.", F.rms_norm(x, (D,), w[p + "norm1.g"], cfg.norm_eps),
                       mask)
         b = F.rms_norm(x, (D,), w[p + "norm2.g"], cfg.norm_eps)
-        if cfg.is_moe_layer(i):
+        if is_moe_layer(cfg, i):
             y, a_i, z_i = torch_moe(cfg, w, p + "ffn.", b.reshape(B * T, D))
             x, aux = x + y.view(B, T, D), aux + cfg.balance_coef * a_i + cfg.z_coef * z_i
         else:
@@ -202,10 +204,12 @@ def worker_torch(args):
     import numpy as np
     import torch
     from scratchllm.lm import LM
+    from scratchllm.specs.unflat import flat_view
     from scratchllm.train.corpus import sample_batch
     torch.set_num_threads(int(THREADS))
     cfg, s, ids, rng = _setup(args)
     model = LM(cfg, rng=np.random.default_rng(s.seed))  # the trainer's init
+    flat = flat_view(cfg)  # the flat names torch_loss reads
     w = {n: torch.from_numpy(p.data.copy()).requires_grad_()
          for n, p in model.named_parameters()}
     decay = [t for n, t in w.items() if t.ndim >= 2 and not n.endswith("A_log")]
@@ -218,7 +222,7 @@ def worker_torch(args):
                 sample_batch(ids, s.batch_size, s.seq_len, rng))
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        ce, loss = torch_loss(cfg, w, x, y)
+        ce, loss = torch_loss(flat, w, x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(w.values()), 1.0)
         opt.step()
