@@ -22,6 +22,7 @@ from scratchllm.attention.cross import CrossAttention
 from scratchllm.attention.gqa import Attention
 from scratchllm.core import ops
 from scratchllm.core.nn import Embedding, Linear, Module, RMSNorm, SwiGLU
+from scratchllm.specs import AttentionSpec, Mask
 
 
 def mlm_corrupt(ids, rng, *, mask_id, vocab_size, rate=0.15):
@@ -61,8 +62,8 @@ class EncoderBlock(Module):
 
     def __init__(self, d_model, n_heads, d_ff, *, rng, dtype=np.float32, causal=False):
         self.norm1 = RMSNorm(d_model, dtype=dtype)
-        self.attn = Attention(d_model, n_heads, n_heads, rng=rng, dtype=dtype,
-                              mask="causal" if causal else "none")
+        self.attn = Attention(d_model, AttentionSpec(n_heads, n_heads, mask=Mask(causal=causal)),
+                              rng=rng, dtype=dtype)
         self.norm2 = RMSNorm(d_model, dtype=dtype)
         self.ffn = SwiGLU(d_model, d_ff, rng=rng, dtype=dtype)
 
@@ -86,7 +87,9 @@ class DecoderBlock(Module):
         self.self_block = EncoderBlock(d_model, n_heads, d_ff, rng=rng, dtype=dtype,
                                        causal=True)
         self.norm_c = RMSNorm(d_model, dtype=dtype)
-        self.cross = CrossAttention(d_model, n_heads, rng=rng, dtype=dtype)
+        self.cross = CrossAttention(d_model, AttentionSpec(n_heads, n_heads, rope=None,
+                                                           mask=Mask(causal=False)),
+                                    rng=rng, dtype=dtype)
 
     def forward(self, x, enc):
         """x (B, Tt, D), enc (B, Ts, D) -> (B, Tt, D): self block, then + cross(norm(.))."""

@@ -7,34 +7,21 @@ constructor arguments.
 Every mixer offers forward(x) -> (y, cache), backward(dy, cache) -> dx, and for decoding
 init_state(batch, max_len) -> state and decode(x_t, state, position) -> y_t.
 """
+from dataclasses import asdict
+
 from scratchllm.attention import MLA, Attention
 from scratchllm.core import GeGLU, GeluMLP, LayerNorm, RMSNorm, SwiGLU
 from scratchllm.moe import MoE
 from scratchllm.linear_attention import RecurrentMixer, RWKV4TimeMix
 from scratchllm.ssm import Mamba, Mamba2
+from scratchllm.specs import from_flat
 
 RECURRENT = {"L": "linear", "R": "retnet", "G": "gla", "D": "delta"}  # RecurrentMixer kinds
-
-
-def _layer_attention(cfg, layer):
-    """(window, rope base, rope scaling) of attention layer `layer`: with layer_types, a
-    sliding layer has the window, and rope_local_base without scaling when that is given
-    (Gemma 3) or the full layers' RoPE (gpt-oss); a full layer has no window."""
-    if cfg.layer_types is None:
-        return cfg.window, cfg.rope_base, cfg.rope_scaling
-    if cfg.layer_types[layer] == "sliding_attention" and cfg.rope_local_base is None:
-        return cfg.window, cfg.rope_base, cfg.rope_scaling
-    if cfg.layer_types[layer] == "sliding_attention":
-        return cfg.window, cfg.rope_local_base, None
-    return None, cfg.rope_base, cfg.rope_scaling
 
 
 def make_mixer(cfg, kind, *, rng, dtype, layer=0):
     """The token mixer of layer `layer` of kind "A" (attention), "M" (Mamba), "S" (Mamba-2),
     "W" (RWKV-4 time-mix) or one of RECURRENT."""
-    window, base, scaling = _layer_attention(cfg, layer)
-    rope = dict(rope_base=base, rope_scaling=scaling, rope_style=cfg.rope_style, rng=rng,
-                dtype=dtype)
     if kind in RECURRENT:
         return RecurrentMixer(cfg.d_model, cfg.n_heads, RECURRENT[kind], rng=rng, dtype=dtype)
     if kind == "S":
@@ -46,18 +33,10 @@ def make_mixer(cfg, kind, *, rng, dtype, layer=0):
         return Mamba(cfg.d_model, d_state=cfg.d_state, d_conv=cfg.d_conv, expand=cfg.expand,
                      dt_rank=cfg.dt_rank, inner_norms=cfg.mamba_inner_norms,
                      norm_eps=cfg.norm_eps, rng=rng, dtype=dtype)
+    spec = from_flat(**asdict(cfg)).layers[layer].mixer  # an AttentionSpec or MLASpec
     if cfg.attention == "mla":
-        return MLA(cfg.d_model, cfg.n_heads, kv_lora_rank=cfg.kv_lora_rank,
-                   qk_nope_head_dim=cfg.qk_nope_head_dim, qk_rope_head_dim=cfg.qk_rope_head_dim,
-                   v_head_dim=cfg.v_head_dim, q_lora_rank=cfg.q_lora_rank, eps=cfg.norm_eps,
-                   **rope)
-    return Attention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, window=window,
-                     n_sink=cfg.n_sink if window else 0,
-                     mask="causal" if window is None else "sliding", head_dim=cfg.head_dim,
-                     qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
-                     norm_offset=cfg.norm_offset, o_bias=cfg.o_bias, scale=cfg.attn_scale,
-                     use_rope=cfg.positions == "rope", alibi=cfg.positions == "alibi",
-                     attn_impl=cfg.attn_impl, sinks=cfg.attn_sinks, **rope)
+        return MLA(cfg.d_model, spec, rng=rng, dtype=dtype)
+    return Attention(cfg.d_model, spec, rng=rng, dtype=dtype)
 
 
 def make_ffn(cfg, moe, *, rng, dtype):
