@@ -160,23 +160,31 @@ def config_capacity_zero():
 
 
 def _gqa_inputs(T=9):
+    from scratchllm.attention import AttentionWeights
     r = _rng()
-    w = [r.standard_normal(s) for s in ((8, 8), (8, 4), (8, 4), (8, 8))]
+    w = AttentionWeights(*(r.standard_normal(s) for s in ((8, 8), (8, 4), (8, 4), (8, 8))))
     return r.standard_normal((1, T, 8)), w
+
+
+def _gqa_spec(**mask):
+    """4 query heads, 2 KV heads, no RoPE; Mask(**mask)."""
+    from scratchllm.specs import AttentionSpec, Mask
+    return AttentionSpec(4, 2, rope=None, mask=Mask(**mask))
 
 
 def gqa_window_default_mask():
     from scratchllm.attention import gqa_forward, sliding_window_mask
+    from scratchllm.specs import Mask
     x, w = _gqa_inputs()
-    y, _ = gqa_forward(x, *w, n_heads=4, n_kv_heads=2, window=4)
-    want, _ = gqa_forward(x, *w, n_heads=4, n_kv_heads=2, mask=sliding_window_mask(9, 4))
+    y, _ = gqa_forward(x, w, spec=_gqa_spec(window=4))
+    want, _ = gqa_forward(x, w, spec=_gqa_spec(), mask=Mask(array=sliding_window_mask(9, 4)))
     return float(np.abs(y - want).max())  # right answer: 0 (the window acts)
 
 
 def attention_window_decode():
     from scratchllm.attention import Attention
     r = _rng()
-    layer = Attention(8, 4, 2, rng=r, window=4, dtype=np.float64)
+    layer = Attention(8, _gqa_spec(window=4), rng=r, dtype=np.float64)
     x = r.standard_normal((1, 9, 8))
     y, _ = layer.forward(x)
     st = layer.init_state(1, 9)
@@ -185,21 +193,22 @@ def attention_window_decode():
 
 
 def gqa_positions_without_rope():
-    from scratchllm.attention import gqa_forward
+    from scratchllm.attention import gqa_forward, make_rope
+    from scratchllm.specs import RopeSpec
     x, w = _gqa_inputs()
-    return gqa_forward(x, *w, n_heads=4, n_kv_heads=2, positions=np.arange(9) + 5)
+    return gqa_forward(x, w, spec=_gqa_spec(), rope=make_rope(RopeSpec(), 2, np.arange(9) + 5))
 
 
 def gqa_window_explicit_mask():
     from scratchllm.attention import causal_mask, gqa_forward
     x, w = _gqa_inputs()
-    return gqa_forward(x, *w, n_heads=4, n_kv_heads=2, mask=causal_mask(9), window=4)
+    return gqa_forward(x, w, spec=_gqa_spec(array=causal_mask(9), window=4))
 
 
 def gqa_t0():
     from scratchllm.attention import gqa_forward
     x, w = _gqa_inputs(0)
-    return gqa_forward(x, *w, n_heads=4, n_kv_heads=2)
+    return gqa_forward(x, w, spec=_gqa_spec())
 
 
 def sdpa_t0():

@@ -18,36 +18,43 @@ def _qkv(T=4):
 # ---------------------------------------------------------------------------- masks
 def sdpa_int_mask():
     from scratchllm.attention import sdpa_forward
+    from scratchllm.specs import Mask
     q, k, v = _qkv()
-    return sdpa_forward(q, k, v, np.tril(np.ones((4, 4), np.int64)))[0]
+    return sdpa_forward(q, k, v, Mask(array=np.tril(np.ones((4, 4), np.int64))))[0]
 
 
 def sdpa_mask_wrong_shape():
     from scratchllm.attention import sdpa_forward
+    from scratchllm.specs import Mask
     q, k, v = _qkv()
-    return sdpa_forward(q, k, v, np.ones((4, 5), bool))[0]
+    return sdpa_forward(q, k, v, Mask(array=np.ones((4, 5), bool)))[0]
 
 
 def sdpa_mask_list():
     from scratchllm.attention import sdpa_forward
+    from scratchllm.specs import Mask
     q, k, v = _qkv()
-    return sdpa_forward(q, k, v, [[True] * 4] * 4)[0]
+    return sdpa_forward(q, k, v, Mask(array=[[True] * 4] * 4))[0]
 
 
 def sdpa_fully_masked_row():
     from scratchllm.attention import sdpa_forward
+    from scratchllm.specs import Mask
     q, k, v = _qkv()
     mask = np.ones((4, 4), bool)
     mask[2] = False
-    return sdpa_forward(q, k, v, mask)[0][0, :, 2]  # a fully masked row gives zeros
+    return sdpa_forward(q, k, v, Mask(array=mask))[0][0, :, 2]  # a fully masked row: zeros
 
 
 def cross_attention_mask_wrong_shape():
+    from scratchllm.attention import AttentionWeights
     from scratchllm.attention.cross import cross_attention_forward
+    from scratchllm.specs import AttentionSpec, Mask
     r = _rng()
     x, ctx, w = r.standard_normal((1, 3, 8)), r.standard_normal((1, 5, 8)), np.eye(8)
-    return cross_attention_forward(x, ctx, w, w, w, w, n_heads=2, n_kv_heads=2,
-                                   mask=np.ones((3, 4), bool))[0]
+    spec = AttentionSpec(2, 2, rope=None, mask=Mask(causal=False))
+    return cross_attention_forward(x, ctx, AttentionWeights(w, w, w, w), spec=spec,
+                                   mask=Mask(array=np.ones((3, 4), bool)))[0]
 
 
 def causal_mask_negative():
@@ -100,7 +107,8 @@ def rolling_state_float_window():
 
 def _decode_layer():
     from scratchllm.attention import Attention
-    return Attention(8, 2, 2, rng=_rng(), dtype=np.float64)
+    from scratchllm.specs import AttentionSpec
+    return Attention(8, AttentionSpec(2, 2), rng=_rng(), dtype=np.float64)
 
 
 def attention_decode_skipped_position():

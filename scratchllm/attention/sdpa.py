@@ -48,8 +48,8 @@ def _masked_out(fn, mask, B, H, Hkv, Tq, Tk):
     try:
         np.broadcast_shapes(mask.shape, (B, H, Tq, Tk))
     except ValueError:
-        raise ValueError(f"{fn}: mask has shape {mask.shape}, expected one broadcastable to "
-                         f"(B, H, Tq, Tk) = {(B, H, Tq, Tk)}") from None
+        raise ValueError(f"{fn}: mask.array has shape {mask.shape}, expected one broadcastable "
+                         f"to (B, H, Tq, Tk) = {(B, H, Tq, Tk)}") from None
     m = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)  # (b, h, tq, tk), h in {1, H}
     heads = (Hkv, H // Hkv) if m.shape[1] == H else (1, 1)
     return ~m.reshape(m.shape[:1] + heads + m.shape[2:])  # (b, Hkv|1, G|1, tq, tk)

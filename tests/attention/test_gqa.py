@@ -112,7 +112,7 @@ def test_sdpa_bad_inputs():
         sdpa_forward(q, q, q, mask=Mask(array=np.ones((3, 3))))
     with pytest.raises(TypeError, match="Mask"):
         sdpa_forward(q, q, q, mask=np.ones((3, 3), bool))
-    with pytest.raises(ValueError, match="mask has shape"):
+    with pytest.raises(ValueError, match="mask.array has shape"):
         sdpa_forward(q, q, q, mask=Mask(array=np.ones((4, 3), bool)))
     with pytest.raises(ValueError, match="k has shape"):
         sdpa_forward(q, np.zeros((1, 2, 3, 5)), q)
