@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.attention.qkv import AttentionWeights, check_weights
+from scratchllm.attention.qkv import AttentionWeights, check_attention_weights
 from scratchllm.attention.sdpa import merge_heads, sdpa_backward, sdpa_forward, split_heads
 from scratchllm.core.nn import Module, Param, normal_init
 from scratchllm.core.ops import linear_backward, linear_forward, linear_out
@@ -58,7 +58,7 @@ def cross_attention_forward(x, ctx, w, *, spec, mask=None):
     expect_ndim(fn, "x", x, 3, "(B, Tq, D)")
     expect_ndim(fn, "ctx", ctx, 3, "(B, Tk, Dc)")
     expect_shape(fn, "ctx", ctx, (x.shape[0], None, None), "(B, Tk, Dc) like x")
-    check_weights(fn, w, spec)
+    check_attention_weights(fn, w, spec)
     _check_spec(fn, spec)
     H, Hkv, Dh = spec.n_heads, spec.n_kv_heads, spec.dh(x.shape[2])
     expect_shape(fn, "wq", w.wq, (x.shape[2], H * Dh), "(D, H*Dh)")

@@ -22,7 +22,7 @@ import numpy as np
 
 from scratchllm.attention.kv_state import LatentKVState
 from scratchllm.attention.mla_projection import (MLAProjCache, MLAProjection, MLAWeights,
-                                                 check_weights, geometry,
+                                                 check_mla_weights, geometry,
                                                  mla_project_backward, mla_project_forward)
 from scratchllm.attention.rope import get_mscale, make_rope
 from scratchllm.attention.sdpa import merge_heads, sdpa_backward, sdpa_forward, split_heads
@@ -79,7 +79,7 @@ def mla_forward(x, w, *, spec, rope=None, mask=None):
     expect_ndim(fn, "x", x, 3, "(B, T, D)")
     if x.shape[1] < 1:
         raise ValueError(f"{fn}: x has shape {x.shape}: no time steps (T must be >= 1)")
-    check_weights(fn, x.shape[2], w, spec)
+    check_mla_weights(fn, x.shape[2], w, spec)
     B, T, D = x.shape
     H, dn, dr, dv, Dc = geometry(fn, spec)
     (q_nope, q_pe, ckv, k_pe), proj = mla_project_forward(x, w, spec=spec, rope=rope)
@@ -122,7 +122,7 @@ def _decode_project(fn, x_t, w, state, position, spec, rope):
     """Project the new token, append (ckv, k_pe) to the state; return q_nope (B, H, 1, dn),
     q_pe (B, H, 1, dr) and the geometry."""
     expect_ndim(fn, "x_t", x_t, 2, "(B, D)")
-    check_weights(fn, x_t.shape[1], w, spec)
+    check_mla_weights(fn, x_t.shape[1], w, spec)
     g = geometry(fn, spec)
     if not isinstance(state, LatentKVState) or state.latents.shape[2] != g.Dc + g.dr:
         raise ValueError(f"{fn}: state must be a LatentKVState of width Dc + dr = "

@@ -51,7 +51,7 @@ def geometry(fn, spec):
                        spec.v_head_dim, spec.kv_lora_rank)
 
 
-def check_weights(fn, D, w, spec, names=("wkv_a", "kv_norm", "wkv_b", "wo")):
+def check_mla_weights(fn, D, w, spec, names=("wkv_a", "kv_norm", "wkv_b", "wo")):
     """The MLAWeights w for model width D: the query weights the spec's q_lora_rank says
     (wq, or wq_a, q_norm and wq_b) and `names` of the others, each of its shape."""
     if not isinstance(w, MLAWeights):
@@ -106,7 +106,7 @@ def mla_project_forward(x, w, *, spec, rope=None):
     expect_float(fn, "x", x)
     expect_ndim(fn, "x", x, 3, "(B, T, D)")
     B, T, D = x.shape
-    check_weights(fn, D, w, spec, names=("wkv_a", "kv_norm"))
+    check_mla_weights(fn, D, w, spec, names=("wkv_a", "kv_norm"))
     g = geometry(fn, spec)
     H, dn, dr, dv, Dc = g
     rope = make_rope(spec.rope, dr, np.arange(T)) if rope is None else rope

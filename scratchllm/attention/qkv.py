@@ -40,7 +40,7 @@ _OPTIONS = (("qkv_bias", ("bq", "bk", "bv")), ("o_bias", ("bo",)),
             ("qk_norm", ("q_norm", "k_norm")), ("sinks", ("sinks",)))
 
 
-def check_weights(fn, w, spec):
+def check_attention_weights(fn, w, spec):
     """w is an AttentionWeights whose optional fields are given exactly where the
     AttentionSpec spec turns their option on."""
     if not isinstance(spec, AttentionSpec):
@@ -94,7 +94,7 @@ def project_qkv_forward(x, w, *, spec, rope=None):
     B, T, D = x.shape
     if T < 1:
         raise ValueError(f"gqa: x has shape {x.shape}: no time steps (T must be >= 1)")
-    check_weights("gqa", w, spec)
+    check_attention_weights("gqa", w, spec)
     H, Hkv, Dh = spec.n_heads, spec.n_kv_heads, spec.dh(D)
     expect_shape("gqa", "wq", w.wq, (D, H * Dh), f"(D, H*Dh) = (D, {H}*{Dh})")
     expect_shape("gqa", "wk", w.wk, (D, Hkv * Dh), f"(D, Hkv*Dh) = (D, {Hkv}*{Dh})")
