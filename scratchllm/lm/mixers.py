@@ -33,7 +33,8 @@ def make_mixer(cfg, kind, *, rng, dtype, layer=0):
         return Mamba(cfg.d_model, d_state=cfg.d_state, d_conv=cfg.d_conv, expand=cfg.expand,
                      dt_rank=cfg.dt_rank, inner_norms=cfg.mamba_inner_norms,
                      norm_eps=cfg.norm_eps, rng=rng, dtype=dtype)
-    spec = from_flat(**asdict(cfg)).layers[layer].mixer  # an AttentionSpec or MLASpec
+    # this layer's AttentionSpec or MLASpec (the FFN's options are checked where it is built)
+    spec = from_flat(**dict(asdict(cfg), ffn="swiglu")).layers[layer].mixer
     if cfg.attention == "mla":
         return MLA(cfg.d_model, spec, rng=rng, dtype=dtype)
     return Attention(cfg.d_model, spec, rng=rng, dtype=dtype)
