@@ -135,7 +135,7 @@ def gqa_decode(x_t, w, state, position, *, spec, rope=None):
         raise ValueError(f"gqa_decode: position={position}, but the state holds {state.n_seen} "
                          f"tokens: the next token is at position {state.n_seen}")
     if spec.rope is not None and rope is None:
-        rope = make_rope(spec.rope, spec.dh(x_t.shape[-1]), np.array([position]))
+        rope = make_rope(spec.rope, spec.dh(x_t.shape[-1]), np.array([position]), position + 1)
     (q, k, v), _ = project_qkv_forward(x_t[:, None], w, spec=spec, rope=rope)  # (B,H|Hkv,1,Dh)
     state.append(k, v)
     K, V = state.kv()  # (B, Hkv, L, Dh); every cached key is at or before `position`

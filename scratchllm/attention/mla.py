@@ -122,13 +122,13 @@ def _decode_project(fn, x_t, w, state, position, spec, rope):
     """Project the new token, append (ckv, k_pe) to the state; return q_nope (B, H, 1, dn),
     q_pe (B, H, 1, dr) and the geometry."""
     expect_ndim(fn, "x_t", x_t, 2, "(B, D)")
-    check_mla_weights(fn, x_t.shape[1], w, spec)
+    check_mla_weights(fn, x_t.shape[1], w, spec, names=("wkv_b", "wo"))  # the rest: below
     g = geometry(fn, spec)
     if not isinstance(state, LatentKVState) or state.latents.shape[2] != g.Dc + g.dr:
         raise ValueError(f"{fn}: state must be a LatentKVState of width Dc + dr = "
                          f"{g.Dc + g.dr}")
     if rope is None:
-        rope = make_rope(spec.rope, g.dr, np.array([position]))
+        rope = make_rope(spec.rope, g.dr, np.array([position]), position + 1)
     (q_nope, q_pe, ckv, k_pe), _ = mla_project_forward(x_t[:, None], w, spec=spec, rope=rope)
     state.append(ckv[:, 0], k_pe[:, 0, 0])
     return q_nope, q_pe, g

@@ -58,13 +58,11 @@ def check_mla_weights(fn, D, w, spec, names=("wkv_a", "kv_norm", "wkv_b", "wo"))
         raise TypeError(f"{fn}: w must be an MLAWeights, got {type(w).__name__}")
     H, dn, dr, dv, Dc = geometry(fn, spec)
     Dq, qk = spec.q_lora_rank, H * (dn + dr)
-    shapes = {"wkv_a": ((D, Dc + dr), f"(D, Dc + dr) = ({D}, {Dc} + {dr})"),
-              "kv_norm": ((Dc,), "(Dc,)"),
-              "wkv_b": ((Dc, H * (dn + dv)), f"(Dc, H * (dn + dv)) = ({Dc}, {H} * ({dn} + {dv}))"),
-              "wo": ((H * dv, D), f"(H * dv, D) = ({H} * {dv}, {D})"),
-              "wq": ((D, qk), f"(D, H * (dn + dr)) = ({D}, {H} * ({dn} + {dr}))"),
-              "wq_a": ((D, Dq), f"(D, Dq) = ({D}, {Dq})"), "q_norm": ((Dq,), "(Dq,)"),
-              "wq_b": ((Dq, qk), f"(Dq, H * (dn + dr)) = ({Dq}, {H} * ({dn} + {dr}))")}
+    shapes = {"wkv_a": ((D, Dc + dr), "(D, Dc + dr)"), "kv_norm": ((Dc,), "(Dc,)"),
+              "wkv_b": ((Dc, H * (dn + dv)), "(Dc, H * (dn + dv))"),
+              "wo": ((H * dv, D), "(H * dv, D)"), "wq": ((D, qk), "(D, H * (dn + dr))"),
+              "wq_a": ((D, Dq), "(D, Dq)"), "q_norm": ((Dq,), "(Dq,)"),
+              "wq_b": ((Dq, qk), "(Dq, H * (dn + dr))")}
     query = ("wq",) if Dq == 0 else ("wq_a", "q_norm", "wq_b")
     given = tuple(n for n in ("wq", "wq_a", "q_norm", "wq_b") if getattr(w, n) is not None)
     if given != query:
