@@ -11,6 +11,7 @@ from scratchllm.attention import MLA, Attention
 from scratchllm.core import GeGLU, GeluMLP, LayerNorm, RMSNorm, SwiGLU
 from scratchllm.moe import MoE
 from scratchllm.linear_attention import RecurrentMixer, RWKV4TimeMix
+from scratchllm.specs import ExpertsSpec, MoESpec, RouterSpec
 from scratchllm.ssm import Mamba, Mamba2
 
 RECURRENT = {"L": "linear", "R": "retnet", "G": "gla", "D": "delta"}  # RecurrentMixer kinds
@@ -71,13 +72,13 @@ def make_ffn(cfg, moe, *, rng, dtype):
         return GeGLU(cfg.d_model, cfg.d_ff, rng=rng, approximate=cfg.gelu_approx, dtype=dtype)
     if not moe:  # a dense layer (of an MoE model: dense_d_ff wide, DeepSeek-V3)
         return SwiGLU(cfg.d_model, cfg.dense_d_ff or cfg.d_ff, rng=rng, dtype=dtype)
-    return MoE(cfg.d_model, cfg.d_ff, cfg.n_experts, cfg.top_k,
-               capacity_factor=cfg.capacity_factor, d_shared=cfg.n_shared * cfg.d_ff,
-               score=cfg.score, router_bias=cfg.router_bias, n_group=cfg.n_group,
-               topk_group=cfg.topk_group, norm_topk_prob=cfg.norm_topk_prob,
-               routed_scaling_factor=cfg.routed_scaling_factor, experts=cfg.experts,
-               swiglu_alpha=cfg.swiglu_alpha, swiglu_limit=cfg.swiglu_limit, rng=rng,
-               dtype=dtype)
+    router = RouterSpec(cfg.n_experts, cfg.top_k, cfg.score, cfg.router_bias, cfg.n_group,
+                        cfg.topk_group, cfg.norm_topk_prob, cfg.routed_scaling_factor,
+                        cfg.bias_gamma)
+    experts = ExpertsSpec(cfg.experts, cfg.d_ff, cfg.swiglu_alpha, cfg.swiglu_limit)
+    return MoE(cfg.d_model, MoESpec(router, experts, cfg.capacity_factor,
+                                    cfg.n_shared * cfg.d_ff, cfg.balance_coef, cfg.z_coef),
+               rng=rng, dtype=dtype)
 
 
 def make_norm(cfg, dtype):
