@@ -11,7 +11,7 @@ from scratchllm.attention import MLA, Attention
 from scratchllm.core import GeGLU, GeluMLP, LayerNorm, RMSNorm, SwiGLU
 from scratchllm.moe import MoE
 from scratchllm.linear_attention import RecurrentMixer, RWKV4TimeMix
-from scratchllm.specs import ExpertsSpec, MoESpec, RouterSpec
+from scratchllm.specs import ExpertsSpec, Mamba2Spec, MambaSpec, MoESpec, RouterSpec
 from scratchllm.ssm import Mamba, Mamba2
 
 RECURRENT = {"L": "linear", "R": "retnet", "G": "gla", "D": "delta"}  # RecurrentMixer kinds
@@ -39,14 +39,14 @@ def make_mixer(cfg, kind, *, rng, dtype, layer=0):
     if kind in RECURRENT:
         return RecurrentMixer(cfg.d_model, cfg.n_heads, RECURRENT[kind], rng=rng, dtype=dtype)
     if kind == "S":
-        return Mamba2(cfg.d_model, n_heads=cfg.n_heads, d_state=cfg.d_state, expand=cfg.expand,
-                      d_conv=cfg.d_conv, rng=rng, dtype=dtype)
+        spec = Mamba2Spec(cfg.n_heads, cfg.d_state, cfg.expand, cfg.d_conv)
+        return Mamba2(cfg.d_model, spec, rng=rng, dtype=dtype)
     if kind == "W":
         return RWKV4TimeMix(cfg.d_model, rng=rng, dtype=dtype)
     if kind == "M":
-        return Mamba(cfg.d_model, d_state=cfg.d_state, d_conv=cfg.d_conv, expand=cfg.expand,
-                     dt_rank=cfg.dt_rank, inner_norms=cfg.mamba_inner_norms,
-                     norm_eps=cfg.norm_eps, rng=rng, dtype=dtype)
+        spec = MambaSpec(cfg.d_state, cfg.d_conv, cfg.expand, cfg.dt_rank,
+                         cfg.mamba_inner_norms, cfg.norm_eps)
+        return Mamba(cfg.d_model, spec, rng=rng, dtype=dtype)
     if cfg.attention == "mla":
         return MLA(cfg.d_model, cfg.n_heads, kv_lora_rank=cfg.kv_lora_rank,
                    qk_nope_head_dim=cfg.qk_nope_head_dim, qk_rope_head_dim=cfg.qk_rope_head_dim,

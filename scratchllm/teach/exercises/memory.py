@@ -12,6 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm import attention
+from scratchllm.specs import MambaSpec
 from scratchllm.ssm import Mamba
 from scratchllm.teach import arch, sizing
 from scratchllm.teach.drills.bank import assert_close
@@ -52,7 +53,7 @@ def _state_vs_library(fn):
     sizes = dict(d_model=12, n_layers=1, n_kv_heads=1, head_dim=4, d_state=5, expand=2,
                  d_conv=3, itemsize=8)
     att = attention.Attention(12, 3, 1, rng=rng, dtype=np.float64)
-    mamba = Mamba(12, d_state=5, d_conv=3, expand=2, rng=rng, dtype=np.float64)
+    mamba = Mamba(12, MambaSpec(d_state=5, d_conv=3, expand=2), rng=rng, dtype=np.float64)
     kv_state, m_state = att.init_state(B, T), mamba.init_state(B, T)
     for t in range(T):  # decode T tokens: the cache fills, the state stays the same size
         x_t = rng.standard_normal((B, 12))
