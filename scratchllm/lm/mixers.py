@@ -11,7 +11,8 @@ from scratchllm.attention import MLA, Attention
 from scratchllm.core import GeGLU, GeluMLP, LayerNorm, RMSNorm, SwiGLU
 from scratchllm.moe import MoE
 from scratchllm.linear_attention import RecurrentMixer, RWKV4TimeMix
-from scratchllm.specs import ExpertsSpec, Mamba2Spec, MambaSpec, MoESpec, RouterSpec
+from scratchllm.specs import (ExpertsSpec, Mamba2Spec, MambaSpec, MoESpec, RecurrentSpec,
+                              RouterSpec, RWKVSpec)
 from scratchllm.ssm import Mamba, Mamba2
 
 RECURRENT = {"L": "linear", "R": "retnet", "G": "gla", "D": "delta"}  # RecurrentMixer kinds
@@ -37,12 +38,13 @@ def make_mixer(cfg, kind, *, rng, dtype, layer=0):
     rope = dict(rope_base=base, rope_scaling=scaling, rope_style=cfg.rope_style, rng=rng,
                 dtype=dtype)
     if kind in RECURRENT:
-        return RecurrentMixer(cfg.d_model, cfg.n_heads, RECURRENT[kind], rng=rng, dtype=dtype)
+        spec = RecurrentSpec(RECURRENT[kind], cfg.n_heads)
+        return RecurrentMixer(cfg.d_model, spec, rng=rng, dtype=dtype)
     if kind == "S":
         spec = Mamba2Spec(cfg.n_heads, cfg.d_state, cfg.expand, cfg.d_conv)
         return Mamba2(cfg.d_model, spec, rng=rng, dtype=dtype)
     if kind == "W":
-        return RWKV4TimeMix(cfg.d_model, rng=rng, dtype=dtype)
+        return RWKV4TimeMix(cfg.d_model, RWKVSpec(), rng=rng, dtype=dtype)
     if kind == "M":
         spec = MambaSpec(cfg.d_state, cfg.d_conv, cfg.expand, cfg.dt_rank,
                          cfg.mamba_inner_norms, cfg.norm_eps)
