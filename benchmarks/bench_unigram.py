@@ -132,12 +132,12 @@ def run_child(stage, args):
 def likelihoods(args):
     """Corpus log-likelihood of our model and of spm's, scored the same way."""
     import numpy as np
-    from scratchllm.tokenizer import Unigram
+    from scratchllm.tokenizer import Normalizer
     from scratchllm.tokenizer.unigram_em import expected_counts
     from scratchllm.tokenizer.unigram_files import load_sentencepiece
     from scratchllm.tokenizer.unigram_lattice import PieceTrie
     from scratchllm.tokenizer.unigram_train import _word_arrays, _words
-    words = _word_arrays(_words(corpus(args.mb), (), Unigram([("<unk>", 0.0)]).normalize))
+    words = _word_arrays(_words(corpus(args.mb), (), Normalizer().normalize))
     out = []
     for tok in (ours_model(args.vocab, args.mb),
                 load_sentencepiece(model_path("spm", args.vocab, args.mb) + ".model")):

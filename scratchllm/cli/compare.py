@@ -15,9 +15,9 @@ from pathlib import Path
 
 from scratchllm.cli.common import LR, Parser, int_at_least, run
 from scratchllm.lm import PRESETS, preset
+from scratchllm.specs import from_flat
 from scratchllm.train.extrapolation import POSITIONS
 from scratchllm.teach import sizing
-from scratchllm.teach.arch import from_model_config
 from scratchllm.train import corpus
 from scratchllm.train.plots import save_compare_plot
 from scratchllm.train.trainer import Settings, train_preset
@@ -26,10 +26,10 @@ CONTEXTS = (4096, 131072)
 
 
 def sizes(cfg):
-    """(params total, params active per token, [cache bytes per token at each CONTEXTS])."""
-    a = from_model_config(cfg, cfg.name)
-    p = sizing.parameters(a)
-    per_token = [sizing.kv_cache(a, context=c, dtype="bf16").bytes / c for c in CONTEXTS]
+    """(params total, params active per token, [cache bytes per token at each CONTEXTS]) of a
+    scratchllm.specs.ModelConfig."""
+    p = sizing.parameters(cfg)
+    per_token = [sizing.kv_cache(cfg, context=c, dtype="bf16").bytes / c for c in CONTEXTS]
     return p.total, p.active, per_token
 
 
@@ -106,7 +106,7 @@ def _compare(args, variants):
         losses, tok_s, val, _ = train_preset(cfg, train_ids, eval_set, settings,
                                              not args.no_progress)
         curves[label] = losses
-        rows.append((label, sizes(cfg), tok_s, val))
+        rows.append((label, sizes(from_flat(**cfg.to_dict())), tok_s, val))
         print(f"{label}: val loss {val:.3f}, {tok_s:,.0f} tokens/s", flush=True)
     print()
     print(table(rows, baseline))

@@ -5,7 +5,7 @@ clock, then check it the way the library's own version is checked.
     python -m scratchllm drill start rmsnorm_backward    # writes drills/rmsnorm_backward.py
     python -m scratchllm drill check rmsnorm_backward    # runs its checks, elapsed vs target
 
-The drills are scratchllm/teach/drills/bank.py.
+The drills are scratchllm/teach/drills/bank/ (one module per topic).
 """
 import time
 from pathlib import Path

@@ -5,29 +5,60 @@ L·W, KV against Mamba state at 1k / 32k / 1M); --explain prints each line's for
 arithmetic is scratchllm/teach/sizing.py (pure Python: this command loads no numpy).
 """
 from scratchllm.cli.common import Parser, run
+from scratchllm.specs import FFNSpec, MambaSpec, MLASpec, MoESpec
+from scratchllm.specs.unflat import mixer_letter
 from scratchllm.teach.arch import MODELS
 from scratchllm.teach.sizing import (CONTEXTS, DTYPE_BYTES, attention_crossover,
-                                     attention_width, block_pieces, cache_at, flop_rules,
-                                     flops_per_token, human, human_bytes, kv_cache,
-                                     mamba_state_numbers, n_attention_layers, parameters,
-                                     receptive_field, serving_memory, twelve_l_d2)
+                                     attention_spec, attention_width, block_pieces, cache_at,
+                                     ffns, flop_rules, flops_per_token, human, human_bytes,
+                                     kv_cache, mamba_state_numbers, mixers, n_attention_layers,
+                                     parameters, receptive_field, serving_memory,
+                                     sliding_window, twelve_l_d2)
 
 
-def describe(a):
+def describe(cfg):
     """One line of the sizes that matter, e.g. "V 128256, D 4096, L 32, H 32, Hkv 8, ..."."""
-    s = f"V {a.vocab}, D {a.d_model}, L {a.n_layers}"
-    if n_attention_layers(a):
-        s += (f", H {a.n_heads}, MLA Dq {a.q_lora_rank}, Dc {a.kv_lora_rank}, Dn {a.qk_nope}, "
-              f"Dr {a.qk_rope}, Dv {a.v_head_dim}" if a.mla
-              else f", H {a.n_heads}, Hkv {a.n_kv_heads}, Dh {a.dh}")
-    s += f", F {a.d_ff}" if a.d_ff else ""
-    s += f", window {a.window} + {a.n_sink} sinks" if a.window else ""
-    if a.n_experts:
-        s += f", MoE E {a.n_experts} K {a.top_k} S {a.n_shared} Fe {a.moe_d_ff or a.d_ff}"
-        s += f" after {a.n_dense_layers} dense layers" if a.n_dense_layers else ""
-    if "M" in a.pattern:
-        s += f", layers {a.pattern} (M = Mamba N {a.d_state} expand {a.expand} conv {a.d_conv})"
-    return s + (", tied head" if a.tied else ", untied head")
+    s = f"V {cfg.vocab_size}, D {cfg.d_model}, L {cfg.n_layers}" + _attention(cfg)
+    dense, moe = ffns(cfg, FFNSpec), ffns(cfg, MoESpec)
+    width = dense[0].d_ff if dense else moe[0].experts.d_ff if moe else None
+    s += f", F {width}" if width else ""  # all-MoE (Mixtral): the experts' width
+    window = sliding_window(cfg)
+    s += f", window {window} + {attention_spec(cfg).mask.n_sink} sinks" if window else ""
+    if moe:
+        s += _moe(cfg, moe[0])
+    mamba = mixers(cfg, MambaSpec)
+    if mamba:
+        m = mamba[0]
+        s += (f", layers {_pattern(cfg)} (M = Mamba N {m.d_state} expand {m.expand} conv "
+              f"{m.d_conv})")
+    return s + (", tied head" if cfg.tie_embeddings else ", untied head")
+
+
+def _attention(cfg):
+    a = attention_spec(cfg)
+    if a is None:
+        return ""
+    if isinstance(a, MLASpec):
+        return (f", H {a.n_heads}, MLA Dq {a.q_lora_rank}, Dc {a.kv_lora_rank}, Dn "
+                f"{a.qk_nope_head_dim}, Dr {a.qk_rope_head_dim}, Dv {a.v_head_dim}")
+    return f", H {a.n_heads}, Hkv {a.n_kv_heads}, Dh {a.dh(cfg.d_model)}"
+
+
+def _moe(cfg, moe):
+    """E, K, S shared experts of the routed width, Fe, and the dense layers before the first
+    MoE layer."""
+    first = next(i for i, layer in enumerate(cfg.layers) if isinstance(layer.ffn, MoESpec))
+    s = (f", MoE E {moe.router.n_experts} K {moe.router.top_k} S "
+         f"{moe.d_shared // moe.experts.d_ff} Fe {moe.experts.d_ff}")
+    return s + (f" after {first} dense layers" if first else "")
+
+
+def _pattern(cfg):
+    """The layers' letters (scratchllm.specs.LAYER_KINDS), the shortest unit that tiles them:
+    "M" for 24 Mamba layers."""
+    letters = "".join(mixer_letter(layer.mixer) for layer in cfg.layers)
+    return next(letters[:n] for n in range(1, len(letters) + 1)
+                if letters == letters[:n] * (len(letters) // n))
 
 
 PARTS_FORMULA = {
@@ -65,23 +96,23 @@ def _ratio(rule, exact):
     return f"rule / exact = {rule / exact:.4f}" if exact else ""
 
 
-def report(a, context, batch, dtype="bf16", kv_dtype=None, explain=False):
+def report(cfg, context, batch, dtype="bf16", kv_dtype=None, explain=False):
     """The text `python -m scratchllm size` prints: exact integers beside rounded units, the
     chapters' rules beside the exact counts, and (explain) the formula under each line."""
     kv_dtype = kv_dtype or dtype
-    p = parameters(a)
+    p = parameters(cfg)
     out = Lines(explain)
-    out.text(f"{a.name}: {describe(a)}", "", "parameters (exact, rounded)")
+    out.text(f"{cfg.name}: {describe(cfg)}", "", "parameters (exact, rounded)")
     for name, (t, act) in p.parts.items():
         out.row(name, t, human(t) + (f"  ({act:,} active)" if act != t else ""),
                 PARTS_FORMULA.get(name, ""))
     out.row("total", p.total, human(p.total), "the sum of the parts")
     out.row("active per token", p.active, human(p.active),
             "the total with K of the E routed experts")
-    _rules(out, a, p)
-    _flops(out, a, context)
-    _cache(out, a, context, batch, kv_dtype)
-    s = serving_memory(a, context, batch, dtype, kv_dtype)
+    _rules(out, cfg, p)
+    _flops(out, cfg, context)
+    _cache(out, cfg, context, batch, kv_dtype)
+    s = serving_memory(cfg, context, batch, dtype, kv_dtype)
     out.text("", f"serving memory (weights {dtype}, cache {kv_dtype}; activations not counted)")
     out.row("weights", s.weights, human_bytes(s.weights), f"total params · {DTYPE_BYTES[dtype]} B")
     out.row("cache", s.cache, human_bytes(s.cache), "the cache line above")
@@ -89,79 +120,89 @@ def report(a, context, batch, dtype="bf16", kv_dtype=None, explain=False):
     return str(out)
 
 
-def _rules(out, a, p):
-    if not n_attention_layers(a):
+def _rules(out, cfg, p):
+    if not n_attention_layers(cfg):
         return  # no attention blocks: the rule does not apply (a pure Mamba stack)
-    rule = twelve_l_d2(a)
-    exact = sum(exact for _, _, exact in block_pieces(a)) * a.n_layers
+    rule = twelve_l_d2(cfg)
+    exact = sum(exact for _, _, exact in block_pieces(cfg)) * cfg.n_layers
     out.text("", "the 12·L·D² rule (MHA, MLP of 4·D; embeddings, biases, norms left out)")
     out.row("12·L·D²", rule, f"{human(rule)}  exact total {p.total:,}",
-            f"12 · {a.n_layers} · {a.d_model}²")
-    for piece, per_block, own in block_pieces(a):
+            f"12 · {cfg.n_layers} · {cfg.d_model}²")
+    for piece, per_block, own in block_pieces(cfg):
         k = 4 if piece == "attention" else 8
         out.row(f"  per block {piece} {k}·D²", per_block, f"this model's own: {own:,}",
-                f"{k} · {a.d_model}²" + ("  (wq, wk, wv, wo)" if k == 4
+                f"{k} · {cfg.d_model}²" + ("  (wq, wk, wv, wo)" if k == 4
                                           else "  (D·4D up, 4D·D down)"))
     out.row("  blocks' own matrices", exact, _ratio(rule, exact),
             "L · (attention + MLP) of this model (MoE: active experts)")
 
 
-def _flops(out, a, context):
-    two_n, six_n = flop_rules(a)
+def _flops(out, cfg, context):
+    two_n, six_n = flop_rules(cfg)
     units = (" kFLOP", " MFLOP", " GFLOP", " TFLOP", " PFLOP")
-    width = "H·(Dn+Dr)" if a.mla else "H·Dh"
+    width = "H·(Dn+Dr)" if isinstance(attention_spec(cfg), MLASpec) else "H·Dh"
     out.text("", f"FLOPs per token at context {context:,}")
     for name, training, rule, k in (("forward", False, two_n, 2), ("training", True, six_n, 6)):
-        f = flops_per_token(a, context, training)
+        f = flops_per_token(cfg, context, training)
         out.row(f"{name} (exact)", f, human(f, units),
                 f"{'3·(' if training else ''}2·N_matmul + 2·L·T·{width}{')' if training else ''}"
                 "  (Kaplan et al. 2020: N_matmul counts the head, not the embedding lookup)")
-        out.row(f"{name} rule {k}N", rule, human(rule, units), f"{k} · {parameters(a).active:,}"
+        out.row(f"{name} rule {k}N", rule, human(rule, units), f"{k} · {parameters(cfg).active:,}"
                 " (N = active parameters, no attention term)")
-    if n_attention_layers(a):
+    if n_attention_layers(cfg):
         out.text("", "context where attention FLOPs overtake the weight matmuls (per layer)")
         for conv, note, formula in (
                 ("4n2d", "4·n²·d (the chapter)", "P / (2·Dattn)"),
                 ("2Td", "2·T·d (Kaplan; FLOPs above)", "P / Dattn")):
-            n = attention_crossover(a, conv)
-            out.row(f"n, {note}", f"{n:,.0f}", f"= {n / a.d_model:.2f}·D",
+            n = attention_crossover(cfg, conv)
+            out.row(f"n, {note}", f"{n:,.0f}", f"= {n / cfg.d_model:.2f}·D",
                     f"{formula}, P = block's attention + MLP weights, Dattn = "
-                    f"{attention_width(a):,} ({width})")
-    if a.window:
-        rf = receptive_field(a)
+                    f"{attention_width(cfg):,} ({width})")
+    window = sliding_window(cfg)
+    if window:
+        rf = receptive_field(cfg)
         out.row("receptive field L·W", rf, f"≈ {rf / 1000:.0f}k tokens",
-                f"{n_attention_layers(a)} · {a.window}: each layer sees W further back")
+                f"{n_attention_layers(cfg)} · {window}: each layer sees W further back")
 
 
-def _cache(out, a, context, batch, kv_dtype):
-    c = kv_cache(a, context, batch, kv_dtype)
-    n_attn, per_layer = n_attention_layers(a), "Dc + Dr" if a.mla else "2·Hkv·Dh"
+
+def _cache(out, cfg, context, batch, kv_dtype):
+    c = kv_cache(cfg, context, batch, kv_dtype)
+    mla = isinstance(attention_spec(cfg), MLASpec)
+    n_attn, per_layer = n_attention_layers(cfg), "Dc + Dr" if mla else "2·Hkv·Dh"
     size = DTYPE_BYTES[kv_dtype]
     out.text("", f"cache in {kv_dtype} ({n_attn} attention layers)")
     if n_attn:
         out.row("elements per token per layer", c.elements_per_layer, f"({per_layer})",
-                per_layer + (" (absorbed MLA: one latent + one shared rope key)" if a.mla
+                per_layer + (" (absorbed MLA: one latent + one shared rope key)" if mla
                              else " (K and V)"))
         out.row("bytes per token per layer", c.bytes_per_layer, human_bytes(c.bytes_per_layer),
                 f"elements · {size} B")
         out.row("bytes per token", c.bytes_per_token, human_bytes(c.bytes_per_token),
                 f"{n_attn} layers · bytes per token per layer")
         out.row("tokens kept per sequence", c.tokens, "",
-                "min(T, W + sinks)" if a.window else "T")
+                "min(T, W + sinks)" if sliding_window(cfg) else "T")
     if c.state_bytes:
-        m = mamba_state_numbers(a)
-        out.row("Mamba state per layer (chapter)", m.chapter, "numbers",
-                f"D·N = {a.d_model}·{a.d_state}")
-        out.row("Mamba state per layer (full)", m.full,
-                f"numbers: + expand ×{a.expand} and the conv state",
-                f"Di·N + (d_conv−1)·Di, Di = {a.expand}·D = {a.expand * a.d_model}")
+        _mamba_state(out, cfg)
         out.row("Mamba states per sequence", c.state_bytes, human_bytes(c.state_bytes),
                 f"Lm · full · {size} B")
     out.row(f"context {context:,} × batch {batch}", c.bytes, human_bytes(c.bytes),
             "batch · (tokens kept · bytes per token + Mamba states)")
     out.text("", f"one sequence in {kv_dtype}:      context          KV cache       Mamba state")
-    for T, kv, state in cache_at(a, CONTEXTS, kv_dtype):
+    for T, kv, state in cache_at(cfg, CONTEXTS, kv_dtype):
         out.text(f"  {T:>30,}  {human_bytes(kv):>16}  {human_bytes(state):>16}")
+
+
+def _mamba_state(out, cfg):
+    """A Mamba layer's state as the chapter counts it and in full (nothing without Mamba)."""
+    mamba = mixers(cfg, MambaSpec)
+    if not mamba:
+        return
+    m, spec, D = mamba_state_numbers(cfg), mamba[0], cfg.d_model
+    out.row("Mamba state per layer (chapter)", m.chapter, "numbers", f"D·N = {D}·{spec.d_state}")
+    out.row("Mamba state per layer (full)", m.full,
+            f"numbers: + expand ×{spec.expand} and the conv state",
+            f"Di·N + (d_conv−1)·Di, Di = {spec.expand}·D = {spec.expand * D}")
 
 
 def build_parser():
@@ -190,7 +231,7 @@ def main(argv=None):
 
 def _size(args):
     if args.list or args.model is None:
-        print("\n".join(f"{name:<16} {describe(a)}" for name, a in MODELS.items()))
+        print("\n".join(f"{name:<16} {describe(cfg)}" for name, cfg in MODELS.items()))
         return 0
     print(report(MODELS[args.model], args.context, args.batch, args.dtype, args.kv_dtype,
                  args.explain))

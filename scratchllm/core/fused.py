@@ -7,7 +7,7 @@ backward` in ops.py, with the same signature and the same dict of gradients, and
 `fused_<op>_forward_ref` / `fused_<op>_backward_ref` ARE those readable pairs (aliases: the
 teaching text keeps its own name, used by drills, notebooks and grads cases).
 tests/core/test_fused.py checks every twin against its `_ref` (float32 to 1e-6, float64 to
-1e-12); grads/cases.py checks every fused backward by finite differences.
+1e-12); grads/cases/core.py checks every fused backward by finite differences.
 The Modules (core/nn.py) and the LM's loss run them through the Twin objects at the end of
 this file (RMSNORM, SWIGLU, CROSS_ENTROPY: twins.py), AdamW picks its update at construction:
 set SCRATCHLLM_READABLE=1 to run the readable pairs instead (to step through them, say); a
@@ -269,29 +269,37 @@ def _adamw_flat(p, g, m, v, decay, w1, b2, w2, neg_step, bc2_sqrt, eps):
         p[i] = p[i] * decay + neg_step * m[i] / (np.sqrt(v[i]) / bc2_sqrt + eps)
 
 
-def _adamw_scalars(dtype, lr, betas, eps, weight_decay, step):
+class AdamWStep(NamedTuple):
+    """The numbers of one AdamW step: lr, (beta1, beta2), eps, weight decay, step t >= 1."""
+    lr: float
+    betas: tuple
+    eps: float
+    weight_decay: float
+    step: int
+
+
+def _adamw_scalars(dtype, hp):
     """The update's scalars, each rounded to dtype as torch does with Python numbers."""
-    b1, b2 = betas
+    lr, (b1, b2), eps, weight_decay, step = hp
     values = (1 - lr * weight_decay, 1 - b1, b2, 1 - b2, -lr / (1 - b1 ** step),
               math.sqrt(1 - b2 ** step), eps)
     return tuple(dtype.type(s) for s in values)
 
 
-def adamw_update(p, grad, m, v, *, lr, betas, eps, weight_decay, step):
+def adamw_update(p, grad, m, v, hp):
     """One AdamW step of one parameter, in place, in one pass: p, m, v (any shape,
-    C-contiguous, one dtype) from grad at step t = `step` >= 1."""
+    C-contiguous, one dtype) from grad, with the step's numbers hp (an AdamWStep)."""
     for name, a in (("p", p), ("grad", grad), ("m", m), ("v", v)):
         if not a.flags.c_contiguous or a.dtype != p.dtype or a.shape != p.shape:
             raise ValueError(f"adamw_update: {name} must be C-contiguous {p.dtype} of shape "
                              f"{p.shape} (updated in place), got {a.dtype} {a.shape}, "
                              f"contiguous={a.flags.c_contiguous}")
-    decay, w1, b2, w2, neg_step, bc2_sqrt, e = _adamw_scalars(p.dtype, lr, betas, eps,
-                                                              weight_decay, step)
+    decay, w1, b2, w2, neg_step, bc2_sqrt, e = _adamw_scalars(p.dtype, hp)
     _adamw_flat(p.reshape(-1), grad.reshape(-1), m.reshape(-1), v.reshape(-1), decay, w1, b2,
                 w2, neg_step, bc2_sqrt, e)
 
 
-def adamw_update_ref(p, grad, m, v, *, lr, betas, eps, weight_decay, step):
+def adamw_update_ref(p, grad, m, v, hp):
     """adamw_update as torch.optim.AdamW's single-tensor update writes it:
         p *= 1 - lr wd;  m = lerp(m, g, 1 - b1);  v = v b2 + (1 - b2) g g
         p += -lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
@@ -301,8 +309,7 @@ def adamw_update_ref(p, grad, m, v, *, lr, betas, eps, weight_decay, step):
     1 ulp off on some entries, so p can differ from torch's by an ulp; m and v match.)
     Reference: pytorch/pytorch torch/optim/adam.py; Loshchilov & Hutter 2019
     (arXiv 1711.05101)."""
-    decay, w1, b2, w2, neg_step, bc2_sqrt, e = _adamw_scalars(p.dtype, lr, betas, eps,
-                                                              weight_decay, step)
+    decay, w1, b2, w2, neg_step, bc2_sqrt, e = _adamw_scalars(p.dtype, hp)
     p *= decay
     m[...] = np.float64(w1) * (grad - m) + m  # lerp(m, g, w1) for w1 < 0.5, as an fma
     v *= b2

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from scratchllm.core import fused
+from scratchllm.core.fused import AdamWStep
 from scratchllm.core.validate import expect_finite
 
 
@@ -55,8 +56,7 @@ class AdamW:
         update = fused.adamw_update if fused.use_fused() else fused.adamw_update_ref
         decays = [wd for ps, wd in self.groups for _ in ps]
         for p, m, v, wd in zip(self.params, self.m, self.v, decays):
-            update(p.data, p.grad, m, v, lr=self.lr, betas=self.betas, eps=self.eps,
-                   weight_decay=wd, step=self.t)
+            update(p.data, p.grad, m, v, AdamWStep(self.lr, self.betas, self.eps, wd, self.t))
 
     def state_dict(self):
         """Arrays and counters needed to resume exactly."""

@@ -129,11 +129,14 @@ class AttentionSpec:
     def n_params(self, d_model):
         """wq, wk, wv, wo (+ biases, QK-norm gains, sink logits)."""
         D, H, Hkv, Dh = d_model, self.n_heads, self.n_kv_heads, self.dh(d_model)
-        n = D * H * Dh + 2 * D * Hkv * Dh + H * Dh * D
-        n += (H + 2 * Hkv) * Dh if self.qkv_bias else 0
-        n += D if self.o_bias else 0
+        n = D * H * Dh + 2 * D * Hkv * Dh + H * Dh * D + self.n_biases(d_model)
         n += 2 * Dh if self.qk_norm else 0
         return n + (H if self.sinks else 0)
+
+    def n_biases(self, d_model):
+        """The bias vectors among n_params: bq, bk, bv (qkv_bias) and bo (o_bias)."""
+        qkv = (self.n_heads + 2 * self.n_kv_heads) * self.dh(d_model) if self.qkv_bias else 0
+        return qkv + (d_model if self.o_bias else 0)
 
     def kv_per_token(self, d_model):
         """Numbers a decoding state holds per token: K and V of every KV head."""

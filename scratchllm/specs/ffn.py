@@ -25,13 +25,21 @@ class FFNSpec:
         D, F = d_model, self.d_ff
         return 2 * D * F + F + D if self.kind == "gelu_mlp" else 3 * D * F
 
+    def n_biases(self, d_model):
+        """The bias vectors among n_params: b1 (F) and b2 (D) of "gelu_mlp"."""
+        return self.d_ff + d_model if self.kind == "gelu_mlp" else 0
+
 
 @dataclass(frozen=True)
 class RouterSpec:
     """A top-k router (moe/router.py). score "softmax" (Mixtral) | "sigmoid" (DeepSeek-V3);
     bias: a trained logit bias b_router (gpt-oss); n_group, topk_group: group-limited choice;
     norm_topk_prob: gates renormalised over the chosen k; routed_scaling_factor: the gates'
-    multiplier; bias_gamma: the speed of the aux-loss-free selection bias (0 = off)."""
+    multiplier; bias_gamma: the speed of the aux-loss-free selection bias (0 = off).
+    selection_bias: the checkpoint stores that selection bias as E numbers without gradient
+    (DeepSeek-V3's e_score_correction_bias), and n_params counts them as its published total
+    does; scratchllm's MoE keeps a selection bias as a buffer in every MoE layer, outside
+    LM.n_params(), so from_flat leaves this False."""
     n_experts: int = 8
     top_k: int = 2
     score: str = "softmax"
@@ -41,12 +49,14 @@ class RouterSpec:
     norm_topk_prob: bool = True
     routed_scaling_factor: float = 1.0
     bias_gamma: float = 0.0
+    selection_bias: bool = False
 
     def __post_init__(self):
         for name in ("n_experts", "top_k", "n_group", "topk_group"):
             positive_int(self, name)
         one_of(self, "score", ("softmax", "sigmoid"))
         flag(self, "bias")
+        flag(self, "selection_bias")
         flag(self, "norm_topk_prob")
         real(self, "routed_scaling_factor", 0, open_low=True)
         real(self, "bias_gamma", 0)
@@ -58,6 +68,11 @@ class RouterSpec:
         if self.topk_group > G or (G > 1 and self.topk_group * (E // G) < self.top_k):
             fail(self, f"topk_group={self.topk_group} must be <= n_group={G}, and its groups "
                        f"must hold >= top_k={self.top_k} experts")
+
+    def n_params(self, d_model):
+        """w_router (D, E) (+ b_router) (+ the stored selection bias)."""
+        E = self.n_experts
+        return d_model * E + (E if self.bias else 0) + (E if self.selection_bias else 0)
 
 
 @dataclass(frozen=True)
@@ -74,6 +89,12 @@ class ExpertsSpec:
         positive_int(self, "d_ff")
         real(self, "alpha", 0, open_low=True)
         real(self, "limit", 0, open_low=True)
+
+    def n_params(self, d_model):
+        """One expert: w1, w3 (D, F) and w2 (F, D); clamped: gate_up (D, 2F) + its bias and
+        down (F, D) + its bias."""
+        D, F = d_model, self.d_ff
+        return 3 * D * F if self.kind == "swiglu" else 3 * D * F + 2 * F + D
 
 
 @dataclass(frozen=True)
@@ -98,10 +119,14 @@ class MoESpec:
         real(self, "balance_coef", 0)
         real(self, "z_coef", 0)
 
+    @property
+    def shared(self):
+        """The shared experts as the one always-on SwiGLU they are (None without)."""
+        return FFNSpec("swiglu", self.d_shared) if self.d_shared else None
+
     def n_params(self, d_model, active=False):
-        """Router (+ bias), the experts (all of them, or the K a token uses), shared experts."""
-        D, E, F = d_model, self.router.n_experts, self.experts.d_ff
-        per_expert = 3 * D * F if self.experts.kind == "swiglu" else 3 * D * F + 2 * F + D
-        n_routed = self.router.top_k if active else E
-        router = D * E + (E if self.router.bias else 0)
-        return router + n_routed * per_expert + 3 * D * self.d_shared
+        """Router, the experts (all E of them, or the K a token uses), shared experts."""
+        n_routed = self.router.top_k if active else self.router.n_experts
+        shared = self.shared.n_params(d_model) if self.shared else 0
+        return (self.router.n_params(d_model) + n_routed * self.experts.n_params(d_model)
+                + shared)

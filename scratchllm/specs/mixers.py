@@ -87,7 +87,9 @@ class RecurrentSpec:
         return 4 * d_model * d_model + d_model * extra
 
     def state_per_sequence(self, d_model):
-        return d_model * d_model // self.n_heads
+        """H states S of Dh x Dh; "linear" also keeps its normaliser z, one more column."""
+        Dh = d_model // self.n_heads
+        return self.n_heads * Dh * (Dh + (self.kind == "linear"))
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ def to_flat(cfg):
                 embed_scale=cfg.embed_scale, max_positions=cfg.max_positions,
                 norm=cfg.norm.kind, norm_eps=cfg.norm.eps, norm_offset=cfg.norm.offset,
                 block=layers[0].placement)
-    kinds = "".join(_letter(layer.mixer) for layer in layers)
+    kinds = "".join(mixer_letter(layer.mixer) for layer in layers)
     flat["layer_pattern"] = None if set(kinds) == {"A"} else kinds
     flat.update(_mixer_fields(cfg))
     flat.update(_ffn_fields(layers))
@@ -47,7 +47,8 @@ def flat_view(cfg):
     return Flat(**to_flat(cfg))
 
 
-def _letter(mixer):
+def mixer_letter(mixer):
+    """The layer_pattern letter (LAYER_KINDS) of a mixer spec: "A" attention, "M" Mamba, ..."""
     return KIND_LETTER[mixer.kind] if isinstance(mixer, RecurrentSpec) else LETTER[type(mixer)]
 
 

@@ -1,18 +1,22 @@
 """Sizing arithmetic for decoder LMs: parameters, FLOPs per token, KV cache, serving memory.
 
+Everything is read from a scratchllm.specs.ModelConfig, the config LM builds (teach/arch.MODELS
+holds published ones): each spec counts its own parameters (n_params beside it) and its own
+decoding memory (kv_per_token, state_per_sequence), so a count here is the count of LM(cfg).
 `python -m scratchllm size llama-3-70b --context 65536 --batch 8 --dtype bf16` prints it all
-(scratchllm.cli.size). Pure Python: this module imports only the standard library.
-Weights are counted as the reference code stores them (no biases unless `biases=True`).
+(scratchllm.cli.size). Pure Python: this module imports only the standard library and specs.
 
 Parameters per layer (La attention layers, Lm Mamba layers, L = La + Lm):
     attention   D·H·Dh + 2·D·Hkv·Dh + H·Dh·D                     (wq, wk, wv, wo; MHA/GQA/MQA)
+                + biases (GPT-2/3: (H + 2·Hkv)·Dh + D)              (AttentionSpec.n_params)
     MLA         D·Dq + Dq + Dq·H·(Dn+Dr) + D·(Dc+Dr) + Dc + Dc·H·(Dn+Dv) + H·Dv·D
                 (wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo; Dq = 0: wq is D·H·(Dn+Dr))
-    Mamba       D·2Di + Di·(d_conv+1) + Di·(R+2N) + R·Di + Di + Di·N + Di + Di·D   (see _mamba)
-    recurrent   linear attention, RetNet, GLA, DeltaNet, Mamba-2, RWKV-4 (see _recurrent)
-    MLP         SwiGLU 3·D·F;  GELU (GPT-3) 2·D·F
-    MoE         E·3·D·Fe routed + S·3·D·Fe shared + D·E router (+ E selection bias)
-    norms       2·D (RMSNorm weight) or 4·D (LayerNorm weight + bias); + one final norm
+    Mamba       D·2Di + Di·(d_conv+1) + Di·(R+2N) + R·Di + Di + Di·N + Di + Di·D   (MambaSpec)
+    recurrent   linear attention, RetNet, GLA, DeltaNet, Mamba-2, RWKV-4 (their specs)
+    MLP         SwiGLU 3·D·F;  GELU (GPT-3) 2·D·F + biases F + D       (FFNSpec.n_params)
+    MoE         E·3·D·Fe routed + 3·D·Fs shared + D·E router (+ E selection bias)   (MoESpec)
+    norms       D (RMSNorm weight) or 2·D (LayerNorm weight + bias), 2 per layer (1 without an
+                FFN, twice that for a sandwich block); + one final norm
     embeddings  V·D, + V·D head when untied, + P·D learned positions
   Active per token: the same with K of the E routed experts.
 FLOPs per token (Kaplan et al. 2020, Table 1), context T:
@@ -25,12 +29,16 @@ Serving memory = params·bytes(weights) + B·(T·La·cache per token per layer +
     ·bytes(cache); a sliding window keeps min(T, window + n_sink) tokens.
 
 Glossary: V vocab, D d_model, L layers, H query heads, Hkv KV heads, Dh head dim, F dense FFN
-hidden, E routed experts, K top-k, S shared experts, Fe expert hidden, Dq query latent
-(q_lora_rank), Dc KV latent (kv_lora_rank), Dn/Dr/Dv nope/rope/value head dims, P learned
-positions, T context, B batch; Mamba: Di = expand·D inner width, N state size, R = ceil(D/16).
+hidden, E routed experts, K top-k, Fe expert hidden, Fs shared experts' hidden (S·Fe for S
+shared experts), Dq query latent (q_lora_rank), Dc KV latent (kv_lora_rank), Dn/Dr/Dv
+nope/rope/value head dims, P learned positions, T context, B batch; Mamba: Di = expand·D inner
+width, N state size, R = ceil(D/16).
 """
-import math
 from typing import NamedTuple
+
+from scratchllm.specs import AttentionSpec, FFNSpec, MambaSpec, MLASpec, MoESpec
+
+ATTENTION = (AttentionSpec, MLASpec)
 
 
 def kv_cache_elements(kind, *, n_heads=None, head_dim=None, n_kv_heads=None,
@@ -63,110 +71,108 @@ kv_cache_elements("mla", kv_lora_rank=512, qk_rope_head_dim=64)
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "fp16": 2, "float16": 2, "fp8": 1, "int8": 1}
 
 
-# ---------------------------------------------------------------- parameters and FLOPs
+# ---------------------------------------------------------------- the layers of a config
+def mixers(cfg, types):
+    """The mixer specs of cfg's layers that are instances of `types`, in layer order."""
+    return [layer.mixer for layer in cfg.layers if isinstance(layer.mixer, types)]
 
+
+def ffns(cfg, types):
+    """The FFN specs of cfg's layers that are instances of `types`, in layer order."""
+    return [layer.ffn for layer in cfg.layers if isinstance(layer.ffn, types)]
+
+
+def n_attention_layers(cfg):
+    return len(mixers(cfg, ATTENTION))
+
+
+def attention_spec(cfg):
+    """The AttentionSpec or MLASpec of cfg's attention layers; None without attention. Layers
+    whose attention differs (a window in some only) are refused: their cache and FLOPs are not
+    one per-layer number times La."""
+    at = [i for i, layer in enumerate(cfg.layers) if isinstance(layer.mixer, ATTENTION)]
+    other = next((i for i in at if cfg.layers[i].mixer != cfg.layers[at[0]].mixer), None)
+    if other is not None:
+        raise ValueError(f"sizing: cfg {cfg.name!r} has attention layers {at[0]} and {other} "
+                         f"with different specs; sizing reads one attention spec per model")
+    return cfg.layers[at[0]].mixer if at else None
+
+
+def sliding_window(cfg):
+    """W of cfg's attention layers; None without a sliding window (or without attention)."""
+    spec = attention_spec(cfg)
+    return spec.mask.window if spec else None
+
+
+def biases(spec, d_model):
+    """The bias vectors among a mixer's or a dense FFN's parameters (n_biases; 0 for the specs
+    without biases)."""
+    return spec.n_biases(d_model) if isinstance(spec, (AttentionSpec, FFNSpec)) else 0
+
+
+def weights(spec, d_model):
+    """The parameters of a mixer or a dense FFN that are not bias vectors."""
+    return spec.n_params(d_model) - biases(spec, d_model)
+
+
+# ---------------------------------------------------------------- parameters and FLOPs
 class Params(NamedTuple):
     total: int
     active: int   # used by one token: K of the E routed experts
     parts: dict   # component -> (total, active), in print order
 
 
-def _attention(a):
-    """(weights, biases) of one attention layer; MLA includes q_norm and kv_norm."""
-    D, H = a.d_model, a.n_heads
-    if a.mla:
-        Dq, Dc, Dn, Dr, Dv = a.q_lora_rank, a.kv_lora_rank, a.qk_nope, a.qk_rope, a.v_head_dim
-        q = D * Dq + Dq + Dq * H * (Dn + Dr) if Dq else D * H * (Dn + Dr)
-        return q + D * (Dc + Dr) + Dc + Dc * H * (Dn + Dv) + H * Dv * D, 0
-    Dh, Hkv = a.dh, a.n_kv_heads
-    biases = H * Dh + 2 * Hkv * Dh + D if a.biases else 0
-    return D * H * Dh + 2 * D * Hkv * Dh + H * Dh * D, biases
+def _layer_parts(layer, D):
+    """[(part, total, active)] of one block: its mixer, its FFN, its norms. Only the routed
+    experts differ: a token uses K of the E."""
+    mixer, ffn = layer.mixer, layer.ffn
+    if isinstance(mixer, ATTENTION):
+        out = [("attention", weights(mixer, D)), ("biases", biases(mixer, D))]
+    else:
+        out = [("mamba" if isinstance(mixer, MambaSpec) else "recurrent", mixer.n_params(D))]
+    if isinstance(ffn, MoESpec):
+        out += [("routed experts", ffn.router.n_experts * ffn.experts.n_params(D)),
+                ("shared experts", ffn.shared.n_params(D) if ffn.shared else 0),
+                ("router", ffn.router.n_params(D))]
+    elif ffn is not None:
+        out += [("mlp", weights(ffn, D)), ("biases", biases(ffn, D))]
+    out.append(("norms", layer.n_norms * layer.norm.n_params(D)))
+    used = ffn.router.top_k * ffn.experts.n_params(D) if isinstance(ffn, MoESpec) else None
+    return [(name, n, used if name == "routed experts" else n) for name, n in out]
 
 
-def _mlp(a, F):
-    """(weights, biases) of one MLP of hidden width F: SwiGLU w1, w3, w2 or GELU fc, proj."""
-    n = 3 if a.mlp == "swiglu" else 2
-    return n * a.d_model * F, ((n - 1) * F + a.d_model if a.biases else 0)
-
-
-def _mamba(a):
-    """One Mamba mixer (mamba-minimal names): in_proj D·2Di, conv1d Di·d_conv + Di,
-    x_proj Di·(R + 2N), dt_proj R·Di + Di, A_log Di·N, D Di, out_proj Di·D."""
-    D, N, Di, R = a.d_model, a.d_state, a.expand * a.d_model, math.ceil(a.d_model / 16)
-    return D * 2 * Di + Di * a.d_conv + Di + Di * (R + 2 * N) + R * Di + Di + Di * N + Di + Di * D
-
-
-def _recurrent(a, kind):
-    """(params, state numbers per sequence) of one recurrent mixer of scratchllm's lm/mixers.py:
-    L/R/G/D wq, wk, wv, wo (D·D each) + G's gate D·D or D's β D·H, state H·Dh·Dh
-    (L: H·Dh·(Dh + 1), with z); S (Mamba-2) Wz, Wx D·Di, WB, WC D·N, Wdt D·H, 3 H-vectors,
-    the conv (Di + 2N)·(d_conv + 1), the norm Di, Wout Di·D, state N·Di + (d_conv − 1)·(Di + 2N);
-    W (RWKV-4 time-mix) 4·D·D + 5·D, state 4·D."""
-    D, H, Dh, N, Di = a.d_model, a.n_heads, a.dh, a.d_state, a.expand * a.d_model
-    if kind == "S":
-        conv = Di + 2 * N  # channels of the conv over [x | B | C]
-        return (2 * D * Di + 2 * D * N + D * H + 3 * H + conv * (a.d_conv + 1) + Di + Di * D,
-                N * Di + (a.d_conv - 1) * conv)
-    if kind == "W":
-        return 4 * D * D + 5 * D, 4 * D
-    extra = {"G": D * D, "D": D * H}.get(kind, 0)
-    return 4 * D * D + extra, H * Dh * (Dh + (kind == "L"))
-
-
-def parameters(a):
-    """Params(total, active, parts) of Arch `a`; formulas in the module docstring.
-    Routed experts count E times in total and K times in active; the rest counts in both."""
-    D, V = a.d_model, a.vocab
-    norm = D if a.norm == "rms" else 2 * D
+def parameters(cfg):
+    """Params(total, active, parts) of ModelConfig `cfg`, each part counted by its spec.
+    Routed experts count E times in total and K times in active; the rest counts in both.
+    total == cfg.n_params() and active == cfg.n_params(active=True)."""
+    D, V = cfg.d_model, cfg.vocab_size
+    positions = cfg.max_positions * D if cfg.positions == "learned" else 0
+    head = 0 if cfg.tie_embeddings else V * D
+    trunk = [("embedding", V * D), ("positions", positions), ("head", head)]
+    rows = [(name, n, n) for name, n in trunk]
+    for layer in cfg.layers:
+        rows += _layer_parts(layer, D)
+    final_norm = cfg.norm.n_params(D)
+    rows.append(("norms", final_norm, final_norm))
     parts = {}
-
-    def add(name, total, active=None):
-        t, s = parts.get(name, (0, 0))
-        parts[name] = (t + total, s + (total if active is None else active))
-
-    add("embedding", V * D)
-    add("positions", a.n_positions * D)
-    add("head", 0 if a.tied else V * D)
-    for mixer, ffn in a.layers():
-        if mixer == "A":
-            weights, biases = _attention(a)
-            add("attention", weights)
-            add("biases", biases)
-        elif mixer == "M":
-            add("mamba", _mamba(a))
-        else:
-            add("recurrent", _recurrent(a, mixer)[0])
-        if ffn == "moe":
-            expert = _mlp(a, a.moe_d_ff or a.d_ff)[0]
-            add("routed experts", a.n_experts * expert, a.top_k * expert)
-            add("shared experts", a.n_shared * expert)
-            add("router", D * a.n_experts + (a.n_experts if a.router_bias else 0))
-        elif ffn == "dense":
-            weights, biases = _mlp(a, a.d_ff)
-            add("mlp", weights)
-            add("biases", biases)
-        add("norms", norm if ffn == "none" else 2 * norm)
-    add("norms", norm)
+    for name, total, active in rows:
+        t, a = parts.get(name, (0, 0))
+        parts[name] = (t + total, a + active)
     parts = {k: v for k, v in parts.items() if v[0]}
-    return Params(sum(t for t, _ in parts.values()), sum(s for _, s in parts.values()), parts)
+    return Params(sum(t for t, _ in parts.values()), sum(a for _, a in parts.values()), parts)
 
 
-def n_attention_layers(a):
-    return sum(mixer == "A" for mixer, _ in a.layers())
-
-
-def flops_per_token(a, context, training=False):
+def flops_per_token(cfg, context, training=False):
     """FLOPs for one token attending to `context` tokens (Kaplan et al. 2020, Table 1):
     forward 2·N + 2·La·T·H·Dqk, training 3× forward. N = active parameters that enter a
     matmul: the head does (also when tied), embedding and position lookups do not. The Mamba
     scan itself (a few Di·N per token) is not counted. A sliding window attends to at most
     window + n_sink tokens, so T = min(context, window + n_sink) there."""
-    p = parameters(a)
+    p = parameters(cfg)
     n = p.active - p.parts.get("embedding", (0, 0))[0] - p.parts.get("positions", (0, 0))[0]
-    n += a.vocab * a.d_model if a.tied else 0
-    width = a.n_heads * (a.qk_nope + a.qk_rope if a.mla else a.dh)
-    T = min(context, a.window + a.n_sink) if a.window else context
-    forward = 2 * n + 2 * n_attention_layers(a) * T * width
+    n += cfg.vocab_size * cfg.d_model if cfg.tie_embeddings else 0
+    T = tokens_kept(cfg, context)
+    forward = 2 * n + 2 * n_attention_layers(cfg) * T * attention_width(cfg)
     return 3 * forward if training else forward
 
 
@@ -174,18 +180,29 @@ def flops_per_token(a, context, training=False):
 
 def dtype_bytes(dtype):
     if dtype not in DTYPE_BYTES:
-        raise ValueError(f"accounting: unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
+        raise ValueError(f"sizing: unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
     return DTYPE_BYTES[dtype]
 
 
-def kv_elements_per_token_layer(a, absorbed=True):
-    """Cached numbers per token per attention layer: 2·Hkv·Dh (K and V); MLA absorbed Dc + Dr,
-    MLA naive H·(Dn + Dr + Dv) (full K and V per head, DeepSeek-V3 attn_impl="naive")."""
-    if a.mla and not absorbed:
-        return a.n_heads * (a.qk_nope + a.qk_rope + a.v_head_dim)
-    if a.mla:
-        return kv_cache_elements("mla", kv_lora_rank=a.kv_lora_rank, qk_rope_head_dim=a.qk_rope)
-    return kv_cache_elements("gqa", n_kv_heads=a.n_kv_heads, head_dim=a.dh)
+def kv_elements_per_token_layer(cfg, absorbed=True):
+    """Cached numbers per token per attention layer (0 without attention): 2·Hkv·Dh (K and V);
+    MLA absorbed Dc + Dr, MLA naive H·(Dn + Dr + Dv) (full K and V per head, DeepSeek-V3
+    attn_impl="naive")."""
+    spec = attention_spec(cfg)
+    if spec is None:
+        return 0
+    if isinstance(spec, MLASpec) and not absorbed:
+        return spec.n_heads * (spec.qk_nope_head_dim + spec.qk_rope_head_dim + spec.v_head_dim)
+    return spec.kv_per_token(cfg.d_model)
+
+
+def tokens_kept(cfg, context):
+    """Tokens an attention layer keeps (and a query attends to) at `context`: all of them, or
+    min(context, window + n_sink) with a sliding window."""
+    spec = attention_spec(cfg)
+    if spec is None or spec.mask.window is None:
+        return context
+    return min(context, spec.mask.window + spec.mask.n_sink)
 
 
 class CacheSize(NamedTuple):
@@ -193,22 +210,21 @@ class CacheSize(NamedTuple):
     bytes_per_layer: int     # per token per attention layer
     bytes_per_token: int     # per token, all attention layers
     tokens: int              # tokens kept per sequence: T, or window + n_sink
-    state_bytes: int         # per sequence, Mamba conv + SSM states: Lm·Di·(d_conv - 1 + N),
-                             # + the recurrent mixers' states (_recurrent)
+    state_bytes: int         # per sequence, the states of the Mamba and recurrent mixers
+                             # (their specs' state_per_sequence)
     bytes: int               # batch · (tokens · bytes_per_token + state_bytes)
 
 
-def kv_cache(a, context=1, batch=1, dtype="bf16", absorbed=True):
-    """Cache sizes of Arch `a` for `batch` sequences of `context` tokens stored in `dtype`."""
+def kv_cache(cfg, context=1, batch=1, dtype="bf16", absorbed=True):
+    """Cache sizes of ModelConfig `cfg` for `batch` sequences of `context` tokens in `dtype`."""
     size = dtype_bytes(dtype)
-    elements = kv_elements_per_token_layer(a, absorbed)
-    per_token = n_attention_layers(a) * elements * size
-    tokens = min(context, a.window + a.n_sink) if a.window else context
-    n_mamba = sum(mixer == "M" for mixer, _ in a.layers())
-    state = n_mamba * a.expand * a.d_model * (a.d_conv - 1 + a.d_state) * size
-    state += sum(_recurrent(a, m)[1] for m, _ in a.layers() if m not in "AM") * size
+    elements = kv_elements_per_token_layer(cfg, absorbed)
+    per_token = n_attention_layers(cfg) * elements * size
+    tokens = tokens_kept(cfg, context)
+    recurrent = [layer.mixer for layer in cfg.layers if not isinstance(layer.mixer, ATTENTION)]
+    state = sum(m.state_per_sequence(cfg.d_model) for m in recurrent) * size
     return CacheSize(elements, elements * size, per_token, tokens, state,
-                 batch * (tokens * per_token + state))
+                     batch * (tokens * per_token + state))
 
 
 class ServingMemory(NamedTuple):
@@ -217,12 +233,12 @@ class ServingMemory(NamedTuple):
     total: int
 
 
-def serving_memory(a, context, batch, dtype="bf16", kv_dtype=None):
+def serving_memory(cfg, context, batch, dtype="bf16", kv_dtype=None):
     """Bytes to serve `batch` sequences of `context` tokens: all weights in `dtype`, plus the
     (absorbed) cache in `kv_dtype` (default: `dtype`). Activations and overheads not counted."""
-    weights = parameters(a).total * dtype_bytes(dtype)
-    cache = kv_cache(a, context, batch, kv_dtype or dtype).bytes
-    return ServingMemory(weights, cache, weights + cache)
+    weight_bytes = parameters(cfg).total * dtype_bytes(dtype)
+    cache = kv_cache(cfg, context, batch, kv_dtype or dtype).bytes
+    return ServingMemory(weight_bytes, cache, weight_bytes + cache)
 
 
 # ---------------------------------------------------------------- rounded units
@@ -247,59 +263,70 @@ def human_bytes(n):
 CONTEXTS = (1024, 32768, 1048576)  # 1k, 32k, 1M tokens
 
 
-def twelve_l_d2(a):
+def twelve_l_d2(cfg):
     """GPT-3's rule for the weights in the blocks: 12·L·D² (per block 4·D² + 8·D², below);
     embeddings, biases and norms are left out. GPT-3: 12·96·12288² = 173,946,175,488."""
-    return 12 * a.n_layers * a.d_model ** 2
+    return 12 * cfg.n_layers * cfg.d_model ** 2
 
 
-def block_pieces(a):
+def block_ffn(cfg):
+    """The FFN a token passes through in a block: an MoE layer's if cfg has one, else the
+    first dense FFN; None for mixer-only blocks."""
+    return (ffns(cfg, MoESpec) or ffns(cfg, FFNSpec) or [None])[0]
+
+
+def block_pieces(cfg):
     """[(piece, rule, exact)] per block: attention 4·D² (wq, wk, wv, wo, each D·D for MHA) and
-    MLP 8·D² (two D·4D matrices), against the Arch's own matrices: one attention layer
-    (GQA and MLA are smaller) and the MLP a token passes through (SwiGLU has three matrices;
-    MoE: K routed + S shared experts)."""
-    D = a.d_model
-    attention = _attention(a)[0] if n_attention_layers(a) else 0
-    if a.n_experts:
-        mlp = (a.top_k + a.n_shared) * _mlp(a, a.moe_d_ff or a.d_ff)[0]
+    MLP 8·D² (two D·4D matrices), against the model's own weights (biases left out): one
+    attention layer (GQA and MLA are smaller) and the FFN a token passes through (SwiGLU has
+    three matrices; MoE: K routed experts + the shared ones)."""
+    D, attn, ffn = cfg.d_model, attention_spec(cfg), block_ffn(cfg)
+    attention = weights(attn, D) if attn else 0
+    if isinstance(ffn, MoESpec):
+        mlp = ffn.n_params(D, active=True) - ffn.router.n_params(D)
     else:
-        mlp = _mlp(a, a.d_ff)[0] if a.d_ff else 0
+        mlp = weights(ffn, D) if ffn else 0
     return [("attention", 4 * D * D, attention), ("mlp", 8 * D * D, mlp)]
 
 
-def flop_rules(a):
+def flop_rules(cfg):
     """(2·N, 6·N): forward and training FLOPs per token by the rule, N = active parameters
     (all of them, embeddings too, and no attention term: compare flops_per_token)."""
-    n = parameters(a).active
+    n = parameters(cfg).active
     return 2 * n, 6 * n
 
 
-def attention_width(a):
-    """H·Dqk, the query-key width the attention term multiplies (MLA: Dqk = Dn + Dr)."""
-    return a.n_heads * (a.qk_nope + a.qk_rope if a.mla else a.dh)
+def attention_width(cfg):
+    """H·Dqk, the query-key width the attention term multiplies (MLA: Dqk = Dn + Dr); 0
+    without attention layers."""
+    spec = attention_spec(cfg)
+    if isinstance(spec, MLASpec):
+        return spec.n_heads * (spec.qk_nope_head_dim + spec.qk_rope_head_dim)
+    return spec.n_heads * spec.dh(cfg.d_model) if spec else 0
 
 
-def attention_crossover(a, convention="4n2d"):
+def attention_crossover(cfg, convention="4n2d"):
     """The context n at which attention's n-dependent FLOPs equal the block's weight matmuls,
     per token per layer: weights 2·P with P = the two block_pieces' exact sum (12·D² in GPT-3);
       "4n2d" (the chapter): attention 4·n²·Dattn per sequence (QKᵀ and PV, 2 FLOPs per
              multiply-add), 4·n·Dattn per token  ->  n = P / (2·Dattn)   (GPT-3: 6·D);
       "2Td"  (Kaplan et al. 2020, Table 1, and flops_per_token): 2·T·Dattn per token, the QKᵀ
              product only  ->  n = P / Dattn                              (GPT-3: 12·D).
-    Dattn = attention_width(a). None without attention layers. No causal halving in either."""
+    Dattn = attention_width(cfg). None without attention layers. No causal halving in either."""
     if convention not in ("4n2d", "2Td"):
         raise ValueError(f"attention_crossover: convention must be '4n2d' or '2Td', "
                          f"got {convention!r}")
-    if not n_attention_layers(a):
+    if not n_attention_layers(cfg):
         return None
-    P = sum(exact for _, _, exact in block_pieces(a))
-    return P / ((2 if convention == "4n2d" else 1) * attention_width(a))
+    P = sum(exact for _, _, exact in block_pieces(cfg))
+    return P / ((2 if convention == "4n2d" else 1) * attention_width(cfg))
 
 
-def receptive_field(a):
+def receptive_field(cfg):
     """L·W tokens: how far back the last layer sees through stacked sliding windows of W
     (each layer reaches W further back). 0 without a window. Mistral-7B-v0.1: 32·4096."""
-    return n_attention_layers(a) * a.window if a.window else 0
+    window = sliding_window(cfg)
+    return n_attention_layers(cfg) * window if window else 0
 
 
 class MambaStateSize(NamedTuple):
@@ -307,18 +334,22 @@ class MambaStateSize(NamedTuple):
     full: int     # Di·N + (d_conv - 1)·Di: what a decoding Mamba layer holds
 
 
-def mamba_state_numbers(a):
-    """Numbers one Mamba layer keeps per sequence while decoding, two ways. The chapter's D·N
-    leaves out (1) the expand factor: the scan runs on Di = expand·D channels, not D, and
-    (2) the conv state: the causal conv keeps its last d_conv - 1 inputs of Di channels."""
-    Di = a.expand * a.d_model
-    return MambaStateSize(a.d_model * a.d_state, Di * a.d_state + (a.d_conv - 1) * Di)
+def mamba_state_numbers(cfg):
+    """Numbers one Mamba layer of cfg keeps per sequence while decoding, two ways. The
+    chapter's D·N leaves out (1) the expand factor: the scan runs on Di = expand·D channels,
+    not D, and (2) the conv state: the causal conv keeps its last d_conv - 1 inputs of Di
+    channels (MambaSpec.state_per_sequence counts both)."""
+    found = mixers(cfg, MambaSpec)
+    if not found:
+        raise ValueError(f"mamba_state_numbers: cfg {cfg.name!r} has no Mamba layer")
+    D = cfg.d_model
+    return MambaStateSize(D * found[0].d_state, found[0].state_per_sequence(D))
 
 
-def cache_at(a, contexts=CONTEXTS, dtype="bf16"):
+def cache_at(cfg, contexts=CONTEXTS, dtype="bf16"):
     """[(context, KV-cache bytes, Mamba-state bytes)] for one sequence at each context."""
     out = []
     for T in contexts:
-        c = kv_cache(a, T, 1, dtype)
+        c = kv_cache(cfg, T, 1, dtype)
         out.append((T, c.tokens * c.bytes_per_token, c.state_bytes))
     return out

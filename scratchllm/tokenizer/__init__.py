@@ -2,18 +2,20 @@
 (tokenizer.py), pre-tokenization (pretokenize.py), Numba kernels (fast.py, fast_bpe.py,
 fast_scan.py; nbcache.py keeps their on-disk cache fresh), file formats (gpt2.py), Hugging
 Face byte-level BPE tokenizer.json (hf_json.py), special-token safety (specials.py). The
-Unigram language model (SentencePiece): Unigram (unigram.py), train_unigram
-(unigram_train.py), their Numba kernels (unigram_lattice.py, unigram_em.py), tokenizer.json
-and .model files (unigram_files.py). SentencePiece BPE with byte fallback, the Llama-2 form
-(spm_bpe.py). Stands on nothing else of scratchllm (its CLI is scratchllm.cli.bpe)."""
+Unigram language model (SentencePiece): Unigram (unigram.py), its Normalizer (normalizer.py),
+train_unigram and its TrainerSpec (unigram_train.py), their Numba kernels (unigram_lattice.py,
+unigram_em.py), tokenizer.json and .model files (unigram_files.py). SentencePiece BPE with byte
+fallback, the Llama-2 form (spm_bpe.py). Of the rest of scratchllm it uses core's atomic
+writer only (its CLI is scratchllm.cli.bpe)."""
 from .hf_json import from_tokenizer_json
 from .tokenizer import EOT, TOKENIZER_FILE, Tokenizer
 from .train import train_bpe, train_bpe_ref
 from .spm_bpe import SentencePieceBPE
+from .normalizer import Normalizer
 from .unigram import Unigram
 from .unigram_files import load_bpe_json, load_sentencepiece, load_unigram_json, save_unigram_json
-from .unigram_train import train_unigram
+from .unigram_train import TrainerSpec, train_unigram
 
-__all__ = ["EOT", "TOKENIZER_FILE", "SentencePieceBPE", "Tokenizer", "Unigram",
-           "from_tokenizer_json", "load_bpe_json", "load_sentencepiece", "load_unigram_json",
-           "save_unigram_json", "train_bpe", "train_bpe_ref", "train_unigram"]
+__all__ = ["EOT", "TOKENIZER_FILE", "Normalizer", "SentencePieceBPE", "Tokenizer",
+           "TrainerSpec", "Unigram", "from_tokenizer_json", "load_bpe_json", "load_sentencepiece",
+           "load_unigram_json", "save_unigram_json", "train_bpe", "train_bpe_ref", "train_unigram"]

@@ -19,7 +19,7 @@ HF tokenizers' Precompiled normaliser uses the same blob differently (normalize_
 import numpy as np
 import regex
 
-SPACE = "\u2581"
+SPACE = "\u2581"          # "▁", SentencePiece's visible space
 
 
 class CharsMap:

@@ -8,7 +8,7 @@ kernels do the same work on UTF-8 bytes, exactly:
 - `scan_gpt2`: the pattern `'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|
   \\s+(?!\\S)|\\s+` as a hand-written scanner (alternatives tried in the regex's order);
   its twin is `regex.findall` (tests/tokenizer/test_tokenizer.py checks they agree);
-- `count_pretokens`: unique pre-tokens and their counts (open-addressing hash of the bytes);
+- `unique_pretokens`: unique pre-tokens and their counts (open-addressing hash of the bytes);
 - `encode_pieces`: scan (GPT-2's scanner here, cl100k/o200k/Llama-3's in fast_scan.py) + BPE
   of every pre-token (fast_bpe.py), with a cache per distinct pre-token (hash of its bytes ->
   its ids) that the Tokenizer keeps across calls (`new_cache`).
@@ -28,7 +28,7 @@ from .kernel_checks import check_ends, check_tables, check_text
 
 nbcache.drop_stale(__file__, "fast_bpe.py", "fast_scan.py")
 
-OTHER, LETTER, NUMBER, SPACE = 0, 1, 2, 3
+OTHER, LETTER, NUMBER, WHITESPACE = 0, 1, 2, 3
 _CLASSES = None
 
 
@@ -36,8 +36,8 @@ def char_classes():
     """uint8 (0x110000,) class of every code point, as the `regex` module sees it."""
     global _CLASSES
     if _CLASSES is None:
-        _CLASSES = property_table([(LETTER, r"\p{L}+"), (NUMBER, r"\p{N}+"), (SPACE, r"\s+")],
-                                  np.uint8)
+        _CLASSES = property_table([(LETTER, r"\p{L}+"), (NUMBER, r"\p{N}+"),
+                                   (WHITESPACE, r"\s+")], np.uint8)
     return _CLASSES
 
 
@@ -68,14 +68,14 @@ def _next_pretoken(data, cls, i, n):
     if c == 32 and j < n:                                    # ' ?' before L, N or other
         c2, _ = decode_utf8(data, j)
         k2 = cls[c2]
-        if k2 != SPACE:
+        if k2 != WHITESPACE:
             return _run(data, cls, j, n, k2)
-    if k != SPACE:                                           # \p{L}+ | \p{N}+ | other+
+    if k != WHITESPACE:                                      # \p{L}+ | \p{N}+ | other+
         return _run(data, cls, i, n, k)
     last, p = i, j                                           # \s+(?!\S) | \s+
     while p < n:
         c2, q = decode_utf8(data, p)
-        if cls[c2] != SPACE:
+        if cls[c2] != WHITESPACE:
             break
         last, p = p, q
     if p == n or last == i:
@@ -123,16 +123,16 @@ def _same(data, s1, e1, s2, e2):
     return True
 
 
-def count_pretokens(data, ends):
+def unique_pretokens(data, ends):
     """Unique pre-tokens: (starts (U,), ends (U,), counts (U,)) in first-seen order.
     data: uint8 (N,); ends: int64 (T,) non-decreasing end offsets in [0, N] (scan_gpt2's)."""
-    check_ends("count_pretokens", data, ends)
-    return _count_pretokens(data, ends)
+    check_ends("unique_pretokens", data, ends)
+    return _unique_pretokens(data, ends)
 
 
 @nb.njit(cache=True)
-def _count_pretokens(data, ends):
-    """The kernel of count_pretokens (inputs checked there)."""
+def _unique_pretokens(data, ends):
+    """The kernel of unique_pretokens (inputs checked there)."""
     size = 1 << max(4, int(np.ceil(np.log2(2 * ends.shape[0] + 1))))
     slot_of = np.full(size, -1, dtype=np.int64)    # (S,) table slot -> unique index
     us = np.empty(ends.shape[0], dtype=np.int64)   # (T,) starts of unique pre-tokens
@@ -201,13 +201,15 @@ def _cache_put(cache, h, data, s, e, out, t, t2):
     meta[2] += t2 - t
 
 
-def encode_pieces(kind, data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news, cache,
-                  max_cached):
-    """int32 (T,) ids of segments: seg_special[k] >= 0 is a special token's id (empty segment),
-    else the text data[prev_end:seg_ends[k]] is scanned (scanner `kind` of fast_scan.KIND, cls
-    its table: char_classes() for GPT2, fast_scan.char_flags() else) and BPE-encoded.
+def encode_pieces(kind, cls, data, segments, byte_ids, table, cache, max_cached=64):
+    """int32 (T,) ids of segments = (seg_ends, seg_special): seg_special[k] >= 0 is a special
+    token's id (empty segment), else the text data[prev_end:seg_ends[k]] is scanned (scanner
+    `kind` of fast_scan.KIND, cls its table: char_classes() for GPT2, fast_scan.char_flags()
+    else) and BPE-encoded with byte_ids and the merge table (keys, ranks, news).
     Pre-tokens of 2 to max_cached bytes go through `cache` (new_cache), kept across calls.
     Checks what the kernel indexes (check_text, check_tables) before it runs."""
+    seg_ends, seg_special = segments
+    keys, ranks, news = table
     check_text("encode_pieces", data, cls, seg_ends, "seg_ends")
     check_tables("encode_pieces", seg_ends, seg_special, byte_ids, (keys, ranks, news), cache)
     return _encode_pieces(kind, data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news,

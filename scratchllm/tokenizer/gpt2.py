@@ -23,6 +23,8 @@ import base64
 import json
 from collections import Counter
 
+from scratchllm.core.atomic import write_text
+
 from .pretokenize import PATTERNS
 
 
@@ -107,8 +109,7 @@ def write_bpe(path, vocab, merges, specials, pattern):
     lines += [f"{idx} {to_printable(tok)}" for idx, tok in sorted(vocab.items())]
     lines.append(f"merges {len(merges)}")
     lines += [f"{to_printable(a)} {to_printable(b)}" for a, b in merges]
-    with open(path, "w", encoding="utf-8", newline="\n") as fh:
-        fh.write("\n".join(lines) + "\n")
+    write_text(path, "\n".join(lines) + "\n")
 
 
 def read_bpe(path, allow_pattern=None):
@@ -201,6 +202,5 @@ def check_bpe_file(path, vocab, specials, pattern, allow_pattern=None):
 
 def write_tiktoken(path, vocab):
     """tiktoken's format: '<base64 token> <rank>' per line, ranks = our ids (no specials)."""
-    with open(path, "w", encoding="ascii", newline="\n") as fh:
-        for idx, tok in sorted(vocab.items()):
-            fh.write(f"{base64.b64encode(tok).decode('ascii')} {idx}\n")
+    write_text(path, "".join(f"{base64.b64encode(tok).decode('ascii')} {idx}\n"
+                             for idx, tok in sorted(vocab.items())))

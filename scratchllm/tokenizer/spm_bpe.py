@@ -2,7 +2,7 @@
 Llama-2 / Mistral-v0.1 / Gemma tokenizer form; Sennrich et al. 2016, arXiv 1508.07909, as
 google/sentencepiece src/bpe_model.cc runs it).
 
-The text is normalised as for the Unigram model (unigram.py: ▁, dummy prefix), split into
+The text is normalised as for the Unigram model (normalizer.py: ▁, dummy prefix), split into
 characters, and the adjacent pair whose concatenation is the vocabulary piece of highest score
 is merged, leftmost first among equal scores, until no adjacent pair forms a piece:
 

@@ -125,8 +125,8 @@ class Tokenizer:
         data = np.frombuffer(b"".join(blobs), dtype=np.uint8)                   # (N,)
         if self._fast_cache is None:
             self._fast_cache = fast.new_cache()
-        return fast.encode_pieces(self._kind, data, seg_ends, seg_special, self._char_table(),
-                                  self._byte_ids, *self._table, self._fast_cache, 64)
+        return fast.encode_pieces(self._kind, self._char_table(), data, (seg_ends, seg_special),
+                                  self._byte_ids, self._table, self._fast_cache)
 
     def _char_table(self):
         """The scanner's table of code point classes (built once per process)."""

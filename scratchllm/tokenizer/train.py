@@ -66,7 +66,7 @@ def count_chunk(text, special_tokens, pattern):
     seg_ends = np.cumsum([len(b) for b in blobs], dtype=np.int64)  # (K,)
     ends = fast.scan_gpt2(np.frombuffer(data, dtype=np.uint8), fast.char_classes(),
                           seg_ends)                                          # (T,)
-    us, ue, uc = fast.count_pretokens(np.frombuffer(data, dtype=np.uint8), ends)  # 3x (U,)
+    us, ue, uc = fast.unique_pretokens(np.frombuffer(data, dtype=np.uint8), ends)  # 3x (U,)
     return dict(zip(map(data.__getitem__, map(slice, us.tolist(), ue.tolist())), uc.tolist()))
 
 

@@ -1,8 +1,9 @@
 """The Unigram language-model tokenizer (Kudo 2018, arXiv 1804.10959), SentencePiece's default.
 
 A piece vocabulary with log-probabilities log p(v) (the "scores"). A text x is first normalised
-SentencePiece's way (optional NFKC; runs of spaces collapsed and stripped; a dummy "▁" prefix;
-every space -> "▁"), then every segmentation s = (s_1..s_K) of it into pieces has
+SentencePiece's way (normalizer.py: optional NFKC; runs of spaces collapsed and stripped; a
+dummy "▁" prefix; every space -> "▁"), then every segmentation s = (s_1..s_K) of it into
+pieces has
 
     log P(s) = sum_k log p(s_k)
 
@@ -20,44 +21,39 @@ and replace only on a strictly better score).
 
 Glossary: piece = vocabulary string; score = log p(piece); lattice edge = (start, end, id).
 """
-import unicodedata
-
 import numpy as np
 
+from .charsmap import SPACE
+from .normalizer import Normalizer
 from .pretokenize import special_regex, split_special
 from .specials import check_disallowed, special_plan
 from .unigram_lattice import PieceTrie, code_points, lattice_edges, viterbi
 
-SPACE = "\u2581"          # "▁", SentencePiece's visible space
 UNK_PENALTY = 10.0
 
 
 class Unigram:
     """pieces: [(piece, score)] in id order; unk_id: id of the unknown piece; special_tokens:
     {str: id} of control/user-defined pieces matched before segmentation (when allowed);
-    add_dummy_prefix: True = a "▁" before text that does not start with a space (SentencePiece
-    after its whitespace clean-up, HF's Metaspace), "always" = before any text (HF's Prepend),
-    "first" = as True, but only at the start of the text, not after a special token (HF's
-    Metaspace prepend_scheme "first");
+    normalizer: the Normalizer of the text (normalizer.py: dummy prefix, NFKC or SentencePiece's
+    precompiled rules, whitespace clean-up);
     byte_fallback: unknown characters become <0xNN> pieces (they must be in the vocab);
     unused: ids that segmentation never produces (SentencePiece's unused pieces);
     fuse_unk: a run of unknown characters is one unknown id (HF tokenizers' Unigram does);
     score_dtype: the float type path scores add up in: SentencePiece adds float32 (its order
-    of rounding can break an exact tie), HF tokenizers float64; charsmap: a CharsMap
-    (SentencePiece's precompiled rules, charsmap.py) that normalises instead of nfkc."""
+    of rounding can break an exact tie), HF tokenizers float64."""
 
-    def __init__(self, pieces, unk_id=0, special_tokens=None, add_dummy_prefix=True,
-                 nfkc=False, byte_fallback=False, remove_extra_whitespaces=True, unused=(),
-                 fuse_unk=False, score_dtype="float64", charsmap=None):
+    def __init__(self, pieces, unk_id=0, special_tokens=None, *, normalizer=Normalizer(),
+                 byte_fallback=False, unused=(), fuse_unk=False, score_dtype="float64"):
         self.pieces = [(str(p), float(s)) for p, s in pieces]
         if not 0 <= unk_id < len(self.pieces):
             raise ValueError(f"Unigram: unk_id {unk_id} is not an id of the {len(self.pieces)} "
                              f"pieces")
+        if not isinstance(normalizer, Normalizer):
+            raise TypeError(f"Unigram: normalizer must be a Normalizer, got {normalizer!r}")
         self.unk_id, self.special_tokens = unk_id, dict(special_tokens or {})
-        self.add_dummy_prefix, self.nfkc = add_dummy_prefix, nfkc
-        self.byte_fallback, self.remove_extra_whitespaces = byte_fallback, remove_extra_whitespaces
+        self.normalizer, self.byte_fallback = normalizer, byte_fallback
         self.fuse_unk, self._dtype = fuse_unk, np.dtype(score_dtype)
-        self.charsmap = charsmap
         self._score = np.array([s for _, s in self.pieces], dtype=self._dtype)   # (V,)
         special_ids = set(self.special_tokens.values()) | {unk_id} | set(unused)
         self._bytes = {}
@@ -78,20 +74,8 @@ class Unigram:
 
     # ---- normalisation and the lattice ----------------------------------------------------
     def normalize(self, text, at_start=True):
-        """SentencePiece's normal form of `text` (spaces shown as ▁); at_start False: text
-        follows a special token (no prefix with add_dummy_prefix "first")."""
-        prefix = self.add_dummy_prefix if at_start or self.add_dummy_prefix != "first" else False
-        if self.charsmap is not None and not self.charsmap.hf:
-            return self.charsmap.normalize(text, bool(prefix), self.remove_extra_whitespaces)
-        if self.charsmap is not None:
-            text = self.charsmap.normalize_hf(text)
-        elif self.nfkc:
-            text = unicodedata.normalize("NFKC", text)
-        if self.remove_extra_whitespaces:
-            text = " ".join(filter(None, text.split(" ")))
-        if prefix == "always" and text or prefix and text and not text.startswith(" "):
-            text = " " + text
-        return text.replace(" ", SPACE)
+        """SentencePiece's normal form of `text` (spaces shown as ▁): the normalizer's."""
+        return self.normalizer.normalize(text, at_start)
 
     def _edges(self, x):
         """edges[i] = [(j, id, score)] for every piece x[i:j] (unknown: id unk_id)."""
@@ -213,4 +197,4 @@ class Unigram:
             out.append(run.decode("utf-8", "replace") + piece)
             run = bytearray()
         text = ("".join(out) + run.decode("utf-8", "replace")).replace(SPACE, " ")
-        return text[1:] if self.add_dummy_prefix and text.startswith(" ") else text
+        return self.normalizer.strip_prefix(text)

@@ -21,14 +21,25 @@ path scores in float32.
 import base64
 import json
 
-from .charsmap import CharsMap
+from scratchllm.core.atomic import write_text
+
+from .charsmap import SPACE, CharsMap
+from .normalizer import Normalizer
 from .spm_bpe import SentencePieceBPE
-from .unigram import SPACE, Unigram
+from .unigram import Unigram
 
 _NORMAL, _UNKNOWN, _CONTROL, _USER, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 
 
-def _normalizer(spec, where):
+def _hf_normalizer(spec, where):
+    """The Normalizer of a tokenizer.json Unigram: the rules of its normalizer, the dummy
+    prefix of its Metaspace pre-tokenizer, repeated spaces kept (HF's Metaspace)."""
+    nfkc, charsmap = _rules(spec.get("normalizer"), where)
+    return Normalizer(add_dummy_prefix=_prefix(spec.get("pre_tokenizer"), where), nfkc=nfkc,
+                      remove_extra_whitespaces=False, charsmap=charsmap)
+
+
+def _rules(spec, where):
     """(nfkc flag, CharsMap or None) of a tokenizer.json normalizer: null, NFKC, Precompiled
     or a Sequence of one of them."""
     if spec is None:
@@ -39,7 +50,7 @@ def _normalizer(spec, where):
     if kind == "Precompiled":
         return False, CharsMap(base64.b64decode(spec["precompiled_charsmap"]), hf=True)
     if kind == "Sequence" and len(spec["normalizers"]) <= 1:
-        return _normalizer((spec["normalizers"] or [None])[0], where)
+        return _rules((spec["normalizers"] or [None])[0], where)
     raise ValueError(f"{where}: normalizer {kind!r} is not supported (expected null, NFKC or "
                      f"Precompiled)")
 
@@ -66,41 +77,37 @@ def load_unigram_json(path):
         raise ValueError(f"{where}: model type is {model.get('type')!r}, expected 'Unigram'")
     specials = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t.get("special")
                 and t["id"] != model.get("unk_id")}
-    nfkc, charsmap = _normalizer(spec.get("normalizer"), where)
     return Unigram([tuple(v) for v in model["vocab"]], unk_id=model.get("unk_id") or 0,
-                   special_tokens=specials, add_dummy_prefix=_prefix(spec.get("pre_tokenizer"),
-                                                                     where),
-                   nfkc=nfkc, charsmap=charsmap,
-                   byte_fallback=bool(model.get("byte_fallback")),
-                   remove_extra_whitespaces=False, fuse_unk=True)
+                   special_tokens=specials, normalizer=_hf_normalizer(spec, where),
+                   byte_fallback=bool(model.get("byte_fallback")), fuse_unk=True)
 
 
 def save_unigram_json(tok, path):
     """Write tok (a Unigram) as an HF tokenizer.json that HF `tokenizers` loads. The file
     carries HF's rules (no collapsing of repeated spaces, unknown runs fused), as
     load_unigram_json reads it back."""
-    scheme = "first" if tok.add_dummy_prefix == "first" else \
-        "always" if tok.add_dummy_prefix else "never"
+    prefix = tok.normalizer.add_dummy_prefix
+    scheme = "first" if prefix == "first" else "always" if prefix else "never"
     meta = {"type": "Metaspace", "replacement": SPACE, "prepend_scheme": scheme, "split": True}
     added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
               "normalized": False, "special": True}
              for t, i in sorted({tok.pieces[tok.unk_id][0]: tok.unk_id,
                                  **tok.special_tokens}.items(), key=lambda e: e[1])]
     spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-            "normalizer": _normalizer_spec(tok), "pre_tokenizer": meta,
+            "normalizer": _rules_json(tok.normalizer), "pre_tokenizer": meta,
             "post_processor": None, "decoder": meta,
             "model": {"type": "Unigram", "unk_id": tok.unk_id,
                       "vocab": [[p, s] for p, s in tok.pieces],
                       "byte_fallback": tok.byte_fallback}}
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(spec, fh, ensure_ascii=False)
+    write_text(path, json.dumps(spec, ensure_ascii=False))
 
 
-def _normalizer_spec(tok):
-    if tok.charsmap is not None:
-        return {"type": "Precompiled",
-                "precompiled_charsmap": base64.b64encode(tok.charsmap.blob).decode("ascii")}
-    return {"type": "NFKC"} if tok.nfkc else None
+def _rules_json(normalizer):
+    """The tokenizer.json normalizer of a Normalizer's rules (the inverse of _rules)."""
+    if normalizer.charsmap is not None:
+        blob = base64.b64encode(normalizer.charsmap.blob).decode("ascii")
+        return {"type": "Precompiled", "precompiled_charsmap": blob}
+    return {"type": "NFKC"} if normalizer.nfkc else None
 
 
 def load_bpe_json(path):
@@ -131,9 +138,11 @@ def load_bpe_json(path):
     specials = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t.get("special")
                 and t["content"] != model.get("unk_token")}
     return SentencePieceBPE(pieces, merges, unk_id=vocab.get(model.get("unk_token"), 0),
-                            special_tokens=specials, add_dummy_prefix=prefix,
+                            special_tokens=specials,
+                            normalizer=Normalizer(add_dummy_prefix=prefix,
+                                                  remove_extra_whitespaces=False),
                             byte_fallback=bool(model.get("byte_fallback")),
-                            remove_extra_whitespaces=False, fuse_unk=bool(model.get("fuse_unk")))
+                            fuse_unk=bool(model.get("fuse_unk")))
 
 
 def read_model_proto(path):
@@ -155,11 +164,6 @@ def load_sentencepiece(path):
     SentencePiece .model file."""
     proto = read_model_proto(path)
     where = f"load_sentencepiece({str(path)!r})"
-    norm = proto.normalizer_spec
-    if norm.name != "identity" and not norm.precompiled_charsmap:
-        raise ValueError(f"{where}: normalizer {norm.name!r} has no precompiled_charsmap "
-                         f"(expected 'identity' or a precompiled rule set such as 'nmt_nfkc')")
-    charsmap = CharsMap(norm.precompiled_charsmap) if norm.name != "identity" else None
     model_type = proto.trainer_spec.model_type
     if model_type not in (1, 2):
         raise ValueError(f"{where}: model_type {model_type} is neither unigram (1) nor BPE (2)")
@@ -170,9 +174,18 @@ def load_sentencepiece(path):
     specials = {p.piece: i for i, p in enumerate(proto.pieces) if p.type == _CONTROL}
     cls = Unigram if model_type == 1 else SentencePieceBPE
     return cls([(p.piece, p.score) for p in proto.pieces], unk_id=unk[0] if unk else 0,
-                   special_tokens=specials,
-                   unused=[i for i, k in enumerate(kinds) if k == _UNUSED],
-                   add_dummy_prefix=norm.add_dummy_prefix,
-                   charsmap=charsmap, byte_fallback=proto.trainer_spec.byte_fallback,
-                   remove_extra_whitespaces=norm.remove_extra_whitespaces,
-                   score_dtype="float32", fuse_unk=True)
+               special_tokens=specials, normalizer=_spm_normalizer(proto.normalizer_spec, where),
+               byte_fallback=proto.trainer_spec.byte_fallback,
+               unused=[i for i, k in enumerate(kinds) if k == _UNUSED], fuse_unk=True,
+               score_dtype="float32")
+
+
+def _spm_normalizer(norm, where):
+    """The Normalizer of a .model's NormalizerSpec: "identity" (no rules) or precompiled
+    rules."""
+    if norm.name != "identity" and not norm.precompiled_charsmap:
+        raise ValueError(f"{where}: normalizer {norm.name!r} has no precompiled_charsmap "
+                         f"(expected 'identity' or a precompiled rule set such as 'nmt_nfkc')")
+    charsmap = CharsMap(norm.precompiled_charsmap) if norm.name != "identity" else None
+    return Normalizer(add_dummy_prefix=norm.add_dummy_prefix,
+                      remove_extra_whitespaces=norm.remove_extra_whitespaces, charsmap=charsmap)

@@ -1,9 +1,11 @@
 """Training a Unigram tokenizer by EM and pruning (Kudo 2018, arXiv 1804.10959; SentencePiece's
 google/sentencepiece src/unigram_model_trainer.cc is the reference implementation, and its
-defaults are the defaults here).
+defaults are the defaults here; max_len, seed_cap, seed_size, em_iters and shrink are
+TrainerSpec fields).
 
-1. Words: each line is normalised (unigram.py) and cut before every "▁"; distinct words w are
-   counted (f_w), most frequent first. Their characters are *required* pieces: never pruned.
+1. Words: each line is normalised (a Normalizer, normalizer.py) and cut before every "▁";
+   distinct words w are counted (f_w), most frequent first. Their characters are *required*
+   pieces: never pruned.
 2. Seed: every substring of 2..max_len characters of every word, counted with f_w (a "▁" only
    as the first character, as in SentencePiece's split_by_whitespace). Memory stays bounded:
    whenever the counter holds more than `seed_cap` strings, those with at most the median
@@ -27,13 +29,43 @@ Glossary: f_w = count of word w; c_v = expected count of piece v; a/b = forward/
 weights over a word's lattice; Z(w) = sum over the word's segmentations of P(s).
 """
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 
+from .charsmap import SPACE
+from .normalizer import Normalizer
 from .pretokenize import read_blocks, special_regex, split_special
-from .unigram import SPACE, Unigram
+from .unigram import Unigram
 from .unigram_em import count_substrings, expected_counts, prune_losses, viterbi_counts
 from .unigram_lattice import PieceTrie, code_points
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """The seed, EM and pruning options of train_unigram (SentencePiece's TrainerSpec names in
+    brackets, its defaults here).
+
+    max_len: longest seed piece, in characters (max_sentencepiece_length);
+    seed_size: most seed pieces, characters included (seed_sentencepiece_size);
+    seed_cap: most distinct substrings held while counting the seed (memory bound, rule 2);
+    shrink: fraction of the pieces a pruning round keeps, 0 < shrink < 1 (shrinking_factor);
+    em_iters: EM steps per round, >= 1 (num_sub_iterations)."""
+    max_len: int = 16
+    seed_size: int = 1_000_000
+    seed_cap: int = 2_000_000
+    shrink: float = 0.75
+    em_iters: int = 2
+
+    def __post_init__(self):
+        for name in ("max_len", "seed_size", "seed_cap", "em_iters"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"TrainerSpec: {name} must be an integer >= 1, got {v!r}")
+        if isinstance(self.shrink, bool) or not isinstance(self.shrink, (int, float)) \
+                or not 0 < self.shrink < 1:
+            raise ValueError(f"TrainerSpec: shrink must be a number in (0, 1), "
+                             f"got {self.shrink!r}")
 
 
 def _words(path, special_tokens, normalize):
@@ -67,14 +99,14 @@ def _word_arrays(words):
     return code_points("".join(w for w, _ in items)), off, freq
 
 
-def _seed(pool, off, freq, seed_size, max_len, seed_cap):
+def _seed(pool, off, freq, trainer):
     """(piece pool, piece offsets, log p, number of required characters): rule 2."""
     chars, inverse = np.unique(pool, return_inverse=True)
     char_counts = np.bincount(inverse, weights=np.repeat(freq, np.diff(off)))
-    starts, lens, counts = count_substrings(pool, off, freq, max_len, seed_cap)
+    starts, lens, counts = count_substrings(pool, off, freq, trainer.max_len, trainer.seed_cap)
     score = counts * lens
     order = np.lexsort((lens, starts, -score))
-    order = order[counts[order] >= 2][:max(seed_size - len(chars), 0)]
+    order = order[counts[order] >= 2][:max(trainer.seed_size - len(chars), 0)]
     starts, lens = starts[order], lens[order]
     rel = np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens, lens)
     piece_pool = np.concatenate([chars.astype(np.int32), pool[np.repeat(starts, lens) + rel]])
@@ -137,37 +169,56 @@ def _prune(pieces, pool, off, freq, size):
     return pieces.keep(keep, pieces.logp)
 
 
-def train_unigram(path, vocab_size, special_tokens=(), *, max_len=16, seed_size=1_000_000,
-                  seed_cap=2_000_000, shrink=0.75, em_iters=2, nfkc=False, report=None):
-    """A Unigram tokenizer of vocab_size pieces (<unk> first, then special_tokens, then the
-    learned pieces by score) trained on a UTF-8 text file. report(round, size, log-lik) is
-    called after each round; the same triples are in the returned tokenizer's train_log."""
-    reserved = 1 + len(special_tokens)
-    norm = Unigram([("<unk>", 0.0)], nfkc=nfkc).normalize
-    pool, off, freq = _word_arrays(_words(path, special_tokens, norm))
-    piece_pool, piece_off, logp, n_chars = _seed(pool, off, freq, seed_size, max_len, seed_cap)
-    if n_chars + reserved > vocab_size:
-        raise ValueError(f"train_unigram: vocab_size {vocab_size} < {n_chars} characters "
-                         f"+ {reserved} reserved pieces")
-    pieces = _Pieces(piece_pool, piece_off, logp, np.arange(len(logp)) < n_chars)
-    log, target = [], vocab_size - reserved
+def _rounds(pieces, words, target, trainer, report):
+    """Rule 3: rounds of EM and pruning until at most 1.1 target pieces remain.
+    words: (pool, off, freq) of _word_arrays. Returns (pieces, [(round, size, log-lik)])."""
+    pool, off, freq = words
+    log, most = [], int(1.1 * target)
     while True:
-        for _ in range(em_iters):
+        for _ in range(trainer.em_iters):
             pieces, ll = _em_step(pieces, pool, off, freq)
         log.append((len(log) + 1, len(pieces.logp), ll))
         if report is not None:
             report(*log[-1])
-        if len(pieces.logp) <= int(1.1 * target):
-            break
+        if len(pieces.logp) <= most:
+            return pieces, log
         pieces = _prune(pieces, pool, off, freq,
-                        max(int(1.1 * target), int(shrink * len(pieces.logp))))
+                        max(most, int(trainer.shrink * len(pieces.logp))))
+
+
+def _best(pieces, n_learned):
+    """Rule 4: [(piece, log p)] of n_learned pieces: the required characters, then the other
+    pieces of largest log p; log p renormalised; by decreasing log p (ties by string)."""
+    n_other = n_learned - int(pieces.required.sum())
     rest = np.flatnonzero(~pieces.required)
-    rest = rest[np.argsort(-pieces.logp[rest], kind="stable")][:target - n_chars]
+    rest = rest[np.argsort(-pieces.logp[rest], kind="stable")][:n_other]
     final = pieces.keep(pieces.required | np.isin(np.arange(len(pieces.logp)), rest),
                         pieces.logp)
     scores = final.logp - np.logaddexp.reduce(final.logp)
-    learned = sorted(zip(final.strings(), scores.tolist()), key=lambda e: (-e[1], e[0]))
-    tok = Unigram([("<unk>", 0.0)] + [(t, 0.0) for t in special_tokens] + learned, 0,
-                  {t: 1 + k for k, t in enumerate(special_tokens)}, nfkc=nfkc)
+    return sorted(zip(final.strings(), scores.tolist()), key=lambda e: (-e[1], e[0]))
+
+
+def train_unigram(path, vocab_size, special_tokens=(), *, trainer=TrainerSpec(),
+                  normalizer=Normalizer(), report=None):
+    """A Unigram tokenizer of vocab_size pieces (<unk> first, then special_tokens, then the
+    learned pieces by score) trained on a UTF-8 text file. trainer: the TrainerSpec of the
+    seed, EM and pruning; normalizer: how the text is normalised (the tokenizer keeps it).
+    report(round, size, log-lik) is called after each round; the same triples are in the
+    returned tokenizer's train_log."""
+    for name, value, cls in (("trainer", trainer, TrainerSpec),
+                             ("normalizer", normalizer, Normalizer)):
+        if not isinstance(value, cls):
+            raise TypeError(f"train_unigram: {name} must be a {cls.__name__}, got {value!r}")
+    reserved = 1 + len(special_tokens)
+    words = _word_arrays(_words(path, special_tokens, normalizer.normalize))
+    piece_pool, piece_off, logp, n_chars = _seed(*words, trainer)
+    if n_chars + reserved > vocab_size:
+        raise ValueError(f"train_unigram: vocab_size {vocab_size} < {n_chars} characters "
+                         f"+ {reserved} reserved pieces")
+    pieces = _Pieces(piece_pool, piece_off, logp, np.arange(len(logp)) < n_chars)
+    pieces, log = _rounds(pieces, words, vocab_size - reserved, trainer, report)
+    tok = Unigram([("<unk>", 0.0)] + [(t, 0.0) for t in special_tokens] +
+                  _best(pieces, vocab_size - reserved), 0,
+                  {t: 1 + k for k, t in enumerate(special_tokens)}, normalizer=normalizer)
     tok.train_log = log
     return tok

@@ -1,5 +1,5 @@
 """Training checkpoints: one directory, written so that a crash never leaves a half-written one,
-and `atomic_write`, the one writer every file of the project that must not be torn goes through.
+each file written by core/atomic.py's atomic_write.
 
     DIR/config.json      the ModelConfig
     DIR/tokenizer.bpe    the tokenizer
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from scratchllm.core.atomic import atomic_write, remove_stale_temps, write_bytes
 from scratchllm.lm import LM, ModelConfig
 from scratchllm.tokenizer import TOKENIZER_FILE, Tokenizer
 
@@ -34,48 +35,6 @@ CONFIG = "config.json"
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used: missing, corrupt, or made for another config."""
-
-
-def atomic_write(path, write):
-    """Write `path` so that readers see the old file or the new one, never a torn one:
-    write(tmp) fills the temporary path `path`.tmp-PID, which is flushed to disk and then
-    os.replace'd over `path`. A failure leaves no temporary file behind."""
-    tmp = Path(f"{path}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def remove_stale_temps(directory):
-    """Delete the temp files `atomic_write` left in `directory` when a process was killed
-    mid-write (`NAME.tmp-PID` whose PID is no longer running). Returns how many."""
-    removed = 0
-    for tmp in Path(directory).glob("*.tmp-*"):
-        pid = tmp.name.rsplit(".tmp-", 1)[1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            tmp.unlink(missing_ok=True)
-            removed += 1
-    return removed
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def write_bytes(path, data):
-    """atomic_write of a bytes payload."""
-    atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
 def write_config(directory, config_dict):

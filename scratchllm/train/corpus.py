@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from scratchllm.tokenizer import EOT, TOKENIZER_FILE, Tokenizer, train_bpe
-from scratchllm.train.checkpoint import atomic_write, remove_stale_temps, write_bytes
+from scratchllm.core.atomic import atomic_write, remove_stale_temps, write_bytes
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 DEFAULT_CORPUS = DATA_DIR / "python-docs.txt"

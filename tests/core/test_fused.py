@@ -120,7 +120,8 @@ def test_adamw_kernel_gives_the_bits_of_its_numpy_ref():
     for t in range(1, 6):
         g = rng.standard_normal(257).astype(np.float32)
         for update, (pp, m, v) in zip((fused.adamw_update, fused.adamw_update_ref), twins):
-            update(pp, g, m, v, lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, step=t)
+            update(pp, g, m, v, fused.AdamWStep(lr=3e-3, betas=(0.9, 0.95), eps=1e-8,
+                                                weight_decay=0.1, step=t))
     for a, b in zip(*twins):
         assert a.dtype == np.float32
         np.testing.assert_array_equal(a, b)
@@ -130,8 +131,9 @@ def test_adamw_kernel_gives_the_bits_of_its_numpy_ref():
 def test_adamw_kernel_refuses_a_non_contiguous_parameter():
     p = np.zeros((4, 4), np.float32).T[:, :3]
     with pytest.raises(ValueError, match="adamw_update: p must be C-contiguous"):
-        fused.adamw_update(p, p.copy(), p.copy(), p.copy(), lr=1e-3, betas=(0.9, 0.9),
-                           eps=1e-8, weight_decay=0.0, step=1)
+        fused.adamw_update(p, p.copy(), p.copy(), p.copy(),
+                           fused.AdamWStep(lr=1e-3, betas=(0.9, 0.9), eps=1e-8, weight_decay=0.0,
+                                           step=1))
 
 
 @pytest.mark.parametrize("module, cache_type", [
@@ -158,8 +160,9 @@ def test_adamw_kernel_gives_torchs_bits():
     f = np.load(Path(__file__).resolve().parents[1] / "fixtures" / "adamw_torch_float32.npz")
     p, m, v = f["p0"].copy(), np.zeros_like(f["p0"]), np.zeros_like(f["p0"])
     for t, (lr, g) in enumerate(zip(f["lrs"], f["grads"]), start=1):
-        fused.adamw_update(p, g, m, v, lr=float(lr), betas=tuple(f["betas"]), eps=float(f["eps"]),
-                           weight_decay=float(f["weight_decay"]), step=t)
+        fused.adamw_update(p, g, m, v, fused.AdamWStep(
+            lr=float(lr), betas=tuple(f["betas"]), eps=float(f["eps"]),
+            weight_decay=float(f["weight_decay"]), step=t))
     np.testing.assert_array_equal(m, f["m"])
     np.testing.assert_array_equal(v, f["v"])
     err = np.abs(p.astype(np.float64) - f["p"]) / (np.abs(f["p"]) + f["lrs"].max())

@@ -6,8 +6,8 @@ import pytest
 
 from grads.cases import CASES, LM_TINY, lm_tiny
 from scratchllm.lm import LM, preset
+from scratchllm.specs import from_flat
 from scratchllm.teach import sizing
-from scratchllm.teach.arch import from_model_config
 
 PATTERNS = ["LRGD", "SAWA"]
 V = LM_TINY["vocab_size"]
@@ -57,7 +57,7 @@ def test_prefill_then_decode_equals_full_recompute(pattern):
 def test_sizing_counts_the_params_and_a_fixed_state(name):
     cfg = preset(name, d_model=16, n_heads=4, d_ff=12, vocab_size=23, d_state=4)
     model = LM(cfg, rng=np.random.default_rng(0))
-    a = from_model_config(cfg)
+    a = from_flat(**cfg.to_dict())
     assert sizing.parameters(a).total == model.n_params()
     state = model.init_state(batch=1, max_len=10)
     numbers = sum(np.size(a) for s in state for a in (s if isinstance(s, tuple) else [s]))
@@ -70,6 +70,6 @@ def test_sizing_counts_the_params_and_a_fixed_state(name):
 def test_compare_sizes_count_the_full_presets(name):
     from scratchllm.cli import compare
     cfg = preset(name)
-    total, active, per_token = compare.sizes(cfg)
+    total, active, per_token = compare.sizes(from_flat(**cfg.to_dict()))
     assert total == active == LM(cfg, rng=np.random.default_rng(0)).n_params()
     assert per_token[1] < per_token[0]  # a fixed state costs less per token at 128k than at 4k

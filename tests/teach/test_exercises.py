@@ -43,10 +43,10 @@ def _kv_without_v(context, **sizes):  # caches K only
     return kv // 2, chapter, full
 
 
-def _state_without_conv(context, *, d_conv, **sizes):
-    kv, chapter, _ = memory.state_vs_cache(context, d_conv=d_conv, **sizes)
-    Di = sizes["expand"] * sizes["d_model"]
-    return kv, chapter, sizes["n_layers"] * Di * sizes["d_state"] * sizes["itemsize"]
+def _state_without_conv(context, *, mamba, **sizes):
+    kv, chapter, _ = memory.state_vs_cache(context, mamba=mamba, **sizes)
+    Di = mamba.expand * sizes["d_model"]
+    return kv, chapter, sizes["n_layers"] * Di * mamba.d_state * sizes["itemsize"]
 
 
 def _pool_tile_order(w, n_heads, n_kv_heads):  # heads j, j + Hkv, ... pooled together

@@ -1,14 +1,14 @@
 """Sizing arithmetic against published numbers (papers and config.json files, copied here as
 literals) and against formulas written out independently of scratchllm/teach/sizing.py."""
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 
 from scratchllm.cli import size as size_cli
+from scratchllm.specs import AttentionSpec, MambaSpec, Mask, from_flat
 from scratchllm.teach import sizing as acc
 from scratchllm.teach import arch
-from scratchllm.teach.arch import get
+from scratchllm.teach.arch import get, with_mixer
 from scratchllm.teach.sizing import kv_cache, parameters
 
 KiB = 1024
@@ -60,7 +60,7 @@ def test_mistral_7b_published_config():
 
 def test_deepseek_v2_mla_vs_mha_cache():
     v2 = get("deepseek-v2")
-    mha = replace(v2, kv_lora_rank=0, n_kv_heads=128, head_dim=128)
+    mha = with_mixer(v2, AttentionSpec(n_heads=128, n_kv_heads=128, head_dim=128))
     assert acc.kv_elements_per_token_layer(v2) == 576
     assert acc.kv_elements_per_token_layer(mha) == 32_768
     assert acc.kv_elements_per_token_layer(v2, absorbed=False) == 128 * (192 + 128) == 40_960
@@ -115,30 +115,34 @@ def test_serving_memory_and_window():
     assert s.cache == 80 * 4096 * 65536 * 8 == 160 * KiB ** 3
     assert s.weights == 2 * 70_553_706_496 and s.total == s.weights + s.cache
     assert acc.serving_memory(a, 65536, 8, "bf16", kv_dtype="fp8").cache == s.cache // 2
-    swa = replace(get("mistral-7b"), window=4096, n_sink=4)
+    mistral = get("mistral-7b")
+    swa = with_mixer(mistral, replace(mistral.layers[0].mixer, mask=Mask(window=4096, n_sink=4)))
     assert kv_cache(swa, context=32768).tokens == 4100
     assert kv_cache(swa, context=1000).tokens == 1000
 
 
-def test_from_model_config_reads_attributes():
-    cfg = SimpleNamespace(vocab_size=128256, d_model=4096, n_layers=32, n_heads=32,
-                          n_kv_heads=8, d_ff=14336, tie_embeddings=False, window=None)
-    assert parameters(arch.from_model_config(cfg)) == parameters(get("llama-3-8b"))
-    v3 = SimpleNamespace(
-        vocab_size=129280, d_model=7168, n_layers=61, n_heads=128, n_kv_heads=128, d_ff=18432,
+def test_the_lms_flat_names_describe_the_same_models():
+    llama = from_flat(vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+                      d_ff=14336, tie_embeddings=False, window=None)
+    assert parameters(llama) == parameters(get("llama-3-8b"))
+    v3 = from_flat(
+        vocab_size=129280, d_model=7168, n_layers=61, n_heads=128, n_kv_heads=128, d_ff=2048,
         attention="mla", q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
         qk_rope_head_dim=64, v_head_dim=128, ffn="moe", n_experts=256, top_k=8, n_shared=1,
-        moe_d_ff=2048, n_dense_layers=3, bias_gamma=1e-3)
+        first_k_dense=3, dense_d_ff=18432, bias_gamma=1e-3)
     # the LM's selection bias is a buffer, not a Param: not counted
-    v3_arch = arch.from_model_config(v3, "deepseek-v3")
-    assert v3_arch == replace(get("deepseek-v3"), router_bias=False)
-    assert parameters(arch.from_model_config(v3)).total == 671_026_419_200 - 58 * 256
-    assert kv_cache(arch.from_model_config(v3)).bytes_per_token == 70_272
-    hybrid = SimpleNamespace(vocab_size=64, d_model=16, n_layers=4, n_heads=2, n_kv_heads=1,
-                             d_ff=32, layer_pattern="MAMA", d_state=4, d_conv=3, expand=2)
-    assert acc.n_attention_layers(arch.from_model_config(hybrid)) == 2
-    with pytest.raises(TypeError, match="vocab_size"):
-        arch.from_model_config(SimpleNamespace(d_model=8, n_layers=1, n_heads=1, d_ff=8))
+    assert parameters(v3).total == v3.n_params() == 671_026_419_200 - 58 * 256
+    assert kv_cache(v3).bytes_per_token == 70_272
+    hybrid = from_flat(vocab_size=64, d_model=16, n_layers=4, n_heads=2, n_kv_heads=1,
+                       d_ff=32, layer_pattern="MAMA", d_state=4, d_conv=3, expand=2)
+    assert acc.n_attention_layers(hybrid) == 2
+
+
+def test_attention_layers_that_differ_are_refused():
+    mixed = from_flat(n_layers=3, window=8, layer_types=["sliding_attention", "sliding_attention",
+                                                          "full_attention"])
+    with pytest.raises(ValueError, match="attention layers 0 and 2 with different specs"):
+        kv_cache(mixed)
 
 
 def test_cli_prints_exact_integers(capsys):
@@ -165,18 +169,6 @@ def test_cli_list_and_unknown_name(capsys):
         get("gpt-5")
     with pytest.raises(ValueError, match="unknown dtype"):
         kv_cache(get("llama-3-8b"), dtype="fp6")
-
-
-@pytest.mark.parametrize("name", ["dense", "moe", "mla", "swa", "hybrid"])
-def test_from_model_config_matches_the_lm_parameters(name):
-    """Counted by formula == the sizes of the LM's Params."""
-    import numpy as np
-    from scratchllm.lm import config, model
-    cfg = config.preset(name, d_model=16, n_heads=2, n_kv_heads=1, d_ff=24, vocab_size=40,
-                        kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4)
-    lm = model.LM(cfg, rng=np.random.default_rng(0))
-    assert parameters(arch.from_model_config(cfg)).total == sum(
-        p.data.size for _, p in lm.named_parameters())
 
 
 # ---------------------------------------------------------------- the chapters' rules of thumb
@@ -214,7 +206,7 @@ def test_attention_overtakes_the_weight_matmuls_at_6d_or_12d():
 def test_mistral_v01_window_and_its_131k_receptive_field(capsys):
     v01, v02 = get("mistral-7b-v0.1"), get("mistral-7b")
     assert parameters(v01) == parameters(v02)
-    assert (v01.window, v02.window) == (4096, 0)
+    assert (acc.sliding_window(v01), acc.sliding_window(v02)) == (4096, None)
     assert acc.receptive_field(v01) == 32 * 4096 == 131_072 and acc.receptive_field(v02) == 0
     assert kv_cache(v01, context=32768).tokens == 4096
     n = 2 * (parameters(v01).total - 32000 * 4096)
@@ -226,7 +218,7 @@ def test_mistral_v01_window_and_its_131k_receptive_field(capsys):
 
 def test_llama_405b_gqa_against_mha():
     a = get("llama-3.1-405b")
-    mha = replace(a, n_kv_heads=a.n_heads)
+    mha = with_mixer(a, replace(a.layers[0].mixer, n_kv_heads=128))
     assert kv_cache(a).bytes_per_layer == 4096
     assert kv_cache(mha).bytes_per_layer == 2 * 128 * 128 * 2 == 16 * 4096
 
@@ -237,7 +229,7 @@ def test_mixtral_headline_figures():
 
 
 def test_mamba_state_chapter_and_full():
-    mamba = replace(get("llama-3-8b"), pattern="M")           # D 4096, N 16, expand 2, conv 4
+    mamba = with_mixer(get("llama-3-8b"), MambaSpec())        # D 4096, N 16, expand 2, conv 4
     m = acc.mamba_state_numbers(mamba)
     assert m.chapter == 4096 * 16 == 65_536                    # the chapter's ~64k per layer
     assert m.full == 2 * 4096 * 16 + 3 * 2 * 4096 == 155_648   # expand and conv state

@@ -1,6 +1,6 @@
-"""Tokenizer files are not trusted blindly (issue 18 item 6): a pattern outside the known safe
-set, a truncated file, ids outside [0, 2^31), duplicate ids, an empty special token and
-invalid UTF-8 are errors naming the file."""
+"""Tokenizer files are not trusted blindly: a pattern outside the known safe set, a truncated
+file, ids outside [0, 2^31), duplicate ids, an empty special token and invalid UTF-8 are
+errors naming the file."""
 import re
 
 import pytest

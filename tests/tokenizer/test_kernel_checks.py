@@ -47,35 +47,30 @@ def test_scan_gpt2_refuses_a_wrong_class_table_and_data_type():
         fast.scan_gpt2(DATA.astype(np.int64), fast.char_classes(), ends(len(TEXT)))
 
 
-def test_count_pretokens_refuses_ends_past_the_data():
-    with pytest.raises(ValueError, match=r"^count_pretokens: ends must be non-decreasing"):
-        fast.count_pretokens(DATA, ends(3, 10 ** 6))
-
-
-def _table_args(tok):
-    keys, ranks, news = tok._table
-    return tok._byte_ids, keys, ranks, news
+def test_unique_pretokens_refuses_ends_past_the_data():
+    with pytest.raises(ValueError, match=r"^unique_pretokens: ends must be non-decreasing"):
+        fast.unique_pretokens(DATA, ends(3, 10 ** 6))
 
 
 def test_encode_pieces_refuses_foreign_tables_and_offsets():
     tok = Tokenizer({b: bytes([b]) for b in range(256)}, [])
-    byte_ids, keys, ranks, news = _table_args(tok)
+    keys, ranks, news = tok._table
     cls, cache = fast.char_classes(), fast.new_cache(16, 8, 4)
-    good = (fast.GPT2, DATA, ends(len(TEXT)), ends(-1), cls, byte_ids, keys, ranks, news,
-            cache, 64)
-    assert fast.encode_pieces(*good).tolist() == list(TEXT)
-    bad = [((2, ends(99)), r"seg_ends must be non-decreasing"),  # (index 0 is the scanner kind)
-           ((3, ends(-1, -1)), r"seg_special must be int64 of seg_ends' shape"),
-           ((3, ends(1 << 40)), r".*ids < 2\^31"),
-           ((5, byte_ids[:10]), r"byte_ids must be 256 integer ids"),
-           ((6, keys[:3]), r"keys, ranks, news must be merge_table\(\)'s"),
-           ((9, cache[:3]), r"cache must come from new_cache\(\)"),
-           ((9, cache[:6] + (np.array([99, 0, 0]),)), r"cache must come from new_cache\(\)")]
-    for (i, value), match in bad:
-        args = list(good)
-        args[i] = value
+    good = dict(kind=fast.GPT2, cls=cls, data=DATA, segments=(ends(len(TEXT)), ends(-1)),
+                byte_ids=tok._byte_ids, table=(keys, ranks, news), cache=cache)
+    assert fast.encode_pieces(**good).tolist() == list(TEXT)
+    bad = [(dict(segments=(ends(99), ends(-1))), r"seg_ends must be non-decreasing"),
+           (dict(segments=(ends(len(TEXT)), ends(-1, -1))),
+            r"seg_special must be int64 of seg_ends' shape"),
+           (dict(segments=(ends(len(TEXT)), ends(1 << 40))), r".*ids < 2\^31"),
+           (dict(byte_ids=tok._byte_ids[:10]), r"byte_ids must be 256 integer ids"),
+           (dict(table=(keys[:3], ranks, news)), r"keys, ranks, news must be merge_table\(\)'s"),
+           (dict(cache=cache[:3]), r"cache must come from new_cache\(\)"),
+           (dict(cache=cache[:6] + (np.array([99, 0, 0]),)),
+            r"cache must come from new_cache\(\)")]
+    for change, match in bad:
         with pytest.raises((ValueError, TypeError), match=rf"^encode_pieces: {match}"):
-            fast.encode_pieces(*args)
+            fast.encode_pieces(**dict(good, **change))
 
 
 def test_merge_table_refuses_ids_beyond_int32():

@@ -1,4 +1,4 @@
-"""Long pre-tokens (tokenizer DoS, issue 18 item 5): a pre-token longer than fast_bpe.LONG
+"""Long pre-tokens (a tokenizer denial of service): a pre-token longer than fast_bpe.LONG
 bytes merges through a heap (O(m log m)) and gives exactly the ids of the rescanning merge."""
 import os
 

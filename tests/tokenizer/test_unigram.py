@@ -144,7 +144,7 @@ def test_sentencepiece_precompiled_charsmap_normalisation():
     tok = load_sentencepiece(os.path.join(FIX, "spm_unigram_nmt_nfkc.model"))
     with open(os.path.join(FIX, "spm_unigram_nmt_nfkc_ids.json"), encoding="utf-8") as fh:
         data = json.load(fh)
-    assert tok.charsmap is not None
+    assert tok.normalizer.charsmap is not None
     assert [tok.normalize(t) for t in data["texts"]] == data["normalized"]
     assert [tok.encode_ordinary(t) for t in data["texts"]] == data["ids"]
     plain = Unigram(tok.pieces)                    # the same whitespace rules, no charsmap
@@ -163,8 +163,9 @@ def test_hf_precompiled_normaliser(tmp_path):
     tok = load_unigram_json(os.path.join(FIX, "hf_unigram_precompiled.json"))
     with open(os.path.join(FIX, "hf_unigram_precompiled_ids.json"), encoding="utf-8") as fh:
         data = json.load(fh)
-    assert tok.charsmap is not None and tok.charsmap.hf
-    assert [tok.charsmap.normalize_hf(t) for t in data["texts"]] == data["normalized"]
+    charsmap = tok.normalizer.charsmap
+    assert charsmap is not None and charsmap.hf
+    assert [charsmap.normalize_hf(t) for t in data["texts"]] == data["normalized"]
     assert [tok.encode_ordinary(t) for t in data["texts"]] == data["ids"]
     save_unigram_json(tok, tmp_path / "back.json")
     back = load_unigram_json(tmp_path / "back.json")

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from grads.cases import lm_tiny
+from scratchllm.core.atomic import remove_stale_temps
 from scratchllm.tokenizer import TOKENIZER_FILE, Tokenizer
 from scratchllm.train import checkpoint, trainer
 
@@ -104,5 +105,5 @@ def test_remove_stale_temps_keeps_live_writers_files(tmp_path):
     dead = tmp_path / "y.tmp-999999999"
     for f in (mine, dead):
         f.write_bytes(b"1")
-    assert checkpoint.remove_stale_temps(tmp_path) == 1
+    assert remove_stale_temps(tmp_path) == 1
     assert mine.exists() and not dead.exists()

@@ -7,7 +7,7 @@
 `start` writes the signature and the docstring (shapes, the formula to reach) with an empty body
 and records the start time in drills/.started.json; `check` imports your function and runs the
 drill's checks (gradient checks for backwards, equivalence and property tests for forwards).
-The drills themselves live in bank.py; the command is scratchllm/cli/drill.py.
+The drills themselves live in bank/; the command is scratchllm/cli/drill.py.
 """
 import importlib.util
 import json

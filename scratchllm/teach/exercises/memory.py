@@ -6,7 +6,6 @@ arXiv 2305.13245 §2.1), checked with scratchllm.attention.gqa_forward.
 Glossary: Hkv KV heads, Dh head dim, G = H / Hkv query heads per KV head, N state size,
 Di = expand·D Mamba inner width.
 """
-from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -26,13 +25,13 @@ class StateVsCache(NamedTuple):
     state_full: int     # bytes with the expand factor and the conv state
 
 
-LLAMA_3_8B = dict(d_model=4096, n_layers=32, n_kv_heads=8, head_dim=128, d_state=16,
-                  expand=2, d_conv=4, itemsize=2)
+LLAMA_3_8B = dict(d_model=4096, n_layers=32, n_kv_heads=8, head_dim=128,
+                  mamba=MambaSpec(d_state=16, d_conv=4, expand=2), itemsize=2)
 
 
 def _state_vs_sizing(fn):
     llama = arch.get("llama-3-8b")
-    mamba = replace(llama, pattern="M")  # the same D and L, every layer a Mamba mixer
+    mamba = arch.with_mixer(llama, LLAMA_3_8B["mamba"])  # the same D and L, Mamba mixers
     m = sizing.mamba_state_numbers(mamba)
     rows = []
     for T in sizing.CONTEXTS:
@@ -50,8 +49,8 @@ def _state_vs_sizing(fn):
 
 def _state_vs_library(fn):
     rng, B, T = _rng(40), 1, 9
-    sizes = dict(d_model=12, n_layers=1, n_kv_heads=1, head_dim=4, d_state=5, expand=2,
-                 d_conv=3, itemsize=8)
+    sizes = dict(d_model=12, n_layers=1, n_kv_heads=1, head_dim=4,
+                 mamba=MambaSpec(d_state=5, d_conv=3, expand=2), itemsize=8)
     att = attention.Attention(12, 3, 1, rng=rng, dtype=np.float64)
     mamba = Mamba(12, MambaSpec(d_state=5, d_conv=3, expand=2), rng=rng, dtype=np.float64)
     kv_state, m_state = att.init_state(B, T), mamba.init_state(B, T)
@@ -76,8 +75,9 @@ def _state_vs_library(fn):
     width and depth built from Mamba layers (N 16, expand 2, d_conv 4). How many bytes does
     one sequence's decoding memory take at 1k, 32k and 1M tokens, for the GQA cache and for
     the Mamba states, counting the state as the chapter does (D·N per layer) and in full?
-    Write state_vs_cache(context, *, d_model, n_layers, n_kv_heads, head_dim, d_state,
-    expand, d_conv, itemsize) -> (kv, state_chapter, state_full) in bytes.
+    Write state_vs_cache(context, *, d_model, n_layers, n_kv_heads, head_dim, mamba,
+    itemsize) -> (kv, state_chapter, state_full) in bytes, where mamba is the Mamba layer's
+    scratchllm.specs.MambaSpec (its d_state, expand and d_conv).
 ''', '''
     The cache keeps K and V for every past token of every layer; the state keeps one
     N-vector per scanned channel, whatever the context, plus what the causal conv remembers.
@@ -92,21 +92,20 @@ def _state_vs_library(fn):
     The library agrees: a KVState holds B·2·Hkv·Dh·max_len·itemsize bytes, a MambaState
     (B, d_conv-1, Di) + (B, Di, N), constant while decoding.
 ''', '''
-    def state_vs_cache(context, *, d_model, n_layers, n_kv_heads, head_dim, d_state, expand,
-                       d_conv, itemsize):
-        """One sequence of `context` tokens.  Return (kv, state_chapter, state_full) in
-        bytes: the GQA cache of all layers; the Mamba states as D·N per layer; and in full,
-        with the expand factor (Di = expand·D channels) and the conv state (d_conv - 1 inputs)."""
+    def state_vs_cache(context, *, d_model, n_layers, n_kv_heads, head_dim, mamba, itemsize):
+        """One sequence of `context` tokens; mamba: a MambaSpec (d_state N, expand, d_conv).
+        Return (kv, state_chapter, state_full) in bytes: the GQA cache of all layers; the
+        Mamba states as D·N per layer; and in full, with the expand factor (Di = expand·D
+        channels) and the conv state (d_conv - 1 inputs)."""
 ''', [
     ("Llama-3-8B size at 1k / 32k / 1M equals scratchllm.teach.sizing", _state_vs_sizing),
     ("the library's KVState and MambaState hold those bytes", _state_vs_library),
 ])
-def state_vs_cache(context, *, d_model, n_layers, n_kv_heads, head_dim, d_state, expand,
-                   d_conv, itemsize):
-    Di = expand * d_model
+def state_vs_cache(context, *, d_model, n_layers, n_kv_heads, head_dim, mamba, itemsize):
+    Di, N = mamba.expand * d_model, mamba.d_state
     kv = context * n_layers * 2 * n_kv_heads * head_dim * itemsize
-    return StateVsCache(kv, n_layers * d_model * d_state * itemsize,
-                        n_layers * (Di * d_state + (d_conv - 1) * Di) * itemsize)
+    return StateVsCache(kv, n_layers * d_model * N * itemsize,
+                        n_layers * (Di * N + (mamba.d_conv - 1) * Di) * itemsize)
 
 
 # ---------------------------------------------------------------------------- Ex. 5

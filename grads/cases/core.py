@@ -1,0 +1,125 @@
+"""Gradient-check cases of scratchllm.core: the ops (linear, embedding, norms, activations,
+the dense FFNs, softmax, cross-entropy) and their fused twins (core/fused.py)."""
+import numpy as np
+
+from grads.cases._common import case
+from grads.check import check
+
+
+@case
+def linear(rng):
+    from scratchllm.core.ops import linear_backward, linear_forward
+    x, W, b = rng.standard_normal((2, 5, 7)), rng.standard_normal((7, 3)), rng.standard_normal(3)
+    return [check(linear_forward, linear_backward, rng=rng, label="bias", x=x, W=W, b=b),
+            check(linear_forward, linear_backward, rng=rng, label="no bias", x=x, W=W)]
+
+
+@case
+def embedding(rng):
+    from scratchllm.core.ops import embedding_backward, embedding_forward
+    ids = np.array([[1, 4, 1], [6, 0, 4]])  # repeated ids must accumulate
+    return check(embedding_forward, embedding_backward, rng=rng,
+                 ids=ids, E=rng.standard_normal((7, 5)))
+
+
+def _twins(name):
+    """(label, forward, backward) of ops' readable pair and of its fused twin (core/fused.py)."""
+    from scratchllm.core import fused, ops
+    return [(label, getattr(mod, f"{pre}{name}_forward"), getattr(mod, f"{pre}{name}_backward"))
+            for label, mod, pre in (("readable", ops, ""), ("fused", fused, "fused_"))]
+
+
+@case
+def rmsnorm(rng):
+    x, g = rng.standard_normal((2, 5, 11)), rng.standard_normal(11)
+    return [check(fwd, bwd, rng=rng, label=label, x=x, g=g, eps=1e-5)
+            for label, fwd, bwd in _twins("rmsnorm")]
+
+
+@case
+def layernorm(rng):
+    from scratchllm.core import layernorm_backward, layernorm_forward
+    x = rng.standard_normal((2, 5, 11))
+    return [check(layernorm_forward, layernorm_backward, rng=rng, label="bias", x=x,
+                  g=rng.standard_normal(11), b=rng.standard_normal(11), eps=1e-5),
+            check(layernorm_forward, layernorm_backward, rng=rng, label="no bias", x=x,
+                  g=rng.standard_normal(11), eps=1e-5)]
+
+
+@case
+def silu(rng):
+    from scratchllm.core.ops import silu_backward, silu_forward
+    return check(silu_forward, silu_backward, rng=rng, x=3 * rng.standard_normal((3, 7)))
+
+
+@case
+def sigmoid(rng):
+    from scratchllm.core.ops import sigmoid_backward, sigmoid_forward
+    return check(sigmoid_forward, sigmoid_backward, rng=rng, x=4 * rng.standard_normal((3, 7)))
+
+
+@case
+def softplus(rng):
+    from scratchllm.core.ops import softplus_backward, softplus_forward
+    return check(softplus_forward, softplus_backward, rng=rng, x=4 * rng.standard_normal((3, 7)))
+
+
+@case
+def gelu(rng):
+    from scratchllm.core import gelu_backward, gelu_forward
+    x = 3 * rng.standard_normal((3, 7))
+    return [check(gelu_forward, gelu_backward, rng=rng, label=a, x=x, approximate=a)
+            for a in ("tanh", "none")]
+
+
+@case
+def swiglu(rng):
+    D, F = 7, 9
+    x, W2 = rng.standard_normal((2, 3, D)), rng.standard_normal((F, D))
+    W1, W3 = rng.standard_normal((D, F)), rng.standard_normal((D, F))
+    return [check(fwd, bwd, rng=rng, label=label, x=x, W1=W1, W3=W3, W2=W2)
+            for label, fwd, bwd in _twins("swiglu")]
+
+
+@case
+def gelu_mlp(rng):
+    from scratchllm.core import gelu_mlp_backward, gelu_mlp_forward
+    D, F = 7, 9
+    return check(gelu_mlp_forward, gelu_mlp_backward, rng=rng, x=rng.standard_normal((2, 3, D)),
+                 W1=rng.standard_normal((D, F)), b1=rng.standard_normal(F),
+                 W2=rng.standard_normal((F, D)), b2=rng.standard_normal(D))
+
+
+@case
+def geglu(rng):
+    from scratchllm.core import geglu_backward, geglu_forward
+    D, F = 7, 9
+    return check(geglu_forward, geglu_backward, rng=rng, x=rng.standard_normal((2, 3, D)),
+                 W1=rng.standard_normal((D, F)), W3=rng.standard_normal((D, F)),
+                 W2=rng.standard_normal((F, D)))
+
+
+@case
+def softmax(rng):
+    from scratchllm.core.ops import softmax_backward, softmax_forward
+    x = rng.standard_normal((3, 5, 7))
+    x[0, 1, 2:5] = -np.inf  # partly masked rows are part of the contract
+    return [check(softmax_forward, softmax_backward, rng=rng, label="last axis", x=x),
+            check(softmax_forward, softmax_backward, rng=rng, label="axis=1",
+                  x=rng.standard_normal((3, 5, 7)), axis=1)]
+
+
+@case
+def log_softmax(rng):
+    from scratchllm.core.ops import log_softmax_backward, log_softmax_forward
+    return check(log_softmax_forward, log_softmax_backward, rng=rng,
+                 x=rng.standard_normal((3, 5, 7)))
+
+
+@case
+def cross_entropy(rng):
+    targets = rng.integers(0, 11, size=(3, 5))
+    targets[1, 2] = -100  # ignored position
+    logits = rng.standard_normal((3, 5, 11))
+    return [check(fwd, bwd, rng=rng, label=label, logits=logits, targets=targets)
+            for label, fwd, bwd in _twins("cross_entropy")]

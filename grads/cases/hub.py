@@ -1,0 +1,159 @@
+"""Gradient-check cases of the Hugging Face families the hub reads: for each, a tiny
+config.json dict (the geometry and options of the family's test checkpoint in
+tests/fixtures/hf, which tests/hub compares with transformers) turned into an LM by the hub's
+own config mapping, with random weights drawn from a seed of the family's own; then
+d loss / d every Param in float64 by finite differences. No file is read."""
+import zlib
+
+import numpy as np
+
+from grads.cases._common import case
+from grads.check import check
+
+_GEOMETRY = dict(vocab_size=300, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, intermediate_size=24, rms_norm_eps=1e-5,
+                 max_position_embeddings=64)
+_DSV3 = dict(_GEOMETRY, model_type="deepseek_v3", num_key_value_heads=4, kv_lora_rank=8,
+             qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=6, moe_intermediate_size=8,
+             n_routed_experts=8, num_experts_per_tok=2, rms_norm_eps=1e-6)
+HF_CONFIGS = {  # family label -> config.json fields
+    "llama": dict(_GEOMETRY, model_type="llama", rope_parameters=dict(
+        rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
+        high_freq_factor=4.0, original_max_position_embeddings=16)),
+    "llama_yarn": dict(_GEOMETRY, model_type="llama", rope_parameters=dict(
+        rope_type="yarn", rope_theta=500.0, factor=4.0, original_max_position_embeddings=16)),
+    "llama_linear": dict(_GEOMETRY, model_type="llama", rope_parameters=dict(
+        rope_type="linear", rope_theta=10000.0, factor=2.0)),
+    "llama_dynamic": dict(_GEOMETRY, model_type="llama", max_position_embeddings=8,
+                          rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0,
+                                               factor=2.0)),
+    "mistral": dict(_GEOMETRY, model_type="mistral", sliding_window=4, head_dim=8),
+    "qwen2": dict(_GEOMETRY, model_type="qwen2", tie_word_embeddings=True, rope_theta=1e6),
+    "qwen3": dict(_GEOMETRY, model_type="qwen3", head_dim=12, tie_word_embeddings=True),
+    "gemma3": dict(_GEOMETRY, model_type="gemma3_text", head_dim=12, query_pre_attn_scalar=10,
+                   sliding_window=4, tie_word_embeddings=True,
+                   layer_types=["sliding_attention", "full_attention"],
+                   rope_parameters={"sliding_attention": dict(rope_type="default",
+                                                              rope_theta=100.0),
+                                    "full_attention": dict(rope_type="linear", factor=2.0,
+                                                           rope_theta=10000.0)}),
+    "gpt2": dict(model_type="gpt2", vocab_size=300, n_embd=16, n_layer=2, n_head=4,
+                 n_positions=64, n_inner=24, activation_function="gelu_new",
+                 layer_norm_epsilon=1e-5),
+    "mamba": dict(model_type="mamba", vocab_size=300, hidden_size=16, num_hidden_layers=2,
+                  state_size=4, expand=2, conv_kernel=4, time_step_rank=3,
+                  layer_norm_epsilon=1e-5),
+    "jamba": dict(_GEOMETRY, model_type="jamba", num_hidden_layers=5, num_experts=4,
+                  num_experts_per_tok=2, attn_layer_period=2, attn_layer_offset=0,  # attention
+                  expert_layer_period=3, expert_layer_offset=1,  # at 0, 2, 4; MoE at 1, 4
+                  mamba_d_state=4, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=3),
+    "mixtral": dict(_GEOMETRY, model_type="mixtral", num_local_experts=4,
+                    num_experts_per_tok=2, sliding_window=4, rope_theta=1e6),
+    "deepseek_v3": dict(_DSV3, num_hidden_layers=3, q_lora_rank=12, first_k_dense_replace=1,
+                        n_group=4, topk_group=2, n_shared_experts=1, norm_topk_prob=True,
+                        routed_scaling_factor=2.5, rope_interleave=True, rope_parameters=dict(
+                            rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                            original_max_position_embeddings=16, mscale=1.0,
+                            mscale_all_dim=0.5)),
+    "deepseek_v3_plain": dict(_DSV3, q_lora_rank=None, first_k_dense_replace=0, n_group=1,
+                              topk_group=1, n_shared_experts=2, norm_topk_prob=False,
+                              routed_scaling_factor=1.5, rope_interleave=False),
+    "gpt_oss": dict(_GEOMETRY, model_type="gpt_oss", head_dim=8, num_local_experts=4,
+                    num_experts_per_tok=2, sliding_window=4, swiglu_limit=1.2,
+                    layer_types=["sliding_attention", "full_attention"],
+                    rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0,
+                                         beta_slow=1.0, truncate=False, rope_theta=500.0,
+                                         original_max_position_embeddings=16)),
+}
+HF_FIXTURES = tuple(f for f in HF_CONFIGS if f != "gpt_oss")  # the families lm_hub checks
+
+
+def hub_model(family, rng):
+    """The float64 LM of HF_CONFIGS[family] (through the hub's from_hf_config), its weights
+    drawn from rng so that every path matters: matrices N(0, 1/fan_in) (routers x 3, for
+    decisive routing), embeddings and sink logits N(0, 1), norm gains 1 + N(0, 0.1^2), other
+    vectors N(0, 0.1^2); Mamba's A_log = log(1..N) + N(0, 0.2^2), b_dt N(-1, 0.5^2) (Δ ~ 0.3),
+    D 1 + N(0, 0.3^2), conv_w N(0, 1/kernel); a selection bias N(0, 0.1^2) for DeepSeek-V3."""
+    from scratchllm.hub import from_hf_config
+    from scratchllm.lm import LM, ModelConfig
+    hf = HF_CONFIGS[family]
+    model = LM(ModelConfig(**from_hf_config(hf)).validate(), rng=rng, dtype=np.float64)
+    for name, p in model.named_parameters():
+        leaf, shape = name.rsplit(".", 1)[-1], p.data.shape
+        noise = rng.standard_normal(shape)
+        if leaf == "A_log":
+            value = np.log(np.arange(1, shape[-1] + 1)) + 0.2 * noise
+        elif leaf in ("b_dt", "D"):
+            value = (-1 + 0.5 * noise) if leaf == "b_dt" else 1 + 0.3 * noise
+        elif leaf in ("conv_w", "sinks") or name.startswith("embed."):
+            value = noise * (shape[-1] ** -0.5 if leaf == "conv_w" else 1.0)
+        elif p.data.ndim >= 2 and not leaf.endswith("_b"):  # not gpt-oss's (E, n) biases
+            value = noise * shape[-2] ** -0.5 * (3 if leaf == "w_router" else 1)
+        else:
+            value = 1 + 0.1 * noise if "norm" in name else 0.1 * noise
+        p.data[...] = value
+    if hf["model_type"] == "deepseek_v3":
+        for name, b in model.named_buffers():
+            if name.endswith("selection_bias"):
+                b[...] = 0.1 * rng.standard_normal(b.shape)
+    return model
+
+
+@case
+def lm_hub(rng):
+    """d loss / d every Param of a tiny model of each Hugging Face family of HF_FIXTURES, in
+    float64 (2 random directions per Param; weights, ids and directions from a seed of the
+    family's own)."""
+    from scratchllm.lm import loss_pair
+    reports = []
+    for family in HF_FIXTURES:
+        # Each family draws its weights, ids and directions from its own seed, so adding a
+        # family does not change the others' checks.
+        fam_rng = np.random.default_rng(zlib.crc32(family.encode()))
+        model = hub_model(family, fam_rng)
+        forward, backward, params = loss_pair(model)
+        # Without RoPE (GPT-2) a key bias adds q . bk to every score of a query's row, which
+        # softmax ignores: d loss / d bk = 0 exactly, so there is nothing to compare.
+        wrt = [n for n in params if not (n.endswith(".bk") and model.cfg.positions != "rope")]
+        # Mamba layers: the dt path (W_dt, A_log, b_dt, ...) moves the loss little, so at
+        # h = 1e-5 round-off reaches ~1e-7 of those gradients (Mamba-1's W_dt: kinks at
+        # 1e-7 to 5e-7 on 2 of 4 seeds, and at 3e-5 on 1 of 4); with attention layers, at
+        # 1e-4 the curvature of Jamba's attention does (kinks near 1.5e-7 on 2 of 4 seeds).
+        # So h = 1e-4 for Mamba layers alone (below 3e-8 on 8 seeds) and 3e-5 with
+        # attention (below 6e-8 on 4 seeds). Jamba's gradients equal torch autograd to 2e-14
+        # (tests/hub/test_ssm_families.py).
+        kinds = model.cfg.layer_kinds()
+        h = (1e-4 if set(kinds) == {"M"} else 3e-5) if "M" in kinds else 1e-5
+        reports.append(check(forward, backward, rng=fam_rng, max_full=0, n_directions=2, wrt=wrt,
+                             label=family, fd_step=h, **_hub_ids(model, fam_rng), **params))
+    return reports
+
+
+def _hub_ids(model, rng, margin=1e-3):
+    """ids, targets (2, 7); with MoE layers, drawn again until every router's top-k choice is
+    at least `margin` from a tie (no finite-difference step flips it)."""
+    from scratchllm.moe import selection_margin
+    V = model.cfg.vocab_size
+    while True:
+        data = dict(ids=rng.integers(0, V, (2, 7)), targets=rng.integers(0, V, (2, 7)))
+        moe = [layer.ffn for layer in model.layers if layer.moe]
+        if not moe:
+            return data
+        blocks = model.forward(data["ids"])[1].blocks
+        routers = [c.ffn.router for c, layer in zip(blocks, model.layers) if layer.moe]
+        if all(selection_margin(r.score_cache.y + f.selection_bias, f.k, f.routing["n_group"],
+                                f.routing["topk_group"]).min() > margin
+               for r, f in zip(routers, moe)):
+            return data
+
+
+@case
+def hub_gpt_oss(rng):
+    """d loss / d every Param of a tiny gpt-oss model in float64 (sliding and full layers,
+    q/k/v/o biases, sink logits, clamped experts with a router bias, YaRN), on ids whose
+    routing is at least 1e-3 from a top-k tie."""
+    from scratchllm.lm import loss_pair
+    model = hub_model("gpt_oss", rng)
+    forward, backward, params = loss_pair(model)
+    return check(forward, backward, rng=rng, max_full=0, n_directions=2, label="gpt_oss",
+                 **_hub_ids(model, rng), **params)

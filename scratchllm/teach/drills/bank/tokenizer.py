@@ -1,0 +1,65 @@
+"""The drill of scratchllm.tokenizer: one merge step of byte-level BPE training."""
+from scratchllm.teach.drills.bank._common import drill
+from scratchllm.tokenizer import train as bpe_train
+
+
+# ---------------------------------------------------------------------------- bpe merge step
+@drill("bpe_merge_step", 25, "scratchllm/tokenizer/train.py", '''
+    def bpe_merge_step(word_counts):
+        """One step of byte-level BPE training.
+
+        word_counts: {tuple of bytes tokens: count}, e.g. {(b"l", b"o", b"w"): 5, ...}: each
+        unique pre-token split into its current tokens, with its count in the corpus.
+        Return (best, new_word_counts): best = the most frequent adjacent pair (a, b) counted
+        inside words and weighted by their counts, ties to the lexicographically greatest
+        (a, b) of bytes; new_word_counts = every word with each occurrence of best, left to
+        right, replaced by the single token a + b.  If no word has two tokens: (None, word_counts).
+        """
+''', [
+    ("Sennrich's low/lower/newest/widest, with a tie", lambda fn: _bpe_sennrich(fn)),
+    ("overlapping pair merges left to right", lambda fn: _bpe_overlap(fn)),
+    ("40 merges on a text equal scratchllm's train_bpe_ref", lambda fn: _bpe_vs_library(fn)),
+])
+def bpe_merge_step(word_counts):
+    return bpe_train.merge_step(word_counts)
+
+
+def _split(word):
+    return tuple(bytes([c]) for c in word.encode())
+
+
+def _bpe_sennrich(fn):
+    words = {_split("low"): 5, _split("lower"): 2, _split("newest"): 6, _split("widest"): 3}
+    best, new = fn(words)  # (e, s) and (s, t) both occur 9 times: (s, t) is greater
+    if best != (b"s", b"t"):
+        raise AssertionError(f"best pair {best!r}, expected (b's', b't') (9 occurrences, the "
+                             "greater of the tied (b'e', b's') and (b's', b't'))")
+    want = {_split("low"): 5, _split("lower"): 2,
+            (b"n", b"e", b"w", b"e", b"st"): 6, (b"w", b"i", b"d", b"e", b"st"): 3}
+    if new != want:
+        raise AssertionError(f"merged words {new!r}, expected {want!r}")
+    return "ok"
+
+
+def _bpe_overlap(fn):
+    best, new = fn({_split("aaa"): 1, _split("aaaa"): 2})
+    want = {(b"aa", b"a"): 1, (b"aa", b"aa"): 2}
+    if best != (b"a", b"a") or new != want:
+        raise AssertionError(f"got {best!r}, {new!r}; expected (b'a', b'a'), {want!r}")
+    return "ok"
+
+
+def _bpe_vs_library(fn):
+    text = ("the cat sat on the mat; the rat sat on the cat's hat. " * 3
+            + "a tokenizer merges frequent pairs, then the merged tokens merge again.")
+    counts = bpe_train.count_chunk_ref(text, (), "gpt2")
+    words = {tuple(bytes([b]) for b in w): c for w, c in counts.items()}
+    merges = []
+    for _ in range(40):
+        best, words = fn(words)
+        merges.append(best)
+    _, want = bpe_train.train_bpe_ref([text], vocab_size=256 + 40)
+    if merges != want:
+        first = next(i for i, (a, b) in enumerate(zip(merges, want)) if a != b)
+        raise AssertionError(f"merge {first} is {merges[first]!r}, expected {want[first]!r}")
+    return "40 merges equal"
