@@ -112,7 +112,8 @@ def experts_forward(xs, bounds, w1, w3, w2):
 
     Inputs:  xs (M, D) rows sorted by expert, bounds (E+1,) slice edges, w1/w3 (E, D, F),
              w2 (E, F, D).
-    Returns: ys (M, D).  Cache: (bounds, the per-expert swiglu caches; None if empty).
+    Returns: ys (M, D).  Cache: ExpertsCache of the per-expert SWIGLU TwinCaches (each holds
+             its twin's backward; None for an expert with no rows).
     """
     expect_float("experts", "xs", xs, 2)
     expect_shape("experts", "w1", w1, (None, xs.shape[1], None), "(E, D, F)")

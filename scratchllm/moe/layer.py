@@ -25,7 +25,7 @@ import numpy as np
 
 from scratchllm.core import fused, ops
 from scratchllm.core.nn import Module, Param, normal_init
-from scratchllm.core.validate import expect_douts, expect_instance
+from scratchllm.core.validate import expect_douts, expect_instance, expect_shape
 from scratchllm.moe.experts import (Dispatch, ExpertsCache, capacity_of, check_clamped_layer,
                                     check_layer, clamped_experts_backward,
                                     clamped_experts_forward, clamped_swiglu_forward, dispatch,
@@ -90,8 +90,8 @@ class MoECache(NamedTuple):
 
 def _check_moe(fn, x, w, spec):
     """Validate a layer's inputs against its spec; return x flattened to (BT, D). The experts
-    are spec.experts.kind's set, whole; b_router and the shared expert are there exactly when
-    the spec has them; E, F and Fs agree with the spec."""
+    are spec.experts.kind's set, whole; the shared expert is there exactly when the spec has
+    one; E, F and Fs agree with the spec (router_forward checks b_router)."""
     expect_instance(fn, "spec", spec, MoESpec)
     expect_instance(fn, "w", w, MoEWeights)
     kind, names = spec.experts.kind, EXPERTS[spec.experts.kind]
@@ -109,10 +109,6 @@ def _check_moe(fn, x, w, spec):
         raise ValueError(f"{fn}: the weights hold E = {E} experts of width F = {F}, expected "
                          f"spec.router.n_experts = {spec.router.n_experts} and "
                          f"spec.experts.d_ff = {spec.experts.d_ff}")
-    if spec.router.bias != (w.b_router is not None):
-        raise ValueError(f"{fn}: w.b_router must be given exactly when spec.router.bias is "
-                         f"True, got spec.router.bias={spec.router.bias} and b_router "
-                         f"{'None' if w.b_router is None else 'given'}")
     _check_shared(fn, xf.shape[1], w, spec.d_shared)
     return xf
 
@@ -126,9 +122,8 @@ def _check_shared(fn, D, w, Fs):
                          f"when spec.d_shared > 0, got spec.d_shared={Fs} and "
                          f"{['array' if g else 'None' for g in given]}")
     for name, shape in zip(SHARED, ((D, Fs), (D, Fs), (Fs, D))):
-        if Fs and getattr(w, name).shape != shape:
-            raise ValueError(f"{fn}: {name} has shape {getattr(w, name).shape}, expected "
-                             f"{shape} (D, spec.d_shared = Fs)")
+        if Fs:
+            expect_shape(fn, name, getattr(w, name), shape, f"D = {D}, Fs = spec.d_shared")
 
 
 def moe_forward(x, w, *, spec, selection_bias=None):

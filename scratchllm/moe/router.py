@@ -18,6 +18,8 @@ Both normalisations are the same map u -> u / sum(u), so one pair (normalise) se
 Group-limited routing (DeepSeek-V3, n_group > 1): the E experts form n_group groups of E/n_group
 in order; a group scores the sum of its top-2 values of q + b; K is the top-k of q + b
 inside the topk_group best groups. Like the bias, the group limit only selects.
+The options (score, top_k, the group limit, norm_topk_prob, r, a logit bias or none) are one
+RouterSpec (scratchllm.specs), validated where it is made.
 
 Glossary: BT tokens (rows), D model width, E experts, K top-k (k in code), n_group groups.
 """
@@ -26,8 +28,8 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core import ops
-from scratchllm.core.validate import (expect_dout, expect_douts, expect_float, expect_shape,
-                                      expect_instance)
+from scratchllm.core.validate import (expect_dout, expect_douts, expect_float,
+                                      expect_instance, expect_shape)
 from scratchllm.specs import RouterSpec
 
 
