@@ -121,7 +121,7 @@ def indexer_kl_loss_backward(dloss, cache):
         dL/dI[t, s] = (softmax(I_t)[s] sum_s' p_ts' - p_ts) / N = (softmax(I_t)[s] - p_ts) / N,
     zero at the keys not allowed (softmax is 0 there and so is p).
     The loss is the DeepSeek-V3.2-Exp report's (section 2.1); the gradient is derived here.
-    Reference: grads/cases.py indexer_kl_loss (checked by finite differences)."""
+    Reference: grads/cases/attention.py indexer_kl_loss (checked by finite differences)."""
     expect_dout("indexer_kl_loss_backward", dloss, (), cache.log_q.dtype, name="dloss")
     log_q, target, n_rows = cache
     q = np.exp(log_q)  # (B, Tq, Tk), 0 where not allowed
