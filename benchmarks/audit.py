@@ -88,11 +88,13 @@ def linear_float32_dy():
 
 
 def moe_transposed_dy():
-    from scratchllm.moe import MoEOut, moe_backward, moe_forward
+    from scratchllm.moe import MoEOut, MoEWeights, moe_backward, moe_forward
+    from scratchllm.specs import ExpertsSpec, MoESpec, RouterSpec
     r, (D, E, F) = _rng(), (4, 3, 5)
-    out, c = moe_forward(r.standard_normal((6, D)), r.standard_normal((D, E)),
-                         r.standard_normal((E, D, F)), r.standard_normal((E, D, F)),
-                         r.standard_normal((E, F, D)), k=2)
+    x = r.standard_normal((6, D))
+    w = MoEWeights(r.standard_normal((D, E)), None, r.standard_normal((E, D, F)),
+                   r.standard_normal((E, D, F)), r.standard_normal((E, F, D)))
+    out, c = moe_forward(x, w, spec=MoESpec(RouterSpec(E, 2), ExpertsSpec(d_ff=F)))
     return moe_backward(MoEOut(np.ones((D, 6)), None, None), c)
 
 
@@ -270,8 +272,9 @@ def zoh_huge_delta():
 
 def sigmoid_router_underflow():
     from scratchllm.moe import router_forward
+    from scratchllm.specs import RouterSpec
     x = np.full((1, 2), -500.0)
-    out, _ = router_forward(x, np.eye(2) * 2, k=2, score="sigmoid")
+    out, _ = router_forward(x, np.eye(2) * 2, spec=RouterSpec(2, 2, "sigmoid"))
     return out.gates  # right answer: finite gates summing to 1
 
 

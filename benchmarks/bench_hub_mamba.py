@@ -38,9 +38,9 @@ def _env():
 
 def make_checkpoint(directory):
     import numpy as np
-    from scratchllm.hub import from_hf_config, save_pretrained
-    from scratchllm.lm import LM, ModelConfig
-    cfg = ModelConfig(**from_hf_config(MAMBA_130M))
+    from scratchllm.hub import config_from_flat, family_named, save_pretrained
+    from scratchllm.lm import LM
+    cfg = config_from_flat(family_named("mamba").from_hf(MAMBA_130M))
     save_pretrained(LM(cfg, rng=np.random.default_rng(0)), directory)
 
 

@@ -69,15 +69,17 @@ HF_FIXTURES = tuple(f for f in HF_CONFIGS if f != "gpt_oss")  # the families lm_
 
 
 def hub_model(family, rng):
-    """The float64 LM of HF_CONFIGS[family] (through the hub's from_hf_config), its weights
-    drawn from rng so that every path matters: matrices N(0, 1/fan_in) (routers x 3, for
-    decisive routing), embeddings and sink logits N(0, 1), norm gains 1 + N(0, 0.1^2), other
-    vectors N(0, 0.1^2); Mamba's A_log = log(1..N) + N(0, 0.2^2), b_dt N(-1, 0.5^2) (Δ ~ 0.3),
-    D 1 + N(0, 0.3^2), conv_w N(0, 1/kernel); a selection bias N(0, 0.1^2) for DeepSeek-V3."""
-    from scratchllm.hub import from_hf_config
-    from scratchllm.lm import LM, ModelConfig
-    hf = HF_CONFIGS[family]
-    model = LM(ModelConfig(**from_hf_config(hf)).validate(), rng=rng, dtype=np.float64)
+    """The float64 LM of HF_CONFIGS[family] (through its record in the hub's registry), its
+    weights drawn from rng so that every path matters: matrices N(0, 1/fan_in) (routers x 3,
+    for decisive routing), embeddings and sink logits N(0, 1), norm gains 1 + N(0, 0.1^2),
+    other vectors N(0, 0.1^2); Mamba's A_log = log(1..N) + N(0, 0.2^2), b_dt N(-1, 0.5^2)
+    (Δ ~ 0.3), D 1 + N(0, 0.3^2), conv_w N(0, 1/kernel); the buffers the family saves
+    (DeepSeek-V3's selection bias) N(0, 0.1^2)."""
+    from scratchllm.hub import config_from_flat, family_named, flat_of
+    from scratchllm.lm import LM
+    record = family_named(HF_CONFIGS[family]["model_type"])
+    cfg = config_from_flat(record.from_hf(HF_CONFIGS[family]))
+    model = LM(cfg, rng=rng, dtype=np.float64)
     for name, p in model.named_parameters():
         leaf, shape = name.rsplit(".", 1)[-1], p.data.shape
         noise = rng.standard_normal(shape)
@@ -92,10 +94,10 @@ def hub_model(family, rng):
         else:
             value = 1 + 0.1 * noise if "norm" in name else 0.1 * noise
         p.data[...] = value
-    if hf["model_type"] == "deepseek_v3":
-        for name, b in model.named_buffers():
-            if name.endswith("selection_bias"):
-                b[...] = 0.1 * rng.standard_normal(b.shape)
+    saved = {lib for e in record.names(model, flat_of(cfg)) if e.buffer for lib in e.lib}
+    for name, b in model.named_buffers():
+        if name in saved:
+            b[...] = 0.1 * rng.standard_normal(b.shape)
     return model
 
 
@@ -104,6 +106,7 @@ def lm_hub(rng):
     """d loss / d every Param of a tiny model of each Hugging Face family of HF_FIXTURES, in
     float64 (2 random directions per Param; weights, ids and directions from a seed of the
     family's own)."""
+    from scratchllm.hub import flat_of
     from scratchllm.lm import loss_pair
     reports = []
     for family in HF_FIXTURES:
@@ -112,9 +115,10 @@ def lm_hub(rng):
         fam_rng = np.random.default_rng(zlib.crc32(family.encode()))
         model = hub_model(family, fam_rng)
         forward, backward, params = loss_pair(model)
+        f = flat_of(model.cfg)
         # Without RoPE (GPT-2) a key bias adds q . bk to every score of a query's row, which
         # softmax ignores: d loss / d bk = 0 exactly, so there is nothing to compare.
-        wrt = [n for n in params if not (n.endswith(".bk") and model.cfg.positions != "rope")]
+        wrt = [n for n in params if not (n.endswith(".bk") and f.positions != "rope")]
         # Mamba layers: the dt path (W_dt, A_log, b_dt, ...) moves the loss little, so at
         # h = 1e-5 round-off reaches ~1e-7 of those gradients (Mamba-1's W_dt: kinks at
         # 1e-7 to 5e-7 on 2 of 4 seeds, and at 3e-5 on 1 of 4); with attention layers, at
@@ -122,7 +126,7 @@ def lm_hub(rng):
         # So h = 1e-4 for Mamba layers alone (below 3e-8 on 8 seeds) and 3e-5 with
         # attention (below 6e-8 on 4 seeds). Jamba's gradients equal torch autograd to 2e-14
         # (tests/hub/test_ssm_families.py).
-        kinds = model.cfg.layer_kinds()
+        kinds = f.layer_pattern or ""  # None: attention only
         h = (1e-4 if set(kinds) == {"M"} else 3e-5) if "M" in kinds else 1e-5
         reports.append(check(forward, backward, rng=fam_rng, max_full=0, n_directions=2, wrt=wrt,
                              label=family, fd_step=h, **_hub_ids(model, fam_rng), **params))
@@ -132,8 +136,9 @@ def lm_hub(rng):
 def _hub_ids(model, rng, margin=1e-3):
     """ids, targets (2, 7); with MoE layers, drawn again until every router's top-k choice is
     at least `margin` from a tie (no finite-difference step flips it)."""
+    from scratchllm.hub import flat_of
     from scratchllm.moe import selection_margin
-    V = model.cfg.vocab_size
+    V = flat_of(model.cfg).vocab_size
     while True:
         data = dict(ids=rng.integers(0, V, (2, 7)), targets=rng.integers(0, V, (2, 7)))
         moe = [layer.ffn for layer in model.layers if layer.moe]
@@ -141,8 +146,8 @@ def _hub_ids(model, rng, margin=1e-3):
             return data
         blocks = model.forward(data["ids"])[1].blocks
         routers = [c.ffn.router for c, layer in zip(blocks, model.layers) if layer.moe]
-        if all(selection_margin(r.score_cache.y + f.selection_bias, f.k, f.routing["n_group"],
-                                f.routing["topk_group"]).min() > margin
+        if all(selection_margin(r.score_cache.y + f.selection_bias, f.spec.router.top_k,
+                                f.spec.router.n_group, f.spec.router.topk_group).min() > margin
                for r, f in zip(routers, moe)):
             return data
 

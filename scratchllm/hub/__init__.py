@@ -1,12 +1,14 @@
-"""Hugging Face checkpoints as scratchllm models: config.json families (families; Mamba and
-Jamba in families_ssm, the MoE ones in families_moe), the tensor names (names, names_ssm,
-names_moe) and layouts (layout), the choice between them (catalog), and loading, saving and
-inspecting them (pretrained).
+"""Hugging Face checkpoints as scratchllm models: one registry of families (registry.py; one
+record per model_type in families/: its config.json mapping both ways, its tensor names and
+checks), the tensor layouts (layout.py), and loading, saving and inspecting checkpoints
+(pretrained.py).
 
 Stands on lm and what lm stands on; train and cli may import it."""
-from .catalog import FAMILIES, family_of, from_hf_config, to_hf_config
+from .families.base import Family
 from .pretrained import (eos_ids, grad_dict, load_pretrained, load_tokenizer, read_hf_config,
                          save_pretrained, state_dict)
+from .registry import FAMILIES, config_from_flat, family_for, family_named, flat_of
 
-__all__ = ["FAMILIES", "eos_ids", "family_of", "from_hf_config", "grad_dict", "load_pretrained",
-           "load_tokenizer", "read_hf_config", "save_pretrained", "state_dict", "to_hf_config"]
+__all__ = ["FAMILIES", "Family", "config_from_flat", "eos_ids", "family_for", "family_named",
+           "flat_of", "grad_dict", "load_pretrained", "load_tokenizer", "read_hf_config",
+           "save_pretrained", "state_dict"]

@@ -1,5 +1,5 @@
-"""One Hugging Face tensor as a view of library arrays: the Entry of the name tables (names.py,
-names_ssm.py, names_moe.py) and the three conversions every table shares.
+"""One Hugging Face tensor as a view of library arrays: the Entry that every family's names()
+gives (families/), and the three conversions they share.
 
 An HF tensor is built from the library arrays `lib` (Params, or buffers) by
     1. taking slice [expert] of each (a stacked (E, ...) expert Param, when expert is set),

@@ -1,6 +1,7 @@
 """Load, save and inspect Hugging Face checkpoints as scratchllm LMs.
 
-A checkpoint directory holds config.json (the architecture, catalog.py) and the weights in
+A checkpoint directory holds config.json (the architecture: its model_type's record in
+registry.py, chosen once per load or save and passed along) and the weights in
 safetensors files: model.safetensors, or shards listed by model.safetensors.index.json
 ({"weight_map": {tensor name: file name}}). safetensors' NumPy API reads float32, float16 and
 bfloat16 (through ml_dtypes) into arrays; torch is never imported.
@@ -8,13 +9,13 @@ bfloat16 (through ml_dtypes) into arrays; torch is never imported.
     load_pretrained(path, dtype)  -> LM   every tensor checked by name and shape
     save_pretrained(model, path)          config.json + model.safetensors, loadable by
                                           transformers.AutoModelForCausalLM.from_pretrained
-    state_dict(model), grad_dict(model)   {HF name: array} in HF's layouts (names.py)
+    state_dict(model), grad_dict(model)   {HF name: array} in HF's layouts (the family's
+                                          names: layout.py)
 
 Reference: huggingface/safetensors bindings/python/py_src/safetensors/numpy.py;
 huggingface/transformers src/transformers/modeling_utils.py (the index file, tied weights).
 """
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,16 +24,17 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from scratchllm.hub.catalog import entries, family_of, from_hf_config, to_hf_config
+from scratchllm.core.atomic import atomic_write, write_text
 from scratchllm.hub.layout import from_hf, hf_shape, to_hf
-from scratchllm.hub.names import IGNORED_SUFFIXES
-from scratchllm.lm import LM, ModelConfig
+from scratchllm.hub.registry import config_from_flat, family_for, family_named, flat_of
+from scratchllm.lm import LM
 from scratchllm.tokenizer import from_tokenizer_json
 
 LOAD_THREADS = 2
 CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16,
           "float64": np.float64}
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")  # old buffers
 
 
 class _NoInit:
@@ -74,9 +76,11 @@ def weight_files(path):
 
 
 def _canonical(name, family):
-    """GPT-2 checkpoints saved from GPT2Model (openai-community/gpt2) lack 'transformer.'."""
-    if family == "gpt2" and not name.startswith(("transformer.", "lm_head.")):
-        return "transformer." + name
+    """A tensor's name as the family's names() give it: checkpoints of the headless model
+    (GPT-2's GPT2Model, openai-community/gpt2) leave out the family's bare_prefix."""
+    prefix = family.bare_prefix
+    if prefix and not name.startswith((prefix, "lm_head.")):
+        return prefix + name
     return name
 
 
@@ -104,17 +108,19 @@ def _place(path, e, array, arrays):
     from_hf(e, array, arrays)
 
 
-def _check_names(path, cfg, stored, expected):
+def _check_names(path, f, stored, expected):
+    """ValueError naming the tensors the checkpoint lacks, or has beyond `expected` (the
+    family's names for the config's flat view f)."""
     missing = sorted(expected - set(stored))
     if missing:
         raise ValueError(f"load_pretrained: {path}: tensor(s) {missing[:5]} missing "
-                         f"({len(missing)} in all) for {cfg.name} with {cfg.n_layers} layers")
+                         f"({len(missing)} in all) for {f.name} with {f.n_layers} layers")
     extra = sorted(n for n in set(stored) - expected if not n.endswith(IGNORED_SUFFIXES))
-    if cfg.tie_embeddings and "lm_head.weight" in extra:
+    if f.tie_embeddings and "lm_head.weight" in extra:
         extra.remove("lm_head.weight")  # a tied head saved anyway: it is embed_tokens
     if extra:
         raise ValueError(f"load_pretrained: {path}: unexpected tensor(s) {extra[:5]} "
-                         f"({len(extra)} in all) for {cfg.name} (config.json does not "
+                         f"({len(extra)} in all) for {f.name} (config.json does not "
                          f"describe them)")
 
 
@@ -131,11 +137,13 @@ def load_pretrained(path, dtype=np.float32):
         raise ValueError(f"load_pretrained: dtype must be float32 or float64 (the compute "
                          f"dtype), got {np.dtype(dtype)}")
     hf = read_hf_config(path)
-    cfg = ModelConfig(**from_hf_config(hf)).validate()
+    family = family_named(hf.get("model_type"))
+    cfg = config_from_flat(family.from_hf(hf))
     model = LM(cfg, rng=_NoInit(), dtype=dtype)
-    stored = {_canonical(n, cfg.name): (f, n) for n, f in weight_files(path).items()}
-    table = entries(model)
-    _check_names(path, cfg, stored, {e.hf for e in table})
+    f = flat_of(cfg)
+    stored = {_canonical(n, family): (file, n) for n, file in weight_files(path).items()}
+    table = family.names(model, f)
+    _check_names(path, f, stored, {e.hf for e in table})
     _load_into(path, stored, {e.hf: e for e in table}, _library_arrays(model, "data"))
     model.hf_config = hf
     return model
@@ -148,41 +156,52 @@ def _library_arrays(model, attr):
     return {**arrays, **dict(model.named_buffers())} if attr == "data" else arrays
 
 
-def _hf_arrays(model, attr):
+def _hf_arrays(model, table, attr):
+    """{HF name: array} of the Params' `attr` (data: and the buffers; grad), for the Entries
+    of `table` (a family's names)."""
     arrays = _library_arrays(model, attr)
-    return {e.hf: to_hf(e, arrays) for e in entries(model) if attr == "data" or not e.buffer}
+    return {e.hf: to_hf(e, arrays) for e in table if attr == "data" or not e.buffer}
+
+
+def _table(model):
+    """The Entries of the family the model's config saves as."""
+    f = flat_of(model.cfg)
+    return family_for(f).names(model, f)
 
 
 def state_dict(model):
     """{HF parameter name: weight} in HF's layouts (a projection weight is (out, in)); copies
     where the layout differs. A tied head appears once, as model.embed_tokens.weight."""
-    return _hf_arrays(model, "data")
+    return _hf_arrays(model, _table(model), "data")
 
 
 def grad_dict(model):
     """{HF parameter name: gradient} after a backward, in the layouts of state_dict."""
-    return _hf_arrays(model, "grad")
+    return _hf_arrays(model, _table(model), "grad")
 
 
 def save_pretrained(model, path, dtype=None):
     """Write config.json and model.safetensors for transformers' from_pretrained.
 
-    Inputs: model an LM of a family in families.py; path a directory (created);
-            dtype "float32" | "float16" | "bfloat16" | "float64" (default: the model's).
+    Inputs: model an LM whose config a family of registry.py expresses (family_for); path a
+            directory (created); dtype "float32" | "float16" | "bfloat16" | "float64"
+            (default: the model's).
+    Raises: ValueError naming what the family cannot express, before anything is written.
     """
-    family_of(model.cfg)  # an error for an LM that no family covers, before writing
+    f = flat_of(model.cfg)
+    family = family_for(f)
     name = dtype or np.dtype(model.dtype).name
     if name not in DTYPES:
         raise ValueError(f"save_pretrained: dtype must be one of {sorted(DTYPES)}, got {name!r}")
+    hf = family.to_hf(f, name, getattr(model, "hf_config", None))
+    tensors = {k: v.astype(DTYPES[name], copy=False)
+               for k, v in _hf_arrays(model, family.names(model, f), "data").items()}
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.astype(DTYPES[name], copy=False) for k, v in state_dict(model).items()}
-    tmp = path / f"{WEIGHTS}.tmp-{os.getpid()}"
-    save_file(tensors, tmp, metadata={"format": "pt"})
-    os.replace(tmp, path / WEIGHTS)
+    atomic_write(path / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     (path / INDEX).unlink(missing_ok=True)  # a shard index left there would win on loading
-    hf = to_hf_config(model.cfg, name, getattr(model, "hf_config", None))
-    (path / CONFIG).write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
+    write_text(path / CONFIG, json.dumps(hf, indent=2) + "\n")
+
 
 
 def load_tokenizer(path):

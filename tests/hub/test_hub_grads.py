@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 
 from grads.cases import CASES, HF_FIXTURES
-from scratchllm.hub import load_pretrained
+from scratchllm.hub import flat_of, load_pretrained
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 
@@ -20,7 +20,7 @@ def test_every_loaded_family_passes_its_gradient_check():
 def test_gpt2_key_bias_gradient_is_zero():
     """softmax(s + c) = softmax(s) for a per-row constant c = q . bk."""
     model = load_pretrained(HF / "gpt2", dtype=np.float64)
-    ids = np.random.default_rng(0).integers(0, model.cfg.vocab_size, (2, 7))
+    ids = np.random.default_rng(0).integers(0, flat_of(model.cfg).vocab_size, (2, 7))
     loss, cache = model.loss(ids, np.roll(ids, -1, axis=1))
     model.loss_backward(1.0, cache)
     bk = model.layers[0].mixer.bk.grad

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from scratchllm.hub import grad_dict, load_pretrained, save_pretrained, state_dict
+from scratchllm.hub import flat_of, grad_dict, load_pretrained, save_pretrained, state_dict
 from scratchllm.lm import LM, preset
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 FAMILIES = ["llama", "llama_yarn", "llama_linear", "llama_dynamic", "mistral", "qwen2", "qwen3",
             "gemma3", "gpt2",
             "mamba", "jamba"]  # tools/make_hf_fixtures_ssm.py
-FAMILIES += ["gpt_oss"]  # issue 13: sinks, sliding/full layer_types, biased router, clamped experts
+FAMILIES += ["gpt_oss"]  # sinks, sliding/full layer_types, biased router, clamped experts
 FAMILIES += ["mixtral", "deepseek_v3", "deepseek_v3_plain"]  # tools/make_hf_fixtures_moe.py
 
 
@@ -69,7 +69,7 @@ def test_greedy_ids_and_cached_decoding(family):
     state = model.init_state(1, len(seq) + n_new)
     for pos, t in enumerate(seq):
         logits = model.decode(np.array([t]), state, pos)  # (1, V)
-    scaling = model.cfg.rope_scaling or {}
+    scaling = flat_of(model.cfg).rope_scaling or {}
     for _ in range(n_new):
         full, _ = model.forward(np.array([seq]))  # (1, t, V)
         grown = scaling.get("rope_type") == "dynamic" and len(seq) > scaling[
@@ -107,9 +107,10 @@ def test_dense_preset_saved_loads_in_transformers():
     gives the same bytes, and load_pretrained of it gives transformers' logits."""
     ref = dict(np.load(HF / "dense" / "expected.npz"))
     model = load_pretrained(HF / "dense", dtype=np.float64)
-    assert model.cfg.name == "llama"
+    f = flat_of(model.cfg)
+    assert f.name == "llama"
     assert rel_err(model.forward(ref["ids"])[0], ref["logits"]) < 1e-9
-    V = model.cfg.vocab_size
+    V = f.vocab_size
     fresh = LM(preset("dense", vocab_size=V, d_model=24, n_layers=2, n_heads=4, n_kv_heads=2,
                       d_ff=40), rng=np.random.default_rng(0))
     committed = load_file(HF / "dense" / "model.safetensors")

@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from scratchllm.attention.kv_state import LatentKVState
-from scratchllm.hub import grad_dict, load_pretrained, save_pretrained, state_dict
+from scratchllm.hub import flat_of, grad_dict, load_pretrained, save_pretrained, state_dict
 from scratchllm.lm import LM, preset
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
@@ -30,7 +30,7 @@ def test_presets_saved_load_in_transformers(name, family):
     ref = dict(np.load(HF / name / "expected.npz"))
     assert ref["from_pretrained_float32_rel_err"] < 1e-5
     model = load_pretrained(HF / name, dtype=np.float64)
-    assert model.cfg.name == family
+    assert flat_of(model.cfg).name == family
     assert rel_err(model.forward(ref["ids"])[0], ref["logits"]) < 1e-9
     fields = json.loads(str(ref["preset"]))
     fresh = LM(preset(name, **fields), rng=np.random.default_rng(0))
@@ -51,7 +51,7 @@ def test_mla_preset_keeps_its_selection_bias_as_the_correction_bias():
     hf = json.loads((HF / "mla" / "config.json").read_text())
     assert not {"bias_gamma", "balance_coef", "z_coef"} & set(hf)
     model = load_pretrained(HF / "mla")
-    assert model.cfg.bias_gamma == 0.0
+    assert flat_of(model.cfg).bias_gamma == 0.0
     committed = load_file(HF / "mla" / "model.safetensors")
     for i, layer in enumerate(model.layers):
         bias = committed[f"model.layers.{i}.mlp.gate.e_score_correction_bias"]
@@ -66,12 +66,14 @@ def test_deepseek_v3_layers():
     assert model.layers[0].ffn.W1.data.shape == (16, 24)
     moe = model.layers[1].ffn
     assert moe.w1.data.shape == (8, 16, 8) and moe.shared_w1.data.shape == (16, 8)
-    assert moe.routing == dict(n_group=4, topk_group=2, norm_topk_prob=True,
-                               routed_scaling_factor=2.5)
+    r = moe.spec.router
+    assert (r.n_group, r.topk_group, r.norm_topk_prob, r.routed_scaling_factor) == (4, 2, True,
+                                                                                   2.5)
     assert model.layers[0].mixer.wq_a.data.shape == (16, 12)
     plain = load_pretrained(HF / "deepseek_v3_plain")
     assert plain.layers[0].mixer.wq.data.shape == (16, 4 * 8)
-    assert plain.cfg.rope_style == "half" and model.cfg.rope_style == "interleaved"
+    assert flat_of(plain.cfg).rope_style == "half"
+    assert flat_of(model.cfg).rope_style == "interleaved"
     assert plain.layers[0].ffn.shared_w1.data.shape == (16, 16)  # 2 shared experts
 
 

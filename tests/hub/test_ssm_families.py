@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from scratchllm.hub import from_hf_config, load_pretrained, save_pretrained, state_dict
-from scratchllm.hub.families_ssm import to_ssm_config
-from scratchllm.lm import LM, ModelConfig, preset
+from scratchllm.hub import (config_from_flat, family_named, flat_of, load_pretrained,
+                            save_pretrained, state_dict)
+from scratchllm.lm import LM, preset
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 HYBRID = dict(d_model=16, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=24, n_experts=4, top_k=2,
@@ -26,11 +26,13 @@ def rel_err(a, b):
 
 def test_jamba_layer_periods_and_offsets():
     """Attention at i % 2 == 0, MoE at i % 3 == 1 (the jamba fixture's config.json)."""
-    cfg = ModelConfig(**from_hf_config(json.loads((HF / "jamba" / "config.json").read_text())))
-    assert cfg.layer_pattern == "AMAMA"
-    assert [cfg.is_moe_layer(i) for i in range(5)] == [False, True, False, False, True]
-    assert (cfg.positions, cfg.norm_topk_prob, cfg.mamba_inner_norms) == ("nope", False, True)
-    hf = to_ssm_config(cfg, "jamba", "float32")
+    jamba = family_named("jamba")
+    f = flat_of(config_from_flat(jamba.from_hf(json.loads((HF / "jamba" / "config.json")
+                                                          .read_text()))))
+    assert f.layer_pattern == "AMAMA"
+    assert (f.ffn, f.moe_every, f.moe_offset, f.first_k_dense) == ("moe", 3, 1, 0)
+    assert (f.positions, f.norm_topk_prob, f.mamba_inner_norms) == ("nope", False, True)
+    hf = jamba.to_hf(f, "float32")
     assert (hf["attn_layer_period"], hf["attn_layer_offset"]) == (2, 0)
     assert (hf["expert_layer_period"], hf["expert_layer_offset"]) == (3, 1)
 
@@ -38,7 +40,7 @@ def test_jamba_layer_periods_and_offsets():
 def test_mamba_defaults_and_fields_without_effect():
     """time_step_rank "auto" is ceil(D / 16); residual_in_fp32 and the time_step_* init fields
     change nothing in float32/float64 and are accepted."""
-    fields = from_hf_config(dict(model_type="mamba", vocab_size=50, hidden_size=40,
+    fields = family_named("mamba").from_hf(dict(model_type="mamba", vocab_size=50, hidden_size=40,
                                  num_hidden_layers=3, time_step_rank="auto",
                                  residual_in_fp32=False, time_step_min=0.01))
     assert (fields["dt_rank"], fields["layer_pattern"], fields["ffn"]) == (3, "MMM", "none")
@@ -67,9 +69,10 @@ def test_hybrid_preset_saved_loads_in_transformers():
     ref = dict(np.load(HF / "hybrid_jamba" / "expected.npz"))
     assert ref["from_pretrained_float32_rel_err"] < 1e-5
     model = load_pretrained(HF / "hybrid_jamba", dtype=np.float64)
-    assert (model.cfg.name, model.cfg.layer_pattern) == ("jamba", "MAMA")
+    f = flat_of(model.cfg)
+    assert (f.name, f.layer_pattern) == ("jamba", "MAMA")
     assert rel_err(model.forward(ref["ids"])[0], ref["logits"]) < 1e-9
-    V = model.cfg.vocab_size
+    V = f.vocab_size
     fresh = LM(preset("hybrid", vocab_size=V, **HYBRID, **JAMBA_OPTIONS),
                rng=np.random.default_rng(0))
     committed = load_file(HF / "hybrid_jamba" / "model.safetensors")

@@ -1,6 +1,5 @@
-"""The gpt-oss family (model_type "gpt_oss") as a ModelConfig: config.json -> ModelConfig
-(`from_hf_config`), back (`to_hf_config`), and its tensor names (`entries`). No math here:
-every piece is an option of the library's pairs.
+"""The gpt_oss family (OpenAI's gpt-oss). No math here: every piece is an option of the
+library's pairs.
 
     attention  GQA with biases on q, k, v and o, and a learned sink logit per head (a softmax
                column with no value: sdpa_forward / flash_sdpa_forward `sinks=`);
@@ -13,7 +12,7 @@ every piece is an option of the library's pairs.
                e = (gate sigmoid(alpha gate) (up + 1)) W_down + b_down: clamped_swiglu_forward)
     norms      RMSNorm pre-norm (gain g), untied head by default
 
-Names (model.layers.i. prefix; the rest as llama's in names.py):
+Names (model.layers.i. prefix; the rest as llama's: base.py's LAYER_NAMES):
 
     library                         transformers (gpt_oss)
     mixer.sinks (H,)                self_attn.sinks (H,)
@@ -33,8 +32,8 @@ Reference: huggingface/transformers src/transformers/models/gpt_oss/modeling_gpt
 configuration_gpt_oss.py (the defaults below).
 Glossary: D model width, H query heads, E experts, F expert hidden width, W window.
 """
-from scratchllm.hub.families import ARCHITECTURES, rope_of
-from scratchllm.hub.names import LAYER_NAMES, named_entries
+from scratchllm.hub.families.base import (DECODER_FIELDS, LAYER_NAMES, Family, decoder_entries,
+                                          differences, head_dim, over, refuse, require, rope_of)
 
 _DEFAULTS = dict(num_local_experts=128, num_experts_per_tok=4, head_dim=64,
                  num_key_value_heads=8, sliding_window=128, tie_word_embeddings=False,
@@ -44,8 +43,12 @@ _DEFAULTS = dict(num_local_experts=128, num_experts_per_tok=4, head_dim=64,
 _DEFAULT_ROPE = dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0,
                      truncate=False, original_max_position_embeddings=4096,
                      rope_theta=150000.0)
-_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-             "num_attention_heads")
+_NEEDS = dict(attention="gqa", positions="rope", rope_style="half", attn_sinks=True,
+              qk_norm=False, n_sink=0, block="pre", norm="rmsnorm", norm_offset=0.0,
+              embed_scale=False, attn_scale=None, layer_pattern=None, ffn="moe", moe_every=1,
+              experts="clamped", router_bias=True, score="softmax", norm_topk_prob=True,
+              n_shared=0, capacity_factor=None, n_group=1, routed_scaling_factor=1.0,
+              rope_local_base=None, bias_gamma=0.0, z_coef=0.0)
 _LAYER = dict({k: v for k, v in LAYER_NAMES.items() if not k.startswith("ffn.")}, **{
     "mixer.sinks": ("self_attn.sinks", False), "mixer.bo": ("self_attn.o_proj.bias", False),
     "ffn.w_router": ("mlp.router.weight", True), "ffn.b_router": ("mlp.router.bias", False),
@@ -55,15 +58,8 @@ _LAYER = dict({k: v for k, v in LAYER_NAMES.items() if not k.startswith("ffn.")}
     "ffn.down_b": ("mlp.experts.down_proj_bias", False)})
 
 
-def _fail(msg):
-    raise ValueError(f"load_pretrained: config.json: {msg}")
-
-
-def from_hf_config(hf):
-    """ModelConfig fields (a dict) of a gpt_oss config.json dict."""
-    missing = [k for k in _REQUIRED if k not in hf]
-    if missing:
-        _fail(f"missing field(s) {missing} (model_type 'gpt_oss')")
+def _from_hf(hf):
+    require(hf, DECODER_FIELDS, "gpt_oss")
     hf = {**_DEFAULTS, **hf}
     if hf.get("rope_parameters") is None and hf.get("rope_scaling") is None:
         hf["rope_parameters"] = dict(_DEFAULT_ROPE, rope_theta=hf.get("rope_theta", 150000.0))
@@ -85,49 +81,34 @@ def from_hf_config(hf):
         balance_coef=float(hf["router_aux_loss_coef"]) if hf["output_router_logits"] else 0.0)
 
 
-_FIXED = dict(attention="gqa", positions="rope", rope_style="half", attn_sinks=True,
-              qk_norm=False, n_sink=0, block="pre", norm="rmsnorm", norm_offset=0.0,
-              embed_scale=False, attn_scale=None, layer_pattern=None, ffn="moe", moe_every=1,
-              experts="clamped", router_bias=True, score="softmax", norm_topk_prob=True,
-              n_shared=0, capacity_factor=None, n_group=1, routed_scaling_factor=1.0,
-              rope_local_base=None, bias_gamma=0.0, z_coef=0.0)
-
-
-def family_of(cfg):
-    """'gpt_oss' when the ModelConfig is one (the options above); ValueError naming those
-    that differ."""
-    differ = [f"{k}={v!r}" for k, v in _FIXED.items() if getattr(cfg, k) != v]
-    if cfg.qkv_bias != cfg.o_bias:
-        differ.append("qkv_bias == o_bias (attention_bias)")
-    if differ:
-        raise ValueError(f"save_pretrained: a gpt_oss config needs {', '.join(differ)}")
-    return "gpt_oss"
-
-
-def to_hf_config(cfg, dtype_name, base=None):
-    """A gpt_oss config.json dict for the ModelConfig, over `base` (the loaded config.json)."""
-    family_of(cfg)
-    hf = dict(base or {})
-    for key in ("rope_scaling", "rope_parameters", "rope_theta", "torch_dtype",
-                "transformers_version"):
-        hf.pop(key, None)
-    hf["output_router_logits"] = cfg.balance_coef > 0  # the aux loss only with router logits
-    if cfg.balance_coef > 0:
-        hf["router_aux_loss_coef"] = cfg.balance_coef
-    hf.update(architectures=[ARCHITECTURES["gpt_oss"]], model_type="gpt_oss", vocab_size=cfg.vocab_size,
-              hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
-              num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-              num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.dh, rms_norm_eps=cfg.norm_eps,
-              tie_word_embeddings=cfg.tie_embeddings, attention_bias=cfg.qkv_bias,
-              sliding_window=cfg.window, num_local_experts=cfg.n_experts,
-              num_experts_per_tok=cfg.top_k, swiglu_alpha=cfg.swiglu_alpha,
-              swiglu_limit=cfg.swiglu_limit, dtype=dtype_name,
-              layer_types=list(cfg.layer_types or ["full_attention"] * cfg.n_layers),
-              rope_parameters={"rope_type": "default", **(cfg.rope_scaling or {}),
-                               "rope_theta": cfg.rope_base})
+def _to_hf(f, dtype_name, base=None):
+    hf = over(base, ("rope_scaling", "rope_parameters", "rope_theta"))
+    hf["output_router_logits"] = f.balance_coef > 0  # the aux loss only with router logits
+    if f.balance_coef > 0:
+        hf["router_aux_loss_coef"] = f.balance_coef
+    hf.update(architectures=[GPT_OSS.architecture], model_type=GPT_OSS.model_type,
+              vocab_size=f.vocab_size, hidden_size=f.d_model, intermediate_size=f.d_ff,
+              num_hidden_layers=f.n_layers, num_attention_heads=f.n_heads,
+              num_key_value_heads=f.n_kv_heads, head_dim=head_dim(f), rms_norm_eps=f.norm_eps,
+              tie_word_embeddings=f.tie_embeddings, attention_bias=f.qkv_bias,
+              sliding_window=f.window, num_local_experts=f.n_experts,
+              num_experts_per_tok=f.top_k, swiglu_alpha=f.swiglu_alpha,
+              swiglu_limit=f.swiglu_limit, dtype=dtype_name,
+              layer_types=list(f.layer_types or ["full_attention"] * f.n_layers),
+              rope_parameters={"rope_type": "default", **(f.rope_scaling or {}),
+                               "rope_theta": f.rope_base})
     return hf
 
 
-def entries(model):
-    """[names.Entry] for every Param of a gpt_oss LM."""
-    return named_entries(model, _LAYER)
+def _check(f):
+    """_NEEDS, and biases on all of q, k, v, o or none (config.json's one attention_bias)."""
+    differ = differences(f, _NEEDS)
+    if f.qkv_bias != f.o_bias:
+        differ["o_bias"] = f"o_bias={f.qkv_bias!r} (= qkv_bias: attention_bias)"
+    refuse(f, "gpt_oss", differ)
+
+
+GPT_OSS = Family(
+    "gpt_oss", "GptOssForCausalLM", _from_hf, _to_hf,
+    claims=lambda f: f.experts == "clamped",  # the clamped SwiGLU experts are gpt-oss's own
+    check=_check, names=lambda model, f: decoder_entries(model, "gpt_oss", _LAYER))

@@ -1,0 +1,61 @@
+"""The registry of Hugging Face families: every model_type the hub reads and writes, one record
+each (families/base.py's Family: its config.json mapping both ways, its tensor names, its
+architecture and its checks), and the two ways a record is chosen:
+
+    family_named(model_type)  loading: the record of config.json's model_type
+    family_for(f)             saving: the record a config saves as, checked
+
+The chosen record is passed along to what needs it (pretrained.py). The hub builds and
+reads model configs only here: config_from_flat(flat) builds one from the flat names a
+family's from_hf gives; flat_of(cfg) is the flat view every family reads (f.n_heads, ...).
+
+Adding a family is adding its record to a module of families/ and to FAMILIES below.
+"""
+from scratchllm.hub.families.base import fail
+from scratchllm.hub.families.dense import GEMMA3, LLAMA, MISTRAL, QWEN2, QWEN3
+from scratchllm.hub.families.gpt2 import GPT2
+from scratchllm.hub.families.gpt_oss import GPT_OSS
+from scratchllm.hub.families.moe import DEEPSEEK_V3, MIXTRAL
+from scratchllm.hub.families.ssm import JAMBA, MAMBA
+from scratchllm.lm import ModelConfig
+
+FAMILIES = (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA3, GPT2, GPT_OSS, MIXTRAL, DEEPSEEK_V3, MAMBA,
+            JAMBA)
+BY_TYPE = {family.model_type: family for family in FAMILIES}
+
+
+def family_named(model_type):
+    """The record of a config.json's model_type; ValueError listing the supported ones."""
+    if model_type not in BY_TYPE:
+        fail(f"model_type {model_type!r} is not supported; supported: {list(BY_TYPE)}")
+    return BY_TYPE[model_type]
+
+
+def family_for(f):
+    """The record a config (its flat view f) saves as, after its check: the family f.name
+    names when it names one (a loaded checkpoint keeps its model_type as its name), else the
+    family whose shape claims f (a preset's config: dense saves as llama, moe as mixtral, mla
+    as deepseek_v3, hybrid as jamba). ValueError naming what the family cannot express, or
+    that no family has the config's shape."""
+    family = BY_TYPE.get(f.name) or next((r for r in FAMILIES if r.claims(f)), None)
+    if family is None:
+        raise ValueError(
+            f"save_pretrained: config {f.name!r} (attention={f.attention!r}, ffn={f.ffn!r}, "
+            f"layer_pattern={f.layer_pattern!r}, n_sink={f.n_sink}, norm={f.norm!r}, "
+            f"block={f.block!r}) has the shape of none of the families {list(BY_TYPE)}; "
+            f"name it after one (name='llama', ...) to see what that family cannot express")
+    family.check(f)
+    return family
+
+
+def config_from_flat(flat):
+    """The model config of flat names ({"vocab_size": ..., "n_heads": ..., ...}). With the
+    spec configs this becomes scratchllm.specs.from_flat(**flat)."""
+    return ModelConfig(**flat).validate()
+
+
+def flat_of(cfg):
+    """The flat view of a model config: every flat name as an attribute (f.n_heads, f.window,
+    ...), the only way the hub reads a config. Today's ModelConfig is flat itself; with the
+    spec configs this becomes scratchllm.specs.unflat.flat_view(cfg)."""
+    return cfg
