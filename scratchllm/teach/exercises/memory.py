@@ -13,7 +13,7 @@ import numpy as np
 from scratchllm import attention
 from scratchllm.specs import MambaSpec
 from scratchllm.ssm import Mamba
-from scratchllm.teach import arch, sizing
+from scratchllm.teach import arch, rules, sizing
 from scratchllm.teach.drills.bank import assert_close
 from scratchllm.teach.exercises.core import exercise, rng as _rng
 
@@ -32,9 +32,9 @@ LLAMA_3_8B = dict(d_model=4096, n_layers=32, n_kv_heads=8, head_dim=128,
 def _state_vs_sizing(fn):
     llama = arch.get("llama-3-8b")
     mamba = arch.with_mixer(llama, LLAMA_3_8B["mamba"])  # the same D and L, Mamba mixers
-    m = sizing.mamba_state_numbers(mamba)
+    m = rules.mamba_state_numbers(mamba)
     rows = []
-    for T in sizing.CONTEXTS:
+    for T in rules.CONTEXTS:
         got = StateVsCache(*fn(T, **LLAMA_3_8B))
         want = StateVsCache(sizing.kv_cache(llama, T).bytes, 32 * m.chapter * 2,
                             sizing.kv_cache(mamba, T).bytes)
