@@ -38,8 +38,9 @@ def zoh_huge_delta():
 
 def sigmoid_router_underflow():
     from scratchllm.moe import router_forward
+    from scratchllm.specs import RouterSpec
     x = np.full((1, 2), -500.0)
-    out, _ = router_forward(x, np.eye(2) * 2, k=2, score="sigmoid")
+    out, _ = router_forward(x, np.eye(2) * 2, spec=RouterSpec(2, 2, "sigmoid"))
     return out.gates  # right answer: finite gates summing to 1
 
 

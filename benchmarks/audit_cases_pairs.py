@@ -60,11 +60,13 @@ def linear_float32_dy():
 
 
 def moe_transposed_dy():
-    from scratchllm.moe import MoEOut, moe_backward, moe_forward
+    from scratchllm.moe import MoEOut, MoEWeights, moe_backward, moe_forward
+    from scratchllm.specs import ExpertsSpec, MoESpec, RouterSpec
     r, (D, E, F) = rng(), (4, 3, 5)
-    out, c = moe_forward(r.standard_normal((6, D)), r.standard_normal((D, E)),
-                         r.standard_normal((E, D, F)), r.standard_normal((E, D, F)),
-                         r.standard_normal((E, F, D)), k=2)
+    x = r.standard_normal((6, D))
+    w = MoEWeights(r.standard_normal((D, E)), None, r.standard_normal((E, D, F)),
+                   r.standard_normal((E, D, F)), r.standard_normal((E, F, D)))
+    out, c = moe_forward(x, w, spec=MoESpec(RouterSpec(E, 2), ExpertsSpec(d_ff=F)))
     return moe_backward(MoEOut(np.ones((D, 6)), None, None), c)
 
 

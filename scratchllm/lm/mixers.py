@@ -11,6 +11,8 @@ from scratchllm.attention import MLA, Attention
 from scratchllm.core import GeGLU, GeluMLP, LayerNorm, RMSNorm, SwiGLU
 from scratchllm.moe import MoE
 from scratchllm.linear_attention import RecurrentMixer, RWKV4TimeMix
+from scratchllm.specs import (ExpertsSpec, Mamba2Spec, MambaSpec, MoESpec, RecurrentSpec,
+                              RouterSpec, RWKVSpec)
 from scratchllm.ssm import Mamba, Mamba2
 
 RECURRENT = {"L": "linear", "R": "retnet", "G": "gla", "D": "delta"}  # RecurrentMixer kinds
@@ -36,16 +38,17 @@ def make_mixer(cfg, kind, *, rng, dtype, layer=0):
     rope = dict(rope_base=base, rope_scaling=scaling, rope_style=cfg.rope_style, rng=rng,
                 dtype=dtype)
     if kind in RECURRENT:
-        return RecurrentMixer(cfg.d_model, cfg.n_heads, RECURRENT[kind], rng=rng, dtype=dtype)
+        spec = RecurrentSpec(RECURRENT[kind], cfg.n_heads)
+        return RecurrentMixer(cfg.d_model, spec, rng=rng, dtype=dtype)
     if kind == "S":
-        return Mamba2(cfg.d_model, n_heads=cfg.n_heads, d_state=cfg.d_state, expand=cfg.expand,
-                      d_conv=cfg.d_conv, rng=rng, dtype=dtype)
+        spec = Mamba2Spec(cfg.n_heads, cfg.d_state, cfg.expand, cfg.d_conv)
+        return Mamba2(cfg.d_model, spec, rng=rng, dtype=dtype)
     if kind == "W":
-        return RWKV4TimeMix(cfg.d_model, rng=rng, dtype=dtype)
+        return RWKV4TimeMix(cfg.d_model, RWKVSpec(), rng=rng, dtype=dtype)
     if kind == "M":
-        return Mamba(cfg.d_model, d_state=cfg.d_state, d_conv=cfg.d_conv, expand=cfg.expand,
-                     dt_rank=cfg.dt_rank, inner_norms=cfg.mamba_inner_norms,
-                     norm_eps=cfg.norm_eps, rng=rng, dtype=dtype)
+        spec = MambaSpec(cfg.d_state, cfg.d_conv, cfg.expand, cfg.dt_rank,
+                         cfg.mamba_inner_norms, cfg.norm_eps)
+        return Mamba(cfg.d_model, spec, rng=rng, dtype=dtype)
     if cfg.attention == "mla":
         return MLA(cfg.d_model, cfg.n_heads, kv_lora_rank=cfg.kv_lora_rank,
                    qk_nope_head_dim=cfg.qk_nope_head_dim, qk_rope_head_dim=cfg.qk_rope_head_dim,
@@ -71,13 +74,13 @@ def make_ffn(cfg, moe, *, rng, dtype):
         return GeGLU(cfg.d_model, cfg.d_ff, rng=rng, approximate=cfg.gelu_approx, dtype=dtype)
     if not moe:  # a dense layer (of an MoE model: dense_d_ff wide, DeepSeek-V3)
         return SwiGLU(cfg.d_model, cfg.dense_d_ff or cfg.d_ff, rng=rng, dtype=dtype)
-    return MoE(cfg.d_model, cfg.d_ff, cfg.n_experts, cfg.top_k,
-               capacity_factor=cfg.capacity_factor, d_shared=cfg.n_shared * cfg.d_ff,
-               score=cfg.score, router_bias=cfg.router_bias, n_group=cfg.n_group,
-               topk_group=cfg.topk_group, norm_topk_prob=cfg.norm_topk_prob,
-               routed_scaling_factor=cfg.routed_scaling_factor, experts=cfg.experts,
-               swiglu_alpha=cfg.swiglu_alpha, swiglu_limit=cfg.swiglu_limit, rng=rng,
-               dtype=dtype)
+    router = RouterSpec(cfg.n_experts, cfg.top_k, cfg.score, cfg.router_bias, cfg.n_group,
+                        cfg.topk_group, cfg.norm_topk_prob, cfg.routed_scaling_factor,
+                        cfg.bias_gamma)
+    experts = ExpertsSpec(cfg.experts, cfg.d_ff, cfg.swiglu_alpha, cfg.swiglu_limit)
+    return MoE(cfg.d_model, MoESpec(router, experts, cfg.capacity_factor,
+                                    cfg.n_shared * cfg.d_ff, cfg.balance_coef, cfg.z_coef),
+               rng=rng, dtype=dtype)
 
 
 def make_norm(cfg, dtype):

@@ -52,7 +52,7 @@ def _state_vs_library(fn):
     sizes = dict(d_model=12, n_layers=1, n_kv_heads=1, head_dim=4,
                  mamba=MambaSpec(d_state=5, d_conv=3, expand=2), itemsize=8)
     att = attention.Attention(12, 3, 1, rng=rng, dtype=np.float64)
-    mamba = Mamba(12, d_state=5, d_conv=3, expand=2, rng=rng, dtype=np.float64)
+    mamba = Mamba(12, MambaSpec(d_state=5, d_conv=3, expand=2), rng=rng, dtype=np.float64)
     kv_state, m_state = att.init_state(B, T), mamba.init_state(B, T)
     for t in range(T):  # decode T tokens: the cache fills, the state stays the same size
         x_t = rng.standard_normal((B, 12))

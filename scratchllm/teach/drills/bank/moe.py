@@ -4,6 +4,7 @@ import numpy as np
 
 from scratchllm import moe
 from scratchllm.core import ops
+from scratchllm.specs import ExpertsSpec, MoESpec, RouterSpec
 from scratchllm.teach.drills.bank._common import assert_close, drill, gradient_check, seeded_rng
 
 
@@ -65,7 +66,8 @@ def _balance_rows(fn):
     ("k = E: the gates are the full softmax", lambda fn: _router_vs_library(fn, 5)),
 ])
 def _topk_router_forward(x, w_router, k):
-    (gates, topk_idx, _, _), _ = moe.router_forward(x, w_router, k=k)
+    spec = RouterSpec(n_experts=w_router.shape[1], top_k=k)
+    (gates, topk_idx, _, _), _ = moe.router_forward(x, w_router, spec=spec)
     return gates, topk_idx
 
 
@@ -103,7 +105,8 @@ def _moe_inputs(E=4, D=6, F=5):
     ("k = 1: the argmax expert, gate 1", lambda fn: _moe_top1(fn)),
 ])
 def _moe_forward(x, w_router, w1, w3, w2, k):
-    return moe.moe_forward(x, w_router, w1, w3, w2, k=k)[0].y
+    spec = MoESpec(RouterSpec(n_experts=w1.shape[0], top_k=k), ExpertsSpec(d_ff=w1.shape[2]))
+    return moe.moe_forward(x, moe.MoEWeights(w_router, None, w1, w3, w2), spec=spec)[0].y
 
 
 def _expert_outputs(x, w1, w3, w2):
