@@ -3,15 +3,11 @@ masks, decoding states, the Tokenizer's methods, and sizes. Each case's `want` i
 answer: ERROR (a clear error) or the value it must return."""
 import numpy as np
 
-ERROR = "error"
-
-
-def _rng():
-    return np.random.default_rng(0)
+from audit_common import ERROR, rng
 
 
 def _qkv(T=4):
-    q = _rng().standard_normal((1, 2, T, 4))
+    q = rng().standard_normal((1, 2, T, 4))
     return q, q.copy(), q.copy()
 
 
@@ -50,7 +46,7 @@ def cross_attention_mask_wrong_shape():
     from scratchllm.attention import AttentionWeights
     from scratchllm.attention.cross import cross_attention_forward
     from scratchllm.specs import AttentionSpec, Mask
-    r = _rng()
+    r = rng()
     x, ctx, w = r.standard_normal((1, 3, 8)), r.standard_normal((1, 5, 8)), np.eye(8)
     spec = AttentionSpec(2, 2, rope=None, mask=Mask(causal=False))
     return cross_attention_forward(x, ctx, AttentionWeights(w, w, w, w), spec=spec,
@@ -108,7 +104,7 @@ def rolling_state_float_window():
 def _decode_layer():
     from scratchllm.attention import Attention
     from scratchllm.specs import AttentionSpec
-    return Attention(8, AttentionSpec(2, 2), rng=_rng(), dtype=np.float64)
+    return Attention(8, AttentionSpec(2, 2), rng=rng(), dtype=np.float64)
 
 
 def attention_decode_skipped_position():
@@ -208,7 +204,7 @@ def lm_too_big_for_memory():
     from scratchllm.lm import LM, ModelConfig
     cfg = ModelConfig(vocab_size=2 ** 20, d_model=2 ** 16, n_layers=64, n_heads=64,
                       n_kv_heads=64, d_ff=2 ** 18)
-    return LM(cfg, rng=_rng())
+    return LM(cfg, rng=rng())
 
 
 def kvstate_too_big_for_memory():

@@ -1,4 +1,4 @@
-"""Benchmarks for issue 4: attention family (float32, 2 threads, medians, side by side in one run).
+"""Benchmarks of the attention family (float32, 2 threads, medians, side by side in one run).
 
 Run serialised with other helpers:
     flock /tmp/scratchllm-bench.lock python benchmarks/bench_attention.py [NAME ...]
@@ -10,7 +10,7 @@ and the ratio ours / torch. With no arguments every benchmark runs; otherwise th
 Sections:
 - GQA (attention/gqa.py, attention/rope.py): gqa fwd+bwd with RoPE vs torch.
 - MLA (attention/mla.py): the training form fwd+bwd vs torch; absorbed decoding vs rebuilding K, V.
-- Flash (issue 14, attention/flash.py, attention/sparse.py): flash_sdpa vs sdpa vs torch
+- Flash (attention/flash.py, attention/sparse.py): flash_sdpa vs sdpa vs torch
   scaled_dot_product_attention, causal fwd+bwd at T = 1k..16k, time and peak extra memory
   (each in a fresh subprocess: `bench_attention.py --peak IMPL T`); top-k sparse attention vs
   flash at T = 8k, k = 512.
@@ -244,7 +244,7 @@ def bench_mla_decode():
 MLA_BENCHMARKS = [bench_mla, bench_mla_decode]
 
 
-# --- Flash and sparse attention (issue 14) ---
+# --- Flash and sparse attention ---
 FLASH_SHAPE = dict(B=1, H=8, Dh=64)
 FLASH_TS = tuple(int(t) for t in os.environ.get("FLASH_TS",  # FLASH_TS=1024,2048 picks some
                                                  "1024,2048,4096,8192,16384").split(","))

@@ -4,7 +4,7 @@ Usage:  flock /tmp/scratchllm-bench.lock python benchmarks/bench_moe.py [--reps 
 
 Both sides: float32, 2 threads, softmax router, top-k = 2 gates renormalised over the chosen
 k, capacity ceil(1.25 N k / E) keeping the earliest tokens, SwiGLU experts on contiguous
-argsort-dispatched slices, balance loss and z-loss in the backward. Targets (issue 5):
+argsort-dispatched slices, balance loss and z-loss in the backward. Targets:
   1. fwd+bwd at E=8, k=2, D=256, F=512, N=2048 takes <= 1.5x torch's time;
   2. at E = 8, 16, 32, 64 (k, N fixed) the time grows far less than E: under 2x from 8 to 64.
 Prints medians, ratios, and the largest difference between the two sides' outputs.

@@ -1,7 +1,6 @@
-"""Limits that used to break the "never NaN, never a lie" promise (issue 18 items 7, 8, 10):
-overflow and underflow at the extremes, a validation split too short for --seq-len, and the
-commands' bad flags, broken drill files and undecodable corpora, each a right answer or a
-clear one-line error."""
+"""Limits that used to break the "never NaN, never a lie" promise: overflow and underflow at
+the extremes, a validation split too short for --seq-len, and the commands' bad flags, broken
+drill files and undecodable corpora, each a right answer or a clear one-line error."""
 import math
 
 import numpy as np

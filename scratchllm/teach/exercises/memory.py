@@ -13,7 +13,7 @@ import numpy as np
 from scratchllm import attention
 from scratchllm.specs import AttentionSpec, MambaSpec
 from scratchllm.ssm import Mamba
-from scratchllm.teach import arch, sizing
+from scratchllm.teach import arch, rules, sizing
 from scratchllm.teach.drills.bank import assert_close
 from scratchllm.teach.exercises.core import exercise, rng as _rng
 
@@ -32,9 +32,9 @@ LLAMA_3_8B = dict(d_model=4096, n_layers=32, n_kv_heads=8, head_dim=128,
 def _state_vs_sizing(fn):
     llama = arch.get("llama-3-8b")
     mamba = arch.with_mixer(llama, LLAMA_3_8B["mamba"])  # the same D and L, Mamba mixers
-    m = sizing.mamba_state_numbers(mamba)
+    m = rules.mamba_state_numbers(mamba)
     rows = []
-    for T in sizing.CONTEXTS:
+    for T in rules.CONTEXTS:
         got = StateVsCache(*fn(T, **LLAMA_3_8B))
         want = StateVsCache(sizing.kv_cache(llama, T).bytes, 32 * m.chapter * 2,
                             sizing.kv_cache(mamba, T).bytes)
@@ -101,7 +101,7 @@ def _state_vs_library(fn):
     ("Llama-3-8B size at 1k / 32k / 1M equals scratchllm.teach.sizing", _state_vs_sizing),
     ("the library's KVState and MambaState hold those bytes", _state_vs_library),
 ])
-def state_vs_cache(context, *, d_model, n_layers, n_kv_heads, head_dim, mamba, itemsize):
+def _state_vs_cache(context, *, d_model, n_layers, n_kv_heads, head_dim, mamba, itemsize):
     Di, N = mamba.expand * d_model, mamba.d_state
     kv = context * n_layers * 2 * n_kv_heads * head_dim * itemsize
     return StateVsCache(kv, n_layers * d_model * N * itemsize,
@@ -197,7 +197,7 @@ def _repeat_not_tile(fn):
     ("lossless on an MHA whose group heads are equal (scratchllm gqa_forward)", _pool_lossless),
     ("GQA == MHA with repeat_interleave-expanded heads, not tiled ones", _repeat_not_tile),
 ])
-def mha_to_gqa(w, n_heads, n_kv_heads):
+def _mha_to_gqa(w, n_heads, n_kv_heads):
     D, HDh = w.shape
     Dh, G = HDh // n_heads, n_heads // n_kv_heads
     return w.reshape(D, n_kv_heads, G, Dh).mean(axis=2).reshape(D, n_kv_heads * Dh)

@@ -131,7 +131,7 @@ def _gap_counterexample(fn):
     ("f = P: gap = Σ P_i² - 1/E ≥ 0, zero only at uniform", _gap_at_f_equals_p),
     ("a router below 1/E, and equality with f uniform", _gap_counterexample),
 ])
-def balance_gap(f, P):
+def _balance_gap(f, P):
     E = len(f)
     return float(np.sum(np.subtract.outer(f, f) * np.subtract.outer(P, P)) / (2 * E))
 
@@ -208,7 +208,7 @@ def _ec_collapsed(fn):
     ("scratchllm.moe.expert_choice_forward: loads == C, loss == 1", _ec_random),
     ("a collapsed router: token choice overflows, expert choice does not", _ec_collapsed),
 ])
-def expert_choice_balance(token_idx, probs):
+def _expert_choice_balance(token_idx, probs):
     E = probs.shape[1]
     load = np.bincount(np.repeat(np.arange(E), token_idx.shape[1]), minlength=E)  # (E,)
     f = load / load.sum()  # (E,)

@@ -41,7 +41,7 @@ def _sdpa_forward(q, k, v, mask, scale):
         _sdpa_forward, lambda d, kw: fn(d, **kw), ["q", "k", "v"], **_sdpa_inputs())),
     ("fully masked row: finite, zero gradient for its query", lambda fn: _sdpa_masked_row(fn)),
 ])
-def sdpa_backward(dout, q, k, v, mask, scale):
+def _sdpa_backward(dout, q, k, v, mask, scale):
     g = attention.sdpa_backward(dout, _sdpa_forward(q, k, v, mask, scale)[1])
     return g["q"], g["k"], g["v"]
 
@@ -83,7 +83,7 @@ def _rope_forward(x, positions, inv_freq):
         **_rope_inputs())),
     ("norm preserved: |dx| == |dy| per position", lambda fn: _rope_norm(fn)),
 ])
-def rope_backward(dy, positions, inv_freq):
+def _rope_backward(dy, positions, inv_freq):
     cache = _rope_forward(np.zeros_like(dy), positions, inv_freq)[1]
     return rope.rope_backward(dy, cache)["x"]
 
@@ -119,14 +119,14 @@ def _gqa_inputs(n_heads=6, n_kv_heads=2):
      + "; " + _gqa_vs_library(fn, 6)),
     ("causal: a future token changes no earlier output", lambda fn: _gqa_causal(fn)),
 ])
-def gqa_forward(x, wq, wk, wv, wo, n_heads, n_kv_heads):
+def _gqa_forward(x, wq, wk, wv, wo, n_heads, n_kv_heads):
     spec = AttentionSpec(n_heads, n_kv_heads, head_dim=wq.shape[1] // n_heads, rope=None)
     return attention.gqa_forward(x, attention.AttentionWeights(wq, wk, wv, wo), spec=spec)[0]
 
 
 def _gqa_vs_library(fn, n_kv_heads):
     inp = _gqa_inputs(n_kv_heads=n_kv_heads)
-    return assert_close(fn(**inp), gqa_forward(**inp), what=f"y (Hkv={n_kv_heads})")
+    return assert_close(fn(**inp), _gqa_forward(**inp), what=f"y (Hkv={n_kv_heads})")
 
 
 def _gqa_causal(fn):
@@ -145,7 +145,7 @@ def _gqa_causal(fn):
      lambda fn: _mask_vs_library(fn)),
     ("a bool array; window >= T is the causal mask", lambda fn: _mask_properties(fn)),
 ])
-def sliding_window_mask(T, window):
+def _sliding_window_mask(T, window):
     return attention.sliding_window_mask(T, window)
 
 
@@ -179,7 +179,7 @@ def _mask_properties(fn):
     ("and for H = 4, T = 3", lambda fn: assert_close(
         fn(4, 3), attention.alibi_bias(attention.alibi_slopes(4), 3, 3), what="bias (H=4)")),
 ])
-def alibi_bias(n_heads, T):
+def _alibi_bias(n_heads, T):
     return attention.alibi_bias(attention.alibi_slopes(n_heads), T, T)
 
 
@@ -204,7 +204,7 @@ def _flash_inputs(T=13):
     ("lse is the row logsumexp of the masked scores", lambda fn: _flash_lse(fn)),
     ("peak memory at T = 1024 far below the T x T matrix", lambda fn: _flash_memory(fn)),
 ])
-def flash_attention_forward(q, k, v, block):
+def _flash_attention_forward(q, k, v, block):
     out, cache = attention.flash_sdpa_forward(q[None], k[None], v[None], mask=Mask(),
                                               block=block)
     return out[0], cache.lse[0, :, :, 0]
