@@ -3,51 +3,54 @@ masks, decoding states, the Tokenizer's methods, and sizes. Each case's `want` i
 answer: ERROR (a clear error) or the value it must return."""
 import numpy as np
 
-ERROR = "error"
-
-
-def _rng():
-    return np.random.default_rng(0)
+from audit_common import ERROR, rng
 
 
 def _qkv(T=4):
-    q = _rng().standard_normal((1, 2, T, 4))
+    q = rng().standard_normal((1, 2, T, 4))
     return q, q.copy(), q.copy()
 
 
 # ---------------------------------------------------------------------------- masks
 def sdpa_int_mask():
     from scratchllm.attention import sdpa_forward
+    from scratchllm.specs import Mask
     q, k, v = _qkv()
-    return sdpa_forward(q, k, v, np.tril(np.ones((4, 4), np.int64)))[0]
+    return sdpa_forward(q, k, v, Mask(array=np.tril(np.ones((4, 4), np.int64))))[0]
 
 
 def sdpa_mask_wrong_shape():
     from scratchllm.attention import sdpa_forward
+    from scratchllm.specs import Mask
     q, k, v = _qkv()
-    return sdpa_forward(q, k, v, np.ones((4, 5), bool))[0]
+    return sdpa_forward(q, k, v, Mask(array=np.ones((4, 5), bool)))[0]
 
 
 def sdpa_mask_list():
     from scratchllm.attention import sdpa_forward
+    from scratchllm.specs import Mask
     q, k, v = _qkv()
-    return sdpa_forward(q, k, v, [[True] * 4] * 4)[0]
+    return sdpa_forward(q, k, v, Mask(array=[[True] * 4] * 4))[0]
 
 
 def sdpa_fully_masked_row():
     from scratchllm.attention import sdpa_forward
+    from scratchllm.specs import Mask
     q, k, v = _qkv()
     mask = np.ones((4, 4), bool)
     mask[2] = False
-    return sdpa_forward(q, k, v, mask)[0][0, :, 2]  # a fully masked row gives zeros
+    return sdpa_forward(q, k, v, Mask(array=mask))[0][0, :, 2]  # a fully masked row: zeros
 
 
 def cross_attention_mask_wrong_shape():
+    from scratchllm.attention import AttentionWeights
     from scratchllm.attention.cross import cross_attention_forward
-    r = _rng()
+    from scratchllm.specs import AttentionSpec, Mask
+    r = rng()
     x, ctx, w = r.standard_normal((1, 3, 8)), r.standard_normal((1, 5, 8)), np.eye(8)
-    return cross_attention_forward(x, ctx, w, w, w, w, n_heads=2, n_kv_heads=2,
-                                   mask=np.ones((3, 4), bool))[0]
+    spec = AttentionSpec(2, 2, rope=None, mask=Mask(causal=False))
+    return cross_attention_forward(x, ctx, AttentionWeights(w, w, w, w), spec=spec,
+                                   mask=Mask(array=np.ones((3, 4), bool)))[0]
 
 
 def causal_mask_negative():
@@ -100,7 +103,8 @@ def rolling_state_float_window():
 
 def _decode_layer():
     from scratchllm.attention import Attention
-    return Attention(8, 2, 2, rng=_rng(), dtype=np.float64)
+    from scratchllm.specs import AttentionSpec
+    return Attention(8, AttentionSpec(2, 2), rng=rng(), dtype=np.float64)
 
 
 def attention_decode_skipped_position():
@@ -201,7 +205,7 @@ def lm_too_big_for_memory():
     from scratchllm.specs import from_flat
     cfg = from_flat(vocab_size=2 ** 20, d_model=2 ** 16, n_layers=64, n_heads=64,
                     n_kv_heads=64, d_ff=2 ** 18)
-    return LM(cfg, rng=_rng())
+    return LM(cfg, rng=rng())
 
 
 def kvstate_too_big_for_memory():

@@ -1,4 +1,4 @@
-"""Benchmarks for issue 4: attention family (float32, 2 threads, medians, side by side in one run).
+"""Benchmarks of the attention family (float32, 2 threads, medians, side by side in one run).
 
 Run serialised with other helpers:
     flock /tmp/scratchllm-bench.lock python benchmarks/bench_attention.py [NAME ...]
@@ -10,7 +10,7 @@ and the ratio ours / torch. With no arguments every benchmark runs; otherwise th
 Sections:
 - GQA (attention/gqa.py, attention/rope.py): gqa fwd+bwd with RoPE vs torch.
 - MLA (attention/mla.py): the training form fwd+bwd vs torch; absorbed decoding vs rebuilding K, V.
-- Flash (issue 14, attention/flash.py, attention/sparse.py): flash_sdpa vs sdpa vs torch
+- Flash (attention/flash.py, attention/sparse.py): flash_sdpa vs sdpa vs torch
   scaled_dot_product_attention, causal fwd+bwd at T = 1k..16k, time and peak extra memory
   (each in a fresh subprocess: `bench_attention.py --peak IMPL T`); top-k sparse attention vs
   flash at T = 8k, k = 512.
@@ -99,8 +99,9 @@ def torch_gqa(x, wq, wk, wv, wo, H, Hkv, inv_freq):
 
 
 def bench_gqa():
-    from scratchllm.attention import gqa_backward, gqa_forward
+    from scratchllm.attention import AttentionWeights, gqa_backward, gqa_forward
     from scratchllm.attention import rope_frequencies
+    from scratchllm.specs import AttentionSpec
     B, T, D, H, Hkv, Dh = 8, 256, 256, 8, 2, 32
     rng = np.random.default_rng(0)
     f32 = np.float32
@@ -111,10 +112,12 @@ def bench_gqa():
           "wo": rng.standard_normal((H * Dh, D)).astype(f32) * (H * Dh) ** -0.5}
     dy = rng.standard_normal((B, T, D)).astype(f32)
     inv_freq, _ = rope_frequencies(Dh)
+    w, spec = AttentionWeights(**ws), AttentionSpec(H, Hkv, head_dim=Dh)  # RoPE half, causal
 
     def ours():
-        y, cache = gqa_forward(x, **ws, n_heads=H, n_kv_heads=Hkv, inv_freq=inv_freq)
-        return gqa_backward(dy, cache)
+        y, cache = gqa_forward(x, w, spec=spec)
+        g = gqa_backward(dy, cache)
+        return {"x": g["x"], **g["w"]._asdict()}
 
     tx = torch.tensor(x, requires_grad=True)
     tws = {k: torch.tensor(w, requires_grad=True) for k, w in ws.items()}
@@ -169,8 +172,14 @@ def mla_weights(rng, D, H, dn, dr, dv, Dc):
     return ws
 
 
+def mla_spec(H, dn, dr, dv, Dc):
+    """The MLASpec of mla_weights: the wq form, DeepSeek's interleaved RoPE."""
+    from scratchllm.specs import MLASpec, RopeSpec
+    return MLASpec(H, 0, Dc, dn, dr, dv, rope=RopeSpec(style="interleaved"))
+
+
 def bench_mla():
-    from scratchllm.attention import mla_backward, mla_forward
+    from scratchllm.attention import MLAWeights, mla_backward, mla_forward
     from scratchllm.attention import rope_frequencies
     B, T, D, H, Dc, dr, dn, dv = 8, 256, 256, 8, 64, 16, 32, 32
     rng = np.random.default_rng(0)
@@ -178,10 +187,12 @@ def bench_mla():
     x = rng.standard_normal((B, T, D)).astype(np.float32)
     dy = rng.standard_normal((B, T, D)).astype(np.float32)
     inv_freq, _ = rope_frequencies(dr)
+    w, spec = MLAWeights(**ws), mla_spec(H, dn, dr, dv, Dc)
 
     def ours():
-        y, cache = mla_forward(x, **ws, n_heads=H, inv_freq=inv_freq)
-        return mla_backward(dy, cache)
+        y, cache = mla_forward(x, w, spec=spec)
+        g = mla_backward(dy, cache)
+        return {"x": g["x"], **g["w"]._asdict()}
 
     tx = torch.tensor(x, requires_grad=True)
     tws = {k: torch.tensor(w, requires_grad=True) for k, w in ws.items()}
@@ -202,11 +213,11 @@ def bench_mla():
 
 
 def bench_mla_decode():
-    from scratchllm.attention import LatentKVState, mla_decode, mla_decode_ref
+    from scratchllm.attention import LatentKVState, MLAWeights, mla_decode, mla_decode_ref
     from scratchllm.teach.sizing import kv_cache_elements
     ctx, D, H, Dc, dr, dn, dv = 4096, 256, 8, 64, 16, 32, 32
     rng = np.random.default_rng(1)
-    ws = mla_weights(rng, D, H, dn, dr, dv, Dc)
+    w, spec = MLAWeights(**mla_weights(rng, D, H, dn, dr, dv, Dc)), mla_spec(H, dn, dr, dv, Dc)
     for B in (1, 8):
         state = LatentKVState(B, ctx, Dc, dr, np.float32)
         state.latents[:] = rng.standard_normal(state.latents.shape)
@@ -214,7 +225,7 @@ def bench_mla_decode():
 
         def step(decode):
             state.length = ctx - 1  # ctx - 1 cached tokens; the step appends the ctx-th
-            return decode(x_t, **ws, n_heads=H, state=state, position=ctx - 1)
+            return decode(x_t, w, state, ctx - 1, spec=spec)
 
         err = np.abs(step(mla_decode) - step(mla_decode_ref)).max()
         fns = [lambda: step(mla_decode), lambda: step(mla_decode_ref)]
@@ -233,7 +244,7 @@ def bench_mla_decode():
 MLA_BENCHMARKS = [bench_mla, bench_mla_decode]
 
 
-# --- Flash and sparse attention (issue 14) ---
+# --- Flash and sparse attention ---
 FLASH_SHAPE = dict(B=1, H=8, Dh=64)
 FLASH_TS = tuple(int(t) for t in os.environ.get("FLASH_TS",  # FLASH_TS=1024,2048 picks some
                                                  "1024,2048,4096,8192,16384").split(","))
@@ -249,12 +260,13 @@ def flash_step(impl, T, block=256):
     """fwd+bwd closure of one implementation, causal, on fresh float32 inputs."""
     from scratchllm.attention import (causal_mask, flash_sdpa_backward, flash_sdpa_forward,
                                       sdpa_backward, sdpa_forward)
+    from scratchllm.specs import Mask
     q, k, v, dout = flash_inputs(T, **FLASH_SHAPE)
     if impl == "flash":
         return lambda: flash_sdpa_backward(dout, flash_sdpa_forward(
-            q, k, v, causal=True, block_q=block, block_k=block)[1])
+            q, k, v, mask=Mask(), block=block)[1])
     if impl == "sdpa":
-        mask = causal_mask(T)
+        mask = Mask(array=causal_mask(T))  # built once, outside the timed step
         return lambda: sdpa_backward(dout, sdpa_forward(q, k, v, mask)[1])
     tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
     tdo = torch.tensor(dout)
@@ -299,9 +311,10 @@ def _print_peak(impl, T):
 
 def bench_flash():
     from scratchllm.attention import flash_sdpa_forward, sdpa_forward
+    from scratchllm.specs import Mask
     q, k, v, _ = flash_inputs(256, **FLASH_SHAPE)
-    err = np.abs(flash_sdpa_forward(q, k, v, causal=True, block_q=64, block_k=64)[0]
-                 - sdpa_forward(q, k, v, np.tril(np.ones((256, 256), bool)))[0]).max()
+    err = np.abs(flash_sdpa_forward(q, k, v, mask=Mask(), block=64)[0]
+                 - sdpa_forward(q, k, v, Mask(array=np.tril(np.ones((256, 256), bool))))[0]).max()
     print(f"B=1 H=8 Dh=64 float32 causal fwd+bwd, flash blocks 256x256; "
           f"max abs diff flash vs sdpa (T 256) {err:.1e}; peak = RSS growth in a fresh process")
     for T in FLASH_TS:

@@ -1,4 +1,4 @@
-"""Benchmarks for issue 15: the recurrent sequence mixers (float32, medians, side by side).
+"""Benchmarks of the recurrent sequence mixers (float32, medians, side by side).
 
 Run serialised with other helpers:
     flock /tmp/scratchllm-bench.lock python benchmarks/bench_mixers.py [NAME ...]

@@ -4,7 +4,7 @@ Usage:  flock /tmp/scratchllm-bench.lock python benchmarks/bench_moe.py [--reps 
 
 Both sides: float32, 2 threads, softmax router, top-k = 2 gates renormalised over the chosen
 k, capacity ceil(1.25 N k / E) keeping the earliest tokens, SwiGLU experts on contiguous
-argsort-dispatched slices, balance loss and z-loss in the backward. Targets (issue 5):
+argsort-dispatched slices, balance loss and z-loss in the backward. Targets:
   1. fwd+bwd at E=8, k=2, D=256, F=512, N=2048 takes <= 1.5x torch's time;
   2. at E = 8, 16, 32, 64 (k, N fixed) the time grows far less than E: under 2x from 8 to 64.
 Prints medians, ratios, and the largest difference between the two sides' outputs.
@@ -21,7 +21,8 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from scratchllm.moe import moe_backward, moe_forward  # noqa: E402
+from scratchllm.moe import MoEWeights, moe_backward, moe_forward  # noqa: E402
+from scratchllm.specs import ExpertsSpec, MoESpec, RouterSpec  # noqa: E402
 
 CAPACITY = 1.25
 
@@ -68,9 +69,12 @@ def inputs(E, N=2048, D=256, F=512, seed=0):
 
 
 def run_numpy(arrs, dy, k):
-    (y, aux, z), cache = moe_forward(**arrs, k=k, capacity_factor=CAPACITY)
+    x, w = arrs["x"], MoEWeights(arrs["w_router"], None, arrs["w1"], arrs["w3"], arrs["w2"])
+    E, F = arrs["w1"].shape[0], arrs["w1"].shape[2]
+    spec = MoESpec(RouterSpec(E, k), ExpertsSpec(d_ff=F), capacity_factor=CAPACITY)
+    (y, aux, z), cache = moe_forward(x, w, spec=spec)
     g = moe_backward((dy, np.float32(0.01), np.float32(0.001)), cache)
-    return y, g
+    return y, {"x": g["x"], **g["w"]._asdict()}
 
 
 def run_torch(arrs, dy, k):

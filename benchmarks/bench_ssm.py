@@ -1,4 +1,4 @@
-"""Benchmarks for issue 6: state-space models (float32, medians, side by side in one run).
+"""Benchmarks of the state-space models (float32, medians, side by side in one run).
 
 Run serialised with other helpers:
     flock /tmp/scratchllm-bench.lock python benchmarks/bench_ssm.py [NAME ...]

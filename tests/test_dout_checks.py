@@ -95,7 +95,8 @@ def test_the_issue_reproductions():
     size; selective_scan_backward read out of bounds with a (B, 1, d) dy."""
     from scratchllm.core.ops import (rmsnorm_backward, rmsnorm_forward, silu_backward,
                                      silu_forward, softmax_backward, softmax_forward)
-    from scratchllm.moe import MoEOut, moe_backward, moe_forward
+    from scratchllm.moe import MoEOut, MoEWeights, moe_backward, moe_forward
+    from scratchllm.specs import ExpertsSpec, MoESpec, RouterSpec
     from scratchllm.ssm import selective_scan_backward, selective_scan_forward
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 4))
@@ -108,8 +109,9 @@ def test_the_issue_reproductions():
             bwd(np.ones((1, 4)), cache)
     D, E, F = 4, 3, 5
     xm = rng.standard_normal((6, D))
-    out, cache = moe_forward(xm, rng.standard_normal((D, E)), rng.standard_normal((E, D, F)),
-                             rng.standard_normal((E, D, F)), rng.standard_normal((E, F, D)), k=2)
+    w = MoEWeights(rng.standard_normal((D, E)), None, rng.standard_normal((E, D, F)),
+                   rng.standard_normal((E, D, F)), rng.standard_normal((E, F, D)))
+    out, cache = moe_forward(xm, w, spec=MoESpec(RouterSpec(E, 2), ExpertsSpec(d_ff=F)))
     with pytest.raises(ValueError, match=r"moe_backward: dout.y has shape \(4, 6\)"):
         moe_backward(MoEOut(np.ones((D, 6)), None, None), cache)
     batch, T, d, N = 1, 2000, 3, 2

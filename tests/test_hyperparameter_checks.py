@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from scratchllm.attention.flash import flash_sdpa_forward
-from scratchllm.attention.rope import rope_forward, rope_frequencies
+from scratchllm.attention.rope import Rope, rope_forward, rope_frequencies
 from scratchllm.attention.rope_heads import rope_heads_forward
 from scratchllm.attention.sdpa import sdpa_forward
 from scratchllm.attention.sparse import topk_sparse_attention_forward
@@ -52,6 +52,6 @@ def test_attention_scale_must_be_finite(fn, call, scale):
 @pytest.mark.parametrize("af", [np.nan, np.inf, 0.0, -1.0, "a"])
 def test_rope_attention_factor_must_be_finite_and_positive(af):
     with pytest.raises((ValueError, TypeError), match=r"^rope: attention_factor must be"):
-        rope_forward(Q, np.arange(3), INV, "half", af)
+        rope_forward(Q, Rope(INV, "half", af, np.arange(3)))
     with pytest.raises((ValueError, TypeError), match=r"^rope: attention_factor must be"):
-        rope_heads_forward(X[:, :, :4], np.arange(3), INV, n_heads=1, attention_factor=af)
+        rope_heads_forward(X[:, :, :4], Rope(INV, "half", af, np.arange(3)), 1)

@@ -7,9 +7,10 @@ imports count too), and a synthetic tree that shows each rule can fail.
                                   core, and each other where the math needs it
     lm                            the component packages
     hub                           lm (Hugging Face checkpoints), beside it
-    train                         lm (and what lm stands on)
-    teach/sizing, teach/arch      the standard library only
-    teach/drills                  the component packages and grads
+    train                         lm and hub (and what they stand on)
+    teach/arch, teach/sizing, teach/rules
+                                  the standard library and specs only
+    teach/drills, teach/exercises the component packages and grads
     cli                           everything; nothing imports cli (but __main__)
 No cycles; a package's __init__ re-exports only its own modules' names; a function-level
 import is an optional dependency (matplotlib; the notebooks extra) with a comment saying so.
@@ -36,7 +37,8 @@ ALLOWED = {  # top-level part of scratchllm -> the parts it may import
     "__main__": {"cli"},
     "__init__": set(),
 }
-STDLIB_ONLY = ("scratchllm.teach.sizing", "scratchllm.teach.arch", "scratchllm.specs")
+STDLIB_ONLY = ("scratchllm.teach.sizing", "scratchllm.teach.rules", "scratchllm.teach.arch",
+               "scratchllm.specs")
 # ... each of these modules (and every module of the specs package) imports only the standard
 # library and the others of them
 OPTIONAL = {"matplotlib", "sentencepiece",  # the only modules a function may import
@@ -177,7 +179,7 @@ def test_function_level_imports_are_commented_optional_dependencies():
     assert stray_function_imports(ROOT) == []
 
 
-def test_sizing_and_specs_are_pure_python():
+def test_sizing_rules_arch_and_specs_are_pure_python():
     for module in pure_python_modules(ROOT):
         assert non_stdlib_imports(ROOT, module) == [], module
 

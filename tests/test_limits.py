@@ -1,7 +1,6 @@
-"""Limits that used to break the "never NaN, never a lie" promise (issue 18 items 7, 8, 10):
-overflow and underflow at the extremes, a validation split too short for --seq-len, and the
-commands' bad flags, broken drill files and undecodable corpora, each a right answer or a
-clear one-line error."""
+"""Limits that used to break the "never NaN, never a lie" promise: overflow and underflow at
+the extremes, a validation split too short for --seq-len, and the commands' bad flags, broken
+drill files and undecodable corpora, each a right answer or a clear one-line error."""
 import math
 
 import numpy as np
@@ -93,8 +92,9 @@ def test_the_sigmoid_router_normalises_underflowing_scores_without_nan():
     """sigmoid(-800) underflows to 0 in float64: gates were 0/0. The ratio of two such scores
     is exp(s_i - s_j) (sigmoid(s) ~ e^s there), which the rescaled scores keep."""
     from scratchllm.moe import RouterOut, router_backward, router_forward
+    from scratchllm.specs import RouterSpec
     x = np.array([[-800.0, -820.0], [1.0, 2.0]])
-    out, cache = router_forward(x, np.eye(2), k=2, score="sigmoid")
+    out, cache = router_forward(x, np.eye(2), spec=RouterSpec(2, 2, "sigmoid"))
     e = np.exp(-20.0)
     np.testing.assert_allclose(out.gates[0], [1 / (1 + e), e / (1 + e)], rtol=1e-12)
     q = 1 / (1 + np.exp(-x[1]))

@@ -1,8 +1,10 @@
 """Every reference resolves. A `Reference:` in a docstring names, item by item (`;` between),
 a paper (an arXiv id), an upstream file (`owner/repo path/to/file.ext`), or a file of this
 repository that exists; every repository path mentioned anywhere in the code, tests,
-notebooks, benchmarks or README exists; and nothing cites the design notes outside it."""
+notebooks, benchmarks or README exists; nothing cites the design notes outside it; and no file
+says "issue N" (a tracker number the repository does not hold: say what the thing is)."""
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -11,6 +13,8 @@ UPSTREAM = re.compile(r"\b[\w.-]+/[\w.-]+ [\w./-]+\.[A-Za-z]\w*\b")
 LOCAL = re.compile(r"(?<![\w/.-])((?:scratchllm|tests|notebooks|grads|benchmarks|tools)/"
                    r"[\w/.-]*[\w/])")
 NOTES = re.compile(r"\bREFERENCE(\.md)?\b|\bDESIGN(\.md)?\b")
+TRACKER = re.compile(r"\bissues? ?[#-]?\d+", re.I)  # issue 14, Issue 17's, issue #4, issue-18
+DATA = ("scratchllm/data/", "tests/fixtures/")  # corpora and fixtures: other people's words
 GENERATED = tuple(line.strip() for line in (ROOT / ".gitignore").read_text().splitlines()
                   if line.strip().endswith("/"))  # folders the code writes (benchmarks/data/)
 
@@ -27,6 +31,25 @@ def sources():
                             ("notebooks", "*.ipynb"), ("tools", "*.py")):
         files += sorted((ROOT / folder).rglob(pattern))
     return [f for f in files if "__pycache__" not in f.parts and f != Path(__file__).resolve()]
+
+
+def tracked_text_files():
+    """(path, text) of every text file git tracks, less the data the project ships."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.split("\0")
+    for rel in listed:
+        path = ROOT / rel
+        if rel.startswith(DATA) or not path.is_file() or path == Path(__file__).resolve():
+            continue
+        try:
+            yield rel, path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:  # a binary file
+            continue
+
+
+def tracker_numbers(text):
+    """Every "issue N" in text."""
+    return [m.group(0) for m in TRACKER.finditer(text)]
 
 
 def reference_items(text):
@@ -85,3 +108,14 @@ def test_the_rules_fail_on_bad_references(tmp_path):
     assert unresolved("the derivation in notebooks/99_missing.ipynb") is not None
     assert reference_items('"""x.\n    Reference: A (arXiv 1234.56789); B.\n    """') == \
         ["A (arXiv 1234.56789)", "B"]
+
+
+def test_no_file_cites_a_tracker_number():
+    bad = [(rel, hit) for rel, text in tracked_text_files() for hit in tracker_numbers(text)]
+    assert bad == []
+
+
+def test_the_tracker_rule_fails_on_a_synthetic_text():
+    text = "Flash attention (issue 14); Issue 17's rerun; issues #4 and 5; the issue-18 branch."
+    assert tracker_numbers(text) == ["issue 14", "Issue 17", "issues #4", "issue-18"]
+    assert tracker_numbers("the reported case; 64k characters; a tissue 3 mm thick") == []

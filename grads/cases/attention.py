@@ -5,31 +5,30 @@ import numpy as np
 
 from grads.cases._common import case
 from grads.check import check
+from scratchllm.specs import AttentionSpec, Mask, MLASpec, RopeSpec
 
 
 @case
 def rope(rng):
-    from scratchllm.attention import rope_backward, rope_forward, rope_frequencies
+    from scratchllm.attention import Rope, rope_backward, rope_forward, rope_frequencies
     inv_freq, af = rope_frequencies(6, scaling={"rope_type": "yarn", "factor": 4.0,
                                                 "original_max_position_embeddings": 8})
     x = rng.standard_normal((2, 3, 5, 6))
     return [check(rope_forward, rope_backward, rng=rng, label=f"{style}, {pos.ndim}-d pos",
-                  wrt=["x"], x=x, positions=pos, inv_freq=inv_freq, style=style,
-                  attention_factor=af)
+                  x=x, rope=Rope(inv_freq, style, af, pos))
             for style in ("half", "interleaved")
             for pos in (np.arange(3, 8), rng.integers(0, 50, size=(2, 5)))]
 
 
 @case
 def rope_heads(rng):
-    from scratchllm.attention import rope_frequencies
+    from scratchllm.attention import Rope, rope_frequencies
     from scratchllm.attention import rope_heads as rh
     inv_freq, af = rope_frequencies(6, scaling={"rope_type": "yarn", "factor": 4.0,
                                                 "original_max_position_embeddings": 8})
     t = rng.standard_normal((2, 5, 3 * 6))
-    return [check(fwd, bwd, rng=rng, label=f"{label}, {style}", wrt=["t"], t=t,
-                  positions=np.arange(3, 8), inv_freq=inv_freq, n_heads=3, style=style,
-                  attention_factor=af)
+    return [check(fwd, bwd, rng=rng, label=f"{label}, {style}", t=t,
+                  rope=Rope(inv_freq, style, af, np.arange(3, 8)), n_heads=3)
             for label, fwd, bwd in (("fused", rh.rope_heads_forward, rh.rope_heads_backward),
                                     ("ref", rh.rope_heads_forward_ref,
                                      rh.rope_heads_backward_ref))
@@ -38,29 +37,28 @@ def rope_heads(rng):
 
 @case
 def sdpa(rng):
-    from scratchllm.attention import causal_mask, sdpa_backward, sdpa_forward
+    from scratchllm.attention import sdpa_backward, sdpa_forward
     q, k, v = (rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((2, 3, 7, 4)),
                rng.standard_normal((2, 3, 7, 6)))
     mask = rng.random((2, 1, 5, 7)) < 0.6
     mask[0, 0, 2] = False  # a fully masked row: zeros out, zero gradient
     return [check(sdpa_forward, sdpa_backward, rng=rng, label="no mask", q=q, k=k, v=v),
             check(sdpa_forward, sdpa_backward, rng=rng, label="random mask, scale", q=q, k=k,
-                  v=v, mask=mask, scale=0.3),
+                  v=v, mask=Mask(array=mask), scale=0.3),
             check(sdpa_forward, sdpa_backward, rng=rng, label="causal", q=q, k=k[:, :, :5],
-                  v=v[:, :, :5], mask=causal_mask(5)),
+                  v=v[:, :, :5], mask=Mask()),
             check(sdpa_forward, sdpa_backward, rng=rng, label="grouped kv (H=6, Hkv=2), "
                   "per-head mask", q=rng.standard_normal((2, 6, 5, 4)), k=k[:, :2],
-                  v=v[:, :2], mask=rng.random((1, 6, 5, 7)) < 0.7)]
+                  v=v[:, :2], mask=Mask(array=rng.random((1, 6, 5, 7)) < 0.7))]
 
 
 @case
 def sdpa_bias(rng):
-    from scratchllm.attention import alibi_bias, alibi_slopes, causal_mask, sdpa_forward
-    from scratchllm.attention import sdpa_backward
+    from scratchllm.attention import alibi_bias, alibi_slopes, sdpa_backward, sdpa_forward
     q, k, v = (rng.standard_normal((2, 6, 5, 4)), rng.standard_normal((2, 3, 7, 4)),
                rng.standard_normal((2, 3, 7, 3)))
     return [check(sdpa_forward, sdpa_backward, rng=rng, label="alibi (H, Tq, Tk), causal",
-                  q=q, k=k, v=v, mask=causal_mask(7)[2:], bias=alibi_bias(alibi_slopes(6), 5, 7)),
+                  q=q, k=k, v=v, mask=Mask(), bias=alibi_bias(alibi_slopes(6), 5, 7)),
             check(sdpa_forward, sdpa_backward, rng=rng, label="per-batch (B, 1, Tq, Tk) bias",
                   q=q, k=k, v=v, bias=rng.standard_normal((2, 1, 5, 7)))]
 
@@ -70,36 +68,39 @@ def flash_sdpa(rng):
     from scratchllm.attention import alibi_slopes, flash_sdpa_backward, flash_sdpa_forward
     q, k, v = (rng.standard_normal((1, 4, 7, 3)), rng.standard_normal((1, 2, 9, 3)),
                rng.standard_normal((1, 2, 9, 5)))
-    blocks = dict(block_q=3, block_k=4)  # ragged: 7 = 3+3+1 rows, 9 = 4+4+1 keys
+    qkv = dict(q=q, k=k, v=v, block=(3, 4))  # ragged: 7 = 3+3+1 rows, 9 = 4+4+1 keys
     slopes = alibi_slopes(4) * (1 + rng.random(4))
     return [check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="no mask, Tq != Tk",
-                  q=q, k=k, v=v, **blocks),
+                  **qkv),
             check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="causal, scale",
-                  q=q, k=k, v=v, causal=True, scale=0.4, **blocks),
+                  **qkv, mask=Mask(), scale=0.4),
             check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="window 3, 2 sinks",
-                  q=q, k=k, v=v, causal=True, window=3, n_sink=2, **blocks),
+                  **qkv, mask=Mask(window=3, n_sink=2)),
             check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="learned alibi, causal",
-                  q=q, k=k, v=v, alibi_slopes=slopes, causal=True, **blocks),
+                  **qkv, alibi_slopes=slopes, mask=Mask()),
             check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="alibi bidirectional",
-                  q=q, k=k, v=v, alibi_slopes=slopes, **blocks),
+                  **qkv, alibi_slopes=slopes),
             check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="gpt-oss sinks, causal "
-                  "(Tq < Tk)", q=q, k=k, v=v, sinks=rng.standard_normal(4), causal=True, **blocks),
+                  "(Tq < Tk)", **qkv, sinks=rng.standard_normal(4), mask=Mask()),
             check(flash_sdpa_forward, flash_sdpa_backward, rng=rng, label="sinks, window 3",
-                  q=q, k=k, v=v, sinks=rng.standard_normal(4), causal=True, window=3, **blocks)]
+                  **qkv, sinks=rng.standard_normal(4), mask=Mask(window=3))]
 
 
 @case
 def cross_attention(rng):
-    from scratchllm.attention import cross_attention_backward, cross_attention_forward
+    from scratchllm.attention import (AttentionWeights, cross_attention_backward,
+                                      cross_attention_forward)
     B, Tq, Tk, D, Dc, H, Hkv, Dh = 2, 5, 7, 9, 11, 6, 3, 4
-    w = dict(x=rng.standard_normal((B, Tq, D)), ctx=rng.standard_normal((B, Tk, Dc)),
-             wq=rng.standard_normal((D, H * Dh)), wk=rng.standard_normal((Dc, Hkv * Dh)),
-             wv=rng.standard_normal((Dc, Hkv * Dh)), wo=rng.standard_normal((H * Dh, D)))
+    x, ctx = rng.standard_normal((B, Tq, D)), rng.standard_normal((B, Tk, Dc))
+    w = AttentionWeights(rng.standard_normal((D, H * Dh)), rng.standard_normal((Dc, Hkv * Dh)),
+                         rng.standard_normal((Dc, Hkv * Dh)), rng.standard_normal((H * Dh, D)))
+    spec = AttentionSpec(H, Hkv, head_dim=Dh, rope=None, mask=Mask(causal=False))
     pad = np.arange(Tk)[None, None, None, :] < np.array([Tk, 4])[:, None, None, None]
     return [check(cross_attention_forward, cross_attention_backward, rng=rng, label="GQA",
-                  **w, n_heads=H, n_kv_heads=Hkv),
+                  x=x, ctx=ctx, w=w, spec=spec),
             check(cross_attention_forward, cross_attention_backward, rng=rng,
-                  label="padding mask (B, 1, 1, Tk)", **w, n_heads=H, n_kv_heads=Hkv, mask=pad)]
+                  label="padding mask (B, 1, 1, Tk)", x=x, ctx=ctx, w=w, spec=spec,
+                  mask=Mask(array=pad))]
 
 
 @case
@@ -126,16 +127,16 @@ def sparse_attention(rng):
 
 @case
 def sdpa_sinks(rng):
-    from scratchllm.attention import causal_mask, sdpa_backward, sdpa_forward
+    from scratchllm.attention import sdpa_backward, sdpa_forward
     q, k, v = (rng.standard_normal((2, 6, 5, 4)), rng.standard_normal((2, 2, 7, 4)),
                rng.standard_normal((2, 2, 7, 3)))
     mask = rng.random((2, 6, 5, 7)) < 0.6
     mask[1, 4, 3] = False  # a fully masked row: all mass on the sink, zero output
     sinks = rng.standard_normal(6)
     return [check(sdpa_forward, sdpa_backward, rng=rng, label="gpt-oss sinks, grouped kv, "
-                  "random mask", q=q, k=k, v=v, mask=mask, sinks=sinks),
+                  "random mask", q=q, k=k, v=v, mask=Mask(array=mask), sinks=sinks),
             check(sdpa_forward, sdpa_backward, rng=rng, label="sinks, MHA, causal, scale",
-                  q=q[:, :2], k=k[:, :, :5], v=v[:, :, :5], mask=causal_mask(5), scale=0.3,
+                  q=q[:, :2], k=k[:, :, :5], v=v[:, :, :5], mask=Mask(), scale=0.3,
                   sinks=sinks[:2])]
 
 
@@ -146,112 +147,127 @@ def repeat_kv(rng):
                  kv=rng.standard_normal((2, 3, 5, 4)), group=2)
 
 
+def _gqa_inputs(rng, D, H, Hkv, Dh, B=2, T=7):
+    """x (B, T, D) and an AttentionWeights(wq, wk, wv, wo) of standard normals."""
+    from scratchllm.attention import AttentionWeights
+    x = rng.standard_normal((B, T, D))
+    return x, AttentionWeights(rng.standard_normal((D, H * Dh)),
+                               rng.standard_normal((D, Hkv * Dh)),
+                               rng.standard_normal((D, Hkv * Dh)),
+                               rng.standard_normal((H * Dh, D)))
+
+
 @case
 def project_qkv(rng):
-    from scratchllm.attention import project_qkv_backward, project_qkv_forward, rope_frequencies
-    B, T, D, H, Hkv, Dh = 2, 5, 7, 6, 3, 4
-    w = dict(x=rng.standard_normal((B, T, D)), wq=rng.standard_normal((D, H * Dh)),
-             wk=rng.standard_normal((D, Hkv * Dh)), wv=rng.standard_normal((D, Hkv * Dh)))
-    return [check(project_qkv_forward, project_qkv_backward, rng=rng, label="no rope", **w,
-                  n_heads=H, n_kv_heads=Hkv),
-            check(project_qkv_forward, project_qkv_backward, rng=rng, label="rope", **w,
-                  wrt=list(w), n_heads=H, n_kv_heads=Hkv, inv_freq=rope_frequencies(Dh)[0])]
+    from scratchllm.attention import project_qkv_backward, project_qkv_forward
+    H, Hkv, Dh = 6, 3, 4
+    x, w = _gqa_inputs(rng, 7, H, Hkv, Dh, T=5)
+    w = w._replace(wo=None)  # the projections use wq, wk, wv
+    return [check(project_qkv_forward, project_qkv_backward, rng=rng, label="no rope", x=x,
+                  w=w, spec=AttentionSpec(H, Hkv, head_dim=Dh, rope=None)),
+            check(project_qkv_forward, project_qkv_backward, rng=rng, label="rope", x=x, w=w,
+                  spec=AttentionSpec(H, Hkv, head_dim=Dh))]
 
 
 @case
 def gqa(rng):
-    from scratchllm.attention import (attention_sink_mask, block_sparse_mask, gqa_backward,
-                                      gqa_forward, gqa_forward_ref)
+    from scratchllm.attention import Rope, gqa_backward, gqa_forward, gqa_forward_ref
     from scratchllm.attention import rope_frequencies
     B, T, D, H, Hkv, Dh = 2, 7, 5, 6, 2, 4
-    w = dict(x=rng.standard_normal((B, T, D)), wq=rng.standard_normal((D, H * Dh)),
-             wk=rng.standard_normal((D, Hkv * Dh)), wv=rng.standard_normal((D, Hkv * Dh)),
-             wo=rng.standard_normal((H * Dh, D)))
+    x, w = _gqa_inputs(rng, D, H, Hkv, Dh, B, T)
     inv_freq, _ = rope_frequencies(Dh)
-    rope = dict(inv_freq=inv_freq, wrt=list(w))
-    variants = {"no rope, causal": {}, "no rope, no mask": dict(mask=None),
-                "rope half, causal": rope,
-                "rope interleaved, sliding 3, af 1.2": dict(rope, rope_style="interleaved",
-                                                            mask="sliding", window=3,
-                                                            attention_factor=1.2),
-                "rope, sink(3, 1), (B,T) pos": dict(rope, mask=attention_sink_mask(T, 3, 1),
-                                                    positions=rng.integers(0, 30, (B, T))),
-                "rope, block sparse(2, 1)": dict(rope, mask=block_sparse_mask(T, 2, 1)),
-                "MQA (Hkv=1), rope": dict(rope, wk=w["wk"][:, :Dh], wv=w["wv"][:, :Dh],
-                                          n_kv_heads=1)}
-    reports = [check(gqa_forward, gqa_backward, rng=rng, label=label,
-                     **{**w, "n_heads": H, "n_kv_heads": Hkv, **kw})
+    spec = AttentionSpec(H, Hkv, head_dim=Dh)  # RoPE "half", causal
+    no_rope = AttentionSpec(H, Hkv, head_dim=Dh, rope=None)
+    variants = {"no rope, causal": dict(spec=no_rope),
+                "no rope, no mask": dict(spec=no_rope, mask=Mask(causal=False)),
+                "rope half, causal": dict(spec=spec),
+                "rope interleaved, sliding 3, af 1.2": dict(
+                    spec=AttentionSpec(H, Hkv, head_dim=Dh, rope=RopeSpec(style="interleaved"),
+                                       mask=Mask(window=3)),
+                    rope=Rope(inv_freq, "interleaved", 1.2, np.arange(T))),
+                "rope, sink(3, 1), (B,T) pos": dict(
+                    spec=spec, mask=Mask(window=3, n_sink=1),
+                    rope=Rope(inv_freq, "half", 1.0, rng.integers(0, 30, (B, T)))),
+                "rope, block sparse(2, 1)": dict(spec=spec, mask=Mask(block=2, n_global=1)),
+                "MQA (Hkv=1), rope": dict(spec=AttentionSpec(H, 1, head_dim=Dh),
+                                          w=w._replace(wk=w.wk[:, :Dh], wv=w.wv[:, :Dh]))}
+    reports = [check(gqa_forward, gqa_backward, rng=rng, label=label, **{"x": x, "w": w, **kw})
                for label, kw in variants.items()]
     return reports + [check(gqa_forward_ref, gqa_backward, rng=rng, label="ref (repeat_kv)",
-                            **w, **rope, n_heads=H, n_kv_heads=Hkv)]
+                            x=x, w=w, spec=spec)]
 
 
 @case
 def gqa_options(rng):
     """The attention options of published checkpoints: q/k/v and output biases (Qwen2,
-    GPT-2), QK-norm gains (Qwen3), a softmax scale other than Dh^-1/2 (Gemma 3), learned sink
-    logits (gpt-oss)."""
-    from scratchllm.attention import gqa_backward, gqa_forward, rope_frequencies
-    from scratchllm.attention.gqa import AttnOptions
+    GPT-2), QK-norm gains (Qwen3; Gemma 3's offset gains), a softmax scale other than Dh^-1/2
+    (Gemma 3), learned sink logits (gpt-oss)."""
+    from scratchllm.attention import gqa_backward, gqa_forward
     B, T, D, H, Hkv, Dh = 2, 7, 5, 6, 2, 4
-    w = dict(x=rng.standard_normal((B, T, D)), wq=rng.standard_normal((D, H * Dh)),
-             wk=rng.standard_normal((D, Hkv * Dh)), wv=rng.standard_normal((D, Hkv * Dh)),
-             wo=rng.standard_normal((H * Dh, D)))
-    bias = dict(bq=rng.standard_normal(H * Dh), bk=rng.standard_normal(Hkv * Dh),
-                bv=rng.standard_normal(Hkv * Dh))
-    norm = dict(q_norm=1 + 0.3 * rng.standard_normal(Dh), k_norm=1 + 0.3 * rng.standard_normal(Dh))
-    rope = dict(inv_freq=rope_frequencies(Dh)[0], n_heads=H, n_kv_heads=Hkv)
-    return [check(gqa_forward, gqa_backward, rng=rng, label="qkv bias", wrt=[*w, *bias], **w,
-                  **bias, **rope),
-            check(gqa_forward, gqa_backward, rng=rng, label="qk-norm, scale 0.3",
-                  wrt=[*w, *norm], **w, **norm, **rope, scale=0.3, norm_eps=1e-6),
+    x, w = _gqa_inputs(rng, D, H, Hkv, Dh, B, T)
+    bias = w._replace(bq=rng.standard_normal(H * Dh), bk=rng.standard_normal(Hkv * Dh),
+                      bv=rng.standard_normal(Hkv * Dh))
+    norm = w._replace(q_norm=1 + 0.3 * rng.standard_normal(Dh),
+                      k_norm=1 + 0.3 * rng.standard_normal(Dh))
+    gpt_oss = bias._replace(bo=rng.standard_normal(D), sinks=rng.standard_normal(H))
+    no_bk = ["x"] + [f"w.{n}" for n in ("wq", "wk", "wv", "wo", "bq", "bv", "bo")]
+    return [check(gqa_forward, gqa_backward, rng=rng, label="qkv bias", x=x, w=bias,
+                  spec=AttentionSpec(H, Hkv, head_dim=Dh, qkv_bias=True)),
+            check(gqa_forward, gqa_backward, rng=rng, label="qk-norm, scale 0.3", x=x, w=norm,
+                  spec=AttentionSpec(H, Hkv, head_dim=Dh, qk_norm=True, scale=0.3)),
+            check(gqa_forward, gqa_backward, rng=rng, label="qk-norm, gains 1 + g (Gemma)",
+                  x=x, w=norm._replace(q_norm=norm.q_norm - 1, k_norm=norm.k_norm - 1),
+                  spec=AttentionSpec(H, Hkv, head_dim=Dh, qk_norm=True, norm_offset=1.0)),
             check(gqa_forward, gqa_backward, rng=rng, label="all biases but bk, no rope",
-                  wrt=[*w, "bq", "bv", "bo"], **w, **bias, bo=rng.standard_normal(D),
-                  n_heads=H, n_kv_heads=Hkv),  # without RoPE d/dbk = 0 (see lm_hub)
+                  wrt=no_bk, x=x, w=gpt_oss._replace(sinks=None),
+                  spec=AttentionSpec(H, Hkv, head_dim=Dh, qkv_bias=True, o_bias=True,
+                                     rope=None)),  # without RoPE d/dbk = 0 (see lm_hub)
             check(gqa_forward, gqa_backward, rng=rng, label="gpt-oss: biases, sinks, window 3",
-                  wrt=[*w, *bias, "bo", "sinks"], **w, **bias, bo=rng.standard_normal(D),
-                  sinks=rng.standard_normal(H), mask="sliding", window=3, **rope),
+                  x=x, w=gpt_oss, spec=AttentionSpec(H, Hkv, head_dim=Dh, qkv_bias=True,
+                                                     o_bias=True, sinks=True,
+                                                     mask=Mask(window=3))),
             check(gqa_forward, gqa_backward, rng=rng, label="sinks through flash, causal",
-                  wrt=[*w, "sinks"], **w, sinks=rng.standard_normal(H), **rope,
-                  attn=AttnOptions("flash", block=3))]
+                  x=x, w=w._replace(sinks=gpt_oss.sinks),
+                  spec=AttentionSpec(H, Hkv, head_dim=Dh, sinks=True, impl="flash", block=3))]
+
+
+def _mla_inputs(rng, D, H, dn, dr, dv, Dc, Dq):
+    """The MLAWeights of both query forms, 0.4 x standard normals (gains 1 + U[0, 1))."""
+    from scratchllm.attention import MLAWeights
+    kv = dict(wkv_a=0.4 * rng.standard_normal((D, Dc + dr)), kv_norm=1 + rng.random(Dc),
+              wkv_b=0.4 * rng.standard_normal((Dc, H * (dn + dv))),
+              wo=0.4 * rng.standard_normal((H * dv, D)))
+    wq = MLAWeights(**kv, wq=0.4 * rng.standard_normal((D, H * (dn + dr))))
+    lora = MLAWeights(**kv, wq_a=0.4 * rng.standard_normal((D, Dq)), q_norm=1 + rng.random(Dq),
+                      wq_b=0.4 * rng.standard_normal((Dq, H * (dn + dr))))
+    return wq, lora
 
 
 @case
 def mla(rng):
-    from scratchllm.attention import mla_backward, mla_forward, mla_softmax_scale
-    from scratchllm.attention import rope_frequencies
+    from scratchllm.attention import make_rope, mla_backward, mla_forward
     B, T, D, H, dn, dr, dv, Dc, Dq = 2, 5, 11, 3, 4, 6, 5, 7, 9  # distinct sizes
-    w = dict(wkv_a=0.4 * rng.standard_normal((D, Dc + dr)), kv_norm=1 + rng.random(Dc),
-             wkv_b=0.4 * rng.standard_normal((Dc, H * (dn + dv))),
-             wo=0.4 * rng.standard_normal((H * dv, D)))
-    wq = dict(wq=0.4 * rng.standard_normal((D, H * (dn + dr))))
-    wq_lora = dict(wq_a=0.4 * rng.standard_normal((D, Dq)), q_norm=1 + rng.random(Dq),
-                   wq_b=0.4 * rng.standard_normal((Dq, H * (dn + dr))))
+    w_wq, w_lora = _mla_inputs(rng, D, H, dn, dr, dv, Dc, Dq)
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2,
             "mscale": 1.0, "mscale_all_dim": 1.0}
-    inv_freq, af = rope_frequencies(dr, scaling=yarn)
+    interleaved = RopeSpec(style="interleaved")
+    yarn_spec = MLASpec(H, Dq, Dc, dn, dr, dv, rope=RopeSpec(scaling=yarn, style="half"))
     x = rng.standard_normal((B, T, D))
-    return [check(mla_forward, mla_backward, rng=rng, label="wq, interleaved", x=x, **w, **wq,
-                  n_heads=H),
-            check(mla_forward, mla_backward, rng=rng, label="wq_a/q_norm/wq_b", x=x, **w,
-                  **wq_lora, n_heads=H),
-            check(mla_forward, mla_backward, rng=rng, label="half, yarn, (B,T) pos", x=x, **w,
-                  **wq_lora, wrt=["x", *w, *wq_lora], n_heads=H, rope_style="half", inv_freq=inv_freq,
-                  attention_factor=af, softmax_scale=mla_softmax_scale(dn + dr, yarn),
-                  positions=np.array([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]]))]
+    return [check(mla_forward, mla_backward, rng=rng, label="wq, interleaved", x=x, w=w_wq,
+                  spec=MLASpec(H, 0, Dc, dn, dr, dv, rope=interleaved)),
+            check(mla_forward, mla_backward, rng=rng, label="wq_a/q_norm/wq_b", x=x, w=w_lora,
+                  spec=MLASpec(H, Dq, Dc, dn, dr, dv, rope=interleaved)),
+            check(mla_forward, mla_backward, rng=rng, label="half, yarn, (B,T) pos", x=x,
+                  w=w_lora, spec=yarn_spec, rope=make_rope(yarn_spec.rope, dr, np.array(
+                      [[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])))]
 
 
 @case
 def mla_project(rng):
-    from scratchllm.attention import mla_project_backward, mla_project_forward, rope_frequencies
-    from scratchllm.attention.mla_projection import geometry
+    from scratchllm.attention import mla_project_backward, mla_project_forward
     B, T, D, H, dn, dr, dv, Dc, Dq = 2, 5, 11, 3, 4, 6, 5, 7, 9
     x = rng.standard_normal((B, T, D))
-    w = dict(wkv_a=0.4 * rng.standard_normal((D, Dc + dr)), kv_norm=1 + rng.random(Dc),
-             wq_a=0.4 * rng.standard_normal((D, Dq)), q_norm=1 + rng.random(Dq),
-             wq_b=0.4 * rng.standard_normal((Dq, H * (dn + dr))))
-    g = geometry("mla_project", x, w["wkv_a"], w["kv_norm"], np.zeros((Dc, H * (dn + dv))),
-                 np.zeros((H * dv, D)), None, w["wq_a"], w["q_norm"], w["wq_b"], H)
-    return check(mla_project_forward, mla_project_backward, rng=rng, wrt=["x", *w], x=x, **w,
-                 geometry=g, positions=np.arange(T), inv_freq=rope_frequencies(dr)[0],
-                 rope_style="interleaved", attention_factor=1.0, eps=1e-6)
+    _, w = _mla_inputs(rng, D, H, dn, dr, dv, Dc, Dq)
+    return check(mla_project_forward, mla_project_backward, rng=rng, x=x,
+                 w=w._replace(wkv_b=None, wo=None),  # the projections use neither
+                 spec=MLASpec(H, Dq, Dc, dn, dr, dv, rope=RopeSpec(style="interleaved")))

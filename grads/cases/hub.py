@@ -145,10 +145,10 @@ def _hub_ids(model, rng, margin=1e-3):
         if not moe:
             return data
         blocks = model.forward(data["ids"])[1].blocks
-        routers = [c.ffn.inner.moe.router for c, layer in zip(blocks, model.layers)
+        routers = [c.ffn.inner.router for c, layer in zip(blocks, model.layers)
                    if isinstance(layer.ffn, MoE)]
-        if all(selection_margin(r.score_cache.y + f.selection_bias, f.k, f.routing["n_group"],
-                                f.routing["topk_group"]).min() > margin
+        if all(selection_margin(r.score_cache.y + f.selection_bias, f.spec.router.top_k,
+                                f.spec.router.n_group, f.spec.router.topk_group).min() > margin
                for r, f in zip(routers, moe)):
             return data
 

@@ -70,7 +70,8 @@ def delta_rule(rng):
 
 @case
 def rwkv4(rng):
-    from scratchllm.linear_attention import (rwkv4_channel_mix_backward,
+    from scratchllm.linear_attention import (ChannelMixWeights, TimeMixWeights,
+                                             rwkv4_channel_mix_backward,
                                              rwkv4_channel_mix_forward, rwkv4_time_mix_backward,
                                              rwkv4_time_mix_forward, rwkv4_wkv_backward,
                                              rwkv4_wkv_forward)
@@ -87,17 +88,20 @@ def rwkv4(rng):
                   v=rng.standard_normal((batch, T, D)), **opts)
             for fwd, bwd, label, opts in wkv] + [
             check(rwkv4_time_mix_forward, rwkv4_time_mix_backward, rng=rng, label="time-mix",
-                  x=rng.standard_normal((batch, T, D)), time_decay=rng.normal(-1, 0.5, D),
-                  time_first=rng.standard_normal(D), **mix, **W),
+                  x=rng.standard_normal((batch, T, D)),
+                  w=TimeMixWeights(time_decay=rng.normal(-1, 0.5, D),
+                                   time_first=rng.standard_normal(D), **mix, **W)),
             check(rwkv4_channel_mix_forward, rwkv4_channel_mix_backward, rng=rng,
                   label="channel-mix", x=rng.standard_normal((batch, T, D)),
-                  mix_k=mix["mix_k"], mix_r=mix["mix_r"], Wk=rng.normal(0, 0.5, (D, F)),
-                  Wr=W["Wr"], Wv=rng.normal(0, 0.5, (F, D)))]
+                  w=ChannelMixWeights(mix["mix_k"], mix["mix_r"], rng.normal(0, 0.5, (D, F)),
+                                      W["Wr"], rng.normal(0, 0.5, (F, D))))]
 
 
 @case
 def recurrent_mixer(rng):
-    from scratchllm.linear_attention import recurrent_mixer_backward, recurrent_mixer_forward
+    from scratchllm.linear_attention import (RecurrentWeights, recurrent_mixer_backward,
+                                             recurrent_mixer_forward)
+    from scratchllm.specs import RecurrentSpec
     D, H = 6, 2
     reports = []
     for kind, wa in (("linear", None), ("retnet", None), ("gla", D), ("delta", H)):
@@ -105,6 +109,6 @@ def recurrent_mixer(rng):
         if wa:
             W["Wa"] = rng.normal(0, 0.5, (D, wa))
         reports.append(check(recurrent_mixer_forward, recurrent_mixer_backward, rng=rng,
-                             label=kind, kind=kind, n_heads=H, chunk=3,
-                             x=rng.standard_normal((2, 7, D)), **W))
+                             label=kind, spec=RecurrentSpec(kind, H, chunk=3),
+                             x=rng.standard_normal((2, 7, D)), w=RecurrentWeights(**W)))
     return reports

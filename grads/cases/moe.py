@@ -12,10 +12,11 @@ def _routing_inputs(rng, N, D, E, k, score="softmax", bias=False, margin=1e-3):
     """Draw x (N, D), w_router (D, E) [and a selection bias] until every token's top-k choice
     is at least `margin` from a tie, far above what a 1e-5 step can move: no flips in the check."""
     from scratchllm.moe import router_forward, topk_margin
+    from scratchllm.specs import RouterSpec
     while True:
         x, w = rng.standard_normal((N, D)), rng.standard_normal((D, E))
         b = 0.05 * rng.standard_normal(E) if bias else None
-        _, cache = router_forward(x, w, k=k, score=score, selection_bias=b)
+        _, cache = router_forward(x, w, spec=RouterSpec(E, k, score), selection_bias=b)
         if topk_margin(cache.score_cache.y + (0 if b is None else b), k).min() > margin:
             return x, w, b
 
@@ -23,12 +24,13 @@ def _routing_inputs(rng, N, D, E, k, score="softmax", bias=False, margin=1e-3):
 @case
 def router(rng):
     from scratchllm.moe import router_backward, router_forward
+    from scratchllm.specs import RouterSpec
     reports = []
     for score, bias in (("softmax", False), ("sigmoid", True)):
         x, w, b = _routing_inputs(rng, 7, 6, 5, 2, score, bias)
         reports.append(check(router_forward, router_backward, rng=rng, wrt=["x", "w_router"],
-                             label=score + (" + bias" if bias else ""), x=x, w_router=w, k=2,
-                             score=score, selection_bias=b))
+                             label=score + (" + bias" if bias else ""), x=x, w_router=w,
+                             spec=RouterSpec(5, 2, score), selection_bias=b))
     return reports
 
 
@@ -46,21 +48,22 @@ def _routed_inputs(rng, N, D, E, k, score, bias, logit_bias, options, margin=1e-
     """x, w_router (b_router, selection_bias) drawn until every row's choice (groups and
     top-k) is at least `margin` from a tie: no finite-difference step flips a decision."""
     from scratchllm.moe import router_forward, selection_margin
+    from scratchllm.specs import RouterSpec
     while True:
         x, w = rng.standard_normal((N, D)), rng.standard_normal((D, E))
         b_r = rng.standard_normal(E) if logit_bias else None
         b = 0.05 * rng.standard_normal(E) if bias else None
-        _, cache = router_forward(x, w, b_r, k=k, score=score, selection_bias=b, **options)
+        spec = RouterSpec(E, k, score, bias=logit_bias, **options)
+        _, cache = router_forward(x, w, b_r, spec=spec, selection_bias=b)
         sel = cache.score_cache.y + (0 if b is None else b)
-        if selection_margin(sel, k, options.get("n_group", 1),
-                            options.get("topk_group", 1)).min() > margin:
-            return dict(x=x, w_router=w, b_router=b_r, score=score, selection_bias=b, **options)
+        if selection_margin(sel, k, spec.n_group, spec.topk_group).min() > margin:
+            return dict(x=x, w_router=w, b_router=b_r, spec=spec, selection_bias=b)
 
 
 @case
 def router_routing(rng):
     from scratchllm.moe import router_backward, router_forward
-    return [check(router_forward, router_backward, rng=rng, label=label, k=3,
+    return [check(router_forward, router_backward, rng=rng, label=label,
                   wrt=["x", "w_router"] + ["b_router"] * logit_bias,
                   **_routed_inputs(rng, 7, 6, 8, 3, score, bias, logit_bias, options))
             for label, (score, bias, logit_bias, options) in ROUTINGS.items()]
@@ -137,7 +140,8 @@ def z_loss(rng):
 
 @case
 def moe(rng):
-    from scratchllm.moe import moe_backward, moe_forward
+    from scratchllm.moe import MoEWeights, moe_backward, moe_forward
+    from scratchllm.specs import ExpertsSpec, MoESpec, RouterSpec
     N, D, E, F, Fs, k = 11, 6, 4, 5, 3, 2
     reports = []
     variants = (("softmax", False, 0.75), ("sigmoid", True, 1.0), ("softmax", True, None))
@@ -148,10 +152,10 @@ def moe(rng):
         shared = dict(shared_w1=rng.standard_normal((D, Fs)), shared_w3=rng.standard_normal(
             (D, Fs)), shared_w2=rng.standard_normal((Fs, D))) if c is not None else {}
         label = f"{score}{' + bias' if bias else ''}, capacity {c}{', shared' if shared else ''}"
-        reports.append(check(moe_forward, moe_backward, rng=rng, label=label,
-                             wrt=["x", "w_router", *experts, *shared],
-                             x=x, w_router=w, k=k, capacity_factor=c, score=score,
-                             selection_bias=b, **experts, **shared))
+        spec = MoESpec(RouterSpec(E, k, score), ExpertsSpec(d_ff=F), c, Fs if shared else 0)
+        reports.append(check(moe_forward, moe_backward, rng=rng, label=label, wrt=["x", "w"],
+                             x=x, w=MoEWeights(w, **experts, **shared), spec=spec,
+                             selection_bias=b))
     return reports
 
 
@@ -168,22 +172,25 @@ def _gpt_oss_experts(rng, x, E, F, limit):
 
 @case
 def moe_routing(rng):
-    from scratchllm.moe import moe_backward, moe_forward
+    from scratchllm.moe import MoEWeights, moe_backward, moe_forward
+    from scratchllm.specs import ExpertsSpec, MoESpec
     N, D, E, F, Fs, k = 11, 6, 8, 5, 3, 3
     reports = []
     for label, (score, bias, logit_bias, options) in ROUTINGS.items():
-        inputs = _routed_inputs(rng, N, D, E, k, score, bias, logit_bias, options)
+        r = _routed_inputs(rng, N, D, E, k, score, bias, logit_bias, options)
         experts = dict(w1=rng.standard_normal((E, D, F)), w3=rng.standard_normal((E, D, F)),
                        w2=rng.standard_normal((E, F, D)))
+        kind = ExpertsSpec(d_ff=F)
         if logit_bias:  # gpt-oss: its clamped experts too, every pre-activation off the clamps
-            experts = _gpt_oss_experts(rng, inputs["x"], E, F, limit=2.5)
-            inputs.update(swiglu_limit=2.5)
+            experts = _gpt_oss_experts(rng, r["x"], E, F, limit=2.5)
+            kind = ExpertsSpec("clamped", F, limit=2.5)
         shared = dict(shared_w1=rng.standard_normal((D, Fs)), shared_w3=rng.standard_normal(
             (D, Fs)), shared_w2=rng.standard_normal((Fs, D)))
-        reports.append(check(moe_forward, moe_backward, rng=rng, label=label, k=k,
-                             max_full=100, wrt=["x", "w_router", *["b_router"] * logit_bias,
-                                                *experts, *shared],
-                             **inputs, **experts, **shared))
+        w = MoEWeights(r["w_router"], r["b_router"], **experts, **shared)
+        reports.append(check(moe_forward, moe_backward, rng=rng, label=label, max_full=100,
+                             wrt=["x", "w"], x=r["x"], w=w,
+                             spec=MoESpec(r["spec"], kind, d_shared=Fs),
+                             selection_bias=r["selection_bias"]))
     return reports
 
 

@@ -55,16 +55,17 @@ def s4d(rng):
 
 @case
 def s4d_complex(rng):
-    from scratchllm.ssm import s4d_complex_backward, s4d_complex_forward, s4d_init
+    from scratchllm.ssm import (S4DComplexWeights, s4d_complex_backward, s4d_complex_forward,
+                                s4d_init)
     width, N = 3, 5
     reports = []
     for init in ("lin", "inv"):  # the init's values, then perturbed off the special points
-        p = {k: v + rng.normal(0, 0.1, v.shape) for k, v in
-             s4d_init(width, N, init, rng=rng).items()}
-        p["log_dt"] = rng.uniform(-3, -1, width)
+        p = S4DComplexWeights(*(v + rng.normal(0, 0.1, v.shape)
+                                for v in s4d_init(width, N, init, rng=rng)))
+        p = p._replace(log_dt=rng.uniform(-3, -1, width))
         reports.append(check(s4d_complex_forward, s4d_complex_backward, rng=rng,
                              label=f"S4D-{init.capitalize()}",
-                             x=rng.standard_normal((2, 7, width)), **p))
+                             x=rng.standard_normal((2, 7, width)), w=p))
     return reports
 
 
@@ -96,15 +97,18 @@ def ssd(rng):
 
 @case
 def mamba(rng):
-    from scratchllm.ssm import (causal_conv1d_backward, causal_conv1d_forward, mamba_backward,
-                                mamba_forward)
-    batch, T, width, Di, N, R, K = 2, 7, 5, 9, 3, 2, 4
+    from scratchllm.specs import MambaSpec
+    from scratchllm.ssm import (MambaWeights, causal_conv1d_backward, causal_conv1d_forward,
+                                mamba_backward, mamba_forward)
+    batch, T, width, Di, N, R, K = 2, 7, 5, 10, 3, 2, 4
     block = check(mamba_forward, mamba_backward, rng=rng, label="block",
-                  x=rng.standard_normal((batch, T, width)), W_in=rng.normal(0, 0.5, (width, 2 * Di)),
-                  conv_w=rng.normal(0, 0.5, (Di, K)), conv_b=rng.normal(0, 0.1, Di),
-                  W_x=rng.normal(0, 0.5, (Di, R + 2 * N)), W_dt=rng.normal(0, 0.5, (R, Di)),
-                  b_dt=rng.normal(-1, 0.5, Di), A_log=rng.normal(0, 0.5, (Di, N)),
-                  D=rng.standard_normal(Di), W_out=rng.normal(0, 0.5, (Di, width)))
+                  spec=MambaSpec(N, K, Di // width, R), x=rng.standard_normal((batch, T, width)),
+                  w=MambaWeights(W_in=rng.normal(0, 0.5, (width, 2 * Di)),
+                                 conv_w=rng.normal(0, 0.5, (Di, K)), conv_b=rng.normal(0, 0.1, Di),
+                                 W_x=rng.normal(0, 0.5, (Di, R + 2 * N)),
+                                 W_dt=rng.normal(0, 0.5, (R, Di)), b_dt=rng.normal(-1, 0.5, Di),
+                                 A_log=rng.normal(0, 0.5, (Di, N)), D=rng.standard_normal(Di),
+                                 W_out=rng.normal(0, 0.5, (Di, width))))
     conv = check(causal_conv1d_forward, causal_conv1d_backward, rng=rng, label="causal conv1d",
                  x=rng.standard_normal((batch, T, 3)), w=rng.standard_normal((3, K)),
                  b=rng.standard_normal(3))
@@ -113,27 +117,33 @@ def mamba(rng):
 
 @case
 def mamba_inner_norms(rng):
-    from scratchllm.ssm import mamba_backward, mamba_forward
-    batch, T, width, Di, N, R, K = 2, 7, 5, 9, 3, 2, 4  # Jamba: rmsnorm on dt_low, B, C
+    from scratchllm.specs import MambaSpec
+    from scratchllm.ssm import MambaWeights, mamba_backward, mamba_forward
+    batch, T, width, Di, N, R, K = 2, 7, 5, 10, 3, 2, 4  # Jamba: rmsnorm on dt_low, B, C
+    spec = MambaSpec(N, K, Di // width, R, inner_norms=True, norm_eps=1e-6)
     return check(mamba_forward, mamba_backward, rng=rng, label="jamba inner norms",
-                 max_full=30, x=rng.standard_normal((batch, T, width)),
-                 W_in=rng.normal(0, 0.5, (width, 2 * Di)), conv_w=rng.normal(0, 0.5, (Di, K)),
-                 conv_b=rng.normal(0, 0.1, Di), W_x=rng.normal(0, 0.5, (Di, R + 2 * N)),
-                 W_dt=rng.normal(0, 0.5, (R, Di)), b_dt=rng.normal(-1, 0.5, Di),
-                 A_log=rng.normal(0, 0.5, (Di, N)), D=rng.standard_normal(Di),
-                 W_out=rng.normal(0, 0.5, (Di, width)), dt_norm=1 + 0.3 * rng.standard_normal(R),
-                 B_norm=1 + 0.3 * rng.standard_normal(N), C_norm=1 + 0.3 * rng.standard_normal(N),
-                 norm_eps=1e-6)
+                 max_full=30, spec=spec, x=rng.standard_normal((batch, T, width)),
+                 w=MambaWeights(W_in=rng.normal(0, 0.5, (width, 2 * Di)),
+                                conv_w=rng.normal(0, 0.5, (Di, K)), conv_b=rng.normal(0, 0.1, Di),
+                                W_x=rng.normal(0, 0.5, (Di, R + 2 * N)),
+                                W_dt=rng.normal(0, 0.5, (R, Di)), b_dt=rng.normal(-1, 0.5, Di),
+                                A_log=rng.normal(0, 0.5, (Di, N)), D=rng.standard_normal(Di),
+                                W_out=rng.normal(0, 0.5, (Di, width)),
+                                dt_norm=1 + 0.3 * rng.standard_normal(R),
+                                B_norm=1 + 0.3 * rng.standard_normal(N),
+                                C_norm=1 + 0.3 * rng.standard_normal(N)))
 
 
 @case
 def mamba2(rng):
-    from scratchllm.ssm import mamba2_backward, mamba2_forward
-    D, Di, H, N, K = 5, 8, 2, 3, 3
+    from scratchllm.specs import Mamba2Spec
+    from scratchllm.ssm import Mamba2Weights, mamba2_backward, mamba2_forward
+    D, Di, H, N, K = 4, 12, 2, 3, 3
     shapes = dict(Wz=(D, Di), Wx=(D, Di), WB=(D, N), WC=(D, N), Wdt=(D, H),
                   conv_w=(Di + 2 * N, K), conv_b=(Di + 2 * N,))
     W = {n: rng.normal(0, 0.5, s) for n, s in shapes.items()}
     return check(mamba2_forward, mamba2_backward, rng=rng, x=rng.standard_normal((2, 7, D)),
-                 dt_bias=rng.normal(-1, 0.5, H), A_log=rng.normal(0, 0.5, H),
-                 D=rng.standard_normal(H), norm=1 + rng.random(Di),
-                 Wout=rng.normal(0, 0.5, (Di, D)), chunk=3, **W)
+                 w=Mamba2Weights(dt_bias=rng.normal(-1, 0.5, H), A_log=rng.normal(0, 0.5, H),
+                                 D=rng.standard_normal(H), norm=1 + rng.random(Di),
+                                 Wout=rng.normal(0, 0.5, (Di, D)), **W),
+                 spec=Mamba2Spec(H, N, Di // D, K, chunk=3))

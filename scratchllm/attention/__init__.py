@@ -1,26 +1,30 @@
-"""Attention: RoPE and its scalings (rope), boolean masks (masks), scaled dot-product attention
-with grouped K/V heads (sdpa), grouped-query attention and its decoding step (gqa), decoding
-state (kv_state), and multi-head latent attention (mla_projection, mla); tiled Flash attention
+"""Attention: RoPE and its scalings (rope), boolean masks and the array of a Mask spec
+(masks), scaled dot-product attention with grouped K/V heads (sdpa), the projections of a
+GQA layer (qkv), grouped-query attention and its decoding step (gqa), decoding state
+(kv_state), and multi-head latent attention (mla_projection, mla); tiled Flash attention
 (flash), sinusoidal and ALiBi positions (positions), MHA -> GQA conversion (convert),
 cross-attention (cross), and DeepSeek's top-k sparse attention (indexer, sparse);
 the Numba twins: RoPE fused with the head split (rope_heads), sdpa's softmax in one pass
 per row (sdpa_softmax).
 
-Stands on core only; mla stands on sdpa, rope and masks."""
+A layer's options arrive as specs (scratchllm.specs: AttentionSpec, MLASpec, RopeSpec, Mask),
+its arrays as one NamedTuple (AttentionWeights, MLAWeights), RoPE at run time as a Rope.
+Stands on core and specs; mla stands on sdpa, rope and masks."""
 from .convert import mha_to_gqa
 from .cross import CrossAttention, cross_attention_backward, cross_attention_forward
 from .flash import FlashCache, flash_sdpa_backward, flash_sdpa_forward
-from .gqa import (Attention, gqa_backward, gqa_decode, gqa_forward, gqa_forward_ref,
-                  project_qkv_backward, project_qkv_forward)
+from .gqa import Attention, gqa_backward, gqa_decode, gqa_forward, gqa_forward_ref
 from .indexer import (attention_distribution, indexer_kl_loss_backward,
                       indexer_kl_loss_forward, lightning_indexer_backward,
                       lightning_indexer_forward)
 from .kv_state import KVState, LatentKVState, RollingKVState
-from .masks import attention_sink_mask, block_sparse_mask, causal_mask, sliding_window_mask
+from .masks import (attention_sink_mask, block_sparse_mask, causal_mask, mask_array,
+                    sliding_window_mask)
 from .mla import MLA, mla_backward, mla_decode, mla_decode_ref, mla_forward, mla_softmax_scale
-from .mla_projection import MLAProjection, mla_project_backward, mla_project_forward
+from .mla_projection import MLAProjection, MLAWeights, mla_project_backward, mla_project_forward
 from .positions import alibi_bias, alibi_slopes, sinusoidal_positions
-from .rope import get_mscale, rope_backward, rope_forward, rope_frequencies
+from .qkv import QKV, AttentionWeights, project_qkv_backward, project_qkv_forward
+from .rope import Rope, get_mscale, make_rope, rope_backward, rope_forward, rope_frequencies
 from .sparse import topk_select, topk_sparse_attention_backward, topk_sparse_attention_forward
 from .rope_heads import (rope_heads_backward, rope_heads_backward_ref, rope_heads_forward,
                          rope_heads_forward_ref)
@@ -29,9 +33,10 @@ from .sdpa import (merge_heads, repeat_kv_backward, repeat_kv_forward, sdpa_back
 from .sdpa_softmax import softmax_scores_, softmax_scores_backward_
 
 __all__ = [
-    "Attention", "KVState", "LatentKVState", "MLA", "MLAProjection", "QKV", "RollingKVState",
-    "attention_sink_mask", "block_sparse_mask", "causal_mask", "get_mscale", "gqa_backward",
-    "gqa_decode", "gqa_forward", "gqa_forward_ref", "merge_heads", "mla_backward", "mla_decode",
+    "Attention", "AttentionWeights", "KVState", "LatentKVState", "MLA", "MLAProjection",
+    "MLAWeights", "QKV", "RollingKVState", "Rope", "attention_sink_mask", "block_sparse_mask",
+    "causal_mask", "get_mscale", "gqa_backward", "gqa_decode", "gqa_forward",
+    "gqa_forward_ref", "make_rope", "mask_array", "merge_heads", "mla_backward", "mla_decode",
     "mla_decode_ref", "mla_forward", "mla_project_backward", "mla_project_forward",
     "mla_softmax_scale", "project_qkv_backward", "project_qkv_forward", "repeat_kv_backward",
     "repeat_kv_forward", "rope_backward", "rope_forward", "rope_frequencies",
@@ -39,11 +44,11 @@ __all__ = [
     "rope_heads_forward_ref", "sdpa_backward",
     "sdpa_forward", "sliding_window_mask", "softmax_scores_", "softmax_scores_backward_",
     "split_heads",
-    # issue 14: flash attention, positions
+    # flash attention, cross-attention, positions, MHA -> GQA
     "CrossAttention", "FlashCache", "alibi_bias", "cross_attention_backward",
     "cross_attention_forward", "alibi_slopes", "flash_sdpa_backward", "flash_sdpa_forward",
     "mha_to_gqa", "sinusoidal_positions",
-    # issue 14: DeepSeek sparse attention
+    # DeepSeek sparse attention
     "attention_distribution", "indexer_kl_loss_backward", "indexer_kl_loss_forward",
     "lightning_indexer_backward", "lightning_indexer_forward", "topk_select",
     "topk_sparse_attention_backward", "topk_sparse_attention_forward",

@@ -3,7 +3,7 @@ attention): queries from one sequence, keys and values from another, so Tq != Tk
 
 Math:
     q = x Wq,  k = ctx Wk,  v = ctx Wv   (heads split; query head h reads KV head h // G)
-    y = concat_heads(sdpa(q, k, v, mask)) Wo        mask e.g. (B, 1, 1, Tk) for padding
+    y = concat_heads(sdpa(q, k, v, mask)) Wo        mask e.g. Mask(array=(B, 1, 1, Tk)) for padding
 No RoPE and no causal mask: every query may read the whole context (masked keys excepted).
 Backward: the linear and sdpa backwards; ctx's gradient is the sum of its k and v paths.
 
@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from scratchllm.attention.qkv import AttentionWeights, check_attention_weights
 from scratchllm.attention.sdpa import merge_heads, sdpa_backward, sdpa_forward, split_heads
 from scratchllm.core.nn import Module, Param, normal_init
 from scratchllm.core.ops import linear_backward, linear_forward, linear_out
@@ -30,36 +31,52 @@ class CrossCache(NamedTuple):
     n_kv_heads: int
 
 
-def cross_attention_forward(x, ctx, wq, wk, wv, wo, *, n_heads, n_kv_heads, mask=None):
+def _check_spec(fn, spec):
+    """Cross-attention has no positions, biases, QK-norm, sinks or tiled kernel, and its
+    queries read the whole context: what the spec may ask of it."""
+    asked = [f"{name}={getattr(spec, name)!r}" for name, off in (
+        ("rope", None), ("alibi", False), ("impl", "sdpa")) if getattr(spec, name) != off]
+    if asked:
+        raise ValueError(f"{fn}: spec has {', '.join(asked)}; cross-attention takes rope=None, "
+                         f"alibi=False, impl='sdpa'")
+    if spec.mask.causal and spec.mask.array is None:
+        raise ValueError(f"{fn}: spec.mask={spec.mask!r} is causal; cross-attention reads the "
+                         f"whole context: give Mask(causal=False) (or a padding array)")
+
+
+def cross_attention_forward(x, ctx, w, *, spec, mask=None):
     """y = sdpa(split(x Wq), split(ctx Wk), split(ctx Wv), mask) Wo.
 
     Inputs:  x (B, Tq, D) queries' stream; ctx (B, Tk, Dc) the other sequence (an encoder's
-             output); wq (D, H*Dh); wk, wv (Dc, Hkv*Dh); wo (H*Dh, D); mask bool
-             broadcastable to (B, H, Tq, Tk) or None.
+             output); w an AttentionWeights: wq (D, H*Dh), wk, wv (Dc, Hkv*Dh), wo (H*Dh, D);
+             spec an AttentionSpec (n_heads, n_kv_heads, head_dim, scale; rope=None,
+             mask=Mask(causal=False)); mask a Mask (e.g. Mask(array=keep) with keep bool
+             (B, 1, 1, Tk) for padding), or None: spec.mask.
     Returns: y (B, Tq, D).  Cache: CrossCache.
     """
-    expect_ndim("cross_attention", "x", x, 3, "(B, Tq, D)")
-    expect_ndim("cross_attention", "ctx", ctx, 3, "(B, Tk, Dc)")
-    expect_shape("cross_attention", "ctx", ctx, (x.shape[0], None, None), "(B, Tk, Dc) like x")
-    expect_ndim("cross_attention", "wq", wq, 2, "(D, H*Dh)")
-    if n_kv_heads < 1 or n_heads % n_kv_heads or wq.shape[-1] % n_heads:
-        raise ValueError(f"cross_attention: n_heads={n_heads} must be a multiple of "
-                         f"n_kv_heads={n_kv_heads} and divide wq's {wq.shape[-1]} columns")
-    Dh = wq.shape[-1] // n_heads
-    expect_shape("cross_attention", "wk", wk, (ctx.shape[2], n_kv_heads * Dh), "(Dc, Hkv*Dh)")
-    expect_shape("cross_attention", "wv", wv, wk.shape, "(Dc, Hkv*Dh)")
-    expect_shape("cross_attention", "wo", wo, (n_heads * Dh, x.shape[2]), "(H*Dh, D)")
-    q, lin_q = linear_forward(x, wq)  # (B, Tq, H*Dh)
-    k, lin_k = linear_forward(ctx, wk)  # (B, Tk, Hkv*Dh)
-    v, lin_v = linear_forward(ctx, wv)  # (B, Tk, Hkv*Dh)
-    o, sd = sdpa_forward(split_heads(q, n_heads), split_heads(k, n_kv_heads),
-                         split_heads(v, n_kv_heads), mask)  # (B, H, Tq, Dh)
-    y, lin_o = linear_forward(merge_heads(o), wo)  # (B, Tq, D)
-    return y, CrossCache(lin_q, lin_k, lin_v, sd, lin_o, n_heads, n_kv_heads)
+    fn = "cross_attention"
+    expect_ndim(fn, "x", x, 3, "(B, Tq, D)")
+    expect_ndim(fn, "ctx", ctx, 3, "(B, Tk, Dc)")
+    expect_shape(fn, "ctx", ctx, (x.shape[0], None, None), "(B, Tk, Dc) like x")
+    check_attention_weights(fn, w, spec)
+    _check_spec(fn, spec)
+    H, Hkv, Dh = spec.n_heads, spec.n_kv_heads, spec.dh(x.shape[2])
+    expect_shape(fn, "wq", w.wq, (x.shape[2], H * Dh), "(D, H*Dh)")
+    expect_shape(fn, "wk", w.wk, (ctx.shape[2], Hkv * Dh), "(Dc, Hkv*Dh)")
+    expect_shape(fn, "wv", w.wv, w.wk.shape, "(Dc, Hkv*Dh)")
+    expect_shape(fn, "wo", w.wo, (H * Dh, x.shape[2]), "(H*Dh, D)")
+    q, lin_q = linear_forward(x, w.wq)  # (B, Tq, H*Dh)
+    k, lin_k = linear_forward(ctx, w.wk)  # (B, Tk, Hkv*Dh)
+    v, lin_v = linear_forward(ctx, w.wv)  # (B, Tk, Hkv*Dh)
+    o, sd = sdpa_forward(split_heads(q, H), split_heads(k, Hkv), split_heads(v, Hkv),
+                         spec.mask if mask is None else mask, spec.scale)  # (B, H, Tq, Dh)
+    y, lin_o = linear_forward(merge_heads(o), w.wo)  # (B, Tq, D)
+    return y, CrossCache(lin_q, lin_k, lin_v, sd, lin_o, H, Hkv)
 
 
 def cross_attention_backward(dy, cache):
     """Math: the linear and sdpa backwards in reverse; d ctx = dk Wk^T + dv Wv^T.
+    Returns {"x": dx, "ctx": dctx, "w": AttentionWeights(dwq, dwk, dwv, dwo)}.
     Reference: Vaswani et al. 2017 (arXiv 1706.03762) section 3.2.3."""
     expect_dout("cross_attention_backward", dy, *linear_out(cache.lin_o), name="dy")
     g_o = linear_backward(dy, cache.lin_o)  # fwd: y = merge_heads(o) @ wo
@@ -67,31 +84,31 @@ def cross_attention_backward(dy, cache):
     g_q = linear_backward(merge_heads(g["q"]), cache.lin_q)  # fwd: q = split(x @ wq)
     g_k = linear_backward(merge_heads(g["k"]), cache.lin_k)  # fwd: k = split(ctx @ wk)
     g_v = linear_backward(merge_heads(g["v"]), cache.lin_v)  # fwd: v = split(ctx @ wv)
-    return {"x": g_q["x"], "ctx": g_k["x"] + g_v["x"], "wq": g_q["W"], "wk": g_k["W"],
-            "wv": g_v["W"], "wo": g_o["W"]}
+    return {"x": g_q["x"], "ctx": g_k["x"] + g_v["x"],
+            "w": AttentionWeights(g_q["W"], g_k["W"], g_v["W"], g_o["W"])}
 
 
 class CrossAttention(Module):
     """Cross-attention layer owning wq, wk, wv, wo: forward(x, ctx, mask) -> (y, cache);
     backward(dy, cache) -> {"x": dx, "ctx": dctx}, Param grads added (the context's gradient
-    goes back to the encoder, so both input gradients are returned, keyed like the pair's)."""
+    goes back to the encoder, so both input gradients are returned, keyed like the pair's).
+    spec: an AttentionSpec with rope=None and mask=Mask(causal=False); d_context: the
+    context's width Dc (default d_model)."""
 
-    def __init__(self, d_model, n_heads, n_kv_heads=None, *, rng, d_context=None,
-                 head_dim=None, dtype=np.float32):
-        Hkv, Dc = n_kv_heads or n_heads, d_context or d_model
-        Dh = head_dim or d_model // n_heads
-        self.wq = Param(normal_init(rng, (d_model, n_heads * Dh), d_model ** -0.5, dtype))
+    def __init__(self, d_model, spec, *, rng, d_context=None, dtype=np.float32):
+        H, Hkv, Dh, Dc = spec.n_heads, spec.n_kv_heads, spec.dh(d_model), d_context or d_model
+        _check_spec("CrossAttention", spec)
+        self.wq = Param(normal_init(rng, (d_model, H * Dh), d_model ** -0.5, dtype))
         self.wk = Param(normal_init(rng, (Dc, Hkv * Dh), Dc ** -0.5, dtype))
         self.wv = Param(normal_init(rng, (Dc, Hkv * Dh), Dc ** -0.5, dtype))
-        self.wo = Param(normal_init(rng, (n_heads * Dh, d_model), (n_heads * Dh) ** -0.5, dtype))
-        self.n_heads, self.n_kv_heads = n_heads, Hkv
+        self.wo = Param(normal_init(rng, (H * Dh, d_model), (H * Dh) ** -0.5, dtype))
+        self.spec = spec
 
     def forward(self, x, ctx, mask=None):
-        return cross_attention_forward(x, ctx, self.wq.data, self.wk.data, self.wv.data,
-                                       self.wo.data, n_heads=self.n_heads,
-                                       n_kv_heads=self.n_kv_heads, mask=mask)
+        w = AttentionWeights(self.wq.data, self.wk.data, self.wv.data, self.wo.data)
+        return cross_attention_forward(x, ctx, w, spec=self.spec, mask=mask)
 
     def backward(self, dy, cache):
         grads = cross_attention_backward(dy, cache)
-        self.add_grads(grads)
+        self.add_grads(grads["w"]._asdict())
         return {"x": grads["x"], "ctx": grads["ctx"]}

@@ -18,15 +18,17 @@ Backward, per block, with P = exp(S - L) recomputed:
         = rowsum(dout * out)_i,
 so the softmax backward's row term is computed once from out, without any full row of P.
 
-Masks, as the masks.py arrays (True = may attend), from positions: query row i sits at
-position i + Tk - Tq (bottom-right aligned, so a query block of the last Tq tokens lines up
-with the whole key sequence); causal keeps keys j <= pos; window W keeps j > pos - W; n_sink
-keeps the first S keys as well (attention_sink_mask). Sink logits (gpt-oss, `sinks=`): row i of
-head h has one more softmax column of logit sinks[h] and no value; the online softmax starts
-from it (m_0 = sinks[h], l_0 = 1, A_0 = 0), so L includes it and P_sink = exp(sinks[h] - L).
-Its gradient: dP_sink = 0 (no value), so dS_sink = -P_sink D and dsinks[h] = -sum_rows
-P_sink D; the key columns' dS = P (dP - D) is unchanged, as D = rowsum(dout * out) already
-sums only the keys (the sink adds nothing to out). ALiBi (positions.py) adds
+Masks: a Mask's causal, window and n_sink, built tile by tile from positions as the masks.py
+arrays would be (True = may attend; an explicit array or a block pattern is sdpa's): query
+row i sits at position i + Tk - Tq (bottom-right aligned, so a query block of the last Tq
+tokens lines up with the whole key sequence); causal keeps keys j <= pos; window W keeps
+j > pos - W; n_sink keeps the first S keys as well (attention_sink_mask).
+Sink logits (gpt-oss, `sinks=`): row i of head h has one more softmax column of logit
+sinks[h] and no value; the online softmax starts from it (m_0 = sinks[h], l_0 = 1,
+A_0 = 0), so L includes it and P_sink = exp(sinks[h] - L). Its gradient: dP_sink = 0 (no
+value), so dS_sink = -P_sink D and dsinks[h] = -sum_rows P_sink D; the key columns'
+dS = P (dP - D) is unchanged, as D = rowsum(dout * out) already sums only the keys (the
+sink adds nothing to out). ALiBi (positions.py) adds
 -slope_h |pos - j| inside each block, and its slope gradient is the sum of dS times that
 distance. Grouped K/V heads as in sdpa: the G query heads of a KV head are stacked along the
 rows, so each block is one (G*bq, Dh) @ (Dh, bk) product. Extra memory: out, L, dq and the
@@ -39,10 +41,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.attention.flash_kernels import exp_shift_, fused_ok, softmax_grad_
+from scratchllm.attention.flash_kernels import exp_shift_, softmax_grad_
 from scratchllm.attention.sdpa import check_heads
-from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_positive,
+from scratchllm.core.twins import use_fused
+from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_integer,
                                       expect_shape)
+from scratchllm.specs import Mask
 
 
 class FlashOptions(NamedTuple):
@@ -52,6 +56,7 @@ class FlashOptions(NamedTuple):
     n_sink: int
     block_q: int
     block_k: int
+    fused: bool       # not SCRATCHLLM_READABLE: flash_kernels' Numba passes for float32
 
 
 class FlashCache(NamedTuple):
@@ -65,19 +70,32 @@ class FlashCache(NamedTuple):
     opts: FlashOptions
 
 
-def _check(q, k, v, alibi_slopes, sinks, causal, window, n_sink, block_q, block_k):
+def _options(q, k, v, mask, scale, block):
+    """FlashOptions of a call, its inputs checked: the Mask's causal, window and n_sink (an
+    array or a block pattern is sdpa's), the scale (default Dh^-1/2), the tiles (block: an
+    int for both, or a pair (bq, bk)), and the twin, chosen once for forward and backward."""
     fn = "flash_sdpa"
-    H = check_heads(fn, q, k, v)[1]
+    Dh = check_heads(fn, q, k, v)[3]
+    if mask is not None and not isinstance(mask, Mask):
+        raise TypeError(f"{fn}: mask must be a Mask or None, got {type(mask).__name__}")
+    if mask is not None and (mask.array is not None or mask.block is not None):
+        raise ValueError(f"{fn}: tiles causal, window and n_sink masks; a mask array or a "
+                         f"block pattern needs sdpa_forward")
+    block_q, block_k = block if isinstance(block, tuple) and len(block) == 2 else (block, block)
+    expect_integer(fn, "block", block_q, 1)
+    expect_integer(fn, "block", block_k, 1)
+    scale = Dh ** -0.5 if scale is None else expect_finite(fn, "scale", scale)
+    causal = mask is not None and mask.causal
+    return FlashOptions(scale, causal, mask.window if causal else None,
+                        mask.n_sink if causal else 0, int(block_q), int(block_k), use_fused())
+
+
+def _check_per_head(q, alibi_slopes, sinks):
+    """alibi_slopes and sinks: None or a float (H,) array."""
     for name, a in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
         if a is not None:
-            expect_float(fn, name, a)
-            expect_shape(fn, name, a, (H,), "(H,): one per query head")
-    expect_positive(fn, "block_q", block_q)
-    expect_positive(fn, "block_k", block_k)
-    if window is not None and (not causal or window < 1):
-        raise ValueError(f"{fn}: window={window!r} needs causal=True and window >= 1")
-    if n_sink and (window is None or n_sink < 0):
-        raise ValueError(f"{fn}: n_sink={n_sink!r} needs a window and must be >= 0")
+            expect_float("flash_sdpa", name, a)
+            expect_shape("flash_sdpa", name, a, (q.shape[1],), "(H,): one per query head")
 
 
 def _block_keep(opts, i0, i1, j0, j1, offset):
@@ -131,24 +149,24 @@ def _blocks(opts, Tq, Tk):
         yield i0, i1, ks
 
 
-def flash_sdpa_forward(q, k, v, alibi_slopes=None, *, causal=False, window=None, n_sink=0,
-                       scale=None, block_q=128, block_k=128, sinks=None):
+def flash_sdpa_forward(q, k, v, *, mask=None, scale=None, alibi_slopes=None, sinks=None,
+                       block=128):
     """out = softmax(q k^T * scale + alibi, masked) v, tiled; equals sdpa_forward.
 
     Inputs:  q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv), H a multiple of Hkv;
-             alibi_slopes (H,) or None; causal, window (with causal), n_sink (with window)
-             as causal_mask / sliding_window_mask / attention_sink_mask, query i at position
-             i + Tk - Tq; scale defaults to Dh^-1/2; block_q, block_k the tile sizes;
-             sinks (H,) or None: gpt-oss's per-head sink logits (as sdpa_forward's).
+             mask a Mask (causal, window, n_sink: as causal_mask / sliding_window_mask /
+             attention_sink_mask, query i at position i + Tk - Tq) or None (attend
+             everywhere); scale defaults to Dh^-1/2; alibi_slopes (H,) or None; sinks (H,)
+             or None: gpt-oss's per-head sink logits (as sdpa_forward's); block the tile
+             size, an int for both or a pair (bq, bk).
     Returns: out (B, H, Tq, Dv); a fully masked query row gives zeros.
     Cache:   FlashCache: the inputs, out and the row logsumexp L (B, Hkv, G*Tq, 1).
     """
-    _check(q, k, v, alibi_slopes, sinks, causal, window, n_sink, block_q, block_k)
+    opts = _options(q, k, v, mask, scale, block)
+    _check_per_head(q, alibi_slopes, sinks)
     B, H, Tq, Dh = q.shape
     Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[3]
     G = H // Hkv
-    scale = Dh ** -0.5 if scale is None else expect_finite("flash_sdpa", "scale", scale)
-    opts = FlashOptions(scale, bool(causal), window, int(n_sink), int(block_q), int(block_k))
     slopes = None if alibi_slopes is None else alibi_slopes.reshape(Hkv, G, 1, 1)  # (Hkv,G,1,1)
     out = np.zeros((B, H, Tq, Dv), q.dtype)  # (B, H, Tq, Dv)
     lse = np.full((B, Hkv, G * Tq, 1), -np.inf, q.dtype)  # (B, Hkv, G*Tq, 1)
@@ -160,7 +178,7 @@ def flash_sdpa_forward(q, k, v, alibi_slopes=None, *, causal=False, window=None,
             s = _scores(qb, k[:, :, j0:j1], slopes, keep, opts, i0, i1, j0, j1, Tk - Tq)
             m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (B, Hkv, G*bq, 1)
             ref = np.where(np.isfinite(m_new), m_new, 0)  # (B, Hkv, G*bq, 1): no inf - inf
-            p = _exp_shift(s, ref)  # exp(S - ref) in place  (B, Hkv, G*bq, bk)
+            p = _exp_shift(s, ref, opts.fused)  # exp(S - ref) in place  (B, Hkv, G*bq, bk)
             alpha = np.exp(m - ref)  # (B, Hkv, G*bq, 1) rescales the earlier blocks
             l = alpha * l + p.sum(axis=-1, keepdims=True)  # (B, Hkv, G*bq, 1)
             acc = alpha * acc + p @ v[:, :, j0:j1]  # (B, Hkv, G*bq, Dv)
@@ -174,19 +192,26 @@ def flash_sdpa_forward(q, k, v, alibi_slopes=None, *, causal=False, window=None,
     return out, FlashCache(q, k, v, alibi_slopes, sinks, out, lse, opts)
 
 
-def _exp_shift(s, ref):
+def _numba(a, fused):
+    """Whether flash_kernels' in-place passes take the block a: the fused twin was chosen,
+    and a is float32 and C-contiguous."""
+    return fused and a.dtype == np.float32 and a.flags.c_contiguous
+
+
+def _exp_shift(s, ref, fused):
     """exp(s - ref) in place, s (B, Hkv, G*bq, bk), ref (B, Hkv, G*bq, 1): one Numba pass
-    for float32 (flash_kernels.py), else these NumPy lines (the readable twin)."""
-    if fused_ok(s):
+    (flash_kernels.py) when the forward chose the fused twin, else these NumPy lines (the
+    readable twin)."""
+    if _numba(s, fused):
         return exp_shift_(s, ref)
     s -= ref
     return np.exp(s, out=s)
 
 
-def _softmax_grad(dp, p, d_row, c):
+def _softmax_grad(dp, p, d_row, c, fused):
     """c P (dP - D) in place of dp (B, Hkv, G*bq, bk), d_row (B, Hkv, G*bq, 1): one Numba
-    pass for float32 (flash_kernels.py), else these NumPy lines."""
-    if fused_ok(dp):
+    pass (flash_kernels.py) for the fused twin, else these NumPy lines."""
+    if _numba(dp, fused):
         return softmax_grad_(dp, p, d_row, c)
     dp -= d_row
     np.multiply(dp, p, out=dp)
@@ -245,11 +270,11 @@ def flash_sdpa_backward(dout, cache):
         for j0, j1, keep in ks:
             kb, vb = k[:, :, j0:j1], v[:, :, j0:j1]  # (B, Hkv, bk, Dh|Dv)
             s = _scores(qb, kb, slopes, keep, opts, i0, i1, j0, j1, Tk - Tq)
-            p = _exp_shift(s, L)  # fwd: P = exp(S - L)       (B, Hkv, G*bq, bk)
+            p = _exp_shift(s, L, opts.fused)  # fwd: P = exp(S - L)  (B, Hkv, G*bq, bk)
             dv[:, :, j0:j1] += p.swapaxes(-1, -2) @ dob  # fwd: out = P v -> dv = P^T dout
             dp = dob @ vb.swapaxes(-1, -2)  # fwd: out = P v -> dP = dout v^T  (B,Hkv,G*bq,bk)
             c = 1.0 if slopes is not None else opts.scale  # the scale after ALiBi's gradient
-            ds = _softmax_grad(dp, p, d_row, c)  # fwd: P = softmax(S) -> dS = c P (dP - D)
+            ds = _softmax_grad(dp, p, d_row, c, opts.fused)  # fwd: P = softmax(S) -> c P (dP-D)
             if slopes is not None:  # fwd: S += slope * dist -> dslope = sum dS * dist
                 dist = _distance(i0, i1, j0, j1, Tk - Tq)  # (bq, bk)
                 dslopes += np.einsum("bgxij,ij->gx", ds.reshape(

@@ -1,6 +1,7 @@
 """Flash attention's two elementwise passes per block, fused into one Numba loop each for
 float32 (flash.py calls them; float64, the gradient-checked path, and SCRATCHLLM_READABLE use
-the NumPy lines beside each call, the readable twin):
+the NumPy lines beside each call, the readable twin; flash_sdpa_forward chooses once and its
+cache carries the choice to the backward):
 
     exp_shift_(s, ref)        s = exp(s - ref)                    forward P~ and backward P
     softmax_grad_(dp, p, d, c) dp = c * p * (dp - d)              dS = P (dP - D), scaled
@@ -14,7 +15,6 @@ import numpy as np
 from numba import njit
 
 from scratchllm.core.exp32 import exp_lanes
-from scratchllm.core.fused import use_fused
 
 
 @njit(cache=True, nogil=True)
@@ -33,11 +33,6 @@ def _softmax_grad_rows(dp, p, d, c):
         dr = d[r]
         for j in range(bk):
             dp[r, j] = c * p[r, j] * (dp[r, j] - dr)
-
-
-def fused_ok(a):
-    """Whether the Numba passes apply: float32, C-contiguous, not SCRATCHLLM_READABLE."""
-    return a.dtype == np.float32 and a.flags.c_contiguous and use_fused()
 
 
 def exp_shift_(s, ref):

@@ -13,6 +13,9 @@ Backward: the linear, sdpa, rope (rotation by -theta) and KV-sharing (a sum over
 heads of each group) backwards, each through its own pair.
 Decoding keeps the (already rotated) keys and values of past tokens in a KVState (or a
 RollingKVState for a sliding window, kv_state.py): a new token computes only its own q, k, v.
+A layer's arrays travel as one AttentionWeights (qkv.py), its options as an AttentionSpec
+(scratchllm.specs), RoPE as a Rope (rope.py) and the mask as a Mask: the Module passes its
+spec unchanged into the pair.
 
 Glossary: B batch, T time, D model width, H query heads, Hkv KV heads, G = H / Hkv,
 Dh head dim, W window, S sink tokens.
@@ -21,15 +24,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.attention.flash import FlashCache, flash_sdpa_backward, flash_sdpa_forward
+from scratchllm.attention.flash import flash_sdpa_backward, flash_sdpa_forward
 from scratchllm.attention.kv_state import KVState, RollingKVState
-from scratchllm.attention.masks import attention_sink_mask, causal_mask, sliding_window_mask
 from scratchllm.attention.positions import alibi_bias, alibi_slopes
-from scratchllm.attention.qkv import QKV, QKVCache, project_qkv_backward, project_qkv_forward
-from scratchllm.attention.rope import rope_frequencies
-from scratchllm.attention.sdpa import (SDPACache, merge_heads, repeat_kv_backward,
-                                       repeat_kv_forward, sdpa_backward, sdpa_forward,
-                                       split_heads)
+from scratchllm.attention.qkv import (QKV, AttentionWeights, QKVCache, project_qkv_backward,
+                                      project_qkv_forward)
+from scratchllm.attention.rope import make_rope
+from scratchllm.attention.sdpa import (merge_heads, repeat_kv_backward, repeat_kv_forward,
+                                       sdpa_backward, sdpa_forward, split_heads)
 from scratchllm.core.nn import Module, Param, normal_init
 from scratchllm.core.ops import linear_backward, linear_forward, linear_out
 from scratchllm.core.validate import expect_dout, expect_integer, expect_shape
@@ -38,163 +40,111 @@ from scratchllm.core.validate import expect_dout, expect_integer, expect_shape
 class GQACache(NamedTuple):
     qkv: QKVCache
     rep: tuple  # RepeatKVCache in gqa_forward_ref; None when sdpa shares the heads itself
-    sdpa: SDPACache  # or a FlashCache (attn_impl="flash")
+    attend: tuple  # the SDPACache, or a FlashCache (spec.impl "flash")
+    attend_backward: object  # sdpa_backward or flash_sdpa_backward: the kernel's backward
     lin_o: tuple
     k: np.ndarray  # (B, Hkv, T, Dh) the rotated keys and values attended: what a KV state
     v: np.ndarray  # (B, Hkv, T, Dh) holds after these tokens (Attention.prefill)
 
 
-def _resolve_mask(mask, window, T):
-    """A mask name ("causal", "sliding" with window, "none"/None) or a bool array. A window
-    acts on "causal" (it becomes "sliding"); with any other mask it would be ignored: an
-    error."""
-    if window is not None and not (isinstance(mask, str) and mask in ("causal", "sliding")):
-        shown = "a mask array" if isinstance(mask, np.ndarray) else repr(mask)
-        raise ValueError(f"gqa: window={window!r} has no effect with mask={shown}; give "
-                         f"mask='causal' or 'sliding', or build the mask with "
-                         f"sliding_window_mask / attention_sink_mask")
-    if mask is None or (isinstance(mask, str) and mask == "none"):
-        return None
-    if isinstance(mask, str) and mask == "causal" and window is None:
-        return causal_mask(T)  # (T, T)
-    if isinstance(mask, str) and mask in ("causal", "sliding"):
-        if window is None or window < 1:
-            raise ValueError(f"gqa: mask='sliding' needs window >= 1, got window={window!r}")
-        return sliding_window_mask(T, window)  # (T, T)
-    if isinstance(mask, np.ndarray):
-        return mask
-    raise ValueError(f"gqa: mask must be 'causal', 'sliding', 'none', None or a bool array, "
-                     f"got {mask!r}")
+def _attend(q, k, v, spec, mask, sinks):
+    """o = attention of (q, k, v) under `mask` (a Mask, or None: everywhere) with the spec's
+    scale and ALiBi and the sink logits, by the spec's kernel: (o (B, H, T, Dh), cache,
+    the kernel's backward)."""
+    H, T = q.shape[1], q.shape[2]
+    slopes = alibi_slopes(H).astype(q.dtype) if spec.alibi else None  # (H,)
+    if spec.impl == "flash":
+        o, cache = flash_sdpa_forward(q, k, v, mask=mask, scale=spec.scale, alibi_slopes=slopes,
+                                      sinks=sinks, block=spec.block)
+        return o, cache, flash_sdpa_backward
+    bias = None if slopes is None else alibi_bias(slopes, T, T)  # (H, T, T)
+    o, cache = sdpa_forward(q, k, v, mask, spec.scale, bias=bias, sinks=sinks)
+    return o, cache, sdpa_backward
 
 
-class AttnOptions(NamedTuple):
-    """How gqa attends (issue 14's options; the defaults are plain sdpa)."""
-    impl: str = "sdpa"      # "sdpa" (dense, mask arrays allowed) | "flash" (tiled, named masks)
-    alibi: np.ndarray = None  # (H,) fixed ALiBi slopes, or None
-    n_sink: int = 0         # sink tokens kept beside mask="sliding"
-    block: int = 128        # flash's block_q = block_k
-
-
-def _attend(q, k, v, mask, window, attn, scale=None, sinks=None):
-    """sdpa or flash_sdpa of (q, k, v) under the named (or array) mask, ALiBi slopes and
-    sink logits."""
-    T = q.shape[2]
-    if attn.impl == "sdpa":
-        if attn.n_sink:  # the window is inside the sink mask
-            mask, window = attention_sink_mask(T, window, attn.n_sink), None  # (T, T)
-        bias = None if attn.alibi is None else alibi_bias(attn.alibi, T, T)  # (H, T, T)
-        return sdpa_forward(q, k, v, _resolve_mask(mask, window, T), scale, bias=bias,
-                            sinks=sinks)
-    if attn.impl != "flash" or not (mask is None or isinstance(mask, str)):
-        raise ValueError(f"gqa: attn.impl must be 'sdpa' or 'flash' (flash takes a mask name, "
-                         f"not an array), got impl={attn.impl!r}, mask {type(mask).__name__}")
-    _resolve_mask(mask, window, 1)  # the same checks of the name and window
-    named = {"causal": dict(causal=True), "sliding": dict(causal=True, window=window,
-                                                          n_sink=attn.n_sink)}
-    return flash_sdpa_forward(q, k, v, attn.alibi, **named.get(mask, {}), scale=scale,
-                              block_q=attn.block, block_k=attn.block, sinks=sinks)
-
-
-def gqa_forward(x, wq, wk, wv, wo, bq=None, bk=None, bv=None, bo=None, q_norm=None,
-                k_norm=None, sinks=None, *, n_heads, n_kv_heads, positions=None, inv_freq=None,
-                rope_style="half", attention_factor=1.0, mask="causal", window=None,
-                scale=None, norm_eps=1e-6, attn=None):
+def gqa_forward(x, w, *, spec, rope=None, mask=None):
     """Grouped-query self-attention: y = concat_h sdpa(q_h, k_{h//G}, v_{h//G}) @ wo (+ bo).
 
-    Inputs:  x (B, T, D); wq (D, H*Dh); wk, wv (D, Hkv*Dh); wo (H*Dh, D); optional biases bq,
-             bk, bv, bo and QK-norm gains q_norm, k_norm (Dh,) (project_qkv_forward);
-             sinks (H,) gpt-oss's learned sink logits (sdpa_forward) or None;
-             positions (T,) or (B, T) ints (default arange(T)); inv_freq (Dh/2,) or None for
-             no RoPE; mask "causal" | "sliding" (with window) | "none" | bool array
-             broadcastable to (B, H, T, T); scale: softmax scale (default Dh^-1/2); attn None
-             (sdpa), or an AttnOptions: ALiBi slopes, n_sink beside a sliding window, impl
-             "flash" (flash_sdpa, mask by name) or "sdpa".
-    Returns: y (B, T, D).  Cache: GQACache (qkv, sdpa and output-linear caches).
+    Inputs:  x (B, T, D); w an AttentionWeights: wq (D, H*Dh), wk, wv (D, Hkv*Dh),
+             wo (H*Dh, D), and the arrays of the spec's options (biases bq, bk, bv, bo;
+             QK-norm gains q_norm, k_norm (Dh,); sinks (H,) gpt-oss's sink logits);
+             spec an AttentionSpec (heads, head dim, options, scale, ALiBi, kernel "sdpa"
+             or "flash", its mask); rope a Rope (rope.py; make_rope) or None: spec.rope
+             at positions 0..T-1; mask a Mask, or None: spec.mask (Mask(causal=False)
+             attends everywhere).
+    Returns: y (B, T, D).  Cache: GQACache (qkv, attention and output-linear caches).
     Fast path: sdpa attends the G query heads of a group to their KV head directly.
     gqa_forward_ref is its twin that copies each KV head G times first (HF repeat_kv).
     """
-    return _gqa(locals(), expand_kv=False)
+    return _gqa(x, w, spec, rope, mask, expand_kv=False)
 
 
-def gqa_forward_ref(x, wq, wk, wv, wo, bq=None, bk=None, bv=None, bo=None, q_norm=None,
-                    k_norm=None, sinks=None, *, n_heads, n_kv_heads, positions=None, inv_freq=None,
-                    rope_style="half", attention_factor=1.0, mask="causal", window=None,
-                    scale=None, norm_eps=1e-6, attn=None):
+def gqa_forward_ref(x, w, *, spec, rope=None, mask=None):
     """gqa_forward with K/V explicitly repeated to H heads (repeat_kv), then plain MHA sdpa."""
-    return _gqa(locals(), expand_kv=True)
+    return _gqa(x, w, spec, rope, mask, expand_kv=True)
 
 
-def _gqa(a, expand_kv):
-    """The body of gqa_forward(_ref); `a` is the caller's arguments by name."""
-    x, wq, wo, n_heads, n_kv_heads = a["x"], a["wq"], a["wo"], a["n_heads"], a["n_kv_heads"]
-    qkv_args = {n: a[n] for n in ("wk", "wv", "bq", "bk", "bv", "q_norm", "k_norm",
-                                  "positions", "inv_freq", "rope_style", "attention_factor",
-                                  "norm_eps")}
-    (q, k, v), qkv = project_qkv_forward(x, wq, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                                         **qkv_args)  # (B, H|Hkv, T, Dh)
-    expect_shape("gqa", "wo", wo, (wq.shape[1], x.shape[2]), "(H*Dh, D)")
-    rep, ka, va = None, k, v  # ka, va: what sdpa attends (B, H|Hkv, T, Dh)
+def _gqa(x, w, spec, rope, mask, expand_kv):
+    """The body of gqa_forward (expand_kv False) and gqa_forward_ref (True)."""
+    (q, k, v), qkv = project_qkv_forward(x, w, spec=spec, rope=rope)  # (B, H|Hkv, T, Dh)
+    expect_shape("gqa", "wo", w.wo, (w.wq.shape[1], x.shape[2]), "(H*Dh, D)")
+    mask = spec.mask if mask is None else mask
+    rep, ka, va = None, k, v  # ka, va: what the kernel attends (B, H|Hkv, T, Dh)
     if expand_kv:
-        ka, rep = repeat_kv_forward(k, n_heads // n_kv_heads)  # (B, H, T, Dh)
-        va, _ = repeat_kv_forward(v, n_heads // n_kv_heads)  # (B, H, T, Dh)
-    o, sd = _attend(q, ka, va, a["mask"], a["window"], a["attn"] or AttnOptions(),
-                    a["scale"], a["sinks"])  # (B, H, T, Dh)
-    y, lin_o = linear_forward(merge_heads(o), wo, a["bo"])  # (B, T, D)
-    return y, GQACache(qkv, rep, sd, lin_o, k, v)
+        ka, rep = repeat_kv_forward(k, spec.n_heads // spec.n_kv_heads)  # (B, H, T, Dh)
+        va, _ = repeat_kv_forward(v, spec.n_heads // spec.n_kv_heads)  # (B, H, T, Dh)
+    o, att, att_backward = _attend(q, ka, va, spec, mask, w.sinks)  # (B, H, T, Dh)
+    y, lin_o = linear_forward(merge_heads(o), w.wo, w.bo)  # (B, T, D)
+    return y, GQACache(qkv, rep, att, att_backward, lin_o, k, v)
 
 
 def gqa_backward(dy, cache):
-    """Reverse of gqa_forward (or gqa_forward_ref) through the pairs: linear, sdpa, the
-    KV-sharing backward (a sum over each group: inside sdpa, or repeat_kv_backward for the
+    """Reverse of gqa_forward (or gqa_forward_ref) through the pairs: linear, sdpa (or flash),
+    the KV-sharing backward (a sum over each group: inside sdpa, or repeat_kv_backward for the
     ref), rope (rotation by -theta), linear (the projections' pair is in qkv.py).
+    Returns {"x": dx, "w": AttentionWeights of gradients (None where w had None)}.
     Reference: Ainslie et al. 2023 (arXiv 2305.13245); huggingface/transformers
     src/transformers/models/llama/modeling_llama.py repeat_kv."""
-    qkv, rep, sd, lin_o, _, _ = cache
+    qkv, rep, att, att_backward, lin_o, _, _ = cache
     expect_dout("gqa_backward", dy, *linear_out(lin_o), name="dy")
-    g_o = linear_backward(dy, lin_o)  # fwd: y = merge_heads(o) @ wo
+    g_o = linear_backward(dy, lin_o)  # fwd: y = merge_heads(o) @ wo + bo
     do = split_heads(g_o["x"], qkv.n_heads)  # (B, H, T, Dh)
-    attend_backward = flash_sdpa_backward if isinstance(sd, FlashCache) else sdpa_backward
-    g_sd = attend_backward(do, sd)  # fwd: o = sdpa(q, k, v) (or flash_sdpa)
-    dk, dv = g_sd["k"], g_sd["v"]  # (B, Hkv, T, Dh), or (B, H, T, Dh) for the ref
+    g_att = att_backward(do, att)  # fwd: o = sdpa(q, k, v) (or flash_sdpa)
+    dk, dv = g_att["k"], g_att["v"]  # (B, Hkv, T, Dh), or (B, H, T, Dh) for the ref
     if rep is not None:
         dk = repeat_kv_backward(dk, rep)["kv"]  # fwd: k = repeat(k) -> sum over the group
         dv = repeat_kv_backward(dv, rep)["kv"]  # (B, Hkv, T, Dh)
-    grads = project_qkv_backward(QKV(g_sd["q"], dk, dv), qkv)
-    grads["wo"] = g_o["W"]
-    if "sinks" in g_sd:
-        grads["sinks"] = g_sd["sinks"]  # fwd: softmax([S, sinks]) (sdpa's sink column)
-    if "b" in g_o:
-        grads["bo"] = g_o["b"]  # fwd: y = merge_heads(o) @ wo + bo
-    return grads
+    g = project_qkv_backward(QKV(g_att["q"], dk, dv), qkv)  # fwd: q, k, v = project_qkv(x)
+    # the output linear's wo, bo and the sink logits (fwd: softmax([S, sinks]) in sdpa)
+    dw = g["w"]._replace(wo=g_o["W"], bo=g_o.get("b"), sinks=g_att.get("sinks"))
+    return {"x": g["x"], "w": dw}
 
 
 # ---------------------------------------------------------------------------- decoding
-def gqa_decode(x_t, wq, wk, wv, wo, state, position, bq=None, bk=None, bv=None, bo=None,
-               q_norm=None, k_norm=None, sinks=None, *, n_heads, n_kv_heads, inv_freq=None,
-               rope_style="half", attention_factor=1.0, scale=None, norm_eps=1e-6, alibi=None):
+def gqa_decode(x_t, w, state, position, *, spec, rope=None):
     """One decoding step of gqa_forward for the token at `position`; appends to `state`.
 
-    Inputs:  x_t (B, D); weights as gqa_forward; state a KVState or RollingKVState; position
-             int (the token's absolute index, used by RoPE); alibi (H,) slopes or None.
+    Inputs:  x_t (B, D); w, spec as gqa_forward; state a KVState, or a RollingKVState for a
+             sliding window (spec.mask's window and n_sink); position int (the token's
+             absolute index); rope a Rope at positions [position], or None: spec.rope there.
     Returns: y_t (B, D), equal to the corresponding row of the full causal forward.
+    The state holds exactly the keys the token may attend, so no mask is applied.
     """
     expect_integer("gqa_decode", "position", position, 0)
     if position != state.n_seen:
         raise ValueError(f"gqa_decode: position={position}, but the state holds {state.n_seen} "
                          f"tokens: the next token is at position {state.n_seen}")
-    pos = None if inv_freq is None else np.array([position])  # (1,)
-    (q, k, v), _ = project_qkv_forward(x_t[:, None], wq, wk, wv, bq, bk, bv, q_norm, k_norm,
-                                       n_heads=n_heads, n_kv_heads=n_kv_heads, positions=pos,
-                                       inv_freq=inv_freq, rope_style=rope_style,
-                                       attention_factor=attention_factor,
-                                       norm_eps=norm_eps)  # (B, H|Hkv, 1, Dh)
+    if spec.rope is not None and rope is None:
+        rope = make_rope(spec.rope, spec.dh(x_t.shape[-1]), np.array([position]), position + 1)
+    (q, k, v), _ = project_qkv_forward(x_t[:, None], w, spec=spec, rope=rope)  # (B,H|Hkv,1,Dh)
     state.append(k, v)
     K, V = state.kv()  # (B, Hkv, L, Dh); every cached key is at or before `position`
     bias = None
-    if alibi is not None:  # -slope |position - j| over the kept keys' positions
-        bias = -alibi[:, None, None] * np.abs(position - state.positions())  # (H, 1, L)
-    o, _ = sdpa_forward(q, K, V, scale=scale, bias=bias, sinks=sinks)  # (B, H, 1, Dh)
-    y, _ = linear_forward(merge_heads(o), wo, bo)  # (B, 1, D)
+    if spec.alibi:  # -slope |position - j| over the kept keys' positions
+        slopes = alibi_slopes(spec.n_heads).astype(x_t.dtype)  # (H,)
+        bias = -slopes[:, None, None] * np.abs(position - state.positions())  # (H, 1, L)
+    o, _ = sdpa_forward(q, K, V, scale=spec.scale, bias=bias, sinks=w.sinks)  # (B, H, 1, Dh)
+    y, _ = linear_forward(merge_heads(o), w.wo, w.bo)  # (B, 1, D)
     return y[:, 0]  # (B, D)
 
 
@@ -208,87 +158,61 @@ def _expect_empty(fn, state):
 
 
 class Attention(Module):
-    """GQA self-attention layer owning wq, wk, wv, wo; calls gqa_forward / gqa_backward.
+    """GQA self-attention layer owning wq, wk, wv, wo (and, as the AttentionSpec says, bq,
+    bk, bv, bo, q_norm, k_norm, sinks); calls gqa_forward / gqa_backward / gqa_decode with
+    its spec unchanged.
 
-    RoPE frequencies come from rope_frequencies(head_dim, rope_base, rope_scaling), recomputed
-    per call (cheap) so that "dynamic" scaling sees the current length. use_rope=False: none.
-    A window (mask "sliding") with n_sink > 0 also keeps the first n_sink tokens (sinks).
-    attn_impl "flash" attends with flash_sdpa (tiles of flash_block); alibi=True adds ALiBi's
-    fixed biases (alibi_slopes(n_heads)); with use_rope=False and no ALiBi it is NoPE.
-    Options: qkv_bias (bq, bk, bv), o_bias (bo), qk_norm (gains norm_offset + q_norm,
-    norm_offset + k_norm over Dh, with eps norm_eps), scale (softmax scale; None = Dh^-1/2),
-    sinks (a learned sink logit per head, gpt-oss: Param `sinks` (H,), zeros at init).
+    RoPE (spec.rope) is made per call by make_rope (cheap), so that "dynamic" scaling sees
+    the current length. QK-norm gains start at 1 - spec.norm_offset (gain = offset + g is 1);
+    sink logits at zero; matrices ~ N(0, 1/d_in).
     """
 
-    def __init__(self, d_model, n_heads, n_kv_heads, *, rng, head_dim=None, use_rope=True,
-                 rope_base=10000.0, rope_scaling=None, rope_style="half", mask="causal",
-                 window=None, n_sink=0, qkv_bias=False, o_bias=False, qk_norm=False,
-                 norm_eps=1e-6, norm_offset=0.0, scale=None, dtype=np.float32, attn_impl="sdpa",
-                 alibi=False, flash_block=128, sinks=False):
-        if not use_rope and (rope_scaling is not None or rope_style != "half"):
-            raise ValueError(f"Attention: rope_scaling={rope_scaling!r} and rope_style="
-                             f"{rope_style!r} act only through RoPE, and use_rope=False")
-        Dh = head_dim or d_model // n_heads
-        self.wq = Param(normal_init(rng, (d_model, n_heads * Dh), d_model ** -0.5, dtype))
-        self.wk = Param(normal_init(rng, (d_model, n_kv_heads * Dh), d_model ** -0.5, dtype))
-        self.wv = Param(normal_init(rng, (d_model, n_kv_heads * Dh), d_model ** -0.5, dtype))
-        self.wo = Param(normal_init(rng, (n_heads * Dh, d_model), (n_heads * Dh) ** -0.5, dtype))
+    def __init__(self, d_model, spec, *, rng, dtype=np.float32):
+        H, Hkv, Dh = spec.n_heads, spec.n_kv_heads, spec.dh(d_model)
+        self.wq = Param(normal_init(rng, (d_model, H * Dh), d_model ** -0.5, dtype))
+        self.wk = Param(normal_init(rng, (d_model, Hkv * Dh), d_model ** -0.5, dtype))
+        self.wv = Param(normal_init(rng, (d_model, Hkv * Dh), d_model ** -0.5, dtype))
+        self.wo = Param(normal_init(rng, (H * Dh, d_model), (H * Dh) ** -0.5, dtype))
         zeros = lambda n, on: Param(np.zeros(n, dtype)) if on else None  # noqa: E731
-        self.bq, self.bk = zeros(n_heads * Dh, qkv_bias), zeros(n_kv_heads * Dh, qkv_bias)
-        self.bv, self.bo = zeros(n_kv_heads * Dh, qkv_bias), zeros(d_model, o_bias)
-        self.sinks = zeros(n_heads, sinks)  # (H,) or None
-        self.q_norm = Param(np.full(Dh, 1.0 - norm_offset, dtype)) if qk_norm else None
-        self.k_norm = Param(np.full(Dh, 1.0 - norm_offset, dtype)) if qk_norm else None
-        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, Dh
-        self.use_rope, self.rope_base, self.rope_scaling = use_rope, rope_base, rope_scaling
-        self.rope_style, self.mask, self.window, self.n_sink = rope_style, mask, window, n_sink
-        self.attn_impl, self.flash_block = attn_impl, flash_block
-        self.alibi = alibi_slopes(n_heads).astype(dtype) if alibi else None  # (H,)
-        self.norm_eps, self.norm_offset, self.scale = norm_eps, norm_offset, scale
-
-    def _rope_kwargs(self, seq_len):
-        if not self.use_rope:
-            return {}
-        inv_freq, af = rope_frequencies(self.head_dim, self.rope_base, self.rope_scaling,
-                                        seq_len)
-        return {"inv_freq": inv_freq, "attention_factor": af, "rope_style": self.rope_style}
+        self.bq, self.bk = zeros(H * Dh, spec.qkv_bias), zeros(Hkv * Dh, spec.qkv_bias)
+        self.bv, self.bo = zeros(Hkv * Dh, spec.qkv_bias), zeros(d_model, spec.o_bias)
+        self.sinks = zeros(H, spec.sinks)  # (H,) or None
+        gain = 1.0 - spec.norm_offset
+        self.q_norm = Param(np.full(Dh, gain, dtype)) if spec.qk_norm else None
+        self.k_norm = Param(np.full(Dh, gain, dtype)) if spec.qk_norm else None
+        self.spec, self.head_dim = spec, Dh
 
     def _weights(self):
-        return self.wq.data, self.wk.data, self.wv.data, self.wo.data
-
-    def _options(self):
-        """The optional arrays (biases, QK-norm gains) and the scale, as keyword arguments."""
-        opt = {n: getattr(self, n) for n in ("bq", "bk", "bv", "bo", "q_norm", "k_norm",
-                                             "sinks")}
-        out = {n: None if p is None else p.data for n, p in opt.items()}
-        if self.q_norm is not None and self.norm_offset:  # the gains are offset + g (Gemma)
-            out.update(q_norm=out["q_norm"] + self.norm_offset,
-                       k_norm=out["k_norm"] + self.norm_offset)
-        return dict(out, scale=self.scale, norm_eps=self.norm_eps)
+        """The Params' arrays as the pair's AttentionWeights (None for an option that is off)."""
+        params = (getattr(self, name) for name in AttentionWeights._fields)
+        return AttentionWeights(*(None if p is None else p.data for p in params))
 
     def forward(self, x, positions=None):
-        T = x.shape[1]
-        pos = np.arange(T) if positions is None and self.use_rope else positions
-        seq_len = int(np.max(pos)) + 1 if pos is not None and np.size(pos) else T
-        attn = AttnOptions(self.attn_impl, self.alibi, self.n_sink, self.flash_block)
-        return gqa_forward(x, *self._weights(), n_heads=self.n_heads,
-                           n_kv_heads=self.n_kv_heads, positions=pos, mask=self.mask,
-                           window=self.window, attn=attn, **self._options(),
-                           **self._rope_kwargs(seq_len))
+        """x (B, T, D) at `positions` ((T,) or (B, T) ints; default 0..T-1) -> (y, cache)."""
+        rope = None
+        if positions is not None and self.spec.rope is None:
+            raise ValueError("Attention.forward: positions act only through RoPE, and "
+                             "spec.rope is None")
+        if positions is not None:
+            rope = make_rope(self.spec.rope, self.head_dim, positions)
+        return gqa_forward(x, self._weights(), spec=self.spec, rope=rope)
 
     def backward(self, dy, cache):
-        return self.add_grads(gqa_backward(dy, cache))
+        g = gqa_backward(dy, cache)
+        return self.add_grads(dict(g["w"]._asdict(), x=g["x"]))
 
     def init_state(self, batch, max_len):
         """The decoding state: a KVState, or a RollingKVState(window, n_sink) for a window."""
-        if self.mask not in ("causal", "sliding"):
-            raise ValueError(f"Attention.init_state: decoding is causal, so mask={self.mask!r} "
-                             f"cannot decode (its forward would differ)")
+        mask = self.spec.mask
+        if not mask.causal or mask.block is not None or mask.array is not None:
+            raise ValueError(f"Attention.init_state: decoding keeps the keys of a causal mask, "
+                             f"with a window and sinks at most, so spec.mask={mask!r} cannot "
+                             f"decode (its forward would differ)")
         dt = self.wq.data.dtype
-        if self.window is None:
-            return KVState(batch, self.n_kv_heads, self.head_dim, max_len, dt)
-        return RollingKVState(self.window, self.n_sink, batch, self.n_kv_heads, self.head_dim,
-                              dt)
+        if mask.window is None:
+            return KVState(batch, self.spec.n_kv_heads, self.head_dim, max_len, dt)
+        return RollingKVState(mask.window, mask.n_sink, batch, self.spec.n_kv_heads,
+                              self.head_dim, dt)
 
     def prefill(self, x, state):
         """The whole prompt x (B, T, D) at positions 0..T-1 in one forward: returns y (B, T, D)
@@ -301,6 +225,4 @@ class Attention(Module):
 
     def decode(self, x_t, state, position):
         """One token (B, D) -> (B, D), appending its k, v to `state` (from init_state)."""
-        return gqa_decode(x_t, *self._weights(), state, position, n_heads=self.n_heads,
-                          n_kv_heads=self.n_kv_heads, alibi=self.alibi, **self._options(),
-                          **self._rope_kwargs(position + 1))
+        return gqa_decode(x_t, self._weights(), state, position, spec=self.spec)

@@ -1,11 +1,17 @@
 """Boolean attention masks, (Tq, Tk) with True = may attend: causal, sliding window (Mistral,
-arXiv 2310.06825), attention sinks (StreamingLLM, arXiv 2309.17453), block-sparse.
+arXiv 2310.06825), attention sinks (StreamingLLM, arXiv 2309.17453), block-sparse; and
+mask_array, which turns a Mask spec (scratchllm.specs: causal, window, n_sink, block,
+n_global, or an explicit array) into the array sdpa applies.
 
-Glossary: T time, W window, S sink tokens.
+Positions: with Tq queries against Tk keys, query i sits at position i + Tk - Tq (the last Tq
+of Tk tokens, as flash_sdpa aligns them); key j at position j.
+
+Glossary: T time, Tq/Tk query/key lengths, W window, S sink tokens.
 """
 import numpy as np
 
 from scratchllm.core.validate import expect_integer
+from scratchllm.specs import Mask
 
 
 def causal_mask(T):
@@ -37,3 +43,36 @@ def block_sparse_mask(T, block, global_tokens=0):
     i, j = np.arange(T)[:, None], np.arange(T)[None, :]
     local = (i // block - j // block) <= 1
     return (j <= i) & (local | (j < global_tokens))  # (T, T)
+
+
+def mask_array(mask, Tq, Tk, fn="mask_array"):
+    """The boolean array a Mask stands for, True = may attend.
+
+    Inputs:  mask a Mask or None; Tq, Tk the query and key lengths (Tq <= Tk for a causal
+             pattern: query i sits at position i + Tk - Tq); fn the caller, named in errors.
+    Returns: None when every query may attend every key (mask None, or Mask(causal=False));
+             mask.array itself when the Mask holds one (broadcastable to (B, H, Tq, Tk));
+             else the (Tq, Tk) rows of the named pattern over Tk positions, built by
+             block_sparse_mask, attention_sink_mask, sliding_window_mask or causal_mask.
+    """
+    if mask is None:
+        return None
+    if not isinstance(mask, Mask):
+        raise TypeError(f"{fn}: mask must be a Mask or None, got {type(mask).__name__}; an "
+                        f"explicit boolean array goes in as Mask(array=...)")
+    if mask.array is not None:
+        return mask.array
+    if not mask.causal:
+        return None
+    if Tk < Tq:
+        raise ValueError(f"{fn}: a causal Mask places query i at position i + Tk - Tq, "
+                         f"so it needs Tq <= Tk; got Tq={Tq}, Tk={Tk}")
+    if mask.block is not None:
+        full = block_sparse_mask(Tk, mask.block, mask.n_global)  # (Tk, Tk)
+    elif mask.n_sink:
+        full = attention_sink_mask(Tk, mask.window, mask.n_sink)  # (Tk, Tk)
+    elif mask.window is not None:
+        full = sliding_window_mask(Tk, mask.window)  # (Tk, Tk)
+    else:
+        full = causal_mask(Tk)  # (Tk, Tk)
+    return full[Tk - Tq:]  # (Tq, Tk): the last Tq query positions

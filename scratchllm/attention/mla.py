@@ -8,6 +8,8 @@ Names follow DeepSeek-V3 `inference/model.py` (class MLA). Per token x (D,):
     k_nope, v    = split(rmsnorm(c_kv, kv_norm) @ wkv_b, [dn, dv])         (per head)
     out          = sdpa([q_nope, q_pe], [k_nope, k_pe], v, scale) @ wo,  scale = (dn+dr)^-1/2
 Absorbed decoding keeps only (kv_norm(c_kv), k_pe): Dc + dr numbers per token per layer.
+A layer's arrays travel as one MLAWeights (mla_projection.py), its sizes and RoPE as an
+MLASpec (scratchllm.specs), passed unchanged from the Module into the pairs.
 With wkv_b viewed as (Dc, H, dn+dv) = [W_UK | W_UV], q_nope . k_nope = (W_UK q_nope) . c, so
 W_UK folds into the query and W_UV applies after attention: K and V are never rebuilt.
 
@@ -19,11 +21,10 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.attention.kv_state import LatentKVState
-from scratchllm.attention.masks import causal_mask
-from scratchllm.attention.mla_projection import (MLAProjCache, MLAProjection, geometry,
-                                                 mla_project_backward, mla_project_forward,
-                                                 rope_defaults)
-from scratchllm.attention.rope import get_mscale, rope_frequencies
+from scratchllm.attention.mla_projection import (MLAProjCache, MLAProjection, MLAWeights,
+                                                 check_mla_weights, geometry,
+                                                 mla_project_backward, mla_project_forward)
+from scratchllm.attention.rope import get_mscale, make_rope
 from scratchllm.attention.sdpa import merge_heads, sdpa_backward, sdpa_forward, split_heads
 from scratchllm.core import ops
 from scratchllm.core.nn import Module, Param, normal_init
@@ -48,6 +49,11 @@ def mla_softmax_scale(qk_head_dim, rope_scaling=None):
     return scale
 
 
+def _scale(spec):
+    """The softmax scale of an MLASpec: mla_softmax_scale(dn + dr, its rope scaling)."""
+    return mla_softmax_scale(spec.qk_nope_head_dim + spec.qk_rope_head_dim, spec.rope.scaling)
+
+
 # ---------------------------------------------------------------------------- training form
 class MLATrainCache(NamedTuple):
     proj: MLAProjCache
@@ -58,40 +64,32 @@ class MLATrainCache(NamedTuple):
     k_pe: np.ndarray  # what a LatentKVState holds after these tokens (MLA.prefill)
 
 
-def mla_forward(x, wkv_a, kv_norm, wkv_b, wo, wq=None, wq_a=None, q_norm=None, wq_b=None, *,
-                n_heads, positions=None, inv_freq=None, rope_style="interleaved",
-                attention_factor=1.0, softmax_scale=None, mask="causal", eps=1e-6):
+def mla_forward(x, w, *, spec, rope=None, mask=None):
     """MLA training form: rebuild per-head k, v from the latent, then attend.
 
-    Inputs:  x (B, T, D); wkv_a (D, Dc+dr); kv_norm (Dc,); wkv_b (Dc, H*(dn+dv)); wo (H*dv, D);
-             either wq (D, H*(dn+dr)) or wq_a (D, Dq), q_norm (Dq,), wq_b (Dq, H*(dn+dr)).
-             positions (T,) or (B, T) ints (default 0..T-1); inv_freq (dr/2,) (default
-             rope_frequencies(dr)); rope_style "interleaved" (DeepSeek) or "half";
-             softmax_scale (default (dn+dr)^-1/2, see mla_softmax_scale); mask "causal", None,
-             or boolean broadcastable to (B, H, T, T), True = may attend.
+    Inputs:  x (B, T, D); w an MLAWeights: wkv_a (D, Dc+dr), kv_norm (Dc,),
+             wkv_b (Dc, H*(dn+dv)), wo (H*dv, D), and either wq (D, H*(dn+dr)) or wq_a
+             (D, Dq), q_norm (Dq,), wq_b (Dq, H*(dn+dr)), as spec.q_lora_rank says;
+             spec an MLASpec (geometry, norm_eps, rope; the softmax scale is
+             mla_softmax_scale(dn + dr, spec.rope.scaling)); rope a Rope over dr, or None:
+             spec.rope at positions 0..T-1; mask a Mask, or None: spec.mask (causal).
     Returns: out (B, T, D).  Cache: the children's caches (projections, wkv_b, sdpa, wo).
     """
     fn = "mla_forward"
     expect_ndim(fn, "x", x, 3, "(B, T, D)")
     if x.shape[1] < 1:
         raise ValueError(f"{fn}: x has shape {x.shape}: no time steps (T must be >= 1)")
-    g = geometry(fn, x, wkv_a, kv_norm, wkv_b, wo, wq, wq_a, q_norm, wq_b, n_heads)
+    check_mla_weights(fn, x.shape[2], w, spec)
     B, T, D = x.shape
-    H, dn, dr, dv, Dc = g
-    positions, inv_freq, scale = rope_defaults(T, dr, positions, inv_freq, softmax_scale, g)
-    if isinstance(mask, str):
-        if mask != "causal":
-            raise ValueError(f"{fn}: mask must be 'causal', None or a boolean array, got {mask!r}")
-        mask = causal_mask(T)  # (T, T)
-    (q_nope, q_pe, ckv, k_pe), proj = mla_project_forward(
-        x, wkv_a, kv_norm, wq, wq_a, q_norm, wq_b, geometry=g, positions=positions,
-        inv_freq=inv_freq, rope_style=rope_style, attention_factor=attention_factor, eps=eps)
-    kvb, up = ops.linear_forward(ckv, wkv_b)  # (B, T, H*(dn+dv))
+    H, dn, dr, dv, Dc = geometry(fn, spec)
+    (q_nope, q_pe, ckv, k_pe), proj = mla_project_forward(x, w, spec=spec, rope=rope)
+    kvb, up = ops.linear_forward(ckv, w.wkv_b)  # (B, T, H*(dn+dv))
     kvb = split_heads(kvb, H)  # (B, H, T, dn+dv)
     q = np.concatenate([q_nope, q_pe], axis=-1)  # (B, H, T, dn+dr)
     k = np.concatenate([kvb[..., :dn], np.broadcast_to(k_pe, (B, H, T, dr))], axis=-1)  # (B, H, T, dn+dr)
-    o, att = sdpa_forward(q, k, kvb[..., dn:], mask=mask, scale=scale)  # (B, H, T, dv)
-    out, down = ops.linear_forward(merge_heads(o), wo)  # (B, T, D)
+    mask = spec.mask if mask is None else mask
+    o, att = sdpa_forward(q, k, kvb[..., dn:], mask, _scale(spec))  # (B, H, T, dv)
+    out, down = ops.linear_forward(merge_heads(o), w.wo)  # (B, T, D)
     return out, MLATrainCache(proj, up, att, down, ckv, k_pe)
 
 
@@ -100,7 +98,7 @@ def mla_backward(dout, cache):
 
     Math: the shared key k_pe is broadcast over heads, so its gradient is the sum over heads
     of dk[..., dn:]; x feeds both the query and the latent, so dx adds the two paths.
-    Returns: {x, wkv_a, kv_norm, wkv_b, wo} and {wq} or {wq_a, q_norm, wq_b}.
+    Returns: {"x": dx, "w": MLAWeights of gradients (None for the absent query weights)}.
     Reference: DeepSeek-V2 (arXiv 2405.04434) §2.1; deepseek-ai/DeepSeek-V3
     inference/model.py class MLA.
     """
@@ -116,38 +114,32 @@ def mla_backward(dout, cache):
     dkvb = merge_heads(dkvb)  # (B, T, H*(dn+dv)); fwd: kvb = split_heads(kvb)
     g_up = ops.linear_backward(dkvb, up)  # fwd: kvb = ckv @ wkv_b
     dk_pe = dk[..., dn:].sum(axis=1, keepdims=True)  # (B, 1, T, dr); fwd: broadcast over heads
-    grads = mla_project_backward(MLAProjection(dq[..., :dn], dq[..., dn:], g_up["x"], dk_pe),
-                                 proj)
-    grads.update(wkv_b=g_up["W"], wo=g_out["W"])
-    return grads
+    g = mla_project_backward(MLAProjection(dq[..., :dn], dq[..., dn:], g_up["x"], dk_pe), proj)
+    return {"x": g["x"], "w": g["w"]._replace(wkv_b=g_up["W"], wo=g_out["W"])}
 
 
-def _decode_project(fn, x_t, wkv_a, kv_norm, wkv_b, wo, wq, wq_a, q_norm, wq_b, n_heads,
-                    state, position, inv_freq, rope_style, attention_factor, softmax_scale,
-                    eps):
+def _decode_project(fn, x_t, w, state, position, spec, rope):
     """Project the new token, append (ckv, k_pe) to the state; return q_nope (B, H, 1, dn),
-    q_pe (B, H, 1, dr), the geometry and the softmax scale."""
+    q_pe (B, H, 1, dr) and the geometry."""
     expect_ndim(fn, "x_t", x_t, 2, "(B, D)")
-    g = geometry(fn, x_t, wkv_a, kv_norm, wkv_b, wo, wq, wq_a, q_norm, wq_b, n_heads)
+    check_mla_weights(fn, x_t.shape[1], w, spec, names=("wkv_b", "wo"))  # the rest: below
+    g = geometry(fn, spec)
     if not isinstance(state, LatentKVState) or state.latents.shape[2] != g.Dc + g.dr:
         raise ValueError(f"{fn}: state must be a LatentKVState of width Dc + dr = "
                          f"{g.Dc + g.dr}")
-    positions, inv_freq, scale = rope_defaults(1, g.dr, np.array([position]), inv_freq,
-                                               softmax_scale, g)
-    (q_nope, q_pe, ckv, k_pe), _ = mla_project_forward(
-        x_t[:, None], wkv_a, kv_norm, wq, wq_a, q_norm, wq_b, geometry=g, positions=positions,
-        inv_freq=inv_freq, rope_style=rope_style, attention_factor=attention_factor, eps=eps)
+    if rope is None:
+        rope = make_rope(spec.rope, g.dr, np.array([position]), position + 1)
+    (q_nope, q_pe, ckv, k_pe), _ = mla_project_forward(x_t[:, None], w, spec=spec, rope=rope)
     state.append(ckv[:, 0], k_pe[:, 0, 0])
-    return q_nope, q_pe, g, scale
+    return q_nope, q_pe, g
 
 
-def mla_decode(x_t, wkv_a, kv_norm, wkv_b, wo, wq=None, wq_a=None, q_norm=None, wq_b=None, *,
-               n_heads, state, position, inv_freq=None, rope_style="interleaved",
-               attention_factor=1.0, softmax_scale=None, eps=1e-6):
+def mla_decode(x_t, w, state, position, *, spec, rope=None):
     """One decoding step in the absorbed form (DeepSeek-V3 attn_impl="absorb").
 
-    Inputs:  x_t (B, D) the new token; the mla_forward weights; state: a LatentKVState
-             (appended to); position: the new token's int position.
+    Inputs:  x_t (B, D) the new token; w, spec as mla_forward; state: a LatentKVState
+             (appended to); position: the new token's int position; rope a Rope at
+             positions [position], or None: spec.rope there.
     Returns: out (B, D), equal to the last row of mla_forward on the whole sequence.
     Math:    wkv_b as (Dc, H, dn+dv) = [W_UK | W_UV].  q_abs = W_UK q_nope (B, H, Dc), so
              scores = (q_abs . ckv_t + q_pe . k_pe_t) * scale; o = W_UV (sum_t P_t ckv_t).
@@ -156,84 +148,73 @@ def mla_decode(x_t, wkv_a, kv_norm, wkv_b, wo, wq=None, wq_a=None, q_norm=None, 
              latents @ q^T (t rows), which OpenBLAS runs faster than sdpa's q @ k^T with only
              H query rows (1.0 vs 3.6 ms at t = 4096, B = 8, one thread).
     """
-    q_nope, q_pe, g, scale = _decode_project("mla_decode", x_t, wkv_a, kv_norm, wkv_b, wo, wq,
-                                             wq_a, q_norm, wq_b, n_heads, state, position,
-                                             inv_freq, rope_style, attention_factor,
-                                             softmax_scale, eps)
+    q_nope, q_pe, g = _decode_project("mla_decode", x_t, w, state, position, spec, rope)
     H, dn, dr, dv, Dc = g
     B = x_t.shape[0]
-    w = wkv_b.reshape(Dc, H, dn + dv).transpose(1, 0, 2)  # (H, Dc, dn+dv)
-    q_abs = q_nope[:, :, 0].transpose(1, 0, 2) @ w[..., :dn].swapaxes(1, 2)  # (H, B, Dc)
+    wb = w.wkv_b.reshape(Dc, H, dn + dv).transpose(1, 0, 2)  # (H, Dc, dn+dv)
+    q_abs = q_nope[:, :, 0].transpose(1, 0, 2) @ wb[..., :dn].swapaxes(1, 2)  # (H, B, Dc)
     q = np.concatenate([q_abs.transpose(1, 0, 2), q_pe[:, :, 0]], axis=-1)  # (B, H, Dc+dr)
     lat = state.latents[:, :state.length]  # (B, t, Dc+dr) view: the keys; [..., :Dc] values
-    s = (lat @ q.swapaxes(1, 2)).swapaxes(1, 2) * np.asarray(scale, x_t.dtype)  # (B, H, t)
+    s = (lat @ q.swapaxes(1, 2)).swapaxes(1, 2) * np.asarray(_scale(spec), x_t.dtype)  # (B,H,t)
     p, _ = ops.softmax_forward(s)  # (B, H, t)
     o_lat = p @ lat[..., :Dc]  # (B, H, Dc)
-    o = o_lat.transpose(1, 0, 2) @ w[..., dn:]  # (H, B, dv); W_UV after attention
-    return ops.linear_forward(o.transpose(1, 0, 2).reshape(B, H * dv), wo)[0]  # (B, D)
+    o = o_lat.transpose(1, 0, 2) @ wb[..., dn:]  # (H, B, dv); W_UV after attention
+    return ops.linear_forward(o.transpose(1, 0, 2).reshape(B, H * dv), w.wo)[0]  # (B, D)
 
 
-def mla_decode_ref(x_t, wkv_a, kv_norm, wkv_b, wo, wq=None, wq_a=None, q_norm=None, wq_b=None,
-                   *, n_heads, state, position, inv_freq=None, rope_style="interleaved",
-                   attention_factor=1.0, softmax_scale=None, eps=1e-6):
+def mla_decode_ref(x_t, w, state, position, *, spec, rope=None):
     """The naive twin of mla_decode (DeepSeek-V3 attn_impl="naive" math, same latent state):
     rebuild every cached token's per-head k = [ckv W_UK | k_pe] and v = ckv W_UV, then sdpa."""
-    q_nope, q_pe, g, scale = _decode_project("mla_decode_ref", x_t, wkv_a, kv_norm, wkv_b, wo,
-                                             wq, wq_a, q_norm, wq_b, n_heads, state, position,
-                                             inv_freq, rope_style, attention_factor,
-                                             softmax_scale, eps)
+    q_nope, q_pe, g = _decode_project("mla_decode_ref", x_t, w, state, position, spec, rope)
     H, dn, dr, dv, Dc = g
     B, t = x_t.shape[0], state.length
-    kvb = split_heads(ops.linear_forward(state.kv, wkv_b)[0], H)  # (B, H, t, dn+dv)
+    kvb = split_heads(ops.linear_forward(state.kv, w.wkv_b)[0], H)  # (B, H, t, dn+dv)
     pe = np.broadcast_to(state.pe[:, None], (B, H, t, dr))  # (B, H, t, dr)
     k = np.concatenate([kvb[..., :dn], pe], axis=-1)  # (B, H, t, dn+dr)
     q = np.concatenate([q_nope, q_pe], axis=-1)  # (B, H, 1, dn+dr)
-    o, _ = sdpa_forward(q, k, kvb[..., dn:], scale=scale)  # (B, H, 1, dv)
-    return ops.linear_forward(merge_heads(o)[:, 0], wo)[0]  # (B, D)
+    o, _ = sdpa_forward(q, k, kvb[..., dn:], scale=_scale(spec))  # (B, H, 1, dv)
+    return ops.linear_forward(merge_heads(o)[:, 0], w.wo)[0]  # (B, D)
 
 
 # ---------------------------------------------------------------------------- module
 class MLA(Module):
-    """MLA layer for a model: owns the Params (named as the pair's arguments) and calls
-    mla_forward / mla_backward / mla_decode. q_lora_rank = 0 gives the direct `wq` form.
-    RMSNorm gains start at one; matrices ~ N(0, 1/d_in)."""
+    """MLA layer for a model: owns the Params (named as MLAWeights' fields) and calls
+    mla_forward / mla_backward / mla_decode with its MLASpec unchanged. q_lora_rank = 0 gives
+    the direct `wq` form. RMSNorm gains start at one; matrices ~ N(0, 1/d_in)."""
 
-    def __init__(self, d_model, n_heads, *, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
-                 v_head_dim, q_lora_rank=0, rope_base=10000.0, rope_scaling=None,
-                 rope_style="interleaved", eps=1e-6, rng, dtype=np.float32):
-        D, H, Dc, Dq = d_model, n_heads, kv_lora_rank, q_lora_rank
-        qk, dr, dv = qk_nope_head_dim + qk_rope_head_dim, qk_rope_head_dim, v_head_dim
+    def __init__(self, d_model, spec, *, rng, dtype=np.float32):
+        D, (H, dn, dr, dv, Dc), Dq = d_model, geometry("MLA", spec), spec.q_lora_rank
         if Dq:
             self.wq_a = Param(normal_init(rng, (D, Dq), D ** -0.5, dtype))
             self.q_norm = Param(np.ones(Dq, dtype))
-            self.wq_b = Param(normal_init(rng, (Dq, H * qk), Dq ** -0.5, dtype))
+            self.wq_b = Param(normal_init(rng, (Dq, H * (dn + dr)), Dq ** -0.5, dtype))
         else:
-            self.wq = Param(normal_init(rng, (D, H * qk), D ** -0.5, dtype))
+            self.wq = Param(normal_init(rng, (D, H * (dn + dr)), D ** -0.5, dtype))
         self.wkv_a = Param(normal_init(rng, (D, Dc + dr), D ** -0.5, dtype))
         self.kv_norm = Param(np.ones(Dc, dtype))
-        self.wkv_b = Param(normal_init(rng, (Dc, H * (qk_nope_head_dim + dv)), Dc ** -0.5, dtype))
+        self.wkv_b = Param(normal_init(rng, (Dc, H * (dn + dv)), Dc ** -0.5, dtype))
         self.wo = Param(normal_init(rng, (H * dv, D), (H * dv) ** -0.5, dtype))
-        self.n_heads, self.rope_style, self.eps = H, rope_style, eps
-        self.qk_nope_head_dim = qk_nope_head_dim
-        self.inv_freq, self.attention_factor = rope_frequencies(dr, rope_base, rope_scaling)
-        self.softmax_scale = mla_softmax_scale(qk, rope_scaling)
+        self.spec = spec
 
-    def _kwargs(self):
-        weights = {name: p.data for name, p in self.named_parameters()}
-        return dict(weights, n_heads=self.n_heads, inv_freq=self.inv_freq,
-                    rope_style=self.rope_style, attention_factor=self.attention_factor,
-                    softmax_scale=self.softmax_scale, eps=self.eps)
+    def _weights(self):
+        """The Params' arrays as the pair's MLAWeights (None for the absent query form)."""
+        params = (getattr(self, name, None) for name in MLAWeights._fields)
+        return MLAWeights(*(None if p is None else p.data for p in params))
 
-    def forward(self, x, positions=None, mask="causal"):
-        return mla_forward(x, positions=positions, mask=mask, **self._kwargs())
+    def forward(self, x, positions=None, mask=None):
+        """x (B, T, D) at `positions` ((T,) or (B, T) ints; default 0..T-1) under `mask`
+        (default spec.mask) -> (y, cache)."""
+        rope = None if positions is None else make_rope(self.spec.rope,
+                                                        self.spec.qk_rope_head_dim, positions)
+        return mla_forward(x, self._weights(), spec=self.spec, rope=rope, mask=mask)
 
     def backward(self, dout, cache):
-        return self.add_grads(mla_backward(dout, cache))
+        g = mla_backward(dout, cache)
+        return self.add_grads(dict(g["w"]._asdict(), x=g["x"]))
 
     def init_state(self, batch, max_len):
         """The decoding state: a LatentKVState of Dc + dr numbers per token."""
-        Dc = self.kv_norm.data.shape[0]
-        return LatentKVState(batch, max_len, Dc, self.wkv_a.data.shape[1] - Dc,
+        return LatentKVState(batch, max_len, self.spec.kv_lora_rank, self.spec.qk_rope_head_dim,
                              self.wo.data.dtype)
 
     def prefill(self, x, state):
@@ -250,4 +231,4 @@ class MLA(Module):
 
     def decode(self, x_t, state, position):
         """One token (B, D) -> (B, D) in the absorbed form, appending to `state`."""
-        return mla_decode(x_t, state=state, position=position, **self._kwargs())
+        return mla_decode(x_t, self._weights(), state, position, spec=self.spec)

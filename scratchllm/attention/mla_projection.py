@@ -1,6 +1,7 @@
 """MLA's shared projections (DeepSeek-V2, arXiv 2405.04434 §2.1; DeepSeek-V3
 `inference/model.py` class MLA): what the training form and the absorbed decoding form both
-compute from x, as one forward/backward pair.
+compute from x, as one forward/backward pair; and MLAWeights, one layer's arrays, checked
+against its MLASpec (scratchllm.specs).
 
     q            = x @ wq                    or  wq_b(rmsnorm(x @ wq_a, q_norm))  # (H, dn+dr)
     q_nope, q_pe = split(q, [dn, dr]);   q_pe = rope(q_pe)                 (per head)
@@ -14,14 +15,26 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.attention.rope import rope_backward, rope_forward, rope_frequencies
+from scratchllm.attention.rope import make_rope, rope_backward, rope_forward
 from scratchllm.attention.sdpa import merge_heads, split_heads
 from scratchllm.core import ops
-from scratchllm.core.validate import (expect_douts, expect_float, expect_ndim, expect_positive,
-                                      expect_shape)
+from scratchllm.core.validate import expect_douts, expect_float, expect_ndim, expect_shape
+from scratchllm.specs import MLASpec
 
 
-# ---------------------------------------------------------------------------- shapes
+# ---------------------------------------------------------------------------- weights, shapes
+class MLAWeights(NamedTuple):
+    """One MLA layer's arrays, DeepSeek-V3's names (the MLA Module's Params)."""
+    wkv_a: np.ndarray  # (D, Dc+dr)
+    kv_norm: np.ndarray  # (Dc,)
+    wkv_b: np.ndarray  # (Dc, H*(dn+dv))
+    wo: np.ndarray  # (H*dv, D)
+    wq: np.ndarray = None  # (D, H*(dn+dr))   when spec.q_lora_rank == 0
+    wq_a: np.ndarray = None  # (D, Dq)        otherwise, with
+    q_norm: np.ndarray = None  # (Dq,)
+    wq_b: np.ndarray = None  # (Dq, H*(dn+dr))
+
+
 class MLAGeometry(NamedTuple):
     H: int
     dn: int
@@ -30,51 +43,33 @@ class MLAGeometry(NamedTuple):
     Dc: int
 
 
-def geometry(fn, x, wkv_a, kv_norm, wkv_b, wo, wq, wq_a, q_norm, wq_b, n_heads):
-    """Read (H, dn, dr, dv, Dc) off the weights; raise ValueError on any inconsistency."""
-    expect_float(fn, "x", x)
-    D, H = x.shape[-1], n_heads
-    expect_positive(fn, "n_heads", H)
-    expect_ndim(fn, "kv_norm", kv_norm, 1, "(Dc,)")
-    Dc = kv_norm.shape[0]
-    expect_shape(fn, "wkv_a", wkv_a, (D, None), "(D, Dc + dr)")
-    dr = wkv_a.shape[1] - Dc
-    if dr <= 0 or dr % 2:
-        raise ValueError(f"{fn}: wkv_a has {wkv_a.shape[1]} columns and kv_norm {Dc}, so the "
-                         f"rope dim dr = {dr}; expected a positive even dr")
-    expect_shape(fn, "wo", wo, (None, D), "(H * dv, D)")
-    expect_shape(fn, "wkv_b", wkv_b, (Dc, None), "(Dc, H * (dn + dv))")
-    dv, dn = wo.shape[0] // H, wkv_b.shape[1] // H - wo.shape[0] // H
-    if wo.shape[0] % H or wkv_b.shape[1] % H or dn <= 0 or dv <= 0:
-        raise ValueError(f"{fn}: wo {wo.shape} and wkv_b {wkv_b.shape} do not split into "
-                         f"n_heads={H} heads of positive dv and dn")
-    g = MLAGeometry(H, dn, dr, dv, Dc)
-    compressed = [w is not None for w in (wq_a, q_norm, wq_b)]
-    if not ((wq is not None and not any(compressed)) or (wq is None and all(compressed))):
-        got = [n for n, w in zip(("wq", "wq_a", "q_norm", "wq_b"), (wq, wq_a, q_norm, wq_b))
-               if w is not None]
-        raise ValueError(f"{fn}: give either wq, or all of wq_a, q_norm and wq_b; got {got}")
-    _check_query(fn, D, g, wq, wq_a, q_norm, wq_b)
-    return g
+def geometry(fn, spec):
+    """(H, dn, dr, dv, Dc) of an MLASpec (TypeError for anything else)."""
+    if not isinstance(spec, MLASpec):
+        raise TypeError(f"{fn}: spec must be an MLASpec, got {type(spec).__name__}")
+    return MLAGeometry(spec.n_heads, spec.qk_nope_head_dim, spec.qk_rope_head_dim,
+                       spec.v_head_dim, spec.kv_lora_rank)
 
 
-def _check_query(fn, D, g, wq, wq_a, q_norm, wq_b):
-    """wq (D, H(dn+dr)), or wq_a (D, Dq), q_norm (Dq,), wq_b (Dq, H(dn+dr))."""
-    width = g.H * (g.dn + g.dr)
-    if wq is not None:
-        expect_shape(fn, "wq", wq, (D, width), "(D, H * (dn + dr))")
-    else:
-        expect_shape(fn, "wq_a", wq_a, (D, None), "(D, Dq)")
-        expect_shape(fn, "q_norm", q_norm, (wq_a.shape[1],), "(Dq,)")
-        expect_shape(fn, "wq_b", wq_b, (wq_a.shape[1], width), "(Dq, H * (dn + dr))")
-
-
-def rope_defaults(T, dr, positions, inv_freq, softmax_scale, g):
-    """Positions 0..T-1, default RoPE frequencies over dr, scale (dn+dr)^-1/2 unless given."""
-    positions = np.arange(T) if positions is None else positions  # (T,)
-    inv_freq = rope_frequencies(dr)[0] if inv_freq is None else inv_freq  # (dr/2,)
-    scale = (g.dn + g.dr) ** -0.5 if softmax_scale is None else softmax_scale
-    return positions, inv_freq, scale
+def check_mla_weights(fn, D, w, spec, names=("wkv_a", "kv_norm", "wkv_b", "wo")):
+    """The MLAWeights w for model width D: the query weights the spec's q_lora_rank says
+    (wq, or wq_a, q_norm and wq_b) and `names` of the others, each of its shape."""
+    if not isinstance(w, MLAWeights):
+        raise TypeError(f"{fn}: w must be an MLAWeights, got {type(w).__name__}")
+    H, dn, dr, dv, Dc = geometry(fn, spec)
+    Dq, qk = spec.q_lora_rank, H * (dn + dr)
+    shapes = {"wkv_a": ((D, Dc + dr), "(D, Dc + dr)"), "kv_norm": ((Dc,), "(Dc,)"),
+              "wkv_b": ((Dc, H * (dn + dv)), "(Dc, H * (dn + dv))"),
+              "wo": ((H * dv, D), "(H * dv, D)"), "wq": ((D, qk), "(D, H * (dn + dr))"),
+              "wq_a": ((D, Dq), "(D, Dq)"), "q_norm": ((Dq,), "(Dq,)"),
+              "wq_b": ((Dq, qk), "(Dq, H * (dn + dr))")}
+    query = ("wq",) if Dq == 0 else ("wq_a", "q_norm", "wq_b")
+    given = tuple(n for n in ("wq", "wq_a", "q_norm", "wq_b") if getattr(w, n) is not None)
+    if given != query:
+        raise ValueError(f"{fn}: give either wq (spec.q_lora_rank = 0) or all of wq_a, q_norm "
+                         f"and wq_b (q_lora_rank > 0); spec.q_lora_rank={Dq}, got {list(given)}")
+    for name in names + query:
+        expect_shape(fn, name, getattr(w, name), *shapes[name])
 
 
 # ---------------------------------------------------------------------------- shared projections
@@ -95,46 +90,46 @@ class MLAProjCache(NamedTuple):
     g: MLAGeometry
 
 
-def mla_project_forward(x, wkv_a, kv_norm, wq=None, wq_a=None, q_norm=None, wq_b=None, *,
-                        geometry, positions, inv_freq, rope_style, attention_factor, eps):
+def mla_project_forward(x, w, *, spec, rope=None):
     """What both forms share: per-head queries, the normalised latent, the one roped key.
 
-    Inputs:  x (B, T, D), the weights (wq, or wq_a, q_norm and wq_b), `geometry` (from
-             geometry(), which validates the weights), positions (T,) or (B, T).
+    Inputs:  x (B, T, D); w an MLAWeights (wkv_a, kv_norm and the query weights: wq, or
+             wq_a, q_norm and wq_b; wkv_b and wo are not used here, None is fine);
+             spec an MLASpec (geometry, norm_eps); rope a Rope over dr, or None: spec.rope
+             at positions 0..T-1.
     Returns: MLAProjection(q_nope (B, H, T, dn), q_pe (B, H, T, dr) roped,
              ckv = kv_norm(c_kv) (B, T, Dc), k_pe (B, 1, T, dr) roped).  Cache: MLAProjCache.
     """
-    g = geometry
     fn = "mla_project"
     expect_float(fn, "x", x)
     expect_ndim(fn, "x", x, 3, "(B, T, D)")
     B, T, D = x.shape
+    check_mla_weights(fn, D, w, spec, names=("wkv_a", "kv_norm"))
+    g = geometry(fn, spec)
     H, dn, dr, dv, Dc = g
-    expect_shape(fn, "wkv_a", wkv_a, (D, Dc + dr), "(D, Dc + dr) of the geometry")
-    expect_shape(fn, "kv_norm", kv_norm, (Dc,), "(Dc,)")
-    _check_query(fn, D, g, wq, wq_a, q_norm, wq_b)
-    if wq is not None:
-        q, lin = ops.linear_forward(x, wq)  # (B, T, H*(dn+dr))
+    rope = make_rope(spec.rope, dr, np.arange(T)) if rope is None else rope
+    eps = spec.norm_eps
+    if w.wq is not None:
+        q, lin = ops.linear_forward(x, w.wq)  # (B, T, H*(dn+dr))
         q_caches = (lin,)
     else:
-        qa, lin_a = ops.linear_forward(x, wq_a)  # (B, T, Dq)
-        qn, rms = ops.rmsnorm_forward(qa, q_norm, eps)  # (B, T, Dq)
-        q, lin_b = ops.linear_forward(qn, wq_b)  # (B, T, H*(dn+dr))
+        qa, lin_a = ops.linear_forward(x, w.wq_a)  # (B, T, Dq)
+        qn, rms = ops.rmsnorm_forward(qa, w.q_norm, eps)  # (B, T, Dq)
+        q, lin_b = ops.linear_forward(qn, w.wq_b)  # (B, T, H*(dn+dr))
         q_caches = (lin_a, rms, lin_b)
     q = split_heads(q, H)  # (B, H, T, dn+dr)
-    q_pe, q_rope = rope_forward(q[..., dn:], positions, inv_freq, rope_style,
-                                attention_factor)  # (B, H, T, dr)
-    kv, kv_lin = ops.linear_forward(x, wkv_a)  # (B, T, Dc+dr)
-    ckv, kv_rms = ops.rmsnorm_forward(kv[..., :Dc], kv_norm, eps)  # (B, T, Dc)
-    k_pe, k_rope = rope_forward(kv[:, None, :, Dc:], positions, inv_freq, rope_style,
-                                attention_factor)  # (B, 1, T, dr)
+    q_pe, q_rope = rope_forward(q[..., dn:], rope)  # (B, H, T, dr)
+    kv, kv_lin = ops.linear_forward(x, w.wkv_a)  # (B, T, Dc+dr)
+    ckv, kv_rms = ops.rmsnorm_forward(kv[..., :Dc], w.kv_norm, eps)  # (B, T, Dc)
+    k_pe, k_rope = rope_forward(kv[:, None, :, Dc:], rope)  # (B, 1, T, dr)
     out = MLAProjection(q[..., :dn], q_pe, ckv, k_pe)
     return out, MLAProjCache(q_caches, q_rope, kv_lin, kv_rms, k_rope, g)
 
 
 def mla_project_backward(dout, cache):
-    """Reverse of mla_project_forward: dout is an MLAProjection of gradients; returns them
-    for x, wkv_a, kv_norm and the query weights (wq, or wq_a, q_norm, wq_b)."""
+    """Reverse of mla_project_forward: dout is an MLAProjection of gradients; returns
+    {"x": dx, "w": MLAWeights of the gradients of wkv_a, kv_norm and the query weights, None
+    for wkv_b and wo}."""
     q_caches, q_rope, kv_lin, kv_rms, k_rope, g = cache
     specs = {"q_nope": (q_rope.shape[:-1] + (g.dn,), q_rope.cos.dtype),
              "q_pe": (q_rope.shape, q_rope.cos.dtype),
@@ -151,15 +146,14 @@ def mla_project_backward(dout, cache):
     dk_pe = rope_backward(dk_pe, k_rope)["x"][:, 0]  # (B, T, dr)
     dkv = np.concatenate([g_rms["x"], dk_pe], axis=-1)  # (B, T, Dc+dr)
     g_kv = ops.linear_backward(dkv, kv_lin)  # fwd: kv = x @ wkv_a
-    grads = {"wkv_a": g_kv["W"], "kv_norm": g_rms["g"]}
     if len(q_caches) == 1:
         g_q = ops.linear_backward(dq, q_caches[0])  # fwd: q = x @ wq
-        grads["wq"] = g_q["W"]
+        dw = MLAWeights(g_kv["W"], g_rms["g"], None, None, wq=g_q["W"])
     else:
         lin_a, rms, lin_b = q_caches
         g_b = ops.linear_backward(dq, lin_b)  # fwd: q = qn @ wq_b
         g_n = ops.rmsnorm_backward(g_b["x"], rms)  # fwd: qn = rmsnorm(qa, q_norm)
         g_q = ops.linear_backward(g_n["x"], lin_a)  # fwd: qa = x @ wq_a
-        grads.update(wq_a=g_q["W"], q_norm=g_n["g"], wq_b=g_b["W"])
-    grads["x"] = g_q["x"] + g_kv["x"]  # x feeds both the query and the latent
-    return grads
+        dw = MLAWeights(g_kv["W"], g_rms["g"], None, None, wq_a=g_q["W"], q_norm=g_n["g"],
+                        wq_b=g_b["W"])
+    return {"x": g_q["x"] + g_kv["x"], "w": dw}  # x feeds both the query and the latent

@@ -1,6 +1,8 @@
 """The shared projections of GQA (Ainslie et al. 2023, arXiv 2305.13245) as one pair: q, k, v
 heads of x, with optional biases (Qwen2), QK-norm over each head (Qwen3: Dehghani et al. 2023,
 arXiv 2302.05442) and RoPE on q and k. gqa.py attends with them; decoding projects one token.
+A layer's arrays travel as one AttentionWeights, its options as the AttentionSpec
+(scratchllm.specs) that says which of the optional arrays it has.
 
     q = rope(qk_norm(split_heads(x Wq + bq))),  k likewise with Wk, bk,  v = split_heads(x Wv + bv)
 
@@ -10,14 +12,47 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.attention.rope import rope_backward, rope_forward
-from scratchllm.attention.rope_heads import (RopeHeadsCache, rope_heads_backward,
-                                             rope_heads_forward)
+from scratchllm.attention.rope import make_rope, rope_backward, rope_forward
+from scratchllm.attention.rope_heads import ROPE_HEADS
 from scratchllm.attention.sdpa import merge_heads, split_heads
-from scratchllm.core.fused import use_fused
 from scratchllm.core.ops import (linear_backward, linear_forward, linear_out, rmsnorm_backward,
                                  rmsnorm_forward)
 from scratchllm.core.validate import expect_douts, expect_float, expect_ndim, expect_shape
+from scratchllm.specs import AttentionSpec
+
+
+class AttentionWeights(NamedTuple):
+    """One GQA layer's arrays, named as the Attention Module's Params; None = option off."""
+    wq: np.ndarray  # (D, H*Dh)
+    wk: np.ndarray  # (D, Hkv*Dh)
+    wv: np.ndarray  # (D, Hkv*Dh)
+    wo: np.ndarray  # (H*Dh, D)
+    bq: np.ndarray = None  # (H*Dh,)    spec.qkv_bias
+    bk: np.ndarray = None  # (Hkv*Dh,)
+    bv: np.ndarray = None  # (Hkv*Dh,)
+    bo: np.ndarray = None  # (D,)       spec.o_bias
+    q_norm: np.ndarray = None  # (Dh,)  spec.qk_norm: gains spec.norm_offset + q_norm
+    k_norm: np.ndarray = None  # (Dh,)
+    sinks: np.ndarray = None  # (H,)    spec.sinks: one sink logit per query head
+
+
+_OPTIONS = (("qkv_bias", ("bq", "bk", "bv")), ("o_bias", ("bo",)),
+            ("qk_norm", ("q_norm", "k_norm")), ("sinks", ("sinks",)))
+
+
+def check_attention_weights(fn, w, spec):
+    """w is an AttentionWeights whose optional fields are given exactly where the
+    AttentionSpec spec turns their option on."""
+    if not isinstance(spec, AttentionSpec):
+        raise TypeError(f"{fn}: spec must be an AttentionSpec, got {type(spec).__name__}")
+    if not isinstance(w, AttentionWeights):
+        raise TypeError(f"{fn}: w must be an AttentionWeights, got {type(w).__name__}")
+    for option, names in _OPTIONS:
+        for name in names:
+            on = getattr(spec, option)
+            if (getattr(w, name) is not None) != on:
+                raise ValueError(f"{fn}: spec.{option}={on}, but w.{name} is "
+                                 f"{'None' if on else 'given'}")
 
 
 # ---------------------------------------------------------------------------- projections
@@ -38,100 +73,91 @@ class QKVCache(NamedTuple):
     n_kv_heads: int
     norm_q: tuple  # RMSNormCache of the QK-norm, None without it
     norm_k: tuple
+    rope_heads: bool  # RoPE went with the head split (ROPE_HEADS; rope_q, rope_k its caches)
 
 
-def project_qkv_forward(x, wq, wk, wv, bq=None, bk=None, bv=None, q_norm=None, k_norm=None,
-                        *, n_heads, n_kv_heads, positions=None, inv_freq=None,
-                        rope_style="half", attention_factor=1.0, norm_eps=1e-6):
-    """q, k, v heads of x, with QK-norm (when q_norm, k_norm are given) and then RoPE on q and
-    k (when inv_freq is given).
+def project_qkv_forward(x, w, *, spec, rope=None):
+    """q, k, v heads of x, with QK-norm (spec.qk_norm) and then RoPE on q and k.
 
-    Inputs:  x (B, T, D), wq (D, H*Dh), wk/wv (D, Hkv*Dh), bq (H*Dh,), bk/bv (Hkv*Dh,) or
-             None, q_norm/k_norm (Dh,) RMSNorm gains over each head vector or None (with
-             eps norm_eps), positions (T,) or (B, T) ints (default arange(T)), inv_freq
-             (Dh/2,) or None for no RoPE.
+    Inputs:  x (B, T, D); w an AttentionWeights (wq (D, H*Dh), wk/wv (D, Hkv*Dh), and as
+             the spec says bq (H*Dh,), bk/bv (Hkv*Dh,), q_norm/k_norm (Dh,) RMSNorm gains
+             over each head vector, used as spec.norm_offset + gain, eps spec.norm_eps);
+             spec an AttentionSpec (heads, head dim, options); rope a Rope (rope.py), or
+             None: spec.rope at positions 0..T-1 (no RoPE when spec.rope is None).
     Returns: QKV(q (B, H, T, Dh), k (B, Hkv, T, Dh), v (B, Hkv, T, Dh)).  Cache: QKVCache.
-    Fast path (RoPE on, no QK-norm, positions (T,), unless SCRATCHLLM_READABLE): the head
-    split and RoPE in one pass (rope_heads.py), the same bits as split_heads then rope.
+    Its backward's w has gradients for the fields used here, None for wo, bo and sinks.
+    RoPE without QK-norm at positions (T,) goes with the head split in one pass
+    (rope_heads.py: the same bits as split_heads then rope).
     """
     expect_float("gqa", "x", x)
     expect_ndim("gqa", "x", x, 3, "(B, T, D)")
     B, T, D = x.shape
     if T < 1:
         raise ValueError(f"gqa: x has shape {x.shape}: no time steps (T must be >= 1)")
-    if inv_freq is None and (positions is not None or rope_style != "half"
-                             or attention_factor != 1.0):
-        raise ValueError("gqa: positions, rope_style and attention_factor act only through "
-                         "RoPE, and inv_freq is None (RoPE off); drop them or give inv_freq")
-    if n_heads % n_kv_heads:
-        raise ValueError(f"gqa: n_heads={n_heads} must be a multiple of n_kv_heads="
-                         f"{n_kv_heads}")
-    expect_ndim("gqa", "wq", wq, 2, "(D, H*Dh)")
-    if wq.shape[-1] % n_heads:
-        raise ValueError(f"gqa: wq has shape {wq.shape}, expected (D, H*Dh) with H={n_heads}")
-    Dh = wq.shape[-1] // n_heads
-    expect_shape("gqa", "wq", wq, (D, n_heads * Dh), "(D, H*Dh)")
-    expect_shape("gqa", "wk", wk, (D, n_kv_heads * Dh), f"(D, Hkv*Dh) = (D, {n_kv_heads}*{Dh})")
-    expect_shape("gqa", "wv", wv, (D, n_kv_heads * Dh), f"(D, Hkv*Dh) = (D, {n_kv_heads}*{Dh})")
-    if (q_norm is None) != (k_norm is None):
-        raise ValueError("gqa: QK-norm needs both q_norm and k_norm (or neither)")
-    q, lin_q = linear_forward(x, wq, bq)  # (B, T, H*Dh)
-    k, lin_k = linear_forward(x, wk, bk)  # (B, T, Hkv*Dh)
-    v, lin_v = linear_forward(x, wv, bv)  # (B, T, Hkv*Dh)
-    pos = np.arange(T) if positions is None else positions
-    if inv_freq is not None and q_norm is None and np.ndim(pos) == 1 and use_fused():
-        q, rope_q = rope_heads_forward(q, pos, inv_freq, n_heads=n_heads, style=rope_style,
-                                       attention_factor=attention_factor)  # (B, H, T, Dh)
-        k, rope_k = rope_heads_forward(k, pos, inv_freq, n_heads=n_kv_heads, style=rope_style,
-                                       attention_factor=attention_factor)  # (B, Hkv, T, Dh)
-        return QKV(q, k, split_heads(v, n_kv_heads)), QKVCache(
-            lin_q, lin_k, lin_v, rope_q, rope_k, n_heads, n_kv_heads, None, None)
-    q, k, v = split_heads(q, n_heads), split_heads(k, n_kv_heads), split_heads(v, n_kv_heads)
+    check_attention_weights("gqa", w, spec)
+    H, Hkv, Dh = spec.n_heads, spec.n_kv_heads, spec.dh(D)
+    expect_shape("gqa", "wq", w.wq, (D, H * Dh), f"(D, H*Dh) = (D, {H}*{Dh})")
+    expect_shape("gqa", "wk", w.wk, (D, Hkv * Dh), f"(D, Hkv*Dh) = (D, {Hkv}*{Dh})")
+    expect_shape("gqa", "wv", w.wv, (D, Hkv * Dh), f"(D, Hkv*Dh) = (D, {Hkv}*{Dh})")
+    if spec.rope is None and rope is not None:
+        raise ValueError("gqa: rope is given, but spec.rope is None (no RoPE); drop rope or "
+                         "give the spec a RopeSpec")
+    if spec.rope is not None and rope is None:
+        rope = make_rope(spec.rope, Dh, np.arange(T))
+    q, lin_q = linear_forward(x, w.wq, w.bq)  # (B, T, H*Dh)
+    k, lin_k = linear_forward(x, w.wk, w.bk)  # (B, T, Hkv*Dh)
+    v, lin_v = linear_forward(x, w.wv, w.bv)  # (B, T, Hkv*Dh)
+    if rope is not None and not spec.qk_norm and np.ndim(rope.positions) == 1:
+        q, rope_q = ROPE_HEADS.forward(q, rope, H)  # (B, H, T, Dh)
+        k, rope_k = ROPE_HEADS.forward(k, rope, Hkv)  # (B, Hkv, T, Dh)
+        return QKV(q, k, split_heads(v, Hkv)), QKVCache(
+            lin_q, lin_k, lin_v, rope_q, rope_k, H, Hkv, None, None, True)
+    q, k, v = split_heads(q, H), split_heads(k, Hkv), split_heads(v, Hkv)
     norm_q = norm_k = None
-    if q_norm is not None:
-        q, norm_q = rmsnorm_forward(q, q_norm, norm_eps)  # (B, H, T, Dh)
-        k, norm_k = rmsnorm_forward(k, k_norm, norm_eps)  # (B, Hkv, T, Dh)
+    if spec.qk_norm:
+        off = spec.norm_offset
+        gq, gk = (w.q_norm + off, w.k_norm + off) if off else (w.q_norm, w.k_norm)  # (Dh,)
+        q, norm_q = rmsnorm_forward(q, gq, spec.norm_eps)  # (B, H, T, Dh)
+        k, norm_k = rmsnorm_forward(k, gk, spec.norm_eps)  # (B, Hkv, T, Dh)
     rope_q = rope_k = None
-    if inv_freq is not None:
-        q, rope_q = rope_forward(q, pos, inv_freq, rope_style, attention_factor)  # (B,H,T,Dh)
-        k, rope_k = rope_forward(k, pos, inv_freq, rope_style, attention_factor)  # (B,Hkv,T,Dh)
-    return QKV(q, k, v), QKVCache(lin_q, lin_k, lin_v, rope_q, rope_k, n_heads, n_kv_heads,
-                                  norm_q, norm_k)
+    if rope is not None:
+        q, rope_q = rope_forward(q, rope)  # (B, H, T, Dh)
+        k, rope_k = rope_forward(k, rope)  # (B, Hkv, T, Dh)
+    return QKV(q, k, v), QKVCache(lin_q, lin_k, lin_v, rope_q, rope_k, H, Hkv, norm_q, norm_k,
+                                  False)
 
 
 def project_qkv_backward(dout, cache):
     """Reverse of project_qkv_forward: rope backward, QK-norm backward, merge heads, the three
     linear backwards. dout is a QKV of gradients (B, H, T, Dh), (B, Hkv, T, Dh), (B, Hkv, T, Dh).
+    Returns {"x": dx, "w": AttentionWeights of gradients, None for wo, bo, sinks and for the
+    options that were off}.
     Math: each step is its own pair (rope: rotation by -theta; QK-norm: rmsnorm_backward over
     the head axis Dh, its gain summing over B, heads and T; linear: dW = x^T dy, db = sum dy).
     Reference: Dehghani et al. 2023 (arXiv 2302.05442); huggingface/transformers
     src/transformers/models/qwen3/modeling_qwen3.py Qwen3Attention."""
-    lin_q, lin_k, lin_v, rope_q, rope_k, _, _, norm_q, norm_k = cache
-    H, Hkv = cache.n_heads, cache.n_kv_heads
+    lin_q, lin_k, lin_v, rope_q, rope_k, H, Hkv, norm_q, norm_k, rope_heads = cache
     expect_douts("project_qkv_backward", dout, {
         "q": _heads_out(lin_q, H), "k": _heads_out(lin_k, Hkv), "v": _heads_out(lin_v, Hkv)})
     dq, dk, dv = (np.zeros(*_heads_out(c, n)) if d is None else d
                   for d, c, n in zip(dout, (lin_q, lin_k, lin_v), (H, Hkv, Hkv)))
-    grads = {}
-    if isinstance(rope_q, RopeHeadsCache):  # the fused path: rope and the head split in one
-        dq = split_heads(rope_heads_backward(dq, rope_q)["t"], H)  # fwd: q = rope_heads(x wq)
-        dk = split_heads(rope_heads_backward(dk, rope_k)["t"], Hkv)  # (B, Hkv, T, Dh) views
+    if rope_heads:  # fwd: q = rope_heads(x wq): RoPE and the head split in one
+        dq = split_heads(ROPE_HEADS.backward(dq, rope_q)["t"], H)  # (B, H, T, Dh) view
+        dk = split_heads(ROPE_HEADS.backward(dk, rope_k)["t"], Hkv)  # (B, Hkv, T, Dh) view
     elif rope_q is not None:
         dq = rope_backward(dq, rope_q)["x"]  # fwd: q = rope(q) -> rotate dq by -theta
         dk = rope_backward(dk, rope_k)["x"]  # fwd: k = rope(k)
+    dq_norm = dk_norm = None
     if norm_q is not None:
-        g_nq = rmsnorm_backward(dq, norm_q)  # fwd: q = rmsnorm(q) * q_norm
-        g_nk = rmsnorm_backward(dk, norm_k)  # fwd: k = rmsnorm(k) * k_norm
-        dq, dk = g_nq["x"], g_nk["x"]
-        grads.update(q_norm=g_nq["g"], k_norm=g_nk["g"])
+        g_nq = rmsnorm_backward(dq, norm_q)  # fwd: q = rmsnorm(q) * (offset + q_norm)
+        g_nk = rmsnorm_backward(dk, norm_k)  # fwd: k = rmsnorm(k) * (offset + k_norm)
+        dq, dk, dq_norm, dk_norm = g_nq["x"], g_nk["x"], g_nq["g"], g_nk["g"]
     g_q = linear_backward(merge_heads(dq), lin_q)  # fwd: q = split_heads(x @ wq + bq)
     g_k = linear_backward(merge_heads(dk), lin_k)  # fwd: k = split_heads(x @ wk + bk)
     g_v = linear_backward(merge_heads(dv), lin_v)  # fwd: v = split_heads(x @ wv + bv)
-    grads.update(x=g_q["x"] + g_k["x"] + g_v["x"], wq=g_q["W"], wk=g_k["W"], wv=g_v["W"])
-    for name, g in (("bq", g_q), ("bk", g_k), ("bv", g_v)):
-        if "b" in g:
-            grads[name] = g["b"]
-    return grads
+    dw = AttentionWeights(g_q["W"], g_k["W"], g_v["W"], None, g_q.get("b"), g_k.get("b"),
+                          g_v.get("b"), None, dq_norm, dk_norm)
+    return {"x": g_q["x"] + g_k["x"] + g_v["x"], "w": dw}
 
 
 def _heads_out(lin, n_heads):

@@ -9,6 +9,9 @@ rotated, q_m . k_n depends on m - n only, and the logits are scaled by af^2.
 Pairing styles: "half" pairs (i, i + Dh/2) (HF rotate_half, GPT-NeoX);
 "interleaved" pairs (2i, 2i + 1) (RoFormer, Meta's Llama, DeepSeek's reference code).
 Backward: a rotation is orthogonal, so dx is dy rotated by -theta (times af).
+At run time RoPE is a Rope (inv_freq, style, attention_factor, positions): make_rope builds it
+from a model's RopeSpec (scratchllm.specs) for the positions of one call, and rope_forward(x,
+rope) applies it.
 
 Glossary: B batch, T time, Dh head (rotary) dim, P = Dh/2 pairs, s scaling factor,
 L0 original (pre-training) context length.
@@ -116,6 +119,30 @@ def rope_frequencies(head_dim, base=10000.0, scaling=None, seq_len=None):
     return _llama3(head_dim, base, p)
 
 
+# ---------------------------------------------------------------------------- run time
+class Rope(NamedTuple):
+    """What rotating one call's heads takes: a RopeSpec made concrete for its positions."""
+    inv_freq: np.ndarray  # (Dh/2,) float64, from rope_frequencies
+    style: str  # "half" | "interleaved"
+    attention_factor: float  # af (YaRN's sqrt(1/t); 1 otherwise)
+    positions: np.ndarray  # (T,) or (B, T) ints
+
+
+def make_rope(spec, head_dim, positions, seq_len=None):
+    """The Rope of a RopeSpec (base, scaling, style) for heads of head_dim at `positions`.
+
+    Inputs:  spec a RopeSpec; head_dim the rotated dim (Dh, or MLA's dr); positions (T,) or
+             (B, T) ints; seq_len the length dynamic NTK scales for (default max(positions)
+             + 1, the length seen so far).
+    Returns: Rope(inv_freq (head_dim/2,), spec.style, attention_factor, positions).
+    """
+    positions = np.asarray(positions)
+    if seq_len is None and positions.size:
+        seq_len = int(positions.max()) + 1
+    inv_freq, af = rope_frequencies(head_dim, spec.base, spec.scaling, seq_len)  # (Dh/2,)
+    return Rope(inv_freq, spec.style, af, positions)
+
+
 # ---------------------------------------------------------------------------- rotation
 class RopeCache(NamedTuple):
     cos: np.ndarray
@@ -137,45 +164,53 @@ def _rotate(x, cos, sin, style):
     return y
 
 
-def rope_angles(positions, inv_freq, x_ndim, dtype, attention_factor=1.0):
-    """cos and sin (times af) of positions * inv_freq, shaped to broadcast against x.
+def rope_angles(rope, x_ndim, dtype):
+    """cos and sin (times af) of rope.positions * rope.inv_freq, shaped to broadcast against x.
 
     positions (T,) -> (T, P); positions (B, T) -> (B, 1, ..., 1, T, P) for x of x_ndim axes.
     """
-    expect_int("rope", "positions", positions)
-    pos = np.asarray(positions)
-    ang = pos[..., None].astype(np.float64) * inv_freq  # (T, P) or (B, T, P)
+    expect_int("rope", "positions", rope.positions)
+    pos = np.asarray(rope.positions)
+    ang = pos[..., None].astype(np.float64) * rope.inv_freq  # (T, P) or (B, T, P)
     if pos.ndim == 2:
         ang = ang.reshape(ang.shape[:1] + (1,) * (x_ndim - 3) + ang.shape[1:])  # (B,1..,T,P)
-    attention_factor = expect_finite("rope", "attention_factor", attention_factor, 0,
-                                     open_low=True)
-    cos = (np.cos(ang) * attention_factor).astype(dtype)  # (..., T, P)
-    sin = (np.sin(ang) * attention_factor).astype(dtype)  # (..., T, P)
+    af = expect_finite("rope", "attention_factor", rope.attention_factor, 0, open_low=True)
+    cos = (np.cos(ang) * af).astype(dtype)  # (..., T, P)
+    sin = (np.sin(ang) * af).astype(dtype)  # (..., T, P)
     return cos, sin
 
 
-def rope_forward(x, positions, inv_freq, style="half", attention_factor=1.0):
-    """Rotate the pairs of x by position * inv_freq, scaled by attention_factor.
+def check_rope(fn, rope, Dh):
+    """rope is a Rope whose style is known and whose inv_freq has Dh/2 entries, Dh even."""
+    if not isinstance(rope, Rope):
+        raise TypeError(f"{fn}: rope must be a Rope (make_rope), got {type(rope).__name__}")
+    if rope.style not in ("half", "interleaved"):
+        raise ValueError(f"{fn}: rope.style must be 'half' or 'interleaved', got "
+                         f"{rope.style!r}")
+    expect_float(fn, "rope.inv_freq", rope.inv_freq)
+    if rope.inv_freq.shape != (Dh // 2,) or Dh % 2:
+        raise ValueError(f"{fn}: rope.inv_freq has shape {rope.inv_freq.shape}, expected "
+                         f"({Dh // 2},) for an even head dim Dh = {Dh}")
 
-    Inputs:  x (..., T, Dh) float; positions (T,) or (B, T) ints (then x is (B, ..., T, Dh));
-             inv_freq (Dh/2,) from rope_frequencies; style "half" | "interleaved".
+
+def rope_forward(x, rope):
+    """Rotate the pairs of x by position * inv_freq, scaled by the attention factor.
+
+    Inputs:  x (..., T, Dh) float; rope a Rope: inv_freq (Dh/2,) from rope_frequencies,
+             style "half" | "interleaved", attention_factor, positions (T,) or (B, T) ints
+             (then x is (B, ..., T, Dh)).
     Returns: y (..., T, Dh), x's dtype.  Cache: (cos, sin, style), af folded into cos, sin.
     """
     expect_float("rope", "x", x, 2)
-    if style not in ("half", "interleaved"):
-        raise ValueError(f"rope: style must be 'half' or 'interleaved', got {style!r}")
     T, Dh = x.shape[-2:]
-    pos = np.asarray(positions)
-    expect_float("rope", "inv_freq", inv_freq)
-    if inv_freq.shape != (Dh // 2,) or Dh % 2:
-        raise ValueError(f"rope: inv_freq has shape {inv_freq.shape}, expected ({Dh // 2},) "
-                         f"for an even head dim Dh = x.shape[-1] = {Dh}")
+    check_rope("rope", rope, Dh)
+    pos = np.asarray(rope.positions)
     if pos.ndim not in (1, 2) or pos.shape[-1] != T or (pos.ndim == 2 and (
             x.ndim < 3 or pos.shape[0] != x.shape[0])):
-        raise ValueError(f"rope: positions has shape {pos.shape}, expected ({T},) or "
+        raise ValueError(f"rope: rope.positions has shape {pos.shape}, expected ({T},) or "
                          f"(B, {T}) with B = x.shape[0] (x has shape {x.shape})")
-    cos, sin = rope_angles(pos, inv_freq, x.ndim, x.dtype, attention_factor)  # (..., T, P)
-    return _rotate(x, cos, sin, style), RopeCache(cos, sin, style, x.shape)  # (..., T, Dh)
+    cos, sin = rope_angles(rope, x.ndim, x.dtype)  # (..., T, P)
+    return _rotate(x, cos, sin, rope.style), RopeCache(cos, sin, rope.style, x.shape)
 
 
 def rope_backward(dout, cache):

@@ -8,6 +8,8 @@ Math (rope.py): pair i of head h at position p is rotated by the angle p * inv_f
     (y1, y2) = (x1 cos - x2 sin, x2 cos + x1 sin)   (cos, sin times the attention factor)
 Backward: the rotation by -theta, (dx1, dx2) = (dy1 cos + dy2 sin, dy2 cos - dy1 sin), then
 merge_heads. The same float operations per element as the readable pair: the same bits.
+ROPE_HEADS (core/twins.py) picks one of the two twins per forward (the fused one unless
+SCRATCHLLM_READABLE=1); its cache carries the matching backward.
 
 Glossary: B batch, T time, n heads of the projection (H or Hkv), Dh head dim, P = Dh/2 pairs.
 """
@@ -16,8 +18,9 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from scratchllm.attention.rope import rope_angles, rope_backward, rope_forward
+from scratchllm.attention.rope import check_rope, rope_angles, rope_backward, rope_forward
 from scratchllm.attention.sdpa import merge_heads, split_heads
+from scratchllm.core.twins import Twin
 from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
 
 
@@ -58,34 +61,32 @@ def _rotate_back_from_heads(dy, cos, sin, half, dt):
                     dt[b, i, h, j2] = y2 * c - y1 * s
 
 
-def _check(t, positions, inv_freq, n_heads, style):
+def _check(t, rope, n_heads):
     """The inputs of either twin; returns (B, T, Dh)."""
     expect_float("rope_heads", "t", t)
     expect_ndim("rope_heads", "t", t, 3, "(B, T, n*Dh)")
     B, T, HD = t.shape
-    if style not in ("half", "interleaved") or HD % n_heads or (HD // n_heads) % 2:
-        raise ValueError(f"rope_heads: need style 'half' or 'interleaved' and t.shape[-1] = "
-                         f"n_heads * (even Dh), got style={style!r}, t {t.shape}, "
-                         f"n_heads={n_heads}")
-    expect_shape("rope_heads", "positions", positions, (T,), "(T,) = t.shape[1:2]")
-    expect_shape("rope_heads", "inv_freq", inv_freq, (HD // n_heads // 2,), "(Dh/2,)")
+    if HD % n_heads or (HD // n_heads) % 2:
+        raise ValueError(f"rope_heads: t.shape[-1] must be n_heads * (an even Dh), got t "
+                         f"{t.shape}, n_heads={n_heads}")
+    check_rope("rope_heads", rope, HD // n_heads)
+    expect_shape("rope_heads", "rope.positions", rope.positions, (T,), "(T,) = t.shape[1:2]")
     return B, T, HD // n_heads
 
 
-def rope_heads_forward(t, positions, inv_freq, *, n_heads, style="half",
-                       attention_factor=1.0):
-    """rope_forward(split_heads(t, n_heads), ...) in one pass.
+def rope_heads_forward(t, rope, n_heads):
+    """rope_forward(split_heads(t, n_heads), rope) in one pass.
 
-    Inputs:  t (B, T, n*Dh) float, a projection's output; positions (T,) ints; inv_freq
-             (Dh/2,); style "half" | "interleaved".
+    Inputs:  t (B, T, n*Dh) float, a projection's output; rope a Rope (rope.py) with
+             positions (T,) and inv_freq (Dh/2,); n_heads n.
     Returns: heads (B, n, T, Dh), C-contiguous.  Cache: (cos, sin (T, P), half, shape).
     """
-    B, T, Dh = _check(t, positions, inv_freq, n_heads, style)
-    cos, sin = rope_angles(positions, inv_freq, 4, t.dtype, attention_factor)  # (T, P)
+    B, T, Dh = _check(t, rope, n_heads)
+    cos, sin = rope_angles(rope, 4, t.dtype)  # (T, P)
     heads = np.empty((B, n_heads, T, Dh), t.dtype)  # (B, n, T, Dh)
     t4 = np.ascontiguousarray(t).reshape(B, T, n_heads, Dh)  # (B, T, n, Dh) view
-    _rotate_into_heads(t4, cos, sin, style == "half", heads)
-    return heads, RopeHeadsCache(cos, sin, style == "half", heads.shape)
+    _rotate_into_heads(t4, cos, sin, rope.style == "half", heads)
+    return heads, RopeHeadsCache(cos, sin, rope.style == "half", heads.shape)
 
 
 def rope_heads_backward(dout, cache):
@@ -98,14 +99,17 @@ def rope_heads_backward(dout, cache):
     return {"t": dt.reshape(B, T, n * Dh)}  # (B, T, n*Dh)
 
 
-def rope_heads_forward_ref(t, positions, inv_freq, *, n_heads, style="half",
-                           attention_factor=1.0):
+def rope_heads_forward_ref(t, rope, n_heads):
     """The readable twin: split_heads, then rope_forward (a new contiguous array)."""
-    _check(t, positions, inv_freq, n_heads, style)
-    return rope_forward(split_heads(t, n_heads), positions, inv_freq, style, attention_factor)
+    _check(t, rope, n_heads)
+    return rope_forward(split_heads(t, n_heads), rope)
 
 
 def rope_heads_backward_ref(dout, cache):
     """The readable twin: rope_backward (rotation by -theta), then merge_heads."""
     expect_dout("rope_heads_backward_ref", dout, cache.shape, cache.cos.dtype)
     return {"t": merge_heads(rope_backward(dout, cache)["x"])}  # (B, T, n*Dh)
+
+
+ROPE_HEADS = Twin((rope_heads_forward, rope_heads_backward),
+                  (rope_heads_forward_ref, rope_heads_backward_ref))

@@ -18,9 +18,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from scratchllm.attention.masks import mask_array
 from scratchllm.attention.sdpa_softmax import (FusedSoftmaxCache, softmax_scores_,
                                                softmax_scores_backward_)
-from scratchllm.core.fused import use_fused
+from scratchllm.core.twins import use_fused
 from scratchllm.core.ops import SoftmaxCache, softmax_backward, softmax_forward
 from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_integer,
                                       expect_ndim, expect_shape)
@@ -36,18 +37,19 @@ class SDPACache(NamedTuple):
     bias_shape: tuple  # the additive bias's shape (ALiBi, positions.py); None: no bias
     has_sinks: bool
     n_heads: int  # H (the rows of q hold G = H / Hkv heads each)
+    fused: bool  # the forward took sdpa_softmax.py's one-pass softmax: so does the backward
 
 
 def _masked_out(fn, mask, B, H, Hkv, Tq, Tk):
     """~mask, checked, as a view that broadcasts against the grouped scores (B,Hkv,G,Tq,Tk)."""
     if not isinstance(mask, np.ndarray) or mask.dtype != bool:
-        raise TypeError(f"{fn}: mask must be a boolean array (True = may attend), got "
+        raise TypeError(f"{fn}: mask.array must be a boolean array (True = may attend), got "
                         f"{getattr(mask, 'dtype', type(mask).__name__)}")
     try:
         np.broadcast_shapes(mask.shape, (B, H, Tq, Tk))
     except ValueError:
-        raise ValueError(f"{fn}: mask has shape {mask.shape}, expected one broadcastable to "
-                         f"(B, H, Tq, Tk) = {(B, H, Tq, Tk)}") from None
+        raise ValueError(f"{fn}: mask.array has shape {mask.shape}, expected one broadcastable "
+                         f"to (B, H, Tq, Tk) = {(B, H, Tq, Tk)}") from None
     m = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)  # (b, h, tq, tk), h in {1, H}
     heads = (Hkv, H // Hkv) if m.shape[1] == H else (1, 1)
     return ~m.reshape(m.shape[:1] + heads + m.shape[2:])  # (b, Hkv|1, G|1, tq, tk)
@@ -69,12 +71,14 @@ def check_heads(fn, q, k, v):
     return B, H, Tq, Dh, Hkv, Tk
 
 
-def sdpa_forward(q, k, v, mask=None, scale=None, bias=None, *, sinks=None):
+def sdpa_forward(q, k, v, mask=None, scale=None, *, bias=None, sinks=None):
     """out = softmax(q k^T * scale, masked) v, with grouped K/V heads allowed.
 
     Inputs:  q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv), H a multiple of Hkv
              (query head h reads KV head h // (H/Hkv); Hkv = H is plain multi-head);
-             mask bool broadcastable to (B, H, Tq, Tk) or None; scale defaults to Dh^-1/2;
+             mask a Mask (scratchllm.specs; masks.mask_array makes its boolean array,
+             broadcastable to (B, H, Tq, Tk)) or None (attend everywhere);
+             scale defaults to Dh^-1/2;
              bias float broadcastable to (B, H, Tq, Tk) added to the scores (ALiBi), or None;
              sinks (H,) or None: per-head sink logits (never masked, no value).
     Returns: out (B, H, Tq, Dv); a fully masked query row gives zeros.
@@ -85,16 +89,15 @@ def sdpa_forward(q, k, v, mask=None, scale=None, bias=None, *, sinks=None):
     B, H, Tq, Dh, Hkv, Tk = check_heads("sdpa", q, k, v)
     if Tq < 1 or Tk < 1:
         raise ValueError(f"sdpa: q has {Tq} and k has {Tk} positions; both need >= 1")
+    keep = mask_array(mask, Tq, Tk, "sdpa")  # None, (Tq, Tk), or broadcastable to (B,H,Tq,Tk)
     G = H // Hkv
     scale = Dh ** -0.5 if scale is None else expect_finite("sdpa", "scale", scale)
     qg = q.reshape(B, Hkv, G * Tq, Dh)  # (B, Hkv, G*Tq, Dh)
     s = qg @ k.swapaxes(-1, -2)  # (B, Hkv, G*Tq, Tk)
-    if _fused_case(mask, bias, sinks, s, Tq) and use_fused():
-        if mask is not None:
-            _masked_out("sdpa", mask, B, H, Hkv, Tq, Tk)  # its checks
-        p = softmax_scores_(s, mask, scale)  # (B, Hkv, G*Tq, Tk), in place, one pass per row
+    if _fused_case(keep, bias, sinks, s, Tq) and use_fused():
+        p = softmax_scores_(s, keep, scale)  # (B, Hkv, G*Tq, Tk), in place, one pass per row
         return (p @ v).reshape(B, H, Tq, v.shape[3]), SDPACache(
-            qg, k, v, scale, FusedSoftmaxCache(p), None, False, H)  # (B, H, Tq, Dv)
+            qg, k, v, scale, FusedSoftmaxCache(p), None, False, H, True)  # (B, H, Tq, Dv)
     s *= np.asarray(scale, dtype=s.dtype)
     if bias is not None:  # S = scale q k^T + bias
         expect_float("sdpa", "bias", bias)
@@ -103,15 +106,15 @@ def sdpa_forward(q, k, v, mask=None, scale=None, bias=None, *, sinks=None):
             raise ValueError(f"sdpa: bias has shape {bias.shape}, expected one broadcastable "
                              f"to (B, H, Tq, Tk) = {(B, H, Tq, Tk)}")
         s.reshape(B, H, Tq, Tk)[...] += bias
-    if mask is not None:
-        out_of_mask = _masked_out("sdpa", mask, B, H, Hkv, Tq, Tk)  # (b, Hkv|1, G|1, tq, tk)
+    if keep is not None:
+        out_of_mask = _masked_out("sdpa", keep, B, H, Hkv, Tq, Tk)  # (b, Hkv|1, G|1, tq, tk)
         np.copyto(s.reshape(B, Hkv, G, Tq, Tk), np.asarray(-np.inf, s.dtype), where=out_of_mask)
     if sinks is not None:
         s = _with_sink_column(s, sinks, H, Tq)  # (B, Hkv, G*Tq, Tk+1)
     p, sm_cache = softmax_forward(s, axis=-1)  # (B, Hkv, G*Tq, Tk[+1])
     out = (p[..., :Tk] @ v).reshape(B, H, Tq, v.shape[3])  # (B, H, Tq, Dv); no sink value
     return out, SDPACache(qg, k, v, scale, sm_cache,
-                          None if bias is None else bias.shape, sinks is not None, H)
+                          None if bias is None else bias.shape, sinks is not None, H, False)
 
 
 def sdpa_backward(dout, cache):
@@ -128,7 +131,7 @@ def sdpa_backward(dout, cache):
     (arXiv 2305.13245); gpt-oss sinks: huggingface/transformers
     src/transformers/models/gpt_oss/modeling_gpt_oss.py eager_attention_forward.
     """
-    qg, k, v, scale, sm_cache, bias_shape, has_sinks, H = cache
+    qg, k, v, scale, sm_cache, bias_shape, has_sinks, H, fused = cache
     B, Hkv, GTq, _ = qg.shape
     Tk = k.shape[2]
     Tq, Dv = GTq * Hkv // H, v.shape[3]
@@ -137,7 +140,7 @@ def sdpa_backward(dout, cache):
     dog = dout.reshape(qg.shape[:3] + (Dv,))  # (B, Hkv, G*Tq, Dv)
     dv = p.swapaxes(-1, -2) @ dog  # fwd: out = P v -> dv = P^T dout      (B, Hkv, Tk, Dv)
     dp = dog @ v.swapaxes(-1, -2)  # fwd: out = P v -> dP = dout v^T      (B, Hkv, G*Tq, Tk)
-    if isinstance(sm_cache, FusedSoftmaxCache):  # dS = scale P (dP - rowsum(dP P)), one pass
+    if fused:  # the forward's one-pass softmax: dS = scale P (dP - rowsum(dP P)), one pass
         ds = softmax_scores_backward_(dp, p, scale)  # (B, Hkv, G*Tq, Tk), in place of dp
         return {"q": (ds @ k).reshape(B, H, Tq, qg.shape[3]), "k": ds.swapaxes(-1, -2) @ qg,
                 "v": dv}
@@ -156,11 +159,11 @@ def sdpa_backward(dout, cache):
     return {"q": dq, "k": dk, "v": dv, **grads}
 
 
-def _fused_case(mask, bias, sinks, s, Tq):
+def _fused_case(keep, bias, sinks, s, Tq):
     """The cases the fused softmax (sdpa_softmax.py) covers: float32/64 scores s (.., Tk),
     no bias, no sinks, and no mask or one (Tq, Tk) bool mask shared by all rows and heads."""
-    plain = mask is None or (isinstance(mask, np.ndarray) and mask.dtype == bool
-                             and mask.shape == (Tq, s.shape[-1]))
+    plain = keep is None or (isinstance(keep, np.ndarray) and keep.dtype == bool
+                             and keep.shape == (Tq, s.shape[-1]))
     return plain and bias is None and sinks is None and s.dtype in (np.float32, np.float64)
 
 

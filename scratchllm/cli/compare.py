@@ -9,7 +9,8 @@ The MHA/GQA/MQA/MLA/MoE/SSM trade-off table of interview prep, made executable:
     training tokens/s (median step), final validation loss
 Every preset sees the same batches (same seed) for the same number of steps; the loss curves
 go to a PNG. --positions rope,alibi,sinusoidal,nope trains each preset once per position
-scheme (rows "dense/alibi", ...), side by side. The cache and parameter arithmetic comes from scratchllm/teach/sizing.py.
+scheme (rows "dense/alibi", ...), side by side. The cache and parameter arithmetic comes from
+scratchllm/teach/sizing.py.
 """
 from pathlib import Path
 
@@ -22,14 +23,15 @@ from scratchllm.train import corpus
 from scratchllm.train.plots import save_compare_plot
 from scratchllm.train.trainer import Settings, train_preset
 
-CONTEXTS = (4096, 131072)
+TABLE_CONTEXTS = (4096, 131072)  # the table's cache/token columns: 4k and 128k
 
 
 def sizes(cfg):
-    """(params total, params active per token, [cache bytes per token at each CONTEXTS]) of a
-    scratchllm.specs.ModelConfig."""
+    """(params total, params active per token, [cache bytes per token at each of
+    TABLE_CONTEXTS]) of a scratchllm.specs.ModelConfig."""
     p = sizing.parameters(cfg)
-    per_token = [sizing.kv_cache(cfg, context=c, dtype="bf16").bytes / c for c in CONTEXTS]
+    per_token = [sizing.kv_cache(cfg, context=c, dtype="bf16").bytes / c
+                 for c in TABLE_CONTEXTS]
     return p.total, p.active, per_token
 
 

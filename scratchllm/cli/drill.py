@@ -30,7 +30,7 @@ def main(argv=None):
     if args.action != "list" and args.name not in DRILLS:
         parser.error(f"{args.action} needs a drill name, one of: {', '.join(DRILLS)}; "
                      f"got {args.name!r}")
-    return run("drill", ACTIONS[args.action], args)
+    return run("drill", _ACTIONS[args.action], args)
 
 
 def _list(args):
@@ -64,4 +64,4 @@ def _check(args):
     return 0 if n_pass == len(results) else 1
 
 
-ACTIONS = {"list": _list, "start": _start, "check": _check}
+_ACTIONS = {"list": _list, "start": _start, "check": _check}

@@ -34,7 +34,7 @@ def main(argv=None):
         parser.error(f"--file is for check, not {args.action}")
     if args.solution and args.action != "show":
         parser.error(f"--solution is for show, not {args.action}")
-    return run("exercise", ACTIONS[args.action], args)
+    return run("exercise", _ACTIONS[args.action], args)
 
 
 def _list(args):
@@ -61,4 +61,4 @@ def _check(args):
     return 0 if n_pass == len(results) else 1
 
 
-ACTIONS = {"list": _list, "show": _show, "check": _check}
+_ACTIONS = {"list": _list, "show": _show, "check": _check}

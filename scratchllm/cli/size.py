@@ -2,18 +2,20 @@
 per token, KV cache and serving memory of a real model, exact integers beside rounded units,
 and the chapters' rules beside them (12·L·D², 2N / 6N, the attention/MLP crossover context,
 L·W, KV against Mamba state at 1k / 32k / 1M); --explain prints each line's formula. The
-arithmetic is scratchllm/teach/sizing.py (pure Python: this command loads no numpy).
+arithmetic is scratchllm/teach/sizing.py and the rules scratchllm/teach/rules.py (pure Python:
+this command loads no numpy).
 """
 from scratchllm.cli.common import Parser, run
 from scratchllm.specs import FFNSpec, MambaSpec, MLASpec, MoESpec
 from scratchllm.specs.unflat import mixer_letter
 from scratchllm.teach.arch import MODELS
-from scratchllm.teach.sizing import (CONTEXTS, DTYPE_BYTES, attention_crossover,
-                                     attention_spec, attention_width, block_pieces, cache_at,
-                                     ffns, flop_rules, flops_per_token, human, human_bytes,
-                                     kv_cache, mamba_state_numbers, mixers, n_attention_layers,
-                                     parameters, receptive_field, serving_memory,
-                                     sliding_window, twelve_l_d2)
+from scratchllm.teach.rules import (CONTEXTS, attention_crossover, block_pieces, cache_at,
+                                    flop_rules, mamba_state_numbers, receptive_field,
+                                    twelve_l_d2)
+from scratchllm.teach.sizing import (DTYPE_BYTES, attention_spec, attention_width, ffns,
+                                     flops_per_token, human, human_bytes, kv_cache, mixers,
+                                     n_attention_layers, parameters, serving_memory,
+                                     sliding_window)
 
 
 def describe(cfg):

@@ -171,3 +171,14 @@ def expect_gated_ffn(fn, x, W1, W3, W2):
     expect_shape(fn, "W1", W1, (D, None), "(D, F)")
     expect_shape(fn, "W3", W3, W1.shape, "(D, F), like W1")
     expect_shape(fn, "W2", W2, (W1.shape[1], D), "(F, D)")
+
+
+def expect_instance(fn, name, value, kind):
+    """Raise TypeError unless `value` is a `kind` (a spec, a layer's weights NamedTuple).
+
+    >>> expect_instance("moe", "spec", "softmax", tuple)
+    Traceback (most recent call last):
+    TypeError: moe: spec must be a tuple, got str
+    """
+    if not isinstance(value, kind):
+        raise TypeError(f"{fn}: {name} must be a {kind.__name__}, got {type(value).__name__}")

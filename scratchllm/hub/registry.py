@@ -11,7 +11,7 @@ family's from_hf gives; flat_of(cfg) is the flat view every family reads (f.n_he
 
 Adding a family is adding its record to a module of families/ and to FAMILIES below.
 """
-from scratchllm.hub.families.base import fail
+from scratchllm.hub.families.base import fail_config
 from scratchllm.hub.families.dense import GEMMA3, LLAMA, MISTRAL, QWEN2, QWEN3
 from scratchllm.hub.families.gpt2 import GPT2
 from scratchllm.hub.families.gpt_oss import GPT_OSS
@@ -28,7 +28,7 @@ BY_TYPE = {family.model_type: family for family in FAMILIES}
 def family_named(model_type):
     """The record of a config.json's model_type; ValueError listing the supported ones."""
     if model_type not in BY_TYPE:
-        fail(f"model_type {model_type!r} is not supported; supported: {list(BY_TYPE)}")
+        fail_config(f"model_type {model_type!r} is not supported; supported: {list(BY_TYPE)}")
     return BY_TYPE[model_type]
 
 

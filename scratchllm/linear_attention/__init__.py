@@ -3,15 +3,15 @@ each (parallel, chunked, recurrent): gated linear attention, the engine (gla;
 its per-channel intra-chunk scores as a Numba kernel in gla_scores); causal linear
 attention (linear); RetNet's scalar decay (retnet); the delta rule and gated DeltaNet (delta);
 RWKV-4's WKV (rwkv; its recurrent training pair, the stabilised scan and its adjoint, in
-rwkv_scan) and its time-mix / channel-mix blocks (rwkv_blocks); the token-mixer
-pair and Module for a language model (layer).
-Stands on core."""
+rwkv_scan) and its time-mix / channel-mix blocks (rwkv_blocks: TimeMixWeights,
+ChannelMixWeights, RWKVSpec); the token-mixer pair and Module for a language model (layer:
+RecurrentWeights, RecurrentSpec). Stands on core and specs."""
 from .delta import (delta_rule_backward, delta_rule_forward, delta_rule_recurrent,
                     delta_rule_recurrent_ref, delta_rule_step)
 from .gla import (GLACache, gla_attention_backward, gla_attention_forward,
                   gla_attention_recurrent, gla_attention_recurrent_ref, gla_attention_step)
-from .layer import (RecurrentMixer, recurrent_mixer_backward, recurrent_mixer_forward,
-                    recurrent_mixer_step)
+from .layer import (RecurrentMixer, RecurrentWeights, recurrent_mixer_backward,
+                    recurrent_mixer_forward, recurrent_mixer_step)
 from .linear import (linear_attention_backward, linear_attention_forward,
                      linear_attention_recurrent, linear_attention_recurrent_ref,
                      linear_attention_step)
@@ -19,7 +19,8 @@ from .rwkv import (WKVState, rwkv4_wkv_backward, rwkv4_wkv_forward, rwkv4_wkv_re
                    rwkv4_wkv_recurrent_ref, rwkv4_wkv_step)
 from .rwkv_scan import (rwkv4_wkv_scan_backward, rwkv4_wkv_scan_backward_ref,
                         rwkv4_wkv_scan_forward, rwkv4_wkv_scan_forward_ref)
-from .rwkv_blocks import (RWKV4TimeMix, rwkv4_channel_mix_backward, rwkv4_channel_mix_forward,
+from .rwkv_blocks import (ChannelMixWeights, RWKV4TimeMix, TimeMixWeights,
+                          rwkv4_channel_mix_backward, rwkv4_channel_mix_forward,
                           rwkv4_channel_mix_step, rwkv4_time_mix_backward,
                           rwkv4_time_mix_forward, rwkv4_time_mix_step)
 from .retnet import (retnet_attention_backward, retnet_attention_forward,
@@ -27,7 +28,8 @@ from .retnet import (retnet_attention_backward, retnet_attention_forward,
                      retnet_attention_step, retnet_gammas)
 
 __all__ = [
-    "GLACache", "RWKV4TimeMix", "RecurrentMixer", "WKVState", "delta_rule_backward",
+    "ChannelMixWeights", "GLACache", "RWKV4TimeMix", "RecurrentMixer", "RecurrentWeights",
+    "TimeMixWeights", "WKVState", "delta_rule_backward",
     "delta_rule_forward", "delta_rule_recurrent", "delta_rule_recurrent_ref", "delta_rule_step",
     "gla_attention_backward", "gla_attention_forward", "gla_attention_recurrent",
     "gla_attention_recurrent_ref", "gla_attention_step", "linear_attention_backward",

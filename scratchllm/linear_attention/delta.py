@@ -26,9 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.validate import expect_dout, expect_float, expect_positive, expect_shape
-from scratchllm.linear_attention.gla import check_qkv, merge_chunks, split_chunks
-
-FORMS = ("parallel", "chunked", "recurrent")
+from scratchllm.linear_attention.gla import FORMS, check_qkv, merge_chunks, split_chunks
 
 
 class DeltaCache(NamedTuple):

@@ -8,6 +8,7 @@ Channel-mix: k = relu(lerp_k Wk)², r = lerp_r Wr,  out = σ(r) ⊙ (k Wv)
 Time-mix trains through WKV's recurrent form (the stabilised scan and its reverse-time adjoint,
 O(B·T·D) memory), never the (B, D, T, T) softmax of the parallel form.
 Decoding keeps the previous token's x per block (and the WKV state for time-mix).
+The arrays of one block travel as one TimeMixWeights or ChannelMixWeights.
 
 Glossary: B batch, T time, D model width, F channel-mix hidden width; μ (D,) the mixes.
 """
@@ -18,17 +19,42 @@ import numpy as np
 from scratchllm.core.nn import Module, Param, normal_init
 from scratchllm.core.ops import (linear_backward, linear_forward, linear_out, sigmoid_backward,
                                  sigmoid_forward)
-from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
+from scratchllm.core.validate import (expect_dout, expect_float, expect_instance, expect_ndim,
+                                      expect_shape)
 from scratchllm.linear_attention.rwkv import (WKVState, rwkv4_wkv_backward, rwkv4_wkv_forward,
                                               rwkv4_wkv_step)
+from scratchllm.specs import RWKVSpec
 
 
-def _check(fn, x, **vectors):
-    """x (B, T, D) float and each vector (D,); returns D."""
+class TimeMixWeights(NamedTuple):
+    """The arrays of one time-mix block (the RWKV4TimeMix Module's Param names)."""
+    mix_k: np.ndarray  # (D,) μ of the key's lerp
+    mix_v: np.ndarray  # (D,)
+    mix_r: np.ndarray  # (D,)
+    time_decay: np.ndarray  # (D,) w = exp(time_decay)
+    time_first: np.ndarray  # (D,) u, the current token's bonus
+    Wk: np.ndarray  # (D, D)
+    Wv: np.ndarray  # (D, D)
+    Wr: np.ndarray  # (D, D)
+    Wo: np.ndarray  # (D, D)
+
+
+class ChannelMixWeights(NamedTuple):
+    """The arrays of one channel-mix block."""
+    mix_k: np.ndarray  # (D,)
+    mix_r: np.ndarray  # (D,)
+    Wk: np.ndarray  # (D, F)
+    Wr: np.ndarray  # (D, D)
+    Wv: np.ndarray  # (F, D)
+
+
+def _check(fn, x, w, kind, vectors):
+    """x (B, T, D) float, w a `kind` and each of its `vectors` (D,); returns D."""
     expect_ndim(fn, "x", x, 3, "(B, T, D)")
     expect_float(fn, "x", x)
-    for name, a in vectors.items():
-        expect_shape(fn, name, a, (x.shape[2],), "(D,): one per channel")
+    expect_instance(fn, "w", w, kind)
+    for name in vectors:
+        expect_shape(fn, name, getattr(w, name), (x.shape[2],), "(D,): one per channel")
     return x.shape[2]
 
 
@@ -51,7 +77,7 @@ class TimeMixCache(NamedTuple):
     x: np.ndarray
     xs: np.ndarray  # the shifted x
     mus: tuple  # (mix_k, mix_v, mix_r)
-    w: np.ndarray  # exp(time_decay)
+    decay: np.ndarray  # exp(time_decay), WKV's w
     lin: tuple  # linear caches of k, v, r, out
     sig: tuple
     sr: np.ndarray  # sigmoid(r)
@@ -59,30 +85,32 @@ class TimeMixCache(NamedTuple):
     wkv: tuple
 
 
-def rwkv4_time_mix_forward(x, mix_k, mix_v, mix_r, time_decay, time_first, Wk, Wv, Wr, Wo):
-    """Inputs: x (B, T, D); mix_* (D,); time_decay, time_first (D,) (w = exp(time_decay),
-    u = time_first); Wk, Wv, Wr, Wo (D, D). Returns out (B, T, D)."""
+def rwkv4_time_mix_forward(x, w):
+    """Inputs: x (B, T, D); w TimeMixWeights: mix_k, mix_v, mix_r (D,); time_decay, time_first
+    (D,) (decay exp(time_decay), u = time_first); Wk, Wv, Wr, Wo (D, D).
+    Returns out (B, T, D)."""
     fn = "rwkv4_time_mix"
-    D = _check(fn, x, mix_k=mix_k, mix_v=mix_v, mix_r=mix_r, time_decay=time_decay,
-               time_first=time_first)
-    for name, W in (("Wk", Wk), ("Wv", Wv), ("Wr", Wr), ("Wo", Wo)):
-        expect_shape(fn, name, W, (D, D), "(D, D)")
+    D = _check(fn, x, w, TimeMixWeights, w._fields[:5])
+    for name in ("Wk", "Wv", "Wr", "Wo"):
+        expect_shape(fn, name, getattr(w, name), (D, D), "(D, D)")
     xs = _shift(x)  # (B, T, D)
-    lerp = [mu * x + (1 - mu) * xs for mu in (mix_k, mix_v, mix_r)]  # 3 x (B, T, D)
-    (k, ck), (v, cv), (r, cr) = (linear_forward(m, W) for m, W in zip(lerp, (Wk, Wv, Wr)))
-    w = np.exp(time_decay)  # (D,)
-    y, cw = rwkv4_wkv_forward(w, time_first, k, v)  # (B, T, D)
+    mus = (w.mix_k, w.mix_v, w.mix_r)
+    lerp = [mu * x + (1 - mu) * xs for mu in mus]  # 3 x (B, T, D)
+    (k, ck), (v, cv), (r, cr) = (linear_forward(m, W) for m, W in zip(lerp, (w.Wk, w.Wv, w.Wr)))
+    decay = np.exp(w.time_decay)  # (D,)
+    y, cw = rwkv4_wkv_forward(decay, w.time_first, k, v)  # (B, T, D)
     sr, cs = sigmoid_forward(r)  # (B, T, D)
-    out, co = linear_forward(sr * y, Wo)  # (B, T, D)
-    return out, TimeMixCache(x, xs, (mix_k, mix_v, mix_r), w, (ck, cv, cr, co), cs, sr, y, cw)
+    out, co = linear_forward(sr * y, w.Wo)  # (B, T, D)
+    return out, TimeMixCache(x, xs, mus, decay, (ck, cv, cr, co), cs, sr, y, cw)
 
 
 def rwkv4_time_mix_backward(dout, cache):
     """Math: the pairs in reverse (linear, σ, WKV, linear ×3), dtime_decay = dw · w, and each
     lerp's adjoint onto x, the shifted x (then shifted back) and μ.
+    Returns: {"x": dx (B, T, D), "w": TimeMixWeights of the gradients}.
     Reference: Peng et al. 2023, arXiv 2305.13048 (the backward derived here)."""
     expect_dout("rwkv4_time_mix_backward", dout, *linear_out(cache.lin[3]))
-    x, xs, mus, w, (ck, cv, cr, co), cs, sr, y, cw = cache
+    x, xs, mus, decay, (ck, cv, cr, co), cs, sr, y, cw = cache
     g_o = linear_backward(dout, co)  # fwd: out = (sr * y) Wo
     g_s = sigmoid_backward(g_o["x"] * y, cs)  # fwd: sr = sigmoid(r)
     g_w = rwkv4_wkv_backward(g_o["x"] * sr, cw)  # fwd: y = wkv(w, u, k, v)
@@ -92,8 +120,10 @@ def rwkv4_time_mix_backward(dout, cache):
         g_l = linear_backward(d, c)  # fwd: k = lerp_k Wk, ...
         a, b, grads["mix_" + name] = _lerp_backward(g_l["x"], x, xs, mu)
         dx, dxs, grads["W" + name] = dx + a, dxs + b, g_l["W"]
-    return {"x": dx + _unshift(dxs), **grads, "time_decay": g_w["w"] * w,
-            "time_first": g_w["u"], "Wo": g_o["W"]}
+    dw = TimeMixWeights(grads["mix_k"], grads["mix_v"], grads["mix_r"],
+                        g_w["w"] * decay,  # fwd: decay = exp(time_decay)
+                        g_w["u"], grads["Wk"], grads["Wv"], grads["Wr"], g_o["W"])
+    return {"x": dx + _unshift(dxs), "w": dw}
 
 
 class ChannelMixCache(NamedTuple):
@@ -107,25 +137,26 @@ class ChannelMixCache(NamedTuple):
     kv: np.ndarray
 
 
-def rwkv4_channel_mix_forward(x, mix_k, mix_r, Wk, Wr, Wv):
-    """Inputs: x (B, T, D); mix_k, mix_r (D,); Wk (D, F), Wr (D, D), Wv (F, D).
-    Returns out (B, T, D) = σ(lerp_r Wr) ⊙ (relu(lerp_k Wk)² Wv)."""
+def rwkv4_channel_mix_forward(x, w):
+    """Inputs: x (B, T, D); w ChannelMixWeights: mix_k, mix_r (D,); Wk (D, F), Wr (D, D),
+    Wv (F, D). Returns out (B, T, D) = σ(lerp_r Wr) ⊙ (relu(lerp_k Wk)² Wv)."""
     fn = "rwkv4_channel_mix"
-    D = _check(fn, x, mix_k=mix_k, mix_r=mix_r)
-    expect_shape(fn, "Wk", Wk, (D, None), "(D, F)")
-    expect_shape(fn, "Wr", Wr, (D, D), "(D, D)")
-    expect_shape(fn, "Wv", Wv, (Wk.shape[1], D), "(F, D) with F = Wk.shape[1]")
+    D = _check(fn, x, w, ChannelMixWeights, ("mix_k", "mix_r"))
+    expect_shape(fn, "Wk", w.Wk, (D, None), "(D, F)")
+    expect_shape(fn, "Wr", w.Wr, (D, D), "(D, D)")
+    expect_shape(fn, "Wv", w.Wv, (w.Wk.shape[1], D), "(F, D) with F = Wk.shape[1]")
     xs = _shift(x)  # (B, T, D)
     (h, ck), (r, cr) = (linear_forward(mu * x + (1 - mu) * xs, W)
-                        for mu, W in ((mix_k, Wk), (mix_r, Wr)))  # (B, T, F), (B, T, D)
-    kv, cv = linear_forward(np.maximum(h, 0) ** 2, Wv)  # (B, T, D)
+                        for mu, W in ((w.mix_k, w.Wk), (w.mix_r, w.Wr)))  # (B, T, F), (B, T, D)
+    kv, cv = linear_forward(np.maximum(h, 0) ** 2, w.Wv)  # (B, T, D)
     sr, cs = sigmoid_forward(r)  # (B, T, D)
-    return sr * kv, ChannelMixCache(x, xs, (mix_k, mix_r), (ck, cr, cv), h, cs, sr, kv)
+    return sr * kv, ChannelMixCache(x, xs, (w.mix_k, w.mix_r), (ck, cr, cv), h, cs, sr, kv)
 
 
 def rwkv4_channel_mix_backward(dout, cache):
     """Math: out = σ(r) ⊙ kv: dkv = dout σ(r), dσ = dout kv; kv = relu(h)² Wv:
     dh = 2 relu(h) ⊙ (dkv Wv^T); then the linears and the lerps (as time-mix).
+    Returns: {"x": dx (B, T, D), "w": ChannelMixWeights of the gradients}.
     Reference: Peng et al. 2023, arXiv 2305.13048 (the backward derived here)."""
     expect_dout("rwkv4_channel_mix_backward", dout, cache.x.shape,
                 np.result_type(cache.sr, cache.kv))
@@ -136,39 +167,39 @@ def rwkv4_channel_mix_backward(dout, cache):
     g_r = linear_backward(g_s["x"], cr)
     ak, bk, dmk = _lerp_backward(g_k["x"], x, xs, mix_k)
     ar, br, dmr = _lerp_backward(g_r["x"], x, xs, mix_r)
-    return {"x": ak + ar + _unshift(bk + br), "mix_k": dmk, "mix_r": dmr, "Wk": g_k["W"],
-            "Wr": g_r["W"], "Wv": g_v["W"]}
+    dw = ChannelMixWeights(dmk, dmr, g_k["W"], g_r["W"], g_v["W"])
+    return {"x": ak + ar + _unshift(bk + br), "w": dw}
 
 
-def rwkv4_time_mix_step(x_t, state, mix_k, mix_v, mix_r, time_decay, time_first, Wk, Wv, Wr,
-                        Wo):
-    """One decoding step. x_t (B, D); state (previous x (B, D) or None, WKVState or None).
-    Returns (out_t (B, D), new state)."""
+def rwkv4_time_mix_step(x_t, state, w):
+    """One decoding step. x_t (B, D); state (previous x (B, D) or None, WKVState or None);
+    w TimeMixWeights. Returns (out_t (B, D), new state)."""
     x_prev, wkv_state = state
     xs = np.zeros_like(x_t) if x_prev is None else x_prev  # (B, D)
     k, v, r = (linear_forward(mu * x_t + (1 - mu) * xs, W)[0]
-               for mu, W in ((mix_k, Wk), (mix_v, Wv), (mix_r, Wr)))  # (B, D) each
-    y, wkv_state = rwkv4_wkv_step(np.exp(time_decay), time_first, k, v, wkv_state)
-    return linear_forward(sigmoid_forward(r)[0] * y, Wo)[0], (x_t, wkv_state)
+               for mu, W in ((w.mix_k, w.Wk), (w.mix_v, w.Wv), (w.mix_r, w.Wr)))  # (B, D) each
+    y, wkv_state = rwkv4_wkv_step(np.exp(w.time_decay), w.time_first, k, v, wkv_state)
+    return linear_forward(sigmoid_forward(r)[0] * y, w.Wo)[0], (x_t, wkv_state)
 
 
-def rwkv4_channel_mix_step(x_t, x_prev, mix_k, mix_r, Wk, Wr, Wv):
-    """One decoding step. x_t, x_prev (B, D) (x_prev None at the start). Returns (out_t, x_t)."""
+def rwkv4_channel_mix_step(x_t, x_prev, w):
+    """One decoding step. x_t, x_prev (B, D) (x_prev None at the start); w ChannelMixWeights.
+    Returns (out_t, x_t)."""
     xs = np.zeros_like(x_t) if x_prev is None else x_prev  # (B, D)
-    h = linear_forward(mix_k * x_t + (1 - mix_k) * xs, Wk)[0]  # (B, F)
-    r = linear_forward(mix_r * x_t + (1 - mix_r) * xs, Wr)[0]  # (B, D)
-    return sigmoid_forward(r)[0] * linear_forward(np.maximum(h, 0) ** 2, Wv)[0], x_t
-
-
-TIME_MIX = ("mix_k", "mix_v", "mix_r", "time_decay", "time_first", "Wk", "Wv", "Wr", "Wo")
+    h = linear_forward(w.mix_k * x_t + (1 - w.mix_k) * xs, w.Wk)[0]  # (B, F)
+    r = linear_forward(w.mix_r * x_t + (1 - w.mix_r) * xs, w.Wr)[0]  # (B, D)
+    return sigmoid_forward(r)[0] * linear_forward(np.maximum(h, 0) ** 2, w.Wv)[0], x_t
 
 
 class RWKV4TimeMix(Module):
-    """RWKV-4 time-mix as a token mixer; upstream's init for the first layer: time_decay_c =
+    """RWKV-4 time-mix as a token mixer of an RWKVSpec; owns the Params named as
+    TimeMixWeights' fields, with upstream's init for the first layer: time_decay_c =
     −5 + 8 (c/(D−1))^0.7, time_first = log 0.3, μ_k = μ_v = c/D, μ_r = (c/D)/2, W ~ N(0, 1/D).
     The decoding state is (previous x (B, D), WKVState): 4·D numbers per sequence."""
 
-    def __init__(self, d_model, *, rng, dtype=np.float32):
+    def __init__(self, d_model, spec, *, rng, dtype=np.float32):
+        expect_instance("RWKV4TimeMix", "spec", spec, RWKVSpec)
+        self.spec = spec
         c = np.arange(d_model) / d_model  # (D,)
         init = dict(mix_k=c, mix_v=c, mix_r=0.5 * c,
                     time_decay=-5 + 8 * (np.arange(d_model) / max(d_model - 1, 1)) ** 0.7,
@@ -179,14 +210,16 @@ class RWKV4TimeMix(Module):
             setattr(self, name, Param(normal_init(rng, (d_model, d_model), d_model ** -0.5,
                                                   dtype)))
 
-    def _weights(self):
-        return [getattr(self, name).data for name in TIME_MIX]
+    def weights(self):
+        """The Params' arrays as one TimeMixWeights."""
+        return TimeMixWeights(*(getattr(self, n).data for n in TimeMixWeights._fields))
 
     def forward(self, x):
-        return rwkv4_time_mix_forward(x, *self._weights())
+        return rwkv4_time_mix_forward(x, self.weights())
 
     def backward(self, dout, cache):
-        return self.add_grads(rwkv4_time_mix_backward(dout, cache))
+        g = rwkv4_time_mix_backward(dout, cache)
+        return self.add_grads(dict(g["w"]._asdict(), x=g["x"]))
 
     def init_state(self, batch, max_len=None):
         """[previous x, a, b, p] as one (4, B, D) array (p starts at −1e38, as upstream)."""
@@ -198,6 +231,6 @@ class RWKV4TimeMix(Module):
         """One token (B, D) -> (B, D); updates `state` in place. At position 0 the previous x
         is zero (the token shift's padding), which the zero state already holds."""
         out, (x_prev, wkv) = rwkv4_time_mix_step(x_t, (state[0], WKVState(*state[1:])),
-                                                 *self._weights())
+                                                 self.weights())
         state[0], state[1], state[2], state[3] = x_prev, wkv.a, wkv.b, wkv.p
         return out

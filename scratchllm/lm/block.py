@@ -21,9 +21,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from scratchllm.attention import CrossAttention
 from scratchllm.core.nn import Module
 from scratchllm.lm.ffn import make_ffn
-from scratchllm.lm.mixers import make_cross, make_mixer, make_norm
+from scratchllm.lm.mixers import make_mixer, make_norm
 
 
 class SublayerCache(NamedTuple):
@@ -41,15 +42,16 @@ class BlockCache(NamedTuple):
 
 class Block(Module):
     """One residual block of a LayerSpec (Params: norm1, mixer, [norm_cross, cross], norm2,
-    ffn, and for placement "sandwich" post_mixer_norm, post_ffn_norm). cross: an
-    AttentionSpec (heads only) for a decoder's cross-attention sub-layer, or None."""
+    ffn, and for placement "sandwich" post_mixer_norm, post_ffn_norm). cross: the
+    AttentionSpec of a decoder's cross-attention sub-layer (rope=None, Mask(causal=False)), or
+    None."""
 
     def __init__(self, d_model, spec, *, rng, dtype=np.float32, cross=None):
         self.norm1 = make_norm(d_model, spec.norm, dtype)
         self.mixer = make_mixer(d_model, spec.mixer, rng=rng, dtype=dtype)
         self.norm_cross = None if cross is None else make_norm(d_model, spec.norm, dtype)
-        self.cross = None if cross is None else make_cross(d_model, cross, rng=rng,
-                                                           dtype=dtype)
+        self.cross = None if cross is None else CrossAttention(d_model, cross, rng=rng,
+                                                               dtype=dtype)
         self.norm2 = None if spec.ffn is None else make_norm(d_model, spec.norm, dtype)
         self.ffn = None if spec.ffn is None else make_ffn(d_model, spec.ffn, rng=rng,
                                                           dtype=dtype)

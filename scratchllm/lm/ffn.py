@@ -14,16 +14,15 @@ What a Block and the LM ask of every FFN:
                                             share per expert (and its bias update); None
 The dense FFNs are core.nn's SwiGLU (Llama), GeluMLP (GPT-2) and GeGLU (Gemma) with that
 interface added; the MoE is moe.MoE with its outputs (y, aux, z) split into y and the loss
-terms:  balance_coef * aux (Switch)  and  z_coef * z (ST-MoE), coefficients of its MoESpec.
+terms of MoE.aux_losses:  balance_coef * aux (Switch)  and  z_coef * z (ST-MoE), the
+coefficients of its MoESpec.
 
 Glossary: D model width, F hidden width, E experts.
 """
-from typing import NamedTuple
-
 import numpy as np
 
 from scratchllm.core import GeGLU, GeluMLP, SwiGLU
-from scratchllm.moe import MoE, MoEOut
+from scratchllm.moe import MoE
 from scratchllm.specs import FFNSpec, MoESpec
 
 
@@ -56,43 +55,20 @@ class GeGLUFFN(Dense, GeGLU):
     """y = (gelu(x W1) * (x W3)) W2 as a Block's FFN."""
 
 
-class MoEFFNCache(NamedTuple):
-    moe: tuple       # moe_forward's cache (MoECache)
-    aux: np.ndarray  # 0-d balance loss, unweighted
-    z: np.ndarray    # 0-d router z-loss, unweighted
-
-
 class MoEFFN(MoE):
-    """The MoE layer as a Block's FFN: forward(x) -> (y, cache), the weighted balance and z
-    terms through aux_losses, their gradients through backward. self.spec is its MoESpec."""
-
-    def __init__(self, d_model, spec, *, rng, dtype):
-        r, e = spec.router, spec.experts
-        super().__init__(d_model, e.d_ff, r.n_experts, r.top_k,
-                         capacity_factor=spec.capacity_factor, d_shared=spec.d_shared,
-                         score=r.score, router_bias=r.bias, n_group=r.n_group,
-                         topk_group=r.topk_group, norm_topk_prob=r.norm_topk_prob,
-                         routed_scaling_factor=r.routed_scaling_factor, experts=e.kind,
-                         swiglu_alpha=e.alpha, swiglu_limit=e.limit, rng=rng, dtype=dtype)
-        self.spec = spec
+    """The MoE layer as a Block's FFN: forward(x) -> (y, cache), the balance and z losses
+    left in the cache for MoE.aux_losses (weighted by the MoESpec's balance_coef, z_coef), and
+    backward(dy, cache, dloss_aux) with their gradients (MoE.aux_dout)."""
 
     def forward(self, x):
-        """x (..., D) -> (y (..., D), MoEFFNCache)."""
-        (y, aux, z), cache = super().forward(x)
-        return y, MoEFFNCache(cache, aux, z)
-
-    def aux_losses(self, cache):
-        """(("balance", balance_coef * aux), ("z", z_coef * z))."""
-        return (("balance", self.spec.balance_coef * cache.aux),
-                ("z", self.spec.z_coef * cache.z))
+        """x (..., D) -> (y (..., D), the MoE's cache)."""
+        out, cache = super().forward(x)
+        return out.y, cache
 
     def backward(self, dy, cache, dloss_aux=1.0):
         """dy (..., D) -> dx. fwd: loss += balance_coef aux + z_coef z, so
         daux = dloss_aux balance_coef, dz = dloss_aux z_coef."""
-        dt = dy.dtype
-        daux = np.asarray(dloss_aux * self.spec.balance_coef, dt)
-        dz = np.asarray(dloss_aux * self.spec.z_coef, dt)
-        return super().backward(MoEOut(dy, daux, dz), cache.moe)
+        return super().backward(self.aux_dout(dy, dloss_aux), cache)
 
     def named_buffers(self):
         return [("selection_bias", self.selection_bias)]
@@ -101,7 +77,7 @@ class MoEFFN(MoE):
         """The share of routed slots per expert (E,) over the shards' caches; with the
         router's bias_gamma > 0, the aux-loss-free bias update from those counts (in place:
         replicas share the array)."""
-        counts = sum(np.asarray(c.moe.tokens_per_expert, np.float64) for c in caches)  # (E,)
+        counts = sum(np.asarray(c.tokens_per_expert, np.float64) for c in caches)  # (E,)
         if self.spec.router.bias_gamma > 0:
             self.update_bias(counts, self.spec.router.bias_gamma)
         return counts / max(counts.sum(), 1)

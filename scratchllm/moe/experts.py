@@ -107,32 +107,27 @@ def _check_bounds(fn, bounds, E, M):
 
 
 def experts_forward(xs, bounds, w1, w3, w2):
-    """Expert i runs ops.swiglu on its contiguous rows xs[bounds[i]:bounds[i+1]].
+    """Expert i runs swiglu (core.fused.SWIGLU: the fused twin, or the readable ops pair) on
+    its contiguous rows xs[bounds[i]:bounds[i+1]].
 
     Inputs:  xs (M, D) rows sorted by expert, bounds (E+1,) slice edges, w1/w3 (E, D, F),
              w2 (E, F, D).
-    Returns: ys (M, D).  Cache: (bounds, the per-expert swiglu caches; None if empty).
+    Returns: ys (M, D).  Cache: ExpertsCache of the per-expert SWIGLU TwinCaches (each holds
+             its twin's backward; None for an expert with no rows).
     """
     expect_float("experts", "xs", xs, 2)
     expect_shape("experts", "w1", w1, (None, xs.shape[1], None), "(E, D, F)")
     expect_shape("experts", "w3", w3, w1.shape, "(E, D, F), like w1")
     expect_shape("experts", "w2", w2, (w1.shape[0], w1.shape[2], xs.shape[1]), "(E, F, D)")
     _check_bounds("experts", bounds, w1.shape[0], xs.shape[0])
-    swiglu = fused.fused_swiglu_forward if fused.use_fused() else ops.swiglu_forward
-    return _run_experts(xs, bounds, swiglu, dict(w1=w1, w3=w3, w2=w2))
+    return _run_experts(xs, bounds, fused.SWIGLU.forward, dict(w1=w1, w3=w3, w2=w2))
 
 
 def experts_backward(dys, cache):
-    """Each expert slice through ops.swiglu_backward; an expert with no rows gets zeros.
-    Returns {xs, w1, w3, w2}."""
-    return _experts_grads("experts_backward", dys, cache, _swiglu_backward,
+    """Each expert slice through the backward of the swiglu twin its forward chose; an expert
+    with no rows gets zeros. Returns {xs, w1, w3, w2}."""
+    return _experts_grads("experts_backward", dys, cache, fused.SWIGLU.backward,
                           dict(w1="W1", w3="W3", w2="W2"))
-
-
-def _swiglu_backward(dy, cache):
-    """The backward of the swiglu twin that made `cache` (fused, or the readable ops pair)."""
-    fast = isinstance(cache, fused.FusedSwiGLUCache)
-    return (fused.fused_swiglu_backward if fast else ops.swiglu_backward)(dy, cache)
 
 
 # ---------------------------------------------------------------------------- gpt-oss expert

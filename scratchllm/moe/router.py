@@ -18,6 +18,8 @@ Both normalisations are the same map u -> u / sum(u), so one pair (normalise) se
 Group-limited routing (DeepSeek-V3, n_group > 1): the E experts form n_group groups of E/n_group
 in order; a group scores the sum of its top-2 values of q + b; K is the top-k of q + b
 inside the topk_group best groups. Like the bias, the group limit only selects.
+The options (score, top_k, the group limit, norm_topk_prob, r, a logit bias or none) are one
+RouterSpec (scratchllm.specs), validated where it is made.
 
 Glossary: BT tokens (rows), D model width, E experts, K top-k (k in code), n_group groups.
 """
@@ -26,15 +28,9 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core import ops
-from scratchllm.core.validate import expect_dout, expect_douts, expect_float, expect_shape
-
-SCORES = ("softmax", "sigmoid")
-
-
-def check_k(fn, k, E):
-    """Raise ValueError unless 1 <= k <= E (k is the number of experts a token uses)."""
-    if not (isinstance(k, (int, np.integer)) and 1 <= k <= E):
-        raise ValueError(f"{fn}: k must be an integer in [1, E={E}], got {k!r}")
+from scratchllm.core.validate import (expect_dout, expect_douts, expect_float,
+                                      expect_instance, expect_shape)
+from scratchllm.specs import RouterSpec
 
 
 def topk_margin(values, k):
@@ -51,19 +47,6 @@ def topk_margin(values, k):
 
 
 # ---------------------------------------------------------------------------- selection
-def check_groups(fn, E, k, n_group, topk_group):
-    """Raise ValueError unless n_group divides E into groups of >= 2 experts, 1 <= topk_group
-    <= n_group, and the topk_group groups hold at least k experts."""
-    if not (isinstance(n_group, (int, np.integer)) and n_group >= 1 and E % n_group == 0
-            and (n_group == 1 or E // n_group >= 2)):
-        raise ValueError(f"{fn}: n_group must be an integer >= 1 dividing E={E} into groups of "
-                         f">= 2 experts, got {n_group!r}")
-    if not (isinstance(topk_group, (int, np.integer)) and 1 <= topk_group <= n_group
-            and (n_group == 1 or topk_group * (E // n_group) >= k)):
-        raise ValueError(f"{fn}: topk_group must be an integer in [1, n_group={n_group}] whose "
-                         f"groups hold >= k={k} experts, got {topk_group!r}")
-
-
 def _group_limit(sel, n_group, topk_group):
     """sel with the experts outside each row's topk_group best groups set to -inf (a group
     scores the sum of its top-2 values), and the group scores (BT, n_group)."""
@@ -144,49 +127,58 @@ class RouterCache(NamedTuple):
     w: np.ndarray  # sigmoid: the rescaled scores both normalisations see; None for softmax
 
 
-def router_forward(x, w_router, b_router=None, *, k, score="softmax", selection_bias=None,
-                   n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.0):
+def router_forward(x, w_router, b_router=None, *, spec, selection_bias=None):
     """Top-k router.
 
-    Inputs:  x (BT, D), w_router (D, E), b_router (E,) or None: a trained logit bias
-             (gpt-oss), k in [1, E], score "softmax" | "sigmoid",
-             selection_bias (E,) or None: added to the scores for the top-k choice only;
-             n_group, topk_group: group-limited choice (DeepSeek-V3; n_group = 1: none);
-             norm_topk_prob: gates renormalised over the chosen k (else the chosen scores);
-             routed_scaling_factor r: the gates' multiplier (DeepSeek-V3).
-    Returns: (gates (BT, K), topk_idx (BT, K) int, probs (BT, E), logits (BT, E)); the k chosen
-             experts of a row are in descending order of score + bias.
+    Inputs:  x (BT, D), w_router (D, E), b_router (E,): a trained logit bias (gpt-oss), given
+             exactly when spec.bias; spec: RouterSpec (E = n_experts, K = top_k, score
+             "softmax" | "sigmoid", the group limit n_group / topk_group, norm_topk_prob: gates
+             renormalised over the chosen k (else the chosen scores), routed_scaling_factor r:
+             the gates' multiplier); selection_bias (E,) or None: added to the scores for the
+             top-k choice only.
+    Returns: RouterOut(gates (BT, K), topk_idx (BT, K) int, probs (BT, E), logits (BT, E));
+             the k chosen experts of a row are in descending order of score + bias.
     Cache:   the logits' linear cache, the scores, topk_idx, the two normalise caches, r.
     """
-    expect_float("router", "x", x)
-    expect_shape("router", "x", x, (None, None), "(BT, D)")
-    expect_shape("router", "w_router", w_router, (x.shape[1], None), "(D, E), D = x.shape[1]")
-    E = w_router.shape[1]
-    check_k("router", k, E)
-    check_groups("router", E, k, n_group, topk_group)
-    if score not in SCORES:
-        raise ValueError(f"router: score must be one of {SCORES}, got {score!r}")
-    if b_router is not None:
-        expect_shape("router", "b_router", b_router, (E,), "(E,)")
+    E = _check_router(x, w_router, b_router, spec)
     logits, lin = ops.linear_forward(x, w_router, b_router)  # (BT, E)
-    score_forward = ops.softmax_forward if score == "softmax" else ops.sigmoid_forward
+    score_forward = ops.softmax_forward if spec.score == "softmax" else ops.sigmoid_forward
     scores, s_cache = score_forward(logits)  # (BT, E)
-    w = None if score == "softmax" else _rescaled_sigmoid(logits)  # (BT, E)
+    w = None if spec.score == "softmax" else _rescaled_sigmoid(logits)  # (BT, E)
     norm_in = scores if w is None else w  # (BT, E) what gates and probs normalise
     sel = scores
     if selection_bias is not None:
         expect_shape("router", "selection_bias", selection_bias, (E,), "(E,)")
         sel = scores + selection_bias  # (BT, E)
-    topk_idx = select_topk(sel, k, n_group, topk_group)  # (BT, K)
+    topk_idx = select_topk(sel, spec.top_k, spec.n_group, spec.topk_group)  # (BT, K)
     g_cache = None
-    if norm_topk_prob:  # normalised: of w for sigmoid (the same ratios as of q)
+    if spec.norm_topk_prob:  # normalised: of w for sigmoid (the same ratios as of q)
         gates, g_cache = normalise_forward(np.take_along_axis(norm_in, topk_idx, axis=-1))
     else:  # the chosen scores q_K themselves
         gates = np.take_along_axis(scores, topk_idx, axis=-1)  # (BT, K)
-    gates = gates * routed_scaling_factor  # (BT, K)
+    r = spec.routed_scaling_factor
+    gates = gates * r  # (BT, K)
     probs, p_cache = normalise_forward(norm_in)  # (BT, E)
-    cache = RouterCache(lin, s_cache, topk_idx, g_cache, p_cache, routed_scaling_factor, w)
+    cache = RouterCache(lin, s_cache, topk_idx, g_cache, p_cache, r, w)
     return RouterOut(gates, topk_idx, probs, logits), cache
+
+
+def _check_router(x, w_router, b_router, spec):
+    """Raise unless x is (BT, D) float, w_router (D, spec.n_experts) and b_router (E,) is
+    given exactly when spec.bias; return E."""
+    expect_instance("router", "spec", spec, RouterSpec)
+    expect_float("router", "x", x)
+    expect_shape("router", "x", x, (None, None), "(BT, D)")
+    E = spec.n_experts
+    expect_shape("router", "w_router", w_router, (x.shape[1], E),
+                 f"(D, E), D = x.shape[1], E = spec.n_experts = {E}")
+    if spec.bias != (b_router is not None):
+        raise ValueError(f"router: b_router must be given exactly when spec.bias is True, got "
+                         f"spec.bias={spec.bias} and b_router "
+                         f"{'None' if b_router is None else 'given'}")
+    if b_router is not None:
+        expect_shape("router", "b_router", b_router, (E,), "(E,)")
+    return E
 
 
 def _rescaled_sigmoid(logits):

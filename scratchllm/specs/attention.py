@@ -96,6 +96,9 @@ class Mask:
             fail(self, f"n_sink={self.n_sink} keeps sink tokens beside a window; give window")
         if self.n_global and self.block is None:
             fail(self, f"n_global={self.n_global} belongs to a block pattern; give block")
+        if self.block is not None and (self.window is not None or not self.causal):
+            fail(self, f"block={self.block} is a causal pattern of its own: it excludes window "
+                       f"and causal=False")
         if self.array is not None and (self.window or self.n_sink or self.block
                                        or not self.causal):
             fail(self, "array excludes window, n_sink, block and causal=False: put the whole "
@@ -153,8 +156,9 @@ class AttentionSpec:
             fail(self, "rope and alibi are two position schemes; give one (rope=None for ALiBi)")
         if self.head_dim is not None and self.rope is not None and self.head_dim % 2:
             fail(self, f"RoPE rotates pairs: head_dim={self.head_dim} must be even")
-        if self.impl == "flash" and self.mask.array is not None:
-            fail(self, "impl='flash' tiles named masks; a mask array needs impl='sdpa'")
+        if self.impl == "flash" and (self.mask.array is not None or self.mask.block):
+            fail(self, "impl='flash' tiles causal, window and n_sink; a mask array or a block "
+                       "pattern needs impl='sdpa'")
 
     def dh(self, d_model):
         """Dh for a model of width d_model."""

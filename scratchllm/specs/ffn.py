@@ -62,9 +62,12 @@ class RouterSpec:
         real(self, "bias_gamma", 0)
         if self.top_k > self.n_experts:
             fail(self, f"top_k={self.top_k} must be <= n_experts={self.n_experts}")
-        if self.n_experts % self.n_group or self.topk_group > self.n_group:
-            fail(self, f"n_group={self.n_group} must divide n_experts={self.n_experts} and "
-                       f"topk_group={self.topk_group} be <= n_group")
+        E, G = self.n_experts, self.n_group
+        if E % G or (G > 1 and E // G < 2):
+            fail(self, f"n_group={G} must divide n_experts={E} into groups of >= 2 experts")
+        if self.topk_group > G or (G > 1 and self.topk_group * (E // G) < self.top_k):
+            fail(self, f"topk_group={self.topk_group} must be <= n_group={G}, and its groups "
+                       f"must hold >= top_k={self.top_k} experts")
 
     def n_params(self, d_model):
         """w_router (D, E) (+ b_router) (+ the stored selection bias)."""

@@ -9,14 +9,15 @@ pair built from smaller pairs, its decoding step, and the Mamba Module.
     Δ  = softplus(dt_low @ W_dt + b_dt)    (logaddexp: no overflow)   (B, T, Di)
     y  = selective_scan(u, Δ, A = -exp(A_log), Bm, Cm, D)             (B, T, Di)
     out = (y * silu(z)) @ W_out                                       (B, T, D)
-Decoding keeps (conv state: the last K-1 values of xi, ssm state h (B, Di, N)) per sequence.
+Decoding keeps a MambaState (conv: the last K-1 values of xi, ssm: h (B, Di, N)) per sequence.
 Jamba (arXiv 2403.19887; huggingface/transformers modeling_jamba.py JambaMambaMixer) adds
 the three inner RMSNorms, with gains dt_norm (R,), B_norm (N,), C_norm (N,).
+The sizes and options come from one MambaSpec (scratchllm.specs: d_state, d_conv, expand,
+dt_rank, inner_norms, norm_eps); the arrays of one block travel as one MambaWeights.
 
 Glossary: B batch, T time, D model width, Di = expand·D inner width (scan channels), N state
-size, R dt rank = ceil(D/16), K conv kernel (4).
+size, R dt rank (spec.dt_rank, default ceil(D/16)), K conv kernel (4).
 """
-import math
 from typing import NamedTuple
 
 import numpy as np
@@ -25,11 +26,12 @@ from scratchllm.core.nn import Module, Param
 from scratchllm.core.ops import (InputCache, LinearCache, linear_backward, linear_forward,
                                  linear_out, rmsnorm_backward, rmsnorm_forward, silu_backward,
                                  silu_forward, softplus_backward, softplus_forward)
-from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
+from scratchllm.core.validate import (expect_dout, expect_float, expect_instance, expect_ndim,
+                                      expect_shape)
+from scratchllm.specs import MambaSpec
 from scratchllm.ssm.scan import (ScanCache, selective_scan_backward, selective_scan_forward,
                                  selective_scan_step)
 
-WEIGHTS = ("W_in", "conv_w", "conv_b", "W_x", "W_dt", "b_dt", "A_log", "D", "W_out")
 INNER_NORMS = ("dt_norm", "B_norm", "C_norm")  # Jamba's, on dt_low, Bm, Cm
 
 
@@ -76,6 +78,28 @@ def causal_conv1d_backward(dy, cache):
 
 
 # ---------------------------------------------------------------------------- the block
+class MambaWeights(NamedTuple):
+    """The arrays of one Mamba block (the Mamba Module's Param names)."""
+    W_in: np.ndarray  # (D, 2Di) -> xi, z
+    conv_w: np.ndarray  # (Di, K)
+    conv_b: np.ndarray  # (Di,)
+    W_x: np.ndarray  # (Di, R + 2N) -> dt_low, B, C
+    W_dt: np.ndarray  # (R, Di)
+    b_dt: np.ndarray  # (Di,)
+    A_log: np.ndarray  # (Di, N), A = -exp(A_log)
+    D: np.ndarray  # (Di,) skip
+    W_out: np.ndarray  # (Di, D)
+    dt_norm: np.ndarray = None  # (R,) Jamba's inner RMSNorm gains, iff spec.inner_norms
+    B_norm: np.ndarray = None  # (N,)
+    C_norm: np.ndarray = None  # (N,)
+
+
+class MambaState(NamedTuple):
+    """Per-layer decoding state; Mamba.decode and Mamba.prefill overwrite it in place."""
+    conv: np.ndarray  # (B, K-1, Di) the last K-1 values of xi
+    ssm: np.ndarray  # (B, Di, N) h
+
+
 class MambaCache(NamedTuple):
     proj_in: LinearCache
     conv: CausalConvCache
@@ -93,15 +117,33 @@ class MambaCache(NamedTuple):
     state_in: tuple  # (conv input (B, T, Di), u, delta (B, T, Di), B (B, T, N)): Mamba.prefill
 
 
-def _sizes(x, W_in, W_x, W_dt, A_log):
-    expect_float("mamba", "x", x, 1)
-    for name, w in (("W_in", W_in), ("W_x", W_x), ("W_dt", W_dt), ("A_log", A_log)):
-        expect_float("mamba", name, w, 2)
-    Di, (R, N) = W_in.shape[1] // 2, (W_dt.shape[0], A_log.shape[1])
-    expect_shape("mamba", "W_in", W_in, (x.shape[-1], 2 * Di), "(D, 2·Di)")
-    expect_shape("mamba", "W_x", W_x, (Di, R + 2 * N), "(Di, R + 2N)")
-    expect_shape("mamba", "W_dt", W_dt, (R, Di), "(R, Di)")
-    return Di, R, N
+def _sizes(fn, x, w, spec):
+    """Check x, w and spec against each other; return (Di, R, N) and the inner-norm gains
+    (None without them)."""
+    expect_instance(fn, "spec", spec, MambaSpec)
+    expect_instance(fn, "w", w, MambaWeights)
+    expect_float(fn, "x", x, 1)
+    Dm = x.shape[-1]
+    Di, R, N, K = spec.expand * Dm, spec.rank(Dm), spec.d_state, spec.d_conv
+    for name, shape, hint in (
+            ("W_in", (Dm, 2 * Di), f"(D, 2Di), Di = spec.expand D = {Di}"),
+            ("conv_w", (Di, K), f"(Di, K), K = spec.d_conv = {K}"),
+            ("W_x", (Di, R + 2 * N), f"(Di, R + 2N), R = {R} (spec.rank), N = spec.d_state"),
+            ("W_dt", (R, Di), f"(R, Di), R = {R} (spec.rank)"),
+            ("A_log", (Di, N), f"(Di, N), N = spec.d_state = {N}")):
+        expect_float(fn, name, getattr(w, name))
+        expect_shape(fn, name, getattr(w, name), shape, hint)
+    given = [getattr(w, n) is not None for n in INNER_NORMS]
+    if given != [spec.inner_norms] * 3:
+        raise ValueError(f"{fn}: dt_norm, B_norm, C_norm must be given together exactly when "
+                         f"spec.inner_norms is True, got spec.inner_norms={spec.inner_norms} "
+                         f"and {['array' if g else 'None' for g in given]}")
+    if not spec.inner_norms:
+        return (Di, R, N), None
+    for name, size in zip(INNER_NORMS, (R, N, N)):
+        expect_shape(fn, name, getattr(w, name), (size,),
+                     "(R,) for dt_norm, (N,) for B_norm and C_norm")
+    return (Di, R, N), (w.dt_norm, w.B_norm, w.C_norm)
 
 
 def _split_dbc(dbc, R, N, norms, eps):
@@ -115,43 +157,29 @@ def _split_dbc(dbc, R, N, norms, eps):
     return tuple(n[0] for n in normed), tuple(n[1] for n in normed)
 
 
-def _inner_norms(fn, dt_norm, B_norm, C_norm, R, N):
-    """The three Jamba gains as a tuple, checked; None when none is given (all or none)."""
-    given = [g is not None for g in (dt_norm, B_norm, C_norm)]
-    if not any(given):
-        return None
-    if not all(given):
-        raise ValueError(f"{fn}: dt_norm, B_norm, C_norm must be given together, got "
-                         f"{['array' if g else 'None' for g in given]}")
-    for name, g, size in (("dt_norm", dt_norm, R), ("B_norm", B_norm, N), ("C_norm", C_norm, N)):
-        expect_shape(fn, name, g, (size,), "(R,) for dt_norm, (N,) for B_norm and C_norm")
-    return dt_norm, B_norm, C_norm
-
-
-def mamba_forward(x, W_in, conv_w, conv_b, W_x, W_dt, b_dt, A_log, D, W_out, dt_norm=None,
-                  B_norm=None, C_norm=None, *, norm_eps=1e-6):
+def mamba_forward(x, w, *, spec):
     """The Mamba block (mamba_simple.Mamba.forward, without the fused kernels).
 
-    Inputs:  x (B, T, D); W_in (D, 2Di); conv_w (Di, K); conv_b (Di,); W_x (Di, R+2N);
-             W_dt (R, Di); b_dt (Di,); A_log (Di, N); D (Di,); W_out (Di, D);
-             Jamba's inner RMSNorm gains dt_norm (R,), B_norm (N,), C_norm (N,) (all or
-             none) with epsilon norm_eps.
+    Inputs:  x (B, T, D); w MambaWeights: W_in (D, 2Di); conv_w (Di, K); conv_b (Di,);
+             W_x (Di, R+2N); W_dt (R, Di); b_dt (Di,); A_log (Di, N); D (Di,); W_out (Di, D);
+             Jamba's inner RMSNorm gains dt_norm (R,), B_norm (N,), C_norm (N,) iff
+             spec.inner_norms (epsilon spec.norm_eps); spec: MambaSpec (Di = expand D,
+             N = d_state, K = d_conv, R = rank(D)).
     Returns: out (B, T, D).  Cache: the children's caches (MambaCache); the scan's holds
              only its inputs, never the (B, T, Di, N) states.
     """
-    Di, R, N = _sizes(x, W_in, W_x, W_dt, A_log)
-    norms = _inner_norms("mamba", dt_norm, B_norm, C_norm, R, N)
-    xz, proj_in = linear_forward(x, W_in)  # (B, T, 2Di)
-    xc, conv = causal_conv1d_forward(xz[..., :Di], conv_w, conv_b)  # (B, T, Di)
+    (Di, R, N), norms = _sizes("mamba", x, w, spec)
+    xz, proj_in = linear_forward(x, w.W_in)  # (B, T, 2Di)
+    xc, conv = causal_conv1d_forward(xz[..., :Di], w.conv_w, w.conv_b)  # (B, T, Di)
     u, act = silu_forward(xc)  # (B, T, Di)
-    dbc, proj_x = linear_forward(u, W_x)  # (B, T, R+2N)
-    (dt_low, Bm, Cm), n_caches = _split_dbc(dbc, R, N, norms, norm_eps)
-    dt, proj_dt = linear_forward(dt_low, W_dt, b_dt)  # (B, T, Di)
+    dbc, proj_x = linear_forward(u, w.W_x)  # (B, T, R+2N)
+    (dt_low, Bm, Cm), n_caches = _split_dbc(dbc, R, N, norms, spec.norm_eps)
+    dt, proj_dt = linear_forward(dt_low, w.W_dt, w.b_dt)  # (B, T, Di)
     delta, soft = softplus_forward(dt)  # (B, T, Di)
-    A = -np.exp(A_log)  # (Di, N)
-    y, scan = selective_scan_forward(u, delta, A, Bm, Cm, D)  # (B, T, Di)
+    A = -np.exp(w.A_log)  # (Di, N)
+    y, scan = selective_scan_forward(u, delta, A, Bm, Cm, w.D)  # (B, T, Di)
     silu_z, gate = silu_forward(xz[..., Di:])  # (B, T, Di)
-    out, proj_out = linear_forward(y * silu_z, W_out)  # (B, T, D)
+    out, proj_out = linear_forward(y * silu_z, w.W_out)  # (B, T, D)
     return out, MambaCache(proj_in, conv, act, proj_x, proj_dt, soft, scan, gate, proj_out,
                            y, silu_z, A, n_caches, (xz[..., :Di], u, delta, Bm))
 
@@ -160,7 +188,7 @@ def mamba_backward(dout, cache):
     """The forward in reverse, through the pairs' backwards (the scan's is the adjoint scan;
     Jamba's inner norms go through rmsnorm_backward).
 
-    Returns a gradient for x and every weight (the names of mamba_forward's arguments).
+    Returns: {"x": dx (B, T, D), "w": MambaWeights of the gradients (None for absent norms)}.
     """
     (proj_in, conv, act, proj_x, proj_dt, soft, scan, gate, proj_out, y, silu_z, A, norms,
      _) = cache
@@ -181,51 +209,44 @@ def mamba_backward(dout, cache):
     dxc = silu_backward(g_x["x"] + g_scan["x"], act)["x"]  # fwd: u = silu(xc)
     g_conv = causal_conv1d_backward(dxc, conv)  # fwd: xc = conv(xi)
     g_in = linear_backward(np.concatenate([g_conv["x"], dz], axis=-1), proj_in)  # xz = x @ W_in
-    return {"x": g_in["x"], "W_in": g_in["W"], "conv_w": g_conv["w"], "conv_b": g_conv["b"],
-            "W_x": g_x["W"], "W_dt": g_dt["W"], "b_dt": g_dt["b"],
-            "A_log": g_scan["A"] * A,  # fwd: A = -exp(A_log) -> dA_log = dA * A
-            "D": g_scan["D"], "W_out": g_out["W"], **norm_grads}
+    dw = MambaWeights(g_in["W"], g_conv["w"], g_conv["b"], g_x["W"], g_dt["W"], g_dt["b"],
+                      g_scan["A"] * A,  # fwd: A = -exp(A_log) -> dA_log = dA * A
+                      g_scan["D"], g_out["W"], **norm_grads)
+    return {"x": g_in["x"], "w": dw}
 
 
-def mamba_step(x_t, conv_state, ssm_state, W_in, conv_w, conv_b, W_x, W_dt, b_dt, A_log, D,
-               W_out, dt_norm=None, B_norm=None, C_norm=None, *, norm_eps=1e-6):
+def mamba_step(x_t, state, w, *, spec):
     """One decoding step, equal to position t of mamba_forward (mamba_simple.Mamba.step).
 
-    Inputs:  x_t (B, D); conv_state (B, K-1, Di) the previous K-1 values of xi (zeros at the
-             start); ssm_state (B, Di, N) = h_{t-1}; the weights of mamba_forward.
-    Returns: (out_t (B, D), (conv_state', ssm_state')); the inputs are not modified.
+    Inputs:  x_t (B, D); state MambaState: conv (B, K-1, Di) the previous K-1 values of xi
+             (zeros at the start), ssm (B, Di, N) = h_{t-1}; w, spec as in mamba_forward.
+    Returns: (out_t (B, D), the new MambaState); the inputs are not modified.
     """
-    Di, R, N = _sizes(x_t, W_in, W_x, W_dt, A_log)
-    norms = _inner_norms("mamba_step", dt_norm, B_norm, C_norm, R, N)
-    xz = linear_forward(x_t, W_in)[0]  # (B, 2Di)
-    window = np.concatenate([conv_state, xz[:, None, :Di]], axis=1)  # (B, K, Di)
-    u = silu_forward(causal_conv1d_forward(window, conv_w, conv_b)[0][:, -1])[0]  # (B, Di)
-    (dt_low, Bm, Cm), _ = _split_dbc(linear_forward(u, W_x)[0], R, N, norms, norm_eps)
-    delta = softplus_forward(linear_forward(dt_low, W_dt, b_dt)[0])[0]  # (B, Di)
-    y, h = selective_scan_step(u, delta, -np.exp(A_log), Bm, Cm, D,
-                               ssm_state)  # (B, Di), (B, Di, N)
-    out = linear_forward(y * silu_forward(xz[:, Di:])[0], W_out)[0]  # (B, D)
-    return out, (window[:, 1:], h)
+    (Di, R, N), norms = _sizes("mamba_step", x_t, w, spec)
+    xz = linear_forward(x_t, w.W_in)[0]  # (B, 2Di)
+    window = np.concatenate([state.conv, xz[:, None, :Di]], axis=1)  # (B, K, Di)
+    u = silu_forward(causal_conv1d_forward(window, w.conv_w, w.conv_b)[0][:, -1])[0]  # (B, Di)
+    (dt_low, Bm, Cm), _ = _split_dbc(linear_forward(u, w.W_x)[0], R, N, norms, spec.norm_eps)
+    delta = softplus_forward(linear_forward(dt_low, w.W_dt, w.b_dt)[0])[0]  # (B, Di)
+    y, h = selective_scan_step(u, delta, -np.exp(w.A_log), Bm, Cm, w.D,
+                               state.ssm)  # (B, Di), (B, Di, N)
+    out = linear_forward(y * silu_forward(xz[:, Di:])[0], w.W_out)[0]  # (B, D)
+    return out, MambaState(window[:, 1:], h)
 
 
 # ---------------------------------------------------------------------------- Module
-class MambaState(NamedTuple):
-    """Per-layer decoding state; decode() overwrites the arrays in place."""
-    conv: np.ndarray  # (B, K-1, Di)
-    ssm: np.ndarray  # (B, Di, N)
-
-
 class Mamba(Module):
-    """Owns the block's Params (mamba_simple initialisation); calls mamba_forward/backward.
+    """A Mamba block of a MambaSpec: owns the block's Params (the names of MambaWeights'
+    fields; mamba_simple initialisation) and calls mamba_forward/backward with its spec.
 
     A_log = log(1..N) per channel (S4D-real), D = 1, b_dt = softplus^-1(dt) with
-    dt ~ logU[1e-3, 0.1] floored at 1e-4, W_dt ~ U(±R^-0.5), conv ~ U(±K^-0.5).
-    inner_norms=True adds Jamba's dt_norm, B_norm, C_norm gains (ones), epsilon norm_eps."""
+    dt ~ logU[1e-3, 0.1] floored at 1e-4, W_dt ~ U(±R^-0.5), conv ~ U(±K^-0.5);
+    spec.inner_norms adds Jamba's dt_norm, B_norm, C_norm gains (ones)."""
 
-    def __init__(self, d_model, *, d_state=16, d_conv=4, expand=2, dt_rank=None,
-                 inner_norms=False, norm_eps=1e-6, rng, dtype=np.float32):
-        Di, N, K = expand * d_model, d_state, d_conv
-        R = dt_rank or math.ceil(d_model / 16)
+    def __init__(self, d_model, spec, *, rng, dtype=np.float32):
+        expect_instance("Mamba", "spec", spec, MambaSpec)
+        Di, N, K, R = spec.expand * d_model, spec.d_state, spec.d_conv, spec.rank(d_model)
+        self.spec = spec
         dt = np.maximum(np.exp(rng.uniform(np.log(1e-3), np.log(0.1), Di)), 1e-4)  # (Di,)
         init = {
             "W_in": rng.standard_normal((d_model, 2 * Di)) * d_model ** -0.5,
@@ -238,21 +259,22 @@ class Mamba(Module):
             "D": np.ones(Di),
             "W_out": rng.standard_normal((Di, d_model)) * Di ** -0.5,
         }
-        if inner_norms:
+        if spec.inner_norms:
             init.update(dt_norm=np.ones(R), B_norm=np.ones(N), C_norm=np.ones(N))
-        self.names = WEIGHTS + (INNER_NORMS if inner_norms else ())
-        for name in self.names:
-            setattr(self, name, Param(init[name].astype(dtype)))
-        self.norm_eps = norm_eps
+        for name, value in init.items():
+            setattr(self, name, Param(value.astype(dtype)))
 
-    def _weights(self):
-        return [getattr(self, name).data for name in self.names]
+    def weights(self):
+        """The Params' arrays as one MambaWeights (None for absent inner norms)."""
+        return MambaWeights(**{n: getattr(self, n).data for n in MambaWeights._fields
+                               if getattr(self, n, None) is not None})
 
     def forward(self, x):
-        return mamba_forward(x, *self._weights(), norm_eps=self.norm_eps)
+        return mamba_forward(x, self.weights(), spec=self.spec)
 
     def backward(self, dout, cache):
-        return self.add_grads(mamba_backward(dout, cache))
+        g = mamba_backward(dout, cache)
+        return self.add_grads(dict(g["w"]._asdict(), x=g["x"]))
 
     def init_state(self, batch, max_len=None):
         """Zero states; their size does not grow with max_len."""
@@ -277,8 +299,7 @@ class Mamba(Module):
 
     def decode(self, x_t, state, position=None):
         """One token (B, D) -> (B, D); updates `state` in place (position is not needed)."""
-        out, (conv, ssm) = mamba_step(x_t, state.conv, state.ssm, *self._weights(),
-                                      norm_eps=self.norm_eps)
-        state.conv[...] = conv
-        state.ssm[...] = ssm
+        out, new = mamba_step(x_t, state, self.weights(), spec=self.spec)
+        state.conv[...] = new.conv
+        state.ssm[...] = new.ssm
         return out

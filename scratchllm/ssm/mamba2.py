@@ -7,8 +7,9 @@ pair and a Module with a constant-size decoding state.
     y = ssd(u, Δ, A, B, C, D);   out = rmsnorm(y ⊙ silu(z), norm) Wout
 conv is the depthwise causal convolution of Mamba-1 (ssm/mamba.py; kernel K = d_conv) over the
 Di + 2N channels of x, B and C together; the gated RMSNorm is upstream's RMSNormGated with
-norm_before_gate=False (gate first, then normalise). The decoding state is the last K − 1
-conv inputs and the SSD state.
+norm_before_gate=False (gate first, then normalise). The decoding state (Mamba2State) is the
+last K − 1 conv inputs and the SSD state. The sizes come from one Mamba2Spec (scratchllm.specs:
+n_heads, d_state, expand, d_conv, chunk); the arrays of one block travel as one Mamba2Weights.
 
 Glossary: B batch (the array B is SSD's input matrix), T time, D model width, Di = H·Dh
 inner width, H heads, Dh head dim, N state size, K conv width.
@@ -21,13 +22,35 @@ from scratchllm.core.nn import Module, Param, normal_init
 from scratchllm.core.ops import (linear_backward, linear_forward, linear_out, rmsnorm_backward,
                                  rmsnorm_forward, silu_backward, silu_forward,
                                  softplus_backward, softplus_forward)
-from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
+from scratchllm.core.validate import (expect_dout, expect_float, expect_instance, expect_ndim,
+                                      expect_shape)
+from scratchllm.specs import Mamba2Spec
 from scratchllm.ssm.mamba import causal_conv1d_backward, causal_conv1d_forward
 from scratchllm.ssm.ssd import ssd_backward, ssd_forward, ssd_step
 
-WEIGHTS = ("Wz", "Wx", "WB", "WC", "Wdt", "dt_bias", "A_log", "D", "conv_w", "conv_b", "norm",
-           "Wout")
 NORM_EPS = 1e-5  # upstream's RMSNormGated eps
+
+
+class Mamba2Weights(NamedTuple):
+    """The arrays of one Mamba-2 block (the Mamba2 Module's Param names)."""
+    Wz: np.ndarray  # (D, Di) gate
+    Wx: np.ndarray  # (D, Di) SSD input u
+    WB: np.ndarray  # (D, N)
+    WC: np.ndarray  # (D, N)
+    Wdt: np.ndarray  # (D, H)
+    dt_bias: np.ndarray  # (H,)
+    A_log: np.ndarray  # (H,), A = -exp(A_log)
+    D: np.ndarray  # (H,) skip
+    conv_w: np.ndarray  # (Di + 2N, K)
+    conv_b: np.ndarray  # (Di + 2N,)
+    norm: np.ndarray  # (Di,) the gated RMSNorm's gain
+    Wout: np.ndarray  # (Di, D)
+
+
+class Mamba2State(NamedTuple):
+    """Per-layer decoding state; Mamba2.decode overwrites the arrays in place."""
+    conv: np.ndarray  # (B, K − 1, Di + 2N) the last conv inputs
+    ssd: np.ndarray  # (B, H, N, Dh)
 
 
 class Mamba2Cache(NamedTuple):
@@ -47,41 +70,48 @@ def _split(a, Di, N):
     return a[..., :Di], a[..., Di:Di + N], a[..., Di + N:]
 
 
-def mamba2_forward(x, Wz, Wx, WB, WC, Wdt, dt_bias, A_log, D, conv_w, conv_b, norm, Wout, *,
-                   chunk=64):
-    """Inputs: x (B, T, D); Wz, Wx (D, Di); WB, WC (D, N); Wdt (D, H); dt_bias, A_log, D (H,);
-    conv_w (Di + 2N, K), conv_b (Di + 2N,); norm (Di,); Wout (Di, D). Returns out (B, T, D)."""
-    expect_ndim("mamba2", "x", x, 3, "(B, T, D)")
-    expect_float("mamba2", "x", x)
-    batch, T, Dm = x.shape
-    expect_float("mamba2", "A_log", A_log)
-    expect_ndim("mamba2", "A_log", A_log, 1, "(H,)")
-    H = A_log.shape[0]
-    expect_shape("mamba2", "Wz", Wz, (Dm, None), "(D, Di)")
-    if H == 0 or Wz.shape[1] % H:
-        raise ValueError(f"mamba2: Wz has shape {Wz.shape}, expected (D, Di) with H = {H} | Di")
-    expect_shape("mamba2", "Wx", Wx, Wz.shape, "(D, Di), like Wz")
-    expect_shape("mamba2", "WB", WB, (Dm, None), "(D, N)")
-    expect_shape("mamba2", "WC", WC, WB.shape, "(D, N), like WB")
-    expect_shape("mamba2", "Wdt", Wdt, (Dm, H), "(D, H)")
-    for name, a in (("dt_bias", dt_bias), ("D", D)):
-        expect_shape("mamba2", name, a, (H,), "(H,), like A_log")
-    expect_shape("mamba2", "norm", norm, (Wz.shape[1],), "(Di,)")
-    expect_shape("mamba2", "Wout", Wout, Wz.shape[::-1], "(Di, D)")
-    Di, N = Wx.shape[1], WB.shape[1]
-    (z, cz), (u, cu), (Bm, cB), (Cm, cC) = (linear_forward(x, W) for W in (Wz, Wx, WB, WC))
-    c, cc = causal_conv1d_forward(np.concatenate([u, Bm, Cm], axis=-1), conv_w, conv_b)
+def _check(fn, x_ndim, x, w, spec):
+    """Check x (B, T, D) or (B, D), w and spec against each other; return (Di, N, H)."""
+    expect_instance(fn, "spec", spec, Mamba2Spec)
+    expect_instance(fn, "w", w, Mamba2Weights)
+    expect_ndim(fn, "x", x, x_ndim, "(B, T, D)" if x_ndim == 3 else "(B, D)")
+    expect_float(fn, "x", x)
+    Dm = x.shape[-1]
+    H, N, Di, K = spec.n_heads, spec.d_state, spec.expand * Dm, spec.d_conv
+    if Di % H:
+        raise ValueError(f"{fn}: the inner width Di = spec.expand D = {Di} must be a multiple "
+                         f"of spec.n_heads = {H}")
+    hint = f"H = spec.n_heads = {H}, N = spec.d_state = {N}, Di = spec.expand D = {Di}"
+    for name, shape in (("Wz", (Dm, Di)), ("Wx", (Dm, Di)), ("WB", (Dm, N)), ("WC", (Dm, N)),
+                        ("Wdt", (Dm, H)), ("dt_bias", (H,)), ("A_log", (H,)), ("D", (H,)),
+                        ("conv_w", (Di + 2 * N, K)), ("norm", (Di,)), ("Wout", (Di, Dm))):
+        expect_float(fn, name, getattr(w, name))
+        expect_shape(fn, name, getattr(w, name), shape,
+                     hint + (f", K = spec.d_conv = {K}" if name == "conv_w" else ""))
+    return Di, N, H
+
+
+def mamba2_forward(x, w, *, spec):
+    """Inputs: x (B, T, D); w Mamba2Weights: Wz, Wx (D, Di); WB, WC (D, N); Wdt (D, H);
+    dt_bias, A_log, D (H,); conv_w (Di + 2N, K), conv_b (Di + 2N,); norm (Di,); Wout (Di, D);
+    spec Mamba2Spec (H = n_heads, N = d_state, Di = expand D, K = d_conv, the scan's chunk).
+    Returns out (B, T, D).  Cache: Mamba2Cache of the pairs' caches."""
+    Di, N, H = _check("mamba2", 3, x, w, spec)
+    batch, T, _ = x.shape
+    (z, cz), (u, cu), (Bm, cB), (Cm, cC) = (linear_forward(x, W)
+                                            for W in (w.Wz, w.Wx, w.WB, w.WC))  # (B, T, .)
+    c, cc = causal_conv1d_forward(np.concatenate([u, Bm, Cm], axis=-1), w.conv_w, w.conv_b)
     xbc, ca = silu_forward(c)  # (B, T, Di + 2N)
     u, Bm, Cm = _split(xbc, Di, N)
-    dt_lin, cdt = linear_forward(x, Wdt, dt_bias)  # (B, T, H)
+    dt_lin, cdt = linear_forward(x, w.Wdt, w.dt_bias)  # (B, T, H)
     dt, sp = softplus_forward(dt_lin)  # (B, T, H)
-    A = -np.exp(A_log)  # (H,)
-    y, cs = ssd_forward(u.reshape(batch, T, H, -1), dt, A, Bm[:, :, None], Cm[:, :, None], D,
-                        chunk=chunk)  # (B, T, H, Dh)
+    A = -np.exp(w.A_log)  # (H,)
+    y, cs = ssd_forward(u.reshape(batch, T, H, -1), dt, A, Bm[:, :, None], Cm[:, :, None], w.D,
+                        chunk=spec.chunk)  # (B, T, H, Dh)
     y = y.reshape(batch, T, -1)  # (B, T, Di)
     z_act, csilu = silu_forward(z)  # (B, T, Di)
-    n, cn = rmsnorm_forward(y * z_act, norm, NORM_EPS)  # (B, T, Di)
-    out, co = linear_forward(n, Wout)  # (B, T, D)
+    n, cn = rmsnorm_forward(y * z_act, w.norm, NORM_EPS)  # (B, T, Di)
+    out, co = linear_forward(n, w.Wout)  # (B, T, D)
     return out, Mamba2Cache((cz, cu, cB, cC, cdt, co), sp, (cc, ca), csilu, z_act, y, cn, A, cs)
 
 
@@ -91,6 +121,7 @@ def mamba2_backward(dout, cache):
     dA_log = dA·A, Δ through softplus and its linear; u, B, C concatenated back through the
     silu and the causal conv (dconv_w, dconv_b), split again into the three input projections,
     whose dx add up with Wz's and Wdt's.
+    Returns: {"x": dx (B, T, D), "w": Mamba2Weights of the gradients}.
     Reference: Dao & Gu 2024, arXiv 2405.21060 (the backward derived here)."""
     expect_dout("mamba2_backward", dout, *linear_out(cache.lin[5]))
     (cz, cu, cB, cC, cdt, co), sp, (cc, ca), csilu, z_act, y, cn, A, cs = cache
@@ -110,42 +141,40 @@ def mamba2_backward(dout, cache):
     for name, d, c in (("Wz", dz, cz), ("Wx", du, cu), ("WB", dB, cB), ("WC", dC, cC)):
         g_l = linear_backward(d, c)
         grads[name], dx = g_l["W"], dx + g_l["x"]
-    return {"x": dx, **grads, "Wdt": g_dt["W"], "dt_bias": g_dt["b"], "A_log": g["A"] * A,
-            "D": g["D"], "conv_w": g_c["w"], "conv_b": g_c["b"], "norm": g_n["g"],
-            "Wout": g_o["W"]}  # fwd: A = -exp(A_log)
+    dw = Mamba2Weights(grads["Wz"], grads["Wx"], grads["WB"], grads["WC"], g_dt["W"],
+                       g_dt["b"], g["A"] * A,  # fwd: A = -exp(A_log)
+                       g["D"], g_c["w"], g_c["b"], g_n["g"], g_o["W"])
+    return {"x": dx, "w": dw}
 
 
-class Mamba2State(NamedTuple):
-    """Per-layer decoding state; decode() overwrites the arrays in place."""
-    conv: np.ndarray  # (B, K − 1, Di + 2N) the last conv inputs
-    ssd: np.ndarray  # (B, H, N, Dh)
-
-
-def mamba2_step(x_t, state, Wz, Wx, WB, WC, Wdt, dt_bias, A_log, D, conv_w, conv_b, norm,
-                Wout):
-    """One decoding token: x_t (B, D), state a Mamba2State -> (out_t (B, D), new state)."""
-    batch, H, Di, N = x_t.shape[0], A_log.shape[0], Wx.shape[1], WB.shape[1]
-    z = linear_forward(x_t, Wz)[0]  # (B, Di)
-    xbc = np.concatenate([linear_forward(x_t, W)[0] for W in (Wx, WB, WC)], -1)  # (B, Di+2N)
+def mamba2_step(x_t, state, w, *, spec):
+    """One decoding token: x_t (B, D), state a Mamba2State, w and spec as in mamba2_forward
+    -> (out_t (B, D), the new Mamba2State); the inputs are not modified."""
+    Di, N, H = _check("mamba2_step", 2, x_t, w, spec)
+    batch = x_t.shape[0]
+    z = linear_forward(x_t, w.Wz)[0]  # (B, Di)
+    xbc = np.concatenate([linear_forward(x_t, W)[0] for W in (w.Wx, w.WB, w.WC)],
+                         -1)  # (B, Di + 2N)
     window = np.concatenate([state.conv, xbc[:, None]], axis=1)  # (B, K, Di + 2N)
-    u, Bm, Cm = _split(silu_forward(causal_conv1d_forward(window, conv_w, conv_b)[0][:, -1])[0],
-                       Di, N)
-    dt = softplus_forward(linear_forward(x_t, Wdt, dt_bias)[0])[0]  # (B, H)
-    y, ssd = ssd_step(u.reshape(batch, H, -1), dt, -np.exp(A_log), Bm[:, None], Cm[:, None],
-                      D, state.ssd)  # (B, H, Dh)
-    n = rmsnorm_forward(y.reshape(batch, -1) * silu_forward(z)[0], norm, NORM_EPS)[0]
-    return linear_forward(n, Wout)[0], Mamba2State(window[:, 1:], ssd)
+    xc = causal_conv1d_forward(window, w.conv_w, w.conv_b)[0][:, -1]  # (B, Di + 2N)
+    u, Bm, Cm = _split(silu_forward(xc)[0], Di, N)
+    dt = softplus_forward(linear_forward(x_t, w.Wdt, w.dt_bias)[0])[0]  # (B, H)
+    y, ssd = ssd_step(u.reshape(batch, H, -1), dt, -np.exp(w.A_log), Bm[:, None], Cm[:, None],
+                      w.D, state.ssd)  # (B, H, Dh)
+    n = rmsnorm_forward(y.reshape(batch, -1) * silu_forward(z)[0], w.norm, NORM_EPS)[0]
+    return linear_forward(n, w.Wout)[0], Mamba2State(window[:, 1:], ssd)  # (B, D)
 
 
 class Mamba2(Module):
-    """Owns the block's Params (upstream's init: A = −(1..H) spread as A_log = log U[1, 16],
-    dt ~ logU[1e-3, 0.1] through dt_bias = softplus^-1(dt), D = 1, norm = 1, the conv as
-    PyTorch's Conv1d: U(±1/√K)); calls mamba2_forward/backward."""
+    """A Mamba-2 block of a Mamba2Spec: owns the block's Params (the names of Mamba2Weights'
+    fields; upstream's init: A = −(1..H) spread as A_log = log U[1, 16], dt ~ logU[1e-3, 0.1]
+    through dt_bias = softplus^-1(dt), D = 1, norm = 1, the conv as PyTorch's Conv1d:
+    U(±1/√K)); calls mamba2_forward/backward with its spec."""
 
-    def __init__(self, d_model, *, n_heads=4, d_state=16, expand=2, d_conv=4, chunk=64, rng,
-                 dtype=np.float32):
-        Di = expand * d_model
-        H, N = n_heads, d_state
+    def __init__(self, d_model, spec, *, rng, dtype=np.float32):
+        expect_instance("Mamba2", "spec", spec, Mamba2Spec)
+        Di, H, N, d_conv = spec.expand * d_model, spec.n_heads, spec.d_state, spec.d_conv
+        self.spec = spec
         dt = np.exp(rng.uniform(np.log(1e-3), np.log(0.1), H))  # (H,)
         init = {"Wz": (d_model, Di), "Wx": (d_model, Di), "WB": (d_model, N),
                 "WC": (d_model, N), "Wdt": (d_model, H)}
@@ -159,16 +188,17 @@ class Mamba2(Module):
         self.conv_b = Param(rng.uniform(-bound, bound, Di + 2 * N).astype(dtype))
         self.norm = Param(np.ones(Di, dtype))  # (Di,)
         self.Wout = Param(normal_init(rng, (Di, d_model), Di ** -0.5, dtype))
-        self.chunk = chunk
 
-    def _weights(self):
-        return [getattr(self, name).data for name in WEIGHTS]
+    def weights(self):
+        """The Params' arrays as one Mamba2Weights."""
+        return Mamba2Weights(*(getattr(self, n).data for n in Mamba2Weights._fields))
 
     def forward(self, x):
-        return mamba2_forward(x, *self._weights(), chunk=self.chunk)
+        return mamba2_forward(x, self.weights(), spec=self.spec)
 
     def backward(self, dout, cache):
-        return self.add_grads(mamba2_backward(dout, cache))
+        g = mamba2_backward(dout, cache)
+        return self.add_grads(dict(g["w"]._asdict(), x=g["x"]))
 
     def init_state(self, batch, max_len=None):
         """Zero states: the conv's (B, K − 1, Di + 2N) and SSD's (B, H, N, Dh); their size does
@@ -179,6 +209,6 @@ class Mamba2(Module):
 
     def decode(self, x_t, state, position=None):
         """One token (B, D) -> (B, D); updates `state` in place."""
-        out, new = mamba2_step(x_t, state, *self._weights())
+        out, new = mamba2_step(x_t, state, self.weights(), spec=self.spec)
         state.conv[...], state.ssd[...] = new.conv, new.ssd
         return out

@@ -3,7 +3,8 @@ grouping (tile instead of repeat_interleave)."""
 import numpy as np
 import pytest
 
-from scratchllm.attention import gqa_forward, mha_to_gqa
+from scratchllm.attention import AttentionWeights, gqa_forward, mha_to_gqa
+from scratchllm.specs import AttentionSpec
 
 B, T, D, H, Hkv, Dh = 2, 7, 10, 6, 2, 4
 
@@ -36,12 +37,14 @@ def test_output_detects_the_wrong_grouping():
     base_k, base_v = rng.standard_normal((D, Hkv, Dh)), rng.standard_normal((D, Hkv, Dh))
     wk = np.repeat(base_k, H // Hkv, axis=1).reshape(D, H * Dh)  # head h = KV head h // G
     wv = np.repeat(base_v, H // Hkv, axis=1).reshape(D, H * Dh)
-    mha, _ = gqa_forward(x, wq, wk, wv, wo, n_heads=H, n_kv_heads=H)
+    mha, _ = gqa_forward(x, AttentionWeights(wq, wk, wv, wo),
+                         spec=AttentionSpec(H, H, head_dim=Dh, rope=None))
     gk, gv = mha_to_gqa(wk, wv, H, Hkv)
-    gqa, _ = gqa_forward(x, wq, gk, gv, wo, n_heads=H, n_kv_heads=Hkv)
+    gqa_spec = AttentionSpec(H, Hkv, head_dim=Dh, rope=None)
+    gqa, _ = gqa_forward(x, AttentionWeights(wq, gk, gv, wo), spec=gqa_spec)
     np.testing.assert_allclose(gqa, mha, rtol=0, atol=1e-12)
-    wrong, _ = gqa_forward(x, wq, _pool_tiled(wk), _pool_tiled(wv), wo, n_heads=H,
-                           n_kv_heads=Hkv)
+    wrong, _ = gqa_forward(x, AttentionWeights(wq, _pool_tiled(wk), _pool_tiled(wv), wo),
+                           spec=gqa_spec)
     assert np.abs(wrong - mha).max() > 1e-2
 
 

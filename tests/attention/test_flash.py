@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from grads.cases import CASES
-from scratchllm.attention.flash_kernels import fused_ok
-from scratchllm.attention import (Attention, alibi_bias, alibi_slopes, attention_sink_mask,
-                                  causal_mask, flash_sdpa_backward, flash_sdpa_forward,
-                                  sdpa_backward, sdpa_forward, sliding_window_mask)
+from scratchllm.attention import (Attention, alibi_bias, alibi_slopes, causal_mask,
+                                  flash_sdpa_backward, flash_sdpa_forward, sdpa_backward,
+                                  sdpa_forward)
+from scratchllm.specs import AttentionSpec, Mask
 
 
 def test_gradient_check():
@@ -22,22 +22,13 @@ def _inputs(rng, B=2, H=6, Hkv=2, Tq=13, Tk=13, Dh=5, Dv=3):
             rng.standard_normal((B, Hkv, Tk, Dv)))
 
 
-def _sdpa_mask(T, causal, window, n_sink):
-    if not causal:
-        return None
-    if window is None:
-        return causal_mask(T)
-    return attention_sink_mask(T, window, n_sink) if n_sink else sliding_window_mask(T, window)
-
-
 def _assert_same(got, want):
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-12, err_msg=name)
 
 
-MASKS = {"none": dict(), "causal": dict(causal=True), "window 4": dict(causal=True, window=4),
-         "window 4, 3 sinks": dict(causal=True, window=4, n_sink=3),
-         "window 1": dict(causal=True, window=1)}
+MASKS = {"none": None, "causal": Mask(), "window 4": Mask(window=4),
+         "window 4, 3 sinks": Mask(window=4, n_sink=3), "window 1": Mask(window=1)}
 
 
 @pytest.mark.parametrize("mask", list(MASKS))
@@ -46,10 +37,8 @@ MASKS = {"none": dict(), "causal": dict(causal=True), "window 4": dict(causal=Tr
 def test_flash_equals_sdpa(mask, blocks, heads):
     rng = np.random.default_rng(sum(blocks) + heads[0])
     q, k, v = _inputs(rng, H=heads[0], Hkv=heads[1])
-    opts = MASKS[mask]
-    out, cache = flash_sdpa_forward(q, k, v, block_q=blocks[0], block_k=blocks[1], **opts)
-    want, want_cache = sdpa_forward(q, k, v, _sdpa_mask(13, **{"causal": False, "window": None,
-                                                               "n_sink": 0, **opts}))
+    out, cache = flash_sdpa_forward(q, k, v, mask=MASKS[mask], block=blocks)
+    want, want_cache = sdpa_forward(q, k, v, MASKS[mask])  # masks.mask_array's whole array
     np.testing.assert_allclose(out, want, rtol=0, atol=1e-12)
     dout = rng.standard_normal(out.shape)
     _assert_same(flash_sdpa_backward(dout, cache), sdpa_backward(dout, want_cache))
@@ -63,12 +52,8 @@ def test_flash_with_gpt_oss_sinks_equals_sdpa(mask, blocks, heads):
     rng = np.random.default_rng(100 + sum(blocks) + heads[0])
     q, k, v = _inputs(rng, H=heads[0], Hkv=heads[1])
     sinks = 2 * rng.standard_normal(heads[0])
-    opts = MASKS[mask]
-    out, cache = flash_sdpa_forward(q, k, v, block_q=blocks[0], block_k=blocks[1], sinks=sinks,
-                                    **opts)
-    want, want_cache = sdpa_forward(q, k, v, _sdpa_mask(13, **{"causal": False, "window": None,
-                                                               "n_sink": 0, **opts}),
-                                    sinks=sinks)
+    out, cache = flash_sdpa_forward(q, k, v, mask=MASKS[mask], sinks=sinks, block=blocks)
+    want, want_cache = sdpa_forward(q, k, v, MASKS[mask], sinks=sinks)
     np.testing.assert_allclose(out, want, rtol=0, atol=1e-12)
     dout = rng.standard_normal(out.shape)
     got, ref = flash_sdpa_backward(dout, cache), sdpa_backward(dout, want_cache)
@@ -81,9 +66,9 @@ def test_sinks_take_all_the_mass_of_a_row_that_sees_no_key():
     rng = np.random.default_rng(4)
     q, k, v = _inputs(rng, Tq=9, Tk=4)
     sinks = rng.standard_normal(6)
-    out, cache = flash_sdpa_forward(q, k, v, causal=True, block_q=2, block_k=3, sinks=sinks)
+    out, cache = flash_sdpa_forward(q, k, v, mask=Mask(), sinks=sinks, block=(2, 3))
     keep = np.arange(4)[None, :] <= np.arange(9)[:, None] - 5  # (Tq, Tk)
-    want, want_cache = sdpa_forward(q, k, v, keep, sinks=sinks)
+    want, want_cache = sdpa_forward(q, k, v, Mask(array=keep), sinks=sinks)
     np.testing.assert_allclose(out, want, rtol=0, atol=1e-12)
     assert np.all(out[:, :, :5] == 0)
     dout = rng.standard_normal(out.shape)
@@ -96,8 +81,8 @@ def test_bottom_right_causal_alignment_and_fully_masked_rows(Tq, Tk):
     rng = np.random.default_rng(Tq * Tk)
     q, k, v = _inputs(rng, Tq=Tq, Tk=Tk)
     keep = np.arange(Tk)[None, :] <= np.arange(Tq)[:, None] + (Tk - Tq)  # (Tq, Tk)
-    out, cache = flash_sdpa_forward(q, k, v, causal=True, block_q=3, block_k=4)
-    want, want_cache = sdpa_forward(q, k, v, keep)
+    out, cache = flash_sdpa_forward(q, k, v, mask=Mask(), block=(3, 4))
+    want, want_cache = sdpa_forward(q, k, v, Mask(array=keep))
     np.testing.assert_allclose(out, want, rtol=0, atol=1e-12)
     assert np.isfinite(out).all() and np.all(out[:, :, ~keep.any(1)] == 0)
     dout = rng.standard_normal(out.shape)
@@ -106,13 +91,12 @@ def test_bottom_right_causal_alignment_and_fully_masked_rows(Tq, Tk):
     assert all(np.isfinite(g).all() for g in got.values())
 
 
-@pytest.mark.parametrize("opts", [dict(), dict(causal=True), dict(causal=True, window=3)])
-def test_alibi_inside_flash_equals_sdpa_with_the_bias_and_its_slope_gradient(opts):
+@pytest.mark.parametrize("mask", [None, Mask(), Mask(window=3)])
+def test_alibi_inside_flash_equals_sdpa_with_the_bias_and_its_slope_gradient(mask):
     rng = np.random.default_rng(7)
     q, k, v = _inputs(rng, Tq=11, Tk=11)
     slopes = alibi_slopes(6) * (1 + rng.random(6))
-    out, cache = flash_sdpa_forward(q, k, v, slopes, block_q=4, block_k=3, **opts)
-    mask = _sdpa_mask(11, **{"causal": False, "window": None, "n_sink": 0, **opts})
+    out, cache = flash_sdpa_forward(q, k, v, mask=mask, alibi_slopes=slopes, block=(4, 3))
     bias = alibi_bias(slopes, 11, 11)  # (H, T, T)
     want, want_cache = sdpa_forward(q, k, v, mask, bias=bias)
     np.testing.assert_allclose(out, want, rtol=0, atol=1e-12)
@@ -127,9 +111,9 @@ def test_alibi_inside_flash_equals_sdpa_with_the_bias_and_its_slope_gradient(opt
 def test_float32_close_to_float64():
     rng = np.random.default_rng(3)
     q, k, v = _inputs(rng, Tq=40, Tk=40)
-    out64, _ = flash_sdpa_forward(q, k, v, causal=True, block_q=16, block_k=8)
-    out32, _ = flash_sdpa_forward(*(a.astype(np.float32) for a in (q, k, v)), causal=True,
-                                  block_q=16, block_k=8)
+    out64, _ = flash_sdpa_forward(q, k, v, mask=Mask(), block=(16, 8))
+    out32, _ = flash_sdpa_forward(*(a.astype(np.float32) for a in (q, k, v)), mask=Mask(),
+                                  block=(16, 8))
     assert out32.dtype == np.float32
     np.testing.assert_allclose(out32, out64, atol=1e-5)
 
@@ -154,11 +138,11 @@ def test_memory_stays_far_below_the_score_matrix():
     matrix = B * H * T * T * 8
 
     def flash():
-        out, cache = flash_sdpa_forward(q, k, v, causal=True, block_q=64, block_k=64)
+        out, cache = flash_sdpa_forward(q, k, v, mask=Mask(), block=64)
         flash_sdpa_backward(dout, cache)
 
     def dense():
-        out, cache = sdpa_forward(q, k, v, causal_mask(T))
+        out, cache = sdpa_forward(q, k, v, Mask())
         sdpa_backward(dout, cache)
 
     assert _peak_bytes(dense) >= matrix
@@ -166,9 +150,10 @@ def test_memory_stays_far_below_the_score_matrix():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(window=3), "window=3 needs causal=True"),
-    (dict(causal=True, n_sink=2), "n_sink=2 needs a window"),
-    (dict(block_q=0), "block_q must be > 0"),
+    (dict(mask=Mask(array=causal_mask(13))), "a mask array or a block pattern needs sdpa"),
+    (dict(mask=Mask(block=4)), "a mask array or a block pattern needs sdpa"),
+    (dict(block=0), "block must be >= 1"),
+    (dict(block=(4, 0)), "block must be >= 1"),
     (dict(alibi_slopes=np.ones(5)), "alibi_slopes has shape"),
     (dict(sinks=np.ones(4)), "sinks has shape"),
 ])
@@ -178,13 +163,13 @@ def test_bad_options_are_errors(kwargs, match):
         flash_sdpa_forward(q, k, v, **kwargs)
 
 
-@pytest.mark.parametrize("mask_kw", [dict(), dict(mask="sliding", window=3, n_sink=1)])
-def test_attention_module_with_flash_equals_sdpa(mask_kw):
+@pytest.mark.parametrize("mask", [Mask(), Mask(window=3, n_sink=1)])
+def test_attention_module_with_flash_equals_sdpa(mask):
     rng = np.random.default_rng(5)
     x = rng.standard_normal((2, 9, 16))
-    mods = [Attention(16, 4, 2, rng=np.random.default_rng(1), dtype=np.float64,
-                      attn_impl=impl, **mask_kw) for impl in ("sdpa", "flash")]
-    mods[1].flash_block = 4
+    mods = [Attention(16, AttentionSpec(4, 2, impl=impl, block=4, mask=mask),
+                      rng=np.random.default_rng(1), dtype=np.float64)
+            for impl in ("sdpa", "flash")]
     dy = rng.standard_normal(x.shape)
     outs = [m.forward(x) for m in mods]
     np.testing.assert_allclose(outs[1][0], outs[0][0], rtol=0, atol=1e-12)
@@ -194,14 +179,15 @@ def test_attention_module_with_flash_equals_sdpa(mask_kw):
         np.testing.assert_allclose(p1.grad, p0.grad, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("mask_kw", [dict(), dict(mask="sliding", window=3)])
-def test_attention_module_with_sinks_flash_sdpa_and_decode_agree(mask_kw):
+@pytest.mark.parametrize("mask", [Mask(), Mask(window=3)])
+def test_attention_module_with_sinks_flash_sdpa_and_decode_agree(mask):
     """gpt-oss attention: flash equals sdpa (output, dx, every Param grad incl. sinks), and
     decoding token by token equals the full forward."""
     rng = np.random.default_rng(6)
     x = rng.standard_normal((2, 9, 16))
-    mods = [Attention(16, 4, 2, rng=np.random.default_rng(1), dtype=np.float64, qkv_bias=True,
-                      o_bias=True, sinks=True, attn_impl=impl, flash_block=4, **mask_kw)
+    mods = [Attention(16, AttentionSpec(4, 2, qkv_bias=True, o_bias=True, sinks=True,
+                                        impl=impl, block=4, mask=mask),
+                      rng=np.random.default_rng(1), dtype=np.float64)
             for impl in ("sdpa", "flash")]
     for m in mods:
         m.sinks.data[:] = [1.5, -0.5, 0.0, 3.0]
@@ -218,7 +204,7 @@ def test_attention_module_with_sinks_flash_sdpa_and_decode_agree(mask_kw):
     np.testing.assert_allclose(steps, outs[0][0], rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("opts", [dict(causal=True), dict(causal=True, window=5, n_sink=2),
+@pytest.mark.parametrize("opts", [dict(mask=Mask()), dict(mask=Mask(window=5, n_sink=2)),
                                   dict(alibi_slopes=alibi_slopes(6))])
 def test_float32_numba_passes_equal_the_readable_numpy_twin(opts, monkeypatch):
     """flash_kernels' fused exp and dS passes (float32) against the NumPy lines they replace
@@ -230,14 +216,14 @@ def test_float32_numba_passes_equal_the_readable_numpy_twin(opts, monkeypatch):
     if "alibi_slopes" in opts:
         opts = dict(alibi_slopes=opts["alibi_slopes"].astype(np.float32))
 
-    def run():
-        out, cache = flash_sdpa_forward(q, k, v, block_q=8, block_k=5, sinks=sinks, **opts)
+    def run(readable):
+        monkeypatch.setenv("SCRATCHLLM_READABLE", readable)
+        out, cache = flash_sdpa_forward(q, k, v, sinks=sinks, block=(8, 5), **opts)
+        assert cache.opts.fused == (readable == "0")  # chosen once, carried by the cache
+        monkeypatch.setenv("SCRATCHLLM_READABLE", "0" if readable == "1" else "1")
         return {"out": out, **flash_sdpa_backward(dout, cache)}
 
-    assert fused_ok(q[:, :2, :8] @ k[:, :, :5].swapaxes(-1, -2))  # a block's scores: Numba
-    fast = run()
-    monkeypatch.setenv("SCRATCHLLM_READABLE", "1")
-    assert not fused_ok(q)
-    readable = run()
+    fast = run("0")
+    readable = run("1")
     for name, want in readable.items():
         np.testing.assert_allclose(fast[name], want, rtol=1e-5, atol=1e-5, err_msg=name)

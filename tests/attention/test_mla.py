@@ -6,10 +6,16 @@ import pytest
 
 from grads.cases import CASES
 from scratchllm.teach.sizing import kv_cache_elements
-from scratchllm.attention import (MLA, LatentKVState, mla_backward, mla_decode,
-                            mla_decode_ref, mla_forward, mla_softmax_scale)
+from scratchllm.attention import (MLA, LatentKVState, MLAWeights, make_rope, mla_backward,
+                                  mla_decode, mla_decode_ref, mla_forward, mla_softmax_scale)
+from scratchllm.specs import Mask, MLASpec, RopeSpec
 
 B, T, D, H, dn, dr, dv, Dc, Dq = 2, 6, 11, 3, 4, 6, 5, 7, 9
+INTERLEAVED = RopeSpec(style="interleaved")  # DeepSeek's reference pairs (2i, 2i + 1)
+
+
+def mla_spec(lora, rope=INTERLEAVED):
+    return MLASpec(H, Dq if lora else 0, Dc, dn, dr, dv, rope=rope)
 
 
 def weights(rng, lora, dtype=np.float64):
@@ -59,22 +65,25 @@ def deepseek_naive(x, w, scale, eps=1e-6, base=10000.0):
 def test_training_form_matches_deepseek_reference(lora):
     rng = np.random.default_rng(1)
     w, x = weights(rng, lora), rng.standard_normal((B, T, D))
-    out, _ = mla_forward(x, **w, n_heads=H)
+    out, _ = mla_forward(x, MLAWeights(**w), spec=mla_spec(lora))
     np.testing.assert_allclose(out, deepseek_naive(x, w, (dn + dr) ** -0.5), atol=1e-12)
-    scale = mla_softmax_scale(dn + dr, {"rope_type": "yarn", "factor": 40, "mscale_all_dim": 1})
-    out, _ = mla_forward(x, **w, n_heads=H, softmax_scale=scale)
+    yarn = {"rope_type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+            "mscale_all_dim": 1}  # the scale's mscale^2
+    scale = mla_softmax_scale(dn + dr, yarn)
+    out, _ = mla_forward(x, MLAWeights(**w), spec=mla_spec(lora, RopeSpec(scaling=yarn)),
+                         rope=make_rope(INTERLEAVED, dr, np.arange(T)))  # default frequencies
     np.testing.assert_allclose(out, deepseek_naive(x, w, scale), atol=1e-12)
 
 
 @pytest.mark.parametrize("lora", [False, True])
 def test_absorbed_decoding_equals_training_form(lora):
     rng = np.random.default_rng(2)
-    w, x = weights(rng, lora), rng.standard_normal((B, T, D))
-    full, _ = mla_forward(x, **w, n_heads=H)
+    w, x, spec = MLAWeights(**weights(rng, lora)), rng.standard_normal((B, T, D)), mla_spec(lora)
+    full, _ = mla_forward(x, w, spec=spec)
     absorbed, naive = LatentKVState(B, T, Dc, dr, np.float64), LatentKVState(B, T, Dc, dr, np.float64)
     for t in range(T):
-        a = mla_decode(x[:, t], **w, n_heads=H, state=absorbed, position=t)
-        n = mla_decode_ref(x[:, t], **w, n_heads=H, state=naive, position=t)
+        a = mla_decode(x[:, t], w, absorbed, t, spec=spec)
+        n = mla_decode_ref(x[:, t], w, naive, t, spec=spec)
         np.testing.assert_allclose(a, full[:, t], rtol=0, atol=1e-10)
         np.testing.assert_allclose(n, full[:, t], rtol=0, atol=1e-10)
     assert absorbed.length == T
@@ -83,14 +92,14 @@ def test_absorbed_decoding_equals_training_form(lora):
 
 def test_causal():
     rng = np.random.default_rng(10)
-    w, x = weights(rng, True), rng.standard_normal((B, T, D))
-    out, _ = mla_forward(x, **w, n_heads=H)
+    w, x, spec = MLAWeights(**weights(rng, True)), rng.standard_normal((B, T, D)), mla_spec(True)
+    out, _ = mla_forward(x, w, spec=spec)
     x2 = x.copy()
     x2[:, 3] += 1.0  # a future token changes nothing before it, and changes its own row
-    out2, _ = mla_forward(x2, **w, n_heads=H)
+    out2, _ = mla_forward(x2, w, spec=spec)
     np.testing.assert_array_equal(out2[:, :3], out[:, :3])
     assert np.abs(out2[:, 3:] - out[:, 3:]).min(axis=-1).max() > 0
-    full, _ = mla_forward(x, **w, n_heads=H, mask=None)  # no mask: the last row is unchanged
+    full, _ = mla_forward(x, w, spec=spec, mask=Mask(causal=False))  # the last row: unchanged
     np.testing.assert_allclose(full[:, -1], out[:, -1], atol=1e-13)
     assert not np.allclose(full[:, 0], out[:, 0])
 
@@ -100,7 +109,7 @@ def test_cache_holds_normalised_latent_and_roped_key():
     w, x = weights(rng, False), rng.standard_normal((B, 3, D))
     cache = LatentKVState(B, 4, Dc, dr, np.float64)
     for t in range(3):
-        mla_decode(x[:, t], **w, n_heads=H, state=cache, position=t)
+        mla_decode(x[:, t], MLAWeights(**w), cache, t, spec=mla_spec(False))
     c = x @ w["wkv_a"][:, :Dc]
     np.testing.assert_allclose(cache.kv, c / np.sqrt((c * c).mean(-1, keepdims=True) + 1e-6)
                                * w["kv_norm"], atol=1e-13)
@@ -123,9 +132,10 @@ def test_cache_full_raises():
     rng = np.random.default_rng(4)
     w, x = weights(rng, False), rng.standard_normal((B, 2, D))
     cache = LatentKVState(B, 1, Dc, dr, np.float64)
-    mla_decode(x[:, 0], **w, n_heads=H, state=cache, position=0)
+    w, spec = MLAWeights(**w), mla_spec(False)
+    mla_decode(x[:, 0], w, cache, 0, spec=spec)
     with pytest.raises(ValueError, match="full"):
-        mla_decode(x[:, 1], **w, n_heads=H, state=cache, position=1)
+        mla_decode(x[:, 1], w, cache, 1, spec=spec)
 
 
 def test_gradients():
@@ -137,10 +147,13 @@ def test_gradients():
 def test_float32_in_float32_out():
     rng = np.random.default_rng(6)
     w, x = weights(rng, True, np.float32), rng.standard_normal((B, T, D)).astype(np.float32)
-    out, cache = mla_forward(x, **w, n_heads=H)
+    w, spec = MLAWeights(**w), mla_spec(True)
+    out, cache = mla_forward(x, w, spec=spec)
     grads = mla_backward(np.ones_like(out), cache)
-    assert out.dtype == np.float32 and all(g.dtype == np.float32 for g in grads.values())
-    step = mla_decode(x[:, 0], **w, n_heads=H, state=LatentKVState(B, 1, Dc, dr), position=0)
+    dws = [g for g in grads["w"] if g is not None]
+    assert len(dws) == 7 and grads["w"].wq is None
+    assert out.dtype == np.float32 and all(g.dtype == np.float32 for g in [grads["x"], *dws])
+    step = mla_decode(x[:, 0], w, LatentKVState(B, 1, Dc, dr), 0, spec=spec)
     assert step.dtype == np.float32
 
 
@@ -157,18 +170,19 @@ def test_bad_shapes_raise(change, match):
     w = weights(np.random.default_rng(7), False)
     w.update(change)
     with pytest.raises(ValueError, match=match):
-        mla_forward(np.zeros((B, T, D)), **w, n_heads=H)
+        mla_forward(np.zeros((B, T, D)), MLAWeights(**w), spec=mla_spec(False))
 
 
 def test_bad_inputs_raise():
-    w = weights(np.random.default_rng(8), False)
+    w, spec = MLAWeights(**weights(np.random.default_rng(8), False)), mla_spec(False)
     with pytest.raises(ValueError, match="x must have 3 axes"):
-        mla_forward(np.zeros((T, D)), **w, n_heads=H)
-    with pytest.raises(ValueError, match="mask"):
-        mla_forward(np.zeros((B, T, D)), **w, n_heads=H, mask="sliding")
+        mla_forward(np.zeros((T, D)), w, spec=spec)
+    with pytest.raises(TypeError, match="mask must be a Mask"):
+        mla_forward(np.zeros((B, T, D)), w, spec=spec, mask="sliding")
     with pytest.raises(ValueError, match="LatentKVState of width"):
-        mla_decode(np.zeros((B, D)), **w, n_heads=H, state=LatentKVState(B, 4, Dc, dr + 2),
-                   position=0)
+        mla_decode(np.zeros((B, D)), w, LatentKVState(B, 4, Dc, dr + 2), 0, spec=spec)
+    with pytest.raises(TypeError, match="spec must be an MLASpec"):
+        mla_forward(np.zeros((B, T, D)), w, spec=None)
 
 
 def test_kv_cache_elements_deepseek_v2():
@@ -192,20 +206,21 @@ def test_softmax_scale_deepseek_v3():
 
 def test_module_calls_the_pair_and_decodes():
     rng = np.random.default_rng(9)
-    layer = MLA(D, H, kv_lora_rank=Dc, qk_nope_head_dim=dn, qk_rope_head_dim=dr,
-                v_head_dim=dv, q_lora_rank=Dq, rng=rng, dtype=np.float64)
+    spec = mla_spec(True)
+    layer = MLA(D, spec, rng=rng, dtype=np.float64)
     names = [n for n, _ in layer.named_parameters()]
     assert names == ["wq_a", "q_norm", "wq_b", "wkv_a", "kv_norm", "wkv_b", "wo"]
+    assert layer.spec is spec
     x, dout = rng.standard_normal((B, T, D)), rng.standard_normal((B, T, D))
     out, cache = layer.forward(x)
     dx = layer.backward(dout, cache)
-    w = {n: p.data for n, p in layer.named_parameters()}
-    ref, ref_cache = mla_forward(x, **w, n_heads=H)
+    w = MLAWeights(**{n: p.data for n, p in layer.named_parameters()})
+    ref, ref_cache = mla_forward(x, w, spec=spec)
     grads = mla_backward(dout, ref_cache)
     np.testing.assert_allclose(out, ref, atol=1e-14)
     np.testing.assert_allclose(dx, grads["x"], atol=1e-14)
     for n, p in layer.named_parameters():
-        np.testing.assert_allclose(p.grad, grads[n], atol=1e-14)
+        np.testing.assert_allclose(p.grad, getattr(grads["w"], n), atol=1e-14)
     kv = layer.init_state(B, T)
     assert kv.nbytes == B * T * (Dc + dr) * 8
     steps = np.stack([layer.decode(x[:, t], kv, t) for t in range(T)], axis=1)

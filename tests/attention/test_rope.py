@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from grads.cases import CASES
-from scratchllm.attention import get_mscale, rope_backward, rope_forward, rope_frequencies
+from scratchllm.attention import (Rope, get_mscale, make_rope, rope_backward, rope_forward,
+                                  rope_frequencies)
+from scratchllm.specs import RopeSpec
 
 YARN_V3 = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096}
 LLAMA31 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -26,8 +28,8 @@ def test_relative_position_property(style, scaling):
     q, k = rng.standard_normal((1, 16)), rng.standard_normal((1, 16))
 
     def score(m, n):
-        qm = rope_forward(q, np.array([m]), inv_freq, style, af)[0]
-        kn = rope_forward(k, np.array([n]), inv_freq, style, af)[0]
+        qm = rope_forward(q, Rope(inv_freq, style, af, np.array([m])))[0]
+        kn = rope_forward(k, Rope(inv_freq, style, af, np.array([n])))[0]
         return float((qm @ kn.T)[0, 0])
 
     for offset in (0, 3, 17):
@@ -46,10 +48,10 @@ def test_half_equals_interleaved_under_pair_permutation():
     x = rng.standard_normal((2, 3, 7, Dh))
     inv_freq, _ = rope_frequencies(Dh)
     pos = np.arange(7) + 11
-    y_int, _ = rope_forward(x, pos, inv_freq, "interleaved")
-    y_half, _ = rope_forward(x[..., perm], pos, inv_freq, "half")
+    y_int, _ = rope_forward(x, Rope(inv_freq, "interleaved", 1.0, pos))
+    y_half, _ = rope_forward(x[..., perm], Rope(inv_freq, "half", 1.0, pos))
     np.testing.assert_allclose(y_half, y_int[..., perm], rtol=0, atol=1e-12)
-    assert not np.allclose(rope_forward(x, pos, inv_freq, "half")[0], y_int)
+    assert not np.allclose(rope_forward(x, Rope(inv_freq, "half", 1.0, pos))[0], y_int)
 
 
 def test_interleaved_matches_complex_multiplication():
@@ -60,7 +62,7 @@ def test_interleaved_matches_complex_multiplication():
     pos = np.array([0, 1, 4, 9, 30])
     z = (x[:, 0::2] + 1j * x[:, 1::2]) * np.exp(1j * np.outer(pos, inv_freq))
     want = np.stack([z.real, z.imag], axis=-1).reshape(5, 8)
-    np.testing.assert_allclose(rope_forward(x, pos, inv_freq, "interleaved")[0], want,
+    np.testing.assert_allclose(rope_forward(x, Rope(inv_freq, "interleaved", 1.0, pos))[0], want,
                                atol=1e-12)
 
 
@@ -69,7 +71,7 @@ def test_backward_is_rotation_by_minus_theta():
     x = rng.standard_normal((3, 6, 12))
     inv_freq, _ = rope_frequencies(12)
     for style in ("half", "interleaved"):
-        y, cache = rope_forward(x, np.arange(6), inv_freq, style)
+        y, cache = rope_forward(x, Rope(inv_freq, style, 1.0, np.arange(6)))
         np.testing.assert_allclose(rope_backward(y, cache)["x"], x, atol=1e-12)  # R^T R = I
 
 
@@ -78,10 +80,11 @@ def test_batched_positions_and_float32():
     x = rng.standard_normal((2, 3, 4, 8)).astype(np.float32)
     inv_freq, _ = rope_frequencies(8)
     pos = np.array([[0, 1, 2, 3], [10, 20, 30, 40]])
-    y, _ = rope_forward(x, pos, inv_freq)
+    y, _ = rope_forward(x, Rope(inv_freq, "half", 1.0, pos))
     assert y.dtype == np.float32
     for b in range(2):
-        np.testing.assert_allclose(y[b], rope_forward(x[b], pos[b], inv_freq)[0], atol=1e-6)
+        np.testing.assert_allclose(y[b], rope_forward(x[b], Rope(inv_freq, "half", 1.0, pos[b]))[0],
+                                   atol=1e-6)
 
 
 def test_yarn_worked_example_deepseek_v3():
@@ -150,8 +153,9 @@ def test_linear_pi_divides_by_factor():
     assert af == 1.0
     x = np.random.default_rng(6).standard_normal((5, 16))
     pos = np.array([0, 4, 8, 40, 400])  # PI: position p rotates like p / 4 did before
-    np.testing.assert_allclose(rope_forward(x, pos, inv_freq)[0],
-                               rope_forward(x, pos // 4, default)[0], atol=1e-12)
+    np.testing.assert_allclose(rope_forward(x, Rope(inv_freq, "half", 1.0, pos))[0],
+                               rope_forward(x, Rope(default, "half", 1.0, pos // 4))[0],
+                               atol=1e-12)
 
 
 def test_dynamic_ntk():
@@ -179,10 +183,27 @@ def test_bad_inputs():
         rope_frequencies(7)
     inv_freq, _ = rope_frequencies(8)
     with pytest.raises(ValueError, match="style"):
-        rope_forward(np.zeros((3, 8)), np.arange(3), inv_freq, style="neox")
+        rope_forward(np.zeros((3, 8)), Rope(inv_freq, "neox", 1.0, np.arange(3)))
     with pytest.raises(ValueError, match="positions"):
-        rope_forward(np.zeros((3, 8)), np.arange(4), inv_freq)
+        rope_forward(np.zeros((3, 8)), Rope(inv_freq, "half", 1.0, np.arange(4)))
     with pytest.raises(ValueError, match="inv_freq"):
-        rope_forward(np.zeros((3, 6)), np.arange(3), inv_freq)
+        rope_forward(np.zeros((3, 6)), Rope(inv_freq, "half", 1.0, np.arange(3)))
     with pytest.raises(TypeError, match="positions"):
-        rope_forward(np.zeros((3, 8)), np.arange(3.0), inv_freq)
+        rope_forward(np.zeros((3, 8)), Rope(inv_freq, "half", 1.0, np.arange(3.0)))
+    with pytest.raises(TypeError, match=r"^rope: rope must be a Rope \(make_rope\), got tuple"):
+        rope_forward(np.zeros((3, 8)), (inv_freq, "half", 1.0, np.arange(3)))
+
+
+def test_make_rope_from_a_spec():
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
+    rope = make_rope(RopeSpec(500.0, yarn, "interleaved"), 6, np.arange(3, 8))
+    inv_freq, af = rope_frequencies(6, 500.0, yarn)
+    np.testing.assert_array_equal(rope.inv_freq, inv_freq)
+    assert (rope.style, rope.attention_factor, rope.positions.tolist()) == (
+        "interleaved", af, [3, 4, 5, 6, 7])
+    dynamic = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 4}
+    for positions, seq_len in ((np.arange(3), None), (np.array([[0, 9], [2, 3]]), None),
+                               (np.arange(3), 12)):  # seq_len: default max(positions) + 1
+        want = rope_frequencies(8, 100.0, dynamic, seq_len or int(positions.max()) + 1)[0]
+        np.testing.assert_array_equal(
+            make_rope(RopeSpec(100.0, dynamic), 8, positions, seq_len).inv_freq, want)

@@ -6,6 +6,7 @@ import pytest
 
 from scratchllm.attention import attention_sink_mask, causal_mask, sdpa_backward, sdpa_forward
 from scratchllm.attention.sdpa_softmax import softmax_scores_
+from scratchllm.specs import AttentionSpec, Mask
 
 TOL = {np.float32: 1e-6, np.float64: 1e-12}
 
@@ -15,7 +16,7 @@ def run(q, k, v, mask, dout, readable, monkeypatch):
         monkeypatch.setenv("SCRATCHLLM_READABLE", "1")
     else:
         monkeypatch.delenv("SCRATCHLLM_READABLE", raising=False)
-    out, cache = sdpa_forward(q, k, v, mask)
+    out, cache = sdpa_forward(q, k, v, None if mask is None else Mask(array=mask))
     return out, sdpa_backward(dout, cache)
 
 
@@ -52,26 +53,25 @@ def test_softmax_scores_rows_sum_to_one_and_respect_the_mask():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_gqa_takes_the_fused_rope_and_softmax_and_matches_the_readable_path(dtype, monkeypatch):
-    from scratchllm.attention import gqa_backward, gqa_forward, rope_frequencies
-    from scratchllm.attention.rope_heads import RopeHeadsCache
-    from scratchllm.attention.sdpa_softmax import FusedSoftmaxCache
+    from scratchllm.attention import AttentionWeights, gqa_backward, gqa_forward
+    from scratchllm.attention.rope_heads import rope_heads_backward
     rng = np.random.default_rng(3)
     B, T, D, H, Hkv = 2, 7, 16, 4, 2
     x = rng.standard_normal((B, T, D)).astype(dtype)
-    ws = [(rng.standard_normal(s) * 0.5).astype(dtype)
-          for s in ((D, D), (D, D // 2), (D, D // 2), (D, D))]
+    w = AttentionWeights(*[(rng.standard_normal(s) * 0.5).astype(dtype)
+                           for s in ((D, D), (D, D // 2), (D, D // 2), (D, D))])
     dy = rng.standard_normal((B, T, D)).astype(dtype)
-    kw = dict(n_heads=H, n_kv_heads=Hkv, inv_freq=rope_frequencies(D // H)[0])
     outs = []
     for readable in (False, True):
         monkeypatch.setenv("SCRATCHLLM_READABLE", "1" if readable else "0")
-        y, cache = gqa_forward(x, *ws, **kw)
-        fused = (isinstance(cache.qkv.rope_q, RopeHeadsCache),
-                 isinstance(cache.sdpa.softmax, FusedSoftmaxCache))
+        y, cache = gqa_forward(x, w, spec=AttentionSpec(H, Hkv))
+        monkeypatch.setenv("SCRATCHLLM_READABLE", "0" if readable else "1")  # chosen already
+        fused = (cache.qkv.rope_q.backward is rope_heads_backward, cache.attend.fused)
         assert fused == (not readable, not readable)
         outs.append((y, gqa_backward(dy, cache)))
     (y, g), (y_r, g_r) = outs
-    for a, b in [(y, y_r)] + [(g[n], g_r[n]) for n in ("x", "wq", "wk", "wv", "wo")]:
+    pairs = [(getattr(g["w"], n), getattr(g_r["w"], n)) for n in ("wq", "wk", "wv", "wo")]
+    for a, b in [(y, y_r), (g["x"], g_r["x"])] + pairs:
         assert a.dtype == b.dtype == dtype
         assert np.max(np.abs(a - b)) <= TOL[dtype] * np.max(np.abs(b))
 

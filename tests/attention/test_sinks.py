@@ -5,6 +5,7 @@ import pytest
 
 from grads.cases import CASES
 from scratchllm.attention import causal_mask, sdpa_backward, sdpa_forward
+from scratchllm.specs import Mask
 
 
 def test_gradient_check():
@@ -39,7 +40,7 @@ def test_equals_transformers_eager_formula():
     q, k, v, sinks = inputs(rng)
     mask = rng.random((2, 6, 5, 7)) < 0.7
     mask[..., 0] = True  # HF's additive mask needs a live key per row (else NaN)
-    out, _ = sdpa_forward(q, k, v, mask, 0.4, sinks=sinks)
+    out, _ = sdpa_forward(q, k, v, Mask(array=mask), 0.4, sinks=sinks)
     np.testing.assert_allclose(out, hf_sink_attention(q, k, v, sinks, mask, 0.4),
                                rtol=0, atol=1e-14)
 
@@ -49,11 +50,11 @@ def test_sink_scales_plain_attention_by_the_mass_it_leaves():
     mass, so out = sdpa(q, k, v) * sigmoid(logsumexp(S) - s)."""
     rng = np.random.default_rng(2)
     q, k, v, sinks = inputs(rng, Hkv=6)
-    plain, _ = sdpa_forward(q, k, v, causal_mask(7)[2:])
+    plain, _ = sdpa_forward(q, k, v, Mask())
     S = q @ k.transpose(0, 1, 3, 2) * 0.5 + np.where(causal_mask(7)[2:], 0.0, -np.inf)
     lse = np.log(np.exp(S).sum(axis=-1, keepdims=True))  # (B, H, Tq, 1)
     kept = 1 / (1 + np.exp(sinks.reshape(1, -1, 1, 1) - lse))
-    out, _ = sdpa_forward(q, k, v, causal_mask(7)[2:], sinks=sinks)
+    out, _ = sdpa_forward(q, k, v, Mask(), sinks=sinks)
     np.testing.assert_allclose(out, plain * kept, rtol=1e-12, atol=1e-14)
     assert np.abs(out - plain).max() > 1e-2  # the sink does take mass
 
@@ -66,7 +67,7 @@ def test_limits_and_fully_masked_rows():
     np.testing.assert_allclose(far, plain, rtol=0, atol=1e-15)
     mask = np.ones((2, 6, 5, 7), bool)
     mask[0, 1, 2] = False
-    out, cache = sdpa_forward(q, k, v, mask, sinks=sinks)
+    out, cache = sdpa_forward(q, k, v, Mask(array=mask), sinks=sinks)
     assert np.all(out[0, 1, 2] == 0)  # a fully masked row attends only to its sink
     dout = rng.standard_normal(out.shape)
     g = sdpa_backward(dout, cache)

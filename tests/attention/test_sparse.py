@@ -10,6 +10,7 @@ from scratchllm.attention import (attention_distribution, causal_mask,
                                   lightning_indexer_backward, lightning_indexer_forward, sdpa_backward, sdpa_forward,
                                   topk_select, topk_sparse_attention_backward,
                                   topk_sparse_attention_forward)
+from scratchllm.specs import Mask
 
 
 def test_gradient_check():
@@ -53,7 +54,7 @@ def test_sparse_equals_sdpa_under_the_selection_mask(top_k, block_q):
                rng.standard_normal((B, Hkv, T, 5)))
     idx = topk_select(rng.standard_normal((B, T, T)), top_k)
     out, cache = topk_sparse_attention_forward(q, k, v, idx, block_q=block_q)
-    want, want_cache = sdpa_forward(q, k, v, _selection_mask(idx, T))
+    want, want_cache = sdpa_forward(q, k, v, Mask(array=_selection_mask(idx, T)))
     np.testing.assert_allclose(out, want, rtol=0, atol=1e-12)
     dout = rng.standard_normal(out.shape)
     got, ref = topk_sparse_attention_backward(dout, cache), sdpa_backward(dout, want_cache)
@@ -66,7 +67,7 @@ def test_k_at_least_T_is_full_causal_attention():
     q, k, v = (rng.standard_normal((1, 4, 9, 4)) for _ in range(3))
     idx = topk_select(rng.standard_normal((1, 9, 9)), 20)
     out, _ = topk_sparse_attention_forward(q, k, v, idx, block_q=4)
-    np.testing.assert_allclose(out, sdpa_forward(q, k, v, causal_mask(9))[0], rtol=0,
+    np.testing.assert_allclose(out, sdpa_forward(q, k, v, Mask())[0], rtol=0,
                                atol=1e-12)
 
 

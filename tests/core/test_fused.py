@@ -9,7 +9,7 @@ import pytest
 
 from grads.cases import CASES
 from scratchllm.attention import rope_heads as rh
-from scratchllm.attention.rope import rope_frequencies
+from scratchllm.attention.rope import Rope, rope_frequencies
 from scratchllm.core import RMSNorm, SwiGLU, fused, ops
 
 TOL = {np.float32: 1e-6, np.float64: 1e-12}
@@ -96,10 +96,9 @@ def test_rope_heads_give_the_bits_of_split_heads_then_rope(style):
     rng = np.random.default_rng(2)
     B, T, n, Dh = 2, 7, 3, 10
     t = rng.standard_normal((B, T, n * Dh)).astype(np.float32)
-    inv_freq, _ = rope_frequencies(Dh, 500.0)
-    kw = dict(n_heads=n, style=style, attention_factor=1.3)
-    heads, cache = rh.rope_heads_forward(t, np.arange(T) + 3, inv_freq, **kw)
-    ref, ref_cache = rh.rope_heads_forward_ref(t, np.arange(T) + 3, inv_freq, **kw)
+    rope = Rope(rope_frequencies(Dh, 500.0)[0], style, 1.3, np.arange(T) + 3)
+    heads, cache = rh.rope_heads_forward(t, rope, n)
+    ref, ref_cache = rh.rope_heads_forward_ref(t, rope, n)
     assert heads.flags.c_contiguous and heads.shape == (B, n, T, Dh)
     np.testing.assert_array_equal(heads, ref)
     dout = rng.standard_normal(heads.shape).astype(np.float32)
@@ -108,9 +107,10 @@ def test_rope_heads_give_the_bits_of_split_heads_then_rope(style):
 
 
 def test_rope_heads_rejects_an_odd_head_dim():
-    with pytest.raises(ValueError, match="rope_heads: need style"):
-        rh.rope_heads_forward(np.zeros((1, 2, 9), np.float32), np.arange(2), np.ones(1),
-                              n_heads=3)
+    with pytest.raises(ValueError, match=r"rope_heads: t.shape\[-1\] must be n_heads \* \(an "
+                                         r"even Dh\)"):
+        rh.rope_heads_forward(np.zeros((1, 2, 9), np.float32),
+                              Rope(np.ones(1), "half", 1.0, np.arange(2)), 3)
 
 
 def test_adamw_kernel_gives_the_bits_of_its_numpy_ref():

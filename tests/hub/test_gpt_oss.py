@@ -31,7 +31,7 @@ def test_config_turns_on_every_gpt_oss_option():
     assert cfg.rope_scaling["rope_type"] == "yarn" and cfg.rope_scaling["truncate"] is False
     assert (cfg.swiglu_limit, cfg.balance_coef, cfg.z_coef) == (1.2, 0.0, 0.0)
     model = load_pretrained(D)
-    assert [m.mixer.window for m in model.layers] == [4, None]
+    assert [m.mixer.spec.mask.window for m in model.layers] == [4, None]
     assert all(np.abs(m.mixer.sinks.data).max() > 0.1 for m in model.layers)
 
 

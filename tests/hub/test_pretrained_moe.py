@@ -67,8 +67,9 @@ def test_deepseek_v3_layers():
     assert model.layers[0].ffn.W1.data.shape == (16, 24)
     moe = model.layers[1].ffn
     assert moe.w1.data.shape == (8, 16, 8) and moe.shared_w1.data.shape == (16, 8)
-    assert moe.routing == dict(n_group=4, topk_group=2, norm_topk_prob=True,
-                               routed_scaling_factor=2.5)
+    r = moe.spec.router
+    assert (r.n_group, r.topk_group, r.norm_topk_prob, r.routed_scaling_factor) == (4, 2, True,
+                                                                                   2.5)
     assert model.layers[0].mixer.wq_a.data.shape == (16, 12)
     plain = load_pretrained(HF / "deepseek_v3_plain")
     assert plain.layers[0].mixer.wq.data.shape == (16, 4 * 8)

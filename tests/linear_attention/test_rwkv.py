@@ -8,9 +8,10 @@ import pytest
 
 from grads.check import check
 from scratchllm.linear_attention import (
-    rwkv4_channel_mix_backward, rwkv4_channel_mix_forward, rwkv4_channel_mix_step,
-    rwkv4_time_mix_backward, rwkv4_time_mix_forward, rwkv4_time_mix_step, rwkv4_wkv_backward,
-    rwkv4_wkv_forward, rwkv4_wkv_recurrent, rwkv4_wkv_recurrent_ref)
+    ChannelMixWeights, TimeMixWeights, rwkv4_channel_mix_backward, rwkv4_channel_mix_forward,
+    rwkv4_channel_mix_step, rwkv4_time_mix_backward, rwkv4_time_mix_forward,
+    rwkv4_time_mix_step, rwkv4_wkv_backward, rwkv4_wkv_forward, rwkv4_wkv_recurrent,
+    rwkv4_wkv_recurrent_ref)
 from scratchllm.linear_attention.rwkv_scan import (rwkv4_wkv_scan_backward,
                                                    rwkv4_wkv_scan_backward_ref,
                                                    rwkv4_wkv_scan_forward,
@@ -96,13 +97,15 @@ def test_float32_huge_keys_stay_finite():
 
 
 def block_inputs(rng, D=5, F=7):
-    return dict(time=dict(mix_k=rng.uniform(0, 1, D), mix_v=rng.uniform(0, 1, D),
-                          mix_r=rng.uniform(0, 1, D), time_decay=rng.normal(-1, 0.5, D),
-                          time_first=rng.standard_normal(D),
-                          **{n: rng.normal(0, 0.5, (D, D)) for n in ("Wk", "Wv", "Wr", "Wo")}),
-                channel=dict(mix_k=rng.uniform(0, 1, D), mix_r=rng.uniform(0, 1, D),
-                             Wk=rng.normal(0, 0.5, (D, F)), Wr=rng.normal(0, 0.5, (D, D)),
-                             Wv=rng.normal(0, 0.5, (F, D))))
+    return dict(time=TimeMixWeights(
+                    mix_k=rng.uniform(0, 1, D), mix_v=rng.uniform(0, 1, D),
+                    mix_r=rng.uniform(0, 1, D), time_decay=rng.normal(-1, 0.5, D),
+                    time_first=rng.standard_normal(D),
+                    **{n: rng.normal(0, 0.5, (D, D)) for n in ("Wk", "Wv", "Wr", "Wo")}),
+                channel=ChannelMixWeights(
+                    mix_k=rng.uniform(0, 1, D), mix_r=rng.uniform(0, 1, D),
+                    Wk=rng.normal(0, 0.5, (D, F)), Wr=rng.normal(0, 0.5, (D, D)),
+                    Wv=rng.normal(0, 0.5, (F, D))))
 
 
 @pytest.mark.parametrize("block", ["time", "channel"])
@@ -111,22 +114,22 @@ def test_block_backwards(block):
     p = block_inputs(rng)[block]
     pair = {"time": (rwkv4_time_mix_forward, rwkv4_time_mix_backward),
             "channel": (rwkv4_channel_mix_forward, rwkv4_channel_mix_backward)}[block]
-    report = check(*pair, rng=rng, x=rng.standard_normal((2, 6, 5)), **p)
+    report = check(*pair, rng=rng, x=rng.standard_normal((2, 6, 5)), w=p)
     assert report.ok, report
-    assert {r.input for r in report.rows} == {"x"} | set(p)
+    assert {r.input for r in report.rows} == {"x"} | {f"w.{n}" for n in p._fields}
 
 
 def test_block_decoding_equals_the_full_forward():
     rng = np.random.default_rng(4)
     p = block_inputs(rng)
     x = rng.standard_normal((2, 9, 5))
-    full_t = rwkv4_time_mix_forward(x, **p["time"])[0]
-    full_c = rwkv4_channel_mix_forward(x, **p["channel"])[0]
+    full_t = rwkv4_time_mix_forward(x, p["time"])[0]
+    full_c = rwkv4_channel_mix_forward(x, p["channel"])[0]
     st, sc, outs_t, outs_c = (None, None), None, [], []
     for t in range(x.shape[1]):
-        o, st = rwkv4_time_mix_step(x[:, t], st, **p["time"])
+        o, st = rwkv4_time_mix_step(x[:, t], st, p["time"])
         outs_t.append(o)
-        o, sc = rwkv4_channel_mix_step(x[:, t], sc, **p["channel"])
+        o, sc = rwkv4_channel_mix_step(x[:, t], sc, p["channel"])
         outs_c.append(o)
     assert rel(np.stack(outs_t, 1), full_t) < 1e-12 and rel(np.stack(outs_c, 1), full_c) < 1e-12
 

@@ -1,4 +1,4 @@
-"""The LM with issue 14's attention options (positions = rope | alibi | sinusoidal | nope,
+"""The LM with its attention options (positions = rope | alibi | sinusoidal | nope,
 attn_impl = sdpa | flash): whole-model gradients, decoding == full forward, flash == sdpa."""
 import numpy as np
 import pytest

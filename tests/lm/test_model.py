@@ -34,11 +34,11 @@ def test_loss_includes_weighted_aux_terms():
     model = LM(cfg, rng=rng, dtype=np.float64)
     ids = rng.integers(0, V, (2, 5))
     loss, cache = model.loss(ids, ids)
-    moe = [c.ffn.inner for c in cache.lm.blocks]  # each layer's unweighted aux and z
-    expected = cache.ce + sum(0.5 * m.aux + 0.25 * m.z for m in moe)
+    moe = [c.ffn.inner.losses for c in cache.lm.blocks]  # each layer's unweighted aux and z
+    expected = cache.ce + sum(0.5 * a + 0.25 * z for a, z in moe)
     assert len(cache.lm.aux) == cfg.n_layers
-    assert [dict(terms) for terms in cache.lm.aux] == [{"balance": 0.5 * m.aux, "z": 0.25 * m.z}
-                                                       for m in moe]
+    assert [dict(terms) for terms in cache.lm.aux] == [{"balance": 0.5 * a, "z": 0.25 * z}
+                                                       for a, z in moe]
     assert float(loss) == pytest.approx(expected, rel=1e-12)
     assert cache.aux > 0
 

@@ -6,9 +6,15 @@ import pytest
 
 from grads.cases import CASES
 from grads.check import check
-from scratchllm.moe import (MoE, clamped_experts_forward, clamped_swiglu_backward,
+from scratchllm.moe import (MoE, MoEWeights, clamped_experts_forward, clamped_swiglu_backward,
                             clamped_swiglu_forward, dispatch, moe_backward, moe_forward,
                             moe_forward_ref)
+from scratchllm.specs import ExpertsSpec, MoESpec, RouterSpec
+
+
+def gpt_oss_spec(E, k, F, alpha=1.702, limit=7.0):
+    """gpt-oss's MoE layer: a router with a logit bias, clamped experts of width F."""
+    return MoESpec(RouterSpec(E, k, bias=True), ExpertsSpec("clamped", F, alpha, limit))
 
 
 @pytest.mark.parametrize("name", ["clamped_swiglu", "clamped_experts"])
@@ -120,33 +126,33 @@ def test_moe_layer_equals_gpt_oss_mlp():
     top = np.take_along_axis(logits, idx, axis=-1)
     scores = np.exp(top) / np.exp(top).sum(axis=1, keepdims=True)
     want = hf_gpt_oss_experts(x, idx, scores, *w.values(), alpha=1.702, limit=7.0)
-    (y, _, _), _ = moe_forward(x, weight.T.copy(), b_router=bias, k=k, **w)
+    weights = MoEWeights(weight.T.copy(), bias, **w)
+    (y, _, _), _ = moe_forward(x, weights, spec=gpt_oss_spec(E, k, F))
     np.testing.assert_allclose(y, want, rtol=1e-13, atol=1e-13)
-    (y_ref, _, _), _ = moe_forward_ref(x, weight.T.copy(), b_router=bias, k=k, **w)
+    (y_ref, _, _), _ = moe_forward_ref(x, weights, spec=gpt_oss_spec(E, k, F))
     np.testing.assert_allclose(y_ref, want, rtol=1e-13, atol=1e-13)
-    (y_lim, _, _), _ = moe_forward(x, weight.T.copy(), b_router=bias, k=k, **w,
-                                   swiglu_limit=3.0, swiglu_alpha=1.0)
+    (y_lim, _, _), _ = moe_forward(x, weights, spec=gpt_oss_spec(E, k, F, alpha=1.0, limit=3.0))
     want_lim = hf_gpt_oss_experts(x, idx, scores, *w.values(), alpha=1.0, limit=3.0)
     np.testing.assert_allclose(y_lim, want_lim, rtol=1e-13, atol=1e-13)
 
 
 def test_module_with_clamped_experts():
     rng = np.random.default_rng(6)
-    m = MoE(6, 4, 5, 2, experts="clamped", router_bias=True, swiglu_limit=3.0, rng=rng,
-            dtype=np.float64)
+    spec = gpt_oss_spec(5, 2, 4, limit=3.0)
+    m = MoE(6, spec, rng=rng, dtype=np.float64)
     names = [n for n, _ in m.named_parameters()]
     assert names == ["w_router", "b_router", "gate_up", "gate_up_b", "down", "down_b"]
     assert m.gate_up.data.shape == (5, 6, 8) and np.all(m.down_b.data == 0)
     x = rng.standard_normal((2, 3, 6))
     out, cache = m.forward(x)
-    want, _ = moe_forward(x, **{n: p.data for n, p in m.named_parameters()}, k=2,
-                          selection_bias=m.selection_bias, swiglu_alpha=1.702, swiglu_limit=3.0)
+    want, _ = moe_forward(x, MoEWeights(**{n: p.data for n, p in m.named_parameters()}),
+                          spec=spec, selection_bias=m.selection_bias)
     np.testing.assert_array_equal(out.y, want.y)
     dy = rng.standard_normal(x.shape)
     m.backward((dy, None, None), cache)
     grads = moe_backward((dy, None, None), cache)
     for name, p in m.named_parameters():
-        np.testing.assert_array_equal(p.grad, grads[name])
+        np.testing.assert_array_equal(p.grad, getattr(grads["w"], name))
 
 
 def test_moe_expert_sets_are_checked():
@@ -154,13 +160,19 @@ def test_moe_expert_sets_are_checked():
     x, w_router = rng.standard_normal((4, 6)), rng.standard_normal((6, 5))
     w = dict(gate_up=rng.standard_normal((5, 6, 8)), gate_up_b=rng.standard_normal((5, 8)),
              down=rng.standard_normal((5, 4, 6)), down_b=rng.standard_normal((5, 6)))
-    with pytest.raises(ValueError, match=r"moe: the experts must be w1, w3, w2 .* got "
-                                         r"\['w1', 'gate_up', 'gate_up_b', 'down', 'down_b'\]"):
-        moe_forward(x, w_router, rng.standard_normal((5, 6, 4)), k=2, **w)
+    weights = MoEWeights(w_router, rng.standard_normal(5), **w)
+    with pytest.raises(ValueError, match=r"moe: spec.experts.kind 'clamped' takes the experts "
+                                         r"\['gate_up', 'gate_up_b', 'down', 'down_b'\], got w "
+                                         r"with \['w1', 'gate_up', 'gate_up_b', 'down', "
+                                         r"'down_b'\]"):
+        moe_forward(x, weights._replace(w1=rng.standard_normal((5, 6, 4))),
+                    spec=gpt_oss_spec(5, 2, 4))
     with pytest.raises(ValueError, match=r"moe: down has shape \(5, 3, 6\), expected"):
-        moe_forward(x, w_router, k=2, **{**w, "down": w["down"][:, :3]})
+        moe_forward(x, weights._replace(down=w["down"][:, :3]), spec=gpt_oss_spec(5, 2, 4))
     swiglu = [rng.standard_normal(s) for s in ((5, 6, 4), (5, 6, 4), (5, 4, 6))]
-    with pytest.raises(ValueError, match="moe: swiglu_alpha and swiglu_limit apply to gpt-oss"):
-        moe_forward(x, w_router, *swiglu, k=2, swiglu_limit=7.0)
-    with pytest.raises(ValueError, match="MoE: experts must be 'swiglu' or 'clamped'"):
-        MoE(6, 4, 5, 2, experts="relu", rng=rng)
+    with pytest.raises(ValueError, match=r"moe: spec.experts.kind 'clamped' takes the experts "
+                                         r".* got w with \['w1', 'w3', 'w2'\]"):
+        moe_forward(x, MoEWeights(w_router, weights.b_router, *swiglu),
+                    spec=gpt_oss_spec(5, 2, 4))
+    with pytest.raises(ValueError, match="ExpertsSpec: kind must be one of"):
+        ExpertsSpec("relu")

@@ -7,10 +7,12 @@ import pytest
 
 from grads.check import check
 from scratchllm.core import ops
-from scratchllm.moe import (MoE, balance_loss_backward, balance_loss_forward, dispatch,
-                            expert_choice_backward, expert_choice_forward, moe_backward,
-                            moe_forward, moe_forward_ref, router_backward, router_forward,
-                            topk_margin, update_selection_bias, z_loss_backward, z_loss_forward)
+from scratchllm.moe import (MoE, MoEWeights, balance_loss_backward, balance_loss_forward,
+                            dispatch, expert_choice_backward, expert_choice_forward,
+                            moe_backward, moe_forward, moe_forward_ref, router_backward,
+                            router_forward, topk_margin, update_selection_bias, z_loss_backward,
+                            z_loss_forward)
+from scratchllm.specs import ExpertsSpec, MoESpec, RouterSpec
 
 H = 1e-5  # the checker's finite-difference step
 
@@ -20,7 +22,7 @@ def routed_inputs(rng, N, D, E, k, score="softmax", bias=False):
     while True:
         x, w = rng.standard_normal((N, D)), rng.standard_normal((D, E))
         b = 0.05 * rng.standard_normal(E) if bias else None
-        _, cache = router_forward(x, w, k=k, score=score, selection_bias=b)
+        _, cache = router_forward(x, w, spec=RouterSpec(E, k, score), selection_bias=b)
         if topk_margin(cache.score_cache.y + (0 if b is None else b), k).min() > 1e-3:
             return x, w, b
 
@@ -42,6 +44,11 @@ def experts(rng, E, D, F, dtype=np.float64):
             for n, s in (("w1", (E, D, F)), ("w3", (E, D, F)), ("w2", (E, F, D)))}
 
 
+def moe_spec(E, k, F, score="softmax", capacity_factor=None, d_shared=0):
+    """The MoESpec of a layer of E SwiGLU experts of width F, top-k."""
+    return MoESpec(RouterSpec(E, k, score), ExpertsSpec(d_ff=F), capacity_factor, d_shared)
+
+
 def shared(rng, D, Fs):
     return {"shared_w1": rng.standard_normal((D, Fs)), "shared_w3": rng.standard_normal((D, Fs)),
             "shared_w2": rng.standard_normal((Fs, D))}
@@ -52,7 +59,7 @@ def shared(rng, D, Fs):
 def test_router_gradients(score, bias):
     rng = np.random.default_rng(1)
     x, w, b = routed_inputs(rng, 7, 6, 5, 2, score, bias)
-    inputs = dict(x=x, w_router=w, k=2, score=score, selection_bias=b)
+    inputs = dict(x=x, w_router=w, spec=RouterSpec(5, 2, score), selection_bias=b)
     assert_selection_stable(lambda **kw: router_forward(**kw)[0][1], inputs, ["x", "w_router"])
     report = check(router_forward, router_backward, rng=rng, wrt=["x", "w_router"], **inputs)
     assert report.ok, f"\n{report}"
@@ -61,16 +68,17 @@ def test_router_gradients(score, bias):
 def test_router_gates_are_softmax_over_chosen_logits_and_bias_only_selects():
     rng = np.random.default_rng(2)
     x, w = rng.standard_normal((6, 4)), rng.standard_normal((4, 5))
-    (gates, idx, probs, logits), _ = router_forward(x, w, k=3)
+    spec = RouterSpec(5, 3)
+    (gates, idx, probs, logits), _ = router_forward(x, w, spec=spec)
     chosen = np.take_along_axis(x @ w, idx, axis=-1)
     assert np.allclose(gates, np.exp(chosen) / np.exp(chosen).sum(-1, keepdims=True))
     assert np.allclose(probs.sum(-1), 1) and np.allclose(logits, x @ w)
     bias = np.array([0.0, 0.0, 0.0, 0.0, 5.0])  # forces expert 4 into every top-k
-    (g_b, idx_b, _, _), _ = router_forward(x, w, k=3, selection_bias=bias)
+    (g_b, idx_b, _, _), _ = router_forward(x, w, spec=spec, selection_bias=bias)
     assert (idx_b == 4).any(axis=-1).all() and not (idx == 4).any(axis=-1).all()
     chosen_b = np.take_along_axis(x @ w, idx_b, axis=-1)  # gates from the scores, not the bias
     assert np.allclose(g_b, np.exp(chosen_b) / np.exp(chosen_b).sum(-1, keepdims=True))
-    (g_s, idx_s, p_s, _), _ = router_forward(x, w, k=3, score="sigmoid")
+    (g_s, idx_s, p_s, _), _ = router_forward(x, w, spec=RouterSpec(5, 3, "sigmoid"))
     sig = 1 / (1 + np.exp(-np.take_along_axis(x @ w, idx_s, axis=-1)))
     assert np.allclose(g_s, sig / sig.sum(-1, keepdims=True))
 
@@ -123,15 +131,16 @@ def test_moe_gradients(score, bias, c, with_shared):
     N, D, E, F, k = 11, 6, 4, 5, 2
     x, w, b = routed_inputs(rng, N, D, E, k, score, bias)
     sh = shared(rng, D, 3) if with_shared else {}
-    inputs = dict(x=x, w_router=w, k=k, capacity_factor=c, score=score, selection_bias=b,
-                  **experts(rng, E, D, F), **sh)
+    weights = MoEWeights(w, **experts(rng, E, D, F), **sh)
+    spec = moe_spec(E, k, F, score, c, 3 if with_shared else 0)
+    inputs = dict(x=x, w=weights, spec=spec, selection_bias=b)
     cache = moe_forward(**inputs)[1]
     if c is not None:
         assert cache.n_dropped > 0  # the check must cover dropped slots
-    assert_selection_stable(lambda **kw: moe_forward(**kw)[1].dispatch.slots, inputs,
-                            ["x", "w_router"])
-    report = check(moe_forward, moe_backward, rng=rng,
-                   wrt=["x", "w_router", "w1", "w3", "w2", *sh], **inputs)
+    assert_selection_stable(lambda x, w_router: moe_forward(
+        x, weights._replace(w_router=w_router), spec=spec, selection_bias=b)[1].dispatch.slots,
+        dict(x=x, w_router=w), ["x", "w_router"])
+    report = check(moe_forward, moe_backward, rng=rng, wrt=["x", "w"], **inputs)
     assert report.ok, f"\n{report}"
 
 
@@ -139,7 +148,7 @@ def test_moe_k_equals_E_is_the_dense_mixture():
     rng = np.random.default_rng(6)
     N, D, E, F = 8, 5, 4, 7
     x, w, ex = rng.standard_normal((2, 4, D)), rng.standard_normal((D, E)), experts(rng, E, D, F)
-    (y, _, _), _ = moe_forward(x, w, **ex, k=E)
+    (y, _, _), _ = moe_forward(x, MoEWeights(w, **ex), spec=moe_spec(E, E, F))
     p = np.exp(x @ w) / np.exp(x @ w).sum(-1, keepdims=True)  # (2, 4, E)
     dense = sum(p[..., i:i + 1] * ops.swiglu_forward(x, ex["w1"][i], ex["w3"][i], ex["w2"][i])[0]
                 for i in range(E))
@@ -153,10 +162,10 @@ def test_moe_matches_token_loop_reference(c, with_shared, score):
     N, D, E, F, k = 40, 6, 8, 5, 3
     x, w = rng.standard_normal((N, D)), rng.standard_normal((D, E))
     w[:, 0] += 1.0  # skew so that capacity bites
-    args = dict(k=k, capacity_factor=c, score=score, **experts(rng, E, D, F),
-                **(shared(rng, D, 4) if with_shared else {}))
-    (y, _, _), cache = moe_forward(x, w, **args)
-    (y_ref, _, _), _ = moe_forward_ref(x, w, **args)
+    weights = MoEWeights(w, **experts(rng, E, D, F), **(shared(rng, D, 4) if with_shared else {}))
+    spec = moe_spec(E, k, F, score, c, 4 if with_shared else 0)
+    (y, _, _), cache = moe_forward(x, weights, spec=spec)
+    (y_ref, _, _), _ = moe_forward_ref(x, weights, spec=spec)
     assert np.allclose(y, y_ref, rtol=1e-12, atol=1e-12)
     assert c is None or cache.n_dropped > 0
 
@@ -182,32 +191,41 @@ def test_float32_stays_float32():
     x, w = rng.standard_normal((N, D)).astype(np.float32), rng.standard_normal((D, E)).astype(
         np.float32)
     ex = experts(rng, E, D, F, np.float32)
-    out, cache = moe_forward(x, w, **ex, k=2, capacity_factor=1.0, score="sigmoid",
+    out, cache = moe_forward(x, MoEWeights(w, **ex), spec=moe_spec(E, 2, F, "sigmoid", 1.0),
                              selection_bias=np.zeros(E, np.float32))
     assert all(o.dtype == np.float32 for o in out)
     g = moe_backward((np.ones_like(x), np.float32(1), np.float32(1)), cache)
-    assert all(v.dtype == np.float32 for v in g.values())
+    assert g["x"].dtype == np.float32
+    assert all(v.dtype == np.float32 for v in g["w"] if v is not None)
 
 
 def test_bad_input_raises():
     rng = np.random.default_rng(10)
     D, E, F = 4, 3, 5
     x, w, ex = rng.standard_normal((6, D)), rng.standard_normal((D, E)), experts(rng, E, D, F)
-    with pytest.raises(ValueError, match="k must be"):
-        moe_forward(x, w, **ex, k=4)
+    weights, spec = MoEWeights(w, **ex), moe_spec(E, 2, F)
+    with pytest.raises(ValueError, match="top_k=4 must be <= n_experts=3"):
+        moe_spec(E, 4, F)
     for c in (0, -1.0):
         with pytest.raises(ValueError, match="capacity_factor"):
-            moe_forward(x, w, **ex, k=2, capacity_factor=c)
+            moe_spec(E, 2, F, capacity_factor=c)
     with pytest.raises(ValueError, match="w2"):
-        moe_forward(x, w, **{**ex, "w2": ex["w2"][:, :, :3]}, k=2)
+        moe_forward(x, weights._replace(w2=ex["w2"][:, :, :3]), spec=spec)
     with pytest.raises(ValueError, match="w1"):
-        moe_forward(x, rng.standard_normal((D, E + 1)), **ex, k=2)
+        moe_forward(x, weights._replace(w_router=rng.standard_normal((D, E + 1))), spec=spec)
     with pytest.raises(ValueError, match="w_router"):
-        moe_forward(x, rng.standard_normal((D + 1, E)), **ex, k=2)
+        moe_forward(x, weights._replace(w_router=rng.standard_normal((D + 1, E))), spec=spec)
     with pytest.raises(ValueError, match="shared"):
-        moe_forward(x, w, **ex, k=2, shared_w1=rng.standard_normal((D, 2)))
+        moe_forward(x, weights._replace(shared_w1=rng.standard_normal((D, 2))), spec=spec)
+    with pytest.raises(ValueError, match="shared"):
+        moe_forward(x, weights, spec=moe_spec(E, 2, F, d_shared=2))
+    with pytest.raises(ValueError, match=r"E = 3 experts of width F = 5, expected "
+                                         r"spec.router.n_experts = 4 and spec.experts.d_ff = 5"):
+        moe_forward(x, weights, spec=moe_spec(4, 2, F))
+    with pytest.raises(TypeError, match="moe: spec must be a MoESpec, got RouterSpec"):
+        moe_forward(x, weights, spec=RouterSpec(E, 2))
     with pytest.raises(ValueError, match="score"):
-        router_forward(x, w, k=1, score="relu")
+        RouterSpec(E, 1, "relu")
     with pytest.raises(ValueError, match="capacity_factor"):
         expert_choice_forward(x, w, **ex, capacity_factor=0)
 
@@ -224,8 +242,9 @@ def collapsed_router(N=512, D=16, E=8):
     return x, w
 
 
-def slot_shares(x, w, k, **kw):
-    (_, idx, _, _), cache = router_forward(x, w, k=k, **kw)
+def slot_shares(x, w, k, score="softmax", selection_bias=None):
+    spec = RouterSpec(w.shape[1], k, score)
+    (_, idx, _, _), cache = router_forward(x, w, spec=spec, selection_bias=selection_bias)
     return np.bincount(idx.ravel(), minlength=w.shape[1]) / idx.size, cache
 
 
@@ -234,7 +253,7 @@ def test_balance_loss_gradient_descent_cures_router_collapse():
     E, k = w.shape[1], 2
     assert slot_shares(x, w, k)[0].max() > 2 / E
     for _ in range(300):
-        (_, idx, probs, _), r_cache = router_forward(x, w, k=k)
+        (_, idx, probs, _), r_cache = router_forward(x, w, spec=RouterSpec(E, k))
         _, b_cache = balance_loss_forward(probs, idx)
         dprobs = balance_loss_backward(1.0, b_cache)["probs"]
         w = w - 1.0 * router_backward((None, None, dprobs, None), r_cache)["w_router"]
@@ -297,8 +316,7 @@ def test_expert_choice_matches_direct_sum():
 # ---------------------------------------------------------------------------- module
 def test_moe_module_calls_the_pair_and_keeps_the_bias_as_state():
     rng = np.random.default_rng(14)
-    layer = MoE(6, 5, 4, 2, capacity_factor=1.0, d_shared=3, score="sigmoid", rng=rng,
-                dtype=np.float64)
+    layer = MoE(6, moe_spec(4, 2, 5, "sigmoid", 1.0, 3), rng=rng, dtype=np.float64)
     names = [n for n, _ in layer.named_parameters()]
     assert names == ["w_router", "w1", "w3", "w2", "shared_w1", "shared_w3", "shared_w2"]
     x = rng.standard_normal((2, 5, 6))
@@ -307,9 +325,9 @@ def test_moe_module_calls_the_pair_and_keeps_the_bias_as_state():
     dx = layer.backward(dout, cache)
     layer.backward(dout, cache)  # grads accumulate
     g = moe_backward(dout, cache)
-    assert np.allclose(dx, g["x"]) and np.allclose(layer.w1.grad, 2 * g["w1"])
-    assert np.allclose(layer.shared_w2.grad, 2 * g["shared_w2"])
-    plain = MoE(6, 5, 4, 2, rng=rng)  # no shared experts, float32
+    assert np.allclose(dx, g["x"]) and np.allclose(layer.w1.grad, 2 * g["w"].w1)
+    assert np.allclose(layer.shared_w2.grad, 2 * g["w"].shared_w2)
+    plain = MoE(6, moe_spec(4, 2, 5), rng=rng)  # no shared experts, float32
     assert [n for n, _ in plain.named_parameters()] == ["w_router", "w1", "w3", "w2"]
     (y32, _, _), c32 = plain.forward(x.astype(np.float32))
     assert y32.dtype == np.float32 and plain.backward((y32, None, None), c32).shape == x.shape
@@ -318,3 +336,18 @@ def test_moe_module_calls_the_pair_and_keeps_the_bias_as_state():
     assert layer.selection_bias is shared_bias  # in place: data-parallel replicas share it
     assert np.abs(layer.selection_bias).max() == 0.01 and layer.n_params() == sum(
         p.data.size for p in layer.parameters())
+
+
+def test_moe_module_aux_losses_are_the_weighted_terms_and_aux_dout_their_gradient():
+    rng = np.random.default_rng(15)
+    spec = MoESpec(RouterSpec(4, 2), ExpertsSpec(d_ff=5), balance_coef=0.02, z_coef=0.003)
+    layer = MoE(6, spec, rng=rng, dtype=np.float64)
+    x = rng.standard_normal((2, 5, 6))
+    (y, aux, z), cache = layer.forward(x)
+    (name_b, balance), (name_z, zl) = layer.aux_losses(cache)
+    assert (name_b, name_z) == ("balance", "z")
+    assert balance == 0.02 * aux and zl == 0.003 * z
+    dy = rng.standard_normal(y.shape)
+    dout = layer.aux_dout(dy, 0.5)
+    assert dout.y is dy and dout.aux == 0.5 * 0.02 and dout.z == 0.5 * 0.003
+    assert dout.aux.dtype == np.float64

@@ -6,8 +6,9 @@ import pytest
 
 from grads.cases import CASES
 from scratchllm.core.ops import silu_forward
-from scratchllm.moe import (MoE, moe_backward, moe_forward, router_backward, router_forward,
-                            select_topk, selection_margin)
+from scratchllm.moe import (MoE, MoEWeights, moe_backward, moe_forward, router_backward,
+                            router_forward, select_topk, selection_margin)
+from scratchllm.specs import ExpertsSpec, MoESpec, RouterSpec
 
 
 @pytest.mark.parametrize("name", ["router_routing", "moe_routing"])
@@ -53,9 +54,10 @@ def test_group_limited_router_equals_deepseek_v3(n_group, topk_group, norm, rsf)
     N, D, E, k = 13, 6, 16, 4
     x, weight, bias = rng.standard_normal((N, D)), rng.standard_normal((E, D)), \
         0.1 * rng.standard_normal(E)
-    (gates, idx, _, logits), _ = router_forward(
-        x, weight.T.copy(), k=k, score="sigmoid", selection_bias=bias, n_group=n_group,
-        topk_group=topk_group, norm_topk_prob=norm, routed_scaling_factor=rsf)
+    spec = RouterSpec(E, k, "sigmoid", n_group=n_group, topk_group=topk_group,
+                      norm_topk_prob=norm, routed_scaling_factor=rsf)
+    (gates, idx, _, logits), _ = router_forward(x, weight.T.copy(), spec=spec,
+                                                selection_bias=bias)
     hf_logits, hf_w, hf_idx = hf_deepseek_v3_router(x, weight, bias, k, n_group, topk_group,
                                                     norm, rsf)
     np.testing.assert_allclose(logits, hf_logits, rtol=0, atol=1e-14)
@@ -89,7 +91,8 @@ def test_gpt_oss_router_equals_transformers():
     top = np.take_along_axis(router_logits, hf_idx, axis=-1)
     e = np.exp(top - top.max(axis=1, keepdims=True))
     hf_scores = e / e.sum(axis=1, keepdims=True)
-    (gates, idx, _, logits), _ = router_forward(x, weight.T.copy(), bias, k=k)
+    (gates, idx, _, logits), _ = router_forward(x, weight.T.copy(), bias,
+                                                spec=RouterSpec(E, k, bias=True))
     np.testing.assert_array_equal(idx, hf_idx)
     np.testing.assert_allclose(logits, router_logits, rtol=0, atol=1e-14)
     np.testing.assert_allclose(gates, hf_scores, rtol=1e-14)
@@ -98,14 +101,15 @@ def test_gpt_oss_router_equals_transformers():
 def test_logit_bias_gradient_is_the_row_sum():
     rng = np.random.default_rng(3)
     x, w, b = rng.standard_normal((9, 5)), rng.standard_normal((5, 6)), rng.standard_normal(6)
-    out, cache = router_forward(x, w, b, k=2)
+    out, cache = router_forward(x, w, b, spec=RouterSpec(6, 2, bias=True))
     dlogits = rng.standard_normal((9, 6))
     g = router_backward((rng.standard_normal((9, 2)), None, None, dlogits), cache)
     g0 = router_backward((np.zeros((9, 2)), None, None, dlogits), cache)
     np.testing.assert_allclose(g0["b_router"], dlogits.sum(axis=0), rtol=1e-14)
     assert set(g) == {"x", "w_router", "b_router"}
     assert set(router_backward((out.gates, None, None, None),
-                               router_forward(x, w, k=2)[1])) == {"x", "w_router"}
+                               router_forward(x, w, spec=RouterSpec(6, 2))[1])) == {
+        "x", "w_router"}
 
 
 def hf_deepseek_v3_moe(x, weight, bias, gate_up_proj, down_proj, shared, **routing):
@@ -133,46 +137,54 @@ def test_moe_layer_equals_deepseek_v3_moe():
         rng.standard_normal((D, Fs))
     routing = dict(n_group=4, topk_group=2, norm_topk_prob=True, rsf=2.5)
     want = hf_deepseek_v3_moe(x, weight, bias, gate_up, down, shared, top_k=k, **routing)
-    (y, _, _), _ = moe_forward(
-        x, weight.T.copy(), gate_up[:, :F].transpose(0, 2, 1).copy(),
-        gate_up[:, F:].transpose(0, 2, 1).copy(), down.transpose(0, 2, 1).copy(), k=k,
-        score="sigmoid", selection_bias=bias, n_group=4, topk_group=2,
-        routed_scaling_factor=2.5, shared_w1=shared[0].T.copy(), shared_w3=shared[1].T.copy(),
-        shared_w2=shared[2].T.copy())
+    w = MoEWeights(weight.T.copy(), None, gate_up[:, :F].transpose(0, 2, 1).copy(),
+                   gate_up[:, F:].transpose(0, 2, 1).copy(), down.transpose(0, 2, 1).copy(),
+                   shared_w1=shared[0].T.copy(), shared_w3=shared[1].T.copy(),
+                   shared_w2=shared[2].T.copy())
+    spec = MoESpec(RouterSpec(E, k, "sigmoid", n_group=4, topk_group=2,
+                              routed_scaling_factor=2.5), ExpertsSpec(d_ff=F), d_shared=Fs)
+    (y, _, _), _ = moe_forward(x, w, spec=spec, selection_bias=bias)
     np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
 
 
 def test_module_owns_the_logit_bias_and_passes_the_options():
     rng = np.random.default_rng(5)
-    m = MoE(6, 5, 8, 2, router_bias=True, n_group=4, topk_group=2, score="sigmoid",
-            routed_scaling_factor=2.0, rng=rng, dtype=np.float64)
+    spec = MoESpec(RouterSpec(8, 2, "sigmoid", bias=True, n_group=4, topk_group=2,
+                              routed_scaling_factor=2.0), ExpertsSpec(d_ff=5))
+    m = MoE(6, spec, rng=rng, dtype=np.float64)
     assert [n for n, _ in m.named_parameters()][:2] == ["w_router", "b_router"]
     m.b_router.data[:] = rng.standard_normal(8)
     x = rng.standard_normal((2, 3, 6))
     out, cache = m.forward(x)
-    want, _ = moe_forward(x, **{n: p.data for n, p in m.named_parameters()}, k=2,
-                          score="sigmoid", selection_bias=m.selection_bias, n_group=4,
-                          topk_group=2, routed_scaling_factor=2.0)
+    want, _ = moe_forward(x, MoEWeights(**{n: p.data for n, p in m.named_parameters()}),
+                          spec=spec, selection_bias=m.selection_bias)
     np.testing.assert_array_equal(out.y, want.y)
     dy = rng.standard_normal(x.shape)
     m.backward((dy, None, None), cache)
     np.testing.assert_array_equal(m.b_router.grad,
-                                  moe_backward((dy, None, None), cache)["b_router"])
-    assert MoE(6, 5, 8, 2, rng=rng).b_router is None
+                                  moe_backward((dy, None, None), cache)["w"].b_router)
+    assert MoE(6, MoESpec(RouterSpec(8, 2), ExpertsSpec(d_ff=5)), rng=rng).b_router is None
 
 
 def test_bad_routing_options():
     rng = np.random.default_rng(6)
     x, w = rng.standard_normal((4, 5)), rng.standard_normal((5, 8))
-    with pytest.raises(ValueError, match=r"router: n_group must .* dividing E=8 .* got 3"):
-        router_forward(x, w, k=2, n_group=3)
-    with pytest.raises(ValueError, match=r"router: n_group .* groups of >= 2 experts, got 8"):
-        router_forward(x, w, k=2, n_group=8)
-    with pytest.raises(ValueError, match=r"router: topk_group must .* \[1, n_group=4\]"):
-        router_forward(x, w, k=2, n_group=4, topk_group=5)
-    with pytest.raises(ValueError, match=r"hold >= k=5 experts, got 2"):
-        router_forward(x, w, k=5, n_group=4, topk_group=2)
+    with pytest.raises(ValueError, match=r"RouterSpec: n_group=3 must divide n_experts=8"):
+        RouterSpec(8, 2, n_group=3)
+    with pytest.raises(ValueError, match=r"RouterSpec: n_group=8 .* groups of >= 2 experts"):
+        RouterSpec(8, 2, n_group=8)
+    with pytest.raises(ValueError, match=r"RouterSpec: topk_group=5 must be <= n_group=4"):
+        RouterSpec(8, 2, n_group=4, topk_group=5)
+    with pytest.raises(ValueError, match=r"its groups must hold >= top_k=5 experts"):
+        RouterSpec(8, 5, n_group=4, topk_group=2)
+    with pytest.raises(ValueError, match="RouterSpec: topk_group must be an integer >= 1"):
+        RouterSpec(8, 2, n_group=4, topk_group=0)
     with pytest.raises(ValueError, match=r"router: b_router has shape \(7,\), expected \(8,\)"):
-        router_forward(x, w, np.zeros(7), k=2)
-    with pytest.raises(ValueError, match="MoE: topk_group"):
-        MoE(6, 5, 8, 2, n_group=4, topk_group=0, rng=rng)
+        router_forward(x, w, np.zeros(7), spec=RouterSpec(8, 2, bias=True))
+    with pytest.raises(ValueError, match="router: b_router must be given exactly when spec.bias"):
+        router_forward(x, w, np.zeros(8), spec=RouterSpec(8, 2))
+    with pytest.raises(ValueError, match=r"router: w_router has shape \(5, 8\), expected "
+                                         r"\(5, 6\)"):
+        router_forward(x, w, spec=RouterSpec(6, 2))
+    with pytest.raises(TypeError, match="router: spec must be a RouterSpec, got MoESpec"):
+        router_forward(x, w, spec=MoESpec())

@@ -5,7 +5,6 @@ import pytest
 
 from scratchllm.cli import exercise as exercise_cli
 from scratchllm.teach.exercises import EXERCISES, check
-from scratchllm.teach.exercises import memory, moe
 
 
 def test_the_chapters_exercises_exist():
@@ -21,30 +20,30 @@ def test_the_solution_passes_every_check(number):
 
 
 def _gap_without_half(f, P):  # the identity with 1/E instead of 1/(2E)
-    return 2 * moe.balance_gap(f, P)
+    return 2 * EXERCISES[2].solution(f, P)
 
 
 def _gap_always_nonnegative(f, P):  # "the bound holds for every router"
-    return abs(moe.balance_gap(f, P))
+    return abs(EXERCISES[2].solution(f, P))
 
 
 def _ec_per_token_fraction(token_idx, probs):  # f_i = load_i / BT, as if tokens chose
-    load, _ = moe.expert_choice_balance(token_idx, probs)
+    load, _ = EXERCISES[3].solution(token_idx, probs)
     return load, float(probs.shape[1] * np.dot(load / probs.shape[0], probs.mean(axis=0)))
 
 
 def _ec_loads_from_tokens(token_idx, probs):  # counts tokens, not the experts' slots
     load = np.bincount(token_idx.ravel(), minlength=probs.shape[1])[:probs.shape[1]]
-    return load, moe.expert_choice_balance(token_idx, probs)[1]
+    return load, EXERCISES[3].solution(token_idx, probs)[1]
 
 
 def _kv_without_v(context, **sizes):  # caches K only
-    kv, chapter, full = memory.state_vs_cache(context, **sizes)
+    kv, chapter, full = EXERCISES[4].solution(context, **sizes)
     return kv // 2, chapter, full
 
 
 def _state_without_conv(context, *, mamba, **sizes):
-    kv, chapter, _ = memory.state_vs_cache(context, mamba=mamba, **sizes)
+    kv, chapter, _ = EXERCISES[4].solution(context, mamba=mamba, **sizes)
     Di = mamba.expand * sizes["d_model"]
     return kv, chapter, sizes["n_layers"] * Di * mamba.d_state * sizes["itemsize"]
 
@@ -56,7 +55,7 @@ def _pool_tile_order(w, n_heads, n_kv_heads):  # heads j, j + Hkv, ... pooled to
 
 
 def _pool_sum(w, n_heads, n_kv_heads):
-    return memory.mha_to_gqa(w, n_heads, n_kv_heads) * (n_heads // n_kv_heads)
+    return EXERCISES[5].solution(w, n_heads, n_kv_heads) * (n_heads // n_kv_heads)
 
 
 PLANTED = [  # (exercise, wrong answer, the checks it must fail)

@@ -1,5 +1,6 @@
-"""Sizing arithmetic against published numbers (papers and config.json files, copied here as
-literals) and against formulas written out independently of scratchllm/teach/sizing.py."""
+"""Sizing arithmetic and the rules of thumb against published numbers (papers and config.json
+files, copied here as literals) and against formulas written out independently of
+scratchllm/teach/sizing.py and scratchllm/teach/rules.py."""
 from dataclasses import replace
 
 import pytest
@@ -7,7 +8,7 @@ import pytest
 from scratchllm.cli import size as size_cli
 from scratchllm.specs import AttentionSpec, MambaSpec, Mask, from_flat
 from scratchllm.teach import sizing as acc
-from scratchllm.teach import arch
+from scratchllm.teach import arch, rules
 from scratchllm.teach.arch import get, with_mixer
 from scratchllm.teach.sizing import kv_cache, parameters
 
@@ -174,9 +175,9 @@ def test_cli_list_and_unknown_name(capsys):
 # ---------------------------------------------------------------- the chapters' rules of thumb
 def test_gpt3_rule_beside_the_exact_count_and_its_pieces(capsys):
     gpt3 = get("gpt-3-175b")
-    assert acc.twelve_l_d2(gpt3) == 173_946_175_488
+    assert rules.twelve_l_d2(gpt3) == 173_946_175_488
     assert parameters(gpt3).total == 174_604_259_328
-    assert acc.block_pieces(gpt3) == [("attention", 4 * 12288 ** 2, 603_979_776),
+    assert rules.block_pieces(gpt3) == [("attention", 4 * 12288 ** 2, 603_979_776),
                                       ("mlp", 8 * 12288 ** 2, 1_207_959_552)]
     assert size_cli.main(["gpt-3-175b"]) == 0
     out = capsys.readouterr().out
@@ -186,28 +187,28 @@ def test_gpt3_rule_beside_the_exact_count_and_its_pieces(capsys):
 
 def test_flop_rules_2n_and_6n():
     a = get("llama-3-8b")
-    assert acc.flop_rules(a) == (2 * 8_030_261_248, 6 * 8_030_261_248)
-    assert acc.flop_rules(get("mixtral-8x7b")) == (2 * 12_879_925_248, 6 * 12_879_925_248)
+    assert rules.flop_rules(a) == (2 * 8_030_261_248, 6 * 8_030_261_248)
+    assert rules.flop_rules(get("mixtral-8x7b")) == (2 * 12_879_925_248, 6 * 12_879_925_248)
 
 
 def test_attention_overtakes_the_weight_matmuls_at_6d_or_12d():
     gpt3 = get("gpt-3-175b")
-    assert acc.attention_crossover(gpt3, "4n2d") == 6 * 12288
-    assert acc.attention_crossover(gpt3, "2Td") == 12 * 12288
+    assert rules.attention_crossover(gpt3, "4n2d") == 6 * 12288
+    assert rules.attention_crossover(gpt3, "2Td") == 12 * 12288
     # at that context the 2Td attention term of flops_per_token equals the blocks' 2·12·D²·L
     n = 12 * 12288
     attention_term = acc.flops_per_token(gpt3, n) - acc.flops_per_token(gpt3, 0)
     assert attention_term == 2 * 12 * 12288 ** 2 * 96
-    assert acc.attention_crossover(get("mamba-130m")) is None
+    assert rules.attention_crossover(get("mamba-130m")) is None
     with pytest.raises(ValueError, match="convention must be"):
-        acc.attention_crossover(gpt3, "6nd")
+        rules.attention_crossover(gpt3, "6nd")
 
 
 def test_mistral_v01_window_and_its_131k_receptive_field(capsys):
     v01, v02 = get("mistral-7b-v0.1"), get("mistral-7b")
     assert parameters(v01) == parameters(v02)
     assert (acc.sliding_window(v01), acc.sliding_window(v02)) == (4096, None)
-    assert acc.receptive_field(v01) == 32 * 4096 == 131_072 and acc.receptive_field(v02) == 0
+    assert rules.receptive_field(v01) == 32 * 4096 == 131_072 and rules.receptive_field(v02) == 0
     assert kv_cache(v01, context=32768).tokens == 4096
     n = 2 * (parameters(v01).total - 32000 * 4096)
     assert acc.flops_per_token(v01, 32768) == n + 2 * 32 * 4096 * 4096  # attends to W only
@@ -230,19 +231,19 @@ def test_mixtral_headline_figures():
 
 def test_mamba_state_chapter_and_full():
     mamba = with_mixer(get("llama-3-8b"), MambaSpec())        # D 4096, N 16, expand 2, conv 4
-    m = acc.mamba_state_numbers(mamba)
+    m = rules.mamba_state_numbers(mamba)
     assert m.chapter == 4096 * 16 == 65_536                    # the chapter's ~64k per layer
     assert m.full == 2 * 4096 * 16 + 3 * 2 * 4096 == 155_648   # expand and conv state
-    small = acc.mamba_state_numbers(get("mamba-130m"))
+    small = rules.mamba_state_numbers(get("mamba-130m"))
     assert small == (768 * 16, 1536 * (16 + 3))
 
 
 def test_kv_against_state_at_1k_32k_1m():
-    rows = acc.cache_at(get("llama-3-8b"))
+    rows = rules.cache_at(get("llama-3-8b"))
     assert rows == [(1024, 1024 * 128 * KiB, 0), (32768, 32768 * 128 * KiB, 0),
                     (1048576, 1048576 * 128 * KiB, 0)]
     state = 24 * 1536 * 19 * 2
-    assert acc.cache_at(get("mamba-130m")) == [(T, 0, state) for T in (1024, 32768, 1048576)]
+    assert rules.cache_at(get("mamba-130m")) == [(T, 0, state) for T in (1024, 32768, 1048576)]
 
 
 def test_explain_prints_the_formula_under_each_line(capsys):

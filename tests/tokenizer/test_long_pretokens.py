@@ -28,7 +28,7 @@ def test_a_long_pretoken_gives_the_ids_of_the_rescanning_merge(gpt2, seed):
 
 
 def test_a_400k_character_pretoken_encodes_and_round_trips():
-    """The issue's case: 64k characters took 2.8 s, 4x per doubling; 400k would take minutes."""
+    """The reported case: 64k characters took 2.8 s, 4x per doubling; 400k would take minutes."""
     vocab = {b: bytes([b]) for b in range(256)}
     merges = [(b"a", b"b"), (b"ab", b"ab")]
     for a, b in merges:

@@ -1,5 +1,5 @@
 """What every family record shares: the Family record type, the errors for a config.json the
-library cannot read (fail) and for a config a family cannot express (refuse), RoPE's
+library cannot read (fail_config) and for a config a family cannot express (refuse), RoPE's
 config.json fields, and llama's tensor names, which most decoder families extend.
 
 A family reads a model config through its flat view (hub/registry.py's flat_of): the flat
@@ -25,7 +25,7 @@ class Family:
 
     model_type     config.json's model_type; a loaded LM's config keeps it as its name
     architecture   config.json's architectures entry (the transformers class)
-    from_hf(hf)    config.json dict -> {flat name: value}; ValueError (fail) naming a field
+    from_hf(hf)    config.json dict -> {flat name: value}; ValueError (fail_config) naming a field
                    whose value the library does not implement
     to_hf(f, dtype_name, base)  a config's flat view -> config.json dict, written over
                    `base` (the loaded config.json or None: token ids and the fields the
@@ -49,24 +49,25 @@ class Family:
     bare_prefix: str = ""
 
 
-def fail(msg):
+def fail_config(msg):
     """Raise the ValueError of a config.json the library cannot read; msg names the field."""
     raise ValueError(f"load_pretrained: config.json: {msg}")
 
 
 def require(hf, fields, family):
-    """fail unless config.json (hf) has every one of `fields`."""
+    """fail_config unless config.json (hf) has every one of `fields`."""
     missing = [k for k in fields if k not in hf]
     if missing:
-        fail(f"missing field(s) {missing} (model_type {family!r})")
+        fail_config(f"missing field(s) {missing} (model_type {family!r})")
 
 
 def only(hf, fixed, family):
-    """fail for a field of config.json whose value is not the one the library implements
+    """fail_config for a field of config.json whose value is not the one the library implements
     (fixed: {field: that value}; an absent field has that value)."""
     for field, value in fixed.items():
         if hf.get(field, value) != value:
-            fail(f"{field} = {hf[field]!r} is not implemented for {family} (only {value!r})")
+            fail_config(f"{field} = {hf[field]!r} is not implemented for {family} "
+                        f"(only {value!r})")
 
 
 def differences(f, needs):
@@ -116,7 +117,7 @@ def rope_of(hf):
         params = dict(params)
         theta = params.pop("rope_theta", hf.get("rope_theta", 10000.0))
     if params.pop("partial_rotary_factor", 1.0) != 1.0:
-        fail("partial_rotary_factor != 1 (a partial rotary dim) is not implemented")
+        fail_config("partial_rotary_factor != 1 (a partial rotary dim) is not implemented")
     rope_type = params.pop("rope_type", params.pop("type", "default"))
     if rope_type == "default":
         return float(theta), None

@@ -40,7 +40,7 @@ Glossary: V vocabulary, D model width, H heads, Dh head dim, W window.
 from dataclasses import dataclass
 
 from scratchllm.hub.families.base import (DECODER_FIELDS, LAYER_NAMES, Family, decoder_entries,
-                                          differences, fail, head_dim, only, over, refuse,
+                                          differences, fail_config, head_dim, only, over, refuse,
                                           require, rope_of)
 
 _LLAMA_SHAPE = dict(  # the options every llama-shaped family has (the flat names)
@@ -78,8 +78,8 @@ class _LlamaShaped:
         only(hf, dict(hidden_act="silu", **self.fixed), self.model_type)
         layer_types = hf.get("layer_types") or []
         if not self.windowed and any(t != "full_attention" for t in layer_types):
-            fail(f"layer_types {layer_types} has sliding layers; only full_attention is "
-                 f"implemented for {self.model_type}")
+            fail_config(f"layer_types {layer_types} has sliding layers; only full_attention "
+                        f"is implemented for {self.model_type}")
         theta, scaling = rope_of(hf)
         H, D = hf["num_attention_heads"], hf["hidden_size"]
         return dict(
@@ -169,8 +169,8 @@ def _gemma3_rope(hf):
         local, local_scaling = rope_of({**hf, "rope_parameters": per_type.get(
             "sliding_attention") or {"rope_theta": 10000.0}})
         if local_scaling is not None:
-            fail("rope_parameters['sliding_attention'] with a rope_type other than default "
-                 "is not implemented")
+            fail_config("rope_parameters['sliding_attention'] with a rope_type other than "
+                        "default is not implemented")
         return theta, scaling, local
     theta, scaling = rope_of({**hf, "rope_theta": hf.get("rope_theta", 1e6)})
     return theta, scaling, float(hf.get("rope_local_base_freq", 10000.0))

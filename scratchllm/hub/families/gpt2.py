@@ -20,7 +20,8 @@ Checkpoints saved from GPT2Model (openai-community/gpt2) leave out "transformer.
 Reference: huggingface/transformers src/transformers/models/gpt2/configuration_gpt2.py (the
 defaults below). Glossary: V vocabulary, D model width.
 """
-from scratchllm.hub.families.base import Family, differences, fail, only, over, refuse, require
+from scratchllm.hub.families.base import (Family, differences, fail_config, only, over, refuse,
+                                          require)
 from scratchllm.hub.layout import Entry
 
 _GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}  # HF ACT2FN names
@@ -47,7 +48,7 @@ def _from_hf(hf):
     require(hf, ("vocab_size", "n_embd", "n_layer", "n_head"), "gpt2")
     act = hf.get("activation_function", "gelu_new")
     if act not in _GELU:
-        fail(f"activation_function = {act!r} is not implemented (only {sorted(_GELU)})")
+        fail_config(f"activation_function = {act!r} is not implemented (only {sorted(_GELU)})")
     only(hf, _FIXED, "gpt2")
     D, H = hf["n_embd"], hf["n_head"]
     return dict(name="gpt2", vocab_size=hf["vocab_size"], d_model=D, n_layers=hf["n_layer"],

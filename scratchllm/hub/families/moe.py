@@ -57,8 +57,8 @@ Glossary: D model width, E experts, F expert width, H heads, dn / dr / dv the no
 value head dims, Dc kv_lora_rank, Dq q_lora_rank.
 """
 from scratchllm.hub.families.base import (DECODER_FIELDS, LAYER_NAMES, Family, decoder_entries,
-                                          differences, fail, head_dim, layer_kinds, only, over,
-                                          refuse, require, rope_of, rope_parameters)
+                                          differences, fail_config, head_dim, layer_kinds, only,
+                                          over, refuse, require, rope_of, rope_parameters)
 from scratchllm.hub.layout import Entry
 
 _MIXTRAL = dict(rms_norm_eps=1e-5, tie_word_embeddings=False, head_dim=None,
@@ -180,11 +180,11 @@ def _deepseek_from_hf(hf):
     hf = {**_DEEPSEEK, **hf}
     only(hf, dict(hidden_act="silu", attention_bias=False), "deepseek_v3")
     if hf["rms_norm_eps"] != _MLA_NORM_EPS:
-        fail(f"rms_norm_eps = {hf['rms_norm_eps']!r} is not implemented for deepseek_v3 (only "
-             f"{_MLA_NORM_EPS!r} for every RMSNorm: transformers' q_a_layernorm and "
-             f"kv_a_layernorm keep eps 1e-6 whatever rms_norm_eps is)")
+        fail_config(f"rms_norm_eps = {hf['rms_norm_eps']!r} is not implemented for deepseek_v3 "
+                    f"(only {_MLA_NORM_EPS!r} for every RMSNorm: transformers' q_a_layernorm "
+                    f"and kv_a_layernorm keep eps 1e-6 whatever rms_norm_eps is)")
     if not hf["n_shared_experts"]:
-        fail("n_shared_experts = 0 is not implemented for deepseek_v3 (only >= 1)")
+        fail_config("n_shared_experts = 0 is not implemented for deepseek_v3 (only >= 1)")
     return dict(
         _common(hf, "deepseek_v3"), attention="mla", n_kv_heads=hf["num_attention_heads"],
         q_lora_rank=hf["q_lora_rank"] or 0, kv_lora_rank=hf["kv_lora_rank"],

@@ -59,8 +59,8 @@ F expert width.
 import math
 from typing import NamedTuple
 
-from scratchllm.hub.families.base import (DECODER_FIELDS, Family, differences, fail, head_dim,
-                                          layer_kinds, only, over, refuse, require)
+from scratchllm.hub.families.base import (DECODER_FIELDS, Family, differences, fail_config,
+                                          head_dim, layer_kinds, only, over, refuse, require)
 from scratchllm.hub.layout import Entry
 
 _MAMBA = dict(layer_norm_epsilon=1e-5, state_size=16, conv_kernel=4, expand=2,
@@ -200,12 +200,12 @@ def _jamba_from_hf(hf):
     hf = {**_JAMBA, **hf}
     D, L, H = hf["hidden_size"], hf["num_hidden_layers"], hf["num_attention_heads"]
     if hf.get("head_dim", D // H) != D // H:
-        fail(f"head_dim = {hf['head_dim']!r} is not implemented for jamba (hidden_size / "
-             f"num_attention_heads = {D // H})")
+        fail_config(f"head_dim = {hf['head_dim']!r} is not implemented for jamba "
+                    f"(hidden_size / num_attention_heads = {D // H})")
     for period, offset in (("attn_layer_period", "attn_layer_offset"),
                            ("expert_layer_period", "expert_layer_offset")):
         if not 0 <= hf[offset] < hf[period]:
-            fail(f"{offset} = {hf[offset]!r} must be in [0, {period} = {hf[period]!r})")
+            fail_config(f"{offset} = {hf[offset]!r} must be in [0, {period} = {hf[period]!r})")
     P, o = hf["attn_layer_period"], hf["attn_layer_offset"]
     E = hf["num_experts"]
     moe = E > 1 and any(i % hf["expert_layer_period"] == hf["expert_layer_offset"]

@@ -2,6 +2,7 @@
 solution; `exercise(...)` registers one (the decorated function is its solution), `check` runs
 its checks with the drills' runner (each returns a detail string or raises AssertionError).
 """
+import ast
 from dataclasses import dataclass
 from typing import Callable
 
@@ -14,7 +15,7 @@ EXERCISES = {}
 
 @dataclass(frozen=True)
 class Exercise:
-    """`function` is what a learner writes (its signature and docstring: `template`);
+    """`function` names what a learner writes (its signature and docstring: `template`);
     `checks` as in a Drill; `solution` the checked answer; `proof` the worked solution."""
     number: int
     title: str
@@ -29,11 +30,13 @@ class Exercise:
 
 
 def exercise(number, title, notebook, statement, hint, proof, template, checks):
-    """Register an exercise; the decorated function is its checked solution."""
+    """Register an exercise; the decorated function is its checked solution, private (the
+    function the template defines may be a library name: that one is defined in the library)."""
     def register(solution):
+        function = ast.parse(_text(template)).body[0].name
         EXERCISES[number] = Exercise(number, title, notebook, _text(statement), _text(hint),
-                                     _text(proof), solution.__name__, _text(template),
-                                     tuple(checks), solution)
+                                     _text(proof), function, _text(template), tuple(checks),
+                                     solution)
         return solution
     return register
 

@@ -11,9 +11,9 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm import attention
-from scratchllm.specs import MambaSpec
+from scratchllm.specs import AttentionSpec, MambaSpec
 from scratchllm.ssm import Mamba
-from scratchllm.teach import arch, sizing
+from scratchllm.teach import arch, rules, sizing
 from scratchllm.teach.drills.bank import assert_close
 from scratchllm.teach.exercises.core import exercise, rng as _rng
 
@@ -32,9 +32,9 @@ LLAMA_3_8B = dict(d_model=4096, n_layers=32, n_kv_heads=8, head_dim=128,
 def _state_vs_sizing(fn):
     llama = arch.get("llama-3-8b")
     mamba = arch.with_mixer(llama, LLAMA_3_8B["mamba"])  # the same D and L, Mamba mixers
-    m = sizing.mamba_state_numbers(mamba)
+    m = rules.mamba_state_numbers(mamba)
     rows = []
-    for T in sizing.CONTEXTS:
+    for T in rules.CONTEXTS:
         got = StateVsCache(*fn(T, **LLAMA_3_8B))
         want = StateVsCache(sizing.kv_cache(llama, T).bytes, 32 * m.chapter * 2,
                             sizing.kv_cache(mamba, T).bytes)
@@ -51,8 +51,8 @@ def _state_vs_library(fn):
     rng, B, T = _rng(40), 1, 9
     sizes = dict(d_model=12, n_layers=1, n_kv_heads=1, head_dim=4,
                  mamba=MambaSpec(d_state=5, d_conv=3, expand=2), itemsize=8)
-    att = attention.Attention(12, 3, 1, rng=rng, dtype=np.float64)
-    mamba = Mamba(12, d_state=5, d_conv=3, expand=2, rng=rng, dtype=np.float64)
+    att = attention.Attention(12, AttentionSpec(3, 1), rng=rng, dtype=np.float64)
+    mamba = Mamba(12, MambaSpec(d_state=5, d_conv=3, expand=2), rng=rng, dtype=np.float64)
     kv_state, m_state = att.init_state(B, T), mamba.init_state(B, T)
     for t in range(T):  # decode T tokens: the cache fills, the state stays the same size
         x_t = rng.standard_normal((B, 12))
@@ -101,7 +101,7 @@ def _state_vs_library(fn):
     ("Llama-3-8B size at 1k / 32k / 1M equals scratchllm.teach.sizing", _state_vs_sizing),
     ("the library's KVState and MambaState hold those bytes", _state_vs_library),
 ])
-def state_vs_cache(context, *, d_model, n_layers, n_kv_heads, head_dim, mamba, itemsize):
+def _state_vs_cache(context, *, d_model, n_layers, n_kv_heads, head_dim, mamba, itemsize):
     Di, N = mamba.expand * d_model, mamba.d_state
     kv = context * n_layers * 2 * n_kv_heads * head_dim * itemsize
     return StateVsCache(kv, n_layers * d_model * N * itemsize,
@@ -118,6 +118,12 @@ def _heads(w, Dh):
     return w.reshape(w.shape[0], -1, Dh)  # (D, heads, Dh)
 
 
+def _gqa_forward(x, wq, wk, wv, wo, n_heads, n_kv_heads):
+    """y of scratchllm's gqa_forward without RoPE, head dim from wq (D, H·Dh)."""
+    spec = AttentionSpec(n_heads, n_kv_heads, head_dim=wq.shape[1] // n_heads, rope=None)
+    return attention.gqa_forward(x, attention.AttentionWeights(wq, wk, wv, wo), spec=spec)[0]
+
+
 def _pool_by_loop(fn):
     w, H, Hkv, Dh = _rng(50).standard_normal((10, 6 * 3)), 6, 2, 3
     G = H // Hkv
@@ -132,9 +138,8 @@ def _pool_lossless(fn):
     base_k, base_v = rng.standard_normal((10, Hkv, Dh)), rng.standard_normal((10, Hkv, Dh))
     # an MHA whose heads are equal within each group (head h = KV head h // G)
     wk, wv = (np.repeat(b, H // Hkv, axis=1).reshape(10, H * Dh) for b in (base_k, base_v))
-    mha = attention.gqa_forward(x, wq, wk, wv, wo, n_heads=H, n_kv_heads=H)[0]
-    gqa = attention.gqa_forward(x, wq, fn(wk, H, Hkv), fn(wv, H, Hkv), wo, n_heads=H,
-                                n_kv_heads=Hkv)[0]
+    mha = _gqa_forward(x, wq, wk, wv, wo, H, H)
+    gqa = _gqa_forward(x, wq, fn(wk, H, Hkv), fn(wv, H, Hkv), wo, H, Hkv)
     return assert_close(gqa, mha, tol=1e-12, what="GQA of the pooled weights vs the MHA")
 
 
@@ -143,8 +148,7 @@ def _repeat_not_tile(fn):
     G = H // Hkv
     x, wq, wo = _gqa_weights(rng)
     wk, wv = rng.standard_normal((10, H * Dh)), rng.standard_normal((10, H * Dh))
-    gqa = attention.gqa_forward(x, wq, fn(wk, H, Hkv), fn(wv, H, Hkv), wo, n_heads=H,
-                                n_kv_heads=Hkv)[0]
+    gqa = _gqa_forward(x, wq, fn(wk, H, Hkv), fn(wv, H, Hkv), wo, H, Hkv)
 
     def group_means(w):  # (D, Hkv, Dh), by a loop over the groups
         return np.stack([_heads(w, Dh)[:, j * G:(j + 1) * G].mean(axis=1)
@@ -152,7 +156,7 @@ def _repeat_not_tile(fn):
 
     def mha(expand):  # an MHA whose head h holds the mean of a group, expanded by `expand`
         wk_h, wv_h = (expand(group_means(w)).reshape(10, H * Dh) for w in (wk, wv))
-        return attention.gqa_forward(x, wq, wk_h, wv_h, wo, n_heads=H, n_kv_heads=H)[0]
+        return _gqa_forward(x, wq, wk_h, wv_h, wo, H, H)
 
     detail = assert_close(gqa, mha(lambda m: np.repeat(m, G, axis=1)), tol=1e-12,
                           what="GQA vs MHA with repeat_interleave-expanded group means")
@@ -193,7 +197,7 @@ def _repeat_not_tile(fn):
     ("lossless on an MHA whose group heads are equal (scratchllm gqa_forward)", _pool_lossless),
     ("GQA == MHA with repeat_interleave-expanded heads, not tiled ones", _repeat_not_tile),
 ])
-def mha_to_gqa(w, n_heads, n_kv_heads):
+def _mha_to_gqa(w, n_heads, n_kv_heads):
     D, HDh = w.shape
     Dh, G = HDh // n_heads, n_heads // n_kv_heads
     return w.reshape(D, n_kv_heads, G, Dh).mean(axis=2).reshape(D, n_kv_heads * Dh)

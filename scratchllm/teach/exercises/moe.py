@@ -12,6 +12,7 @@ import numpy as np
 
 from scratchllm import moe
 from scratchllm.core import ops
+from scratchllm.specs import ExpertsSpec, MoESpec, RouterSpec
 from scratchllm.teach.drills.bank import assert_close
 from scratchllm.teach.exercises.core import exercise, rng as _rng
 
@@ -130,7 +131,7 @@ def _gap_counterexample(fn):
     ("f = P: gap = Σ P_i² - 1/E ≥ 0, zero only at uniform", _gap_at_f_equals_p),
     ("a router below 1/E, and equality with f uniform", _gap_counterexample),
 ])
-def balance_gap(f, P):
+def _balance_gap(f, P):
     E = len(f)
     return float(np.sum(np.subtract.outer(f, f) * np.subtract.outer(P, P)) / (2 * E))
 
@@ -165,8 +166,10 @@ def _ec_random(fn):
 def _ec_collapsed(fn):
     rng = _rng(31)
     token_idx, probs, C, x, w_router = _expert_choice_run(rng, 16, 4, skew=20.0)
-    out, tc = moe.moe_forward(x, w_router, *(rng.standard_normal(s) for s in
-                              ((4, 6, 5), (4, 6, 5), (4, 5, 6))), k=1, capacity_factor=2.0)
+    w = moe.MoEWeights(w_router, None, *(rng.standard_normal(s) for s in
+                                         ((4, 6, 5), (4, 6, 5), (4, 5, 6))))
+    spec = MoESpec(RouterSpec(4, 1), ExpertsSpec(d_ff=5), capacity_factor=2.0)
+    out, tc = moe.moe_forward(x, w, spec=spec)
     C_tc = moe.capacity_of(16, 1, 4, 2.0)  # ceil(c·BT·K/E) = 8
     if not tc.tokens_per_expert.max() > C_tc or not float(out.aux) > 1.5:
         raise AssertionError("the collapsed router should overflow token choice")
@@ -205,7 +208,7 @@ def _ec_collapsed(fn):
     ("scratchllm.moe.expert_choice_forward: loads == C, loss == 1", _ec_random),
     ("a collapsed router: token choice overflows, expert choice does not", _ec_collapsed),
 ])
-def expert_choice_balance(token_idx, probs):
+def _expert_choice_balance(token_idx, probs):
     E = probs.shape[1]
     load = np.bincount(np.repeat(np.arange(E), token_idx.shape[1]), minlength=E)  # (E,)
     f = load / load.sum()  # (E,)

@@ -1,5 +1,6 @@
 """The drills: for each, the template a learner fills in, the checks it must pass, and the
-library's own implementation in the drill's signature (the solution the tests substitute).
+library's own implementation in the drill's signature (the solution the tests substitute),
+a private `_NAME` registered under the drill's name NAME (NAME itself is the library's).
 
 A drill's function takes plain inputs (not a library cache), so a learner can write it from
 the docstring alone. Checks differentiate the library's forward by finite differences

@@ -11,7 +11,8 @@ REGISTERED = {}  # name -> Drill, in the order the modules were imported
 
 
 def drill(name, minutes, source, template, checks):
-    """Register a drill; the decorated function is its solution."""
+    """Register the drill `name`; the decorated function is its solution. A solution is
+    private (`_name`): `name` is the library's own function, defined once, in the library."""
     def register(solution):
         body = textwrap.dedent(template).strip("\n") + "\n    raise NotImplementedError\n"
         REGISTERED[name] = Drill(name, minutes, source, "import numpy as np\n\n\n" + body,

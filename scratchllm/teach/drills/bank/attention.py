@@ -6,6 +6,7 @@ import numpy as np
 
 from scratchllm import attention
 from scratchllm.attention import rope
+from scratchllm.specs import AttentionSpec, Mask
 from scratchllm.teach.drills.bank._common import (assert_close, causal_check, drill,
                                                   gradient_check, seeded_rng)
 
@@ -21,6 +22,11 @@ def _sdpa_inputs(masked_row=False):
                 v=r.standard_normal((2, 3, 5, 4)), mask=mask, scale=0.5)
 
 
+def _sdpa_forward(q, k, v, mask, scale):
+    """The library's sdpa_forward with the drill's boolean mask."""
+    return attention.sdpa_forward(q, k, v, Mask(array=mask), scale)
+
+
 @drill("sdpa_backward", 15, "scratchllm/attention/sdpa.py", '''
     def sdpa_backward(dout, q, k, v, mask, scale):
         """Backward of out = softmax(q k^T * scale, masked) v.
@@ -32,11 +38,11 @@ def _sdpa_inputs(masked_row=False):
         """
 ''', [
     ("gradient check, causal mask", lambda fn: gradient_check(
-        attention.sdpa_forward, lambda d, kw: fn(d, **kw), ["q", "k", "v"], **_sdpa_inputs())),
+        _sdpa_forward, lambda d, kw: fn(d, **kw), ["q", "k", "v"], **_sdpa_inputs())),
     ("fully masked row: finite, zero gradient for its query", lambda fn: _sdpa_masked_row(fn)),
 ])
-def sdpa_backward(dout, q, k, v, mask, scale):
-    g = attention.sdpa_backward(dout, attention.sdpa_forward(q, k, v, mask, scale)[1])
+def _sdpa_backward(dout, q, k, v, mask, scale):
+    g = attention.sdpa_backward(dout, _sdpa_forward(q, k, v, mask, scale)[1])
     return g["q"], g["k"], g["v"]
 
 
@@ -47,8 +53,7 @@ def _sdpa_masked_row(fn):
         raise AssertionError("gradients contain NaN or inf")
     if np.abs(dq[:, :, 2]).max() != 0:
         raise AssertionError("dq of the fully masked query row must be exactly 0")
-    return gradient_check(attention.sdpa_forward, lambda d, kw: fn(d, **kw), ["q", "k", "v"],
-                          **inp)
+    return gradient_check(_sdpa_forward, lambda d, kw: fn(d, **kw), ["q", "k", "v"], **inp)
 
 
 # ---------------------------------------------------------------------------- rope
@@ -56,6 +61,11 @@ def _rope_inputs():
     inv_freq, _ = rope.rope_frequencies(6)
     return dict(x=seeded_rng(6).standard_normal((2, 5, 6)), positions=np.array([0, 1, 2, 7, 9]),
                 inv_freq=inv_freq)
+
+
+def _rope_forward(x, positions, inv_freq):
+    """The library's rope_forward, "half" pairing, for the drill's arguments."""
+    return rope.rope_forward(x, rope.Rope(inv_freq, "half", 1.0, positions))
 
 
 @drill("rope_backward", 10, "scratchllm/attention/rope.py", '''
@@ -69,12 +79,12 @@ def _rope_inputs():
         """
 ''', [
     ("gradient check", lambda fn: gradient_check(
-        rope.rope_forward, lambda d, kw: fn(d, kw["positions"], kw["inv_freq"]), ["x"],
+        _rope_forward, lambda d, kw: fn(d, kw["positions"], kw["inv_freq"]), ["x"],
         **_rope_inputs())),
     ("norm preserved: |dx| == |dy| per position", lambda fn: _rope_norm(fn)),
 ])
-def rope_backward(dy, positions, inv_freq):
-    cache = rope.rope_forward(np.zeros_like(dy), positions, inv_freq)[1]
+def _rope_backward(dy, positions, inv_freq):
+    cache = _rope_forward(np.zeros_like(dy), positions, inv_freq)[1]
     return rope.rope_backward(dy, cache)["x"]
 
 
@@ -109,13 +119,14 @@ def _gqa_inputs(n_heads=6, n_kv_heads=2):
      + "; " + _gqa_vs_library(fn, 6)),
     ("causal: a future token changes no earlier output", lambda fn: _gqa_causal(fn)),
 ])
-def gqa_forward(x, wq, wk, wv, wo, n_heads, n_kv_heads):
-    return attention.gqa_forward(x, wq, wk, wv, wo, n_heads=n_heads, n_kv_heads=n_kv_heads)[0]
+def _gqa_forward(x, wq, wk, wv, wo, n_heads, n_kv_heads):
+    spec = AttentionSpec(n_heads, n_kv_heads, head_dim=wq.shape[1] // n_heads, rope=None)
+    return attention.gqa_forward(x, attention.AttentionWeights(wq, wk, wv, wo), spec=spec)[0]
 
 
 def _gqa_vs_library(fn, n_kv_heads):
     inp = _gqa_inputs(n_kv_heads=n_kv_heads)
-    return assert_close(fn(**inp), gqa_forward(**inp), what=f"y (Hkv={n_kv_heads})")
+    return assert_close(fn(**inp), _gqa_forward(**inp), what=f"y (Hkv={n_kv_heads})")
 
 
 def _gqa_causal(fn):
@@ -134,7 +145,7 @@ def _gqa_causal(fn):
      lambda fn: _mask_vs_library(fn)),
     ("a bool array; window >= T is the causal mask", lambda fn: _mask_properties(fn)),
 ])
-def sliding_window_mask(T, window):
+def _sliding_window_mask(T, window):
     return attention.sliding_window_mask(T, window)
 
 
@@ -168,7 +179,7 @@ def _mask_properties(fn):
     ("and for H = 4, T = 3", lambda fn: assert_close(
         fn(4, 3), attention.alibi_bias(attention.alibi_slopes(4), 3, 3), what="bias (H=4)")),
 ])
-def alibi_bias(n_heads, T):
+def _alibi_bias(n_heads, T):
     return attention.alibi_bias(attention.alibi_slopes(n_heads), T, T)
 
 
@@ -193,15 +204,15 @@ def _flash_inputs(T=13):
     ("lse is the row logsumexp of the masked scores", lambda fn: _flash_lse(fn)),
     ("peak memory at T = 1024 far below the T x T matrix", lambda fn: _flash_memory(fn)),
 ])
-def flash_attention_forward(q, k, v, block):
-    out, cache = attention.flash_sdpa_forward(q[None], k[None], v[None], causal=True,
-                                              block_q=block, block_k=block)
+def _flash_attention_forward(q, k, v, block):
+    out, cache = attention.flash_sdpa_forward(q[None], k[None], v[None], mask=Mask(),
+                                              block=block)
     return out[0], cache.lse[0, :, :, 0]
 
 
 def _flash_vs_sdpa(fn):
     q, k, v = _flash_inputs()
-    want = attention.sdpa_forward(q[None], k[None], v[None], attention.causal_mask(13))[0][0]
+    want = attention.sdpa_forward(q[None], k[None], v[None], Mask())[0][0]
     for block in (4, 5):
         assert_close(fn(q, k, v, block)[0], want, what=f"out (block {block})")
     return "blocks 4, 5 equal"

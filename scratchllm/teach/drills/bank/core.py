@@ -22,7 +22,7 @@ def _rmsnorm_inputs():
         ops.rmsnorm_forward, lambda d, kw: fn(d, **kw), ["x", "g"], **_rmsnorm_inputs())),
     ("equals scratchllm.core.ops.rmsnorm_backward", lambda fn: _rmsnorm_vs_library(fn)),
 ])
-def rmsnorm_backward(dy, x, g, eps=1e-5):
+def _rmsnorm_backward(dy, x, g, eps=1e-5):
     grads_ = ops.rmsnorm_backward(dy, ops.rmsnorm_forward(x, g, eps)[1])
     return grads_["x"], grads_["g"]
 

@@ -24,7 +24,7 @@ def _la_inputs():
     ("equals scratchllm.linear_attention (parallel form)", lambda fn: _la_vs_library(fn)),
     ("equals the masked quadratic formula", lambda fn: _la_quadratic(fn)),
 ])
-def linear_attention_recurrent(q, k, v):
+def _linear_attention_recurrent(q, k, v):
     o, _ = linear_attention.linear_attention_forward(q[None, None], k[None, None], v[None, None],
                                                      form="recurrent")
     return o[0, 0]
@@ -64,7 +64,7 @@ def _delta_inputs(T=7):
     ("T steps equal scratchllm.linear_attention.delta_rule_forward", lambda fn: _delta_seq(fn)),
     ("a unit key written with beta = 1 reads back its value", lambda fn: _delta_recall(fn)),
 ])
-def delta_rule_step(S, q, k, v, beta):
+def _delta_rule_step(S, q, k, v, beta):
     o, S_new = linear_attention.delta_rule_step(q[None, None], k[None, None], v[None, None],
                                                 np.array([[beta]]), None, S[None, None])
     return o[0, 0], S_new[0, 0]

@@ -4,6 +4,7 @@ import numpy as np
 
 from scratchllm import moe
 from scratchllm.core import ops
+from scratchllm.specs import ExpertsSpec, MoESpec, RouterSpec
 from scratchllm.teach.drills.bank._common import assert_close, drill, gradient_check, seeded_rng
 
 
@@ -36,7 +37,7 @@ def _balance_of_logits(logits, topk_idx):
         logits=_routing()[0], topk_idx=_routing()[1])),
     ("each row sums to zero (softmax shift invariance)", lambda fn: _balance_rows(fn)),
 ])
-def balance_loss_backward(dloss, logits, topk_idx):
+def _balance_loss_backward(dloss, logits, topk_idx):
     _, (sm, bl) = _balance_of_logits(logits, topk_idx)
     dprobs = moe.balance_loss_backward(dloss, bl)["probs"]
     return ops.softmax_backward(dprobs, sm)["x"]
@@ -64,8 +65,9 @@ def _balance_rows(fn):
     ("equals scratchllm.moe.router_forward", lambda fn: _router_vs_library(fn, 2)),
     ("k = E: the gates are the full softmax", lambda fn: _router_vs_library(fn, 5)),
 ])
-def topk_router_forward(x, w_router, k):
-    (gates, topk_idx, _, _), _ = moe.router_forward(x, w_router, k=k)
+def _topk_router_forward(x, w_router, k):
+    spec = RouterSpec(n_experts=w_router.shape[1], top_k=k)
+    (gates, topk_idx, _, _), _ = moe.router_forward(x, w_router, spec=spec)
     return gates, topk_idx
 
 
@@ -73,7 +75,7 @@ def _router_vs_library(fn, k):
     r = seeded_rng(10)
     x, w = r.standard_normal((9, 6)), r.standard_normal((6, 5))
     gates, idx = fn(x, w, k)
-    want_g, want_i = topk_router_forward(x, w, k)
+    want_g, want_i = _topk_router_forward(x, w, k)
     if not np.array_equal(np.asarray(idx), want_i):
         raise AssertionError(f"topk_idx differs: got {np.asarray(idx)[0]}, want {want_i[0]} "
                              "(row 0; descending order of probability)")
@@ -102,8 +104,9 @@ def _moe_inputs(E=4, D=6, F=5):
     ("k = E: the softmax-weighted mixture of every expert", lambda fn: _moe_dense(fn)),
     ("k = 1: the argmax expert, gate 1", lambda fn: _moe_top1(fn)),
 ])
-def moe_forward(x, w_router, w1, w3, w2, k):
-    return moe.moe_forward(x, w_router, w1, w3, w2, k=k)[0].y
+def _moe_forward(x, w_router, w1, w3, w2, k):
+    spec = MoESpec(RouterSpec(n_experts=w1.shape[0], top_k=k), ExpertsSpec(d_ff=w1.shape[2]))
+    return moe.moe_forward(x, moe.MoEWeights(w_router, None, w1, w3, w2), spec=spec)[0].y
 
 
 def _expert_outputs(x, w1, w3, w2):
@@ -113,7 +116,7 @@ def _expert_outputs(x, w1, w3, w2):
 
 def _moe_vs_library(fn):
     inp = _moe_inputs()
-    return assert_close(fn(k=2, **inp), moe_forward(k=2, **inp), what="y")
+    return assert_close(fn(k=2, **inp), _moe_forward(k=2, **inp), what="y")
 
 
 def _moe_dense(fn):

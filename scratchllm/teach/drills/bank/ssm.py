@@ -21,7 +21,7 @@ from scratchllm.teach.drills.bank._common import (assert_close, causal_check, dr
     ("A = 0 gives B_bar = delta * B, finite", lambda fn: _zoh_at_zero(fn)),
     ("exact solution of x' = a x + b u with constant u", lambda fn: _zoh_ode(fn)),
 ])
-def zoh(A, B, delta):
+def _zoh(A, B, delta):
     return ssm.zoh_forward(A, B, delta)[0]
 
 
@@ -29,7 +29,7 @@ def _zoh_vs_library(fn):
     r = seeded_rng(11)
     A, B, delta = -np.exp(r.standard_normal((3, 4))), r.standard_normal((3, 4)), r.random(3)
     a_bar, b_bar = fn(A, B, delta)
-    want_a, want_b = zoh(A, B, delta)
+    want_a, want_b = _zoh(A, B, delta)
     assert_close(a_bar, want_a, what="A_bar")
     return assert_close(b_bar, want_b, what="B_bar")
 
@@ -59,7 +59,7 @@ def _zoh_ode(fn):
     ("equals the direct sum of powers", lambda fn: _kernel_check(fn)),
     ("the recurrence's impulse response", lambda fn: _kernel_impulse(fn)),
 ])
-def ssm_kernel(A_bar, B_bar, C, L):
+def _ssm_kernel(A_bar, B_bar, C, L):
     return ssm.ssm_kernel_forward(A_bar, B_bar, C, L)[0]
 
 
@@ -98,7 +98,7 @@ def _kernel_impulse(fn):
         ssm.fft_conv_forward, lambda d, kw: fn(d, **kw), ["x", "K"], **_conv_inputs(7))),
     ("equals the direct correlation sums (T = 13)", lambda fn: _conv_direct(fn)),
 ])
-def fft_conv_backward(dy, x, K):
+def _fft_conv_backward(dy, x, K):
     g = ssm.fft_conv_backward(dy, ssm.fft_conv_forward(x, K)[1])
     return g["x"], g["K"]
 
@@ -151,7 +151,7 @@ def _scan_inputs():
         ssm.selective_scan_forward_ref, lambda d, kw: fn(d, **kw), list(SCAN_INPUTS), **_scan_inputs())),
     ("equals the Numba backward of scratchllm.ssm.scan", lambda fn: _scan_vs_library(fn)),
 ])
-def selective_scan_backward(dy, x, delta, A, B, C, D):
+def _selective_scan_backward(dy, x, delta, A, B, C, D):
     g = ssm.selective_scan_backward(dy, ssm.selective_scan_forward(x, delta, A, B, C, D)[1])
     return tuple(g[name] for name in SCAN_INPUTS)
 
@@ -160,7 +160,7 @@ def _scan_vs_library(fn):
     inp = _scan_inputs()
     dy = seeded_rng(16).standard_normal(inp["x"].shape)
     got = fn(dy, **inp)
-    want = selective_scan_backward(dy, **inp)
+    want = _selective_scan_backward(dy, **inp)
     return "; ".join(assert_close(g, w, what=f"d{name}")
                      for g, w, name in zip(got, want, SCAN_INPUTS))
 
@@ -185,7 +185,7 @@ def _lti_inputs():
     ("causal: a future input changes no earlier output",
      lambda fn: causal_check(fn, _lti_inputs(), 6)),
 ])
-def ssm_recurrent(x, A_bar, B_bar, C, D):
+def _ssm_recurrent(x, A_bar, B_bar, C, D):
     return ssm.ssm_recurrence(x, A_bar, B_bar, C, D)
 
 
@@ -212,13 +212,13 @@ def _recurrent_vs_conv(fn):
     ("constant delta, B, C: the LTI recurrence with A_bar = exp(delta A), B_bar = delta B",
      lambda fn: _scan_fwd_lti(fn)),
 ])
-def selective_scan_forward(x, delta, A, B, C, D):
+def _selective_scan_forward(x, delta, A, B, C, D):
     return ssm.selective_scan_forward(x, delta, A, B, C, D)[0]
 
 
 def _scan_fwd_vs_library(fn):
     inp = _scan_inputs()
-    return assert_close(fn(**inp), selective_scan_forward(**inp), what="y")
+    return assert_close(fn(**inp), _selective_scan_forward(**inp), what="y")
 
 
 def _scan_fwd_lti(fn):
@@ -258,7 +258,7 @@ def _ssd_chunk_inputs():
     ("equals the sequential scan", lambda fn: _ssd_chunk_scan(fn)),
     ("two chained chunks equal scratchllm.ssm.ssd_forward", lambda fn: _ssd_chunk_chain(fn)),
 ])
-def ssd_chunk(x, a, B, C, S0):
+def _ssd_chunk(x, a, B, C, S0):
     b = np.cumsum(a)  # (Q,)
     L = np.exp(np.where(np.tri(len(a), dtype=bool), b[:, None] - b[None, :], -np.inf))  # (Q, Q)
     y = ((C @ B.T) * L) @ x + np.exp(b)[:, None] * (C @ S0)  # (Q, Dh)

@@ -20,7 +20,7 @@ from scratchllm.tokenizer import train as bpe_train
     ("overlapping pair merges left to right", lambda fn: _bpe_overlap(fn)),
     ("40 merges on a text equal scratchllm's train_bpe_ref", lambda fn: _bpe_vs_library(fn)),
 ])
-def bpe_merge_step(word_counts):
+def _bpe_merge_step(word_counts):
     return bpe_train.merge_step(word_counts)
 
 
