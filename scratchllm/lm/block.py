@@ -62,8 +62,11 @@ class Block(Module):
 
     # ------------------------------------------------------------------ the one body
     def _sublayer(self, x, norm, out_norm, call):
-        """y = x + out_norm(call(norm(x))) (pre: no out_norm; sandwich) or
-        y = norm(x + call(x)) (post); call(a) -> (m, cache). Returns (y, SublayerCache)."""
+        """One residual sub-layer around call(a) -> (m, cache), by the block's placement:
+            pre        y = x + call(norm(x))                (out_norm is None)
+            sandwich   y = x + out_norm(call(norm(x)))
+            post       y = norm(x + call(x))
+        x (..., D) -> (y (..., D), SublayerCache)."""
         pre = self.spec.placement != "post"
         a, c_norm = norm.forward(x) if pre else (x, None)  # (..., D)
         m, c_inner = call(a)  # (..., D)
