@@ -83,7 +83,7 @@ class MoEFFN(MoE):
         return counts / max(counts.sum(), 1)
 
 
-DENSE = {"swiglu": SwiGLUFFN, "gelu_mlp": GeluMLPFFN, "geglu": GeGLUFFN}
+GELU_FFNS = {"gelu_mlp": GeluMLPFFN, "geglu": GeGLUFFN}  # the FFNSpec kinds with gelu_approx
 
 
 def make_ffn(d_model, spec, *, rng, dtype):
@@ -95,5 +95,5 @@ def make_ffn(d_model, spec, *, rng, dtype):
                         f"{type(spec).__name__}")
     if spec.kind == "swiglu":
         return SwiGLUFFN(d_model, spec.d_ff, rng=rng, dtype=dtype)
-    return DENSE[spec.kind](d_model, spec.d_ff, rng=rng, approximate=spec.gelu_approx,
-                            dtype=dtype)
+    return GELU_FFNS[spec.kind](d_model, spec.d_ff, rng=rng, approximate=spec.gelu_approx,
+                                dtype=dtype)
