@@ -10,6 +10,7 @@ synthetic modules that break each one):
 - no public name is defined in two modules (one definition, one place to read it).
 """
 import ast
+import importlib
 from collections import defaultdict
 from pathlib import Path
 
@@ -112,6 +113,31 @@ def names_defined_twice(root):
 def packages(root):
     return sorted(p.parent.relative_to(root).as_posix().replace("/", ".")
                   for p in (root / "scratchllm").rglob("__init__.py"))
+
+
+# ---------------------------------------------------------------------------- the library
+def test_no_public_function_takes_more_than_eight_parameters():
+    assert long_signatures(ROOT) == []
+
+
+def test_no_locals_bags():
+    assert locals_calls(ROOT) == []
+
+
+def test_no_import_module_between_library_modules():
+    assert import_doors(ROOT) == []
+
+
+def test_no_public_name_is_defined_in_two_modules():
+    assert names_defined_twice(ROOT) == {}
+
+
+@pytest.mark.parametrize("package", packages(ROOT))
+def test_every_package_all_resolves(package):
+    module = importlib.import_module(package)
+    for name in getattr(module, "__all__", []):
+        assert hasattr(module, name), f"{package}.__all__ names {name!r}, which is not bound"
+    exec(f"from {package} import *", {})
 
 
 # ---------------------------------------------------------------------------- the checker fails

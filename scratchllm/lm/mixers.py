@@ -13,16 +13,16 @@ from scratchllm.linear_attention import RecurrentMixer, RWKV4TimeMix
 from scratchllm.specs import AttentionSpec, Mamba2Spec, MambaSpec, MLASpec, RecurrentSpec, RWKVSpec
 from scratchllm.ssm import Mamba, Mamba2
 
-MIXERS = {AttentionSpec: Attention, MLASpec: MLA, MambaSpec: Mamba, Mamba2Spec: Mamba2,
-          RecurrentSpec: RecurrentMixer, RWKVSpec: RWKV4TimeMix}
+MIXER_MODULES = {AttentionSpec: Attention, MLASpec: MLA, MambaSpec: Mamba, Mamba2Spec: Mamba2,
+                 RecurrentSpec: RecurrentMixer, RWKVSpec: RWKV4TimeMix}
 
 
 def make_mixer(d_model, spec, *, rng, dtype):
     """The token mixer Module of a mixer spec (LayerSpec.mixer)."""
-    if type(spec) not in MIXERS:
-        raise TypeError(f"make_mixer: spec must be one of {[c.__name__ for c in MIXERS]}, got "
-                        f"{type(spec).__name__}")
-    return MIXERS[type(spec)](d_model, spec, rng=rng, dtype=dtype)
+    if type(spec) not in MIXER_MODULES:
+        raise TypeError(f"make_mixer: spec must be one of "
+                        f"{[c.__name__ for c in MIXER_MODULES]}, got {type(spec).__name__}")
+    return MIXER_MODULES[type(spec)](d_model, spec, rng=rng, dtype=dtype)
 
 
 def make_norm(d_model, spec, dtype):

@@ -39,23 +39,30 @@ def byte_ids(path=DATA, limit=None):
     return np.frombuffer(data, np.uint8).astype(np.int64)  # (N,)
 
 
-def length_extrapolation(ids, positions=POSITIONS, *, train_len=128, eval_lens=(128, 256, 512),
-                         steps=150, batch_size=16, eval_tokens=16384, model=None, log=None):
+def settings_for(steps=150, train_len=128, batch_size=16, eval_tokens=16384):
+    """The trainer Settings of an extrapolation run: `steps` AdamW steps on batches of
+    batch_size x train_len tokens, one thread, a short warmup; eval_tokens per eval length."""
+    return Settings(steps=steps, batch_size=batch_size, seq_len=train_len, threads=1,
+                    warmup=min(30, steps // 10 + 1), eval_tokens=eval_tokens)
+
+
+def length_extrapolation(ids, positions=POSITIONS, *, settings=None, eval_lens=(128, 256, 512),
+                         model=None, log=None):
     """{position scheme: [validation CE (nats/token) at each eval length]}.
 
-    Each scheme trains the same model (MODEL in flat names, overridden by `model`) for
-    `steps` AdamW steps at train_len; the evaluation windows are the same for every scheme.
+    Each scheme trains the same model (MODEL in flat names, overridden by `model`) as
+    `settings` says (default settings_for(): 150 steps at length 128); the evaluation windows
+    (settings.eval_tokens at each length in eval_lens) are the same for every scheme.
     """
+    settings = settings or settings_for()
     train, val = corpus.split(ids)
-    settings = Settings(steps=steps, batch_size=batch_size, seq_len=train_len, threads=1,
-                        warmup=min(30, steps // 10 + 1))
     table = {}
     for pos in positions:
         cfg = from_flat(**{**MODEL, **(model or {}), "name": pos, "positions": pos})
         run = Run(cfg, settings)
-        for _ in range(steps):
+        for _ in range(settings.steps):
             run.train_step(train)
-        table[pos] = [evaluate(run.model, corpus.eval_batches(val, 4, T, eval_tokens))
+        table[pos] = [evaluate(run.model, corpus.eval_batches(val, 4, T, settings.eval_tokens))
                       for T in eval_lens]
         if log:
             log(f"{pos:<11} " + "  ".join(f"{v:.3f}" for v in table[pos]))
@@ -110,8 +117,8 @@ def main(argv=None):
     a = p.parse_args(argv)
     lens = (a.train_len, 2 * a.train_len, 4 * a.train_len)
     t0 = time.time()
-    table = length_extrapolation(byte_ids(), train_len=a.train_len, eval_lens=lens,
-                                 steps=a.steps, log=print)
+    table = length_extrapolation(byte_ids(), settings=settings_for(a.steps, a.train_len),
+                                 eval_lens=lens, log=print)
     print(format_table(table, a.train_len, lens))
     if a.json:
         record = dict(command=f"python -m scratchllm.train.extrapolation --steps {a.steps} "
