@@ -16,6 +16,7 @@ USAGE_ERRORS = {
     "exercise": ["check", "9"],
     "notebooks": [],  # --html is required
     "finetune": ["--hf", "x"],  # --data and --out are required
+    "experiment": ["run", "nope"],
 }
 
 
@@ -29,6 +30,7 @@ def test_usage_error_exits_2_with_the_command_prefix(command, capsys):
 
 def test_runtime_errors_exit_1_with_the_command_prefix(tmp_path, capsys):
     missing = str(tmp_path / "missing")
+    (tmp_path / "a_file").write_text("")  # --out under a file: the directory cannot be made
     cases = {
         "train": ["train", "--data", missing, "--out", str(tmp_path / "run"), "--no-progress"],
         "sample": ["sample", "--checkpoint", missing],
@@ -37,6 +39,8 @@ def test_runtime_errors_exit_1_with_the_command_prefix(tmp_path, capsys):
         "exercise": ["exercise", "check", "2", "--file", missing],
         "notebooks": ["notebooks", "--html", str(tmp_path / "site"), "--source", missing],
         "finetune": ["finetune", "--hf", missing, "--data", missing, "--out", missing],
+        "experiment": ["experiment", "run", "collapse", "--smoke", "--out",
+                       str(tmp_path / "a_file" / "missing")],
     }
     for command, argv in cases.items():
         assert cli.main(argv) == 1, command

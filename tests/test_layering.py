@@ -11,6 +11,7 @@ imports count too), and a synthetic tree that shows each rule can fail.
     teach/arch, teach/sizing, teach/rules
                                   the standard library and specs only
     teach/drills, teach/exercises the component packages and grads
+    experiments                   lm, hub, train, teach (the claims measured, and the tools)
     cli                           everything; nothing imports cli (but __main__)
 No cycles; a package's __init__ re-exports only its own modules' names; a function-level
 import is an optional dependency (matplotlib; the notebooks extra) with a comment saying so.
@@ -33,7 +34,8 @@ ALLOWED = {  # top-level part of scratchllm -> the parts it may import
     "hub": {"core", "specs", "lm"} | COMPONENTS,
     "train": {"core", "specs", "lm", "hub"} | COMPONENTS,
     "teach": {"core", "specs"} | COMPONENTS,
-    "cli": {"core", "specs", "lm", "train", "teach", "hub"} | COMPONENTS,
+    "experiments": {"core", "specs", "lm", "hub", "train", "teach"} | COMPONENTS,
+    "cli": {"core", "specs", "lm", "train", "teach", "hub", "experiments"} | COMPONENTS,
     "__main__": {"cli"},
     "__init__": set(),
 }

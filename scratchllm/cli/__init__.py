@@ -17,6 +17,7 @@ COMMANDS = {
     "drill": ("scratchllm.cli.drill", "retype a backward by hand and check it"),
     "exercise": ("scratchllm.cli.exercise", "the chapters' exercises: statement, hint, checks"),
     "notebooks": ("scratchllm.cli.notebooks", "the notebooks, executed, as HTML pages"),
+    "experiment": ("scratchllm.cli.experiment", "the chapters' claims measured: list, run NAME"),
 }
 
 

@@ -116,6 +116,21 @@ class LM(Module):
         p, c_pos = self.pos.forward(positions)  # (B, T, D)
         return x + p, EmbedCache(c_tok, c_pos)
 
+    def residual_stream(self, ids):
+        """The residual stream of a forward on ids (B, T): [x_0, x_1, ..., x_L], each
+        (B, T, D), x_0 the embedding and x_l the output of block l (forward only; the logit
+        lens and direct logit attribution read it)."""
+        expect_int("LM.residual_stream", "ids", ids)
+        expect_ndim("LM.residual_stream", "ids", ids, 2, "(B, T)")
+        xs = [self._embed_forward(ids)[0]]  # (B, T, D)
+        for layer in self.layers:
+            xs.append(layer.forward(xs[-1])[0])  # (B, T, D)
+        return xs
+
+    def unembed(self, x):
+        """The model's last step on a residual x (..., D): logits = head(norm(x)) (..., V)."""
+        return self._head_forward(self.norm.forward(x)[0])[0]
+
     def _head_forward(self, h):
         return self.embed.attend(h) if self.head is None else self.head.forward(h)
 

@@ -1,0 +1,187 @@
+"""Tools to look inside a language model (any scratchllm.lm.LM, a loaded Hugging Face
+checkpoint included): the logit lens, direct logit attribution, attention patterns and head
+scores. Forward only; nothing here changes a weight.
+
+The residual stream of a pre-norm model is a sum (Elhage et al. 2021, "A Mathematical
+Framework for Transformer Circuits", transformer-circuits.pub/2021/framework):
+    x_L = x_0 + sum_l (attn_l + ffn_l),   attn_l = sum_h o_lh @ Wo[h rows] (+ bo)
+    logits = norm(x_L) @ W_U
+Logit lens (nostalgebraist 2020, "interpreting GPT: the logit lens"): read every x_l through
+the final norm and the unembedding, logits_l = W_U^T norm(x_l); at l = L these are the logits.
+Direct logit attribution: freeze the final norm's per-position scale (RMSNorm: r = 1/rms(x_L);
+LayerNorm: its centring is linear, rstd frozen), so that
+    logit_t = sum_c (center(c) * r * gain) @ W_U[:, t]  (+ norm bias @ W_U[:, t] + head bias)
+over the components c of x_L: the embedding, each head of each attention layer, the output
+bias, each FFN (each non-attention mixer as one component).
+Attention patterns: softmax(q k^T scale + mask/ALiBi (+ sinks)) per head, read as sdpa's output
+with the identity as values (o = P @ I = P), so the pattern is the forward's own.
+Head scores per head, averaged over query positions (Olsson et al. 2022, "In-context Learning
+and Induction Heads", arXiv 2209.11895):
+    previous_token  P[t, t-1]                      (t >= 1)
+    induction       sum of P[t, j] over j < t with ids[j-1] == ids[t]  (queries with such j)
+    sink            P[t, 0]                        (t >= 1; Xiao et al. 2023, arXiv 2309.17453)
+
+Glossary: B batch, T time, D model width, V vocabulary, L layers, H heads.
+"""
+import numpy as np
+
+from scratchllm.attention import (Attention, AttentionWeights, alibi_bias, alibi_slopes,
+                                  project_qkv_forward, sdpa_forward)
+from scratchllm.core import RMSNorm
+from scratchllm.core.validate import expect_int, expect_ndim
+
+
+def _check_ids(fn, ids):
+    expect_int(fn, "ids", ids)
+    expect_ndim(fn, "ids", ids, 2, "(B, T)")
+
+
+def logit_lens(model, ids):
+    """The residual stream after every layer read through the final norm and the head.
+
+    Inputs:  model an LM; ids (B, T) ints.
+    Returns: logits (L + 1, B, T, V): row 0 reads the embedding, row l the output of block l;
+             row L is the model's own logits.
+    """
+    _check_ids("logit_lens", ids)
+    return np.stack([model.unembed(x) for x in model.residual_stream(ids)])
+
+
+# ---------------------------------------------------------------------------- attention
+def _weights(mixer):
+    params = (getattr(mixer, name) for name in AttentionWeights._fields)
+    return AttentionWeights(*(None if p is None else p.data for p in params))
+
+
+def _attend(mixer, a, values):
+    """The attention of an Attention mixer on its input a (B, T, D) with the given values:
+    (B, H, T, Dv). values None: the layer's own v; else an array (B, Hkv, T, Dv)."""
+    spec, w = mixer.spec, _weights(mixer)
+    (q, k, v), _ = project_qkv_forward(a, w, spec=spec)  # (B, H|Hkv, T, Dh)
+    T = a.shape[1]
+    bias = None
+    if spec.alibi:
+        bias = alibi_bias(alibi_slopes(spec.n_heads).astype(a.dtype), T, T)  # (H, T, T)
+    v = v if values is None else values.astype(q.dtype)
+    return sdpa_forward(q, k, v, spec.mask, spec.scale, bias=bias, sinks=w.sinks)[0]
+
+
+def _head_parts(mixer, a):
+    """Per head h the residual contribution o_h @ Wo[h rows] (H, B, T, D), and bo or None."""
+    o = _attend(mixer, a, None)  # (B, H, T, Dv)
+    H, Dv = o.shape[1], o.shape[3]
+    wo = mixer.wo.data.reshape(H, Dv, -1)  # (H, Dv, D)
+    parts = np.einsum("bhtv,hvd->hbtd", o, wo)  # (H, B, T, D)
+    return parts, (None if mixer.bo is None else mixer.bo.data)
+
+
+def attention_patterns(model, ids):
+    """The attention probabilities of every attention (GQA/MHA/MQA) layer on ids.
+
+    Inputs:  model an LM; ids (B, T) ints.
+    Returns: {layer index: P (B, H, T, T)}, P[b, h, t, j] the weight of query t on key j
+             (rows sum to 1, or less with sink logits); other mixers are left out.
+    """
+    _check_ids("attention_patterns", ids)
+    xs = model.residual_stream(ids)
+    B, T = ids.shape
+    out = {}
+    for i, layer in enumerate(model.layers):
+        if isinstance(layer.mixer, Attention):
+            Hkv = layer.mixer.spec.n_kv_heads
+            eye = np.broadcast_to(np.eye(T), (B, Hkv, T, T))  # values = I, so o = P
+            out[i] = _attend(layer.mixer, layer.norm1.forward(xs[i])[0], eye)
+    return out
+
+
+def head_scores(model, ids, patterns=None):
+    """Previous-token, induction and sink scores of every attention head (module docstring).
+
+    Inputs:  model an LM; ids (B, T) ints; patterns attention_patterns(model, ids) if
+             already computed.
+    Returns: {"previous_token" | "induction" | "sink": {layer index: scores (H,)}}
+             (induction NaN when no query has an earlier matching token).
+    """
+    _check_ids("head_scores", ids)
+    patterns = attention_patterns(model, ids) if patterns is None else patterns
+    T = ids.shape[1]
+    # match[b, t, j]: key j follows an earlier copy of query t's token (j < t)
+    match = (ids[:, None, :-1] == ids[:, :, None]) & np.tri(T, T - 1, -2, dtype=bool)  # (B,T,T-1)
+    match = np.concatenate([np.zeros((*match.shape[:2], 1), bool), match], axis=2)  # (B,T,T)
+    has = match.any(axis=2)  # (B, T)
+    scores = {"previous_token": {}, "induction": {}, "sink": {}}
+    for i, P in patterns.items():
+        t = np.arange(1, T)
+        scores["previous_token"][i] = P[:, :, t, t - 1].mean(axis=(0, 2))  # (H,)
+        scores["sink"][i] = P[:, :, 1:, 0].mean(axis=(0, 2))  # (H,)
+        mass = (P * match[:, None]).sum(axis=3)  # (B, H, T)
+        n = has.sum()
+        scores["induction"][i] = ((mass * has[:, None]).sum(axis=(0, 2)) / n if n else
+                                  np.full(P.shape[1], np.nan))
+    return scores
+
+
+# ---------------------------------------------------------------------------- attribution
+def _components(model, ids):
+    """[(name, c (B, T, D))] whose sum is x_L (pre-norm and sandwich blocks)."""
+    x = model.residual_stream(ids)[0]
+    parts = [("embed", x)]
+    for i, layer in enumerate(model.layers):
+        if layer.spec.placement == "post":
+            raise ValueError(f"direct_logit_attribution: layer {i} is post-norm; its output "
+                             f"is norm(x + f(x)), not a sum of its parts")
+        a = layer.norm1.forward(x)[0]  # (B, T, D)
+        if isinstance(layer.mixer, Attention) and layer.post_mixer_norm is None:
+            heads, bo = _head_parts(layer.mixer, a)  # (H, B, T, D)
+            parts += [(f"L{i}.H{h}", heads[h]) for h in range(len(heads))]
+            m = heads.sum(axis=0)
+            if bo is not None:
+                parts.append((f"L{i}.attn_bias", np.broadcast_to(bo, m.shape)))
+                m = m + bo
+        else:
+            m = layer.mixer.forward(a)[0]
+            if layer.post_mixer_norm is not None:
+                m = layer.post_mixer_norm.forward(m)[0]
+            parts.append((f"L{i}.mixer", m))
+        x = x + m
+        if layer.ffn is not None:
+            f = layer.ffn.forward(layer.norm2.forward(x)[0])[0]
+            if layer.post_ffn_norm is not None:
+                f = layer.post_ffn_norm.forward(f)[0]
+            parts.append((f"L{i}.ffn", f))
+            x = x + f
+    return parts, x
+
+
+def direct_logit_attribution(model, ids, target):
+    """Each component's direct contribution to the logit of token `target` at every position.
+
+    Inputs:  model an LM; ids (B, T) ints; target a token id.
+    Returns: {component name: (B, T)}: "embed", "L{l}.H{h}" per attention head (or
+             "L{l}.mixer" for another mixer), "L{l}.attn_bias", "L{l}.ffn", and the constant
+             terms "norm_bias", "head_bias" when the model has them. They sum to
+             model logits[..., target] (to rounding: 1e-10 in float64).
+    """
+    _check_ids("direct_logit_attribution", ids)
+    V = model.cfg.vocab_size
+    if not 0 <= int(target) < V:
+        raise ValueError(f"direct_logit_attribution: target {target} is not a token id "
+                         f"(vocabulary {V})")
+    parts, x_L = _components(model, ids)
+    norm = model.norm
+    head = model.embed.E.data.T if model.head is None else model.head.W.data  # (D, V)
+    u = head[:, int(target)]  # (D,)
+    if isinstance(norm, RMSNorm):
+        r = 1.0 / np.sqrt(np.mean(x_L * x_L, axis=-1, keepdims=True) + norm.eps)  # (B, T, 1)
+        gain, center = norm.g.data + norm.offset, (lambda c: c)
+    else:  # LayerNorm: (x - mean) rstd g + b, the centring linear in x
+        xc = x_L - x_L.mean(axis=-1, keepdims=True)
+        r = 1.0 / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + norm.eps)
+        gain, center = norm.g.data, (lambda c: c - c.mean(axis=-1, keepdims=True))
+    out = {name: (center(c) * r) @ (gain * u) for name, c in parts}  # each (B, T)
+    shape = ids.shape
+    if getattr(norm, "b", None) is not None:
+        out["norm_bias"] = np.full(shape, norm.b.data @ u)
+    if model.head is not None and model.head.b is not None:
+        out["head_bias"] = np.full(shape, model.head.b.data[int(target)])
+    return out

@@ -1,0 +1,78 @@
+"""Every experiment's smoke run writes results.json with its metrics under the pinned keys
+(nested objects with string keys), plus "config" and "seed", and its figure; the CLI lists
+one name per line, first on the line."""
+import json
+
+import pytest
+
+from scratchllm import cli
+from scratchllm.experiments import EXPERIMENTS, run_experiment
+
+KEYS = {  # experiment -> its metrics and the keys of each nested metric
+    "collapse": {"load_before": None, "load_after": None},
+    "scale": {"qk_std": ["16", "64", "256", "1024"], "max_prob": ["16", "64", "256", "1024"],
+              "equivariance_err": None, "rmsnorm_s": None, "layernorm_s": None},
+    "heads": {"val_loss": ["gqa2", "gqa4", "mha", "mqa"], "kv_bytes": ["gqa2", "gqa4", "mha",
+                                                                       "mqa"]},
+    "induction": {"induction_score": ["0", "1"], "loss_first_half": None,
+                  "loss_second_half": None},
+}
+
+
+def test_every_experiment_has_its_keys_listed():
+    assert sorted(EXPERIMENTS) == sorted(KEYS)
+
+
+@pytest.mark.parametrize("name", sorted(KEYS))
+def test_smoke_run_writes_the_metrics(name, tmp_path):
+    run_experiment(name, "smoke", tmp_path, seed=3, log=lambda *a: None)
+    body = json.loads((tmp_path / "results.json").read_text())
+    assert (tmp_path / f"{name}.png").stat().st_size > 1000
+    assert body["seed"] == 3 and isinstance(body["config"], dict)
+    for metric, keys in KEYS[name].items():
+        assert metric in body, metric
+        if keys is not None:
+            assert sorted(body[metric]) == sorted(keys), metric
+    extra = {"collapse": _collapse, "scale": _scale, "heads": _heads, "induction": _induction}
+    extra[name](body)
+
+
+def _collapse(body):
+    for key in ("load_before", "load_after"):
+        assert len(body[key]) == 8 and abs(sum(body[key]) - 1) < 1e-9
+    assert abs(body["load_before"][0] - 0.25) < 0.02  # the imbalanced start
+
+
+def _scale(body):
+    for dh, std in body["qk_std"].items():
+        assert abs(std / int(dh) ** 0.5 - 1) < 0.2  # std(q.k) = sqrt(Dh)
+    assert sorted(body["max_prob"]["1024"]) == ["scaled", "unscaled"]
+    assert body["max_prob"]["1024"]["unscaled"] > body["max_prob"]["16"]["unscaled"]
+    assert body["equivariance_err"] < 1e-12
+    assert body["rmsnorm_s"] > 0 and body["layernorm_s"] > 0
+
+
+def _heads(body):
+    kv = body["kv_bytes"]
+    assert kv["mha"] == 2 * kv["gqa4"] == 4 * kv["gqa2"] == 8 * kv["mqa"]
+
+
+def _induction(body):
+    for layer in ("0", "1"):
+        scores = body["induction_score"][layer]
+        assert sorted(scores) == ["0", "1", "2", "3"]
+        assert all(0 <= s <= 1 for s in scores.values())
+    assert body["loss_first_half"] > 0 and body["loss_second_half"] > 0
+
+
+def test_cli_lists_one_name_per_line(capsys):
+    assert cli.main(["experiment", "list"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split()[0] for line in lines] == list(EXPERIMENTS)
+
+
+def test_cli_run_writes_results(tmp_path, capsys):
+    assert cli.main(["experiment", "run", "collapse", "--smoke", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "claim:" in out and "measured:" in out
+    assert "load_after" in json.loads((tmp_path / "results.json").read_text())
