@@ -5,10 +5,10 @@ Task: sequences r r of m random tokens seen twice, m drawn each step from n/2..n
 lets one head copy from the fixed offset m - 1 by position alone: the loss falls, but no head
 scores as an induction head). The first half is unpredictable (loss ln V at best, above it
 when the model copies from chance repeats); the second half is predictable by copying: a
-previous-token head in layer 0 writes "my predecessor was a" into each position, and an induction head in layer 1 finds the
-position whose predecessor matches the current token and copies the token there. The
-in-context loss on the repeated half falls far below the first half's once the heads form,
-in a sudden bump of the training curve.
+previous-token head in layer 0 writes "my predecessor was a" into each position, and an
+induction head in layer 1 finds the position whose predecessor matches the current token and
+copies the token there. The in-context loss on the repeated half falls far below the first
+half's once the heads form, in a sudden bump of the training curve.
 Metrics: induction_score[layer][head] and previous-token scores (experiments/tools.py
 head_scores) on held-out sequences; loss_first_half over targets 1..n-1, loss_second_half
 over targets n+1..2n-1 (target n, the second copy's first token, is unpredictable too);
