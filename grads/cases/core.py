@@ -15,6 +15,17 @@ def linear(rng):
 
 
 @case
+def lora(rng):
+    from scratchllm.core import LoRAWeights, lora_backward, lora_forward
+    x = rng.standard_normal((2, 5, 7))
+    w = LoRAWeights(rng.standard_normal((7, 4)), rng.standard_normal((7, 2)),
+                    rng.standard_normal((2, 4)), rng.standard_normal(4))
+    return [check(lora_forward, lora_backward, rng=rng, label="bias", x=x, w=w, scale=0.5),
+            check(lora_forward, lora_backward, rng=rng, label="no bias", x=x,
+                  w=w._replace(b=None), scale=2.0)]
+
+
+@case
 def embedding(rng):
     from scratchllm.core.ops import embedding_backward, embedding_forward
     ids = np.array([[1, 4, 1], [6, 0, 4]])  # repeated ids must accumulate

@@ -2,7 +2,8 @@
 dense ops as forward/backward pairs (ops; LayerNorm in norms, GELU and the GPT-2 MLP in
 gelu), Param/Module and the thin Modules (nn), the optimizer (optim), and the fused Numba twins
 of the training step's element-wise ops (fused) with the Twin that picks one per forward
-(twins), and the one atomic file writer (atomic). Imports nothing else of scratchllm."""
+(twins), LoRA adapters on a Linear (lora), and the one atomic file writer (atomic). Imports
+nothing else of scratchllm."""
 from .atomic import atomic_write
 from .fused import (CROSS_ENTROPY, RMSNORM, SWIGLU, AdamWStep, adamw_update, adamw_update_ref,
                     fused_cross_entropy_backward, fused_cross_entropy_forward,
@@ -12,6 +13,7 @@ from .gelu import (geglu_backward, geglu_forward, gelu_backward, gelu_forward,
                    gelu_mlp_backward, gelu_mlp_forward)
 from .nn import (Embedding, GeGLU, GeluMLP, LayerNorm, Linear, Module, Param, RMSNorm, SwiGLU,
                  detect_anomaly, normal_init)
+from .lora import LoRALinear, LoRAWeights, lora_backward, lora_forward
 from .norms import layernorm_backward, layernorm_forward
 from .ops import (cross_entropy_backward, cross_entropy_forward, embedding_backward,
                   embedding_forward, linear_backward, linear_forward, log_softmax_backward,
@@ -23,6 +25,7 @@ from .optim import AdamW, NonFiniteError, clip_grad_norm, cosine_schedule
 from .twins import Twin, TwinCache, use_fused
 
 __all__ = [
+    "LoRALinear", "LoRAWeights", "lora_backward", "lora_forward",
     "GeGLU", "GeluMLP", "LayerNorm", "geglu_backward", "geglu_forward", "gelu_backward",
     "gelu_forward", "gelu_mlp_backward", "gelu_mlp_forward", "layernorm_backward",
     "layernorm_forward",

@@ -45,7 +45,7 @@ def half_losses(model, seqs):
     return float(nll[:, :n - 1].mean()), float(nll[:, n:].mean())
 
 
-def sizes(mode):
+def _sizes(mode):
     """The settings of a mode: vocab, n, steps, batch, d_model, heads, lr."""
     return dict(vocab=pick(mode, 16, 32, 32), n=pick(mode, 8, 16, 16),
                 steps=pick(mode, 10, 500, 1500), batch=pick(mode, 4, 32, 32),
@@ -53,7 +53,7 @@ def sizes(mode):
 
 
 def _run(mode, seed, z=None):
-    z = sizes(mode) if z is None else z
+    z = _sizes(mode) if z is None else z
     vocab, n, steps, batch = z["vocab"], z["n"], z["steps"], z["batch"]
     d_model, heads = z["d_model"], z["heads"]
     mixer = AttentionSpec(n_heads=heads, n_kv_heads=heads)
