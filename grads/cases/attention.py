@@ -200,7 +200,8 @@ def gqa(rng):
 @case
 def gqa_options(rng):
     """The attention options of published checkpoints: q/k/v and output biases (Qwen2,
-    GPT-2), QK-norm gains (Qwen3; Gemma 3's offset gains), a softmax scale other than Dh^-1/2
+    GPT-2), QK-norm gains (Qwen3; Gemma 3's offset gains; OLMo 2's over the whole
+    projection), a softmax scale other than Dh^-1/2
     (Gemma 3), learned sink logits (gpt-oss)."""
     from scratchllm.attention import gqa_backward, gqa_forward
     B, T, D, H, Hkv, Dh = 2, 7, 5, 6, 2, 4
@@ -218,6 +219,10 @@ def gqa_options(rng):
             check(gqa_forward, gqa_backward, rng=rng, label="qk-norm, gains 1 + g (Gemma)",
                   x=x, w=norm._replace(q_norm=norm.q_norm - 1, k_norm=norm.k_norm - 1),
                   spec=AttentionSpec(H, Hkv, head_dim=Dh, qk_norm=True, norm_offset=1.0)),
+            check(gqa_forward, gqa_backward, rng=rng, label="qk-norm over the projection (OLMo 2)",
+                  x=x, w=w._replace(q_norm=1 + 0.3 * rng.standard_normal(H * Dh),
+                                    k_norm=1 + 0.3 * rng.standard_normal(Hkv * Dh)),
+                  spec=AttentionSpec(H, Hkv, head_dim=Dh, qk_norm="full")),
             check(gqa_forward, gqa_backward, rng=rng, label="all biases but bk, no rope",
                   wrt=no_bk, x=x, w=gpt_oss._replace(sinks=None),
                   spec=AttentionSpec(H, Hkv, head_dim=Dh, qkv_bias=True, o_bias=True,

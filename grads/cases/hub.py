@@ -65,6 +65,7 @@ HF_CONFIGS = {  # family label -> config.json fields
                                          beta_slow=1.0, truncate=False, rope_theta=500.0,
                                          original_max_position_embeddings=16)),
 }
+HF_CONFIGS["olmo2"] = dict(_GEOMETRY, model_type="olmo2", rope_theta=500.0)
 HF_FIXTURES = tuple(f for f in HF_CONFIGS if f != "gpt_oss")  # the families lm_hub checks
 
 

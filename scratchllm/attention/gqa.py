@@ -178,8 +178,9 @@ class Attention(Module):
         self.bv, self.bo = zeros(Hkv * Dh, spec.qkv_bias), zeros(d_model, spec.o_bias)
         self.sinks = zeros(H, spec.sinks)  # (H,) or None
         gain = 1.0 - spec.norm_offset
-        self.q_norm = Param(np.full(Dh, gain, dtype)) if spec.qk_norm else None
-        self.k_norm = Param(np.full(Dh, gain, dtype)) if spec.qk_norm else None
+        nq, nk = (H * Dh, Hkv * Dh) if spec.qk_norm == "full" else (Dh, Dh)
+        self.q_norm = Param(np.full(nq, gain, dtype)) if spec.qk_norm else None
+        self.k_norm = Param(np.full(nk, gain, dtype)) if spec.qk_norm else None
         self.spec, self.head_dim = spec, Dh
 
     def _weights(self):

@@ -85,8 +85,13 @@ class LM(Module):
         return [(f"layers.{i}.{name}", b) for i, layer in enumerate(self.layers)
                 for name, b in layer.named_buffers()]
 
-    def forward(self, ids):
-        """ids (B, T) ints -> (logits (B, T, V), LMCache)."""
+    def forward(self, ids=None, *, input_ids=None):
+        """ids (B, T) ints -> (logits (B, T, V), LMCache). The ids go positionally or by
+        transformers' keyword, forward(input_ids=ids); exactly one of the two."""
+        if (ids is None) == (input_ids is None):
+            raise TypeError("LM.forward: give the token ids once, as forward(ids) or "
+                            "forward(input_ids=ids)")
+        ids = input_ids if ids is None else ids
         expect_int("LM", "ids", ids)
         expect_ndim("LM", "ids", ids, 2, "(B, T)")
         if ids.shape[1] < 1:

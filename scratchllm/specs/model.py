@@ -3,7 +3,8 @@
 A LayerSpec is a token mixer spec (AttentionSpec, MLASpec, MambaSpec, Mamba2Spec,
 RecurrentSpec, RWKVSpec), an FFN spec (FFNSpec, MoESpec or None for a mixer-only block), the
 norm and where it sits: "pre" (x + f(norm(x))), "post" (norm(x + f(x)): Vaswani et al. 2017)
-or "sandwich" (x + norm(f(norm(x))): Gemma 2, 3). lm/ builds one Block per LayerSpec; teach/
+"sandwich" (x + norm(f(norm(x))): Gemma 2, 3) or "output" (x + norm(f(x)): OLMo 2's norm on
+the sub-layer's output only). lm/ builds one Block per LayerSpec; teach/
 sizes the same objects, so `size` and `LM` can never disagree. Plain Python: no numpy here.
 """
 from dataclasses import dataclass
@@ -46,13 +47,14 @@ class LayerSpec:
         instance(self, "mixer", MIXERS)
         instance(self, "ffn", FFNS, none_ok=True)
         instance(self, "norm", NormSpec)
-        one_of(self, "placement", ("pre", "post", "sandwich"))
+        one_of(self, "placement", ("pre", "post", "sandwich", "output"))
         if self.ffn is None and self.placement != "pre":
             fail(self, f"a mixer-only block (ffn=None) is pre-norm, got {self.placement!r}")
 
     @property
     def n_norms(self):
-        """norm1 (+ norm2 with an FFN) (+ the two output norms of a sandwich block)."""
+        """norm1 (+ norm2 with an FFN) (+ the two output norms of a sandwich block); an
+        "output" block's norm1 and norm2 sit on the sub-layers' outputs."""
         return (1 if self.ffn is None else 2) * (2 if self.placement == "sandwich" else 1)
 
     def n_params(self, d_model, active=False):
