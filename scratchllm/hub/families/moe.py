@@ -163,9 +163,10 @@ def _mixtral_to_hf(f, dtype_name, base=None):
 
 
 def _mixtral_claims(f):
-    """GQA attention in every layer and an MoE of SwiGLU experts."""
+    """GQA attention (without QK-norm: qwen3_moe's) in every layer and an MoE of SwiGLU
+    experts."""
     return (_attention_only(f) and f.attention == "gqa" and f.ffn == "moe"
-            and f.experts == "swiglu" and not f.attn_sinks)
+            and f.experts == "swiglu" and not f.attn_sinks and not f.qk_norm)
 
 
 MIXTRAL = Family(
