@@ -13,6 +13,7 @@ The Mixture-of-Experts families go through make_hf_fixtures_moe.py's writer and 
                     (mlp_only_layers [0]), softmax top-2 of 4 experts with norm_topk_prob
     qwen3_moe_step  decoder_sparse_step 2 (the second layer MoE), norm_topk_prob false
 Reference: huggingface/transformers src/transformers/models/olmo2/modeling_olmo2.py,
+src/transformers/models/gemma2/modeling_gemma2.py,
 src/transformers/models/qwen3_moe/modeling_qwen3_moe.py.
 """
 import sys
@@ -27,6 +28,9 @@ from make_hf_fixtures import GEOMETRY, OUT, QWEN_SPLIT, make_tokenizer, saved_by
 
 DENSE = {
     "olmo2": dict(GEOMETRY, model_type="olmo2", rope_theta=500.0),
+    "gemma2": dict(GEOMETRY, model_type="gemma2", head_dim=12, query_pre_attn_scalar=10,
+                   sliding_window=4, attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+                   rope_theta=1000.0),
 }
 _QWEN3_MOE = dict(GEOMETRY, model_type="qwen3_moe", head_dim=12, num_experts=4,
                   num_experts_per_tok=2, moe_intermediate_size=8, rope_theta=1e6)

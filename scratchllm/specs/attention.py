@@ -120,7 +120,8 @@ class AttentionSpec:
     Dh^-1/2).  sinks: a learned sink logit per head (gpt-oss).  rope None: no rotary positions
     (NoPE, or GPT-2's learned table); alibi: ALiBi's fixed per-head biases instead.  impl
     "sdpa" (dense scores) or "flash" (tiled, block x block).  mask: the Mask every call of the
-    layer uses (decoding keeps window + n_sink keys)."""
+    layer uses (decoding keeps window + n_sink keys).  softcap c: the scores become
+    c tanh(scores / c) before the mask (Gemma 2; impl "sdpa"), None for plain scores."""
     n_heads: int = 4
     n_kv_heads: int = 2
     head_dim: int = None
@@ -136,6 +137,7 @@ class AttentionSpec:
     impl: str = "sdpa"
     block: int = 128
     mask: Mask = Mask()
+    softcap: float = None
 
     def __post_init__(self):
         for name in ("n_heads", "n_kv_heads", "block"):
@@ -149,6 +151,7 @@ class AttentionSpec:
         real(self, "norm_eps", 0, open_low=True)
         real(self, "norm_offset")
         real(self, "scale", 0, open_low=True, none_ok=True)
+        real(self, "softcap", 0, open_low=True, none_ok=True)
         instance(self, "rope", RopeSpec, none_ok=True)
         instance(self, "mask", Mask)
         one_of(self, "impl", ("sdpa", "flash"))
@@ -159,6 +162,8 @@ class AttentionSpec:
             fail(self, "rope and alibi are two position schemes; give one (rope=None for ALiBi)")
         if self.head_dim is not None and self.rope is not None and self.head_dim % 2:
             fail(self, f"RoPE rotates pairs: head_dim={self.head_dim} must be even")
+        if self.impl == "flash" and self.softcap is not None:
+            fail(self, "softcap caps the dense scores: it needs impl='sdpa'", "softcap")
         if self.impl == "flash" and (self.mask.array is not None or self.mask.block):
             fail(self, "impl='flash' tiles causal, window and n_sink; a mask array or a block "
                        "pattern needs impl='sdpa'")

@@ -70,7 +70,8 @@ class ModelConfig:
 
     positions: what the embedding adds ("none"; "learned": GPT-2's wpe of max_positions rows;
     "sinusoidal": Vaswani et al.'s fixed table); RoPE and ALiBi live in each AttentionSpec.
-    embed_scale: x_0 = E[ids] sqrt(D) (Gemma).  tie_embeddings: the head is E^T."""
+    embed_scale: x_0 = E[ids] sqrt(D) (Gemma).  tie_embeddings: the head is E^T.
+    logit_softcap c: the logits become c tanh(logits / c) (Gemma 2), None for plain logits."""
     name: str = "custom"
     vocab_size: int = 1024
     d_model: int = 128
@@ -80,6 +81,7 @@ class ModelConfig:
     embed_scale: bool = False
     positions: str = "none"
     max_positions: int = 1024
+    logit_softcap: float = None
 
     def __post_init__(self):
         if not isinstance(self.name, str):
@@ -103,6 +105,7 @@ class ModelConfig:
         flag(self, "tie_embeddings")
         flag(self, "embed_scale")
         one_of(self, "positions", ("none", "learned", "sinusoidal"))
+        real(self, "logit_softcap", 0, open_low=True, none_ok=True)
 
     @property
     def n_layers(self):

@@ -43,7 +43,8 @@ _QWEN3_MOE_NEEDS = dict(
     n_sink=0, attn_sinks=False, qkv_bias=False, o_bias=False, qk_norm=True, attn_scale=None,
     ffn="moe", experts="swiglu", score="softmax", router_bias=False, n_shared=0, n_group=1,
     topk_group=1, routed_scaling_factor=1.0, capacity_factor=None, moe_offset=None,
-    norm="rmsnorm", block="pre", norm_offset=0.0, embed_scale=False, bias_gamma=0.0)
+    norm="rmsnorm", block="pre", norm_offset=0.0, embed_scale=False, bias_gamma=0.0,
+    attn_softcap=None, logit_softcap=None)
 _QWEN3_MOE_LAYER = dict(LAYER_NAMES, **{"ffn.w_router": ("mlp.gate.weight", True)})
 _QWEN3_MOE_EXPERTS = ("mlp.experts", {"ffn.w1": "gate_proj", "ffn.w3": "up_proj",
                                       "ffn.w2": "down_proj"})
