@@ -160,18 +160,19 @@ class AttentionSpec:
     """A grouped-query attention layer (GQA, Ainslie et al. 2023; MHA at Hkv = H, MQA at 1).
 
     head_dim None means d_model / n_heads.  qkv_bias, o_bias: biases on the projections
-    (Qwen2; GPT-2).  qk_norm: an RMSNorm over each q and k head before RoPE (Qwen3, Gemma 3),
-    with its eps and gain offset (Gemma: gain = offset + g).  scale: the softmax scale (None =
+    (Qwen2; GPT-2).  qk_norm: an RMSNorm over each q and k head before RoPE (True: Qwen3,
+    Gemma 3), or "full": over the whole q and k projections (H*Dh and Hkv*Dh: OLMo 2), with its eps and gain offset (Gemma: gain = offset + g).  scale: the softmax scale (None =
     Dh^-1/2).  sinks: a learned sink logit per head (gpt-oss).  rope None: no rotary positions
     (NoPE, or GPT-2's learned table); alibi: ALiBi's fixed per-head biases instead.  impl
     "sdpa" (dense scores) or "flash" (tiled, block x block).  mask: the Mask every call of the
-    layer uses (decoding keeps window + n_sink keys)."""
+    layer uses (decoding keeps window + n_sink keys).  softcap c: the scores become
+    c tanh(scores / c) before the mask (Gemma 2; impl "sdpa"), None for plain scores."""
     n_heads: int = 4
     n_kv_heads: int = 2
     head_dim: int = None
     qkv_bias: bool = False
     o_bias: bool = False
-    qk_norm: bool = False
+    qk_norm: object = False
     norm_eps: float = 1e-6
     norm_offset: float = 0.0
     scale: float = None
@@ -181,16 +182,21 @@ class AttentionSpec:
     impl: str = "sdpa"
     block: int = 128
     mask: Mask = Mask()
+    softcap: float = None
 
     def __post_init__(self):
         for name in ("n_heads", "n_kv_heads", "block"):
             positive_int(self, name)
         positive_int(self, "head_dim", none_ok=True)
-        for name in ("qkv_bias", "o_bias", "qk_norm", "sinks", "alibi"):
+        for name in ("qkv_bias", "o_bias", "sinks", "alibi"):
             flag(self, name)
+        if not isinstance(self.qk_norm, bool) and self.qk_norm != "full":
+            fail(self, f"qk_norm must be False, True (per head) or 'full' (over the whole "
+                       f"projection), got {self.qk_norm!r}", "qk_norm")
         real(self, "norm_eps", 0, open_low=True)
         real(self, "norm_offset")
         real(self, "scale", 0, open_low=True, none_ok=True)
+        real(self, "softcap", 0, open_low=True, none_ok=True)
         instance(self, "rope", RopeSpec, none_ok=True)
         instance(self, "mask", Mask)
         one_of(self, "impl", ("sdpa", "flash"))
@@ -201,6 +207,8 @@ class AttentionSpec:
             fail(self, "rope and alibi are two position schemes; give one (rope=None for ALiBi)")
         if self.head_dim is not None and self.rope is not None and self.head_dim % 2:
             fail(self, f"RoPE rotates pairs: head_dim={self.head_dim} must be even")
+        if self.impl == "flash" and self.softcap is not None:
+            fail(self, "softcap caps the dense scores: it needs impl='sdpa'", "softcap")
         if self.impl == "flash" and (self.mask.array is not None or self.mask.block):
             fail(self, "impl='flash' tiles causal, window and n_sink; a mask array or a block "
                        "pattern needs impl='sdpa'")
@@ -216,7 +224,7 @@ class AttentionSpec:
         """wq, wk, wv, wo (+ biases, QK-norm gains, sink logits)."""
         D, H, Hkv, Dh = d_model, self.n_heads, self.n_kv_heads, self.dh(d_model)
         n = D * H * Dh + 2 * D * Hkv * Dh + H * Dh * D + self.n_biases(d_model)
-        n += 2 * Dh if self.qk_norm else 0
+        n += (H + Hkv) * Dh if self.qk_norm == "full" else 2 * Dh if self.qk_norm else 0
         return n + (H if self.sinks else 0)
 
     def n_biases(self, d_model):
