@@ -7,10 +7,12 @@ checkpoints and what transformers computes with them (the format of make_hf_fixt
 Per family a directory holds:
     config.json, model.safetensors   transformers' own save_pretrained (float32 weights)
     expected.npz                     computed by transformers in float64 from those weights:
-        pixel_values (B, C, H, W), out (B, n_labels) logits (vit) or (B, N, D)
-        last_hidden_state (siglip_vision_model), G_seed (G = default_rng(G_seed).
-        standard_normal(out.shape)), grad/<checkpoint name> = d sum(out * G) / d param for
-        every parameter, under the names transformers writes in model.safetensors,
+        pixel_values (B, C, H, W), out (B, n_labels) logits (vit), (B, N, D)
+        last_hidden_state (siglip_vision) or (B, D) pooler_output (siglip_vision_head: with
+        the attention-pooling head), last_hidden_state (the logits for vit), G_seed
+        (G = default_rng(G_seed).standard_normal(out.shape)), grad/<checkpoint name> =
+        d sum(out * G) / d param for every parameter, under the names transformers writes
+        in model.safetensors,
         saved_by_scratchllm_rel_err (scratchllm's save_pretrained of the checkpoint, loaded
         by from_pretrained: the float32 outputs' largest relative difference from `out`)
 ViT's image is 8 x 12 pixels in 4 x 4 patches (a 2 x 3 grid: a transposed grid cannot hide),
@@ -43,6 +45,9 @@ FAMILIES = {  # directory -> (transformers class, config fields)
     "siglip_vision": (transformers.SiglipVisionModel, transformers.SiglipVisionConfig(
         **GEOMETRY, image_size=12, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6,
         vision_use_head=False)),
+    "siglip_vision_head": (transformers.SiglipVisionModel, transformers.SiglipVisionConfig(
+        **GEOMETRY, image_size=12, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6,
+        vision_use_head=True)),
 }
 
 
@@ -66,8 +71,11 @@ def randomize(model, seed):
 
 
 def output(model, pixel_values):
+    """logits (ViT), pooler_output (SigLIP with its pooling head), else last_hidden_state."""
     out = model(pixel_values=pixel_values)
-    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+    if hasattr(out, "logits"):
+        return out.logits
+    return out.last_hidden_state if out.pooler_output is None else out.pooler_output
 
 
 def checkpoint_names(model, grads, directory):
@@ -88,12 +96,15 @@ def reference(directory, cls, rng):
         H, W = (size, size) if isinstance(size, int) else size
         pixel_values = rng.standard_normal((B, model.config.num_channels, H, W))
         out = output(model, torch.tensor(pixel_values))
+        hidden = getattr(model(pixel_values=torch.tensor(pixel_values)), "last_hidden_state",
+                         out)
         G = np.random.default_rng(G_SEED).standard_normal(tuple(out.shape))
         (out * torch.tensor(G)).sum().backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     with tempfile.TemporaryDirectory() as tmp:
         named = checkpoint_names(model, grads, tmp)
     return dict(pixel_values=pixel_values, out=out.detach().numpy(), G_seed=G_SEED,
+                last_hidden_state=hidden.detach().numpy(),
                 **{f"grad/{n}": g for n, g in named.items()})
 
 

@@ -49,9 +49,10 @@ def vision_embed(rng):
     return reports
 
 
-def vision_tiny(n_labels, cls_token, gelu_approx):
+def vision_tiny(n_labels, cls_token, gelu_approx, pool=False):
     """A tiny VisionConfig: 8 x 12 images of 2 channels in 4 x 4 patches (6 patches), D = 12,
-    3 heads, 2 pre-norm blocks (LayerNorm, bidirectional MHA with biases, GELU MLP of 20)."""
+    3 heads, 2 pre-norm blocks (LayerNorm, bidirectional MHA with biases, GELU MLP of 20);
+    pool: with SigLIP's attention-pooling head of the same LayerSpec."""
     from scratchllm.specs import AttentionSpec, FFNSpec, LayerSpec, Mask, NormSpec
     from scratchllm.specs.vision import PatchSpec, VisionConfig
     norm = NormSpec("layernorm", 1e-6)
@@ -59,7 +60,8 @@ def vision_tiny(n_labels, cls_token, gelu_approx):
                                     mask=Mask(causal=False)),
                       FFNSpec("gelu_mlp", 20, gelu_approx=gelu_approx), norm)
     return VisionConfig(d_model=12, patch=PatchSpec((8, 12), 4, 2, cls_token=cls_token),
-                        layers=(layer,) * 2, norm=norm, n_labels=n_labels)
+                        layers=(layer,) * 2, norm=norm, n_labels=n_labels,
+                        pool=layer if pool else None)
 
 
 @case
@@ -69,8 +71,9 @@ def vision_transformer(rng):
     row, which softmax ignores: its gradient is 0 exactly, so it is left out."""
     from scratchllm.vision import VisionTransformer
     reports = []
-    for label, cfg in (("ViT classifier", vision_tiny(5, True, "none")),
-                       ("SigLIP-style encoder", vision_tiny(0, False, "tanh"))):
+    for label, cfg, pooled in (("ViT classifier", vision_tiny(5, True, "none"), False),
+                               ("SigLIP-style encoder", vision_tiny(0, False, "tanh"), False),
+                               ("pooling head", vision_tiny(0, False, "tanh", True), True)):
         model = VisionTransformer(cfg, rng=rng, dtype=np.float64)
         for name, p in model.named_parameters():
             noise = rng.standard_normal(p.data.shape)
@@ -81,7 +84,7 @@ def vision_transformer(rng):
         def forward(pixel_values, **arrays):
             for name, p in params.items():
                 p.data = arrays[name]
-            return model.forward(pixel_values)
+            return model.forward(pixel_values, pooled=pooled)
 
         def backward(dout, cache):
             model.zero_grad()
@@ -93,3 +96,19 @@ def vision_transformer(rng):
                              n_directions=2, wrt=wrt, pixel_values=rng.standard_normal(
                                  (2, 2, 8, 12)), **{n: p.data for n, p in params.items()}))
     return reports
+
+
+@case
+def probe_attention(rng):
+    from scratchllm.specs import AttentionSpec, Mask
+    from scratchllm.vision.pool import (ProbeWeights, probe_attention_backward,
+                                        probe_attention_forward)
+    D, HD = 12, 12
+    w = ProbeWeights(rng.standard_normal(D), *(rng.standard_normal((D, HD)) for _ in range(3)),
+                     rng.standard_normal((HD, D)), *(rng.standard_normal(n) for n in
+                                                     (HD, HD, HD, D)))
+    spec = AttentionSpec(3, 3, qkv_bias=True, o_bias=True, rope=None, mask=Mask(causal=False))
+    # softmax ignores the key bias (it adds q . bk to the one row's every score)
+    return check(probe_attention_forward, probe_attention_backward, rng=rng, spec=spec,
+                 wrt=["h", "w.probe", "w.wq", "w.wk", "w.wv", "w.wo", "w.bq", "w.bv", "w.bo"],
+                 h=rng.standard_normal((2, 5, D)), w=w)

@@ -68,14 +68,17 @@ class VisionConfig:
     """A Vision Transformer: the patch embedding, one LayerSpec per block, the final norm and
     what the model returns: the final norm's output (B, N', D) (n_labels = 0: an image
     encoder, SigLIP's last_hidden_state), or the logits (B, n_labels) of a linear head on the
-    [CLS] vector (ViTForImageClassification; needs patch.cls_token). name: the Hugging Face
-    model_type a checkpoint loaded from keeps ("custom" else)."""
+    [CLS] vector (ViTForImageClassification; needs patch.cls_token). pool: SigLIP's
+    attention-pooling head (a learned probe attends the tokens: the LayerSpec's mixer, then
+    z + ffn(norm(z))), whose (B, D) output forward gives on request; None: no such head.
+    name: the Hugging Face model_type a checkpoint loaded from keeps ("custom" else)."""
     name: str = "custom"
     d_model: int = 768
     patch: PatchSpec = PatchSpec()
     layers: tuple = (LayerSpec(),) * 12
     norm: NormSpec = NormSpec("layernorm", 1e-12)
     n_labels: int = 0
+    pool: LayerSpec = None
 
     def __post_init__(self):
         if not isinstance(self.name, str):
@@ -84,16 +87,22 @@ class VisionConfig:
         instance(self, "patch", PatchSpec)
         instance(self, "norm", NormSpec)
         positive_int(self, "n_labels", low=0)
+        instance(self, "pool", LayerSpec, none_ok=True)
         if not isinstance(self.layers, tuple) or not self.layers or not all(
                 isinstance(layer, LayerSpec) for layer in self.layers):
             fail(self, f"layers must be a non-empty tuple of LayerSpec, got {self.layers!r}",
                  "layers")
-        for i, layer in enumerate(self.layers):
+        named = [(f"layers[{i}]", layer) for i, layer in enumerate(self.layers)]
+        for where, layer in named + ([("pool", self.pool)] if self.pool else []):
             mask = getattr(layer.mixer, "mask", None)
             if mask is None or mask.causal or getattr(layer.mixer, "rope", None) is not None:
-                fail(self, f"layers[{i}]: a vision block attends every patch without rotary "
+                fail(self, f"{where}: a vision block attends every patch without rotary "
                            f"positions: an AttentionSpec with rope=None and "
                            f"Mask(causal=False), got {layer.mixer!r}", "layers")
+        if self.pool is not None and (self.pool.ffn is None or self.pool.placement != "pre"
+                                      or self.pool.mixer.n_kv_heads != self.pool.mixer.n_heads):
+            fail(self, f"pool: the attention-pooling head is multi-head attention, then a "
+                       f"pre-norm FFN; got {self.pool!r}", "pool")
         if self.n_labels and not self.patch.cls_token:
             fail(self, f"n_labels={self.n_labels}: the classification head reads the [CLS] "
                        f"vector; give patch.cls_token=True", "n_labels")
@@ -103,7 +112,9 @@ class VisionConfig:
         return len(self.layers)
 
     def n_params(self):
-        """Patch embedding + blocks + final norm (+ the head (D + 1) n_labels)."""
+        """Patch embedding + blocks + final norm (+ the head (D + 1) n_labels) (+ the pooling
+        head: its probe and its LayerSpec's attention (with all four biases), norm and FFN)."""
         D = self.d_model
-        return (self.patch.n_params(D) + sum(layer.n_params(D) for layer in self.layers)
-                + self.norm.n_params(D) + (D + 1) * self.n_labels)
+        n = (self.patch.n_params(D) + sum(layer.n_params(D) for layer in self.layers)
+             + self.norm.n_params(D) + (D + 1) * self.n_labels)
+        return n if self.pool is None else n + D + self.pool.n_params(D)

@@ -7,6 +7,7 @@ an optional linear head on the [CLS] vector.
     z_l = block_l(z_{l-1})                      l = 1..L
     h = norm(z_L)                               the image encoder's output (B, N', D)
     logits = h[:, 0] W_head + b_head            with n_labels > 0 (B, n_labels)
+    pooled = attention_pool(h)                  with cfg.pool, on request (B, D)
 Hugging Face: ViTForImageClassification (vit) and SigLIP's vision tower (siglip_vision_model:
 no [CLS], h is its last_hidden_state). Backward: the same chain in reverse; the head's
 gradient reaches only the [CLS] row.
@@ -23,14 +24,16 @@ from scratchllm.lm import Block
 from scratchllm.lm.mixers import make_norm
 from scratchllm.specs.vision import VisionConfig
 from scratchllm.vision.embed import VisionEmbedding
+from scratchllm.vision.pool import AttentionPool
 
 
 class VisionCache(NamedTuple):
     embed: tuple
     blocks: list
     norm: tuple
-    head: tuple   # None without a head
+    head: tuple   # the classifier's or the pooling head's cache; None for h itself
     hidden_shape: tuple
+    pooled: bool  # the output is the pooling head's
 
 
 class VisionTransformer(Module):
@@ -47,6 +50,8 @@ class VisionTransformer(Module):
         self.norm = make_norm(D, cfg.norm, dtype)
         self.head = Linear(D, cfg.n_labels, bias=True, rng=rng, dtype=dtype) \
             if cfg.n_labels else None
+        self.pool = None if cfg.pool is None else AttentionPool(D, cfg.pool, rng=rng,
+                                                                dtype=dtype)
 
     @property
     def dtype(self):
@@ -56,9 +61,13 @@ class VisionTransformer(Module):
         """Non-trainable saved state: none (the hub asks every model)."""
         return []
 
-    def forward(self, pixel_values):
+    def forward(self, pixel_values, *, pooled=False):
         """pixel_values (B, C, H, W) -> (out, VisionCache): out the logits (B, n_labels) with
-        a head, else the final norm's output (B, N', D) (last_hidden_state)."""
+        a head, else the final norm's output (B, N', D) (last_hidden_state); pooled=True:
+        the pooling head's output (B, D) (SigLIP's pooler_output)."""
+        if pooled and self.pool is None:
+            raise ValueError("VisionTransformer.forward: pooled=True needs the pooling head "
+                             "(cfg.pool is None)")
         expect_float("VisionTransformer", "pixel_values", pixel_values, 4)
         x, c_emb = self.embed.forward(pixel_values.astype(self.dtype, copy=False))  # (B, N', D)
         blocks = []
@@ -66,15 +75,20 @@ class VisionTransformer(Module):
             x, c = layer.forward(x)  # (B, N', D)
             blocks.append(c)
         h, c_norm = self.norm.forward(x)  # (B, N', D)
+        if pooled:
+            out, c_pool = self.pool.forward(h)  # (B, D)
+            return out, VisionCache(c_emb, blocks, c_norm, c_pool, h.shape, True)
         if self.head is None:
-            return h, VisionCache(c_emb, blocks, c_norm, None, h.shape)
+            return h, VisionCache(c_emb, blocks, c_norm, None, h.shape, False)
         logits, c_head = self.head.forward(h[:, 0])  # (B, n_labels)
-        return logits, VisionCache(c_emb, blocks, c_norm, c_head, h.shape)
+        return logits, VisionCache(c_emb, blocks, c_norm, c_head, h.shape, False)
 
     def backward(self, dout, cache):
         """dout like forward's out -> Param grads (+=); returns d pixel_values (B, C, H, W)."""
-        c_emb, blocks, c_norm, c_head, shape = cache
-        if c_head is None:
+        c_emb, blocks, c_norm, c_head, shape, pooled = cache
+        if pooled:
+            dh = self.pool.backward(dout, c_head)  # fwd: out = attention_pool(h)
+        elif c_head is None:
             dh = dout  # (B, N', D)
         else:
             dh = np.zeros(shape, self.dtype)  # (B, N', D)

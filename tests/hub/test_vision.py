@@ -1,8 +1,9 @@
-"""The vision families against transformers: tests/fixtures/hf/vit (ViTForImageClassification)
-and siglip_vision (SiglipVisionModel) were computed by transformers in float64
-(tools/make_hf_fixtures_vision.py); here scratchllm gives the same output (logits, or
-last_hidden_state) to 1e-9, every parameter's gradient to 1e-8, bit-identical save/load, and
-a saved directory transformers loads. Their records round-trip config and tensor names as
+"""The vision families against transformers: tests/fixtures/hf/vit (ViTForImageClassification),
+siglip_vision and siglip_vision_head (SiglipVisionModel without and with its attention-pooling
+head) were computed by transformers in float64 (tools/make_hf_fixtures_vision.py); here
+scratchllm gives the same output (logits, last_hidden_state, pooler_output) to 1e-9, every
+parameter's gradient to 1e-8, bit-identical save/load, and a saved directory transformers
+loads. Their records round-trip config and tensor names as
 test_registry asks of the LM families. No torch here."""
 import dataclasses
 import json
@@ -21,7 +22,7 @@ from scratchllm.hub.registry import module_family_for
 from scratchllm.vision import VisionTransformer
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
-VISION = ["vit", "siglip_vision"]
+VISION = ["vit", "siglip_vision", "siglip_vision_head"]
 
 
 def rel_err(a, b):
@@ -32,25 +33,34 @@ def expected(name):
     return dict(np.load(HF / name / "expected.npz"))
 
 
+def run(model, ref):
+    """(out, cache) of the output the fixture recorded: the pooling head's when the model
+    has one (pooler_output), else forward's own (logits, last_hidden_state)."""
+    return model.forward(pixel_values=ref["pixel_values"], pooled=model.pool is not None)
+
+
 @pytest.mark.parametrize("name", VISION)
 def test_output_matches_transformers(name):
     ref = expected(name)
     model = load_pretrained(HF / name, dtype=np.float64)
     assert isinstance(model, VisionTransformer)
-    out, _ = model.forward(pixel_values=ref["pixel_values"])
+    out, _ = run(model, ref)
     assert out.shape == ref["out"].shape
     assert rel_err(out, ref["out"]) < 1e-9
+    out, _ = model.forward(pixel_values=ref["pixel_values"])
+    assert rel_err(out, ref["last_hidden_state"]) < 1e-9
 
 
 @pytest.mark.parametrize("name", VISION)
 def test_every_gradient_matches_transformers(name):
     """d sum(out * G) / d every parameter, in the checkpoint's names and layouts. A key bias
     has gradient 0 in exact arithmetic (softmax ignores the q . bk it adds to a whole row):
-    both are round-off, so both must be tiny on the scale of the key weight's gradient."""
+    both are round-off, so both must be tiny on the scale of the key weight's gradient (the
+    pooling head's key bias is the middle third of its fused in_proj_bias)."""
     ref = expected(name)
     model = load_pretrained(HF / name, dtype=np.float64)
     model.zero_grad()
-    out, cache = model.forward(pixel_values=ref["pixel_values"])
+    out, cache = run(model, ref)
     G = np.random.default_rng(int(ref["G_seed"])).standard_normal(out.shape)
     model.backward(G, cache)
     grads = grad_dict(model)
@@ -58,11 +68,17 @@ def test_every_gradient_matches_transformers(name):
     assert sorted(grads) == sorted(want)
     for n, g in want.items():
         assert grads[n].shape == g.shape, n
-        if n.endswith(("key.bias", "k_proj.bias")):
-            scale = np.abs(want[n.replace(".bias", ".weight")]).max()
-            assert max(np.abs(grads[n]).max(), np.abs(g).max()) < 1e-12 * scale, n
-        else:
+        key = slice(None)  # the key bias's entries, for the key biases
+        if n == "head.attention.in_proj_bias":  # [q | k | v]
+            D = g.shape[0] // 3
+            key = slice(D, 2 * D)
+            assert rel_err(np.delete(grads[n], key), np.delete(g, key)) < 1e-8, n
+        elif not n.endswith(("key.bias", "k_proj.bias")):
             assert rel_err(grads[n], g) < 1e-8, n
+            continue
+        weight = n.replace("_bias", "_weight").replace(".bias", ".weight")
+        scale = np.abs(want[weight][key]).max()
+        assert max(np.abs(grads[n][key]).max(), np.abs(g[key]).max()) < 1e-12 * scale, n
 
 
 @pytest.mark.parametrize("name", VISION)
@@ -70,7 +86,7 @@ def test_backward_accumulates(name):
     """backward adds into the gradients: two calls give twice one; zero_grad clears them."""
     ref = expected(name)
     model = load_pretrained(HF / name, dtype=np.float64)
-    out, cache = model.forward(pixel_values=ref["pixel_values"])
+    out, cache = run(model, ref)
     G = np.random.default_rng(0).standard_normal(out.shape)
     model.backward(G, cache)
     once = {n: g.copy() for n, g in grad_dict(model).items()}
@@ -146,8 +162,11 @@ def test_old_siglip_names_load(tmp_path):
 def test_what_the_library_cannot_honour_is_named(tmp_path):
     hf = json.loads((HF / "siglip_vision" / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(dict(hf, vision_use_head=True)))
-    with pytest.raises(ValueError, match="vision_use_head"):
+    shutil.copy(HF / "siglip_vision" / "model.safetensors", tmp_path)
+    with pytest.raises(ValueError, match=r"'head.attention.in_proj_bias'.* missing \(11 in all\)"):
         load_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="pooled=True needs the pooling head"):
+        load_pretrained(HF / "siglip_vision").forward(np.zeros((1, 3, 12, 12)), pooled=True)
     (tmp_path / "config.json").write_text(json.dumps(dict(hf, hidden_act="relu")))
     with pytest.raises(ValueError, match="hidden_act = 'relu'"):
         load_pretrained(tmp_path)

@@ -48,7 +48,7 @@ def _square(hf, field, default):
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-def _config(hf, family, *, cls_token, qkv_bias, eps, n_labels):
+def _config(hf, family, *, cls_token, qkv_bias, eps, n_labels, pool=False):
     """The VisionConfig of a ViT-style config.json (the fields both families share)."""
     require(hf, _FIELDS, family)
     act = hf.get("hidden_act", "gelu")
@@ -67,7 +67,7 @@ def _config(hf, family, *, cls_token, qkv_bias, eps, n_labels):
     return VisionConfig(name=family, d_model=D, layers=(layer,) * hf["num_hidden_layers"],
                         patch=PatchSpec(_square(hf, "image_size", 224), patch[0],
                                         hf.get("num_channels", 3), cls_token=cls_token),
-                        norm=norm, n_labels=n_labels)
+                        norm=norm, n_labels=n_labels, pool=layer if pool else None)
 
 
 def _common_hf(cfg, family, dtype_name, base):
@@ -87,7 +87,7 @@ def _common_hf(cfg, family, dtype_name, base):
     return hf
 
 
-def _needs(cfg, *, cls_token, n_labels, qkv_bias=None):
+def _needs(cfg, *, cls_token, n_labels, qkv_bias=None, pool=False):
     """{name: what the family needs} for every option cfg has otherwise (for refuse)."""
     first = cfg.layers[0]
     same = all(layer == first for layer in cfg.layers)
@@ -97,11 +97,13 @@ def _needs(cfg, *, cls_token, n_labels, qkv_bias=None):
                qkv_bias=getattr(a, "qkv_bias", None), o_bias=getattr(a, "o_bias", None),
                qk_norm=getattr(a, "qk_norm", None), scale=getattr(a, "scale", None),
                ffn=getattr(ffn, "kind", None), norm=first.norm.kind,
-               placement=first.placement, same_norms=first.norm == cfg.norm)
+               placement=first.placement, same_norms=first.norm == cfg.norm,
+               pool=cfg.pool is None or (cfg.pool == first and "like the blocks"))
     need = dict(cls_token=cls_token, labels=n_labels, same_layers=True,
                 attention="AttentionSpec", mha=True, qkv_bias=got["qkv_bias"] if qkv_bias is
                 None else qkv_bias, o_bias=True, qk_norm=False, scale=None, ffn="gelu_mlp",
-                norm="layernorm", placement="pre", same_norms=True)
+                norm="layernorm", placement="pre", same_norms=True,
+                pool="like the blocks" if pool else True)
     return got, need
 
 
@@ -153,11 +155,14 @@ _SIGLIP_LAYER = {"norm1.g": "layer_norm1.weight", "norm1.b": "layer_norm1.bias",
                  "ffn.W2": "mlp.fc2.weight", "ffn.b2": "mlp.fc2.bias"}
 
 
-def _entries(model, top, layer_prefix, layer_names):
-    """[Entry] of every Param: `top` {library name: (HF name, transposed, reshape)}, and
-    <layer_prefix>i.<layer_names[rest]> for layers.i.<rest> (matrices transposed)."""
+def _entries(model, top, layer_prefix, layer_names, skip=()):
+    """[Entry] of every Param but those in `skip`: `top` {library name: (HF name,
+    transposed, reshape)}, and <layer_prefix>i.<layer_names[rest]> for layers.i.<rest>
+    (matrices transposed)."""
     out = []
     for name, p in model.named_parameters():
+        if name in skip:
+            continue
         if name in top:
             hf, transpose, shape = top[name]
             out.append(Entry(hf, (name,), transpose, reshape=shape))
@@ -194,17 +199,31 @@ VIT = ModuleFamily(
 
 # ---------------------------------------------------------------------------- siglip
 def _siglip_from_hf(hf):
-    if hf.get("vision_use_head", True):
-        fail_config("vision_use_head = True (the attention-pooling head) is not implemented "
-                    "for siglip_vision_model")
+    """vision_use_head: the attention-pooling head, of the blocks' own geometry."""
     return _config(hf, "siglip_vision_model", cls_token=False, qkv_bias=True, eps=1e-6,
-                   n_labels=0)
+                   n_labels=0, pool=bool(hf.get("vision_use_head", True)))
 
 
 def _siglip_to_hf(cfg, dtype_name, base=None):
     hf = _common_hf(cfg, SIGLIP_VISION, dtype_name, base)
-    hf["vision_use_head"] = False
+    hf["vision_use_head"] = cfg.pool is not None
     return hf
+
+
+_POOL = {"pool.wo": "attention.out_proj.weight", "pool.bo": "attention.out_proj.bias",
+         "pool.norm.g": "layernorm.weight", "pool.norm.b": "layernorm.bias",
+         "pool.mlp.W1": "mlp.fc1.weight", "pool.mlp.b1": "mlp.fc1.bias",
+         "pool.mlp.W2": "mlp.fc2.weight", "pool.mlp.b2": "mlp.fc2.bias"}
+
+
+def _pool_entries(cfg):
+    """[Entry] of SigLIP's pooling head: head.probe (1, 1, D), the fused in_proj of
+    torch's nn.MultiheadAttention ([q | k | v] weight (3D, D) and bias), the rest one each."""
+    return [Entry("head.probe", ("pool.probe",), False, reshape=(1, 1, cfg.d_model)),
+            Entry("head.attention.in_proj_weight", ("pool.wq", "pool.wk", "pool.wv"), True),
+            Entry("head.attention.in_proj_bias", ("pool.bq", "pool.bk", "pool.bv"), False),
+            *(Entry("head." + hf, (lib,), lib.endswith(("W1", "W2", "wo")))
+              for lib, hf in _POOL.items())]
 
 
 def _siglip_names(model, cfg):
@@ -213,12 +232,14 @@ def _siglip_names(model, cfg):
            "embed.pos": ("embeddings.position_embedding.weight", False, None),
            "norm.g": ("post_layernorm.weight", False, None),
            "norm.b": ("post_layernorm.bias", False, None)}
-    return _entries(model, top, "encoder.layers.", _SIGLIP_LAYER)
+    pool = _pool_entries(cfg) if cfg.pool is not None else []
+    lib = {n for e in pool for n in e.lib}
+    return _entries(model, top, "encoder.layers.", _SIGLIP_LAYER, skip=lib) + pool
 
 
 SIGLIP_VISION = ModuleFamily(
     "siglip_vision_model", "SiglipVisionModel", _siglip_from_hf, _siglip_to_hf,
     claims=lambda cfg: isinstance(cfg, VisionConfig) and not cfg.patch.cls_token,
     check=lambda cfg: _refuse(cfg, "siglip_vision_model", cls_token=False, n_labels=False,
-                              qkv_bias=True),
+                              qkv_bias=True, pool=cfg.pool is not None),
     build=VisionTransformer, names=_siglip_names, old_prefix="vision_model.")
