@@ -6,7 +6,8 @@ imports count too), and a synthetic tree that shows each rule can fail.
     tokenizer, attention, moe, ssm, linear_attention
                                   core, and each other where the math needs it
     lm                            the component packages
-    hub                           lm (Hugging Face checkpoints), beside it
+    vision                        lm (the Vision Transformer is built from lm's Block)
+    hub                           lm and vision (Hugging Face checkpoints), beside them
     train                         lm and hub (and what they stand on)
     teach/arch, teach/sizing, teach/rules
                                   the standard library and specs only
@@ -30,10 +31,11 @@ ALLOWED = {  # top-level part of scratchllm -> the parts it may import
     "ssm": {"core", "specs"} | COMPONENTS,
     "linear_attention": {"core", "specs"} | COMPONENTS,
     "lm": {"core", "specs"} | COMPONENTS,
-    "hub": {"core", "specs", "lm"} | COMPONENTS,
-    "train": {"core", "specs", "lm", "hub"} | COMPONENTS,
+    "vision": {"core", "specs", "lm"} | COMPONENTS,
+    "hub": {"core", "specs", "lm", "vision"} | COMPONENTS,
+    "train": {"core", "specs", "lm", "hub", "vision"} | COMPONENTS,
     "teach": {"core", "specs"} | COMPONENTS,
-    "cli": {"core", "specs", "lm", "train", "teach", "hub"} | COMPONENTS,
+    "cli": {"core", "specs", "lm", "train", "teach", "hub", "vision"} | COMPONENTS,
     "__main__": {"cli"},
     "__init__": set(),
 }
