@@ -1,12 +1,15 @@
 """The hardware row "this": this machine's memory bandwidth and peak FLOP/s, measured with
-NumPy (a large array copy and a float32 matmul), best of a few runs. `size --serve --hw this`
-imports this module only when asked, so `size` otherwise loads no numpy."""
+NumPy (a large array copy and a float32 matmul), best of a few runs; and the library's own
+decode timed on it (measure_decode), to draw beside the roofline's prediction. `size --serve
+--hw this` imports this module only when asked, so `size` otherwise loads no numpy."""
 import functools
 import os
+import statistics
 import time
 
 import numpy as np
 
+from scratchllm.lm import LM
 from scratchllm.teach.serving import Hardware
 
 
@@ -49,3 +52,32 @@ def measure_this():
     bandwidth, peak = copy_bandwidth(), matmul_flops()
     return Hardware("this", bandwidth, {"fp32": peak, "bf16": peak, "fp16": peak},
                     physical_memory(), "measured: np.copyto of 64 MiB, 1024² float32 matmul")
+
+
+def _fill(state, context):
+    """Make every layer's state hold `context` tokens (their values do not matter for timing:
+    the zeros they were allocated with); recurrent states have no length."""
+    for st in state:
+        if hasattr(st, "lengths") and hasattr(st, "ring_k"):
+            st.n_seen = context  # RollingKVState: one count for all rows
+        elif hasattr(st, "lengths"):
+            st.length = context  # KVState, LatentKVState
+
+
+def measure_decode(cfg, batches, context, steps=4, seed=0):
+    """Tokens/s of LM(cfg).decode (float32) at each batch size with `context` tokens cached:
+    b / the median of `steps` timed steps (after one untimed). [(batch, tokens/s)]."""
+    rng = np.random.default_rng(seed)
+    model = LM(cfg, rng=rng)
+    out = []
+    for b in batches:
+        state = model.init_state(b, context + steps + 1)
+        _fill(state, context)
+        times = []
+        for t in range(steps + 1):
+            ids = rng.integers(0, cfg.vocab_size, b)
+            start = time.perf_counter()
+            model.decode(ids, state, context + t)
+            times.append(time.perf_counter() - start)
+        out.append((b, b / statistics.median(times[1:])))
+    return out

@@ -14,7 +14,7 @@ import sys
 
 from scratchllm.cli.common import Parser, run
 from scratchllm.cli.size_serve import save_serve_plot, serve_json, serve_table
-from scratchllm.specs import FFNSpec, MambaSpec, MLASpec, MoESpec
+from scratchllm.specs import PRESETS, FFNSpec, MambaSpec, MLASpec, MoESpec, preset
 from scratchllm.specs.unflat import mixer_letter
 from scratchllm.teach.arch import MODELS
 from scratchllm.teach.rules import (CONTEXTS, attention_crossover, block_pieces, cache_at,
@@ -235,6 +235,9 @@ def build_parser():
                        help="the device (default h100; this: measured here with numpy)")
     serve.add_argument("--json", action="store_true", help="print only a JSON list")
     serve.add_argument("--plot", metavar="PNG", help="tokens/s against batch, to this file")
+    serve.add_argument("--measure", action="store_true",
+                       help="with --hw this: also time the library's own decode of MODEL (a "
+                            "preset: dense, moe, mla, ...) at each batch size")
     return parser
 
 
@@ -253,44 +256,57 @@ def batch_list(text):
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.model is not None and args.model not in MODELS:
-        parser.error(f"unknown model {args.model!r}; known: {', '.join(MODELS)}")
+    if args.model is not None and args.model not in MODELS and args.model not in PRESETS:
+        parser.error(f"unknown model {args.model!r}; known: {', '.join(MODELS)} and the "
+                     f"presets {', '.join(PRESETS)}")
     if args.context < 1:
         parser.error(f"--context must be >= 1, got {args.context}")
-    given = [f for f in ("hw", "json", "plot") if getattr(args, f)]
+    given = [f for f in ("hw", "json", "plot", "measure") if getattr(args, f)]
     if not args.serve and given:
         parser.error(f"--{given[0]} belongs to --serve")
     if not args.serve and len(args.batch) > 1:
         parser.error(f"one --batch without --serve, got {len(args.batch)}")
     if args.serve and args.model is None:
         parser.error("--serve needs a MODEL")
+    if args.measure and (args.hw != "this" or args.json):
+        parser.error("--measure times this machine: it needs --hw this, and prints a table "
+                     "(not --json)")
     return run("size", _size, args)
 
 
 def _size(args):
     if args.list or args.model is None:
         print("\n".join(f"{name:<16} {describe(cfg)}" for name, cfg in MODELS.items()))
+        print(f"\npresets (the models this library trains): {', '.join(PRESETS)}")
         return 0
     if args.serve:
         return _serve(args)
-    print(report(MODELS[args.model], args.context, args.batch[0], args.dtype, args.kv_dtype,
+    print(report(_model(args.model), args.context, args.batch[0], args.dtype, args.kv_dtype,
                  args.explain))
     return 0
 
 
+def _model(name):
+    """A published config (teach/arch.py) or a preset (scratchllm.specs.PRESETS)."""
+    return MODELS[name] if name in MODELS else preset(name)
+
+
 def _serve(args):
+    cfg, dtypes = _model(args.model), (args.dtype, args.kv_dtype or args.dtype)
+    measured = None
     if args.hw == "this":
         # numpy measures this machine: imported only here, so `size` otherwise loads no numpy
-        from scratchllm.cli.hardware import measure_this
+        from scratchllm.cli.hardware import measure_decode, measure_this
         hw = measure_this()
+        if args.measure:
+            measured = measure_decode(cfg, args.batch, args.context)
     else:
         hw = hardware(args.hw or "h100")
-    cfg, dtypes = MODELS[args.model], (args.dtype, args.kv_dtype or args.dtype)
     if args.json:
         print(serve_json(cfg, hw, args.batch, args.context, dtypes))
     else:
-        print(serve_table(cfg, hw, args.batch, args.context, dtypes))
-    if args.plot and not save_serve_plot(args.plot, cfg, hw, args.context, dtypes):
+        print(serve_table(cfg, hw, args.batch, args.context, dtypes, measured))
+    if args.plot and not save_serve_plot(args.plot, cfg, hw, args.context, dtypes, measured):
         print(f"scratchllm size: no plot written (matplotlib missing, or not even one "
               f"sequence fits {hw.name})", file=sys.stderr)
     return 0

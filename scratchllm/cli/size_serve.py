@@ -17,8 +17,9 @@ def serve_json(cfg, hw, batches, context, dtypes):
                       indent=1)
 
 
-def serve_table(cfg, hw, batches, context, dtypes):
-    """The text table: the device, then one row per batch size, then prefill at batch 1."""
+def serve_table(cfg, hw, batches, context, dtypes, measured=None):
+    """The text table: the device, then one row per batch size (and the measured tokens/s,
+    [(batch, tokens/s)], beside the bound when given), then prefill at batch 1."""
     dtype, kv_dtype = dtypes
     peak, top = peak_flops(hw, dtype), max_batch(cfg, hw, context, dtype, kv_dtype)
     k = knee(cfg, hw, context, dtype, kv_dtype)
@@ -32,13 +33,16 @@ def serve_table(cfg, hw, batches, context, dtypes):
                                                "FLOPs / KV bytes per sequence, below the ridge)"),
              "",
              f"  {'batch':>6} {'weights read':>13} {'KV read':>12} {'FLOPs':>13} "
-             f"{'FLOP/B':>8} {'ms/step':>9} {'tokens/s':>11}  bound    fits"]
+             f"{'FLOP/B':>8} {'ms/step':>9} {'tokens/s':>11}  bound    fits"
+             + ("   measured tokens/s" if measured else "")]
+    got = dict(measured or ())
     for b in batches:
         s = decode_step(cfg, hw, b, context, dtype, kv_dtype)
         lines.append(f"  {b:>6} {human_bytes(s.weight_bytes):>13} {human_bytes(s.kv_bytes):>12}"
                      f" {human(s.flops, FLOP_UNITS):>13} {s.intensity:>8.1f}"
                      f" {s.seconds * 1e3:>9.3f} {s.tokens_per_second:>11,.0f}  {s.bound:<8} "
-                     f"{'yes' if s.fits else 'no'}")
+                     f"{'yes' if s.fits else 'no '}"
+                     + (f"  {got[b]:>18,.0f}" if b in got else ""))
     p = prefill(cfg, hw, 1, context, dtype, kv_dtype)
     lines += ["", f"  prefill of {context:,} tokens (batch 1): {human(p.flops, FLOP_UNITS)}, "
                   f"{human_bytes(p.weight_bytes + p.kv_bytes)} moved, {p.intensity:,.0f} "
@@ -46,10 +50,11 @@ def serve_table(cfg, hw, batches, context, dtypes):
     return "\n".join(lines)
 
 
-def save_serve_plot(path, cfg, hw, context, dtypes):
+def save_serve_plot(path, cfg, hw, context, dtypes, measured=None):
     """Decode tokens/s against batch (1 .. the largest that fits, log-log), the memory roof
     (b / memory time) and the compute roof (peak / FLOPs per token) beside it, the knee
-    marked; False (nothing written) without matplotlib or when nothing fits."""
+    marked, and the measured [(batch, tokens/s)] when given; False (nothing written) without
+    matplotlib or when nothing fits."""
     try:
         from matplotlib.figure import Figure  # an optional dependency: only for --plot
     except ImportError:
@@ -70,8 +75,10 @@ def save_serve_plot(path, cfg, hw, context, dtypes):
         s = decode_step(cfg, hw, k, context, *dtypes)
         ax.axvline(k, c="red", lw=0.8, label=f"knee: batch {k:,}")
         ax.plot([k], [s.tokens_per_second], "o", c="red")
+    if measured:
+        ax.plot(*zip(*measured), "s-", c="green", label="measured: this library's decode")
     ax.set(xscale="log", yscale="log", xlabel="batch (sequences decoded together)",
-           ylabel="tokens / s (upper bound)",
+           ylabel="tokens / s",
            title=f"{cfg.name} on {hw.name}, context {context:,}, {dtypes[0]}")
     ax.legend(fontsize=8)
     fig.tight_layout()

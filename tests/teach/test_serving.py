@@ -163,7 +163,20 @@ def test_serve_table_and_plot(tmp_path, capsys):
             and "GiB" in line] == ["memory", "memory", "compute"]
 
 
+def test_this_machine_measured_beside_the_prediction(capsys):
+    assert size_cli.main(["dense", "--serve", "--hw", "this", "--measure", "--batch", "1,2",
+                          "--context", "16", "--dtype", "fp32"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()
+            and "MiB" in line]
+    assert [r[0] for r in rows] == ["1", "2"] and all(float(r[-1].replace(",", "")) > 0
+                                                      for r in rows)
+    assert "measured tokens/s" in out
+
+
 @pytest.mark.parametrize("argv", [["llama-3-8b", "--json"], ["llama-3-8b", "--hw", "h100"],
+                                  ["dense", "--serve", "--hw", "h100", "--measure"],
+                                  ["dense", "--serve", "--hw", "this", "--measure", "--json"],
                                   ["llama-3-8b", "--batch", "1,8"], ["llama-3-8b", "--serve",
                                   "--hw", "tpu"], ["llama-3-8b", "--serve", "--batch", "1,x"],
                                   ["--serve"]])
