@@ -145,6 +145,20 @@ def make_rope(spec, head_dim, positions, seq_len=None):
     return Rope(inv_freq, spec.style, af, positions)
 
 
+def row_rope(fn, spec, head_dim, position):
+    """The Rope of one decoding step at `position`: an int ([position]), or (B,) ints, one per
+    row ((B, 1) positions). Dynamic NTK scales by the length seen, so rows of different
+    lengths under "dynamic" scaling are refused (each would need its own frequencies)."""
+    if np.ndim(position) == 0:
+        return make_rope(spec, head_dim, np.array([position]), position + 1)
+    pos = np.asarray(position)
+    dynamic = spec.scaling is not None and rope_scaling_params(spec.scaling)[0] == "dynamic"
+    if dynamic and (pos != pos[0]).any():
+        raise ValueError(f"{fn}: dynamic RoPE scaling depends on each sequence's length; rows "
+                         f"at different positions {pos.tolist()} cannot share one step")
+    return make_rope(spec, head_dim, pos[:, None], int(pos.max()) + 1)
+
+
 # ---------------------------------------------------------------------------- rotation
 class RopeCache(NamedTuple):
     cos: np.ndarray
