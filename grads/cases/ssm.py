@@ -1,5 +1,6 @@
 """Gradient-check cases of scratchllm.ssm: the LTI pieces (zoh, kernel, FFT convolution),
-S4D, the selective scan, SSD, Mamba (with Jamba's inner norms) and Mamba-2."""
+S4D, the selective scan, SSD, Mamba (with Jamba's inner norms), Mamba-2, and the associative
+scan (Blelloch) with the selective scan on it."""
 import numpy as np
 
 from grads.cases._common import case
@@ -147,3 +148,24 @@ def mamba2(rng):
                                  D=rng.standard_normal(H), norm=1 + rng.random(Di),
                                  Wout=rng.normal(0, 0.5, (Di, D)), **W),
                  spec=Mamba2Spec(H, N, Di // D, K, chunk=3))
+
+
+@case
+def associative_scan(rng):
+    from scratchllm.ssm import (associative_scan_backward, associative_scan_forward,
+                                associative_scan_forward_ref)
+    inputs = dict(a=rng.uniform(-0.95, 0.95, (2, 11, 3)), b=rng.standard_normal((2, 11, 3)))
+    return [check(associative_scan_forward, associative_scan_backward, rng=rng,
+                  label="Blelloch, T = 11", **inputs),
+            check(associative_scan_forward_ref, associative_scan_backward, rng=rng,
+                  label="sequential ref", **inputs)]
+
+
+@case
+def selective_scan_assoc(rng):
+    from scratchllm.ssm import selective_scan_assoc_backward, selective_scan_assoc_forward
+    batch, T, d, N = 2, 7, 5, 3
+    return check(selective_scan_assoc_forward, selective_scan_assoc_backward, rng=rng,
+                 x=rng.standard_normal((batch, T, d)), delta=rng.uniform(0.05, 1.0, (batch, T, d)),
+                 A=-rng.uniform(0.2, 2.0, (d, N)), B=rng.standard_normal((batch, T, N)),
+                 C=rng.standard_normal((batch, T, N)), D=rng.standard_normal(d))
