@@ -7,13 +7,15 @@ imports count too), and a synthetic tree that shows each rule can fail.
                                   core, and each other where the math needs it
     lm                            the component packages
     hub                           lm (Hugging Face checkpoints), beside it
-    train                         lm and hub (and what they stand on)
+    dist                          core (process groups, collectives; mpi4py optional)
+    train                         lm, hub and dist (and what they stand on)
     teach/arch, teach/sizing, teach/rules
                                   the standard library and specs only
     teach/drills, teach/exercises the component packages and grads
     cli                           everything; nothing imports cli (but __main__)
 No cycles; a package's __init__ re-exports only its own modules' names; a function-level
-import is an optional dependency (matplotlib; the notebooks extra) with a comment saying so.
+import is an optional dependency (matplotlib; the notebooks extra; mpi4py, the dist extra)
+with a comment saying so.
 """
 import ast
 import sys
@@ -31,9 +33,10 @@ ALLOWED = {  # top-level part of scratchllm -> the parts it may import
     "linear_attention": {"core", "specs"} | COMPONENTS,
     "lm": {"core", "specs"} | COMPONENTS,
     "hub": {"core", "specs", "lm"} | COMPONENTS,
-    "train": {"core", "specs", "lm", "hub"} | COMPONENTS,
+    "dist": {"core", "specs"},
+    "train": {"core", "specs", "lm", "hub", "dist"} | COMPONENTS,
     "teach": {"core", "specs"} | COMPONENTS,
-    "cli": {"core", "specs", "lm", "train", "teach", "hub"} | COMPONENTS,
+    "cli": {"core", "specs", "lm", "train", "teach", "hub", "dist"} | COMPONENTS,
     "__main__": {"cli"},
     "__init__": set(),
 }
@@ -41,7 +44,7 @@ STDLIB_ONLY = ("scratchllm.teach.sizing", "scratchllm.teach.rules", "scratchllm.
                "scratchllm.specs")
 # ... each of these modules (and every module of the specs package) imports only the standard
 # library and the others of them
-OPTIONAL = {"matplotlib", "sentencepiece",  # the only modules a function may import
+OPTIONAL = {"matplotlib", "sentencepiece", "mpi4py",  # the only modules a function may import
             "nbformat", "nbclient", "nbconvert"}  # (the notebooks extra: cli/notebooks.py)
 
 
