@@ -176,16 +176,17 @@ class LM(Module):
         logits, _ = self.forward(ids)
         return float(fused.CROSS_ENTROPY.forward(logits, targets)[0])
 
-    def after_step(self, caches):
+    def after_step(self, caches, across=None):
         """After an optimizer step, given the step's LossCache (or one per data-parallel
         shard): each FFN's after-step update, from its caches of every shard (an MoE layer's
         aux-loss-free bias update when its router's bias_gamma > 0, from the routed counts
-        summed over shards). Returns [(layer, share of routed slots per expert)] for the MoE
-        layers."""
+        summed over shards). across: a function that sums an array over the data-parallel
+        processes (their shards' counts too), or None. Returns [(layer, share of routed
+        slots per expert)] for the MoE layers."""
         caches = caches if isinstance(caches, list) else [caches]
         stats = []
         for i, layer in enumerate(self.layers):
-            share = layer.after_step([c.lm.blocks[i] for c in caches])  # (E,) or None
+            share = layer.after_step([c.lm.blocks[i] for c in caches], across)  # (E,) or None
             if share is not None:
                 stats.append((i, share))
         return stats
