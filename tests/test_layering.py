@@ -8,6 +8,7 @@ imports count too), and a synthetic tree that shows each rule can fail.
     lm                            the component packages
     hub                           lm (Hugging Face checkpoints), beside it
     train                         lm and hub (and what they stand on)
+    serve                         lm (the serving engine, paged and quantised caches)
     teach/arch, teach/sizing, teach/rules
                                   the standard library and specs only
     teach/drills, teach/exercises the component packages and grads
@@ -32,8 +33,9 @@ ALLOWED = {  # top-level part of scratchllm -> the parts it may import
     "lm": {"core", "specs"} | COMPONENTS,
     "hub": {"core", "specs", "lm"} | COMPONENTS,
     "train": {"core", "specs", "lm", "hub"} | COMPONENTS,
+    "serve": {"core", "specs", "lm"} | COMPONENTS,
     "teach": {"core", "specs"} | COMPONENTS,
-    "cli": {"core", "specs", "lm", "train", "teach", "hub"} | COMPONENTS,
+    "cli": {"core", "specs", "lm", "train", "teach", "hub", "serve"} | COMPONENTS,
     "__main__": {"cli"},
     "__init__": set(),
 }
