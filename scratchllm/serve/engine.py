@@ -9,9 +9,10 @@ Each step:
                 preempt the most recently admitted request (free its blocks, put it back at
                 the front of the queue: it is recomputed from its prompt and the tokens it
                 has made when readmitted)
-    3. decode   every running request: requests holding the same number of tokens share one
-                LM.decode call (the layers' states are GroupState views of the cache), so the
-                model's decode runs unchanged
+    3. decode   every running request in one call at its own position (rows.decode_rows);
+                or, with rows=False (or a model decode_rows does not serve), requests holding
+                the same number of tokens share one LM.decode call, the layers' states being
+                GroupState views of the cache
     4. retire   finished requests (exactly max_new_tokens each; no early stop) free blocks
 Every request's tokens equal its own unbatched greedy decode (model.prefill, then
 model.decode, one state per layer) up to floating-point ties: batching, paging, prefix
@@ -27,6 +28,7 @@ import numpy as np
 
 from scratchllm.serve.blocks import OutOfBlocks
 from scratchllm.serve.pool import KV_DTYPES, ContiguousCache, PagedCache
+from scratchllm.serve.rows import decode_rows, rows_supported
 
 
 class Request:
@@ -46,9 +48,10 @@ class Engine:
     """Requests in, greedy tokens out; `stats` counts steps, preemptions, prefix hits, the
     peak blocks in use and the peak running batch."""
 
-    def __init__(self, model, cache):
+    def __init__(self, model, cache, rows=None):
         self.model, self.cache = model, cache
         self.paged = isinstance(cache, PagedCache)
+        self.rows = rows_supported(model) if rows is None else rows
         self.waiting, self.running, self.finished = deque(), [], {}
         self.stats = dict(steps=0, preemptions=0, decode_calls=0, peak_blocks=0,
                           peak_batch=0, peak_bytes=0)
@@ -78,11 +81,14 @@ class Engine:
         self._reserve()
         groups = {}
         for r in self.running:
-            groups.setdefault(r.held, []).append(r)
+            groups.setdefault(r.held if not self.rows else "all", []).append(r)
         for held, reqs in groups.items():
-            views = self.cache.views([r.rid for r in reqs], held)
-            ids = np.array([r.out[-1] for r in reqs])  # (B,)
-            logits = self.model.decode(ids, views, held)  # (B, V)
+            seqs, ids = [r.rid for r in reqs], np.array([r.out[-1] for r in reqs])  # (B,)
+            if self.rows:
+                positions = np.array([r.held for r in reqs])  # (B,)
+                logits = decode_rows(self.model, ids, self.cache, seqs, positions)  # (B, V)
+            else:
+                logits = self.model.decode(ids, self.cache.views(seqs, held), held)  # (B, V)
             self.stats["decode_calls"] += 1
             for r, row in zip(reqs, logits):
                 r.held += 1
@@ -160,18 +166,19 @@ class Engine:
 
 
 def make_engine(model, kv="paged", block_size=16, n_blocks=None, kv_dtype="float32",
-                max_tokens=None):
+                max_tokens=None, rows=None):
     """An Engine over a paged cache of n_blocks blocks (default: room for max_tokens tokens,
-    every request's whole length at once) or over contiguous per-request arrays."""
+    every request's whole length at once) or over contiguous per-request arrays; rows as
+    Engine's (None: decode_rows where it serves the model, else LM.decode per group)."""
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"serve: kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
     if kv == "contiguous":
-        return Engine(model, ContiguousCache(model, kv_dtype))
+        return Engine(model, ContiguousCache(model, kv_dtype), rows)
     if kv != "paged":
         raise ValueError(f"serve: kv must be 'paged' or 'contiguous', got {kv!r}")
     if n_blocks is None:
         n_blocks = max(1, -(-(max_tokens or block_size) // block_size))
-    return Engine(model, PagedCache(model, n_blocks, block_size, kv_dtype))
+    return Engine(model, PagedCache(model, n_blocks, block_size, kv_dtype), rows)
 
 
 def generate_batch(model, prompts, max_new_tokens, *, kv="paged", block_size=16,

@@ -87,12 +87,12 @@ class GroupState:
 
     def append(self, k, v):
         """Store k, v (B, Hkv, t, Dh) at positions length .. length + t - 1 of each sequence."""
-        self.cache.write(self.layer, self.seqs, self.length, k, v)
+        self.cache.write(self.layer, self.seqs, np.full(len(self.seqs), self.length), k, v)
         self.length += k.shape[2]
 
     def kv(self):
         """The group's keys and values, (B, Hkv, length, Dh) each (dequantised)."""
-        return self.cache.read(self.layer, self.seqs, self.length)
+        return self.cache.read(self.layer, self.seqs, np.full(len(self.seqs), self.length))
 
     def positions(self):
         return np.arange(self.length)  # (length,)
@@ -121,9 +121,10 @@ class PagedCache:
                     if scales is not None:
                         scales[dst] = scales[src]
 
-    def write(self, layer, seqs, start, k, v):
+    def write(self, layer, seqs, starts, k, v):
+        """k, v (B, Hkv, t, Dh) of sequence seqs[b] at positions starts[b] .. + t - 1."""
         B, _, t, _ = k.shape
-        where = [s for seq in seqs for s in self.blocks.slots(seq, start, t)]  # B*t of (blk, off)
+        where = [w for seq, p in zip(seqs, starts) for w in self.blocks.slots(seq, int(p), t)]
         blk = np.array([w[0] for w in where])  # (B*t,)
         off = np.array([w[1] for w in where])  # (B*t,)
         for (codes, scales), x in zip(self.pools[layer], (k, v)):
@@ -132,13 +133,17 @@ class PagedCache:
             if scales is not None:
                 scales[blk, :, off] = s.reshape((B * t,) + s.shape[2:])  # (B*t, Hkv, G)
 
-    def read(self, layer, seqs, length):
-        nb = self.blocks.blocks_for(length)
-        table = np.array([self.blocks.tables[s][:nb] for s in seqs])  # (B, nb)
+    def read(self, layer, seqs, lengths):
+        """Keys and values of seqs[b]'s first lengths[b] tokens, (B, Hkv, max length, Dh)
+        each; a row past its own length holds padding (another block's entries)."""
+        L = int(max(lengths))
+        nb = self.blocks.blocks_for(L)
+        tables = [self.blocks.tables[s][:nb] for s in seqs]
+        table = np.array([t + t[:1] * (nb - len(t)) for t in tables])  # (B, nb)
         out = []
         for codes, scales in self.pools[layer]:
-            c = _gather(codes, table, length)  # (B, Hkv, L, Dc)
-            s = None if scales is None else _gather(scales, table, length)  # (B, Hkv, L, G)
+            c = _gather(codes, table, L)  # (B, Hkv, L, Dc)
+            s = None if scales is None else _gather(scales, table, L)  # (B, Hkv, L, G)
             out.append(self.codecs[layer].decode(c, s))  # (B, Hkv, L, Dh)
         return out[0], out[1]
 
@@ -171,22 +176,25 @@ class ContiguousCache:
     def views(self, seqs, length):
         return [GroupState(self, i, seqs, length) for i in range(len(self.shapes))]
 
-    def write(self, layer, seqs, start, k, v):
+    def write(self, layer, seqs, starts, k, v):
+        """k, v (B, Hkv, t, Dh) of sequence seqs[b] at positions starts[b] .. + t - 1."""
         t = k.shape[2]
-        for b, seq in enumerate(seqs):
+        for b, (seq, p) in enumerate(zip(seqs, starts)):
             for (codes, scales), x in zip(self.arrays[seq][layer], (k, v)):
                 c, s = self.codecs[layer].encode(x[b:b + 1])  # (1, Hkv, t, Dc | G)
-                codes[:, :, start:start + t] = c
+                codes[:, :, p:p + t] = c
                 if scales is not None:
-                    scales[:, :, start:start + t] = s
+                    scales[:, :, p:p + t] = s
 
-    def read(self, layer, seqs, length):
+    def read(self, layer, seqs, lengths):
+        """Keys and values of seqs[b]'s first lengths[b] tokens, (B, Hkv, max length, Dh)
+        each; a row past its own length holds padding."""
+        L = int(max(lengths))
         out = []
         for j in range(2):  # k, v
             parts = [self.arrays[seq][layer][j] for seq in seqs]
-            c = np.concatenate([p[0][:, :, :length] for p in parts])  # (B, Hkv, L, Dc)
-            s = None if parts[0][1] is None else \
-                np.concatenate([p[1][:, :, :length] for p in parts])  # (B, Hkv, L, G)
+            c = _stack([p[0] for p in parts], L)  # (B, Hkv, L, Dc)
+            s = None if parts[0][1] is None else _stack([p[1] for p in parts], L)
             out.append(self.codecs[layer].decode(c, s))  # (B, Hkv, L, Dh)
         return out[0], out[1]
 
@@ -194,3 +202,15 @@ class ContiguousCache:
         """Bytes the sequences now held reserve (codes and scales of every layer)."""
         return sum(a.nbytes for layers in self.arrays.values() for pair in layers
                    for codes_scales in pair for a in codes_scales if a is not None)
+
+
+def _stack(arrays, L):
+    """The first L tokens of each (1, Hkv, max_len, X) array, stacked: (B, Hkv, L, X); an
+    array shorter than L is zero-padded; one array alone comes back as a view."""
+    if len(arrays) == 1 and arrays[0].shape[2] >= L:
+        return arrays[0][:, :, :L]
+    out = np.zeros((len(arrays), arrays[0].shape[1], L, arrays[0].shape[3]), arrays[0].dtype)
+    for b, a in enumerate(arrays):
+        n = min(L, a.shape[2])
+        out[b, :, :n] = a[0, :, :n]
+    return out

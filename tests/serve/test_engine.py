@@ -6,7 +6,7 @@ import pytest
 
 from grads.cases import LM_TINY, lm_tiny
 from scratchllm.lm import LM, generate_ids
-from scratchllm.serve import PagedCache, generate_batch, make_engine
+from scratchllm.serve import PagedCache, decode_rows, generate_batch, make_engine
 
 V = LM_TINY["vocab_size"]
 
@@ -37,6 +37,27 @@ def test_random_mixes_equal_unbatched_decoding(model, seed):
     tight = generate_batch(model, prompts, news, kv="paged", block_size=2, n_blocks=9)
     assert tight == want  # 9 blocks of 2 tokens: requests are preempted and recomputed
     assert [len(o) for o in tight] == news
+    engine = make_engine(model, "paged", block_size=3, max_tokens=200, rows=False)
+    for i, (p, k) in enumerate(zip(prompts, news)):
+        engine.submit(i, p, k)  # LM.decode per group of equal lengths instead of decode_rows
+    assert [engine.run()[i] for i in range(len(prompts))] == want
+
+
+@pytest.mark.parametrize("kw", [dict(positions="sinusoidal"), dict(positions="learned"),
+                                dict(qk_norm=True, qkv_bias=True)])
+def test_decode_rows_equals_each_sequence_alone(kw):
+    model = LM(lm_tiny("dense", **kw), rng=np.random.default_rng(0), dtype=np.float64)
+    prompts = [[3, 1, 4], [1, 5, 9, 2, 6, 5, 3], [5, 8, 9, 7, 9]]
+    cache = PagedCache(model, n_blocks=12, block_size=2)
+    for s, p in enumerate(prompts):
+        cache.blocks.add(s, p), cache.blocks.reserve(s, len(p) + 1)
+        model.prefill(np.array([p]), cache.views([s], 0))
+    logits = decode_rows(model, np.array([1, 2, 3]), cache, [0, 1, 2], np.array([3, 7, 5]))
+    for b, p in enumerate(prompts):
+        state = model.init_state(1, 10)
+        model.prefill(np.array([p]), state)
+        np.testing.assert_allclose(logits[b], model.decode(np.array([b + 1]), state, len(p))[0],
+                                   rtol=0, atol=1e-12)
 
 
 def test_preemption_happens_and_no_request_is_lost_or_duplicated(model):
@@ -93,8 +114,8 @@ def test_copy_on_write_never_changes_the_other_sequence(model):
         model.prefill(np.array([prompt]), state)
         np.testing.assert_allclose(row, model.decode(np.array([t]), state, 6)[0],
                                    rtol=0, atol=1e-12)
-    k_a, _ = cache.read(0, ["a"], 7)
-    k_b, _ = cache.read(0, ["b"], 7)
+    k_a, _ = cache.read(0, ["a"], [7])
+    k_b, _ = cache.read(0, ["b"], [7])
     np.testing.assert_array_equal(k_a[..., :6, :], k_b[..., :6, :])
     assert not np.array_equal(k_a[..., 6, :], k_b[..., 6, :])
 
