@@ -10,6 +10,7 @@ imports count too), and a synthetic tree that shows each rule can fail.
     hub                           lm and vision (Hugging Face checkpoints), beside them
     dist                          core (process groups, collectives; mpi4py optional)
     train                         lm, hub and dist (and what they stand on)
+    serve                         lm (the serving engine, paged and quantised caches)
     teach/arch, teach/sizing, teach/rules, teach/serving
                                   the standard library and specs only
     teach/drills, teach/exercises the component packages and grads
@@ -38,8 +39,10 @@ ALLOWED = {  # top-level part of scratchllm -> the parts it may import
     "hub": {"core", "specs", "lm", "vision"} | COMPONENTS,
     "dist": {"core", "specs"},
     "train": {"core", "specs", "lm", "hub", "vision", "dist"} | COMPONENTS,
+    "serve": {"core", "specs", "lm"} | COMPONENTS,
     "teach": {"core", "specs"} | COMPONENTS,
-    "cli": {"core", "specs", "lm", "train", "teach", "hub", "vision", "dist"} | COMPONENTS,
+    "cli": {"core", "specs", "lm", "train", "teach", "hub", "vision", "dist", "serve"}
+           | COMPONENTS,
     "__main__": {"cli"},
     "__init__": set(),
 }
