@@ -58,10 +58,8 @@ def _fill(state, context):
     """Make every layer's state hold `context` tokens (their values do not matter for timing:
     the zeros they were allocated with); recurrent states have no length."""
     for st in state:
-        if hasattr(st, "lengths") and hasattr(st, "ring_k"):
-            st.n_seen = context  # RollingKVState: one count for all rows
-        elif hasattr(st, "lengths"):
-            st.length = context  # KVState, LatentKVState
+        if hasattr(st, "lengths"):  # KVState, RollingKVState, LatentKVState
+            st.lengths[:] = context
 
 
 def measure_decode(cfg, batches, context, steps=4, seed=0):

@@ -9,7 +9,8 @@ from scratchllm.lm import LM
 from scratchllm.specs import AttentionSpec
 
 V = LM_TINY["vocab_size"]
-VARIANTS = [("dense", {}), ("mla", {}), ("moe", {}), ("dense", dict(positions="learned")),
+VARIANTS = [("dense", {}), ("mla", {}), ("moe", {}), ("swa", {}),
+            ("swa", dict(positions="alibi")), ("dense", dict(positions="learned")),
             ("dense", dict(positions="alibi")), ("dense", dict(positions="sinusoidal")),
             ("dense", dict(attn_sinks=True, qk_norm=True)),
             ("dense", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,
@@ -102,11 +103,6 @@ def test_wrong_row_positions_and_unsupported_states_raise():
     recurrent = LM(lm_tiny("linear", layer_pattern="LL"), rng=np.random.default_rng(0))
     with pytest.raises(ValueError, match="recurrent state keeps no positions"):
         recurrent.decode(np.array([1, 2]), recurrent.init_state(2, 4), np.array([0, 1]))
-    swa = LM(lm_tiny("swa"), rng=np.random.default_rng(0))
-    st = swa.init_state(2, 8)
-    swa.decode(np.array([1, 2]), st, np.array([0, 0]))
-    with pytest.raises(ValueError, match="RollingKVState keeps one length"):
-        swa.decode(np.array([1, 2]), st, np.array([1, 0]))
     w = Attention(8, AttentionSpec(2, 1, rope=None), rng=np.random.default_rng(0))._weights()
     with pytest.raises(ValueError, match="ints >= 0"):
         gqa_decode(np.zeros((2, 8)), w, KVState(2, 1, 4, 4), np.array([0, 0, 0]),
