@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from scratchllm.cli import size as size_cli
+from scratchllm.cli.hardware import measure_experts
 from scratchllm.specs import AttentionSpec, LayerSpec, Mask, ModelConfig
+from scratchllm.specs import preset as get_preset
 from scratchllm.teach import serving, sizing
 from scratchllm.teach.arch import get
 
@@ -172,6 +174,13 @@ def test_this_machine_measured_beside_the_prediction(capsys):
     assert [r[0] for r in rows] == ["1", "2"] and all(float(r[-1].replace(",", "")) > 0
                                                       for r in rows)
     assert "measured tokens/s" in out
+
+
+def test_distinct_experts_measured_from_a_router():
+    got = dict(measure_experts(get_preset("moe"), [1, 8, 64]))  # E 8, K 2
+    assert got[1] == 2 and got[64] == 8 and 2 < got[8] <= 8
+    assert abs(got[8] - serving.expected_experts(8, 2, 8)) < 1.5  # 7.2 expected
+    assert measure_experts(get_preset("dense"), [4]) == []
 
 
 @pytest.mark.parametrize("argv", [["llama-3-8b", "--json"], ["llama-3-8b", "--hw", "h100"],
