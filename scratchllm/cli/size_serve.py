@@ -29,8 +29,9 @@ def serve_table(cfg, hw, batches, context, dtypes, measured=None, experts=None):
              f"context {context:,}",
              f"  bandwidth {hw.bandwidth / 1e9:,.0f} GB/s, peak {human(peak, FLOP_UNITS)}/s, "
              f"memory {hw.memory / 1e9:,.0f} GB; ridge point {peak / hw.bandwidth:,.3g} FLOP/B",
-             f"  largest batch that fits: {top:,}" + (" (not even the weights and one "
-                                                      "sequence)" if not top else ""),
+             f"  largest batch that fits: {top:,}" + (_at(cfg, hw, top, context, dtypes) if top
+                                                      else " (not even the weights and one "
+                                                      "sequence)"),
              "  compute-bound from batch " + (f"{k:,}" if k else "never (intensity tends to "
                                                "FLOPs / KV bytes per sequence, below the ridge)"),
              "",
@@ -50,6 +51,13 @@ def serve_table(cfg, hw, batches, context, dtypes, measured=None, experts=None):
                   f"{human_bytes(p.weight_bytes + p.kv_bytes)} moved, {p.intensity:,.0f} "
                   f"FLOP/B, {p.seconds * 1e3:,.1f} ms, {p.bound}-bound"]
     return "\n".join(lines + _experts_lines(cfg, experts))
+
+
+def _at(cfg, hw, batch, context, dtypes):
+    """", at most N tokens/s, M ms per token": the bound at the KV-memory limit."""
+    s = decode_step(cfg, hw, batch, context, *dtypes)
+    return (f", at most {s.tokens_per_second:,.0f} tokens/s there ({s.seconds * 1e3:,.2f} ms "
+            f"per step, {s.bound}-bound)")
 
 
 def _experts_lines(cfg, experts):
