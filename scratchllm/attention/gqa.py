@@ -8,7 +8,8 @@ Math:
 Options the published checkpoints need: biases on the projections (x Wq + bq, ...: Qwen2,
 GPT-2), QK-norm (q = rope(rmsnorm_Dh(x Wq) * gq), an RMSNorm over each head vector before
 RoPE: Qwen3, Gemma 3; Dehghani et al. 2023, arXiv 2302.05442), no RoPE (GPT-2's learned
-positions), and a softmax scale other than Dh^-1/2 (Gemma 3's query_pre_attn_scalar^-1/2).
+positions), a softmax scale other than Dh^-1/2 (Gemma 3's query_pre_attn_scalar^-1/2) and
+soft-capped scores c tanh(S / c) (Gemma 2's attn_logit_softcapping).
 Backward: the linear, sdpa, rope (rotation by -theta) and KV-sharing (a sum over the G query
 heads of each group) backwards, each through its own pair.
 Decoding keeps the (already rotated) keys and values of past tokens in a KVState (or a
@@ -59,7 +60,8 @@ def _attend(q, k, v, spec, mask, sinks):
                                       sinks=sinks, block=spec.block)
         return o, cache, flash_sdpa_backward
     bias = None if slopes is None else alibi_bias(slopes, T, T)  # (H, T, T)
-    o, cache = sdpa_forward(q, k, v, mask, spec.scale, bias=bias, sinks=sinks)
+    o, cache = sdpa_forward(q, k, v, mask, spec.scale, bias=bias, sinks=sinks,
+                            softcap=spec.softcap)
     return o, cache, sdpa_backward
 
 
@@ -146,7 +148,7 @@ def gqa_decode(x_t, w, state, position, *, spec, rope=None):
         dist = np.abs(np.reshape(position, (-1, 1, 1, 1)) - state.positions())  # (B|1,1,1,L)
         bias = -slopes[:, None, None] * dist  # (B|1, H, 1, L)
     o, _ = sdpa_forward(q, K, V, None if keep is None else Mask(array=keep), spec.scale,
-                        bias=bias, sinks=w.sinks)  # (B, H, 1, Dh)
+                        bias=bias, sinks=w.sinks, softcap=spec.softcap)  # (B, H, 1, Dh)
     y, _ = linear_forward(merge_heads(o), w.wo, w.bo)  # (B, 1, D)
     return y[:, 0]  # (B, D)
 
@@ -181,8 +183,9 @@ class Attention(Module):
         self.bv, self.bo = zeros(Hkv * Dh, spec.qkv_bias), zeros(d_model, spec.o_bias)
         self.sinks = zeros(H, spec.sinks)  # (H,) or None
         gain = 1.0 - spec.norm_offset
-        self.q_norm = Param(np.full(Dh, gain, dtype)) if spec.qk_norm else None
-        self.k_norm = Param(np.full(Dh, gain, dtype)) if spec.qk_norm else None
+        nq, nk = (H * Dh, Hkv * Dh) if spec.qk_norm == "full" else (Dh, Dh)
+        self.q_norm = Param(np.full(nq, gain, dtype)) if spec.qk_norm else None
+        self.k_norm = Param(np.full(nk, gain, dtype)) if spec.qk_norm else None
         self.spec, self.head_dim = spec, Dh
 
     def _weights(self):

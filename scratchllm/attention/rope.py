@@ -21,7 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.validate import expect_dout, expect_finite, expect_float, expect_int
+from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_int,
+                                      expect_integer)
 from scratchllm.specs.attention import rope_scaling_params
 
 
@@ -110,6 +111,7 @@ def rope_frequencies(head_dim, base=10000.0, scaling=None, seq_len=None):
     if rope_type == "dynamic":
         if seq_len is None:
             raise ValueError("rope_frequencies: rope_type 'dynamic' needs seq_len")
+        expect_integer("rope_frequencies", "seq_len", seq_len, 0)
         L0, s = p["original_max_position_embeddings"], p["factor"]
         L = max(seq_len, L0)
         base = base * (s * L / L0 - (s - 1)) ** (head_dim / (head_dim - 2))
