@@ -47,6 +47,9 @@ def begin_step(fn, state, position):
             raise ValueError(f"{fn}: position={position}, but the state holds {state.n_seen} "
                              f"tokens: the next token is at position {state.n_seen}")
         return position
+    if not hasattr(state, "lengths"):
+        raise ValueError(f"{fn}: this {type(state).__name__} keeps one length for all rows; "
+                         f"give one int position")
     pos = np.asarray(position)
     if pos.dtype.kind not in "iu" or pos.shape != state.lengths.shape or (pos < 0).any():
         raise ValueError(f"{fn}: position must be an int or {state.lengths.shape} ints >= 0 "
@@ -59,6 +62,14 @@ def begin_step(fn, state, position):
                          f"{state.lengths[b]} tokens: its next token is at position "
                          f"{state.lengths[b]} (or 0, to start a new sequence there)")
     return pos.astype(np.int64)
+
+
+def rows_mask(state):
+    """state.key_mask(): None, or (B, 1, 1, L) bool when the rows hold different lengths. A
+    state of the plain protocol (n_seen, append, kv, positions; one length for all rows, like
+    a paged cache's view) has no key_mask: None."""
+    key_mask = getattr(state, "key_mask", None)
+    return None if key_mask is None else key_mask()
 
 
 class _Rows:

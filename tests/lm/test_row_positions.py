@@ -107,3 +107,27 @@ def test_wrong_row_positions_and_unsupported_states_raise():
     with pytest.raises(ValueError, match="ints >= 0"):
         gqa_decode(np.zeros((2, 8)), w, KVState(2, 1, 4, 4), np.array([0, 0, 0]),
                    spec=AttentionSpec(2, 1, rope=None))
+
+
+class _Plain:
+    """A state of the plain protocol only (n_seen, append, kv, positions), as a paged cache's
+    view is: one length for all rows, no key_mask."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    n_seen = property(lambda self: self.inner.n_seen)
+    append = property(lambda self: self.inner.append)
+    kv = property(lambda self: self.inner.kv)
+    positions = property(lambda self: self.inner.positions)
+
+
+def test_states_of_the_plain_protocol_still_decode_with_one_int():
+    rng = np.random.default_rng(3)
+    layer = Attention(16, AttentionSpec(4, 2), rng=rng)
+    x = rng.standard_normal((2, 4, 16)).astype(np.float32)
+    a, b = KVState(2, 2, 4, 4), _Plain(KVState(2, 2, 4, 4))
+    for t in range(4):
+        assert np.array_equal(layer.decode(x[:, t], a, t), layer.decode(x[:, t], b, t))
+    with pytest.raises(ValueError, match="keeps one length for all rows"):
+        layer.decode(x[:, 0], _Plain(KVState(2, 2, 4, 4)), np.array([0, 0]))
