@@ -90,6 +90,13 @@ def test_kv_bytes_layer_by_layer_with_windows_in_some_layers():
     per_token = 2 * 2 * 16
     assert serving.kv_cache_bytes(cfg, 1000, 2, "bf16") == 2 * 2 * per_token * (3 * 104 + 1000)
     assert serving.attention_flops(cfg, 1000) == 2 * (3 * 104 + 1000) * 8 * 32
+    mha = serving.decode_step(get("gpt-3-175b"), serving.hardware("a100"), 1, T)
+    assert mha.kv_bytes == 96 * 2 * 96 * 128 * T * 2                  # MHA: Hkv = H = 96
+    mqa = replace(full, n_kv_heads=1)
+    cfg_mqa = ModelConfig("mqa", 1000, 128, (LayerSpec(mqa),) * 2)
+    assert serving.kv_cache_bytes(cfg_mqa, 50, 1, "fp32") == 2 * 2 * 16 * 50 * 4  # one KV head
+    window = serving.decode_step(get("mistral-7b-v0.1"), serving.hardware("h100"), 2, 2 * T)
+    assert window.kv_bytes == 2 * 32 * 2 * 8 * 128 * T * 2             # W = 4096 kept of 8192
     for name in ("llama-3-8b", "mistral-7b-v0.1", "deepseek-v3", "mamba-130m"):  # one spec
         assert serving.kv_cache_bytes(get(name), 9000, 3) == \
             sizing.kv_cache(get(name), 9000, 3).bytes
