@@ -46,11 +46,18 @@ def serve_table(cfg, hw, batches, context, dtypes, measured=None, experts=None):
                      f" {s.seconds * 1e3:>9.3f} {s.tokens_per_second:>11,.0f}  {s.bound:<8} "
                      f"{'yes' if s.fits else 'no '}"
                      + (f"  {got[b]:>18,.0f}" if b in got else ""))
+    router = next((layer.ffn.router for layer in cfg.layers if isinstance(layer.ffn, MoESpec)),
+                  None)
+    if router:
+        E, K = router.n_experts, router.top_k
+        lines += ["", f"  routed experts read per MoE layer, E·(1 − (1 − K/E)^b) of E {E} "
+                      f"(K {K}):" + ",".join(f" {expected_experts(E, K, b):.1f} at {b}"
+                                             for b in batches)]
     p = prefill(cfg, hw, 1, context, dtype, kv_dtype)
     lines += ["", f"  prefill of {context:,} tokens (batch 1): {human(p.flops, FLOP_UNITS)}, "
                   f"{human_bytes(p.weight_bytes + p.kv_bytes)} moved, {p.intensity:,.0f} "
                   f"FLOP/B, {p.seconds * 1e3:,.1f} ms, {p.bound}-bound"]
-    return "\n".join(lines + _experts_lines(cfg, experts))
+    return "\n".join(line.rstrip() for line in lines + _experts_lines(cfg, experts))
 
 
 def _at(cfg, hw, batch, context, dtypes):
