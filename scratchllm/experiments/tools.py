@@ -160,7 +160,8 @@ def direct_logit_attribution(model, ids, target):
     Returns: {component name: (B, T)}: "embed", "L{l}.H{h}" per attention head (or
              "L{l}.mixer" for another mixer), "L{l}.attn_bias", "L{l}.ffn", and the constant
              terms "norm_bias", "head_bias" when the model has them. They sum to
-             model logits[..., target] (to rounding: 1e-10 in float64).
+             model logits[..., target] (to rounding: 1e-10 in float64); with
+             cfg.logit_softcap c, to the logit before the cap, z = c atanh(logit / c).
     """
     _check_ids("direct_logit_attribution", ids)
     V = model.cfg.vocab_size
