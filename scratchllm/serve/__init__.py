@@ -7,11 +7,11 @@ from .blocks import BlockManager, OutOfBlocks
 from .engine import Engine, Request, generate_batch, make_engine
 from .pool import KV_DTYPES, ContiguousCache, GroupState, PagedCache, attention_layers
 from .quality import kv_attention_error, kv_cross_entropy
-from .rows import decode_rows, rows_supported
+from .rows import decode_rows, forward_rows, rows_supported
 from .quantize import (FORMATS, Quantized, default_group_size, dequantize_codes, error_bound,
                        quantize)
 
 __all__ = ["FORMATS", "KV_DTYPES", "BlockManager", "ContiguousCache", "Engine", "GroupState",
            "OutOfBlocks", "PagedCache", "Quantized", "Request", "attention_layers",
-           "decode_rows", "default_group_size", "dequantize_codes", "error_bound", "generate_batch",
-           "kv_attention_error", "kv_cross_entropy", "make_engine", "quantize", "rows_supported"]
+           "decode_rows", "default_group_size", "dequantize_codes", "error_bound", "forward_rows",
+           "generate_batch", "kv_attention_error", "kv_cross_entropy", "make_engine", "quantize", "rows_supported"]

@@ -3,8 +3,8 @@
 Each step:
     1. admit    waiting requests, oldest first, while their blocks are free: point their
                 table at the cached blocks of their prefix, compute the rest (LM.prefill for
-                a fresh prompt, LM.decode token by token after a prefix hit), and take the
-                first new token from the last logits
+                a fresh prompt, rows.forward_rows in one chunk after a prefix hit), and take
+                the first new token from the last logits
     2. reserve  one slot for every running request's next token; when no block is free,
                 preempt the most recently admitted request (free its blocks, put it back at
                 the front of the queue: it is recomputed from its prompt and the tokens it
@@ -28,7 +28,7 @@ import numpy as np
 
 from scratchllm.serve.blocks import OutOfBlocks
 from scratchllm.serve.pool import KV_DTYPES, ContiguousCache, PagedCache
-from scratchllm.serve.rows import decode_rows, rows_supported
+from scratchllm.serve.rows import decode_rows, forward_rows, rows_supported
 
 
 class Request:
@@ -125,7 +125,10 @@ class Engine:
         views = self.cache.views([r.rid], start)
         if start == 0:
             logits = self.model.prefill(np.array([tokens]), views)[:, -1]  # (1, V)
-        else:  # a prefix hit: the rest token by token after the shared blocks
+        elif self.rows:  # a prefix hit: the rest in one chunk after the shared blocks
+            logits = forward_rows(self.model, np.array([tokens[start:]]), self.cache, [r.rid],
+                                  np.array([start]))[:, -1]  # (1, V)
+        else:  # the rest token by token
             for p in range(start, len(tokens)):
                 logits = self.model.decode(np.array([tokens[p]]), views, p)  # (1, V)
         r.held = len(tokens)

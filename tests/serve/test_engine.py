@@ -6,7 +6,7 @@ import pytest
 
 from grads.cases import LM_TINY, lm_tiny
 from scratchllm.lm import LM, generate_ids
-from scratchllm.serve import PagedCache, decode_rows, generate_batch, make_engine
+from scratchllm.serve import PagedCache, decode_rows, forward_rows, generate_batch, make_engine
 
 V = LM_TINY["vocab_size"]
 
@@ -128,3 +128,19 @@ def test_edge_cases_and_errors(model):
         generate_batch(model, [[1]], 1, kv_dtype="int2")
     with pytest.raises(ValueError, match="full causal GQA"):
         generate_batch(LM(lm_tiny("swa"), rng=np.random.default_rng(0)), [[1]], 1)
+
+
+def test_forward_rows_continues_each_row_from_its_own_position(model):
+    rng = np.random.default_rng(6)
+    ids = rng.integers(0, V, (3, 9))  # row b holds starts[b] tokens, then 3 more in one call
+    starts = np.array([2, 6, 4])
+    cache = PagedCache(model, n_blocks=12, block_size=4)
+    for s in range(3):
+        cache.blocks.add(s, [0]), cache.blocks.reserve(s, starts[s] + 3)
+        model.prefill(ids[s:s + 1, :starts[s]], cache.views([s], 0))
+    chunk = np.stack([ids[s, starts[s]:starts[s] + 3] for s in range(3)])  # (3, 3)
+    logits = forward_rows(model, chunk, cache, [0, 1, 2], starts)  # (3, 3, V)
+    full, _ = model.forward(ids)  # (3, 9, V)
+    for s in range(3):
+        np.testing.assert_allclose(logits[s], full[s, starts[s]:starts[s] + 3], rtol=0,
+                                   atol=1e-12)
