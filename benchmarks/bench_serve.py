@@ -86,30 +86,33 @@ def bench_engine():
 
 def bench_long():
     model, rng = _model(), np.random.default_rng(0)
-    B, T, steps, bs = 4, 2048, 8, 16
-    ids = rng.integers(0, model.cfg.vocab_size, (B, T + steps))
-    rows = []
-    for kv_dtype in ("float32", "int8", "fp8", "int4", "contiguous"):
+    B, T, rounds, bs = 4, 2048, 12, 16
+    ids = rng.integers(0, model.cfg.vocab_size, (B, T + rounds))
+    names = ("float32", "int8", "fp8", "int4", "contiguous")
+    views = {}
+    for kv_dtype in names:  # every cache filled first, then the steps interleaved
         if kv_dtype == "contiguous":
             cache = make_engine(model, "contiguous").cache
             for s in range(B):
-                cache.add(s, T + steps)
+                cache.add(s, T + rounds)
         else:
-            cache = PagedCache(model, B * -(-(T + steps) // bs), bs, kv_dtype)
+            cache = PagedCache(model, B * -(-(T + rounds) // bs), bs, kv_dtype)
             for s in range(B):
                 cache.blocks.add(s, [0])
-                cache.blocks.reserve(s, T + steps)
-        views = cache.views(list(range(B)), 0)
-        model.prefill(ids[:, :T], views)
-        times = []
-        for t in range(T, T + steps):
+                cache.blocks.reserve(s, T + rounds)
+        views[kv_dtype] = cache.views(list(range(B)), 0)
+        model.prefill(ids[:, :T], views[kv_dtype])
+    times = {name: [] for name in names}
+    for t in range(T, T + rounds):
+        for name in names:
             t0 = time.perf_counter()
-            model.decode(ids[:, t], views, t)
-            times.append(time.perf_counter() - t0)
-        rows.append((kv_dtype, float(np.median(times[1:]))))
-    base = rows[0][1]
-    print(f"decode step, B={B}, context {T}, dense preset (4 layers, Hkv=2, Dh=32):")
-    for name, sec in rows:
+            model.decode(ids[:, t], views[name], t)
+            times[name].append(time.perf_counter() - t0)
+    base = float(np.median(times["float32"][1:]))
+    print(f"decode step, B={B}, context {T}, dense preset (4 layers, Hkv=2, Dh=32), "
+          f"medians of {rounds - 1} interleaved steps:")
+    for name in names:
+        sec = float(np.median(times[name][1:]))
         print(f"  {name:10s} {sec * 1e3:7.2f} ms/step  {B / sec:8,.0f} tok/s  "
               f"{base / sec:.2f}x float32 paged's speed")
 
