@@ -41,6 +41,15 @@ def attention_layers(model):
     return shapes
 
 
+def paged_supported(model):
+    """Whether the paged and quantised caches can hold this model (attention_layers)."""
+    try:
+        attention_layers(model)
+    except ValueError:
+        return False
+    return True
+
+
 class _Codec:
     """How one cache stores a (..., Dh) head vector: codes (..., Dc) and scales (..., G)."""
 
@@ -100,6 +109,7 @@ class GroupState:
 
 class PagedCache:
     """Every layer's block pool and the one BlockManager they share."""
+    batchable = True
 
     def __init__(self, model, n_blocks, block_size, kv_dtype="float32"):
         shapes = attention_layers(model)
@@ -159,6 +169,7 @@ def _gather(pool, table, length):
 class ContiguousCache:
     """One preallocated (1, Hkv, max_len, .) array pair per sequence and layer, as KVState
     holds: the memory a server without paging reserves for a request's whole output."""
+    batchable = True
 
     def __init__(self, model, kv_dtype="float32"):
         shapes = attention_layers(model)
@@ -202,6 +213,33 @@ class ContiguousCache:
         """Bytes the sequences now held reserve (codes and scales of every layer)."""
         return sum(a.nbytes for layers in self.arrays.values() for pair in layers
                    for codes_scales in pair for a in codes_scales if a is not None)
+
+
+class StateCache:
+    """Each request's own decoding states from model.init_state(1, max_len) (any mixer:
+    sliding windows, MLA's latents, Mamba's and the recurrences' states): the contiguous
+    cache of a model the paged pool cannot hold. Its requests cannot share a decode call."""
+    batchable = False
+
+    def __init__(self, model):
+        self.model, self.states = model, {}
+
+    def add(self, seq, max_len):
+        self.states[seq] = self.model.init_state(1, max_len)
+
+    def release(self, seq):
+        del self.states[seq]
+
+    def views(self, seqs, length):
+        """The one request's states (length: what it holds, checked by the LM's decode)."""
+        if len(seqs) != 1:
+            raise ValueError(f"StateCache.views: one request per call, got {len(seqs)}")
+        return self.states[seqs[0]]
+
+    def nbytes(self):
+        """Bytes of every held state (KVState and its kin, or a tuple of arrays)."""
+        return sum(st.nbytes if hasattr(st, "nbytes") else sum(a.nbytes for a in st)
+                   for states in self.states.values() for st in states)
 
 
 def _stack(arrays, L):

@@ -130,6 +130,14 @@ def test_edge_cases_and_errors(model):
         generate_batch(LM(lm_tiny("swa"), rng=np.random.default_rng(0)), [[1]], 1)
 
 
+@pytest.mark.parametrize("name", ["swa", "mla", "hybrid"])
+def test_contiguous_serves_any_mixer_through_its_own_states(name):
+    model = LM(lm_tiny(name), rng=np.random.default_rng(0), dtype=np.float64)
+    prompts, news = _mix(7, n=4)
+    want = [_alone(model, p, k) for p, k in zip(prompts, news)]
+    assert generate_batch(model, prompts, news, kv="contiguous") == want
+
+
 def test_forward_rows_continues_each_row_from_its_own_position(model):
     rng = np.random.default_rng(6)
     ids = rng.integers(0, V, (3, 9))  # row b holds starts[b] tokens, then 3 more in one call
