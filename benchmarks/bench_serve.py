@@ -14,7 +14,8 @@ Sections:
   cache against the contiguous arrays, time with and without a hit.
 - quality: per KV format, the attention-output error of each layer and the held-out perplexity
   decoded through the quantised cache, on a trained checkpoint (--ckpt, default runs/dense:
-  `python -m scratchllm train` makes it) and its validation split.
+  `python -m scratchllm train` makes it) and its validation split; and the same for int8 and
+  int4 weights of the Linear layers (quantize_weights).
 """
 import os
 import sys
@@ -30,8 +31,8 @@ from runner import run_named  # noqa: E402  (benchmarks/ is on sys.path as the s
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 
 from scratchllm.lm import LM, generate_ids, preset  # noqa: E402
-from scratchllm.serve import (PagedCache, generate_batch, kv_attention_error,  # noqa: E402
-                              kv_cross_entropy, make_engine)
+from scratchllm.serve import (PagedCache, kv_attention_error, kv_cross_entropy,  # noqa: E402
+                              make_engine, quantize_weights)
 
 CKPT = "runs/dense"
 
@@ -166,6 +167,16 @@ def bench_quality():
         print(f"  {kv_dtype:8s} attention error per layer "
               f"{' '.join(f'{e:.2e}' for e in err)} | CE {ce:.4f} nats, perplexity "
               f"{np.exp(ce):.3f} ({np.exp(ce - base) - 1:+.3%})")
+    x, y = windows[:, :-1], windows[:, 1:]
+    base = model.cross_entropy(x, y)
+    print(f"weights (Linear layers, round to nearest), the same windows, one forward: "
+          f"float32 CE {base:.4f}")
+    for fmt, group in (("int8", None), ("int4", 32), ("int4", 128)):
+        q_model, rep = quantize_weights(model, fmt, group_size=group)
+        ce = q_model.cross_entropy(x, y)
+        print(f"  {fmt} groups of {group or 'a column'}: {rep['params']:,} weights, "
+              f"{rep['float_bytes'] / 2**20:.2f} -> {rep['quantized_bytes'] / 2**20:.2f} MiB | "
+              f"CE {ce:.4f}, perplexity {np.exp(ce):.3f} ({np.exp(ce - base) - 1:+.3%})")
 
 
 if __name__ == "__main__":

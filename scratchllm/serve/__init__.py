@@ -1,14 +1,15 @@
 """Serving: quantised arrays (quantize: int8, fp8 e4m3, int4 packed), a paged KV cache (blocks:
 block tables, free list, prefix sharing, copy-on-write; pool: the per-layer arrays, paged or
 contiguous, read by the LM's decode through KVState-like views), one call for sequences at
-different positions (rows), a continuous-batching engine (engine: generate_batch) and what
-quantising the cache costs (quality)."""
+different positions (rows), a continuous-batching engine (engine: generate_batch), what
+quantising the cache costs (quality), and weight quantisation of Linear layers (weights)."""
 from .blocks import BlockManager, OutOfBlocks
 from .engine import Engine, Request, generate_batch, make_engine
 from .pool import (KV_DTYPES, ContiguousCache, GroupState, PagedCache, StateCache,
                    attention_layers, paged_supported)
 from .quality import kv_attention_error, kv_cross_entropy
 from .rows import decode_rows, forward_rows, rows_supported
+from .weights import quantizable, quantize_weights
 from .quantize import (FORMATS, Quantized, default_group_size, dequantize_codes, error_bound,
                        quantize)
 
@@ -16,4 +17,5 @@ __all__ = ["BlockManager", "ContiguousCache", "Engine", "FORMATS", "GroupState",
            "OutOfBlocks", "PagedCache", "Quantized", "Request", "StateCache", "attention_layers",
            "decode_rows", "default_group_size", "dequantize_codes", "error_bound", "forward_rows",
            "generate_batch", "kv_attention_error", "kv_cross_entropy", "make_engine",
-           "paged_supported", "quantize", "rows_supported"]
+           "paged_supported", "quantizable", "quantize", "quantize_weights",
+           "rows_supported"]
