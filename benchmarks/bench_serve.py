@@ -16,6 +16,9 @@ Sections:
   decoded through the quantised cache, on a trained checkpoint (--ckpt, default runs/dense:
   `python -m scratchllm train` makes it) and its validation split; and the same for int8 and
   int4 weights of the Linear layers (quantize_weights).
+- speculative: greedy speculative decoding on the same checkpoint with an early-exit draft
+  (the target's first layers, final norm and head): tokens/s against the target alone, and
+  the share of drafted tokens accepted.
 """
 import os
 import sys
@@ -32,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from scratchllm.lm import LM, generate_ids, preset  # noqa: E402
 from scratchllm.serve import (PagedCache, kv_attention_error, kv_cross_entropy,  # noqa: E402
-                              make_engine, quantize_weights)
+                              make_engine, quantize_weights, speculative_generate)
 
 CKPT = "runs/dense"
 
@@ -146,14 +149,22 @@ def bench_prefix():
                   f"(prompt + max_new per request), {sec:.2f} s")
 
 
-def bench_quality():
+def _checkpoint():
+    """(model, tokenizer, directory) of --ckpt (default runs/dense), or None with a note."""
     from scratchllm.train.checkpoint import load_model
-    from scratchllm.train.corpus import DEFAULT_CORPUS, split
     where = sys.argv[sys.argv.index("--ckpt") + 1] if "--ckpt" in sys.argv else CKPT
     if not os.path.isdir(where):
         print(f"no checkpoint at {where}: run `python -m scratchllm train` (or pass --ckpt)")
-        return
+        return None
     model, tok, _ = load_model(where)
+    return model, tok, where
+
+
+def bench_quality():
+    from scratchllm.train.corpus import DEFAULT_CORPUS, split
+    if (loaded := _checkpoint()) is None:
+        return
+    model, tok, where = loaded
     text = DEFAULT_CORPUS.read_text(encoding="utf-8")
     _, val = split(np.array(tok.encode(text, allowed_special="all")))
     T, n_win = 128, 32
@@ -179,9 +190,45 @@ def bench_quality():
               f"CE {ce:.4f}, perplexity {np.exp(ce):.3f} ({np.exp(ce - base) - 1:+.3%})")
 
 
+def early_exit(model, n_layers):
+    """A draft sharing the target's weights: its first n_layers blocks, final norm and head."""
+    import dataclasses
+    cfg = dataclasses.replace(model.cfg, layers=model.cfg.layers[:n_layers])
+    draft = LM(cfg, rng=np.random.default_rng(0), dtype=model.dtype)
+    names = dict(model.named_parameters())
+    for name, p in draft.named_parameters():
+        p.data = names[name].data
+    return draft
+
+
+def bench_speculative():
+    if (loaded := _checkpoint()) is None:
+        return
+    target, tok, where = loaded
+    prompts = [tok.encode(t) for t in ("The following modules are", "def __init__(self",
+                                       "Return a new", "This function")]
+    n = 48
+    print(f"{where}: greedy, {len(prompts)} prompts x {n} new tokens; draft = the target's "
+          f"first layers, its norm and head (early exit)")
+    fns = [lambda: [list(generate_ids(target, p, n, None, temperature=0.0)) for p in prompts]]
+    setups = [(d, k) for d in (1, 2) for k in (2, 4)]
+    for d, k in setups:
+        draft = early_exit(target, d)
+        fns.append(lambda draft=draft, k=k: [speculative_generate(target, draft, p, n, k=k)
+                                             for p in prompts])
+    times = median_times_interleaved(fns, repeats=3)
+    print(f"  target alone (generate_ids)    {len(prompts) * n / times[0]:6.0f} tok/s")
+    for (d, k), sec, fn in zip(setups, times[1:], fns[1:]):
+        runs = fn()
+        acc = sum(s["accepted"] for _, s in runs) / sum(s["proposed"] for _, s in runs)
+        print(f"  draft {d} of {len(target.layers)} layers, k={k}: {len(prompts) * n / sec:6.0f} "
+              f"tok/s ({times[0] / sec:.2f}x), {acc:.0%} of drafted tokens accepted")
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
     if "--ckpt" in args:
         i = args.index("--ckpt")
         args = args[:i] + args[i + 2:]
-    sys.exit(run_named([bench_engine, bench_long, bench_prefix, bench_quality], args))
+    sys.exit(run_named([bench_engine, bench_long, bench_prefix, bench_quality,
+                        bench_speculative], args))

@@ -2,20 +2,22 @@
 block tables, free list, prefix sharing, copy-on-write; pool: the per-layer arrays, paged or
 contiguous, read by the LM's decode through KVState-like views), one call for sequences at
 different positions (rows), a continuous-batching engine (engine: generate_batch), what
-quantising the cache costs (quality), and weight quantisation of Linear layers (weights)."""
+quantising the cache costs (quality), weight quantisation of Linear layers (weights) and
+speculative decoding (speculative)."""
 from .blocks import BlockManager, OutOfBlocks
 from .engine import Engine, Request, generate_batch, make_engine
 from .pool import (KV_DTYPES, ContiguousCache, GroupState, PagedCache, StateCache,
                    attention_layers, paged_supported)
 from .quality import kv_attention_error, kv_cross_entropy
 from .rows import decode_rows, forward_rows, rows_supported
+from .speculative import accept_draft, residual, speculative_generate
 from .weights import quantizable, quantize_weights
 from .quantize import (FORMATS, Quantized, default_group_size, dequantize_codes, error_bound,
                        quantize)
 
 __all__ = ["BlockManager", "ContiguousCache", "Engine", "FORMATS", "GroupState", "KV_DTYPES",
-           "OutOfBlocks", "PagedCache", "Quantized", "Request", "StateCache", "attention_layers",
-           "decode_rows", "default_group_size", "dequantize_codes", "error_bound", "forward_rows",
-           "generate_batch", "kv_attention_error", "kv_cross_entropy", "make_engine",
-           "paged_supported", "quantizable", "quantize", "quantize_weights",
-           "rows_supported"]
+           "OutOfBlocks", "PagedCache", "Quantized", "Request", "StateCache", "accept_draft",
+           "attention_layers", "decode_rows", "default_group_size", "dequantize_codes",
+           "error_bound", "forward_rows", "generate_batch", "kv_attention_error",
+           "kv_cross_entropy", "make_engine", "paged_supported", "quantizable", "quantize",
+           "quantize_weights", "residual", "rows_supported", "speculative_generate"]
