@@ -106,6 +106,10 @@ class GroupState:
     def positions(self):
         return np.arange(self.length)  # (length,)
 
+    def key_mask(self):
+        """None: the group's sequences are in step (every key is one of their tokens)."""
+        return None
+
 
 class PagedCache:
     """Every layer's block pool and the one BlockManager they share."""

@@ -8,7 +8,8 @@ Row b holds starts[b] tokens and feeds t more at positions starts[b] .. starts[b
                           store k, v at those slots of sequence b in the cache;
                           read the batch's keys padded to the longest row and attend query j
                           of row b to keys 0 .. starts[b] + j only (a (B, 1, t, L) mask)
-    the Block around each layer (norms, residuals, FFN) is the LM's own
+    the Block around each layer (norms, residuals, FFN) is the LM's own; the scores' and the
+    logits' soft caps as the model's config says
 So one call serves the whole running batch; each row's numbers are those of its own decode
 (the padded keys get probability exactly 0).
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from scratchllm.attention import (AttentionWeights, make_rope, merge_heads, project_qkv_forward,
                                   sdpa_forward, sinusoidal_positions)
+from scratchllm.core import softcap_forward
 from scratchllm.core.ops import linear_forward
 from scratchllm.core.validate import expect_int, expect_shape
 from scratchllm.serve.pool import attention_layers
@@ -53,8 +55,8 @@ def _attend_rows(a, attn, cache, layer, seqs, starts):
     cache.write(layer, seqs, starts, k, v)
     K, V = cache.read(layer, seqs, starts + a.shape[1])  # (B, Hkv, L, Dh)
     keep = np.arange(K.shape[2]) <= positions[:, :, None]  # (B, t, L) causal, own keys only
-    o, _ = sdpa_forward(q, K, V, Mask(array=keep[:, None]), spec.scale,
-                        sinks=w.sinks)  # (B, H, t, Dh)
+    o, _ = sdpa_forward(q, K, V, Mask(array=keep[:, None]), spec.scale, sinks=w.sinks,
+                        softcap=spec.softcap)  # (B, H, t, Dh)
     y, _ = linear_forward(merge_heads(o), w.wo, w.bo)  # (B, t, D)
     return y
 
@@ -84,7 +86,10 @@ def forward_rows(model, ids, cache, seqs, starts):
             return _attend_rows(a, layer.mixer, cache, i, seqs, starts), None
         x = layer._body(x, attend)[0]  # the Block's own residual body around the mixer
     h, _ = model.norm.forward(x)  # (B, t, D)
-    return (model.embed.attend(h) if model.head is None else model.head.forward(h))[0]
+    logits = (model.embed.attend(h) if model.head is None else model.head.forward(h))[0]
+    if cfg.logit_softcap is not None:  # c tanh(logits / c) (Gemma 2)
+        logits = softcap_forward(logits, cap=cfg.logit_softcap)[0]
+    return logits  # (B, t, V)
 
 
 def decode_rows(model, ids_t, cache, seqs, positions):

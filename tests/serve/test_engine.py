@@ -44,7 +44,8 @@ def test_random_mixes_equal_unbatched_decoding(model, seed):
 
 
 @pytest.mark.parametrize("kw", [dict(positions="sinusoidal"), dict(positions="learned"),
-                                dict(qk_norm=True, qkv_bias=True)])
+                                dict(qk_norm=True, qkv_bias=True),
+                                dict(attn_softcap=0.5, logit_softcap=0.3, embed_scale=True)])
 def test_decode_rows_equals_each_sequence_alone(kw):
     model = LM(lm_tiny("dense", **kw), rng=np.random.default_rng(0), dtype=np.float64)
     prompts = [[3, 1, 4], [1, 5, 9, 2, 6, 5, 3], [5, 8, 9, 7, 9]]
