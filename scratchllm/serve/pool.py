@@ -85,30 +85,45 @@ class _Codec:
 
 
 class GroupState:
-    """One layer's KVState-like view of sequences `seqs` that each hold `length` tokens."""
+    """One layer's KVState-like view of sequences `seqs` holding `lengths` tokens (an int for
+    all, or (B,) ints: rows at different lengths, as KVState's rows may be)."""
 
-    def __init__(self, cache, layer, seqs, length):
-        self.cache, self.layer, self.seqs, self.length = cache, layer, seqs, length
+    def __init__(self, cache, layer, seqs, lengths):
+        self.cache, self.layer, self.seqs = cache, layer, seqs
+        self.lengths = np.broadcast_to(np.asarray(lengths, np.int64), (len(seqs),)).copy()
+
+    @property
+    def length(self):
+        return int(self.lengths.max())
 
     @property
     def n_seen(self):
-        return self.length
+        """An int while the rows are in step, else the (B,) lengths."""
+        same = (self.lengths == self.lengths[0]).all()
+        return int(self.lengths[0]) if same else self.lengths.copy()
+
+    def restart(self, rows):
+        """Rows (a (B,) bool mask or indices) start new sequences: they hold nothing."""
+        self.lengths[rows] = 0
 
     def append(self, k, v):
-        """Store k, v (B, Hkv, t, Dh) at positions length .. length + t - 1 of each sequence."""
-        self.cache.write(self.layer, self.seqs, np.full(len(self.seqs), self.length), k, v)
-        self.length += k.shape[2]
+        """Store k, v (B, Hkv, t, Dh) at positions lengths[b] .. + t - 1 of each sequence."""
+        self.cache.write(self.layer, self.seqs, self.lengths, k, v)
+        self.lengths += k.shape[2]
 
     def kv(self):
-        """The group's keys and values, (B, Hkv, length, Dh) each (dequantised)."""
-        return self.cache.read(self.layer, self.seqs, np.full(len(self.seqs), self.length))
+        """The group's keys and values, (B, Hkv, max length, Dh) each (dequantised)."""
+        return self.cache.read(self.layer, self.seqs, self.lengths)
 
     def positions(self):
         return np.arange(self.length)  # (length,)
 
     def key_mask(self):
-        """None: the group's sequences are in step (every key is one of their tokens)."""
-        return None
+        """None while the rows are in step, else (B, 1, 1, length) bool: key j of row b is
+        one of its tokens (j < lengths[b])."""
+        if np.ndim(self.n_seen) == 0:
+            return None
+        return (np.arange(self.length) < self.lengths[:, None])[:, None, None, :]
 
 
 class PagedCache:

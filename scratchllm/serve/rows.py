@@ -1,8 +1,10 @@
-"""One decode step for sequences at different positions in one batch: what continuous batching
-needs, and what LM.decode (one position for the whole batch) does not give.
+"""Sequences at different positions in one call: what continuous batching needs. Decoding
+(one token each, decode_rows) is the LM's own decode with one position per row on the
+cache's views; forward_rows feeds t tokens per row (a prompt's rest after a prefix-cache hit,
+the target's check of k drafted tokens), which LM.prefill (from position 0) does not.
 
-Row b holds starts[b] tokens and feeds t more at positions starts[b] .. starts[b] + t - 1
-(decoding: t = 1; the rest of a prompt after a prefix-cache hit: t > 1, chunked prefill):
+forward_rows: row b holds starts[b] tokens and feeds t more at positions starts[b] ..
+starts[b] + t - 1 (chunked prefill):
     x = E[ids] (* sqrt(D)) (+ P[positions])
     per attention layer:  q, k, v = project(x) with RoPE at each row's own positions;
                           store k, v at those slots of sequence b in the cache;
@@ -10,8 +12,8 @@ Row b holds starts[b] tokens and feeds t more at positions starts[b] .. starts[b
                           of row b to keys 0 .. starts[b] + j only (a (B, 1, t, L) mask)
     the Block around each layer (norms, residuals, FFN) is the LM's own; the scores' and the
     logits' soft caps as the model's config says
-So one call serves the whole running batch; each row's numbers are those of its own decode
-(the padded keys get probability exactly 0).
+So one call serves the whole batch; each row's numbers are those of its own forward (the
+padded keys get probability exactly 0).
 
 Glossary: B rows, t tokens per row, D model width, H heads, Hkv KV heads, Dh head dim,
 L longest row.
@@ -94,7 +96,8 @@ def forward_rows(model, ids, cache, seqs, starts):
 
 def decode_rows(model, ids_t, cache, seqs, positions):
     """One token per sequence at its own position: ids_t (B,) at positions (B,) ints (= the
-    tokens each holds) -> logits (B, V); forward_rows with t = 1."""
-    ids_t = np.asarray(ids_t)
-    expect_shape("decode_rows", "ids_t", ids_t, (None,), "(B,)")
-    return forward_rows(model, ids_t[:, None], cache, seqs, positions)[:, 0]  # (B, V)
+    tokens each holds) -> logits (B, V): the LM's own decode with one position per row, on
+    GroupState views of the cache (each row attends only its own keys: their key_mask)."""
+    positions = np.asarray(positions)
+    expect_int("decode_rows", "positions", positions)
+    return model.decode(np.asarray(ids_t), cache.views(seqs, positions), positions)  # (B, V)
