@@ -19,6 +19,8 @@ Sections:
 - speculative: greedy speculative decoding on the same checkpoint with an early-exit draft
   (the target's first layers, final norm and head): tokens/s against the target alone, and
   the share of drafted tokens accepted.
+- evict: held-out perplexity against the KV budget per eviction policy (window, streaming,
+  h2o, snapkv) on the same checkpoint.
 """
 import os
 import sys
@@ -35,7 +37,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from scratchllm.lm import LM, generate_ids, preset  # noqa: E402
 from scratchllm.serve import (PagedCache, kv_attention_error, kv_cross_entropy,  # noqa: E402
-                              make_engine, quantize_weights, speculative_generate)
+                              kv_budget_cross_entropy, make_engine, quantize_weights,
+                              speculative_generate)
 
 CKPT = "runs/dense"
 
@@ -190,6 +193,26 @@ def bench_quality():
               f"CE {ce:.4f}, perplexity {np.exp(ce):.3f} ({np.exp(ce - base) - 1:+.3%})")
 
 
+def bench_evict():
+    from scratchllm.train.corpus import DEFAULT_CORPUS, split
+    if (loaded := _checkpoint()) is None:
+        return
+    model, tok, where = loaded
+    _, val = split(np.array(tok.encode(DEFAULT_CORPUS.read_text(encoding="utf-8"),
+                                       allowed_special="all")))
+    T, n_win = 128, 16
+    windows = np.stack([val[i * T:(i + 1) * T + 1] for i in range(n_win)])  # (16, T + 1)
+    full = model.cross_entropy(windows[:, :-1], windows[:, 1:])
+    print(f"{where}: {n_win} held-out windows of {T} tokens (the trained context), perplexity "
+          f"with every token kept {np.exp(full):.2f}; perplexity per KV budget (tokens kept "
+          f"per layer), 4 sinks, snapkv's observation window 8:")
+    print("  budget " + "".join(f"{p:>11s}" for p in ("window", "streaming", "h2o", "snapkv")))
+    for budget in (8, 16, 32, 64):
+        row = [np.exp(kv_budget_cross_entropy(model, windows, p, budget))
+               for p in ("window", "streaming", "h2o", "snapkv")]
+        print(f"  {budget:6d} " + "".join(f"{v:11.2f}" for v in row))
+
+
 def early_exit(model, n_layers):
     """A draft sharing the target's weights: its first n_layers blocks, final norm and head."""
     import dataclasses
@@ -231,4 +254,4 @@ if __name__ == "__main__":
         i = args.index("--ckpt")
         args = args[:i] + args[i + 2:]
     sys.exit(run_named([bench_engine, bench_long, bench_prefix, bench_quality,
-                        bench_speculative], args))
+                        bench_speculative, bench_evict], args))

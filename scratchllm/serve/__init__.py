@@ -2,9 +2,10 @@
 block tables, free list, prefix sharing, copy-on-write; pool: the per-layer arrays, paged or
 contiguous, read by the LM's decode through KVState-like views), one call for sequences at
 different positions (rows), a continuous-batching engine (engine: generate_batch), what
-quantising the cache costs (quality), weight quantisation of Linear layers (weights) and
-speculative decoding (speculative)."""
+quantising the cache costs (quality), weight quantisation of Linear layers (weights),
+speculative decoding (speculative) and token eviction under a KV budget (evict)."""
 from .blocks import BlockManager, OutOfBlocks
+from .evict import POLICIES, EvictingKV, kv_budget_cross_entropy
 from .engine import Engine, Request, generate_batch, make_engine
 from .pool import (KV_DTYPES, ContiguousCache, GroupState, PagedCache, StateCache,
                    attention_layers, paged_supported)
@@ -15,9 +16,10 @@ from .weights import quantizable, quantize_weights
 from .quantize import (FORMATS, Quantized, default_group_size, dequantize_codes, error_bound,
                        quantize)
 
-__all__ = ["BlockManager", "ContiguousCache", "Engine", "FORMATS", "GroupState", "KV_DTYPES",
-           "OutOfBlocks", "PagedCache", "Quantized", "Request", "StateCache", "accept_draft",
-           "attention_layers", "decode_rows", "default_group_size", "dequantize_codes",
-           "error_bound", "forward_rows", "generate_batch", "kv_attention_error",
-           "kv_cross_entropy", "make_engine", "paged_supported", "quantizable", "quantize",
-           "quantize_weights", "residual", "rows_supported", "speculative_generate"]
+__all__ = ["BlockManager", "ContiguousCache", "Engine", "EvictingKV", "FORMATS", "GroupState",
+           "KV_DTYPES", "OutOfBlocks", "POLICIES", "PagedCache", "Quantized", "Request",
+           "StateCache", "accept_draft", "attention_layers", "decode_rows", "default_group_size",
+           "dequantize_codes", "error_bound", "forward_rows", "generate_batch",
+           "kv_attention_error", "kv_budget_cross_entropy", "kv_cross_entropy", "make_engine",
+           "paged_supported", "quantizable", "quantize", "quantize_weights", "residual",
+           "rows_supported", "speculative_generate"]
