@@ -90,6 +90,19 @@ def test_a_shared_system_prompt_hits_the_prefix_cache(model):
     assert bm.hits >= 2 * 4  # the system prompt's 2 blocks, for every request after the first
 
 
+@pytest.mark.parametrize("seed", [8, 9])
+def test_prefix_hits_with_preemption_and_freed_cached_blocks(model, seed):
+    system = [3, 1, 4, 1, 5, 9]
+    prompts, news = _mix(seed, n=8, shared=system)
+    want = [_alone(model, p, k) for p, k in zip(prompts, news)]
+    engine = make_engine(model, "paged", block_size=3, n_blocks=10)
+    for i, (p, k) in enumerate(zip(prompts, news)):
+        engine.submit(i, p, k)
+    out = engine.run()
+    assert [out[i] for i in range(8)] == want
+    assert engine.cache.blocks.hits > 0 and engine.stats["preemptions"] > 0
+
+
 @pytest.mark.parametrize("kv_dtype", ["int8", "fp8", "int4"])
 def test_quantised_paged_equals_quantised_contiguous(model, kv_dtype):
     prompts, news = _mix(5, n=5)
