@@ -211,6 +211,17 @@ def bench_evict():
         row = [np.exp(kv_budget_cross_entropy(model, windows, p, budget))
                for p in ("window", "streaming", "h2o", "snapkv")]
         print(f"  {budget:6d} " + "".join(f"{v:11.2f}" for v in row))
+    T, n_win = 512, 8  # past the trained context: StreamingLLM's setting
+    windows = np.stack([val[i * T:(i + 1) * T + 1] for i in range(n_win)])  # (8, T + 1)
+    print(f"{n_win} windows of {T} tokens (4x the trained context), budget 64:")
+    rows = [("every token kept, own positions", "window", 1024, False),
+            ("window, own positions", "window", 64, False),
+            ("streaming, own positions", "streaming", 64, False),
+            ("window, positions in the cache", "window", 64, True),
+            ("streaming, positions in the cache", "streaming", 64, True)]
+    for label, policy, budget, cache_pos in rows:
+        ce = kv_budget_cross_entropy(model, windows, policy, budget, cache_positions=cache_pos)
+        print(f"  {label:36s} perplexity {np.exp(ce):9.2f}")
 
 
 def early_exit(model, n_layers):

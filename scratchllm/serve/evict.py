@@ -10,16 +10,19 @@ at most `budget` of its cached tokens, chosen by a policy:
     snapkv     as h2o, but each token's votes come only from the last `window` queries (an
                observation window; SnapKV, Li et al. 2024, arXiv 2404.14469, votes once over
                the prompt; here the votes slide with decoding)
-The next query attends the kept tokens and itself: streaming with budget b is exactly
-attention_sink_mask(window = b - n_sink + 1, n_sink) attention (a swa model's forward). Keys
-keep their own RoPE positions. kv_budget_cross_entropy feeds held-out text token by token
+RoPE positions are the tokens' own, or (cache_positions, as StreamingLLM does) their indices
+within the cache, keys held unrotated and rotated at each step. The next query attends the
+kept tokens and itself: streaming with budget b is exactly
+attention_sink_mask(window = b - n_sink + 1, n_sink) attention (a swa model's forward). kv_budget_cross_entropy feeds held-out text token by token
 through such caches (teacher forcing) and returns the mean next-token cross-entropy.
 
 Glossary: B rows (in step), H heads, Hkv KV heads, G = H / Hkv, Dh head dim, n kept tokens.
 """
+from dataclasses import replace
+
 import numpy as np
 
-from scratchllm.attention import make_rope, merge_heads, project_qkv_forward
+from scratchllm.attention import make_rope, merge_heads, project_qkv_forward, rope_forward
 from scratchllm.core.ops import linear_forward
 from scratchllm.core.validate import expect_int, expect_ndim
 from scratchllm.serve.pool import attention_layers
@@ -32,11 +35,12 @@ class EvictingKV:
     """One layer's kept keys and values (B, Hkv, n, Dh), their positions (n,) and the
     attention each received (B, Hkv, n): all it has, or the last `window` queries' votes."""
 
-    def __init__(self, policy, budget, n_sink=4, window=8):
+    def __init__(self, policy, budget, n_sink=4, window=8, cache_positions=False):
         if policy not in POLICIES or budget < 2 or not 0 <= n_sink < budget:
             raise ValueError(f"EvictingKV: policy one of {POLICIES}, budget >= 2, 0 <= n_sink "
                              f"< budget; got {policy!r}, {budget}, {n_sink}")
         self.policy, self.budget, self.n_sink, self.window = policy, budget, n_sink, window
+        self.cache_positions = cache_positions  # keys held unrotated, rotated by cache index
         self.k = self.v = self.pos = self.score = None
         self.votes = []  # snapkv: the last `window` steps' attention, each (B, Hkv, n_then)
 
@@ -85,15 +89,22 @@ class EvictingKV:
 def _attend_evicting(a, attn, state, position):
     """a (B, D) at `position` -> the attention output (B, D) over the kept keys, then evict."""
     spec, w = attn.spec, _weights(attn)
-    rope = None if spec.rope is None else make_rope(spec.rope, attn.head_dim,
-                                                    np.array([position]), position + 1)
-    (q, k, v), _ = project_qkv_forward(a[:, None], w, spec=spec, rope=rope)  # (B,H|Hkv,1,Dh)
-    state.append(k, v, position)
+    if state.cache_positions:  # StreamingLLM: positions within the cache, keys rotated late
+        (q, k, v), _ = project_qkv_forward(a[:, None], w, spec=replace(spec, rope=None))
+        state.append(k, v, position)
+        n = len(state.pos)
+        q = rope_forward(q, make_rope(spec.rope, attn.head_dim, np.array([n - 1]), n))[0]
+        keys = rope_forward(state.k, make_rope(spec.rope, attn.head_dim, np.arange(n), n))[0]
+    else:  # keys at their own positions
+        rope = make_rope(spec.rope, attn.head_dim, np.array([position]), position + 1)
+        (q, k, v), _ = project_qkv_forward(a[:, None], w, spec=spec, rope=rope)  # (B,H|Hkv,1,Dh)
+        state.append(k, v, position)
+        keys = state.k  # (B, Hkv, n, Dh)
     B, H, _, Dh = q.shape
     Hkv = state.k.shape[1]
     scale = Dh ** -0.5 if spec.scale is None else spec.scale
     qg = q.reshape(B, Hkv, H // Hkv, Dh)  # (B, Hkv, G, Dh)
-    s = qg @ state.k.swapaxes(-1, -2) * scale  # (B, Hkv, G, n)
+    s = qg @ keys.swapaxes(-1, -2) * scale  # (B, Hkv, G, n)
     p = np.exp(s - s.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)  # (B, Hkv, G, n)
     o = (p @ state.v).reshape(B, H, 1, Dh)  # (B, H, 1, Dh)
@@ -103,17 +114,21 @@ def _attend_evicting(a, attn, state, position):
     return y[:, 0]
 
 
-def kv_budget_cross_entropy(model, windows, policy, budget, *, n_sink=4, window=8):
+def kv_budget_cross_entropy(model, windows, policy, budget, *, n_sink=4, window=8,
+                            cache_positions=False):
     """Mean next-token cross-entropy (nats/token) of windows (B, T + 1) ids fed token by token
-    through caches that keep at most `budget` tokens per layer by `policy` (POLICIES)."""
+    through caches that keep at most `budget` tokens per layer by `policy` (POLICIES); with
+    cache_positions, RoPE positions are indices within the cache (StreamingLLM's), so
+    positions stay below budget + 1 however long the text."""
     expect_int("kv_budget_cross_entropy", "windows", windows)
     expect_ndim("kv_budget_cross_entropy", "windows", windows, 2, "(B, T + 1)")
     attention_layers(model)
     if any(layer.mixer.spec.alibi or layer.mixer.spec.sinks or layer.mixer.spec.softcap
-           for layer in model.layers) or model.cfg.positions != "none" or \
-            model.cfg.logit_softcap is not None:
+           or layer.mixer.spec.rope is None for layer in model.layers) or \
+            model.cfg.positions != "none" or model.cfg.logit_softcap is not None:
         raise ValueError("kv_budget_cross_entropy: RoPE models without sink logits or caps")
-    states = [EvictingKV(policy, budget, n_sink, window) for _ in model.layers]
+    states = [EvictingKV(policy, budget, n_sink, window, cache_positions)
+              for _ in model.layers]
     B, T = windows.shape[0], windows.shape[1] - 1
     total = 0.0
     for t in range(T):

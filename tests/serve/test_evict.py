@@ -47,3 +47,12 @@ def test_each_policy_keeps_the_budget_and_the_recent_tokens(policy):
         assert list(st.pos[:2]) == [0, 1]
     if policy == "window":
         assert list(st.pos) == list(range(6, 12))
+
+
+def test_cache_positions_without_eviction_are_the_own_positions(setup):
+    model, w = setup
+    full = model.cross_entropy(w[:, :-1], w[:, 1:])
+    got = kv_budget_cross_entropy(model, w, "streaming", 14, n_sink=2, cache_positions=True)
+    assert abs(got - full) < 1e-12
+    evicted = kv_budget_cross_entropy(model, w, "streaming", 6, n_sink=2, cache_positions=True)
+    assert abs(evicted - kv_budget_cross_entropy(model, w, "streaming", 6, n_sink=2)) > 1e-6
