@@ -10,7 +10,7 @@ from .engine import Engine, Request, generate_batch, make_engine
 from .pool import (KV_DTYPES, ContiguousCache, GroupState, PagedCache, StateCache,
                    attention_layers, paged_supported)
 from .quality import kv_attention_error, kv_cross_entropy
-from .rows import decode_rows, forward_rows, rows_supported
+from .rows import attention_weights, decode_rows, forward_rows, rows_supported
 from .speculative import accept_draft, residual, speculative_generate
 from .weights import quantizable, quantize_weights
 from .quantize import (FORMATS, Quantized, default_group_size, dequantize_codes, error_bound,
@@ -18,8 +18,8 @@ from .quantize import (FORMATS, Quantized, default_group_size, dequantize_codes,
 
 __all__ = ["BlockManager", "ContiguousCache", "Engine", "EvictingKV", "FORMATS", "GroupState",
            "KV_DTYPES", "OutOfBlocks", "POLICIES", "PagedCache", "Quantized", "Request",
-           "StateCache", "accept_draft", "attention_layers", "decode_rows", "default_group_size",
-           "dequantize_codes", "error_bound", "forward_rows", "generate_batch",
-           "kv_attention_error", "kv_budget_cross_entropy", "kv_cross_entropy", "make_engine",
-           "paged_supported", "quantizable", "quantize", "quantize_weights", "residual",
-           "rows_supported", "speculative_generate"]
+           "StateCache", "accept_draft", "attention_layers", "attention_weights", "decode_rows",
+           "default_group_size", "dequantize_codes", "error_bound", "forward_rows",
+           "generate_batch", "kv_attention_error", "kv_budget_cross_entropy", "kv_cross_entropy",
+           "make_engine", "paged_supported", "quantizable", "quantize", "quantize_weights",
+           "residual", "rows_supported", "speculative_generate"]

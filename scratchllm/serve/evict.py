@@ -26,7 +26,7 @@ from scratchllm.attention import make_rope, merge_heads, project_qkv_forward, ro
 from scratchllm.core.ops import linear_forward
 from scratchllm.core.validate import expect_int, expect_ndim
 from scratchllm.serve.pool import attention_layers
-from scratchllm.serve.rows import _weights
+from scratchllm.serve.rows import attention_weights
 
 POLICIES = ("window", "streaming", "h2o", "snapkv")
 
@@ -88,7 +88,7 @@ class EvictingKV:
 
 def _attend_evicting(a, attn, state, position):
     """a (B, D) at `position` -> the attention output (B, D) over the kept keys, then evict."""
-    spec, w = attn.spec, _weights(attn)
+    spec, w = attn.spec, attention_weights(attn)
     if state.cache_positions:  # StreamingLLM: positions within the cache, keys rotated late
         (q, k, v), _ = project_qkv_forward(a[:, None], w, spec=replace(spec, rope=None))
         state.append(k, v, position)

@@ -41,7 +41,7 @@ def rows_supported(model):
     return True
 
 
-def _weights(attn):
+def attention_weights(attn):
     """An Attention Module's arrays as the pair's AttentionWeights (None for an option off)."""
     params = (getattr(attn, name) for name in AttentionWeights._fields)
     return AttentionWeights(*(None if p is None else p.data for p in params))
@@ -50,7 +50,7 @@ def _weights(attn):
 def _attend_rows(a, attn, cache, layer, seqs, starts):
     """a (B, t, D) normed inputs of tokens at starts[b] .. + t - 1 -> the attention output
     (B, t, D), storing each row's k, v."""
-    spec, w = attn.spec, _weights(attn)
+    spec, w = attn.spec, attention_weights(attn)
     positions = starts[:, None] + np.arange(a.shape[1])  # (B, t)
     rope = None if spec.rope is None else make_rope(spec.rope, attn.head_dim, positions)
     (q, k, v), _ = project_qkv_forward(a, w, spec=spec, rope=rope)  # (B, H|Hkv, t, Dh)
