@@ -12,9 +12,10 @@ at most `budget` of its cached tokens, chosen by a policy:
                the prompt; here the votes slide with decoding)
 RoPE positions are the tokens' own, or (cache_positions, as StreamingLLM does) their indices
 within the cache, keys held unrotated and rotated at each step. The next query attends the
-kept tokens and itself: streaming with budget b is exactly
-attention_sink_mask(window = b - n_sink + 1, n_sink) attention (a swa model's forward). kv_budget_cross_entropy feeds held-out text token by token
-through such caches (teacher forcing) and returns the mean next-token cross-entropy.
+kept tokens and itself: streaming with budget b is exactly attention_sink_mask(window =
+b - n_sink + 1, n_sink) attention (a swa model's forward). kv_budget_cross_entropy feeds
+held-out text token by token through such caches (teacher forcing) and returns the mean
+next-token cross-entropy.
 
 Glossary: B rows (in step), H heads, Hkv KV heads, G = H / Hkv, Dh head dim, n kept tokens.
 """

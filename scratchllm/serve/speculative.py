@@ -66,6 +66,9 @@ def speculative_generate(target, draft, prompt, max_new_tokens, *, k=4, temperat
         raise ValueError(f"speculative_generate: need a non-empty prompt, k >= 1, "
                          f"max_new_tokens >= 0, temperature >= 0; got {len(prompt)} tokens, "
                          f"k={k}, {max_new_tokens}, {temperature}")
+    if target.cfg.vocab_size != draft.cfg.vocab_size:
+        raise ValueError(f"speculative_generate: the target's vocabulary ({target.cfg.vocab_size}"
+                         f") and the draft's ({draft.cfg.vocab_size}) differ")
     if temperature > 0 and rng is None:
         raise ValueError("speculative_generate: sampling (temperature > 0) needs rng")
     for name, m in (("target", target), ("draft", draft)):

@@ -52,3 +52,15 @@ def test_sampled_speculation_follows_the_target_and_a_wrong_rule_fails(monkeypat
     monkeypatch.setattr(speculative, "accept_draft", lambda p, q, token, u: True)
     counts, exact = _two_token_counts(target, draft, 400, seed=5)
     assert chisquare(counts, exact * counts.sum()).pvalue < 1e-6  # the draft's distribution
+
+
+def test_bad_arguments():
+    target = LM(lm_tiny("dense"), rng=np.random.default_rng(0), dtype=np.float64)
+    other = LM(lm_tiny("dense", vocab_size=5), rng=np.random.default_rng(0), dtype=np.float64)
+    with pytest.raises(ValueError, match="vocabulary"):
+        speculative_generate(target, other, [1], 3)
+    with pytest.raises(ValueError, match="not in this library yet"):
+        speculative_generate(target, "mtp", [1], 3)
+    with pytest.raises(ValueError, match="needs rng"):
+        speculative_generate(target, target, [1], 3, temperature=1.0)
+    assert speculative_generate(target, target, [1], 0)[0] == []
