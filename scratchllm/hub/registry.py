@@ -13,6 +13,7 @@ Adding a family is adding its record to a module of families/ and to FAMILIES be
 """
 from scratchllm.hub.families.base import fail_config
 from scratchllm.hub.families.dense import GEMMA3, LLAMA, MISTRAL, QWEN2, QWEN3
+from scratchllm.hub.families.encoders import BERT
 from scratchllm.hub.families.gpt2 import GPT2
 from scratchllm.hub.families.gpt_oss import GPT_OSS
 from scratchllm.hub.families.moe import DEEPSEEK_V3, MIXTRAL
@@ -22,6 +23,7 @@ from scratchllm.specs.unflat import flat_view
 
 FAMILIES = (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA3, GPT2, GPT_OSS, MIXTRAL, DEEPSEEK_V3, MAMBA,
             JAMBA)
+FAMILIES += (BERT,)
 BY_TYPE = {family.model_type: family for family in FAMILIES}
 
 
