@@ -11,6 +11,9 @@ types, eps 1e-6) a directory holds config.json and model.safetensors
     parameter, saved_by_scratchllm_rel_err (scratchllm's save_pretrained of the checkpoint,
     loaded by transformers' from_pretrained: the float32 logits' largest relative difference
     from `logits`, asserted < 1e-5 here).
+And t5_buckets/expected.npz: T5's relative position buckets of the offsets -700..700 for a
+few (num_buckets, max_distance, bidirectional), as transformers computes them (float32 logs,
+outside float64_everywhere: the bucket edges are transformers' own).
 float64 as make_hf_fixtures.py does it (float64_everywhere); BERT's modeling code has no
 float32 casts of its own, the context only keeps the references alike.
 Reference: huggingface/transformers src/transformers/models/bert/modeling_bert.py.
@@ -97,7 +100,22 @@ def saved_by_scratchllm(directory, expected):
     return err
 
 
+BUCKETS = [(32, 128, True), (32, 128, False), (8, 20, True), (16, 50, False), (64, 300, True)]
+
+
+def t5_buckets():
+    """{"nb_md_bidirectional": buckets of the offsets -700..700} from T5Attention."""
+    from transformers.models.t5.modeling_t5 import T5Attention
+    n = torch.arange(-700, 701)[None, :]  # (1, 1401)
+    out = {f"{nb}_{md}_{int(bi)}": T5Attention._relative_position_bucket(
+        n, bidirectional=bi, num_buckets=nb, max_distance=md).numpy() for nb, md, bi in BUCKETS}
+    d = OUT / "t5_buckets"
+    d.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(d / "expected.npz", **out)
+
+
 def main():
+    t5_buckets()
     rng = np.random.default_rng(27)
     for name, fields in CHECKPOINTS.items():
         d = OUT / name

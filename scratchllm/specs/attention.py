@@ -226,3 +226,25 @@ class MLASpec:
     def kv_per_token(self, d_model):
         """The absorbed form caches the latent and the shared rope key: Dc + dr numbers."""
         return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class RelativeBiasSpec:
+    """T5's relative position bias (Raffel et al. 2019, arXiv 1910.10683, section 2.1): a
+    learned scalar per head and bucket of the offset key - query, added to the scores.
+    num_buckets: the buckets (half of them per sign when bidirectional); max_distance: the
+    offset from which every larger one shares the last bucket; bidirectional: keys after the
+    query get buckets of their own (an encoder), else they share bucket 0 with the query
+    (a causal decoder)."""
+    num_buckets: int = 32
+    max_distance: int = 128
+    bidirectional: bool = True
+
+    def __post_init__(self):
+        positive_int(self, "num_buckets", low=2)
+        positive_int(self, "max_distance")
+        flag(self, "bidirectional")
+        exact = self.num_buckets // (2 if self.bidirectional else 1) // 2
+        if exact < 1 or self.max_distance <= exact:
+            fail(self, f"max_distance={self.max_distance} must exceed the exact buckets "
+                       f"({exact} per sign of num_buckets={self.num_buckets})")

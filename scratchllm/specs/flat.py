@@ -6,7 +6,8 @@ attn_sinks -> AttentionSpec.sinks, attn_scale -> .scale, attn_impl -> .impl, rop
 RopeSpec.base, router_bias -> RouterSpec.bias, experts -> ExpertsSpec.kind, n_shared * d_ff ->
 MoESpec.d_shared, block -> LayerSpec.placement, norm / norm_eps / norm_offset -> NormSpec.
 causal -> every attention layer's Mask.causal; mlm_head -> HeadSpec(transform=True,
-gelu_approx, bias=True) (BERT's MLM head, with the FFN's GELU). The per-layer choices (layer_pattern, layer_types, moe_every, moe_offset, first_k_dense) pick
+gelu_approx, bias=True) (BERT's MLM head, with the FFN's GELU). The per-layer choices
+(layer_pattern, layer_types, moe_every, moe_offset, first_k_dense) pick
 the spec of each layer.
 """
 from dataclasses import dataclass, fields
