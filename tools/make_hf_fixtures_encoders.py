@@ -11,7 +11,7 @@ types, eps 1e-6) a directory holds config.json and model.safetensors
     parameter, saved_by_scratchllm_rel_err (scratchllm's save_pretrained of the checkpoint,
     loaded by transformers' from_pretrained: the float32 logits' largest relative difference
     from `logits`, asserted < 1e-5 here).
-And t5_buckets/expected.npz: T5's relative position buckets of the offsets -700..700 for a
+And t5_attention/expected.npz (t5_attention's docstring) and t5_buckets/expected.npz: T5's relative position buckets of the offsets -700..700 for a
 few (num_buckets, max_distance, bidirectional), as transformers computes them (float32 logs,
 outside float64_everywhere: the bucket edges are transformers' own).
 float64 as make_hf_fixtures.py does it (float64_everywhere); BERT's modeling code has no
@@ -114,8 +114,35 @@ def t5_buckets():
     np.savez_compressed(d / "expected.npz", **out)
 
 
+def t5_attention():
+    """t5_attention/expected.npz: one T5Attention with its relative bias (an encoder's first
+    layer: bidirectional, unscaled; d_kv apart from d_model / heads) in float64: x (2, 9, 8),
+    its weights q, k, v (D, H*d_kv) and o (H*d_kv, D) in torch's (out, in) layout, the table
+    (num_buckets, H), the output y, G_seed, and grad/<name> of sum(y * G)."""
+    from transformers.models.t5.modeling_t5 import T5Attention
+    cfg = transformers.T5Config(d_model=8, d_kv=3, num_heads=4, relative_attention_num_buckets=8,
+                                relative_attention_max_distance=12, dropout_rate=0.0)
+    cfg._attn_implementation = "eager"
+    with float64_everywhere():
+        layer = T5Attention(cfg, has_relative_attention_bias=True).to(torch.float64).eval()
+        g = torch.Generator().manual_seed(3)
+        with torch.no_grad():
+            for p in layer.parameters():
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.5)
+        x = torch.randn((2, 9, 8), generator=g, dtype=torch.float64)
+        y = layer(x)[0]
+        G = np.random.default_rng(G_SEED).standard_normal(tuple(y.shape))
+        (y * torch.tensor(G)).sum().backward()
+    d = OUT / "t5_attention"
+    d.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(d / "expected.npz", x=x.numpy(), y=y.detach().numpy(), G_seed=G_SEED,
+                        **{n: p.detach().numpy() for n, p in layer.named_parameters()},
+                        **{f"grad/{n}": p.grad.numpy() for n, p in layer.named_parameters()})
+
+
 def main():
     t5_buckets()
+    t5_attention()
     rng = np.random.default_rng(27)
     for name, fields in CHECKPOINTS.items():
         d = OUT / name

@@ -54,9 +54,10 @@ def sdpa(rng):
 
 @case
 def relative_bias(rng):
-    """T5's relative position bias: the table lookup alone (bidirectional; causal with the
-    queries at offset 3), and through unscaled attention (T5 does not scale q.k), where the
-    table gets its gradient from sdpa's bias gradient."""
+    """T5's relative position bias: in a GQA layer (AttentionSpec.relative: encoder and causal
+    decoder self-attention, unscaled, head dim apart from D / H), the table lookup alone
+    (bidirectional; causal with the queries at offset 3), and through unscaled attention (T5
+    does not scale q.k), where the table gets its gradient from sdpa's bias gradient."""
     from scratchllm.attention import (relative_bias_backward, relative_bias_forward,
                                       sdpa_backward, sdpa_forward)
     from scratchllm.specs import RelativeBiasSpec
@@ -75,7 +76,17 @@ def relative_bias(rng):
         g["table"] = relative_bias_backward(g.pop("bias"), cache[1])["table"]
         return g
 
-    return [check(relative_bias_forward, relative_bias_backward, rng=rng,
+    from scratchllm.attention import AttentionWeights, gqa_backward, gqa_forward
+    D, H, Dh = 6, 3, 4  # T5: head dim apart from D / H, no scaling, no RoPE
+    w = AttentionWeights(*(rng.standard_normal(shape) * 0.5 for shape in (
+        (D, H * Dh), (D, H * Dh), (D, H * Dh), (H * Dh, D))), rel_table=table)
+    layers = [(f"gqa layer, {name}", AttentionSpec(H, H, Dh, scale=1.0, rope=None,
+                                                    mask=Mask(causal=name == "causal"),
+                                                    relative=rel))
+              for name, rel in (("encoder", both), ("causal", causal))]
+    reports = [check(gqa_forward, gqa_backward, rng=rng, label=label,
+                     x=rng.standard_normal((2, 7, D)), w=w, spec=spec) for label, spec in layers]
+    return reports + [check(relative_bias_forward, relative_bias_backward, rng=rng,
                   label="bidirectional, 5 x 9", table=table, spec=both, Tq=5, Tk=9),
             check(relative_bias_forward, relative_bias_backward, rng=rng,
                   label="causal, queries at 3..6", table=table, spec=causal, Tq=4, Tk=7,

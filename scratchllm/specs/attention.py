@@ -120,7 +120,8 @@ class AttentionSpec:
     Dh^-1/2).  sinks: a learned sink logit per head (gpt-oss).  rope None: no rotary positions
     (NoPE, or GPT-2's learned table); alibi: ALiBi's fixed per-head biases instead.  impl
     "sdpa" (dense scores) or "flash" (tiled, block x block).  mask: the Mask every call of the
-    layer uses (decoding keeps window + n_sink keys)."""
+    layer uses (decoding keeps window + n_sink keys).  relative: T5's learned relative
+    position bias (a RelativeBiasSpec; the layer owns a (num_buckets, H) table), or None."""
     n_heads: int = 4
     n_kv_heads: int = 2
     head_dim: int = None
@@ -136,6 +137,7 @@ class AttentionSpec:
     impl: str = "sdpa"
     block: int = 128
     mask: Mask = Mask()
+    relative: object = None
 
     def __post_init__(self):
         for name in ("n_heads", "n_kv_heads", "block"):
@@ -156,6 +158,11 @@ class AttentionSpec:
             fail(self, "rope and alibi are two position schemes; give one (rope=None for ALiBi)")
         if self.head_dim is not None and self.rope is not None and self.head_dim % 2:
             fail(self, f"RoPE rotates pairs: head_dim={self.head_dim} must be even")
+        instance(self, "relative", RelativeBiasSpec, none_ok=True)
+        if self.relative is not None and (self.rope is not None or self.alibi or self.impl
+                                          != "sdpa" or self.mask.window is not None):
+            fail(self, "relative (T5's bias) is the layer's position scheme: it needs "
+                       "rope=None, alibi=False, impl='sdpa' and no window")
         if self.impl == "flash" and (self.mask.array is not None or self.mask.block):
             fail(self, "impl='flash' tiles causal, window and n_sink; a mask array or a block "
                        "pattern needs impl='sdpa'")
@@ -168,10 +175,11 @@ class AttentionSpec:
         return self.head_dim or d_model // self.n_heads
 
     def n_params(self, d_model):
-        """wq, wk, wv, wo (+ biases, QK-norm gains, sink logits)."""
+        """wq, wk, wv, wo (+ biases, QK-norm gains, sink logits, relative bias table)."""
         D, H, Hkv, Dh = d_model, self.n_heads, self.n_kv_heads, self.dh(d_model)
         n = D * H * Dh + 2 * D * Hkv * Dh + H * Dh * D + self.n_biases(d_model)
         n += 2 * Dh if self.qk_norm else 0
+        n += self.relative.num_buckets * H if self.relative is not None else 0
         return n + (H if self.sinks else 0)
 
     def n_biases(self, d_model):
