@@ -11,7 +11,7 @@ types, eps 1e-6) a directory holds config.json and model.safetensors
     parameter, saved_by_scratchllm_rel_err (scratchllm's save_pretrained of the checkpoint,
     loaded by transformers' from_pretrained: the float32 logits' largest relative difference
     from `logits`, asserted < 1e-5 here).
-And t5_attention/expected.npz (t5_attention's docstring) and t5_buckets/expected.npz: T5's relative position buckets of the offsets -700..700 for a
+And t5_attention/ and t5_parts/expected.npz (their functions' docstrings) and t5_buckets/expected.npz: T5's relative position buckets of the offsets -700..700 for a
 few (num_buckets, max_distance, bidirectional), as transformers computes them (float32 logs,
 outside float64_everywhere: the bucket edges are transformers' own).
 float64 as make_hf_fixtures.py does it (float64_everywhere); BERT's modeling code has no
@@ -140,9 +140,44 @@ def t5_attention():
                         **{f"grad/{n}": p.grad.numpy() for n, p in layer.named_parameters()})
 
 
+def t5_parts():
+    """t5_parts/expected.npz: T5's other sub-layers in float64 on x (2, 5, 8): relu/* the
+    DenseReluDense (wi, wo), gated/* the gated-gelu DenseGatedActDense (wi_0, wi_1, wo:
+    gelu_new), norm/* the T5LayerNorm (weight, eps 1e-6), cross/* a T5Attention used as
+    cross-attention over ctx (2, 7, 8) (no relative bias, unscaled); each with its inputs,
+    weights and output y."""
+    from transformers.models.t5.modeling_t5 import (T5Attention, T5DenseActDense,
+                                                    T5DenseGatedActDense, T5LayerNorm)
+    cfg = transformers.T5Config(d_model=8, d_kv=3, num_heads=4, d_ff=12, dropout_rate=0.0)
+    cfg._attn_implementation = "eager"
+    gated = transformers.T5Config(d_model=8, d_kv=3, num_heads=4, d_ff=12, dropout_rate=0.0,
+                                  feed_forward_proj="gated-gelu")  # dense_act_fn gelu_new
+    assert gated.dense_act_fn == "gelu_new" and gated.is_gated_act
+    out = {}
+    with float64_everywhere(), torch.no_grad():
+        g = torch.Generator().manual_seed(4)
+        x = torch.randn((2, 5, 8), generator=g, dtype=torch.float64)
+        ctx = torch.randn((2, 7, 8), generator=g, dtype=torch.float64)
+        out.update(x=x.numpy(), ctx=ctx.numpy())
+        parts = {"relu": T5DenseActDense(cfg), "gated": T5DenseGatedActDense(gated),
+                 "norm": T5LayerNorm(8, eps=1e-6), "cross": T5Attention(cfg)}
+        for name, layer in parts.items():
+            layer = layer.to(torch.float64).eval()
+            for p in layer.parameters():
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.5 + (
+                    1.0 if name == "norm" else 0.0))
+            y = layer(x, key_value_states=ctx)[0] if name == "cross" else layer(x)
+            out[f"{name}/y"] = y.numpy()
+            out.update({f"{name}/{n}": p.numpy() for n, p in layer.named_parameters()})
+    d = OUT / "t5_parts"
+    d.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(d / "expected.npz", **out)
+
+
 def main():
     t5_buckets()
     t5_attention()
+    t5_parts()
     rng = np.random.default_rng(27)
     for name, fields in CHECKPOINTS.items():
         d = OUT / name

@@ -159,8 +159,9 @@ def _check_layers(f):
         bad(f"layer_pattern must be {f.n_layers} letters of {LAYER_KINDS!r}, got {kinds!r}")
     if f.attention not in ("gqa", "mla"):
         bad(f"attention must be 'gqa' or 'mla', got {f.attention!r}")
-    if f.ffn not in ("swiglu", "moe", "gelu_mlp", "geglu", "none"):
-        bad(f"ffn must be 'swiglu', 'moe', 'gelu_mlp', 'geglu' or 'none', got {f.ffn!r}")
+    if f.ffn not in ("swiglu", "moe", "gelu_mlp", "geglu", "relu_mlp", "none"):
+        bad(f"ffn must be 'swiglu', 'moe', 'gelu_mlp', 'geglu', 'relu_mlp' or 'none', got "
+            f"{f.ffn!r}")
     if f.positions not in ("rope", "alibi", "sinusoidal", "nope", "learned"):
         bad(f"positions must be 'rope', 'alibi', 'sinusoidal', 'nope' or 'learned', got "
             f"{f.positions!r}")
@@ -234,7 +235,7 @@ def is_moe_layer(f, i):
 def _ffn(f, i):
     if f.ffn == "none":
         return None
-    if f.ffn in ("gelu_mlp", "geglu"):
+    if f.ffn in ("gelu_mlp", "geglu", "relu_mlp"):
         return FFNSpec(f.ffn, f.d_ff, f.gelu_approx)
     if not is_moe_layer(f, i):  # a dense layer (of an MoE model: dense_d_ff wide)
         return FFNSpec("swiglu", f.dense_d_ff or f.d_ff)
