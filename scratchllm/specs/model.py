@@ -3,7 +3,8 @@
 A LayerSpec is a token mixer spec (AttentionSpec, MLASpec, MambaSpec, Mamba2Spec,
 RecurrentSpec, RWKVSpec), an FFN spec (FFNSpec, MoESpec or None for a mixer-only block), the
 norm and where it sits: "pre" (x + f(norm(x))), "post" (norm(x + f(x)): Vaswani et al. 2017)
-or "sandwich" (x + norm(f(norm(x))): Gemma 2, 3). lm/ builds one Block per LayerSpec; teach/
+"sandwich" (x + norm(f(norm(x))): Gemma 2, 3) or "output" (x + norm(f(x)): OLMo 2's norm on
+the sub-layer's output only). lm/ builds one Block per LayerSpec; teach/
 sizes the same objects, so `size` and `LM` can never disagree. Plain Python: no numpy here.
 """
 from dataclasses import dataclass
@@ -66,13 +67,14 @@ class LayerSpec:
         instance(self, "mixer", MIXERS)
         instance(self, "ffn", FFNS, none_ok=True)
         instance(self, "norm", NormSpec)
-        one_of(self, "placement", ("pre", "post", "sandwich"))
+        one_of(self, "placement", ("pre", "post", "sandwich", "output"))
         if self.ffn is None and self.placement != "pre":
             fail(self, f"a mixer-only block (ffn=None) is pre-norm, got {self.placement!r}")
 
     @property
     def n_norms(self):
-        """norm1 (+ norm2 with an FFN) (+ the two output norms of a sandwich block)."""
+        """norm1 (+ norm2 with an FFN) (+ the two output norms of a sandwich block); an
+        "output" block's norm1 and norm2 sit on the sub-layers' outputs."""
         return (1 if self.ffn is None else 2) * (2 if self.placement == "sandwich" else 1)
 
     def n_params(self, d_model, active=False):
@@ -93,7 +95,8 @@ class ModelConfig:
     embed_norm: the trunk's norm on x_0 (BERT); final_norm: the norm after the last block
     (False: post-norm encoders, whose blocks end in a norm); head: the output head;
     pad_id: the token whose embedding lookups pass no gradient (torch's Embedding
-    padding_idx: BERT's pad_token_id; None = none)."""
+    padding_idx: BERT's pad_token_id; None = none);
+    logit_softcap c: the logits become c tanh(logits / c) (Gemma 2), None for plain logits."""
     name: str = "custom"
     vocab_size: int = 1024
     d_model: int = 128
@@ -108,6 +111,7 @@ class ModelConfig:
     final_norm: bool = True
     head: HeadSpec = HeadSpec()
     pad_id: int = None
+    logit_softcap: float = None
 
     def __post_init__(self):
         if not isinstance(self.name, str):
@@ -138,6 +142,7 @@ class ModelConfig:
         positive_int(self, "pad_id", low=0, none_ok=True)
         if self.pad_id is not None and self.pad_id >= self.vocab_size:
             fail(self, f"pad_id={self.pad_id} must be < vocab_size={self.vocab_size}")
+        real(self, "logit_softcap", 0, open_low=True, none_ok=True)
 
     @property
     def n_layers(self):

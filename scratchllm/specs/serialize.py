@@ -20,7 +20,8 @@ SPECS = {c.__name__: c for c in (AttentionSpec, Mask, MLASpec, RopeSpec, Experts
                                  MoESpec, RouterSpec, Mamba2Spec, MambaSpec, RecurrentSpec,
                                  RWKVSpec, LayerSpec, NormSpec, HeadSpec, RelativeBiasSpec)}
 TRUNK = ("name", "vocab_size", "d_model", "tie_embeddings", "embed_scale", "positions",
-         "max_positions", "type_vocab_size", "embed_norm", "final_norm", "pad_id")
+         "max_positions", "type_vocab_size", "embed_norm", "final_norm", "pad_id",
+         "logit_softcap")
 
 
 def spec_to_dict(spec):

@@ -85,8 +85,9 @@ CAUSAL_LM = dict(causal=True, type_vocab_size=0, embed_norm=False, final_norm=Tr
 
 def differences(f, needs):
     """{flat name: "name=value"} for every field of needs ({flat name: value}, over
-    CAUSAL_LM's) that the flat view f has another value of, in the order of needs."""
-    needs = {**CAUSAL_LM, **needs}
+    CAUSAL_LM's where f is a model config's flat view: a vision config's view has none of
+    them) that f has another value of, in the order of needs."""
+    needs = {**{k: v for k, v in CAUSAL_LM.items() if hasattr(f, k)}, **needs}
     return {k: f"{k}={v!r}" for k, v in needs.items() if getattr(f, k) != v}
 
 
