@@ -28,7 +28,7 @@ import numpy as np
 from scratchllm.attention.flash import flash_sdpa_backward, flash_sdpa_forward
 from scratchllm.attention.kv_state import KVState, RollingKVState, begin_step
 from scratchllm.attention.positions import (alibi_bias, alibi_slopes, relative_bias_backward,
-                                           relative_bias_forward)
+                                           relative_bias_forward, relative_offset_buckets)
 from scratchllm.attention.qkv import (QKV, AttentionWeights, QKVCache, project_qkv_backward,
                                       project_qkv_forward)
 from scratchllm.attention.rope import make_rope, row_rope
@@ -154,10 +154,10 @@ def gqa_decode(x_t, w, state, position, *, spec, rope=None):
         slopes = alibi_slopes(spec.n_heads).astype(x_t.dtype)  # (H,)
         dist = np.abs(np.reshape(position, (-1, 1, 1, 1)) - state.positions())  # (B|1,1,1,L)
         bias = -slopes[:, None, None] * dist  # (B|1, H, 1, L)
-    if spec.relative is not None:  # a KVState (no window): key slot j holds position j
-        bias = np.concatenate([relative_bias_forward(
-            w.rel_table, spec=spec.relative, Tq=1, Tk=K.shape[2], offset=int(p))[0]
-            for p in np.reshape(position, -1)])  # (B|1, H, 1, L)
+    if spec.relative is not None:  # R[bucket(key position - position)] over the kept keys
+        n = state.positions() - np.reshape(position, (-1, 1, 1, 1))  # (B|1, 1, 1, L)
+        buckets = relative_offset_buckets(n[:, 0, 0], spec=spec.relative)  # (B|1, L)
+        bias = w.rel_table[buckets].transpose(0, 2, 1)[:, :, None, :]  # (B|1, H, 1, L)
     o, _ = sdpa_forward(q, K, V, None if keep is None else Mask(array=keep), spec.scale,
                         bias=bias, sinks=w.sinks, softcap=spec.softcap)  # (B, H, 1, Dh)
     y, _ = linear_forward(merge_heads(o), w.wo, w.bo)  # (B, 1, D)

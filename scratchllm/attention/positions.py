@@ -84,7 +84,13 @@ def relative_position_buckets(Tq, Tk, *, spec, offset=0):
     expect_positive("relative_position_buckets", "Tq", Tq)
     expect_positive("relative_position_buckets", "Tk", Tk)
     n = np.arange(Tk)[None, :] - (offset + np.arange(Tq))[:, None]  # (Tq, Tk) key - query
-    nb, buckets = spec.num_buckets, np.zeros((Tq, Tk), np.int64)  # (Tq, Tk)
+    return relative_offset_buckets(n, spec=spec)  # (Tq, Tk)
+
+
+def relative_offset_buckets(n, *, spec):
+    """The buckets (int64, n's shape) of the offsets n = key position - query position (any
+    shape of ints), by spec (a RelativeBiasSpec): the rule above."""
+    nb, buckets = spec.num_buckets, np.zeros(np.shape(n), np.int64)  # (...)
     if spec.bidirectional:
         nb //= 2
         buckets += (n > 0) * nb
@@ -92,11 +98,11 @@ def relative_position_buckets(Tq, Tk, *, spec, offset=0):
     else:
         m = -np.minimum(n, 0)  # (Tq, Tk)
     exact = nb // 2
-    far = np.maximum(m, exact)  # (Tq, Tk): the log-spaced rule is used for m >= exact only
+    far = np.maximum(m, exact)  # (...): the log-spaced rule is used for m >= exact only
     ratio = np.log((far / exact).astype(np.float32)) / np.float32(
-        math.log(spec.max_distance / exact))  # (Tq, Tk) float32
+        math.log(spec.max_distance / exact))  # (...) float32
     large = exact + (ratio * np.float32(nb - exact)).astype(np.int64)  # truncation, as .long()
-    return buckets + np.where(m < exact, m, np.minimum(large, nb - 1))  # (Tq, Tk)
+    return buckets + np.where(m < exact, m, np.minimum(large, nb - 1))  # (...)
 
 
 class RelativeBiasCache(NamedTuple):

@@ -43,17 +43,22 @@ def test_table_gradient():
         assert report.ok, f"\n{report}"
 
 
-def test_attention_layer_decodes_as_its_causal_forward():
-    """An Attention layer with T5's bias (decoder self-attention: causal, unscaled): decoding
-    token by token from a KVState gives the rows of the full forward."""
+def _decoder_layer(seed, T):
+    """A T5 decoder self-attention layer (causal, unscaled, a random bias table) and x."""
     from scratchllm.attention import Attention
     from scratchllm.specs import AttentionSpec, Mask
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     spec = AttentionSpec(2, 2, 3, scale=1.0, rope=None, mask=Mask(),
                          relative=RelativeBiasSpec(8, 12, bidirectional=False))
     layer = Attention(5, spec, rng=rng, dtype=np.float64)
     layer.rel_table.data[...] = rng.standard_normal((8, 2))
-    x = rng.standard_normal((2, 9, 5))
+    return layer, rng.standard_normal((2, T, 5))
+
+
+def test_attention_layer_decodes_as_its_causal_forward():
+    """An Attention layer with T5's bias (decoder self-attention: causal, unscaled): decoding
+    token by token from a KVState gives the rows of the full forward."""
+    layer, x = _decoder_layer(1, 9)
     full, _ = layer.forward(x)  # (2, 9, 5)
     state = layer.init_state(2, 9)
     for t in range(9):
@@ -85,3 +90,18 @@ def test_encoder_attention_layer_equals_transformers_t5_attention():
                          (dw.rel_table, "relative_attention_bias")]:
         want = ref[f"grad/{theirs}.weight"]
         assert np.abs(mine - want).max() < 1e-10 * np.abs(want).max(), theirs
+
+
+def test_rows_at_their_own_positions_decode_as_their_own_sequences():
+    """Per-row positions (a KVState whose rows restart): row 1 restarts at step 3 and must
+    decode as a fresh sequence, row 0 continues; each equals its own full forward."""
+    layer, x = _decoder_layer(2, 7)
+    full0, _ = layer.forward(x[:1])  # row 0: all 7 tokens
+    full1, _ = layer.forward(x[1:, 3:])  # row 1: tokens 3.. as a sequence of its own
+    state = layer.init_state(2, 12)
+    for t in range(7):
+        pos = np.array([t, t if t < 3 else t - 3])
+        y = layer.decode(x[:, t], state, pos)  # (2, 5)
+        assert np.allclose(y[0], full0[0, t], rtol=0, atol=1e-12)
+        if t >= 3:
+            assert np.allclose(y[1], full1[0, t - 3], rtol=0, atol=1e-12)
