@@ -86,7 +86,9 @@ def _canonical(name, family):
         return name.removeprefix(family.old_prefix) if family.old_prefix else name
     prefix = family.bare_prefix
     if prefix and not name.startswith((prefix, "lm_head.")):
-        return prefix + name
+        name = prefix + name
+    for old, new in family.renames:  # older checkpoints' names (BERT's LayerNorm.gamma)
+        name = name.replace(old, new)
     return name
 
 
@@ -114,15 +116,16 @@ def _place(path, e, array, arrays):
     from_hf(e, array, arrays)
 
 
-def _check_names(path, f, stored, expected, tied=("lm_head.weight",)):
+def _check_names(path, f, stored, expected, tied=("lm_head.weight",), unused=()):
     """ValueError naming the tensors the checkpoint lacks, or has beyond `expected` (the
     family's names for the config's flat view f; with a tied head, the `tied` copies of the
-    embedding may be there too)."""
+    embedding may be there too, and tensors under the `unused` prefixes)."""
     missing = sorted(expected - set(stored))
     if missing:
         raise ValueError(f"load_pretrained: {path}: tensor(s) {missing[:5]} missing "
                          f"({len(missing)} in all) for {f.name} with {f.n_layers} layers")
-    extra = sorted(n for n in set(stored) - expected if not n.endswith(IGNORED_SUFFIXES))
+    extra = sorted(n for n in set(stored) - expected
+                   if not n.endswith(IGNORED_SUFFIXES) and not n.startswith(unused))
     if getattr(f, "tie_embeddings", False):  # a tied head saved anyway: it is embed_tokens
         extra = [n for n in extra if n not in tied]
     if extra:
@@ -157,7 +160,7 @@ def load_pretrained(path, dtype=np.float32):
     stored = {_canonical(n, family): (file, n) for n, file in weight_files(path).items()}
     table = family.names(model, f)
     _check_names(path, f, stored, {e.hf for e in table},
-                 getattr(family, "tied_names", ()))
+                 getattr(family, "tied_names", ()), getattr(family, "unused", ()))
     _load_into(path, stored, {e.hf: e for e in table}, _library_arrays(model, "data"))
     model.hf_config = hf
     return model

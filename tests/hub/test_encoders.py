@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
 from scratchllm.hub import flat_of, grad_dict, load_pretrained, save_pretrained, state_dict
 from scratchllm.lm import LM, MaskedLM, preset
@@ -116,3 +116,29 @@ def test_a_bert_shaped_config_saves_only_as_bert(tmp_path):
     with pytest.raises(ValueError, match="bert checkpoint only with .*causal=False"):
         save_pretrained(model, tmp_path)
     assert flat_of(cfg).mlm_head and not flat_of(cfg).causal
+
+
+def test_a_tf_era_checkpoint_loads_with_gamma_beta_pooler_and_nsp_head(tmp_path):
+    """google-bert/bert-base-uncased's names: LayerNorm.gamma / .beta, plus the pooler and the
+    next-sentence head of BertForPreTraining, and the tied decoder saved anyway: the same
+    model as the fixture, and a save writes transformers' names."""
+    d = tmp_path / "tf_era"
+    shutil.copytree(HF / "bert", d)
+    tensors = load_file(d / "model.safetensors")
+    old = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias",
+                                                                     "LayerNorm.beta"): v
+           for k, v in tensors.items()}
+    D = tensors["bert.embeddings.LayerNorm.weight"].shape[0]
+    old.update({"bert.pooler.dense.weight": np.zeros((D, D), np.float32),
+                "bert.pooler.dense.bias": np.zeros(D, np.float32),
+                "cls.seq_relationship.weight": np.zeros((2, D), np.float32),
+                "cls.seq_relationship.bias": np.zeros(2, np.float32),
+                "cls.predictions.decoder.weight": tensors[
+                    "bert.embeddings.word_embeddings.weight"]})
+    save_file(old, d / "model.safetensors")
+    ref = expected("bert")
+    model = load_pretrained(d, dtype=np.float64)
+    logits, _ = model.forward(input_ids=ref["input_ids"], token_type_ids=ref["token_type_ids"])
+    assert rel_err(logits, ref["logits"]) < 1e-9
+    save_pretrained(model, tmp_path / "saved")
+    assert sorted(load_file(tmp_path / "saved" / "model.safetensors")) == sorted(tensors)

@@ -44,6 +44,11 @@ class Family:
                    token_type_ids=None))
     tied_names     tensors a checkpoint may hold beside the embedding when the head is tied
                    (copies of it: read past on loading, never written)
+    renames        ((old, new), ...): parts of older checkpoints' tensor names read as the
+                   names() give them (BERT's TF-era "LayerNorm.gamma" for .weight); saving
+                   writes the new names
+    unused         prefixes of tensors a checkpoint may carry for heads the model does not
+                   have (BertForPreTraining's pooler and next-sentence head): read past
     """
     model_type: str
     architecture: str
@@ -55,6 +60,8 @@ class Family:
     bare_prefix: str = ""
     model_class: type = LM
     tied_names: tuple = ("lm_head.weight",)
+    renames: tuple = ()
+    unused: tuple = ()
 
 
 def fail_config(msg):

@@ -19,6 +19,9 @@ projection with an output bias (mlm_head).
     transform.dense.W, b             cls.predictions.transform.dense.weight, .bias            T
     transform.norm.g / .b            cls.predictions.transform.LayerNorm.weight / .bias
     head_bias                        cls.predictions.bias (= cls.predictions.decoder.bias)
+Checkpoints converted from Google's TensorFlow release (google-bert/bert-base-uncased) name
+the LayerNorm gains and biases gamma and beta and carry BertForPreTraining's pooler and
+next-sentence head: both read as transformers' BertForMaskedLM reads them (renamed; unused).
 The decoder is tied to the word embeddings: an untied BertForMaskedLM (tie_word_embeddings
 false) keeps a second output bias that nothing reads (transformers unties cls.predictions.bias
 from decoder.bias too), which this library does not model: refused by name.
@@ -121,4 +124,7 @@ def _names(model, f):
 
 BERT = Family("bert", "BertForMaskedLM", _from_hf, _to_hf, claims=lambda f: f.mlm_head,
               check=_check, names=_names, model_class=MaskedLM,
-              tied_names=("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"))
+              tied_names=("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"),
+              renames=(("LayerNorm.gamma", "LayerNorm.weight"),
+                       ("LayerNorm.beta", "LayerNorm.bias")),
+              unused=("bert.pooler.", "cls.seq_relationship."))
