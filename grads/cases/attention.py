@@ -56,6 +56,49 @@ def sdpa(rng):
 
 
 @case
+def relative_bias(rng):
+    """T5's relative position bias: in a GQA layer (AttentionSpec.relative: encoder and causal
+    decoder self-attention, unscaled, head dim apart from D / H), the table lookup alone
+    (bidirectional; causal with the queries at offset 3), and through unscaled attention (T5
+    does not scale q.k), where the table gets its gradient from sdpa's bias gradient."""
+    from scratchllm.attention import (relative_bias_backward, relative_bias_forward,
+                                      sdpa_backward, sdpa_forward)
+    from scratchllm.specs import RelativeBiasSpec
+    both, causal = RelativeBiasSpec(8, 12), RelativeBiasSpec(8, 12, bidirectional=False)
+    table = rng.standard_normal((8, 3))
+    q, k, v = (rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((2, 3, 9, 4)),
+               rng.standard_normal((2, 3, 9, 4)))
+
+    def forward(q, k, v, table):  # o = softmax(q k^T + bias(table)) v
+        bias, c_bias = relative_bias_forward(table, spec=both, Tq=5, Tk=9)
+        o, c = sdpa_forward(q, k, v, scale=1.0, bias=bias)
+        return o, (c, c_bias)
+
+    def backward(do, cache):
+        g = sdpa_backward(do, cache[0])  # fwd: o = sdpa(q, k, v, bias)
+        g["table"] = relative_bias_backward(g.pop("bias"), cache[1])["table"]
+        return g
+
+    from scratchllm.attention import AttentionWeights, gqa_backward, gqa_forward
+    D, H, Dh = 6, 3, 4  # T5: head dim apart from D / H, no scaling, no RoPE
+    w = AttentionWeights(*(rng.standard_normal(shape) * 0.5 for shape in (
+        (D, H * Dh), (D, H * Dh), (D, H * Dh), (H * Dh, D))), rel_table=table)
+    layers = [(f"gqa layer, {name}", AttentionSpec(H, H, Dh, scale=1.0, rope=None,
+                                                    mask=Mask(causal=name == "causal"),
+                                                    relative=rel))
+              for name, rel in (("encoder", both), ("causal", causal))]
+    reports = [check(gqa_forward, gqa_backward, rng=rng, label=label,
+                     x=rng.standard_normal((2, 7, D)), w=w, spec=spec) for label, spec in layers]
+    return reports + [check(relative_bias_forward, relative_bias_backward, rng=rng,
+                  label="bidirectional, 5 x 9", table=table, spec=both, Tq=5, Tk=9),
+            check(relative_bias_forward, relative_bias_backward, rng=rng,
+                  label="causal, queries at 3..6", table=table, spec=causal, Tq=4, Tk=7,
+                  offset=3),
+            check(forward, backward, rng=rng, label="through unscaled attention", q=q, k=k,
+                  v=v, table=table)]
+
+
+@case
 def sdpa_bias(rng):
     from scratchllm.attention import alibi_bias, alibi_slopes, sdpa_backward, sdpa_forward
     q, k, v = (rng.standard_normal((2, 6, 5, 4)), rng.standard_normal((2, 3, 7, 4)),

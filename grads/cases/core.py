@@ -100,6 +100,18 @@ def gelu_mlp(rng):
 
 
 @case
+def relu_mlp(rng):
+    """T5's DenseReluDense; inputs drawn away from ReLU's kink (|h| > 0.05 everywhere)."""
+    from scratchllm.core import relu_mlp_backward, relu_mlp_forward
+    D, F = 7, 9
+    W1, W2 = rng.standard_normal((D, F)), rng.standard_normal((F, D))
+    while True:
+        x = rng.standard_normal((2, 3, D))
+        if np.abs(x @ W1).min() > 0.05:
+            return check(relu_mlp_forward, relu_mlp_backward, rng=rng, x=x, W1=W1, W2=W2)
+
+
+@case
 def geglu(rng):
     from scratchllm.core import geglu_backward, geglu_forward
     D, F = 7, 9

@@ -73,21 +73,23 @@ HF_CONFIGS["qwen3_moe"] = dict(_GEOMETRY, model_type="qwen3_moe", head_dim=12,
 HF_CONFIGS["gemma2"] = dict(_GEOMETRY, model_type="gemma2", head_dim=12,
                             query_pre_attn_scalar=10, sliding_window=4,
                             attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
+HF_CONFIGS["bert"] = dict(model_type="bert", vocab_size=50, hidden_size=16, num_hidden_layers=2,
+                          num_attention_heads=4, intermediate_size=24, type_vocab_size=2,
+                          max_position_embeddings=64)
 HF_FIXTURES = tuple(f for f in HF_CONFIGS if f != "gpt_oss")  # the families lm_hub checks
 
 
 def hub_model(family, rng):
-    """The float64 LM of HF_CONFIGS[family] (through its record in the hub's registry), its
-    weights drawn from rng so that every path matters: matrices N(0, 1/fan_in) (routers x 3,
+    """The float64 model (the record's model_class) of HF_CONFIGS[family] (through its record
+    in the hub's registry), its weights drawn from rng so that every path matters: matrices N(0, 1/fan_in) (routers x 3,
     for decisive routing), embeddings and sink logits N(0, 1), norm gains 1 + N(0, 0.1^2),
     other vectors N(0, 0.1^2); Mamba's A_log = log(1..N) + N(0, 0.2^2), b_dt N(-1, 0.5^2)
     (Δ ~ 0.3), D 1 + N(0, 0.3^2), conv_w N(0, 1/kernel); the buffers the family saves
     (DeepSeek-V3's selection bias) N(0, 0.1^2)."""
     from scratchllm.hub import config_from_flat, family_named, flat_of
-    from scratchllm.lm import LM
     record = family_named(HF_CONFIGS[family]["model_type"])
     cfg = config_from_flat(record.from_hf(HF_CONFIGS[family]))
-    model = LM(cfg, rng=rng, dtype=np.float64)
+    model = record.model_class(cfg, rng=rng, dtype=np.float64)
     for name, p in model.named_parameters():
         leaf, shape = name.rsplit(".", 1)[-1], p.data.shape
         noise = rng.standard_normal(shape)
@@ -124,7 +126,7 @@ def lm_hub(rng):
         model = hub_model(family, fam_rng)
         forward, backward, params = loss_pair(model)
         f = flat_of(model.cfg)
-        # Without RoPE (GPT-2) a key bias adds q . bk to every score of a query's row, which
+        # Without RoPE (GPT-2, BERT) a key bias adds q . bk to every score of a query's row, which
         # softmax ignores: d loss / d bk = 0 exactly, so there is nothing to compare.
         wrt = [n for n in params if not (n.endswith(".bk") and f.positions != "rope")]
         # Mamba layers: the dt path (W_dt, A_log, b_dt, ...) moves the loss little, so at

@@ -23,7 +23,8 @@ from .masks import (attention_sink_mask, block_sparse_mask, causal_mask, mask_ar
                     sliding_window_mask)
 from .mla import MLA, mla_backward, mla_decode, mla_decode_ref, mla_forward, mla_softmax_scale
 from .mla_projection import MLAProjection, MLAWeights, mla_project_backward, mla_project_forward
-from .positions import alibi_bias, alibi_slopes, sinusoidal_positions
+from .positions import (alibi_bias, alibi_slopes, relative_bias_backward, relative_bias_forward,
+                        relative_offset_buckets, relative_position_buckets, sinusoidal_positions)
 from .qkv import QKV, AttentionWeights, project_qkv_backward, project_qkv_forward
 from .rope import Rope, get_mscale, make_rope, rope_backward, rope_forward, rope_frequencies
 from .sparse_masks import (bigbird_mask, document_mask, document_positions, fixed_mask,
@@ -52,7 +53,8 @@ __all__ = [
     # flash attention, cross-attention, positions, MHA -> GQA
     "CrossAttention", "FlashCache", "alibi_bias", "cross_attention_backward",
     "cross_attention_forward", "alibi_slopes", "flash_sdpa_backward", "flash_sdpa_forward",
-    "mha_to_gqa", "sinusoidal_positions",
+    "mha_to_gqa", "sinusoidal_positions", "relative_bias_backward", "relative_bias_forward",
+    "relative_offset_buckets", "relative_position_buckets",
     # DeepSeek sparse attention
     "attention_distribution", "indexer_kl_loss_backward", "indexer_kl_loss_forward",
     "lightning_indexer_backward", "lightning_indexer_forward", "topk_select",

@@ -17,6 +17,7 @@ Adding a family is adding its record to a module of families/ and to FAMILIES be
 from scratchllm.hub.families.base import fail_config
 from scratchllm.hub.families.dense import GEMMA3, LLAMA, MISTRAL, QWEN2, QWEN3
 from scratchllm.hub.families.dense2 import GEMMA2, OLMO2
+from scratchllm.hub.families.encoders import BERT
 from scratchllm.hub.families.gpt2 import GPT2
 from scratchllm.hub.families.gpt_oss import GPT_OSS
 from scratchllm.hub.families.modules import ModuleFamily
@@ -32,6 +33,7 @@ FAMILIES = (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA3, GPT2, GPT_OSS, MIXTRAL, DEEPSE
 FAMILIES += (OLMO2, GEMMA2)  # families/dense2.py
 FAMILIES += (QWEN3_MOE,)  # families/moe2.py
 FAMILIES += (VIT, SIGLIP_VISION)  # families/vision.py
+FAMILIES += (BERT,)  # families/encoders.py
 BY_TYPE = {family.model_type: family for family in FAMILIES}
 
 

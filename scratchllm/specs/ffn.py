@@ -10,19 +10,22 @@ from scratchllm.specs._check import fail, flag, instance, one_of, positive_int, 
 @dataclass(frozen=True)
 class FFNSpec:
     """A dense MLP of hidden width d_ff: "swiglu" (W1, W3, W2: Llama), "gelu_mlp" (W1 + b1,
-    W2 + b2: GPT-2) or "geglu" (W1, W3, W2 with GELU: Gemma); gelu_approx "tanh" | "none"
-    (erf) for the GELU kinds."""
+    W2 + b2: GPT-2), "geglu" (W1, W3, W2 with GELU: Gemma, T5 v1.1's gated-gelu) or
+    "relu_mlp" (W1, W2 without biases: T5); gelu_approx "tanh" | "none" (erf) for the GELU
+    kinds."""
     kind: str = "swiglu"
     d_ff: int = 384
     gelu_approx: str = "tanh"
 
     def __post_init__(self):
-        one_of(self, "kind", ("swiglu", "gelu_mlp", "geglu"))
+        one_of(self, "kind", ("swiglu", "gelu_mlp", "geglu", "relu_mlp"))
         positive_int(self, "d_ff")
         one_of(self, "gelu_approx", ("tanh", "none"))
 
     def n_params(self, d_model):
         D, F = d_model, self.d_ff
+        if self.kind == "relu_mlp":
+            return 2 * D * F
         return 2 * D * F + F + D if self.kind == "gelu_mlp" else 3 * D * F
 
     def n_biases(self, d_model):

@@ -69,7 +69,7 @@ def test_tensor_names_round_trip(name):
     selection bias) is in exactly one HF tensor: the HF names are unique, each (array, expert
     slice) is named once, and writing the HF tensors back into zeroed arrays restores them."""
     family, cfg, _ = loaded(name)
-    model = LM(cfg, rng=np.random.default_rng(0))
+    model = family.model_class(cfg, rng=np.random.default_rng(0))
     table = family.names(model, flat_of(cfg))
     assert len({e.hf for e in table}) == len(table)
     pieces = [(lib, e.expert) for e in table for lib in e.lib]
