@@ -17,7 +17,7 @@ from scratchllm.hub.families.dense2 import GEMMA2, OLMO2
 from scratchllm.hub.families.gpt2 import GPT2
 from scratchllm.hub.families.gpt_oss import GPT_OSS
 from scratchllm.hub.families.moe import DEEPSEEK_V3, MIXTRAL
-from scratchllm.hub.families.moe2 import QWEN3_MOE
+from scratchllm.hub.families.moe2 import DEEPSEEK_V2, QWEN3_MOE
 from scratchllm.hub.families.ssm import JAMBA, MAMBA
 from scratchllm.specs import from_flat
 from scratchllm.specs.unflat import flat_view
@@ -25,7 +25,7 @@ from scratchllm.specs.unflat import flat_view
 FAMILIES = (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA3, GPT2, GPT_OSS, MIXTRAL, DEEPSEEK_V3, MAMBA,
             JAMBA)
 FAMILIES += (OLMO2, GEMMA2)  # families/dense2.py
-FAMILIES += (QWEN3_MOE,)  # families/moe2.py
+FAMILIES += (QWEN3_MOE, DEEPSEEK_V2)  # families/moe2.py
 BY_TYPE = {family.model_type: family for family in FAMILIES}
 
 

@@ -88,6 +88,7 @@ class Flat:
     rope_local_base: float = None
     attn_softcap: float = None
     logit_softcap: float = None
+    group_top: int = 2
 
 
 FLAT_NAMES = tuple(f.name for f in fields(Flat))
@@ -234,7 +235,8 @@ def _ffn(f, i):
 
 def _moe(f):
     router = RouterSpec(f.n_experts, f.top_k, f.score, f.router_bias, f.n_group, f.topk_group,
-                        f.norm_topk_prob, f.routed_scaling_factor, f.bias_gamma)
+                        f.norm_topk_prob, f.routed_scaling_factor, f.bias_gamma,
+                        group_top=f.group_top)
     experts = ExpertsSpec(f.experts, f.d_ff, f.swiglu_alpha, f.swiglu_limit)
     return MoESpec(router, experts, f.capacity_factor, f.n_shared * f.d_ff, f.balance_coef,
                    f.z_coef)

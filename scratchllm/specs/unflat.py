@@ -118,6 +118,7 @@ def _ffn_fields(layers):
     out = dict(ffn="moe", d_ff=m.experts.d_ff, n_experts=m.router.n_experts,
                top_k=m.router.top_k, score=m.router.score, router_bias=m.router.bias,
                n_group=m.router.n_group, topk_group=m.router.topk_group,
+               group_top=m.router.group_top,
                norm_topk_prob=m.router.norm_topk_prob,
                routed_scaling_factor=m.router.routed_scaling_factor,
                bias_gamma=m.router.bias_gamma, experts=m.experts.kind,

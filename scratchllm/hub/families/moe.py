@@ -84,7 +84,7 @@ _BOTH = dict(ffn="moe", positions="rope", norm="rmsnorm", block="pre", n_sink=0,
 _MIXTRAL_NEEDS = dict(_BOTH, score="softmax", n_shared=0, n_group=1, topk_group=1,
                       norm_topk_prob=True, routed_scaling_factor=1.0, first_k_dense=0,
                       rope_style="half", bias_gamma=0.0)
-_DEEPSEEK_NEEDS = dict(_BOTH, score="sigmoid", norm_eps=_MLA_NORM_EPS)
+_DEEPSEEK_NEEDS = dict(_BOTH, score="sigmoid", norm_eps=_MLA_NORM_EPS, group_top=2)
 _DEEPSEEK_LAYER = dict(LAYER_NAMES, **{
     "mixer.wq": ("self_attn.q_proj.weight", True),
     "mixer.wq_a": ("self_attn.q_a_proj.weight", True),
@@ -218,6 +218,8 @@ def _deepseek_to_hf(f, dtype_name, base=None):
 def _deepseek_check(f):
     """_DEEPSEEK_NEEDS, every layer attention, and a shared expert (HF always has one)."""
     differ = _differences(f, _DEEPSEEK_NEEDS)
+    if f.n_group == 1:  # without groups the group score plays no part
+        differ.pop("group_top", None)
     if f.n_shared < 1:
         differ["n_shared"] = "n_shared >= 1"
     refuse(f, "deepseek_v3", differ)
@@ -231,9 +233,10 @@ def _deepseek_names(model, f):
 
 
 def _deepseek_claims(f):
-    """MLA attention in every layer (dense or MoE FFNs of SwiGLU experts)."""
+    """MLA attention in every layer (dense or MoE FFNs of SwiGLU experts), scores not softmax
+    (deepseek_v2's)."""
     return (_attention_only(f) and f.attention == "mla" and f.experts == "swiglu"
-            and not f.attn_sinks)
+            and not f.attn_sinks and f.score != "softmax")
 
 
 DEEPSEEK_V3 = Family("deepseek_v3", "DeepseekV3ForCausalLM", _deepseek_from_hf,
