@@ -16,20 +16,26 @@ The Mixture-of-Experts families go through make_hf_fixtures_moe.py's writer and 
                       first layer, group_limited_greedy (4 groups -> 2 by their max score),
                       routed_scaling_factor 2.5, one shared expert
     deepseek_v2_lite  plain q_proj, greedy top-2, two shared experts
+The state-space families go through make_hf_fixtures_ssm.py's reference:
+    mamba2     4 heads of 8, state 8, n_groups 1, chunk_size 4 (< T: the chunked scan)
 Reference: huggingface/transformers src/transformers/models/olmo2/modeling_olmo2.py,
 src/transformers/models/gemma2/modeling_gemma2.py,
 src/transformers/models/qwen3_moe/modeling_qwen3_moe.py,
-src/transformers/models/deepseek_v2/modeling_deepseek_v2.py.
+src/transformers/models/deepseek_v2/modeling_deepseek_v2.py,
+src/transformers/models/mamba2/modeling_mamba2.py.
 """
 import sys
 import zlib
 from pathlib import Path
 
 import numpy as np
+import torch
+import transformers
 
 import make_hf_fixtures as dense
 import make_hf_fixtures_moe as moe
-from make_hf_fixtures import GEOMETRY, OUT, QWEN_SPLIT, make_tokenizer, saved_by_scratchllm
+import make_hf_fixtures_ssm as ssm
+from make_hf_fixtures import B, GEOMETRY, OUT, QWEN_SPLIT, T, make_tokenizer, saved_by_scratchllm
 
 DENSE = {
     "olmo2": dict(GEOMETRY, model_type="olmo2", rope_theta=500.0),
@@ -85,6 +91,46 @@ def routing(router, logits):
 _moe_routing, moe.routing = moe.routing, routing  # RoutingLog's hooks call moe.routing
 
 
+SSM = {  # the state-space families: make_hf_fixtures_ssm.py's reference
+    "mamba2": dict(model_type="mamba2", hidden_size=16, num_hidden_layers=2, num_heads=4,
+                   head_dim=8, expand=2, state_size=8, n_groups=1, conv_kernel=4,
+                   chunk_size=4, layer_norm_epsilon=1e-5, tie_word_embeddings=False),
+}
+
+
+def randomize_mamba2(model, seed):
+    """make_hf_fixtures.randomize, then A_log = log(1..H) + N(0, 0.2^2), dt_bias
+    N(-1, 0.5^2) (Δ ~ 0.3) and D 1 + N(0, 0.3^2), as make_hf_fixtures_ssm.py draws Mamba's."""
+    dense.randomize(model, seed)
+    g = torch.Generator().manual_seed(seed + 1000)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
+            if name.endswith("A_log"):
+                p.copy_(torch.log(torch.arange(1, p.shape[0] + 1.0)) + 0.2 * noise)
+            elif name.endswith("dt_bias"):
+                p.copy_(-1 + 0.5 * noise)
+            elif name.endswith(".D"):
+                p.copy_(1 + 0.3 * noise)
+
+
+def write_ssm(family, fields, tok):
+    """A state-space checkpoint and its expected.npz (ids never pad_token_id 1, nor 0)."""
+    d = OUT / family
+    d.mkdir(parents=True, exist_ok=True)
+    tok.save(str(d / "tokenizer.json"))
+    V = tok.get_vocab_size()
+    cfg = transformers.AutoConfig.for_model(**{**fields, "vocab_size": V})
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    randomize_mamba2(model, len(family))
+    model.save_pretrained(d)
+    ids = np.random.default_rng(zlib.crc32(family.encode())).integers(2, V, (B, T))
+    expected = ssm.reference(d, ids)
+    expected["saved_by_scratchllm_rel_err"] = saved_by_scratchllm(d, expected)
+    np.savez_compressed(d / "expected.npz", **expected)
+    print(f"{family}: {sorted(p.name for p in Path(d).iterdir())}")
+
+
 def main(names=()):
     tok = make_tokenizer(QWEN_SPLIT)
     V = tok.get_vocab_size()
@@ -101,6 +147,9 @@ def main(names=()):
         expected["saved_by_scratchllm_rel_err"] = saved_by_scratchllm(d, expected)
         np.savez_compressed(d / "expected.npz", **expected)
         print(f"{family}: {sorted(p.name for p in Path(d).iterdir())}")
+    for family, fields in SSM.items():
+        if not names or family in names:
+            write_ssm(family, fields, tok)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,9 @@ HF_CONFIGS["deepseek_v2"] = dict(
     n_shared_experts=1, routed_scaling_factor=2.5, rope_parameters=dict(
         rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16,
         mscale=1.0, mscale_all_dim=0.5))
+HF_CONFIGS["mamba2"] = dict(model_type="mamba2", vocab_size=300, hidden_size=16,
+                            num_hidden_layers=2, num_heads=4, head_dim=8, expand=2,
+                            state_size=8, n_groups=1, conv_kernel=4, layer_norm_epsilon=1e-5)
 HF_FIXTURES = tuple(f for f in HF_CONFIGS if f != "gpt_oss")  # the families lm_hub checks
 
 
