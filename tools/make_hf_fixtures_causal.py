@@ -15,7 +15,8 @@ The Mixture-of-Experts families go through make_hf_fixtures_moe.py's writer and 
     deepseek_v2       MLA with q_lora_rank, YaRN with mscale != mscale_all_dim, a dense
                       first layer, group_limited_greedy (4 groups -> 2 by their max score),
                       routed_scaling_factor 2.5, one shared expert
-    deepseek_v2_lite  plain q_proj, greedy top-2, two shared experts
+    deepseek_v2_lite  plain q_proj, greedy top-2, two shared experts, rms_norm_eps 1e-5
+                      (the latent norms keep transformers' 1e-6: mla_norm_eps)
 The state-space families go through make_hf_fixtures_ssm.py's reference:
     mamba2     4 heads of 8, state 8, n_groups 1, chunk_size 4 (< T: the chunked scan)
 Reference: huggingface/transformers src/transformers/models/olmo2/modeling_olmo2.py,
@@ -62,7 +63,8 @@ MOE = {
                             mscale_all_dim=0.5)),
     "deepseek_v2_lite": dict(_DSV2, num_hidden_layers=2, q_lora_rank=None,
                              first_k_dense_replace=0, topk_method="greedy",
-                             n_shared_experts=2, routed_scaling_factor=1.5),
+                             n_shared_experts=2, routed_scaling_factor=1.5,
+                             rms_norm_eps=1e-5),
 }
 
 

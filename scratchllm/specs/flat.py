@@ -89,6 +89,7 @@ class Flat:
     attn_softcap: float = None
     logit_softcap: float = None
     group_top: int = 2
+    mla_norm_eps: float = 1e-6
 
 
 FLAT_NAMES = tuple(f.name for f in fields(Flat))
@@ -102,6 +103,7 @@ RENAMED = {  # (spec, field) -> the flat name that sets it, where the two differ
     ("ExpertsSpec", "limit"): "swiglu_limit", ("MambaSpec", "inner_norms"): "mamba_inner_norms",
     ("NormSpec", "kind"): "norm", ("NormSpec", "eps"): "norm_eps",
     ("NormSpec", "offset"): "norm_offset", ("LayerSpec", "placement"): "block",
+    ("MLASpec", "norm_eps"): "mla_norm_eps",
 }
 
 
@@ -210,7 +212,7 @@ def _mixer(f, i, kind):
     window, rope = _attention_layer(f, i)
     if f.attention == "mla":
         return MLASpec(f.n_heads, f.q_lora_rank, f.kv_lora_rank, f.qk_nope_head_dim,
-                       f.qk_rope_head_dim, f.v_head_dim, f.norm_eps, rope)
+                       f.qk_rope_head_dim, f.v_head_dim, f.mla_norm_eps, rope)
     mask = Mask(window=window, n_sink=f.n_sink if window else 0)
     return AttentionSpec(
         f.n_heads, f.n_kv_heads, f.head_dim, f.qkv_bias, f.o_bias, f.qk_norm, f.norm_eps,

@@ -70,6 +70,7 @@ def _mixer_fields(cfg):
         out.update(attention="mla", n_heads=m.n_heads, q_lora_rank=m.q_lora_rank,
                    kv_lora_rank=m.kv_lora_rank, qk_nope_head_dim=m.qk_nope_head_dim,
                    qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim,
+                   mla_norm_eps=m.norm_eps,
                    **_rope_fields(m.rope))
     if attention:
         out.update(_attention_fields(attention, cfg.positions, mixers))

@@ -135,8 +135,9 @@ _DEEPSEEK_V2 = dict(rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_e
                     q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128,
                     qk_nope_head_dim=128, n_group=None, topk_group=None, topk_method="greedy",
                     first_k_dense_replace=0, num_key_value_heads=None)
-_DEEPSEEK_V2_NEEDS = dict(_BOTH, score="softmax", norm_eps=_MLA_NORM_EPS, norm_topk_prob=False,
-                          rope_style="interleaved", group_top=1, bias_gamma=0.0)
+_DEEPSEEK_V2_NEEDS = dict(_BOTH, score="softmax", mla_norm_eps=_MLA_NORM_EPS,
+                          norm_topk_prob=False, rope_style="interleaved", group_top=1,
+                          bias_gamma=0.0)
 _TOPK_METHODS = ("greedy", "group_limited_greedy")
 
 
@@ -151,10 +152,6 @@ def _deepseek_v2_from_hf(hf):
     if hf["num_key_value_heads"] not in (None, H):
         fail_config(f"num_key_value_heads = {hf['num_key_value_heads']!r} is not implemented for "
                     f"deepseek_v2 (MLA has num_attention_heads = {H} key heads)")
-    if hf["rms_norm_eps"] != _MLA_NORM_EPS:
-        fail_config(f"rms_norm_eps = {hf['rms_norm_eps']!r} is not implemented for deepseek_v2 "
-                    f"(only {_MLA_NORM_EPS!r}: transformers' q_a_layernorm and kv_a_layernorm "
-                    f"keep eps 1e-6 whatever rms_norm_eps is)")
     if hf["topk_method"] not in _TOPK_METHODS:
         fail_config(f"topk_method = {hf['topk_method']!r} is not implemented for deepseek_v2 "
                     f"(only {list(_TOPK_METHODS)}, as transformers' DeepseekV2TopkRouter)")
@@ -162,7 +159,7 @@ def _deepseek_v2_from_hf(hf):
         fail_config("n_shared_experts = 0 is not implemented for deepseek_v2 (only >= 1)")
     grouped = hf["topk_method"] == "group_limited_greedy"
     return dict(
-        _common(hf, "deepseek_v2"), attention="mla", n_kv_heads=H,
+        _common(hf, "deepseek_v2"), attention="mla", n_kv_heads=H, mla_norm_eps=_MLA_NORM_EPS,
         q_lora_rank=hf["q_lora_rank"] or 0, kv_lora_rank=hf["kv_lora_rank"],
         qk_nope_head_dim=hf["qk_nope_head_dim"], qk_rope_head_dim=hf["qk_rope_head_dim"],
         v_head_dim=hf["v_head_dim"], rope_style="interleaved", d_ff=hf["moe_intermediate_size"],
