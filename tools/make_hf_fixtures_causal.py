@@ -18,7 +18,8 @@ The Mixture-of-Experts families go through make_hf_fixtures_moe.py's writer and 
     deepseek_v2_lite  plain q_proj, greedy top-2, two shared experts, rms_norm_eps 1e-5
                       (the latent norms keep transformers' 1e-6: mla_norm_eps)
 The state-space families go through make_hf_fixtures_ssm.py's reference:
-    mamba2     4 heads of 8, state 8, n_groups 1, chunk_size 4 (< T: the chunked scan)
+    mamba2         4 heads of 8, state 8, n_groups 1, chunk_size 4 (< T: the chunked scan)
+    mamba2_groups  n_groups 2 (B, C and the gated RMSNorm in two groups), a tied head
 Reference: huggingface/transformers src/transformers/models/olmo2/modeling_olmo2.py,
 src/transformers/models/gemma2/modeling_gemma2.py,
 src/transformers/models/qwen3_moe/modeling_qwen3_moe.py,
@@ -97,6 +98,10 @@ SSM = {  # the state-space families: make_hf_fixtures_ssm.py's reference
     "mamba2": dict(model_type="mamba2", hidden_size=16, num_hidden_layers=2, num_heads=4,
                    head_dim=8, expand=2, state_size=8, n_groups=1, conv_kernel=4,
                    chunk_size=4, layer_norm_epsilon=1e-5, tie_word_embeddings=False),
+    "mamba2_groups": dict(model_type="mamba2", hidden_size=16, num_hidden_layers=2,
+                          num_heads=4, head_dim=8, expand=2, state_size=8, n_groups=2,
+                          conv_kernel=4, chunk_size=4, layer_norm_epsilon=1e-5,
+                          tie_word_embeddings=True),
 }
 
 

@@ -90,6 +90,7 @@ class Flat:
     logit_softcap: float = None
     group_top: int = 2
     mla_norm_eps: float = 1e-6
+    ssm_groups: int = 1
 
 
 FLAT_NAMES = tuple(f.name for f in fields(Flat))
@@ -103,7 +104,7 @@ RENAMED = {  # (spec, field) -> the flat name that sets it, where the two differ
     ("ExpertsSpec", "limit"): "swiglu_limit", ("MambaSpec", "inner_norms"): "mamba_inner_norms",
     ("NormSpec", "kind"): "norm", ("NormSpec", "eps"): "norm_eps",
     ("NormSpec", "offset"): "norm_offset", ("LayerSpec", "placement"): "block",
-    ("MLASpec", "norm_eps"): "mla_norm_eps",
+    ("MLASpec", "norm_eps"): "mla_norm_eps", ("Mamba2Spec", "n_groups"): "ssm_groups",
 }
 
 
@@ -203,7 +204,7 @@ def _mixer(f, i, kind):
     if kind in RECURRENT:
         return RecurrentSpec(RECURRENT[kind], f.n_heads)
     if kind == "S":
-        return Mamba2Spec(f.n_heads, f.d_state, f.expand, f.d_conv)
+        return Mamba2Spec(f.n_heads, f.d_state, f.expand, f.d_conv, n_groups=f.ssm_groups)
     if kind == "W":
         return RWKVSpec()
     if kind == "M":

@@ -61,6 +61,8 @@ def _mixer_fields(cfg):
             out["n_heads"] = m.n_heads
         if isinstance(m, (MambaSpec, Mamba2Spec)):
             out.update(d_state=m.d_state, d_conv=m.d_conv, expand=m.expand)
+        if isinstance(m, Mamba2Spec):
+            out["ssm_groups"] = m.n_groups
         if isinstance(m, MambaSpec):
             out.update(dt_rank=m.dt_rank, mamba_inner_norms=m.inner_norms)
     attention = [m for m in mixers if isinstance(m, AttentionSpec)]

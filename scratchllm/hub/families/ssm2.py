@@ -3,24 +3,24 @@ block (ssm/mamba2.py, on the SSD pair of ssm/ssd.py).
 
     mamba2  Mamba-2 (Dao & Gu 2024, arXiv 2405.21060): every layer is x + mixer(rmsnorm(x))
             with the Mamba-2 block as the mixer and no FFN (ffn="none"); HF Mamba2ForCausalLM.
-            The library's block has one group of B and C shared by all heads and one gated
-            RMSNorm over the whole inner width, which is transformers' n_groups = 1 (its
-            MambaRMSNormGated normalises each of the n_groups slices of Di apart); its gated
+            n_groups G (the library's Mamba2Spec.n_groups, flat ssm_groups): B and C in G
+            groups of N, each shared by H / G heads, and the gated RMSNorm over each of the
+            G slices of Di apart (transformers' MambaRMSNormGated); the library's gated
             RMSNorm has eps 1e-5, so layer_norm_epsilon (which transformers uses for it and
             for the block norms) must be 1e-5.
 
 Fields that change nothing in a float32 or float64 forward are accepted: residual_in_fp32,
 chunk_size (another chunking of the same scan), the time_step_{min,max,floor} and
 initializer fields (initialisation only); time_step_limit must be (0, inf) (no clamp). A field
-whose other value changes the math but is not implemented (n_groups > 1, use_bias,
-use_conv_bias = false, another layer_norm_epsilon) is an error naming it.
+whose other value changes the math but is not implemented (use_bias, use_conv_bias = false,
+another layer_norm_epsilon) is an error naming it.
 
 Names (layout.py: "T" transposed, nn.Linear's (out, in); "+1" Conv1d's size-1 axis; "|"
 concatenated along the library's last axis, in this order):
 
     library (Mamba2 block)                  HF Mamba2Mixer: backbone.layers.i.mixer.*
-    mixer.Wz | Wx | WB | WC | Wdt (D, ...)  in_proj.weight (Di + Di + 2N + H, D)     T |
-    mixer.conv_w (Di + 2N, K), conv_b       conv1d.weight (Di + 2N, 1, K), conv1d.bias  +1
+    mixer.Wz | Wx | WB | WC | Wdt (D, ...)  in_proj.weight (Di + Di + 2GN + H, D)    T |
+    mixer.conv_w (Di + 2GN, K), conv_b      conv1d.weight (Di + 2GN, 1, K), conv1d.bias +1
     mixer.dt_bias, A_log, D (H,)            dt_bias, A_log, D
     mixer.norm (Di,)                        norm.weight
     mixer.Wout (Di, D)                      out_proj.weight (D, Di)                   T
@@ -29,7 +29,8 @@ concatenated along the library's last axis, in this order):
                                             backbone.norm_f.weight, lm_head.weight (T)
 Reference: huggingface/transformers src/transformers/models/mamba2/modeling_mamba2.py
 (Mamba2Mixer, MambaRMSNormGated, Mamba2Block), configuration_mamba2.py (the defaults below).
-Glossary: D model width, Di inner width (expand * D), H heads, N state size, K conv kernel.
+Glossary: D model width, Di inner width (expand * D), H heads, N state size, G groups, K
+conv kernel.
 """
 from scratchllm.hub.families.base import (Family, differences, fail_config, layer_kinds, only,
                                           over, refuse, require)
@@ -51,9 +52,6 @@ def _mamba2_from_hf(hf):
     require(hf, ("vocab_size", "hidden_size", "num_hidden_layers"), "mamba2")
     only(hf, dict(use_bias=False, use_conv_bias=True, hidden_act="silu"), "mamba2")
     hf = {**_MAMBA2, **hf}
-    if hf["n_groups"] != 1:
-        fail_config(f"n_groups = {hf['n_groups']!r} is not implemented for mamba2 (only 1: one "
-                    f"B and C for all heads, one gated RMSNorm over the inner width)")
     if float(hf["layer_norm_epsilon"]) != _GATED_NORM_EPS:
         fail_config(f"layer_norm_epsilon = {hf['layer_norm_epsilon']!r} is not implemented for "
                     f"mamba2 (only {_GATED_NORM_EPS!r}, the library's gated RMSNorm eps)")
@@ -68,7 +66,7 @@ def _mamba2_from_hf(hf):
     return dict(name="mamba2", vocab_size=hf["vocab_size"], d_model=D, n_layers=L,
                 layer_pattern="S" * L, ffn="none", n_heads=H, n_kv_heads=H, positions="nope",
                 d_state=hf["state_size"], d_conv=hf["conv_kernel"], expand=hf["expand"],
-                norm_eps=float(hf["layer_norm_epsilon"]),
+                ssm_groups=hf["n_groups"], norm_eps=float(hf["layer_norm_epsilon"]),
                 tie_embeddings=bool(hf["tie_word_embeddings"]))
 
 
@@ -83,7 +81,8 @@ def _mamba2_to_hf(f, dtype_name, base=None):
     hf.update(architectures=[MAMBA2.architecture], model_type="mamba2",
               vocab_size=f.vocab_size, hidden_size=f.d_model, num_hidden_layers=f.n_layers,
               tie_word_embeddings=f.tie_embeddings, hidden_act="silu", dtype=dtype_name,
-              state_size=f.d_state, conv_kernel=f.d_conv, expand=f.expand, n_groups=1,
+              state_size=f.d_state, conv_kernel=f.d_conv, expand=f.expand,
+              n_groups=f.ssm_groups,
               num_heads=f.n_heads, head_dim=Di // f.n_heads, layer_norm_epsilon=f.norm_eps,
               use_bias=False, use_conv_bias=True)
     return hf
