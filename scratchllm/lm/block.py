@@ -166,7 +166,9 @@ class Block(Module):
         for name, b in other.named_buffers():
             setattr(self.ffn, name.removeprefix("ffn."), b)
 
-    def after_step(self, caches):
+    def after_step(self, caches, across=None):
         """The FFN's after-step update from this block's cache of each shard: an MoE's share
-        of routed slots per expert (E,), else None."""
-        return None if self.ffn is None else self.ffn.after_step([c.ffn.inner for c in caches])
+        of routed slots per expert (E,), else None (across: LM.after_step's)."""
+        if self.ffn is None:
+            return None
+        return self.ffn.after_step([c.ffn.inner for c in caches], across)

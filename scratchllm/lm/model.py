@@ -116,12 +116,13 @@ class LM(Module):
         x, c_tok = self.embed.forward(ids)  # (B, T, D)
         if self.cfg.embed_scale:  # Gemma: E[ids] * sqrt(D), sqrt(D) in the weights' dtype
             x = x * np.asarray(self.cfg.d_model ** 0.5, x.dtype)  # (B, T, D)
+        start = np.reshape(start, (-1, 1))  # (1 | B, 1): one start, or one per row
+        positions = np.broadcast_to(start + np.arange(ids.shape[1]), ids.shape)  # (B, T)
         if self.cfg.positions == "sinusoidal":
-            T, D = x.shape[1], x.shape[2]
-            x = x + sinusoidal_positions(start + T, D)[start:].astype(x.dtype)  # (B, T, D)
+            table = sinusoidal_positions(int(positions.max()) + 1, x.shape[2])  # (P, D)
+            x = x + table[positions].astype(x.dtype)  # (B, T, D)
         if self.cfg.positions != "learned":
             return x, EmbedCache(c_tok, None)
-        positions = np.broadcast_to(start + np.arange(ids.shape[1]), ids.shape)  # (B, T)
         p, c_pos = self.pos.forward(positions)  # (B, T, D)
         return x + p, EmbedCache(c_tok, c_pos)
 
@@ -175,16 +176,17 @@ class LM(Module):
         logits, _ = self.forward(ids)
         return float(fused.CROSS_ENTROPY.forward(logits, targets)[0])
 
-    def after_step(self, caches):
+    def after_step(self, caches, across=None):
         """After an optimizer step, given the step's LossCache (or one per data-parallel
         shard): each FFN's after-step update, from its caches of every shard (an MoE layer's
         aux-loss-free bias update when its router's bias_gamma > 0, from the routed counts
-        summed over shards). Returns [(layer, share of routed slots per expert)] for the MoE
-        layers."""
+        summed over shards). across: a function that sums an array over the data-parallel
+        processes (their shards' counts too), or None. Returns [(layer, share of routed
+        slots per expert)] for the MoE layers."""
         caches = caches if isinstance(caches, list) else [caches]
         stats = []
         for i, layer in enumerate(self.layers):
-            share = layer.after_step([c.lm.blocks[i] for c in caches])  # (E,) or None
+            share = layer.after_step([c.lm.blocks[i] for c in caches], across)  # (E,) or None
             if share is not None:
                 stats.append((i, share))
         return stats
@@ -221,7 +223,15 @@ class LM(Module):
         return self._cap(self._head_forward(h)[0])[0]  # (B, T, V)
 
     def decode(self, ids_t, state, position):
-        """One token per sequence: ids_t (B,) at `position` -> logits (B, V); updates state."""
+        """One token per sequence: ids_t (B,) at `position` -> logits (B, V); updates state.
+        position is an int, or (B,) ints, one per row: requests at different lengths share a
+        batch, a row at position 0 starts a new sequence (attention and MLA states only: a
+        recurrent state keeps no positions, so its rows must stay in step)."""
+        if np.ndim(position) and not all(hasattr(st, "lengths") for st in state):
+            if (np.asarray(position) != np.asarray(position).flat[0]).any():
+                raise ValueError("LM.decode: one position per row needs attention or MLA "
+                                 "layers (a recurrent state keeps no positions); give the "
+                                 "rows one int position")
         x, _ = self._embed_forward(np.asarray(ids_t)[:, None], position)  # (B, 1, D)
         x = x[:, 0]  # (B, D)
         for layer, st in zip(self.layers, state):

@@ -7,6 +7,7 @@ inv_freq, a mask's boolean array) is built by the attention package from it.
 
 Glossary: H query heads, Hkv KV heads, Dh head dim, W window, S sink tokens.
 """
+import math
 from dataclasses import dataclass
 
 from scratchllm.specs._check import fail, flag, instance, one_of, positive_int, real
@@ -27,9 +28,14 @@ ROPE_SCALINGS = {
 
 def rope_scaling_params(scaling):
     """(rope_type, the other keys as a dict) of a rope_scaling dict ("type" in older
-    configs); ValueError for an unknown rope_type, an unknown key or a missing one."""
+    configs); ValueError for an unknown rope_type, an unknown or missing key, or a value
+    outside its domain (_check_scaling_values)."""
     params = dict(scaling)
+    if "rope_type" in params and "type" in params and params["rope_type"] != params["type"]:
+        raise ValueError(f"rope_type={params['rope_type']!r} and type={params['type']!r} "
+                         f"disagree; give one")
     rope_type = params.pop("rope_type", params.pop("type", None))
+    params.pop("type", None)
     if rope_type not in ROPE_SCALINGS:
         raise ValueError(f"scaling['rope_type'] = {rope_type!r} is not one of "
                          f"{sorted(ROPE_SCALINGS)}")
@@ -41,7 +47,46 @@ def rope_scaling_params(scaling):
     missing = [k for k in required if params.get(k) is None]
     if missing:
         raise ValueError(f"rope_type {rope_type!r} needs key(s) {missing}")
+    _check_scaling_values(rope_type, params)
     return rope_type, params
+
+
+def _number(params, key, low, *, strict=True):
+    """params[key] (when present and not None) is a finite real > low (>= low if not
+    strict); an int where the key counts positions."""
+    v = params.get(key)
+    if v is None:
+        return
+    if key == "original_max_position_embeddings":
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{key} must be an integer >= 1, got {v!r}"
+                             + (" (a string)" if isinstance(v, str) else ""))
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (
+            v <= low if strict else v < low):
+        raise ValueError(f"{key} must be a finite number {'>' if strict else '>='} {low}, "
+                         f"got {v!r}")
+
+
+def _check_scaling_values(rope_type, params):
+    """The domains HF's rope init functions assume: a factor >= 1 (a factor below 1 would
+    compress positions the other way), yarn's beta_fast > beta_slow > 0, llama3's
+    0 < low_freq_factor < high_freq_factor, and counts of positions as integers."""
+    _number(params, "factor", 1.0, strict=False)
+    _number(params, "original_max_position_embeddings", 1)
+    for key in ("beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor", "mscale",
+                "mscale_all_dim"):
+        _number(params, key, 0.0)
+    _number(params, "attention_factor", 0.0)
+    if rope_type == "yarn" and params.get("beta_fast", 32) <= params.get("beta_slow", 1):
+        raise ValueError(f"yarn needs beta_fast > beta_slow, got beta_fast="
+                         f"{params.get('beta_fast', 32)!r}, beta_slow="
+                         f"{params.get('beta_slow', 1)!r}")
+    if rope_type == "llama3" and params["low_freq_factor"] >= params["high_freq_factor"]:
+        raise ValueError(f"llama3 needs low_freq_factor < high_freq_factor, got "
+                         f"{params['low_freq_factor']!r} >= {params['high_freq_factor']!r}")
+    if "truncate" in params and not isinstance(params["truncate"], bool):
+        raise ValueError(f"truncate must be True or False, got {params['truncate']!r}")
 
 
 @dataclass(frozen=True)
