@@ -76,6 +76,15 @@ HF_CONFIGS["gemma2"] = dict(_GEOMETRY, model_type="gemma2", head_dim=12,
 HF_CONFIGS["bert"] = dict(model_type="bert", vocab_size=50, hidden_size=16, num_hidden_layers=2,
                           num_attention_heads=4, intermediate_size=24, type_vocab_size=2,
                           max_position_embeddings=64)
+HF_CONFIGS["deepseek_v2"] = dict(
+    _DSV3, model_type="deepseek_v2", num_hidden_layers=3, q_lora_rank=12,
+    first_k_dense_replace=1, topk_method="group_limited_greedy", n_group=4, topk_group=2,
+    n_shared_experts=1, routed_scaling_factor=2.5, rope_parameters=dict(
+        rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16,
+        mscale=1.0, mscale_all_dim=0.5))
+HF_CONFIGS["mamba2"] = dict(model_type="mamba2", vocab_size=300, hidden_size=16,
+                            num_hidden_layers=2, num_heads=4, head_dim=8, expand=2,
+                            state_size=8, n_groups=1, conv_kernel=4, layer_norm_epsilon=1e-5)
 HF_FIXTURES = tuple(f for f in HF_CONFIGS if f != "gpt_oss")  # the families lm_hub checks
 
 
@@ -158,7 +167,8 @@ def _hub_ids(model, rng, margin=1e-3):
         routers = [c.ffn.inner.router for c, layer in zip(blocks, model.layers)
                    if isinstance(layer.ffn, MoE)]
         if all(selection_margin(r.score_cache.y + f.selection_bias, f.spec.router.top_k,
-                                f.spec.router.n_group, f.spec.router.topk_group).min() > margin
+                                f.spec.router.n_group, f.spec.router.topk_group,
+                                f.spec.router.group_top).min() > margin
                for r, f in zip(routers, moe)):
             return data
 

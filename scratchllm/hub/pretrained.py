@@ -43,7 +43,8 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")  #
 class _NoInit:
     """An rng for LM(...) that draws nothing: load_pretrained overwrites every Param, so
     drawing N(0, 1) numbers for a 100M-parameter model first would waste seconds. normal_init
-    sees skip_init and leaves its weights uninitialised; a module drawing directly gets zeros."""
+    sees skip_init and leaves its weights uninitialised; a module drawing directly gets zeros
+    (uniform: its low end)."""
 
     skip_init = True
 
@@ -52,8 +53,8 @@ class _NoInit:
         return np.zeros(shape, np.float32)  # (shape)
 
     @staticmethod
-    def uniform(low, high, size):  # the Mamba block's conv and dt initialisation
-        return np.zeros(size, np.float32)  # (size)
+    def uniform(low, high, size):  # the Mamba blocks' conv, dt and A initialisation
+        return np.full(size, low, np.float32)  # (size); low: Mamba-2 takes log(U[1, 16))
 
 
 def read_hf_config(path):

@@ -161,7 +161,8 @@ class AttentionSpec:
 
     head_dim None means d_model / n_heads.  qkv_bias, o_bias: biases on the projections
     (Qwen2; GPT-2).  qk_norm: an RMSNorm over each q and k head before RoPE (True: Qwen3,
-    Gemma 3), or "full": over the whole q and k projections (H*Dh and Hkv*Dh: OLMo 2), with its eps and gain offset (Gemma: gain = offset + g).  scale: the softmax scale (None =
+    Gemma 3), or "full": over the whole q and k projections (H*Dh and Hkv*Dh: OLMo 2), with
+    its eps and gain offset (Gemma: gain = offset + g).  scale: the softmax scale (None =
     Dh^-1/2).  sinks: a learned sink logit per head (gpt-oss).  rope None: no rotary positions
     (NoPE, or GPT-2's learned table); alibi: ALiBi's fixed per-head biases instead.  impl
     "sdpa" (dense scores) or "flash" (tiled, block x block).  mask: the Mask every call of the

@@ -96,6 +96,9 @@ class Flat:
     pad_id: int = None
     attn_softcap: float = None
     logit_softcap: float = None
+    group_top: int = 2
+    mla_norm_eps: float = 1e-6
+    ssm_groups: int = 1
 
 
 FLAT_NAMES = tuple(f.name for f in fields(Flat))
@@ -110,6 +113,7 @@ RENAMED = {  # (spec, field) -> the flat name that sets it, where the two differ
     ("NormSpec", "kind"): "norm", ("NormSpec", "eps"): "norm_eps",
     ("NormSpec", "offset"): "norm_offset", ("LayerSpec", "placement"): "block",
     ("HeadSpec", "transform"): "mlm_head",
+    ("MLASpec", "norm_eps"): "mla_norm_eps", ("Mamba2Spec", "n_groups"): "ssm_groups",
 }
 
 
@@ -213,7 +217,7 @@ def _mixer(f, i, kind):
     if kind in RECURRENT:
         return RecurrentSpec(RECURRENT[kind], f.n_heads)
     if kind == "S":
-        return Mamba2Spec(f.n_heads, f.d_state, f.expand, f.d_conv)
+        return Mamba2Spec(f.n_heads, f.d_state, f.expand, f.d_conv, n_groups=f.ssm_groups)
     if kind == "W":
         return RWKVSpec()
     if kind == "M":
@@ -222,7 +226,7 @@ def _mixer(f, i, kind):
     window, rope = _attention_layer(f, i)
     if f.attention == "mla":
         return MLASpec(f.n_heads, f.q_lora_rank, f.kv_lora_rank, f.qk_nope_head_dim,
-                       f.qk_rope_head_dim, f.v_head_dim, f.norm_eps, rope)
+                       f.qk_rope_head_dim, f.v_head_dim, f.mla_norm_eps, rope)
     mask = Mask(f.causal, window=window, n_sink=f.n_sink if window else 0)
     return AttentionSpec(
         f.n_heads, f.n_kv_heads, f.head_dim, f.qkv_bias, f.o_bias, f.qk_norm, f.norm_eps,
@@ -247,7 +251,8 @@ def _ffn(f, i):
 
 def _moe(f):
     router = RouterSpec(f.n_experts, f.top_k, f.score, f.router_bias, f.n_group, f.topk_group,
-                        f.norm_topk_prob, f.routed_scaling_factor, f.bias_gamma)
+                        f.norm_topk_prob, f.routed_scaling_factor, f.bias_gamma,
+                        group_top=f.group_top)
     experts = ExpertsSpec(f.experts, f.d_ff, f.swiglu_alpha, f.swiglu_limit)
     return MoESpec(router, experts, f.capacity_factor, f.n_shared * f.d_ff, f.balance_coef,
                    f.z_coef)

@@ -66,6 +66,8 @@ def _mixer_fields(cfg):
             out["n_heads"] = m.n_heads
         if isinstance(m, (MambaSpec, Mamba2Spec)):
             out.update(d_state=m.d_state, d_conv=m.d_conv, expand=m.expand)
+        if isinstance(m, Mamba2Spec):
+            out["ssm_groups"] = m.n_groups
         if isinstance(m, MambaSpec):
             out.update(dt_rank=m.dt_rank, mamba_inner_norms=m.inner_norms)
     attention = [m for m in mixers if isinstance(m, AttentionSpec)]
@@ -75,6 +77,7 @@ def _mixer_fields(cfg):
         out.update(attention="mla", n_heads=m.n_heads, q_lora_rank=m.q_lora_rank,
                    kv_lora_rank=m.kv_lora_rank, qk_nope_head_dim=m.qk_nope_head_dim,
                    qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim,
+                   mla_norm_eps=m.norm_eps,
                    **_rope_fields(m.rope))
     if attention:
         out.update(_attention_fields(attention, cfg.positions, mixers))
@@ -123,6 +126,7 @@ def _ffn_fields(layers):
     out = dict(ffn="moe", d_ff=m.experts.d_ff, n_experts=m.router.n_experts,
                top_k=m.router.top_k, score=m.router.score, router_bias=m.router.bias,
                n_group=m.router.n_group, topk_group=m.router.topk_group,
+               group_top=m.router.group_top,
                norm_topk_prob=m.router.norm_topk_prob,
                routed_scaling_factor=m.router.routed_scaling_factor,
                bias_gamma=m.router.bias_gamma, experts=m.experts.kind,

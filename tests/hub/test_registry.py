@@ -89,7 +89,7 @@ def test_tensor_names_round_trip(name):
 @pytest.mark.parametrize("name, overrides, family", [
     ("dense", {}, "llama"), ("dense", dict(window=8), "mistral"),
     ("dense", dict(qkv_bias=True), "qwen2"), ("dense", dict(qk_norm=True), "qwen3"),
-    ("moe", {}, "mixtral"), ("mla", dict(norm_eps=1e-6), "deepseek_v3"),
+    ("moe", {}, "mixtral"), ("mla", {}, "deepseek_v3"),
     ("hybrid", dict(positions="nope", mamba_inner_norms=True, norm_topk_prob=False), "jamba"),
     ("hybrid", dict(layer_pattern="MMMM", ffn="none"), "mamba")])
 def test_presets_save_as_the_family_of_their_shape(name, overrides, family):
