@@ -4,8 +4,8 @@ its per-channel intra-chunk scores as a Numba kernel in gla_scores); causal line
 attention (linear); RetNet's scalar decay (retnet); the delta rule and gated DeltaNet (delta);
 RWKV-4's WKV (rwkv; its recurrent training pair, the stabilised scan and its adjoint, in
 rwkv_scan) and its time-mix / channel-mix blocks (rwkv_blocks: TimeMixWeights,
-ChannelMixWeights, RWKVSpec); RWKV-7's generalised delta rule (rwkv7: recurrent and step
-forms); the token-mixer pair and Module for a language model (layer: RecurrentWeights,
+ChannelMixWeights, RWKVSpec); RWKV-7's generalised delta rule (rwkv7: recurrent, chunked
+and step forms); the token-mixer pair and Module for a language model (layer: RecurrentWeights,
 RecurrentSpec). Stands on core and specs."""
 from .delta import (delta_rule_backward, delta_rule_forward, delta_rule_recurrent,
                     delta_rule_recurrent_ref, delta_rule_step)

@@ -16,8 +16,17 @@ Backward (λ_t = dL/dS_t, including the future; M_t = diag(w_t) − c_t κ_tᵀ)
     dr_t = S_t do_t;  dk_t = λ_t v_t;  dv_t = λ_tᵀ k_t
     dw_t = rowsum(λ_t ⊙ S_{t-1});  dc_t = −λ_t (S_{t-1}ᵀ κ_t);  dκ_t = −S_{t-1} (λ_tᵀ c_t) + a_t ⊙ dc_t;
     da_t = κ_t ⊙ dc_t
-No Dk x Dk matrix is formed: each step is O(Dk Dv). (The chunked form, as in delta.py's WY
-representation extended to a diagonal-plus-rank-one transition, is not here.)
+No Dk x Dk matrix is formed: each step is O(Dk Dv).
+Chunked form (the UT/WY idea of delta.py with a per-channel decay), per chunk of C steps
+entering with S_0, γ_t = Π_{s<=t} w_s inside the chunk (ratios γ_t/γ_s = exp(b_t − b_s), b the
+cumulative log decay, only for s <= t, so never above 1):
+    u_t = S_{t-1}ᵀ κ_t satisfies  (I + A_c) U = Q̃ S_0 + A_k V,
+        A_k[t, s] = Σ_i κ_ti (γ_{t-1}/γ_s)_i k_si,  A_c[t, s] = the same with c_s   (s < t)
+        Q̃_t = γ_{t-1} ⊙ κ_t                                       (a unit-triangular solve)
+    O = (γ ⊙ R) S_0 + B_k V − B_c U,  B_k[t, s] = Σ_i r_ti (γ_t/γ_s)_i k_si (s <= t), B_c with c
+    S_C = diag(γ_C) S_0 + Σ_s (γ_C/γ_s ⊙ k_s) v_sᵀ − (γ_C/γ_s ⊙ c_s) u_sᵀ
+Only S_0 -> S_C runs chunk after chunk. Its backward recomputes the states by the recurrence
+and runs the same adjoint scan.
 
 Glossary: B batch, H heads, T time, Dk key head dim, Dv value head dim.
 """
@@ -25,8 +34,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.validate import expect_dout, expect_shape
+from scratchllm.core.validate import expect_dout, expect_integer, expect_shape
 from scratchllm.linear_attention.gla import check_qkv
+
+FORMS7 = ("recurrent", "chunked")
 
 
 class RWKV7Cache(NamedTuple):
@@ -36,7 +47,7 @@ class RWKV7Cache(NamedTuple):
     v: np.ndarray
     kappa: np.ndarray
     a: np.ndarray
-    states: np.ndarray  # (B, H, T+1, Dk, Dv): S_{-1} = 0, S_0 .. S_{T-1}
+    states: np.ndarray  # (B, H, T+1, Dk, Dv): S_{-1} = 0, S_0 .. S_{T-1}; None (chunked)
 
 
 def _check(fn, r, w, k, v, kappa, a):
@@ -73,16 +84,51 @@ def _scan(r, w, k, v, kappa, a):
     return o, states
 
 
-def rwkv7_forward(r, w, k, v, kappa, a):
-    """RWKV-7's time-mixing core (wkv7), the recurrent form with every state kept.
+def _chunk(r, w, k, v, kappa, a, S0):
+    """One chunk of the chunked form (module docstring): (O (B, H, n, Dv), S_C)."""
+    n = r.shape[2]
+    c = a * kappa  # (B, H, n, Dk)
+    b = np.cumsum(np.log(w), axis=2)  # (B, H, n, Dk) log γ_t
+    b_prev = b - np.log(w)  # log γ_{t-1}
+    strict, incl = np.tril(np.ones((n, n), bool), -1), np.tril(np.ones((n, n), bool))
+    ratio_prev = np.exp(np.where(strict[..., None], b_prev[:, :, :, None] - b[:, :, None],
+                                 -np.inf))  # (B, H, n, n, Dk) γ_{t-1}/γ_s, s < t
+    ratio = np.exp(np.where(incl[..., None], b[:, :, :, None] - b[:, :, None], -np.inf))
+    A_k, A_c = (np.einsum("bhti,bhtsi,bhsi->bhts", kappa, ratio_prev, x) for x in (k, c))
+    rhs = np.einsum("bhti,bhij->bhtj", np.exp(b_prev) * kappa, S0) + A_k @ v  # (B, H, n, Dv)
+    U = np.linalg.solve(np.eye(n) + A_c, rhs)  # (B, H, n, Dv) u_t = S_{t-1}ᵀ κ_t
+    B_k, B_c = (np.einsum("bhti,bhtsi,bhsi->bhts", r, ratio, x) for x in (k, c))
+    O = np.einsum("bhti,bhij->bhtj", np.exp(b) * r, S0) + B_k @ v - B_c @ U
+    last = np.exp(b[:, :, -1:] - b)  # (B, H, n, Dk) γ_C/γ_s
+    S_C = (np.exp(b[:, :, -1])[..., None] * S0 + np.einsum("bhsi,bhsj->bhij", last * k, v)
+           - np.einsum("bhsi,bhsj->bhij", last * c, U))  # (B, H, Dk, Dv)
+    return O, S_C
+
+
+def rwkv7_forward(r, w, k, v, kappa, a, *, form="recurrent", chunk=16):
+    """RWKV-7's time-mixing core (wkv7), in the recurrent or the chunked form (equal to
+    round-off).
 
     Inputs:  r, w, k, kappa, a (B, H, T, Dk): receptance, decay in (0, 1), key, removal
              key, in-context learning rate; v (B, H, T, Dv).  One float dtype.
-    Returns: o (B, H, T, Dv).  Cache: the inputs and the states (B, H, T+1, Dk, Dv).
+             form "recurrent" | "chunked" (chunks of `chunk` steps).
+    Returns: o (B, H, T, Dv).  Cache: the inputs and the states (B, H, T+1, Dk, Dv)
+             (recurrent; the chunked form keeps none and its backward recomputes them).
     """
     _check("rwkv7", r, w, k, v, kappa, a)
-    o, states = _scan(r, w, k, v, kappa, a)
-    return o, RWKV7Cache(r, w, k, v, kappa, a, states)
+    if form not in FORMS7:
+        raise ValueError(f"rwkv7: form must be one of {FORMS7}, got {form!r}")
+    if form == "recurrent":
+        o, states = _scan(r, w, k, v, kappa, a)
+        return o, RWKV7Cache(r, w, k, v, kappa, a, states)
+    expect_integer("rwkv7", "chunk", chunk, 1)
+    B, H, T, Dk = r.shape
+    S = np.zeros((B, H, Dk, v.shape[-1]), r.dtype)  # (B, H, Dk, Dv)
+    o = np.empty(v.shape, r.dtype)  # (B, H, T, Dv)
+    for c0 in range(0, T, chunk):
+        part = slice(c0, min(c0 + chunk, T))
+        o[:, :, part], S = _chunk(*(x[:, :, part] for x in (r, w, k, v, kappa, a)), S)
+    return o, RWKV7Cache(r, w, k, v, kappa, a, None)
 
 
 def rwkv7_backward(do, cache):
@@ -91,6 +137,8 @@ def rwkv7_backward(do, cache):
     Reference: Peng et al. 2025 (arXiv 2503.14456) §4 (the forward)."""
     r, w, k, v, kappa, a, states = cache
     expect_dout("rwkv7_backward", do, v.shape, v.dtype, name="do")
+    if states is None:  # the chunked form: recompute the states by the recurrence
+        states = _scan(r, w, k, v, kappa, a)[1]
     T = r.shape[2]
     grads = {n: np.empty_like(x) for n, x in (("r", r), ("w", w), ("k", k), ("v", v),
                                               ("kappa", kappa), ("a", a))}

@@ -1,5 +1,5 @@
-"""RWKV-7's generalised delta rule: the vectorised scan against the paper-orientation loop
-with the transition matrix written out, the decoding step against the full forward, DeltaNet
+"""RWKV-7's generalised delta rule: the vectorised scan and the chunked form against the
+paper-orientation loop with the transition matrix written out, the decoding step against the full forward, DeltaNet
 as its special case, and the backward against the loop differentiated step by step."""
 import numpy as np
 import pytest
@@ -30,6 +30,17 @@ def test_forms_agree():
                                 state)
         outs.append(o_t)
     np.testing.assert_allclose(np.stack(outs, axis=2), o_ref, atol=1e-12)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 9, 16])
+def test_chunked_form_equals_the_loop(chunk):
+    inp = _inputs(np.random.default_rng(chunk))
+    o, cache = rwkv7_forward(**inp, form="chunked", chunk=chunk)
+    np.testing.assert_allclose(o, rwkv7_recurrent_ref(**inp)[0], atol=1e-12)
+    do = np.random.default_rng(5).standard_normal(o.shape)
+    g, g_rec = rwkv7_backward(do, cache), rwkv7_backward(do, rwkv7_forward(**inp)[1])
+    for name in g:
+        np.testing.assert_allclose(g[name], g_rec[name], atol=1e-12, err_msg=name)
 
 
 def test_deltanet_is_the_special_case():
@@ -66,6 +77,8 @@ def test_backward_equals_finite_differences_of_the_loop():
 
 def test_errors():
     inp = _inputs(np.random.default_rng(3))
+    with pytest.raises(ValueError, match="form"):
+        rwkv7_forward(**inp, form="parallel")
     with pytest.raises(ValueError, match="kappa"):
         rwkv7_forward(**{**inp, "kappa": inp["kappa"][..., :3]})
     o, cache = rwkv7_forward(**inp)
