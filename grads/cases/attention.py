@@ -1,6 +1,6 @@
 """Gradient-check cases of scratchllm.attention: RoPE, scaled dot-product attention (masks,
-biases, sinks, flash), cross and sparse attention, GQA with the options of published
-checkpoints, MLA. (The tokenizer has nothing to differentiate.)"""
+biases, sinks, flash), cross, sparse and native sparse attention, GQA with the options of
+published checkpoints, MLA. (The tokenizer has nothing to differentiate.)"""
 import numpy as np
 
 from grads.cases._common import case
@@ -326,3 +326,13 @@ def mla_project(rng):
     return check(mla_project_forward, mla_project_backward, rng=rng, x=x,
                  w=w._replace(wkv_b=None, wo=None),  # the projections use neither
                  spec=MLASpec(H, Dq, Dc, dn, dr, dv, rope=RopeSpec(style="interleaved")))
+
+
+@case
+def nsa(rng):
+    from scratchllm.attention import nsa_backward, nsa_forward
+    B, H, Hkv, T, Dh = 2, 4, 2, 13, 5  # blocks of 3: four complete, one partial
+    return check(nsa_forward, nsa_backward, rng=rng, q=rng.standard_normal((B, H, T, Dh)),
+                 k=rng.standard_normal((B, Hkv, T, Dh)), v=rng.standard_normal((B, Hkv, T, Dh)),
+                 phi=rng.standard_normal(3), gates=rng.standard_normal((B, H, T, 3)), block=3,
+                 n_select=2, window=4)

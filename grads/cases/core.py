@@ -1,5 +1,5 @@
 """Gradient-check cases of scratchllm.core: the ops (linear, embedding, norms, activations,
-the dense FFNs, softmax, cross-entropy) and their fused twins (core/fused.py)."""
+the dense FFNs, softmax, cross-entropy, InfoNCE) and their fused twins (core/fused.py)."""
 import numpy as np
 
 from grads.cases._common import case
@@ -144,3 +144,12 @@ def cross_entropy(rng):
     logits = rng.standard_normal((3, 5, 11))
     return [check(fwd, bwd, rng=rng, label=label, logits=logits, targets=targets)
             for label, fwd, bwd in _twins("cross_entropy")]
+
+
+@case
+def info_nce(rng):
+    from scratchllm.core import info_nce_backward, info_nce_forward
+    inputs = dict(q=rng.standard_normal((5, 7)), k=rng.standard_normal((5, 7)))
+    return [check(info_nce_forward, info_nce_backward, rng=rng, label=label, temperature=0.7,
+                  symmetric=symmetric, **inputs)
+            for label, symmetric in (("in-batch negatives", False), ("symmetric (CLIP)", True))]
