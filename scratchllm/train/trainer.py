@@ -9,7 +9,8 @@ One step:  loss = CE(LM(x), y) + sum of MoE aux terms  ->  backward (data-parall
 Under MPI (a RankGrid) every rank draws the same global batch and keeps its contiguous slice
 (np.array_split over the dp ranks); each scales its loss by its share of the batch, so the
 all-reduced gradients are the whole batch's and the replicated optimizer keeps the weights
-equal on every rank; rank 0 alone prints and writes the checkpoint.
+equal on every rank (with ZeRO-1, each rank updates its shard of the Params and they are
+all-gathered: dist/zero.py); rank 0 alone prints and writes the checkpoint.
 Deterministic given the seed; a checkpoint holds everything needed to continue bit-exactly:
 weights, MoE biases, optimizer moments, step, losses and the batch RNG's state.
 """
@@ -28,7 +29,7 @@ from tqdm import tqdm
 from scratchllm.core.atomic import remove_stale_temps
 from scratchllm.core.nn import detect_anomaly
 from scratchllm.core.optim import AdamW, NonFiniteError, clip_grad_norm, cosine_schedule
-from scratchllm.dist import Group, all_reduce_forward, all_reduce_grads
+from scratchllm.dist import Group, ZeroAdamW, all_reduce_forward, all_reduce_grads
 from scratchllm.lm import LM
 from scratchllm.train import checkpoint, corpus
 from scratchllm.train.parallel import DataParallel, set_blas_threads
@@ -80,14 +81,16 @@ def evaluate(model, batches, dp=None, group=None):
 class Run:
     """The mutable state of one training run: model, optimizer, batch RNG, step, history."""
 
-    def __init__(self, cfg, settings, dtype=np.float32, model=None, grid=None):
+    def __init__(self, cfg, settings, dtype=np.float32, model=None, grid=None, zero=0):
         """model: an LM of cfg to train (e.g. a loaded checkpoint); default a fresh one.
         grid: the dist.RankGrid of an MPI run (data parallel over grid.groups["dp"]); None for
-        one process."""
+        one process. zero: 1 shards AdamW's state over the data-parallel ranks (ZeRO-1)."""
         self.cfg, self.s = cfg, settings
         self.model = model or LM(cfg, rng=np.random.default_rng(settings.seed), dtype=dtype)
-        self.opt = make_optimizer(self.model, settings)
         self.group = Group.single() if grid is None else grid.groups["dp"]
+        self.opt = make_optimizer(self.model, settings)
+        if zero:
+            self.opt = ZeroAdamW(self.opt, self.group)
         self.writer = grid is None or grid.is_first()  # prints, saves
         if settings.batch_size < self.group.size:
             raise ValueError(f"--batch-size {settings.batch_size} is smaller than the "
@@ -157,8 +160,9 @@ class Run:
     def save(self, directory, tokenizer=None):
         """Atomically write the checkpoint (checkpoint.save_run); on rank 0 only under MPI
         (every rank holds the same weights and optimizer state)."""
+        opt_state = self.opt.state_dict()  # collective under ZeRO: every rank calls it
         if self.writer:
-            checkpoint.save_run(self, directory, tokenizer)
+            checkpoint.save_run(self, directory, tokenizer, opt_state)
 
     def load(self, directory):
         """Restore everything `save` wrote (checkpoint.load_run); CheckpointError on any
