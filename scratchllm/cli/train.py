@@ -184,6 +184,7 @@ def _main(args, grid=None):
     if grid is not None:
         say(f"ranks: {grid.world.size} ({grid.shape.describe()}), {s.threads} thread(s) "
             f"each; rank 0 writes {out}")
+        say(f"communication model: {_bytes(job.comm_model)} sent per step by rank 0")
         if args.zero:
             say(f"ZeRO-1: AdamW state {job.opt.state_bytes() / 2**20:.2f} MiB on rank 0 of "
                 f"{2 * job.model.n_params() * dtype.itemsize / 2**20:.2f} MiB unsharded")
@@ -202,11 +203,21 @@ def _main(args, grid=None):
     say(f"validation loss {val:.3f} nats/token = {val / baseline:.2f} x unigram baseline "
         f"{baseline:.3f} (training {train_time:.0f} s, total "
         f"{time.perf_counter() - t_start:.0f} s)")
+    if grid is not None and job.sent:
+        predicted = sum(job.comm_model.values())
+        say(f"communication measured: {job.sent[-1]:,} bytes sent by rank 0 in the last step "
+            f"({'equal to' if job.sent[-1] == predicted else 'NOT equal to'} the model's "
+            f"{predicted:,})")
     say(f"checkpoint: {out}")
     if job.writer:
         say(f"loss curve: {save_run_plot(out / 'loss.png', job, baseline)}")
         _print_sample(job.model, tok)
     return 0
+
+
+def _bytes(model):
+    """'2,099,456 B all_reduce + ...' of a communication model."""
+    return " + ".join(f"{n:,} B {op}" for op, n in model.items()) or "nothing"
 
 
 def _prepare(data, vocab_size, cache, grid):

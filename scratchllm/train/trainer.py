@@ -29,7 +29,8 @@ from tqdm import tqdm
 from scratchllm.core.atomic import remove_stale_temps
 from scratchllm.core.nn import detect_anomaly
 from scratchllm.core.optim import AdamW, NonFiniteError, clip_grad_norm, cosine_schedule
-from scratchllm.dist import Group, ZeroAdamW, all_reduce_forward, all_reduce_grads
+from scratchllm.dist import (Group, ZeroAdamW, all_reduce_forward, all_reduce_grads,
+                             bytes_per_step)
 from scratchllm.lm import LM
 from scratchllm.train import checkpoint, corpus
 from scratchllm.train.parallel import DataParallel, set_blas_threads
@@ -97,6 +98,11 @@ class Run:
                              f"{self.group.size} data-parallel ranks (each needs a sequence)")
         self.rows = np.array_split(np.arange(settings.batch_size), self.group.size)[
             self.group.rank]  # this rank's contiguous slice of the global batch
+        moe = [layer.ffn for layer in self.model.layers if hasattr(layer.ffn, "update_bias")]
+        self.comm_model = bytes_per_step(  # bytes this rank sends per step: predicted
+            [p.data.nbytes for p in self.model.parameters()], self.group.size, zero=zero,
+            small=[8 * f.spec.router.n_experts for f in moe], rank=self.group.rank)
+        self.sent = []  # bytes this rank sent in each step: measured (not saved)
         if settings.threads > 1 or self.group.size > 1:
             set_blas_threads(1)  # one BLAS thread per shard or rank: no oversubscription
         self.dp = DataParallel(self.model, settings.threads)
@@ -111,7 +117,7 @@ class Run:
     def train_step(self, train_ids):
         """One optimizer step on a fresh random batch; returns (loss, routing stats)."""
         s, model = self.s, self.model
-        t0 = time.perf_counter()
+        t0, sent0 = time.perf_counter(), self.group.total_sent()
         x, y = corpus.sample_batch(train_ids, s.batch_size, s.seq_len, self.rng)
         with detect_anomaly(*self.dp.replicas) if self.detect_anomaly else nullcontext():
             if self.group.size == 1:
@@ -137,6 +143,7 @@ class Run:
         self.step += 1
         self.losses.append(ce)
         self.step_seconds.append(time.perf_counter() - t0)
+        self.sent.append(self.group.total_sent() - sent0)
         return ce, stats
 
     def _sum_over_ranks(self, a):
