@@ -6,7 +6,8 @@ An HF tensor is built from the library arrays `lib` (Params, or buffers) by
     2. concatenating them along the last axis (GPT-2's fused c_attn = [q | k | v]),
     3. transposing (torch's nn.Linear weight (out, in) against the library's W (in, out)),
     4. inserting an axis of size 1 at `unsqueeze` (nn.Conv1d's depthwise weight (d, 1, K)
-       against the library's (d, K)).
+       against the library's (d, K)), or reshaping to `reshape` (nn.Conv2d's patch weight
+       (D, C, P, P) against the library's flattened-patch map (C*P*P, D), transposed).
 Reading a checkpoint runs the steps backwards; every step is a copy or a view, so a load ->
 save round trip is bit-identical.
 """
@@ -19,13 +20,15 @@ class Entry(NamedTuple):
     """One HF tensor: its name, the library arrays it holds (several = concatenated along the
     last axis), whether it is the transpose of the library's layout, the expert it is a slice
     of (None: the whole array), the size-1 axis HF adds (None: none), and whether the library
-    name is a buffer (no gradient: DeepSeek-V3's e_score_correction_bias) rather than a Param."""
+    name is a buffer (no gradient: DeepSeek-V3's e_score_correction_bias) rather than a Param,
+    and the HF tensor's shape when it is the (transposed) array reshaped (None: no reshape)."""
     hf: str
     lib: tuple
     transpose: bool
     expert: int = None
     unsqueeze: int = None
     buffer: bool = False
+    reshape: tuple = None
 
 
 def _pieces(e, arrays):
@@ -39,6 +42,8 @@ def hf_shape(e, arrays):
     shapes = [a.shape for a in _pieces(e, arrays)]
     shape = shapes[0][:-1] + (sum(s[-1] for s in shapes),)
     shape = shape[::-1] if e.transpose else shape
+    if e.reshape is not None:
+        return e.reshape
     return shape if e.unsqueeze is None else shape[:e.unsqueeze] + (1,) + shape[e.unsqueeze:]
 
 
@@ -47,6 +52,7 @@ def to_hf(e, arrays):
     parts = _pieces(e, arrays)
     a = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
     a = a.T if e.transpose else a
+    a = a if e.reshape is None else np.ascontiguousarray(a).reshape(e.reshape)
     return np.ascontiguousarray(a if e.unsqueeze is None else np.expand_dims(a, e.unsqueeze))
 
 
@@ -54,8 +60,11 @@ def from_hf(e, array, arrays):
     """Write the HF tensor `array` (of shape hf_shape(e, arrays)) into the library arrays in
     place, cast to their dtype."""
     array = array if e.unsqueeze is None else np.squeeze(array, axis=e.unsqueeze)
-    array = array.T if e.transpose else array
     parts = _pieces(e, arrays)
+    if e.reshape is not None:  # the library's shape, transposed when the tensor is
+        shape = parts[0].shape[:-1] + (sum(a.shape[-1] for a in parts),)
+        array = array.reshape(shape[::-1] if e.transpose else shape)
+    array = array.T if e.transpose else array
     widths = [a.shape[-1] for a in parts]
     for a, piece in zip(parts, np.split(array, np.cumsum(widths)[:-1], axis=-1)):
         a[...] = piece

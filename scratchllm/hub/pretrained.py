@@ -25,8 +25,10 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from scratchllm.core.atomic import atomic_write, write_text
+from scratchllm.hub.families.modules import ModuleFamily
 from scratchllm.hub.layout import from_hf, hf_shape, to_hf
-from scratchllm.hub.registry import config_from_flat, family_for, family_named, flat_of
+from scratchllm.hub.registry import (config_from_flat, family_for, family_named, flat_of,
+                                     module_family_for)
 from scratchllm.lm import LM
 from scratchllm.tokenizer import from_tokenizer_json
 
@@ -77,7 +79,10 @@ def weight_files(path):
 
 def _canonical(name, family):
     """A tensor's name as the family's names() give it: checkpoints of the headless model
-    (GPT-2's GPT2Model, openai-community/gpt2) leave out the family's bare_prefix."""
+    (GPT-2's GPT2Model, openai-community/gpt2) leave out the family's bare_prefix; older
+    checkpoints of a ModuleFamily put its old_prefix first."""
+    if isinstance(family, ModuleFamily):
+        return name.removeprefix(family.old_prefix) if family.old_prefix else name
     prefix = family.bare_prefix
     if prefix and not name.startswith((prefix, "lm_head.")):
         return prefix + name
@@ -116,7 +121,7 @@ def _check_names(path, f, stored, expected):
         raise ValueError(f"load_pretrained: {path}: tensor(s) {missing[:5]} missing "
                          f"({len(missing)} in all) for {f.name} with {f.n_layers} layers")
     extra = sorted(n for n in set(stored) - expected if not n.endswith(IGNORED_SUFFIXES))
-    if f.tie_embeddings and "lm_head.weight" in extra:
+    if getattr(f, "tie_embeddings", False) and "lm_head.weight" in extra:
         extra.remove("lm_head.weight")  # a tied head saved anyway: it is embed_tokens
     if extra:
         raise ValueError(f"load_pretrained: {path}: unexpected tensor(s) {extra[:5]} "
@@ -129,7 +134,8 @@ def load_pretrained(path, dtype=np.float32):
 
     Inputs:  path (config.json + model.safetensors or a sharded index), dtype float32 or
              float64 (the compute dtype; the files may hold float32, float16 or bfloat16).
-    Returns: LM whose cfg.name is the model_type; model.hf_config keeps config.json.
+    Returns: LM whose cfg.name is the model_type (or the Module of a ModuleFamily: a
+             VisionTransformer); model.hf_config keeps config.json.
     Raises:  ValueError naming the field (unsupported model_type or option) or the tensor
              (missing, unexpected, wrong shape).
     """
@@ -138,9 +144,13 @@ def load_pretrained(path, dtype=np.float32):
                          f"dtype), got {np.dtype(dtype)}")
     hf = read_hf_config(path)
     family = family_named(hf.get("model_type"))
-    cfg = config_from_flat(family.from_hf(hf))
-    model = LM(cfg, rng=_NoInit(), dtype=dtype)
-    f = flat_of(cfg)
+    if isinstance(family, ModuleFamily):  # a model of its own class: its config is the view
+        f = family.from_hf(hf)
+        model = family.build(f, rng=_NoInit(), dtype=dtype)
+    else:
+        cfg = config_from_flat(family.from_hf(hf))
+        model = LM(cfg, rng=_NoInit(), dtype=dtype)
+        f = flat_of(cfg)
     stored = {_canonical(n, family): (file, n) for n, file in weight_files(path).items()}
     table = family.names(model, f)
     _check_names(path, f, stored, {e.hf for e in table})
@@ -163,10 +173,19 @@ def _hf_arrays(model, table, attr):
     return {e.hf: to_hf(e, arrays) for e in table if attr == "data" or not e.buffer}
 
 
+def _saved_as(model):
+    """(family, view) of the family the model's config saves as and the view its records
+    read: an LM's flat view, or the config itself for a model of its own class."""
+    if isinstance(model, LM):
+        f = flat_of(model.cfg)
+        return family_for(f), f
+    return module_family_for(model.cfg), model.cfg
+
+
 def _table(model):
     """The Entries of the family the model's config saves as."""
-    f = flat_of(model.cfg)
-    return family_for(f).names(model, f)
+    family, f = _saved_as(model)
+    return family.names(model, f)
 
 
 def state_dict(model):
@@ -183,13 +202,13 @@ def grad_dict(model):
 def save_pretrained(model, path, dtype=None):
     """Write config.json and model.safetensors for transformers' from_pretrained.
 
-    Inputs: model an LM whose config a family of registry.py expresses (family_for); path a
+    Inputs: model an LM whose config a family of registry.py expresses (family_for), or a
+            model a ModuleFamily expresses (module_family_for); path a
             directory (created); dtype "float32" | "float16" | "bfloat16" | "float64"
             (default: the model's).
     Raises: ValueError naming what the family cannot express, before anything is written.
     """
-    f = flat_of(model.cfg)
-    family = family_for(f)
+    family, f = _saved_as(model)
     name = dtype or np.dtype(model.dtype).name
     if name not in DTYPES:
         raise ValueError(f"save_pretrained: dtype must be one of {sorted(DTYPES)}, got {name!r}")

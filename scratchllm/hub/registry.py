@@ -9,19 +9,29 @@ The chosen record is passed along to what needs it (pretrained.py). The hub buil
 reads model configs only here: config_from_flat(flat) builds one from the flat names a
 family's from_hf gives; flat_of(cfg) is the flat view every family reads (f.n_heads, ...).
 
+A family whose model is a Module of its own class (families/modules.py's ModuleFamily: the
+vision families) is chosen for saving by module_family_for(cfg) instead.
+
 Adding a family is adding its record to a module of families/ and to FAMILIES below.
 """
 from scratchllm.hub.families.base import fail_config
 from scratchllm.hub.families.dense import GEMMA3, LLAMA, MISTRAL, QWEN2, QWEN3
+from scratchllm.hub.families.dense2 import GEMMA2, OLMO2
 from scratchllm.hub.families.gpt2 import GPT2
 from scratchllm.hub.families.gpt_oss import GPT_OSS
+from scratchllm.hub.families.modules import ModuleFamily
 from scratchllm.hub.families.moe import DEEPSEEK_V3, MIXTRAL
+from scratchllm.hub.families.moe2 import QWEN3_MOE
 from scratchllm.hub.families.ssm import JAMBA, MAMBA
+from scratchllm.hub.families.vision import SIGLIP_VISION, VIT
 from scratchllm.specs import from_flat
 from scratchllm.specs.unflat import flat_view
 
 FAMILIES = (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA3, GPT2, GPT_OSS, MIXTRAL, DEEPSEEK_V3, MAMBA,
             JAMBA)
+FAMILIES += (OLMO2, GEMMA2)  # families/dense2.py
+FAMILIES += (QWEN3_MOE,)  # families/moe2.py
+FAMILIES += (VIT, SIGLIP_VISION)  # families/vision.py
 BY_TYPE = {family.model_type: family for family in FAMILIES}
 
 
@@ -46,6 +56,20 @@ def family_for(f):
             f"block={f.block!r}) has the shape of none of the families {list(BY_TYPE)}; "
             f"name it after one (name='llama', ...) to see what that family cannot express")
     family.check(f)
+    return family
+
+
+def module_family_for(cfg):
+    """The ModuleFamily a model config of its own class (a VisionConfig) saves as, after its
+    check: the family cfg.name names, else the one whose shape claims cfg."""
+    family = BY_TYPE.get(cfg.name)
+    if not isinstance(family, ModuleFamily):
+        family = next((r for r in FAMILIES if isinstance(r, ModuleFamily) and r.claims(cfg)),
+                      None)
+    if family is None:
+        raise ValueError(f"save_pretrained: config {cfg.name!r} ({type(cfg).__name__}) has the "
+                         f"shape of none of the families {list(BY_TYPE)}")
+    family.check(cfg)
     return family
 
 

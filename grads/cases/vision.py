@@ -1,0 +1,114 @@
+"""Gradient-check cases of scratchllm.vision: the 2-D convolution, the patch embedding (the
+same map as one matmul of flattened patches), the ViT embedding ([CLS] and positions), and a
+whole tiny Vision Transformer of each kind (a classifier with [CLS]; an encoder without)."""
+import numpy as np
+
+from grads.cases._common import case
+from grads.check import check
+
+
+@case
+def conv2d(rng):
+    from scratchllm.vision.patch import ConvWeights, conv2d_backward, conv2d_forward
+    x = rng.standard_normal((2, 3, 7, 9))
+    return [check(conv2d_forward, conv2d_backward, rng=rng, label="K=3 S=2 (overlapping)",
+                  x=x, w=ConvWeights(rng.standard_normal((3, 3, 3, 5)), rng.standard_normal(5)),
+                  stride=2),
+            check(conv2d_forward, conv2d_backward, rng=rng, label="K=S=3, no bias",
+                  x=x, w=ConvWeights(rng.standard_normal((3, 3, 3, 5))), stride=3)]
+
+
+def _patch_spec(cls_token=True):
+    from scratchllm.specs.vision import PatchSpec
+    return PatchSpec(image_size=(6, 9), patch_size=3, n_channels=2, cls_token=cls_token)
+
+
+@case
+def patch_embed(rng):
+    from scratchllm.vision.patch import PatchWeights, patch_embed_backward, patch_embed_forward
+    spec = _patch_spec()
+    return check(patch_embed_forward, patch_embed_backward, rng=rng, spec=spec,
+                 x=rng.standard_normal((2, 2, 6, 9)),
+                 w=PatchWeights(rng.standard_normal((spec.patch_dim, 5)),
+                                rng.standard_normal(5)))
+
+
+@case
+def vision_embed(rng):
+    from scratchllm.vision.embed import (VisionEmbedWeights, vision_embed_backward,
+                                         vision_embed_forward)
+    reports = []
+    for cls_token in (True, False):
+        spec = _patch_spec(cls_token)
+        w = VisionEmbedWeights(rng.standard_normal((spec.patch_dim, 5)), rng.standard_normal(5),
+                               rng.standard_normal(5) if cls_token else None,
+                               rng.standard_normal((spec.n_positions, 5)))
+        reports.append(check(vision_embed_forward, vision_embed_backward, rng=rng, spec=spec,
+                             label="[CLS]" if cls_token else "no [CLS]",
+                             x=rng.standard_normal((2, 2, 6, 9)), w=w))
+    return reports
+
+
+def vision_tiny(n_labels, cls_token, gelu_approx, pool=False):
+    """A tiny VisionConfig: 8 x 12 images of 2 channels in 4 x 4 patches (6 patches), D = 12,
+    3 heads, 2 pre-norm blocks (LayerNorm, bidirectional MHA with biases, GELU MLP of 20);
+    pool: with SigLIP's attention-pooling head of the same LayerSpec."""
+    from scratchllm.specs import AttentionSpec, FFNSpec, LayerSpec, Mask, NormSpec
+    from scratchllm.specs.vision import PatchSpec, VisionConfig
+    norm = NormSpec("layernorm", 1e-6)
+    layer = LayerSpec(AttentionSpec(3, 3, qkv_bias=True, o_bias=True, rope=None,
+                                    mask=Mask(causal=False)),
+                      FFNSpec("gelu_mlp", 20, gelu_approx=gelu_approx), norm)
+    return VisionConfig(d_model=12, patch=PatchSpec((8, 12), 4, 2, cls_token=cls_token),
+                        layers=(layer,) * 2, norm=norm, n_labels=n_labels,
+                        pool=layer if pool else None)
+
+
+@case
+def vision_transformer(rng):
+    """out (logits, or last_hidden_state) . dout, d every Param and d pixel_values (2 random
+    directions per array). Without RoPE a key bias adds q . bk to every score of a query's
+    row, which softmax ignores: its gradient is 0 exactly, so it is left out."""
+    from scratchllm.vision import VisionTransformer
+    reports = []
+    for label, cfg, pooled in (("ViT classifier", vision_tiny(5, True, "none"), False),
+                               ("SigLIP-style encoder", vision_tiny(0, False, "tanh"), False),
+                               ("pooling head", vision_tiny(0, False, "tanh", True), True)):
+        model = VisionTransformer(cfg, rng=rng, dtype=np.float64)
+        for name, p in model.named_parameters():
+            noise = rng.standard_normal(p.data.shape)
+            p.data[...] = (noise * p.data.shape[0] ** -0.5 if p.data.ndim == 2 else
+                           1 + 0.1 * noise if "norm" in name else 0.3 * noise)
+        params = dict(model.named_parameters())
+
+        def forward(pixel_values, **arrays):
+            for name, p in params.items():
+                p.data = arrays[name]
+            return model.forward(pixel_values, pooled=pooled)
+
+        def backward(dout, cache):
+            model.zero_grad()
+            dx = model.backward(dout, cache)
+            return {"pixel_values": dx, **{n: p.grad.copy() for n, p in params.items()}}
+
+        wrt = ["pixel_values"] + [n for n in params if not n.endswith(".bk")]
+        reports.append(check(forward, backward, rng=rng, label=label, max_full=0,
+                             n_directions=2, wrt=wrt, pixel_values=rng.standard_normal(
+                                 (2, 2, 8, 12)), **{n: p.data for n, p in params.items()}))
+    return reports
+
+
+@case
+def probe_attention(rng):
+    from scratchllm.specs import AttentionSpec, Mask
+    from scratchllm.vision.pool import (ProbeWeights, probe_attention_backward,
+                                        probe_attention_forward)
+    D, HD = 12, 12
+    w = ProbeWeights(rng.standard_normal(D), *(rng.standard_normal((D, HD)) for _ in range(3)),
+                     rng.standard_normal((HD, D)), *(rng.standard_normal(n) for n in
+                                                     (HD, HD, HD, D)))
+    spec = AttentionSpec(3, 3, qkv_bias=True, o_bias=True, rope=None, mask=Mask(causal=False))
+    # softmax ignores the key bias (it adds q . bk to the one row's every score)
+    return check(probe_attention_forward, probe_attention_backward, rng=rng, spec=spec,
+                 wrt=["h", "w.probe", "w.wq", "w.wk", "w.wv", "w.wo", "w.bq", "w.bv", "w.bo"],
+                 h=rng.standard_normal((2, 5, D)), w=w)

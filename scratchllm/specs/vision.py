@@ -1,0 +1,120 @@
+"""The vision specs: the patch embedding of an image and a Vision Transformer. Plain Python.
+
+A ViT (Dosovitskiy et al. 2020, arXiv 2010.11929) cuts an image into P x P patches, embeds
+each patch linearly (a stride-P convolution), optionally prepends a learned [CLS] vector,
+adds a learned position table, and runs an encoder of bidirectional blocks: the library's one
+LayerSpec (an AttentionSpec with rope=None and Mask(causal=False), a GELU MLP, LayerNorm).
+SigLIP's vision tower (Zhai et al. 2023, arXiv 2303.15343) is the same without [CLS].
+
+Glossary: C channels, P patch side, N = (H/P)(W/P) patches, D model width.
+"""
+from dataclasses import dataclass
+
+from scratchllm.specs._check import fail, flag, instance, positive_int
+from scratchllm.specs.model import LayerSpec, NormSpec
+
+
+@dataclass(frozen=True)
+class PatchSpec:
+    """The patch embedding of an image of image_size = (height, width) pixels with n_channels
+    channels, in patches of patch_size x patch_size; cls_token: a learned [CLS] vector goes
+    first (ViT), so the position table has N + 1 rows (N without it: SigLIP)."""
+    image_size: tuple = (224, 224)
+    patch_size: int = 16
+    n_channels: int = 3
+    cls_token: bool = True
+
+    def __post_init__(self):
+        positive_int(self, "patch_size")
+        positive_int(self, "n_channels")
+        flag(self, "cls_token")
+        size = self.image_size
+        if (not isinstance(size, tuple) or len(size) != 2
+                or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in size)):
+            fail(self, f"image_size must be a tuple (height, width) of positive ints, got "
+                       f"{size!r}", "image_size")
+        if size[0] % self.patch_size or size[1] % self.patch_size:
+            fail(self, f"image_size={size} must be a multiple of patch_size={self.patch_size} "
+                       f"on both sides", "image_size")
+
+    @property
+    def grid(self):
+        """(H/P, W/P): patches per column and per row."""
+        return self.image_size[0] // self.patch_size, self.image_size[1] // self.patch_size
+
+    @property
+    def n_patches(self):
+        """N = (H/P)(W/P)."""
+        return self.grid[0] * self.grid[1]
+
+    @property
+    def n_positions(self):
+        """Rows of the position table: N, + 1 with [CLS]."""
+        return self.n_patches + (1 if self.cls_token else 0)
+
+    @property
+    def patch_dim(self):
+        """Numbers in one flattened patch: C P P."""
+        return self.n_channels * self.patch_size ** 2
+
+    def n_params(self, d_model):
+        """The patch map (C P P, D) and its bias, [CLS], the position table."""
+        D = d_model
+        return (self.patch_dim + 1) * D + (D if self.cls_token else 0) + self.n_positions * D
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """A Vision Transformer: the patch embedding, one LayerSpec per block, the final norm and
+    what the model returns: the final norm's output (B, N', D) (n_labels = 0: an image
+    encoder, SigLIP's last_hidden_state), or the logits (B, n_labels) of a linear head on the
+    [CLS] vector (ViTForImageClassification; needs patch.cls_token). pool: SigLIP's
+    attention-pooling head (a learned probe attends the tokens: the LayerSpec's mixer, then
+    z + ffn(norm(z))), whose (B, D) output forward gives on request; None: no such head.
+    name: the Hugging Face model_type a checkpoint loaded from keeps ("custom" else)."""
+    name: str = "custom"
+    d_model: int = 768
+    patch: PatchSpec = PatchSpec()
+    layers: tuple = (LayerSpec(),) * 12
+    norm: NormSpec = NormSpec("layernorm", 1e-12)
+    n_labels: int = 0
+    pool: LayerSpec = None
+
+    def __post_init__(self):
+        if not isinstance(self.name, str):
+            fail(self, f"name must be a string, got {self.name!r}", "name")
+        positive_int(self, "d_model")
+        instance(self, "patch", PatchSpec)
+        instance(self, "norm", NormSpec)
+        positive_int(self, "n_labels", low=0)
+        instance(self, "pool", LayerSpec, none_ok=True)
+        if not isinstance(self.layers, tuple) or not self.layers or not all(
+                isinstance(layer, LayerSpec) for layer in self.layers):
+            fail(self, f"layers must be a non-empty tuple of LayerSpec, got {self.layers!r}",
+                 "layers")
+        named = [(f"layers[{i}]", layer) for i, layer in enumerate(self.layers)]
+        for where, layer in named + ([("pool", self.pool)] if self.pool else []):
+            mask = getattr(layer.mixer, "mask", None)
+            if mask is None or mask.causal or getattr(layer.mixer, "rope", None) is not None:
+                fail(self, f"{where}: a vision block attends every patch without rotary "
+                           f"positions: an AttentionSpec with rope=None and "
+                           f"Mask(causal=False), got {layer.mixer!r}", "layers")
+        if self.pool is not None and (self.pool.ffn is None or self.pool.placement != "pre"
+                                      or self.pool.mixer.n_kv_heads != self.pool.mixer.n_heads):
+            fail(self, f"pool: the attention-pooling head is multi-head attention, then a "
+                       f"pre-norm FFN; got {self.pool!r}", "pool")
+        if self.n_labels and not self.patch.cls_token:
+            fail(self, f"n_labels={self.n_labels}: the classification head reads the [CLS] "
+                       f"vector; give patch.cls_token=True", "n_labels")
+
+    @property
+    def n_layers(self):
+        return len(self.layers)
+
+    def n_params(self):
+        """Patch embedding + blocks + final norm (+ the head (D + 1) n_labels) (+ the pooling
+        head: its probe and its LayerSpec's attention (with all four biases), norm and FFN)."""
+        D = self.d_model
+        n = (self.patch.n_params(D) + sum(layer.n_params(D) for layer in self.layers)
+             + self.norm.n_params(D) + (D + 1) * self.n_labels)
+        return n if self.pool is None else n + D + self.pool.n_params(D)

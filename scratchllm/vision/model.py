@@ -1,0 +1,99 @@
+"""The Vision Transformer of a VisionConfig (Dosovitskiy et al. 2020, arXiv 2010.11929): the
+embedding of vision/embed.py, the library's one Block per LayerSpec (lm/block.py: pre-norm
+LayerNorm, bidirectional attention without RoPE, a GELU MLP with biases), a final norm, and
+an optional linear head on the [CLS] vector.
+
+    z_0 = [cls ; patches(x) W + b] + E_pos
+    z_l = block_l(z_{l-1})                      l = 1..L
+    h = norm(z_L)                               the image encoder's output (B, N', D)
+    logits = h[:, 0] W_head + b_head            with n_labels > 0 (B, n_labels)
+    pooled = attention_pool(h)                  with cfg.pool, on request (B, D)
+Hugging Face: ViTForImageClassification (vit) and SigLIP's vision tower (siglip_vision_model:
+no [CLS], h is its last_hidden_state). Backward: the same chain in reverse; the head's
+gradient reaches only the [CLS] row.
+
+Glossary: B batch, C channels, H, W image size, N' tokens, D model width, L layers.
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+from scratchllm.core.nn import Linear, Module
+from scratchllm.core.validate import expect_float
+from scratchllm.lm import Block
+from scratchllm.lm.mixers import make_norm
+from scratchllm.specs.vision import VisionConfig
+from scratchllm.vision.embed import VisionEmbedding
+from scratchllm.vision.pool import AttentionPool
+
+
+class VisionCache(NamedTuple):
+    embed: tuple
+    blocks: list
+    norm: tuple
+    head: tuple   # the classifier's or the pooling head's cache; None for h itself
+    hidden_shape: tuple
+    pooled: bool  # the output is the pooling head's
+
+
+class VisionTransformer(Module):
+    """The model of a VisionConfig; Params in float32 (default) or float64."""
+
+    def __init__(self, cfg, *, rng, dtype=np.float32):
+        if not isinstance(cfg, VisionConfig):
+            raise TypeError(f"VisionTransformer: cfg must be a VisionConfig "
+                            f"(scratchllm.specs.vision), got {type(cfg).__name__}")
+        self.cfg = cfg
+        D = cfg.d_model
+        self.embed = VisionEmbedding(D, cfg.patch, rng=rng, dtype=dtype)
+        self.layers = [Block(D, spec, rng=rng, dtype=dtype) for spec in cfg.layers]
+        self.norm = make_norm(D, cfg.norm, dtype)
+        self.head = Linear(D, cfg.n_labels, bias=True, rng=rng, dtype=dtype) \
+            if cfg.n_labels else None
+        self.pool = None if cfg.pool is None else AttentionPool(D, cfg.pool, rng=rng,
+                                                                dtype=dtype)
+
+    @property
+    def dtype(self):
+        return self.embed.W.data.dtype
+
+    def named_buffers(self):
+        """Non-trainable saved state: none (the hub asks every model)."""
+        return []
+
+    def forward(self, pixel_values, *, pooled=False):
+        """pixel_values (B, C, H, W) -> (out, VisionCache): out the logits (B, n_labels) with
+        a head, else the final norm's output (B, N', D) (last_hidden_state); pooled=True:
+        the pooling head's output (B, D) (SigLIP's pooler_output)."""
+        if pooled and self.pool is None:
+            raise ValueError("VisionTransformer.forward: pooled=True needs the pooling head "
+                             "(cfg.pool is None)")
+        expect_float("VisionTransformer", "pixel_values", pixel_values, 4)
+        x, c_emb = self.embed.forward(pixel_values.astype(self.dtype, copy=False))  # (B, N', D)
+        blocks = []
+        for layer in self.layers:
+            x, c = layer.forward(x)  # (B, N', D)
+            blocks.append(c)
+        h, c_norm = self.norm.forward(x)  # (B, N', D)
+        if pooled:
+            out, c_pool = self.pool.forward(h)  # (B, D)
+            return out, VisionCache(c_emb, blocks, c_norm, c_pool, h.shape, True)
+        if self.head is None:
+            return h, VisionCache(c_emb, blocks, c_norm, None, h.shape, False)
+        logits, c_head = self.head.forward(h[:, 0])  # (B, n_labels)
+        return logits, VisionCache(c_emb, blocks, c_norm, c_head, h.shape, False)
+
+    def backward(self, dout, cache):
+        """dout like forward's out -> Param grads (+=); returns d pixel_values (B, C, H, W)."""
+        c_emb, blocks, c_norm, c_head, shape, pooled = cache
+        if pooled:
+            dh = self.pool.backward(dout, c_head)  # fwd: out = attention_pool(h)
+        elif c_head is None:
+            dh = dout  # (B, N', D)
+        else:
+            dh = np.zeros(shape, self.dtype)  # (B, N', D)
+            dh[:, 0] = self.head.backward(dout, c_head)  # fwd: logits = h[:, 0] W + b
+        dx = self.norm.backward(dh, c_norm)  # fwd: h = norm(z_L)
+        for layer, c in zip(reversed(self.layers), reversed(blocks)):
+            dx = layer.backward(dx, c)  # fwd: z_l = block_l(z_{l-1})
+        return self.embed.backward(dx, c_emb)  # fwd: z_0 = [cls ; patches W + b] + pos

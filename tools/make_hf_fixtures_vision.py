@@ -1,0 +1,145 @@
+"""Write tests/fixtures/hf/vit and tests/fixtures/hf/siglip_vision: tiny random vision
+checkpoints and what transformers computes with them (the format of make_hf_fixtures.py).
+
+    pip install ".[ref]"
+    PYTHONPATH=$PWD python tools/make_hf_fixtures_vision.py
+
+Per family a directory holds:
+    config.json, model.safetensors   transformers' own save_pretrained (float32 weights)
+    expected.npz                     computed by transformers in float64 from those weights:
+        pixel_values (B, C, H, W), out (B, n_labels) logits (vit), (B, N, D)
+        last_hidden_state (siglip_vision) or (B, D) pooler_output (siglip_vision_head: with
+        the attention-pooling head), last_hidden_state (the logits for vit), G_seed
+        (G = default_rng(G_seed).standard_normal(out.shape)), grad/<checkpoint name> =
+        d sum(out * G) / d param for every parameter, under the names transformers writes
+        in model.safetensors,
+        saved_by_scratchllm_rel_err (scratchllm's save_pretrained of the checkpoint, loaded
+        by from_pretrained: the float32 outputs' largest relative difference from `out`)
+ViT's image is 8 x 12 pixels in 4 x 4 patches (a 2 x 3 grid: a transposed grid cannot hide),
+SigLIP's 12 x 12 (transformers' SigLIP takes square images only).
+
+float64: transformers' eager attention takes its softmax in float32; make_hf_fixtures'
+float64_everywhere points float32 at float64 while the references are computed.
+Reference: huggingface/transformers src/transformers/models/vit/modeling_vit.py;
+huggingface/transformers src/transformers/models/siglip/modeling_siglip.py.
+"""
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from safetensors.numpy import load_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_hf_fixtures import OUT, ROOT, float64_everywhere  # noqa: E402
+
+B, G_SEED = 2, 5
+GEOMETRY = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=24, num_channels=3, patch_size=4)
+FAMILIES = {  # directory -> (transformers class, config fields)
+    "vit": (transformers.ViTForImageClassification, transformers.ViTConfig(
+        **GEOMETRY, image_size=[8, 12], num_labels=5, hidden_act="gelu",
+        layer_norm_eps=1e-12, qkv_bias=True)),
+    "siglip_vision": (transformers.SiglipVisionModel, transformers.SiglipVisionConfig(
+        **GEOMETRY, image_size=12, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6,
+        vision_use_head=False)),
+    "siglip_vision_head": (transformers.SiglipVisionModel, transformers.SiglipVisionConfig(
+        **GEOMETRY, image_size=12, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6,
+        vision_use_head=True)),
+}
+
+
+def randomize(model, seed):
+    """Weights that make every path matter: matrices N(0, 1/fan_in) (the patch kernel's fan
+    in C P P), norm gains 1 + N(0, 0.1^2), [CLS] and positions N(0, 0.5^2), biases
+    N(0, 0.1^2)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
+            if "position" in name or "cls_token" in name:
+                value = 0.5 * noise
+            elif p.ndim >= 2:
+                value = noise * p[0].numel() ** -0.5
+            elif "norm" in name:
+                value = 1 + 0.1 * noise
+            else:
+                value = 0.1 * noise
+            p.copy_(value.to(p.dtype))
+
+
+def output(model, pixel_values):
+    """logits (ViT), pooler_output (SigLIP with its pooling head), else last_hidden_state."""
+    out = model(pixel_values=pixel_values)
+    if hasattr(out, "logits"):
+        return out.logits
+    return out.last_hidden_state if out.pooler_output is None else out.pooler_output
+
+
+def checkpoint_names(model, grads, directory):
+    """{name in model.safetensors: gradient}: the gradients saved in the parameters' place by
+    transformers' save_pretrained, which writes its own checkpoint names."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(grads[name])
+    model.save_pretrained(directory)
+    return load_file(Path(directory) / "model.safetensors")
+
+
+def reference(directory, cls, rng):
+    model = cls.from_pretrained(directory, dtype=torch.float32,
+                                attn_implementation="eager").double().eval()  # exact: f32 -> f64
+    with float64_everywhere():
+        size = model.config.image_size
+        H, W = (size, size) if isinstance(size, int) else size
+        pixel_values = rng.standard_normal((B, model.config.num_channels, H, W))
+        out = output(model, torch.tensor(pixel_values))
+        hidden = getattr(model(pixel_values=torch.tensor(pixel_values)), "last_hidden_state",
+                         out)
+        G = np.random.default_rng(G_SEED).standard_normal(tuple(out.shape))
+        (out * torch.tensor(G)).sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    with tempfile.TemporaryDirectory() as tmp:
+        named = checkpoint_names(model, grads, tmp)
+    return dict(pixel_values=pixel_values, out=out.detach().numpy(), G_seed=G_SEED,
+                last_hidden_state=hidden.detach().numpy(),
+                **{f"grad/{n}": g for n, g in named.items()})
+
+
+def saved_by_scratchllm(directory, cls, expected):
+    """scratchllm's save_pretrained of the loaded checkpoint, read back by transformers
+    (float32, no missing or unexpected tensors): the largest relative output difference."""
+    sys.path.insert(0, str(ROOT))
+    from scratchllm.hub import load_pretrained, save_pretrained
+    with tempfile.TemporaryDirectory() as saved:
+        save_pretrained(load_pretrained(directory), saved)
+        model, info = cls.from_pretrained(saved, dtype=torch.float32,
+                                          attn_implementation="eager",
+                                          output_loading_info=True)
+        assert not any(info.values()), info
+        with torch.no_grad():
+            out = output(model.eval(), torch.tensor(expected["pixel_values"],
+                                                    dtype=torch.float32)).numpy()
+    err = float(np.abs(out - expected["out"]).max() / np.abs(expected["out"]).max())
+    assert err < 1e-5, err
+    return err
+
+
+def main():
+    for seed, (name, (cls, cfg)) in enumerate(FAMILIES.items()):
+        directory = OUT / name
+        directory.mkdir(parents=True, exist_ok=True)
+        model = cls(cfg).to(torch.float32)
+        randomize(model, 100 + seed)
+        model.save_pretrained(directory)
+        expected = reference(directory, cls, np.random.default_rng(200 + seed))
+        expected["saved_by_scratchllm_rel_err"] = saved_by_scratchllm(directory, cls, expected)
+        np.savez_compressed(directory / "expected.npz", **expected)
+        print(name, "written; saved_by_scratchllm_rel_err",
+              expected["saved_by_scratchllm_rel_err"])
+
+
+if __name__ == "__main__":
+    main()
