@@ -146,6 +146,12 @@ class Run:
         self.sent.append(self.group.total_sent() - sent0)
         return ce, stats
 
+    def agree(self, stop):
+        """Whether any data-parallel rank wants to stop (Ctrl-C reaches the ranks at
+        different moments: they must stop after the same step, or one waits in the next
+        all-reduce forever)."""
+        return bool(stop) if self.group.size == 1 else self.group.sum_scalar(bool(stop)) > 0
+
     def _sum_over_ranks(self, a):
         return all_reduce_forward(a, group=self.group)[0]
 
@@ -218,7 +224,7 @@ def fit(run, train_ids, val_ids, *, out=None, tokenizer=None, progress=True, log
                unit="step", dynamic_ncols=True, file=sys.stderr)
     t0, done0, stats = time.perf_counter(), run.step, None
     with _StopFlag() as flag:
-        while run.step < s.steps and not flag.stop:
+        while run.step < s.steps and not run.agree(flag.stop):
             try:
                 loss, stats = run.train_step(train_ids)
             except NonFiniteError as e:
@@ -242,7 +248,7 @@ def fit(run, train_ids, val_ids, *, out=None, tokenizer=None, progress=True, log
                 if out is not None:
                     run.save(out, tokenizer)
     bar.close()
-    if flag.stop:
+    if run.agree(flag.stop):
         if out is not None:
             run.save(out, tokenizer)
         if run.writer:
