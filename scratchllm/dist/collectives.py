@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.validate import expect_dout
+from scratchllm.core.validate import expect_dout, expect_float
 from scratchllm.dist.comm import contiguous
 
 
@@ -56,6 +56,12 @@ class ShiftCache(NamedTuple):
     shape: tuple
     dtype: object
     shift: int
+
+
+def _expect_axis(fn, x, axis):
+    expect_float(fn, "x", x, 1)
+    if not isinstance(axis, int) or not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"{fn}: axis {axis!r} is not an axis of x (shape {x.shape})")
 
 
 def _all_reduce(x, group):
@@ -126,6 +132,7 @@ def all_reduce_forward(x, *, group):
 
     Inputs: x (any shape), this rank's summand. Returns: (y, same shape; GroupCache).
     """
+    expect_float("all_reduce", "x", x)
     y = _all_reduce(x, group)  # fwd: y_r = sum_s x_s
     return y, GroupCache(group, y.shape, y.dtype)
 
@@ -143,6 +150,7 @@ def all_gather_forward(x, *, group, axis=0):
     Inputs: x (..., n, ...), this rank's shard (n along axis, equal on every rank).
     Returns: (y (..., P n, ...); GroupCache).
     """
+    _expect_axis("all_gather", x, axis)
     y = _all_gather(x, group, axis)  # fwd: y_r = [x_0; ...; x_{P-1}]
     return y, GroupCache(group, y.shape, y.dtype, axis)
 
@@ -159,6 +167,7 @@ def reduce_scatter_forward(x, *, group, axis=0):
 
     Inputs: x (..., P n, ...). Returns: (y (..., n, ...); GroupCache).
     """
+    _expect_axis("reduce_scatter", x, axis)
     y = _reduce_scatter(x, group, axis)  # fwd: y_r = sum_s x_s[block r]
     return y, GroupCache(group, y.shape, y.dtype, axis)
 
@@ -177,6 +186,7 @@ def all_to_all_forward(x, *, group, counts=None):
 
     Inputs: x (n, ...) rows. Returns: (y (sum of received counts, ...); AllToAllCache).
     """
+    expect_float("all_to_all", "x", x, 1)
     P = group.size
     if counts is None:
         if x.shape[0] % P:
@@ -206,6 +216,7 @@ def ring_shift_forward(x, *, group, shift=1):
 
     Inputs: x (any shape, the same on every rank). Returns: (y, same shape; ShiftCache).
     """
+    expect_float("ring_shift", "x", x)
     y = _shift(x, group, shift)  # fwd: y_r = x_{r - k}
     return y, ShiftCache(group, y.shape, y.dtype, shift)
 
@@ -224,6 +235,7 @@ def copy_to_group_forward(x, *, group):
     dL/dx = sum_r dy_r: the backward all-reduces (and returns the same dx on every rank).
     Inputs: x (any shape). Returns: (y = x copied; GroupCache).
     """
+    expect_float("copy_to_group", "x", x)
     return np.array(x, copy=True), GroupCache(group, x.shape, x.dtype)  # fwd: y_r = x
 
 
@@ -243,6 +255,7 @@ def reduce_from_group_forward(x, *, group):
     one's forward is the other's backward.
     Inputs: x (any shape). Returns: (y, same shape; GroupCache).
     """
+    expect_float("reduce_from_group", "x", x)
     y = _all_reduce(x, group)  # fwd: y = sum_s x_s
     return y, GroupCache(group, y.shape, y.dtype)
 

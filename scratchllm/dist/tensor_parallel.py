@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.ops import linear_backward, linear_forward, linear_out
-from scratchllm.core.validate import expect_dout
+from scratchllm.core.validate import expect_dout, expect_shape
 from scratchllm.dist.collectives import (copy_to_group_backward, copy_to_group_forward,
                                          reduce_from_group_backward, reduce_from_group_forward)
 
@@ -88,6 +88,8 @@ def row_linear_forward(x, W, b=None, *, group):
     Returns: (y (..., Dout), replicated; RowCache).
     """
     z, c_lin = linear_forward(x, W)  # fwd: z_r = x_r W_r
+    if b is not None:
+        expect_shape("row_linear", "b", b, (W.shape[1],), "(Dout,)")
     y, c_g = reduce_from_group_forward(z, group=group)  # fwd: y = sum_r z_r (g)
     if b is not None:
         y = y + b  # fwd: + b after the reduce (once, not P times)

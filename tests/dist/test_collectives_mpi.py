@@ -116,3 +116,15 @@ def test_zero_adamw_on_one_rank_is_adamw_and_keeps_its_state_layout():
     assert list(want) == list(got)
     for k in want:
         np.testing.assert_array_equal(want[k], got[k])
+
+
+def test_train_with_dp_but_without_mpi_says_how_to_install_it(monkeypatch, capsys):
+    from scratchllm.cli import train
+
+    def missing():
+        raise dist.MPIUnavailable("parallel training needs MPI, which is not installed; "
+                                  f"install it with: {dist.INSTALL}")
+
+    monkeypatch.setattr(train.Group, "world", missing)
+    assert train.main(["--dp", "2", "--steps", "1"]) == 1
+    assert 'scratchllm train: parallel training needs MPI' in capsys.readouterr().err

@@ -145,3 +145,30 @@ def test_a_grid_that_does_not_fit_is_refused_before_any_work(mpirun, small):
                             *_args(data, root / "no")], capture_output=True, text=True,
                            env=env, timeout=60)
     assert alone.returncode == 1 and "1 was started (rank 0 alone: no mpiexec?)" in alone.stderr
+
+
+INTERRUPTED_ON_RANK_1 = """
+import signal
+import sys
+from mpi4py import MPI
+from scratchllm.cli import train
+from scratchllm.train import trainer
+if MPI.COMM_WORLD.rank == 1:
+    step = trainer.Run.train_step
+    def interrupted(self, ids):
+        out = step(self, ids)
+        if self.step == 2:
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C reaching rank 1 alone
+        return out
+    trainer.Run.train_step = interrupted
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_on_one_rank_stops_every_rank_after_the_same_step(mpirun, small):
+    data, root = small
+    proc = mpirun(2, "-c", INTERRUPTED_ON_RANK_1, "--dp", "2",
+                  *_args(data, root / "int", "--steps", "6"), timeout=60)
+    assert proc.returncode == 130, proc.stdout + proc.stderr
+    assert "interrupted at step 2; checkpoint saved" in proc.stdout
+    assert checkpoint.load_state(root / "int")[1]["step"] == 2
