@@ -1,6 +1,7 @@
 """Tools to look inside a language model (any scratchllm.lm.LM, a loaded Hugging Face
-checkpoint included): the logit lens, direct logit attribution, attention patterns and head
-scores. Forward only; nothing here changes a weight.
+checkpoint included): the logit lens, direct logit attribution, attention patterns, head
+scores, and steering vectors added to the residual stream. Forward only; nothing here changes
+a weight.
 
 The residual stream of a pre-norm model is a sum (Elhage et al. 2021, "A Mathematical
 Framework for Transformer Circuits", transformer-circuits.pub/2021/framework):
@@ -186,3 +187,45 @@ def direct_logit_attribution(model, ids, target):
     if model.head is not None and model.head.b is not None:
         out["head_bias"] = np.full(shape, model.head.b.data[int(target)])
     return out
+
+
+# ---------------------------------------------------------------------------- steering
+def steering_vector(model, ids_plus, ids_minus, layer):
+    """The mean residual difference after block `layer` between two prompts (Turner et al.
+    2023, "Activation Addition", arXiv 2308.10248): v = mean_t x_layer(plus) -
+    mean_t x_layer(minus), averaged over batch and positions. layer -1 reads the embedding.
+
+    Inputs:  model an LM; ids_plus (B, T), ids_minus (B', T') ints; layer in -1..L-1.
+    Returns: v (D,).
+    """
+    _check_ids("steering_vector", ids_plus)
+    _check_ids("steering_vector", ids_minus)
+    _check_layer("steering_vector", model, layer)
+    plus = model.residual_stream(ids_plus)[layer + 1]  # (B, T, D)
+    minus = model.residual_stream(ids_minus)[layer + 1]  # (B', T', D)
+    return plus.mean(axis=(0, 1)) - minus.mean(axis=(0, 1))
+
+
+def steered_logits(model, ids, layer, vector, scale=1.0):
+    """The logits with scale * vector added to the residual stream after block `layer` (at
+    every position), the later blocks run on the steered stream.
+
+    Inputs:  model an LM; ids (B, T) ints; layer in -1..L-1 (-1: added to the embedding);
+             vector (D,) or (B, T, D); scale a number.
+    Returns: logits (B, T, V); scale 0 gives the model's own logits.
+    """
+    _check_ids("steered_logits", ids)
+    _check_layer("steered_logits", model, layer)
+    x = model.residual_stream(ids)[layer + 1]  # (B, T, D)
+    x = x + np.asarray(scale * np.asarray(vector), x.dtype)  # (B, T, D)
+    for block in model.layers[layer + 1:]:
+        x = block.forward(x)[0]  # (B, T, D)
+    return model.unembed(x)
+
+
+def _check_layer(fn, model, layer):
+    L = len(model.layers)
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or \
+            not -1 <= layer < L:
+        raise ValueError(f"{fn}: layer must be an integer in -1..{L - 1} (-1: the embedding), "
+                         f"got {layer!r}")

@@ -106,3 +106,20 @@ def test_head_scores_find_the_head_each_names():
     assert scores["previous_token"][0][0] == 1.0 and scores["sink"][2][0] == 1.0
     assert scores["induction"][1][0] == 1.0
     assert scores["induction"][0][0] == 0.0 and scores["previous_token"][1][0] < 0.2
+
+
+def test_steering_with_nothing_changes_nothing_and_reads_the_residual():
+    from scratchllm.experiments import steered_logits, steering_vector
+    model, ids = model_of("dense"), ids_of()
+    logits = model.forward(ids)[0]
+    v = steering_vector(model, ids, ids_of(seed=9), 0)
+    assert v.shape == (16,) and np.abs(v).max() > 0
+    np.testing.assert_allclose(steered_logits(model, ids, 0, v, scale=0.0), logits, atol=1e-12)
+    np.testing.assert_allclose(steered_logits(model, ids, -1, 0 * v), logits, atol=1e-12)
+    last = len(model.layers) - 1  # after the last block: only the final norm and head remain
+    x_L = model.residual_stream(ids)[-1]
+    np.testing.assert_allclose(steered_logits(model, ids, last, v, 2.0),
+                               model.unembed(x_L + 2.0 * v), atol=1e-12)
+    assert np.abs(steered_logits(model, ids, 0, v, 4.0) - logits).max() > 1e-3
+    with pytest.raises(ValueError, match="layer must be"):
+        steered_logits(model, ids, 2, v)
