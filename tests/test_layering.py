@@ -43,7 +43,7 @@ STDLIB_ONLY = ("scratchllm.teach.sizing", "scratchllm.teach.rules", "scratchllm.
                "scratchllm.specs")
 # ... each of these modules (and every module of the specs package) imports only the standard
 # library and the others of them
-OPTIONAL = {"matplotlib", "sentencepiece",  # the only modules a function may import
+OPTIONAL = {"matplotlib", "sentencepiece", "PIL",  # the only modules a function may import
             "nbformat", "nbclient", "nbconvert"}  # (the notebooks extra: cli/notebooks.py)
 
 

@@ -15,12 +15,18 @@ Per family a directory holds:
         in model.safetensors,
         saved_by_scratchllm_rel_err (scratchllm's save_pretrained of the checkpoint, loaded
         by from_pretrained: the float32 outputs' largest relative difference from `out`)
+Beside them, each directory's preprocessor_config.json (ViTImageProcessor, size 8 x 12,
+bilinear; SiglipImageProcessor, 12 x 12, bicubic), and tests/fixtures/images/: five small
+PNGs drawn from a seed (RGB 13 x 17 and 37 x 29, RGBA, grayscale, a palette image) and
+expected.npz with what the PIL backend of transformers' image processors makes of them:
+vit (the two RGB images: ViT's processor does not convert to RGB) and siglip (all five).
 ViT's image is 8 x 12 pixels in 4 x 4 patches (a 2 x 3 grid: a transposed grid cannot hide),
 SigLIP's 12 x 12 (transformers' SigLIP takes square images only).
 
 float64: transformers' eager attention takes its softmax in float32; make_hf_fixtures'
 float64_everywhere points float32 at float64 while the references are computed.
-Reference: huggingface/transformers src/transformers/models/vit/modeling_vit.py;
+Reference: huggingface/transformers src/transformers/image_transforms.py;
+huggingface/transformers src/transformers/models/vit/modeling_vit.py;
 huggingface/transformers src/transformers/models/siglip/modeling_siglip.py.
 """
 import sys
@@ -127,6 +133,44 @@ def saved_by_scratchllm(directory, cls, expected):
     return err
 
 
+PROCESSORS = {"vit": (transformers.ViTImageProcessorPil, dict(size={"height": 8, "width": 12})),
+              "siglip_vision": (transformers.SiglipImageProcessorPil,
+                                dict(size={"height": 12, "width": 12}))}
+IMAGES = ROOT / "tests" / "fixtures" / "images"
+
+
+def write_images(rng):
+    """Five small PNGs: {name: path}."""
+    from PIL import Image
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    arrays = {"rgb": (rng.integers(0, 256, (13, 17, 3)), "RGB"),
+              "rgb_large": (rng.integers(0, 256, (37, 29, 3)), "RGB"),
+              "rgba": (rng.integers(0, 256, (10, 7, 4)), "RGBA"),
+              "gray": (rng.integers(0, 256, (9, 14)), "L")}
+    paths = {}
+    for name, (a, mode) in arrays.items():
+        paths[name] = IMAGES / f"{name}.png"
+        Image.fromarray(a.astype(np.uint8), mode).save(paths[name])
+    palette = Image.fromarray(rng.integers(0, 256, (11, 8, 3)).astype(np.uint8), "RGB")
+    paths["palette"] = IMAGES / "palette.png"
+    palette.convert("P", palette=Image.Palette.ADAPTIVE, colors=6).save(paths["palette"])
+    return paths
+
+
+def processed(paths):
+    """{family: pixel_values} of transformers' image processors (PIL backend) on the PNGs,
+    each processor saved beside its checkpoint as preprocessor_config.json."""
+    from PIL import Image
+    out = {}
+    for name, (cls, kwargs) in PROCESSORS.items():
+        cls(**kwargs).save_pretrained(OUT / name)
+        processor = cls.from_pretrained(OUT / name)
+        names = ["rgb", "rgb_large"] if name == "vit" else list(paths)
+        images = [Image.open(paths[n]) for n in names]
+        out[name] = processor(images=images, return_tensors="np")["pixel_values"]
+    return out
+
+
 def main():
     for seed, (name, (cls, cfg)) in enumerate(FAMILIES.items()):
         directory = OUT / name
@@ -139,6 +183,8 @@ def main():
         np.savez_compressed(directory / "expected.npz", **expected)
         print(name, "written; saved_by_scratchllm_rel_err",
               expected["saved_by_scratchllm_rel_err"])
+    np.savez_compressed(IMAGES / "expected.npz",
+                        **processed(write_images(np.random.default_rng(300))))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The vision specs: the patch embedding of an image and a Vision Transformer. Plain Python.
+"""The vision specs: the patch embedding of an image, a Vision Transformer, and the image
+preprocessing a checkpoint asks for. Plain Python.
 
 A ViT (Dosovitskiy et al. 2020, arXiv 2010.11929) cuts an image into P x P patches, embeds
 each patch linearly (a stride-P convolution), optionally prepends a learned [CLS] vector,
@@ -118,3 +119,48 @@ class VisionConfig:
         n = (self.patch.n_params(D) + sum(layer.n_params(D) for layer in self.layers)
              + self.norm.n_params(D) + (D + 1) * self.n_labels)
         return n if self.pool is None else n + D + self.pool.n_params(D)
+
+
+RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+
+
+@dataclass(frozen=True)
+class ImageProcessorSpec:
+    """How a checkpoint's images become pixel_values (transformers' image processors, PIL
+    backend): convert to RGB (compositing transparency onto white), resize to size = (height,
+    width) with Pillow's `resample` filter (RESAMPLE: 2 bilinear, 3 bicubic, ...), rescale
+    (x * rescale_factor, 1/255: uint8 -> [0, 1]), normalise ((x - mean) / std per channel);
+    each step on or off."""
+    size: tuple = (224, 224)
+    resample: int = 2
+    do_convert_rgb: bool = False
+    do_resize: bool = True
+    do_rescale: bool = True
+    rescale_factor: float = 1 / 255
+    do_normalize: bool = True
+    image_mean: tuple = (0.5, 0.5, 0.5)
+    image_std: tuple = (0.5, 0.5, 0.5)
+
+    def __post_init__(self):
+        for name in ("do_convert_rgb", "do_resize", "do_rescale", "do_normalize"):
+            flag(self, name)
+        if self.resample not in RESAMPLE:
+            fail(self, f"resample must be one of {RESAMPLE} (Pillow's filters), got "
+                       f"{self.resample!r}", "resample")
+        if (not isinstance(self.size, tuple) or len(self.size) != 2
+                or any(isinstance(s, bool) or not isinstance(s, int) or s < 1
+                       for s in self.size)):
+            fail(self, f"size must be a tuple (height, width) of positive ints, got "
+                       f"{self.size!r}", "size")
+        for name in ("image_mean", "image_std"):
+            v = getattr(self, name)
+            if not isinstance(v, tuple) or not v or not all(
+                    isinstance(c, (int, float)) and not isinstance(c, bool) for c in v):
+                fail(self, f"{name} must be a non-empty tuple of numbers, got {v!r}", name)
+        if len(self.image_mean) != len(self.image_std) or 0 in self.image_std:
+            fail(self, f"image_mean {self.image_mean} and image_std {self.image_std} need one "
+                       f"entry per channel, std nonzero", "image_std")
+        if isinstance(self.rescale_factor, bool) or not isinstance(self.rescale_factor,
+                                                                   (int, float)):
+            fail(self, f"rescale_factor must be a number, got {self.rescale_factor!r}",
+                 "rescale_factor")
