@@ -107,10 +107,20 @@ def reference(directory, cls, rng):
         G = np.random.default_rng(G_SEED).standard_normal(tuple(out.shape))
         (out * torch.tensor(G)).sum().backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        model.zero_grad(set_to_none=False)
+        states = getattr(model, "vit", model)(pixel_values=torch.tensor(pixel_values),
+                                              output_hidden_states=True).hidden_states
+        G2 = np.random.default_rng(G_SEED + 1).standard_normal(tuple(states[-2].shape))
+        (states[-2] * torch.tensor(G2)).sum().backward()
+        hidden_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     with tempfile.TemporaryDirectory() as tmp:
         named = checkpoint_names(model, grads, tmp)
+    with tempfile.TemporaryDirectory() as tmp:
+        hidden_named = checkpoint_names(model, hidden_grads, tmp)
     return dict(pixel_values=pixel_values, out=out.detach().numpy(), G_seed=G_SEED,
                 last_hidden_state=hidden.detach().numpy(),
+                hidden_states=np.stack([h.detach().numpy() for h in states]),
+                **{f"hidden_grad/{n}": g for n, g in hidden_named.items()},
                 **{f"grad/{n}": g for n, g in named.items()})
 
 

@@ -66,14 +66,18 @@ def vision_tiny(n_labels, cls_token, gelu_approx, pool=False):
 
 @case
 def vision_transformer(rng):
-    """out (logits, or last_hidden_state) . dout, d every Param and d pixel_values (2 random
-    directions per array). Without RoPE a key bias adds q . bk to every score of a query's
+    """out (logits, last_hidden_state, pooler_output, or the hidden state after the first
+    block) . dout, d every Param and d pixel_values (2 random directions per array; the Params
+    past the hidden layer have gradient 0, and get 0). Without RoPE a key bias adds q . bk to every score of a query's
     row, which softmax ignores: its gradient is 0 exactly, so it is left out."""
     from scratchllm.vision import VisionTransformer
     reports = []
-    for label, cfg, pooled in (("ViT classifier", vision_tiny(5, True, "none"), False),
-                               ("SigLIP-style encoder", vision_tiny(0, False, "tanh"), False),
-                               ("pooling head", vision_tiny(0, False, "tanh", True), True)):
+    for label, cfg, kwargs in (("ViT classifier", vision_tiny(5, True, "none"), {}),
+                               ("SigLIP-style encoder", vision_tiny(0, False, "tanh"), {}),
+                               ("pooling head", vision_tiny(0, False, "tanh", True),
+                                dict(pooled=True)),
+                               ("hidden layer -2", vision_tiny(0, False, "tanh"),
+                                dict(hidden_layer=-2))):
         model = VisionTransformer(cfg, rng=rng, dtype=np.float64)
         for name, p in model.named_parameters():
             noise = rng.standard_normal(p.data.shape)
@@ -84,7 +88,7 @@ def vision_transformer(rng):
         def forward(pixel_values, **arrays):
             for name, p in params.items():
                 p.data = arrays[name]
-            return model.forward(pixel_values, pooled=pooled)
+            return model.forward(pixel_values, **kwargs)
 
         def backward(dout, cache):
             model.zero_grad()

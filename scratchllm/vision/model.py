@@ -8,6 +8,8 @@ an optional linear head on the [CLS] vector.
     h = norm(z_L)                               the image encoder's output (B, N', D)
     logits = h[:, 0] W_head + b_head            with n_labels > 0 (B, n_labels)
     pooled = attention_pool(h)                  with cfg.pool, on request (B, D)
+    z_k                                         on request: a hidden state before the norm
+                                                (what a vision-language model projects)
 Hugging Face: ViTForImageClassification (vit) and SigLIP's vision tower (siglip_vision_model:
 no [CLS], h is its last_hidden_state). Backward: the same chain in reverse; the head's
 gradient reaches only the [CLS] row.
@@ -61,19 +63,29 @@ class VisionTransformer(Module):
         """Non-trainable saved state: none (the hub asks every model)."""
         return []
 
-    def forward(self, pixel_values, *, pooled=False):
+    def forward(self, pixel_values, *, pooled=False, hidden_layer=None):
         """pixel_values (B, C, H, W) -> (out, VisionCache): out the logits (B, n_labels) with
         a head, else the final norm's output (B, N', D) (last_hidden_state); pooled=True:
-        the pooling head's output (B, D) (SigLIP's pooler_output)."""
+        the pooling head's output (B, D) (SigLIP's pooler_output); hidden_layer=k: z_k, the
+        output of the first k blocks (B, N', D) before any norm, k counted as Python indexes
+        transformers' hidden_states (0 the embeddings, -1 the last block, -2 the one before:
+        a vision-language model's vision_feature_layer)."""
         if pooled and self.pool is None:
             raise ValueError("VisionTransformer.forward: pooled=True needs the pooling head "
                              "(cfg.pool is None)")
+        L = len(self.layers)
+        if hidden_layer is not None and (pooled or not -L - 1 <= hidden_layer <= L):
+            raise ValueError(f"VisionTransformer.forward: hidden_layer={hidden_layer!r} must "
+                             f"index the {L + 1} hidden states (-{L + 1}..{L}), without pooled")
         expect_float("VisionTransformer", "pixel_values", pixel_values, 4)
         x, c_emb = self.embed.forward(pixel_values.astype(self.dtype, copy=False))  # (B, N', D)
         blocks = []
-        for layer in self.layers:
+        run = self.layers if hidden_layer is None else self.layers[:hidden_layer % (L + 1)]
+        for layer in run:
             x, c = layer.forward(x)  # (B, N', D)
             blocks.append(c)
+        if hidden_layer is not None:
+            return x, VisionCache(c_emb, blocks, None, None, x.shape, False)
         h, c_norm = self.norm.forward(x)  # (B, N', D)
         if pooled:
             out, c_pool = self.pool.forward(h)  # (B, D)
@@ -93,7 +105,7 @@ class VisionTransformer(Module):
         else:
             dh = np.zeros(shape, self.dtype)  # (B, N', D)
             dh[:, 0] = self.head.backward(dout, c_head)  # fwd: logits = h[:, 0] W + b
-        dx = self.norm.backward(dh, c_norm)  # fwd: h = norm(z_L)
-        for layer, c in zip(reversed(self.layers), reversed(blocks)):
+        dx = dh if c_norm is None else self.norm.backward(dh, c_norm)  # fwd: h = norm(z_L)
+        for layer, c in zip(reversed(self.layers[:len(blocks)]), reversed(blocks)):
             dx = layer.backward(dx, c)  # fwd: z_l = block_l(z_{l-1})
         return self.embed.backward(dx, c_emb)  # fwd: z_0 = [cls ; patches W + b] + pos
