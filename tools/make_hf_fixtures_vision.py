@@ -197,5 +197,68 @@ def main():
                         **processed(write_images(np.random.default_rng(300))))
 
 
+
+
+# ---------------------------------------------------------------------------- llava
+LLAVA_T, LLAVA_IMAGE = 14, 299  # tokens per sequence; the image token id (vocab 300)
+
+
+def llava_fixture(rng):
+    """tests/fixtures/hf/llava: a SigLIP tower (12 x 12 images, 9 patches) and a llama LM
+    (vocab 300); sequence 0 holds one image's 9 tokens, sequence 1 the other's, text around.
+    expected.npz: input_ids, pixel_values, logits, G_seed, grad/<name>,
+    saved_by_scratchllm_rel_err."""
+    vision = transformers.SiglipVisionConfig(**GEOMETRY, image_size=12, vision_use_head=False,
+                                             hidden_act="gelu_pytorch_tanh")
+    text = transformers.LlamaConfig(vocab_size=300, hidden_size=24, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2,
+                                    intermediate_size=40, max_position_embeddings=64)
+    cfg = transformers.LlavaConfig(vision_config=vision, text_config=text,
+                                   image_token_id=LLAVA_IMAGE, vision_feature_layer=-2,
+                                   vision_feature_select_strategy="full", image_seq_length=9)
+    cls, directory = transformers.LlavaForConditionalGeneration, OUT / "llava"
+    model = cls(cfg).to(torch.float32)
+    randomize(model, 107)
+    model.save_pretrained(directory)
+    ids = rng.integers(0, LLAVA_IMAGE, (B, LLAVA_T))
+    ids[0, 2:11] = LLAVA_IMAGE
+    ids[1, 4:13] = LLAVA_IMAGE
+    pixel_values = rng.standard_normal((B, 3, 12, 12))
+    loaded = cls.from_pretrained(directory, dtype=torch.float32)
+    with float64_everywhere():  # the rotary frequencies in float64 too
+        model = cls._from_config(loaded.config, dtype=torch.float64,
+                                 attn_implementation="eager")
+    model.load_state_dict({k: v.double() for k, v in loaded.state_dict().items()})
+    model.eval()
+    with float64_everywhere():
+        logits = model(input_ids=torch.tensor(ids), pixel_values=torch.tensor(pixel_values)
+                       ).logits
+        G = np.random.default_rng(G_SEED).standard_normal(tuple(logits.shape))
+        (logits * torch.tensor(G)).sum().backward()
+        grads = {n: torch.zeros_like(p) if p.grad is None else p.grad.clone()
+                 for n, p in model.named_parameters()}
+    with tempfile.TemporaryDirectory() as tmp:
+        named = checkpoint_names(model, grads, tmp)
+    expected = dict(input_ids=ids, pixel_values=pixel_values,
+                    logits=logits.detach().numpy(), G_seed=G_SEED,
+                    **{f"grad/{n}": g for n, g in named.items()})
+    sys.path.insert(0, str(ROOT))
+    from scratchllm.hub import load_pretrained, save_pretrained
+    with tempfile.TemporaryDirectory() as saved:
+        save_pretrained(load_pretrained(directory), saved)
+        again, info = cls.from_pretrained(saved, dtype=torch.float32,
+                                          attn_implementation="eager", output_loading_info=True)
+        assert not any(info.values()), info
+        with torch.no_grad():
+            out = again.eval()(input_ids=torch.tensor(ids), pixel_values=torch.tensor(
+                pixel_values, dtype=torch.float32)).logits.numpy()
+    err = float(np.abs(out - expected["logits"]).max() / np.abs(expected["logits"]).max())
+    assert err < 1e-5, err
+    np.savez_compressed(directory / "expected.npz", saved_by_scratchllm_rel_err=err, **expected)
+    print("llava written; saved_by_scratchllm_rel_err", err)
+
+
 if __name__ == "__main__":
-    main()
+    if "--llava" not in sys.argv:
+        main()
+    llava_fixture(np.random.default_rng(400))

@@ -64,12 +64,38 @@ def vision_tiny(n_labels, cls_token, gelu_approx, pool=False):
                         pool=layer if pool else None)
 
 
+def _model_pair(model, rng, call):
+    """(forward, backward, {param name: array}) of out = call(pixel_values) over a model's
+    Params, drawn from rng: matrices N(0, 1/fan_in), norm gains 1 + N(0, 0.1^2), other
+    vectors N(0, 0.3^2). backward gives d pixel_values too when the model's backward
+    returns it."""
+    for name, p in model.named_parameters():
+        noise = rng.standard_normal(p.data.shape)
+        p.data[...] = (noise * p.data.shape[0] ** -0.5 if p.data.ndim == 2 else
+                       1 + 0.1 * noise if "norm" in name else 0.3 * noise)
+    params = dict(model.named_parameters())
+
+    def forward(pixel_values, **arrays):
+        for name, p in params.items():
+            p.data = arrays[name]
+        return call(pixel_values)
+
+    def backward(dout, cache):
+        model.zero_grad()
+        dx = model.backward(dout, cache)
+        grads = {n: p.grad.copy() for n, p in params.items()}
+        return grads if dx is None else {"pixel_values": dx, **grads}
+
+    return forward, backward, {n: p.data for n, p in params.items()}
+
+
 @case
 def vision_transformer(rng):
     """out (logits, last_hidden_state, pooler_output, or the hidden state after the first
     block) . dout, d every Param and d pixel_values (2 random directions per array; the Params
-    past the hidden layer have gradient 0, and get 0). Without RoPE a key bias adds q . bk to every score of a query's
-    row, which softmax ignores: its gradient is 0 exactly, so it is left out."""
+    past the hidden layer have gradient 0, and get 0). Without RoPE a key bias adds q . bk
+    to every score of a query's row, which softmax ignores: its gradient is 0 exactly, so it
+    is left out."""
     from scratchllm.vision import VisionTransformer
     reports = []
     for label, cfg, kwargs in (("ViT classifier", vision_tiny(5, True, "none"), {}),
@@ -79,26 +105,12 @@ def vision_transformer(rng):
                                ("hidden layer -2", vision_tiny(0, False, "tanh"),
                                 dict(hidden_layer=-2))):
         model = VisionTransformer(cfg, rng=rng, dtype=np.float64)
-        for name, p in model.named_parameters():
-            noise = rng.standard_normal(p.data.shape)
-            p.data[...] = (noise * p.data.shape[0] ** -0.5 if p.data.ndim == 2 else
-                           1 + 0.1 * noise if "norm" in name else 0.3 * noise)
-        params = dict(model.named_parameters())
-
-        def forward(pixel_values, **arrays):
-            for name, p in params.items():
-                p.data = arrays[name]
-            return model.forward(pixel_values, **kwargs)
-
-        def backward(dout, cache):
-            model.zero_grad()
-            dx = model.backward(dout, cache)
-            return {"pixel_values": dx, **{n: p.grad.copy() for n, p in params.items()}}
-
+        forward, backward, params = _model_pair(
+            model, rng, lambda x, kw=kwargs, m=model: m.forward(x, **kw))
         wrt = ["pixel_values"] + [n for n in params if not n.endswith(".bk")]
         reports.append(check(forward, backward, rng=rng, label=label, max_full=0,
                              n_directions=2, wrt=wrt, pixel_values=rng.standard_normal(
-                                 (2, 2, 8, 12)), **{n: p.data for n, p in params.items()}))
+                                 (2, 2, 8, 12)), **params))
     return reports
 
 
@@ -116,3 +128,24 @@ def probe_attention(rng):
     return check(probe_attention_forward, probe_attention_backward, rng=rng, spec=spec,
                  wrt=["h", "w.probe", "w.wq", "w.wk", "w.wv", "w.wo", "w.bq", "w.bv", "w.bo"],
                  h=rng.standard_normal((2, 5, D)), w=w)
+
+
+@case
+def llava(rng):
+    """logits . dout of a tiny LLaVA (the SigLIP-style encoder's first block as features,
+    [CLS]-free, the GELU projector, a tiny dense LM of width 12): d every Param, 2 random
+    directions each; the encoder's last block and norm come after the features (gradient 0)."""
+    from scratchllm.specs import preset
+    from scratchllm.specs.vision import LlavaConfig
+    from scratchllm.vision.llava import Llava
+    text = preset("dense", vocab_size=23, d_model=12, n_layers=1, n_heads=2, n_kv_heads=1,
+                  d_ff=14)
+    cfg = LlavaConfig(vision=vision_tiny(0, False, "tanh"), text=text, feature_layer=-2,
+                      select="full", image_token_id=22)
+    model = Llava(cfg, rng=rng, dtype=np.float64)
+    ids = rng.integers(0, 22, (2, 9))
+    ids[0, 1:7], ids[1, 3:9] = 22, 22  # one image of 6 patches per sequence
+    forward, backward, params = _model_pair(model, rng, lambda x: model.forward(ids, x))
+    return check(forward, backward, rng=rng, max_full=0, n_directions=2,
+                 wrt=[n for n in params if not n.endswith(".bk")],
+                 pixel_values=rng.standard_normal((2, 2, 8, 12)), **params)

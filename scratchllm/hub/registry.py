@@ -18,6 +18,7 @@ from scratchllm.hub.families.base import fail_config
 from scratchllm.hub.families.dense import GEMMA3, LLAMA, MISTRAL, QWEN2, QWEN3
 from scratchllm.hub.families.gpt2 import GPT2
 from scratchllm.hub.families.gpt_oss import GPT_OSS
+from scratchllm.hub.families.llava import LLAVA
 from scratchllm.hub.families.moe import DEEPSEEK_V3, MIXTRAL
 from scratchllm.hub.families.modules import ModuleFamily
 from scratchllm.hub.families.ssm import JAMBA, MAMBA
@@ -26,7 +27,7 @@ from scratchllm.specs import from_flat
 from scratchllm.specs.unflat import flat_view
 
 FAMILIES = (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA3, GPT2, GPT_OSS, MIXTRAL, DEEPSEEK_V3, MAMBA,
-            JAMBA, VIT, SIGLIP_VISION)
+            JAMBA, VIT, SIGLIP_VISION, LLAVA)
 BY_TYPE = {family.model_type: family for family in FAMILIES}
 
 
