@@ -206,8 +206,8 @@ LLAVA_T, LLAVA_IMAGE = 14, 299  # tokens per sequence; the image token id (vocab
 def llava_fixture(rng):
     """tests/fixtures/hf/llava: a SigLIP tower (12 x 12 images, 9 patches) and a llama LM
     (vocab 300); sequence 0 holds one image's 9 tokens, sequence 1 the other's, text around.
-    expected.npz: input_ids, pixel_values, logits, G_seed, grad/<name>,
-    saved_by_scratchllm_rel_err."""
+    expected.npz: input_ids, pixel_values, logits, G_seed, grad/<name>, greedy (8 ids
+    transformers' generate gives after sequence 0 and its image), saved_by_scratchllm_rel_err."""
     vision = transformers.SiglipVisionConfig(**GEOMETRY, image_size=12, vision_use_head=False,
                                              hidden_act="gelu_pytorch_tanh")
     text = transformers.LlamaConfig(vocab_size=300, hidden_size=24, num_hidden_layers=2,
@@ -237,9 +237,14 @@ def llava_fixture(rng):
         (logits * torch.tensor(G)).sum().backward()
         grads = {n: torch.zeros_like(p) if p.grad is None else p.grad.clone()
                  for n, p in model.named_parameters()}
+        with torch.no_grad():  # greedy ids after sequence 0 (its image included)
+            greedy = model.generate(input_ids=torch.tensor(ids[:1]),
+                                    pixel_values=torch.tensor(pixel_values[:1]),
+                                    max_new_tokens=8, min_new_tokens=8, do_sample=False)
     with tempfile.TemporaryDirectory() as tmp:
         named = checkpoint_names(model, grads, tmp)
     expected = dict(input_ids=ids, pixel_values=pixel_values,
+                    greedy=greedy[0, LLAVA_T:].numpy(),
                     logits=logits.detach().numpy(), G_seed=G_SEED,
                     **{f"grad/{n}": g for n, g in named.items()})
     sys.path.insert(0, str(ROOT))

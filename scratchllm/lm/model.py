@@ -212,6 +212,10 @@ class LM(Module):
         expect_int("LM.prefill", "ids", ids)
         expect_ndim("LM.prefill", "ids", ids, 2, "(B, T)")
         x, _ = self._embed_forward(ids)  # (B, T, D)
+        return self.trunk_prefill(x, state)
+
+    def trunk_prefill(self, x, state):
+        """prefill after the embedding: x_0 (B, T, D) -> logits (B, T, V), filling state."""
         for layer, st in zip(self.layers, state):
             x = layer.prefill(x, st)  # (B, T, D)
         h, _ = self.norm.forward(x)  # (B, T, D)

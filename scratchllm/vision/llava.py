@@ -6,6 +6,8 @@ places of the image tokens in the LM's input.
     p = gelu(f W1 + b1) W2 + b2                                (Bi, N, Dt)   the projector
     x_0 = E[input_ids];  x_0[input_ids == image_token_id] = p  (in order: image by image)
     logits = lm.trunk(x_0)                                     (B, T, V)
+Decoding: prefill runs the prompt (image features in place) through the LM's decoding state;
+decode then feeds one token at a time as the LM does.
 Backward: the LM's trunk backward gives dx_0; its image rows go back through the projector
 and the vision encoder, the text rows into E.
 
@@ -65,9 +67,9 @@ class Llava(Module):
         p, c2 = self.proj2.forward(g)  # (Bi, N, Dt)
         return p, (c_vis, c1, c_act, c2, shape)
 
-    def forward(self, input_ids, pixel_values=None):
-        """input_ids (B, T) ints [, pixel_values (Bi, C, H, W)] -> (logits (B, T, V),
-        LlavaCache). The image tokens (image_token_id) must number Bi * N."""
+    def _inputs(self, input_ids, pixel_values):
+        """x_0 (B, T, Dt) with the image features in place, and what backward needs:
+        (x_0, embedding cache, image places (B, T), feature caches)."""
         expect_int("Llava", "input_ids", input_ids)
         expect_ndim("Llava", "input_ids", input_ids, 2, "(B, T)")
         x, c_emb = self.lm.embed.forward(input_ids)  # (B, T, Dt)
@@ -83,9 +85,29 @@ class Llava(Module):
             x[image] = p.reshape(-1, p.shape[2])  # (B, T, Dt)
         elif image.any():
             raise ValueError("Llava: input_ids hold image tokens but no pixel_values")
+        return x, c_emb, image, parts
+
+    def forward(self, input_ids, pixel_values=None):
+        """input_ids (B, T) ints [, pixel_values (Bi, C, H, W)] -> (logits (B, T, V),
+        LlavaCache). The image tokens (image_token_id) must number Bi * N."""
+        x, c_emb, image, parts = self._inputs(input_ids, pixel_values)  # (B, T, Dt)
         logits, c_lm = self.lm.trunk_forward(x)  # (B, T, V)
         c_vis, c1, c_act, c2, shape = parts
         return logits, LlavaCache(c_vis, c1, c_act, c2, c_emb, image, c_lm, shape)
+
+    def init_state(self, batch, max_len):
+        """The LM's decoding state."""
+        return self.lm.init_state(batch, max_len)
+
+    def prefill(self, input_ids, state, pixel_values=None):
+        """The prompt (with its image) at positions 0..T-1 into the fresh state: logits
+        (B, T, V); decoding continues with decode(ids_t, state, T)."""
+        x, _, _, _ = self._inputs(input_ids, pixel_values)  # (B, T, Dt)
+        return self.lm.trunk_prefill(x, state)
+
+    def decode(self, ids_t, state, position):
+        """One text token per sequence (B,) at `position` -> logits (B, V)."""
+        return self.lm.decode(ids_t, state, position)
 
     def backward(self, dlogits, cache):
         """dlogits (B, T, V) -> Param grads (+=)."""

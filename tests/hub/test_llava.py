@@ -94,3 +94,20 @@ def test_text_alone_and_what_cannot_be_honoured(ref, tmp_path):
     shutil.copy(DIR / "model.safetensors", tmp_path)
     with pytest.raises(ValueError, match="'clip_vision_model' is not implemented"):
         load_pretrained(tmp_path)
+
+
+def test_greedy_ids_and_cached_decoding(ref):
+    """Greedy decoding after sequence 0 and its image: transformers' ids; the prefill's last
+    row and every decoded step equal a full forward over the sequence so far."""
+    model = load_pretrained(DIR, dtype=np.float64)
+    ids, image = ref["input_ids"][:1], ref["pixel_values"][:1]
+    n_new = len(ref["greedy"])
+    state = model.init_state(1, ids.shape[1] + n_new)
+    logits = model.prefill(ids, state, pixel_values=image)[:, -1]  # (1, V)
+    seq = ids[0].tolist()
+    for _ in range(n_new):
+        full, _ = model.forward(input_ids=np.array([seq]), pixel_values=image)
+        assert rel_err(logits[0], full[0, -1]) < 1e-10
+        seq.append(int(np.argmax(logits[0])))
+        logits = model.decode(np.array(seq[-1:]), state, len(seq) - 1)
+    assert seq[ids.shape[1]:] == ref["greedy"].tolist()
