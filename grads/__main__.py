@@ -1,6 +1,8 @@
-"""python -m grads [NAME ...] [--list]: run the registered gradient checks, print one table,
-exit 1 if any check FAILs."""
+"""python -m grads [NAME ...] [--list] [--mpi P]: run the registered gradient checks, print one
+table, exit 1 if any check FAILs. --mpi P runs the distributed check of the collectives on P
+ranks instead (`mpiexec -n P python -m grads.mpi`; needs the dist extra)."""
 import argparse
+import subprocess
 import sys
 import time
 import zlib
@@ -21,7 +23,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m grads", description=__doc__)
     parser.add_argument("names", nargs="*", help="cases to run (default: all)")
     parser.add_argument("--list", action="store_true", help="name the registered cases")
+    parser.add_argument("--mpi", type=int, metavar="P", help="the distributed check of the "
+                        "collectives on P ranks (mpiexec)")
     args = parser.parse_args(argv)
+    if args.mpi:
+        return subprocess.call(["mpiexec", "-n", str(args.mpi), sys.executable, "-m",
+                                "grads.mpi"] + (["--directions", "2"] if args.mpi > 2 else []))
     if args.list:
         print("\n".join(CASES))
         return 0

@@ -14,14 +14,15 @@ Register a case with @case (grads.cases._common); `python -m grads NAME ...` run
     lm                 whole tiny models (LM_TINY, lm_tiny) and the encoder models
     vision             the convolution, the patch embedding, the ViT embedding, tiny ViTs
     hub                whole tiny models of each Hugging Face family the hub reads
+    dist               the collectives on one rank (across ranks: grads/mpi.py)
 (The tokenizer has nothing to differentiate.)
 """
-from grads.cases import attention, core, hub, linear_attention, lm, moe, ssm, vision
+from grads.cases import attention, core, dist, hub, linear_attention, lm, moe, ssm, vision
 from grads.cases._common import REGISTERED, case
 from grads.cases.hub import HF_FIXTURES
 from grads.cases.lm import LM_CHECKPOINTS, LM_TINY, LM_TINY_EXTRA, lm_tiny
 
-MODULES = (core, attention, moe, linear_attention, ssm, lm, vision, hub)  # the order of CASES
+MODULES = (core, attention, moe, linear_attention, ssm, lm, vision, hub, dist)  # the order of CASES
 CASES = {name: fn for module in MODULES for name, fn in REGISTERED.items()
          if fn.__module__ == module.__name__}
 

@@ -49,7 +49,10 @@ def sdpa(rng):
                   v=v[:, :, :5], mask=Mask()),
             check(sdpa_forward, sdpa_backward, rng=rng, label="grouped kv (H=6, Hkv=2), "
                   "per-head mask", q=rng.standard_normal((2, 6, 5, 4)), k=k[:, :2],
-                  v=v[:, :2], mask=Mask(array=rng.random((1, 6, 5, 7)) < 0.7))]
+                  v=v[:, :2], mask=Mask(array=rng.random((1, 6, 5, 7)) < 0.7)),
+            check(sdpa_forward, sdpa_backward, rng=rng, label="soft-capped scores (cap 1.5), "
+                  "grouped, causal", q=3 * rng.standard_normal((2, 6, 5, 4)), k=k[:, :2, :5],
+                  v=v[:, :2, :5], mask=Mask(), softcap=1.5)]
 
 
 @case
@@ -200,7 +203,8 @@ def gqa(rng):
 @case
 def gqa_options(rng):
     """The attention options of published checkpoints: q/k/v and output biases (Qwen2,
-    GPT-2), QK-norm gains (Qwen3; Gemma 3's offset gains), a softmax scale other than Dh^-1/2
+    GPT-2), QK-norm gains (Qwen3; Gemma 3's offset gains; OLMo 2's over the whole
+    projection), a softmax scale other than Dh^-1/2
     (Gemma 3), learned sink logits (gpt-oss)."""
     from scratchllm.attention import gqa_backward, gqa_forward
     B, T, D, H, Hkv, Dh = 2, 7, 5, 6, 2, 4
@@ -218,6 +222,13 @@ def gqa_options(rng):
             check(gqa_forward, gqa_backward, rng=rng, label="qk-norm, gains 1 + g (Gemma)",
                   x=x, w=norm._replace(q_norm=norm.q_norm - 1, k_norm=norm.k_norm - 1),
                   spec=AttentionSpec(H, Hkv, head_dim=Dh, qk_norm=True, norm_offset=1.0)),
+            check(gqa_forward, gqa_backward, rng=rng, label="qk-norm over the projection (OLMo 2)",
+                  x=x, w=w._replace(q_norm=1 + 0.3 * rng.standard_normal(H * Dh),
+                                    k_norm=1 + 0.3 * rng.standard_normal(Hkv * Dh)),
+                  spec=AttentionSpec(H, Hkv, head_dim=Dh, qk_norm="full")),
+            check(gqa_forward, gqa_backward, rng=rng, label="soft-capped scores, window 3 (Gemma 2)",
+                  x=x, w=w, spec=AttentionSpec(H, Hkv, head_dim=Dh, softcap=0.8, scale=0.7,
+                                               mask=Mask(window=3))),
             check(gqa_forward, gqa_backward, rng=rng, label="all biases but bk, no rope",
                   wrt=no_bk, x=x, w=gpt_oss._replace(sinks=None),
                   spec=AttentionSpec(H, Hkv, head_dim=Dh, qkv_bias=True, o_bias=True,

@@ -30,6 +30,15 @@ def _twins(name):
 
 
 @case
+def softcap(rng):
+    """y = c tanh(x / c) (Gemma 2's logit soft-capping), across the tanh's bend."""
+    from scratchllm.core import softcap_backward, softcap_forward
+    x = 3 * rng.standard_normal((2, 5, 7))
+    return [check(softcap_forward, softcap_backward, rng=rng, label=f"cap {c}", x=x, cap=c)
+            for c in (2.0, 30.0)]
+
+
+@case
 def rmsnorm(rng):
     x, g = rng.standard_normal((2, 5, 11)), rng.standard_normal(11)
     return [check(fwd, bwd, rng=rng, label=label, x=x, g=g, eps=1e-5)

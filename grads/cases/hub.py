@@ -65,6 +65,14 @@ HF_CONFIGS = {  # family label -> config.json fields
                                          beta_slow=1.0, truncate=False, rope_theta=500.0,
                                          original_max_position_embeddings=16)),
 }
+HF_CONFIGS["olmo2"] = dict(_GEOMETRY, model_type="olmo2", rope_theta=500.0)
+HF_CONFIGS["qwen3_moe"] = dict(_GEOMETRY, model_type="qwen3_moe", head_dim=12,
+                               num_local_experts=4, num_experts_per_tok=2,
+                               moe_intermediate_size=8, num_hidden_layers=3,
+                               mlp_only_layers=[0], norm_topk_prob=True)
+HF_CONFIGS["gemma2"] = dict(_GEOMETRY, model_type="gemma2", head_dim=12,
+                            query_pre_attn_scalar=10, sliding_window=4,
+                            attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
 HF_FIXTURES = tuple(f for f in HF_CONFIGS if f != "gpt_oss")  # the families lm_hub checks
 
 

@@ -84,9 +84,12 @@ def lm_positions(rng):
 
 @case
 def lm_post(rng):
-    """The post-norm block (block="post") and the sandwich block in a whole tiny model."""
+    """The post-norm block (block="post"), the sandwich block and the output-norm block in a
+    whole tiny model."""
     return (_lm("dense", rng, "dense, post-norm", block="post")
-            + _lm("dense", rng, "dense, sandwich", block="sandwich", norm_offset=1.0))
+            + _lm("dense", rng, "dense, sandwich", block="sandwich", norm_offset=1.0)
+            + _lm("dense", rng, "dense, output norms, full QK-norm (OLMo 2)", block="output",
+                  qk_norm="full"))
 
 
 @case

@@ -1,7 +1,7 @@
 """Gradient-check cases of scratchllm.moe: routers (with the routing options of real
-checkpoints), experts (plain and clamped), the balance and z losses, the MoE layer, expert
-choice. Inputs are drawn away from routing ties and clamp boundaries, so no
-finite-difference step flips a decision."""
+checkpoints), experts (SwiGLU, clamped, plain MLP), the balance losses (per batch and per
+sequence) and the z-loss, the MoE layer, expert choice. Inputs are drawn away from routing
+ties and clamp boundaries, so no finite-difference step flips a decision."""
 import numpy as np
 
 from grads.cases._common import case
@@ -207,3 +207,39 @@ def expert_choice(rng):
     return check(expert_choice_forward, expert_choice_backward, rng=rng, x=x, w_router=w,
                  w1=rng.standard_normal((E, D, F)), w3=rng.standard_normal((E, D, F)),
                  w2=rng.standard_normal((E, F, D)), capacity_factor=2.0)
+
+
+@case
+def mlp_experts(rng):
+    from scratchllm.moe import mlp_experts_backward, mlp_experts_forward
+    M, D, E, F = 9, 6, 4, 5  # expert 2 gets no rows
+    return check(mlp_experts_forward, mlp_experts_backward, rng=rng,
+                 xs=rng.standard_normal((M, D)), bounds=np.array([0, 3, 7, 7, 9]),
+                 w1=rng.standard_normal((E, D, F)), b1=rng.standard_normal((E, F)),
+                 w2=rng.standard_normal((E, F, D)), b2=rng.standard_normal((E, D)))
+
+
+@case
+def sequence_balance_loss(rng):
+    from scratchllm.moe import sequence_balance_loss_backward, sequence_balance_loss_forward
+    B, T, E, K = 3, 5, 7, 2
+    topk_idx = np.stack([[rng.choice(E, K, replace=False) for _ in range(T)]
+                         for _ in range(B)])  # (B, T, K)
+    e = np.exp(rng.standard_normal((B, T, E)))  # (B, T, E)
+    return [check(sequence_balance_loss_forward, sequence_balance_loss_backward, rng=rng,
+                  label=label, scores=scores, topk_idx=topk_idx)
+            for label, scores in (("sigmoid scores", rng.uniform(0.05, 0.95, (B, T, E))),
+                                  ("softmax probabilities", e / e.sum(-1, keepdims=True)))]
+
+
+@case
+def moe_mlp_experts(rng):
+    from scratchllm.moe import MoEWeights, moe_backward, moe_forward
+    from scratchllm.specs import ExpertsSpec, MoESpec, RouterSpec
+    N, D, E, F, k = 11, 6, 4, 5, 2
+    x, w, _ = _routing_inputs(rng, N, D, E, k)
+    weights = MoEWeights(w, w1=rng.standard_normal((E, D, F)), b1=rng.standard_normal((E, F)),
+                         w2=rng.standard_normal((E, F, D)), b2=rng.standard_normal((E, D)))
+    return check(moe_forward, moe_backward, rng=rng, label="plain MLP experts, capacity 0.75",
+                 wrt=["x", "w"], x=x, w=weights,
+                 spec=MoESpec(RouterSpec(E, k), ExpertsSpec("mlp", F), 0.75))

@@ -1,5 +1,6 @@
 """Gradient-check cases of scratchllm.ssm: the LTI pieces (zoh, kernel, FFT convolution),
-S4D, the selective scan, SSD, Mamba (with Jamba's inner norms) and Mamba-2."""
+S4D, the selective scan, SSD, Mamba (with Jamba's inner norms), Mamba-2, the associative
+scan (Blelloch) with the selective scan on it, and S4's Cauchy kernel."""
 import numpy as np
 
 from grads.cases._common import case
@@ -59,7 +60,7 @@ def s4d_complex(rng):
                                 s4d_init)
     width, N = 3, 5
     reports = []
-    for init in ("lin", "inv"):  # the init's values, then perturbed off the special points
+    for init in ("lin", "inv", "legs"):  # the init's values, then perturbed off the special points
         p = S4DComplexWeights(*(v + rng.normal(0, 0.1, v.shape)
                                 for v in s4d_init(width, N, init, rng=rng)))
         p = p._replace(log_dt=rng.uniform(-3, -1, width))
@@ -147,3 +148,37 @@ def mamba2(rng):
                                  D=rng.standard_normal(H), norm=1 + rng.random(Di),
                                  Wout=rng.normal(0, 0.5, (Di, D)), **W),
                  spec=Mamba2Spec(H, N, Di // D, K, chunk=3))
+
+
+@case
+def associative_scan(rng):
+    from scratchllm.ssm import (associative_scan_backward, associative_scan_forward,
+                                associative_scan_forward_ref)
+    inputs = dict(a=rng.uniform(-0.95, 0.95, (2, 11, 3)), b=rng.standard_normal((2, 11, 3)))
+    return [check(associative_scan_forward, associative_scan_backward, rng=rng,
+                  label="Blelloch, T = 11", **inputs),
+            check(associative_scan_forward_ref, associative_scan_backward, rng=rng,
+                  label="sequential ref", **inputs)]
+
+
+@case
+def selective_scan_assoc(rng):
+    from scratchllm.ssm import selective_scan_assoc_backward, selective_scan_assoc_forward
+    batch, T, d, N = 2, 7, 5, 3
+    return check(selective_scan_assoc_forward, selective_scan_assoc_backward, rng=rng,
+                 x=rng.standard_normal((batch, T, d)), delta=rng.uniform(0.05, 1.0, (batch, T, d)),
+                 A=-rng.uniform(0.2, 2.0, (d, N)), B=rng.standard_normal((batch, T, N)),
+                 C=rng.standard_normal((batch, T, N)), D=rng.standard_normal(d))
+
+
+@case
+def cauchy_kernel(rng):
+    from scratchllm.ssm import CauchyWeights, cauchy_kernel_backward, cauchy_kernel_forward
+    H, N = 2, 5
+
+    def weights():
+        return CauchyWeights(-rng.uniform(0.2, 1.0, (H, N)), rng.normal(0, 3, (H, N)),
+                             *(rng.standard_normal((H, N)) for _ in range(6)),
+                             rng.uniform(-3, -1, H))  # Re Λ < 0, log Δ
+    return [check(cauchy_kernel_forward, cauchy_kernel_backward, rng=rng, label=f"L = {L}",
+                  w=weights(), L=L) for L in (7, 8)]  # L = 8 has the root ω = −1

@@ -3,7 +3,8 @@
 GQA layer (qkv), grouped-query attention and its decoding step (gqa), decoding state
 (kv_state), and multi-head latent attention (mla_projection, mla); tiled Flash attention
 (flash), sinusoidal and ALiBi positions (positions), MHA -> GQA conversion (convert),
-cross-attention (cross), and DeepSeek's top-k sparse attention (indexer, sparse);
+cross-attention (cross), DeepSeek's top-k sparse attention (indexer, sparse), the fixed
+sparse patterns and document masks (sparse_masks);
 the Numba twins: RoPE fused with the head split (rope_heads), sdpa's softmax in one pass
 per row (sdpa_softmax).
 
@@ -25,6 +26,8 @@ from .mla_projection import MLAProjection, MLAWeights, mla_project_backward, mla
 from .positions import alibi_bias, alibi_slopes, sinusoidal_positions
 from .qkv import QKV, AttentionWeights, project_qkv_backward, project_qkv_forward
 from .rope import Rope, get_mscale, make_rope, rope_backward, rope_forward, rope_frequencies
+from .sparse_masks import (bigbird_mask, document_mask, document_positions, fixed_mask,
+                           mask_receptive_field, strided_mask)
 from .sparse import topk_select, topk_sparse_attention_backward, topk_sparse_attention_forward
 from .rope_heads import (rope_heads_backward, rope_heads_backward_ref, rope_heads_forward,
                          rope_heads_forward_ref)
@@ -33,6 +36,8 @@ from .sdpa import (merge_heads, repeat_kv_backward, repeat_kv_forward, sdpa_back
 from .sdpa_softmax import softmax_scores_, softmax_scores_backward_
 
 __all__ = [
+    "bigbird_mask", "document_mask", "document_positions", "fixed_mask", "mask_receptive_field",
+    "strided_mask",
     "Attention", "AttentionWeights", "KVState", "LatentKVState", "MLA", "MLAProjection",
     "MLAWeights", "QKV", "RollingKVState", "Rope", "attention_sink_mask", "block_sparse_mask",
     "causal_mask", "get_mscale", "gqa_backward", "gqa_decode", "gqa_forward",

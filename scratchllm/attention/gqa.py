@@ -8,7 +8,8 @@ Math:
 Options the published checkpoints need: biases on the projections (x Wq + bq, ...: Qwen2,
 GPT-2), QK-norm (q = rope(rmsnorm_Dh(x Wq) * gq), an RMSNorm over each head vector before
 RoPE: Qwen3, Gemma 3; Dehghani et al. 2023, arXiv 2302.05442), no RoPE (GPT-2's learned
-positions), and a softmax scale other than Dh^-1/2 (Gemma 3's query_pre_attn_scalar^-1/2).
+positions), a softmax scale other than Dh^-1/2 (Gemma 3's query_pre_attn_scalar^-1/2) and
+soft-capped scores c tanh(S / c) (Gemma 2's attn_logit_softcapping).
 Backward: the linear, sdpa, rope (rotation by -theta) and KV-sharing (a sum over the G query
 heads of each group) backwards, each through its own pair.
 Decoding keeps the (already rotated) keys and values of past tokens in a KVState (or a
@@ -25,16 +26,17 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.attention.flash import flash_sdpa_backward, flash_sdpa_forward
-from scratchllm.attention.kv_state import KVState, RollingKVState
+from scratchllm.attention.kv_state import KVState, RollingKVState, begin_step
 from scratchllm.attention.positions import alibi_bias, alibi_slopes
 from scratchllm.attention.qkv import (QKV, AttentionWeights, QKVCache, project_qkv_backward,
                                       project_qkv_forward)
-from scratchllm.attention.rope import make_rope
+from scratchllm.attention.rope import make_rope, row_rope
 from scratchllm.attention.sdpa import (merge_heads, repeat_kv_backward, repeat_kv_forward,
                                        sdpa_backward, sdpa_forward, split_heads)
 from scratchllm.core.nn import Module, Param, normal_init
 from scratchllm.core.ops import linear_backward, linear_forward, linear_out
-from scratchllm.core.validate import expect_dout, expect_integer, expect_shape
+from scratchllm.core.validate import expect_dout, expect_shape
+from scratchllm.specs import Mask
 
 
 class GQACache(NamedTuple):
@@ -58,7 +60,8 @@ def _attend(q, k, v, spec, mask, sinks):
                                       sinks=sinks, block=spec.block)
         return o, cache, flash_sdpa_backward
     bias = None if slopes is None else alibi_bias(slopes, T, T)  # (H, T, T)
-    o, cache = sdpa_forward(q, k, v, mask, spec.scale, bias=bias, sinks=sinks)
+    o, cache = sdpa_forward(q, k, v, mask, spec.scale, bias=bias, sinks=sinks,
+                            softcap=spec.softcap)
     return o, cache, sdpa_backward
 
 
@@ -125,25 +128,27 @@ def gqa_decode(x_t, w, state, position, *, spec, rope=None):
     """One decoding step of gqa_forward for the token at `position`; appends to `state`.
 
     Inputs:  x_t (B, D); w, spec as gqa_forward; state a KVState, or a RollingKVState for a
-             sliding window (spec.mask's window and n_sink); position int (the token's
-             absolute index); rope a Rope at positions [position], or None: spec.rope there.
+             sliding window (spec.mask's window and n_sink); position the token's absolute
+             index: an int, or (B,) ints, one per row (a KVState's rows then hold sequences
+             of different lengths, kv_state.begin_step); rope a Rope at those positions, or
+             None: spec.rope there.
     Returns: y_t (B, D), equal to the corresponding row of the full causal forward.
-    The state holds exactly the keys the token may attend, so no mask is applied.
+    The state holds exactly the keys the token may attend; rows of different lengths mask
+    each shorter row's stale slots (state.key_mask()).
     """
-    expect_integer("gqa_decode", "position", position, 0)
-    if position != state.n_seen:
-        raise ValueError(f"gqa_decode: position={position}, but the state holds {state.n_seen} "
-                         f"tokens: the next token is at position {state.n_seen}")
+    position = begin_step("gqa_decode", state, position)  # int, or (B,) int64
     if spec.rope is not None and rope is None:
-        rope = make_rope(spec.rope, spec.dh(x_t.shape[-1]), np.array([position]), position + 1)
+        rope = row_rope("gqa_decode", spec.rope, spec.dh(x_t.shape[-1]), position)
     (q, k, v), _ = project_qkv_forward(x_t[:, None], w, spec=spec, rope=rope)  # (B,H|Hkv,1,Dh)
     state.append(k, v)
     K, V = state.kv()  # (B, Hkv, L, Dh); every cached key is at or before `position`
-    bias = None
+    bias, keep = None, state.key_mask()  # keep None, or (B, 1, 1, L)
     if spec.alibi:  # -slope |position - j| over the kept keys' positions
         slopes = alibi_slopes(spec.n_heads).astype(x_t.dtype)  # (H,)
-        bias = -slopes[:, None, None] * np.abs(position - state.positions())  # (H, 1, L)
-    o, _ = sdpa_forward(q, K, V, scale=spec.scale, bias=bias, sinks=w.sinks)  # (B, H, 1, Dh)
+        dist = np.abs(np.reshape(position, (-1, 1, 1, 1)) - state.positions())  # (B|1,1,1,L)
+        bias = -slopes[:, None, None] * dist  # (B|1, H, 1, L)
+    o, _ = sdpa_forward(q, K, V, None if keep is None else Mask(array=keep), spec.scale,
+                        bias=bias, sinks=w.sinks, softcap=spec.softcap)  # (B, H, 1, Dh)
     y, _ = linear_forward(merge_heads(o), w.wo, w.bo)  # (B, 1, D)
     return y[:, 0]  # (B, D)
 
@@ -178,8 +183,9 @@ class Attention(Module):
         self.bv, self.bo = zeros(Hkv * Dh, spec.qkv_bias), zeros(d_model, spec.o_bias)
         self.sinks = zeros(H, spec.sinks)  # (H,) or None
         gain = 1.0 - spec.norm_offset
-        self.q_norm = Param(np.full(Dh, gain, dtype)) if spec.qk_norm else None
-        self.k_norm = Param(np.full(Dh, gain, dtype)) if spec.qk_norm else None
+        nq, nk = (H * Dh, Hkv * Dh) if spec.qk_norm == "full" else (Dh, Dh)
+        self.q_norm = Param(np.full(nq, gain, dtype)) if spec.qk_norm else None
+        self.k_norm = Param(np.full(nk, gain, dtype)) if spec.qk_norm else None
         self.spec, self.head_dim = spec, Dh
 
     def _weights(self):

@@ -10,6 +10,11 @@ needs; what decoding keeps across tokens is a *state* (the KV cache of the liter
     LatentKVState    MLA's absorbed-form memory: [kv_norm(c_kv) | k_pe], Dc + dr numbers per
                      token per layer, shared by all heads (DeepSeek-V2, arXiv 2405.04434)
 
+Each row of a state is one sequence with its own length: decoding takes one position per row
+((B,) ints, begin_step) as well as one int for all, so requests at different lengths share a
+batch; a row whose position is 0 starts a new sequence (its old tokens are dropped). kv()
+then spans the longest row and key_mask() hides each shorter row's stale slots.
+
 Glossary: B batch, Hkv KV heads, Dh head dim, L cached length, W window, S sink tokens,
 Dc KV latent, dr rope dim.
 """
@@ -31,7 +36,71 @@ def _zeros(fn, shape, dtype, names):
                           f"more than this machine can allocate") from None
 
 
-class KVState:
+def begin_step(fn, state, position):
+    """Check the position of the token about to be appended to `state` (one per row) and
+    return it: an int (every row; it must be the tokens every row holds) as given, or (B,)
+    ints as an int64 array (row b at position[b]: 0 restarts the row, anything else must be
+    the tokens the row holds)."""
+    if np.ndim(position) == 0:
+        expect_integer(fn, "position", position, 0)
+        if np.ndim(state.n_seen) or position != state.n_seen:
+            raise ValueError(f"{fn}: position={position}, but the state holds {state.n_seen} "
+                             f"tokens: the next token is at position {state.n_seen}")
+        return position
+    pos = np.asarray(position)
+    if pos.dtype.kind not in "iu" or pos.shape != state.lengths.shape or (pos < 0).any():
+        raise ValueError(f"{fn}: position must be an int or {state.lengths.shape} ints >= 0 "
+                         f"(one per row), got {pos.dtype} {pos.shape}")
+    state.restart(pos == 0)
+    bad = np.flatnonzero(state.lengths != pos)
+    if bad.size:
+        b = bad[0]
+        raise ValueError(f"{fn}: position[{b}]={pos[b]}, but row {b} holds "
+                         f"{state.lengths[b]} tokens: its next token is at position "
+                         f"{state.lengths[b]} (or 0, to start a new sequence there)")
+    return pos.astype(np.int64)
+
+
+class _Rows:
+    """Per-row lengths shared by KVState and LatentKVState: `lengths` (B,) tokens each row
+    holds; `length` the longest (kv()'s extent; setting it sets every row)."""
+
+    @property
+    def length(self):
+        return int(self.lengths.max())
+
+    @length.setter
+    def length(self, n):
+        self.lengths[:] = n
+
+    @property
+    def n_seen(self):
+        """The position of each row's next token: an int while the rows are in step, else
+        the (B,) lengths."""
+        same = (self.lengths == self.lengths[0]).all()
+        return int(self.lengths[0]) if same else self.lengths.copy()
+
+    def restart(self, rows):
+        """Drop the tokens of `rows` (a (B,) bool mask or indices): new sequences start there."""
+        self.lengths[rows] = 0
+
+    def key_mask(self):
+        """None while the rows are in step, else (B, 1, 1, length) bool: key j of row b is
+        one of its tokens (j < lengths[b]), broadcastable to attention's (B, H, Tq, Tk)."""
+        if np.ndim(self.n_seen) == 0:
+            return None
+        return (np.arange(self.length) < self.lengths[:, None])[:, None, None, :]
+
+    def _slots(self, t):
+        """(rows (B, 1), slots (B, t)): where each row's next t tokens go."""
+        if self.lengths.max() + t > self.max_len:
+            raise ValueError(f"{type(self).__name__} is full: it holds {self.length} of max_len="
+                             f"{self.max_len} tokens and cannot take {t} more; allocate it "
+                             f"with a larger max_len or use RollingKVState")
+        return np.arange(len(self.lengths))[:, None], self.lengths[:, None] + np.arange(t)
+
+
+class KVState(_Rows):
     """Per-layer keys and values of past tokens, preallocated to max_len tokens.
 
     Inputs: batch, n_kv_heads, head_dim, max_len, dtype.
@@ -43,16 +112,11 @@ class KVState:
         shape = (batch, n_kv_heads, max_len, head_dim)
         self.k = _zeros("KVState", shape, dtype, names)  # (B, Hkv, L, Dh)
         self.v = _zeros("KVState", shape, dtype, names)  # (B, Hkv, L, Dh)
-        self.length = 0
+        self.lengths = np.zeros(batch, np.int64)  # (B,) tokens each row holds
 
     @property
     def max_len(self):
         return self.k.shape[2]
-
-    @property
-    def n_seen(self):
-        """Tokens appended so far (the position of the next one)."""
-        return self.length
 
     @property
     def nbytes(self):
@@ -67,16 +131,18 @@ class KVState:
                      "(B, Hkv, t, Dh) of this state")
         expect_shape("KVState.append", "v", v, k.shape, "like k")
         t = k.shape[2]
-        if self.length + t > self.max_len:
-            raise ValueError(f"KVState is full: it holds {self.length} of max_len="
-                             f"{self.max_len} tokens and cannot take {t} more; allocate it "
-                             f"with a larger max_len or use RollingKVState")
-        self.k[:, :, self.length:self.length + t] = k
-        self.v[:, :, self.length:self.length + t] = v
-        self.length += t
+        rows, slots = self._slots(t)  # (B, 1), (B, t)
+        if np.ndim(self.n_seen) == 0:  # the rows in step: one slice
+            self.k[:, :, self.length:self.length + t] = k
+            self.v[:, :, self.length:self.length + t] = v
+        else:  # each row after its own tokens: (B, t, Hkv, Dh) in the indexed order
+            self.k[rows, :, slots] = k.transpose(0, 2, 1, 3)
+            self.v[rows, :, slots] = v.transpose(0, 2, 1, 3)
+        self.lengths += t
 
     def kv(self):
-        """Views of the filled keys and values, (B, Hkv, length, Dh) each."""
+        """Views of the filled keys and values, (B, Hkv, length, Dh) each (a shorter row's
+        slots past its own length are stale: key_mask())."""
         return self.k[:, :, :self.length], self.v[:, :, :self.length]
 
     def positions(self):
@@ -100,6 +166,25 @@ class RollingKVState:
         self.sink_v = np.zeros_like(self.sink_k)  # (B, Hkv, S, Dh)
         self.ring_v = np.zeros_like(self.ring_k)  # (B, Hkv, W, Dh)
         self.window, self.n_sink, self.n_seen = window, n_sink, 0
+
+    @property
+    def lengths(self):
+        """(B,) tokens seen per row: one count for all rows in this state."""
+        return np.full(self.ring_k.shape[0], self.n_seen, np.int64)
+
+    def restart(self, rows):
+        """Start new sequences in all rows or none (`rows` a (B,) bool mask or indices): the
+        ring keeps one count for all rows."""
+        hit = np.zeros(self.ring_k.shape[0], bool)
+        hit[rows] = True
+        if hit.all():
+            self.n_seen = 0
+        elif hit.any():
+            raise ValueError("RollingKVState keeps one length for all rows: it restarts all "
+                             "of them or none (per-row positions need a KVState)")
+
+    def key_mask(self):
+        return None
 
     @property
     def nbytes(self):
@@ -140,7 +225,7 @@ class RollingKVState:
         return np.concatenate([sinks, np.arange(max(0, n - W), n)])  # (n_kept,)
 
 
-class LatentKVState:
+class LatentKVState(_Rows):
     """One MLA layer's absorbed-form decoding state, preallocated: latents[b, t] = [kv_norm(c_kv) | k_pe]
     (Dc + dr numbers per token, shared by all heads). `nbytes` is the memory it holds."""
 
@@ -150,7 +235,11 @@ class LatentKVState:
             expect_positive("LatentKVState", name, n)
         self.latents = np.zeros((batch, max_len, kv_lora_rank + qk_rope_head_dim), dtype)  # (B, L, Dc+dr)
         self.kv_lora_rank = kv_lora_rank
-        self.length = 0
+        self.lengths = np.zeros(batch, np.int64)  # (B,) tokens each row holds
+
+    @property
+    def max_len(self):
+        return self.latents.shape[1]
 
     @property
     def nbytes(self):
@@ -171,9 +260,10 @@ class LatentKVState:
         B, L, W = self.latents.shape
         expect_shape("LatentKVState.append", "ckv", ckv, (B, self.kv_lora_rank), "(B, Dc)")
         expect_shape("LatentKVState.append", "k_pe", k_pe, (B, W - self.kv_lora_rank), "(B, dr)")
-        if self.length == L:
+        if self.lengths.max() == L:
             raise ValueError(f"LatentKVState.append: the state is full ({L} tokens = max_len); "
                              f"make a larger state")
-        self.latents[:, self.length, :self.kv_lora_rank] = ckv
-        self.latents[:, self.length, self.kv_lora_rank:] = k_pe
-        self.length += 1
+        rows, slots = self._slots(1)  # each row after its own tokens
+        self.latents[rows[:, 0], slots[:, 0], :self.kv_lora_rank] = ckv
+        self.latents[rows[:, 0], slots[:, 0], self.kv_lora_rank:] = k_pe
+        self.lengths += 1

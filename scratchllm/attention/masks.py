@@ -1,7 +1,10 @@
 """Boolean attention masks, (Tq, Tk) with True = may attend: causal, sliding window (Mistral,
 arXiv 2310.06825), attention sinks (StreamingLLM, arXiv 2309.17453), block-sparse; and
 mask_array, which turns a Mask spec (scratchllm.specs: causal, window, n_sink, block,
-n_global, or an explicit array) into the array sdpa applies.
+n_global, or an explicit array) into the array sdpa applies. The fixed sparse patterns
+(Sparse Transformer's strided and fixed, BigBird), document masking for packed sequences and
+the receptive field after L layers are in sparse_masks.py; they enter a layer as
+Mask(array=...).
 
 Positions: with Tq queries against Tk keys, query i sits at position i + Tk - Tq (the last Tq
 of Tk tokens, as flash_sdpa aligns them); key j at position j.

@@ -20,15 +20,16 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.attention.kv_state import LatentKVState
+from scratchllm.attention.kv_state import LatentKVState, begin_step
 from scratchllm.attention.mla_projection import (MLAProjCache, MLAProjection, MLAWeights,
                                                  check_mla_weights, geometry,
                                                  mla_project_backward, mla_project_forward)
-from scratchllm.attention.rope import get_mscale, make_rope
+from scratchllm.attention.rope import get_mscale, make_rope, row_rope
 from scratchllm.attention.sdpa import merge_heads, sdpa_backward, sdpa_forward, split_heads
 from scratchllm.core import ops
 from scratchllm.core.nn import Module, Param, normal_init
 from scratchllm.core.validate import expect_dout, expect_ndim, expect_positive
+from scratchllm.specs import Mask
 
 
 # ---------------------------------------------------------------------------- arithmetic
@@ -127,8 +128,9 @@ def _decode_project(fn, x_t, w, state, position, spec, rope):
     if not isinstance(state, LatentKVState) or state.latents.shape[2] != g.Dc + g.dr:
         raise ValueError(f"{fn}: state must be a LatentKVState of width Dc + dr = "
                          f"{g.Dc + g.dr}")
+    position = begin_step(fn, state, position)  # int, or (B,) int64: one per row
     if rope is None:
-        rope = make_rope(spec.rope, g.dr, np.array([position]), position + 1)
+        rope = row_rope(fn, spec.rope, g.dr, position)
     (q_nope, q_pe, ckv, k_pe), _ = mla_project_forward(x_t[:, None], w, spec=spec, rope=rope)
     state.append(ckv[:, 0], k_pe[:, 0, 0])
     return q_nope, q_pe, g
@@ -138,8 +140,8 @@ def mla_decode(x_t, w, state, position, *, spec, rope=None):
     """One decoding step in the absorbed form (DeepSeek-V3 attn_impl="absorb").
 
     Inputs:  x_t (B, D) the new token; w, spec as mla_forward; state: a LatentKVState
-             (appended to); position: the new token's int position; rope a Rope at
-             positions [position], or None: spec.rope there.
+             (appended to); position: the new token's position, an int or (B,) ints (one
+             per row, kv_state.begin_step); rope a Rope there, or None: spec.rope there.
     Returns: out (B, D), equal to the last row of mla_forward on the whole sequence.
     Math:    wkv_b as (Dc, H, dn+dv) = [W_UK | W_UV].  q_abs = W_UK q_nope (B, H, Dc), so
              scores = (q_abs . ckv_t + q_pe . k_pe_t) * scale; o = W_UV (sum_t P_t ckv_t).
@@ -156,6 +158,9 @@ def mla_decode(x_t, w, state, position, *, spec, rope=None):
     q = np.concatenate([q_abs.transpose(1, 0, 2), q_pe[:, :, 0]], axis=-1)  # (B, H, Dc+dr)
     lat = state.latents[:, :state.length]  # (B, t, Dc+dr) view: the keys; [..., :Dc] values
     s = (lat @ q.swapaxes(1, 2)).swapaxes(1, 2) * np.asarray(_scale(spec), x_t.dtype)  # (B,H,t)
+    keep = state.key_mask()  # None, or (B, 1, 1, t) when the rows hold different lengths
+    if keep is not None:
+        s = np.where(keep[:, 0], s, -np.inf)  # a shorter row's stale slots
     p, _ = ops.softmax_forward(s)  # (B, H, t)
     o_lat = p @ lat[..., :Dc]  # (B, H, Dc)
     o = o_lat.transpose(1, 0, 2) @ wb[..., dn:]  # (H, B, dv); W_UV after attention
@@ -172,7 +177,9 @@ def mla_decode_ref(x_t, w, state, position, *, spec, rope=None):
     pe = np.broadcast_to(state.pe[:, None], (B, H, t, dr))  # (B, H, t, dr)
     k = np.concatenate([kvb[..., :dn], pe], axis=-1)  # (B, H, t, dn+dr)
     q = np.concatenate([q_nope, q_pe], axis=-1)  # (B, H, 1, dn+dr)
-    o, _ = sdpa_forward(q, k, kvb[..., dn:], scale=_scale(spec))  # (B, H, 1, dv)
+    keep = state.key_mask()  # None, or (B, 1, 1, t)
+    o, _ = sdpa_forward(q, k, kvb[..., dn:], None if keep is None else Mask(array=keep),
+                        _scale(spec))  # (B, H, 1, dv)
     return ops.linear_forward(merge_heads(o)[:, 0], w.wo)[0]  # (B, D)
 
 

@@ -1,6 +1,7 @@
 """The shared projections of GQA (Ainslie et al. 2023, arXiv 2305.13245) as one pair: q, k, v
 heads of x, with optional biases (Qwen2), QK-norm over each head (Qwen3: Dehghani et al. 2023,
-arXiv 2302.05442) and RoPE on q and k. gqa.py attends with them; decoding projects one token.
+arXiv 2302.05442) or over the whole projection (OLMo 2: spec.qk_norm "full") and RoPE on q
+and k. gqa.py attends with them; decoding projects one token.
 A layer's arrays travel as one AttentionWeights, its options as the AttentionSpec
 (scratchllm.specs) that says which of the optional arrays it has.
 
@@ -32,7 +33,7 @@ class AttentionWeights(NamedTuple):
     bv: np.ndarray = None  # (Hkv*Dh,)
     bo: np.ndarray = None  # (D,)       spec.o_bias
     q_norm: np.ndarray = None  # (Dh,)  spec.qk_norm: gains spec.norm_offset + q_norm
-    k_norm: np.ndarray = None  # (Dh,)
+    k_norm: np.ndarray = None  # (Dh,)  ("full": q_norm (H*Dh,), k_norm (Hkv*Dh,))
     sinks: np.ndarray = None  # (H,)    spec.sinks: one sink logit per query head
 
 
@@ -49,7 +50,7 @@ def check_attention_weights(fn, w, spec):
         raise TypeError(f"{fn}: w must be an AttentionWeights, got {type(w).__name__}")
     for option, names in _OPTIONS:
         for name in names:
-            on = getattr(spec, option)
+            on = bool(getattr(spec, option))  # qk_norm True or "full"
             if (getattr(w, name) is not None) != on:
                 raise ValueError(f"{fn}: spec.{option}={on}, but w.{name} is "
                                  f"{'None' if on else 'given'}")
@@ -74,10 +75,13 @@ class QKVCache(NamedTuple):
     norm_q: tuple  # RMSNormCache of the QK-norm, None without it
     norm_k: tuple
     rope_heads: bool  # RoPE went with the head split (ROPE_HEADS; rope_q, rope_k its caches)
+    norm_full: bool = False  # the QK-norm went over the whole projection, before the split
 
 
 def project_qkv_forward(x, w, *, spec, rope=None):
     """q, k, v heads of x, with QK-norm (spec.qk_norm) and then RoPE on q and k.
+    spec.qk_norm "full" (OLMo 2) normalises q = x Wq (+ bq) over all H*Dh numbers of a token
+    (gains q_norm (H*Dh,), k_norm (Hkv*Dh,)) before the head split.
 
     Inputs:  x (B, T, D); w an AttentionWeights (wq (D, H*Dh), wk/wv (D, Hkv*Dh), and as
              the spec says bq (H*Dh,), bk/bv (Hkv*Dh,), q_norm/k_norm (Dh,) RMSNorm gains
@@ -112,11 +116,20 @@ def project_qkv_forward(x, w, *, spec, rope=None):
         k, rope_k = ROPE_HEADS.forward(k, rope, Hkv)  # (B, Hkv, T, Dh)
         return QKV(q, k, split_heads(v, Hkv)), QKVCache(
             lin_q, lin_k, lin_v, rope_q, rope_k, H, Hkv, None, None, True)
-    q, k, v = split_heads(q, H), split_heads(k, Hkv), split_heads(v, Hkv)
+    full = spec.qk_norm == "full"
     norm_q = norm_k = None
     if spec.qk_norm:
         off = spec.norm_offset
         gq, gk = (w.q_norm + off, w.k_norm + off) if off else (w.q_norm, w.k_norm)  # (Dh,)
+        expect_shape("gqa", "q_norm", gq, ((H if full else 1) * Dh,), "(H*Dh,)" if full else
+                     "(Dh,)")
+        expect_shape("gqa", "k_norm", gk, ((Hkv if full else 1) * Dh,), "(Hkv*Dh,)" if full
+                     else "(Dh,)")
+    if full:  # OLMo 2: over the whole projection, then the heads
+        q, norm_q = rmsnorm_forward(q, gq, spec.norm_eps)  # (B, T, H*Dh)
+        k, norm_k = rmsnorm_forward(k, gk, spec.norm_eps)  # (B, T, Hkv*Dh)
+    q, k, v = split_heads(q, H), split_heads(k, Hkv), split_heads(v, Hkv)
+    if spec.qk_norm and not full:
         q, norm_q = rmsnorm_forward(q, gq, spec.norm_eps)  # (B, H, T, Dh)
         k, norm_k = rmsnorm_forward(k, gk, spec.norm_eps)  # (B, Hkv, T, Dh)
     rope_q = rope_k = None
@@ -124,7 +137,7 @@ def project_qkv_forward(x, w, *, spec, rope=None):
         q, rope_q = rope_forward(q, rope)  # (B, H, T, Dh)
         k, rope_k = rope_forward(k, rope)  # (B, Hkv, T, Dh)
     return QKV(q, k, v), QKVCache(lin_q, lin_k, lin_v, rope_q, rope_k, H, Hkv, norm_q, norm_k,
-                                  False)
+                                  False, full)
 
 
 def project_qkv_backward(dout, cache):
@@ -136,7 +149,7 @@ def project_qkv_backward(dout, cache):
     the head axis Dh, its gain summing over B, heads and T; linear: dW = x^T dy, db = sum dy).
     Reference: Dehghani et al. 2023 (arXiv 2302.05442); huggingface/transformers
     src/transformers/models/qwen3/modeling_qwen3.py Qwen3Attention."""
-    lin_q, lin_k, lin_v, rope_q, rope_k, H, Hkv, norm_q, norm_k, rope_heads = cache
+    lin_q, lin_k, lin_v, rope_q, rope_k, H, Hkv, norm_q, norm_k, rope_heads, full = cache
     expect_douts("project_qkv_backward", dout, {
         "q": _heads_out(lin_q, H), "k": _heads_out(lin_k, Hkv), "v": _heads_out(lin_v, Hkv)})
     dq, dk, dv = (np.zeros(*_heads_out(c, n)) if d is None else d
@@ -148,12 +161,16 @@ def project_qkv_backward(dout, cache):
         dq = rope_backward(dq, rope_q)["x"]  # fwd: q = rope(q) -> rotate dq by -theta
         dk = rope_backward(dk, rope_k)["x"]  # fwd: k = rope(k)
     dq_norm = dk_norm = None
-    if norm_q is not None:
+    if norm_q is not None and not full:
         g_nq = rmsnorm_backward(dq, norm_q)  # fwd: q = rmsnorm(q) * (offset + q_norm)
         g_nk = rmsnorm_backward(dk, norm_k)  # fwd: k = rmsnorm(k) * (offset + k_norm)
         dq, dk, dq_norm, dk_norm = g_nq["x"], g_nk["x"], g_nq["g"], g_nk["g"]
-    g_q = linear_backward(merge_heads(dq), lin_q)  # fwd: q = split_heads(x @ wq + bq)
-    g_k = linear_backward(merge_heads(dk), lin_k)  # fwd: k = split_heads(x @ wk + bk)
+    dq, dk = merge_heads(dq), merge_heads(dk)  # fwd: q = split_heads(q) (B, T, H*Dh)
+    if full:  # fwd: q = rmsnorm_{H*Dh}(x @ wq + bq) * (offset + q_norm), before the split
+        g_nq, g_nk = rmsnorm_backward(dq, norm_q), rmsnorm_backward(dk, norm_k)
+        dq, dk, dq_norm, dk_norm = g_nq["x"], g_nk["x"], g_nq["g"], g_nk["g"]
+    g_q = linear_backward(dq, lin_q)  # fwd: q = x @ wq + bq
+    g_k = linear_backward(dk, lin_k)  # fwd: k = x @ wk + bk
     g_v = linear_backward(merge_heads(dv), lin_v)  # fwd: v = split_heads(x @ wv + bv)
     dw = AttentionWeights(g_q["W"], g_k["W"], g_v["W"], None, g_q.get("b"), g_k.get("b"),
                           g_v.get("b"), None, dq_norm, dk_norm)

@@ -21,7 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.validate import expect_dout, expect_finite, expect_float, expect_int
+from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_int,
+                                      expect_integer)
 from scratchllm.specs.attention import rope_scaling_params
 
 
@@ -110,6 +111,7 @@ def rope_frequencies(head_dim, base=10000.0, scaling=None, seq_len=None):
     if rope_type == "dynamic":
         if seq_len is None:
             raise ValueError("rope_frequencies: rope_type 'dynamic' needs seq_len")
+        expect_integer("rope_frequencies", "seq_len", seq_len, 0)
         L0, s = p["original_max_position_embeddings"], p["factor"]
         L = max(seq_len, L0)
         base = base * (s * L / L0 - (s - 1)) ** (head_dim / (head_dim - 2))
@@ -141,6 +143,20 @@ def make_rope(spec, head_dim, positions, seq_len=None):
         seq_len = int(positions.max()) + 1
     inv_freq, af = rope_frequencies(head_dim, spec.base, spec.scaling, seq_len)  # (Dh/2,)
     return Rope(inv_freq, spec.style, af, positions)
+
+
+def row_rope(fn, spec, head_dim, position):
+    """The Rope of one decoding step at `position`: an int ([position]), or (B,) ints, one per
+    row ((B, 1) positions). Dynamic NTK scales by the length seen, so rows of different
+    lengths under "dynamic" scaling are refused (each would need its own frequencies)."""
+    if np.ndim(position) == 0:
+        return make_rope(spec, head_dim, np.array([position]), position + 1)
+    pos = np.asarray(position)
+    dynamic = spec.scaling is not None and rope_scaling_params(spec.scaling)[0] == "dynamic"
+    if dynamic and (pos != pos[0]).any():
+        raise ValueError(f"{fn}: dynamic RoPE scaling depends on each sequence's length; rows "
+                         f"at different positions {pos.tolist()} cannot share one step")
+    return make_rope(spec, head_dim, pos[:, None], int(pos.max()) + 1)
 
 
 # ---------------------------------------------------------------------------- rotation

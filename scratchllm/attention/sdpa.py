@@ -10,6 +10,8 @@ dk = scale dS^T q; the G query heads of a group sum into their KV head.
 Sink logits (gpt-oss, `sinks=`): each head h adds one softmax column of constant logit
 sinks[h] that takes probability mass and carries no value, so a row may attend to "nothing";
 P = softmax([S, sinks[h]]) with the last column dropped before P v.
+Soft-capped scores (Gemma 2, `softcap=c`): S = c tanh(scale q k^T / c) before the mask and
+the bias (core/softcap.py's pair; its backward multiplies dS by 1 - tanh^2).
 
 Glossary: B batch, Tq/Tk query/key lengths, H query heads, Hkv KV heads, G = H / Hkv,
 Dh head dim, Dv value head dim.
@@ -23,6 +25,7 @@ from scratchllm.attention.sdpa_softmax import (FusedSoftmaxCache, softmax_scores
                                                softmax_scores_backward_)
 from scratchllm.core.twins import use_fused
 from scratchllm.core.ops import SoftmaxCache, softmax_backward, softmax_forward
+from scratchllm.core.softcap import softcap_backward, softcap_forward
 from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_integer,
                                       expect_ndim, expect_shape)
 
@@ -38,6 +41,7 @@ class SDPACache(NamedTuple):
     has_sinks: bool
     n_heads: int  # H (the rows of q hold G = H / Hkv heads each)
     fused: bool  # the forward took sdpa_softmax.py's one-pass softmax: so does the backward
+    softcap: tuple = None  # SoftcapCache of the capped scores (softcap=c), else None
 
 
 def _masked_out(fn, mask, B, H, Hkv, Tq, Tk):
@@ -71,7 +75,7 @@ def check_heads(fn, q, k, v):
     return B, H, Tq, Dh, Hkv, Tk
 
 
-def sdpa_forward(q, k, v, mask=None, scale=None, *, bias=None, sinks=None):
+def sdpa_forward(q, k, v, mask=None, scale=None, *, bias=None, sinks=None, softcap=None):
     """out = softmax(q k^T * scale, masked) v, with grouped K/V heads allowed.
 
     Inputs:  q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv), H a multiple of Hkv
@@ -80,7 +84,8 @@ def sdpa_forward(q, k, v, mask=None, scale=None, *, bias=None, sinks=None):
              broadcastable to (B, H, Tq, Tk)) or None (attend everywhere);
              scale defaults to Dh^-1/2;
              bias float broadcastable to (B, H, Tq, Tk) added to the scores (ALiBi), or None;
-             sinks (H,) or None: per-head sink logits (never masked, no value).
+             sinks (H,) or None: per-head sink logits (never masked, no value);
+             softcap c or None: the scores become c tanh(scores / c) before mask and bias.
     Returns: out (B, H, Tq, Dv); a fully masked query row gives zeros.
     Cache:   (q grouped as (B, Hkv, G*Tq, Dh), k, v, scale, softmax cache holding P).
     The G query heads of a group are stacked along the rows, so each KV head meets one
@@ -94,11 +99,14 @@ def sdpa_forward(q, k, v, mask=None, scale=None, *, bias=None, sinks=None):
     scale = Dh ** -0.5 if scale is None else expect_finite("sdpa", "scale", scale)
     qg = q.reshape(B, Hkv, G * Tq, Dh)  # (B, Hkv, G*Tq, Dh)
     s = qg @ k.swapaxes(-1, -2)  # (B, Hkv, G*Tq, Tk)
-    if _fused_case(keep, bias, sinks, s, Tq) and use_fused():
+    if softcap is None and _fused_case(keep, bias, sinks, s, Tq) and use_fused():
         p = softmax_scores_(s, keep, scale)  # (B, Hkv, G*Tq, Tk), in place, one pass per row
         return (p @ v).reshape(B, H, Tq, v.shape[3]), SDPACache(
             qg, k, v, scale, FusedSoftmaxCache(p), None, False, H, True)  # (B, H, Tq, Dv)
     s *= np.asarray(scale, dtype=s.dtype)
+    cap_cache = None
+    if softcap is not None:  # Gemma 2: S = c tanh(scale q k^T / c)
+        s, cap_cache = softcap_forward(s, cap=softcap)  # (B, Hkv, G*Tq, Tk)
     if bias is not None:  # S = scale q k^T + bias
         expect_float("sdpa", "bias", bias)
         if bias.ndim > 4 or any(n not in (1, m) for n, m in zip(bias.shape[::-1],
@@ -114,7 +122,8 @@ def sdpa_forward(q, k, v, mask=None, scale=None, *, bias=None, sinks=None):
     p, sm_cache = softmax_forward(s, axis=-1)  # (B, Hkv, G*Tq, Tk[+1])
     out = (p[..., :Tk] @ v).reshape(B, H, Tq, v.shape[3])  # (B, H, Tq, Dv); no sink value
     return out, SDPACache(qg, k, v, scale, sm_cache,
-                          None if bias is None else bias.shape, sinks is not None, H, False)
+                          None if bias is None else bias.shape, sinks is not None, H, False,
+                          cap_cache)
 
 
 def sdpa_backward(dout, cache):
@@ -131,7 +140,7 @@ def sdpa_backward(dout, cache):
     (arXiv 2305.13245); gpt-oss sinks: huggingface/transformers
     src/transformers/models/gpt_oss/modeling_gpt_oss.py eager_attention_forward.
     """
-    qg, k, v, scale, sm_cache, bias_shape, has_sinks, H, fused = cache
+    qg, k, v, scale, sm_cache, bias_shape, has_sinks, H, fused, cap_cache = cache
     B, Hkv, GTq, _ = qg.shape
     Tk = k.shape[2]
     Tq, Dv = GTq * Hkv // H, v.shape[3]
@@ -153,6 +162,8 @@ def sdpa_backward(dout, cache):
         ds = ds[..., :Tk]  # (B, Hkv, G*Tq, Tk)
     if bias_shape is not None:  # fwd: S += bias -> dbias = dS summed over its broadcast axes
         grads["bias"] = _sum_to(ds.reshape(B, H, Tq, -1), bias_shape)
+    if cap_cache is not None:  # fwd: S = c tanh(S0 / c) -> dS0 = dS (1 - tanh^2)
+        ds = softcap_backward(ds, cap_cache)["x"]  # (B, Hkv, G*Tq, Tk)
     ds *= np.asarray(scale, dtype=ds.dtype)  # fwd: S = scale q k^T
     dq = (ds @ k).reshape(B, H, Tq, qg.shape[3])  # (B, H, Tq, Dh)
     dk = ds.swapaxes(-1, -2) @ qg  # (B, Hkv, Tk, Dh)

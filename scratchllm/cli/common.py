@@ -3,10 +3,13 @@
     usage error (unknown flag, missing argument)   exit 2   "scratchllm COMMAND: ..."
     runtime error (bad file, bad value, bad data)  exit 1   "scratchllm COMMAND: ..."
     Ctrl-C outside a training loop                 exit 130
+    any error on one rank of an MPI job            exit 1 (the whole job, never a hang)
+                                                   "scratchllm COMMAND: rank R of N: ..."
 """
 import argparse
 import math
 import sys
+import traceback
 
 RUNTIME_ERRORS = (ValueError, TypeError, OSError)  # CheckpointError is a ValueError
 
@@ -69,6 +72,24 @@ def run(command, body, args):
     except KeyboardInterrupt:
         print(f"\nscratchllm {command}: interrupted", file=sys.stderr)
         return 130
+
+
+def run_on_ranks(command, body, args, world):
+    """body(args) -> exit code on every rank of an MPI job (world: a dist.Group). An exception
+    on any rank prints `scratchllm COMMAND: rank R of N: ...` (with the traceback when it is
+    not a runtime error) and aborts the whole job with exit 1, so no rank waits forever in a
+    collective for one that died."""
+    try:
+        return body(args)
+    except (Exception, KeyboardInterrupt) as e:
+        if not isinstance(e, RUNTIME_ERRORS + (KeyboardInterrupt,)):
+            traceback.print_exc()
+        what = "interrupted" if isinstance(e, KeyboardInterrupt) else str(e)
+        print(f"scratchllm {command}: rank {world.rank} of {world.size}: {what}",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        world.abort(1)
+        return 1
 
 
 def print_results(results):

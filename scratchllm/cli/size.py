@@ -4,14 +4,23 @@ and the chapters' rules beside them (12·L·D², 2N / 6N, the attention/MLP cros
 L·W, KV against Mamba state at 1k / 32k / 1M); --explain prints each line's formula. The
 arithmetic is scratchllm/teach/sizing.py and the rules scratchllm/teach/rules.py (pure Python:
 this command loads no numpy).
+
+--serve prints the roofline of one decode step per batch size instead (--hw a100 | h100 | h200
+| laptop | this, --batch 1,8,64, --json, --plot PNG: scratchllm/cli/size_serve.py over
+scratchllm/teach/serving.py); only --hw this (measured here) loads numpy.
 """
+import argparse
+import sys
+
 from scratchllm.cli.common import Parser, run
-from scratchllm.specs import FFNSpec, MambaSpec, MLASpec, MoESpec
+from scratchllm.cli.size_serve import save_serve_plot, serve_json, serve_table
+from scratchllm.specs import PRESETS, FFNSpec, MambaSpec, MLASpec, MoESpec, preset
 from scratchllm.specs.unflat import mixer_letter
 from scratchllm.teach.arch import MODELS
 from scratchllm.teach.rules import (CONTEXTS, attention_crossover, block_pieces, cache_at,
                                     flop_rules, mamba_state_numbers, receptive_field,
                                     twelve_l_d2)
+from scratchllm.teach.serving import HARDWARE, hardware
 from scratchllm.teach.sizing import (DTYPE_BYTES, attention_spec, attention_width, ffns,
                                      flops_per_token, human, human_bytes, kv_cache, mixers,
                                      n_attention_layers, parameters, serving_memory,
@@ -212,29 +221,92 @@ def build_parser():
     parser.add_argument("model", nargs="?", help="a model name (see --list)")
     parser.add_argument("--list", action="store_true", help="list the known models")
     parser.add_argument("--context", type=int, default=4096, help="tokens per sequence")
-    parser.add_argument("--batch", type=int, default=1, help="sequences served at once")
+    parser.add_argument("--batch", type=batch_list, default=[1],
+                        help="sequences served at once (--serve: a list, e.g. 1,8,64)")
     parser.add_argument("--dtype", default="bf16", choices=list(DTYPE_BYTES),
                         help="dtype of the weights (and of the cache unless --kv-dtype)")
     parser.add_argument("--kv-dtype", choices=list(DTYPE_BYTES), help="dtype of the cache")
     parser.add_argument("--explain", action="store_true",
                         help="print the formula behind each line")
+    serve = parser.add_argument_group("serving (the roofline of a decode step)")
+    serve.add_argument("--serve", action="store_true",
+                       help="bytes read, FLOPs, intensity and time per decode step per batch")
+    serve.add_argument("--hw", choices=[*HARDWARE, "this"],
+                       help="the device (default h100; this: measured here with numpy)")
+    serve.add_argument("--json", action="store_true", help="print only a JSON list")
+    serve.add_argument("--plot", metavar="PNG", help="tokens/s against batch, to this file")
+    serve.add_argument("--measure", action="store_true",
+                       help="with --hw this: also time the library's own decode of MODEL (a "
+                            "preset: dense, moe, mla, ...) at each batch size")
     return parser
+
+
+def batch_list(text):
+    """An argparse `type`: "1,8,64" -> [1, 8, 64], each an integer >= 1."""
+    try:
+        batches = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got "
+                                         f"{text!r}") from None
+    if min(batches) < 1:
+        raise argparse.ArgumentTypeError(f"every batch must be >= 1, got {text}")
+    return batches
 
 
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.model is not None and args.model not in MODELS:
-        parser.error(f"unknown model {args.model!r}; known: {', '.join(MODELS)}")
-    if args.context < 1 or args.batch < 1:
-        parser.error(f"--context and --batch must be >= 1, got {args.context} and {args.batch}")
+    if args.model is not None and args.model not in MODELS and args.model not in PRESETS:
+        parser.error(f"unknown model {args.model!r}; known: {', '.join(MODELS)} and the "
+                     f"presets {', '.join(PRESETS)}")
+    if args.context < 1:
+        parser.error(f"--context must be >= 1, got {args.context}")
+    given = [f for f in ("hw", "json", "plot", "measure") if getattr(args, f)]
+    if not args.serve and given:
+        parser.error(f"--{given[0]} belongs to --serve")
+    if not args.serve and len(args.batch) > 1:
+        parser.error(f"one --batch without --serve, got {len(args.batch)}")
+    if args.serve and args.model is None:
+        parser.error("--serve needs a MODEL")
+    if args.measure and (args.hw != "this" or args.json):
+        parser.error("--measure times this machine: it needs --hw this, and prints a table "
+                     "(not --json)")
     return run("size", _size, args)
 
 
 def _size(args):
     if args.list or args.model is None:
         print("\n".join(f"{name:<16} {describe(cfg)}" for name, cfg in MODELS.items()))
+        print(f"\npresets (the models this library trains): {', '.join(PRESETS)}")
         return 0
-    print(report(MODELS[args.model], args.context, args.batch, args.dtype, args.kv_dtype,
+    if args.serve:
+        return _serve(args)
+    print(report(_model(args.model), args.context, args.batch[0], args.dtype, args.kv_dtype,
                  args.explain))
+    return 0
+
+
+def _model(name):
+    """A published config (teach/arch.py) or a preset (scratchllm.specs.PRESETS)."""
+    return MODELS[name] if name in MODELS else preset(name)
+
+
+def _serve(args):
+    cfg, dtypes = _model(args.model), (args.dtype, args.kv_dtype or args.dtype)
+    measured = None
+    if args.hw == "this":
+        # numpy measures this machine: imported only here, so `size` otherwise loads no numpy
+        from scratchllm.cli.hardware import measure_decode, measure_this
+        hw = measure_this()
+        if args.measure:
+            measured = measure_decode(cfg, args.batch, args.context)
+    else:
+        hw = hardware(args.hw or "h100")
+    if args.json:
+        print(serve_json(cfg, hw, args.batch, args.context, dtypes))
+    else:
+        print(serve_table(cfg, hw, args.batch, args.context, dtypes, measured))
+    if args.plot and not save_serve_plot(args.plot, cfg, hw, args.context, dtypes, measured):
+        print(f"scratchllm size: no plot written (matplotlib missing, or not even one "
+              f"sequence fits {hw.name})", file=sys.stderr)
     return 0

@@ -2,7 +2,7 @@
 dense ops as forward/backward pairs (ops; LayerNorm in norms, GELU and the GPT-2 MLP in
 gelu), Param/Module and the thin Modules (nn), the optimizer (optim), and the fused Numba twins
 of the training step's element-wise ops (fused) with the Twin that picks one per forward
-(twins), and the one atomic file writer (atomic). Imports nothing else of scratchllm."""
+(twins), the one atomic file writer (atomic), and logit soft-capping (softcap). Imports nothing else of scratchllm."""
 from .atomic import atomic_write
 from .fused import (CROSS_ENTROPY, RMSNORM, SWIGLU, AdamWStep, adamw_update, adamw_update_ref,
                     fused_cross_entropy_backward, fused_cross_entropy_forward,
@@ -19,6 +19,7 @@ from .ops import (cross_entropy_backward, cross_entropy_forward, embedding_backw
                   sigmoid_forward, silu_backward, silu_forward, softmax_backward,
                   softmax_forward, softplus_backward, softplus_forward, swiglu_backward,
                   swiglu_forward)
+from .softcap import softcap_backward, softcap_forward
 from .optim import AdamW, NonFiniteError, clip_grad_norm, cosine_schedule
 from .twins import Twin, TwinCache, use_fused
 
@@ -37,5 +38,5 @@ __all__ = [
     "log_softmax_forward", "normal_init", "rmsnorm_backward", "rmsnorm_forward",
     "sigmoid_backward", "sigmoid_forward", "silu_backward", "silu_forward", "softmax_backward",
     "softmax_forward", "softplus_backward", "softplus_forward", "swiglu_backward",
-    "swiglu_forward",
+    "swiglu_forward", "softcap_backward", "softcap_forward",
 ]

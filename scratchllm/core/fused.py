@@ -85,13 +85,16 @@ def _rmsnorm_rows_backward(dy, x, g, rstd, dx, dg):
 def fused_rmsnorm_forward(x, g, eps=1e-5):
     """ops.rmsnorm_forward in one pass per row.  Inputs: x (..., D), g (D,).
     Returns: y (..., D).  Cache: (x rows, g, rstd (BT,), x.shape)."""
-    expect_float("rmsnorm", "x", x, 1)
-    expect_shape("rmsnorm", "g", g, (x.shape[-1],), "the last axis of x")
+    ops.check_rmsnorm_inputs(x, g)
     eps = expect_finite("rmsnorm", "eps", eps, 0, open_low=True)
     xr = _rows(x)  # (BT, D)
     y = np.empty_like(xr)  # (BT, D)
     rstd = np.empty(xr.shape[0], x.dtype)  # (BT,)
     _rmsnorm_rows(xr, g, eps, y, rstd)
+    odd = rstd == 0  # (BT,) the sum of squares overflowed float64, or the row holds inf:
+    if odd.any():    # the readable pair's rescaling (or its NaN for an inf row) decides
+        y[odd], c = ops.rmsnorm_forward(xr[odd], g, eps)
+        rstd[odd] = c.rstd[:, 0]
     return y.reshape(x.shape), FusedRMSNormCache(xr, g, rstd, x.shape)
 
 
@@ -196,9 +199,14 @@ def _softmax_xent_rows(z, targets, ignore_index, dz, zero):
             dz[i, :] = 0
             continue
         m = z[i, 0]
-        for j in range(1, V):
+        n_inf = 0
+        for j in range(V):
             m = max(m, z[i, j])
-        if not np.isfinite(m):  # a fully masked row: shift by 0
+            n_inf += z[i, j] == np.inf
+        if n_inf == 1:  # the limit: softmax one-hot on the +inf logit, loss 0 or inf
+            total += _one_inf_row(z[i], t, dz[i])
+            continue
+        if not np.isfinite(m):  # a fully masked row: shift by 0 (several +inf: NaN)
             m = zero
         for j in range(V):  # vectorised: exp_lanes in z's dtype
             dz[i, j] = exp_lanes(z[i, j] - m)
@@ -211,6 +219,16 @@ def _softmax_xent_rows(z, targets, ignore_index, dz, zero):
             dz[i, j] = dz[i, j] * inv
         dz[i, t] -= 1
     return total
+
+
+@njit(cache=True, nogil=True)
+def _one_inf_row(z, t, dz):
+    """A row with exactly one +inf logit at its limit: dz = onehot(inf) - onehot(t); the loss
+    is 0 when t is that logit, else inf (ops.log_softmax_forward's limit)."""
+    for j in range(z.shape[0]):
+        dz[j] = 1.0 if z[j] == np.inf else 0.0
+    dz[t] -= 1
+    return 0.0 if z[t] == np.inf else np.inf
 
 
 def fused_cross_entropy_forward(logits, targets, ignore_index=-100):

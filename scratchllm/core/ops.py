@@ -102,26 +102,38 @@ def rmsnorm_forward(x, g, eps=1e-5):
     Inputs:  x (..., D), g (D,).
     Returns: y (..., D).  Cache: (x, g, rstd); xhat = x * rstd is recomputed.
     """
-    expect_float("rmsnorm", "x", x, 1)
-    expect_shape("rmsnorm", "g", g, (x.shape[-1],), "the last axis of x")
+    check_rmsnorm_inputs(x, g)
     eps = expect_finite("rmsnorm", "eps", eps, 0, open_low=True)
     with np.errstate(over="ignore"):  # an overflowing row is rescaled below
         ms = np.mean(x * x, axis=-1, keepdims=True)  # (..., 1)
     rstd = 1.0 / np.sqrt(ms + eps)  # (..., 1)
     if not np.isfinite(ms).all():  # x * x overflowed (float32 |x| > 1.8e19, float16 > 255)
         rstd = _rescaled_rstd(x, eps, rstd)
-    return x * rstd * g, RMSNormCache(x, g, rstd)  # (..., D)
+    with np.errstate(invalid="ignore"):  # inf * NaN in a row holding inf: NaN, as documented
+        return x * rstd * g, RMSNormCache(x, g, rstd)  # (..., D)
+
+
+def check_rmsnorm_inputs(x, g):
+    """x (..., D) float with D >= 1, g (D,): rmsnorm's checks, shared by its fused twin."""
+    expect_float("rmsnorm", "x", x, 1)
+    if x.shape[-1] == 0:
+        raise ValueError(f"rmsnorm: x has shape {x.shape}: D = 0 features (nothing to "
+                         f"normalise)")
+    expect_shape("rmsnorm", "g", g, (x.shape[-1],), "the last axis of x")
 
 
 def _rescaled_rstd(x, eps, rstd):
     """rstd of the rows whose mean square overflowed, from x / s with s = max|x| per row:
-    rstd = (1/s) / sqrt(mean((x/s)^2) + eps/s^2), every term representable."""
+    rstd = (1/s) / sqrt(mean((x/s)^2) + eps/s^2), every term representable. A row holding
+    inf gets NaN (a documented choice: with several infinite entries the limit depends on
+    their rates, and one rule for every inf row is easier to reason about)."""
     s = np.max(np.abs(x), axis=-1, keepdims=True)  # (..., 1)
     big = np.isfinite(s) & (s > 1)  # (..., 1) finite rows only: inf/NaN inputs stay NaN
+    holds_inf = np.isinf(s)  # (..., 1) a row holding inf has no limit: all NaN
     s = np.where(big, s, 1).astype(x.dtype)  # (..., 1)
     xs = x / s  # (..., D)
     r = (1 / s) / np.sqrt(np.mean(xs * xs, axis=-1, keepdims=True) + eps / s / s)  # (..., 1)
-    return np.where(big, r, rstd).astype(rstd.dtype)  # (..., 1)
+    return np.where(holds_inf, np.nan, np.where(big, r, rstd)).astype(rstd.dtype)  # (..., 1)
 
 
 def rmsnorm_backward(dy, cache):
@@ -230,6 +242,21 @@ def _safe_max(x, axis):
     return np.where(np.isfinite(m), m, 0).astype(x.dtype)
 
 
+def _at_the_limit(fn, x, axis):
+    """x, refused when its axis is empty, with each row holding exactly one +inf replaced by
+    its limit's logits: 0 there and -inf elsewhere, so softmax gives the exact one-hot and
+    log_softmax [.., 0, ..] (-inf elsewhere). A row with several +inf has no limit (it depends
+    on their rates): it gives NaN."""
+    if x.shape[axis] == 0:
+        raise ValueError(f"{fn}: x has shape {x.shape}: axis {axis} is empty (no entries to "
+                         f"normalise over)")
+    pos = np.isposinf(x)
+    if not pos.any():
+        return x
+    one = np.sum(pos, axis=axis, keepdims=True) == 1
+    return np.where(one, np.where(pos, 0, -np.inf), x).astype(x.dtype)
+
+
 class SoftmaxCache(NamedTuple):
     y: np.ndarray  # softmax(x), or log_softmax(x) in a LogSoftmaxCache
     axis: int
@@ -241,15 +268,18 @@ class LogSoftmaxCache(NamedTuple):
 
 
 def softmax_forward(x, axis=-1):
-    """y = exp(x - max) / sum exp(x - max). A fully masked (-inf) row gives zeros.
+    """y = exp(x - max) / sum exp(x - max). A fully masked (-inf) row gives zeros; a row with
+    one +inf gives its limit, the one-hot (_at_the_limit).
 
     Inputs: x (...), any axis.  Returns: y, same shape.  Cache: (y, axis).
     """
     expect_float("softmax", "x", x, 1)
     expect_integer("softmax", "axis", axis, -x.ndim, x.ndim - 1)
+    x = _at_the_limit("softmax", x, axis)  # (...)
     e = np.exp(x - _safe_max(x, axis))  # (...)
     total = np.sum(e, axis=axis, keepdims=True, dtype=_acc(x))  # (..., 1, ...)
-    y = (e / np.where(total > 0, total, 1)).astype(x.dtype)  # (...)
+    with np.errstate(invalid="ignore"):  # a row with several +inf: inf / inf, NaN (no limit)
+        y = (e / np.where(total > 0, total, 1)).astype(x.dtype)  # (...)
     return y, SoftmaxCache(y, axis)
 
 
@@ -267,16 +297,19 @@ def softmax_backward(dy, cache):
 
 
 def log_softmax_forward(x, axis=-1):
-    """y = x - logsumexp(x). A fully masked (-inf) row gives -inf (and zero gradient).
+    """y = x - logsumexp(x). A fully masked (-inf) row gives -inf (and zero gradient); a row
+    with one +inf gives its limit, 0 there and -inf elsewhere (_at_the_limit).
 
     Inputs: x (...).  Returns: y, same shape.  Cache: (y, axis); softmax = exp(y) is recomputed.
     """
     expect_float("log_softmax", "x", x, 1)
     expect_integer("log_softmax", "axis", axis, -x.ndim, x.ndim - 1)
+    x = _at_the_limit("log_softmax", x, axis)  # (...)
     shifted = x - _safe_max(x, axis)  # (...)
     total = np.sum(np.exp(shifted), axis=axis, keepdims=True, dtype=_acc(x))  # (..., 1, ...)
     live = total > 0
-    y = np.where(live, shifted - np.log(np.where(live, total, 1)), -np.inf).astype(x.dtype)
+    with np.errstate(invalid="ignore"):  # a row with several +inf: NaN (no limit)
+        y = np.where(live, shifted - np.log(np.where(live, total, 1)), -np.inf).astype(x.dtype)
     return y, LogSoftmaxCache(y, axis)
 
 

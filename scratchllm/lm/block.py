@@ -4,6 +4,8 @@ then (a decoder's) cross-attention, then an FFN, each a residual sub-layer aroun
 A sub-layer f with its norm N sits where LayerSpec.placement says:
     pre        y = x + f(N(x))              (GPT-2 onward, Llama)
     sandwich   y = x + N'(f(N(x)))          (Gemma 2, 3: N' a second norm on f's output)
+    output     y = x + N(f(x))              (OLMo 2: the norm on f's output only; OLMo et
+                                             al. 2024, arXiv 2501.00656)
     post       y = N(x + f(x))              (Vaswani et al. 2017; its gradients at init grow
                                              toward the output layers: Xiong et al. 2020,
                                              arXiv 2002.04745)
@@ -66,12 +68,15 @@ class Block(Module):
             pre        y = x + call(norm(x))                (out_norm is None)
             sandwich   y = x + out_norm(call(norm(x)))
             post       y = norm(x + call(x))
+            output     y = x + norm(call(x))                (out_norm is None)
         x (..., D) -> (y (..., D), SublayerCache)."""
-        pre = self.spec.placement != "post"
+        if self.spec.placement == "output":  # N on f's output only
+            norm, out_norm = None, norm
+        pre = self.spec.placement not in ("post", "output")
         a, c_norm = norm.forward(x) if pre else (x, None)  # (..., D)
         m, c_inner = call(a)  # (..., D)
         m, c_out = (m, None) if out_norm is None else out_norm.forward(m)  # (..., D)
-        y, c_post = (x + m, None) if pre else norm.forward(x + m)  # (..., D)
+        y, c_post = norm.forward(x + m) if self.spec.placement == "post" else (x + m, None)
         return y, SublayerCache(c_norm, c_inner, c_out, c_post)
 
     def _body(self, x, mix, context=None):
@@ -114,6 +119,8 @@ class Block(Module):
         """Reverse of _sublayer; back(dm, cache) -> (da, extra) is f's backward.
         Returns (dx, extra)."""
         c_norm, c_inner, c_out, c_post = cache
+        if self.spec.placement == "output":  # fwd: m = norm(f(x)), no norm before f
+            norm, out_norm = None, norm
         ds = dy if c_post is None else norm.backward(dy, c_post)  # fwd: y = norm(s) (post)
         dm = ds if c_out is None else out_norm.backward(ds, c_out)  # fwd: m = out_norm(m)
         da, extra = back(dm, c_inner)  # fwd: m = f(a)
@@ -159,7 +166,9 @@ class Block(Module):
         for name, b in other.named_buffers():
             setattr(self.ffn, name.removeprefix("ffn."), b)
 
-    def after_step(self, caches):
+    def after_step(self, caches, across=None):
         """The FFN's after-step update from this block's cache of each shard: an MoE's share
-        of routed slots per expert (E,), else None."""
-        return None if self.ffn is None else self.ffn.after_step([c.ffn.inner for c in caches])
+        of routed slots per expert (E,), else None (across: LM.after_step's)."""
+        if self.ffn is None:
+            return None
+        return self.ffn.after_step([c.ffn.inner for c in caches], across)

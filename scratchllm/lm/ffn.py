@@ -39,7 +39,7 @@ class Dense:
     def named_buffers(self):
         return []
 
-    def after_step(self, caches):
+    def after_step(self, caches, across=None):
         return None
 
 
@@ -73,11 +73,14 @@ class MoEFFN(MoE):
     def named_buffers(self):
         return [("selection_bias", self.selection_bias)]
 
-    def after_step(self, caches):
-        """The share of routed slots per expert (E,) over the shards' caches; with the
-        router's bias_gamma > 0, the aux-loss-free bias update from those counts (in place:
-        replicas share the array)."""
+    def after_step(self, caches, across=None):
+        """The share of routed slots per expert (E,) over the shards' caches (and over the
+        data-parallel processes: across sums an array over them); with the router's
+        bias_gamma > 0, the aux-loss-free bias update from those counts (in place: replicas
+        share the array)."""
         counts = sum(np.asarray(c.tokens_per_expert, np.float64) for c in caches)  # (E,)
+        if across is not None:
+            counts = across(counts)
         if self.spec.router.bias_gamma > 0:
             self.update_bias(counts, self.spec.router.bias_gamma)
         return counts / max(counts.sum(), 1)

@@ -4,6 +4,7 @@
     x_0 = E[ids]  (* sqrt(D): embed_scale) (+ P[positions]: learned or sinusoidal)
     x_l = block_l(x_{l-1})          mixer (attention, MLA, Mamba, a recurrence) and FFN
     logits = norm(x_L) @ W_head     (W_head = E^T if tied)
+             (-> c tanh(logits / c) with cfg.logit_softcap c: Gemma 2)
     loss = CE(logits, targets) + sum over layers of the FFN's aux terms
            (an MoE's balance_coef * aux + z_coef * z; none for a dense FFN)
 
@@ -22,6 +23,7 @@ import numpy as np
 from scratchllm.attention import sinusoidal_positions
 from scratchllm.core import fused
 from scratchllm.core.nn import Embedding, Linear, Module
+from scratchllm.core.softcap import softcap_backward, softcap_forward
 from scratchllm.core.validate import expect_int, expect_ndim
 from scratchllm.lm.block import Block
 from scratchllm.lm.mixers import make_norm
@@ -39,6 +41,7 @@ class LMCache(NamedTuple):
     norm: tuple
     head: tuple
     aux: list   # per layer: its FFN's weighted aux terms ((name, value), ...)
+    softcap: tuple = None  # SoftcapCache of the capped logits (cfg.logit_softcap), else None
 
 
 class LossCache(NamedTuple):
@@ -85,8 +88,13 @@ class LM(Module):
         return [(f"layers.{i}.{name}", b) for i, layer in enumerate(self.layers)
                 for name, b in layer.named_buffers()]
 
-    def forward(self, ids):
-        """ids (B, T) ints -> (logits (B, T, V), LMCache)."""
+    def forward(self, ids=None, *, input_ids=None):
+        """ids (B, T) ints -> (logits (B, T, V), LMCache). The ids go positionally or by
+        transformers' keyword, forward(input_ids=ids); exactly one of the two."""
+        if (ids is None) == (input_ids is None):
+            raise TypeError("LM.forward: give the token ids once, as forward(ids) or "
+                            "forward(input_ids=ids)")
+        ids = input_ids if ids is None else ids
         expect_int("LM", "ids", ids)
         expect_ndim("LM", "ids", ids, 2, "(B, T)")
         if ids.shape[1] < 1:
@@ -105,8 +113,9 @@ class LM(Module):
             blocks.append(c)
         h, cn = self.norm.forward(x)  # (B, T, D)
         logits, ch = self._head_forward(h)  # (B, T, V)
+        logits, c_cap = self._cap(logits)  # (B, T, V)
         aux = [layer.aux_losses(c) for layer, c in zip(self.layers, blocks)]
-        return logits, LMCache(None, blocks, cn, ch, aux)
+        return logits, LMCache(None, blocks, cn, ch, aux, c_cap)
 
     def _embed_forward(self, ids, start=0):
         """x_0 = E[ids] (+ P[start + t]: sinusoidal, a constant with no backward, or a learned
@@ -114,17 +123,24 @@ class LM(Module):
         x, c_tok = self.embed.forward(ids)  # (B, T, D)
         if self.cfg.embed_scale:  # Gemma: E[ids] * sqrt(D), sqrt(D) in the weights' dtype
             x = x * np.asarray(self.cfg.d_model ** 0.5, x.dtype)  # (B, T, D)
+        start = np.reshape(start, (-1, 1))  # (1 | B, 1): one start, or one per row
+        positions = np.broadcast_to(start + np.arange(ids.shape[1]), ids.shape)  # (B, T)
         if self.cfg.positions == "sinusoidal":
-            T, D = x.shape[1], x.shape[2]
-            x = x + sinusoidal_positions(start + T, D)[start:].astype(x.dtype)  # (B, T, D)
+            table = sinusoidal_positions(int(positions.max()) + 1, x.shape[2])  # (P, D)
+            x = x + table[positions].astype(x.dtype)  # (B, T, D)
         if self.cfg.positions != "learned":
             return x, EmbedCache(c_tok, None)
-        positions = np.broadcast_to(start + np.arange(ids.shape[1]), ids.shape)  # (B, T)
         p, c_pos = self.pos.forward(positions)  # (B, T, D)
         return x + p, EmbedCache(c_tok, c_pos)
 
     def _head_forward(self, h):
         return self.embed.attend(h) if self.head is None else self.head.forward(h)
+
+    def _cap(self, logits):
+        """(c tanh(logits / c), its cache) with cfg.logit_softcap c, else (logits, None)."""
+        if self.cfg.logit_softcap is None:
+            return logits, None
+        return softcap_forward(logits, cap=self.cfg.logit_softcap)  # (..., V)
 
     def backward(self, dlogits, cache, dloss_aux=1.0):
         """dlogits (B, T, V) -> Param grads (+=). Every FFN aux term of the loss gets the
@@ -141,7 +157,9 @@ class LM(Module):
     def trunk_backward(self, dlogits, cache, dloss_aux=1.0):
         """The backward of trunk_forward: dlogits (B, T, V) -> dx_0 (B, T, D), the Params
         after the embedding getting their gradients (a tied head's into E)."""
-        _, blocks, cn, ch, _ = cache
+        _, blocks, cn, ch, _, c_cap = cache
+        if c_cap is not None:
+            dlogits = softcap_backward(dlogits, c_cap)["x"]  # fwd: logits = c tanh(z / c)
         if self.head is None:
             dh = self.embed.attend_backward(dlogits, ch)  # fwd: logits = h @ E^T
         else:
@@ -172,16 +190,17 @@ class LM(Module):
         logits, _ = self.forward(ids)
         return float(fused.CROSS_ENTROPY.forward(logits, targets)[0])
 
-    def after_step(self, caches):
+    def after_step(self, caches, across=None):
         """After an optimizer step, given the step's LossCache (or one per data-parallel
         shard): each FFN's after-step update, from its caches of every shard (an MoE layer's
         aux-loss-free bias update when its router's bias_gamma > 0, from the routed counts
-        summed over shards). Returns [(layer, share of routed slots per expert)] for the MoE
-        layers."""
+        summed over shards). across: a function that sums an array over the data-parallel
+        processes (their shards' counts too), or None. Returns [(layer, share of routed
+        slots per expert)] for the MoE layers."""
         caches = caches if isinstance(caches, list) else [caches]
         stats = []
         for i, layer in enumerate(self.layers):
-            share = layer.after_step([c.lm.blocks[i] for c in caches])  # (E,) or None
+            share = layer.after_step([c.lm.blocks[i] for c in caches], across)  # (E,) or None
             if share is not None:
                 stats.append((i, share))
         return stats
@@ -219,16 +238,24 @@ class LM(Module):
         for layer, st in zip(self.layers, state):
             x = layer.prefill(x, st)  # (B, T, D)
         h, _ = self.norm.forward(x)  # (B, T, D)
-        return self._head_forward(h)[0]  # (B, T, V)
+        return self._cap(self._head_forward(h)[0])[0]  # (B, T, V)
 
     def decode(self, ids_t, state, position):
-        """One token per sequence: ids_t (B,) at `position` -> logits (B, V); updates state."""
+        """One token per sequence: ids_t (B,) at `position` -> logits (B, V); updates state.
+        position is an int, or (B,) ints, one per row: requests at different lengths share a
+        batch, a row at position 0 starts a new sequence (attention and MLA states only: a
+        recurrent state keeps no positions, so its rows must stay in step)."""
+        if np.ndim(position) and not all(hasattr(st, "key_mask") for st in state):
+            if (np.asarray(position) != np.asarray(position).flat[0]).any():
+                raise ValueError("LM.decode: one position per row needs attention or MLA "
+                                 "layers (a recurrent state keeps no positions); give the "
+                                 "rows one int position")
         x, _ = self._embed_forward(np.asarray(ids_t)[:, None], position)  # (B, 1, D)
         x = x[:, 0]  # (B, D)
         for layer, st in zip(self.layers, state):
             x = layer.decode(x, st, position)  # (B, D)
         h, _ = self.norm.forward(x)  # (B, D)
-        return self._head_forward(h)[0]  # (B, V)
+        return self._cap(self._head_forward(h)[0])[0]  # (B, V)
 
 
 def loss_pair(model):

@@ -1,6 +1,8 @@
 """The experts of an MoE layer and the dispatch that feeds them: tokens sorted by expert once,
 each expert a SwiGLU on its contiguous slice (the grouped-GEMM pattern), and the capacity rule;
-and gpt-oss's expert, the clamped SwiGLU with biases.
+gpt-oss's expert, the clamped SwiGLU with biases; and the plain MLP expert with biases,
+y = GELU(x W1 + b1) W2 + b2 (core.gelu's gelu_mlp pair, erf GELU as torch's nn.GELU), the
+expert of the first MoE listings (Shazeer et al. 2017, arXiv 1701.06538; Switch).
 
 Dispatch: the BT K routing slots are sorted by expert (a stable argsort, so token order
 survives inside an expert), the first C = ceil(c BT K / E) of each expert are kept and the
@@ -23,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core import fused, ops
+from scratchllm.core.gelu import gelu_mlp_backward, gelu_mlp_forward
 from scratchllm.core.validate import (expect_dout, expect_float, expect_int, expect_ndim,
                                       expect_positive, expect_shape)
 
@@ -53,6 +56,20 @@ def check_clamped_layer(fn, x, w_router, gate_up, gate_up_b, down, down_b):
     expect_shape(fn, "gate_up_b", gate_up_b, (E, F2), "(E, 2F), matching gate_up")
     expect_shape(fn, "down", down, (E, F2 // 2, D), "(E, F, D), matching gate_up")
     expect_shape(fn, "down_b", down_b, (E, D), "(E, D)")
+    return x.reshape(-1, D), E  # (BT, D)
+
+
+def check_mlp_layer(fn, x, w_router, w1, b1, w2, b2):
+    """Validate a layer's plain MLP experts; return x flattened to (BT, D) and E. Raises
+    ValueError unless w1 is (E, D, F), b1 (E, F), w2 (E, F, D), b2 (E, D)."""
+    expect_float(fn, "x", x, 1)
+    D = x.shape[-1]
+    expect_shape(fn, "w_router", w_router, (D, None), f"(D, E) with D = {D}")
+    E = w_router.shape[1]
+    expect_shape(fn, "w1", w1, (E, D, None), f"(E, D, F) with E = {E} router columns, D = {D}")
+    F = w1.shape[2]
+    for name, w, shape in (("b1", b1, (E, F)), ("w2", w2, (E, F, D)), ("b2", b2, (E, D))):
+        expect_shape(fn, name, w, shape, "matching w1 (E, D, F)")
     return x.reshape(-1, D), E  # (BT, D)
 
 
@@ -196,6 +213,15 @@ def clamped_swiglu_backward(dy, cache):
     return grads
 
 
+def _expect_floats(fn, xs, weights, first_layout):
+    """xs (M, D) and every stacked weight float; the first weight 3-d (first_layout)."""
+    for name, w in weights.items():
+        expect_float(fn, name, w)
+    expect_float(fn, "xs", xs, 2)
+    first = next(iter(weights))
+    expect_ndim(fn, first, weights[first], 3, first_layout)
+
+
 CLAMPED_KEYS = dict(gate_up="gate_up", gate_up_b="gate_up_b", down="down", down_b="down_b")
 
 
@@ -209,10 +235,7 @@ def clamped_experts_forward(xs, bounds, gate_up, gate_up_b, down, down_b, *, alp
     """
     fn = "clamped_experts"
     weights = dict(gate_up=gate_up, gate_up_b=gate_up_b, down=down, down_b=down_b)
-    for name, w in weights.items():
-        expect_float(fn, name, w)
-    expect_float(fn, "xs", xs, 2)
-    expect_ndim(fn, "gate_up", gate_up, 3, "(E, D, 2F)")
+    _expect_floats(fn, xs, weights, "(E, D, 2F)")
     E, D = gate_up.shape[0], xs.shape[1]
     expect_shape(fn, "gate_up", gate_up, (E, D, None), f"(E, D, 2F) with D = {D}")
     expect_shape(fn, "gate_up_b", gate_up_b, (E, gate_up.shape[2]), "(E, 2F), like gate_up")
@@ -227,6 +250,32 @@ def clamped_experts_backward(dys, cache):
     Returns {xs, gate_up, gate_up_b, down, down_b}."""
     return _experts_grads("clamped_experts_backward", dys, cache, clamped_swiglu_backward,
                           CLAMPED_KEYS)
+
+
+# ---------------------------------------------------------------------------- plain MLP expert
+def mlp_experts_forward(xs, bounds, w1, b1, w2, b2):
+    """Expert i runs gelu_mlp (y = GELU(x w1_i + b1_i) w2_i + b2_i, erf GELU) on its rows.
+
+    Inputs:  xs (M, D) rows sorted by expert, bounds (E+1,), w1 (E, D, F), b1 (E, F),
+             w2 (E, F, D), b2 (E, D).
+    Returns: ys (M, D).  Cache: ExpertsCache of the per-expert gelu_mlp caches.
+    """
+    fn = "mlp_experts"
+    weights = dict(w1=w1, b1=b1, w2=w2, b2=b2)
+    _expect_floats(fn, xs, weights, "(E, D, F)")
+    E, D, F = w1.shape
+    expect_shape(fn, "w1", w1, (E, xs.shape[1], F), f"(E, D, F) with D = {xs.shape[1]}")
+    for name, shape in (("b1", (E, F)), ("w2", (E, F, D)), ("b2", (E, D))):
+        expect_shape(fn, name, weights[name], shape, "matching w1 (E, D, F)")
+    _check_bounds(fn, bounds, E, xs.shape[0])
+    return _run_experts(xs, bounds, gelu_mlp_forward, weights, approximate="none")
+
+
+def mlp_experts_backward(dys, cache):
+    """Each expert slice through gelu_mlp_backward (linear, gelu, linear); no rows -> zeros.
+    Returns {xs, w1, b1, w2, b2}."""
+    return _experts_grads("mlp_experts_backward", dys, cache, gelu_mlp_backward,
+                          dict(w1="W1", b1="b1", w2="W2", b2="b2"))
 
 
 # ---------------------------------------------------------------------------- dispatch

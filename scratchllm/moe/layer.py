@@ -7,8 +7,8 @@ Papers: Switch Transformer (arXiv 2101.03961), Mixtral (arXiv 2401.04088), ST-Mo
 Math (token n):
     (g_n, K_n, p, s) = router(x_n)                                  gates over the chosen k
     y_n = sum_{i in K_n, slot kept} g_ni expert_i(x_n) + SwiGLU_shared(x_n)
-(the experts: SwiGLU (w1, w3, w2), or gpt-oss's clamped SwiGLU with biases (gate_up,
-gate_up_b, down, down_b; experts.py))
+(the experts: SwiGLU (w1, w3, w2), gpt-oss's clamped SwiGLU with biases (gate_up,
+gate_up_b, down, down_b), or the plain GELU MLP with biases (w1, b1, w2, b2); experts.py)
     aux = E sum_i f_i P_i       z = mean_n logsumexp(s_n)^2          (losses.py)
 Capacity C = ceil(c BT k / E) slots per expert; slots are kept in token order and the
 overflow is dropped (zero contribution: the caller's residual carries the token).
@@ -24,12 +24,14 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core import fused, ops
+from scratchllm.core.gelu import gelu_mlp_forward
 from scratchllm.core.nn import Module, Param, normal_init
 from scratchllm.core.validate import expect_douts, expect_instance, expect_shape
 from scratchllm.moe.experts import (Dispatch, ExpertsCache, capacity_of, check_clamped_layer,
-                                    check_layer, clamped_experts_backward,
+                                    check_layer, check_mlp_layer, clamped_experts_backward,
                                     clamped_experts_forward, clamped_swiglu_forward, dispatch,
-                                    experts_backward, experts_forward)
+                                    experts_backward, experts_forward, mlp_experts_backward,
+                                    mlp_experts_forward)
 from scratchllm.moe.losses import (BalanceLossCache, ZLossCache, balance_loss_backward,
                                    balance_loss_forward, update_selection_bias, z_loss_backward,
                                    z_loss_forward)
@@ -52,9 +54,15 @@ class MoEWeights(NamedTuple):
     shared_w1: np.ndarray = None  # (D, Fs) the shared expert, iff spec.d_shared = Fs > 0
     shared_w3: np.ndarray = None  # (D, Fs)
     shared_w2: np.ndarray = None  # (Fs, D)
+    b1: np.ndarray = None  # (E, F)  the plain MLP experts (kind "mlp"): w1 (E, D, F) + b1,
+    b2: np.ndarray = None  # (E, D)  w2 (E, F, D) + b2
 
 
-EXPERTS = {"swiglu": ("w1", "w3", "w2"), "clamped": ("gate_up", "gate_up_b", "down", "down_b")}
+EXPERTS = {"swiglu": ("w1", "w3", "w2"), "clamped": ("gate_up", "gate_up_b", "down", "down_b"),
+           "mlp": ("w1", "b1", "w2", "b2")}
+EXPERT_FIELDS = tuple(n for n in MoEWeights._fields if any(n in v for v in EXPERTS.values()))
+EXPERTS_PAIRS = {"swiglu": experts_backward, "clamped": clamped_experts_backward,
+                 "mlp": mlp_experts_backward}
 SHARED = ("shared_w1", "shared_w3", "shared_w2")
 
 
@@ -76,7 +84,7 @@ class MoECache(NamedTuple):
     ys: np.ndarray
     gates: np.ndarray
     shared: tuple  # the shared expert's SWIGLU TwinCache, None without one
-    clamped: bool  # gpt-oss's clamped experts (else SwiGLU)
+    kind: str  # spec.experts.kind: "swiglu", "clamped" (gpt-oss) or "mlp"
     losses: tuple  # (aux, z): the values of MoEOut.aux, MoEOut.z (for MoE.aux_losses)
 
     @property
@@ -95,12 +103,15 @@ def _check_moe(fn, x, w, spec):
     expect_instance(fn, "spec", spec, MoESpec)
     expect_instance(fn, "w", w, MoEWeights)
     kind, names = spec.experts.kind, EXPERTS[spec.experts.kind]
-    given = tuple(n for n in EXPERTS["swiglu"] + EXPERTS["clamped"] if getattr(w, n) is not None)
-    if given != names:
+    given = tuple(n for n in EXPERT_FIELDS if getattr(w, n) is not None)
+    if sorted(given) != sorted(names):
         raise ValueError(f"{fn}: spec.experts.kind {kind!r} takes the experts {list(names)}, "
                          f"got w with {list(given)}")
     if kind == "swiglu":
         xf, E = check_layer(fn, x, w.w_router, w.w1, w.w3, w.w2)  # (BT, D)
+        F = w.w1.shape[2]
+    elif kind == "mlp":
+        xf, E = check_mlp_layer(fn, x, w.w_router, w.w1, w.b1, w.w2, w.b2)  # (BT, D)
         F = w.w1.shape[2]
     else:
         xf, E = check_clamped_layer(fn, x, w.w_router, w.gate_up, w.gate_up_b, w.down, w.down_b)
@@ -149,8 +160,10 @@ def moe_forward(x, w, *, spec, selection_bias=None):
     z, z_cache = z_loss_forward(logits)
     disp = dispatch(topk_idx, E, C)
     xs = xf[disp.slots // k]  # (M, D) kept tokens, grouped by expert
-    clamped = spec.experts.kind == "clamped"
-    if clamped:
+    kind = spec.experts.kind
+    if kind == "mlp":
+        ys, e_cache = mlp_experts_forward(xs, disp.bounds, w.w1, w.b1, w.w2, w.b2)  # (M, D)
+    elif kind == "clamped":
         ys, e_cache = clamped_experts_forward(xs, disp.bounds, w.gate_up, w.gate_up_b, w.down,
                                               w.down_b, alpha=spec.experts.alpha,
                                               limit=spec.experts.limit)  # (M, D)
@@ -165,7 +178,7 @@ def moe_forward(x, w, *, spec, selection_bias=None):
         y_shared, s_cache = fused.SWIGLU.forward(xf, w.shared_w1, w.shared_w3, w.shared_w2)
         y = y + y_shared  # (BT, D)
     cache = MoECache(x.shape, r_cache, b_cache, z_cache, disp, e_cache, ys, g, s_cache,
-                     clamped, (aux, z))
+                     kind, (aux, z))
     return MoEOut(y.reshape(x.shape), aux, z), cache
 
 
@@ -178,7 +191,7 @@ def moe_backward(dout, cache):
     Returns: {"x": dx (..., D), "w": MoEWeights of the gradients (None where w had None)}.
     Reference: Switch Transformer (arXiv 2101.03961) §2; Mixtral (arXiv 2401.04088) §2.1.
     """
-    x_shape, r_cache, b_cache, z_cache, disp, e_cache, ys, g, s_cache, clamped, _ = cache
+    x_shape, r_cache, b_cache, z_cache, disp, e_cache, ys, g, s_cache, kind, _ = cache
     expect_douts("moe_backward", dout, {"y": (x_shape, ys.dtype), "aux": ((), ys.dtype),
                                         "z": ((), ys.dtype)})
     dy, daux, dz = dout
@@ -188,8 +201,7 @@ def moe_backward(dout, cache):
     dslot = dy[disp.slots // k]  # (M, D)  fwd: slot_out[slots] = g * ys, y = sum of slots
     dgates = np.zeros(BT * k, ys.dtype)  # (BTK,)
     dgates[disp.slots] = np.einsum("md,md->m", dslot, ys)  # dg = <dy, ys>
-    experts_bwd = clamped_experts_backward if clamped else experts_backward
-    g_e = experts_bwd(g[:, None] * dslot, e_cache)  # dys = g dy
+    g_e = EXPERTS_PAIRS[kind](g[:, None] * dslot, e_cache)  # dys = g dy
     dx_slot = np.zeros((BT * k, D), ys.dtype)  # (BTK, D)  fwd: xs = x[slots // k]
     dx_slot[disp.slots] = g_e.pop("xs")
     dprobs = None if daux is None else balance_loss_backward(daux, b_cache)["probs"]
@@ -219,6 +231,9 @@ def moe_forward_ref(x, w, *, spec, selection_bias=None):
             return clamped_swiglu_forward(row, w.gate_up[i], w.gate_up_b[i], w.down[i],
                                           w.down_b[i], alpha=spec.experts.alpha,
                                           limit=spec.experts.limit)[0]
+        if spec.experts.kind == "mlp":
+            return gelu_mlp_forward(row, w.w1[i], w.b1[i], w.w2[i], w.b2[i],
+                                    approximate="none")[0]
         return ops.swiglu_forward(row, w.w1[i], w.w3[i], w.w2[i])[0]
 
     (gates, topk_idx, probs, logits), _ = router_forward(
@@ -249,7 +264,7 @@ class MoE(Module):
     update_bias(tokens_per_expert, gamma) moves the selection bias towards balance
     (aux-loss-free), in place, so replicas that share the array see it.
     Init: w_router, w1, w3, gate_up, shared_w1/w3 ~ N(0, 1/D); w2, down, shared_w2 ~ N(0, 1/F)
-    (1/Fs); the biases b_router, gate_up_b, down_b zero.
+    (1/Fs); the biases b_router, gate_up_b, down_b, b1, b2 zero.
     """
 
     def __init__(self, d_model, spec, *, rng, dtype=np.float32):
@@ -262,6 +277,11 @@ class MoE(Module):
             self.w1 = Param(normal_init(rng, (E, D, F), D ** -0.5, dtype))
             self.w3 = Param(normal_init(rng, (E, D, F), D ** -0.5, dtype))
             self.w2 = Param(normal_init(rng, (E, F, D), F ** -0.5, dtype))
+        elif spec.experts.kind == "mlp":
+            self.w1 = Param(normal_init(rng, (E, D, F), D ** -0.5, dtype))
+            self.b1 = Param(np.zeros((E, F), dtype))
+            self.w2 = Param(normal_init(rng, (E, F, D), F ** -0.5, dtype))
+            self.b2 = Param(np.zeros((E, D), dtype))
         else:
             self.gate_up = Param(normal_init(rng, (E, D, 2 * F), D ** -0.5, dtype))
             self.gate_up_b = Param(np.zeros((E, 2 * F), dtype))

@@ -1,10 +1,11 @@
-"""The MoE auxiliary losses as forward/backward pairs: the Switch balance loss, the ST-MoE
-router z-loss, and the aux-loss-free selection-bias update (DeepSeek-V3), which has no gradient.
+"""The MoE auxiliary losses as forward/backward pairs: the Switch balance loss, DeepSeek-V3's
+sequence-wise balance loss, the ST-MoE router z-loss, and the aux-loss-free selection-bias
+update (DeepSeek-V3), which has no gradient.
 
 Papers: Switch Transformer (arXiv 2101.03961) §2.2, ST-MoE (arXiv 2202.08906) §3.5,
 DeepSeek-V3 (arXiv 2412.19437) §2.1.2, aux-loss-free balancing (Wang et al., arXiv 2408.15664).
 
-Glossary: BT tokens (rows), E experts, K top-k (k in code).
+Glossary: BT tokens (rows), B sequences of T tokens, E experts, K top-k (k in code).
 """
 from typing import NamedTuple
 
@@ -107,3 +108,61 @@ def update_selection_bias(bias, tokens_per_expert, gamma):
                  np.shape(bias), "(E,), like bias")
     load = np.asarray(tokens_per_expert, dtype=np.float64)  # (E,)
     return (bias + gamma * np.sign(load.mean() - load)).astype(bias.dtype)  # (E,)
+
+
+# ---------------------------------------------------------------------------- per sequence
+class SequenceBalanceCache(NamedTuple):
+    f: np.ndarray  # (B, E) per-sequence load, a constant
+    s_norm: np.ndarray  # (B, T, E) affinities normalised over the experts
+    s_sum: np.ndarray  # (B, T, 1) their sums
+
+
+def sequence_balance_loss_forward(scores, topk_idx):
+    """DeepSeek-V3's sequence-wise balance loss: balance inside every sequence, not only over
+    the batch (a batch can be balanced while each sequence sends all its tokens to a few
+    experts). Per sequence b of T tokens (DeepSeek-V3, arXiv 2412.19437, eqs. 17-20):
+        s'_ti = s_ti / sum_j s_tj                         affinities normalised per token
+        f_i = E / (K T) * #{t : i in topk(t)}             load, a constant (no gradient)
+        P_i = (1/T) sum_t s'_ti
+        L_b = sum_i f_i P_i                               1 at perfect balance (f = 1, P = 1/E)
+    and the loss is the mean of L_b over the batch (the coefficient alpha is the caller's).
+    With softmax scores s' = s; with DeepSeek-V3's sigmoid scores the normalisation matters.
+
+    Inputs:  scores (B, T, E) positive affinities (softmax probabilities or sigmoid scores);
+             topk_idx (B, T, K) integers in [0, E).
+    Returns: loss, 0-d array of scores' dtype.  Cache: (f, s', sum s).
+    """
+    fn = "sequence_balance_loss"
+    expect_float(fn, "scores", scores)
+    expect_shape(fn, "scores", scores, (None, None, None), "(B, T, E)")
+    expect_int(fn, "topk_idx", topk_idx)
+    B, T, E = scores.shape
+    expect_shape(fn, "topk_idx", topk_idx, (B, T, None), "(B, T, K)")
+    if topk_idx.size and (topk_idx.min() < 0 or topk_idx.max() >= E):
+        raise ValueError(f"{fn}: topk_idx must lie in [0, E) = [0, {E}), got values in "
+                         f"[{topk_idx.min()}, {topk_idx.max()}]")
+    K = topk_idx.shape[2]
+    counts = np.zeros((B, E))  # (B, E) routed slots per sequence
+    np.add.at(counts, (np.repeat(np.arange(B), T * K), topk_idx.ravel()), 1)
+    f = (counts * E / (K * T)).astype(scores.dtype)  # (B, E)
+    s_sum = scores.sum(axis=-1, keepdims=True)  # (B, T, 1)
+    s_norm = scores / s_sum  # (B, T, E)
+    P = s_norm.mean(axis=1)  # (B, E)
+    loss = np.asarray(np.mean(np.sum(f * P, axis=-1)), dtype=scores.dtype)
+    return loss, SequenceBalanceCache(f, s_norm, s_sum)
+
+
+def sequence_balance_loss_backward(dloss, cache):
+    """Math: L = (1/B) sum_b sum_i f_bi (1/T) sum_t s'_bti, f constant, s' = s / sum_j s_j:
+        dL/ds'_bti = f_bi / (B T)  =: g_bti
+        dL/ds_btj = (g_btj - sum_i g_bti s'_bti) / sum_i s_bti   (the normalisation's Jacobian)
+    With softmax scores (sum = 1) the second term is what makes each row's gradient orthogonal
+    to s'. Reference: DeepSeek-V3 (arXiv 2412.19437) §2.1.2 eqs. (17)-(20).
+    Returns {scores}."""
+    f, s_norm, s_sum = cache
+    expect_dout("sequence_balance_loss_backward", dloss, (), s_norm.dtype, name="dloss")
+    B, T, E = s_norm.shape
+    g = np.asarray(dloss, s_norm.dtype) * f[:, None, :] / (B * T)  # (B, 1, E) dL/ds'
+    # fwd: s' = s / sum_j s_j
+    ds = (g - np.sum(g * s_norm, axis=-1, keepdims=True)) / s_sum  # (B, T, E)
+    return {"scores": ds.astype(s_norm.dtype)}

@@ -7,6 +7,7 @@ inv_freq, a mask's boolean array) is built by the attention package from it.
 
 Glossary: H query heads, Hkv KV heads, Dh head dim, W window, S sink tokens.
 """
+import math
 from dataclasses import dataclass
 
 from scratchllm.specs._check import fail, flag, instance, one_of, positive_int, real
@@ -27,9 +28,14 @@ ROPE_SCALINGS = {
 
 def rope_scaling_params(scaling):
     """(rope_type, the other keys as a dict) of a rope_scaling dict ("type" in older
-    configs); ValueError for an unknown rope_type, an unknown key or a missing one."""
+    configs); ValueError for an unknown rope_type, an unknown or missing key, or a value
+    outside its domain (_check_scaling_values)."""
     params = dict(scaling)
+    if "rope_type" in params and "type" in params and params["rope_type"] != params["type"]:
+        raise ValueError(f"rope_type={params['rope_type']!r} and type={params['type']!r} "
+                         f"disagree; give one")
     rope_type = params.pop("rope_type", params.pop("type", None))
+    params.pop("type", None)
     if rope_type not in ROPE_SCALINGS:
         raise ValueError(f"scaling['rope_type'] = {rope_type!r} is not one of "
                          f"{sorted(ROPE_SCALINGS)}")
@@ -41,7 +47,46 @@ def rope_scaling_params(scaling):
     missing = [k for k in required if params.get(k) is None]
     if missing:
         raise ValueError(f"rope_type {rope_type!r} needs key(s) {missing}")
+    _check_scaling_values(rope_type, params)
     return rope_type, params
+
+
+def _number(params, key, low, *, strict=True):
+    """params[key] (when present and not None) is a finite real > low (>= low if not
+    strict); an int where the key counts positions."""
+    v = params.get(key)
+    if v is None:
+        return
+    if key == "original_max_position_embeddings":
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{key} must be an integer >= 1, got {v!r}"
+                             + (" (a string)" if isinstance(v, str) else ""))
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (
+            v <= low if strict else v < low):
+        raise ValueError(f"{key} must be a finite number {'>' if strict else '>='} {low}, "
+                         f"got {v!r}")
+
+
+def _check_scaling_values(rope_type, params):
+    """The domains HF's rope init functions assume: a factor >= 1 (a factor below 1 would
+    compress positions the other way), yarn's beta_fast > beta_slow > 0, llama3's
+    0 < low_freq_factor < high_freq_factor, and counts of positions as integers."""
+    _number(params, "factor", 1.0, strict=False)
+    _number(params, "original_max_position_embeddings", 1)
+    for key in ("beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor", "mscale",
+                "mscale_all_dim"):
+        _number(params, key, 0.0)
+    _number(params, "attention_factor", 0.0)
+    if rope_type == "yarn" and params.get("beta_fast", 32) <= params.get("beta_slow", 1):
+        raise ValueError(f"yarn needs beta_fast > beta_slow, got beta_fast="
+                         f"{params.get('beta_fast', 32)!r}, beta_slow="
+                         f"{params.get('beta_slow', 1)!r}")
+    if rope_type == "llama3" and params["low_freq_factor"] >= params["high_freq_factor"]:
+        raise ValueError(f"llama3 needs low_freq_factor < high_freq_factor, got "
+                         f"{params['low_freq_factor']!r} >= {params['high_freq_factor']!r}")
+    if "truncate" in params and not isinstance(params["truncate"], bool):
+        raise ValueError(f"truncate must be True or False, got {params['truncate']!r}")
 
 
 @dataclass(frozen=True)
@@ -115,18 +160,19 @@ class AttentionSpec:
     """A grouped-query attention layer (GQA, Ainslie et al. 2023; MHA at Hkv = H, MQA at 1).
 
     head_dim None means d_model / n_heads.  qkv_bias, o_bias: biases on the projections
-    (Qwen2; GPT-2).  qk_norm: an RMSNorm over each q and k head before RoPE (Qwen3, Gemma 3),
-    with its eps and gain offset (Gemma: gain = offset + g).  scale: the softmax scale (None =
+    (Qwen2; GPT-2).  qk_norm: an RMSNorm over each q and k head before RoPE (True: Qwen3,
+    Gemma 3), or "full": over the whole q and k projections (H*Dh and Hkv*Dh: OLMo 2), with its eps and gain offset (Gemma: gain = offset + g).  scale: the softmax scale (None =
     Dh^-1/2).  sinks: a learned sink logit per head (gpt-oss).  rope None: no rotary positions
     (NoPE, or GPT-2's learned table); alibi: ALiBi's fixed per-head biases instead.  impl
     "sdpa" (dense scores) or "flash" (tiled, block x block).  mask: the Mask every call of the
-    layer uses (decoding keeps window + n_sink keys)."""
+    layer uses (decoding keeps window + n_sink keys).  softcap c: the scores become
+    c tanh(scores / c) before the mask (Gemma 2; impl "sdpa"), None for plain scores."""
     n_heads: int = 4
     n_kv_heads: int = 2
     head_dim: int = None
     qkv_bias: bool = False
     o_bias: bool = False
-    qk_norm: bool = False
+    qk_norm: object = False
     norm_eps: float = 1e-6
     norm_offset: float = 0.0
     scale: float = None
@@ -136,16 +182,21 @@ class AttentionSpec:
     impl: str = "sdpa"
     block: int = 128
     mask: Mask = Mask()
+    softcap: float = None
 
     def __post_init__(self):
         for name in ("n_heads", "n_kv_heads", "block"):
             positive_int(self, name)
         positive_int(self, "head_dim", none_ok=True)
-        for name in ("qkv_bias", "o_bias", "qk_norm", "sinks", "alibi"):
+        for name in ("qkv_bias", "o_bias", "sinks", "alibi"):
             flag(self, name)
+        if not isinstance(self.qk_norm, bool) and self.qk_norm != "full":
+            fail(self, f"qk_norm must be False, True (per head) or 'full' (over the whole "
+                       f"projection), got {self.qk_norm!r}", "qk_norm")
         real(self, "norm_eps", 0, open_low=True)
         real(self, "norm_offset")
         real(self, "scale", 0, open_low=True, none_ok=True)
+        real(self, "softcap", 0, open_low=True, none_ok=True)
         instance(self, "rope", RopeSpec, none_ok=True)
         instance(self, "mask", Mask)
         one_of(self, "impl", ("sdpa", "flash"))
@@ -156,6 +207,8 @@ class AttentionSpec:
             fail(self, "rope and alibi are two position schemes; give one (rope=None for ALiBi)")
         if self.head_dim is not None and self.rope is not None and self.head_dim % 2:
             fail(self, f"RoPE rotates pairs: head_dim={self.head_dim} must be even")
+        if self.impl == "flash" and self.softcap is not None:
+            fail(self, "softcap caps the dense scores: it needs impl='sdpa'", "softcap")
         if self.impl == "flash" and (self.mask.array is not None or self.mask.block):
             fail(self, "impl='flash' tiles causal, window and n_sink; a mask array or a block "
                        "pattern needs impl='sdpa'")
@@ -171,7 +224,7 @@ class AttentionSpec:
         """wq, wk, wv, wo (+ biases, QK-norm gains, sink logits)."""
         D, H, Hkv, Dh = d_model, self.n_heads, self.n_kv_heads, self.dh(d_model)
         n = D * H * Dh + 2 * D * Hkv * Dh + H * Dh * D + self.n_biases(d_model)
-        n += 2 * Dh if self.qk_norm else 0
+        n += (H + Hkv) * Dh if self.qk_norm == "full" else 2 * Dh if self.qk_norm else 0
         return n + (H if self.sinks else 0)
 
     def n_biases(self, d_model):

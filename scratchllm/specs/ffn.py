@@ -77,23 +77,27 @@ class RouterSpec:
 
 @dataclass(frozen=True)
 class ExpertsSpec:
-    """The routed experts: "swiglu" (w1, w3, w2 stacked over E) or "clamped" (gpt-oss:
-    interleaved gate_up with biases, gate clamped at limit, sigma(alpha gate)); d_ff each."""
+    """The routed experts: "swiglu" (w1, w3, w2 stacked over E), "clamped" (gpt-oss:
+    interleaved gate_up with biases, gate clamped at limit, sigma(alpha gate)) or "mlp" (the
+    plain two-layer MLP with biases, w1 + b1 -> GELU (erf, torch's nn.GELU) -> w2 + b2);
+    d_ff each."""
     kind: str = "swiglu"
     d_ff: int = 192
     alpha: float = 1.702
     limit: float = 7.0
 
     def __post_init__(self):
-        one_of(self, "kind", ("swiglu", "clamped"))
+        one_of(self, "kind", ("swiglu", "clamped", "mlp"))
         positive_int(self, "d_ff")
         real(self, "alpha", 0, open_low=True)
         real(self, "limit", 0, open_low=True)
 
     def n_params(self, d_model):
         """One expert: w1, w3 (D, F) and w2 (F, D); clamped: gate_up (D, 2F) + its bias and
-        down (F, D) + its bias."""
+        down (F, D) + its bias; mlp: w1 (D, F) + b1 and w2 (F, D) + b2."""
         D, F = d_model, self.d_ff
+        if self.kind == "mlp":
+            return 2 * D * F + F + D
         return 3 * D * F if self.kind == "swiglu" else 3 * D * F + 2 * F + D
 
 

@@ -86,12 +86,15 @@ class Flat:
     attn_scale: float = None
     layer_types: list = None
     rope_local_base: float = None
+    attn_softcap: float = None
+    logit_softcap: float = None
 
 
 FLAT_NAMES = tuple(f.name for f in fields(Flat))
 RENAMED = {  # (spec, field) -> the flat name that sets it, where the two differ
     ("AttentionSpec", "sinks"): "attn_sinks", ("AttentionSpec", "scale"): "attn_scale",
-    ("AttentionSpec", "impl"): "attn_impl", ("RopeSpec", "base"): "rope_base",
+    ("AttentionSpec", "impl"): "attn_impl", ("AttentionSpec", "softcap"): "attn_softcap",
+    ("RopeSpec", "base"): "rope_base",
     ("RopeSpec", "scaling"): "rope_scaling", ("RopeSpec", "style"): "rope_style",
     ("RouterSpec", "bias"): "router_bias",
     ("ExpertsSpec", "kind"): "experts", ("ExpertsSpec", "alpha"): "swiglu_alpha",
@@ -119,7 +122,7 @@ def from_flat(**flat):
         _moe(f)
         embedded = f.positions if f.positions in ("learned", "sinusoidal") else "none"
         return ModelConfig(f.name, f.vocab_size, f.d_model, layers, norm, f.tie_embeddings,
-                           f.embed_scale, embedded, f.max_positions)
+                           f.embed_scale, embedded, f.max_positions, f.logit_softcap)
     except SpecError as e:
         if e.spec == "ModelConfig":
             raise
@@ -173,9 +176,9 @@ def _check_layers(f):
         bad(f"n_sink={f.n_sink} needs a window (the sink tokens are kept beside it)")
     if f.attention == "mla" and (f.positions != "rope" or f.attn_impl != "sdpa"
                                  or f.window is not None or f.head_dim or f.qkv_bias
-                                 or f.qk_norm):
+                                 or f.qk_norm or f.attn_softcap is not None):
         bad("attention='mla' supports positions='rope', attn_impl='sdpa', no window, and none "
-            "of head_dim, qkv_bias, qk_norm (options of attention='gqa')")
+            "of head_dim, qkv_bias, qk_norm, attn_softcap (options of attention='gqa')")
     if f.positions != "rope" and (f.rope_scaling is not None or f.rope_style != "half"):
         bad(f"rope_scaling={f.rope_scaling!r} and rope_style={f.rope_style!r} act only "
             f"through RoPE, and positions={f.positions!r}")
@@ -211,7 +214,7 @@ def _mixer(f, i, kind):
     return AttentionSpec(
         f.n_heads, f.n_kv_heads, f.head_dim, f.qkv_bias, f.o_bias, f.qk_norm, f.norm_eps,
         f.norm_offset, f.attn_scale, f.attn_sinks, rope if f.positions == "rope" else None,
-        f.positions == "alibi", f.attn_impl, mask=mask)
+        f.positions == "alibi", f.attn_impl, mask=mask, softcap=f.attn_softcap)
 
 
 def is_moe_layer(f, i):

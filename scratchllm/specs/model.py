@@ -3,7 +3,8 @@
 A LayerSpec is a token mixer spec (AttentionSpec, MLASpec, MambaSpec, Mamba2Spec,
 RecurrentSpec, RWKVSpec), an FFN spec (FFNSpec, MoESpec or None for a mixer-only block), the
 norm and where it sits: "pre" (x + f(norm(x))), "post" (norm(x + f(x)): Vaswani et al. 2017)
-or "sandwich" (x + norm(f(norm(x))): Gemma 2, 3). lm/ builds one Block per LayerSpec; teach/
+"sandwich" (x + norm(f(norm(x))): Gemma 2, 3) or "output" (x + norm(f(x)): OLMo 2's norm on
+the sub-layer's output only). lm/ builds one Block per LayerSpec; teach/
 sizes the same objects, so `size` and `LM` can never disagree. Plain Python: no numpy here.
 """
 from dataclasses import dataclass
@@ -46,13 +47,14 @@ class LayerSpec:
         instance(self, "mixer", MIXERS)
         instance(self, "ffn", FFNS, none_ok=True)
         instance(self, "norm", NormSpec)
-        one_of(self, "placement", ("pre", "post", "sandwich"))
+        one_of(self, "placement", ("pre", "post", "sandwich", "output"))
         if self.ffn is None and self.placement != "pre":
             fail(self, f"a mixer-only block (ffn=None) is pre-norm, got {self.placement!r}")
 
     @property
     def n_norms(self):
-        """norm1 (+ norm2 with an FFN) (+ the two output norms of a sandwich block)."""
+        """norm1 (+ norm2 with an FFN) (+ the two output norms of a sandwich block); an
+        "output" block's norm1 and norm2 sit on the sub-layers' outputs."""
         return (1 if self.ffn is None else 2) * (2 if self.placement == "sandwich" else 1)
 
     def n_params(self, d_model, active=False):
@@ -68,7 +70,8 @@ class ModelConfig:
 
     positions: what the embedding adds ("none"; "learned": GPT-2's wpe of max_positions rows;
     "sinusoidal": Vaswani et al.'s fixed table); RoPE and ALiBi live in each AttentionSpec.
-    embed_scale: x_0 = E[ids] sqrt(D) (Gemma).  tie_embeddings: the head is E^T."""
+    embed_scale: x_0 = E[ids] sqrt(D) (Gemma).  tie_embeddings: the head is E^T.
+    logit_softcap c: the logits become c tanh(logits / c) (Gemma 2), None for plain logits."""
     name: str = "custom"
     vocab_size: int = 1024
     d_model: int = 128
@@ -78,6 +81,7 @@ class ModelConfig:
     embed_scale: bool = False
     positions: str = "none"
     max_positions: int = 1024
+    logit_softcap: float = None
 
     def __post_init__(self):
         if not isinstance(self.name, str):
@@ -101,6 +105,7 @@ class ModelConfig:
         flag(self, "tie_embeddings")
         flag(self, "embed_scale")
         one_of(self, "positions", ("none", "learned", "sinusoidal"))
+        real(self, "logit_softcap", 0, open_low=True, none_ok=True)
 
     @property
     def n_layers(self):

@@ -19,7 +19,7 @@ SPECS = {c.__name__: c for c in (AttentionSpec, Mask, MLASpec, RopeSpec, Experts
                                  MoESpec, RouterSpec, Mamba2Spec, MambaSpec, RecurrentSpec,
                                  RWKVSpec, LayerSpec, NormSpec)}
 TRUNK = ("name", "vocab_size", "d_model", "tie_embeddings", "embed_scale", "positions",
-         "max_positions")
+         "max_positions", "logit_softcap")
 
 
 def spec_to_dict(spec):

@@ -23,7 +23,7 @@ def to_flat(cfg):
                 n_layers=len(layers), tie_embeddings=cfg.tie_embeddings,
                 embed_scale=cfg.embed_scale, max_positions=cfg.max_positions,
                 norm=cfg.norm.kind, norm_eps=cfg.norm.eps, norm_offset=cfg.norm.offset,
-                block=layers[0].placement)
+                block=layers[0].placement, logit_softcap=cfg.logit_softcap)
     kinds = "".join(mixer_letter(layer.mixer) for layer in layers)
     flat["layer_pattern"] = None if set(kinds) == {"A"} else kinds
     flat.update(_mixer_fields(cfg))
@@ -84,7 +84,8 @@ def _attention_fields(attention, positions, mixers):
     a = attention[0]
     out = dict(n_heads=a.n_heads, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim,
                qkv_bias=a.qkv_bias, o_bias=a.o_bias, qk_norm=a.qk_norm,
-               attn_scale=a.scale, attn_sinks=a.sinks, attn_impl=a.impl)
+               attn_scale=a.scale, attn_sinks=a.sinks, attn_impl=a.impl,
+               attn_softcap=a.softcap)
     if positions == "none":
         out["positions"] = "alibi" if a.alibi else "rope" if a.rope is not None else "nope"
     windows = {m.mask.window for m in attention}

@@ -10,6 +10,8 @@ the kernel and the output are real.
 Initialisations (B = 1, C ~ CN(0, 1), log Δ ~ U[log 1e-3, log 1e-1]):
     S4D-Lin  A_n = −1/2 + iπn
     S4D-Inv  A_n = −1/2 + i (2N/π) (2N/(2n+1) − 1)     (2N the real state size)
+    S4D-LegS A_n = the eigenvalues of HiPPO-LegS's normal part (size 2N) with Im > 0, and
+             B = V* B (s4.py's dplr_legs): Re A = −1/2 exactly
 Gradients of a real loss w.r.t. a complex z = a + ib are carried as dz = ∂L/∂a + i ∂L/∂b.
 For a holomorphic step w = f(z) that is dz = conj(f'(z)) dw, so each real backward of the
 lti pairs (linear in dout, holomorphic in its inputs) serves as conj(backward(conj(dw))).
@@ -25,6 +27,7 @@ import numpy as np
 from scratchllm.core.nn import Module, Param
 from scratchllm.core.validate import (expect_dout, expect_float, expect_instance, expect_ndim,
                                       expect_shape)
+from scratchllm.ssm.s4 import dplr_legs
 from scratchllm.ssm.lti import (ConvCache, KernelCache, ZohCache, fft_conv_backward,
                                 fft_conv_forward, ssm_kernel_backward, ssm_kernel_forward,
                                 ssm_step, zoh_backward, zoh_forward)
@@ -130,17 +133,23 @@ def s4d_complex_step(x_t, state, w):
 
 
 def s4d_init(d_model, n_modes, init, *, rng, dtype=np.float64):
-    """S4DComplexWeights of S4D-Lin ("lin") or S4D-Inv ("inv") (see the module doc)."""
+    """S4DComplexWeights of S4D-Lin ("lin"), S4D-Inv ("inv") or S4D-LegS ("legs"): the
+    module doc."""
     n = np.arange(n_modes, dtype=np.float64)  # (N,)
+    B = np.ones(n_modes, complex)  # (N,)
     if init == "lin":
         imag = np.pi * n  # (N,)
     elif init == "inv":
         imag = (2 * n_modes / np.pi) * (2 * n_modes / (2 * n + 1) - 1)  # (N,)
+    elif init == "legs":  # half of each conjugate pair of the 2N normal-part eigenvalues
+        d = dplr_legs(2 * n_modes)
+        keep = np.argsort(d.Lambda.imag)[n_modes:]  # (N,) Im > 0, ascending
+        imag, B = d.Lambda.imag[keep], d.B[keep]  # (N,)
     else:
-        raise ValueError(f"s4d_init: init must be 'lin' or 'inv', got {init!r}")
+        raise ValueError(f"s4d_init: init must be 'lin', 'inv' or 'legs', got {init!r}")
     shape = (d_model, n_modes)
     p = dict(A_log_re=np.full(shape, np.log(0.5)), A_im=np.tile(imag, (d_model, 1)),
-             B_re=np.ones(shape), B_im=np.zeros(shape),
+             B_re=np.tile(B.real, (d_model, 1)), B_im=np.tile(B.imag, (d_model, 1)),
              C_re=rng.standard_normal(shape) * 0.5 ** 0.5,
              C_im=rng.standard_normal(shape) * 0.5 ** 0.5,
              log_dt=rng.uniform(np.log(1e-3), np.log(1e-1), d_model), D=np.ones(d_model))
@@ -148,7 +157,8 @@ def s4d_init(d_model, n_modes, init, *, rng, dtype=np.float64):
 
 
 class S4DComplex(Module):
-    """Complex S4D over (B, T, D) with S4D-Lin or S4D-Inv initialisation; real Params only."""
+    """Complex S4D over (B, T, D) with S4D-Lin, S4D-Inv or S4D-LegS initialisation; real
+    Params only."""
 
     def __init__(self, d_model, n_modes=32, *, init="lin", rng, dtype=np.float32):
         w = s4d_init(d_model, n_modes, init, rng=rng, dtype=dtype)

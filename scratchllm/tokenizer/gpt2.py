@@ -60,10 +60,28 @@ def from_printable(text, where):
                          "GPT-2's byte-to-unicode alphabet") from None
 
 
+def read_utf8(path):
+    """A file's text; invalid UTF-8 is a ValueError naming the file, line and byte."""
+    data = open(path, "rb").read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[:err.start].count(b"\n") + 1
+        raise ValueError(f"{path} line {line}: invalid UTF-8 (byte {data[err.start]:#04x} at "
+                         f"offset {err.start})") from None
+
+
+def _utf8_line(raw, path, lineno):
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} line {lineno}: invalid UTF-8 (byte {raw[err.start]:#04x} "
+                         f"at column {err.start + 1})") from None
+
+
 def read_gpt2_vocab(path):
     """vocab.json -> dict[str, int] (GPT-2 spelling -> id), with file/line in every error."""
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
+    text = read_utf8(path)
     try:
         table = json.loads(text)
     except json.JSONDecodeError as err:
@@ -87,9 +105,9 @@ def read_gpt2_vocab(path):
 def read_gpt2_merges(path):
     """merges.txt -> list of (bytes, bytes), with or without the '#version' first line."""
     merges = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            line = line.rstrip("\r\n")
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            line = _utf8_line(raw, path, lineno).rstrip("\r\n")
             if not line or (lineno == 1 and line.startswith("#version")):
                 continue
             parts = line.split(" ")

@@ -52,11 +52,29 @@ def pattern_string(pattern):
 
 
 def compile_pattern(pattern):
-    """Compile a pre-tokenizer pattern, with a clear error for a broken custom regex."""
+    """Compile a pre-tokenizer pattern, with a clear error for a broken custom regex and for
+    one that matches the empty string (its findall would yield empty pre-tokens)."""
     try:
-        return regex.compile(pattern_string(pattern))
+        compiled = regex.compile(pattern_string(pattern))
     except regex.error as err:
         raise ValueError(f"pattern {pattern!r} is not a valid regex: {err}") from None
+    if compiled.fullmatch("") is not None:
+        raise ValueError(f"pattern {pattern!r} matches the empty string; a pre-tokenizer "
+                         f"pattern must match at least one character (use + rather than *)")
+    return compiled
+
+
+def covering_pretokens(compiled, text, fn="encode"):
+    """The pattern's matches in `text`, which must cover it: their concatenation is the text
+    (a pattern that skips characters would drop them from the encoding silently)."""
+    pieces = compiled.findall(text)
+    if "".join(pieces) != text:
+        pos = next((i for i, (a, b) in enumerate(zip("".join(pieces), text)) if a != b),
+                   len("".join(pieces)))
+        raise ValueError(f"{fn}: pattern {compiled.pattern!r} does not cover the text: "
+                         f"character {pos} ({text[pos]!r}) is in no pre-token; a custom "
+                         f"pattern must match every character")
+    return pieces
 
 
 def special_regex(special_tokens):

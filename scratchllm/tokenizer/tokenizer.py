@@ -18,7 +18,7 @@ import numpy as np
 
 from . import fast, fast_bpe, fast_scan, gpt2
 from .pretokenize import (bounded_map, clean_surrogates, compile_pattern,
-                          iter_chunks, pattern_string, read_blocks, several,
+                          covering_pretokens, iter_chunks, pattern_string, read_blocks, several,
                           special_regex, split_special)
 from .specials import check_disallowed, checked_chunks, special_plan
 
@@ -43,12 +43,12 @@ class Tokenizer:
     def __init__(self, vocab, merges, special_tokens=None, pattern="gpt2", *,
                  drop_missing_bytes=False):
         compile_pattern(pattern)
-        self.vocab = dict(vocab)
+        self.vocab = _checked_vocab(vocab)
         self.merges = [(bytes(a), bytes(b)) for a, b in merges]
         self.pattern = pattern
         self.special_tokens = self._register_specials(special_tokens or {})
         special_ids = set(self.special_tokens.values())
-        self._id_of = {tok: i for i, tok in sorted(self.vocab.items()) if i not in special_ids}
+        self._id_of = _bytes_to_id(self.vocab, special_ids)
         self._missing = bytes(b for b in range(256) if drop_missing_bytes
                               and bytes([b]) not in self._id_of)   # the bytes encode drops
         self._byte_ids = np.array([-1 if b in self._missing else self._need(bytes([b]), "byte")
@@ -67,6 +67,14 @@ class Tokenizer:
         self._fast_cache = None
 
     def _register_specials(self, special_tokens):
+        if isinstance(special_tokens, (str, bytes)):
+            raise TypeError(f"Tokenizer: special_tokens must be a list of strings or a dict "
+                            f"{{str: id}}, got the {type(special_tokens).__name__} "
+                            f"{special_tokens!r} (write [{special_tokens!r}] for one)")
+        for tok in special_tokens:
+            if not isinstance(tok, str) or not tok:
+                raise ValueError(f"Tokenizer: special tokens must be non-empty strings, got "
+                                 f"{tok!r} (an empty one would match between every character)")
         if isinstance(special_tokens, dict):
             for tok, i in special_tokens.items():
                 if self.vocab.get(i, tok.encode("utf-8")) != tok.encode("utf-8"):
@@ -111,8 +119,9 @@ class Tokenizer:
         return list(split_special(clean_surrogates(text), special_re))
 
     def _pretokens(self, piece):
-        """The pre-tokens (str) of an ordinary piece on the regex path: the pattern's matches."""
-        return self._regex.findall(piece)
+        """The pre-tokens (str) of an ordinary piece on the regex path: the pattern's matches,
+        which must cover the piece (covering_pretokens)."""
+        return covering_pretokens(self._regex, piece)
 
     def _encode_array(self, text, special_re):
         pieces = self._pieces(text, special_re)
@@ -218,8 +227,13 @@ class Tokenizer:
 
     # ---- decoding -------------------------------------------------------------------------
     def decode_bytes(self, ids):
-        """The bytes of a sequence of ids; an unknown id raises ValueError."""
+        """The bytes of a sequence of integer ids; an unknown id raises ValueError, a float or
+        bool id TypeError (1.0 and True would otherwise look up id 1)."""
         ids = ids.tolist() if isinstance(ids, np.ndarray) else ids
+        bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, (int, np.integer))]
+        if bad:
+            raise TypeError(f"decode: ids must be integers, got {bad[0]!r} "
+                            f"({type(bad[0]).__name__})")
         try:
             return b"".join([self.vocab[i] for i in ids])
         except (KeyError, TypeError):
@@ -245,6 +259,11 @@ class Tokenizer:
         specials = {t: table[t] for t in special_tokens if t in table}
         specials.update({t: max(table.values()) + 1 + k for k, t in
                          enumerate(t for t in special_tokens if t not in table)})
+        made = sum(len(tok) > 1 for tok in vocab.values())  # each made by one merge
+        if len(merges) < made:
+            raise ValueError(f"{merges_txt}: {len(merges)} merges, but {vocab_json} has {made} "
+                             f"multi-byte tokens and each is made by one merge: the merges file "
+                             f"looks truncated")
         return cls(vocab, merges, specials, "gpt2")
 
     def save(self, path):
@@ -266,6 +285,32 @@ class Tokenizer:
         """tiktoken's .tiktoken file (base64 token, space, rank); specials are not in it."""
         special_ids = set(self.special_tokens.values())
         gpt2.write_tiktoken(path, {i: t for i, t in self.vocab.items() if i not in special_ids})
+
+
+def _checked_vocab(vocab):
+    """{id: bytes} with every id an integer in [0, 2^31) and every token bytes."""
+    out = dict(vocab)
+    for i, tok in out.items():
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < 2 ** 31:
+            raise ValueError(f"Tokenizer: vocab ids must be integers in [0, 2^31), got {i!r}")
+        if not isinstance(tok, bytes):
+            raise TypeError(f"Tokenizer: vocab token {i} must be bytes, got "
+                            f"{type(tok).__name__}")
+    return out
+
+
+def _bytes_to_id(vocab, special_ids):
+    """{bytes: id} of the ordinary tokens; two ids with the same bytes are an error (which
+    one would encode produce?)."""
+    id_of = {}
+    for i, tok in sorted(vocab.items()):
+        if i in special_ids:
+            continue
+        if tok in id_of:
+            raise ValueError(f"Tokenizer: ids {id_of[tok]} and {i} both hold the bytes {tok!r}; "
+                             f"a vocab maps each token to one id")
+        id_of[tok] = i
+    return id_of
 
 
 def _need_str(text, where):

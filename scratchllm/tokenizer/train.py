@@ -28,11 +28,17 @@ from tqdm import tqdm
 from . import fast
 from .fast_train import merge_loop_numba
 from .pretokenize import (PATTERNS, bounded_map, clean_surrogates, compile_pattern,
-                          iter_chunks, read_blocks, several, special_regex, split_special)
+                          covering_pretokens, iter_chunks, read_blocks, several, special_regex,
+                          split_special)
 
 
 def check_train_args(fn, vocab_size, special_tokens):
-    """Validate vocab_size and special tokens; returns the special tokens as a tuple."""
+    """Validate vocab_size and special tokens; returns the special tokens as a tuple. A
+    single string is refused (iterating it would make each character a special token)."""
+    if isinstance(special_tokens, (str, bytes)):
+        raise TypeError(f"{fn}: special_tokens must be a list of strings, got the "
+                        f"{type(special_tokens).__name__} {special_tokens!r} (write "
+                        f"[{special_tokens!r}] for one special token)")
     specials = tuple(special_tokens)
     if any(not isinstance(t, str) or not t for t in specials) or len(set(specials)) < len(specials):
         raise ValueError(f"{fn}: special_tokens must be distinct non-empty strings, got {specials}")
@@ -81,7 +87,7 @@ def _count_regex(pieces, pattern):
     pat = compile_pattern(pattern)
     counts = Counter()
     for piece in pieces:
-        counts.update(pat.findall(piece))
+        counts.update(covering_pretokens(pat, piece, "train_bpe"))
     out = Counter()
     for tok, c in counts.items():
         out[tok.encode("utf-8")] += c

@@ -1,6 +1,6 @@
 """Training: the demo corpus and its cached tokenization (corpus), checkpoints and the one
-atomic writer (checkpoint), data-parallel threads (parallel), the loop (trainer), and loss
-plots (plots). Stands on lm."""
+atomic writer (checkpoint), data-parallel threads (parallel), the loop (trainer; data parallel
+across MPI ranks through dist), and loss plots (plots). Stands on lm, hub and dist."""
 from .checkpoint import CheckpointError, load_model
 from .parallel import DataParallel, set_blas_threads
 from .trainer import Run, Settings, evaluate, fit, make_optimizer, train_preset

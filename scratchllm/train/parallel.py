@@ -62,12 +62,14 @@ class DataParallel:
         model.loss_backward(scale, cache)
         return cache
 
-    def loss_backward(self, x, y):
+    def loss_backward(self, x, y, total=None):
         """Returns (mean cross-entropy, [LossCache per shard]); grads in the main model.
         Shard s of n_s sequences (np.array_split: sizes differ by at most one) has weight
-        n_s / B, so the cross-entropy is the mean over all B*T tokens."""
-        B = x.shape[0]
-        S = min(len(self.replicas), B)
+        n_s / B, so the cross-entropy is the mean over all B*T tokens. total: the B of the
+        weights when x is one rank's slice of a larger batch (data parallelism across
+        processes: the ranks' results then sum to the whole batch's); default x's own."""
+        B = x.shape[0] if total is None else total
+        S = min(len(self.replicas), x.shape[0])
         shards = [(m, a, b, len(a) / B) for m, a, b in
                   zip(self.replicas, np.array_split(x, S), np.array_split(y, S))]
         if self.pool is None or S == 1:

@@ -3,8 +3,13 @@ state of a run (model, AdamW, batch RNG, step, losses) and evaluation. The check
 is in checkpoint.py, the plots in plots.py.
 
 One step:  loss = CE(LM(x), y) + sum of MoE aux terms  ->  backward (data-parallel threads)
+           ->  [across processes: all-reduce the gradients over the data-parallel group]
            ->  clip the global grad norm  ->  AdamW with lr = warmup + cosine(step)
            ->  aux-free router bias update (MoE).
+Under MPI (a RankGrid) every rank draws the same global batch and keeps its contiguous slice
+(np.array_split over the dp ranks); each scales its loss by its share of the batch, so the
+all-reduced gradients are the whole batch's and the replicated optimizer keeps the weights
+equal on every rank; rank 0 alone prints and writes the checkpoint.
 Deterministic given the seed; a checkpoint holds everything needed to continue bit-exactly:
 weights, MoE biases, optimizer moments, step, losses and the batch RNG's state.
 """
@@ -23,6 +28,7 @@ from tqdm import tqdm
 from scratchllm.core.atomic import remove_stale_temps
 from scratchllm.core.nn import detect_anomaly
 from scratchllm.core.optim import AdamW, NonFiniteError, clip_grad_norm, cosine_schedule
+from scratchllm.dist import Group, all_reduce_forward, all_reduce_grads
 from scratchllm.lm import LM
 from scratchllm.train import checkpoint, corpus
 from scratchllm.train.parallel import DataParallel, set_blas_threads
@@ -57,24 +63,39 @@ def make_optimizer(model, s):
                   {"params": rest, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
 
 
-def evaluate(model, batches, dp=None):
-    """Mean cross-entropy (nats/token) over fixed batches, forward only (on dp's threads)."""
+def evaluate(model, batches, dp=None, group=None):
+    """Mean cross-entropy (nats/token) over fixed batches, forward only (on dp's threads);
+    with a data-parallel group, rank d takes batches d, d + size, ... and the sums are
+    all-reduced."""
     if not batches:
         raise ValueError("evaluate: no evaluation batches (the mean of nothing is no loss)")
-    losses = (dp.map if dp else map)(lambda b: model.cross_entropy(*b) * b[1].size, batches)
-    return sum(losses) / max(sum(y.size for _, y in batches), 1)
+    mine = batches if group is None else batches[group.rank::group.size]
+    losses = (dp.map if dp else map)(lambda b: model.cross_entropy(*b) * b[1].size, mine)
+    total = sum(losses)
+    if group is not None:
+        total = group.sum_scalar(total)
+    return total / max(sum(y.size for _, y in batches), 1)
 
 
 class Run:
     """The mutable state of one training run: model, optimizer, batch RNG, step, history."""
 
-    def __init__(self, cfg, settings, dtype=np.float32, model=None):
-        """model: an LM of cfg to train (e.g. a loaded checkpoint); default a fresh one."""
+    def __init__(self, cfg, settings, dtype=np.float32, model=None, grid=None):
+        """model: an LM of cfg to train (e.g. a loaded checkpoint); default a fresh one.
+        grid: the dist.RankGrid of an MPI run (data parallel over grid.groups["dp"]); None for
+        one process."""
         self.cfg, self.s = cfg, settings
         self.model = model or LM(cfg, rng=np.random.default_rng(settings.seed), dtype=dtype)
         self.opt = make_optimizer(self.model, settings)
-        if settings.threads > 1:
-            set_blas_threads(1)  # one BLAS thread per shard: no oversubscription
+        self.group = Group.single() if grid is None else grid.groups["dp"]
+        self.writer = grid is None or grid.is_first()  # prints, saves
+        if settings.batch_size < self.group.size:
+            raise ValueError(f"--batch-size {settings.batch_size} is smaller than the "
+                             f"{self.group.size} data-parallel ranks (each needs a sequence)")
+        self.rows = np.array_split(np.arange(settings.batch_size), self.group.size)[
+            self.group.rank]  # this rank's contiguous slice of the global batch
+        if settings.threads > 1 or self.group.size > 1:
+            set_blas_threads(1)  # one BLAS thread per shard or rank: no oversubscription
         self.dp = DataParallel(self.model, settings.threads)
         self.rng = np.random.default_rng([settings.seed, 1])
         self.step = 0
@@ -90,7 +111,16 @@ class Run:
         t0 = time.perf_counter()
         x, y = corpus.sample_batch(train_ids, s.batch_size, s.seq_len, self.rng)
         with detect_anomaly(*self.dp.replicas) if self.detect_anomaly else nullcontext():
-            ce, caches = self.dp.loss_backward(x, y)
+            if self.group.size == 1:
+                ce, caches = self.dp.loss_backward(x, y)
+            else:  # this rank's rows, weighted as a part of the global batch
+                lo, hi = self.rows[0], self.rows[-1] + 1
+                ce, caches = self.dp.loss_backward(x[lo:hi], y[lo:hi], total=s.batch_size)
+        across = None
+        if self.group.size > 1:
+            all_reduce_grads(model.parameters(), self.group)  # grad = sum_d (n_d / B) grad_d
+            ce = self.group.sum_scalar(ce)
+            across = self._sum_over_ranks
         if not math.isfinite(ce):
             raise NonFiniteError(f"step {self.step + 1}: the training loss is {ce}; "
                                  f"{self.likely_cause()}")
@@ -100,11 +130,19 @@ class Run:
             raise NonFiniteError(f"step {self.step + 1}: {e}; {self.likely_cause()}") from None
         self.opt.lr = cosine_schedule(self.step + 1, s.lr, s.lr / 10, s.warmup, s.steps)
         self.opt.step()
-        stats = model.after_step(caches)
+        stats = model.after_step(caches, across)
         self.step += 1
         self.losses.append(ce)
         self.step_seconds.append(time.perf_counter() - t0)
         return ce, stats
+
+    def _sum_over_ranks(self, a):
+        return all_reduce_forward(a, group=self.group)[0]
+
+    def evaluate(self, batches):
+        """evaluate() on this run's threads and data-parallel ranks."""
+        return evaluate(self.model, batches, self.dp, None if self.group.size == 1 else
+                        self.group)
 
     def likely_cause(self):
         """Why a step went NaN or inf, as far as the run can tell (for the error message)."""
@@ -117,8 +155,10 @@ class Run:
                 f"to see which layer went non-finite first")
 
     def save(self, directory, tokenizer=None):
-        """Atomically write the checkpoint (checkpoint.save_run)."""
-        checkpoint.save_run(self, directory, tokenizer)
+        """Atomically write the checkpoint (checkpoint.save_run); on rank 0 only under MPI
+        (every rank holds the same weights and optimizer state)."""
+        if self.writer:
+            checkpoint.save_run(self, directory, tokenizer)
 
     def load(self, directory):
         """Restore everything `save` wrote (checkpoint.load_run); CheckpointError on any
@@ -158,13 +198,13 @@ def fit(run, train_ids, val_ids, *, out=None, tokenizer=None, progress=True, log
     val_ids) every eval_every steps and saving a checkpoint to `out` then. Ctrl-C saves and
     returns False. Returns True when all steps ran."""
     s = run.s
-    if out is not None and Path(out).is_dir():
+    if out is not None and Path(out).is_dir() and run.writer:
         remove_stale_temps(out)  # left by a write that was killed
     if eval_set is None:
         eval_set = corpus.eval_batches(val_ids, s.batch_size, s.seq_len, s.eval_tokens)
     tokens_per_step = s.batch_size * s.seq_len
-    bar = tqdm(total=s.steps, initial=run.step, disable=not progress, unit="step",
-               dynamic_ncols=True, file=sys.stderr)
+    bar = tqdm(total=s.steps, initial=run.step, disable=not (progress and run.writer),
+               unit="step", dynamic_ncols=True, file=sys.stderr)
     t0, done0, stats = time.perf_counter(), run.step, None
     with _StopFlag() as flag:
         while run.step < s.steps and not flag.stop:
@@ -177,7 +217,7 @@ def fit(run, train_ids, val_ids, *, out=None, tokenizer=None, progress=True, log
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
             if run.step % s.eval_every == 0 and run.step < s.steps:
-                run.evals.append((run.step, evaluate(run.model, eval_set, run.dp)))
+                run.evals.append((run.step, run.evaluate(eval_set)))
                 if not math.isfinite(run.evals[-1][1]):
                     bar.close()
                     raise NonFiniteError(f"training stopped at step {run.step}: the validation "
@@ -186,15 +226,17 @@ def fit(run, train_ids, val_ids, *, out=None, tokenizer=None, progress=True, log
                 msg = f"step {run.step}: train {loss:.3f}, val {run.evals[-1][1]:.3f}"
                 if stats:
                     msg += "\n  expert usage " + expert_usage_line(stats)
-                bar.write(msg, file=sys.stderr)
+                if run.writer:
+                    bar.write(msg, file=sys.stderr)
                 if out is not None:
                     run.save(out, tokenizer)
     bar.close()
     if flag.stop:
         if out is not None:
             run.save(out, tokenizer)
-        log(f"interrupted at step {run.step}; checkpoint saved to {out} "
-            f"(continue with --resume --out {out})")
+        if run.writer:
+            log(f"interrupted at step {run.step}; checkpoint saved to {out} "
+                f"(continue with --resume --out {out})")
         return False
     return True
 
@@ -214,6 +256,6 @@ def train_preset(cfg, train_ids, eval_set, settings, progress):
     run = Run(cfg, settings)
     fit(run, train_ids, None, progress=progress, eval_set=eval_set)
     tok_s = settings.batch_size * settings.seq_len / float(np.median(run.step_seconds))
-    val = evaluate(run.model, eval_set, run.dp)
+    val = run.evaluate(eval_set)
     run.dp.close()
     return run.losses, tok_s, val, run.model.n_params()

@@ -21,6 +21,7 @@ FAMILIES = ["llama", "llama_yarn", "llama_linear", "llama_dynamic", "mistral", "
             "mamba", "jamba"]  # tools/make_hf_fixtures_ssm.py
 FAMILIES += ["gpt_oss"]  # sinks, sliding/full layer_types, biased router, clamped experts
 FAMILIES += ["mixtral", "deepseek_v3", "deepseek_v3_plain"]  # tools/make_hf_fixtures_moe.py
+FAMILIES += ["olmo2", "gemma2", "qwen3_moe", "qwen3_moe_step"]  # tools/make_hf_fixtures_causal.py
 
 
 def expected(family):
@@ -35,7 +36,7 @@ def rel_err(a, b):
 def test_logits_match_transformers(family):
     ref = expected(family)
     model = load_pretrained(HF / family, dtype=np.float64)
-    logits, _ = model.forward(ref["ids"])  # (B, T, V)
+    logits, _ = model.forward(input_ids=ref["ids"])  # (B, T, V), transformers' keyword
     assert rel_err(logits, ref["logits"]) < 1e-9
 
 

@@ -1,5 +1,5 @@
 """The one Block: a preset and the same model written as a tuple of LayerSpecs give the same
-logits; each norm placement (pre, post, sandwich) and the decoder's cross-attention sub-layer
+logits; each norm placement (pre, post, sandwich, output) and the decoder's cross-attention sub-layer
 equal the composition of the Block's own Modules written out by hand; the Block's backward
 passes the gradient check on its inputs; an MoE FFN's aux terms come through the FFN
 interface."""
@@ -55,7 +55,7 @@ def _f(module, x):
     return module.forward(x)[0]
 
 
-@pytest.mark.parametrize("placement", ["pre", "post", "sandwich"])
+@pytest.mark.parametrize("placement", ["pre", "post", "sandwich", "output"])
 def test_each_placement_is_its_composition_of_the_modules(placement):
     b, x = _block(placement), _x()
     mixer, ffn, n1, n2 = b.mixer, b.ffn, b.norm1, b.norm2
@@ -65,6 +65,9 @@ def test_each_placement_is_its_composition_of_the_modules(placement):
     elif placement == "sandwich":
         h = x + _f(b.post_mixer_norm, _f(mixer, _f(n1, x)))
         want = h + _f(b.post_ffn_norm, _f(ffn, _f(n2, h)))
+    elif placement == "output":
+        h = x + _f(n1, _f(mixer, x))
+        want = h + _f(n2, _f(ffn, h))
     else:
         h = _f(n1, x + _f(mixer, x))
         want = _f(n2, h + _f(ffn, h))
@@ -97,7 +100,7 @@ def _pair(block):
     return forward, backward
 
 
-@pytest.mark.parametrize("placement", ["pre", "post", "sandwich"])
+@pytest.mark.parametrize("placement", ["pre", "post", "sandwich", "output"])
 def test_the_block_backward_passes_the_gradient_check(placement):
     forward, backward = _pair(_block(placement))
     report = grads.check(forward, backward, rng=np.random.default_rng(4), x=_x())

@@ -12,7 +12,7 @@ def test_post_and_sandwich_gradients():
         assert report.ok, f"\n{report}"
 
 
-@pytest.mark.parametrize("extra", [dict(block="post"),
+@pytest.mark.parametrize("extra", [dict(block="post"), dict(block="output", qk_norm="full"),
                                    dict(block="sandwich", norm_offset=1.0, embed_scale=True)])
 def test_decoding_equals_full_forward(extra):
     model = LM(lm_tiny("dense", **extra), rng=np.random.default_rng(0), dtype=np.float64)

@@ -111,6 +111,18 @@ def test_bad_ids_raise():
         model.forward(np.zeros((1, 5)))
 
 
+def test_forward_takes_input_ids_by_keyword():
+    """transformers' keyword, forward(input_ids=ids), gives what forward(ids) gives; the ids
+    go once."""
+    model = LM(tiny("dense"), rng=np.random.default_rng(0))
+    ids = np.arange(6)[None] % model.cfg.vocab_size
+    assert np.array_equal(model.forward(input_ids=ids)[0], model.forward(ids)[0])
+    assert np.array_equal(model.forward(**{"input_ids": ids})[0], model.forward(ids=ids)[0])
+    for call in (lambda: model.forward(), lambda: model.forward(ids, input_ids=ids)):
+        with pytest.raises(TypeError, match="give the token ids once"):
+            call()
+
+
 def test_a_config_too_big_for_memory_is_a_memory_error_naming_lm():
     cfg = from_flat(vocab_size=2 ** 20, d_model=2 ** 16, n_layers=64, n_heads=64,
                     n_kv_heads=64, d_ff=2 ** 18)  # a 2^36-float embedding: 256 GiB

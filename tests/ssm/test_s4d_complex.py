@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from grads.check import check
+from scratchllm.ssm import hippo_legs
 from scratchllm.ssm import (S4DComplex, S4DComplexWeights, s4d_complex_backward,
                             s4d_complex_forward, s4d_complex_step, s4d_forward, s4d_init)
 
@@ -58,11 +59,17 @@ def test_initialisations():
     assert np.allclose(-np.exp(lin.A_log_re), -0.5)
     assert np.allclose(lin.A_im[0], np.pi * np.arange(4))
     assert np.allclose(inv.A_im[0], 8 / np.pi * (8 / np.array([1, 3, 5, 7]) - 1))
+    legs = s4d_init(2, 4, "legs", rng=rng)  # the normal part's eigenvalues, by a dense eig
+    A, _ = hippo_legs(8)
+    P = np.sqrt(np.arange(8) + 0.5)
+    eig = np.linalg.eigvals(A + np.outer(P, P))  # (8,) -1/2 + i mu, in conjugate pairs
+    assert np.allclose(eig.real, -0.5) and np.allclose(-np.exp(legs.A_log_re), -0.5)
+    assert np.allclose(legs.A_im[1], np.sort(eig.imag)[4:], atol=1e-12)
     with pytest.raises(ValueError, match="s4d_init: init must be"):
         s4d_init(2, 4, "hippo", rng=rng)
 
 
-@pytest.mark.parametrize("init", ["lin", "inv"])
+@pytest.mark.parametrize("init", ["lin", "inv", "legs"])
 def test_gradients_of_every_real_parameter(init):
     rng = np.random.default_rng(3)
     p = S4DComplexWeights(*(v + rng.normal(0, 0.1, v.shape) for v in params(rng, init=init)))

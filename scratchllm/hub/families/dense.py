@@ -46,7 +46,7 @@ from scratchllm.hub.families.base import (DECODER_FIELDS, LAYER_NAMES, Family, d
 _LLAMA_SHAPE = dict(  # the options every llama-shaped family has (the flat names)
     attention="gqa", positions="rope", rope_style="half", layer_pattern=None, layer_types=None,
     n_sink=0, attn_sinks=False, o_bias=False, attn_scale=None, ffn="swiglu", norm="rmsnorm",
-    block="pre", norm_offset=0.0, embed_scale=False)
+    block="pre", norm_offset=0.0, embed_scale=False, attn_softcap=None, logit_softcap=None)
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,8 @@ _GEMMA3_FIXED = dict(hidden_activation="gelu_pytorch_tanh", attention_bias=False
 _GEMMA3_NEEDS = dict(
     attention="gqa", positions="rope", rope_style="half", layer_pattern=None, n_sink=0,
     attn_sinks=False, qkv_bias=False, o_bias=False, qk_norm=True, ffn="geglu",
-    gelu_approx="tanh", norm="rmsnorm", block="sandwich", norm_offset=1.0, embed_scale=True)
+    gelu_approx="tanh", norm="rmsnorm", block="sandwich", norm_offset=1.0, embed_scale=True,
+    attn_softcap=None, logit_softcap=None)
 _GEMMA3_LAYER = dict(LAYER_NAMES, **{
     "norm2.g": ("pre_feedforward_layernorm.weight", False),
     "post_mixer_norm.g": ("post_attention_layernorm.weight", False),
@@ -216,6 +217,6 @@ def _gemma3_to_hf(f, dtype_name, base=None):
 
 GEMMA3 = Family(
     "gemma3_text", "Gemma3ForCausalLM", _gemma3_from_hf, _gemma3_to_hf,
-    claims=lambda f: f.block == "sandwich",
+    claims=lambda f: f.block == "sandwich" and f.qk_norm is True,  # gemma2: no QK-norm
     check=lambda f: refuse(f, "gemma3_text", differences(f, _GEMMA3_NEEDS)),
     names=lambda model, f: decoder_entries(model, "gemma3_text", _GEMMA3_LAYER))

@@ -30,7 +30,7 @@ _FIXED = dict(scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
 _NEEDS = dict(attention="gqa", positions="learned", layer_pattern=None, layer_types=None,
               window=None, n_sink=0, attn_sinks=False, head_dim=None, qkv_bias=True,
               o_bias=True, qk_norm=False, attn_scale=None, ffn="gelu_mlp", norm="layernorm",
-              block="pre", embed_scale=False)
+              block="pre", embed_scale=False, attn_softcap=None, logit_softcap=None)
 _TOP = {"embed.E": "transformer.wte.weight", "pos.E": "transformer.wpe.weight",
         "norm.g": "transformer.ln_f.weight", "norm.b": "transformer.ln_f.bias"}
 _LAYER = {

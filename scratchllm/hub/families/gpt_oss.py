@@ -44,7 +44,8 @@ _DEFAULT_ROPE = dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.
                      truncate=False, original_max_position_embeddings=4096,
                      rope_theta=150000.0)
 _NEEDS = dict(attention="gqa", positions="rope", rope_style="half", attn_sinks=True,
-              qk_norm=False, n_sink=0, block="pre", norm="rmsnorm", norm_offset=0.0,
+              qk_norm=False, n_sink=0, block="pre", attn_softcap=None,
+              logit_softcap=None, norm="rmsnorm", norm_offset=0.0,
               embed_scale=False, attn_scale=None, layer_pattern=None, ffn="moe", moe_every=1,
               experts="clamped", router_bias=True, score="softmax", norm_topk_prob=True,
               n_shared=0, capacity_factor=None, n_group=1, routed_scaling_factor=1.0,

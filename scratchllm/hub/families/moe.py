@@ -77,6 +77,7 @@ _DEEPSEEK = dict(rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embe
 _MLA_NORM_EPS = 1e-6
 _TRAINING_ONLY = dict(balance_coef=0.0, z_coef=0.0, bias_gamma=0.0)
 _BOTH = dict(ffn="moe", positions="rope", norm="rmsnorm", block="pre", n_sink=0,
+             attn_softcap=None, logit_softcap=None,
              attn_sinks=False, o_bias=False, qkv_bias=False, qk_norm=False, layer_types=None,
              embed_scale=False, norm_offset=0.0, attn_scale=None, capacity_factor=None,
              experts="swiglu", router_bias=False, moe_every=1)
@@ -163,9 +164,10 @@ def _mixtral_to_hf(f, dtype_name, base=None):
 
 
 def _mixtral_claims(f):
-    """GQA attention in every layer and an MoE of SwiGLU experts."""
+    """GQA attention (without QK-norm: qwen3_moe's) in every layer and an MoE of SwiGLU
+    experts."""
     return (_attention_only(f) and f.attention == "gqa" and f.ffn == "moe"
-            and f.experts == "swiglu" and not f.attn_sinks)
+            and f.experts == "swiglu" and not f.attn_sinks and not f.qk_norm)
 
 
 MIXTRAL = Family(

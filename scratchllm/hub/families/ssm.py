@@ -69,7 +69,8 @@ _JAMBA = dict(rms_norm_eps=1e-6, tie_word_embeddings=False, num_key_value_heads=
               num_experts_per_tok=2, num_experts=16, expert_layer_period=2,
               expert_layer_offset=1, attn_layer_period=8, attn_layer_offset=4, mamba_d_state=16,
               mamba_d_conv=4, mamba_expand=2, mamba_dt_rank="auto", router_aux_loss_coef=0.001)
-_BLOCK = dict(norm="rmsnorm", block="pre", norm_offset=0.0, embed_scale=False)
+_BLOCK = dict(norm="rmsnorm", block="pre", norm_offset=0.0, embed_scale=False,
+              attn_softcap=None, logit_softcap=None)
 _JAMBA_NEEDS = dict(_BLOCK, positions="nope", mamba_inner_norms=True, attention="gqa",
                     window=None, n_sink=0, attn_sinks=False, qkv_bias=False, qk_norm=False,
                     o_bias=False, attn_scale=None, layer_types=None)

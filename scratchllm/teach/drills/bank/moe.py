@@ -1,5 +1,5 @@
-"""The drills of scratchllm.moe: the balance loss backward, the top-k router, the MoE
-layer's forward."""
+"""The drills of scratchllm.moe: the balance loss backward, the top-k router (with the
+chapter's worked routing table), the MoE layer's forward."""
 import numpy as np
 
 from scratchllm import moe
@@ -64,6 +64,7 @@ def _balance_rows(fn):
 ''', [
     ("equals scratchllm.moe.router_forward", lambda fn: _router_vs_library(fn, 2)),
     ("k = E: the gates are the full softmax", lambda fn: _router_vs_library(fn, 5)),
+    ("the chapter's worked table (4 tokens, 4 experts, top-2)", lambda fn: _worked_table(fn)),
 ])
 def _topk_router_forward(x, w_router, k):
     spec = RouterSpec(n_experts=w_router.shape[1], top_k=k)
@@ -80,6 +81,26 @@ def _router_vs_library(fn, k):
         raise AssertionError(f"topk_idx differs: got {np.asarray(idx)[0]}, want {want_i[0]} "
                              "(row 0; descending order of probability)")
     return assert_close(gates, want_g, what="gates")
+
+
+WORKED_PROBS = np.array([[0.55, 0.05, 0.32, 0.08], [0.10, 0.60, 0.10, 0.20],
+                         [0.50, 0.10, 0.30, 0.10], [0.45, 0.05, 0.40, 0.10]])  # (4 tokens, 4 E)
+
+
+def _worked_table(fn):
+    """Logits log p through an identity router give back p; the table's choices, gates, loads."""
+    gates, idx = fn(np.log(WORKED_PROBS), np.eye(4), 2)
+    gates, idx = np.asarray(gates), np.asarray(idx)
+    if idx.tolist() != [[0, 2], [1, 3], [0, 2], [0, 2]]:
+        raise AssertionError(f"topk_idx {idx.tolist()}, the table has E0 E2, E1 E3, E0 E2, E0 E2")
+    want = [[0.55 / 0.87, 0.32 / 0.87], [0.75, 0.25], [0.5 / 0.8, 0.3 / 0.8],
+            [0.45 / 0.85, 0.4 / 0.85]]
+    assert_close(gates, np.array(want), what="gates")
+    loads = np.bincount(idx.ravel(), minlength=4)
+    half_up = np.floor(gates * 100 + 0.5) / 100  # 0.625 -> 0.63, as the chapter prints it
+    rows = "; ".join(f"t{t} -> E{i[0]} E{i[1]} gates {g[0]:.2f} {g[1]:.2f}"
+                     for t, (i, g) in enumerate(zip(idx, half_up)))
+    return f"{rows}; loads {' '.join(map(str, loads))}"
 
 
 # ---------------------------------------------------------------------------- moe layer

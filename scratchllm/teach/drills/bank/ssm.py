@@ -1,5 +1,6 @@
 """The drills of scratchllm.ssm: zero-order hold, the SSM kernel, the FFT convolution's
-backward, the recurrence, the selective scan (backward and forward), an SSD chunk."""
+backward, the recurrence, the selective scan (backward and forward), an SSD chunk, Blelloch's
+scan."""
 import numpy as np
 
 from scratchllm import ssm
@@ -285,3 +286,35 @@ def _ssd_chunk_chain(fn):
                            np.array([-1.0]), p["B"][None, :, None], p["C"][None, :, None],
                            np.zeros(1), chunk=4)[0][0, :, 0]
     return assert_close(np.concatenate([y1, y2]), want, what="y")
+
+
+# ---------------------------------------------------------------------------- parallel scan
+@drill("blelloch", 20, "scratchllm/ssm/assoc_scan.py", '''
+    def blelloch(a, b):
+        """h_t = a_t h_{t-1} + b_t (h_{-1} = 0) along axis 1 in O(log T) vectorised rounds.
+
+        a, b (B, T, ...).  Return h (B, T, ...), equal to the sequential loop.
+        Reach: the pairs (a, b) compose as (a1, b1) . (a2, b2) = (a1 a2, a2 b1 + b2) (earlier
+        on the left: associative, not commutative). Pad T to a power of two with (1, 0), do
+        Blelloch's up-sweep and down-sweep (an exclusive scan), then h_t = a_t X_t.b + b_t.
+        """
+''', [
+    ("equals the sequential loop at T = 13 (not a power of two)", lambda fn: _blelloch_loop(fn)),
+    ("T = 1 and the constant-a geometric series", lambda fn: _blelloch_geometric(fn)),
+])
+def _blelloch(a, b):
+    return ssm.blelloch(a, b)
+
+
+def _blelloch_loop(fn):
+    r = seeded_rng(26)
+    a, b = r.uniform(-1, 1, (2, 13, 3)), r.standard_normal((2, 13, 3))
+    return assert_close(fn(a, b), ssm.associative_scan_forward_ref(a, b)[0], what="h")
+
+
+def _blelloch_geometric(fn):
+    assert_close(fn(np.full((1, 1, 1), 0.5), np.full((1, 1, 1), 3.0)), np.full((1, 1, 1), 3.0),
+                 what="h at T = 1")
+    t = np.arange(8)
+    want = (1 - 0.5 ** (t + 1)) / (1 - 0.5)  # h_t = sum_{s <= t} 0.5^s
+    return assert_close(fn(np.full((1, 8), 0.5), np.ones((1, 8))), want[None], what="h")

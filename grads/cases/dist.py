@@ -1,0 +1,25 @@
+"""Gradient-check cases of scratchllm.dist on a group of one rank (no MPI needed), where every
+collective is a copy. They keep every collective pair inside `python -m grads` and its shape
+and contract checks; the real check, across ranks, is the distributed one:
+`mpiexec -n 2 python -m grads.mpi` (grads/mpi.py; tests/dist spawns it on 2 and 4 ranks)."""
+import numpy as np
+
+from grads.cases._common import case
+from grads.check import check
+
+
+def _one_rank():
+    from scratchllm.dist import Group
+    return Group.single()
+
+
+@case
+def collectives_one_rank(rng):
+    from scratchllm import dist
+    g = _one_rank()
+    x = rng.standard_normal((3, 4))
+    pairs = [("all_reduce", {}), ("all_gather", {"axis": 1}), ("reduce_scatter", {}),
+             ("all_to_all", {"counts": [3]}), ("ring_shift", {}), ("copy_to_group", {}),
+             ("reduce_from_group", {})]
+    return [check(getattr(dist, f"{name}_forward"), getattr(dist, f"{name}_backward"),
+                  rng=rng, label=name, x=x, group=g, **kw) for name, kw in pairs]

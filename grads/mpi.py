@@ -1,0 +1,164 @@
+"""The distributed gradient check: finite differences of a global loss across ranks, for every
+collective pair of scratchllm.dist. Run under MPI:
+
+    mpiexec -n 2 python -m grads.mpi        (or -n 4; `python -m grads --mpi 2` launches it)
+
+Rank r holds x_r and a random upstream gradient dout_r (never ones); the global loss is
+L = sum_r <y_r, dout_r>, summed over the ranks. For every element i of every rank q's input,
+all ranks run the forward with x_q[i] +- h (only rank q perturbs) and the central difference
+(L+ - L-) / 2h must equal the backward's dx_q[i]. A replicated input (Megatron's f) is one
+logical value: element i moves on every rank at once and every rank's dx must equal the
+difference; a replicated output (g) is counted once in L. With --directions K, K random
+directions instead (every rank moving at once). The check also compares the bytes each
+collective counted with the ring algorithms' formulas. Prints one line per check on rank 0 and
+exits 1 (on every rank) if any fails.
+"""
+import argparse
+import sys
+from typing import NamedTuple
+
+import numpy as np
+
+from scratchllm import dist
+
+TOL = 1e-9
+
+
+class Result(NamedTuple):
+    name: str
+    err: float
+    ok: bool
+
+
+def _loss(forward, x, dout, group, world, once, kw):
+    y, _ = forward(x, group=group, **kw)
+    local = float(np.sum(y * dout))
+    if once:  # a replicated output: count it on the group's first rank only
+        local = local if group.rank == 0 else 0.0
+    return world.sum_scalar(local)
+
+
+def _probes(x, dx, world, rep_in, directions, rng):
+    """(v, [the backward's directional derivatives]) per probe: v this rank's move of x. With
+    directions=0, one probe per element of each rank's x (only that rank moves); else that
+    many random directions, every rank moving at once. The backward's value is
+    sum_r <dx_r, v_r>, or for a replicated x <dx_r, v> on every rank (each must match)."""
+    if directions:
+        seeds = np.random.default_rng(5)
+        for _ in range(directions):
+            v = (seeds if rep_in else rng).standard_normal(x.shape)
+            local = float(np.sum(dx * v))
+            yield v, _all_values(world, local) if rep_in else [world.sum_scalar(local)]
+        return
+    for q in ([0] if rep_in else range(world.size)):
+        for i in range(world.broadcast(x.size, root=q)):
+            v = np.zeros_like(x)
+            if rep_in or world.rank == q:
+                v.flat[i] = 1.0
+            local = float(dx.flat[i]) if rep_in or world.rank == q else 0.0
+            yield v, _all_values(world, local) if rep_in else [world.sum_scalar(local)]
+
+
+def _all_values(world, value):
+    return list(world.comm.allgather(value))
+
+
+def dist_check(name, pair, x, group, world, *, rng, replicated=(False, False), directions=0,
+               **kw):
+    """Result of the finite-difference check of pair = (forward, backward) on x (this rank's
+    input); replicated = (input replicated, output replicated); directions: 0 for every
+    element, else that many random directions. Every rank must call it."""
+    forward, backward = pair
+    rep_in, rep_out = replicated
+    y, cache = forward(x, group=group, **kw)
+    dout = (np.random.default_rng(7) if rep_out else rng).standard_normal(y.shape)
+    dx = backward(dout, cache)["x"]
+    h, worst = 1e-3, 0.0  # the collectives are linear: the difference is exact but for rounding
+    for v, an in _probes(x, dx, world, rep_in, directions, rng):
+        def moved(step):
+            return _loss(forward, x + step * v, dout, group, world, rep_out, kw)
+        fd = (moved(h) - moved(-h)) / (2 * h)
+        worst = max(worst, max(abs(a - fd) for a in an) / max(abs(fd), 1.0))
+    worst = world.sum_scalar(worst) / world.size
+    return Result(name, worst, worst < TOL)
+
+
+def byte_checks(world):
+    """[Result] comparing the counted bytes with the ring formulas, for a float64 array of
+    n = 8 P elements on P ranks."""
+    P, n = world.size, 8 * world.size
+    x = np.ones(n)
+    out = []
+    for name, pair, want in (
+            ("all_reduce", (dist.all_reduce_forward,), 2 * (P - 1) * x.nbytes // P),
+            ("all_gather", (dist.all_gather_forward,), (P - 1) * x.nbytes),
+            ("reduce_scatter", (dist.reduce_scatter_forward,), (P - 1) * x.nbytes // P),
+            ("all_to_all", (dist.all_to_all_forward,), (P - 1) * x.nbytes // P),
+            ("ring_shift", (dist.ring_shift_forward,), x.nbytes if P > 1 else 0)):
+        g = dist.Group(world.comm.Split(0, world.rank), "bytes")
+        pair[0](x, group=g)
+        got = g.sent[name]
+        out.append(Result(f"bytes {name}: {got} sent, ring formula {want}", 0.0, got == want))
+    return out
+
+
+def run_checks(world, directions=0, seed=0):
+    """[Result] of every collective pair on the world group (and on a sub-group of a 2-axis
+    grid when the world splits in two)."""
+    P, r = world.size, world.rank
+    rng = np.random.default_rng([seed, r])
+    std = rng.standard_normal
+    # all-to-all-v: rank r sends (r + j) % 3 rows to rank j
+    counts = [(r + j) % 3 for j in range(P)]
+    checks = [
+        ("all_reduce", dist.all_reduce_forward, dist.all_reduce_backward, std((2, 3)), {}),
+        ("all_gather (axis 1)", dist.all_gather_forward, dist.all_gather_backward,
+         std((2, 3)), {"axis": 1}),
+        ("reduce_scatter", dist.reduce_scatter_forward, dist.reduce_scatter_backward,
+         std((2 * P, 3)), {}),
+        ("all_to_all", dist.all_to_all_forward, dist.all_to_all_backward, std((P, 3)), {}),
+        ("all_to_all (v: uneven counts)", dist.all_to_all_forward, dist.all_to_all_backward,
+         std((sum(counts), 2)), {"counts": counts}),
+        ("ring_shift (+1)", dist.ring_shift_forward, dist.ring_shift_backward, std((2, 3)), {}),
+        ("ring_shift (-1)", dist.ring_shift_forward, dist.ring_shift_backward, std((3,)),
+         {"shift": -1}),
+    ]
+    out = [dist_check(name, (f, b), x, world, world, rng=rng, directions=directions, **kw)
+           for name, f, b, x, kw in checks]
+    shared = np.random.default_rng([seed, 99]).standard_normal((2, 3))
+    out.append(dist_check("copy_to_group (f)", (dist.copy_to_group_forward,
+                                                dist.copy_to_group_backward), shared, world,
+                          world, rng=rng, replicated=(True, False), directions=directions))
+    out.append(dist_check("reduce_from_group (g)", (dist.reduce_from_group_forward,
+                                                    dist.reduce_from_group_backward),
+                          std((2, 3)), world, world, rng=rng, replicated=(False, True),
+                          directions=directions))
+    if P % 2 == 0 and P > 2:
+        grid = dist.RankGrid(dist.GridShape(dp=2, tp=P // 2), world)
+        for axis in ("dp", "tp"):
+            g = grid.groups[axis]
+            out.append(dist_check(f"all_gather on the {axis} group of dp=2 x tp={P // 2}",
+                                  (dist.all_gather_forward, dist.all_gather_backward),
+                                  std((2, 3)), g, world, rng=rng,
+                                  directions=directions))
+    return out + byte_checks(world)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="mpiexec -n P python -m grads.mpi",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--directions", type=int, default=0, help="random directions per "
+                        "check instead of every element (cheaper on many ranks)")
+    args = parser.parse_args(argv)
+    world = dist.Group.world()
+    results = run_checks(world, args.directions)
+    if world.rank == 0:
+        for res in results:
+            print(f"{'ok  ' if res.ok else 'FAIL'}  {res.name}  (max rel err {res.err:.1e}, "
+                  f"{world.size} ranks)")
+        print(f"{sum(r.ok for r in results)}/{len(results)} distributed checks pass")
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""`python -m scratchllm size MODEL --serve --hw NAME --batch 1,8,64 --context T`: the
+roofline of one decode step per batch size (scratchllm/teach/serving.py), as a table, as JSON
+(--json: one object per batch size) or as a figure of tokens/s against batch (--plot PNG)."""
+import json
+
+from scratchllm.teach.serving import (batch_sweep, decode_step, knee, max_batch, peak_flops,
+                                      prefill)
+from scratchllm.teach.sizing import human, human_bytes
+
+FLOP_UNITS = (" kFLOP", " MFLOP", " GFLOP", " TFLOP", " PFLOP")
+
+
+def serve_json(cfg, hw, batches, context, dtypes):
+    """The pinned JSON text: a list of decode_step(...).as_dict(), one per batch size, whether
+    or not it fits. dtypes = (weights, cache)."""
+    return json.dumps([decode_step(cfg, hw, b, context, *dtypes).as_dict() for b in batches],
+                      indent=1)
+
+
+def serve_table(cfg, hw, batches, context, dtypes, measured=None):
+    """The text table: the device, then one row per batch size (and the measured tokens/s,
+    [(batch, tokens/s)], beside the bound when given), then prefill at batch 1."""
+    dtype, kv_dtype = dtypes
+    peak, top = peak_flops(hw, dtype), max_batch(cfg, hw, context, dtype, kv_dtype)
+    k = knee(cfg, hw, context, dtype, kv_dtype)
+    lines = [f"{cfg.name} on {hw.name} ({hw.source}), weights {dtype}, cache {kv_dtype}, "
+             f"context {context:,}",
+             f"  bandwidth {hw.bandwidth / 1e9:,.0f} GB/s, peak {human(peak, FLOP_UNITS)}/s, "
+             f"memory {hw.memory / 1e9:,.0f} GB; ridge point {peak / hw.bandwidth:,.0f} FLOP/B",
+             f"  largest batch that fits: {top:,}" + (" (not even the weights and one "
+                                                      "sequence)" if not top else ""),
+             "  compute-bound from batch " + (f"{k:,}" if k else "never (intensity tends to "
+                                               "FLOPs / KV bytes per sequence, below the ridge)"),
+             "",
+             f"  {'batch':>6} {'weights read':>13} {'KV read':>12} {'FLOPs':>13} "
+             f"{'FLOP/B':>8} {'ms/step':>9} {'tokens/s':>11}  bound    fits"
+             + ("   measured tokens/s" if measured else "")]
+    got = dict(measured or ())
+    for b in batches:
+        s = decode_step(cfg, hw, b, context, dtype, kv_dtype)
+        lines.append(f"  {b:>6} {human_bytes(s.weight_bytes):>13} {human_bytes(s.kv_bytes):>12}"
+                     f" {human(s.flops, FLOP_UNITS):>13} {s.intensity:>8.1f}"
+                     f" {s.seconds * 1e3:>9.3f} {s.tokens_per_second:>11,.0f}  {s.bound:<8} "
+                     f"{'yes' if s.fits else 'no '}"
+                     + (f"  {got[b]:>18,.0f}" if b in got else ""))
+    p = prefill(cfg, hw, 1, context, dtype, kv_dtype)
+    lines += ["", f"  prefill of {context:,} tokens (batch 1): {human(p.flops, FLOP_UNITS)}, "
+                  f"{human_bytes(p.weight_bytes + p.kv_bytes)} moved, {p.intensity:,.0f} "
+                  f"FLOP/B, {p.seconds * 1e3:,.1f} ms, {p.bound}-bound"]
+    return "\n".join(lines)
+
+
+def save_serve_plot(path, cfg, hw, context, dtypes, measured=None):
+    """Decode tokens/s against batch (1 .. the largest that fits, log-log), the memory roof
+    (b / memory time) and the compute roof (peak / FLOPs per token) beside it, the knee
+    marked, and the measured [(batch, tokens/s)] when given; False (nothing written) without
+    matplotlib or when nothing fits."""
+    try:
+        from matplotlib.figure import Figure  # an optional dependency: only for --plot
+    except ImportError:
+        return False
+    steps = batch_sweep(cfg, hw, context, *dtypes)
+    if not steps:
+        return False
+    b = [s.batch for s in steps]
+    fig = Figure(figsize=(6.5, 4))
+    ax = fig.subplots()
+    ax.plot(b, [s.tokens_per_second for s in steps], "o-", label="roofline bound")
+    ax.plot(b, [s.batch / s.memory_seconds for s in steps], "--", c="gray",
+            label="memory roof: b / (bytes / bandwidth)")
+    ax.plot(b, [s.batch / s.compute_seconds for s in steps], ":", c="gray",
+            label="compute roof: peak / FLOPs per token")
+    k = knee(cfg, hw, context, *dtypes)
+    if k and k <= b[-1]:
+        s = decode_step(cfg, hw, k, context, *dtypes)
+        ax.axvline(k, c="red", lw=0.8, label=f"knee: batch {k:,}")
+        ax.plot([k], [s.tokens_per_second], "o", c="red")
+    if measured:
+        ax.plot(*zip(*measured), "s-", c="green", label="measured: this library's decode")
+    ax.set(xscale="log", yscale="log", xlabel="batch (sequences decoded together)",
+           ylabel="tokens / s",
+           title=f"{cfg.name} on {hw.name}, context {context:,}, {dtypes[0]}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True

@@ -1,0 +1,210 @@
+"""A small continuous-batching engine over a paged (or contiguous) KV cache, greedy decoding.
+
+Each step:
+    1. admit    waiting requests, oldest first, while their blocks are free: point their
+                table at the cached blocks of their prefix, compute the rest (LM.prefill for
+                a fresh prompt, LM.decode token by token after a prefix hit), and take the
+                first new token from the last logits
+    2. reserve  one slot for every running request's next token; when no block is free,
+                preempt the most recently admitted request (free its blocks, put it back at
+                the front of the queue: it is recomputed from its prompt and the tokens it
+                has made when readmitted)
+    3. decode   every running request in one call at its own position (rows.decode_rows);
+                or, with rows=False (or a model decode_rows does not serve), requests holding
+                the same number of tokens share one LM.decode call, the layers' states being
+                GroupState views of the cache
+    4. retire   finished requests (exactly max_new_tokens each; no early stop) free blocks
+Every request's tokens equal its own unbatched greedy decode (model.prefill, then
+model.decode, one state per layer) up to floating-point ties: batching, paging, prefix
+sharing and preemption change where numbers live, never which numbers are computed.
+Reference: arXiv 2309.06180 (PagedAttention, vLLM's scheduler: admission, preemption by
+recomputation).
+
+Glossary: P prompt length, N new tokens, bs block size.
+"""
+from collections import deque
+
+import numpy as np
+
+from scratchllm.serve.blocks import OutOfBlocks
+from scratchllm.serve.pool import KV_DTYPES, ContiguousCache, PagedCache
+from scratchllm.serve.rows import decode_rows, rows_supported
+
+
+class Request:
+    """One prompt's progress: its tokens so far (prompt + out) and how many it must make."""
+
+    def __init__(self, rid, prompt, max_new):
+        self.rid, self.prompt, self.max_new = rid, list(prompt), max_new
+        self.out = []
+        self.held = 0  # tokens of prompt + out[:-1] in the cache (the last new one is fed next)
+
+    @property
+    def done(self):
+        return len(self.out) >= self.max_new
+
+
+class Engine:
+    """Requests in, greedy tokens out; `stats` counts steps, preemptions, prefix hits, the
+    peak blocks in use and the peak running batch."""
+
+    def __init__(self, model, cache, rows=None):
+        self.model, self.cache = model, cache
+        self.paged = isinstance(cache, PagedCache)
+        self.rows = rows_supported(model) if rows is None else rows
+        self.waiting, self.running, self.finished = deque(), [], {}
+        self.stats = dict(steps=0, preemptions=0, decode_calls=0, peak_blocks=0,
+                          peak_batch=0, peak_bytes=0)
+
+    def submit(self, rid, prompt, max_new):
+        if not prompt:
+            raise ValueError(f"serve: request {rid!r} has an empty prompt")
+        if self.paged:
+            bm = self.cache.blocks
+            need = bm.blocks_for(len(prompt) + max_new - 1)
+            if need > bm.n_blocks:
+                raise ValueError(f"serve: request {rid!r} needs {need} blocks of "
+                                 f"{bm.block_size} tokens ({len(prompt)} prompt + {max_new} "
+                                 f"new) and the cache has n_blocks={bm.n_blocks}")
+        req = Request(rid, prompt, max_new)
+        (self.finished.__setitem__(rid, req) if req.done else self.waiting.append(req))
+
+    def run(self):
+        """Step until every request is finished; returns {rid: new ids}."""
+        while self.waiting or self.running:
+            self.step()
+        return {rid: r.out for rid, r in self.finished.items()}
+
+    def step(self):
+        self.stats["steps"] += 1
+        self._admit()
+        self._reserve()
+        groups = {}
+        for r in self.running:
+            groups.setdefault(r.held if not self.rows else "all", []).append(r)
+        for held, reqs in groups.items():
+            seqs, ids = [r.rid for r in reqs], np.array([r.out[-1] for r in reqs])  # (B,)
+            if self.rows:
+                positions = np.array([r.held for r in reqs])  # (B,)
+                logits = decode_rows(self.model, ids, self.cache, seqs, positions)  # (B, V)
+            else:
+                logits = self.model.decode(ids, self.cache.views(seqs, held), held)  # (B, V)
+            self.stats["decode_calls"] += 1
+            for r, row in zip(reqs, logits):
+                r.held += 1
+                r.out.append(int(np.argmax(row)))
+                self._commit(r)
+        self._note_peaks()
+        for r in [r for r in self.running if r.done]:
+            self.running.remove(r)
+            self._release(r)
+            self.finished[r.rid] = r
+
+    # ------------------------------------------------------------------ the phases
+    def _admit(self):
+        while self.waiting:
+            r = self.waiting[0]
+            tokens = r.prompt + r.out  # recomputation after a preemption includes r.out
+            if self.paged and not self.cache.blocks.fits(tokens, extra=1):
+                break
+            self.waiting.popleft()
+            self._prefill(r, tokens)
+            if r.done:  # max_new == 1, or preempted just before its last token
+                self._release(r)
+                self.finished[r.rid] = r
+            else:
+                self.running.append(r)
+
+    def _prefill(self, r, tokens):
+        if self.paged:
+            start = self.cache.blocks.add(r.rid, tokens)
+            self.cache.blocks.reserve(r.rid, len(tokens) - start)  # fits() said they are free
+        else:
+            start = 0
+            self.cache.add(r.rid, len(r.prompt) + r.max_new)
+        views = self.cache.views([r.rid], start)
+        if start == 0:
+            logits = self.model.prefill(np.array([tokens]), views)[:, -1]  # (1, V)
+        else:  # a prefix hit: the rest token by token after the shared blocks
+            for p in range(start, len(tokens)):
+                logits = self.model.decode(np.array([tokens[p]]), views, p)  # (1, V)
+        r.held = len(tokens)
+        r.out.append(int(np.argmax(logits[0])))
+        self._commit(r)
+
+    def _reserve(self):
+        """One slot per running request (copying shared blocks first); preempt on shortage."""
+        if not self.paged:
+            return
+        i = 0
+        while i < len(self.running):
+            r = self.running[i]
+            try:
+                self.cache.copy_blocks(self.cache.blocks.reserve(r.rid, 1))
+                i += 1
+            except OutOfBlocks:
+                victim = self.running.pop()  # the most recently admitted (maybe r itself)
+                self._release(victim)
+                victim.held = 0
+                self.waiting.appendleft(victim)
+                self.stats["preemptions"] += 1
+
+    def _commit(self, r):
+        if self.paged:
+            self.cache.blocks.commit(r.rid, (r.prompt + r.out)[:r.held])
+
+    def _release(self, r):
+        (self.cache.blocks if self.paged else self.cache).release(r.rid)
+
+    def _note_peaks(self):
+        s = self.stats
+        s["peak_batch"] = max(s["peak_batch"], len(self.running))
+        if self.paged:
+            s["peak_blocks"] = max(s["peak_blocks"], self.cache.blocks.blocks_in_use())
+        else:
+            s["peak_bytes"] = max(s["peak_bytes"], self.cache.nbytes())
+
+
+def make_engine(model, kv="paged", block_size=16, n_blocks=None, kv_dtype="float32",
+                max_tokens=None, rows=None):
+    """An Engine over a paged cache of n_blocks blocks (default: room for max_tokens tokens,
+    every request's whole length at once) or over contiguous per-request arrays; rows as
+    Engine's (None: decode_rows where it serves the model, else LM.decode per group)."""
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"serve: kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
+    if kv == "contiguous":
+        return Engine(model, ContiguousCache(model, kv_dtype), rows)
+    if kv != "paged":
+        raise ValueError(f"serve: kv must be 'paged' or 'contiguous', got {kv!r}")
+    if n_blocks is None:
+        n_blocks = max(1, -(-(max_tokens or block_size) // block_size))
+    return Engine(model, PagedCache(model, n_blocks, block_size, kv_dtype), rows)
+
+
+def generate_batch(model, prompts, max_new_tokens, *, kv="paged", block_size=16,
+                   n_blocks=None, kv_dtype="float32"):
+    """Greedy continuation of every prompt through the continuous-batching engine.
+
+    Inputs:  model an LM (every layer full causal GQA attention); prompts a list of non-empty
+             lists of ids; max_new_tokens an int or one int per prompt; kv "paged" (blocks of
+             block_size tokens, n_blocks of them: default room for every request at once;
+             fewer forces preemption by recomputation) or "contiguous" (one array per request
+             sized prompt + max_new_tokens); kv_dtype "float32" (unquantised: the model's own
+             dtype), "int8", "fp8" or "int4" (per token per head; int4 in groups).
+    Returns: one list per prompt of exactly its max_new_tokens new ids (no early stop).
+    """
+    prompts = [list(map(int, p)) for p in prompts]
+    news = [max_new_tokens] * len(prompts) if np.ndim(max_new_tokens) == 0 \
+        else list(max_new_tokens)
+    if len(news) != len(prompts):
+        raise ValueError(f"generate_batch: {len(news)} max_new_tokens for {len(prompts)} "
+                         f"prompts")
+    if any(int(n) != n or n < 0 for n in news):
+        raise ValueError(f"generate_batch: max_new_tokens must be ints >= 0, got {news}")
+    bs = block_size
+    total = sum(-(-(len(p) + n) // bs) * bs for p, n in zip(prompts, news))
+    engine = make_engine(model, kv, block_size, n_blocks, kv_dtype, max_tokens=total)
+    for i, (p, n) in enumerate(zip(prompts, news)):
+        engine.submit(i, p, int(n))
+    out = engine.run()
+    return [out[i] for i in range(len(prompts))]

@@ -1,0 +1,162 @@
+"""S4's dense-A problem and its fix (Gu, Goel & Ré 2022, "Efficiently Modeling Long Sequences
+with Structured State Spaces", arXiv 2111.00396; upstream state-spaces/s4
+models/s4/s4.py and its dplr/transition code): the HiPPO-LegS matrix, its normal plus
+low-rank (DPLR) form, and the SSM convolution kernel from a Cauchy kernel, with its backward.
+
+HiPPO-LegS (N x N, real):  A_nk = −sqrt(2n+1) sqrt(2k+1) (n > k),  −(n+1) (n = k),  0 (n < k);
+B_n = sqrt(2n+1). The problem: A is not normal, and diagonalising it needs eigenvectors whose
+condition number grows exponentially in N, so the diagonal recipe (S4D with A itself) is
+numerically useless; the dense recurrence costs O(N^2 L) and the kernel O(N^2 L) too.
+The fix: with P_n = sqrt(n + 1/2), A + P P^T = −I/2 + (skew-symmetric) is normal, so
+    A = V Λ V* − P P^T,   V unitary, Λ = −1/2 + i μ            (DPLR: dplr_legs)
+and in the basis of V:  Ã = Λ − p p*  with p = V* P, B̃ = V* B, C̃ = C V.
+Kernel (bilinear discretisation, as S4): Ā = (I − Δ/2 A)^-1 (I + Δ/2 A), B̄ = (I − Δ/2 A)^-1 Δ B,
+K_l = C Ā^l B̄ (l < L). Its generating function at the L roots of unity ω_k = exp(−2πik/L),
+with Ĉ = C (I − Ā^L) (S4 learns Ĉ directly), is
+    K̂(ω) = Ĉ (I − Ā ω)^-1 B̄ = Ĉ M(ω)^-1 B,  M(ω) = a I − b Ã,  a = (1 − ω)/Δ,  b = (1 + ω)/2
+and with Ã = Λ − p p*, Woodbury reduces the N x N solve to four Cauchy sums
+    k_uv(ω) = Σ_n u_n v_n / (a − b λ_n)        (S4's Σ v_n / (g(ω) − λ_n), g = a/b, times b:
+                                               the form here has no pole at ω = −1)
+    K̂ = k_ĈB − b k_Ĉp k_p̄B / (1 + b k_p̄p),   K = Re ifft(K̂):  O(N L) work, no N x N matrix.
+Backward (dz carried as ∂L/∂Re z + i ∂L/∂Im z; a holomorphic w = f(z) gives dz = conj(f') dw):
+    dK̂ = fft(dK) / L  (the adjoint of Re ifft);  r = 1/(1 + b k_p̄p);
+    dk_ĈB = dK̂,  dk_Ĉp = conj(−b r k_p̄B) dK̂,  dk_p̄B = conj(−b r k_Ĉp) dK̂,
+    dk_p̄p = conj(b² r² k_Ĉp k_p̄B) dK̂;
+    each k_uv = Σ u v / d:  du = Σ_ω conj(v/d) dk,  dv = Σ_ω conj(u/d) dk,  dd = Σ conj(−u v/d²) dk;
+    d = a − b λ:  dλ = conj(−b) dd,  da = dd;  a = (1 − ω)/Δ: dΔ = Re Σ_ω conj(−(1 − ω)/Δ²) da;
+    p̄ is conj(p): dp += conj(dp̄);  Δ = exp(log_dt): dlog_dt = Δ dΔ.
+
+Glossary: H channels (independent kernels), N state size, L kernel length, Δ step.
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+from scratchllm.core.validate import (expect_dout, expect_float, expect_instance, expect_integer,
+                                      expect_shape)
+
+
+def hippo_legs(N):
+    """The HiPPO-LegS matrix A (N, N) and vector B (N,), real (S4 §2.2, eq. (2)).
+
+    A_nk = −sqrt(2n+1) sqrt(2k+1) for n > k, −(n+1) for n = k, 0 for n < k; B_n = sqrt(2n+1).
+    """
+    expect_integer("hippo_legs", "N", N, 1)
+    r = np.sqrt(2 * np.arange(N) + 1.0)  # (N,)
+    A = -np.tril(np.outer(r, r), -1) - np.diag(np.arange(N) + 1.0)  # (N, N)
+    return A, r.copy()
+
+
+class DPLR(NamedTuple):
+    """HiPPO-LegS as diagonal plus low rank: A = V diag(Λ) V* − P P^T."""
+    Lambda: np.ndarray  # (N,) complex, Re = −1/2
+    p: np.ndarray  # (N,) complex, V* P
+    B: np.ndarray  # (N,) complex, V* B
+    V: np.ndarray  # (N, N) complex unitary
+    P: np.ndarray  # (N,) real, sqrt(n + 1/2)
+
+
+def dplr_legs(N):
+    """HiPPO-LegS in DPLR form (S4 Theorem 1): P_n = sqrt(n + 1/2) makes S = A + P P^T =
+    −I/2 + K with K skew-symmetric; iK is Hermitian, so eigh(iK) = V diag(μ) V* gives a
+    unitary V stably, and Λ = −1/2 − iμ. Returns DPLR(Λ, V* P, V* B, V, P)."""
+    A, B = hippo_legs(N)  # (N, N), (N,)
+    P = np.sqrt(np.arange(N) + 0.5)  # (N,)
+    K = A + np.outer(P, P) + 0.5 * np.eye(N)  # (N, N) skew-symmetric
+    mu, V = np.linalg.eigh(1j * K)  # iK = V diag(mu) V*
+    Lambda = -0.5 - 1j * mu  # (N,) K = V diag(-i mu) V*
+    return DPLR(Lambda, V.conj().T @ P, V.conj().T @ B, V, P)
+
+
+class CauchyWeights(NamedTuple):
+    """The real arrays of H DPLR kernels in the basis of V (real and imaginary parts)."""
+    lam_re: np.ndarray  # (H, N) Re Λ
+    lam_im: np.ndarray  # (H, N) Im Λ
+    p_re: np.ndarray  # (H, N) the low-rank vector p = V* P
+    p_im: np.ndarray  # (H, N)
+    B_re: np.ndarray  # (H, N) B̃ = V* B
+    B_im: np.ndarray  # (H, N)
+    C_re: np.ndarray  # (H, N) Ĉ = C (I − Ā^L) V, S4's learned C
+    C_im: np.ndarray  # (H, N)
+    log_dt: np.ndarray  # (H,) Δ = exp(log_dt)
+
+
+class CauchyCache(NamedTuple):
+    w: CauchyWeights
+    omega: np.ndarray  # (L,) roots of unity
+    inv_d: np.ndarray  # (H, L, N) 1 / (a − b λ)
+    k: tuple  # (k_CB, k_Cp, k_qB, k_qp), each (H, L)
+
+
+def _complex(w):
+    return (w.lam_re + 1j * w.lam_im, w.p_re + 1j * w.p_im, w.B_re + 1j * w.B_im,
+            w.C_re + 1j * w.C_im)  # (H, N) each
+
+
+def cauchy_kernel_forward(w, *, L):
+    """The SSM kernel K (H, L) of DPLR state matrices, by Cauchy sums at the roots of unity.
+
+    Inputs:  w CauchyWeights ((H, N) arrays and log_dt (H,), float); L the kernel length.
+    Returns: K (H, L), real: K_l = Re C Ā^l B̄ with Ā, B̄ the bilinear discretisation of
+             Ã = Λ − p p* and C = Ĉ (I − Ā^L)^-1.  Cache: w, ω, 1/(a − bλ), the four sums.
+    Math: the module docstring.  O(H N L) work, O(H N L) cache.
+    """
+    fn = "cauchy_kernel_forward"
+    expect_instance(fn, "w", w, CauchyWeights)
+    expect_integer(fn, "L", L, 1)
+    expect_float(fn, "lam_re", w.lam_re)
+    expect_shape(fn, "lam_re", w.lam_re, (None, None), "(H, N)")
+    for name, a in zip(w._fields, w):
+        expect_float(fn, name, a)
+        want = w.lam_re.shape[:1] if name == "log_dt" else w.lam_re.shape
+        expect_shape(fn, name, a, want, "(H,)" if name == "log_dt" else "(H, N) like lam_re")
+    lam, p, B, C = _complex(w)  # (H, N)
+    dt = np.exp(w.log_dt)[:, None, None]  # (H, 1, 1)
+    omega = np.exp(-2j * np.pi * np.arange(L) / L)  # (L,)
+    a = (1 - omega)[None, :, None] / dt  # (H, L, 1)
+    b = ((1 + omega) / 2)[None, :, None]  # (1, L, 1)
+    inv_d = 1 / (a - b * lam[:, None, :])  # (H, L, N)
+    q = p.conj()  # (H, N)
+    k = tuple(np.einsum("hn,hln->hl", u * v, inv_d) for u, v in ((C, B), (C, p), (q, B), (q, p)))
+    b2 = b[..., 0]  # (1, L)
+    K_hat = k[0] - b2 * k[1] * k[2] / (1 + b2 * k[3])  # (H, L)
+    K = np.fft.ifft(K_hat, axis=-1).real  # (H, L)
+    return K.astype(w.lam_re.dtype), CauchyCache(w, omega, inv_d, k)
+
+
+def cauchy_kernel_backward(dK, cache):
+    """Gradients of the Cauchy kernel: the chain of the module docstring's Backward lines,
+    from dK̂ = fft(dK)/L back through Woodbury, the four Cauchy sums and a = (1 − ω)/Δ (the
+    backward is derived here and checked by grads).  Returns {"w": CauchyWeights}.
+    Reference: Gu, Goel & Ré 2022 (arXiv 2111.00396) §3.3 and Appendix C.3 (the forward)."""
+    w, omega, inv_d, (kCB, kCp, kqB, kqp) = cache
+    H, L, N = inv_d.shape
+    expect_dout("cauchy_kernel_backward", dK, (H, L), w.lam_re.dtype, name="dK")
+    lam, p, B, C = _complex(w)  # (H, N)
+    q = p.conj()
+    dt = np.exp(w.log_dt)  # (H,)
+    b = ((1 + omega) / 2)[None, :]  # (1, L)
+    G = np.fft.fft(dK, axis=-1) / L  # (H, L)  fwd: K = Re ifft(K_hat)
+    r = 1 / (1 + b * kqp)  # (H, L)
+    # fwd: K_hat = kCB − b kCp kqB r
+    g = {"CB": G, "Cp": np.conj(-b * r * kqB) * G, "qB": np.conj(-b * r * kCp) * G,
+         "qp": np.conj(b * b * r * r * kCp * kqB) * G}  # (H, L) each
+    conj_inv = inv_d.conj()  # (H, L, N)
+    grads = {"C": 0, "B": 0, "p": 0, "q": 0}
+    dd = np.zeros_like(inv_d)  # (H, L, N) gradient of d = a − b λ
+    for (un, vn), u, v in ((("C", "B"), C, B), (("C", "p"), C, p), (("q", "B"), q, B),
+                           (("q", "p"), q, p)):
+        gk = g[un + vn][..., None]  # (H, L, 1)  fwd: k_uv = Σ_n u v / d
+        grads[un] = grads[un] + np.sum(conj_inv * gk, axis=1) * v.conj()  # (H, N)
+        grads[vn] = grads[vn] + np.sum(conj_inv * gk, axis=1) * u.conj()
+        dd += np.conj(-(u * v)[:, None, :] * inv_d * inv_d) * gk
+    dlam = np.sum(np.conj(-b)[..., None] * dd, axis=1)  # (H, N)  fwd: d = a − b λ
+    da = dd.sum(axis=2)  # (H, L)
+    # fwd: a = (1 − ω)/Δ
+    ddt = np.sum(np.conj(-(1 - omega)[None, :] / dt[:, None] ** 2) * da, axis=1).real  # (H,)
+    dp = grads["p"] + grads["q"].conj()  # fwd: q = conj(p)
+    dC, dB = grads["C"], grads["B"]
+    dtype = w.lam_re.dtype
+    out = CauchyWeights(dlam.real, dlam.imag, dp.real, dp.imag, dB.real, dB.imag, dC.real,
+                        dC.imag, ddt * dt)  # fwd: Δ = exp(log_dt)
+    return {"w": CauchyWeights(*(a.astype(dtype) for a in out))}

@@ -1,0 +1,130 @@
+"""The continuous-batching engine: every request's tokens equal its own unbatched greedy
+decode, paged == contiguous, preemption by recomputation, prefix sharing, copy-on-write that
+never changes another sequence, and no request lost or duplicated."""
+import numpy as np
+import pytest
+
+from grads.cases import LM_TINY, lm_tiny
+from scratchllm.lm import LM, generate_ids
+from scratchllm.serve import PagedCache, decode_rows, generate_batch, make_engine
+
+V = LM_TINY["vocab_size"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return LM(lm_tiny("dense"), rng=np.random.default_rng(0), dtype=np.float64)
+
+
+def _alone(model, prompt, n):
+    """The request's own unbatched greedy decode (model.prefill, then model.decode)."""
+    return list(generate_ids(model, prompt, n, None, temperature=0.0))
+
+
+def _mix(seed, n=7, shared=()):
+    rng = np.random.default_rng(seed)
+    prompts = [list(shared) + [int(t) for t in rng.integers(0, V, rng.integers(1, 10))]
+               for _ in range(n)]
+    return prompts, [int(k) for k in rng.integers(0, 8, n)]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_mixes_equal_unbatched_decoding(model, seed):
+    prompts, news = _mix(seed)
+    want = [_alone(model, p, k) for p, k in zip(prompts, news)]
+    assert generate_batch(model, prompts, news, kv="contiguous") == want
+    assert generate_batch(model, prompts, news, kv="paged", block_size=4) == want
+    tight = generate_batch(model, prompts, news, kv="paged", block_size=2, n_blocks=9)
+    assert tight == want  # 9 blocks of 2 tokens: requests are preempted and recomputed
+    assert [len(o) for o in tight] == news
+    engine = make_engine(model, "paged", block_size=3, max_tokens=200, rows=False)
+    for i, (p, k) in enumerate(zip(prompts, news)):
+        engine.submit(i, p, k)  # LM.decode per group of equal lengths instead of decode_rows
+    assert [engine.run()[i] for i in range(len(prompts))] == want
+
+
+@pytest.mark.parametrize("kw", [dict(positions="sinusoidal"), dict(positions="learned"),
+                                dict(qk_norm=True, qkv_bias=True)])
+def test_decode_rows_equals_each_sequence_alone(kw):
+    model = LM(lm_tiny("dense", **kw), rng=np.random.default_rng(0), dtype=np.float64)
+    prompts = [[3, 1, 4], [1, 5, 9, 2, 6, 5, 3], [5, 8, 9, 7, 9]]
+    cache = PagedCache(model, n_blocks=12, block_size=2)
+    for s, p in enumerate(prompts):
+        cache.blocks.add(s, p), cache.blocks.reserve(s, len(p) + 1)
+        model.prefill(np.array([p]), cache.views([s], 0))
+    logits = decode_rows(model, np.array([1, 2, 3]), cache, [0, 1, 2], np.array([3, 7, 5]))
+    for b, p in enumerate(prompts):
+        state = model.init_state(1, 10)
+        model.prefill(np.array([p]), state)
+        np.testing.assert_allclose(logits[b], model.decode(np.array([b + 1]), state, len(p))[0],
+                                   rtol=0, atol=1e-12)
+
+
+def test_preemption_happens_and_no_request_is_lost_or_duplicated(model):
+    prompts, news = _mix(3, n=8)
+    engine = make_engine(model, "paged", block_size=2, n_blocks=8)
+    for i, (p, k) in enumerate(zip(prompts, news)):
+        engine.submit(i, p, k)
+    while engine.waiting or engine.running:
+        engine.step()
+        held = [r.rid for r in engine.waiting] + [r.rid for r in engine.running] + \
+            list(engine.finished)
+        assert sorted(held) == list(range(8))  # each request in exactly one place
+        assert engine.cache.blocks.blocks_in_use() <= 8
+    assert engine.stats["preemptions"] > 0
+    assert [engine.finished[i].out for i in range(8)] == \
+        [_alone(model, p, k) for p, k in zip(prompts, news)]
+    assert engine.cache.blocks.blocks_in_use() == 0
+
+
+def test_a_shared_system_prompt_hits_the_prefix_cache(model):
+    system = [3, 1, 4, 1, 5, 9, 2, 6]
+    prompts, news = _mix(4, n=5, shared=system)
+    engine = make_engine(model, "paged", block_size=4, n_blocks=64)
+    for i, (p, k) in enumerate(zip(prompts, news)):
+        engine.submit(i, p, k)
+    out = engine.run()
+    assert [out[i] for i in range(5)] == [_alone(model, p, k) for p, k in zip(prompts, news)]
+    bm = engine.cache.blocks
+    assert bm.hits >= 2 * 4  # the system prompt's 2 blocks, for every request after the first
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8", "int4"])
+def test_quantised_paged_equals_quantised_contiguous(model, kv_dtype):
+    prompts, news = _mix(5, n=5)
+    paged = generate_batch(model, prompts, news, kv="paged", block_size=4, kv_dtype=kv_dtype)
+    assert paged == generate_batch(model, prompts, news, kv="contiguous", kv_dtype=kv_dtype)
+    assert [len(o) for o in paged] == news
+
+
+def test_copy_on_write_never_changes_the_other_sequence(model):
+    prompt = [5, 2, 7, 1, 8, 3]  # 6 tokens: a partial second block of 4
+    cache = PagedCache(model, n_blocks=8, block_size=4)
+    bm = cache.blocks
+    bm.add("a", prompt), bm.reserve("a", len(prompt))
+    model.prefill(np.array([prompt]), cache.views(["a"], 0))
+    bm.commit("a", prompt)
+    bm.fork("a", "b")  # b shares both blocks, the partial one too
+    for seq in ("a", "b"):
+        cache.copy_blocks(bm.reserve(seq, 1))
+    assert bm.tables["a"][1] != bm.tables["b"][1] and bm.tables["a"][0] == bm.tables["b"][0]
+    logits = model.decode(np.array([11, 19]), cache.views(["a", "b"], 6), 6)  # (2, V)
+    for row, t in zip(logits, (11, 19)):
+        state = model.init_state(1, 8)
+        model.prefill(np.array([prompt]), state)
+        np.testing.assert_allclose(row, model.decode(np.array([t]), state, 6)[0],
+                                   rtol=0, atol=1e-12)
+    k_a, _ = cache.read(0, ["a"], [7])
+    k_b, _ = cache.read(0, ["b"], [7])
+    np.testing.assert_array_equal(k_a[..., :6, :], k_b[..., :6, :])
+    assert not np.array_equal(k_a[..., 6, :], k_b[..., 6, :])
+
+
+def test_edge_cases_and_errors(model):
+    assert generate_batch(model, [[1, 2], [3]], [0, 1]) == [[], _alone(model, [3], 1)]
+    with pytest.raises(ValueError, match="needs 3 blocks"):
+        generate_batch(model, [[1, 2, 3, 4]], 2, block_size=2, n_blocks=2)
+    with pytest.raises(ValueError, match="kv_dtype"):
+        generate_batch(model, [[1]], 1, kv_dtype="int2")
+    with pytest.raises(ValueError, match="full causal GQA"):
+        generate_batch(LM(lm_tiny("swa"), rng=np.random.default_rng(0)), [[1]], 1)

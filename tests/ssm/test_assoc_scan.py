@@ -1,0 +1,63 @@
+"""The parallel (Blelloch) scan against the sequential scan and a hand loop; its backward
+against the reverse-time adjoint loop; the selective scan on it against the Numba scan."""
+import numpy as np
+import pytest
+
+from scratchllm.ssm import (associative_scan_backward, associative_scan_forward,
+                            associative_scan_forward_ref, selective_scan_assoc_backward,
+                            selective_scan_assoc_forward, selective_scan_backward,
+                            selective_scan_forward)
+
+
+@pytest.mark.parametrize("T", [1, 2, 3, 7, 8, 9, 33])
+def test_blelloch_equals_sequential(T):
+    rng = np.random.default_rng(T)
+    a, b = rng.uniform(-1, 1, (2, T, 3, 2)), rng.standard_normal((2, T, 3, 2))
+    h, _ = associative_scan_forward(a, b)
+    h_ref = np.zeros_like(b)
+    prev = np.zeros_like(b[:, 0])
+    for t in range(T):  # h_t = a_t h_{t-1} + b_t written out
+        prev = a[:, t] * prev + b[:, t]
+        h_ref[:, t] = prev
+    np.testing.assert_allclose(h, h_ref, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(associative_scan_forward_ref(a, b)[0], h_ref, rtol=0, atol=0)
+
+
+def test_backward_is_the_adjoint_loop():
+    rng = np.random.default_rng(1)
+    a, b, dh = (rng.uniform(-1, 1, (2, 10, 3)), rng.standard_normal((2, 10, 3)),
+                rng.standard_normal((2, 10, 3)))
+    h, cache = associative_scan_forward(a, b)
+    g = associative_scan_backward(dh, cache)
+    lam, want_a, want_b = np.zeros_like(dh[:, 0]), np.empty_like(a), np.empty_like(b)
+    for t in reversed(range(10)):
+        lam = dh[:, t] + (a[:, t + 1] * lam if t + 1 < 10 else 0)
+        want_b[:, t] = lam
+        want_a[:, t] = lam * (h[:, t - 1] if t else 0)
+    np.testing.assert_allclose(g["a"], want_a, atol=1e-13)
+    np.testing.assert_allclose(g["b"], want_b, atol=1e-13)
+
+
+def test_selective_scan_on_the_parallel_scan_equals_the_numba_scan():
+    rng = np.random.default_rng(2)
+    batch, T, d, N = 2, 19, 5, 3
+    args = (rng.standard_normal((batch, T, d)), rng.uniform(0.05, 1.0, (batch, T, d)),
+            -rng.uniform(0.2, 2.0, (d, N)), rng.standard_normal((batch, T, N)),
+            rng.standard_normal((batch, T, N)), rng.standard_normal(d))
+    y, cache = selective_scan_assoc_forward(*args)
+    y_ref, cache_ref = selective_scan_forward(*args)
+    np.testing.assert_allclose(y, y_ref, atol=1e-12)
+    dy = rng.standard_normal(y.shape)
+    g, g_ref = selective_scan_assoc_backward(dy, cache), selective_scan_backward(dy, cache_ref)
+    for name in g_ref:
+        np.testing.assert_allclose(g[name], g_ref[name], atol=1e-11, err_msg=name)
+
+
+def test_shape_and_dtype_errors():
+    with pytest.raises(ValueError, match="b"):
+        associative_scan_forward(np.ones((2, 3)), np.ones((2, 4)))
+    with pytest.raises(TypeError, match="dtype"):
+        associative_scan_forward(np.ones((2, 3)), np.ones((2, 3), np.float32))
+    _, cache = associative_scan_forward(np.ones((2, 3)), np.ones((2, 3)))
+    with pytest.raises(ValueError, match="dh"):
+        associative_scan_backward(np.ones((2, 4)), cache)
