@@ -147,5 +147,5 @@ def llava(rng):
     ids[0, 1:7], ids[1, 3:9] = 22, 22  # one image of 6 patches per sequence
     forward, backward, params = _model_pair(model, rng, lambda x: model.forward(ids, x))
     return check(forward, backward, rng=rng, max_full=0, n_directions=2,
-                 wrt=[n for n in params if not n.endswith(".bk")],
+                 wrt=["pixel_values"] + [n for n in params if not n.endswith(".bk")],
                  pixel_values=rng.standard_normal((2, 2, 8, 12)), **params)

@@ -110,8 +110,10 @@ class Llava(Module):
         return self.lm.decode(ids_t, state, position)
 
     def backward(self, dlogits, cache):
-        """dlogits (B, T, V) -> Param grads (+=)."""
+        """dlogits (B, T, V) -> Param grads (+=); returns d pixel_values (None without an
+        image)."""
         dx = self.lm.trunk_backward(dlogits, cache.lm)  # fwd: logits = trunk(x_0)
+        dpixels = None
         if cache.vision is not None:
             dp = dx[cache.image]  # fwd: x_0[image] = p   (Bi*N, Dt)
             dx = np.where(cache.image[..., None], 0, dx)  # the embedding lost those rows
@@ -122,5 +124,6 @@ class Llava(Module):
             df = self.proj1.backward(da, cache.proj1)  # fwd: a = f W1 + b1
             if self.cfg.select == "default":  # fwd: f = f[:, 1:]
                 df = np.concatenate([np.zeros_like(df[:, :1]), df], axis=1)
-            self.tower.backward(df, cache.vision)
+            dpixels = self.tower.backward(df, cache.vision)
         self.lm.embed.backward(dx, cache.embed)  # fwd: x_0 = E[input_ids]
+        return dpixels

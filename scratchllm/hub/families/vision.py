@@ -88,7 +88,9 @@ def _common_hf(cfg, family, dtype_name, base):
 
 
 def _needs(cfg, *, cls_token, n_labels, qkv_bias=None, pool=False):
-    """{name: what the family needs} for every option cfg has otherwise (for refuse)."""
+    """(got, need): the options of cfg a family decides on, by name, and what the family
+    needs of each (for refuse). pool: the family's pooling head, which must be the blocks'
+    own LayerSpec ("pool" is "blocks'" then, "none" without a head)."""
     first = cfg.layers[0]
     same = all(layer == first for layer in cfg.layers)
     a, ffn = first.mixer, first.ffn
@@ -98,12 +100,12 @@ def _needs(cfg, *, cls_token, n_labels, qkv_bias=None, pool=False):
                qk_norm=getattr(a, "qk_norm", None), scale=getattr(a, "scale", None),
                ffn=getattr(ffn, "kind", None), norm=first.norm.kind,
                placement=first.placement, same_norms=first.norm == cfg.norm,
-               pool=cfg.pool is None or (cfg.pool == first and "like the blocks"))
+               pool="none" if cfg.pool is None else "blocks'" if cfg.pool == first else "other")
     need = dict(cls_token=cls_token, labels=n_labels, same_layers=True,
                 attention="AttentionSpec", mha=True, qkv_bias=got["qkv_bias"] if qkv_bias is
                 None else qkv_bias, o_bias=True, qk_norm=False, scale=None, ffn="gelu_mlp",
                 norm="layernorm", placement="pre", same_norms=True,
-                pool="like the blocks" if pool else True)
+                pool="blocks'" if pool else "none")
     return got, need
 
 
