@@ -9,7 +9,8 @@ Per family a directory holds:
     expected.npz                     computed by transformers in float64 from those weights:
         pixel_values (B, C, H, W), out (B, n_labels) logits (vit), (B, N, D)
         last_hidden_state (siglip_vision) or (B, D) pooler_output (siglip_vision_head: with
-        the attention-pooling head), last_hidden_state (the logits for vit), G_seed
+        the attention-pooling head; clip_vision: the post-norm of [CLS]), last_hidden_state
+        (the logits for vit), G_seed
         (G = default_rng(G_seed).standard_normal(out.shape)), grad/<checkpoint name> =
         d sum(out * G) / d param for every parameter, under the names transformers writes
         in model.safetensors,
@@ -54,6 +55,8 @@ FAMILIES = {  # directory -> (transformers class, config fields)
     "siglip_vision_head": (transformers.SiglipVisionModel, transformers.SiglipVisionConfig(
         **GEOMETRY, image_size=12, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6,
         vision_use_head=True)),
+    "clip_vision": (transformers.CLIPVisionModel, transformers.CLIPVisionConfig(
+        **GEOMETRY, image_size=12, hidden_act="quick_gelu", layer_norm_eps=1e-5)),
 }
 
 
@@ -203,20 +206,29 @@ def main():
 LLAVA_T, LLAVA_IMAGE = 14, 299  # tokens per sequence; the image token id (vocab 300)
 
 
-def llava_fixture(rng):
+def llava_fixture(rng, tower="siglip"):
     """tests/fixtures/hf/llava: a SigLIP tower (12 x 12 images, 9 patches) and a llama LM
     (vocab 300); sequence 0 holds one image's 9 tokens, sequence 1 the other's, text around.
+    tower "clip": tests/fixtures/hf/llava_clip, LLaVA-1.5's shape: a CLIP tower whose [CLS]
+    the "default" feature strategy drops.
     expected.npz: input_ids, pixel_values, logits, G_seed, grad/<name>, greedy (8 ids
     transformers' generate gives after sequence 0 and its image), saved_by_scratchllm_rel_err."""
-    vision = transformers.SiglipVisionConfig(**GEOMETRY, image_size=12, vision_use_head=False,
-                                             hidden_act="gelu_pytorch_tanh")
+    if tower == "clip":
+        vision = transformers.CLIPVisionConfig(**GEOMETRY, image_size=12,
+                                               hidden_act="quick_gelu")
+    else:
+        vision = transformers.SiglipVisionConfig(**GEOMETRY, image_size=12,
+                                                 vision_use_head=False,
+                                                 hidden_act="gelu_pytorch_tanh")
     text = transformers.LlamaConfig(vocab_size=300, hidden_size=24, num_hidden_layers=2,
                                     num_attention_heads=4, num_key_value_heads=2,
                                     intermediate_size=40, max_position_embeddings=64)
     cfg = transformers.LlavaConfig(vision_config=vision, text_config=text,
                                    image_token_id=LLAVA_IMAGE, vision_feature_layer=-2,
-                                   vision_feature_select_strategy="full", image_seq_length=9)
-    cls, directory = transformers.LlavaForConditionalGeneration, OUT / "llava"
+                                   vision_feature_select_strategy="full" if tower == "siglip"
+                                   else "default", image_seq_length=9)
+    cls = transformers.LlavaForConditionalGeneration
+    directory = OUT / ("llava" if tower == "siglip" else "llava_clip")
     model = cls(cfg).to(torch.float32)
     randomize(model, 107)
     model.save_pretrained(directory)
@@ -260,10 +272,11 @@ def llava_fixture(rng):
     err = float(np.abs(out - expected["logits"]).max() / np.abs(expected["logits"]).max())
     assert err < 1e-5, err
     np.savez_compressed(directory / "expected.npz", saved_by_scratchllm_rel_err=err, **expected)
-    print("llava written; saved_by_scratchllm_rel_err", err)
+    print(directory.name, "written; saved_by_scratchllm_rel_err", err)
 
 
 if __name__ == "__main__":
     if "--llava" not in sys.argv:
         main()
     llava_fixture(np.random.default_rng(400))
+    llava_fixture(np.random.default_rng(401), tower="clip")

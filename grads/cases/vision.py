@@ -49,19 +49,22 @@ def vision_embed(rng):
     return reports
 
 
-def vision_tiny(n_labels, cls_token, gelu_approx, pool=False):
+def vision_tiny(n_labels, cls_token, gelu_approx, pool=False, clip=False):
     """A tiny VisionConfig: 8 x 12 images of 2 channels in 4 x 4 patches (6 patches), D = 12,
     3 heads, 2 pre-norm blocks (LayerNorm, bidirectional MHA with biases, GELU MLP of 20);
-    pool: with SigLIP's attention-pooling head of the same LayerSpec."""
+    pool: with SigLIP's attention-pooling head of the same LayerSpec; clip: CLIP's shape (no
+    patch bias, a pre-norm on the embedding, the final norm on [CLS] alone)."""
     from scratchllm.specs import AttentionSpec, FFNSpec, LayerSpec, Mask, NormSpec
     from scratchllm.specs.vision import PatchSpec, VisionConfig
     norm = NormSpec("layernorm", 1e-6)
     layer = LayerSpec(AttentionSpec(3, 3, qkv_bias=True, o_bias=True, rope=None,
                                     mask=Mask(causal=False)),
                       FFNSpec("gelu_mlp", 20, gelu_approx=gelu_approx), norm)
-    return VisionConfig(d_model=12, patch=PatchSpec((8, 12), 4, 2, cls_token=cls_token),
+    return VisionConfig(d_model=12, patch=PatchSpec((8, 12), 4, 2, cls_token=cls_token,
+                                                    patch_bias=not clip),
                         layers=(layer,) * 2, norm=norm, n_labels=n_labels,
-                        pool=layer if pool else None)
+                        pool=layer if pool else None, pre_norm=norm if clip else None,
+                        norm_cls=clip)
 
 
 def _model_pair(model, rng, call):
@@ -103,7 +106,11 @@ def vision_transformer(rng):
                                ("pooling head", vision_tiny(0, False, "tanh", True),
                                 dict(pooled=True)),
                                ("hidden layer -2", vision_tiny(0, False, "tanh"),
-                                dict(hidden_layer=-2))):
+                                dict(hidden_layer=-2)),
+                               ("CLIP-style", vision_tiny(0, True, "quick", clip=True), {}),
+                               ("CLIP-style [CLS] norm", vision_tiny(0, True, "quick",
+                                                                     clip=True),
+                                dict(pooled=True))):
         model = VisionTransformer(cfg, rng=rng, dtype=np.float64)
         forward, backward, params = _model_pair(
             model, rng, lambda x, kw=kwargs, m=model: m.forward(x, **kw))

@@ -24,7 +24,7 @@ from scratchllm.hub.families.modules import ModuleFamily
 from scratchllm.hub.families.moe import DEEPSEEK_V3, MIXTRAL
 from scratchllm.hub.families.moe2 import QWEN3_MOE
 from scratchllm.hub.families.ssm import JAMBA, MAMBA
-from scratchllm.hub.families.vision import SIGLIP_VISION, VIT
+from scratchllm.hub.families.vision import CLIP_VISION, SIGLIP_VISION, VIT
 from scratchllm.specs import from_flat
 from scratchllm.specs.unflat import flat_view
 
@@ -33,7 +33,7 @@ FAMILIES = (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA3, GPT2, GPT_OSS, MIXTRAL, DEEPSE
 FAMILIES += (OLMO2, GEMMA2)  # families/dense2.py
 FAMILIES += (QWEN3_MOE,)  # families/moe2.py
 FAMILIES += (VIT, SIGLIP_VISION)  # families/vision.py
-FAMILIES += (LLAVA,)  # families/llava.py
+FAMILIES += (CLIP_VISION, LLAVA)  # families/vision.py, families/llava.py
 BY_TYPE = {family.model_type: family for family in FAMILIES}
 
 

@@ -11,7 +11,7 @@ from scratchllm.specs._check import fail, flag, instance, one_of, positive_int, 
 class FFNSpec:
     """A dense MLP of hidden width d_ff: "swiglu" (W1, W3, W2: Llama), "gelu_mlp" (W1 + b1,
     W2 + b2: GPT-2) or "geglu" (W1, W3, W2 with GELU: Gemma); gelu_approx "tanh" | "none"
-    (erf) for the GELU kinds."""
+    (erf) | "quick" (x sigmoid(1.702 x): CLIP) for the GELU kinds."""
     kind: str = "swiglu"
     d_ff: int = 384
     gelu_approx: str = "tanh"
@@ -19,7 +19,7 @@ class FFNSpec:
     def __post_init__(self):
         one_of(self, "kind", ("swiglu", "gelu_mlp", "geglu"))
         positive_int(self, "d_ff")
-        one_of(self, "gelu_approx", ("tanh", "none"))
+        one_of(self, "gelu_approx", ("tanh", "none", "quick"))
 
     def n_params(self, d_model):
         D, F = d_model, self.d_ff

@@ -27,16 +27,19 @@ VIT_BASE_LAYER = LayerSpec(AttentionSpec(12, 12, qkv_bias=True, o_bias=True, rop
 class PatchSpec:
     """The patch embedding of an image of image_size = (height, width) pixels with n_channels
     channels, in patches of patch_size x patch_size; cls_token: a learned [CLS] vector goes
-    first (ViT), so the position table has N + 1 rows (N without it: SigLIP)."""
+    first (ViT), so the position table has N + 1 rows (N without it: SigLIP); patch_bias:
+    the patch map's bias (CLIP has none)."""
     image_size: tuple = (224, 224)
     patch_size: int = 16
     n_channels: int = 3
     cls_token: bool = True
+    patch_bias: bool = True
 
     def __post_init__(self):
         positive_int(self, "patch_size")
         positive_int(self, "n_channels")
         flag(self, "cls_token")
+        flag(self, "patch_bias")
         size = self.image_size
         if (not isinstance(size, tuple) or len(size) != 2
                 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in size)):
@@ -69,7 +72,8 @@ class PatchSpec:
     def n_params(self, d_model):
         """The patch map (C P P, D) and its bias, [CLS], the position table."""
         D = d_model
-        return (self.patch_dim + 1) * D + (D if self.cls_token else 0) + self.n_positions * D
+        return ((self.patch_dim + self.patch_bias) * D + (D if self.cls_token else 0)
+                + self.n_positions * D)
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,9 @@ class VisionConfig:
     [CLS] vector (ViTForImageClassification; needs patch.cls_token). pool: SigLIP's
     attention-pooling head (a learned probe attends the tokens: the LayerSpec's mixer, then
     z + ffn(norm(z))), whose (B, D) output forward gives on request; None: no such head.
+    pre_norm: a norm on the embedding before the blocks (CLIP's pre_layrnorm), or None.
+    norm_cls: the final norm reads the [CLS] vector alone and gives the pooled output (CLIP's
+    post_layernorm): the encoder's output is then the last block's, un-normed.
     name: the Hugging Face model_type a checkpoint loaded from keeps ("custom" else)."""
     name: str = "custom"
     d_model: int = 768
@@ -88,6 +95,8 @@ class VisionConfig:
     norm: NormSpec = NormSpec("layernorm", 1e-12)
     n_labels: int = 0
     pool: LayerSpec = None
+    pre_norm: NormSpec = None
+    norm_cls: bool = False
 
     def __post_init__(self):
         if not isinstance(self.name, str):
@@ -97,6 +106,11 @@ class VisionConfig:
         instance(self, "norm", NormSpec)
         positive_int(self, "n_labels", low=0)
         instance(self, "pool", LayerSpec, none_ok=True)
+        instance(self, "pre_norm", NormSpec, none_ok=True)
+        flag(self, "norm_cls")
+        if self.norm_cls and (not self.patch.cls_token or self.pool or self.n_labels):
+            fail(self, "norm_cls: the final norm pools the [CLS] vector; it needs "
+                       "patch.cls_token and excludes pool and n_labels", "norm_cls")
         if not isinstance(self.layers, tuple) or not self.layers or not all(
                 isinstance(layer, LayerSpec) for layer in self.layers):
             fail(self, f"layers must be a non-empty tuple of LayerSpec, got {self.layers!r}",
@@ -121,12 +135,16 @@ class VisionConfig:
         return len(self.layers)
 
     def n_params(self):
-        """Patch embedding + blocks + final norm (+ the head (D + 1) n_labels) (+ the pooling
-        head: its probe and its LayerSpec's attention (with all four biases), norm and FFN)."""
+        """Patch embedding (+ pre-norm) + blocks + final norm (+ the head (D + 1) n_labels)
+        (+ the pooling head: its probe and its LayerSpec's attention (with all four biases),
+        its one norm and FFN)."""
         D = self.d_model
         n = (self.patch.n_params(D) + sum(layer.n_params(D) for layer in self.layers)
              + self.norm.n_params(D) + (D + 1) * self.n_labels)
-        return n if self.pool is None else n + D + self.pool.n_params(D)
+        n += 0 if self.pre_norm is None else self.pre_norm.n_params(D)
+        if self.pool is None:
+            return n
+        return n + D + self.pool.n_params(D) - self.pool.norm.n_params(D)  # one norm, not two
 
 
 RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}

@@ -16,7 +16,8 @@ from scratchllm.hub.layout import from_hf, to_hf
 from scratchllm.hub.registry import module_family_for
 from scratchllm.vision.llava import Llava
 
-DIR = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "llava"
+HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
+DIR = HF / "llava"
 
 
 def rel_err(a, b):
@@ -28,10 +29,13 @@ def ref():
     return dict(np.load(DIR / "expected.npz"))
 
 
-def test_logits_and_every_gradient_match_transformers(ref):
+@pytest.mark.parametrize("name", ["llava", "llava_clip"])
+def test_logits_and_every_gradient_match_transformers(name):
     """The key bias of the tower has gradient 0 in exact arithmetic (round-off on both
-    sides); the tower's last block and post-norm come after its feature layer: zero."""
-    model = load_pretrained(DIR, dtype=np.float64)
+    sides); the tower's last block and post-norm come after its feature layer: zero.
+    llava_clip is LLaVA-1.5's shape: a CLIP tower whose [CLS] the features leave out."""
+    ref = dict(np.load(HF / name / "expected.npz"))
+    model = load_pretrained(HF / name, dtype=np.float64)
     assert isinstance(model, Llava)
     logits, cache = model.forward(input_ids=ref["input_ids"], pixel_values=ref["pixel_values"])
     assert rel_err(logits, ref["logits"]) < 1e-9
@@ -50,17 +54,19 @@ def test_logits_and_every_gradient_match_transformers(ref):
             assert rel_err(grads[n], g) < 1e-8, n
 
 
-def test_save_load_is_bit_identical_and_transformers_loads_it(ref, tmp_path):
-    model = load_pretrained(DIR)
+@pytest.mark.parametrize("name", ["llava", "llava_clip"])
+def test_save_load_is_bit_identical_and_transformers_loads_it(name, tmp_path):
+    ref = dict(np.load(HF / name / "expected.npz"))
+    model = load_pretrained(HF / name)
     save_pretrained(model, tmp_path)
-    original, saved = load_file(DIR / "model.safetensors"), load_file(
+    original, saved = load_file(HF / name / "model.safetensors"), load_file(
         tmp_path / "model.safetensors")
     assert sorted(saved) == sorted(original)
     assert all(np.array_equal(saved[n], original[n]) for n in original)
     written = json.loads((tmp_path / "config.json").read_text())
     family = family_named("llava")
     assert family.from_hf(written) == family.from_hf(json.loads(
-        (DIR / "config.json").read_text()))
+        (HF / name / "config.json").read_text()))
     assert ref["saved_by_scratchllm_rel_err"] < 1e-5  # the generator's from_pretrained
 
 
@@ -89,17 +95,19 @@ def test_text_alone_and_what_cannot_be_honoured(ref, tmp_path):
     with pytest.raises(ValueError, match="image tokens but no pixel_values"):
         model.forward(input_ids=ref["input_ids"])
     hf = json.loads((DIR / "config.json").read_text())
-    hf["vision_config"]["model_type"] = "clip_vision_model"
+    hf["vision_config"]["model_type"] = "eva_vision_model"
     (tmp_path / "config.json").write_text(json.dumps(hf))
     shutil.copy(DIR / "model.safetensors", tmp_path)
-    with pytest.raises(ValueError, match="'clip_vision_model' is not implemented"):
+    with pytest.raises(ValueError, match="'eva_vision_model' is not implemented"):
         load_pretrained(tmp_path)
 
 
-def test_greedy_ids_and_cached_decoding(ref):
+@pytest.mark.parametrize("name", ["llava", "llava_clip"])
+def test_greedy_ids_and_cached_decoding(name):
     """Greedy decoding after sequence 0 and its image: transformers' ids; the prefill's last
     row and every decoded step equal a full forward over the sequence so far."""
-    model = load_pretrained(DIR, dtype=np.float64)
+    ref = dict(np.load(HF / name / "expected.npz"))
+    model = load_pretrained(HF / name, dtype=np.float64)
     ids, image = ref["input_ids"][:1], ref["pixel_values"][:1]
     n_new = len(ref["greedy"])
     state = model.init_state(1, ids.shape[1] + n_new)

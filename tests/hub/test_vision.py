@@ -1,10 +1,10 @@
 """The vision families against transformers: tests/fixtures/hf/vit (ViTForImageClassification),
 siglip_vision and siglip_vision_head (SiglipVisionModel without and with its attention-pooling
-head) were computed by transformers in float64 (tools/make_hf_fixtures_vision.py); here
-scratchllm gives the same output (logits, last_hidden_state, pooler_output) to 1e-9, every
-parameter's gradient to 1e-8, bit-identical save/load, and a saved directory transformers
-loads. Their records round-trip config and tensor names as
-test_registry asks of the LM families. No torch here."""
+head) and clip_vision (CLIPVisionModel) were computed by transformers in float64
+(tools/make_hf_fixtures_vision.py); here scratchllm gives the same output (logits,
+last_hidden_state, pooler_output) to 1e-9, every parameter's gradient to 1e-8, bit-identical
+save/load, and a saved directory transformers loads. Their records round-trip config and
+tensor names as test_registry asks of the LM families. No torch here."""
 import dataclasses
 import json
 import shutil
@@ -22,7 +22,7 @@ from scratchllm.hub.registry import module_family_for
 from scratchllm.vision import VisionTransformer
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
-VISION = ["vit", "siglip_vision", "siglip_vision_head"]
+VISION = ["vit", "siglip_vision", "siglip_vision_head", "clip_vision"]
 
 
 def rel_err(a, b):
@@ -34,9 +34,10 @@ def expected(name):
 
 
 def run(model, ref):
-    """(out, cache) of the output the fixture recorded: the pooling head's when the model
-    has one (pooler_output), else forward's own (logits, last_hidden_state)."""
-    return model.forward(pixel_values=ref["pixel_values"], pooled=model.pool is not None)
+    """(out, cache) of the output the fixture recorded: the pooler_output when the model
+    has a pooling head or CLIP's [CLS] norm, else forward's own (logits, last_hidden_state)."""
+    return model.forward(pixel_values=ref["pixel_values"],
+                         pooled=model.pool is not None or model.cfg.norm_cls)
 
 
 @pytest.mark.parametrize("name", VISION)

@@ -3,20 +3,21 @@ and a decoder LM, each read by its own family's record (config.json's vision_con
 text_config), built as scratchllm/vision/llava.py's Llava.
 
     library             transformers (llava)
-    tower.<name>        vision_tower.<the siglip_vision_model name of <name>>
+    tower.<name>        vision_tower.<the tower family's name of <name>>
     proj1.W, proj1.b    multi_modal_projector.linear_1.weight (T), .bias
     proj2.W, proj2.b    multi_modal_projector.linear_2.weight (T), .bias
     lm.<name>           language_model.<the text family's name of <name>>
                         (language_model.model.embed_tokens.weight, language_model.lm_head...)
-Vision towers: siglip_vision_model (CLIP's, with its pre-LayerNorm and quick-GELU, is not
-implemented: an error names it). Text: llama, mistral, qwen2, qwen3.
+Vision towers: siglip_vision_model and clip_vision_model (LLaVA-1.5's, with
+vision_feature_select_strategy "default" dropping its [CLS]). Text: llama, mistral, qwen2,
+qwen3.
 
 Reference: huggingface/transformers src/transformers/models/llava/modeling_llava.py.
 """
 from scratchllm.hub.families.base import fail_config, over, require
 from scratchllm.hub.families.dense import LLAMA, MISTRAL, QWEN2, QWEN3
 from scratchllm.hub.families.modules import ModuleFamily
-from scratchllm.hub.families.vision import SIGLIP_VISION
+from scratchllm.hub.families.vision import CLIP_VISION, SIGLIP_VISION
 from scratchllm.hub.layout import Entry
 from scratchllm.specs import from_flat
 from scratchllm.specs.unflat import flat_view
@@ -24,6 +25,7 @@ from scratchllm.specs.vision import LlavaConfig
 from scratchllm.vision.llava import Llava
 
 TEXT = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3)}
+TOWERS = {f.model_type: f for f in (CLIP_VISION, SIGLIP_VISION)}
 _ACT = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
 
 
@@ -37,9 +39,9 @@ def _text_family(model_type):
 def _from_hf(hf):
     require(hf, ("vision_config", "text_config"), "llava")
     vc, tc = hf["vision_config"], hf["text_config"]
-    if vc.get("model_type") != SIGLIP_VISION.model_type:
+    if vc.get("model_type") not in TOWERS:
         fail_config(f"llava: vision_config model_type {vc.get('model_type')!r} is not "
-                    f"implemented (only {SIGLIP_VISION.model_type!r})")
+                    f"implemented (only {sorted(TOWERS)})")
     layer = hf.get("vision_feature_layer", -2)
     if not isinstance(layer, int):
         fail_config(f"llava: vision_feature_layer = {layer!r} (several layers) is not "
@@ -50,11 +52,17 @@ def _from_hf(hf):
                     f"{sorted(_ACT)})")
     text = from_flat(**_text_family(tc.get("model_type", "llama")).from_hf(tc))
     image_token = hf.get("image_token_id", hf.get("image_token_index", 32000))
-    return LlavaConfig(name="llava", vision=SIGLIP_VISION.from_hf(vc), text=text,
+    return LlavaConfig(name="llava", vision=TOWERS[vc["model_type"]].from_hf(vc), text=text,
                        feature_layer=layer,
                        select=hf.get("vision_feature_select_strategy", "default"),
                        projector_bias=bool(hf.get("multimodal_projector_bias", True)),
                        gelu_approx=_ACT[act], image_token_id=image_token)
+
+
+def _tower(cfg):
+    """The family of a LlavaConfig's vision tower: its name's, else by its shape."""
+    return TOWERS.get(cfg.vision.name) or (CLIP_VISION if cfg.vision.norm_cls
+                                           else SIGLIP_VISION)
 
 
 def _sub_config(hf, drop=("architectures", "dtype")):
@@ -67,8 +75,8 @@ def _to_hf(cfg, dtype_name, base=None):
     text = TEXT[cfg.text.name] if cfg.text.name in TEXT else LLAMA
     hf.update(
         architectures=[LLAVA.architecture], model_type=LLAVA.model_type,
-        vision_config=_sub_config(SIGLIP_VISION.to_hf(cfg.vision, dtype_name,
-                                                      base.get("vision_config"))),
+        vision_config=_sub_config(_tower(cfg).to_hf(cfg.vision, dtype_name,
+                                                    base.get("vision_config"))),
         text_config=_sub_config(text.to_hf(flat_view(cfg.text), dtype_name,
                                            base.get("text_config"))),
         image_token_index=cfg.image_token_id, vision_feature_layer=cfg.feature_layer,
@@ -79,14 +87,14 @@ def _to_hf(cfg, dtype_name, base=None):
 
 
 def _check(cfg):
-    SIGLIP_VISION.check(cfg.vision)
+    _tower(cfg).check(cfg.vision)
     f = flat_view(cfg.text)
     (TEXT[f.name] if f.name in TEXT else LLAMA).check(f)
 
 
 def _names(model, cfg):
     out = [e._replace(hf="vision_tower." + e.hf, lib=tuple("tower." + n for n in e.lib))
-           for e in SIGLIP_VISION.names(model.tower, cfg.vision)]
+           for e in _tower(cfg).names(model.tower, cfg.vision)]
     proj = {"proj1.W": "linear_1.weight", "proj1.b": "linear_1.bias",
             "proj2.W": "linear_2.weight", "proj2.b": "linear_2.bias"}
     params = dict(model.named_parameters())
