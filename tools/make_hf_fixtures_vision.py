@@ -17,10 +17,12 @@ Per family a directory holds:
         saved_by_scratchllm_rel_err (scratchllm's save_pretrained of the checkpoint, loaded
         by from_pretrained: the float32 outputs' largest relative difference from `out`)
 Beside them, each directory's preprocessor_config.json (ViTImageProcessor, size 8 x 12,
-bilinear; SiglipImageProcessor, 12 x 12, bicubic), and tests/fixtures/images/: five small
+bilinear; SiglipImageProcessor, 12 x 12, bicubic; CLIPImageProcessor, shortest edge 14 and
+the centre 12 x 12, bicubic), and tests/fixtures/images/: five small
 PNGs drawn from a seed (RGB 13 x 17 and 37 x 29, RGBA, grayscale, a palette image) and
 expected.npz with what the PIL backend of transformers' image processors makes of them:
-vit (the two RGB images: ViT's processor does not convert to RGB) and siglip (all five).
+vit (the two RGB images: ViT's processor does not convert to RGB), siglip_vision and
+clip_vision (all five).
 ViT's image is 8 x 12 pixels in 4 x 4 patches (a 2 x 3 grid: a transposed grid cannot hide),
 SigLIP's 12 x 12 (transformers' SigLIP takes square images only).
 
@@ -148,7 +150,10 @@ def saved_by_scratchllm(directory, cls, expected):
 
 PROCESSORS = {"vit": (transformers.ViTImageProcessorPil, dict(size={"height": 8, "width": 12})),
               "siglip_vision": (transformers.SiglipImageProcessorPil,
-                                dict(size={"height": 12, "width": 12}))}
+                                dict(size={"height": 12, "width": 12})),
+              "clip_vision": (transformers.CLIPImageProcessorPil,
+                              dict(size={"shortest_edge": 14},
+                                   crop_size={"height": 12, "width": 12}))}
 IMAGES = ROOT / "tests" / "fixtures" / "images"
 
 

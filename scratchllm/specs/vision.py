@@ -150,13 +150,24 @@ class VisionConfig:
 RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 
 
+def _size_pair(spec, name, none_ok):
+    v = getattr(spec, name)
+    if v is None and none_ok:
+        return
+    if (not isinstance(v, tuple) or len(v) != 2
+            or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in v)):
+        fail(spec, f"{name} must be a tuple (height, width) of positive ints"
+                   f"{' or None' if none_ok else ''}, got {v!r}", name)
+
+
 @dataclass(frozen=True)
 class ImageProcessorSpec:
     """How a checkpoint's images become pixel_values (transformers' image processors, PIL
     backend): convert to RGB (compositing transparency onto white), resize to size = (height,
-    width) with Pillow's `resample` filter (RESAMPLE: 2 bilinear, 3 bicubic, ...), rescale
-    (x * rescale_factor, 1/255: uint8 -> [0, 1]), normalise ((x - mean) / std per channel);
-    each step on or off."""
+    width), or so that the shorter side is shortest_edge (CLIP; size None), with Pillow's
+    `resample` filter (RESAMPLE: 2 bilinear, 3 bicubic, ...), crop the centre crop_size =
+    (height, width) (None: no crop), rescale (x * rescale_factor, 1/255: uint8 -> [0, 1]),
+    normalise ((x - mean) / std per channel); each step on or off."""
     size: tuple = (224, 224)
     resample: int = 2
     do_convert_rgb: bool = False
@@ -166,6 +177,8 @@ class ImageProcessorSpec:
     do_normalize: bool = True
     image_mean: tuple = (0.5, 0.5, 0.5)
     image_std: tuple = (0.5, 0.5, 0.5)
+    shortest_edge: int = None
+    crop_size: tuple = None
 
     def __post_init__(self):
         for name in ("do_convert_rgb", "do_resize", "do_rescale", "do_normalize"):
@@ -173,11 +186,12 @@ class ImageProcessorSpec:
         if self.resample not in RESAMPLE:
             fail(self, f"resample must be one of {RESAMPLE} (Pillow's filters), got "
                        f"{self.resample!r}", "resample")
-        if (not isinstance(self.size, tuple) or len(self.size) != 2
-                or any(isinstance(s, bool) or not isinstance(s, int) or s < 1
-                       for s in self.size)):
-            fail(self, f"size must be a tuple (height, width) of positive ints, got "
-                       f"{self.size!r}", "size")
+        _size_pair(self, "size", none_ok=True)
+        _size_pair(self, "crop_size", none_ok=True)
+        positive_int(self, "shortest_edge", none_ok=True)
+        if (self.size is None) == (self.shortest_edge is None):
+            fail(self, f"give size (height, width) or shortest_edge, one of them: got "
+                       f"size={self.size!r}, shortest_edge={self.shortest_edge!r}", "size")
         for name in ("image_mean", "image_std"):
             v = getattr(self, name)
             if not isinstance(v, tuple) or not v or not all(

@@ -1,13 +1,15 @@
 """Images -> pixel_values as a checkpoint's image processor does it (transformers'
-ViTImageProcessor and SiglipImageProcessor, PIL backend), in NumPy and Pillow:
+ViTImageProcessor, SiglipImageProcessor and CLIPImageProcessor, PIL backend), in NumPy and Pillow:
 
     RGB       (do_convert_rgb) an image with transparency is composited onto white
-    resize    Pillow's Image.resize((width, height), resample) on the uint8 image
+    resize    Pillow's Image.resize((width, height), resample) on the uint8 image, to a
+              size, or the shorter side to shortest_edge (CLIP)
+    crop      (crop_size) the centre (height, width), top = (H - height) // 2
     rescale   x = uint8 * rescale_factor, computed in float64, stored float32
     normalise x = (x - mean_c) / std_c per channel, in float32
 giving (B, C, H, W) float32, channels first. The spec comes from the checkpoint's
 preprocessor_config.json (image_processor_spec); a step or option the library does not
-implement (center crop, padding, a shortest-edge size) is an error naming it.
+implement (padding, a longest-edge size) is an error naming it.
 
 Pillow is an optional dependency of this module only (matplotlib brings it; the test extra
 names it): it is imported where an image is opened or resized.
@@ -24,9 +26,15 @@ import numpy as np
 from scratchllm.specs.vision import ImageProcessorSpec
 
 # image_processor_type -> the class defaults of the fields its config.json may leave out
-PROCESSORS = {"ViTImageProcessor": dict(resample=2, do_convert_rgb=False),
-              "SiglipImageProcessor": dict(resample=3, do_convert_rgb=True)}
-_OFF = ("do_center_crop", "do_pad", "do_reduce_labels")  # steps not implemented: must be off
+_CLIP_MEAN, _CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258,
+                                                               0.27577711]
+PROCESSORS = {
+    "ViTImageProcessor": dict(resample=2, do_convert_rgb=False),
+    "SiglipImageProcessor": dict(resample=3, do_convert_rgb=True),
+    "CLIPImageProcessor": dict(resample=3, do_convert_rgb=True, image_mean=_CLIP_MEAN,
+                               image_std=_CLIP_STD, size={"shortest_edge": 224},
+                               do_center_crop=True, crop_size={"height": 224, "width": 224})}
+_OFF = ("do_pad", "do_reduce_labels")  # steps not implemented: must be off
 
 
 def image_processor_spec(config):
@@ -40,21 +48,29 @@ def image_processor_spec(config):
     on = [k for k in _OFF if config.get(k)]
     if on:
         raise ValueError(f"preprocessor_config.json: {on} = True is not implemented")
+    config = {**PROCESSORS[kind], **{k: v for k, v in config.items() if v is not None}}
     size = config.get("size", {"height": 224, "width": 224})
-    if not isinstance(size, dict) or set(size) != {"height", "width"}:
-        raise ValueError(f"preprocessor_config.json: size = {size!r} is not implemented (only "
-                         f"{{'height': H, 'width': W}})")
-    defaults = PROCESSORS[kind]
     fields = {k: config[k] for k in ("do_resize", "do_rescale", "rescale_factor",
-                                     "do_normalize") if k in config}
-    for key in ("resample", "do_convert_rgb"):
-        value = config.get(key)
-        fields[key] = defaults[key] if value is None else value
+                                     "do_normalize", "resample", "do_convert_rgb")
+              if k in config}
+    if isinstance(size, dict) and set(size) == {"height", "width"}:
+        fields["size"] = (size["height"], size["width"])
+    elif isinstance(size, dict) and set(size) == {"shortest_edge"}:
+        fields.update(size=None, shortest_edge=size["shortest_edge"])
+    else:
+        raise ValueError(f"preprocessor_config.json: size = {size!r} is not implemented (only "
+                         f"{{'height': H, 'width': W}} or {{'shortest_edge': S}})")
+    if config.get("do_center_crop"):
+        crop = config.get("crop_size")
+        if not isinstance(crop, dict) or set(crop) != {"height", "width"}:
+            raise ValueError(f"preprocessor_config.json: crop_size = {crop!r} is not "
+                             f"implemented (only {{'height': H, 'width': W}})")
+        fields["crop_size"] = (crop["height"], crop["width"])
     for key in ("image_mean", "image_std"):
         if key in config:
             v = config[key]
             fields[key] = tuple(v) if isinstance(v, (list, tuple)) else (v, v, v)
-    return ImageProcessorSpec(size=(size["height"], size["width"]), **fields)
+    return ImageProcessorSpec(**fields)
 
 
 def load_image_processor(path):
@@ -89,6 +105,24 @@ def _rgb(im):
     return im.convert("RGB")
 
 
+def _shortest_edge(height, width, edge):
+    """(height, width) with the shorter side `edge` and the longer scaled to keep the aspect,
+    truncated (transformers' get_resize_output_image_size, default_to_square=False)."""
+    short, long = (width, height) if width <= height else (height, width)
+    new_long = int(edge * long / short)
+    return (new_long, edge) if width <= height else (edge, new_long)
+
+
+def _center_crop(x, height, width):
+    """The centre (height, width) of x (C, H, W): top = (H - height) // 2, left likewise."""
+    H, W = x.shape[1:]
+    top, left = (H - height) // 2, (W - width) // 2
+    if top < 0 or left < 0:
+        raise ValueError(f"preprocess: a {H} x {W} image is smaller than crop_size "
+                         f"({height}, {width}); padding it is not implemented")
+    return x[:, top:top + height, left:left + width]  # (C, height, width)
+
+
 def preprocess_image(image, spec):
     """One image (a PIL image or a path) -> (C, H, W) float32 as the spec says. As in
     transformers, the image becomes an array first (a palette image: its indices, one
@@ -98,9 +132,11 @@ def preprocess_image(image, spec):
     im = _open(image)
     x = np.array(_rgb(im) if spec.do_convert_rgb else im)  # (H, W) or (H, W, C)
     if spec.do_resize:
-        height, width = spec.size
+        height, width = spec.size or _shortest_edge(x.shape[0], x.shape[1], spec.shortest_edge)
         x = np.array(Image.fromarray(x).resize((width, height), resample=spec.resample))
     x = x[None] if x.ndim == 2 else np.moveaxis(x, -1, 0)  # (C, H, W)
+    if spec.crop_size is not None:
+        x = _center_crop(x, *spec.crop_size)  # (C, h, w)
     if spec.do_rescale:
         x = (x.astype(np.float64) * spec.rescale_factor).astype(np.float32)  # (C, H, W)
     if spec.do_normalize:

@@ -1,7 +1,8 @@
 """Images -> pixel_values as transformers' image processors (PIL backend) make them:
 tests/fixtures/images/ holds five small PNGs and what ViTImageProcessor (bilinear, 8 x 12, no
-RGB conversion) and SiglipImageProcessor (bicubic, 12 x 12, RGB over white) gave for them
-(tools/make_hf_fixtures_vision.py, with each checkpoint's preprocessor_config.json); the
+RGB conversion), SiglipImageProcessor (bicubic, 12 x 12, RGB over white) and
+CLIPImageProcessor (bicubic, shorter side 14, the centre 12 x 12, CLIP's mean and std) gave
+for them (tools/make_hf_fixtures_vision.py, with each checkpoint's preprocessor_config.json); the
 library's NumPy + Pillow steps give the same float32 arrays, bit for bit."""
 import json
 from pathlib import Path
@@ -16,7 +17,8 @@ from scratchllm.vision.preprocess import image_processor_spec, load_image_proces
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 IMAGES = FIXTURES / "images"
 NAMES = {"vit": ["rgb", "rgb_large"],
-         "siglip_vision": ["rgb", "rgb_large", "rgba", "gray", "palette"]}
+         "siglip_vision": ["rgb", "rgb_large", "rgba", "gray", "palette"],
+         "clip_vision": ["rgb", "rgb_large", "rgba", "gray", "palette"]}
 
 
 @pytest.mark.parametrize("family", sorted(NAMES))
@@ -44,12 +46,16 @@ def test_the_specs_follow_the_config_and_the_class_defaults():
         size=(12, 12), resample=3, do_convert_rgb=True)
     assert image_processor_spec({"image_processor_type": "ViTImageProcessor"}) == \
         ImageProcessorSpec()
+    clip = image_processor_spec({"image_processor_type": "CLIPImageProcessor"})
+    assert (clip.size, clip.shortest_edge, clip.crop_size, clip.resample) == (
+        None, 224, (224, 224), 3)
 
 
 @pytest.mark.parametrize("config, match", [
-    ({"image_processor_type": "CLIPImageProcessor"}, "CLIPImageProcessor' is not implemented"),
-    ({"do_center_crop": True}, r"\['do_center_crop'\] = True is not implemented"),
-    ({"size": {"shortest_edge": 224}}, "size = .*shortest_edge.* is not implemented"),
+    ({"image_processor_type": "BlipImageProcessor"}, "BlipImageProcessor' is not implemented"),
+    ({"do_pad": True}, r"\['do_pad'\] = True is not implemented"),
+    ({"do_center_crop": True}, "crop_size = None is not implemented"),
+    ({"size": {"longest_edge": 224}}, "size = .*longest_edge.* is not implemented"),
     ({"resample": 9}, "resample must be one of")])
 def test_what_the_library_does_not_implement_is_named(config, match):
     with pytest.raises(ValueError, match=match):
