@@ -26,7 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.attention.flash import flash_sdpa_backward, flash_sdpa_forward
-from scratchllm.attention.kv_state import KVState, RollingKVState, begin_step
+from scratchllm.attention.kv_state import KVState, RollingKVState, begin_step, rows_mask
 from scratchllm.attention.positions import alibi_bias, alibi_slopes
 from scratchllm.attention.qkv import (QKV, AttentionWeights, QKVCache, project_qkv_backward,
                                       project_qkv_forward)
@@ -134,7 +134,8 @@ def gqa_decode(x_t, w, state, position, *, spec, rope=None):
              None: spec.rope there.
     Returns: y_t (B, D), equal to the corresponding row of the full causal forward.
     The state holds exactly the keys the token may attend; rows of different lengths mask
-    each shorter row's stale slots (state.key_mask()).
+    each shorter row's stale slots (state.key_mask(); a state without one keeps its rows in
+    step: n_seen, append, kv and positions are the whole protocol).
     """
     position = begin_step("gqa_decode", state, position)  # int, or (B,) int64
     if spec.rope is not None and rope is None:
@@ -142,7 +143,7 @@ def gqa_decode(x_t, w, state, position, *, spec, rope=None):
     (q, k, v), _ = project_qkv_forward(x_t[:, None], w, spec=spec, rope=rope)  # (B,H|Hkv,1,Dh)
     state.append(k, v)
     K, V = state.kv()  # (B, Hkv, L, Dh); every cached key is at or before `position`
-    bias, keep = None, state.key_mask()  # keep None, or (B, 1, 1, L)
+    bias, keep = None, rows_mask(state)  # keep None, or (B, 1, 1, L)
     if spec.alibi:  # -slope |position - j| over the kept keys' positions
         slopes = alibi_slopes(spec.n_heads).astype(x_t.dtype)  # (H,)
         dist = np.abs(np.reshape(position, (-1, 1, 1, 1)) - state.positions())  # (B|1,1,1,L)

@@ -47,6 +47,9 @@ def begin_step(fn, state, position):
             raise ValueError(f"{fn}: position={position}, but the state holds {state.n_seen} "
                              f"tokens: the next token is at position {state.n_seen}")
         return position
+    if not hasattr(state, "lengths"):
+        raise ValueError(f"{fn}: this {type(state).__name__} keeps one length for all rows; "
+                         f"give one int position")
     pos = np.asarray(position)
     if pos.dtype.kind not in "iu" or pos.shape != state.lengths.shape or (pos < 0).any():
         raise ValueError(f"{fn}: position must be an int or {state.lengths.shape} ints >= 0 "
@@ -59,6 +62,14 @@ def begin_step(fn, state, position):
                          f"{state.lengths[b]} tokens: its next token is at position "
                          f"{state.lengths[b]} (or 0, to start a new sequence there)")
     return pos.astype(np.int64)
+
+
+def rows_mask(state):
+    """state.key_mask(): None, or (B, 1, 1, L) bool when the rows hold different lengths. A
+    state of the plain protocol (n_seen, append, kv, positions; one length for all rows, like
+    a paged cache's view) has no key_mask: None."""
+    key_mask = getattr(state, "key_mask", None)
+    return None if key_mask is None else key_mask()
 
 
 class _Rows:
@@ -150,11 +161,13 @@ class KVState(_Rows):
         return np.arange(self.length)  # (length,)
 
 
-class RollingKVState:
-    """The first n_sink tokens plus a ring buffer of the last `window` tokens.
+class RollingKVState(_Rows):
+    """The first n_sink tokens plus a ring buffer of the last `window` tokens, per row.
 
     Attending to kv() after appending token i equals row i of
     attention_sink_mask(T, window, n_sink) attention. Memory: (n_sink + window) tokens.
+    Rows that have seen different numbers of tokens keep different keys: kv() pads the rows
+    that keep fewer, key_mask() hides the padding.
     """
 
     def __init__(self, window, n_sink, batch, n_kv_heads, head_dim, dtype=np.float32):
@@ -165,26 +178,8 @@ class RollingKVState:
         self.sink_k = np.zeros((batch, n_kv_heads, n_sink, head_dim), dtype)  # (B, Hkv, S, Dh)
         self.sink_v = np.zeros_like(self.sink_k)  # (B, Hkv, S, Dh)
         self.ring_v = np.zeros_like(self.ring_k)  # (B, Hkv, W, Dh)
-        self.window, self.n_sink, self.n_seen = window, n_sink, 0
-
-    @property
-    def lengths(self):
-        """(B,) tokens seen per row: one count for all rows in this state."""
-        return np.full(self.ring_k.shape[0], self.n_seen, np.int64)
-
-    def restart(self, rows):
-        """Start new sequences in all rows or none (`rows` a (B,) bool mask or indices): the
-        ring keeps one count for all rows."""
-        hit = np.zeros(self.ring_k.shape[0], bool)
-        hit[rows] = True
-        if hit.all():
-            self.n_seen = 0
-        elif hit.any():
-            raise ValueError("RollingKVState keeps one length for all rows: it restarts all "
-                             "of them or none (per-row positions need a KVState)")
-
-    def key_mask(self):
-        return None
+        self.window, self.n_sink = window, n_sink
+        self.lengths = np.zeros(batch, np.int64)  # (B,) tokens each row has seen
 
     @property
     def nbytes(self):
@@ -192,37 +187,73 @@ class RollingKVState:
         return sum(a.nbytes for a in (self.sink_k, self.sink_v, self.ring_k, self.ring_v))
 
     def append(self, k, v):
-        """Store k, v (B, Hkv, t, Dh) token by token, overwriting the oldest ring slot."""
+        """Store k, v (B, Hkv, t, Dh) token by token, overwriting each row's oldest ring slot."""
         expect_float("RollingKVState.append", "k", k)
         expect_float("RollingKVState.append", "v", v)
         expect_shape("RollingKVState.append", "k", k,
                      self.ring_k.shape[:2] + (None, self.ring_k.shape[3]), "(B, Hkv, t, Dh)")
         expect_shape("RollingKVState.append", "v", v, k.shape, "like k")
+        rows = np.arange(k.shape[0])
         for j in range(k.shape[2]):
-            n = self.n_seen
-            if n < self.n_sink:
-                self.sink_k[:, :, n], self.sink_v[:, :, n] = k[:, :, j], v[:, :, j]
-            self.ring_k[:, :, n % self.window] = k[:, :, j]
-            self.ring_v[:, :, n % self.window] = v[:, :, j]
-            self.n_seen += 1
+            n = self.lengths  # (B,) the position of each row's token j
+            sink = n < self.n_sink  # (B,) rows whose token is still a sink
+            self.sink_k[rows[sink], :, n[sink]] = k[sink, :, j]  # (rows, Hkv, Dh)
+            self.sink_v[rows[sink], :, n[sink]] = v[sink, :, j]
+            self.ring_k[rows, :, n % self.window] = k[:, :, j]  # (B, Hkv, Dh)
+            self.ring_v[rows, :, n % self.window] = v[:, :, j]
+            self.lengths += 1
+
+    def _kept(self, n):
+        """(indices into [sinks | ring], positions) of the keys a row that has seen n tokens
+        keeps, in position order: the sinks no longer in the window, then the window."""
+        W = self.window
+        sinks = np.arange(max(0, min(self.n_sink, n - W)))  # (n_sink_out,)
+        window = np.arange(max(0, n - W), n)  # (min(n, W),)
+        return (np.concatenate([sinks, self.n_sink + window % W]),
+                np.concatenate([sinks, window]))
+
+    def _rows(self):
+        """(B, n_kept) indices and positions of every row's kept keys, padded with 0 (the
+        padding is what key_mask() hides); and (B,) how many each row keeps."""
+        kept = [self._kept(int(n)) for n in self.lengths]
+        count = np.array([len(i) for i, _ in kept])
+        index, pos = (np.zeros((len(kept), count.max()), np.int64) for _ in range(2))
+        for b, (i, p) in enumerate(kept):
+            index[b, :len(i)], pos[b, :len(p)] = i, p
+        return index, pos, count
 
     def kv(self):
         """Keys and values in position order: sinks no longer in the window, then the window.
 
-        Returns: k, v (B, Hkv, n_kept, Dh).
+        Returns: k, v (B, Hkv, n_kept, Dh) (rows in step; else n_kept is the most any row
+        keeps).
         """
-        n, W = self.n_seen, self.window
-        n_sink_out = max(0, min(self.n_sink, n - W))  # sinks that fell out of the window
-        order = np.arange(max(0, n - W), n) % W  # ring slots, oldest first
-        k = np.concatenate([self.sink_k[:, :, :n_sink_out], self.ring_k[:, :, order]], axis=2)
-        v = np.concatenate([self.sink_v[:, :, :n_sink_out], self.ring_v[:, :, order]], axis=2)
+        if np.ndim(self.n_seen) == 0:  # the rows in step: slices, no padding
+            n, W = self.n_seen, self.window
+            n_sink_out = max(0, min(self.n_sink, n - W))  # sinks that fell out of the window
+            order = np.arange(max(0, n - W), n) % W  # ring slots, oldest first
+            k = np.concatenate([self.sink_k[:, :, :n_sink_out], self.ring_k[:, :, order]], 2)
+            v = np.concatenate([self.sink_v[:, :, :n_sink_out], self.ring_v[:, :, order]], 2)
+            return k, v  # (B, Hkv, n_kept, Dh) each
+        index = self._rows()[0][:, None, :, None]  # (B, 1, n_kept, 1)
+        k = np.take_along_axis(np.concatenate([self.sink_k, self.ring_k], axis=2), index, 2)
+        v = np.take_along_axis(np.concatenate([self.sink_v, self.ring_v], axis=2), index, 2)
         return k, v  # (B, Hkv, n_kept, Dh) each
 
     def positions(self):
-        """The token positions of kv()'s keys in its order, (n_kept,)."""
-        n, W = self.n_seen, self.window
-        sinks = np.arange(max(0, min(self.n_sink, n - W)))  # (n_sink_out,)
-        return np.concatenate([sinks, np.arange(max(0, n - W), n)])  # (n_kept,)
+        """The token positions of kv()'s keys in its order: (n_kept,), or (B, 1, 1, n_kept)
+        when the rows differ."""
+        if np.ndim(self.n_seen) == 0:
+            return self._kept(self.n_seen)[1]  # (n_kept,)
+        return self._rows()[1][:, None, None, :]  # (B, 1, 1, n_kept)
+
+    def key_mask(self):
+        """None while the rows are in step, else (B, 1, 1, n_kept) bool: the keys each row
+        keeps (not kv()'s padding)."""
+        if np.ndim(self.n_seen) == 0:
+            return None
+        count = self._rows()[2]  # (B,)
+        return (np.arange(count.max()) < count[:, None])[:, None, None, :]
 
 
 class LatentKVState(_Rows):

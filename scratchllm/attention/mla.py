@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.attention.kv_state import LatentKVState, begin_step
+from scratchllm.attention.kv_state import LatentKVState, begin_step, rows_mask
 from scratchllm.attention.mla_projection import (MLAProjCache, MLAProjection, MLAWeights,
                                                  check_mla_weights, geometry,
                                                  mla_project_backward, mla_project_forward)
@@ -158,7 +158,7 @@ def mla_decode(x_t, w, state, position, *, spec, rope=None):
     q = np.concatenate([q_abs.transpose(1, 0, 2), q_pe[:, :, 0]], axis=-1)  # (B, H, Dc+dr)
     lat = state.latents[:, :state.length]  # (B, t, Dc+dr) view: the keys; [..., :Dc] values
     s = (lat @ q.swapaxes(1, 2)).swapaxes(1, 2) * np.asarray(_scale(spec), x_t.dtype)  # (B,H,t)
-    keep = state.key_mask()  # None, or (B, 1, 1, t) when the rows hold different lengths
+    keep = rows_mask(state)  # None, or (B, 1, 1, t) when the rows hold different lengths
     if keep is not None:
         s = np.where(keep[:, 0], s, -np.inf)  # a shorter row's stale slots
     p, _ = ops.softmax_forward(s)  # (B, H, t)
@@ -177,7 +177,7 @@ def mla_decode_ref(x_t, w, state, position, *, spec, rope=None):
     pe = np.broadcast_to(state.pe[:, None], (B, H, t, dr))  # (B, H, t, dr)
     k = np.concatenate([kvb[..., :dn], pe], axis=-1)  # (B, H, t, dn+dr)
     q = np.concatenate([q_nope, q_pe], axis=-1)  # (B, H, 1, dn+dr)
-    keep = state.key_mask()  # None, or (B, 1, 1, t)
+    keep = rows_mask(state)  # None, or (B, 1, 1, t)
     o, _ = sdpa_forward(q, k, kvb[..., dn:], None if keep is None else Mask(array=keep),
                         _scale(spec))  # (B, H, 1, dv)
     return ops.linear_forward(merge_heads(o)[:, 0], w.wo)[0]  # (B, D)

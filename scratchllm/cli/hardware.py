@@ -58,10 +58,8 @@ def _fill(state, context):
     """Make every layer's state hold `context` tokens (their values do not matter for timing:
     the zeros they were allocated with); recurrent states have no length."""
     for st in state:
-        if hasattr(st, "lengths") and hasattr(st, "ring_k"):
-            st.n_seen = context  # RollingKVState: one count for all rows
-        elif hasattr(st, "lengths"):
-            st.length = context  # KVState, LatentKVState
+        if hasattr(st, "lengths"):  # KVState, RollingKVState, LatentKVState
+            st.lengths[:] = context
 
 
 def measure_decode(cfg, batches, context, steps=4, seed=0):
@@ -80,4 +78,21 @@ def measure_decode(cfg, batches, context, steps=4, seed=0):
             model.decode(ids, state, context + t)
             times.append(time.perf_counter() - start)
         out.append((b, b / statistics.median(times[1:])))
+    return out
+
+
+def measure_experts(cfg, batches, context=8, seed=0):
+    """The distinct routed experts a batch of b tokens touches, measured from the routers of
+    LM(cfg) (random weights) on b random sequences of `context` tokens: their last tokens'
+    top-k choices, averaged over the MoE layers. [(batch, distinct experts)]; [] without MoE.
+    serving.expected_experts gives the uniform-routing expectation beside it."""
+    rng = np.random.default_rng(seed)
+    model, out = LM(cfg, rng=rng), []
+    for b in batches:
+        _, cache = model.forward(rng.integers(0, cfg.vocab_size, (b, context)))
+        picks = [c.ffn.inner.router.topk_idx.reshape(b, context, -1)[:, -1]  # (b, K)
+                 for c in cache.blocks if hasattr(getattr(c.ffn, "inner", None), "router")]
+        if not picks:
+            return []
+        out.append((b, statistics.mean(len(np.unique(p)) for p in picks)))
     return out

@@ -293,19 +293,20 @@ def _model(name):
 
 def _serve(args):
     cfg, dtypes = _model(args.model), (args.dtype, args.kv_dtype or args.dtype)
-    measured = None
+    measured = experts = None
     if args.hw == "this":
         # numpy measures this machine: imported only here, so `size` otherwise loads no numpy
-        from scratchllm.cli.hardware import measure_decode, measure_this
+        from scratchllm.cli.hardware import measure_decode, measure_experts, measure_this
         hw = measure_this()
         if args.measure:
             measured = measure_decode(cfg, args.batch, args.context)
+            experts = measure_experts(cfg, args.batch)
     else:
         hw = hardware(args.hw or "h100")
     if args.json:
         print(serve_json(cfg, hw, args.batch, args.context, dtypes))
     else:
-        print(serve_table(cfg, hw, args.batch, args.context, dtypes, measured))
+        print(serve_table(cfg, hw, args.batch, args.context, dtypes, measured, experts))
     if args.plot and not save_serve_plot(args.plot, cfg, hw, args.context, dtypes, measured):
         print(f"scratchllm size: no plot written (matplotlib missing, or not even one "
               f"sequence fits {hw.name})", file=sys.stderr)

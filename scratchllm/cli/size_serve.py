@@ -3,8 +3,9 @@ roofline of one decode step per batch size (scratchllm/teach/serving.py), as a t
 (--json: one object per batch size) or as a figure of tokens/s against batch (--plot PNG)."""
 import json
 
-from scratchllm.teach.serving import (batch_sweep, decode_step, knee, max_batch, peak_flops,
-                                      prefill)
+from scratchllm.specs import MoESpec
+from scratchllm.teach.serving import (batch_sweep, decode_step, expected_experts, knee,
+                                      max_batch, peak_flops, prefill)
 from scratchllm.teach.sizing import human, human_bytes
 
 FLOP_UNITS = (" kFLOP", " MFLOP", " GFLOP", " TFLOP", " PFLOP")
@@ -17,18 +18,20 @@ def serve_json(cfg, hw, batches, context, dtypes):
                       indent=1)
 
 
-def serve_table(cfg, hw, batches, context, dtypes, measured=None):
+def serve_table(cfg, hw, batches, context, dtypes, measured=None, experts=None):
     """The text table: the device, then one row per batch size (and the measured tokens/s,
-    [(batch, tokens/s)], beside the bound when given), then prefill at batch 1."""
+    [(batch, tokens/s)], beside the bound when given), then prefill at batch 1, then the
+    measured distinct experts [(batch, experts)] beside the expected ones when given."""
     dtype, kv_dtype = dtypes
     peak, top = peak_flops(hw, dtype), max_batch(cfg, hw, context, dtype, kv_dtype)
     k = knee(cfg, hw, context, dtype, kv_dtype)
     lines = [f"{cfg.name} on {hw.name} ({hw.source}), weights {dtype}, cache {kv_dtype}, "
              f"context {context:,}",
              f"  bandwidth {hw.bandwidth / 1e9:,.0f} GB/s, peak {human(peak, FLOP_UNITS)}/s, "
-             f"memory {hw.memory / 1e9:,.0f} GB; ridge point {peak / hw.bandwidth:,.0f} FLOP/B",
-             f"  largest batch that fits: {top:,}" + (" (not even the weights and one "
-                                                      "sequence)" if not top else ""),
+             f"memory {hw.memory / 1e9:,.0f} GB; ridge point {peak / hw.bandwidth:,.3g} FLOP/B",
+             f"  largest batch that fits: {top:,}" + (_at(cfg, hw, top, context, dtypes) if top
+                                                      else " (not even the weights and one "
+                                                      "sequence)"),
              "  compute-bound from batch " + (f"{k:,}" if k else "never (intensity tends to "
                                                "FLOPs / KV bytes per sequence, below the ridge)"),
              "",
@@ -43,11 +46,38 @@ def serve_table(cfg, hw, batches, context, dtypes, measured=None):
                      f" {s.seconds * 1e3:>9.3f} {s.tokens_per_second:>11,.0f}  {s.bound:<8} "
                      f"{'yes' if s.fits else 'no '}"
                      + (f"  {got[b]:>18,.0f}" if b in got else ""))
+    router = next((layer.ffn.router for layer in cfg.layers if isinstance(layer.ffn, MoESpec)),
+                  None)
+    if router:
+        E, K = router.n_experts, router.top_k
+        lines += ["", f"  routed experts read per MoE layer, E·(1 − (1 − K/E)^b) of E {E} "
+                      f"(K {K}):" + ",".join(f" {expected_experts(E, K, b):.1f} at {b}"
+                                             for b in batches)]
     p = prefill(cfg, hw, 1, context, dtype, kv_dtype)
     lines += ["", f"  prefill of {context:,} tokens (batch 1): {human(p.flops, FLOP_UNITS)}, "
                   f"{human_bytes(p.weight_bytes + p.kv_bytes)} moved, {p.intensity:,.0f} "
                   f"FLOP/B, {p.seconds * 1e3:,.1f} ms, {p.bound}-bound"]
-    return "\n".join(lines)
+    return "\n".join(line.rstrip() for line in lines + _experts_lines(cfg, experts))
+
+
+def _at(cfg, hw, batch, context, dtypes):
+    """", at most N tokens/s, M ms per token": the bound at the KV-memory limit."""
+    s = decode_step(cfg, hw, batch, context, *dtypes)
+    return (f", at most {s.tokens_per_second:,.0f} tokens/s there ({s.seconds * 1e3:,.2f} ms "
+            f"per step, {s.bound}-bound)")
+
+
+def _experts_lines(cfg, experts):
+    """Measured distinct experts per MoE layer beside E·(1 − (1 − K/E)^b)."""
+    if not experts:
+        return []
+    r = next(layer.ffn.router for layer in cfg.layers if isinstance(layer.ffn, MoESpec))
+    lines = ["", f"  distinct experts a batch touches per MoE layer (E {r.n_experts}, K "
+                 f"{r.top_k}): measured from this model's routers (random weights, random "
+                 f"tokens) against uniform routing E·(1 − (1 − K/E)^b)"]
+    lines += [f"  {b:>6}  measured {got:6.2f}   expected "
+              f"{expected_experts(r.n_experts, r.top_k, b):6.2f}" for b, got in experts]
+    return lines
 
 
 def save_serve_plot(path, cfg, hw, context, dtypes, measured=None):

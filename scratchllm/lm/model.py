@@ -245,7 +245,7 @@ class LM(Module):
         position is an int, or (B,) ints, one per row: requests at different lengths share a
         batch, a row at position 0 starts a new sequence (attention and MLA states only: a
         recurrent state keeps no positions, so its rows must stay in step)."""
-        if np.ndim(position) and not all(hasattr(st, "key_mask") for st in state):
+        if np.ndim(position) and not all(hasattr(st, "lengths") for st in state):
             if (np.asarray(position) != np.asarray(position).flat[0]).any():
                 raise ValueError("LM.decode: one position per row needs attention or MLA "
                                  "layers (a recurrent state keeps no positions); give the "

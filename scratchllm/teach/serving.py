@@ -3,12 +3,14 @@ computes on one device, the time lower bound and which roof binds. Pure Python, 
 (it reads the same specs); `python -m scratchllm size MODEL --serve --hw h200 --batch 1,8,64
 --context 4096` prints it (scratchllm.cli.size_serve).
 
-One decode step: b sequences, each with T tokens cached, each adds one token.
+One decode step: b sequences, each with T tokens cached, each adds one token (which attends to
+those T; its own key and value are not counted).
     weight bytes   every parameter a step reads, once for the whole batch: all of them but the
                    embedding table (a lookup gathers b rows; a tied head reads it whole); MoE:
                    of a layer's E routed experts only those the b tokens pick, in expectation
                    E·(1 − (1 − K/E)^b) under uniform routing (each expert is missed by one
-                   token with probability 1 − K/E); the shared experts and the router always
+                   token with probability 1 − K/E); the shared experts and the router are
+                   always read
     KV bytes       b · Σ over attention layers of kept(T)·(numbers per token) (+ the states of
                    Mamba and recurrent layers): kept(T) = T, or min(T, W + sinks) with a window;
                    per token 2·Hkv·Dh (MHA/GQA/MQA), Dc + Dr (MLA, absorbed) — layer by layer,

@@ -20,7 +20,8 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.ops import linear_backward, linear_forward, linear_out
-from scratchllm.core.validate import expect_dout, expect_float, expect_integer, expect_shape
+from scratchllm.core.validate import (expect_dout, expect_float, expect_integer, expect_ndim,
+                                      expect_shape)
 
 
 class PatchWeights(NamedTuple):
@@ -117,6 +118,8 @@ def conv2d_forward(x, w, *, stride):
     """
     fn = "conv2d"
     expect_float(fn, "x", x, 4)
+    expect_ndim(fn, "x", x, 4, "(B, C, H, W)")
+    expect_ndim(fn, "kernel", w.kernel, 4, "(C, K, K, D)")
     expect_integer(fn, "stride", stride, 1)
     B, C, H, W = x.shape
     K = w.kernel.shape[1]

@@ -9,7 +9,8 @@ from scratchllm.lm import LM
 from scratchllm.specs import AttentionSpec
 
 V = LM_TINY["vocab_size"]
-VARIANTS = [("dense", {}), ("mla", {}), ("moe", {}), ("dense", dict(positions="learned")),
+VARIANTS = [("dense", {}), ("mla", {}), ("moe", {}), ("swa", {}),
+            ("swa", dict(positions="alibi")), ("dense", dict(positions="learned")),
             ("dense", dict(positions="alibi")), ("dense", dict(positions="sinusoidal")),
             ("dense", dict(attn_sinks=True, qk_norm=True)),
             ("dense", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,
@@ -102,12 +103,31 @@ def test_wrong_row_positions_and_unsupported_states_raise():
     recurrent = LM(lm_tiny("linear", layer_pattern="LL"), rng=np.random.default_rng(0))
     with pytest.raises(ValueError, match="recurrent state keeps no positions"):
         recurrent.decode(np.array([1, 2]), recurrent.init_state(2, 4), np.array([0, 1]))
-    swa = LM(lm_tiny("swa"), rng=np.random.default_rng(0))
-    st = swa.init_state(2, 8)
-    swa.decode(np.array([1, 2]), st, np.array([0, 0]))
-    with pytest.raises(ValueError, match="RollingKVState keeps one length"):
-        swa.decode(np.array([1, 2]), st, np.array([1, 0]))
     w = Attention(8, AttentionSpec(2, 1, rope=None), rng=np.random.default_rng(0))._weights()
     with pytest.raises(ValueError, match="ints >= 0"):
         gqa_decode(np.zeros((2, 8)), w, KVState(2, 1, 4, 4), np.array([0, 0, 0]),
                    spec=AttentionSpec(2, 1, rope=None))
+
+
+class _Plain:
+    """A state of the plain protocol only (n_seen, append, kv, positions), as a paged cache's
+    view is: one length for all rows, no key_mask."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    n_seen = property(lambda self: self.inner.n_seen)
+    append = property(lambda self: self.inner.append)
+    kv = property(lambda self: self.inner.kv)
+    positions = property(lambda self: self.inner.positions)
+
+
+def test_states_of_the_plain_protocol_still_decode_with_one_int():
+    rng = np.random.default_rng(3)
+    layer = Attention(16, AttentionSpec(4, 2), rng=rng)
+    x = rng.standard_normal((2, 4, 16)).astype(np.float32)
+    a, b = KVState(2, 2, 4, 4), _Plain(KVState(2, 2, 4, 4))
+    for t in range(4):
+        assert np.array_equal(layer.decode(x[:, t], a, t), layer.decode(x[:, t], b, t))
+    with pytest.raises(ValueError, match="keeps one length for all rows"):
+        layer.decode(x[:, 0], _Plain(KVState(2, 2, 4, 4)), np.array([0, 0]))

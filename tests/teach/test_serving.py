@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from scratchllm.cli import size as size_cli
+from scratchllm.cli.hardware import measure_experts
 from scratchllm.specs import AttentionSpec, LayerSpec, Mask, ModelConfig
+from scratchllm.specs import preset as get_preset
 from scratchllm.teach import serving, sizing
 from scratchllm.teach.arch import get
 
@@ -88,6 +90,13 @@ def test_kv_bytes_layer_by_layer_with_windows_in_some_layers():
     per_token = 2 * 2 * 16
     assert serving.kv_cache_bytes(cfg, 1000, 2, "bf16") == 2 * 2 * per_token * (3 * 104 + 1000)
     assert serving.attention_flops(cfg, 1000) == 2 * (3 * 104 + 1000) * 8 * 32
+    mha = serving.decode_step(get("gpt-3-175b"), serving.hardware("a100"), 1, T)
+    assert mha.kv_bytes == 96 * 2 * 96 * 128 * T * 2                  # MHA: Hkv = H = 96
+    mqa = replace(full, n_kv_heads=1)
+    cfg_mqa = ModelConfig("mqa", 1000, 128, (LayerSpec(mqa),) * 2)
+    assert serving.kv_cache_bytes(cfg_mqa, 50, 1, "fp32") == 2 * 2 * 16 * 50 * 4  # one KV head
+    window = serving.decode_step(get("mistral-7b-v0.1"), serving.hardware("h100"), 2, 2 * T)
+    assert window.kv_bytes == 2 * 32 * 2 * 8 * 128 * T * 2             # W = 4096 kept of 8192
     for name in ("llama-3-8b", "mistral-7b-v0.1", "deepseek-v3", "mamba-130m"):  # one spec
         assert serving.kv_cache_bytes(get(name), 9000, 3) == \
             sizing.kv_cache(get(name), 9000, 3).bytes
@@ -172,6 +181,13 @@ def test_this_machine_measured_beside_the_prediction(capsys):
     assert [r[0] for r in rows] == ["1", "2"] and all(float(r[-1].replace(",", "")) > 0
                                                       for r in rows)
     assert "measured tokens/s" in out
+
+
+def test_distinct_experts_measured_from_a_router():
+    got = dict(measure_experts(get_preset("moe"), [1, 8, 64]))  # E 8, K 2
+    assert got[1] == 2 and got[64] == 8 and 2 < got[8] <= 8
+    assert abs(got[8] - serving.expected_experts(8, 2, 8)) < 1.5  # 7.2 expected
+    assert measure_experts(get_preset("dense"), [4]) == []
 
 
 @pytest.mark.parametrize("argv", [["llama-3-8b", "--json"], ["llama-3-8b", "--hw", "h100"],
