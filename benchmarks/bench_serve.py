@@ -4,17 +4,23 @@ Run serialised with other helpers:
     flock /tmp/scratchllm-bench.lock python benchmarks/bench_serve.py [NAME ...] [--ckpt DIR]
 
 Sections:
-- engine: generate_batch on the paged cache against the contiguous one (the default `dense`
-  preset, 8 requests): same-length requests (one decode call per step) and a mixed workload
-  (different prompt and output lengths), beside the requests run one after the other through
-  lm.generate_ids.
+- engine: the engine on the paged cache against the contiguous one (the default `dense`
+  preset, 8 requests, random weights), same-length requests and a mixed workload (different
+  prompt and output lengths); beside them the engine calling LM.decode per group of
+  equal-length requests, and the requests run one after the other through lm.generate_ids.
 - long: one decode step at long context (B = 4, 2,048 cached tokens) reading a float32, int8,
   fp8 or int4 paged cache, and a contiguous float32 one.
 - prefix: a shared-system-prompt workload: prefix-cache hit rate, peak KV bytes of the paged
   cache against the contiguous arrays, time with and without a hit.
 - quality: per KV format, the attention-output error of each layer and the held-out perplexity
   decoded through the quantised cache, on a trained checkpoint (--ckpt, default runs/dense:
-  `python -m scratchllm train` makes it) and its validation split.
+  `python -m scratchllm train` makes it) and its validation split; and the same for int8 and
+  int4 weights of the Linear layers (quantize_weights).
+- speculative: greedy speculative decoding on the same checkpoint with an early-exit draft
+  (the target's first layers, final norm and head): tokens/s against the target alone, and
+  the share of drafted tokens accepted.
+- evict: held-out perplexity against the KV budget per eviction policy (window, streaming,
+  h2o, snapkv) on the same checkpoint.
 """
 import os
 import sys
@@ -30,8 +36,9 @@ from runner import run_named  # noqa: E402  (benchmarks/ is on sys.path as the s
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 
 from scratchllm.lm import LM, generate_ids, preset  # noqa: E402
-from scratchllm.serve import (PagedCache, generate_batch, kv_attention_error,  # noqa: E402
-                              kv_cross_entropy, make_engine)
+from scratchllm.serve import (PagedCache, kv_attention_error, kv_cross_entropy,  # noqa: E402
+                              kv_budget_cross_entropy, make_engine, quantize_weights,
+                              speculative_generate)
 
 CKPT = "runs/dense"
 
@@ -54,6 +61,14 @@ def median_times_interleaved(fns, repeats=5, warmup=1):
     return [float(np.median(t)) for t in times]
 
 
+def _engine_run(model, prompts, news, kv, rows):
+    engine = make_engine(model, kv, max_tokens=sum(-(-(len(p) + n) // 16) * 16
+                                                   for p, n in zip(prompts, news)), rows=rows)
+    for i, (p, n) in enumerate(zip(prompts, news)):
+        engine.submit(i, p, n)
+    return engine.run()
+
+
 def bench_engine():
     model, rng = _model(), np.random.default_rng(0)
     V = model.cfg.vocab_size
@@ -61,44 +76,50 @@ def bench_engine():
     mixed = ([[int(t) for t in rng.integers(0, V, rng.integers(8, 120))] for _ in range(8)],
              [int(n) for n in rng.integers(8, 120, 8)])
     for label, (prompts, news) in (("same lengths (64 + 64)", same), ("mixed lengths", mixed)):
-        fns = [lambda: generate_batch(model, prompts, news, kv="paged"),
-               lambda: generate_batch(model, prompts, news, kv="contiguous"),
+        fns = [lambda: _engine_run(model, prompts, news, "paged", None),
+               lambda: _engine_run(model, prompts, news, "contiguous", None),
+               lambda: _engine_run(model, prompts, news, "paged", False),
                lambda: [list(generate_ids(model, p, n, None, temperature=0.0))
                         for p, n in zip(prompts, news)]]
-        paged, contiguous, alone = median_times_interleaved(fns, repeats=3)
+        paged, contiguous, groups, alone = median_times_interleaved(fns, repeats=3)
         n = sum(news)
-        print(f"{label}: {n} new tokens, 8 requests | paged {n / paged:,.0f} tok/s | "
-              f"contiguous {n / contiguous:,.0f} tok/s | paged/contiguous "
-              f"{contiguous / paged:.2f}x the speed | one by one (generate_ids) "
-              f"{n / alone:,.0f} tok/s")
+        print(f"{label}: {n} new tokens, 8 requests (prefill included)\n"
+              f"  paged, one decode_rows call per step  {n / paged:7,.0f} tok/s\n"
+              f"  contiguous, the same                  {n / contiguous:7,.0f} tok/s  "
+              f"(paged {contiguous / paged:.2f}x its speed)\n"
+              f"  paged, LM.decode per equal-length group {n / groups:5,.0f} tok/s\n"
+              f"  one request after another (generate_ids) {n / alone:4,.0f} tok/s")
 
 
 def bench_long():
     model, rng = _model(), np.random.default_rng(0)
-    B, T, steps, bs = 4, 2048, 8, 16
-    ids = rng.integers(0, model.cfg.vocab_size, (B, T + steps))
-    rows = []
-    for kv_dtype in ("float32", "int8", "fp8", "int4", "contiguous"):
+    B, T, rounds, bs = 4, 2048, 12, 16
+    ids = rng.integers(0, model.cfg.vocab_size, (B, T + rounds))
+    names = ("float32", "int8", "fp8", "int4", "contiguous")
+    views = {}
+    for kv_dtype in names:  # every cache filled first, then the steps interleaved
         if kv_dtype == "contiguous":
             cache = make_engine(model, "contiguous").cache
             for s in range(B):
-                cache.add(s, T + steps)
+                cache.add(s, T + rounds)
         else:
-            cache = PagedCache(model, B * -(-(T + steps) // bs), bs, kv_dtype)
+            cache = PagedCache(model, B * -(-(T + rounds) // bs), bs, kv_dtype)
             for s in range(B):
                 cache.blocks.add(s, [0])
-                cache.blocks.reserve(s, T + steps)
-        views = cache.views(list(range(B)), 0)
-        model.prefill(ids[:, :T], views)
-        times = []
-        for t in range(T, T + steps):
+                cache.blocks.reserve(s, T + rounds)
+        views[kv_dtype] = cache.views(list(range(B)), 0)
+        model.prefill(ids[:, :T], views[kv_dtype])
+    times = {name: [] for name in names}
+    for t in range(T, T + rounds):
+        for name in names:
             t0 = time.perf_counter()
-            model.decode(ids[:, t], views, t)
-            times.append(time.perf_counter() - t0)
-        rows.append((kv_dtype, float(np.median(times[1:]))))
-    base = rows[0][1]
-    print(f"decode step, B={B}, context {T}, dense preset (4 layers, Hkv=2, Dh=32):")
-    for name, sec in rows:
+            model.decode(ids[:, t], views[name], t)
+            times[name].append(time.perf_counter() - t0)
+    base = float(np.median(times["float32"][1:]))
+    print(f"decode step, B={B}, context {T}, dense preset (4 layers, Hkv=2, Dh=32), "
+          f"medians of {rounds - 1} interleaved steps:")
+    for name in names:
+        sec = float(np.median(times[name][1:]))
         print(f"  {name:10s} {sec * 1e3:7.2f} ms/step  {B / sec:8,.0f} tok/s  "
               f"{base / sec:.2f}x float32 paged's speed")
 
@@ -131,14 +152,22 @@ def bench_prefix():
                   f"(prompt + max_new per request), {sec:.2f} s")
 
 
-def bench_quality():
+def _checkpoint():
+    """(model, tokenizer, directory) of --ckpt (default runs/dense), or None with a note."""
     from scratchllm.train.checkpoint import load_model
-    from scratchllm.train.corpus import DEFAULT_CORPUS, split
     where = sys.argv[sys.argv.index("--ckpt") + 1] if "--ckpt" in sys.argv else CKPT
     if not os.path.isdir(where):
         print(f"no checkpoint at {where}: run `python -m scratchllm train` (or pass --ckpt)")
-        return
+        return None
     model, tok, _ = load_model(where)
+    return model, tok, where
+
+
+def bench_quality():
+    from scratchllm.train.corpus import DEFAULT_CORPUS, split
+    if (loaded := _checkpoint()) is None:
+        return
+    model, tok, where = loaded
     text = DEFAULT_CORPUS.read_text(encoding="utf-8")
     _, val = split(np.array(tok.encode(text, allowed_special="all")))
     T, n_win = 128, 32
@@ -152,6 +181,82 @@ def bench_quality():
         print(f"  {kv_dtype:8s} attention error per layer "
               f"{' '.join(f'{e:.2e}' for e in err)} | CE {ce:.4f} nats, perplexity "
               f"{np.exp(ce):.3f} ({np.exp(ce - base) - 1:+.3%})")
+    x, y = windows[:, :-1], windows[:, 1:]
+    base = model.cross_entropy(x, y)
+    print(f"weights (Linear layers, round to nearest), the same windows, one forward: "
+          f"float32 CE {base:.4f}")
+    for fmt, group in (("int8", None), ("int4", 32), ("int4", 128)):
+        q_model, rep = quantize_weights(model, fmt, group_size=group)
+        ce = q_model.cross_entropy(x, y)
+        print(f"  {fmt} groups of {group or 'a column'}: {rep['params']:,} weights, "
+              f"{rep['float_bytes'] / 2**20:.2f} -> {rep['quantized_bytes'] / 2**20:.2f} MiB | "
+              f"CE {ce:.4f}, perplexity {np.exp(ce):.3f} ({np.exp(ce - base) - 1:+.3%})")
+
+
+def bench_evict():
+    from scratchllm.train.corpus import DEFAULT_CORPUS, split
+    if (loaded := _checkpoint()) is None:
+        return
+    model, tok, where = loaded
+    _, val = split(np.array(tok.encode(DEFAULT_CORPUS.read_text(encoding="utf-8"),
+                                       allowed_special="all")))
+    T, n_win = 128, 16
+    windows = np.stack([val[i * T:(i + 1) * T + 1] for i in range(n_win)])  # (16, T + 1)
+    full = model.cross_entropy(windows[:, :-1], windows[:, 1:])
+    print(f"{where}: {n_win} held-out windows of {T} tokens (the trained context), perplexity "
+          f"with every token kept {np.exp(full):.2f}; perplexity per KV budget (tokens kept "
+          f"per layer), 4 sinks, snapkv's observation window 8:")
+    print("  budget " + "".join(f"{p:>11s}" for p in ("window", "streaming", "h2o", "snapkv")))
+    for budget in (8, 16, 32, 64):
+        row = [np.exp(kv_budget_cross_entropy(model, windows, p, budget))
+               for p in ("window", "streaming", "h2o", "snapkv")]
+        print(f"  {budget:6d} " + "".join(f"{v:11.2f}" for v in row))
+    T, n_win = 512, 8  # past the trained context: StreamingLLM's setting
+    windows = np.stack([val[i * T:(i + 1) * T + 1] for i in range(n_win)])  # (8, T + 1)
+    print(f"{n_win} windows of {T} tokens (4x the trained context), budget 64:")
+    rows = [("every token kept, own positions", "window", 1024, False),
+            ("window, own positions", "window", 64, False),
+            ("streaming, own positions", "streaming", 64, False),
+            ("window, positions in the cache", "window", 64, True),
+            ("streaming, positions in the cache", "streaming", 64, True)]
+    for label, policy, budget, cache_pos in rows:
+        ce = kv_budget_cross_entropy(model, windows, policy, budget, cache_positions=cache_pos)
+        print(f"  {label:36s} perplexity {np.exp(ce):9.2f}")
+
+
+def early_exit(model, n_layers):
+    """A draft sharing the target's weights: its first n_layers blocks, final norm and head."""
+    import dataclasses
+    cfg = dataclasses.replace(model.cfg, layers=model.cfg.layers[:n_layers])
+    draft = LM(cfg, rng=np.random.default_rng(0), dtype=model.dtype)
+    names = dict(model.named_parameters())
+    for name, p in draft.named_parameters():
+        p.data = names[name].data
+    return draft
+
+
+def bench_speculative():
+    if (loaded := _checkpoint()) is None:
+        return
+    target, tok, where = loaded
+    prompts = [tok.encode(t) for t in ("The following modules are", "def __init__(self",
+                                       "Return a new", "This function")]
+    n = 48
+    print(f"{where}: greedy, {len(prompts)} prompts x {n} new tokens; draft = the target's "
+          f"first layers, its norm and head (early exit)")
+    fns = [lambda: [list(generate_ids(target, p, n, None, temperature=0.0)) for p in prompts]]
+    setups = [(d, k) for d in (1, 2) for k in (2, 4)]
+    for d, k in setups:
+        draft = early_exit(target, d)
+        fns.append(lambda draft=draft, k=k: [speculative_generate(target, draft, p, n, k=k)
+                                             for p in prompts])
+    times = median_times_interleaved(fns, repeats=3)
+    print(f"  target alone (generate_ids)    {len(prompts) * n / times[0]:6.0f} tok/s")
+    for (d, k), sec, fn in zip(setups, times[1:], fns[1:]):
+        runs = fn()
+        acc = sum(s["accepted"] for _, s in runs) / sum(s["proposed"] for _, s in runs)
+        print(f"  draft {d} of {len(target.layers)} layers, k={k}: {len(prompts) * n / sec:6.0f} "
+              f"tok/s ({times[0] / sec:.2f}x), {acc:.0%} of drafted tokens accepted")
 
 
 if __name__ == "__main__":
@@ -159,4 +264,5 @@ if __name__ == "__main__":
     if "--ckpt" in args:
         i = args.index("--ckpt")
         args = args[:i] + args[i + 2:]
-    sys.exit(run_named([bench_engine, bench_long, bench_prefix, bench_quality], args))
+    sys.exit(run_named([bench_engine, bench_long, bench_prefix, bench_quality,
+                        bench_speculative, bench_evict], args))

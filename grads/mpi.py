@@ -30,8 +30,8 @@ class Result(NamedTuple):
     ok: bool
 
 
-def _loss(forward, x, dout, group, world, once, kw):
-    y, _ = forward(x, group=group, **kw)
+def _loss(forward, arrays, dout, group, world, once, kw):
+    y, _ = forward(**arrays, group=group, **kw)
     local = float(np.sum(y * dout))
     if once:  # a replicated output: count it on the group's first rank only
         local = local if group.rank == 0 else 0.0
@@ -63,22 +63,24 @@ def _all_values(world, value):
     return list(world.comm.allgather(value))
 
 
-def dist_check(name, pair, x, group, world, *, rng, replicated=(False, False), directions=0,
-               **kw):
-    """Result of the finite-difference check of pair = (forward, backward) on x (this rank's
-    input); replicated = (input replicated, output replicated); directions: 0 for every
-    element, else that many random directions. Every rank must call it."""
+def dist_check(name, pair, arrays, group, world, *, rng, replicated=(), rep_out=False,
+               directions=0, **kw):
+    """Result of the finite-difference check of pair = (forward, backward) on arrays
+    ({argument name: this rank's array}, each checked in turn); replicated: the names of the
+    replicated inputs; rep_out: the output is replicated; directions: 0 for every element,
+    else that many random directions. Every rank must call it."""
     forward, backward = pair
-    rep_in, rep_out = replicated
-    y, cache = forward(x, group=group, **kw)
+    y, cache = forward(**arrays, group=group, **kw)
     dout = (np.random.default_rng(7) if rep_out else rng).standard_normal(y.shape)
-    dx = backward(dout, cache)["x"]
-    h, worst = 1e-3, 0.0  # the collectives are linear: the difference is exact but for rounding
-    for v, an in _probes(x, dx, world, rep_in, directions, rng):
-        def moved(step):
-            return _loss(forward, x + step * v, dout, group, world, rep_out, kw)
-        fd = (moved(h) - moved(-h)) / (2 * h)
-        worst = max(worst, max(abs(a - fd) for a in an) / max(abs(fd), 1.0))
+    grads = backward(dout, cache)
+    h, worst = 1e-3, 0.0  # linear in each input: the difference is exact but for rounding
+    for key, a in arrays.items():
+        for v, an in _probes(a, grads[key], world, key in replicated, directions, rng):
+            def moved(step):
+                return _loss(forward, dict(arrays, **{key: a + step * v}), dout, group, world,
+                             rep_out, kw)
+            fd = (moved(h) - moved(-h)) / (2 * h)
+            worst = max(worst, max(abs(g - fd) for g in an) / max(abs(fd), 1.0))
     worst = world.sum_scalar(worst) / world.size
     return Result(name, worst, worst < TOL)
 
@@ -123,15 +125,15 @@ def run_checks(world, directions=0, seed=0):
         ("ring_shift (-1)", dist.ring_shift_forward, dist.ring_shift_backward, std((3,)),
          {"shift": -1}),
     ]
-    out = [dist_check(name, (f, b), x, world, world, rng=rng, directions=directions, **kw)
-           for name, f, b, x, kw in checks]
+    out = [dist_check(name, (f, b), {"x": x}, world, world, rng=rng, directions=directions,
+                      **kw) for name, f, b, x, kw in checks]
     shared = np.random.default_rng([seed, 99]).standard_normal((2, 3))
     out.append(dist_check("copy_to_group (f)", (dist.copy_to_group_forward,
-                                                dist.copy_to_group_backward), shared, world,
-                          world, rng=rng, replicated=(True, False), directions=directions))
+                                                dist.copy_to_group_backward), {"x": shared},
+                          world, world, rng=rng, replicated=("x",), directions=directions))
     out.append(dist_check("reduce_from_group (g)", (dist.reduce_from_group_forward,
                                                     dist.reduce_from_group_backward),
-                          std((2, 3)), world, world, rng=rng, replicated=(False, True),
+                          {"x": std((2, 3))}, world, world, rng=rng, rep_out=True,
                           directions=directions))
     if P % 2 == 0 and P > 2:
         grid = dist.RankGrid(dist.GridShape(dp=2, tp=P // 2), world)
@@ -139,9 +141,30 @@ def run_checks(world, directions=0, seed=0):
             g = grid.groups[axis]
             out.append(dist_check(f"all_gather on the {axis} group of dp=2 x tp={P // 2}",
                                   (dist.all_gather_forward, dist.all_gather_backward),
-                                  std((2, 3)), g, world, rng=rng,
+                                  {"x": std((2, 3))}, g, world, rng=rng,
                                   directions=directions))
-    return out + byte_checks(world)
+    return out + tensor_parallel_checks(world, rng, directions) + byte_checks(world)
+
+
+def tensor_parallel_checks(world, rng, directions):
+    """[Result] of the column- and row-parallel Linear pairs (x, W, b each), and of column
+    then row (a Megatron MLP without its activation) against the one-process linear."""
+    P, std = world.size, rng.standard_normal
+    shared = np.random.default_rng(11)  # the replicated arrays: the same on every rank
+    x, b_row = shared.standard_normal((2, 3)), shared.standard_normal(4)
+    out = [dist_check("column_linear", (dist.column_linear_forward,
+                                         dist.column_linear_backward),
+                      {"x": x, "W": std((3, 2)), "b": std(2)}, world, world, rng=rng,
+                      replicated=("x",), directions=directions),
+           dist_check("row_linear", (dist.row_linear_forward, dist.row_linear_backward),
+                      {"x": std((2, 2)), "W": std((2, 4)), "b": b_row}, world, world, rng=rng,
+                      replicated=("b",), rep_out=True, directions=directions)]
+    W1, W2 = shared.standard_normal((3, 2 * P)), shared.standard_normal((2 * P, 4))
+    h, _ = dist.column_linear_forward(x, *dist.split_columns(W1, None, world), group=world)
+    y, _ = dist.row_linear_forward(h, dist.split_rows(W2, world), b_row, group=world)
+    err = float(np.abs(y - (x @ W1 @ W2 + b_row)).max())
+    out.append(Result("column then row == the one-process x W1 W2 + b", err, err < 1e-12))
+    return out
 
 
 def main(argv=None):

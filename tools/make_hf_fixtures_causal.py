@@ -12,19 +12,32 @@ The Mixture-of-Experts families go through make_hf_fixtures_moe.py's writer and 
     qwen3_moe       qwen3 attention (QK-norm per head, head_dim 12), a dense first layer
                     (mlp_only_layers [0]), softmax top-2 of 4 experts with norm_topk_prob
     qwen3_moe_step  decoder_sparse_step 2 (the second layer MoE), norm_topk_prob false
+    deepseek_v2       MLA with q_lora_rank, YaRN with mscale != mscale_all_dim, a dense
+                      first layer, group_limited_greedy (4 groups -> 2 by their max score),
+                      routed_scaling_factor 2.5, one shared expert
+    deepseek_v2_lite  plain q_proj, greedy top-2, two shared experts, rms_norm_eps 1e-5
+                      (the latent norms keep transformers' 1e-6: mla_norm_eps)
+The state-space families go through make_hf_fixtures_ssm.py's reference:
+    mamba2         4 heads of 8, state 8, n_groups 1, chunk_size 4 (< T: the chunked scan)
+    mamba2_groups  n_groups 2 (B, C and the gated RMSNorm in two groups), a tied head
 Reference: huggingface/transformers src/transformers/models/olmo2/modeling_olmo2.py,
 src/transformers/models/gemma2/modeling_gemma2.py,
-src/transformers/models/qwen3_moe/modeling_qwen3_moe.py.
+src/transformers/models/qwen3_moe/modeling_qwen3_moe.py,
+src/transformers/models/deepseek_v2/modeling_deepseek_v2.py,
+src/transformers/models/mamba2/modeling_mamba2.py.
 """
 import sys
 import zlib
 from pathlib import Path
 
 import numpy as np
+import torch
+import transformers
 
 import make_hf_fixtures as dense
 import make_hf_fixtures_moe as moe
-from make_hf_fixtures import GEOMETRY, OUT, QWEN_SPLIT, make_tokenizer, saved_by_scratchllm
+import make_hf_fixtures_ssm as ssm
+from make_hf_fixtures import B, GEOMETRY, OUT, QWEN_SPLIT, T, make_tokenizer, saved_by_scratchllm
 
 DENSE = {
     "olmo2": dict(GEOMETRY, model_type="olmo2", rope_theta=500.0),
@@ -34,12 +47,95 @@ DENSE = {
 }
 _QWEN3_MOE = dict(GEOMETRY, model_type="qwen3_moe", head_dim=12, num_experts=4,
                   num_experts_per_tok=2, moe_intermediate_size=8, rope_theta=1e6)
+_DSV2 = dict(model_type="deepseek_v2", hidden_size=16, num_attention_heads=4,
+             num_key_value_heads=4, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4,
+             v_head_dim=6, intermediate_size=24, moe_intermediate_size=8, n_routed_experts=8,
+             num_experts_per_tok=2, rms_norm_eps=1e-6, max_position_embeddings=64)
 MOE = {
     "qwen3_moe": dict(_QWEN3_MOE, num_hidden_layers=3, mlp_only_layers=[0],
                       norm_topk_prob=True),
     "qwen3_moe_step": dict(_QWEN3_MOE, num_hidden_layers=2, decoder_sparse_step=2,
                            norm_topk_prob=False),
+    "deepseek_v2": dict(_DSV2, num_hidden_layers=3, q_lora_rank=12, first_k_dense_replace=1,
+                        topk_method="group_limited_greedy", n_group=4, topk_group=2,
+                        n_shared_experts=1, routed_scaling_factor=2.5, rope_parameters=dict(
+                            rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                            original_max_position_embeddings=16, mscale=1.0,
+                            mscale_all_dim=0.5)),
+    "deepseek_v2_lite": dict(_DSV2, num_hidden_layers=2, q_lora_rank=None,
+                             first_k_dense_replace=0, topk_method="greedy",
+                             n_shared_experts=2, routed_scaling_factor=1.5,
+                             rms_norm_eps=1e-5),
 }
+
+
+def routing(router, logits):
+    """make_hf_fixtures_moe.routing, and DeepSeek-V2's router (modeling_deepseek_v2.py
+    DeepseekV2TopkRouter): softmax scores; with group_limited_greedy the topk_group groups
+    of highest max score, then the top-k inside them."""
+    if type(router).__name__ != "DeepseekV2TopkRouter":
+        return _moe_routing(router, logits)
+    s = logits.detach().numpy().reshape(-1, logits.shape[-1])  # (BT, E)
+    q = np.exp(s - s.max(-1, keepdims=True))
+    q /= q.sum(-1, keepdims=True)
+    k, E = router.top_k, router.num_experts
+    margin = np.full(len(q), np.inf)
+    if router.topk_method == "group_limited_greedy":
+        n, tg = router.num_group, router.topk_group
+        groups = q.reshape(len(q), n, E // n).max(-1)  # (BT, n)
+        margin = moe._margin(groups, tg)
+        keep = np.zeros((len(q), n), bool)
+        np.put_along_axis(keep, np.argsort(-groups, axis=-1)[:, :tg], True, axis=-1)
+        q = np.where(np.repeat(keep, E // n, axis=1), q, -np.inf)
+    margin = np.minimum(margin, moe._margin(q, k))
+    return float(margin.min()), set(np.argsort(-q, axis=-1)[:, :k].ravel().tolist())
+
+
+_moe_routing, moe.routing = moe.routing, routing  # RoutingLog's hooks call moe.routing
+
+
+SSM = {  # the state-space families: make_hf_fixtures_ssm.py's reference
+    "mamba2": dict(model_type="mamba2", hidden_size=16, num_hidden_layers=2, num_heads=4,
+                   head_dim=8, expand=2, state_size=8, n_groups=1, conv_kernel=4,
+                   chunk_size=4, layer_norm_epsilon=1e-5, tie_word_embeddings=False),
+    "mamba2_groups": dict(model_type="mamba2", hidden_size=16, num_hidden_layers=2,
+                          num_heads=4, head_dim=8, expand=2, state_size=8, n_groups=2,
+                          conv_kernel=4, chunk_size=4, layer_norm_epsilon=1e-5,
+                          tie_word_embeddings=True),
+}
+
+
+def randomize_mamba2(model, seed):
+    """make_hf_fixtures.randomize, then A_log = log(1..H) + N(0, 0.2^2), dt_bias
+    N(-1, 0.5^2) (Δ ~ 0.3) and D 1 + N(0, 0.3^2), as make_hf_fixtures_ssm.py draws Mamba's."""
+    dense.randomize(model, seed)
+    g = torch.Generator().manual_seed(seed + 1000)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
+            if name.endswith("A_log"):
+                p.copy_(torch.log(torch.arange(1, p.shape[0] + 1.0)) + 0.2 * noise)
+            elif name.endswith("dt_bias"):
+                p.copy_(-1 + 0.5 * noise)
+            elif name.endswith(".D"):
+                p.copy_(1 + 0.3 * noise)
+
+
+def write_ssm(family, fields, tok):
+    """A state-space checkpoint and its expected.npz (ids never pad_token_id 1, nor 0)."""
+    d = OUT / family
+    d.mkdir(parents=True, exist_ok=True)
+    tok.save(str(d / "tokenizer.json"))
+    V = tok.get_vocab_size()
+    cfg = transformers.AutoConfig.for_model(**{**fields, "vocab_size": V})
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    randomize_mamba2(model, len(family))
+    model.save_pretrained(d)
+    ids = np.random.default_rng(zlib.crc32(family.encode())).integers(2, V, (B, T))
+    expected = ssm.reference(d, ids)
+    expected["saved_by_scratchllm_rel_err"] = saved_by_scratchllm(d, expected)
+    np.savez_compressed(d / "expected.npz", **expected)
+    print(f"{family}: {sorted(p.name for p in Path(d).iterdir())}")
 
 
 def main(names=()):
@@ -58,6 +154,9 @@ def main(names=()):
         expected["saved_by_scratchllm_rel_err"] = saved_by_scratchllm(d, expected)
         np.savez_compressed(d / "expected.npz", **expected)
         print(f"{family}: {sorted(p.name for p in Path(d).iterdir())}")
+    for family, fields in SSM.items():
+        if not names or family in names:
+            write_ssm(family, fields, tok)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ from grads.cases._common import REGISTERED, case
 from grads.cases.hub import HF_FIXTURES
 from grads.cases.lm import LM_CHECKPOINTS, LM_TINY, LM_TINY_EXTRA, lm_tiny
 
-MODULES = (core, attention, moe, linear_attention, ssm, lm, vision, hub, dist)  # the order of CASES
+# the order of CASES
+MODULES = (core, attention, moe, linear_attention, ssm, lm, vision, hub, dist)
 CASES = {name: fn for module in MODULES for name, fn in REGISTERED.items()
          if fn.__module__ == module.__name__}
 

@@ -1,6 +1,6 @@
 """Gradient-check cases of scratchllm.attention: RoPE, scaled dot-product attention (masks,
-biases, sinks, flash), cross and sparse attention, GQA with the options of published
-checkpoints, MLA. (The tokenizer has nothing to differentiate.)"""
+biases, sinks, flash), cross, sparse and native sparse attention, GQA with the options of
+published checkpoints, MLA. (The tokenizer has nothing to differentiate.)"""
 import numpy as np
 
 from grads.cases._common import case
@@ -53,6 +53,49 @@ def sdpa(rng):
             check(sdpa_forward, sdpa_backward, rng=rng, label="soft-capped scores (cap 1.5), "
                   "grouped, causal", q=3 * rng.standard_normal((2, 6, 5, 4)), k=k[:, :2, :5],
                   v=v[:, :2, :5], mask=Mask(), softcap=1.5)]
+
+
+@case
+def relative_bias(rng):
+    """T5's relative position bias: in a GQA layer (AttentionSpec.relative: encoder and causal
+    decoder self-attention, unscaled, head dim apart from D / H), the table lookup alone
+    (bidirectional; causal with the queries at offset 3), and through unscaled attention (T5
+    does not scale q.k), where the table gets its gradient from sdpa's bias gradient."""
+    from scratchllm.attention import (relative_bias_backward, relative_bias_forward,
+                                      sdpa_backward, sdpa_forward)
+    from scratchllm.specs import RelativeBiasSpec
+    both, causal = RelativeBiasSpec(8, 12), RelativeBiasSpec(8, 12, bidirectional=False)
+    table = rng.standard_normal((8, 3))
+    q, k, v = (rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((2, 3, 9, 4)),
+               rng.standard_normal((2, 3, 9, 4)))
+
+    def forward(q, k, v, table):  # o = softmax(q k^T + bias(table)) v
+        bias, c_bias = relative_bias_forward(table, spec=both, Tq=5, Tk=9)
+        o, c = sdpa_forward(q, k, v, scale=1.0, bias=bias)
+        return o, (c, c_bias)
+
+    def backward(do, cache):
+        g = sdpa_backward(do, cache[0])  # fwd: o = sdpa(q, k, v, bias)
+        g["table"] = relative_bias_backward(g.pop("bias"), cache[1])["table"]
+        return g
+
+    from scratchllm.attention import AttentionWeights, gqa_backward, gqa_forward
+    D, H, Dh = 6, 3, 4  # T5: head dim apart from D / H, no scaling, no RoPE
+    w = AttentionWeights(*(rng.standard_normal(shape) * 0.5 for shape in (
+        (D, H * Dh), (D, H * Dh), (D, H * Dh), (H * Dh, D))), rel_table=table)
+    layers = [(f"gqa layer, {name}", AttentionSpec(H, H, Dh, scale=1.0, rope=None,
+                                                    mask=Mask(causal=name == "causal"),
+                                                    relative=rel))
+              for name, rel in (("encoder", both), ("causal", causal))]
+    reports = [check(gqa_forward, gqa_backward, rng=rng, label=label,
+                     x=rng.standard_normal((2, 7, D)), w=w, spec=spec) for label, spec in layers]
+    return reports + [check(relative_bias_forward, relative_bias_backward, rng=rng,
+                  label="bidirectional, 5 x 9", table=table, spec=both, Tq=5, Tk=9),
+            check(relative_bias_forward, relative_bias_backward, rng=rng,
+                  label="causal, queries at 3..6", table=table, spec=causal, Tq=4, Tk=7,
+                  offset=3),
+            check(forward, backward, rng=rng, label="through unscaled attention", q=q, k=k,
+                  v=v, table=table)]
 
 
 @case
@@ -226,7 +269,8 @@ def gqa_options(rng):
                   x=x, w=w._replace(q_norm=1 + 0.3 * rng.standard_normal(H * Dh),
                                     k_norm=1 + 0.3 * rng.standard_normal(Hkv * Dh)),
                   spec=AttentionSpec(H, Hkv, head_dim=Dh, qk_norm="full")),
-            check(gqa_forward, gqa_backward, rng=rng, label="soft-capped scores, window 3 (Gemma 2)",
+            check(gqa_forward, gqa_backward, rng=rng,
+                  label="soft-capped scores, window 3 (Gemma 2)",
                   x=x, w=w, spec=AttentionSpec(H, Hkv, head_dim=Dh, softcap=0.8, scale=0.7,
                                                mask=Mask(window=3))),
             check(gqa_forward, gqa_backward, rng=rng, label="all biases but bk, no rope",
@@ -282,3 +326,13 @@ def mla_project(rng):
     return check(mla_project_forward, mla_project_backward, rng=rng, x=x,
                  w=w._replace(wkv_b=None, wo=None),  # the projections use neither
                  spec=MLASpec(H, Dq, Dc, dn, dr, dv, rope=RopeSpec(style="interleaved")))
+
+
+@case
+def nsa(rng):
+    from scratchllm.attention import nsa_backward, nsa_forward
+    B, H, Hkv, T, Dh = 2, 4, 2, 13, 5  # blocks of 3: four complete, one partial
+    return check(nsa_forward, nsa_backward, rng=rng, q=rng.standard_normal((B, H, T, Dh)),
+                 k=rng.standard_normal((B, Hkv, T, Dh)), v=rng.standard_normal((B, Hkv, T, Dh)),
+                 phi=rng.standard_normal(3), gates=rng.standard_normal((B, H, T, 3)), block=3,
+                 n_select=2, window=4)

@@ -1,5 +1,5 @@
 """Gradient-check cases of scratchllm.core: the ops (linear, embedding, norms, activations,
-the dense FFNs, softmax, cross-entropy) and their fused twins (core/fused.py)."""
+the dense FFNs, softmax, cross-entropy, InfoNCE) and their fused twins (core/fused.py)."""
 import numpy as np
 
 from grads.cases._common import case
@@ -100,6 +100,18 @@ def gelu_mlp(rng):
 
 
 @case
+def relu_mlp(rng):
+    """T5's DenseReluDense; inputs drawn away from ReLU's kink (|h| > 0.05 everywhere)."""
+    from scratchllm.core import relu_mlp_backward, relu_mlp_forward
+    D, F = 7, 9
+    W1, W2 = rng.standard_normal((D, F)), rng.standard_normal((F, D))
+    while True:
+        x = rng.standard_normal((2, 3, D))
+        if np.abs(x @ W1).min() > 0.05:
+            return check(relu_mlp_forward, relu_mlp_backward, rng=rng, x=x, W1=W1, W2=W2)
+
+
+@case
 def geglu(rng):
     from scratchllm.core import geglu_backward, geglu_forward
     D, F = 7, 9
@@ -132,3 +144,12 @@ def cross_entropy(rng):
     logits = rng.standard_normal((3, 5, 11))
     return [check(fwd, bwd, rng=rng, label=label, logits=logits, targets=targets)
             for label, fwd, bwd in _twins("cross_entropy")]
+
+
+@case
+def info_nce(rng):
+    from scratchllm.core import info_nce_backward, info_nce_forward
+    inputs = dict(q=rng.standard_normal((5, 7)), k=rng.standard_normal((5, 7)))
+    return [check(info_nce_forward, info_nce_backward, rng=rng, label=label, temperature=0.7,
+                  symmetric=symmetric, **inputs)
+            for label, symmetric in (("in-batch negatives", False), ("symmetric (CLIP)", True))]

@@ -1,5 +1,5 @@
 """Gradient-check cases of scratchllm.dist on a group of one rank (no MPI needed), where every
-collective is a copy. They keep every collective pair inside `python -m grads` and its shape
+collective is a copy (and a tensor-parallel Linear is the plain one). They keep every collective pair inside `python -m grads` and its shape
 and contract checks; the real check, across ranks, is the distributed one:
 `mpiexec -n 2 python -m grads.mpi` (grads/mpi.py; tests/dist spawns it on 2 and 4 ranks)."""
 import numpy as np
@@ -23,3 +23,15 @@ def collectives_one_rank(rng):
              ("reduce_from_group", {})]
     return [check(getattr(dist, f"{name}_forward"), getattr(dist, f"{name}_backward"),
                   rng=rng, label=name, x=x, group=g, **kw) for name, kw in pairs]
+
+
+@case
+def tensor_parallel_one_rank(rng):
+    from scratchllm import dist
+    g = _one_rank()
+    x = rng.standard_normal((2, 3, 5))
+    return [check(dist.column_linear_forward, dist.column_linear_backward, rng=rng,
+                  label="column", x=x, W=rng.standard_normal((5, 4)), b=rng.standard_normal(4),
+                  group=g),
+            check(dist.row_linear_forward, dist.row_linear_backward, rng=rng, label="row",
+                  x=x, W=rng.standard_normal((5, 4)), b=rng.standard_normal(4), group=g)]

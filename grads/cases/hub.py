@@ -73,21 +73,32 @@ HF_CONFIGS["qwen3_moe"] = dict(_GEOMETRY, model_type="qwen3_moe", head_dim=12,
 HF_CONFIGS["gemma2"] = dict(_GEOMETRY, model_type="gemma2", head_dim=12,
                             query_pre_attn_scalar=10, sliding_window=4,
                             attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
+HF_CONFIGS["bert"] = dict(model_type="bert", vocab_size=50, hidden_size=16, num_hidden_layers=2,
+                          num_attention_heads=4, intermediate_size=24, type_vocab_size=2,
+                          max_position_embeddings=64)
+HF_CONFIGS["deepseek_v2"] = dict(
+    _DSV3, model_type="deepseek_v2", num_hidden_layers=3, q_lora_rank=12,
+    first_k_dense_replace=1, topk_method="group_limited_greedy", n_group=4, topk_group=2,
+    n_shared_experts=1, routed_scaling_factor=2.5, rope_parameters=dict(
+        rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16,
+        mscale=1.0, mscale_all_dim=0.5))
+HF_CONFIGS["mamba2"] = dict(model_type="mamba2", vocab_size=300, hidden_size=16,
+                            num_hidden_layers=2, num_heads=4, head_dim=8, expand=2,
+                            state_size=8, n_groups=1, conv_kernel=4, layer_norm_epsilon=1e-5)
 HF_FIXTURES = tuple(f for f in HF_CONFIGS if f != "gpt_oss")  # the families lm_hub checks
 
 
 def hub_model(family, rng):
-    """The float64 LM of HF_CONFIGS[family] (through its record in the hub's registry), its
-    weights drawn from rng so that every path matters: matrices N(0, 1/fan_in) (routers x 3,
+    """The float64 model (the record's model_class) of HF_CONFIGS[family] (through its record
+    in the hub's registry), its weights drawn from rng so that every path matters: matrices N(0, 1/fan_in) (routers x 3,
     for decisive routing), embeddings and sink logits N(0, 1), norm gains 1 + N(0, 0.1^2),
     other vectors N(0, 0.1^2); Mamba's A_log = log(1..N) + N(0, 0.2^2), b_dt N(-1, 0.5^2)
     (Δ ~ 0.3), D 1 + N(0, 0.3^2), conv_w N(0, 1/kernel); the buffers the family saves
     (DeepSeek-V3's selection bias) N(0, 0.1^2)."""
     from scratchllm.hub import config_from_flat, family_named, flat_of
-    from scratchllm.lm import LM
     record = family_named(HF_CONFIGS[family]["model_type"])
     cfg = config_from_flat(record.from_hf(HF_CONFIGS[family]))
-    model = LM(cfg, rng=rng, dtype=np.float64)
+    model = record.model_class(cfg, rng=rng, dtype=np.float64)
     for name, p in model.named_parameters():
         leaf, shape = name.rsplit(".", 1)[-1], p.data.shape
         noise = rng.standard_normal(shape)
@@ -124,7 +135,7 @@ def lm_hub(rng):
         model = hub_model(family, fam_rng)
         forward, backward, params = loss_pair(model)
         f = flat_of(model.cfg)
-        # Without RoPE (GPT-2) a key bias adds q . bk to every score of a query's row, which
+        # Without RoPE (GPT-2, BERT) a key bias adds q . bk to every score of a query's row, which
         # softmax ignores: d loss / d bk = 0 exactly, so there is nothing to compare.
         wrt = [n for n in params if not (n.endswith(".bk") and f.positions != "rope")]
         # Mamba layers: the dt path (W_dt, A_log, b_dt, ...) moves the loss little, so at
@@ -156,7 +167,8 @@ def _hub_ids(model, rng, margin=1e-3):
         routers = [c.ffn.inner.router for c, layer in zip(blocks, model.layers)
                    if isinstance(layer.ffn, MoE)]
         if all(selection_margin(r.score_cache.y + f.selection_bias, f.spec.router.top_k,
-                                f.spec.router.n_group, f.spec.router.topk_group).min() > margin
+                                f.spec.router.n_group, f.spec.router.topk_group,
+                                f.spec.router.group_top).min() > margin
                for r, f in zip(routers, moe)):
             return data
 

@@ -1,6 +1,6 @@
 """Gradient-check cases of scratchllm.linear_attention: linear attention, RetNet, GLA,
-the delta rule, RWKV-4 and the recurrent mixer, each in its parallel, chunked and recurrent
-forms."""
+the delta rule, RWKV-4, RWKV-7 and the recurrent mixer, each in its parallel, chunked and
+recurrent forms (RWKV-7: recurrent and chunked)."""
 import numpy as np
 
 from grads.cases._common import case
@@ -112,3 +112,16 @@ def recurrent_mixer(rng):
                              label=kind, spec=RecurrentSpec(kind, H, chunk=3),
                              x=rng.standard_normal((2, 7, D)), w=RecurrentWeights(**W)))
     return reports
+
+
+@case
+def rwkv7(rng):
+    from scratchllm.linear_attention import rwkv7_backward, rwkv7_forward
+    B, H, T, Dk, Dv = 2, 2, 6, 3, 5
+    kappa = rng.standard_normal((B, H, T, Dk))
+    inputs = dict(r=rng.standard_normal((B, H, T, Dk)), w=rng.uniform(0.5, 0.99, (B, H, T, Dk)),
+                  k=rng.standard_normal((B, H, T, Dk)), v=rng.standard_normal((B, H, T, Dv)),
+                  kappa=kappa / np.linalg.norm(kappa, axis=-1, keepdims=True),
+                  a=rng.uniform(0.05, 0.95, (B, H, T, Dk)))
+    return [check(rwkv7_forward, rwkv7_backward, rng=rng, label=form, form=form, chunk=4,
+                  **inputs) for form in ("recurrent", "chunked")]

@@ -39,8 +39,9 @@ ROUTINGS = {  # router options of real checkpoints: score, selection bias?, logi
         "softmax", False, True, {}),
     "deepseek-v3: sigmoid + bias, groups 4 -> 2, r = 2.5": (
         "sigmoid", True, False, dict(n_group=4, topk_group=2, routed_scaling_factor=2.5)),
-    "deepseek-v2: softmax, groups 2 -> 1, not normalised": (
-        "softmax", False, False, dict(n_group=2, topk_group=1, norm_topk_prob=False)),
+    "deepseek-v2: softmax, groups 2 -> 1 by their max, not normalised": (
+        "softmax", False, False, dict(n_group=2, topk_group=1, norm_topk_prob=False,
+                                      group_top=1)),
 }
 
 
@@ -56,7 +57,8 @@ def _routed_inputs(rng, N, D, E, k, score, bias, logit_bias, options, margin=1e-
         spec = RouterSpec(E, k, score, bias=logit_bias, **options)
         _, cache = router_forward(x, w, b_r, spec=spec, selection_bias=b)
         sel = cache.score_cache.y + (0 if b is None else b)
-        if selection_margin(sel, k, spec.n_group, spec.topk_group).min() > margin:
+        if selection_margin(sel, k, spec.n_group, spec.topk_group,
+                            spec.group_top).min() > margin:
             return dict(x=x, w_router=w, b_router=b_r, spec=spec, selection_bias=b)
 
 

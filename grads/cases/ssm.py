@@ -143,11 +143,21 @@ def mamba2(rng):
     shapes = dict(Wz=(D, Di), Wx=(D, Di), WB=(D, N), WC=(D, N), Wdt=(D, H),
                   conv_w=(Di + 2 * N, K), conv_b=(Di + 2 * N,))
     W = {n: rng.normal(0, 0.5, s) for n, s in shapes.items()}
-    return check(mamba2_forward, mamba2_backward, rng=rng, x=rng.standard_normal((2, 7, D)),
-                 w=Mamba2Weights(dt_bias=rng.normal(-1, 0.5, H), A_log=rng.normal(0, 0.5, H),
-                                 D=rng.standard_normal(H), norm=1 + rng.random(Di),
-                                 Wout=rng.normal(0, 0.5, (Di, D)), **W),
-                 spec=Mamba2Spec(H, N, Di // D, K, chunk=3))
+    one = check(mamba2_forward, mamba2_backward, rng=rng, x=rng.standard_normal((2, 7, D)),
+                w=Mamba2Weights(dt_bias=rng.normal(-1, 0.5, H), A_log=rng.normal(0, 0.5, H),
+                                D=rng.standard_normal(H), norm=1 + rng.random(Di),
+                                Wout=rng.normal(0, 0.5, (Di, D)), **W),
+                spec=Mamba2Spec(H, N, Di // D, K, chunk=3), label="one group")
+    G = 2  # two groups of B and C (one head each) and of the gated RMSNorm
+    shapes.update(WB=(D, G * N), WC=(D, G * N), conv_w=(Di + 2 * G * N, K),
+                  conv_b=(Di + 2 * G * N,))
+    W = {n: rng.normal(0, 0.5, s) for n, s in shapes.items()}
+    two = check(mamba2_forward, mamba2_backward, rng=rng, x=rng.standard_normal((2, 7, D)),
+                w=Mamba2Weights(dt_bias=rng.normal(-1, 0.5, H), A_log=rng.normal(0, 0.5, H),
+                                D=rng.standard_normal(H), norm=1 + rng.random(Di),
+                                Wout=rng.normal(0, 0.5, (Di, D)), **W),
+                spec=Mamba2Spec(H, N, Di // D, K, chunk=3, n_groups=G), label="two groups")
+    return [one, two]
 
 
 @case
@@ -178,7 +188,7 @@ def cauchy_kernel(rng):
 
     def weights():
         return CauchyWeights(-rng.uniform(0.2, 1.0, (H, N)), rng.normal(0, 3, (H, N)),
-                             *(rng.standard_normal((H, N)) for _ in range(6)),
-                             rng.uniform(-3, -1, H))  # Re Λ < 0, log Δ
+                             *(rng.standard_normal((H, N)) for _ in range(6)))  # Re Λ < 0
     return [check(cauchy_kernel_forward, cauchy_kernel_backward, rng=rng, label=f"L = {L}",
-                  w=weights(), L=L) for L in (7, 8)]  # L = 8 has the root ω = −1
+                  w=weights(), log_dt=rng.uniform(-3, -1, H), L=L)
+            for L in (7, 8)]  # L = 8 has the root ω = −1

@@ -4,7 +4,7 @@ GQA layer (qkv), grouped-query attention and its decoding step (gqa), decoding s
 (kv_state), and multi-head latent attention (mla_projection, mla); tiled Flash attention
 (flash), sinusoidal and ALiBi positions (positions), MHA -> GQA conversion (convert),
 cross-attention (cross), DeepSeek's top-k sparse attention (indexer, sparse), the fixed
-sparse patterns and document masks (sparse_masks);
+sparse patterns and document masks (sparse_masks), native sparse attention (nsa);
 the Numba twins: RoPE fused with the head split (rope_heads), sdpa's softmax in one pass
 per row (sdpa_softmax).
 
@@ -23,7 +23,9 @@ from .masks import (attention_sink_mask, block_sparse_mask, causal_mask, mask_ar
                     sliding_window_mask)
 from .mla import MLA, mla_backward, mla_decode, mla_decode_ref, mla_forward, mla_softmax_scale
 from .mla_projection import MLAProjection, MLAWeights, mla_project_backward, mla_project_forward
-from .positions import alibi_bias, alibi_slopes, sinusoidal_positions
+from .nsa import compress_matrix, nsa_backward, nsa_forward, nsa_forward_ref, nsa_indices
+from .positions import (alibi_bias, alibi_slopes, relative_bias_backward, relative_bias_forward,
+                        relative_offset_buckets, relative_position_buckets, sinusoidal_positions)
 from .qkv import QKV, AttentionWeights, project_qkv_backward, project_qkv_forward
 from .rope import Rope, get_mscale, make_rope, rope_backward, rope_forward, rope_frequencies
 from .sparse_masks import (bigbird_mask, document_mask, document_positions, fixed_mask,
@@ -36,6 +38,7 @@ from .sdpa import (merge_heads, repeat_kv_backward, repeat_kv_forward, sdpa_back
 from .sdpa_softmax import softmax_scores_, softmax_scores_backward_
 
 __all__ = [
+    "compress_matrix", "nsa_backward", "nsa_forward", "nsa_forward_ref", "nsa_indices",
     "bigbird_mask", "document_mask", "document_positions", "fixed_mask", "mask_receptive_field",
     "strided_mask",
     "Attention", "AttentionWeights", "KVState", "LatentKVState", "MLA", "MLAProjection",
@@ -52,7 +55,8 @@ __all__ = [
     # flash attention, cross-attention, positions, MHA -> GQA
     "CrossAttention", "FlashCache", "alibi_bias", "cross_attention_backward",
     "cross_attention_forward", "alibi_slopes", "flash_sdpa_backward", "flash_sdpa_forward",
-    "mha_to_gqa", "sinusoidal_positions",
+    "mha_to_gqa", "sinusoidal_positions", "relative_bias_backward", "relative_bias_forward",
+    "relative_offset_buckets", "relative_position_buckets",
     # DeepSeek sparse attention
     "attention_distribution", "indexer_kl_loss_backward", "indexer_kl_loss_forward",
     "lightning_indexer_backward", "lightning_indexer_forward", "topk_select",

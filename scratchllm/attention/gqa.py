@@ -27,7 +27,8 @@ import numpy as np
 
 from scratchllm.attention.flash import flash_sdpa_backward, flash_sdpa_forward
 from scratchllm.attention.kv_state import KVState, RollingKVState, begin_step, rows_mask
-from scratchllm.attention.positions import alibi_bias, alibi_slopes
+from scratchllm.attention.positions import (alibi_bias, alibi_slopes, relative_bias_backward,
+                                           relative_bias_forward, relative_offset_buckets)
 from scratchllm.attention.qkv import (QKV, AttentionWeights, QKVCache, project_qkv_backward,
                                       project_qkv_forward)
 from scratchllm.attention.rope import make_rope, row_rope
@@ -47,22 +48,26 @@ class GQACache(NamedTuple):
     lin_o: tuple
     k: np.ndarray  # (B, Hkv, T, Dh) the rotated keys and values attended: what a KV state
     v: np.ndarray  # (B, Hkv, T, Dh) holds after these tokens (Attention.prefill)
+    rel: tuple = None  # the relative bias's cache (spec.relative), else None
 
 
-def _attend(q, k, v, spec, mask, sinks):
+def _attend(q, k, v, spec, mask, w):
     """o = attention of (q, k, v) under `mask` (a Mask, or None: everywhere) with the spec's
-    scale and ALiBi and the sink logits, by the spec's kernel: (o (B, H, T, Dh), cache,
-    the kernel's backward)."""
-    H, T = q.shape[1], q.shape[2]
+    scale, ALiBi or T5's relative bias (w.rel_table) and the sink logits (w.sinks), by the
+    spec's kernel: (o (B, H, T, Dh), cache, the kernel's backward, the relative bias's
+    cache or None)."""
+    H, T, sinks = q.shape[1], q.shape[2], w.sinks
     slopes = alibi_slopes(H).astype(q.dtype) if spec.alibi else None  # (H,)
     if spec.impl == "flash":
         o, cache = flash_sdpa_forward(q, k, v, mask=mask, scale=spec.scale, alibi_slopes=slopes,
                                       sinks=sinks, block=spec.block)
-        return o, cache, flash_sdpa_backward
-    bias = None if slopes is None else alibi_bias(slopes, T, T)  # (H, T, T)
+        return o, cache, flash_sdpa_backward, None
+    bias, rel = None if slopes is None else alibi_bias(slopes, T, T), None  # (H, T, T)
+    if spec.relative is not None:  # S += R[bucket(j - i)]: (1, H, T, T)
+        bias, rel = relative_bias_forward(w.rel_table, spec=spec.relative, Tq=T, Tk=T)
     o, cache = sdpa_forward(q, k, v, mask, spec.scale, bias=bias, sinks=sinks,
                             softcap=spec.softcap)
-    return o, cache, sdpa_backward
+    return o, cache, sdpa_backward, rel
 
 
 def gqa_forward(x, w, *, spec, rope=None, mask=None):
@@ -96,9 +101,9 @@ def _gqa(x, w, spec, rope, mask, expand_kv):
     if expand_kv:
         ka, rep = repeat_kv_forward(k, spec.n_heads // spec.n_kv_heads)  # (B, H, T, Dh)
         va, _ = repeat_kv_forward(v, spec.n_heads // spec.n_kv_heads)  # (B, H, T, Dh)
-    o, att, att_backward = _attend(q, ka, va, spec, mask, w.sinks)  # (B, H, T, Dh)
+    o, att, att_backward, rel = _attend(q, ka, va, spec, mask, w)  # (B, H, T, Dh)
     y, lin_o = linear_forward(merge_heads(o), w.wo, w.bo)  # (B, T, D)
-    return y, GQACache(qkv, rep, att, att_backward, lin_o, k, v)
+    return y, GQACache(qkv, rep, att, att_backward, lin_o, k, v, rel)
 
 
 def gqa_backward(dy, cache):
@@ -108,7 +113,7 @@ def gqa_backward(dy, cache):
     Returns {"x": dx, "w": AttentionWeights of gradients (None where w had None)}.
     Reference: Ainslie et al. 2023 (arXiv 2305.13245); huggingface/transformers
     src/transformers/models/llama/modeling_llama.py repeat_kv."""
-    qkv, rep, att, att_backward, lin_o, _, _ = cache
+    qkv, rep, att, att_backward, lin_o, _, _, rel = cache
     expect_dout("gqa_backward", dy, *linear_out(lin_o), name="dy")
     g_o = linear_backward(dy, lin_o)  # fwd: y = merge_heads(o) @ wo + bo
     do = split_heads(g_o["x"], qkv.n_heads)  # (B, H, T, Dh)
@@ -120,6 +125,8 @@ def gqa_backward(dy, cache):
     g = project_qkv_backward(QKV(g_att["q"], dk, dv), qkv)  # fwd: q, k, v = project_qkv(x)
     # the output linear's wo, bo and the sink logits (fwd: softmax([S, sinks]) in sdpa)
     dw = g["w"]._replace(wo=g_o["W"], bo=g_o.get("b"), sinks=g_att.get("sinks"))
+    if rel is not None:  # fwd: bias = R[bucket] (T5), added to the scores in sdpa
+        dw = dw._replace(rel_table=relative_bias_backward(g_att["bias"], rel)["table"])
     return {"x": g["x"], "w": dw}
 
 
@@ -148,6 +155,10 @@ def gqa_decode(x_t, w, state, position, *, spec, rope=None):
         slopes = alibi_slopes(spec.n_heads).astype(x_t.dtype)  # (H,)
         dist = np.abs(np.reshape(position, (-1, 1, 1, 1)) - state.positions())  # (B|1,1,1,L)
         bias = -slopes[:, None, None] * dist  # (B|1, H, 1, L)
+    if spec.relative is not None:  # R[bucket(key position - position)] over the kept keys
+        n = state.positions() - np.reshape(position, (-1, 1, 1, 1))  # (B|1, 1, 1, L)
+        buckets = relative_offset_buckets(n[:, 0, 0], spec=spec.relative)  # (B|1, L)
+        bias = w.rel_table[buckets].transpose(0, 2, 1)[:, :, None, :]  # (B|1, H, 1, L)
     o, _ = sdpa_forward(q, K, V, None if keep is None else Mask(array=keep), spec.scale,
                         bias=bias, sinks=w.sinks, softcap=spec.softcap)  # (B, H, 1, Dh)
     y, _ = linear_forward(merge_heads(o), w.wo, w.bo)  # (B, 1, D)
@@ -183,6 +194,9 @@ class Attention(Module):
         self.bq, self.bk = zeros(H * Dh, spec.qkv_bias), zeros(Hkv * Dh, spec.qkv_bias)
         self.bv, self.bo = zeros(Hkv * Dh, spec.qkv_bias), zeros(d_model, spec.o_bias)
         self.sinks = zeros(H, spec.sinks)  # (H,) or None
+        relative = spec.relative  # T5's bias table (num_buckets, H), from zero
+        self.rel_table = None if relative is None else Param(
+            np.zeros((relative.num_buckets, H), dtype))
         gain = 1.0 - spec.norm_offset
         nq, nk = (H * Dh, Hkv * Dh) if spec.qk_norm == "full" else (Dh, Dh)
         self.q_norm = Param(np.full(nq, gain, dtype)) if spec.qk_norm else None

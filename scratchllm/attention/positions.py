@@ -13,14 +13,23 @@ Math:
     which softmax ignores; -|i - j| also covers bidirectional (encoder) attention.
 The bias is linear in the slopes, so a learned variant's slope gradient is
 dm_h = sum_{b,i,j} dbias[b, h, i, j] * (-|i - j|) (flash_sdpa_backward returns it directly).
+    T5's relative bias (Raffel et al. 2019, arXiv 1910.10683, 2.1): S[h, i, j] += R[b(j - i), h],
+    R (num_buckets, H) learned; the bucket b of an offset n = key - query position
+    (RelativeBiasSpec: nb buckets, max_distance M):
+        bidirectional: nb' = nb / 2, b = nb' [n > 0] + b'(|n|);  causal: b = b'(max(-n, 0))
+        b'(m) = m for m < e = nb' / 2 (exact), else min(e + floor(log(m / e) / log(M / e)
+                (nb' - e)), nb' - 1)  (log-spaced), computed in float32 as transformers does
+    Its backward is a scatter-add: dR[b, h] = sum over (i, j) with bucket b of dS[h, i, j].
 
 Glossary: T time, D model width, H heads, Tq/Tk query/key lengths.
 """
 import math
+from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.validate import expect_positive
+from scratchllm.core import ops
+from scratchllm.core.validate import expect_dout, expect_float, expect_positive, expect_shape
 
 
 def sinusoidal_positions(T, D, base=10000.0):
@@ -63,3 +72,61 @@ def alibi_bias(slopes, Tq, Tk):
     pos = np.arange(Tq)[:, None] + (Tk - Tq)  # (Tq, 1)
     dist = -np.abs(pos - np.arange(Tk)[None, :])  # (Tq, Tk)
     return np.asarray(slopes)[:, None, None] * dist  # (H, Tq, Tk)
+
+
+def relative_position_buckets(Tq, Tk, *, spec, offset=0):
+    """(Tq, Tk) int64: the bucket of key j for query i at position offset + i (decoding: the
+    query's position in the sequence; keys at 0..Tk-1), by spec (a RelativeBiasSpec).
+
+    Reference: huggingface/transformers src/transformers/models/t5/modeling_t5.py
+    (T5Attention._relative_position_bucket, compute_bias), after Mesh TensorFlow.
+    """
+    expect_positive("relative_position_buckets", "Tq", Tq)
+    expect_positive("relative_position_buckets", "Tk", Tk)
+    n = np.arange(Tk)[None, :] - (offset + np.arange(Tq))[:, None]  # (Tq, Tk) key - query
+    return relative_offset_buckets(n, spec=spec)  # (Tq, Tk)
+
+
+def relative_offset_buckets(n, *, spec):
+    """The buckets (int64, n's shape) of the offsets n = key position - query position (any
+    shape of ints), by spec (a RelativeBiasSpec): the rule above."""
+    nb, buckets = spec.num_buckets, np.zeros(np.shape(n), np.int64)  # (...)
+    if spec.bidirectional:
+        nb //= 2
+        buckets += (n > 0) * nb
+        m = np.abs(n)  # (Tq, Tk)
+    else:
+        m = -np.minimum(n, 0)  # (Tq, Tk)
+    exact = nb // 2
+    far = np.maximum(m, exact)  # (...): the log-spaced rule is used for m >= exact only
+    ratio = np.log((far / exact).astype(np.float32)) / np.float32(
+        math.log(spec.max_distance / exact))  # (...) float32
+    large = exact + (ratio * np.float32(nb - exact)).astype(np.int64)  # truncation, as .long()
+    return buckets + np.where(m < exact, m, np.minimum(large, nb - 1))  # (...)
+
+
+class RelativeBiasCache(NamedTuple):
+    lookup: tuple  # the table lookup's cache (core.ops.embedding)
+    shape: tuple   # the bias's shape (1, H, Tq, Tk)
+    dtype: object  # the table's dtype
+
+
+def relative_bias_forward(table, *, spec, Tq, Tk, offset=0):
+    """bias (1, H, Tq, Tk) = R[b(j - i), h] for sdpa_forward's bias, from the table R
+    (num_buckets, H) of a RelativeBiasSpec; queries at offset + i, keys at j.
+    Returns (bias, RelativeBiasCache)."""
+    expect_float("relative_bias", "table", table)
+    expect_shape("relative_bias", "table", table, (spec.num_buckets, None), "(num_buckets, H)")
+    buckets = relative_position_buckets(Tq, Tk, spec=spec, offset=offset)  # (Tq, Tk)
+    values, c = ops.embedding_forward(buckets, table)  # (Tq, Tk, H)
+    bias = values.transpose(2, 0, 1)[None]  # (1, H, Tq, Tk)
+    return bias, RelativeBiasCache(c, bias.shape, table.dtype)
+
+
+def relative_bias_backward(dbias, cache):
+    """Math: bias[0, h, i, j] = R[b(i, j), h], a lookup, so dR[b, h] = sum over the (i, j)
+    of bucket b of dbias[0, h, i, j] (the embedding's scatter-add, on dbias moved to
+    (Tq, Tk, H)). Returns {"table": dR (num_buckets, H)}."""
+    expect_dout("relative_bias_backward", dbias, cache.shape, cache.dtype, name="dbias")
+    g = ops.embedding_backward(dbias[0].transpose(1, 2, 0), cache.lookup)  # fwd: R[b] (Tq,Tk,H)
+    return {"table": g["E"]}

@@ -35,10 +35,12 @@ class AttentionWeights(NamedTuple):
     q_norm: np.ndarray = None  # (Dh,)  spec.qk_norm: gains spec.norm_offset + q_norm
     k_norm: np.ndarray = None  # (Dh,)  ("full": q_norm (H*Dh,), k_norm (Hkv*Dh,))
     sinks: np.ndarray = None  # (H,)    spec.sinks: one sink logit per query head
+    rel_table: np.ndarray = None  # (num_buckets, H)  spec.relative: T5's bias table
 
 
 _OPTIONS = (("qkv_bias", ("bq", "bk", "bv")), ("o_bias", ("bo",)),
-            ("qk_norm", ("q_norm", "k_norm")), ("sinks", ("sinks",)))
+            ("qk_norm", ("q_norm", "k_norm")), ("sinks", ("sinks",)),
+            ("relative", ("rel_table",)))
 
 
 def check_attention_weights(fn, w, spec):
@@ -50,7 +52,7 @@ def check_attention_weights(fn, w, spec):
         raise TypeError(f"{fn}: w must be an AttentionWeights, got {type(w).__name__}")
     for option, names in _OPTIONS:
         for name in names:
-            on = bool(getattr(spec, option))  # qk_norm True or "full"
+            on = getattr(spec, option) not in (None, False)  # qk_norm True or "full"; a spec
             if (getattr(w, name) is not None) != on:
                 raise ValueError(f"{fn}: spec.{option}={on}, but w.{name} is "
                                  f"{'None' if on else 'given'}")

@@ -3,7 +3,7 @@ the per-layer decoding states (KVState for GQA, RollingKVState for sliding-windo
 LatentKVState for MLA in the absorbed form, MambaState for Mamba). Text streams as it is
 produced. The sampling itself (temperature, top-k, top-p) is scratchllm/lm/sampling.py.
 --hf DIR samples a Hugging Face checkpoint directory (config.json, model.safetensors,
-tokenizer.json) of a family scratchllm.hub reads: llama, mistral, qwen2, qwen3, gpt2; it
+tokenizer.json) of a family scratchllm.hub reads (listed below, from its registry); it
 stops at the checkpoint's eos_token_id (generation_config.json, else config.json).
 """
 import sys
@@ -11,14 +11,15 @@ import sys
 import numpy as np
 
 from scratchllm.cli.common import Parser, float_in, int_at_least, run
-from scratchllm.hub import eos_ids, load_pretrained, load_tokenizer
+from scratchllm.hub import FAMILIES, eos_ids, load_pretrained, load_tokenizer
 from scratchllm.lm import generate
 from scratchllm.tokenizer import EOT
 from scratchllm.train import load_model
 
 
 def build_parser():
-    p = Parser("sample", __doc__)
+    p = Parser("sample", f"{__doc__}Hugging Face model_types: "
+                         f"{', '.join(f.model_type for f in FAMILIES)}.")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="directory written by train")
     src.add_argument("--hf", help="Hugging Face checkpoint directory (config.json, "

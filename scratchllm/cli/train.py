@@ -65,6 +65,8 @@ def build_parser():
                        ("cp", "context"), ("ep", "expert")):
         p.add_argument(f"--{axis}", type=int_at_least(1), default=1, help=f"{what}-parallel "
                        f"ranks (1; under `mpiexec -n N`, the sizes multiply to N)")
+    p.add_argument("--zero", type=int, choices=(1, 2, 3), default=0, help="ZeRO stage: 1 "
+                   "shards AdamW's state over the --dp ranks (2 and 3: not available yet)")
     return p
 
 
@@ -131,6 +133,9 @@ def _on_ranks(args, shape):
             raise GridError(f"{', '.join(later)}: this version trains data parallel only "
                             f"(--dp); tensor, pipeline, context and expert parallel training "
                             f"are not available yet")
+        if args.zero > 1:
+            raise GridError(f"--zero {args.zero}: this version has ZeRO stage 1 only (sharded "
+                            f"optimizer state); stages 2 and 3 are not available yet")
     except GridError as e:
         if world.rank == 0:
             print(f"scratchllm train: {e}", file=sys.stderr)
@@ -168,7 +173,7 @@ def _main(args, grid=None):
     baseline = corpus.unigram_baseline(train_ids, val_ids, cfg.vocab_size)
     say(f"tokens: {len(train_ids):,} train, {len(val_ids):,} validation "
         f"({time.perf_counter() - t_start:.1f} s); unigram baseline {baseline:.3f} nats/token")
-    job = Run(cfg, s, dtype, grid=grid)
+    job = Run(cfg, s, dtype, grid=grid, zero=args.zero)
     job.data = str(Path(data).resolve())
     job.detect_anomaly = args.detect_anomaly
     if args.resume:
@@ -178,7 +183,11 @@ def _main(args, grid=None):
         f"{s.batch_size}x{s.seq_len} tokens, {dtype}")
     if grid is not None:
         say(f"ranks: {grid.world.size} ({grid.shape.describe()}), {s.threads} thread(s) "
-              f"each; rank 0 writes {out}")
+            f"each; rank 0 writes {out}")
+        say(f"communication model: {_bytes(job.comm_model)} sent per step by rank 0")
+        if args.zero:
+            say(f"ZeRO-1: AdamW state {job.opt.state_bytes() / 2**20:.2f} MiB on rank 0 of "
+                f"{2 * job.model.n_params() * dtype.itemsize / 2**20:.2f} MiB unsharded")
     t_train = time.perf_counter()
     finished = fit(job, train_ids, val_ids, out=out, tokenizer=tok,
                    progress=not args.no_progress)
@@ -194,11 +203,21 @@ def _main(args, grid=None):
     say(f"validation loss {val:.3f} nats/token = {val / baseline:.2f} x unigram baseline "
         f"{baseline:.3f} (training {train_time:.0f} s, total "
         f"{time.perf_counter() - t_start:.0f} s)")
+    if grid is not None and job.sent:
+        predicted = sum(job.comm_model.values())
+        say(f"communication measured: {job.sent[-1]:,} bytes sent by rank 0 in the last step "
+            f"({'equal to' if job.sent[-1] == predicted else 'NOT equal to'} the model's "
+            f"{predicted:,})")
     say(f"checkpoint: {out}")
     if job.writer:
         say(f"loss curve: {save_run_plot(out / 'loss.png', job, baseline)}")
         _print_sample(job.model, tok)
     return 0
+
+
+def _bytes(model):
+    """'2,099,456 B all_reduce + ...' of a communication model."""
+    return " + ".join(f"{n:,} B {op}" for op, n in model.items()) or "nothing"
 
 
 def _prepare(data, vocab_size, cache, grid):

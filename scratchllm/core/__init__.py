@@ -1,18 +1,21 @@
 """The foundation every other package stands on: input checks (validate), the element-wise and
 dense ops as forward/backward pairs (ops; LayerNorm in norms, GELU and the GPT-2 MLP in
-gelu), Param/Module and the thin Modules (nn), the optimizer (optim), and the fused Numba twins
+gelu; T5's ReLU MLP in relu), Param/Module and the thin Modules (nn), the optimizer (optim), and the fused Numba twins
 of the training step's element-wise ops (fused) with the Twin that picks one per forward
-(twins), the one atomic file writer (atomic), and logit soft-capping (softcap). Imports nothing else of scratchllm."""
+(twins), the contrastive InfoNCE loss (contrastive), the one atomic file writer (atomic),
+and logit soft-capping (softcap). Imports nothing else of scratchllm."""
 from .atomic import atomic_write
+from .contrastive import info_nce_backward, info_nce_forward
 from .fused import (CROSS_ENTROPY, RMSNORM, SWIGLU, AdamWStep, adamw_update, adamw_update_ref,
                     fused_cross_entropy_backward, fused_cross_entropy_forward,
                     fused_rmsnorm_backward, fused_rmsnorm_forward, fused_swiglu_backward,
                     fused_swiglu_forward, sum_squares, sum_squares_ref)
 from .gelu import (geglu_backward, geglu_forward, gelu_backward, gelu_forward,
                    gelu_mlp_backward, gelu_mlp_forward)
-from .nn import (Embedding, GeGLU, GeluMLP, LayerNorm, Linear, Module, Param, RMSNorm, SwiGLU,
-                 detect_anomaly, normal_init)
+from .nn import (Embedding, GeGLU, GeluMLP, LayerNorm, Linear, Module, Param, ReluMLP, RMSNorm,
+                 SwiGLU, detect_anomaly, normal_init)
 from .norms import layernorm_backward, layernorm_forward
+from .relu import relu_mlp_backward, relu_mlp_forward
 from .ops import (cross_entropy_backward, cross_entropy_forward, embedding_backward,
                   embedding_forward, linear_backward, linear_forward, log_softmax_backward,
                   log_softmax_forward, rmsnorm_backward, rmsnorm_forward, sigmoid_backward,
@@ -24,9 +27,10 @@ from .optim import AdamW, NonFiniteError, clip_grad_norm, cosine_schedule
 from .twins import Twin, TwinCache, use_fused
 
 __all__ = [
+    "info_nce_backward", "info_nce_forward",
     "GeGLU", "GeluMLP", "LayerNorm", "geglu_backward", "geglu_forward", "gelu_backward",
     "gelu_forward", "gelu_mlp_backward", "gelu_mlp_forward", "layernorm_backward",
-    "layernorm_forward",
+    "layernorm_forward", "ReluMLP", "relu_mlp_backward", "relu_mlp_forward",
     "AdamW", "Embedding", "Linear", "Module", "NonFiniteError", "Param", "RMSNorm", "SwiGLU",
     "AdamWStep", "CROSS_ENTROPY", "RMSNORM", "SWIGLU", "Twin", "TwinCache", "atomic_write",
     "adamw_update", "adamw_update_ref", "clip_grad_norm", "detect_anomaly", "fused_cross_entropy_backward",

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from scratchllm.core import fused, gelu, norms, ops
+from scratchllm.core import fused, gelu, norms, ops, relu
 from scratchllm.core.optim import NonFiniteError
 
 
@@ -234,6 +234,20 @@ class GeluMLP(Module):
 
     def backward(self, dy, cache):
         return self.add_grads(gelu.gelu_mlp_backward(dy, cache))
+
+
+class ReluMLP(Module):
+    """y = max(x @ W1, 0) @ W2, T5's DenseReluDense (wi, wo; no biases)."""
+
+    def __init__(self, d_model, d_ff, *, rng, dtype=np.float32):
+        self.W1 = Param(normal_init(rng, (d_model, d_ff), d_model ** -0.5, dtype))
+        self.W2 = Param(normal_init(rng, (d_ff, d_model), d_ff ** -0.5, dtype))
+
+    def forward(self, x):
+        return relu.relu_mlp_forward(x, self.W1.data, self.W2.data)
+
+    def backward(self, dy, cache):
+        return self.add_grads(relu.relu_mlp_backward(dy, cache))
 
 
 class GeGLU(Module):

@@ -48,15 +48,18 @@ class AdamW:
     def params(self):
         return [p for ps, _ in self.groups for p in ps]
 
-    def step(self):
+    def step(self, only=None):
         """One update of every parameter from its .grad (opt.lr, set by a schedule, is checked
-        here: a finite lr >= 0)."""
+        here: a finite lr >= 0). only: the indices (into opt.params) of the parameters to
+        update, the others untouched (a ZeRO shard: dist/zero.py); None for all."""
         expect_finite("AdamW.step", "lr", self.lr, 0)
         self.t += 1
         update = fused.adamw_update if fused.use_fused() else fused.adamw_update_ref
         decays = [wd for ps, wd in self.groups for _ in ps]
-        for p, m, v, wd in zip(self.params, self.m, self.v, decays):
-            update(p.data, p.grad, m, v, AdamWStep(self.lr, self.betas, self.eps, wd, self.t))
+        params = self.params
+        for i in range(len(params)) if only is None else only:
+            update(params[i].data, params[i].grad, self.m[i], self.v[i],
+                   AdamWStep(self.lr, self.betas, self.eps, decays[i], self.t))
 
     def state_dict(self):
         """Arrays and counters needed to resume exactly."""

@@ -6,7 +6,8 @@ safetensors files: model.safetensors, or shards listed by model.safetensors.inde
 ({"weight_map": {tensor name: file name}}). safetensors' NumPy API reads float32, float16 and
 bfloat16 (through ml_dtypes) into arrays; torch is never imported.
 
-    load_pretrained(path, dtype)  -> LM   every tensor checked by name and shape
+    load_pretrained(path, dtype)  -> LM   every tensor checked by name and shape (the
+                                          family's model_class: MaskedLM for bert)
     save_pretrained(model, path)          config.json + model.safetensors, loadable by
                                           transformers.AutoModelForCausalLM.from_pretrained
     state_dict(model), grad_dict(model)   {HF name: array} in HF's layouts (the family's
@@ -42,7 +43,8 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")  #
 class _NoInit:
     """An rng for LM(...) that draws nothing: load_pretrained overwrites every Param, so
     drawing N(0, 1) numbers for a 100M-parameter model first would waste seconds. normal_init
-    sees skip_init and leaves its weights uninitialised; a module drawing directly gets zeros."""
+    sees skip_init and leaves its weights uninitialised; a module drawing directly gets zeros
+    (uniform: its low end)."""
 
     skip_init = True
 
@@ -51,8 +53,8 @@ class _NoInit:
         return np.zeros(shape, np.float32)  # (shape)
 
     @staticmethod
-    def uniform(low, high, size):  # the Mamba block's conv and dt initialisation
-        return np.zeros(size, np.float32)  # (size)
+    def uniform(low, high, size):  # the Mamba blocks' conv, dt and A initialisation
+        return np.full(size, low, np.float32)  # (size); low: Mamba-2 takes log(U[1, 16))
 
 
 def read_hf_config(path):
@@ -85,7 +87,9 @@ def _canonical(name, family):
         return name.removeprefix(family.old_prefix) if family.old_prefix else name
     prefix = family.bare_prefix
     if prefix and not name.startswith((prefix, "lm_head.")):
-        return prefix + name
+        name = prefix + name
+    for old, new in family.renames:  # older checkpoints' names (BERT's LayerNorm.gamma)
+        name = name.replace(old, new)
     return name
 
 
@@ -113,16 +117,18 @@ def _place(path, e, array, arrays):
     from_hf(e, array, arrays)
 
 
-def _check_names(path, f, stored, expected):
+def _check_names(path, f, stored, expected, tied=("lm_head.weight",), unused=()):
     """ValueError naming the tensors the checkpoint lacks, or has beyond `expected` (the
-    family's names for the config's flat view f)."""
+    family's names for the config's flat view f; with a tied head, the `tied` copies of the
+    embedding may be there too, and tensors under the `unused` prefixes)."""
     missing = sorted(expected - set(stored))
     if missing:
         raise ValueError(f"load_pretrained: {path}: tensor(s) {missing[:5]} missing "
                          f"({len(missing)} in all) for {f.name} with {f.n_layers} layers")
-    extra = sorted(n for n in set(stored) - expected if not n.endswith(IGNORED_SUFFIXES))
-    if getattr(f, "tie_embeddings", False) and "lm_head.weight" in extra:
-        extra.remove("lm_head.weight")  # a tied head saved anyway: it is embed_tokens
+    extra = sorted(n for n in set(stored) - expected
+                   if not n.endswith(IGNORED_SUFFIXES) and not n.startswith(unused))
+    if getattr(f, "tie_embeddings", False):  # a tied head saved anyway: it is embed_tokens
+        extra = [n for n in extra if n not in tied]
     if extra:
         raise ValueError(f"load_pretrained: {path}: unexpected tensor(s) {extra[:5]} "
                          f"({len(extra)} in all) for {f.name} (config.json does not "
@@ -134,8 +140,9 @@ def load_pretrained(path, dtype=np.float32):
 
     Inputs:  path (config.json + model.safetensors or a sharded index), dtype float32 or
              float64 (the compute dtype; the files may hold float32, float16 or bfloat16).
-    Returns: LM whose cfg.name is the model_type (or the Module of a ModuleFamily: a
-             VisionTransformer); model.hf_config keeps config.json.
+    Returns: the family's model_class (LM; MaskedLM for an encoder) whose cfg.name is the
+             model_type (or the Module of a ModuleFamily: a VisionTransformer);
+             model.hf_config keeps config.json.
     Raises:  ValueError naming the field (unsupported model_type or option) or the tensor
              (missing, unexpected, wrong shape).
     """
@@ -149,11 +156,12 @@ def load_pretrained(path, dtype=np.float32):
         model = family.build(f, rng=_NoInit(), dtype=dtype)
     else:
         cfg = config_from_flat(family.from_hf(hf))
-        model = LM(cfg, rng=_NoInit(), dtype=dtype)
+        model = family.model_class(cfg, rng=_NoInit(), dtype=dtype)
         f = flat_of(cfg)
     stored = {_canonical(n, family): (file, n) for n, file in weight_files(path).items()}
     table = family.names(model, f)
-    _check_names(path, f, stored, {e.hf for e in table})
+    _check_names(path, f, stored, {e.hf for e in table},
+                 getattr(family, "tied_names", ()), getattr(family, "unused", ()))
     _load_into(path, stored, {e.hf: e for e in table}, _library_arrays(model, "data"))
     model.hf_config = hf
     return model

@@ -17,13 +17,15 @@ Adding a family is adding its record to a module of families/ and to FAMILIES be
 from scratchllm.hub.families.base import fail_config
 from scratchllm.hub.families.dense import GEMMA3, LLAMA, MISTRAL, QWEN2, QWEN3
 from scratchllm.hub.families.dense2 import GEMMA2, OLMO2
+from scratchllm.hub.families.encoders import BERT
 from scratchllm.hub.families.gpt2 import GPT2
 from scratchllm.hub.families.gpt_oss import GPT_OSS
 from scratchllm.hub.families.llava import LLAVA
 from scratchllm.hub.families.modules import ModuleFamily
 from scratchllm.hub.families.moe import DEEPSEEK_V3, MIXTRAL
-from scratchllm.hub.families.moe2 import QWEN3_MOE
+from scratchllm.hub.families.moe2 import DEEPSEEK_V2, QWEN3_MOE
 from scratchllm.hub.families.ssm import JAMBA, MAMBA
+from scratchllm.hub.families.ssm2 import MAMBA2
 from scratchllm.hub.families.vision import CLIP_VISION, SIGLIP_VISION, VIT
 from scratchllm.specs import from_flat
 from scratchllm.specs.unflat import flat_view
@@ -31,8 +33,10 @@ from scratchllm.specs.unflat import flat_view
 FAMILIES = (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA3, GPT2, GPT_OSS, MIXTRAL, DEEPSEEK_V3, MAMBA,
             JAMBA)
 FAMILIES += (OLMO2, GEMMA2)  # families/dense2.py
-FAMILIES += (QWEN3_MOE,)  # families/moe2.py
+FAMILIES += (QWEN3_MOE, DEEPSEEK_V2)  # families/moe2.py
+FAMILIES += (MAMBA2,)  # families/ssm2.py
 FAMILIES += (VIT, SIGLIP_VISION)  # families/vision.py
+FAMILIES += (BERT,)  # families/encoders.py
 FAMILIES += (CLIP_VISION, LLAVA)  # families/vision.py, families/llava.py
 BY_TYPE = {family.model_type: family for family in FAMILIES}
 

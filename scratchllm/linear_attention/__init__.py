@@ -4,8 +4,9 @@ its per-channel intra-chunk scores as a Numba kernel in gla_scores); causal line
 attention (linear); RetNet's scalar decay (retnet); the delta rule and gated DeltaNet (delta);
 RWKV-4's WKV (rwkv; its recurrent training pair, the stabilised scan and its adjoint, in
 rwkv_scan) and its time-mix / channel-mix blocks (rwkv_blocks: TimeMixWeights,
-ChannelMixWeights, RWKVSpec); the token-mixer pair and Module for a language model (layer:
-RecurrentWeights, RecurrentSpec). Stands on core and specs."""
+ChannelMixWeights, RWKVSpec); RWKV-7's generalised delta rule (rwkv7: recurrent, chunked
+and step forms); the token-mixer pair and Module for a language model (layer: RecurrentWeights,
+RecurrentSpec). Stands on core and specs."""
 from .delta import (delta_rule_backward, delta_rule_forward, delta_rule_recurrent,
                     delta_rule_recurrent_ref, delta_rule_step)
 from .gla import (GLACache, gla_attention_backward, gla_attention_forward,
@@ -23,6 +24,8 @@ from .rwkv_blocks import (ChannelMixWeights, RWKV4TimeMix, TimeMixWeights,
                           rwkv4_channel_mix_backward, rwkv4_channel_mix_forward,
                           rwkv4_channel_mix_step, rwkv4_time_mix_backward,
                           rwkv4_time_mix_forward, rwkv4_time_mix_step)
+from .rwkv7 import (rwkv7_backward, rwkv7_forward, rwkv7_recurrent, rwkv7_recurrent_ref,
+                    rwkv7_step)
 from .retnet import (retnet_attention_backward, retnet_attention_forward,
                      retnet_attention_recurrent, retnet_attention_recurrent_ref,
                      retnet_attention_step, retnet_gammas)
@@ -42,4 +45,5 @@ __all__ = [
     "rwkv4_time_mix_step", "rwkv4_wkv_backward", "rwkv4_wkv_forward", "rwkv4_wkv_recurrent",
     "rwkv4_wkv_recurrent_ref", "rwkv4_wkv_scan_backward", "rwkv4_wkv_scan_backward_ref",
     "rwkv4_wkv_scan_forward", "rwkv4_wkv_scan_forward_ref", "rwkv4_wkv_step",
+    "rwkv7_backward", "rwkv7_forward", "rwkv7_recurrent", "rwkv7_recurrent_ref", "rwkv7_step",
 ]

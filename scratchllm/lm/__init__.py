@@ -4,9 +4,10 @@ Block (block), the decoder LM (model), the encoder models built from the same Bl
 a masked LM and an encoder-decoder), and sampling through the per-layer decoding states."""
 from .block import Block
 from .config import ModelConfig, preset
-from .encoder import EncoderDecoder, MaskedLM, encoder_layer, mlm_corrupt
+from .encoder import EncoderDecoder, MaskedLM, encoder_layer, masked_lm_config, mlm_corrupt
 from .model import LM, loss_pair
 from .sampling import generate, generate_ids, sample_next
 
 __all__ = ["Block", "EncoderDecoder", "LM", "MaskedLM", "ModelConfig", "encoder_layer",
-           "generate", "generate_ids", "loss_pair", "mlm_corrupt", "preset", "sample_next"]
+           "generate", "generate_ids", "loss_pair", "masked_lm_config", "mlm_corrupt", "preset",
+           "sample_next"]

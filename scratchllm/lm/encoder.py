@@ -2,6 +2,11 @@
 encoder-only masked language model (BERT, Devlin et al. 2018, arXiv 1810.04805) and a small
 sequence-to-sequence Transformer (Vaswani et al. 2017, arXiv 1706.03762) with cross-attention.
 
+The masked LM is the LM of a ModelConfig whose attention layers have Mask(causal=False)
+(masked_lm_config gives a small pre-norm one; BERT's config, from hub/, is post-norm LayerNorm
+blocks with learned positions, token types, a norm on the embeddings, no final norm and the MLM
+head transform with an output bias: options of the ModelConfig that lm/model.py builds).
+
     encoder block:  h = x + attn(rmsnorm(x))   (Mask(causal=False): every token sees every one)
                     y = h + swiglu(rmsnorm(h))
     decoder block:  h = x + self_attn(rmsnorm(x))            (causal)
@@ -21,9 +26,11 @@ import numpy as np
 
 from scratchllm.core import ops
 from scratchllm.core.nn import Embedding, Linear, Module
+from scratchllm.core.validate import expect_int, expect_ndim
 from scratchllm.lm.block import Block
 from scratchllm.lm.mixers import make_norm
-from scratchllm.specs import AttentionSpec, FFNSpec, LayerSpec, Mask, NormSpec
+from scratchllm.lm.model import LM
+from scratchllm.specs import AttentionSpec, FFNSpec, LayerSpec, Mask, ModelConfig, NormSpec
 
 
 def mlm_corrupt(ids, rng, *, mask_id, vocab_size, rate=0.15):
@@ -59,40 +66,41 @@ def _stack_forward(blocks, x, *context):
     return x, caches
 
 
-class MLMCache(NamedTuple):
-    embed: tuple
-    blocks: list
-    norm: tuple
-    head: tuple
-    ce: tuple
+def masked_lm_config(vocab_size, d_model, n_layers, n_heads, d_ff):
+    """The ModelConfig of a small masked LM: n_layers encoder blocks (encoder_layer), a final
+    RMSNorm and an untied head."""
+    return ModelConfig("masked_lm", vocab_size, d_model,
+                       (encoder_layer(n_heads, d_ff),) * n_layers)
 
 
-class MaskedLM(Module):
-    """Encoder-only masked language model: embed -> bidirectional blocks -> norm -> head."""
+class MaskedLM(LM):
+    """An encoder-only masked language model: the LM of a config whose attention is
+    bidirectional. forward takes BERT's inputs by their transformers names; the loss is LM's
+    cross-entropy, whose targets are -100 (ignored) but at the chosen positions (mlm_corrupt).
+    A bidirectional model has no token-by-token decoding."""
 
-    def __init__(self, vocab_size, d_model, n_layers, n_heads, d_ff, *, rng, dtype=np.float32):
-        self.embed = Embedding(vocab_size, d_model, rng=rng, dtype=dtype)
-        self.blocks = [Block(d_model, encoder_layer(n_heads, d_ff), rng=rng, dtype=dtype)
-                       for _ in range(n_layers)]
-        self.norm = make_norm(d_model, NormSpec(), dtype)
-        self.head = Linear(d_model, vocab_size, rng=rng, dtype=dtype)
+    def __init__(self, cfg, *, rng, dtype=np.float32):
+        causal = [i for i, layer in enumerate(getattr(cfg, "layers", ()))
+                  if isinstance(layer.mixer, AttentionSpec) and layer.mixer.mask.causal]
+        if causal:
+            raise ValueError(f"MaskedLM: layers {causal} have causal attention; a masked LM "
+                             f"attends both ways (Mask(causal=False))")
+        super().__init__(cfg, rng=rng, dtype=dtype)
 
-    def loss(self, inputs, targets):
-        """Mean cross-entropy over the positions whose target is not -100: (loss, cache)."""
-        x, ce_emb = self.embed.forward(inputs)  # (B, T, D)
-        x, caches = _stack_forward(self.blocks, x)  # (B, T, D)
-        h, cn = self.norm.forward(x)  # (B, T, D)
-        logits, ch = self.head.forward(h)  # (B, T, V)
-        loss, cce = ops.cross_entropy_forward(logits, targets)
-        return loss, MLMCache(ce_emb, caches, cn, ch, cce)
+    def forward(self, input_ids, token_type_ids=None):
+        """input_ids (B, T) ints [, token_type_ids (B, T) ints in [0, type_vocab_size), None:
+        all 0] -> (logits (B, T, V), LMCache)."""
+        if token_type_ids is not None:
+            expect_int("MaskedLM", "token_type_ids", token_type_ids)
+            expect_ndim("MaskedLM", "token_type_ids", token_type_ids, 2, "(B, T)")
+            if token_type_ids.shape != np.shape(input_ids) or not self.cfg.type_vocab_size:
+                raise ValueError(f"MaskedLM: token_type_ids {token_type_ids.shape} needs the "
+                                 f"shape of input_ids {np.shape(input_ids)} and a config with "
+                                 f"type_vocab_size (it has {self.cfg.type_vocab_size})")
+        return self._forward(input_ids, token_type_ids)
 
-    def loss_backward(self, dloss, cache):
-        ce_emb, caches, cn, ch, cce = cache
-        dlogits = ops.cross_entropy_backward(np.asarray(dloss, self.head.W.data.dtype), cce)
-        dx = self.norm.backward(self.head.backward(dlogits["logits"], ch), cn)
-        for blk, c in zip(reversed(self.blocks), reversed(caches)):
-            dx = blk.backward(dx, c)  # fwd: x = block(x)
-        self.embed.backward(dx, ce_emb)
+    def init_state(self, batch, max_len):
+        raise ValueError("MaskedLM: a bidirectional model has no token-by-token decoding")
 
 
 class Seq2SeqCache(NamedTuple):

@@ -21,7 +21,7 @@ Glossary: D model width, F hidden width, E experts.
 """
 import numpy as np
 
-from scratchllm.core import GeGLU, GeluMLP, SwiGLU
+from scratchllm.core import GeGLU, GeluMLP, ReluMLP, SwiGLU
 from scratchllm.moe import MoE
 from scratchllm.specs import FFNSpec, MoESpec
 
@@ -53,6 +53,10 @@ class GeluMLPFFN(Dense, GeluMLP):
 
 class GeGLUFFN(Dense, GeGLU):
     """y = (gelu(x W1) * (x W3)) W2 as a Block's FFN."""
+
+
+class ReluMLPFFN(Dense, ReluMLP):
+    """y = max(x W1, 0) W2 as a Block's FFN (T5)."""
 
 
 class MoEFFN(MoE):
@@ -96,7 +100,8 @@ def make_ffn(d_model, spec, *, rng, dtype):
     if not isinstance(spec, FFNSpec):
         raise TypeError(f"make_ffn: spec must be an FFNSpec or a MoESpec, got "
                         f"{type(spec).__name__}")
-    if spec.kind == "swiglu":
-        return SwiGLUFFN(d_model, spec.d_ff, rng=rng, dtype=dtype)
+    if spec.kind in ("swiglu", "relu_mlp"):
+        kind = SwiGLUFFN if spec.kind == "swiglu" else ReluMLPFFN
+        return kind(d_model, spec.d_ff, rng=rng, dtype=dtype)
     return GELU_FFNS[spec.kind](d_model, spec.d_ff, rng=rng, approximate=spec.gelu_approx,
                                 dtype=dtype)

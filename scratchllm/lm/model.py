@@ -3,7 +3,9 @@
 
     x_0 = E[ids]  (* sqrt(D): embed_scale) (+ P[positions]: learned or sinusoidal)
     x_l = block_l(x_{l-1})          mixer (attention, MLA, Mamba, a recurrence) and FFN
-    logits = norm(x_L) @ W_head     (W_head = E^T if tied)
+    x_0 (+ S[token types]) (then norm(x_0): embed_norm, BERT)
+    logits = t(norm(x_L)) @ W_head (+ b)   (W_head = E^T if tied; no norm without final_norm;
+                                    t the head transform of lm/heads.py or the identity)
              (-> c tanh(logits / c) with cfg.logit_softcap c: Gemma 2)
     loss = CE(logits, targets) + sum over layers of the FFN's aux terms
            (an MoE's balance_coef * aux + z_coef * z; none for a dense FFN)
@@ -22,10 +24,11 @@ import numpy as np
 
 from scratchllm.attention import sinusoidal_positions
 from scratchllm.core import fused
-from scratchllm.core.nn import Embedding, Linear, Module
+from scratchllm.core.nn import Embedding, Linear, Module, Param
 from scratchllm.core.softcap import softcap_backward, softcap_forward
 from scratchllm.core.validate import expect_int, expect_ndim
 from scratchllm.lm.block import Block
+from scratchllm.lm.heads import HeadTransform
 from scratchllm.lm.mixers import make_norm
 from scratchllm.specs import ModelConfig
 
@@ -33,6 +36,14 @@ from scratchllm.specs import ModelConfig
 class EmbedCache(NamedTuple):
     tok: tuple   # the token embedding's cache
     pos: tuple   # the learned position table's cache (None with RoPE)
+    types: tuple = None  # the token-type table's cache (None without)
+    norm: tuple = None   # embed_norm's cache (None without)
+    pad: np.ndarray = None  # (B, T, 1) True where ids == cfg.pad_id (None without pad_id)
+
+
+class HeadCache(NamedTuple):
+    transform: tuple  # the head transform's cache (None without)
+    proj: tuple       # the projection's cache
 
 
 class LMCache(NamedTuple):
@@ -74,9 +85,15 @@ class LM(Module):
             self.embed.E.data *= np.asarray(D ** -0.5, dtype)  # logits O(1) at init, E^T the head
         if cfg.positions == "learned":  # GPT-2's wpe: x_0 = E[ids] + P[positions]
             self.pos = Embedding(cfg.max_positions, D, rng=rng, dtype=dtype)
+        if cfg.type_vocab_size:  # BERT's token types: x_0 += S[types]
+            self.types = Embedding(cfg.type_vocab_size, D, rng=rng, dtype=dtype)
+        self.embed_norm = make_norm(D, cfg.norm, dtype) if cfg.embed_norm else None
         self.layers = [Block(D, spec, rng=rng, dtype=dtype) for spec in cfg.layers]
-        self.norm = make_norm(D, cfg.norm, dtype)
+        self.norm = make_norm(D, cfg.norm, dtype) if cfg.final_norm else None
+        self.transform = HeadTransform(D, cfg.head, cfg.norm, rng=rng, dtype=dtype) \
+            if cfg.head.transform else None
         self.head = None if cfg.tie_embeddings else Linear(D, V, rng=rng, dtype=dtype)
+        self.head_bias = Param(np.zeros(V, dtype)) if cfg.head.bias else None
 
     @property
     def dtype(self):
@@ -94,12 +111,16 @@ class LM(Module):
         if (ids is None) == (input_ids is None):
             raise TypeError("LM.forward: give the token ids once, as forward(ids) or "
                             "forward(input_ids=ids)")
-        ids = input_ids if ids is None else ids
+        return self._forward(input_ids if ids is None else ids)
+
+    def _forward(self, ids, types=None):
+        """forward, with the token types (B, T) ints of a config with type_vocab_size (None:
+        all 0)."""
         expect_int("LM", "ids", ids)
         expect_ndim("LM", "ids", ids, 2, "(B, T)")
         if ids.shape[1] < 1:
             raise ValueError(f"LM: ids has shape {ids.shape}: no tokens (T must be >= 1)")
-        x, c_emb = self._embed_forward(ids)  # (B, T, D)
+        x, c_emb = self._embed_forward(ids, types=types)  # (B, T, D)
         logits, cache = self.trunk_forward(x)  # (B, T, V)
         return logits, cache._replace(embed=c_emb)
 
@@ -111,16 +132,17 @@ class LM(Module):
         for layer in self.layers:
             x, c = layer.forward(x)  # (B, T, D)
             blocks.append(c)
-        h, cn = self.norm.forward(x)  # (B, T, D)
+        h, cn = self._norm_forward(x)  # (B, T, D)
         logits, ch = self._head_forward(h)  # (B, T, V)
         logits, c_cap = self._cap(logits)  # (B, T, V)
         aux = [layer.aux_losses(c) for layer, c in zip(self.layers, blocks)]
         return logits, LMCache(None, blocks, cn, ch, aux, c_cap)
 
-    def _embed_forward(self, ids, start=0):
+    def _embed_forward(self, ids, start=0, types=None):
         """x_0 = E[ids] (+ P[start + t]: sinusoidal, a constant with no backward, or a learned
-        table) -> (x (B, T, D), caches)."""
+        table) (+ S[types]) (then embed_norm) -> (x (B, T, D), caches)."""
         x, c_tok = self.embed.forward(ids)  # (B, T, D)
+        pad = None if self.cfg.pad_id is None else (ids == self.cfg.pad_id)[..., None]
         if self.cfg.embed_scale:  # Gemma: E[ids] * sqrt(D), sqrt(D) in the weights' dtype
             x = x * np.asarray(self.cfg.d_model ** 0.5, x.dtype)  # (B, T, D)
         start = np.reshape(start, (-1, 1))  # (1 | B, 1): one start, or one per row
@@ -128,13 +150,27 @@ class LM(Module):
         if self.cfg.positions == "sinusoidal":
             table = sinusoidal_positions(int(positions.max()) + 1, x.shape[2])  # (P, D)
             x = x + table[positions].astype(x.dtype)  # (B, T, D)
-        if self.cfg.positions != "learned":
-            return x, EmbedCache(c_tok, None)
-        p, c_pos = self.pos.forward(positions)  # (B, T, D)
-        return x + p, EmbedCache(c_tok, c_pos)
+        c_pos = c_types = c_norm = None
+        if self.cfg.positions == "learned":
+            p, c_pos = self.pos.forward(positions)  # (B, T, D)
+            x = x + p  # (B, T, D)
+        if self.cfg.type_vocab_size:
+            s, c_types = self.types.forward(np.zeros_like(ids) if types is None else types)
+            x = x + s  # (B, T, D)
+        if self.embed_norm is not None:
+            x, c_norm = self.embed_norm.forward(x)  # (B, T, D)
+        return x, EmbedCache(c_tok, c_pos, c_types, c_norm, pad)
+
+    def _norm_forward(self, x):
+        return (x, None) if self.norm is None else self.norm.forward(x)
 
     def _head_forward(self, h):
-        return self.embed.attend(h) if self.head is None else self.head.forward(h)
+        """logits = t(h) @ W_head (+ b) -> (logits (..., V), HeadCache)."""
+        h, c_t = (h, None) if self.transform is None else self.transform.forward(h)
+        logits, c = self.embed.attend(h) if self.head is None else self.head.forward(h)
+        if self.head_bias is not None:
+            logits = logits + self.head_bias.data  # (..., V)
+        return logits, HeadCache(c_t, c)
 
     def _cap(self, logits):
         """(c tanh(logits / c), its cache) with cfg.logit_softcap c, else (logits, None)."""
@@ -148,10 +184,16 @@ class LM(Module):
         dloss_aux * z_coef)."""
         c_emb = cache.embed
         dx = self.trunk_backward(dlogits, cache, dloss_aux)  # (B, T, D)
+        if c_emb.norm is not None:
+            dx = self.embed_norm.backward(dx, c_emb.norm)  # fwd: x_0 = embed_norm(s)
+        if c_emb.types is not None:
+            self.types.backward(dx, c_emb.types)  # fwd: s += S[types]: scatter-add
         if c_emb.pos is not None:
             self.pos.backward(dx, c_emb.pos)  # fwd: x_0 = E[ids] + P[positions]: scatter-add
         if self.cfg.embed_scale:
             dx = dx * np.asarray(self.cfg.d_model ** 0.5, dx.dtype)  # fwd: x_0 = E[ids] sqrt(D)
+        if c_emb.pad is not None:  # torch's padding_idx: the pad row's lookups pass nothing
+            dx = np.where(c_emb.pad, 0, dx).astype(dx.dtype, copy=False)  # (B, T, D)
         self.embed.backward(dx, c_emb.tok)  # fwd: x_0 = E[ids]
 
     def trunk_backward(self, dlogits, cache, dloss_aux=1.0):
@@ -160,11 +202,15 @@ class LM(Module):
         _, blocks, cn, ch, _, c_cap = cache
         if c_cap is not None:
             dlogits = softcap_backward(dlogits, c_cap)["x"]  # fwd: logits = c tanh(z / c)
+        if self.head_bias is not None:  # fwd: logits = ... + b
+            self.head_bias.grad += dlogits.reshape(-1, dlogits.shape[-1]).sum(0)
         if self.head is None:
-            dh = self.embed.attend_backward(dlogits, ch)  # fwd: logits = h @ E^T
+            dh = self.embed.attend_backward(dlogits, ch.proj)  # fwd: logits = t @ E^T
         else:
-            dh = self.head.backward(dlogits, ch)  # fwd: logits = h @ W_head
-        dx = self.norm.backward(dh, cn)  # fwd: h = norm(x_L)
+            dh = self.head.backward(dlogits, ch.proj)  # fwd: logits = t @ W_head
+        if ch.transform is not None:
+            dh = self.transform.backward(dh, ch.transform)  # fwd: t = transform(h)
+        dx = dh if cn is None else self.norm.backward(dh, cn)  # fwd: h = norm(x_L)
         for layer, c in zip(reversed(self.layers), reversed(blocks)):
             dx = layer.backward(dx, c, dloss_aux)  # fwd: x_l = block_l(x_{l-1})
         return dx
@@ -208,7 +254,7 @@ class LM(Module):
     def replica(self):
         """A model whose Params share .data with this one (weights updated in place show up
         in both) but own their .grad; buffers shared too. For data-parallel threads."""
-        twin = LM(self.cfg, rng=np.random.default_rng(0), dtype=self.dtype)
+        twin = type(self)(self.cfg, rng=np.random.default_rng(0), dtype=self.dtype)
         for p, q in zip(self.parameters(), twin.parameters()):
             q.data = p.data
         twin.share_buffers(self)
@@ -237,7 +283,7 @@ class LM(Module):
         """prefill after the embedding: x_0 (B, T, D) -> logits (B, T, V), filling state."""
         for layer, st in zip(self.layers, state):
             x = layer.prefill(x, st)  # (B, T, D)
-        h, _ = self.norm.forward(x)  # (B, T, D)
+        h, _ = self._norm_forward(x)  # (B, T, D)
         return self._cap(self._head_forward(h)[0])[0]  # (B, T, V)
 
     def decode(self, ids_t, state, position):
@@ -254,7 +300,7 @@ class LM(Module):
         x = x[:, 0]  # (B, D)
         for layer, st in zip(self.layers, state):
             x = layer.decode(x, st, position)  # (B, D)
-        h, _ = self.norm.forward(x)  # (B, D)
+        h, _ = self._norm_forward(x)  # (B, D)
         return self._cap(self._head_forward(h)[0])[0]  # (B, V)
 
 

@@ -16,8 +16,9 @@ Math (one row n of the BT token rows):
                                       normalised sigmoid for the balance loss otherwise)
 Both normalisations are the same map u -> u / sum(u), so one pair (normalise) serves both.
 Group-limited routing (DeepSeek-V3, n_group > 1): the E experts form n_group groups of E/n_group
-in order; a group scores the sum of its top-2 values of q + b; K is the top-k of q + b
-inside the topk_group best groups. Like the bias, the group limit only selects.
+in order; a group scores the sum of its top-2 values of q + b (group_top = 2; DeepSeek-V2's
+group_limited_greedy: its top-1, the max, group_top = 1); K is the top-k of q + b inside the
+topk_group best groups. Like the bias, the group limit only selects.
 The options (score, top_k, the group limit, norm_topk_prob, r, a logit bias or none) are one
 RouterSpec (scratchllm.specs), validated where it is made.
 
@@ -47,12 +48,13 @@ def topk_margin(values, k):
 
 
 # ---------------------------------------------------------------------------- selection
-def _group_limit(sel, n_group, topk_group):
+def _group_limit(sel, n_group, topk_group, group_top=2):
     """sel with the experts outside each row's topk_group best groups set to -inf (a group
-    scores the sum of its top-2 values), and the group scores (BT, n_group)."""
+    scores the sum of its top group_top values), and the group scores (BT, n_group)."""
     BT, E = sel.shape
     grouped = sel.reshape(BT, n_group, E // n_group)  # (BT, n_group, E/n_group)
-    group_scores = -np.partition(-grouped, 1, axis=-1)[..., :2].sum(axis=-1)  # (BT, n_group)
+    n = group_top
+    group_scores = -np.partition(-grouped, n - 1, axis=-1)[..., :n].sum(axis=-1)  # (BT, n_group)
     best = np.argpartition(-group_scores, topk_group - 1, axis=-1)[:, :topk_group]  # (BT, tg)
     keep = np.zeros((BT, n_group), bool)  # (BT, n_group)
     np.put_along_axis(keep, best, True, axis=-1)
@@ -60,26 +62,27 @@ def _group_limit(sel, n_group, topk_group):
     return limited, group_scores
 
 
-def select_topk(sel, k, n_group=1, topk_group=1):
+def select_topk(sel, k, n_group=1, topk_group=1, group_top=2):
     """The k experts of each row by descending selection value sel (scores + bias), inside
-    the topk_group best of n_group groups when n_group > 1 (DeepSeek-V3).
+    the topk_group best of n_group groups when n_group > 1 (DeepSeek-V3: a group scores the
+    sum of its top group_top values; DeepSeek-V2: its max, group_top = 1).
 
     Inputs: sel (BT, E).  Returns: topk_idx (BT, K) ints, distinct per row.
     """
     if n_group > 1:
-        sel = _group_limit(sel, n_group, topk_group)[0]  # (BT, E), -inf outside the groups
+        sel = _group_limit(sel, n_group, topk_group, group_top)[0]  # (BT, E), -inf outside
     top = np.argpartition(-sel, k - 1, axis=-1)[:, :k]  # (BT, K) unordered
     order = np.argsort(-np.take_along_axis(sel, top, axis=-1), axis=-1, kind="stable")
     return np.take_along_axis(top, order, axis=-1)  # (BT, K)
 
 
-def selection_margin(sel, k, n_group=1, topk_group=1):
+def selection_margin(sel, k, n_group=1, topk_group=1, group_top=2):
     """Per row, how far select_topk's choice is from a tie: the smaller of the top-k gap
     inside the chosen groups and (n_group > 1) the gap between the topk_group-th and the next
     group score. Inputs: sel (BT, E).  Returns: (BT,)."""
     if n_group == 1:
         return topk_margin(sel, k)  # (BT,)
-    limited, group_scores = _group_limit(sel, n_group, topk_group)
+    limited, group_scores = _group_limit(sel, n_group, topk_group, group_top)
     return np.minimum(topk_margin(limited, k), topk_margin(group_scores, topk_group))  # (BT,)
 
 
@@ -150,7 +153,8 @@ def router_forward(x, w_router, b_router=None, *, spec, selection_bias=None):
     if selection_bias is not None:
         expect_shape("router", "selection_bias", selection_bias, (E,), "(E,)")
         sel = scores + selection_bias  # (BT, E)
-    topk_idx = select_topk(sel, spec.top_k, spec.n_group, spec.topk_group)  # (BT, K)
+    topk_idx = select_topk(sel, spec.top_k, spec.n_group, spec.topk_group,
+                           spec.group_top)  # (BT, K)
     g_cache = None
     if spec.norm_topk_prob:  # normalised: of w for sigmoid (the same ratios as of q)
         gates, g_cache = normalise_forward(np.take_along_axis(norm_in, topk_idx, axis=-1))

@@ -1,17 +1,25 @@
 """Serving: quantised arrays (quantize: int8, fp8 e4m3, int4 packed), a paged KV cache (blocks:
 block tables, free list, prefix sharing, copy-on-write; pool: the per-layer arrays, paged or
-contiguous, read by the LM's decode through KVState-like views) and a continuous-batching
-engine (engine: generate_batch; rows: one decode
-call for sequences at different positions), and what quantising the cache costs (quality)."""
+contiguous, read by the LM's decode through KVState-like views), one call for sequences at
+different positions (rows), a continuous-batching engine (engine: generate_batch), what
+quantising the cache costs (quality), weight quantisation of Linear layers (weights),
+speculative decoding (speculative) and token eviction under a KV budget (evict)."""
 from .blocks import BlockManager, OutOfBlocks
+from .evict import POLICIES, EvictingKV, kv_budget_cross_entropy
 from .engine import Engine, Request, generate_batch, make_engine
-from .pool import KV_DTYPES, ContiguousCache, GroupState, PagedCache, attention_layers
+from .pool import (KV_DTYPES, ContiguousCache, GroupState, PagedCache, StateCache,
+                   attention_layers, paged_supported)
 from .quality import kv_attention_error, kv_cross_entropy
-from .rows import decode_rows, rows_supported
+from .rows import attention_weights, decode_rows, forward_rows, rows_supported
+from .speculative import accept_draft, residual, speculative_generate
+from .weights import quantizable, quantize_weights
 from .quantize import (FORMATS, Quantized, default_group_size, dequantize_codes, error_bound,
                        quantize)
 
-__all__ = ["FORMATS", "KV_DTYPES", "BlockManager", "ContiguousCache", "Engine", "GroupState",
-           "OutOfBlocks", "PagedCache", "Quantized", "Request", "attention_layers",
-           "decode_rows", "default_group_size", "dequantize_codes", "error_bound", "generate_batch",
-           "kv_attention_error", "kv_cross_entropy", "make_engine", "quantize", "rows_supported"]
+__all__ = ["BlockManager", "ContiguousCache", "Engine", "EvictingKV", "FORMATS", "GroupState",
+           "KV_DTYPES", "OutOfBlocks", "POLICIES", "PagedCache", "Quantized", "Request",
+           "StateCache", "accept_draft", "attention_layers", "attention_weights", "decode_rows",
+           "default_group_size", "dequantize_codes", "error_bound", "forward_rows",
+           "generate_batch", "kv_attention_error", "kv_budget_cross_entropy", "kv_cross_entropy",
+           "make_engine", "paged_supported", "quantizable", "quantize", "quantize_weights",
+           "residual", "rows_supported", "speculative_generate"]

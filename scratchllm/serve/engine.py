@@ -3,8 +3,8 @@
 Each step:
     1. admit    waiting requests, oldest first, while their blocks are free: point their
                 table at the cached blocks of their prefix, compute the rest (LM.prefill for
-                a fresh prompt, LM.decode token by token after a prefix hit), and take the
-                first new token from the last logits
+                a fresh prompt, rows.forward_rows in one chunk after a prefix hit), and take
+                the first new token from the last logits
     2. reserve  one slot for every running request's next token; when no block is free,
                 preempt the most recently admitted request (free its blocks, put it back at
                 the front of the queue: it is recomputed from its prompt and the tokens it
@@ -27,8 +27,9 @@ from collections import deque
 import numpy as np
 
 from scratchllm.serve.blocks import OutOfBlocks
-from scratchllm.serve.pool import KV_DTYPES, ContiguousCache, PagedCache
-from scratchllm.serve.rows import decode_rows, rows_supported
+from scratchllm.serve.pool import (KV_DTYPES, ContiguousCache, PagedCache, StateCache,
+                                  paged_supported)
+from scratchllm.serve.rows import decode_rows, forward_rows, rows_supported
 
 
 class Request:
@@ -51,7 +52,7 @@ class Engine:
     def __init__(self, model, cache, rows=None):
         self.model, self.cache = model, cache
         self.paged = isinstance(cache, PagedCache)
-        self.rows = rows_supported(model) if rows is None else rows
+        self.rows = cache.batchable and (rows_supported(model) if rows is None else rows)
         self.waiting, self.running, self.finished = deque(), [], {}
         self.stats = dict(steps=0, preemptions=0, decode_calls=0, peak_blocks=0,
                           peak_batch=0, peak_bytes=0)
@@ -81,13 +82,15 @@ class Engine:
         self._reserve()
         groups = {}
         for r in self.running:
-            groups.setdefault(r.held if not self.rows else "all", []).append(r)
-        for held, reqs in groups.items():
+            key = "all" if self.rows else r.held if self.cache.batchable else (r.held, r.rid)
+            groups.setdefault(key, []).append(r)
+        for reqs in groups.values():
             seqs, ids = [r.rid for r in reqs], np.array([r.out[-1] for r in reqs])  # (B,)
             if self.rows:
                 positions = np.array([r.held for r in reqs])  # (B,)
                 logits = decode_rows(self.model, ids, self.cache, seqs, positions)  # (B, V)
             else:
+                held = reqs[0].held  # the same for the whole group
                 logits = self.model.decode(ids, self.cache.views(seqs, held), held)  # (B, V)
             self.stats["decode_calls"] += 1
             for r, row in zip(reqs, logits):
@@ -125,7 +128,10 @@ class Engine:
         views = self.cache.views([r.rid], start)
         if start == 0:
             logits = self.model.prefill(np.array([tokens]), views)[:, -1]  # (1, V)
-        else:  # a prefix hit: the rest token by token after the shared blocks
+        elif self.rows:  # a prefix hit: the rest in one chunk after the shared blocks
+            logits = forward_rows(self.model, np.array([tokens[start:]]), self.cache, [r.rid],
+                                  np.array([start]))[:, -1]  # (1, V)
+        else:  # the rest token by token
             for p in range(start, len(tokens)):
                 logits = self.model.decode(np.array([tokens[p]]), views, p)  # (1, V)
         r.held = len(tokens)
@@ -173,6 +179,8 @@ def make_engine(model, kv="paged", block_size=16, n_blocks=None, kv_dtype="float
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"serve: kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
     if kv == "contiguous":
+        if kv_dtype == "float32" and not paged_supported(model):
+            return Engine(model, StateCache(model), rows=False)  # windows, MLA, recurrences
         return Engine(model, ContiguousCache(model, kv_dtype), rows)
     if kv != "paged":
         raise ValueError(f"serve: kv must be 'paged' or 'contiguous', got {kv!r}")
@@ -185,11 +193,14 @@ def generate_batch(model, prompts, max_new_tokens, *, kv="paged", block_size=16,
                    n_blocks=None, kv_dtype="float32"):
     """Greedy continuation of every prompt through the continuous-batching engine.
 
-    Inputs:  model an LM (every layer full causal GQA attention); prompts a list of non-empty
+    Inputs:  model an LM (kv "paged" or a quantised kv_dtype: every layer full causal GQA
+             attention); prompts a list of non-empty
              lists of ids; max_new_tokens an int or one int per prompt; kv "paged" (blocks of
              block_size tokens, n_blocks of them: default room for every request at once;
              fewer forces preemption by recomputation) or "contiguous" (one array per request
-             sized prompt + max_new_tokens); kv_dtype "float32" (unquantised: the model's own
+             sized prompt + max_new_tokens; for a model with sliding windows, MLA or
+             recurrent layers, each request's own model.init_state, decoded one request per
+             call); kv_dtype "float32" (unquantised: the model's own
              dtype), "int8", "fp8" or "int4" (per token per head; int4 in groups).
     Returns: one list per prompt of exactly its max_new_tokens new ids (no early stop).
     """

@@ -41,6 +41,15 @@ def attention_layers(model):
     return shapes
 
 
+def paged_supported(model):
+    """Whether the paged and quantised caches can hold this model (attention_layers)."""
+    try:
+        attention_layers(model)
+    except ValueError:
+        return False
+    return True
+
+
 class _Codec:
     """How one cache stores a (..., Dh) head vector: codes (..., Dc) and scales (..., G)."""
 
@@ -76,30 +85,50 @@ class _Codec:
 
 
 class GroupState:
-    """One layer's KVState-like view of sequences `seqs` that each hold `length` tokens."""
+    """One layer's KVState-like view of sequences `seqs` holding `lengths` tokens (an int for
+    all, or (B,) ints: rows at different lengths, as KVState's rows may be)."""
 
-    def __init__(self, cache, layer, seqs, length):
-        self.cache, self.layer, self.seqs, self.length = cache, layer, seqs, length
+    def __init__(self, cache, layer, seqs, lengths):
+        self.cache, self.layer, self.seqs = cache, layer, seqs
+        self.lengths = np.broadcast_to(np.asarray(lengths, np.int64), (len(seqs),)).copy()
+
+    @property
+    def length(self):
+        return int(self.lengths.max())
 
     @property
     def n_seen(self):
-        return self.length
+        """An int while the rows are in step, else the (B,) lengths."""
+        same = (self.lengths == self.lengths[0]).all()
+        return int(self.lengths[0]) if same else self.lengths.copy()
+
+    def restart(self, rows):
+        """Rows (a (B,) bool mask or indices) start new sequences: they hold nothing."""
+        self.lengths[rows] = 0
 
     def append(self, k, v):
-        """Store k, v (B, Hkv, t, Dh) at positions length .. length + t - 1 of each sequence."""
-        self.cache.write(self.layer, self.seqs, np.full(len(self.seqs), self.length), k, v)
-        self.length += k.shape[2]
+        """Store k, v (B, Hkv, t, Dh) at positions lengths[b] .. + t - 1 of each sequence."""
+        self.cache.write(self.layer, self.seqs, self.lengths, k, v)
+        self.lengths += k.shape[2]
 
     def kv(self):
-        """The group's keys and values, (B, Hkv, length, Dh) each (dequantised)."""
-        return self.cache.read(self.layer, self.seqs, np.full(len(self.seqs), self.length))
+        """The group's keys and values, (B, Hkv, max length, Dh) each (dequantised)."""
+        return self.cache.read(self.layer, self.seqs, self.lengths)
 
     def positions(self):
         return np.arange(self.length)  # (length,)
 
+    def key_mask(self):
+        """None while the rows are in step, else (B, 1, 1, length) bool: key j of row b is
+        one of its tokens (j < lengths[b])."""
+        if np.ndim(self.n_seen) == 0:
+            return None
+        return (np.arange(self.length) < self.lengths[:, None])[:, None, None, :]
+
 
 class PagedCache:
     """Every layer's block pool and the one BlockManager they share."""
+    batchable = True
 
     def __init__(self, model, n_blocks, block_size, kv_dtype="float32"):
         shapes = attention_layers(model)
@@ -159,6 +188,7 @@ def _gather(pool, table, length):
 class ContiguousCache:
     """One preallocated (1, Hkv, max_len, .) array pair per sequence and layer, as KVState
     holds: the memory a server without paging reserves for a request's whole output."""
+    batchable = True
 
     def __init__(self, model, kv_dtype="float32"):
         shapes = attention_layers(model)
@@ -202,6 +232,33 @@ class ContiguousCache:
         """Bytes the sequences now held reserve (codes and scales of every layer)."""
         return sum(a.nbytes for layers in self.arrays.values() for pair in layers
                    for codes_scales in pair for a in codes_scales if a is not None)
+
+
+class StateCache:
+    """Each request's own decoding states from model.init_state(1, max_len) (any mixer:
+    sliding windows, MLA's latents, Mamba's and the recurrences' states): the contiguous
+    cache of a model the paged pool cannot hold. Its requests cannot share a decode call."""
+    batchable = False
+
+    def __init__(self, model):
+        self.model, self.states = model, {}
+
+    def add(self, seq, max_len):
+        self.states[seq] = self.model.init_state(1, max_len)
+
+    def release(self, seq):
+        del self.states[seq]
+
+    def views(self, seqs, length):
+        """The one request's states (length: what it holds, checked by the LM's decode)."""
+        if len(seqs) != 1:
+            raise ValueError(f"StateCache.views: one request per call, got {len(seqs)}")
+        return self.states[seqs[0]]
+
+    def nbytes(self):
+        """Bytes of every held state (KVState and its kin, or a tuple of arrays)."""
+        return sum(st.nbytes if hasattr(st, "nbytes") else sum(a.nbytes for a in st)
+                   for states in self.states.values() for st in states)
 
 
 def _stack(arrays, L):

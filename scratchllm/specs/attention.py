@@ -161,12 +161,15 @@ class AttentionSpec:
 
     head_dim None means d_model / n_heads.  qkv_bias, o_bias: biases on the projections
     (Qwen2; GPT-2).  qk_norm: an RMSNorm over each q and k head before RoPE (True: Qwen3,
-    Gemma 3), or "full": over the whole q and k projections (H*Dh and Hkv*Dh: OLMo 2), with its eps and gain offset (Gemma: gain = offset + g).  scale: the softmax scale (None =
+    Gemma 3), or "full": over the whole q and k projections (H*Dh and Hkv*Dh: OLMo 2), with
+    its eps and gain offset (Gemma: gain = offset + g).  scale: the softmax scale (None =
     Dh^-1/2).  sinks: a learned sink logit per head (gpt-oss).  rope None: no rotary positions
     (NoPE, or GPT-2's learned table); alibi: ALiBi's fixed per-head biases instead.  impl
     "sdpa" (dense scores) or "flash" (tiled, block x block).  mask: the Mask every call of the
     layer uses (decoding keeps window + n_sink keys).  softcap c: the scores become
-    c tanh(scores / c) before the mask (Gemma 2; impl "sdpa"), None for plain scores."""
+    c tanh(scores / c) before the mask (Gemma 2; impl "sdpa"), None for plain scores.
+    relative: T5's learned relative position bias (a RelativeBiasSpec; the layer owns a
+    (num_buckets, H) table), or None."""
     n_heads: int = 4
     n_kv_heads: int = 2
     head_dim: int = None
@@ -183,6 +186,7 @@ class AttentionSpec:
     block: int = 128
     mask: Mask = Mask()
     softcap: float = None
+    relative: object = None
 
     def __post_init__(self):
         for name in ("n_heads", "n_kv_heads", "block"):
@@ -207,6 +211,11 @@ class AttentionSpec:
             fail(self, "rope and alibi are two position schemes; give one (rope=None for ALiBi)")
         if self.head_dim is not None and self.rope is not None and self.head_dim % 2:
             fail(self, f"RoPE rotates pairs: head_dim={self.head_dim} must be even")
+        instance(self, "relative", RelativeBiasSpec, none_ok=True)
+        if self.relative is not None and (self.rope is not None or self.alibi or self.impl
+                                          != "sdpa" or self.mask.window is not None):
+            fail(self, "relative (T5's bias) is the layer's position scheme: it needs "
+                       "rope=None, alibi=False, impl='sdpa' and no window")
         if self.impl == "flash" and self.softcap is not None:
             fail(self, "softcap caps the dense scores: it needs impl='sdpa'", "softcap")
         if self.impl == "flash" and (self.mask.array is not None or self.mask.block):
@@ -221,10 +230,11 @@ class AttentionSpec:
         return self.head_dim or d_model // self.n_heads
 
     def n_params(self, d_model):
-        """wq, wk, wv, wo (+ biases, QK-norm gains, sink logits)."""
+        """wq, wk, wv, wo (+ biases, QK-norm gains, sink logits, relative bias table)."""
         D, H, Hkv, Dh = d_model, self.n_heads, self.n_kv_heads, self.dh(d_model)
         n = D * H * Dh + 2 * D * Hkv * Dh + H * Dh * D + self.n_biases(d_model)
         n += (H + Hkv) * Dh if self.qk_norm == "full" else 2 * Dh if self.qk_norm else 0
+        n += self.relative.num_buckets * H if self.relative is not None else 0
         return n + (H if self.sinks else 0)
 
     def n_biases(self, d_model):
@@ -279,3 +289,25 @@ class MLASpec:
     def kv_per_token(self, d_model):
         """The absorbed form caches the latent and the shared rope key: Dc + dr numbers."""
         return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class RelativeBiasSpec:
+    """T5's relative position bias (Raffel et al. 2019, arXiv 1910.10683, section 2.1): a
+    learned scalar per head and bucket of the offset key - query, added to the scores.
+    num_buckets: the buckets (half of them per sign when bidirectional); max_distance: the
+    offset from which every larger one shares the last bucket; bidirectional: keys after the
+    query get buckets of their own (an encoder), else they share bucket 0 with the query
+    (a causal decoder)."""
+    num_buckets: int = 32
+    max_distance: int = 128
+    bidirectional: bool = True
+
+    def __post_init__(self):
+        positive_int(self, "num_buckets", low=2)
+        positive_int(self, "max_distance")
+        flag(self, "bidirectional")
+        exact = self.num_buckets // (2 if self.bidirectional else 1) // 2
+        if exact < 1 or self.max_distance <= exact:
+            fail(self, f"max_distance={self.max_distance} must exceed the exact buckets "
+                       f"({exact} per sign of num_buckets={self.num_buckets})")

@@ -10,19 +10,22 @@ from scratchllm.specs._check import fail, flag, instance, one_of, positive_int, 
 @dataclass(frozen=True)
 class FFNSpec:
     """A dense MLP of hidden width d_ff: "swiglu" (W1, W3, W2: Llama), "gelu_mlp" (W1 + b1,
-    W2 + b2: GPT-2) or "geglu" (W1, W3, W2 with GELU: Gemma); gelu_approx "tanh" | "none"
-    (erf) | "quick" (x sigmoid(1.702 x): CLIP) for the GELU kinds."""
+    W2 + b2: GPT-2), "geglu" (W1, W3, W2 with GELU: Gemma, T5 v1.1's gated-gelu) or
+    "relu_mlp" (W1, W2 without biases: T5); gelu_approx "tanh" | "none" (erf) | "quick"
+    (x sigmoid(1.702 x): CLIP) for the GELU kinds."""
     kind: str = "swiglu"
     d_ff: int = 384
     gelu_approx: str = "tanh"
 
     def __post_init__(self):
-        one_of(self, "kind", ("swiglu", "gelu_mlp", "geglu"))
+        one_of(self, "kind", ("swiglu", "gelu_mlp", "geglu", "relu_mlp"))
         positive_int(self, "d_ff")
         one_of(self, "gelu_approx", ("tanh", "none", "quick"))
 
     def n_params(self, d_model):
         D, F = d_model, self.d_ff
+        if self.kind == "relu_mlp":
+            return 2 * D * F
         return 2 * D * F + F + D if self.kind == "gelu_mlp" else 3 * D * F
 
     def n_biases(self, d_model):
@@ -35,7 +38,9 @@ class RouterSpec:
     """A top-k router (moe/router.py). score "softmax" (Mixtral) | "sigmoid" (DeepSeek-V3);
     bias: a trained logit bias b_router (gpt-oss); n_group, topk_group: group-limited choice;
     norm_topk_prob: gates renormalised over the chosen k; routed_scaling_factor: the gates'
-    multiplier; bias_gamma: the speed of the aux-loss-free selection bias (0 = off).
+    multiplier; bias_gamma: the speed of the aux-loss-free selection bias (0 = off);
+    group_top: a group scores the sum of its top group_top values (DeepSeek-V3: 2;
+    DeepSeek-V2's group_limited_greedy: 1, the max).
     selection_bias: the checkpoint stores that selection bias as E numbers without gradient
     (DeepSeek-V3's e_score_correction_bias), and n_params counts them as its published total
     does; scratchllm's MoE keeps a selection bias as a buffer in every MoE layer, outside
@@ -50,9 +55,10 @@ class RouterSpec:
     routed_scaling_factor: float = 1.0
     bias_gamma: float = 0.0
     selection_bias: bool = False
+    group_top: int = 2
 
     def __post_init__(self):
-        for name in ("n_experts", "top_k", "n_group", "topk_group"):
+        for name in ("n_experts", "top_k", "n_group", "topk_group", "group_top"):
             positive_int(self, name)
         one_of(self, "score", ("softmax", "sigmoid"))
         flag(self, "bias")
@@ -63,8 +69,10 @@ class RouterSpec:
         if self.top_k > self.n_experts:
             fail(self, f"top_k={self.top_k} must be <= n_experts={self.n_experts}")
         E, G = self.n_experts, self.n_group
-        if E % G or (G > 1 and E // G < 2):
-            fail(self, f"n_group={G} must divide n_experts={E} into groups of >= 2 experts")
+        least = max(2, self.group_top)  # a group scores its top group_top experts
+        if E % G or (G > 1 and E // G < least):
+            fail(self, f"n_group={G} must divide n_experts={E} into groups of >= {least} "
+                       f"experts")
         if self.topk_group > G or (G > 1 and self.topk_group * (E // G) < self.top_k):
             fail(self, f"topk_group={self.topk_group} must be <= n_group={G}, and its groups "
                        f"must hold >= top_k={self.top_k} experts")

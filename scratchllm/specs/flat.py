@@ -5,7 +5,9 @@ Each flat name is the spec field it sets, prefixed where the flat list needs it 
 attn_sinks -> AttentionSpec.sinks, attn_scale -> .scale, attn_impl -> .impl, rope_base ->
 RopeSpec.base, router_bias -> RouterSpec.bias, experts -> ExpertsSpec.kind, n_shared * d_ff ->
 MoESpec.d_shared, block -> LayerSpec.placement, norm / norm_eps / norm_offset -> NormSpec.
-The per-layer choices (layer_pattern, layer_types, moe_every, moe_offset, first_k_dense) pick
+causal -> every attention layer's Mask.causal; mlm_head -> HeadSpec(transform=True,
+gelu_approx, bias=True) (BERT's MLM head, with the FFN's GELU). The per-layer choices
+(layer_pattern, layer_types, moe_every, moe_offset, first_k_dense) pick
 the spec of each layer.
 """
 from dataclasses import dataclass, fields
@@ -14,7 +16,7 @@ from scratchllm.specs._check import SpecError
 from scratchllm.specs.attention import AttentionSpec, Mask, MLASpec, RopeSpec
 from scratchllm.specs.ffn import ExpertsSpec, FFNSpec, MoESpec, RouterSpec
 from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
-from scratchllm.specs.model import LayerSpec, ModelConfig, NormSpec
+from scratchllm.specs.model import HeadSpec, LayerSpec, ModelConfig, NormSpec
 
 LAYER_KINDS = "AMLRGDSW"  # attention, Mamba, linear, RetNet, GLA, DeltaNet, Mamba-2, RWKV-4
 RECURRENT = {"L": "linear", "R": "retnet", "G": "gla", "D": "delta"}
@@ -86,8 +88,17 @@ class Flat:
     attn_scale: float = None
     layer_types: list = None
     rope_local_base: float = None
+    causal: bool = True
+    type_vocab_size: int = 0
+    embed_norm: bool = False
+    final_norm: bool = True
+    mlm_head: bool = False
+    pad_id: int = None
     attn_softcap: float = None
     logit_softcap: float = None
+    group_top: int = 2
+    mla_norm_eps: float = 1e-6
+    ssm_groups: int = 1
 
 
 FLAT_NAMES = tuple(f.name for f in fields(Flat))
@@ -101,6 +112,8 @@ RENAMED = {  # (spec, field) -> the flat name that sets it, where the two differ
     ("ExpertsSpec", "limit"): "swiglu_limit", ("MambaSpec", "inner_norms"): "mamba_inner_norms",
     ("NormSpec", "kind"): "norm", ("NormSpec", "eps"): "norm_eps",
     ("NormSpec", "offset"): "norm_offset", ("LayerSpec", "placement"): "block",
+    ("HeadSpec", "transform"): "mlm_head",
+    ("MLASpec", "norm_eps"): "mla_norm_eps", ("Mamba2Spec", "n_groups"): "ssm_groups",
 }
 
 
@@ -121,8 +134,11 @@ def from_flat(**flat):
             _mixer(f, 0, kind)
         _moe(f)
         embedded = f.positions if f.positions in ("learned", "sinusoidal") else "none"
+        head = HeadSpec(True, f.gelu_approx, True) if f.mlm_head is True else HeadSpec(
+            f.mlm_head)  # HeadSpec checks the flag
         return ModelConfig(f.name, f.vocab_size, f.d_model, layers, norm, f.tie_embeddings,
-                           f.embed_scale, embedded, f.max_positions, f.logit_softcap)
+                           f.embed_scale, embedded, f.max_positions, f.type_vocab_size,
+                           f.embed_norm, f.final_norm, head, f.pad_id, f.logit_softcap)
     except SpecError as e:
         if e.spec == "ModelConfig":
             raise
@@ -150,8 +166,9 @@ def _check_layers(f):
         bad(f"layer_pattern must be {f.n_layers} letters of {LAYER_KINDS!r}, got {kinds!r}")
     if f.attention not in ("gqa", "mla"):
         bad(f"attention must be 'gqa' or 'mla', got {f.attention!r}")
-    if f.ffn not in ("swiglu", "moe", "gelu_mlp", "geglu", "none"):
-        bad(f"ffn must be 'swiglu', 'moe', 'gelu_mlp', 'geglu' or 'none', got {f.ffn!r}")
+    if f.ffn not in ("swiglu", "moe", "gelu_mlp", "geglu", "relu_mlp", "none"):
+        bad(f"ffn must be 'swiglu', 'moe', 'gelu_mlp', 'geglu', 'relu_mlp' or 'none', got "
+            f"{f.ffn!r}")
     if f.positions not in ("rope", "alibi", "sinusoidal", "nope", "learned"):
         bad(f"positions must be 'rope', 'alibi', 'sinusoidal', 'nope' or 'learned', got "
             f"{f.positions!r}")
@@ -200,7 +217,7 @@ def _mixer(f, i, kind):
     if kind in RECURRENT:
         return RecurrentSpec(RECURRENT[kind], f.n_heads)
     if kind == "S":
-        return Mamba2Spec(f.n_heads, f.d_state, f.expand, f.d_conv)
+        return Mamba2Spec(f.n_heads, f.d_state, f.expand, f.d_conv, n_groups=f.ssm_groups)
     if kind == "W":
         return RWKVSpec()
     if kind == "M":
@@ -209,8 +226,8 @@ def _mixer(f, i, kind):
     window, rope = _attention_layer(f, i)
     if f.attention == "mla":
         return MLASpec(f.n_heads, f.q_lora_rank, f.kv_lora_rank, f.qk_nope_head_dim,
-                       f.qk_rope_head_dim, f.v_head_dim, f.norm_eps, rope)
-    mask = Mask(window=window, n_sink=f.n_sink if window else 0)
+                       f.qk_rope_head_dim, f.v_head_dim, f.mla_norm_eps, rope)
+    mask = Mask(f.causal, window=window, n_sink=f.n_sink if window else 0)
     return AttentionSpec(
         f.n_heads, f.n_kv_heads, f.head_dim, f.qkv_bias, f.o_bias, f.qk_norm, f.norm_eps,
         f.norm_offset, f.attn_scale, f.attn_sinks, rope if f.positions == "rope" else None,
@@ -225,7 +242,7 @@ def is_moe_layer(f, i):
 def _ffn(f, i):
     if f.ffn == "none":
         return None
-    if f.ffn in ("gelu_mlp", "geglu"):
+    if f.ffn in ("gelu_mlp", "geglu", "relu_mlp"):
         return FFNSpec(f.ffn, f.d_ff, f.gelu_approx)
     if not is_moe_layer(f, i):  # a dense layer (of an MoE model: dense_d_ff wide)
         return FFNSpec("swiglu", f.dense_d_ff or f.d_ff)
@@ -234,7 +251,8 @@ def _ffn(f, i):
 
 def _moe(f):
     router = RouterSpec(f.n_experts, f.top_k, f.score, f.router_bias, f.n_group, f.topk_group,
-                        f.norm_topk_prob, f.routed_scaling_factor, f.bias_gamma)
+                        f.norm_topk_prob, f.routed_scaling_factor, f.bias_gamma,
+                        group_top=f.group_top)
     experts = ExpertsSpec(f.experts, f.d_ff, f.swiglu_alpha, f.swiglu_limit)
     return MoESpec(router, experts, f.capacity_factor, f.n_shared * f.d_ff, f.balance_coef,
                    f.z_coef)

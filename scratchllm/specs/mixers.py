@@ -5,7 +5,7 @@ Glossary: D model width, Di inner width (expand * D), N state size, R dt rank, H
 import math
 from dataclasses import dataclass
 
-from scratchllm.specs._check import flag, one_of, positive_int, real
+from scratchllm.specs._check import fail, flag, one_of, positive_int, real
 
 
 @dataclass(frozen=True)
@@ -46,25 +46,30 @@ class MambaSpec:
 @dataclass(frozen=True)
 class Mamba2Spec:
     """A Mamba-2 (SSD) block (Dao & Gu 2024, arXiv 2405.21060): H heads, d_state N, expand,
-    d_conv K, chunk: the chunk length of the chunked scan."""
+    d_conv K, chunk: the chunk length of the chunked scan; n_groups G: groups of B and C (each
+    of N, shared by H / G heads) and of the gated RMSNorm."""
     n_heads: int = 4
     d_state: int = 16
     expand: int = 2
     d_conv: int = 4
     chunk: int = 64
+    n_groups: int = 1
 
     def __post_init__(self):
-        for name in ("n_heads", "d_state", "expand", "d_conv", "chunk"):
+        for name in ("n_heads", "d_state", "expand", "d_conv", "chunk", "n_groups"):
             positive_int(self, name)
+        if self.n_heads % self.n_groups:
+            fail(self, f"n_heads={self.n_heads} must be a multiple of n_groups={self.n_groups}")
 
     def n_params(self, d_model):
         """Wz, Wx, WB, WC, Wdt, dt_bias, A_log, D, conv_w, conv_b, norm, Wout."""
-        D, Di, N, H, K = d_model, self.expand * d_model, self.d_state, self.n_heads, self.d_conv
+        D, Di, H, K = d_model, self.expand * d_model, self.n_heads, self.d_conv
+        N = self.n_groups * self.d_state  # the B and C widths
         return D * (2 * Di + 2 * N + H) + 3 * H + (Di + 2 * N) * (K + 1) + Di + Di * D
 
     def state_per_sequence(self, d_model):
         Di = self.expand * d_model
-        return (Di + 2 * self.d_state) * (self.d_conv - 1) + Di * self.d_state
+        return (Di + 2 * self.n_groups * self.d_state) * (self.d_conv - 1) + Di * self.d_state
 
 
 @dataclass(frozen=True)

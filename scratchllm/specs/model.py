@@ -36,6 +36,26 @@ class NormSpec:
 
 
 @dataclass(frozen=True)
+class HeadSpec:
+    """The output head after the last block (and the final norm): logits = t(h) W_head (+ b).
+    transform: t(h) = norm(gelu(h W_t + b_t)), the norm the trunk's NormSpec (BERT's MLM head
+    transform; else t(h) = h); gelu_approx: its GELU, "none" (erf) or "tanh"; bias: an output
+    bias b of V numbers (BERT's cls.predictions.bias)."""
+    transform: bool = False
+    gelu_approx: str = "none"
+    bias: bool = False
+
+    def __post_init__(self):
+        flag(self, "transform")
+        one_of(self, "gelu_approx", ("tanh", "none"))
+        flag(self, "bias")
+
+    def n_params(self, d_model, vocab_size):
+        return (d_model * d_model + 3 * d_model if self.transform else 0) + (
+            vocab_size if self.bias else 0)
+
+
+@dataclass(frozen=True)
 class LayerSpec:
     """One block: mixer, ffn (None = the block is the mixer alone), norm and its placement."""
     mixer: object = AttentionSpec()
@@ -71,6 +91,11 @@ class ModelConfig:
     positions: what the embedding adds ("none"; "learned": GPT-2's wpe of max_positions rows;
     "sinusoidal": Vaswani et al.'s fixed table); RoPE and ALiBi live in each AttentionSpec.
     embed_scale: x_0 = E[ids] sqrt(D) (Gemma).  tie_embeddings: the head is E^T.
+    type_vocab_size: rows of a token-type table added to x_0 (BERT's segments; 0 = none);
+    embed_norm: the trunk's norm on x_0 (BERT); final_norm: the norm after the last block
+    (False: post-norm encoders, whose blocks end in a norm); head: the output head;
+    pad_id: the token whose embedding lookups pass no gradient (torch's Embedding
+    padding_idx: BERT's pad_token_id; None = none);
     logit_softcap c: the logits become c tanh(logits / c) (Gemma 2), None for plain logits."""
     name: str = "custom"
     vocab_size: int = 1024
@@ -81,6 +106,11 @@ class ModelConfig:
     embed_scale: bool = False
     positions: str = "none"
     max_positions: int = 1024
+    type_vocab_size: int = 0
+    embed_norm: bool = False
+    final_norm: bool = True
+    head: HeadSpec = HeadSpec()
+    pad_id: int = None
     logit_softcap: float = None
 
     def __post_init__(self):
@@ -105,6 +135,13 @@ class ModelConfig:
         flag(self, "tie_embeddings")
         flag(self, "embed_scale")
         one_of(self, "positions", ("none", "learned", "sinusoidal"))
+        positive_int(self, "type_vocab_size", low=0)
+        flag(self, "embed_norm")
+        flag(self, "final_norm")
+        instance(self, "head", HeadSpec)
+        positive_int(self, "pad_id", low=0, none_ok=True)
+        if self.pad_id is not None and self.pad_id >= self.vocab_size:
+            fail(self, f"pad_id={self.pad_id} must be < vocab_size={self.vocab_size}")
         real(self, "logit_softcap", 0, open_low=True, none_ok=True)
 
     @property
@@ -113,9 +150,12 @@ class ModelConfig:
 
     def n_params(self, active=False):
         """Parameters of LM(self), counted from the specs without allocating anything:
-        embedding (+ position table) + blocks + final norm (+ untied head). active=True counts
+        embedding (+ position and token-type tables, norm) + blocks + final norm + head
+        (transform, bias) (+ untied head W). active=True counts
         the K routed experts a token uses instead of all E."""
         D, V = self.d_model, self.vocab_size
         n = V * D + (self.max_positions * D if self.positions == "learned" else 0)
+        n += self.type_vocab_size * D + (self.norm.n_params(D) if self.embed_norm else 0)
         n += sum(layer.n_params(D, active) for layer in self.layers)
-        return n + self.norm.n_params(D) + (0 if self.tie_embeddings else D * V)
+        n += self.norm.n_params(D) if self.final_norm else 0
+        return n + self.head.n_params(D, V) + (0 if self.tie_embeddings else D * V)

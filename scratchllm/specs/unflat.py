@@ -23,7 +23,12 @@ def to_flat(cfg):
                 n_layers=len(layers), tie_embeddings=cfg.tie_embeddings,
                 embed_scale=cfg.embed_scale, max_positions=cfg.max_positions,
                 norm=cfg.norm.kind, norm_eps=cfg.norm.eps, norm_offset=cfg.norm.offset,
-                block=layers[0].placement, logit_softcap=cfg.logit_softcap)
+                block=layers[0].placement, type_vocab_size=cfg.type_vocab_size,
+                embed_norm=cfg.embed_norm, final_norm=cfg.final_norm,
+                mlm_head=cfg.head.transform, pad_id=cfg.pad_id,
+                logit_softcap=cfg.logit_softcap)
+    if cfg.head.transform:  # the FFN's GELU below, when it has one, must be the same
+        flat["gelu_approx"] = cfg.head.gelu_approx
     kinds = "".join(mixer_letter(layer.mixer) for layer in layers)
     flat["layer_pattern"] = None if set(kinds) == {"A"} else kinds
     flat.update(_mixer_fields(cfg))
@@ -61,6 +66,8 @@ def _mixer_fields(cfg):
             out["n_heads"] = m.n_heads
         if isinstance(m, (MambaSpec, Mamba2Spec)):
             out.update(d_state=m.d_state, d_conv=m.d_conv, expand=m.expand)
+        if isinstance(m, Mamba2Spec):
+            out["ssm_groups"] = m.n_groups
         if isinstance(m, MambaSpec):
             out.update(dt_rank=m.dt_rank, mamba_inner_norms=m.inner_norms)
     attention = [m for m in mixers if isinstance(m, AttentionSpec)]
@@ -70,6 +77,7 @@ def _mixer_fields(cfg):
         out.update(attention="mla", n_heads=m.n_heads, q_lora_rank=m.q_lora_rank,
                    kv_lora_rank=m.kv_lora_rank, qk_nope_head_dim=m.qk_nope_head_dim,
                    qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim,
+                   mla_norm_eps=m.norm_eps,
                    **_rope_fields(m.rope))
     if attention:
         out.update(_attention_fields(attention, cfg.positions, mixers))
@@ -85,7 +93,7 @@ def _attention_fields(attention, positions, mixers):
     out = dict(n_heads=a.n_heads, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim,
                qkv_bias=a.qkv_bias, o_bias=a.o_bias, qk_norm=a.qk_norm,
                attn_scale=a.scale, attn_sinks=a.sinks, attn_impl=a.impl,
-               attn_softcap=a.softcap)
+               attn_softcap=a.softcap, causal=a.mask.causal)
     if positions == "none":
         out["positions"] = "alibi" if a.alibi else "rope" if a.rope is not None else "nope"
     windows = {m.mask.window for m in attention}
@@ -118,6 +126,7 @@ def _ffn_fields(layers):
     out = dict(ffn="moe", d_ff=m.experts.d_ff, n_experts=m.router.n_experts,
                top_k=m.router.top_k, score=m.router.score, router_bias=m.router.bias,
                n_group=m.router.n_group, topk_group=m.router.topk_group,
+               group_top=m.router.group_top,
                norm_topk_prob=m.router.norm_topk_prob,
                routed_scaling_factor=m.router.routed_scaling_factor,
                bias_gamma=m.router.bias_gamma, experts=m.experts.kind,

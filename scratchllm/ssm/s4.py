@@ -78,11 +78,11 @@ class CauchyWeights(NamedTuple):
     B_im: np.ndarray  # (H, N)
     C_re: np.ndarray  # (H, N) Ĉ = C (I − Ā^L) V, S4's learned C
     C_im: np.ndarray  # (H, N)
-    log_dt: np.ndarray  # (H,) Δ = exp(log_dt)
 
 
 class CauchyCache(NamedTuple):
     w: CauchyWeights
+    log_dt: np.ndarray  # (H,)
     omega: np.ndarray  # (L,) roots of unity
     inv_d: np.ndarray  # (H, L, N) 1 / (a − b λ)
     k: tuple  # (k_CB, k_Cp, k_qB, k_qp), each (H, L)
@@ -93,12 +93,13 @@ def _complex(w):
             w.C_re + 1j * w.C_im)  # (H, N) each
 
 
-def cauchy_kernel_forward(w, *, L):
+def cauchy_kernel_forward(w, log_dt, *, L):
     """The SSM kernel K (H, L) of DPLR state matrices, by Cauchy sums at the roots of unity.
 
-    Inputs:  w CauchyWeights ((H, N) arrays and log_dt (H,), float); L the kernel length.
+    Inputs:  w CauchyWeights ((H, N) float arrays); log_dt (H,) the steps Δ = exp(log_dt);
+             L the kernel length.
     Returns: K (H, L), real: K_l = Re C Ā^l B̄ with Ā, B̄ the bilinear discretisation of
-             Ã = Λ − p p* and C = Ĉ (I − Ā^L)^-1.  Cache: w, ω, 1/(a − bλ), the four sums.
+             Ã = Λ − p p* and C = Ĉ (I − Ā^L)^-1.  Cache: w, log Δ, ω, 1/(a − bλ), the sums.
     Math: the module docstring.  O(H N L) work, O(H N L) cache.
     """
     fn = "cauchy_kernel_forward"
@@ -108,10 +109,11 @@ def cauchy_kernel_forward(w, *, L):
     expect_shape(fn, "lam_re", w.lam_re, (None, None), "(H, N)")
     for name, a in zip(w._fields, w):
         expect_float(fn, name, a)
-        want = w.lam_re.shape[:1] if name == "log_dt" else w.lam_re.shape
-        expect_shape(fn, name, a, want, "(H,)" if name == "log_dt" else "(H, N) like lam_re")
+        expect_shape(fn, name, a, w.lam_re.shape, "(H, N) like lam_re")
+    expect_float(fn, "log_dt", log_dt)
+    expect_shape(fn, "log_dt", log_dt, w.lam_re.shape[:1], "(H,)")
     lam, p, B, C = _complex(w)  # (H, N)
-    dt = np.exp(w.log_dt)[:, None, None]  # (H, 1, 1)
+    dt = np.exp(log_dt)[:, None, None]  # (H, 1, 1)
     omega = np.exp(-2j * np.pi * np.arange(L) / L)  # (L,)
     a = (1 - omega)[None, :, None] / dt  # (H, L, 1)
     b = ((1 + omega) / 2)[None, :, None]  # (1, L, 1)
@@ -121,20 +123,20 @@ def cauchy_kernel_forward(w, *, L):
     b2 = b[..., 0]  # (1, L)
     K_hat = k[0] - b2 * k[1] * k[2] / (1 + b2 * k[3])  # (H, L)
     K = np.fft.ifft(K_hat, axis=-1).real  # (H, L)
-    return K.astype(w.lam_re.dtype), CauchyCache(w, omega, inv_d, k)
+    return K.astype(w.lam_re.dtype), CauchyCache(w, log_dt, omega, inv_d, k)
 
 
 def cauchy_kernel_backward(dK, cache):
     """Gradients of the Cauchy kernel: the chain of the module docstring's Backward lines,
     from dK̂ = fft(dK)/L back through Woodbury, the four Cauchy sums and a = (1 − ω)/Δ (the
-    backward is derived here and checked by grads).  Returns {"w": CauchyWeights}.
+    backward is derived here and checked by grads).  Returns {"w": CauchyWeights, "log_dt"}.
     Reference: Gu, Goel & Ré 2022 (arXiv 2111.00396) §3.3 and Appendix C.3 (the forward)."""
-    w, omega, inv_d, (kCB, kCp, kqB, kqp) = cache
+    w, log_dt, omega, inv_d, (kCB, kCp, kqB, kqp) = cache
     H, L, N = inv_d.shape
     expect_dout("cauchy_kernel_backward", dK, (H, L), w.lam_re.dtype, name="dK")
     lam, p, B, C = _complex(w)  # (H, N)
     q = p.conj()
-    dt = np.exp(w.log_dt)  # (H,)
+    dt = np.exp(log_dt)  # (H,)
     b = ((1 + omega) / 2)[None, :]  # (1, L)
     G = np.fft.fft(dK, axis=-1) / L  # (H, L)  fwd: K = Re ifft(K_hat)
     r = 1 / (1 + b * kqp)  # (H, L)
@@ -158,5 +160,6 @@ def cauchy_kernel_backward(dK, cache):
     dC, dB = grads["C"], grads["B"]
     dtype = w.lam_re.dtype
     out = CauchyWeights(dlam.real, dlam.imag, dp.real, dp.imag, dB.real, dB.imag, dC.real,
-                        dC.imag, ddt * dt)  # fwd: Δ = exp(log_dt)
-    return {"w": CauchyWeights(*(a.astype(dtype) for a in out))}
+                        dC.imag)
+    return {"w": CauchyWeights(*(a.astype(dtype) for a in out)),
+            "log_dt": (ddt * dt).astype(dtype)}  # fwd: Δ = exp(log_dt)

@@ -9,7 +9,8 @@ One step:  loss = CE(LM(x), y) + sum of MoE aux terms  ->  backward (data-parall
 Under MPI (a RankGrid) every rank draws the same global batch and keeps its contiguous slice
 (np.array_split over the dp ranks); each scales its loss by its share of the batch, so the
 all-reduced gradients are the whole batch's and the replicated optimizer keeps the weights
-equal on every rank; rank 0 alone prints and writes the checkpoint.
+equal on every rank (with ZeRO-1, each rank updates its shard of the Params and they are
+all-gathered: dist/zero.py); rank 0 alone prints and writes the checkpoint.
 Deterministic given the seed; a checkpoint holds everything needed to continue bit-exactly:
 weights, MoE biases, optimizer moments, step, losses and the batch RNG's state.
 """
@@ -28,7 +29,8 @@ from tqdm import tqdm
 from scratchllm.core.atomic import remove_stale_temps
 from scratchllm.core.nn import detect_anomaly
 from scratchllm.core.optim import AdamW, NonFiniteError, clip_grad_norm, cosine_schedule
-from scratchllm.dist import Group, all_reduce_forward, all_reduce_grads
+from scratchllm.dist import (Group, ZeroAdamW, all_reduce_forward, all_reduce_grads,
+                             bytes_per_step)
 from scratchllm.lm import LM
 from scratchllm.train import checkpoint, corpus
 from scratchllm.train.parallel import DataParallel, set_blas_threads
@@ -80,20 +82,27 @@ def evaluate(model, batches, dp=None, group=None):
 class Run:
     """The mutable state of one training run: model, optimizer, batch RNG, step, history."""
 
-    def __init__(self, cfg, settings, dtype=np.float32, model=None, grid=None):
+    def __init__(self, cfg, settings, dtype=np.float32, model=None, grid=None, zero=0):
         """model: an LM of cfg to train (e.g. a loaded checkpoint); default a fresh one.
         grid: the dist.RankGrid of an MPI run (data parallel over grid.groups["dp"]); None for
-        one process."""
+        one process. zero: 1 shards AdamW's state over the data-parallel ranks (ZeRO-1)."""
         self.cfg, self.s = cfg, settings
         self.model = model or LM(cfg, rng=np.random.default_rng(settings.seed), dtype=dtype)
-        self.opt = make_optimizer(self.model, settings)
         self.group = Group.single() if grid is None else grid.groups["dp"]
+        self.opt = make_optimizer(self.model, settings)
+        if zero:
+            self.opt = ZeroAdamW(self.opt, self.group)
         self.writer = grid is None or grid.is_first()  # prints, saves
         if settings.batch_size < self.group.size:
             raise ValueError(f"--batch-size {settings.batch_size} is smaller than the "
                              f"{self.group.size} data-parallel ranks (each needs a sequence)")
         self.rows = np.array_split(np.arange(settings.batch_size), self.group.size)[
             self.group.rank]  # this rank's contiguous slice of the global batch
+        moe = [layer.ffn for layer in self.model.layers if hasattr(layer.ffn, "update_bias")]
+        self.comm_model = bytes_per_step(  # bytes this rank sends per step: predicted
+            [p.data.nbytes for p in self.model.parameters()], self.group.size, zero=zero,
+            small=[8 * f.spec.router.n_experts for f in moe], rank=self.group.rank)
+        self.sent = []  # bytes this rank sent in each step: measured (not saved)
         if settings.threads > 1 or self.group.size > 1:
             set_blas_threads(1)  # one BLAS thread per shard or rank: no oversubscription
         self.dp = DataParallel(self.model, settings.threads)
@@ -108,7 +117,7 @@ class Run:
     def train_step(self, train_ids):
         """One optimizer step on a fresh random batch; returns (loss, routing stats)."""
         s, model = self.s, self.model
-        t0 = time.perf_counter()
+        t0, sent0 = time.perf_counter(), self.group.total_sent()
         x, y = corpus.sample_batch(train_ids, s.batch_size, s.seq_len, self.rng)
         with detect_anomaly(*self.dp.replicas) if self.detect_anomaly else nullcontext():
             if self.group.size == 1:
@@ -134,7 +143,14 @@ class Run:
         self.step += 1
         self.losses.append(ce)
         self.step_seconds.append(time.perf_counter() - t0)
+        self.sent.append(self.group.total_sent() - sent0)
         return ce, stats
+
+    def agree(self, stop):
+        """Whether any data-parallel rank wants to stop (Ctrl-C reaches the ranks at
+        different moments: they must stop after the same step, or one waits in the next
+        all-reduce forever)."""
+        return bool(stop) if self.group.size == 1 else self.group.sum_scalar(bool(stop)) > 0
 
     def _sum_over_ranks(self, a):
         return all_reduce_forward(a, group=self.group)[0]
@@ -157,8 +173,9 @@ class Run:
     def save(self, directory, tokenizer=None):
         """Atomically write the checkpoint (checkpoint.save_run); on rank 0 only under MPI
         (every rank holds the same weights and optimizer state)."""
+        opt_state = self.opt.state_dict()  # collective under ZeRO: every rank calls it
         if self.writer:
-            checkpoint.save_run(self, directory, tokenizer)
+            checkpoint.save_run(self, directory, tokenizer, opt_state)
 
     def load(self, directory):
         """Restore everything `save` wrote (checkpoint.load_run); CheckpointError on any
@@ -207,7 +224,7 @@ def fit(run, train_ids, val_ids, *, out=None, tokenizer=None, progress=True, log
                unit="step", dynamic_ncols=True, file=sys.stderr)
     t0, done0, stats = time.perf_counter(), run.step, None
     with _StopFlag() as flag:
-        while run.step < s.steps and not flag.stop:
+        while run.step < s.steps and not run.agree(flag.stop):
             try:
                 loss, stats = run.train_step(train_ids)
             except NonFiniteError as e:
@@ -231,7 +248,7 @@ def fit(run, train_ids, val_ids, *, out=None, tokenizer=None, progress=True, log
                 if out is not None:
                     run.save(out, tokenizer)
     bar.close()
-    if flag.stop:
+    if run.agree(flag.stop):
         if out is not None:
             run.save(out, tokenizer)
         if run.writer:

@@ -90,3 +90,14 @@ def test_finetune_saves_a_checkpoint_and_resumes_bit_exactly(tmp_path, monkeypat
     assert all(np.array_equal(a[n], b[n]) for n in a)
     assert not np.array_equal(a["model.layers.0.mlp.up_proj.weight"],
                               before["model.layers.0.mlp.up_proj.weight"])
+
+
+def test_sample_help_lists_every_supported_family(capsys):
+    from scratchllm.hub import FAMILIES
+    try:
+        cli.main(["sample", "--help"])
+    except SystemExit:
+        pass
+    out = " ".join(capsys.readouterr().out.split())
+    for family in FAMILIES:
+        assert family.model_type in out, family.model_type

@@ -21,7 +21,8 @@ FAMILIES = ["llama", "llama_yarn", "llama_linear", "llama_dynamic", "mistral", "
             "mamba", "jamba"]  # tools/make_hf_fixtures_ssm.py
 FAMILIES += ["gpt_oss"]  # sinks, sliding/full layer_types, biased router, clamped experts
 FAMILIES += ["mixtral", "deepseek_v3", "deepseek_v3_plain"]  # tools/make_hf_fixtures_moe.py
-FAMILIES += ["olmo2", "gemma2", "qwen3_moe", "qwen3_moe_step"]  # tools/make_hf_fixtures_causal.py
+FAMILIES += ["olmo2", "gemma2", "qwen3_moe", "qwen3_moe_step", "deepseek_v2",
+             "deepseek_v2_lite", "mamba2", "mamba2_groups"]  # tools/make_hf_fixtures_causal.py
 
 
 def expected(family):
@@ -149,8 +150,8 @@ def test_errors_name_the_field_or_tensor(tmp_path):
         load_pretrained(tmp_path)
     d = _copy(tmp_path)
     cfg = json.loads((d / "config.json").read_text())
-    (d / "config.json").write_text(json.dumps({**cfg, "model_type": "bert"}))
-    with pytest.raises(ValueError, match="model_type 'bert' is not supported"):
+    (d / "config.json").write_text(json.dumps({**cfg, "model_type": "opt"}))
+    with pytest.raises(ValueError, match="model_type 'opt' is not supported"):
         load_pretrained(d)
     (d / "config.json").write_text(json.dumps({**cfg, "hidden_act": "gelu"}))
     with pytest.raises(ValueError, match="hidden_act = 'gelu'"):

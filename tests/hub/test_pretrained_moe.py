@@ -113,8 +113,8 @@ def _moe(**overrides):
     (lambda: _moe(bias_gamma=1e-3), "bias_gamma=0.001"),
     (lambda: _moe(moe_every=2), "moe_every=2"),
     (lambda: _moe(score="sigmoid", norm_topk_prob=False), "score='sigmoid', norm_topk_prob"),
-    (lambda: LM(preset("mla", vocab_size=11, d_model=8, n_layers=1, n_heads=2, d_ff=8),
-                rng=np.random.default_rng(0)), "norm_eps=1e-05"),
+    (lambda: LM(preset("mla", vocab_size=11, d_model=8, n_layers=1, n_heads=2, d_ff=8,
+                       mla_norm_eps=1e-5), rng=np.random.default_rng(0)), "mla_norm_eps=1e-05"),
     (lambda: LM(preset("mla", vocab_size=11, d_model=8, n_layers=1, n_heads=2, d_ff=8,
                        norm_eps=1e-6, n_shared=0), rng=np.random.default_rng(0)), "n_shared=0"),
 ])
@@ -124,7 +124,7 @@ def test_save_names_the_option_the_family_cannot_express(model, named, tmp_path)
     assert not (tmp_path / "model.safetensors").exists()
 
 
-@pytest.mark.parametrize("field,value", [("rms_norm_eps", 1e-5), ("attention_bias", True),
+@pytest.mark.parametrize("field,value", [("attention_bias", True),
                                          ("hidden_act", "gelu"), ("n_shared_experts", 0)])
 def test_deepseek_v3_config_errors_name_the_field(field, value, tmp_path):
     d = tmp_path / "ds"

@@ -35,7 +35,7 @@ def test_preset_hand_written_specs_and_a_saved_directory_agree(tmp_path):
 
 
 @pytest.mark.parametrize("name, overrides", [  # what the family needs beside the preset
-    ("moe", {}), ("mla", dict(norm_eps=1e-6)),
+    ("moe", {}), ("mla", {}),
     ("hybrid", dict(positions="nope", mamba_inner_norms=True, norm_topk_prob=False))])
 def test_a_preset_and_its_saved_directory_agree(name, overrides, tmp_path):
     preset = LM(lm_tiny(name, **overrides), rng=np.random.default_rng(0), dtype=np.float64)

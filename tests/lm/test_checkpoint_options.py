@@ -52,7 +52,8 @@ def test_mixer_only_blocks_and_options_reach_the_modules():
 
 
 def test_bad_options():
-    with pytest.raises(ValueError, match="ffn must be 'swiglu', 'moe', 'gelu_mlp', 'geglu' or 'none'"):
+    with pytest.raises(ValueError, match="ffn must be 'swiglu', 'moe', 'gelu_mlp', 'geglu', "
+                                         "'relu_mlp' or 'none'"):
         lm_tiny("dense", ffn="mlp")
     with pytest.raises(ValueError, match="n_group must be an integer >= 1, got 0"):
         lm_tiny("moe", n_group=0)

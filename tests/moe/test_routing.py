@@ -77,6 +77,10 @@ def test_group_limit_binds_and_its_margin():
     assert selection_margin(sel, 1, 4, 1) == pytest.approx([0.05])  # 0.8 vs 0.75 inside
     assert selection_margin(sel, 2, 4, 2) == pytest.approx([0.05])  # groups 0.4; 0.8 vs 0.75
     assert selection_margin(sel, 2) == pytest.approx([0.05])  # plain top-k: 0.8 vs 0.75
+    # DeepSeek-V2's group_limited_greedy scores a group by its max (group_top=1): {0,1}
+    # 0.9 beats {2,3} 0.8, where the top-2 sums (V3) chose {2,3}
+    assert select_topk(sel, 2, n_group=4, topk_group=1, group_top=1).tolist() == [[0, 1]]
+    assert selection_margin(sel, 2, 4, 1, group_top=1) == pytest.approx([0.1])  # 0.9 vs 0.8
 
 
 def test_gpt_oss_router_equals_transformers():

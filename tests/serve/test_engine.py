@@ -6,7 +6,7 @@ import pytest
 
 from grads.cases import LM_TINY, lm_tiny
 from scratchllm.lm import LM, generate_ids
-from scratchllm.serve import PagedCache, decode_rows, generate_batch, make_engine
+from scratchllm.serve import PagedCache, decode_rows, forward_rows, generate_batch, make_engine
 
 V = LM_TINY["vocab_size"]
 
@@ -44,7 +44,8 @@ def test_random_mixes_equal_unbatched_decoding(model, seed):
 
 
 @pytest.mark.parametrize("kw", [dict(positions="sinusoidal"), dict(positions="learned"),
-                                dict(qk_norm=True, qkv_bias=True)])
+                                dict(qk_norm=True, qkv_bias=True),
+                                dict(attn_softcap=0.5, logit_softcap=0.3, embed_scale=True)])
 def test_decode_rows_equals_each_sequence_alone(kw):
     model = LM(lm_tiny("dense", **kw), rng=np.random.default_rng(0), dtype=np.float64)
     prompts = [[3, 1, 4], [1, 5, 9, 2, 6, 5, 3], [5, 8, 9, 7, 9]]
@@ -89,6 +90,19 @@ def test_a_shared_system_prompt_hits_the_prefix_cache(model):
     assert bm.hits >= 2 * 4  # the system prompt's 2 blocks, for every request after the first
 
 
+@pytest.mark.parametrize("seed", [8, 9])
+def test_prefix_hits_with_preemption_and_freed_cached_blocks(model, seed):
+    system = [3, 1, 4, 1, 5, 9]
+    prompts, news = _mix(seed, n=8, shared=system)
+    want = [_alone(model, p, k) for p, k in zip(prompts, news)]
+    engine = make_engine(model, "paged", block_size=3, n_blocks=10)
+    for i, (p, k) in enumerate(zip(prompts, news)):
+        engine.submit(i, p, k)
+    out = engine.run()
+    assert [out[i] for i in range(8)] == want
+    assert engine.cache.blocks.hits > 0 and engine.stats["preemptions"] > 0
+
+
 @pytest.mark.parametrize("kv_dtype", ["int8", "fp8", "int4"])
 def test_quantised_paged_equals_quantised_contiguous(model, kv_dtype):
     prompts, news = _mix(5, n=5)
@@ -128,3 +142,27 @@ def test_edge_cases_and_errors(model):
         generate_batch(model, [[1]], 1, kv_dtype="int2")
     with pytest.raises(ValueError, match="full causal GQA"):
         generate_batch(LM(lm_tiny("swa"), rng=np.random.default_rng(0)), [[1]], 1)
+
+
+@pytest.mark.parametrize("name", ["swa", "mla", "hybrid"])
+def test_contiguous_serves_any_mixer_through_its_own_states(name):
+    model = LM(lm_tiny(name), rng=np.random.default_rng(0), dtype=np.float64)
+    prompts, news = _mix(7, n=4)
+    want = [_alone(model, p, k) for p, k in zip(prompts, news)]
+    assert generate_batch(model, prompts, news, kv="contiguous") == want
+
+
+def test_forward_rows_continues_each_row_from_its_own_position(model):
+    rng = np.random.default_rng(6)
+    ids = rng.integers(0, V, (3, 9))  # row b holds starts[b] tokens, then 3 more in one call
+    starts = np.array([2, 6, 4])
+    cache = PagedCache(model, n_blocks=12, block_size=4)
+    for s in range(3):
+        cache.blocks.add(s, [0]), cache.blocks.reserve(s, starts[s] + 3)
+        model.prefill(ids[s:s + 1, :starts[s]], cache.views([s], 0))
+    chunk = np.stack([ids[s, starts[s]:starts[s] + 3] for s in range(3)])  # (3, 3)
+    logits = forward_rows(model, chunk, cache, [0, 1, 2], starts)  # (3, 3, V)
+    full, _ = model.forward(ids)  # (3, 9, V)
+    for s in range(3):
+        np.testing.assert_allclose(logits[s], full[s, starts[s]:starts[s] + 3], rtol=0,
+                                   atol=1e-12)

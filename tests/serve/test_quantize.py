@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from scratchllm.serve import error_bound, quantize
+from scratchllm.serve.quantize import e4m3_to_float16
 
 
 def _x(shape=(3, 4, 5, 64), seed=0):
@@ -63,3 +64,12 @@ def test_zero_groups_and_bad_arguments():
         quantize(np.ones((2, 9)), "int4", group_size=3)
     with pytest.raises(ValueError, match="divide"):
         quantize(np.ones((2, 8)), "int8", group_size=3)
+
+
+def test_the_fp8_bit_move_reads_every_finite_code_exactly():
+    b = np.arange(256, dtype=np.uint8)
+    want = b.view(ml_dtypes.float8_e4m3fn).astype(np.float64)  # (256,)
+    got = e4m3_to_float16(b).astype(np.float64) * 256
+    finite = ~np.isnan(want)
+    assert finite.sum() == 254
+    np.testing.assert_array_equal(got[finite], want[finite])

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from scratchllm.hub.layout import Entry
+from scratchllm.lm import LM
 
 # config.json fields every llama-style decoder has (model_type: the family's own names)
 DECODER_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -38,6 +39,16 @@ class Family:
                    made of (read both ways by layout.py)
     bare_prefix    a prefix that checkpoints of the headless model leave out of every tensor
                    name but lm_head's ("transformer." for GPT-2's GPT2Model); "" for none
+    model_class    the model built from the config: LM (a causal LM: forward(ids)), or
+                   another with LM's Params and backward (MaskedLM: forward(input_ids,
+                   token_type_ids=None))
+    tied_names     tensors a checkpoint may hold beside the embedding when the head is tied
+                   (copies of it: read past on loading, never written)
+    renames        ((old, new), ...): parts of older checkpoints' tensor names read as the
+                   names() give them (BERT's TF-era "LayerNorm.gamma" for .weight); saving
+                   writes the new names
+    unused         prefixes of tensors a checkpoint may carry for heads the model does not
+                   have (BertForPreTraining's pooler and next-sentence head): read past
     """
     model_type: str
     architecture: str
@@ -47,6 +58,10 @@ class Family:
     check: Callable
     names: Callable
     bare_prefix: str = ""
+    model_class: type = LM
+    tied_names: tuple = ("lm_head.weight",)
+    renames: tuple = ()
+    unused: tuple = ()
 
 
 def fail_config(msg):
@@ -70,9 +85,16 @@ def only(hf, fixed, family):
                         f"(only {value!r})")
 
 
+# what every causal LM family needs unless its needs say otherwise (the encoder options)
+CAUSAL_LM = dict(causal=True, type_vocab_size=0, embed_norm=False, final_norm=True,
+                 mlm_head=False, pad_id=None)
+
+
 def differences(f, needs):
-    """{flat name: "name=value"} for every field of needs ({flat name: value}) that the flat
-    view f has another value of, in the order of needs."""
+    """{flat name: "name=value"} for every field of needs ({flat name: value}, over
+    CAUSAL_LM's where f is a model config's flat view: a vision config's view has none of
+    them) that f has another value of, in the order of needs."""
+    needs = {**{k: v for k, v in CAUSAL_LM.items() if hasattr(f, k)}, **needs}
     return {k: f"{k}={v!r}" for k, v in needs.items() if getattr(f, k) != v}
 
 

@@ -1,5 +1,5 @@
-"""More dense decoder families: olmo2 and gemma2. No math here: each family is a set of config options the
-LM builds from the library's own pairs.
+"""More dense decoder families: olmo2 and gemma2. No math here: each family is a set of config
+options the LM builds from the library's own pairs.
 
     olmo2    llama's attention and SwiGLU with the norms on the sub-layers' outputs only
              (block "output": h = x + N(attn(x)), y = h + N'(mlp(h)); no norm before a

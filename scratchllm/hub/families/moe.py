@@ -73,7 +73,7 @@ _DEEPSEEK = dict(rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embe
                  norm_topk_prob=True, rope_interleave=True, attention_bias=False,
                  hidden_act="silu")
 # HF's DeepseekV3RMSNorm(q_lora_rank) and (kv_lora_rank) keep their default eps, whatever
-# rms_norm_eps says; the library's MLA norms use norm_eps, so the two must agree.
+# rms_norm_eps says: the library's MLA norms take it as mla_norm_eps.
 _MLA_NORM_EPS = 1e-6
 _TRAINING_ONLY = dict(balance_coef=0.0, z_coef=0.0, bias_gamma=0.0)
 _BOTH = dict(ffn="moe", positions="rope", norm="rmsnorm", block="pre", n_sink=0,
@@ -84,7 +84,7 @@ _BOTH = dict(ffn="moe", positions="rope", norm="rmsnorm", block="pre", n_sink=0,
 _MIXTRAL_NEEDS = dict(_BOTH, score="softmax", n_shared=0, n_group=1, topk_group=1,
                       norm_topk_prob=True, routed_scaling_factor=1.0, first_k_dense=0,
                       rope_style="half", bias_gamma=0.0)
-_DEEPSEEK_NEEDS = dict(_BOTH, score="sigmoid", norm_eps=_MLA_NORM_EPS)
+_DEEPSEEK_NEEDS = dict(_BOTH, score="sigmoid", mla_norm_eps=_MLA_NORM_EPS, group_top=2)
 _DEEPSEEK_LAYER = dict(LAYER_NAMES, **{
     "mixer.wq": ("self_attn.q_proj.weight", True),
     "mixer.wq_a": ("self_attn.q_a_proj.weight", True),
@@ -181,14 +181,11 @@ def _deepseek_from_hf(hf):
     require(hf, DECODER_FIELDS, "deepseek_v3")
     hf = {**_DEEPSEEK, **hf}
     only(hf, dict(hidden_act="silu", attention_bias=False), "deepseek_v3")
-    if hf["rms_norm_eps"] != _MLA_NORM_EPS:
-        fail_config(f"rms_norm_eps = {hf['rms_norm_eps']!r} is not implemented for deepseek_v3 "
-                    f"(only {_MLA_NORM_EPS!r} for every RMSNorm: transformers' q_a_layernorm "
-                    f"and kv_a_layernorm keep eps 1e-6 whatever rms_norm_eps is)")
     if not hf["n_shared_experts"]:
         fail_config("n_shared_experts = 0 is not implemented for deepseek_v3 (only >= 1)")
     return dict(
         _common(hf, "deepseek_v3"), attention="mla", n_kv_heads=hf["num_attention_heads"],
+        mla_norm_eps=_MLA_NORM_EPS,
         q_lora_rank=hf["q_lora_rank"] or 0, kv_lora_rank=hf["kv_lora_rank"],
         qk_nope_head_dim=hf["qk_nope_head_dim"], qk_rope_head_dim=hf["qk_rope_head_dim"],
         v_head_dim=hf["v_head_dim"], rope_style="interleaved" if hf["rope_interleave"] else
@@ -218,6 +215,8 @@ def _deepseek_to_hf(f, dtype_name, base=None):
 def _deepseek_check(f):
     """_DEEPSEEK_NEEDS, every layer attention, and a shared expert (HF always has one)."""
     differ = _differences(f, _DEEPSEEK_NEEDS)
+    if f.n_group == 1:  # without groups the group score plays no part
+        differ.pop("group_top", None)
     if f.n_shared < 1:
         differ["n_shared"] = "n_shared >= 1"
     refuse(f, "deepseek_v3", differ)
@@ -231,9 +230,10 @@ def _deepseek_names(model, f):
 
 
 def _deepseek_claims(f):
-    """MLA attention in every layer (dense or MoE FFNs of SwiGLU experts)."""
+    """MLA attention in every layer (dense or MoE FFNs of SwiGLU experts), scores not softmax
+    (deepseek_v2's)."""
     return (_attention_only(f) and f.attention == "mla" and f.experts == "swiglu"
-            and not f.attn_sinks)
+            and not f.attn_sinks and f.score != "softmax")
 
 
 DEEPSEEK_V3 = Family("deepseek_v3", "DeepseekV3ForCausalLM", _deepseek_from_hf,

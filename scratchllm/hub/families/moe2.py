@@ -1,5 +1,6 @@
-"""More Mixture-of-Experts families: qwen3_moe. No math here: the LM builds them from the
-library's pairs (attention/gqa.py, moe/layer.py, moe/router.py).
+"""More Mixture-of-Experts families: qwen3_moe and deepseek_v2. No math here: the LM builds
+them from the library's pairs (attention/gqa.py, attention/mla.py, moe/layer.py,
+moe/router.py).
 
     qwen3_moe   qwen3's attention (GQA + RoPE, QK-norm over each head, explicit head_dim) and
                 an MoE of SwiGLU experts in layer i when (i + 1) % decoder_sparse_step == 0
@@ -7,6 +8,16 @@ library's pairs (attention/gqa.py, moe/layer.py, moe/router.py).
                 softmax router, top-k of the probabilities, gates renormalised over the k
                 when norm_topk_prob (else the chosen probabilities themselves), no shared
                 expert                                   (Yang et al. 2025, arXiv 2505.09388)
+    deepseek_v2 deepseek_v3's MLA (q_proj or q_a_proj -> q_a_layernorm -> q_b_proj; the
+                latent kv_a_proj_with_mqa -> kv_a_layernorm -> kv_b_proj; RoPE always on
+                (2i, 2i + 1) pairs, transformers' complex rotation; YaRN's mscale_all_dim in
+                the softmax scale) and its layers (the first first_k_dense_replace dense),
+                with DeepSeek-V2's router: softmax scores, top-k of the scores ("greedy")
+                or inside the topk_group groups of highest max score
+                ("group_limited_greedy": a group scores its best expert, group_top 1), the
+                chosen scores times routed_scaling_factor, never renormalised (transformers
+                reads no norm_topk_prob here), no selection bias; n_shared_experts shared
+                experts as one SwiGLU           (DeepSeek-AI 2024, arXiv 2405.04434)
 
 Training-only knobs as in moe.py: router_aux_loss_coef weighs a loss only with
 output_router_logits, so a loaded model has balance_coef = z_coef = bias_gamma = 0.
@@ -27,11 +38,14 @@ first_k_dense when it is the first k layers (the form the library
 has); any other list is an error naming it.
 Reference: huggingface/transformers src/transformers/models/qwen3_moe/modeling_qwen3_moe.py
 (Qwen3MoeTopKRouter, Qwen3MoeDecoderLayer), configuration_qwen3_moe.py (the defaults below).
-Glossary: D model width, E experts, F expert width.
+deepseek_v2's names are deepseek_v3's (moe.py) without e_score_correction_bias.
+Glossary: D model width, E experts, F expert width, H heads.
 """
 from scratchllm.hub.families.base import (DECODER_FIELDS, LAYER_NAMES, Family, decoder_entries,
                                           differences, fail_config, head_dim, layer_kinds, only,
                                           over, refuse, require, rope_of, rope_parameters)
+from scratchllm.hub.families.moe import (_BOTH, _DEEPSEEK_EXPERTS, _DEEPSEEK_LAYER,
+                                         _MLA_NORM_EPS, _common, _common_to_hf, _differences)
 
 _QWEN3_MOE = dict(rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=32768,
                   num_key_value_heads=4, head_dim=None, decoder_sparse_step=1,
@@ -112,3 +126,81 @@ QWEN3_MOE = Family(
     "qwen3_moe", "Qwen3MoeForCausalLM", _qwen3_moe_from_hf, _qwen3_moe_to_hf, _qwen3_moe_claims,
     _qwen3_moe_check, names=lambda model, f: decoder_entries(
         model, "qwen3_moe", _QWEN3_MOE_LAYER, _QWEN3_MOE_EXPERTS))
+
+
+# ---------------------------------------------------------------------------- deepseek_v2
+_DEEPSEEK_V2 = dict(rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=2048,
+                    rope_theta=10000.0, moe_intermediate_size=1407, n_shared_experts=2,
+                    n_routed_experts=64, routed_scaling_factor=1.0, kv_lora_rank=512,
+                    q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128,
+                    qk_nope_head_dim=128, n_group=None, topk_group=None, topk_method="greedy",
+                    first_k_dense_replace=0, num_key_value_heads=None)
+_DEEPSEEK_V2_NEEDS = dict(_BOTH, score="softmax", mla_norm_eps=_MLA_NORM_EPS,
+                          norm_topk_prob=False, rope_style="interleaved", group_top=1,
+                          bias_gamma=0.0)
+_TOPK_METHODS = ("greedy", "group_limited_greedy")
+
+
+def _deepseek_v2_from_hf(hf):
+    require(hf, (*DECODER_FIELDS, "num_experts_per_tok"), "deepseek_v2")
+    hf = {**_DEEPSEEK_V2, **hf}
+    if "num_experts" in hf:  # its attribute_map's other name of n_routed_experts
+        hf["n_routed_experts"] = hf["num_experts"]
+    only(hf, dict(hidden_act="silu", attention_bias=False, mlp_bias=False, pretraining_tp=1),
+         "deepseek_v2")
+    H = hf["num_attention_heads"]
+    if hf["num_key_value_heads"] not in (None, H):
+        fail_config(f"num_key_value_heads = {hf['num_key_value_heads']!r} is not implemented for "
+                    f"deepseek_v2 (MLA has num_attention_heads = {H} key heads)")
+    if hf["topk_method"] not in _TOPK_METHODS:
+        fail_config(f"topk_method = {hf['topk_method']!r} is not implemented for deepseek_v2 "
+                    f"(only {list(_TOPK_METHODS)}, as transformers' DeepseekV2TopkRouter)")
+    if not hf["n_shared_experts"]:
+        fail_config("n_shared_experts = 0 is not implemented for deepseek_v2 (only >= 1)")
+    grouped = hf["topk_method"] == "group_limited_greedy"
+    return dict(
+        _common(hf, "deepseek_v2"), attention="mla", n_kv_heads=H, mla_norm_eps=_MLA_NORM_EPS,
+        q_lora_rank=hf["q_lora_rank"] or 0, kv_lora_rank=hf["kv_lora_rank"],
+        qk_nope_head_dim=hf["qk_nope_head_dim"], qk_rope_head_dim=hf["qk_rope_head_dim"],
+        v_head_dim=hf["v_head_dim"], rope_style="interleaved", d_ff=hf["moe_intermediate_size"],
+        dense_d_ff=hf["intermediate_size"], first_k_dense=hf["first_k_dense_replace"] or 0,
+        n_experts=hf["n_routed_experts"], n_shared=hf["n_shared_experts"], score="softmax",
+        n_group=hf["n_group"] if grouped else 1, topk_group=hf["topk_group"] if grouped else 1,
+        group_top=1, norm_topk_prob=False,
+        routed_scaling_factor=float(hf["routed_scaling_factor"]))
+
+
+def _deepseek_v2_to_hf(f, dtype_name, base=None):
+    hf = over(base, ("rope_scaling", "rope_theta", "head_dim", "num_experts"))
+    _common_to_hf(f, hf, DEEPSEEK_V2, dtype_name, _DEEPSEEK_V2["max_position_embeddings"])
+    dense = f.dense_d_ff or hf.get("intermediate_size", f.d_ff)  # kept when no layer is dense
+    grouped = f.n_group > 1
+    hf.update(intermediate_size=dense, moe_intermediate_size=f.d_ff,
+              num_key_value_heads=f.n_heads, q_lora_rank=f.q_lora_rank or None,
+              kv_lora_rank=f.kv_lora_rank, qk_nope_head_dim=f.qk_nope_head_dim,
+              qk_rope_head_dim=f.qk_rope_head_dim, v_head_dim=f.v_head_dim,
+              attention_bias=False, mlp_bias=False, first_k_dense_replace=f.first_k_dense,
+              n_routed_experts=f.n_experts, n_shared_experts=f.n_shared,
+              topk_method="group_limited_greedy" if grouped else "greedy",
+              n_group=f.n_group if grouped else None,
+              topk_group=f.topk_group if grouped else None, norm_topk_prob=False,
+              routed_scaling_factor=f.routed_scaling_factor)
+    return hf
+
+
+def _deepseek_v2_check(f):
+    """_DEEPSEEK_V2_NEEDS, every layer attention, and a shared expert (HF always has one)."""
+    differ = _differences(f, _DEEPSEEK_V2_NEEDS)
+    if f.n_group == 1:  # without groups the group score plays no part
+        differ.pop("group_top", None)
+    if f.n_shared < 1:
+        differ["n_shared"] = "n_shared >= 1"
+    refuse(f, "deepseek_v2", differ)
+
+
+DEEPSEEK_V2 = Family(
+    "deepseek_v2", "DeepseekV2ForCausalLM", _deepseek_v2_from_hf, _deepseek_v2_to_hf,
+    claims=lambda f: (set(layer_kinds(f)) == {"A"} and f.attention == "mla"
+                      and f.experts == "swiglu" and f.score == "softmax"),
+    check=_deepseek_v2_check, names=lambda model, f: decoder_entries(
+        model, "deepseek_v2", _DEEPSEEK_LAYER, _DEEPSEEK_EXPERTS))

@@ -1,4 +1,5 @@
-"""The drills of scratchllm.linear_attention: recurrent linear attention, a delta-rule step."""
+"""The drills of scratchllm.linear_attention: recurrent linear attention, a delta-rule step,
+an RWKV-7 step."""
 import numpy as np
 
 from scratchllm import linear_attention
@@ -86,3 +87,54 @@ def _delta_recall(fn):
     S = seeded_rng(23).standard_normal((4, 3))  # whatever the memory held before
     o, _ = fn(S, k[0], k[0], v[0], 1.0)
     return assert_close(o, v[0], what="o read back at the written key")
+
+
+# ---------------------------------------------------------------------------- rwkv-7
+def _rwkv7_inputs(T=6):
+    r = seeded_rng(23)
+    kappa = r.standard_normal((T, 4))
+    return dict(r=r.standard_normal((T, 4)), w=r.uniform(0.5, 0.99, (T, 4)),
+                k=r.standard_normal((T, 4)), v=r.standard_normal((T, 3)),
+                kappa=kappa / np.linalg.norm(kappa, axis=1, keepdims=True),
+                a=r.uniform(0.05, 0.95, (T, 4)))
+
+
+@drill("rwkv7_step", 15, "scratchllm/linear_attention/rwkv7.py", '''
+    def rwkv7_step(S, r, w, k, v, kappa, a):
+        """One step of RWKV-7's generalised delta rule (Peng et al. 2025), S (Dk, Dv).
+
+        r, w, k, kappa, a (Dk,): receptance, decay in (0, 1), key, removal key, in-context
+        learning rate in (0, 1); v (Dv,).  Return (o (Dv,), S_new (Dk, Dv)).
+        Reach: S_new = diag(w) S - outer(a * kappa, kappa @ S) + outer(k, v);  o = S_new^T r
+        """
+''', [
+    ("a sequence of steps equals scratchllm.linear_attention.rwkv7_forward",
+     lambda fn: _rwkv7_vs_library(fn)),
+    ("w = 1, kappa = k, a = beta, written key beta k: DeltaNet's step",
+     lambda fn: _rwkv7_deltanet(fn)),
+])
+def _rwkv7_step(S, r, w, k, v, kappa, a):
+    o, S_new = linear_attention.rwkv7_step(*(x[None, None] for x in (r, w, k, v, kappa, a)),
+                                           S[None, None])
+    return o[0, 0], S_new[0, 0]
+
+
+def _rwkv7_vs_library(fn):
+    inp = _rwkv7_inputs()
+    want, _ = linear_attention.rwkv7_forward(**{n: x[None, None] for n, x in inp.items()})
+    S, outs = np.zeros((4, 3)), []
+    for t in range(6):
+        o, S = fn(S, *(inp[n][t] for n in ("r", "w", "k", "v", "kappa", "a")))
+        outs.append(o)
+    return assert_close(np.stack(outs), want[0, 0], what="o")
+
+
+def _rwkv7_deltanet(fn):
+    inp = _rwkv7_inputs()
+    S, kh, beta = seeded_rng(24).standard_normal((4, 3)), inp["kappa"][0], 0.3
+    o, S_new = fn(S, inp["r"][0], np.ones(4), beta * kh, inp["v"][0], kh, np.full(4, beta))
+    want_o, want_S = linear_attention.delta_rule_step(
+        inp["r"][0][None, None], kh[None, None], inp["v"][0][None, None],
+        np.array([[beta]]), None, S[None, None])
+    assert_close(S_new, want_S[0, 0], what="S_new")
+    return assert_close(o, want_o[0, 0], what="o")

@@ -1,5 +1,6 @@
 """The drills of scratchllm.moe: the balance loss backward, the top-k router (with the
-chapter's worked routing table), the MoE layer's forward."""
+chapter's worked routing table), the MoE layer's forward, DeepSeek-V3's per-sequence balance
+loss backward."""
 import numpy as np
 
 from scratchllm import moe
@@ -152,3 +153,41 @@ def _moe_top1(fn):
     best = np.argmax(inp["x"] @ inp["w_router"], axis=1)  # (N,)
     ys = _expert_outputs(inp["x"], inp["w1"], inp["w3"], inp["w2"])  # (E, N, D)
     return assert_close(fn(k=1, **inp), ys[best, np.arange(len(best))], what="y (k = 1)")
+
+
+# ---------------------------------------------------------------------------- sequence loss
+def _seq_inputs(B=3, T=6, E=5, K=2):
+    r = seeded_rng(18)
+    scores = r.uniform(0.05, 0.95, (B, T, E))  # sigmoid affinities, not normalised
+    return dict(scores=scores, topk_idx=np.argsort(-scores, axis=-1)[..., :K])
+
+
+@drill("sequence_balance_loss_backward", 15, "scratchllm/moe/losses.py", '''
+    def sequence_balance_loss_backward(dloss, scores, topk_idx):
+        """DeepSeek-V3's balance loss per sequence: for each sequence b of T tokens,
+        s'_ti = s_ti / sum_j s_tj;  f_i = E / (K T) #{t : i in topk_idx[b, t]} (a constant);
+        P_i = mean_t s'_ti;  L_b = sum_i f_i P_i;  L = mean_b L_b.
+
+        scores (B, T, E) > 0; topk_idx (B, T, K) ints.  Return dscores (B, T, E) = dloss dL/ds.
+        Reach: g = dloss f_b / (B T) on every token of sequence b (dL/ds');
+               ds_tj = (g_j - sum_i g_i s'_ti) / sum_i s_ti
+        """
+''', [
+    ("gradient check", lambda fn: gradient_check(
+        moe.sequence_balance_loss_forward, lambda d, kw: fn(d, **kw), ["scores"],
+        **_seq_inputs())),
+    ("L is scale invariant per token: each row of dscores is orthogonal to s",
+     lambda fn: _seq_rows(fn)),
+])
+def _sequence_balance_loss_backward(dloss, scores, topk_idx):
+    _, cache = moe.sequence_balance_loss_forward(scores, topk_idx)
+    return moe.sequence_balance_loss_backward(np.asarray(dloss, scores.dtype), cache)["scores"]
+
+
+def _seq_rows(fn):
+    inp = _seq_inputs()
+    ds = np.asarray(fn(1.0, **inp))
+    dots = np.abs(np.sum(ds * inp["scores"], axis=-1)).max()  # s -> c s leaves L unchanged
+    if not dots < 1e-12 * max(np.abs(ds).max(), 1e-300):
+        raise AssertionError(f"sum_j ds_tj s_tj should be 0 (scale invariance), got {dots:.2e}")
+    return f"max |<ds_t, s_t>| {dots:.1e}"

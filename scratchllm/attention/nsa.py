@@ -1,0 +1,173 @@
+"""Native Sparse Attention (NSA: Yuan et al. 2025, arXiv 2502.11089 §3): three branches over
+the same queries, mixed by learned gates,
+    o_t = σ(g_cmp) Attn(q_t, K̃_cmp, Ṽ_cmp) + σ(g_slc) Attn(q_t, K_slc, V_slc)
+          + σ(g_win) Attn(q_t, K_win, V_win)
+- compressed: each block of l keys (and values) becomes one token, K̃_j = Σ_i φ_i k_{jl+i}
+  (a learned weighting of the block's positions: the paper's MLP φ reduced to its linear
+  part); query t sees the blocks that end at or before t;
+- selected: the compressed branch's attention, summed over the heads, ranks the blocks
+  (p_cmp shared as the importance score, §3.3.2); each query keeps its own block and its
+  n − 1 best complete earlier blocks, and attends to their tokens s <= t;
+- sliding window: the last w tokens.
+The selection is an index choice: no gradient flows through it (as in the paper). The
+selected and window branches gather their keys (attention/sparse.py's gather pair: O(T·n·l)
+and O(T·w)), the compressed branch attends T/l tokens: O(T²/l), not O(T²).
+nsa_forward_ref computes the same three branches with dense (T, T) masks (sdpa): the masked
+dense reference.
+
+Backward: dg_c = σ'(g_c) <do, o_c>, do_c = σ(g_c) do; each branch's own backward
+(topk_sparse_attention_backward, sdpa_backward); the compression's K̃ = C k (C[j, jl+i] = φ_i)
+gives dk += Cᵀ dK̃ and dφ_i = Σ_j <dK̃_j, k_{jl+i}> (and the same for v).
+
+Glossary: B batch, H query heads, Hkv KV heads, T time, Dh head dim, l block, nb = T // l
+complete blocks, n selected blocks per query, w window.
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+from scratchllm.attention.sdpa import check_heads, sdpa_backward, sdpa_forward
+from scratchllm.attention.sparse import (topk_sparse_attention_backward,
+                                         topk_sparse_attention_forward)
+from scratchllm.core.ops import sigmoid_backward, sigmoid_forward, softmax_forward
+from scratchllm.core.validate import expect_dout, expect_integer, expect_shape
+from scratchllm.specs import Mask
+
+
+class NSACache(NamedTuple):
+    k: np.ndarray  # (B, Hkv, T, Dh)
+    v: np.ndarray
+    phi: np.ndarray  # (l,)
+    outs: tuple  # (o_cmp, o_slc, o_win), each (B, H, T, Dh)
+    gates: tuple  # (sigmoid value, its cache)
+    branches: tuple  # (sdpa cache, sparse cache, sparse cache)
+
+
+def _check(fn, q, k, v, phi, gates, block, n_select, window):
+    B, H, T, Dh, Hkv, Tk = check_heads(fn, q, k, v)
+    if Tk != T:
+        raise ValueError(f"{fn}: k has {Tk} positions and q {T}; NSA here is self-attention")
+    expect_integer(fn, "block", block, 1, T)
+    expect_integer(fn, "n_select", n_select, 1)
+    expect_integer(fn, "window", window, 1)
+    expect_shape(fn, "phi", phi, (block,), "(block,) compression weights")
+    expect_shape(fn, "gates", gates, (B, H, T, 3), "(B, H, T, 3) gate logits (cmp, slc, win)")
+
+
+def compress_matrix(phi, T):
+    """C (nb, T) with C[j, j l + i] = φ_i: the compression K̃ = C k of complete blocks."""
+    block = phi.shape[0]
+    nb = T // block
+    C = np.zeros((nb, T), phi.dtype)  # (nb, T)
+    for j in range(nb):
+        C[j, j * block:(j + 1) * block] = phi
+    return C
+
+
+def _cmp_mask(T, block):
+    """(T, nb) bool: block j is visible to query t iff it ends at or before t."""
+    ends = (np.arange(T // block) + 1) * block - 1  # (nb,)
+    return ends[None, :] <= np.arange(T)[:, None]  # (T, nb)
+
+
+def nsa_indices(q, k_cmp, block, n_select, window):
+    """The selected and window branches' key indices, (B, T, n·l) and (B, T, w), -1 padded.
+
+    Importance of block j for query t: Σ_h softmax over the visible compressed blocks of
+    q_t · K̃_j / √Dh (the compressed branch's attention, §3.3.2). Query t keeps its own block
+    and the n − 1 most important complete blocks before it (fewer when fewer exist).
+    """
+    B, H, T, Dh = q.shape
+    G = H // k_cmp.shape[1]
+    nb = k_cmp.shape[2]
+    vis = _cmp_mask(T, block)  # (T, nb)
+    s = np.einsum("bhtd,bhjd->bhtj", q, np.repeat(k_cmp, G, axis=1)) * Dh ** -0.5  # (B,H,T,nb)
+    p = softmax_forward(np.where(vis, s, -np.inf))[0]  # (B, H, T, nb)
+    p = np.nan_to_num(p).sum(axis=1)  # (B, T, nb) importance, summed over heads
+    t = np.arange(T)
+    own = t // block  # (T,)
+    p = np.where(vis & (np.arange(nb)[None, :] != own[:, None]), p, -np.inf)  # (B, T, nb)
+    top = np.argsort(-p, axis=-1, kind="stable")[..., :n_select - 1]  # (B, T, n-1)
+    ok = np.take_along_axis(p, top, -1) > -np.inf  # (B, T, n-1)
+    blocks = np.concatenate([np.broadcast_to(own[None, :, None], (B, T, 1)),
+                             np.where(ok, top, -1)], axis=-1)  # (B, T, n) -1 = none
+    tok = blocks[..., None] * block + np.arange(block)  # (B, T, n, l)
+    tok = np.where((blocks[..., None] >= 0) & (tok <= t[None, :, None, None]), tok, -1)
+    slc = np.sort(tok.reshape(B, T, -1), axis=-1)  # (B, T, n l), -1 first
+    win = t[:, None] - window + 1 + np.arange(window)  # (T, w)
+    win = np.broadcast_to(np.where(win >= 0, win, -1), (B, T, window)).copy()  # (B, T, w)
+    return slc, win
+
+
+def _branches_inputs(fn, q, k, v, phi, gates, block, n_select, window):
+    _check(fn, q, k, v, phi, gates, block, n_select, window)
+    C = compress_matrix(phi, q.shape[2])  # (nb, T)
+    k_cmp = np.einsum("jt,bhtd->bhjd", C, k)  # (B, Hkv, nb, Dh)
+    v_cmp = np.einsum("jt,bhtd->bhjd", C, v)  # (B, Hkv, nb, Dh)
+    slc, win = nsa_indices(q, k_cmp, block, n_select, window)
+    return k_cmp, v_cmp, slc, win
+
+
+def _gated(gates, outs):
+    g, g_cache = sigmoid_forward(gates)  # (B, H, T, 3)
+    return sum(g[..., c, None] * o for c, o in enumerate(outs)), (g, g_cache)
+
+
+def nsa_forward(q, k, v, phi, gates, *, block, n_select, window):
+    """Native sparse attention: compressed + selected + sliding-window branches, gated.
+
+    Inputs:  q (B, H, T, Dh); k, v (B, Hkv, T, Dh); phi (block,) the compression weights;
+             gates (B, H, T, 3) gate logits; block l; n_select n blocks per query (its own
+             included); window w.
+    Returns: o (B, H, T, Dh).  Cache: NSACache (k, v, φ, the three branch outputs and caches,
+             the gates).
+    """
+    k_cmp, v_cmp, slc, win = _branches_inputs("nsa", q, k, v, phi, gates, block, n_select,
+                                              window)
+    o_cmp, c_cmp = sdpa_forward(q, k_cmp, v_cmp, Mask(array=_cmp_mask(q.shape[2], block)))
+    o_slc, c_slc = topk_sparse_attention_forward(q, k, v, slc)  # (B, H, T, Dh)
+    o_win, c_win = topk_sparse_attention_forward(q, k, v, win)  # (B, H, T, Dh)
+    outs = (o_cmp, o_slc, o_win)
+    o, g = _gated(gates, outs)
+    return o, NSACache(k, v, phi, outs, g, (c_cmp, c_slc, c_win))
+
+
+def nsa_forward_ref(q, k, v, phi, gates, *, block, n_select, window):
+    """The masked dense reference: the same selection, each branch as sdpa under its (T, T)
+    boolean mask (compressed: over the nb compressed tokens). Forward only: (o, None)."""
+    k_cmp, v_cmp, slc, win = _branches_inputs("nsa_ref", q, k, v, phi, gates, block,
+                                              n_select, window)
+    B, T = q.shape[0], q.shape[2]
+    outs = [sdpa_forward(q, k_cmp, v_cmp, Mask(array=_cmp_mask(T, block)))[0]]
+    for idx in (slc, win):
+        dense = np.zeros((B, T, T + 1), bool)  # (B, T, T+1): column T takes the -1 padding
+        np.put_along_axis(dense, np.where(idx < 0, T, idx), True, axis=-1)
+        outs.append(sdpa_forward(q, k, v, Mask(array=dense[:, None, :, :T]))[0])
+    return _gated(gates, outs)[0], None
+
+
+def _blocks(a, block):
+    """(B, Hkv, T, Dh) -> (B, Hkv, nb, l, Dh): the complete blocks of l tokens."""
+    nb = a.shape[2] // block
+    return a[:, :, :nb * block].reshape(a.shape[:2] + (nb, block, a.shape[3]))
+
+
+def nsa_backward(do, cache):
+    """Math: the module docstring's Backward (the branches' backwards are those of sdpa and
+    of the gathered sparse attention).  Returns {q, k, v, phi, gates}.
+    Reference: Yuan et al. 2025 (arXiv 2502.11089) §3 (the forward)."""
+    k, v, phi, outs, (g, g_cache), (c_cmp, c_slc, c_win) = cache
+    expect_dout("nsa_backward", do, outs[0].shape, outs[0].dtype, name="do")
+    # fwd: o = Σ_c σ(g_c) o_c
+    dg = np.stack([np.sum(do * o, axis=-1) for o in outs], axis=-1)  # (B, H, T, 3)
+    d_gates = sigmoid_backward(dg, g_cache)["x"]
+    g_cmp = sdpa_backward(g[..., 0, None] * do, c_cmp)
+    g_slc = topk_sparse_attention_backward(g[..., 1, None] * do, c_slc)
+    g_win = topk_sparse_attention_backward(g[..., 2, None] * do, c_win)
+    C = compress_matrix(phi, k.shape[2])  # (nb, T)  fwd: K̃ = C k, Ṽ = C v
+    dk = g_slc["k"] + g_win["k"] + np.einsum("jt,bhjd->bhtd", C, g_cmp["k"])
+    dv = g_slc["v"] + g_win["v"] + np.einsum("jt,bhjd->bhtd", C, g_cmp["v"])
+    dphi = (np.einsum("bhjd,bhjid->i", g_cmp["k"], _blocks(k, phi.shape[0]))
+            + np.einsum("bhjd,bhjid->i", g_cmp["v"], _blocks(v, phi.shape[0])))  # (l,)
+    return {"q": g_cmp["q"] + g_slc["q"] + g_win["q"], "k": dk, "v": dv, "phi": dphi,
+            "gates": d_gates}

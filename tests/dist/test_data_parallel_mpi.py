@@ -1,0 +1,174 @@
+"""Data-parallel training across processes: `mpiexec -n 2 python -m scratchllm train --dp 2`
+gives, in float64, the parameters of one process on the whole batch (the checkpoint rank 0
+writes loads like any other), MoE aux losses per data shard as with threads, ZeRO-1 included
+and resumed across grids; a rank that raises
+ends the job with its message, never a hang; a grid that does not fit is refused up front."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scratchllm.cli import train
+from scratchllm.train import checkpoint
+from scratchllm.train.checkpoint import load_model
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "python-docs-slice.txt"
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A 12 kB slice of the fixture text (its BPE trains in a second) and a runs folder whose
+    cache/ every run of this module shares."""
+    root = tmp_path_factory.mktemp("dp")
+    data = root / "small.txt"
+    data.write_bytes(FIXTURE.read_bytes()[:12000])
+    return data, root
+
+
+def _args(data, out, *extra):
+    return ["--data", str(data), "--batch-size", "5", "--seq-len", "16", "--steps", "3",
+            "--dtype", "float64", "--eval-every", "100", "--no-progress", "--out", str(out),
+            *extra]
+
+
+def _max_rel(a, b):
+    """max over Params of max|a - b| / max|b|, and the same for the buffers (MoE biases)."""
+    rel = max(np.abs(p.data - q.data).max() / np.abs(q.data).max()
+              for p, q in zip(a.parameters(), b.parameters()))
+    return rel, max([np.abs(x - y).max() for (_, x), (_, y) in
+                     zip(a.named_buffers(), b.named_buffers())], default=0.0)
+
+
+@pytest.fixture(scope="module")
+def one(small):
+    """3 steps of the dense preset in one process, one thread, on the whole batch."""
+    data, root = small
+    assert train.main(_args(data, root / "one", "--threads", "1")) == 0
+    return root / "one"
+
+
+def test_dense_on_2_ranks_equals_one_process_on_the_whole_batch(mpirun, small, one):
+    """Batch 5: ranks take rows 0-2 and 3-4, weighted 3/5 and 2/5."""
+    data, root = small
+    proc = mpirun(2, "-m", "scratchllm", "train", "--dp", "2", *_args(data, root / "dp"),
+                  timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ranks: 2 (dp=2), 1 thread(s) each" in proc.stdout
+    assert proc.stdout.count("validation loss") == 1  # rank 0 alone prints
+    assert "communication model: 8,397,824 B all_reduce sent per step" in proc.stdout
+    assert "(equal to the model's 8,397,824)" in proc.stdout  # 2 (P - 1) / P of the grads
+    rel, _ = _max_rel(load_model(root / "dp")[0], load_model(one)[0])
+    assert rel <= 1e-12, rel
+
+
+def test_zero_1_equals_one_process_and_its_checkpoint_resumes_on_another_grid(mpirun, small,
+                                                                              one):
+    """ZeRO-1 on 2 ranks: the parameters and the gathered AdamW moments of one process; then
+    its checkpoint resumed in one process and the one-process checkpoint resumed with ZeRO-1
+    on 2 ranks (its moments sharded on load) reach the same parameters 2 steps later."""
+    data, root = small
+    proc = mpirun(2, "-m", "scratchllm", "train", "--dp", "2", "--zero", "1",
+                  *_args(data, root / "zero"), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ZeRO-1: AdamW state 8.01 MiB on rank 0 of 16.02 MiB unsharded" in proc.stdout
+    assert "+ 4,199,424 B all_gather" in proc.stdout and "(equal to the model's" in proc.stdout
+    assert _max_rel(load_model(root / "zero")[0], load_model(one)[0])[0] <= 1e-12
+    a, b = checkpoint.load_state(root / "zero")[0], checkpoint.load_state(one)[0]
+    assert sorted(a) == sorted(b)
+    for k in (k for k in b if k.startswith(("opt.m", "opt.v"))):
+        assert np.abs(a[k] - b[k]).max() <= 1e-12 * np.abs(b[k]).max(), k
+    shutil.copytree(one, root / "one-then-zero")
+    more = ["--resume", "--steps", "5", "--no-progress", "--eval-every", "100"]
+    proc = mpirun(2, "-m", "scratchllm", "train", "--dp", "2", "--zero", "1", *more, "--out",
+                  str(root / "one-then-zero"), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert train.main(more + ["--out", str(root / "zero")]) == 0
+    rel, _ = _max_rel(load_model(root / "one-then-zero")[0], load_model(root / "zero")[0])
+    assert rel <= 1e-12, rel
+
+
+def test_moe_on_2_ranks_keeps_the_aux_losses_per_data_shard(mpirun, small):
+    """mla (a balance loss and the aux-loss-free bias, whose counts are all-reduced): 2 ranks
+    equal one process with 2 threads (2 data shards), not with 1 (one shard's aux loss)."""
+    data, root = small
+    proc = mpirun(2, "-m", "scratchllm", "train", "--dp", "2", "--preset", "mla",
+                  *_args(data, root / "dp-mla"), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "(equal to the model's" in proc.stdout  # with each MoE layer's counts all-reduced
+    dp = load_model(root / "dp-mla")[0]
+    assert train.main(_args(data, root / "t2", "--preset", "mla", "--threads", "2")) == 0
+    rel, buffers = _max_rel(dp, load_model(root / "t2")[0])
+    assert rel <= 1e-12 and buffers <= 1e-12, (rel, buffers)
+    assert train.main(_args(data, root / "t1", "--preset", "mla", "--threads", "1")) == 0
+    assert _max_rel(dp, load_model(root / "t1")[0])[0] > 1e-6
+
+
+FAILS_ON_RANK_1 = """
+import sys
+from mpi4py import MPI
+from scratchllm.cli import train
+from scratchllm.train import trainer
+if MPI.COMM_WORLD.rank == 1:
+    step = trainer.Run.train_step
+    def fails(self, ids):
+        if self.step == 1:
+            raise ValueError("rank one's disk is on fire")
+        return step(self, ids)
+    trainer.Run.train_step = fails
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def test_a_rank_that_raises_ends_the_job_with_its_message(mpirun, small):
+    """Rank 0 waits in step 2's gradient all-reduce for rank 1, which raised: the abort ends
+    both (the timeout would fail the test on a hang)."""
+    data, root = small
+    proc = mpirun(2, "-c", FAILS_ON_RANK_1, "--dp", "2", *_args(data, root / "fails"),
+                  timeout=60)
+    assert proc.returncode != 0
+    assert "scratchllm train: rank 1 of 2: rank one's disk is on fire" in proc.stderr
+
+
+def test_a_grid_that_does_not_fit_is_refused_before_any_work(mpirun, small):
+    data, root = small
+    proc = mpirun(2, "-m", "scratchllm", "train", "--dp", "3", *_args(data, root / "no"))
+    assert proc.returncode == 1
+    assert proc.stderr.count("rank grid dp=3 needs 3 ranks, but 2 were started") == 1
+    assert not (root / "no").exists() and "data:" not in proc.stdout
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_"))}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    alone = subprocess.run([sys.executable, "-m", "scratchllm", "train", "--dp", "2",
+                            *_args(data, root / "no")], capture_output=True, text=True,
+                           env=env, timeout=60)
+    assert alone.returncode == 1 and "1 was started (rank 0 alone: no mpiexec?)" in alone.stderr
+
+
+INTERRUPTED_ON_RANK_1 = """
+import signal
+import sys
+from mpi4py import MPI
+from scratchllm.cli import train
+from scratchllm.train import trainer
+if MPI.COMM_WORLD.rank == 1:
+    step = trainer.Run.train_step
+    def interrupted(self, ids):
+        out = step(self, ids)
+        if self.step == 2:
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C reaching rank 1 alone
+        return out
+    trainer.Run.train_step = interrupted
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_on_one_rank_stops_every_rank_after_the_same_step(mpirun, small):
+    data, root = small
+    proc = mpirun(2, "-c", INTERRUPTED_ON_RANK_1, "--dp", "2",
+                  *_args(data, root / "int", "--steps", "6"), timeout=60)
+    assert proc.returncode == 130, proc.stdout + proc.stderr
+    assert "interrupted at step 2; checkpoint saved" in proc.stdout
+    assert checkpoint.load_state(root / "int")[1]["step"] == 2

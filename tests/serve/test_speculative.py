@@ -1,0 +1,66 @@
+"""Speculative decoding: greedy output equals the target's greedy output exactly; sampled
+output follows the target's distribution (a chi-square test over many draws on a 4-token
+vocabulary), and the same test rejects a deliberately wrong acceptance rule."""
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from grads.cases import LM_TINY, lm_tiny
+from scratchllm.lm import LM, generate_ids
+from scratchllm.serve import speculative, speculative_generate
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_speculation_equals_the_targets_greedy_output(k):
+    target = LM(lm_tiny("dense"), rng=np.random.default_rng(0), dtype=np.float64)
+    draft = LM(lm_tiny("dense", n_layers=1), rng=np.random.default_rng(1), dtype=np.float64)
+    rng = np.random.default_rng(2)
+    for n in (1, 2, 9):
+        prompt = [int(t) for t in rng.integers(0, LM_TINY["vocab_size"], n)]
+        ids, stats = speculative_generate(target, draft, prompt, 11, k=k)
+        assert ids == list(generate_ids(target, prompt, 11, None, temperature=0.0))
+        assert 0 <= stats["accepted"] <= stats["proposed"]
+    ids, stats = speculative_generate(target, target, prompt, 11, k=k)  # a perfect draft
+    assert stats["accepted"] == stats["proposed"] and stats["rounds"] == -(-11 // (k + 1))
+
+
+def _two_token_counts(target, draft, n, seed):
+    """Counts of the first two sampled tokens (4 x 4 cells) over n draws, and their exact
+    probabilities under the target."""
+    rng = np.random.default_rng(seed)
+    counts = np.zeros((4, 4))
+    for _ in range(n):
+        ids, _ = speculative_generate(target, draft, [1], 2, k=2, temperature=0.7, rng=rng)
+        counts[ids[0], ids[1]] += 1
+    def probs(ids):
+        z = target.forward(np.array([ids]))[0][0, -1] / 0.7
+        return np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    p1 = probs([1])
+    exact = np.stack([p1[a] * probs([1, a]) for a in range(4)])  # (4, 4)
+    return counts.ravel(), exact.ravel()
+
+
+def test_sampled_speculation_follows_the_target_and_a_wrong_rule_fails(monkeypatch):
+    cfg = dict(vocab_size=4)
+    target = LM(lm_tiny("dense", **cfg), rng=np.random.default_rng(3), dtype=np.float64)
+    draft = LM(lm_tiny("dense", n_layers=1, **cfg), rng=np.random.default_rng(4),
+               dtype=np.float64)
+    for p in draft.parameters():
+        p.data = p.data * 3  # a draft whose distributions differ clearly from the target's
+    counts, exact = _two_token_counts(target, draft, 400, seed=5)
+    assert chisquare(counts, exact * counts.sum()).pvalue > 1e-3
+    monkeypatch.setattr(speculative, "accept_draft", lambda p, q, token, u: True)
+    counts, exact = _two_token_counts(target, draft, 400, seed=5)
+    assert chisquare(counts, exact * counts.sum()).pvalue < 1e-6  # the draft's distribution
+
+
+def test_bad_arguments():
+    target = LM(lm_tiny("dense"), rng=np.random.default_rng(0), dtype=np.float64)
+    other = LM(lm_tiny("dense", vocab_size=5), rng=np.random.default_rng(0), dtype=np.float64)
+    with pytest.raises(ValueError, match="vocabulary"):
+        speculative_generate(target, other, [1], 3)
+    with pytest.raises(ValueError, match="not in this library yet"):
+        speculative_generate(target, "mtp", [1], 3)
+    with pytest.raises(ValueError, match="needs rng"):
+        speculative_generate(target, target, [1], 3, temperature=1.0)
+    assert speculative_generate(target, target, [1], 0)[0] == []
