@@ -52,7 +52,7 @@ STDLIB_ONLY = ("scratchllm.teach.sizing", "scratchllm.teach.rules", "scratchllm.
                "scratchllm.teach.serving", "scratchllm.specs")
 # ... each of these modules (and every module of the specs package) imports only the standard
 # library and the others of them
-OPTIONAL = {"matplotlib", "sentencepiece", "mpi4py",  # the only modules a function may import
+OPTIONAL = {"matplotlib", "sentencepiece", "mpi4py", "PIL",  # the only modules a function may
             "nbformat", "nbclient", "nbconvert"}  # (the notebooks extra: cli/notebooks.py)
 LAZY = {("scratchllm.cli.size", "scratchllm.cli.hardware")}  # (importer, library module) a
 # function may import: `size --hw this` measures with numpy; every other `size` loads none

@@ -12,7 +12,8 @@ Register a case with @case (grads.cases._common); `python -m grads NAME ...` run
     linear_attention   linear, RetNet, GLA, delta rule, RWKV-4, the recurrent mixer
     ssm                zoh, kernel, FFT conv, S4D, selective scan, SSD, Mamba, Mamba-2
     lm                 whole tiny models (LM_TINY, lm_tiny) and the encoder models
-    vision             the convolution, the patch embedding, the ViT embedding, tiny ViTs
+    vision             the convolution, the patch embedding, the ViT embedding, MAP pooling,
+                       tiny ViTs (ViT, SigLIP, CLIP shapes), a tiny LLaVA
     hub                whole tiny models of each Hugging Face family the hub reads
     dist               the collectives on one rank (across ranks: grads/mpi.py)
 (The tokenizer has nothing to differentiate.)

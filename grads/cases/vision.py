@@ -49,52 +49,75 @@ def vision_embed(rng):
     return reports
 
 
-def vision_tiny(n_labels, cls_token, gelu_approx, pool=False):
+def vision_tiny(n_labels, cls_token, gelu_approx, pool=False, clip=False):
     """A tiny VisionConfig: 8 x 12 images of 2 channels in 4 x 4 patches (6 patches), D = 12,
     3 heads, 2 pre-norm blocks (LayerNorm, bidirectional MHA with biases, GELU MLP of 20);
-    pool: with SigLIP's attention-pooling head of the same LayerSpec."""
+    pool: with SigLIP's attention-pooling head of the same LayerSpec; clip: CLIP's shape (no
+    patch bias, a pre-norm on the embedding, the final norm on [CLS] alone)."""
     from scratchllm.specs import AttentionSpec, FFNSpec, LayerSpec, Mask, NormSpec
     from scratchllm.specs.vision import PatchSpec, VisionConfig
     norm = NormSpec("layernorm", 1e-6)
     layer = LayerSpec(AttentionSpec(3, 3, qkv_bias=True, o_bias=True, rope=None,
                                     mask=Mask(causal=False)),
                       FFNSpec("gelu_mlp", 20, gelu_approx=gelu_approx), norm)
-    return VisionConfig(d_model=12, patch=PatchSpec((8, 12), 4, 2, cls_token=cls_token),
+    return VisionConfig(d_model=12, patch=PatchSpec((8, 12), 4, 2, cls_token=cls_token,
+                                                    patch_bias=not clip),
                         layers=(layer,) * 2, norm=norm, n_labels=n_labels,
-                        pool=layer if pool else None)
+                        pool=layer if pool else None, pre_norm=norm if clip else None,
+                        norm_cls=clip)
+
+
+def _model_pair(model, rng, call):
+    """(forward, backward, {param name: array}) of out = call(pixel_values) over a model's
+    Params, drawn from rng: matrices N(0, 1/fan_in), norm gains 1 + N(0, 0.1^2), other
+    vectors N(0, 0.3^2). backward gives d pixel_values too when the model's backward
+    returns it."""
+    for name, p in model.named_parameters():
+        noise = rng.standard_normal(p.data.shape)
+        p.data[...] = (noise * p.data.shape[0] ** -0.5 if p.data.ndim == 2 else
+                       1 + 0.1 * noise if "norm" in name else 0.3 * noise)
+    params = dict(model.named_parameters())
+
+    def forward(pixel_values, **arrays):
+        for name, p in params.items():
+            p.data = arrays[name]
+        return call(pixel_values)
+
+    def backward(dout, cache):
+        model.zero_grad()
+        dx = model.backward(dout, cache)
+        grads = {n: p.grad.copy() for n, p in params.items()}
+        return grads if dx is None else {"pixel_values": dx, **grads}
+
+    return forward, backward, {n: p.data for n, p in params.items()}
 
 
 @case
 def vision_transformer(rng):
-    """out (logits, or last_hidden_state) . dout, d every Param and d pixel_values (2 random
-    directions per array). Without RoPE a key bias adds q . bk to every score of a query's
-    row, which softmax ignores: its gradient is 0 exactly, so it is left out."""
+    """out (logits, last_hidden_state, pooler_output, or the hidden state after the first
+    block) . dout, d every Param and d pixel_values (2 random directions per array; the Params
+    past the hidden layer have gradient 0, and get 0). Without RoPE a key bias adds q . bk
+    to every score of a query's row, which softmax ignores: its gradient is 0 exactly, so it
+    is left out."""
     from scratchllm.vision import VisionTransformer
     reports = []
-    for label, cfg, pooled in (("ViT classifier", vision_tiny(5, True, "none"), False),
-                               ("SigLIP-style encoder", vision_tiny(0, False, "tanh"), False),
-                               ("pooling head", vision_tiny(0, False, "tanh", True), True)):
+    for label, cfg, kwargs in (("ViT classifier", vision_tiny(5, True, "none"), {}),
+                               ("SigLIP-style encoder", vision_tiny(0, False, "tanh"), {}),
+                               ("pooling head", vision_tiny(0, False, "tanh", True),
+                                dict(pooled=True)),
+                               ("hidden layer -2", vision_tiny(0, False, "tanh"),
+                                dict(hidden_layer=-2)),
+                               ("CLIP-style", vision_tiny(0, True, "quick", clip=True), {}),
+                               ("CLIP-style [CLS] norm", vision_tiny(0, True, "quick",
+                                                                     clip=True),
+                                dict(pooled=True))):
         model = VisionTransformer(cfg, rng=rng, dtype=np.float64)
-        for name, p in model.named_parameters():
-            noise = rng.standard_normal(p.data.shape)
-            p.data[...] = (noise * p.data.shape[0] ** -0.5 if p.data.ndim == 2 else
-                           1 + 0.1 * noise if "norm" in name else 0.3 * noise)
-        params = dict(model.named_parameters())
-
-        def forward(pixel_values, **arrays):
-            for name, p in params.items():
-                p.data = arrays[name]
-            return model.forward(pixel_values, pooled=pooled)
-
-        def backward(dout, cache):
-            model.zero_grad()
-            dx = model.backward(dout, cache)
-            return {"pixel_values": dx, **{n: p.grad.copy() for n, p in params.items()}}
-
+        forward, backward, params = _model_pair(
+            model, rng, lambda x, kw=kwargs, m=model: m.forward(x, **kw))
         wrt = ["pixel_values"] + [n for n in params if not n.endswith(".bk")]
         reports.append(check(forward, backward, rng=rng, label=label, max_full=0,
                              n_directions=2, wrt=wrt, pixel_values=rng.standard_normal(
-                                 (2, 2, 8, 12)), **{n: p.data for n, p in params.items()}))
+                                 (2, 2, 8, 12)), **params))
     return reports
 
 
@@ -112,3 +135,24 @@ def probe_attention(rng):
     return check(probe_attention_forward, probe_attention_backward, rng=rng, spec=spec,
                  wrt=["h", "w.probe", "w.wq", "w.wk", "w.wv", "w.wo", "w.bq", "w.bv", "w.bo"],
                  h=rng.standard_normal((2, 5, D)), w=w)
+
+
+@case
+def llava(rng):
+    """logits . dout of a tiny LLaVA (the SigLIP-style encoder's first block as features,
+    [CLS]-free, the GELU projector, a tiny dense LM of width 12): d every Param, 2 random
+    directions each; the encoder's last block and norm come after the features (gradient 0)."""
+    from scratchllm.specs import preset
+    from scratchllm.specs.vision import LlavaConfig
+    from scratchllm.vision.llava import Llava
+    text = preset("dense", vocab_size=23, d_model=12, n_layers=1, n_heads=2, n_kv_heads=1,
+                  d_ff=14)
+    cfg = LlavaConfig(vision=vision_tiny(0, False, "tanh"), text=text, feature_layer=-2,
+                      select="full", image_token_id=22)
+    model = Llava(cfg, rng=rng, dtype=np.float64)
+    ids = rng.integers(0, 22, (2, 9))
+    ids[0, 1:7], ids[1, 3:9] = 22, 22  # one image of 6 patches per sequence
+    forward, backward, params = _model_pair(model, rng, lambda x: model.forward(ids, x))
+    return check(forward, backward, rng=rng, max_full=0, n_directions=2,
+                 wrt=["pixel_values"] + [n for n in params if not n.endswith(".bk")],
+                 pixel_values=rng.standard_normal((2, 2, 8, 12)), **params)

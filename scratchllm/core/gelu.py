@@ -5,11 +5,13 @@ Math:
     erf:   gelu(x) = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2))
     tanh:  gelu(x) ~ 0.5 x (1 + tanh(u)),  u = c (x + 0.044715 x^3),  c = sqrt(2 / pi)
            (GPT-2's "gelu_new", torch's approximate="tanh", Gemma's gelu_pytorch_tanh)
+    quick: gelu(x) ~ x sigmoid(1.702 x)  (the paper's sigmoid form: CLIP's quick_gelu)
     MLP:   y = gelu(x W1 + b1) W2 + b2      (GPT-2's c_fc, c_proj; Radford et al. 2019)
     GeGLU: y = (gelu(x W1) * (x W3)) W2     (Gemma's gate_proj, up_proj, down_proj)
 Backward:
     erf:   gelu'(x) = Phi(x) + x phi(x),  phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
     tanh:  with t = tanh(u): gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2)
+    quick: with s = sigmoid(1.702 x): gelu'(x) = s + 1.702 x s (1 - s)
 
 Letters (README glossary): D model width, F MLP hidden width.
 """
@@ -17,13 +19,14 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from scipy.special import erf
+from scipy.special import erf, expit
 
 from scratchllm.core.ops import LinearCache, linear_backward, linear_forward, linear_out
 from scratchllm.core.validate import expect_dout, expect_float, expect_gated_ffn
 
 _C = math.sqrt(2.0 / math.pi)
 _K = 0.044715
+_Q = 1.702  # the quick form's slope
 
 
 class GeluCache(NamedTuple):
@@ -32,7 +35,8 @@ class GeluCache(NamedTuple):
 
 
 def gelu_forward(x, approximate="tanh"):
-    """y = gelu(x), approximate "tanh" (GPT-2, Gemma) or "none" (the exact erf form).
+    """y = gelu(x), approximate "tanh" (GPT-2, Gemma), "none" (the exact erf form) or
+    "quick" (x sigmoid(1.702 x): CLIP).
 
     Inputs: x (...) float.  Returns: y, same shape.  Cache: (x, approximate).
     """
@@ -41,21 +45,28 @@ def gelu_forward(x, approximate="tanh"):
         y = 0.5 * x * (1 + np.tanh(_C * (x + _K * x ** 3)))  # (...)
     elif approximate == "none":
         y = 0.5 * x * (1 + erf(x / math.sqrt(2.0)))  # (...)
+    elif approximate == "quick":
+        y = x * expit(_Q * x)  # (...)
     else:
-        raise ValueError(f"gelu: approximate must be 'tanh' or 'none', got {approximate!r}")
+        raise ValueError(f"gelu: approximate must be 'tanh', 'none' or 'quick', got "
+                         f"{approximate!r}")
     return y.astype(x.dtype, copy=False), GeluCache(x, approximate)
 
 
 def gelu_backward(dy, cache):
     """Math: tanh form, t = tanh(c (x + k x^3)):  dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c
     (1 + 3 k x^2)  (the product rule on 0.5 x (1 + t), tanh' = 1 - tanh^2);
-    erf form: d/dx x Phi(x) = Phi(x) + x phi(x).
+    erf form: d/dx x Phi(x) = Phi(x) + x phi(x); quick form: d/dx x s(1.702 x) =
+    s + 1.702 x s (1 - s).
     Reference: Hendrycks & Gimpel 2016 (arXiv 1606.08415) §2."""
     expect_dout("gelu_backward", dy, cache.x.shape, cache.x.dtype, name="dy")
     x, approximate = cache
     if approximate == "tanh":
         t = np.tanh(_C * (x + _K * x ** 3))  # (...)
         d = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _C * (1 + 3 * _K * x * x)  # (...)
+    elif approximate == "quick":
+        sg = expit(_Q * x)  # (...)
+        d = sg + _Q * x * sg * (1 - sg)  # fwd: y = x sigmoid(1.702 x): the product rule
     else:
         d = 0.5 * (1 + erf(x / math.sqrt(2.0))) + x * np.exp(-0.5 * x * x) / math.sqrt(
             2 * math.pi)  # (...)

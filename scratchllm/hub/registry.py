@@ -20,12 +20,13 @@ from scratchllm.hub.families.dense2 import GEMMA2, OLMO2
 from scratchllm.hub.families.encoders import BERT
 from scratchllm.hub.families.gpt2 import GPT2
 from scratchllm.hub.families.gpt_oss import GPT_OSS
+from scratchllm.hub.families.llava import LLAVA
 from scratchllm.hub.families.modules import ModuleFamily
 from scratchllm.hub.families.moe import DEEPSEEK_V3, MIXTRAL
 from scratchllm.hub.families.moe2 import DEEPSEEK_V2, QWEN3_MOE
 from scratchllm.hub.families.ssm import JAMBA, MAMBA
 from scratchllm.hub.families.ssm2 import MAMBA2
-from scratchllm.hub.families.vision import SIGLIP_VISION, VIT
+from scratchllm.hub.families.vision import CLIP_VISION, SIGLIP_VISION, VIT
 from scratchllm.specs import from_flat
 from scratchllm.specs.unflat import flat_view
 
@@ -36,6 +37,7 @@ FAMILIES += (QWEN3_MOE, DEEPSEEK_V2)  # families/moe2.py
 FAMILIES += (MAMBA2,)  # families/ssm2.py
 FAMILIES += (VIT, SIGLIP_VISION)  # families/vision.py
 FAMILIES += (BERT,)  # families/encoders.py
+FAMILIES += (CLIP_VISION, LLAVA)  # families/vision.py, families/llava.py
 BY_TYPE = {family.model_type: family for family in FAMILIES}
 
 

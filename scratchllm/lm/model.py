@@ -121,6 +121,13 @@ class LM(Module):
         if ids.shape[1] < 1:
             raise ValueError(f"LM: ids has shape {ids.shape}: no tokens (T must be >= 1)")
         x, c_emb = self._embed_forward(ids, types=types)  # (B, T, D)
+        logits, cache = self.trunk_forward(x)  # (B, T, V)
+        return logits, cache._replace(embed=c_emb)
+
+    def trunk_forward(self, x):
+        """Everything after the embedding: x_0 (B, T, D) (the embedding's output, or one a
+        vision-language model has put image features into) -> (logits (B, T, V), LMCache
+        with embed None)."""
         blocks = []
         for layer in self.layers:
             x, c = layer.forward(x)  # (B, T, D)
@@ -129,7 +136,7 @@ class LM(Module):
         logits, ch = self._head_forward(h)  # (B, T, V)
         logits, c_cap = self._cap(logits)  # (B, T, V)
         aux = [layer.aux_losses(c) for layer, c in zip(self.layers, blocks)]
-        return logits, LMCache(c_emb, blocks, cn, ch, aux, c_cap)
+        return logits, LMCache(None, blocks, cn, ch, aux, c_cap)
 
     def _embed_forward(self, ids, start=0, types=None):
         """x_0 = E[ids] (+ P[start + t]: sinusoidal, a constant with no backward, or a learned
@@ -191,7 +198,24 @@ class LM(Module):
         """dlogits (B, T, V) -> Param grads (+=). Every FFN aux term of the loss gets the
         gradient dloss_aux (an MoE layer's balance loss dloss_aux * balance_coef, its z-loss
         dloss_aux * z_coef)."""
-        c_emb, blocks, cn, ch, _, c_cap = cache
+        c_emb = cache.embed
+        dx = self.trunk_backward(dlogits, cache, dloss_aux)  # (B, T, D)
+        if c_emb.norm is not None:
+            dx = self.embed_norm.backward(dx, c_emb.norm)  # fwd: x_0 = embed_norm(s)
+        if c_emb.types is not None:
+            self.types.backward(dx, c_emb.types)  # fwd: s += S[types]: scatter-add
+        if c_emb.pos is not None:
+            self.pos.backward(dx, c_emb.pos)  # fwd: x_0 = E[ids] + P[positions]: scatter-add
+        if self.cfg.embed_scale:
+            dx = dx * np.asarray(self.cfg.d_model ** 0.5, dx.dtype)  # fwd: x_0 = E[ids] sqrt(D)
+        if c_emb.pad is not None:  # torch's padding_idx: the pad row's lookups pass nothing
+            dx = np.where(c_emb.pad, 0, dx).astype(dx.dtype, copy=False)  # (B, T, D)
+        self.embed.backward(dx, c_emb.tok)  # fwd: x_0 = E[ids]
+
+    def trunk_backward(self, dlogits, cache, dloss_aux=1.0):
+        """The backward of trunk_forward: dlogits (B, T, V) -> dx_0 (B, T, D), the Params
+        after the embedding getting their gradients (a tied head's into E)."""
+        _, blocks, cn, ch, _, c_cap = cache
         if c_cap is not None:
             dlogits = softcap_backward(dlogits, c_cap)["x"]  # fwd: logits = c tanh(z / c)
         if self.head_bias is not None:  # fwd: logits = ... + b
@@ -205,17 +229,7 @@ class LM(Module):
         dx = dh if cn is None else self.norm.backward(dh, cn)  # fwd: h = norm(x_L)
         for layer, c in zip(reversed(self.layers), reversed(blocks)):
             dx = layer.backward(dx, c, dloss_aux)  # fwd: x_l = block_l(x_{l-1})
-        if c_emb.norm is not None:
-            dx = self.embed_norm.backward(dx, c_emb.norm)  # fwd: x_0 = embed_norm(s)
-        if c_emb.types is not None:
-            self.types.backward(dx, c_emb.types)  # fwd: s += S[types]: scatter-add
-        if c_emb.pos is not None:
-            self.pos.backward(dx, c_emb.pos)  # fwd: x_0 = E[ids] + P[positions]: scatter-add
-        if self.cfg.embed_scale:
-            dx = dx * np.asarray(self.cfg.d_model ** 0.5, dx.dtype)  # fwd: x_0 = E[ids] sqrt(D)
-        if c_emb.pad is not None:  # torch's padding_idx: the pad row's lookups pass nothing
-            dx = np.where(c_emb.pad, 0, dx).astype(dx.dtype, copy=False)  # (B, T, D)
-        self.embed.backward(dx, c_emb.tok)  # fwd: x_0 = E[ids]
+        return dx
 
     def loss(self, ids, targets):
         """Cross-entropy of next tokens plus the FFNs' weighted auxiliary terms.
@@ -279,6 +293,10 @@ class LM(Module):
         expect_int("LM.prefill", "ids", ids)
         expect_ndim("LM.prefill", "ids", ids, 2, "(B, T)")
         x, _ = self._embed_forward(ids)  # (B, T, D)
+        return self.trunk_prefill(x, state)
+
+    def trunk_prefill(self, x, state):
+        """prefill after the embedding: x_0 (B, T, D) -> logits (B, T, V), filling state."""
         for layer, st in zip(self.layers, state):
             x = layer.prefill(x, st)  # (B, T, D)
         h, _ = self._norm_forward(x)  # (B, T, D)

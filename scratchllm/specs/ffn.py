@@ -11,8 +11,8 @@ from scratchllm.specs._check import fail, flag, instance, one_of, positive_int, 
 class FFNSpec:
     """A dense MLP of hidden width d_ff: "swiglu" (W1, W3, W2: Llama), "gelu_mlp" (W1 + b1,
     W2 + b2: GPT-2), "geglu" (W1, W3, W2 with GELU: Gemma, T5 v1.1's gated-gelu) or
-    "relu_mlp" (W1, W2 without biases: T5); gelu_approx "tanh" | "none" (erf) for the GELU
-    kinds."""
+    "relu_mlp" (W1, W2 without biases: T5); gelu_approx "tanh" | "none" (erf) | "quick"
+    (x sigmoid(1.702 x): CLIP) for the GELU kinds."""
     kind: str = "swiglu"
     d_ff: int = 384
     gelu_approx: str = "tanh"
@@ -20,7 +20,7 @@ class FFNSpec:
     def __post_init__(self):
         one_of(self, "kind", ("swiglu", "gelu_mlp", "geglu", "relu_mlp"))
         positive_int(self, "d_ff")
-        one_of(self, "gelu_approx", ("tanh", "none"))
+        one_of(self, "gelu_approx", ("tanh", "none", "quick"))
 
     def n_params(self, d_model):
         D, F = d_model, self.d_ff

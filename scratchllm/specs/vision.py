@@ -1,4 +1,5 @@
-"""The vision specs: the patch embedding of an image and a Vision Transformer. Plain Python.
+"""The vision specs: the patch embedding of an image, a Vision Transformer, and the image
+preprocessing a checkpoint asks for. Plain Python.
 
 A ViT (Dosovitskiy et al. 2020, arXiv 2010.11929) cuts an image into P x P patches, embeds
 each patch linearly (a stride-P convolution), optionally prepends a learned [CLS] vector,
@@ -10,24 +11,35 @@ Glossary: C channels, P patch side, N = (H/P)(W/P) patches, D model width.
 """
 from dataclasses import dataclass
 
-from scratchllm.specs._check import fail, flag, instance, positive_int
-from scratchllm.specs.model import LayerSpec, NormSpec
+from scratchllm.specs._check import fail, flag, instance, one_of, positive_int
+from scratchllm.specs.attention import AttentionSpec, Mask
+from scratchllm.specs.ffn import FFNSpec
+from scratchllm.specs.model import LayerSpec, ModelConfig, NormSpec
+
+# ViT-Base's block (Dosovitskiy et al. 2020, table 1): 12 heads, MLP 3072, LayerNorm
+VIT_BASE_LAYER = LayerSpec(AttentionSpec(12, 12, qkv_bias=True, o_bias=True, rope=None,
+                                         mask=Mask(causal=False)),
+                           FFNSpec("gelu_mlp", 3072, gelu_approx="none"),
+                           NormSpec("layernorm", 1e-12))
 
 
 @dataclass(frozen=True)
 class PatchSpec:
     """The patch embedding of an image of image_size = (height, width) pixels with n_channels
     channels, in patches of patch_size x patch_size; cls_token: a learned [CLS] vector goes
-    first (ViT), so the position table has N + 1 rows (N without it: SigLIP)."""
+    first (ViT), so the position table has N + 1 rows (N without it: SigLIP); patch_bias:
+    the patch map's bias (CLIP has none)."""
     image_size: tuple = (224, 224)
     patch_size: int = 16
     n_channels: int = 3
     cls_token: bool = True
+    patch_bias: bool = True
 
     def __post_init__(self):
         positive_int(self, "patch_size")
         positive_int(self, "n_channels")
         flag(self, "cls_token")
+        flag(self, "patch_bias")
         size = self.image_size
         if (not isinstance(size, tuple) or len(size) != 2
                 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in size)):
@@ -60,7 +72,8 @@ class PatchSpec:
     def n_params(self, d_model):
         """The patch map (C P P, D) and its bias, [CLS], the position table."""
         D = d_model
-        return (self.patch_dim + 1) * D + (D if self.cls_token else 0) + self.n_positions * D
+        return ((self.patch_dim + self.patch_bias) * D + (D if self.cls_token else 0)
+                + self.n_positions * D)
 
 
 @dataclass(frozen=True)
@@ -71,14 +84,19 @@ class VisionConfig:
     [CLS] vector (ViTForImageClassification; needs patch.cls_token). pool: SigLIP's
     attention-pooling head (a learned probe attends the tokens: the LayerSpec's mixer, then
     z + ffn(norm(z))), whose (B, D) output forward gives on request; None: no such head.
+    pre_norm: a norm on the embedding before the blocks (CLIP's pre_layrnorm), or None.
+    norm_cls: the final norm reads the [CLS] vector alone and gives the pooled output (CLIP's
+    post_layernorm): the encoder's output is then the last block's, un-normed.
     name: the Hugging Face model_type a checkpoint loaded from keeps ("custom" else)."""
     name: str = "custom"
     d_model: int = 768
     patch: PatchSpec = PatchSpec()
-    layers: tuple = (LayerSpec(),) * 12
+    layers: tuple = (VIT_BASE_LAYER,) * 12
     norm: NormSpec = NormSpec("layernorm", 1e-12)
     n_labels: int = 0
     pool: LayerSpec = None
+    pre_norm: NormSpec = None
+    norm_cls: bool = False
 
     def __post_init__(self):
         if not isinstance(self.name, str):
@@ -88,6 +106,11 @@ class VisionConfig:
         instance(self, "norm", NormSpec)
         positive_int(self, "n_labels", low=0)
         instance(self, "pool", LayerSpec, none_ok=True)
+        instance(self, "pre_norm", NormSpec, none_ok=True)
+        flag(self, "norm_cls")
+        if self.norm_cls and (not self.patch.cls_token or self.pool or self.n_labels):
+            fail(self, "norm_cls: the final norm pools the [CLS] vector; it needs "
+                       "patch.cls_token and excludes pool and n_labels", "norm_cls")
         if not isinstance(self.layers, tuple) or not self.layers or not all(
                 isinstance(layer, LayerSpec) for layer in self.layers):
             fail(self, f"layers must be a non-empty tuple of LayerSpec, got {self.layers!r}",
@@ -112,9 +135,119 @@ class VisionConfig:
         return len(self.layers)
 
     def n_params(self):
-        """Patch embedding + blocks + final norm (+ the head (D + 1) n_labels) (+ the pooling
-        head: its probe and its LayerSpec's attention (with all four biases), norm and FFN)."""
+        """Patch embedding (+ pre-norm) + blocks + final norm (+ the head (D + 1) n_labels)
+        (+ the pooling head: its probe and its LayerSpec's attention (with all four biases),
+        its one norm and FFN)."""
         D = self.d_model
         n = (self.patch.n_params(D) + sum(layer.n_params(D) for layer in self.layers)
              + self.norm.n_params(D) + (D + 1) * self.n_labels)
-        return n if self.pool is None else n + D + self.pool.n_params(D)
+        n += 0 if self.pre_norm is None else self.pre_norm.n_params(D)
+        if self.pool is None:
+            return n
+        return n + D + self.pool.n_params(D) - self.pool.norm.n_params(D)  # one norm, not two
+
+
+RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+
+
+def _size_pair(spec, name, none_ok):
+    v = getattr(spec, name)
+    if v is None and none_ok:
+        return
+    if (not isinstance(v, tuple) or len(v) != 2
+            or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in v)):
+        fail(spec, f"{name} must be a tuple (height, width) of positive ints"
+                   f"{' or None' if none_ok else ''}, got {v!r}", name)
+
+
+@dataclass(frozen=True)
+class ImageProcessorSpec:
+    """How a checkpoint's images become pixel_values (transformers' image processors, PIL
+    backend): convert to RGB (compositing transparency onto white), resize to size = (height,
+    width), or so that the shorter side is shortest_edge (CLIP; size None), with Pillow's
+    `resample` filter (RESAMPLE: 2 bilinear, 3 bicubic, ...), crop the centre crop_size =
+    (height, width) (None: no crop), rescale (x * rescale_factor, 1/255: uint8 -> [0, 1]),
+    normalise ((x - mean) / std per channel); each step on or off."""
+    size: tuple = (224, 224)
+    resample: int = 2
+    do_convert_rgb: bool = False
+    do_resize: bool = True
+    do_rescale: bool = True
+    rescale_factor: float = 1 / 255
+    do_normalize: bool = True
+    image_mean: tuple = (0.5, 0.5, 0.5)
+    image_std: tuple = (0.5, 0.5, 0.5)
+    shortest_edge: int = None
+    crop_size: tuple = None
+
+    def __post_init__(self):
+        for name in ("do_convert_rgb", "do_resize", "do_rescale", "do_normalize"):
+            flag(self, name)
+        if self.resample not in RESAMPLE:
+            fail(self, f"resample must be one of {RESAMPLE} (Pillow's filters), got "
+                       f"{self.resample!r}", "resample")
+        _size_pair(self, "size", none_ok=True)
+        _size_pair(self, "crop_size", none_ok=True)
+        positive_int(self, "shortest_edge", none_ok=True)
+        if (self.size is None) == (self.shortest_edge is None):
+            fail(self, f"give size (height, width) or shortest_edge, one of them: got "
+                       f"size={self.size!r}, shortest_edge={self.shortest_edge!r}", "size")
+        for name in ("image_mean", "image_std"):
+            v = getattr(self, name)
+            if not isinstance(v, tuple) or not v or not all(
+                    isinstance(c, (int, float)) and not isinstance(c, bool) for c in v):
+                fail(self, f"{name} must be a non-empty tuple of numbers, got {v!r}", name)
+        if len(self.image_mean) != len(self.image_std) or 0 in self.image_std:
+            fail(self, f"image_mean {self.image_mean} and image_std {self.image_std} need one "
+                       f"entry per channel, std nonzero", "image_std")
+        if isinstance(self.rescale_factor, bool) or not isinstance(self.rescale_factor,
+                                                                   (int, float)):
+            fail(self, f"rescale_factor must be a number, got {self.rescale_factor!r}",
+                 "rescale_factor")
+
+
+@dataclass(frozen=True)
+class LlavaConfig:
+    """A LLaVA vision-language model (Liu et al. 2023, arXiv 2304.08485): an image encoder
+    (vision), a two-layer GELU projector (Linear, GELU, Linear; projector_bias, gelu_approx
+    "none" (erf) | "tanh"), and a decoder LM (text). The image's hidden state after
+    feature_layer blocks (transformers' hidden_states index: -2 the one before the last)
+    loses its first token when select is "default" ([CLS]), is projected to the LM's width,
+    and takes the places of the image_token_id tokens of the input, in order."""
+    name: str = "custom"
+    vision: VisionConfig = VisionConfig()
+    text: ModelConfig = ModelConfig()
+    feature_layer: int = -2
+    select: str = "default"
+    projector_bias: bool = True
+    gelu_approx: str = "none"
+    image_token_id: int = 0
+
+    def __post_init__(self):
+        instance(self, "vision", VisionConfig)
+        instance(self, "text", ModelConfig)
+        one_of(self, "select", ("default", "full"))
+        one_of(self, "gelu_approx", ("none", "tanh"))
+        flag(self, "projector_bias")
+        positive_int(self, "image_token_id", low=0)
+        L = self.vision.n_layers
+        if isinstance(self.feature_layer, bool) or not isinstance(self.feature_layer, int) \
+                or not -L - 1 <= self.feature_layer <= L:
+            fail(self, f"feature_layer must index the {L + 1} hidden states of the vision "
+                       f"encoder, got {self.feature_layer!r}", "feature_layer")
+        if self.image_token_id >= self.text.vocab_size:
+            fail(self, f"image_token_id={self.image_token_id} is outside the vocabulary "
+                       f"({self.text.vocab_size})", "image_token_id")
+        if self.text.positions != "none" or self.text.embed_scale:
+            fail(self, "the LM's input is its token embedding alone (positions='none', no "
+                       "embed_scale), where image features take the image tokens' places",
+                 "text")
+
+    @property
+    def n_layers(self):
+        return self.text.n_layers
+
+    def n_params(self):
+        Dv, Dt = self.vision.d_model, self.text.d_model
+        proj = Dv * Dt + Dt * Dt + (2 * Dt if self.projector_bias else 0)
+        return self.vision.n_params() + proj + self.text.n_params()

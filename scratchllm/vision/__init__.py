@@ -1,18 +1,23 @@
 """Vision: the patch embedding of an image (a stride-P convolution, equal to a linear map of
 flattened patches), the Vision Transformer's input tokens ([CLS] and learned positions), and
 the Vision Transformer itself, built from lm's one Block (ViT; SigLIP's vision tower), and
-SigLIP's attention-pooling head (a learned probe attends the tokens).
+SigLIP's attention-pooling head (a learned probe attends the tokens); and images ->
+pixel_values as a checkpoint's image processor makes them (preprocess, NumPy + Pillow); and
+LLaVA (an encoder's features in a decoder LM's input).
 
 Stands on lm and what lm stands on; hub maps checkpoints onto it."""
 from .embed import (VisionEmbedding, VisionEmbedWeights, vision_embed_backward,
                     vision_embed_forward)
+from .llava import Llava
 from .model import VisionTransformer
 from .patch import (ConvWeights, PatchWeights, conv2d_backward, conv2d_forward,
                     patch_embed_backward, patch_embed_forward, patchify, unpatchify)
 from .pool import AttentionPool, ProbeWeights, probe_attention_backward, probe_attention_forward
+from .preprocess import image_processor_spec, load_image_processor, preprocess, preprocess_image
 
-__all__ = ["AttentionPool", "ConvWeights", "PatchWeights", "ProbeWeights", "VisionEmbedWeights",
-           "VisionEmbedding", "VisionTransformer", "conv2d_backward", "conv2d_forward",
-           "patch_embed_backward", "patch_embed_forward", "patchify", "probe_attention_backward",
-           "probe_attention_forward", "unpatchify", "vision_embed_backward",
-           "vision_embed_forward"]
+__all__ = ["AttentionPool", "ConvWeights", "Llava", "PatchWeights", "ProbeWeights",
+           "VisionEmbedWeights", "VisionEmbedding", "VisionTransformer", "conv2d_backward", "conv2d_forward",
+           "image_processor_spec", "load_image_processor", "patch_embed_backward",
+           "patch_embed_forward", "patchify", "preprocess", "preprocess_image",
+           "probe_attention_backward", "probe_attention_forward", "unpatchify",
+           "vision_embed_backward", "vision_embed_forward"]

@@ -19,8 +19,8 @@ from scratchllm.vision.patch import PatchWeights, patch_embed_backward, patch_em
 
 
 class VisionEmbedWeights(NamedTuple):
-    """W (C P P, D), b (D,): the patch map; cls (D,) the [CLS] vector (None without
-    spec.cls_token); pos (N', D) the position table."""
+    """W (C P P, D), b (D,) (None without spec.patch_bias): the patch map; cls (D,) the
+    [CLS] vector (None without spec.cls_token); pos (N', D) the position table."""
     W: np.ndarray
     b: np.ndarray
     cls: np.ndarray
@@ -42,9 +42,10 @@ def vision_embed_forward(x, w, *, spec):
     Returns: z (B, N', D).  Cache: the patch embedding's cache and z's shape.
     """
     fn = "vision_embed"
-    if (w.cls is None) == spec.cls_token:
-        raise ValueError(f"{fn}: spec.cls_token={spec.cls_token} but w.cls is "
-                         f"{'None' if w.cls is None else 'given'}")
+    for name, on in (("cls", spec.cls_token), ("b", spec.patch_bias)):
+        if (getattr(w, name) is None) == on:
+            raise ValueError(f"{fn}: the spec {'asks for' if on else 'has no'} {name}, but "
+                             f"w.{name} is {'None' if on else 'given'}")
     p, c_patch = patch_embed_forward(x, PatchWeights(w.W, w.b), spec=spec)  # (B, N, D)
     B, N, D = p.shape
     expect_shape(fn, "pos", w.pos, (spec.n_positions, D), "(N', D): N (+ 1 with [CLS]) rows")
@@ -75,7 +76,7 @@ class VisionEmbedding(Module):
     def __init__(self, d_model, spec, *, rng, dtype=np.float32):
         D = d_model
         self.W = Param(normal_init(rng, (spec.patch_dim, D), spec.patch_dim ** -0.5, dtype))
-        self.b = Param(np.zeros(D, dtype))
+        self.b = Param(np.zeros(D, dtype)) if spec.patch_bias else None
         self.cls = Param(normal_init(rng, (D,), 0.02, dtype)) if spec.cls_token else None
         self.pos = Param(normal_init(rng, (spec.n_positions, D), 0.02, dtype))
         self.spec = spec

@@ -25,7 +25,7 @@ from scratchllm.core.validate import (expect_dout, expect_float, expect_integer,
 
 
 class PatchWeights(NamedTuple):
-    """The patch embedding's arrays: W (C P P, D) the flattened-patch map, b (D,)."""
+    """The patch embedding's arrays: W (C P P, D) the flattened-patch map, b (D,) or None."""
     W: np.ndarray
     b: np.ndarray
 
@@ -82,7 +82,7 @@ def patch_embed_backward(dy, cache):
     expect_dout("patch_embed_backward", dy, *linear_out(lin), name="dy")
     g = linear_backward(dy, lin)  # fwd: y = patches @ W + b
     dx = unpatchify(g["x"], C, H, W, P)  # fwd: patches = patchify(x)   (B, C, H, W)
-    return {"x": dx, "w": PatchWeights(g["W"], g["b"])}
+    return {"x": dx, "w": PatchWeights(g["W"], g.get("b"))}
 
 
 # ---------------------------------------------------------------------------- convolution

@@ -1,10 +1,10 @@
 """The vision families against transformers: tests/fixtures/hf/vit (ViTForImageClassification),
 siglip_vision and siglip_vision_head (SiglipVisionModel without and with its attention-pooling
-head) were computed by transformers in float64 (tools/make_hf_fixtures_vision.py); here
-scratchllm gives the same output (logits, last_hidden_state, pooler_output) to 1e-9, every
-parameter's gradient to 1e-8, bit-identical save/load, and a saved directory transformers
-loads. Their records round-trip config and tensor names as
-test_registry asks of the LM families. No torch here."""
+head) and clip_vision (CLIPVisionModel) were computed by transformers in float64
+(tools/make_hf_fixtures_vision.py); here scratchllm gives the same output (logits,
+last_hidden_state, pooler_output) to 1e-9, every parameter's gradient to 1e-8, bit-identical
+save/load, and a saved directory transformers loads. Their records round-trip config and
+tensor names as test_registry asks of the LM families. No torch here."""
 import dataclasses
 import json
 import shutil
@@ -22,7 +22,7 @@ from scratchllm.hub.registry import module_family_for
 from scratchllm.vision import VisionTransformer
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
-VISION = ["vit", "siglip_vision", "siglip_vision_head"]
+VISION = ["vit", "siglip_vision", "siglip_vision_head", "clip_vision"]
 
 
 def rel_err(a, b):
@@ -34,9 +34,10 @@ def expected(name):
 
 
 def run(model, ref):
-    """(out, cache) of the output the fixture recorded: the pooling head's when the model
-    has one (pooler_output), else forward's own (logits, last_hidden_state)."""
-    return model.forward(pixel_values=ref["pixel_values"], pooled=model.pool is not None)
+    """(out, cache) of the output the fixture recorded: the pooler_output when the model
+    has a pooling head or CLIP's [CLS] norm, else forward's own (logits, last_hidden_state)."""
+    return model.forward(pixel_values=ref["pixel_values"],
+                         pooled=model.pool is not None or model.cfg.norm_cls)
 
 
 @pytest.mark.parametrize("name", VISION)
@@ -179,3 +180,43 @@ def test_what_the_library_cannot_honour_is_named(tmp_path):
     save_file(tensors, tmp_path / "model.safetensors")
     with pytest.raises(ValueError, match="cls_token.* missing"):
         load_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("name", VISION)
+def test_hidden_layers_and_their_gradients_match_transformers(name):
+    """forward(hidden_layer=k) is transformers' hidden_states[k] (before any norm) for every
+    k, and backward from hidden_states[-2] (a vision-language model's default features)
+    gives transformers' gradients, zeros past that layer."""
+    ref = expected(name)
+    model = load_pretrained(HF / name, dtype=np.float64)
+    states = ref["hidden_states"]  # (L + 1, B, N', D)
+    for k in range(-len(states), len(states)):
+        h, _ = model.forward(pixel_values=ref["pixel_values"], hidden_layer=k)
+        assert rel_err(h, states[k]) < 1e-9, k
+    model.zero_grad()
+    h, cache = model.forward(pixel_values=ref["pixel_values"], hidden_layer=-2)
+    model.backward(np.random.default_rng(int(ref["G_seed"]) + 1).standard_normal(h.shape),
+                   cache)
+    grads = grad_dict(model)
+    want = {k.removeprefix("hidden_grad/"): v for k, v in ref.items()
+            if k.startswith("hidden_grad/")}
+    assert sorted(grads) == sorted(want)
+    for n, g in want.items():
+        if not np.abs(g).max() > 0:
+            assert not grads[n].any(), n
+        elif not n.endswith(("key.bias", "k_proj.bias")):
+            assert rel_err(grads[n], g) < 1e-8, n
+    with pytest.raises(ValueError, match="hidden_layer=9 must index the 3 hidden states"):
+        model.forward(pixel_values=ref["pixel_values"], hidden_layer=9)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_checkpoints_load(dtype, tmp_path):
+    """A checkpoint saved in float16 / bfloat16 loads (cast to the compute dtype) and gives
+    the float64 reference's output to that format's rounding."""
+    ref = expected("vit")
+    save_pretrained(load_pretrained(HF / "vit"), tmp_path, dtype=dtype)
+    assert {str(t.dtype) for t in load_file(tmp_path / "model.safetensors").values()} == {dtype}
+    assert json.loads((tmp_path / "config.json").read_text())["dtype"] == dtype
+    out, _ = load_pretrained(tmp_path, dtype=np.float64).forward(ref["pixel_values"])
+    assert rel_err(out, ref["out"]) < (2e-3 if dtype == "float16" else 2e-2)

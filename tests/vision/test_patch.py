@@ -60,6 +60,8 @@ def test_specs_refuse_what_a_vision_transformer_cannot_be():
 def test_n_params_counts_the_model():
     from grads.cases.vision import vision_tiny
     from scratchllm.vision import VisionTransformer
-    for cfg in (vision_tiny(5, True, "none"), vision_tiny(0, False, "tanh")):
+    for cfg in (vision_tiny(5, True, "none"), vision_tiny(0, False, "tanh"),
+                vision_tiny(0, False, "tanh", pool=True), vision_tiny(0, True, "quick",
+                                                                      clip=True)):
         model = VisionTransformer(cfg, rng=np.random.default_rng(0))
         assert model.n_params() == cfg.n_params()

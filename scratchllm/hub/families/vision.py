@@ -1,5 +1,7 @@
-"""The vision families: ViT (ViTForImageClassification) and SigLIP's vision tower
-(SiglipVisionModel). Both are the library's VisionTransformer (scratchllm/vision): patch
+"""The vision families: ViT (ViTForImageClassification), SigLIP's vision tower
+(SiglipVisionModel) and CLIP's (CLIPVisionModel: as SigLIP's names, with [CLS] as
+embeddings.class_embedding (D,), no patch bias, pre_layrnorm = pre_norm, and post_layernorm
+on the [CLS] vector alone). Both are the library's VisionTransformer (scratchllm/vision): patch
 embedding, pre-norm blocks of bidirectional MHA with biases and a GELU MLP with biases
 (LayerNorm), a final LayerNorm; ViT adds [CLS] and a linear classifier on it.
 
@@ -38,7 +40,9 @@ from scratchllm.specs import AttentionSpec, FFNSpec, LayerSpec, Mask, NormSpec
 from scratchllm.specs.vision import PatchSpec, VisionConfig
 from scratchllm.vision import VisionTransformer
 
-_GELU = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}  # HF ACT2FN names
+_GELU = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh",  # HF ACT2FN names
+         "quick_gelu": "quick"}
+_ACT = {"none": "gelu", "tanh": "gelu_pytorch_tanh", "quick": "quick_gelu"}  # and back
 _FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 
 
@@ -48,8 +52,9 @@ def _square(hf, field, default):
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-def _config(hf, family, *, cls_token, qkv_bias, eps, n_labels, pool=False):
-    """The VisionConfig of a ViT-style config.json (the fields both families share)."""
+def _config(hf, family, *, cls_token, qkv_bias, eps, n_labels, pool=False, clip=False):
+    """The VisionConfig of a ViT-style config.json (the fields the families share); clip:
+    no patch bias, a pre-norm, the final norm on [CLS] alone."""
     require(hf, _FIELDS, family)
     act = hf.get("hidden_act", "gelu")
     if act not in _GELU:
@@ -66,8 +71,10 @@ def _config(hf, family, *, cls_token, qkv_bias, eps, n_labels, pool=False):
                       norm)
     return VisionConfig(name=family, d_model=D, layers=(layer,) * hf["num_hidden_layers"],
                         patch=PatchSpec(_square(hf, "image_size", 224), patch[0],
-                                        hf.get("num_channels", 3), cls_token=cls_token),
-                        norm=norm, n_labels=n_labels, pool=layer if pool else None)
+                                        hf.get("num_channels", 3), cls_token=cls_token,
+                                        patch_bias=not clip),
+                        norm=norm, n_labels=n_labels, pool=layer if pool else None,
+                        pre_norm=norm if clip else None, norm_cls=clip)
 
 
 def _common_hf(cfg, family, dtype_name, base):
@@ -80,15 +87,17 @@ def _common_hf(cfg, family, dtype_name, base):
               num_hidden_layers=cfg.n_layers, num_attention_heads=layer.mixer.n_heads,
               num_channels=cfg.patch.n_channels, patch_size=cfg.patch.patch_size,
               image_size=size[0] if size[0] == size[1] else list(size),
-              hidden_act="gelu" if layer.ffn.gelu_approx == "none" else "gelu_pytorch_tanh",
+              hidden_act=_ACT[layer.ffn.gelu_approx],
               layer_norm_eps=cfg.norm.eps, dtype=dtype_name)
     if layer.mixer.head_dim is not None:
         hf["head_dim"] = layer.mixer.head_dim
     return hf
 
 
-def _needs(cfg, *, cls_token, n_labels, qkv_bias=None, pool=False):
-    """{name: what the family needs} for every option cfg has otherwise (for refuse)."""
+def _needs(cfg, *, cls_token, n_labels, qkv_bias=None, pool=False, clip=False):
+    """(got, need): the options of cfg a family decides on, by name, and what the family
+    needs of each (for refuse). pool: the family's pooling head, which must be the blocks'
+    own LayerSpec ("pool" is "blocks'" then, "none" without a head)."""
     first = cfg.layers[0]
     same = all(layer == first for layer in cfg.layers)
     a, ffn = first.mixer, first.ffn
@@ -98,12 +107,16 @@ def _needs(cfg, *, cls_token, n_labels, qkv_bias=None, pool=False):
                qk_norm=getattr(a, "qk_norm", None), scale=getattr(a, "scale", None),
                ffn=getattr(ffn, "kind", None), norm=first.norm.kind,
                placement=first.placement, same_norms=first.norm == cfg.norm,
-               pool=cfg.pool is None or (cfg.pool == first and "like the blocks"))
+               pool="none" if cfg.pool is None else "blocks'" if cfg.pool == first else "other",
+               patch_bias=cfg.patch.patch_bias, norm_cls=cfg.norm_cls,
+               pre_norm="none" if cfg.pre_norm is None else "final's" if cfg.pre_norm == cfg.norm
+               else "other")
     need = dict(cls_token=cls_token, labels=n_labels, same_layers=True,
                 attention="AttentionSpec", mha=True, qkv_bias=got["qkv_bias"] if qkv_bias is
                 None else qkv_bias, o_bias=True, qk_norm=False, scale=None, ffn="gelu_mlp",
                 norm="layernorm", placement="pre", same_norms=True,
-                pool="like the blocks" if pool else True)
+                pool="blocks'" if pool else "none", patch_bias=not clip, norm_cls=clip,
+                pre_norm="final's" if clip else "none")
     return got, need
 
 
@@ -192,7 +205,8 @@ def _vit_names(model, cfg):
 
 VIT = ModuleFamily(
     "vit", "ViTForImageClassification", _vit_from_hf, _vit_to_hf,
-    claims=lambda cfg: isinstance(cfg, VisionConfig) and cfg.patch.cls_token,
+    claims=lambda cfg: isinstance(cfg, VisionConfig) and cfg.patch.cls_token
+    and not cfg.norm_cls,
     check=lambda cfg: _refuse(cfg, "vit", cls_token=True, n_labels=True),
     build=VisionTransformer, names=_vit_names)
 
@@ -243,3 +257,34 @@ SIGLIP_VISION = ModuleFamily(
     check=lambda cfg: _refuse(cfg, "siglip_vision_model", cls_token=False, n_labels=False,
                               qkv_bias=True, pool=cfg.pool is not None),
     build=VisionTransformer, names=_siglip_names, old_prefix="vision_model.")
+
+
+# ---------------------------------------------------------------------------- clip
+def _clip_from_hf(hf):
+    """CLIPVisionModel: [CLS], no patch bias, pre_layrnorm, quick-GELU; its post_layernorm
+    reads the [CLS] vector alone (pooler_output)."""
+    return _config(hf, "clip_vision_model", cls_token=True, qkv_bias=True, eps=1e-5,
+                   n_labels=0, clip=True)
+
+
+def _clip_to_hf(cfg, dtype_name, base=None):
+    return _common_hf(cfg, CLIP_VISION, dtype_name, base)
+
+
+def _clip_names(model, cfg):
+    top = {"embed.W": ("embeddings.patch_embedding.weight", True, _patch_shape(cfg)),
+           "embed.cls": ("embeddings.class_embedding", False, None),
+           "embed.pos": ("embeddings.position_embedding.weight", False, None),
+           "pre_norm.g": ("pre_layrnorm.weight", False, None),
+           "pre_norm.b": ("pre_layrnorm.bias", False, None),
+           "norm.g": ("post_layernorm.weight", False, None),
+           "norm.b": ("post_layernorm.bias", False, None)}
+    return _entries(model, top, "encoder.layers.", _SIGLIP_LAYER)
+
+
+CLIP_VISION = ModuleFamily(
+    "clip_vision_model", "CLIPVisionModel", _clip_from_hf, _clip_to_hf,
+    claims=lambda cfg: isinstance(cfg, VisionConfig) and cfg.norm_cls,
+    check=lambda cfg: _refuse(cfg, "clip_vision_model", cls_token=True, n_labels=False,
+                              qkv_bias=True, clip=True),
+    build=VisionTransformer, names=_clip_names, old_prefix="vision_model.")

@@ -1,0 +1,121 @@
+"""llava against transformers: tests/fixtures/hf/llava (a SigLIP tower, the GELU projector and
+a llama LM; tools/make_hf_fixtures_vision.py --llava) was computed by transformers in
+float64: the logits (1e-9) and every parameter's gradient (1e-8) agree, save/load is
+bit-identical, transformers loads the saved directory, and what the library cannot honour is
+named. No torch here."""
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from scratchllm.hub import family_named, grad_dict, load_pretrained, save_pretrained
+from scratchllm.hub.layout import from_hf, to_hf
+from scratchllm.hub.registry import module_family_for
+from scratchllm.vision.llava import Llava
+
+HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
+DIR = HF / "llava"
+
+
+def rel_err(a, b):
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return dict(np.load(DIR / "expected.npz"))
+
+
+@pytest.mark.parametrize("name", ["llava", "llava_clip"])
+def test_logits_and_every_gradient_match_transformers(name):
+    """The key bias of the tower has gradient 0 in exact arithmetic (round-off on both
+    sides); the tower's last block and post-norm come after its feature layer: zero.
+    llava_clip is LLaVA-1.5's shape: a CLIP tower whose [CLS] the features leave out."""
+    ref = dict(np.load(HF / name / "expected.npz"))
+    model = load_pretrained(HF / name, dtype=np.float64)
+    assert isinstance(model, Llava)
+    logits, cache = model.forward(input_ids=ref["input_ids"], pixel_values=ref["pixel_values"])
+    assert rel_err(logits, ref["logits"]) < 1e-9
+    G = np.random.default_rng(int(ref["G_seed"])).standard_normal(logits.shape)
+    model.backward(G, cache)
+    grads = grad_dict(model)
+    want = {k.removeprefix("grad/"): v for k, v in ref.items() if k.startswith("grad/")}
+    assert sorted(grads) == sorted(want)
+    for n, g in want.items():
+        if not np.abs(g).max() > 0:
+            assert not grads[n].any(), n
+        elif n.endswith("k_proj.bias"):
+            scale = np.abs(want[n.replace(".bias", ".weight")]).max()
+            assert max(np.abs(grads[n]).max(), np.abs(g).max()) < 1e-12 * scale, n
+        else:
+            assert rel_err(grads[n], g) < 1e-8, n
+
+
+@pytest.mark.parametrize("name", ["llava", "llava_clip"])
+def test_save_load_is_bit_identical_and_transformers_loads_it(name, tmp_path):
+    ref = dict(np.load(HF / name / "expected.npz"))
+    model = load_pretrained(HF / name)
+    save_pretrained(model, tmp_path)
+    original, saved = load_file(HF / name / "model.safetensors"), load_file(
+        tmp_path / "model.safetensors")
+    assert sorted(saved) == sorted(original)
+    assert all(np.array_equal(saved[n], original[n]) for n in original)
+    written = json.loads((tmp_path / "config.json").read_text())
+    family = family_named("llava")
+    assert family.from_hf(written) == family.from_hf(json.loads(
+        (HF / name / "config.json").read_text()))
+    assert ref["saved_by_scratchllm_rel_err"] < 1e-5  # the generator's from_pretrained
+
+
+def test_config_and_names_round_trip():
+    family = family_named("llava")
+    cfg = family.from_hf(json.loads((DIR / "config.json").read_text()))
+    assert family.from_hf(family.to_hf(cfg, "float32")) == cfg
+    assert module_family_for(cfg) is family
+    model = Llava(cfg, rng=np.random.default_rng(0))
+    table = family.names(model, cfg)
+    arrays = {n: p.data for n, p in model.named_parameters()}
+    assert sorted(lib for e in table for lib in e.lib) == sorted(arrays)
+    assert len({e.hf for e in table}) == len(table)
+    restored = {n: np.zeros_like(a) for n, a in arrays.items()}
+    for e in table:
+        from_hf(e, to_hf(e, arrays), restored)
+    assert all(np.array_equal(restored[n], a) for n, a in arrays.items())
+
+
+def test_text_alone_and_what_cannot_be_honoured(ref, tmp_path):
+    model = load_pretrained(DIR, dtype=np.float64)
+    text = np.where(ref["input_ids"] == model.cfg.image_token_id, 5, ref["input_ids"])
+    assert model.forward(input_ids=text)[0].shape == ref["logits"].shape
+    with pytest.raises(ValueError, match="hold 18 image tokens .* 1 image\\(s\\) give 9"):
+        model.forward(input_ids=ref["input_ids"], pixel_values=ref["pixel_values"][:1])
+    with pytest.raises(ValueError, match="image tokens but no pixel_values"):
+        model.forward(input_ids=ref["input_ids"])
+    hf = json.loads((DIR / "config.json").read_text())
+    hf["vision_config"]["model_type"] = "eva_vision_model"
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    shutil.copy(DIR / "model.safetensors", tmp_path)
+    with pytest.raises(ValueError, match="'eva_vision_model' is not implemented"):
+        load_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["llava", "llava_clip"])
+def test_greedy_ids_and_cached_decoding(name):
+    """Greedy decoding after sequence 0 and its image: transformers' ids; the prefill's last
+    row and every decoded step equal a full forward over the sequence so far."""
+    ref = dict(np.load(HF / name / "expected.npz"))
+    model = load_pretrained(HF / name, dtype=np.float64)
+    ids, image = ref["input_ids"][:1], ref["pixel_values"][:1]
+    n_new = len(ref["greedy"])
+    state = model.init_state(1, ids.shape[1] + n_new)
+    logits = model.prefill(ids, state, pixel_values=image)[:, -1]  # (1, V)
+    seq = ids[0].tolist()
+    for _ in range(n_new):
+        full, _ = model.forward(input_ids=np.array([seq]), pixel_values=image)
+        assert rel_err(logits[0], full[0, -1]) < 1e-10
+        seq.append(int(np.argmax(logits[0])))
+        logits = model.decode(np.array(seq[-1:]), state, len(seq) - 1)
+    assert seq[ids.shape[1]:] == ref["greedy"].tolist()
