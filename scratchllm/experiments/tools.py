@@ -169,11 +169,16 @@ def direct_logit_attribution(model, ids, target):
     if not 0 <= int(target) < V:
         raise ValueError(f"direct_logit_attribution: target {target} is not a token id "
                          f"(vocabulary {V})")
+    if getattr(model, "transform", None) is not None:
+        raise ValueError("direct_logit_attribution: the head has a non-linear transform "
+                         "(a masked LM's); the logit is not a sum of the stream's parts")
     parts, x_L = _components(model, ids)
     norm = model.norm
     head = model.embed.E.data.T if model.head is None else model.head.W.data  # (D, V)
     u = head[:, int(target)]  # (D,)
-    if isinstance(norm, RMSNorm):
+    if norm is None:  # no final norm: the head reads x_L itself
+        r, gain, center = 1.0, 1.0, (lambda c: c)
+    elif isinstance(norm, RMSNorm):
         r = 1.0 / np.sqrt(np.mean(x_L * x_L, axis=-1, keepdims=True) + norm.eps)  # (B, T, 1)
         gain, center = norm.g.data + norm.offset, (lambda c: c)
     else:  # LayerNorm: (x - mean) rstd g + b, the centring linear in x
@@ -184,8 +189,10 @@ def direct_logit_attribution(model, ids, target):
     shape = ids.shape
     if getattr(norm, "b", None) is not None:
         out["norm_bias"] = np.full(shape, norm.b.data @ u)
-    if model.head is not None and model.head.b is not None:
-        out["head_bias"] = np.full(shape, model.head.b.data[int(target)])
+    biases = [b.data[int(target)] for b in (getattr(model.head, "b", None),
+                                            getattr(model, "head_bias", None)) if b is not None]
+    if biases:  # the head's bias (a Linear's b, or the LM's head_bias)
+        out["head_bias"] = np.full(shape, sum(biases))
     return out
 
 

@@ -178,7 +178,7 @@ class LM(Module):
     def unembed(self, x):
         """The model's last step on a residual x (..., D): logits = head(norm(x)) (..., V),
         soft-capped with cfg.logit_softcap."""
-        return self._cap(self._head_forward(self.norm.forward(x)[0])[0])[0]
+        return self._cap(self._head_forward(self._norm_forward(x)[0])[0])[0]
 
     def _head_forward(self, h):
         """logits = t(h) @ W_head (+ b) -> (logits (..., V), HeadCache)."""

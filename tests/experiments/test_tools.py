@@ -17,6 +17,7 @@ CONFIGS = {
     "moe": dict(ffn="moe", n_experts=4, top_k=2),
     "hybrid": dict(layer_pattern="MA"),
     "softcap": dict(logit_softcap=3.0),
+    "no-final-norm": dict(final_norm=False, embed_norm=True),
 }
 
 
