@@ -178,3 +178,16 @@ def test_checkers_accept_a_clean_tree(tmp_path):
                             "cli/y.py": "def main(argv):\n    return 0\n"})
     assert long_signatures(root) == locals_calls(root) == import_doors(root) == []
     assert names_defined_twice(root) == {}
+
+
+def test_specs_stay_small_and_the_trunk_short():
+    """No spec dataclass over 16 fields; ModelConfig's trunk under ~20."""
+    import dataclasses
+
+    from scratchllm import specs
+    from scratchllm.specs import vision
+    classes = {c for m in (specs, vision) for c in vars(m).values()
+               if isinstance(c, type) and dataclasses.is_dataclass(c)}
+    sizes = {c.__name__: len(dataclasses.fields(c)) for c in classes}
+    assert {n: k for n, k in sizes.items() if k > 16} == {}
+    assert sizes["ModelConfig"] <= 20

@@ -85,7 +85,7 @@ def relative_bias(rng):
         (D, H * Dh), (D, H * Dh), (D, H * Dh), (H * Dh, D))), rel_table=table)
     layers = [(f"gqa layer, {name}", AttentionSpec(H, H, Dh, scale=1.0, rope=None,
                                                     mask=Mask(causal=name == "causal"),
-                                                    relative=rel))
+                                                    position_bias=rel))
               for name, rel in (("encoder", both), ("causal", causal))]
     reports = [check(gqa_forward, gqa_backward, rng=rng, label=label,
                      x=rng.standard_normal((2, 7, D)), w=w, spec=spec) for label, spec in layers]

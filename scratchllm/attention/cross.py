@@ -38,7 +38,7 @@ def _check_spec(fn, spec):
         ("rope", None), ("alibi", False), ("impl", "sdpa")) if getattr(spec, name) != off]
     if asked:
         raise ValueError(f"{fn}: spec has {', '.join(asked)}; cross-attention takes rope=None, "
-                         f"alibi=False, impl='sdpa'")
+                         f"position_bias=None, impl='sdpa'")
     if spec.mask.causal and spec.mask.array is None:
         raise ValueError(f"{fn}: spec.mask={spec.mask!r} is causal; cross-attention reads the "
                          f"whole context: give Mask(causal=False) (or a padding array)")

@@ -164,12 +164,12 @@ class AttentionSpec:
     Gemma 3), or "full": over the whole q and k projections (H*Dh and Hkv*Dh: OLMo 2), with
     its eps and gain offset (Gemma: gain = offset + g).  scale: the softmax scale (None =
     Dh^-1/2).  sinks: a learned sink logit per head (gpt-oss).  rope None: no rotary positions
-    (NoPE, or GPT-2's learned table); alibi: ALiBi's fixed per-head biases instead.  impl
+    (NoPE, or GPT-2's learned table); position_bias: a bias on the scores instead, "alibi"
+    (ALiBi's fixed per-head slopes) or a RelativeBiasSpec (T5's learned relative position
+    bias: the layer owns a (num_buckets, H) table), None for none.  impl
     "sdpa" (dense scores) or "flash" (tiled, block x block).  mask: the Mask every call of the
     layer uses (decoding keeps window + n_sink keys).  softcap c: the scores become
-    c tanh(scores / c) before the mask (Gemma 2; impl "sdpa"), None for plain scores.
-    relative: T5's learned relative position bias (a RelativeBiasSpec; the layer owns a
-    (num_buckets, H) table), or None."""
+    c tanh(scores / c) before the mask (Gemma 2; impl "sdpa"), None for plain scores."""
     n_heads: int = 4
     n_kv_heads: int = 2
     head_dim: int = None
@@ -181,18 +181,17 @@ class AttentionSpec:
     scale: float = None
     sinks: bool = False
     rope: RopeSpec = RopeSpec()
-    alibi: bool = False
+    position_bias: object = None
     impl: str = "sdpa"
     block: int = 128
     mask: Mask = Mask()
     softcap: float = None
-    relative: object = None
 
     def __post_init__(self):
         for name in ("n_heads", "n_kv_heads", "block"):
             positive_int(self, name)
         positive_int(self, "head_dim", none_ok=True)
-        for name in ("qkv_bias", "o_bias", "sinks", "alibi"):
+        for name in ("qkv_bias", "o_bias", "sinks"):
             flag(self, name)
         if not isinstance(self.qk_norm, bool) and self.qk_norm != "full":
             fail(self, f"qk_norm must be False, True (per head) or 'full' (over the whole "
@@ -207,20 +206,31 @@ class AttentionSpec:
         if self.n_heads % self.n_kv_heads:
             fail(self, f"n_heads={self.n_heads} must be a multiple of n_kv_heads="
                        f"{self.n_kv_heads}")
-        if self.rope is not None and self.alibi:
-            fail(self, "rope and alibi are two position schemes; give one (rope=None for ALiBi)")
+        if self.position_bias != "alibi":
+            instance(self, "position_bias", RelativeBiasSpec, none_ok=True)
+        if self.rope is not None and self.position_bias is not None:
+            fail(self, "rope and a position bias are two position schemes; give one (rope=None "
+                       "with position_bias)", "position_bias")
         if self.head_dim is not None and self.rope is not None and self.head_dim % 2:
             fail(self, f"RoPE rotates pairs: head_dim={self.head_dim} must be even")
-        instance(self, "relative", RelativeBiasSpec, none_ok=True)
-        if self.relative is not None and (self.rope is not None or self.alibi or self.impl
-                                          != "sdpa" or self.mask.window is not None):
-            fail(self, "relative (T5's bias) is the layer's position scheme: it needs "
-                       "rope=None, alibi=False, impl='sdpa' and no window")
+        if self.relative is not None and (self.impl != "sdpa" or self.mask.window is not None):
+            fail(self, "a relative position bias (T5's) needs impl='sdpa' and no window",
+                 "position_bias")
         if self.impl == "flash" and self.softcap is not None:
             fail(self, "softcap caps the dense scores: it needs impl='sdpa'", "softcap")
         if self.impl == "flash" and (self.mask.array is not None or self.mask.block):
             fail(self, "impl='flash' tiles causal, window and n_sink; a mask array or a block "
                        "pattern needs impl='sdpa'")
+
+    @property
+    def alibi(self):
+        """position_bias is ALiBi's."""
+        return self.position_bias == "alibi"
+
+    @property
+    def relative(self):
+        """position_bias when it is T5's relative bias (a RelativeBiasSpec), else None."""
+        return self.position_bias if isinstance(self.position_bias, RelativeBiasSpec) else None
 
     def dh(self, d_model):
         """Dh for a model of width d_model."""

@@ -231,7 +231,8 @@ def _mixer(f, i, kind):
     return AttentionSpec(
         f.n_heads, f.n_kv_heads, f.head_dim, f.qkv_bias, f.o_bias, f.qk_norm, f.norm_eps,
         f.norm_offset, f.attn_scale, f.attn_sinks, rope if f.positions == "rope" else None,
-        f.positions == "alibi", f.attn_impl, mask=mask, softcap=f.attn_softcap)
+        "alibi" if f.positions == "alibi" else None, f.attn_impl, mask=mask,
+        softcap=f.attn_softcap)
 
 
 def is_moe_layer(f, i):

@@ -49,7 +49,7 @@ def _decoder_layer(seed, T):
     from scratchllm.specs import AttentionSpec, Mask
     rng = np.random.default_rng(seed)
     spec = AttentionSpec(2, 2, 3, scale=1.0, rope=None, mask=Mask(),
-                         relative=RelativeBiasSpec(8, 12, bidirectional=False))
+                         position_bias=RelativeBiasSpec(8, 12, bidirectional=False))
     layer = Attention(5, spec, rng=rng, dtype=np.float64)
     layer.rel_table.data[...] = rng.standard_normal((8, 2))
     return layer, rng.standard_normal((2, T, 5))
@@ -67,8 +67,8 @@ def test_attention_layer_decodes_as_its_causal_forward():
 
 def test_spec_refuses_relative_bias_beside_another_position_scheme():
     from scratchllm.specs import AttentionSpec
-    with pytest.raises(ValueError, match="relative"):
-        AttentionSpec(2, 2, relative=RelativeBiasSpec())  # RoPE is on by default
+    with pytest.raises(ValueError, match="rope and a position bias are two position schemes"):
+        AttentionSpec(2, 2, position_bias=RelativeBiasSpec())  # RoPE is on by default
 
 
 def test_encoder_attention_layer_equals_transformers_t5_attention():
@@ -79,7 +79,7 @@ def test_encoder_attention_layer_equals_transformers_t5_attention():
     from scratchllm.specs import AttentionSpec, Mask
     ref = dict(np.load(FIXTURE.parents[1] / "t5_attention" / "expected.npz"))
     spec = AttentionSpec(4, 4, 3, scale=1.0, rope=None, mask=Mask(causal=False),
-                         relative=RelativeBiasSpec(8, 12))
+                         position_bias=RelativeBiasSpec(8, 12))
     w = AttentionWeights(*(ref[f"{n}.weight"].T for n in "qkvo"),
                          rel_table=ref["relative_attention_bias.weight"])
     y, cache = gqa_forward(ref["x"], w, spec=spec)
