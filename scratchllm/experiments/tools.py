@@ -14,8 +14,8 @@ LayerNorm: its centring is linear, rstd frozen), so that
     logit_t = sum_c (center(c) * r * gain) @ W_U[:, t]  (+ norm bias @ W_U[:, t] + head bias)
 over the components c of x_L: the embedding, each head of each attention layer, the output
 bias, each FFN (each non-attention mixer as one component).
-Attention patterns: softmax(q k^T scale + mask/ALiBi (+ sinks)) per head, read as sdpa's output
-with the identity as values (o = P @ I = P), so the pattern is the forward's own.
+Attention patterns: softmax(q k^T scale + mask/ALiBi/T5 bias (+ sinks), soft-capped) per head,
+read as sdpa's output with the identity as values (o = P @ I = P): the forward's own pattern.
 Head scores per head, averaged over query positions (Olsson et al. 2022, "In-context Learning
 and Induction Heads", arXiv 2209.11895):
     previous_token  P[t, t-1]                      (t >= 1)
@@ -27,7 +27,7 @@ Glossary: B batch, T time, D model width, V vocabulary, L layers, H heads.
 import numpy as np
 
 from scratchllm.attention import (Attention, AttentionWeights, alibi_bias, alibi_slopes,
-                                  project_qkv_forward, sdpa_forward)
+                                  project_qkv_forward, relative_bias_forward, sdpa_forward)
 from scratchllm.core import RMSNorm
 from scratchllm.core.validate import expect_int, expect_ndim
 
@@ -63,8 +63,11 @@ def _attend(mixer, a, values):
     bias = None
     if spec.alibi:
         bias = alibi_bias(alibi_slopes(spec.n_heads).astype(a.dtype), T, T)  # (H, T, T)
+    if spec.relative is not None:  # T5's bucketed relative bias (1, H, T, T)
+        bias = relative_bias_forward(w.rel_table, spec=spec.relative, Tq=T, Tk=T)[0]
     v = v if values is None else values.astype(q.dtype)
-    return sdpa_forward(q, k, v, spec.mask, spec.scale, bias=bias, sinks=w.sinks)[0]
+    return sdpa_forward(q, k, v, spec.mask, spec.scale, bias=bias, sinks=w.sinks,
+                        softcap=spec.softcap)[0]
 
 
 def _head_parts(mixer, a):

@@ -16,7 +16,7 @@ CONFIGS = {
     "sandwich": dict(block="sandwich", norm_offset=1.0),
     "moe": dict(ffn="moe", n_experts=4, top_k=2),
     "hybrid": dict(layer_pattern="MA"),
-    "softcap": dict(logit_softcap=3.0),
+    "softcap": dict(logit_softcap=3.0, attn_softcap=2.0),
     "no-final-norm": dict(final_norm=False, embed_norm=True),
 }
 
