@@ -22,7 +22,7 @@ import numpy as np
 import scipy.fft
 
 from scratchllm.core.validate import (expect_dout, expect_douts, expect_float, expect_inexact,
-                                      expect_positive, expect_shape)
+                                      expect_ndim, expect_positive, expect_shape)
 
 _SERIES_BELOW = 0.1  # |z| below this: Taylor series for φ and φ' (10 terms, truncation < 3e-17)
 _PHI_COEFFS = [1 / math.factorial(k + 1) for k in range(10)]  # φ(z) = Σ z^k/(k+1)!
@@ -309,8 +309,19 @@ def ssm_step(x_t, h, A_bar, B_bar, C, D):
     """One step of the discrete recurrence: h_t = Ā h_(t−1) + B̄ x_t, y_t = <C, h_t> + D x_t.
 
     Inputs:  x_t (B, D), h (B, D, N); A_bar, B_bar, C (D, N); D (D,).
-    Returns: (y_t (B, D), h_t (B, D, N)).
+    Returns: (y_t (B, D), h_t (B, D, N)). A state of another shape (no batch axis, batch 1
+    for a batch of 2) is an error, never broadcast.
     """
+    expect_float("ssm_step", "x_t", x_t)
+    expect_ndim("ssm_step", "x_t", x_t, 2, "(B, D)")
+    batch, width = x_t.shape
+    for name, a in (("A_bar", A_bar), ("B_bar", B_bar), ("C", C)):
+        expect_shape("ssm_step", name, a, (width, None), "(D, N), D = x_t.shape[1]")
+    N = A_bar.shape[1]
+    expect_shape("ssm_step", "B_bar", B_bar, (width, N), "(D, N) like A_bar")
+    expect_shape("ssm_step", "C", C, (width, N), "(D, N) like A_bar")
+    expect_shape("ssm_step", "D", D, (width,), "(D,)")
+    expect_shape("ssm_step", "h", h, (batch, width, N), "(B, D, N): the state of every row")
     h = A_bar * h + B_bar * x_t[..., None]  # (B, D, N)
     return (h * C).sum(-1) + D * x_t, h  # (B, D), (B, D, N)
 

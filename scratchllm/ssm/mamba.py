@@ -223,6 +223,12 @@ def mamba_step(x_t, state, w, *, spec):
     Returns: (out_t (B, D), the new MambaState); the inputs are not modified.
     """
     (Di, R, N), norms = _sizes("mamba_step", x_t, w, spec)
+    expect_instance("mamba_step", "state", state, MambaState)
+    batch = x_t.shape[0]
+    expect_shape("mamba_step", "state.conv", state.conv, (batch, spec.d_conv - 1, Di),
+                 "(B, K-1, Di): the last K-1 conv inputs of every row")
+    expect_shape("mamba_step", "state.ssm", state.ssm, (batch, Di, N),
+                 "(B, Di, N): the SSM state of every row")
     xz = linear_forward(x_t, w.W_in)[0]  # (B, 2Di)
     window = np.concatenate([state.conv, xz[:, None, :Di]], axis=1)  # (B, K, Di)
     u = silu_forward(causal_conv1d_forward(window, w.conv_w, w.conv_b)[0][:, -1])[0]  # (B, Di)

@@ -84,6 +84,8 @@ def s4d_step(x_t, state, A_log, B, C, log_dt, D):
     (A_bar, B_bar), _ = zoh_forward(-np.exp(A_log), B, np.exp(log_dt))  # (D, N) each
     if state is None:
         state = np.zeros(x_t.shape + A_log.shape[-1:], x_t.dtype)  # (B, D, N)
+    expect_shape("s4d_step", "state", state, x_t.shape + A_log.shape[-1:],
+                 "(B, D, N): the state of every row")
     return ssm_step(x_t, state, A_bar, B_bar, C, D)
 
 

@@ -73,12 +73,30 @@ def selective_scan_forward_ref(x, delta, A, B, C, D):
     return y, cache
 
 
+def check_step(fn, x_t, delta_t, A, BCD, h):
+    """The shapes of one scan step: x_t, delta_t (B, d); A (d, N); B_t, C_t (B, N); D (d,);
+    the state h exactly (B, d, N)."""
+    expect_float(fn, "x_t", x_t)
+    expect_ndim(fn, "x_t", x_t, 2, "(B, d)")
+    batch, d = x_t.shape
+    expect_shape(fn, "delta_t", delta_t, (batch, d), "(B, d) like x_t")
+    expect_shape(fn, "A", A, (d, None), "(d, N), d = x_t.shape[1]")
+    N = A.shape[1]
+    B_t, C_t, D = BCD
+    expect_shape(fn, "B_t", B_t, (batch, N), "(B, N)")
+    expect_shape(fn, "C_t", C_t, (batch, N), "(B, N)")
+    expect_shape(fn, "D", D, (d,), "(d,)")
+    expect_shape(fn, "h", h, (batch, d, N), "(B, d, N): the state of every row")
+
+
 def selective_scan_step(x_t, delta_t, A, B_t, C_t, D, h):
     """One step of the recurrence (the reference's loop body, and Mamba's decoding step).
 
     Inputs:  x_t, delta_t (B, d); A (d, N); B_t, C_t (B, N); D (d,); h (B, d, N) = h_{t-1}.
-    Returns: (y_t (B, d), h_t (B, d, N)).
+    Returns: (y_t (B, d), h_t (B, d, N)). A state of another shape (no batch axis, batch 1
+    for a batch of 2) is an error, never broadcast.
     """
+    check_step("selective_scan_step", x_t, delta_t, A, (B_t, C_t, D), h)
     dt = delta_t[..., None]  # (B, d, 1)
     h = np.exp(dt * A) * h + dt * B_t[:, None, :] * x_t[..., None]  # (B, d, N)
     return np.sum(h * C_t[:, None, :], axis=-1) + D * x_t, h  # (B, d), (B, d, N)

@@ -1,0 +1,57 @@
+"""Decoding states are checked, never broadcast: every *_step refuses, on generated wrong
+shapes, a state without its batch axis, with batch 1 for a larger batch, or of the wrong
+width (the error names the function and the state)."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from scratchllm.specs import MambaSpec
+from scratchllm.ssm.lti import ssm_step
+from scratchllm.ssm.mamba import Mamba, MambaState, mamba_step
+from scratchllm.ssm.s4d import s4d_step
+from scratchllm.ssm.scan import selective_scan_step
+
+
+def wrong_shapes(shape):
+    """Shapes a state of `shape` (B, ...) must not be accepted in: no batch axis, batch 1 (or
+    B + 1 when B = 1), one axis one wider."""
+    out = [shape[1:], (1 if shape[0] > 1 else 2,) + shape[1:]]
+    out += [shape[:i] + (shape[i] + 1,) + shape[i + 1:] for i in range(1, len(shape))]
+    return out
+
+
+sizes = st.tuples(st.integers(1, 3), st.integers(1, 4), st.integers(1, 3))  # B, D, N
+
+
+@settings(max_examples=25, deadline=None)
+@given(sizes, st.data())
+def test_ssm_and_selective_scan_steps_refuse_a_state_of_another_shape(size, data):
+    B, D, N = size
+    r = np.random.default_rng(0)
+    x_t = r.standard_normal((B, D))
+    bad = np.zeros(data.draw(st.sampled_from(wrong_shapes((B, D, N))), "state shape"))
+    A, Bb, C, Dv = (r.standard_normal((D, N)), r.standard_normal((D, N)),
+                    r.standard_normal((D, N)), r.standard_normal(D))
+    with pytest.raises(ValueError, match=r"^ssm_step: h has shape"):
+        ssm_step(x_t, bad, A, Bb, C, Dv)
+    with pytest.raises(ValueError, match=r"^selective_scan_step: h has shape"):
+        selective_scan_step(x_t, np.ones((B, D)), -np.abs(A), r.standard_normal((B, N)),
+                            r.standard_normal((B, N)), Dv, bad)
+    with pytest.raises(ValueError, match=r"^s4d_step: state has shape"):
+        s4d_step(x_t, bad, np.zeros((D, N)), Bb, C, np.full(D, -3.0), Dv)
+    y, h = ssm_step(x_t, np.zeros((B, D, N)), A, Bb, C, Dv)  # the right shape passes
+    assert y.shape == (B, D) and h.shape == (B, D, N)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 3), st.sampled_from(["conv", "ssm"]), st.data())
+def test_mamba_step_refuses_conv_or_ssm_states_of_another_shape(B, part, data):
+    spec = MambaSpec(d_state=3, d_conv=4, expand=2)
+    layer = Mamba(4, spec, rng=np.random.default_rng(0), dtype=np.float64)
+    state = layer.init_state(B)
+    good = getattr(state, part)
+    bad = np.zeros(data.draw(st.sampled_from(wrong_shapes(good.shape)), "shape"))
+    with pytest.raises(ValueError, match=rf"^mamba_step: state.{part} has shape"):
+        mamba_step(np.ones((B, 4)), state._replace(**{part: bad}), layer.weights(), spec=spec)
+    out, new = mamba_step(np.ones((B, 4)), MambaState(*state), layer.weights(), spec=spec)
+    assert out.shape == (B, 4) and new.ssm.shape == state.ssm.shape
