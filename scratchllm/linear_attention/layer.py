@@ -180,6 +180,9 @@ def recurrent_mixer_step(x_t, state, w, *, spec):
     expect_ndim("recurrent_mixer_step", "x_t", x_t, 2, "(B, D)")
     H = _check("recurrent_mixer_step", x_t, w, spec)
     B, kind = x_t.shape[0], spec.kind
+    Dh = w.Wq.shape[1] // H
+    expect_shape("recurrent_mixer_step", "state", state, (B, H, Dh, Dh + (kind == "linear")),
+                 "(B, H, Dh, Dh) (Dh + 1 columns for 'linear'): the state of every row")
     q, k, v = (linear_forward(x_t, W)[0].reshape(B, H, -1)
                for W in (w.Wq, w.Wk, w.Wv))  # (B, H, Dh)
     if kind == "linear":

@@ -178,11 +178,21 @@ def mamba2_backward(dout, cache):
     return {"x": dx, "w": dw}
 
 
+def _check_state(state, batch, width, ssd_shape, K):
+    """A Mamba2State of every row: conv (B, K-1, Di + 2GN), ssd (B, H, N, Dh)."""
+    expect_instance("mamba2_step", "state", state, Mamba2State)
+    expect_shape("mamba2_step", "state.conv", state.conv, (batch, K - 1, width),
+                 "(B, K-1, Di + 2GN): the last K-1 conv inputs of every row")
+    expect_shape("mamba2_step", "state.ssd", state.ssd, (batch,) + ssd_shape,
+                 "(B, H, N, Dh): the SSD state of every row")
+
+
 def mamba2_step(x_t, state, w, *, spec):
     """One decoding token: x_t (B, D), state a Mamba2State, w and spec as in mamba2_forward
     -> (out_t (B, D), the new Mamba2State); the inputs are not modified."""
     Di, N, H = _check("mamba2_step", 2, x_t, w, spec)
     batch = x_t.shape[0]
+    _check_state(state, batch, Di + 2 * spec.n_groups * N, (H, N, Di // H), spec.d_conv)
     z = linear_forward(x_t, w.Wz)[0]  # (B, Di)
     xbc = np.concatenate([linear_forward(x_t, W)[0] for W in (w.Wx, w.WB, w.WC)],
                          -1)  # (B, Di + 2GN)

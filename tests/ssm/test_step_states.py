@@ -55,3 +55,31 @@ def test_mamba_step_refuses_conv_or_ssm_states_of_another_shape(B, part, data):
         mamba_step(np.ones((B, 4)), state._replace(**{part: bad}), layer.weights(), spec=spec)
     out, new = mamba_step(np.ones((B, 4)), MambaState(*state), layer.weights(), spec=spec)
     assert out.shape == (B, 4) and new.ssm.shape == state.ssm.shape
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 3), st.sampled_from(["conv", "ssd"]), st.data())
+def test_mamba2_step_refuses_conv_or_ssd_states_of_another_shape(B, part, data):
+    from scratchllm.specs import Mamba2Spec
+    from scratchllm.ssm.mamba2 import Mamba2, mamba2_step
+    spec = Mamba2Spec(n_heads=2, d_state=3, expand=2, d_conv=4)
+    layer = Mamba2(4, spec, rng=np.random.default_rng(0), dtype=np.float64)
+    state = layer.init_state(B)
+    bad = np.zeros(data.draw(st.sampled_from(wrong_shapes(getattr(state, part).shape)), "shape"))
+    with pytest.raises(ValueError, match=rf"^mamba2_step: state.{part} has shape"):
+        mamba2_step(np.ones((B, 4)), state._replace(**{part: bad}), layer.weights(), spec=spec)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 3), st.sampled_from(["linear", "retnet", "gla", "delta"]), st.data())
+def test_recurrent_mixer_step_refuses_a_state_of_another_shape(B, kind, data):
+    from scratchllm.linear_attention.layer import RecurrentMixer, recurrent_mixer_step
+    from scratchllm.specs import RecurrentSpec
+    spec = RecurrentSpec(kind, n_heads=2)
+    layer = RecurrentMixer(8, spec, rng=np.random.default_rng(0), dtype=np.float64)
+    good = layer.init_state(B)
+    bad = np.zeros(data.draw(st.sampled_from(wrong_shapes(good.shape)), "shape"))
+    with pytest.raises(ValueError, match=r"^recurrent_mixer_step: state has shape"):
+        recurrent_mixer_step(np.ones((B, 8)), bad, layer.weights(), spec=spec)
+    out, new = recurrent_mixer_step(np.ones((B, 8)), good, layer.weights(), spec=spec)
+    assert new.shape == good.shape
