@@ -130,16 +130,26 @@ def worker_torch(directory):
                 finetune=B * T / _median(ft))
 
 
-def _child(kind, directory):
-    result = (worker_numpy if kind == "numpy" else worker_torch)(directory)
+def child(workers, kind, directory):
+    """In a child process: run workers[kind](directory) and print its result as JSON, with
+    this process's peak RSS (MiB)."""
+    result = workers[kind](directory)
     result["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(result))
 
 
-def _spawn(kind, directory):
-    out = subprocess.run([sys.executable, __file__, "--child", kind, directory], env=_env(),
-                         check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def side_by_side(script, make_checkpoint, rounds):
+    """{"numpy" | "torch": {metric: median}}: `script --child KIND DIR` in a fresh process per
+    framework, alternating within each round (scratchllm first), on one checkpoint."""
+    with tempfile.TemporaryDirectory() as d:
+        make_checkpoint(d)
+        rows = {"numpy": [], "torch": []}
+        for _ in range(rounds):
+            for kind in rows:
+                out = subprocess.run([sys.executable, script, "--child", kind, d], env=_env(),
+                                     check=True, capture_output=True, text=True)
+                rows[kind].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return {k: {m: _median([r[m] for r in v]) for m in v[0]} for k, v in rows.items()}
 
 
 def main():
@@ -148,14 +158,8 @@ def main():
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        return _child(*args.child)
-    with tempfile.TemporaryDirectory() as d:
-        make_checkpoint(d)
-        rows = {"numpy": [], "torch": []}
-        for _ in range(args.rounds):
-            for kind in rows:  # scratchllm first in each round
-                rows[kind].append(_spawn(kind, d))
-    med = {k: {m: _median([r[m] for r in v]) for m in v[0]} for k, v in rows.items()}
+        return child({"numpy": worker_numpy, "torch": worker_torch}, *args.child)
+    med = side_by_side(__file__, make_checkpoint, args.rounds)
     print(f"uptime: {os.popen('uptime').read().strip()}")
     print("| metric | scratchllm | transformers | ratio | target |")
     print("|---|---|---|---|---|")

@@ -17,15 +17,10 @@ medians over the timed repeats.
     flock /tmp/scratchllm-bench.lock python benchmarks/bench_hub_llava.py [--rounds 2]
 """
 import argparse
-import json
 import os
-import resource
-import subprocess
-import sys
-import tempfile
 import time
 
-from bench_hub import THREADS, _env, _median
+from bench_hub import THREADS, _median, child, side_by_side
 
 VISION = dict(model_type="clip_vision_model", hidden_size=384, intermediate_size=1536,
               num_hidden_layers=6, num_attention_heads=6, image_size=112, patch_size=14,
@@ -125,32 +120,14 @@ def worker_torch(directory):
                 train=T / _median(train))
 
 
-def _child(kind, directory):
-    result = (worker_numpy if kind == "numpy" else worker_torch)(directory)
-    result["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps(result))
-
-
-def _spawn(kind, directory):
-    out = subprocess.run([sys.executable, __file__, "--child", kind, directory], env=_env(),
-                         check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        return _child(*args.child)
-    with tempfile.TemporaryDirectory() as d:
-        make_checkpoint(d)
-        rows = {"numpy": [], "torch": []}
-        for _ in range(args.rounds):
-            for kind in rows:  # scratchllm first in each round
-                rows[kind].append(_spawn(kind, d))
-    med = {k: {m: _median([r[m] for r in v]) for m in v[0]} for k, v in rows.items()}
+        return child({"numpy": worker_numpy, "torch": worker_torch}, *args.child)
+    med = side_by_side(__file__, make_checkpoint, args.rounds)
     print(f"uptime: {os.popen('uptime').read().strip()}")
     print("| metric | scratchllm | transformers | ratio | target |")
     print("|---|---|---|---|---|")

@@ -18,7 +18,7 @@ BASE = {"linear": dict(factor=2.0),
 finite = st.floats(allow_nan=False, allow_infinity=False, min_value=-1e6, max_value=1e6)
 
 
-def _refused(scaling, key):
+def assert_refused(scaling, key):
     with pytest.raises(ValueError, match=key):
         RopeSpec(scaling=scaling)
     with pytest.raises(ValueError, match=key):
@@ -30,7 +30,7 @@ def _refused(scaling, key):
 def test_a_factor_below_one_is_refused_and_above_gives_finite_frequencies(kind, factor):
     scaling = dict(BASE[kind], rope_type=kind, factor=factor)
     if factor < 1:
-        _refused(scaling, "factor")
+        assert_refused(scaling, "factor")
     else:
         inv_freq, attention_factor = rope_frequencies(16, 10000.0, scaling, seq_len=2 * L0)
         assert np.isfinite(inv_freq).all() and np.isfinite(attention_factor)
@@ -41,9 +41,9 @@ def test_a_factor_below_one_is_refused_and_above_gives_finite_frequencies(kind, 
 def test_yarn_needs_beta_fast_above_beta_slow_above_zero(fast, slow):
     scaling = dict(BASE["yarn"], rope_type="yarn", beta_fast=fast, beta_slow=slow)
     if min(fast, slow) <= 0:
-        _refused(scaling, "beta_")
+        assert_refused(scaling, "beta_")
     elif fast <= slow:
-        _refused(scaling, "beta_fast > beta_slow")
+        assert_refused(scaling, "beta_fast > beta_slow")
     else:
         assert RopeSpec(scaling=scaling).scaling == scaling
 
@@ -54,9 +54,9 @@ def test_llama3_needs_zero_below_low_below_high(low, high):
     scaling = dict(BASE["llama3"], rope_type="llama3", low_freq_factor=low,
                    high_freq_factor=high)
     if min(low, high) <= 0:
-        _refused(scaling, "freq_factor")
+        assert_refused(scaling, "freq_factor")
     elif low >= high:
-        _refused(scaling, "low_freq_factor < high_freq_factor")
+        assert_refused(scaling, "low_freq_factor < high_freq_factor")
     else:
         assert np.isfinite(rope_frequencies(16, 10000.0, scaling)[0]).all()
 
@@ -65,7 +65,7 @@ def test_llama3_needs_zero_below_low_below_high(low, high):
 @given(st.sampled_from(["dynamic", "yarn", "llama3"]),
        st.one_of(st.text(max_size=5), st.floats(), st.integers(max_value=0), st.booleans()))
 def test_original_max_position_embeddings_must_be_a_positive_integer(kind, bad):
-    _refused(dict(BASE[kind], rope_type=kind, original_max_position_embeddings=bad),
+    assert_refused(dict(BASE[kind], rope_type=kind, original_max_position_embeddings=bad),
              "original_max_position_embeddings must be an integer >= 1")
 
 
@@ -76,7 +76,7 @@ def test_rope_type_and_type_must_agree(a, b):
     if a == b:
         assert RopeSpec(scaling=scaling).scaling == scaling
     else:
-        _refused(scaling, "disagree")
+        assert_refused(scaling, "disagree")
 
 
 @settings(max_examples=30, deadline=None)
