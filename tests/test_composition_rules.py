@@ -90,6 +90,18 @@ def import_doors(root):
     return _calls(root, is_door)
 
 
+def private_imports(root):
+    """['path:line name'] of private names (_x) imported from another module of the
+    library: a helper used in two modules is public, or one of them owns it."""
+    found = []
+    for rel, path in python_files(root):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("scratchllm"):
+                found += [f"{rel}:{node.lineno} {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
 def _module_names(tree):
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -128,6 +140,10 @@ def test_no_import_module_between_library_modules():
     assert import_doors(ROOT) == []
 
 
+def test_no_private_name_is_imported_across_modules():
+    assert private_imports(ROOT) == []
+
+
 def test_no_public_name_is_defined_in_two_modules():
     assert names_defined_twice(ROOT) == {}
 
@@ -160,6 +176,7 @@ BAD = {
     "cli/__init__.py": "import importlib\n_m = importlib.import_module('scratchllm.cli.x')\n",
     "cli/x.py": "def main(argv):\n    return 0\n",
     "cli/y.py": "def main(argv):\n    return 0\n",
+    "b/peek.py": "from scratchllm.a.bag import _helper, f\n",
 }
 
 
@@ -169,6 +186,7 @@ def test_checkers_catch_each_broken_rule(tmp_path):
                                      "a/wide.py:4 M.__init__ (9 parameters)"]
     assert locals_calls(root) == ["a/bag.py:2"]
     assert import_doors(root) == ["a/door.py:2"]
+    assert private_imports(root) == ["b/peek.py:1 _helper"]
     assert names_defined_twice(root) == {"wide": ["a/wide.py", "b/twice.py"]}
 
 
@@ -177,6 +195,7 @@ def test_checkers_accept_a_clean_tree(tmp_path):
                             "cli/x.py": "def main(argv):\n    return 0\n",
                             "cli/y.py": "def main(argv):\n    return 0\n"})
     assert long_signatures(root) == locals_calls(root) == import_doors(root) == []
+    assert private_imports(root) == []
     assert names_defined_twice(root) == {}
 
 

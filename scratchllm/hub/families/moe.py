@@ -74,18 +74,18 @@ _DEEPSEEK = dict(rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embe
                  hidden_act="silu")
 # HF's DeepseekV3RMSNorm(q_lora_rank) and (kv_lora_rank) keep their default eps, whatever
 # rms_norm_eps says: the library's MLA norms take it as mla_norm_eps.
-_MLA_NORM_EPS = 1e-6
+MLA_NORM_EPS = 1e-6
 _TRAINING_ONLY = dict(balance_coef=0.0, z_coef=0.0, bias_gamma=0.0)
-_BOTH = dict(ffn="moe", positions="rope", norm="rmsnorm", block="pre", n_sink=0,
+MOE_NEEDS = dict(ffn="moe", positions="rope", norm="rmsnorm", block="pre", n_sink=0,
              attn_softcap=None, logit_softcap=None,
              attn_sinks=False, o_bias=False, qkv_bias=False, qk_norm=False, layer_types=None,
              embed_scale=False, norm_offset=0.0, attn_scale=None, capacity_factor=None,
              experts="swiglu", router_bias=False, moe_every=1)
-_MIXTRAL_NEEDS = dict(_BOTH, score="softmax", n_shared=0, n_group=1, topk_group=1,
+_MIXTRAL_NEEDS = dict(MOE_NEEDS, score="softmax", n_shared=0, n_group=1, topk_group=1,
                       norm_topk_prob=True, routed_scaling_factor=1.0, first_k_dense=0,
                       rope_style="half", bias_gamma=0.0)
-_DEEPSEEK_NEEDS = dict(_BOTH, score="sigmoid", mla_norm_eps=_MLA_NORM_EPS, group_top=2)
-_DEEPSEEK_LAYER = dict(LAYER_NAMES, **{
+_DEEPSEEK_NEEDS = dict(MOE_NEEDS, score="sigmoid", mla_norm_eps=MLA_NORM_EPS, group_top=2)
+DEEPSEEK_LAYER = dict(LAYER_NAMES, **{
     "mixer.wq": ("self_attn.q_proj.weight", True),
     "mixer.wq_a": ("self_attn.q_a_proj.weight", True),
     "mixer.q_norm": ("self_attn.q_a_layernorm.weight", False),
@@ -98,7 +98,7 @@ _DEEPSEEK_LAYER = dict(LAYER_NAMES, **{
     "ffn.shared_w1": ("mlp.shared_experts.gate_proj.weight", True),
     "ffn.shared_w3": ("mlp.shared_experts.up_proj.weight", True),
     "ffn.shared_w2": ("mlp.shared_experts.down_proj.weight", True)})
-_DEEPSEEK_EXPERTS = ("mlp.experts", {"ffn.w1": "gate_proj", "ffn.w3": "up_proj",
+DEEPSEEK_EXPERTS = ("mlp.experts", {"ffn.w1": "gate_proj", "ffn.w3": "up_proj",
                                      "ffn.w2": "down_proj"})
 _BIAS = "mlp.gate.e_score_correction_bias"  # deepseek_v3's selection bias (a buffer)
 
@@ -108,7 +108,7 @@ def _attention_only(f):
     return set(layer_kinds(f)) == {"A"}
 
 
-def _differences(f, needs):
+def moe_differences(f, needs):
     """differences(f, needs), and a layer_pattern with other mixers than attention."""
     differ = differences(f, needs)
     if not _attention_only(f):
@@ -116,7 +116,7 @@ def _differences(f, needs):
     return differ
 
 
-def _common(hf, family):
+def moe_common(hf, family):
     """The flat fields both families read the same way (hf with its defaults applied)."""
     theta, scaling = rope_of(hf)
     return dict(name=family, vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
@@ -127,7 +127,7 @@ def _common(hf, family):
                 **_TRAINING_ONLY)
 
 
-def _common_to_hf(f, hf, family, dtype_name, max_pos):
+def moe_common_to_hf(f, hf, family, dtype_name, max_pos):
     """hf (over the loaded config.json) with the fields both families write the same way;
     max_pos the family's default max_position_embeddings."""
     rope, max_pos = rope_parameters(f, hf.get("max_position_embeddings", max_pos))
@@ -149,7 +149,7 @@ def _mixtral_from_hf(hf):
     hf = {**_MIXTRAL, **hf}
     only(hf, dict(hidden_act="silu"), "mixtral")
     H, D = hf["num_attention_heads"], hf["hidden_size"]
-    return dict(_common(hf, "mixtral"), n_kv_heads=hf["num_key_value_heads"] or H,
+    return dict(moe_common(hf, "mixtral"), n_kv_heads=hf["num_key_value_heads"] or H,
                 d_ff=hf["intermediate_size"], window=hf["sliding_window"],
                 head_dim=None if hf["head_dim"] in (None, D // H) else hf["head_dim"],
                 n_experts=hf["num_local_experts"], score="softmax")
@@ -157,7 +157,7 @@ def _mixtral_from_hf(hf):
 
 def _mixtral_to_hf(f, dtype_name, base=None):
     hf = over(base, ("rope_scaling", "rope_theta"))
-    _common_to_hf(f, hf, MIXTRAL, dtype_name, _MIXTRAL["max_position_embeddings"])
+    moe_common_to_hf(f, hf, MIXTRAL, dtype_name, _MIXTRAL["max_position_embeddings"])
     hf.update(intermediate_size=f.d_ff, num_key_value_heads=f.n_kv_heads, head_dim=head_dim(f),
               sliding_window=f.window, num_local_experts=f.n_experts)
     return hf
@@ -172,7 +172,7 @@ def _mixtral_claims(f):
 
 MIXTRAL = Family(
     "mixtral", "MixtralForCausalLM", _mixtral_from_hf, _mixtral_to_hf, _mixtral_claims,
-    check=lambda f: refuse(f, "mixtral", _differences(f, _MIXTRAL_NEEDS)),
+    check=lambda f: refuse(f, "mixtral", moe_differences(f, _MIXTRAL_NEEDS)),
     names=lambda model, f: decoder_entries(model, "mixtral", _MIXTRAL_LAYER, _MIXTRAL_EXPERTS))
 
 
@@ -184,8 +184,8 @@ def _deepseek_from_hf(hf):
     if not hf["n_shared_experts"]:
         fail_config("n_shared_experts = 0 is not implemented for deepseek_v3 (only >= 1)")
     return dict(
-        _common(hf, "deepseek_v3"), attention="mla", n_kv_heads=hf["num_attention_heads"],
-        mla_norm_eps=_MLA_NORM_EPS,
+        moe_common(hf, "deepseek_v3"), attention="mla", n_kv_heads=hf["num_attention_heads"],
+        mla_norm_eps=MLA_NORM_EPS,
         q_lora_rank=hf["q_lora_rank"] or 0, kv_lora_rank=hf["kv_lora_rank"],
         qk_nope_head_dim=hf["qk_nope_head_dim"], qk_rope_head_dim=hf["qk_rope_head_dim"],
         v_head_dim=hf["v_head_dim"], rope_style="interleaved" if hf["rope_interleave"] else
@@ -198,7 +198,7 @@ def _deepseek_from_hf(hf):
 
 def _deepseek_to_hf(f, dtype_name, base=None):
     hf = over(base, ("rope_scaling", "rope_theta", "head_dim"))  # HF: head_dim = rope part
-    _common_to_hf(f, hf, DEEPSEEK_V3, dtype_name, _DEEPSEEK["max_position_embeddings"])
+    moe_common_to_hf(f, hf, DEEPSEEK_V3, dtype_name, _DEEPSEEK["max_position_embeddings"])
     dense = f.dense_d_ff or hf.get("intermediate_size", f.d_ff)  # kept when no layer is dense
     hf.update(intermediate_size=dense, moe_intermediate_size=f.d_ff,
               num_key_value_heads=f.n_heads, q_lora_rank=f.q_lora_rank or None,
@@ -212,19 +212,22 @@ def _deepseek_to_hf(f, dtype_name, base=None):
     return hf
 
 
-def _deepseek_check(f):
-    """_DEEPSEEK_NEEDS, every layer attention, and a shared expert (HF always has one)."""
-    differ = _differences(f, _DEEPSEEK_NEEDS)
-    if f.n_group == 1:  # without groups the group score plays no part
-        differ.pop("group_top", None)
-    if f.n_shared < 1:
-        differ["n_shared"] = "n_shared >= 1"
-    refuse(f, "deepseek_v3", differ)
+def deepseek_check(needs, family):
+    """The check of a DeepSeek family: `needs`, every layer attention, and a shared expert
+    (HF always has one)."""
+    def check(f):
+        differ = moe_differences(f, needs)
+        if f.n_group == 1:  # without groups the group score plays no part
+            differ.pop("group_top", None)
+        if f.n_shared < 1:
+            differ["n_shared"] = "n_shared >= 1"
+        refuse(f, family, differ)
+    return check
 
 
 def _deepseek_names(model, f):
     """Every Param, and each MoE layer's selection bias (a buffer: e_score_correction_bias)."""
-    out = decoder_entries(model, "deepseek_v3", _DEEPSEEK_LAYER, _DEEPSEEK_EXPERTS)
+    out = decoder_entries(model, "deepseek_v3", DEEPSEEK_LAYER, DEEPSEEK_EXPERTS)
     return out + [Entry(f"model.layers.{name.split('.')[1]}.{_BIAS}", (name,), False,
                         buffer=True) for name, _ in model.named_buffers()]
 
@@ -237,4 +240,5 @@ def _deepseek_claims(f):
 
 
 DEEPSEEK_V3 = Family("deepseek_v3", "DeepseekV3ForCausalLM", _deepseek_from_hf,
-                     _deepseek_to_hf, _deepseek_claims, _deepseek_check, _deepseek_names)
+                     _deepseek_to_hf, _deepseek_claims,
+                     deepseek_check(_DEEPSEEK_NEEDS, "deepseek_v3"), _deepseek_names)

@@ -44,8 +44,9 @@ Glossary: D model width, E experts, F expert width, H heads.
 from scratchllm.hub.families.base import (DECODER_FIELDS, LAYER_NAMES, Family, decoder_entries,
                                           differences, fail_config, head_dim, layer_kinds, only,
                                           over, refuse, require, rope_of, rope_parameters)
-from scratchllm.hub.families.moe import (_BOTH, _DEEPSEEK_EXPERTS, _DEEPSEEK_LAYER,
-                                         _MLA_NORM_EPS, _common, _common_to_hf, _differences)
+from scratchllm.hub.families.moe import (DEEPSEEK_EXPERTS, DEEPSEEK_LAYER, MLA_NORM_EPS,
+                                         MOE_NEEDS, deepseek_check, moe_common,
+                                         moe_common_to_hf)
 
 _QWEN3_MOE = dict(rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=32768,
                   num_key_value_heads=4, head_dim=None, decoder_sparse_step=1,
@@ -135,7 +136,7 @@ _DEEPSEEK_V2 = dict(rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_e
                     q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128,
                     qk_nope_head_dim=128, n_group=None, topk_group=None, topk_method="greedy",
                     first_k_dense_replace=0, num_key_value_heads=None)
-_DEEPSEEK_V2_NEEDS = dict(_BOTH, score="softmax", mla_norm_eps=_MLA_NORM_EPS,
+_DEEPSEEK_V2_NEEDS = dict(MOE_NEEDS, score="softmax", mla_norm_eps=MLA_NORM_EPS,
                           norm_topk_prob=False, rope_style="interleaved", group_top=1,
                           bias_gamma=0.0)
 _TOPK_METHODS = ("greedy", "group_limited_greedy")
@@ -159,7 +160,7 @@ def _deepseek_v2_from_hf(hf):
         fail_config("n_shared_experts = 0 is not implemented for deepseek_v2 (only >= 1)")
     grouped = hf["topk_method"] == "group_limited_greedy"
     return dict(
-        _common(hf, "deepseek_v2"), attention="mla", n_kv_heads=H, mla_norm_eps=_MLA_NORM_EPS,
+        moe_common(hf, "deepseek_v2"), attention="mla", n_kv_heads=H, mla_norm_eps=MLA_NORM_EPS,
         q_lora_rank=hf["q_lora_rank"] or 0, kv_lora_rank=hf["kv_lora_rank"],
         qk_nope_head_dim=hf["qk_nope_head_dim"], qk_rope_head_dim=hf["qk_rope_head_dim"],
         v_head_dim=hf["v_head_dim"], rope_style="interleaved", d_ff=hf["moe_intermediate_size"],
@@ -172,7 +173,7 @@ def _deepseek_v2_from_hf(hf):
 
 def _deepseek_v2_to_hf(f, dtype_name, base=None):
     hf = over(base, ("rope_scaling", "rope_theta", "head_dim", "num_experts"))
-    _common_to_hf(f, hf, DEEPSEEK_V2, dtype_name, _DEEPSEEK_V2["max_position_embeddings"])
+    moe_common_to_hf(f, hf, DEEPSEEK_V2, dtype_name, _DEEPSEEK_V2["max_position_embeddings"])
     dense = f.dense_d_ff or hf.get("intermediate_size", f.d_ff)  # kept when no layer is dense
     grouped = f.n_group > 1
     hf.update(intermediate_size=dense, moe_intermediate_size=f.d_ff,
@@ -188,19 +189,10 @@ def _deepseek_v2_to_hf(f, dtype_name, base=None):
     return hf
 
 
-def _deepseek_v2_check(f):
-    """_DEEPSEEK_V2_NEEDS, every layer attention, and a shared expert (HF always has one)."""
-    differ = _differences(f, _DEEPSEEK_V2_NEEDS)
-    if f.n_group == 1:  # without groups the group score plays no part
-        differ.pop("group_top", None)
-    if f.n_shared < 1:
-        differ["n_shared"] = "n_shared >= 1"
-    refuse(f, "deepseek_v2", differ)
-
-
 DEEPSEEK_V2 = Family(
     "deepseek_v2", "DeepseekV2ForCausalLM", _deepseek_v2_from_hf, _deepseek_v2_to_hf,
     claims=lambda f: (set(layer_kinds(f)) == {"A"} and f.attention == "mla"
                       and f.experts == "swiglu" and f.score == "softmax"),
-    check=_deepseek_v2_check, names=lambda model, f: decoder_entries(
-        model, "deepseek_v2", _DEEPSEEK_LAYER, _DEEPSEEK_EXPERTS))
+    check=deepseek_check(_DEEPSEEK_V2_NEEDS, "deepseek_v2"),
+    names=lambda model, f: decoder_entries(
+        model, "deepseek_v2", DEEPSEEK_LAYER, DEEPSEEK_EXPERTS))
