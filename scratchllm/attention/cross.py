@@ -32,8 +32,9 @@ class CrossCache(NamedTuple):
 
 
 def _check_spec(fn, spec):
-    """Cross-attention has no positions, biases, QK-norm, sinks or tiled kernel, and its
-    queries read the whole context: what the spec may ask of it."""
+    """Cross-attention has no positions or tiled kernel (biases on the projections it takes:
+    spec.qkv_bias, spec.o_bias), and its queries read the whole context: what the spec may
+    ask of it."""
     asked = [f"{name}={getattr(spec, name)!r}" for name, off in (
         ("rope", None), ("alibi", False), ("impl", "sdpa")) if getattr(spec, name) != off]
     if asked:
@@ -45,10 +46,11 @@ def _check_spec(fn, spec):
 
 
 def cross_attention_forward(x, ctx, w, *, spec, mask=None):
-    """y = sdpa(split(x Wq), split(ctx Wk), split(ctx Wv), mask) Wo.
+    """y = sdpa(split(x Wq + bq), split(ctx Wk + bk), split(ctx Wv + bv), mask) Wo + bo.
 
     Inputs:  x (B, Tq, D) queries' stream; ctx (B, Tk, Dc) the other sequence (an encoder's
-             output); w an AttentionWeights: wq (D, H*Dh), wk, wv (Dc, Hkv*Dh), wo (H*Dh, D);
+             output); w an AttentionWeights: wq (D, H*Dh), wk, wv (Dc, Hkv*Dh), wo (H*Dh, D),
+             and bq, bk, bv, bo where spec.qkv_bias / spec.o_bias ask for them;
              spec an AttentionSpec (n_heads, n_kv_heads, head_dim, scale; rope=None,
              mask=Mask(causal=False)); mask a Mask (e.g. Mask(array=keep) with keep bool
              (B, 1, 1, Tk) for padding), or None: spec.mask.
@@ -65,18 +67,18 @@ def cross_attention_forward(x, ctx, w, *, spec, mask=None):
     expect_shape(fn, "wk", w.wk, (ctx.shape[2], Hkv * Dh), "(Dc, Hkv*Dh)")
     expect_shape(fn, "wv", w.wv, w.wk.shape, "(Dc, Hkv*Dh)")
     expect_shape(fn, "wo", w.wo, (H * Dh, x.shape[2]), "(H*Dh, D)")
-    q, lin_q = linear_forward(x, w.wq)  # (B, Tq, H*Dh)
-    k, lin_k = linear_forward(ctx, w.wk)  # (B, Tk, Hkv*Dh)
-    v, lin_v = linear_forward(ctx, w.wv)  # (B, Tk, Hkv*Dh)
+    q, lin_q = linear_forward(x, w.wq, w.bq)  # (B, Tq, H*Dh)
+    k, lin_k = linear_forward(ctx, w.wk, w.bk)  # (B, Tk, Hkv*Dh)
+    v, lin_v = linear_forward(ctx, w.wv, w.bv)  # (B, Tk, Hkv*Dh)
     o, sd = sdpa_forward(split_heads(q, H), split_heads(k, Hkv), split_heads(v, Hkv),
                          spec.mask if mask is None else mask, spec.scale)  # (B, H, Tq, Dh)
-    y, lin_o = linear_forward(merge_heads(o), w.wo)  # (B, Tq, D)
+    y, lin_o = linear_forward(merge_heads(o), w.wo, w.bo)  # (B, Tq, D)
     return y, CrossCache(lin_q, lin_k, lin_v, sd, lin_o, H, Hkv)
 
 
 def cross_attention_backward(dy, cache):
     """Math: the linear and sdpa backwards in reverse; d ctx = dk Wk^T + dv Wv^T.
-    Returns {"x": dx, "ctx": dctx, "w": AttentionWeights(dwq, dwk, dwv, dwo)}.
+    Returns {"x": dx, "ctx": dctx, "w": AttentionWeights(dwq, dwk, dwv, dwo[, the biases'])}.
     Reference: Vaswani et al. 2017 (arXiv 1706.03762) section 3.2.3."""
     expect_dout("cross_attention_backward", dy, *linear_out(cache.lin_o), name="dy")
     g_o = linear_backward(dy, cache.lin_o)  # fwd: y = merge_heads(o) @ wo
@@ -85,11 +87,13 @@ def cross_attention_backward(dy, cache):
     g_k = linear_backward(merge_heads(g["k"]), cache.lin_k)  # fwd: k = split(ctx @ wk)
     g_v = linear_backward(merge_heads(g["v"]), cache.lin_v)  # fwd: v = split(ctx @ wv)
     return {"x": g_q["x"], "ctx": g_k["x"] + g_v["x"],
-            "w": AttentionWeights(g_q["W"], g_k["W"], g_v["W"], g_o["W"])}
+            "w": AttentionWeights(g_q["W"], g_k["W"], g_v["W"], g_o["W"], g_q.get("b"),
+                                  g_k.get("b"), g_v.get("b"), g_o.get("b"))}
 
 
 class CrossAttention(Module):
-    """Cross-attention layer owning wq, wk, wv, wo: forward(x, ctx, mask) -> (y, cache);
+    """Cross-attention layer owning wq, wk, wv, wo (and bq, bk, bv, bo when the spec asks):
+    forward(x, ctx, mask) -> (y, cache);
     backward(dy, cache) -> {"x": dx, "ctx": dctx}, Param grads added (the context's gradient
     goes back to the encoder, so both input gradients are returned, keyed like the pair's).
     spec: an AttentionSpec with rope=None and mask=Mask(causal=False); d_context: the
@@ -102,10 +106,14 @@ class CrossAttention(Module):
         self.wk = Param(normal_init(rng, (Dc, Hkv * Dh), Dc ** -0.5, dtype))
         self.wv = Param(normal_init(rng, (Dc, Hkv * Dh), Dc ** -0.5, dtype))
         self.wo = Param(normal_init(rng, (H * Dh, d_model), (H * Dh) ** -0.5, dtype))
+        zeros = lambda n, on: Param(np.zeros(n, dtype)) if on else None  # noqa: E731
+        self.bq, self.bo = zeros(H * Dh, spec.qkv_bias), zeros(d_model, spec.o_bias)
+        self.bk, self.bv = zeros(Hkv * Dh, spec.qkv_bias), zeros(Hkv * Dh, spec.qkv_bias)
         self.spec = spec
 
     def forward(self, x, ctx, mask=None):
-        w = AttentionWeights(self.wq.data, self.wk.data, self.wv.data, self.wo.data)
+        w = AttentionWeights(*(None if p is None else p.data for p in (
+            self.wq, self.wk, self.wv, self.wo, self.bq, self.bk, self.bv, self.bo)))
         return cross_attention_forward(x, ctx, w, spec=self.spec, mask=mask)
 
     def backward(self, dy, cache):

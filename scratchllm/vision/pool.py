@@ -5,8 +5,9 @@ image and becomes its one summary vector; SigLIP's vision head (Zhai et al. 2023
     q = probe Wq + bq,  k = h Wk + bk,  v = h Wv + bv       (heads split; one query row)
     z = concat_heads(softmax(q k^T / sqrt(Dh)) v) Wo + bo   probe_attention  (B, 1, D)
     y = z + mlp(layernorm(z));   pooled = y[:, 0]           AttentionPool    (B, D)
-Backward: the linear and sdpa backwards; the probe's gradient sums over the batch (one probe
-serves every image), h's is the sum of its k and v paths.
+probe_attention is the cross-attention pair (attention/cross.py) with the probe, broadcast over
+the batch, as its query stream. Backward: that pair's backward; the probe's gradient sums over
+the batch (one probe serves every image), h's is the context's.
 
 Glossary: B batch, T tokens, D model width, H heads, Dh head dim, F MLP width.
 """
@@ -14,9 +15,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.attention.sdpa import merge_heads, sdpa_backward, sdpa_forward, split_heads
+from scratchllm.attention.cross import cross_attention_backward, cross_attention_forward
+from scratchllm.attention.qkv import AttentionWeights
 from scratchllm.core.nn import Module, Param, normal_init
-from scratchllm.core.ops import linear_backward, linear_forward, linear_out
+from scratchllm.core.ops import linear_out
 from scratchllm.core.validate import expect_dout, expect_ndim, expect_shape
 from scratchllm.lm.ffn import make_ffn
 from scratchllm.lm.mixers import make_norm
@@ -35,54 +37,28 @@ class ProbeWeights(NamedTuple):
     bo: np.ndarray
 
 
-class ProbeCache(NamedTuple):
-    lin_q: tuple
-    lin_k: tuple
-    lin_v: tuple
-    sdpa: tuple
-    lin_o: tuple
-    n_heads: int
-
-
 def probe_attention_forward(h, w, *, spec):
-    """z = MHA(query = probe, keys = values = h), with biases on every projection.
+    """z = MHA(query = probe, keys = values = h), with biases on every projection: the
+    cross-attention pair with the probe, broadcast over the batch, as the query stream.
 
-    Inputs:  h (B, T, D) the tokens; w ProbeWeights; spec an AttentionSpec (n_heads = n_kv_heads,
-             head_dim, scale; rope=None, Mask(causal=False)).
-    Returns: z (B, 1, D).  Cache: ProbeCache.
+    Inputs:  h (B, T, D) the tokens; w ProbeWeights; spec an AttentionSpec (head_dim, scale,
+             qkv_bias, o_bias; rope=None, Mask(causal=False)).
+    Returns: z (B, 1, D).  Cache: cross_attention_forward's.
     """
-    fn = "probe_attention"
-    expect_ndim(fn, "h", h, 3, "(B, T, D)")
-    B, T, D = h.shape
-    H, Dh = spec.n_heads, spec.dh(D)
-    expect_shape(fn, "probe", w.probe, (D,), "(D,)")
-    expect_shape(fn, "wq", w.wq, (D, H * Dh), "(D, H*Dh)")
-    q, lin_q = linear_forward(w.probe[None], w.wq, w.bq)  # (1, H*Dh): one probe for all
-    k, lin_k = linear_forward(h, w.wk, w.bk)  # (B, T, H*Dh)
-    v, lin_v = linear_forward(h, w.wv, w.bv)  # (B, T, H*Dh)
-    qb = np.broadcast_to(q, (B, 1, H * Dh))  # (B, 1, H*Dh)
-    o, sd = sdpa_forward(np.ascontiguousarray(split_heads(qb, H)), split_heads(k, H),
-                         split_heads(v, H), spec.mask, spec.scale)  # (B, H, 1, Dh)
-    z, lin_o = linear_forward(merge_heads(o), w.wo, w.bo)  # (B, 1, D)
-    return z, ProbeCache(lin_q, lin_k, lin_v, sd, lin_o, H)
+    expect_ndim("probe_attention", "h", h, 3, "(B, T, D)")
+    expect_shape("probe_attention", "probe", w.probe, (h.shape[2],), "(D,)")
+    x = np.broadcast_to(w.probe, (h.shape[0], 1, h.shape[2]))  # (B, 1, D) one probe for all
+    return cross_attention_forward(x, h, AttentionWeights(*w[1:]), spec=spec)  # (B, 1, D)
 
 
 def probe_attention_backward(dz, cache):
-    """Math: the linear and sdpa backwards in reverse; dq sums over the batch (the probe's
-    query is shared: fwd qb = broadcast(q)); dh = dk Wk^T + dv Wv^T.
+    """Math: the cross-attention backward; the probe's gradient sums over the batch (fwd:
+    x = broadcast(probe)), h's is the context's (its k and v paths).
     Returns {"h": dh, "w": ProbeWeights of gradients}.
     Reference: Zhai et al. 2022 (arXiv 2106.04560) section 3.2."""
-    lin_q, lin_k, lin_v, sd, lin_o, H = cache
-    expect_dout("probe_attention_backward", dz, *linear_out(lin_o), name="dz")
-    g_o = linear_backward(dz, lin_o)  # fwd: z = merge(o) Wo + bo
-    g_att = sdpa_backward(split_heads(g_o["x"], H), sd)  # fwd: o = sdpa(q, k, v)
-    dq = merge_heads(g_att["q"]).sum(axis=0)  # fwd: qb = broadcast(q) over B   (1, H*Dh)
-    g_q = linear_backward(dq, lin_q)  # fwd: q = probe Wq + bq
-    g_k = linear_backward(merge_heads(g_att["k"]), lin_k)  # fwd: k = h Wk + bk
-    g_v = linear_backward(merge_heads(g_att["v"]), lin_v)  # fwd: v = h Wv + bv
-    dw = ProbeWeights(g_q["x"][0], g_q["W"], g_k["W"], g_v["W"], g_o["W"], g_q["b"], g_k["b"],
-                      g_v["b"], g_o["b"])
-    return {"h": g_k["x"] + g_v["x"], "w": dw}
+    expect_dout("probe_attention_backward", dz, *linear_out(cache.lin_o), name="dz")
+    g = cross_attention_backward(dz, cache)
+    return {"h": g["ctx"], "w": ProbeWeights(g["x"].sum(axis=(0, 1)), *g["w"][:8])}
 
 
 class PoolCache(NamedTuple):
