@@ -2,7 +2,6 @@
 collective is a copy (and a tensor-parallel Linear is the plain one). They keep every collective pair inside `python -m grads` and its shape
 and contract checks; the real check, across ranks, is the distributed one:
 `mpiexec -n 2 python -m grads.mpi` (grads/mpi.py; tests/dist spawns it on 2 and 4 ranks)."""
-import numpy as np
 
 from grads.cases._common import case
 from grads.check import check

@@ -28,7 +28,6 @@ the gate ran 4x slower with it).
 Glossary: BT token rows, D features, F FFN hidden width, V vocabulary.
 """
 import math
-import os
 from typing import NamedTuple
 
 import numpy as np
@@ -36,9 +35,8 @@ from numba import njit
 
 from scratchllm.core import ops
 from scratchllm.core.exp32 import exp_lanes
-from scratchllm.core.twins import Twin, use_fused
-from scratchllm.core.validate import (expect_dout, expect_finite, expect_float,
-                                      expect_gated_ffn, expect_shape)
+from scratchllm.core.twins import Twin
+from scratchllm.core.validate import expect_dout, expect_finite, expect_gated_ffn
 
 
 def _rows(a):

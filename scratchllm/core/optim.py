@@ -14,6 +14,7 @@ import numpy as np
 
 from scratchllm.core import fused
 from scratchllm.core.fused import AdamWStep
+from scratchllm.core.twins import use_fused
 from scratchllm.core.validate import expect_finite
 
 
@@ -54,7 +55,7 @@ class AdamW:
         update, the others untouched (a ZeRO shard: dist/zero.py); None for all."""
         expect_finite("AdamW.step", "lr", self.lr, 0)
         self.t += 1
-        update = fused.adamw_update if fused.use_fused() else fused.adamw_update_ref
+        update = fused.adamw_update if use_fused() else fused.adamw_update_ref
         decays = [wd for ps, wd in self.groups for _ in ps]
         params = self.params
         for i in range(len(params)) if only is None else only:
@@ -89,7 +90,7 @@ def clip_grad_norm(params, max_norm):
     every gradient, and NaN would pass through to the weights."""
     expect_finite("clip_grad_norm", "max_norm", max_norm, 0, open_low=True)
     params = list(params)
-    squares = fused.sum_squares if fused.use_fused() else fused.sum_squares_ref
+    squares = fused.sum_squares if use_fused() else fused.sum_squares_ref
     norm = math.sqrt(sum(squares(p.grad) for p in params))
     if not math.isfinite(norm):
         raise NonFiniteError(f"clip_grad_norm: the global gradient norm is {norm} (a gradient "

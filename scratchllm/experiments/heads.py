@@ -4,7 +4,6 @@
 the bundled corpus. KV bytes per token (bf16, all layers) = 2 Hkv Dh L * 2: the cache shrinks
 with Hkv while the query side (and so the attention FLOPs) stays the same.
 """
-import numpy as np
 
 from scratchllm.experiments.base import Experiment, Outcome, byte_corpus, pick
 from scratchllm.specs import preset
