@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from test_layering import synthetic_tree
+
 ROOT = Path(__file__).resolve().parents[1]
 MAX_PARAMS = 8
 NUMBA = {"njit", "jit", "vectorize", "guvectorize", "overload", "generated_jit", "stencil"}
@@ -157,14 +159,6 @@ def test_every_package_all_resolves(package):
 
 
 # ---------------------------------------------------------------------------- the checker fails
-def _tree(tmp_path, files):
-    for rel, text in files.items():
-        path = tmp_path / "scratchllm" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return tmp_path
-
-
 BAD = {
     "a/wide.py": "def wide(a, b, c, d, e, f, g, h, i):\n    return a\n"
                  "class M:\n    def __init__(self, a, b, c, d, e, f, g, h, *, i):\n        pass\n"
@@ -181,7 +175,7 @@ BAD = {
 
 
 def test_checkers_catch_each_broken_rule(tmp_path):
-    root = _tree(tmp_path, BAD)
+    root = synthetic_tree(tmp_path, BAD)
     assert long_signatures(root) == ["a/wide.py:1 wide (9 parameters)",
                                      "a/wide.py:4 M.__init__ (9 parameters)"]
     assert locals_calls(root) == ["a/bag.py:2"]
@@ -191,7 +185,7 @@ def test_checkers_catch_each_broken_rule(tmp_path):
 
 
 def test_checkers_accept_a_clean_tree(tmp_path):
-    root = _tree(tmp_path, {"a/ok.py": "def f(a, b, *, c=1):\n    return a\n",
+    root = synthetic_tree(tmp_path, {"a/ok.py": "def f(a, b, *, c=1):\n    return a\n",
                             "cli/x.py": "def main(argv):\n    return 0\n",
                             "cli/y.py": "def main(argv):\n    return 0\n"})
     assert long_signatures(root) == locals_calls(root) == import_doors(root) == []

@@ -199,7 +199,8 @@ def test_sizing_rules_arch_and_specs_are_pure_python():
 
 
 # ---------------------------------------------------------------------------- the checker fails
-def _tree(tmp_path, files):
+def synthetic_tree(tmp_path, files):
+    """A scratchllm/ tree of {relative path: source} under tmp_path (the checkers' examples)."""
     for rel, text in files.items():
         path = tmp_path / "scratchllm" / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -208,7 +209,7 @@ def _tree(tmp_path, files):
 
 
 def test_checker_catches_a_cycle_a_layer_breach_a_reexport_and_a_stray_import(tmp_path):
-    root = _tree(tmp_path, {
+    root = synthetic_tree(tmp_path, {
         "__init__.py": "",
         "core/__init__.py": "from scratchllm.lm.model import LM\n",  # re-export, breach
         "core/ops.py": "from scratchllm.core import nn\n",
@@ -229,7 +230,7 @@ def test_checker_catches_a_cycle_a_layer_breach_a_reexport_and_a_stray_import(tm
 
 
 def test_checker_accepts_a_clean_tree(tmp_path):
-    root = _tree(tmp_path, {
+    root = synthetic_tree(tmp_path, {
         "__init__.py": "",
         "core/__init__.py": "from .ops import f\n",
         "core/ops.py": "import math\n",
