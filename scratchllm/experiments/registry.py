@@ -5,13 +5,17 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from scratchllm.experiments.abf import ABF
 from scratchllm.experiments.base import write_results
 from scratchllm.experiments.collapse import COLLAPSE
 from scratchllm.experiments.heads import HEADS
+from scratchllm.experiments.experts import EXPERTS_BY_TOKEN
 from scratchllm.experiments.induction import INDUCTION
+from scratchllm.experiments.moe import MOE
 from scratchllm.experiments.scale import SCALE
 
 EXPERIMENTS = {e.name: e for e in (COLLAPSE, SCALE, HEADS, INDUCTION)}
+EXPERIMENTS.update({e.name: e for e in (MOE, EXPERTS_BY_TOKEN, ABF)})
 
 
 def run_experiment(name, mode="full", out="runs/experiments", seed=0, log=print):

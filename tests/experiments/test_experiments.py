@@ -16,6 +16,9 @@ KEYS = {  # experiment -> its metrics and the keys of each nested metric
                                                                        "mqa"]},
     "induction": {"induction_score": ["0", "1"], "loss_first_half": None,
                   "loss_second_half": None},
+    "moe": {"val_loss": ["dense_active", "dense_total", "fine", "moe"]},
+    "experts": {"share": [str(e) for e in range(8)], "entropy": None},
+    "abf": {"ppl": ["abf", "none", "pi", "yarn"]},
 }
 
 
@@ -33,7 +36,8 @@ def test_smoke_run_writes_the_metrics(name, tmp_path):
         assert metric in body, metric
         if keys is not None:
             assert sorted(body[metric]) == sorted(keys), metric
-    extra = {"collapse": _collapse, "scale": _scale, "heads": _heads, "induction": _induction}
+    extra = {"collapse": _collapse, "scale": _scale, "heads": _heads, "induction": _induction,
+             "moe": _moe, "experts": _experts, "abf": _abf}
     extra[name](body)
 
 
@@ -63,6 +67,31 @@ def _induction(body):
         assert sorted(scores) == ["0", "1", "2", "3"]
         assert all(0 <= s <= 1 for s in scores.values())
     assert body["loss_first_half"] > 0 and body["loss_second_half"] > 0
+
+
+def _moe(body):
+    assert all(isinstance(v, float) and v > 0 for v in body["val_loss"].values())
+    params = body["params"]  # equal active FFN: moe = dense_active; total: moe ~ dense_total
+    assert params["moe"]["total"] > params["moe"]["active"]
+    assert abs(params["moe"]["active"] - params["dense_active"]["total"]) < 0.03 * \
+        params["dense_active"]["total"]
+    assert params["fine"]["active"] - params["moe"]["active"] < 200  # router columns only
+
+
+def _experts(body):
+    for shares in body["share"].values():
+        assert sorted(shares) == ["digit", "ident", "punct", "word"]
+        assert abs(sum(shares.values()) - 1) < 1e-9
+    assert 0 < body["entropy"] <= body["entropy_max"] + 1e-9
+    assert body["mi_class"] >= 0 and body["mi_topic"] >= 0
+
+
+def _abf(body):
+    L0 = body["config"]["train_len"]
+    for key in ("ppl", "ppl_zero_shot"):
+        for method in ("none", "pi", "yarn", "abf"):
+            assert sorted(body[key][method], key=int) == [str(L0 * f) for f in (1, 2, 4, 8)]
+            assert all(v > 1 for v in body[key][method].values())
 
 
 def test_cli_lists_one_name_per_line(capsys):
