@@ -60,12 +60,12 @@ def perplexities(model, val_ids, lengths, tokens):
 
 def _run(mode, seed):
     L0 = pick(mode, 8, 32, 64)
-    base_steps, cont_steps = pick(mode, 3, 200, 800), pick(mode, 2, 60, 200)
-    batch = pick(mode, 4, 16, 32)
+    base_steps, cont_steps = pick(mode, 3, 150, 600), pick(mode, 2, 40, 150)
+    batch = pick(mode, 4, 8, 8)
     size = dict(vocab_size=256, d_model=pick(mode, 16, 64, 64), n_layers=2, n_heads=4,
                 n_kv_heads=4, d_ff=pick(mode, 32, 128, 192))
     train_ids, val_ids = byte_corpus(pick(mode, 50_000, None, None))
-    tokens = pick(mode, 256, 8192, 32768)
+    tokens = pick(mode, 256, 4096, 16384)
     lengths = [L0, 2 * L0, S * L0, 2 * S * L0]
     base = LM(preset("dense", **size), rng=np.random.default_rng(seed), dtype=np.float32)
     s0 = Settings(steps=base_steps, batch_size=batch, seq_len=L0, lr=4e-3,

@@ -121,15 +121,15 @@ def statistics(model, ids, seq):
 
 
 def _run(mode, seed):
-    steps = pick(mode, 4, 300, 1200)
+    steps = pick(mode, 4, 200, 800)
     d_model, n_layers, F = pick(mode, 16, 64, 64), pick(mode, 1, 2, 2), pick(mode, 8, 64, 64)
-    batch, seq = pick(mode, 2, 8, 16), 64
+    batch, seq = pick(mode, 2, 8, 8), pick(mode, 64, 32, 64)
     train_ids, val_ids = byte_corpus(pick(mode, 50_000, None, None))
     cfg = preset("moe", vocab_size=256, d_model=d_model, n_layers=n_layers, n_heads=4,
                  n_kv_heads=4, n_experts=E, top_k=K, d_ff=F)
     s = Settings(steps=steps, batch_size=batch, seq_len=seq, lr=4e-3, warmup=min(30, steps),
                  eval_every=steps + 1, seed=seed, threads=1)
-    eval_set = corpus.eval_batches(val_ids, 16, seq, 16384)
+    eval_set = corpus.eval_batches(val_ids, 16, seq, pick(mode, 1024, 4096, 16384))
     model = LM(cfg, rng=np.random.default_rng(seed), dtype=np.float32)
     curve, _ = train_curve(model, s, train_ids, eval_set, 2, desc="moe")
     routed = val_ids[:pick(mode, 2048, 32768, 65536)]

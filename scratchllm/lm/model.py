@@ -132,9 +132,7 @@ class LM(Module):
         for layer in self.layers:
             x, c = layer.forward(x)  # (B, T, D)
             blocks.append(c)
-        h, cn = self._norm_forward(x)  # (B, T, D)
-        logits, ch = self._head_forward(h)  # (B, T, V)
-        logits, c_cap = self._cap(logits)  # (B, T, V)
+        logits, (cn, ch, c_cap) = self.unembed_forward(x)  # (B, T, V)
         aux = [layer.aux_losses(c) for layer, c in zip(self.layers, blocks)]
         return logits, LMCache(None, blocks, cn, ch, aux, c_cap)
 
@@ -178,7 +176,31 @@ class LM(Module):
     def unembed(self, x):
         """The model's last step on a residual x (..., D): logits = head(norm(x)) (..., V),
         soft-capped with cfg.logit_softcap."""
-        return self._cap(self._head_forward(self._norm_forward(x)[0])[0])[0]
+        return self.unembed_forward(x)[0]
+
+    def unembed_forward(self, x):
+        """unembed with its cache: x (..., D) -> (logits (..., V), (norm cache, HeadCache,
+        softcap cache)) for unembed_backward."""
+        h, cn = self._norm_forward(x)  # (..., D)
+        logits, ch = self._head_forward(h)  # (..., V)
+        logits, c_cap = self._cap(logits)  # (..., V)
+        return logits, (cn, ch, c_cap)
+
+    def unembed_backward(self, dlogits, cache):
+        """The backward of unembed_forward: dlogits (..., V) -> dx (..., D); the final norm's
+        and the head's Params get their gradients (a tied head's into E)."""
+        cn, ch, c_cap = cache
+        if c_cap is not None:
+            dlogits = softcap_backward(dlogits, c_cap)["x"]  # fwd: logits = c tanh(z / c)
+        if self.head_bias is not None:  # fwd: logits = ... + b
+            self.head_bias.grad += dlogits.reshape(-1, dlogits.shape[-1]).sum(0)
+        if self.head is None:
+            dh = self.embed.attend_backward(dlogits, ch.proj)  # fwd: logits = t @ E^T
+        else:
+            dh = self.head.backward(dlogits, ch.proj)  # fwd: logits = t @ W_head
+        if ch.transform is not None:
+            dh = self.transform.backward(dh, ch.transform)  # fwd: t = transform(h)
+        return dh if cn is None else self.norm.backward(dh, cn)  # fwd: h = norm(x_L)
 
     def _head_forward(self, h):
         """logits = t(h) @ W_head (+ b) -> (logits (..., V), HeadCache)."""
@@ -216,17 +238,7 @@ class LM(Module):
         """The backward of trunk_forward: dlogits (B, T, V) -> dx_0 (B, T, D), the Params
         after the embedding getting their gradients (a tied head's into E)."""
         _, blocks, cn, ch, _, c_cap = cache
-        if c_cap is not None:
-            dlogits = softcap_backward(dlogits, c_cap)["x"]  # fwd: logits = c tanh(z / c)
-        if self.head_bias is not None:  # fwd: logits = ... + b
-            self.head_bias.grad += dlogits.reshape(-1, dlogits.shape[-1]).sum(0)
-        if self.head is None:
-            dh = self.embed.attend_backward(dlogits, ch.proj)  # fwd: logits = t @ E^T
-        else:
-            dh = self.head.backward(dlogits, ch.proj)  # fwd: logits = t @ W_head
-        if ch.transform is not None:
-            dh = self.transform.backward(dh, ch.transform)  # fwd: t = transform(h)
-        dx = dh if cn is None else self.norm.backward(dh, cn)  # fwd: h = norm(x_L)
+        dx = self.unembed_backward(dlogits, (cn, ch, c_cap))  # fwd: logits = unembed(x_L)
         for layer, c in zip(reversed(self.layers), reversed(blocks)):
             dx = layer.backward(dx, c, dloss_aux)  # fwd: x_l = block_l(x_{l-1})
         return dx
@@ -299,8 +311,7 @@ class LM(Module):
         """prefill after the embedding: x_0 (B, T, D) -> logits (B, T, V), filling state."""
         for layer, st in zip(self.layers, state):
             x = layer.prefill(x, st)  # (B, T, D)
-        h, _ = self._norm_forward(x)  # (B, T, D)
-        return self._cap(self._head_forward(h)[0])[0]  # (B, T, V)
+        return self.unembed(x)  # (B, T, V)
 
     def decode(self, ids_t, state, position):
         """One token per sequence: ids_t (B,) at `position` -> logits (B, V); updates state.
@@ -316,8 +327,7 @@ class LM(Module):
         x = x[:, 0]  # (B, D)
         for layer, st in zip(self.layers, state):
             x = layer.decode(x, st, position)  # (B, D)
-        h, _ = self._norm_forward(x)  # (B, D)
-        return self._cap(self._head_forward(h)[0])[0]  # (B, V)
+        return self.unembed(x)  # (B, V)
 
 
 def loss_pair(model):
