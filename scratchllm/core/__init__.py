@@ -15,7 +15,8 @@ from .gelu import (geglu_backward, geglu_forward, gelu_backward, gelu_forward,
                    gelu_mlp_backward, gelu_mlp_forward)
 from .nn import (Embedding, GeGLU, GeluMLP, LayerNorm, Linear, Module, Param, ReluMLP, RMSNorm,
                  SwiGLU, detect_anomaly, normal_init)
-from .lora import LoRALinear, LoRAWeights, lora_backward, lora_forward
+from .lora import (LoRAFactors, LoRALinear, LoRAWeights, lora_backward, lora_forward,
+                   lora_merge_backward, lora_merge_forward)
 from .norms import layernorm_backward, layernorm_forward
 from .relu import relu_mlp_backward, relu_mlp_forward
 from .ops import (cross_entropy_backward, cross_entropy_forward, embedding_backward,
@@ -29,7 +30,8 @@ from .optim import AdamW, NonFiniteError, clip_grad_norm, cosine_schedule
 from .twins import Twin, TwinCache, use_fused
 
 __all__ = [
-    "LoRALinear", "LoRAWeights", "lora_backward", "lora_forward",
+    "LoRAFactors", "LoRALinear", "LoRAWeights", "lora_backward", "lora_forward",
+    "lora_merge_backward", "lora_merge_forward",
     "info_nce_backward", "info_nce_forward",
     "GeGLU", "GeluMLP", "LayerNorm", "geglu_backward", "geglu_forward", "gelu_backward",
     "gelu_forward", "gelu_mlp_backward", "gelu_mlp_forward", "layernorm_backward",
