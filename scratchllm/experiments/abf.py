@@ -112,7 +112,9 @@ def _figure(fig, outcome):
             ax.plot([int(T) for T in lengths], [m[key][method][T] for T in lengths], "o-",
                     label=method)
         ax.axvline(L0, ls="--", c="gray")
-        ax.set(xscale="log", yscale="log", xlabel="evaluation length", title=title)
+        ax.set(xscale="log", xlabel="evaluation length", title=title)
+        ax.set_xticks([int(T) for T in lengths], [str(T) for T in lengths])
+        ax.minorticks_off()
     axes[0].set(ylabel="perplexity (bytes)")
     axes[1].legend()
 
