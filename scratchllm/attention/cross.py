@@ -17,8 +17,8 @@ import numpy as np
 from scratchllm.attention.qkv import AttentionWeights, check_attention_weights
 from scratchllm.attention.sdpa import merge_heads, sdpa_backward, sdpa_forward, split_heads
 from scratchllm.core.nn import Module, Param, normal_init
-from scratchllm.core.ops import linear_backward, linear_forward, linear_out
-from scratchllm.core.validate import expect_dout, expect_ndim, expect_shape
+from scratchllm.core.ops import expect_linear, linear_backward, linear_forward, linear_out
+from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
 
 
 class CrossCache(NamedTuple):
@@ -45,6 +45,24 @@ def _check_spec(fn, spec):
                          f"whole context: give Mask(causal=False) (or a padding array)")
 
 
+def check_cross_inputs(fn, x, ctx, w, spec, names=("x", "ctx")):
+    """What cross_attention_forward reads, checked under the caller's name `fn` and its names
+    of the two streams: x (B, Tq, D), ctx (B, Tk, Dc) float; w an AttentionWeights with
+    wq (D, H*Dh), wk, wv (Dc, Hkv*Dh), wo (H*Dh, D) and the biases the spec asks for."""
+    for name, a in zip(names, (x, ctx)):
+        expect_float(fn, name, a)
+    expect_ndim(fn, names[0], x, 3, "(B, Tq, D)")
+    expect_ndim(fn, names[1], ctx, 3, "(B, Tk, Dc)")
+    expect_shape(fn, names[1], ctx, (x.shape[0], None, None), f"(B, Tk, Dc) like {names[0]}")
+    check_attention_weights(fn, w, spec)
+    _check_spec(fn, spec)
+    H, Hkv, Dh = spec.n_heads, spec.n_kv_heads, spec.dh(x.shape[2])
+    expect_linear(fn, x.shape[2], w.wq, w.bq, ("wq", "bq"), d_out=H * Dh)
+    expect_linear(fn, ctx.shape[2], w.wk, w.bk, ("wk", "bk"), d_out=Hkv * Dh)
+    expect_linear(fn, ctx.shape[2], w.wv, w.bv, ("wv", "bv"), d_out=Hkv * Dh)
+    expect_linear(fn, H * Dh, w.wo, w.bo, ("wo", "bo"), d_out=x.shape[2])
+
+
 def cross_attention_forward(x, ctx, w, *, spec, mask=None):
     """y = sdpa(split(x Wq + bq), split(ctx Wk + bk), split(ctx Wv + bv), mask) Wo + bo.
 
@@ -56,17 +74,8 @@ def cross_attention_forward(x, ctx, w, *, spec, mask=None):
              (B, 1, 1, Tk) for padding), or None: spec.mask.
     Returns: y (B, Tq, D).  Cache: CrossCache.
     """
-    fn = "cross_attention"
-    expect_ndim(fn, "x", x, 3, "(B, Tq, D)")
-    expect_ndim(fn, "ctx", ctx, 3, "(B, Tk, Dc)")
-    expect_shape(fn, "ctx", ctx, (x.shape[0], None, None), "(B, Tk, Dc) like x")
-    check_attention_weights(fn, w, spec)
-    _check_spec(fn, spec)
-    H, Hkv, Dh = spec.n_heads, spec.n_kv_heads, spec.dh(x.shape[2])
-    expect_shape(fn, "wq", w.wq, (x.shape[2], H * Dh), "(D, H*Dh)")
-    expect_shape(fn, "wk", w.wk, (ctx.shape[2], Hkv * Dh), "(Dc, Hkv*Dh)")
-    expect_shape(fn, "wv", w.wv, w.wk.shape, "(Dc, Hkv*Dh)")
-    expect_shape(fn, "wo", w.wo, (H * Dh, x.shape[2]), "(H*Dh, D)")
+    check_cross_inputs("cross_attention", x, ctx, w, spec)
+    H, Hkv = spec.n_heads, spec.n_kv_heads
     q, lin_q = linear_forward(x, w.wq, w.bq)  # (B, Tq, H*Dh)
     k, lin_k = linear_forward(ctx, w.wk, w.bk)  # (B, Tk, Hkv*Dh)
     v, lin_v = linear_forward(ctx, w.wv, w.bv)  # (B, Tk, Hkv*Dh)

@@ -25,8 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.validate import (expect_dout, expect_float, expect_ndim, expect_positive,
-                                      expect_shape)
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_ndim,
+                                      expect_positive, expect_shape)
 from scratchllm.linear_attention.gla_scores import (decay_tensor, gla_scores_backward,
                                                     gla_scores_forward)
 
@@ -248,6 +248,7 @@ def gla_attention_forward(q, k, v, g, *, form="chunked", chunk=64):
              form "parallel" | "chunked" (chunk = C) | "recurrent": equal to round-off.
     Returns: o (B, H, T, Dv).  Cache: the (chunked) inputs, cumulative gates, edge states.
     """
+    q, k, v, g = common_float(q, k, v, g)
     return gla_forward_parts("gla_attention", q, k, v, g, form, chunk)
 
 

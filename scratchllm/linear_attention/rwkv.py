@@ -24,7 +24,8 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.ops import softmax_backward, softmax_forward
-from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_ndim,
+                                      expect_shape)
 from scratchllm.linear_attention.rwkv_scan import (WKVScanCache, check_wkv,
                                                    rwkv4_wkv_scan_backward,
                                                    rwkv4_wkv_scan_forward)
@@ -45,6 +46,7 @@ def rwkv4_wkv_forward(w, u, k, v, *, form="recurrent"):
     """WKV in the recurrent form (the Numba scan, O(B·T·D) memory) or the parallel (softmax)
     form. Inputs: w, u (D,); k, v (B, T, D). Returns: wkv (B, T, D).
     Cache: the scan's states (B, T, D), or v and the softmax cache (B, D, T, T)."""
+    w, u, k, v = common_float(w, u, k, v)
     if form not in ("recurrent", "parallel"):
         raise ValueError(f"rwkv4_wkv: form must be 'recurrent' or 'parallel', got {form!r}")
     if form == "recurrent":

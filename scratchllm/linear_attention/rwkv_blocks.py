@@ -54,6 +54,7 @@ def _check(fn, x, w, kind, vectors):
     expect_float(fn, "x", x)
     expect_instance(fn, "w", w, kind)
     for name in vectors:
+        expect_float(fn, name, getattr(w, name))
         expect_shape(fn, name, getattr(w, name), (x.shape[2],), "(D,): one per channel")
     return x.shape[2]
 

@@ -26,8 +26,8 @@ import numpy as np
 
 from scratchllm.core import fused, ops
 from scratchllm.core.gelu import gelu_mlp_backward, gelu_mlp_forward
-from scratchllm.core.validate import (expect_dout, expect_float, expect_int, expect_ndim,
-                                      expect_positive, expect_shape)
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_int,
+                                      expect_ndim, expect_positive, expect_shape)
 
 
 # ---------------------------------------------------------------------------- experts
@@ -132,6 +132,7 @@ def experts_forward(xs, bounds, w1, w3, w2):
     Returns: ys (M, D).  Cache: ExpertsCache of the per-expert SWIGLU TwinCaches (each holds
              its twin's backward; None for an expert with no rows).
     """
+    xs, w1, w3, w2 = common_float(xs, w1, w3, w2)
     expect_float("experts", "xs", xs, 2)
     expect_shape("experts", "w1", w1, (None, xs.shape[1], None), "(E, D, F)")
     expect_shape("experts", "w3", w3, w1.shape, "(E, D, F), like w1")
@@ -172,8 +173,10 @@ def clamped_swiglu_forward(x, gate_up, gate_up_b, down, down_b, *, alpha=1.702, 
     if gate_up.shape[1] % 2:
         raise ValueError(f"clamped_swiglu: gate_up has shape {gate_up.shape}, expected (D, 2F) "
                          f"with an even number of interleaved gate/up columns")
-    expect_shape("clamped_swiglu", "down", down, (gate_up.shape[1] // 2, x.shape[-1]),
-                 "(F, D) with 2F = gate_up.shape[1], D = x.shape[-1]")
+    fn = "clamped_swiglu"
+    ops.expect_linear(fn, x.shape[-1], gate_up, gate_up_b, ("gate_up", "gate_up_b"))
+    ops.expect_linear(fn, gate_up.shape[1] // 2, down, down_b, ("down", "down_b"),
+                      d_out=x.shape[-1])
     expect_positive("clamped_swiglu", "alpha", alpha)
     expect_positive("clamped_swiglu", "limit", limit)
     h, up_cache = ops.linear_forward(x, gate_up, gate_up_b)  # (..., 2F)
@@ -233,6 +236,7 @@ def clamped_experts_forward(xs, bounds, gate_up, gate_up_b, down, down_b, *, alp
              gate_up_b (E, 2F), down (E, F, D), down_b (E, D); alpha, limit.
     Returns: ys (M, D).  Cache: ExpertsCache of the per-expert clamped_swiglu caches.
     """
+    xs, gate_up, gate_up_b, down, down_b = common_float(xs, gate_up, gate_up_b, down, down_b)
     fn = "clamped_experts"
     weights = dict(gate_up=gate_up, gate_up_b=gate_up_b, down=down, down_b=down_b)
     _expect_floats(fn, xs, weights, "(E, D, 2F)")
@@ -260,6 +264,7 @@ def mlp_experts_forward(xs, bounds, w1, b1, w2, b2):
              w2 (E, F, D), b2 (E, D).
     Returns: ys (M, D).  Cache: ExpertsCache of the per-expert gelu_mlp caches.
     """
+    xs, w1, b1, w2, b2 = common_float(xs, w1, b1, w2, b2)
     fn = "mlp_experts"
     weights = dict(w1=w1, b1=b1, w2=w2, b2=b2)
     _expect_floats(fn, xs, weights, "(E, D, F)")

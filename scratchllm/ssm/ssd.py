@@ -22,7 +22,8 @@ import numba
 import numpy as np
 
 from scratchllm.attention import repeat_kv_backward, repeat_kv_forward
-from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_ndim,
+                                      expect_shape)
 from scratchllm.linear_attention.gla import (GLACache, gla_attention_step, gla_backward_parts,
                                              gla_forward_parts, gla_out)
 
@@ -89,6 +90,7 @@ def ssd_forward(x, dt, A, B, C, D, *, form="chunked", chunk=64):
              B, C (B, T, Hg, N); D (H,) the skip.
     Returns: y (B, T, H, Dh).  Cache: x, Δ, A, D, the group size and the GLA cache.
     """
+    x, dt, A, B, C, D = common_float(x, dt, A, B, C, D)
     group = _check("ssd", x, dt, A, B, C, D)
     xt, dtt = np.swapaxes(x, 1, 2), np.swapaxes(dt, 1, 2)  # (B, H, T, Dh), (B, H, T)
     (Ch, rep), (Bh, _) = _heads(C, group), _heads(B, group)  # (B, H, T, N) each
