@@ -33,6 +33,7 @@ from scratchllm.tokenizer import TOKENIZER_FILE, Tokenizer
 
 STATE = "state.npz"
 CONFIG = "config.json"
+META_KEYS = ("step", "rng", "settings", "dtype", "manifest")  # what save_run writes and reads
 
 
 class CheckpointError(ValueError):
@@ -90,6 +91,10 @@ def load_state(directory):
     except (zipfile.BadZipFile, ValueError, KeyError, OSError, EOFError) as e:
         raise CheckpointError(f"checkpoint: {path} is corrupt or truncated ({type(e).__name__}: "
                               f"{e}); restore it from a backup or train again") from None
+    missing = [k for k in META_KEYS if k not in meta] if isinstance(meta, dict) else META_KEYS
+    if missing:
+        raise CheckpointError(f"checkpoint: {path} lacks {list(missing)} in its metadata (an "
+                              f"older version wrote it, or it was altered); train again")
     for name, a in arrays.items():
         if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
             raise CheckpointError(f"checkpoint: {path} entry {name} holds NaN or inf "

@@ -235,3 +235,16 @@ def test_a_kill_at_every_write_of_a_save_leaves_a_resumable_or_clearly_unsaved_d
     _run().save(out, _tokenizer())
     assert not list(out.glob("*.tmp-*"))
     assert checkpoint.load_model(out)[2]["step"] == 1
+
+
+def test_metadata_without_any_one_of_its_keys_is_an_error_naming_it(tmp_path):
+    _run().save(tmp_path, _tokenizer())
+    arrays, meta = checkpoint.load_state(tmp_path)
+    assert set(checkpoint.META_KEYS) <= set(meta)
+    for key in checkpoint.META_KEYS:  # generated from what a save writes
+        checkpoint.save_state(tmp_path, arrays, {k: v for k, v in meta.items() if k != key})
+        with pytest.raises(checkpoint.CheckpointError, match=rf"lacks \['{key}'\] in its metadata"):
+            checkpoint.load_model(tmp_path)
+    checkpoint.save_state(tmp_path, arrays, [1, 2])  # not even an object
+    with pytest.raises(checkpoint.CheckpointError, match="lacks .* in its metadata"):
+        checkpoint.load_state(tmp_path)
