@@ -13,6 +13,8 @@ from test_contract import BACKWARDS
 from test_dout_checks import record_cases
 from test_properties import all_finite, array_slots, leaves, random_dout, with_slot
 
+pytestmark = pytest.mark.slow  # the exhaustive tier: `python -m pytest -q -m slow`
+
 CALLS = record_cases()
 KEYS = sorted(k for k in BACKWARDS if BACKWARDS[k] in CALLS)
 

@@ -26,6 +26,8 @@ from scratchllm.ssm.scan import (selective_scan_backward, selective_scan_backwar
 
 FEW = settings(max_examples=10, deadline=None, derandomize=True,
                suppress_health_check=[HealthCheck.too_slow])
+
+pytestmark = pytest.mark.slow  # the exhaustive tier: `python -m pytest -q -m slow`
 small = st.integers(1, 5)
 
 

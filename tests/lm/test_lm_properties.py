@@ -13,6 +13,8 @@ from scratchllm.specs import PRESETS
 
 FEW = settings(max_examples=6, deadline=None, derandomize=True,
                suppress_health_check=[HealthCheck.too_slow])
+
+pytestmark = pytest.mark.slow  # the exhaustive tier: `python -m pytest -q -m slow`
 MODELS = {}
 
 
