@@ -183,3 +183,52 @@ def hub_gpt_oss(rng):
     forward, backward, params = loss_pair(model)
     return check(forward, backward, rng=rng, max_full=0, n_directions=2, label="gpt_oss",
                  **_hub_ids(model, rng), **params)
+
+
+SEQ2SEQ_CONFIGS = {  # label -> config.json fields of a tiny encoder-decoder checkpoint
+    "t5": dict(model_type="t5", vocab_size=13, d_model=8, d_kv=3, d_ff=10, num_layers=2,
+               num_heads=2, relative_attention_num_buckets=8,
+               relative_attention_max_distance=12, feed_forward_proj="relu"),
+}
+SEQ2SEQ_CONFIGS["t5_v11"] = dict(SEQ2SEQ_CONFIGS["t5"], feed_forward_proj="gated-gelu",
+                                 num_decoder_layers=3, tie_word_embeddings=False)
+
+
+def _seq2seq_pair(model, data, aux):
+    """model.loss(**data, aux=aux) as a pair over the model's Params."""
+    params = dict(model.named_parameters())
+
+    def forward(**arrays):
+        for name, p in params.items():
+            p.data = arrays[name]
+        return model.loss(**data, aux=aux)
+
+    def backward(dloss, cache):
+        model.zero_grad()
+        model.loss_backward(float(dloss), cache)
+        return {name: p.grad.copy() for name, p in params.items()}
+
+    return forward, backward, {name: p.data for name, p in params.items()}
+
+
+@case
+def lm_seq2seq(rng):
+    """d loss / d every Param of a tiny model of each encoder-decoder config of
+    SEQ2SEQ_CONFIGS (T5: relu with the tied, scaled head and the shared relative bias
+    tables; T5 v1.1: gated-gelu, untied, a deeper decoder), teacher-forced, float64."""
+    from scratchllm.hub import family_named
+    from scratchllm.lm import Seq2SeqLM
+    reports = []
+    for label, hf in SEQ2SEQ_CONFIGS.items():
+        cfg = family_named(hf["model_type"]).from_hf(hf)
+        model = Seq2SeqLM(cfg, rng=np.random.default_rng(zlib.crc32(label.encode())),
+                          dtype=np.float64)
+        for _, p in model.named_parameters():  # the tables start at zero: give them values
+            p.data = p.data + 0.1 * rng.standard_normal(p.data.shape)
+        V = cfg.vocab_size
+        data = dict(input_ids=rng.integers(0, V, (2, 7)), decoder_input_ids=rng.integers(
+            0, V, (2, 5)), labels=rng.integers(0, V, (2, 5)))
+        forward, backward, params = _seq2seq_pair(model, data, aux=False)
+        reports.append(check(forward, backward, rng=rng, max_full=0, n_directions=2,
+                             label=label, **params))
+    return reports

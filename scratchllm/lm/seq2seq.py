@@ -150,18 +150,21 @@ class Seq2SeqLM(Module):
             dx = blk.backward(dx, c, dloss_aux)  # fwd: x_l = enc_block_l(x_{l-1})
         self.embed.backward(dx, cache.src)  # fwd: x_0 = E[input_ids]
 
-    def loss(self, input_ids, decoder_input_ids, labels):
+    def loss(self, input_ids, decoder_input_ids, labels, *, aux=False):
         """Teacher-forced mean cross-entropy of labels (B, Tt) (-100: ignored) given the
-        source and the decoder inputs: (loss, (logits cache, cross-entropy cache))."""
+        source and the decoder inputs (+ with aux, the MoE layers' weighted router terms,
+        aux_losses): (loss, cache for loss_backward)."""
         logits, cache = self.forward(input_ids, decoder_input_ids)
         loss, c_ce = ops.cross_entropy_forward(logits, labels)
-        return loss, (cache, c_ce)
+        if aux:
+            loss = loss + sum(value for _, value in self.aux_losses(cache))
+        return loss, (cache, c_ce, aux)
 
     def loss_backward(self, dloss, cache):
         """Param grads (+=) of dloss * loss."""
-        lm_cache, c_ce = cache
+        lm_cache, c_ce, aux = cache
         g = ops.cross_entropy_backward(np.asarray(dloss, self.dtype), c_ce)
-        self.backward(g["logits"], lm_cache)
+        self.backward(g["logits"], lm_cache, float(dloss) if aux else 0.0)
 
     # ------------------------------------------------------------------ decoding
     def init_state(self, batch, max_len, *, input_ids):
