@@ -7,7 +7,7 @@ import zlib
 
 import numpy as np
 
-from grads.cases._common import case
+from grads.cases._common import case, module_loss_pair
 from grads.check import check
 
 _GEOMETRY = dict(vocab_size=300, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
@@ -194,23 +194,6 @@ SEQ2SEQ_CONFIGS["t5_v11"] = dict(SEQ2SEQ_CONFIGS["t5"], feed_forward_proj="gated
                                  num_decoder_layers=3, tie_word_embeddings=False)
 
 
-def _seq2seq_pair(model, data, aux):
-    """model.loss(**data, aux=aux) as a pair over the model's Params."""
-    params = dict(model.named_parameters())
-
-    def forward(**arrays):
-        for name, p in params.items():
-            p.data = arrays[name]
-        return model.loss(**data, aux=aux)
-
-    def backward(dloss, cache):
-        model.zero_grad()
-        model.loss_backward(float(dloss), cache)
-        return {name: p.grad.copy() for name, p in params.items()}
-
-    return forward, backward, {name: p.data for name, p in params.items()}
-
-
 @case
 def lm_seq2seq(rng):
     """d loss / d every Param of a tiny model of each encoder-decoder config of
@@ -226,9 +209,9 @@ def lm_seq2seq(rng):
         for _, p in model.named_parameters():  # the tables start at zero: give them values
             p.data = p.data + 0.1 * rng.standard_normal(p.data.shape)
         V = cfg.vocab_size
-        data = dict(input_ids=rng.integers(0, V, (2, 7)), decoder_input_ids=rng.integers(
-            0, V, (2, 5)), labels=rng.integers(0, V, (2, 5)))
-        forward, backward, params = _seq2seq_pair(model, data, aux=False)
+        data = (rng.integers(0, V, (2, 7)), rng.integers(0, V, (2, 5)),  # source, target in
+                rng.integers(0, V, (2, 5)))  # labels
+        forward, backward, params = module_loss_pair(model, *data)
         reports.append(check(forward, backward, rng=rng, max_full=0, n_directions=2,
                              label=label, **params))
     return reports
