@@ -121,7 +121,7 @@ def reference(directory, model_type, rng, V):
         result = model(**kwargs)
         (result.logits * torch.tensor(G)).sum().backward()
         out["logits"] = result.logits.detach().numpy()
-        out.update({f"grad/{n}": p.grad.numpy().copy() for n, p in model.named_parameters()})
+        out.update(grads_of(model, "grad"))
         if model_type == "switch_transformers":
             out.update(switch_losses(model, kwargs, G))
         with torch.no_grad():
@@ -136,6 +136,12 @@ def reference(directory, model_type, rng, V):
     return out
 
 
+def grads_of(model, key):
+    """{key/<name>: gradient} of every parameter (zeros for an expert no token reached)."""
+    return {f"{key}/{n}": np.zeros(tuple(p.shape)) if p.grad is None else p.grad.numpy().copy()
+            for n, p in model.named_parameters()}
+
+
 def switch_losses(model, kwargs, G):
     """The router losses transformers computes with output_router_logits (unweighted), and
     the gradient of sum(logits * G) + z_coef z + aux_coef aux (HF's loss adds those terms)."""
@@ -147,8 +153,8 @@ def switch_losses(model, kwargs, G):
     total = (result.logits * torch.tensor(G)).sum() + cfg.router_z_loss_coef * z + (
         cfg.router_aux_loss_coef * aux)
     total.backward()
-    return {"z_loss": float(z), "aux_loss": float(aux),
-            **{f"grad_aux/{n}": p.grad.numpy().copy() for n, p in model.named_parameters()}}
+    return {"z_loss": float(z.detach()), "aux_loss": float(aux.detach()),
+            **grads_of(model, "grad_aux")}
 
 
 def saved_by_scratchllm(directory, model_type, expected):

@@ -192,13 +192,18 @@ SEQ2SEQ_CONFIGS = {  # label -> config.json fields of a tiny encoder-decoder che
 }
 SEQ2SEQ_CONFIGS["t5_v11"] = dict(SEQ2SEQ_CONFIGS["t5"], feed_forward_proj="gated-gelu",
                                  num_decoder_layers=3, tie_word_embeddings=False)
+SEQ2SEQ_CONFIGS["switch"] = dict(SEQ2SEQ_CONFIGS["t5"], model_type="switch_transformers",
+                                 num_decoder_layers=2, num_sparse_encoder_layers=1,
+                                 num_sparse_decoder_layers=1, num_experts=3, expert_capacity=3,
+                                 router_z_loss_coef=0.1, router_aux_loss_coef=0.2)
 
 
 @case
 def lm_seq2seq(rng):
     """d loss / d every Param of a tiny model of each encoder-decoder config of
     SEQ2SEQ_CONFIGS (T5: relu with the tied, scaled head and the shared relative bias
-    tables; T5 v1.1: gated-gelu, untied, a deeper decoder), teacher-forced, float64."""
+    tables; T5 v1.1: gated-gelu, untied, a deeper decoder; Switch: a sparse layer in each
+    stack, capacity 3 of 7 source tokens, with its router losses), teacher-forced, float64."""
     from scratchllm.hub import family_named
     from scratchllm.lm import Seq2SeqLM
     reports = []
@@ -211,7 +216,7 @@ def lm_seq2seq(rng):
         V = cfg.vocab_size
         data = (rng.integers(0, V, (2, 7)), rng.integers(0, V, (2, 5)),  # source, target in
                 rng.integers(0, V, (2, 5)))  # labels
-        forward, backward, params = module_loss_pair(model, *data)
+        forward, backward, params = module_loss_pair(model, *data, aux=label == "switch")
         reports.append(check(forward, backward, rng=rng, max_full=0, n_directions=2,
                              label=label, **params))
     return reports

@@ -24,7 +24,9 @@ import numpy as np
 from scratchllm.core import ops
 from scratchllm.core.nn import Embedding, Linear, Module
 from scratchllm.core.validate import expect_int, expect_ndim
+from scratchllm.moe import router_losses_backward, router_losses_forward
 from scratchllm.lm.block import Block
+from scratchllm.lm.ffn import SwitchFFN
 from scratchllm.lm.mixers import make_norm
 from scratchllm.specs.seq2seq import Seq2SeqConfig
 
@@ -125,11 +127,43 @@ class Seq2SeqLM(Module):
         logits, c_head, s = self._head(h)  # (B, Tt, V)
         return logits, Seq2SeqLMCache(c_src, enc, c_en, c_tgt, dec, c_dn, c_head, s)
 
+    def _switch(self, stack, caches):
+        """[(block index, router logits (B, T, E))] of the stack's Switch layers, and their
+        MoESpec (the first one's: its z_coef and balance_coef weigh the stack's losses)."""
+        found = [(i, blk.ffn.router_logits(c.ffn.inner)) for i, (blk, c) in
+                 enumerate(zip(stack, caches)) if isinstance(blk.ffn, SwitchFFN)]
+        return found, (stack[found[0][0]].ffn.spec if found else None)
+
     def aux_losses(self, cache):
-        """((name, value), ...) of every MoE layer's weighted loss terms (router balance and
-        z-loss, Switch), the encoder's first; empty for a dense model."""
-        blocks = list(zip(self.encoder, cache.enc)) + list(zip(self.decoder, cache.dec))
-        return tuple(term for blk, c in blocks for term in blk.aux_losses(c))
+        """((name, value), ...): every MoE layer's weighted loss terms, and for the Switch
+        layers of each stack transformers' two router losses over the stack
+        (moe/switch.py: "encoder_z", "encoder_balance", then the decoder's), weighted by the
+        MoESpec's z_coef and balance_coef; empty for a dense model."""
+        terms = []
+        for name, stack, caches in (("encoder", self.encoder, cache.enc),
+                                    ("decoder", self.decoder, cache.dec)):
+            terms += [t for blk, c in zip(stack, caches) for t in blk.aux_losses(c)]
+            found, spec = self._switch(stack, caches)
+            if found:
+                (z, aux), _ = router_losses_forward(np.stack([s for _, s in found]))
+                terms += [(f"{name}_z", spec.z_coef * z),
+                          (f"{name}_balance", spec.balance_coef * aux)]
+        return tuple(terms)
+
+    def _aux_douts(self, stack, caches, dloss_aux):
+        """Per block of the stack, what its backward takes as dloss_aux: the number itself,
+        or for a Switch layer the gradient on its router logits of dloss_aux times the
+        stack's weighted router losses (when dloss_aux is not 0)."""
+        douts = [dloss_aux] * len(stack)
+        found, spec = self._switch(stack, caches)
+        if found and dloss_aux:
+            _, c = router_losses_forward(np.stack([s for _, s in found]))  # (L, B, T, E)
+            dt = found[0][1].dtype
+            g = router_losses_backward((np.asarray(dloss_aux * spec.z_coef, dt),
+                                        np.asarray(dloss_aux * spec.balance_coef, dt)), c)
+            for (i, _), d in zip(found, g["logits"]):
+                douts[i] = d  # (B, T, E)
+        return douts
 
     def backward(self, dlogits, cache, dloss_aux=0.0):
         """dlogits (B, Tt, V) -> Param grads (+=) of sum(logits * dlogits) (+ dloss_aux times
@@ -141,13 +175,15 @@ class Seq2SeqLM(Module):
         dh = dh * np.asarray(cache.scale, dh.dtype) if self.cfg.scale_output else dh
         dy = self.dec_norm.backward(dh, cache.dec_norm)  # fwd: h = dec_norm(y_L)
         de = 0
-        for blk, c in zip(reversed(self.decoder), reversed(cache.dec)):
-            g = blk.backward(dy, c, dloss_aux)  # fwd: y_l = dec_block_l(y_{l-1}, e)
+        douts = self._aux_douts(self.decoder, cache.dec, dloss_aux)
+        for blk, c, d in zip(reversed(self.decoder), reversed(cache.dec), reversed(douts)):
+            g = blk.backward(dy, c, d)  # fwd: y_l = dec_block_l(y_{l-1}, e)
             dy, de = g["x"], de + g["context"]  # every decoder block reads e
         self.embed.backward(dy, cache.tgt)  # fwd: y_0 = E[decoder_input_ids]
         dx = self.enc_norm.backward(de, cache.enc_norm)  # fwd: e = enc_norm(x_L)
-        for blk, c in zip(reversed(self.encoder), reversed(cache.enc)):
-            dx = blk.backward(dx, c, dloss_aux)  # fwd: x_l = enc_block_l(x_{l-1})
+        douts = self._aux_douts(self.encoder, cache.enc, dloss_aux)
+        for blk, c, d in zip(reversed(self.encoder), reversed(cache.enc), reversed(douts)):
+            dx = blk.backward(dx, c, d)  # fwd: x_l = enc_block_l(x_{l-1})
         self.embed.backward(dx, cache.src)  # fwd: x_0 = E[input_ids]
 
     def loss(self, input_ids, decoder_input_ids, labels, *, aux=False):

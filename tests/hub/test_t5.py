@@ -134,9 +134,10 @@ def test_a_missing_tensor_and_an_inexpressible_config_are_named(tmp_path):
 
 def test_the_whole_model_backward_passes_its_gradient_check():
     """lm_seq2seq: d loss / d every Param of tiny T5 and T5 v1.1 models by finite
-    differences (the shared bias tables, the tied scaled head, the cross-attention)."""
+    differences (the shared bias tables, the tied scaled head, the cross-attention; Switch with
+    its router losses)."""
     from grads.cases import CASES
     reports = CASES["lm_seq2seq"](np.random.default_rng(0))
-    assert [r.label for r in reports] == ["t5", "t5_v11"]
+    assert [r.label for r in reports] == ["t5", "t5_v11", "switch"]
     for report in reports:
         assert report.ok, f"\n{report}"

@@ -169,7 +169,7 @@ def shape_of(cfg, sparse=False):
             and enc.relative.max_distance == dec.relative.max_distance),
         same_heads=(enc.n_heads, enc.head_dim) == (dec.n_heads, dec.head_dim) == (
             cross.n_heads, cross.head_dim) and cross.n_kv_heads == cross.n_heads,
-        ffn=len(kinds) == 1 and next(iter(kinds))[0] in FFN_NAMES and next(
+        ffn=not dense or len(kinds) == 1 and next(iter(kinds))[0] in FFN_NAMES and next(
             iter(kinds))[1] == "tanh" and len({f.d_ff for f in dense}) == 1,
         moe=len(dense) < len(cfg.encoder) + len(cfg.decoder) if not sparse else sparse,
         norm=len(norms) == 1 and cfg.norm.kind == "rmsnorm" and not cfg.norm.offset,
