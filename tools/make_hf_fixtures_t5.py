@@ -5,7 +5,9 @@ with them (float64, eager attention), for tests/hub/test_t5.py.
     PYTHONPATH=$PWD python tools/make_hf_fixtures_t5.py [name ...]
 
 Checkpoints:
-    t5       relu FFN, tied head with the d_model^-1/2 output scale, 8 buckets up to 12
+    t5       relu FFN, tied head with the d_model^-1/2 output scale, 8 buckets up to 12; with
+             a tiny tokenizer.json in T5's form (a Unigram over 38 pieces, Metaspace, the
+             post-processor's </s>) for `sample --hf`
     t5_v11   T5 v1.1: gated-gelu FFN, 3 decoder layers over 2 encoder layers, an untied
              lm_head written as the Hub's v1.1 checkpoints are (config.json's
              tie_word_embeddings false, no scale_decoder_outputs)
@@ -88,6 +90,23 @@ def write_checkpoint(directory, model_type, fields, seed, untied):
         cfg.pop("scale_decoder_outputs", None)
         cfg["tie_word_embeddings"] = False
         (Path(directory) / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+def write_tokenizer(directory):
+    """A tiny tokenizer.json of T5's form: Unigram (<pad> 0, </s> 1, <unk> 2, then ▁, the
+    letters and a few pieces), Metaspace, and the post-processor's "$A </s>"."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    pieces = ["<pad>", "</s>", "<unk>", "\u2581", *"abcdefghijklmnopqrstuvwxyz", "\u2581the",
+              "\u2581a", "th", "er", "in", ".", ",", "\u2581is"]
+    vocab = [(p, 0.0 if i < 3 else -1.0 - float(len(p) == 1) - 0.1 * i)
+             for i, p in enumerate(pieces)]
+    tok = Tokenizer(models.Unigram(vocab, unk_id=2))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>",
+                                                       special_tokens=[("</s>", 1)])
+    tok.add_special_tokens(["<pad>", "</s>", "<unk>"])
+    tok.save(str(Path(directory) / "tokenizer.json"))
 
 
 def load_float64(directory, model_type):
@@ -182,6 +201,8 @@ def main(names=()):
         d = OUT / name
         d.mkdir(parents=True, exist_ok=True)
         write_checkpoint(d, model_type, fields, seed=len(name), untied=name == "t5_v11")
+        if name == "t5":
+            write_tokenizer(d)
         expected = reference(d, model_type, np.random.default_rng(len(name)),
                              fields["vocab_size"])
         expected["saved_by_scratchllm_rel_err"] = saved_by_scratchllm(d, model_type, expected)

@@ -141,3 +141,19 @@ def test_the_whole_model_backward_passes_its_gradient_check():
     assert [r.label for r in reports] == ["t5", "t5_v11", "switch"]
     for report in reports:
         assert report.ok, f"\n{report}"
+
+
+def test_sample_hf_prints_the_decoders_greedy_text(capsys):
+    """`sample --hf` on t5: the prompt (with the tokenizer's </s>) is the source; greedy
+    decoding prints the ids the model's greedy decoding gives, up to the eos id."""
+    from scratchllm import cli
+    from scratchllm.hub import load_tokenizer
+    prompt = "the cat is here."
+    assert cli.main(["sample", "--hf", str(HF / "t5"), "--prompt", prompt, "--max-tokens",
+                     "8", "--temperature", "0", "--top-p", "1"]) == 0
+    model, tok = load_pretrained(HF / "t5", dtype=np.float64), load_tokenizer(HF / "t5")
+    src = tok.encode_ordinary(prompt, add_special_tokens=True)
+    assert src[-1] == 1  # T5's </s>
+    ids = list(model.greedy(np.array([src]), 8)[0])
+    ids = ids[:ids.index(1)] if 1 in ids else ids
+    assert capsys.readouterr().out == tok.decode(ids) + "\n"
