@@ -104,3 +104,21 @@ def test_switch_keeps_the_first_tokens_of_each_expert_per_sequence():
     dropped = ~np.isin(np.arange(B * T), c.ffn.inner[0].slots)
     assert dropped.any()  # a dropped token passes the FFN sub-layer unchanged: h + 0
     assert np.array_equal(y.reshape(B * T, D)[dropped], h[dropped])
+
+
+def test_a_config_switch_cannot_express_is_refused_by_name(tmp_path):
+    """Sparse layers where transformers' step would not put them, or of another kind."""
+    import dataclasses
+    from scratchllm.lm import Seq2SeqLM
+    model = load_pretrained(HF / "switch")
+    cfg = model.cfg
+    moved = dataclasses.replace(cfg, encoder=(cfg.encoder[1],) + cfg.encoder[1:])
+    with pytest.raises(ValueError, match=r"encoder sparse layers \[0, 1, 3\]"):
+        save_pretrained(Seq2SeqLM(moved, rng=np.random.default_rng(0)), tmp_path / "a")
+    spec = cfg.encoder[1].ffn
+    other = dataclasses.replace(spec, expert_capacity=None, capacity_factor=1.0,
+                                experts=ExpertsSpec("mlp", spec.experts.d_ff))
+    layer = dataclasses.replace(cfg.encoder[1], ffn=other)
+    odd = dataclasses.replace(cfg, encoder=(cfg.encoder[0], layer) + cfg.encoder[2:])
+    with pytest.raises(ValueError, match="sparse layers other than Switch's"):
+        save_pretrained(Seq2SeqLM(odd, rng=np.random.default_rng(0)), tmp_path / "b")

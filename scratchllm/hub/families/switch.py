@@ -111,6 +111,10 @@ def _check(cfg):
     if any(s.router != first.router or s.experts != first.experts
            or s.expert_capacity != first.expert_capacity for s in sparse):
         problems.append("sparse layers that differ")
+    if sparse and (first.expert_capacity is None or first.experts.kind != "relu"):
+        problems.append(f"sparse layers other than Switch's (expert_capacity="
+                        f"{first.expert_capacity}, experts {first.experts.kind!r}: Switch's "
+                        f"take an expert_capacity and ReLU experts)")
     if sparse and (first.router.routed_scaling_factor != 1.0 or first.router.norm_topk_prob
                    or first.router.bias_gamma):
         problems.append(f"router {first.router!r} (top-1 softmax, norm_topk_prob=False)")
