@@ -35,7 +35,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.validate import expect_dout, expect_integer, expect_shape
-from scratchllm.linear_attention.gla import check_qkv
+from scratchllm.linear_attention.gla import check_head_step, check_qkv
 
 FORMS7 = ("recurrent", "chunked")
 
@@ -64,8 +64,11 @@ def rwkv7_step(r_t, w_t, k_t, v_t, kappa_t, a_t, state):
     Inputs: r_t, w_t, k_t, kappa_t, a_t (B, H, Dk); v_t (B, H, Dv); state (B, H, Dk, Dv) or
     None (zeros). Returns (o_t (B, H, Dv), new state (B, H, Dk, Dv)).
     """
+    shape = check_head_step("rwkv7_step", r_t, k_t, v_t, state)
+    for name, x in (("w_t", w_t), ("kappa_t", kappa_t), ("a_t", a_t)):
+        expect_shape("rwkv7_step", name, x, r_t.shape, "(B, H, Dk) like r_t")
     if state is None:
-        state = np.zeros(k_t.shape + v_t.shape[-1:], k_t.dtype)  # (B, H, Dk, Dv)
+        state = np.zeros(shape, k_t.dtype)  # (B, H, Dk, Dv)
     u = np.einsum("bhi,bhij->bhj", kappa_t, state)  # (B, H, Dv) κᵀ S
     state = (w_t[..., None] * state - (a_t * kappa_t)[..., None] * u[..., None, :]
              + k_t[..., None] * v_t[..., None, :])  # (B, H, Dk, Dv)

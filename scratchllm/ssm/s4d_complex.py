@@ -124,6 +124,9 @@ def s4d_complex_step(x_t, state, w):
     h = Ā h + B̄ x_t, y_t = 2 Re ⟨C, h⟩ + D x_t. w as in s4d_complex_forward.
     Returns (y_t (B, D), new h)."""
     _check("s4d_complex_step", 2, x_t, w)
+    if state is not None:
+        expect_shape("s4d_complex_step", "state", state, x_t.shape + w.A_log_re.shape[-1:],
+                     "(B, D, N) of this step's rows")
     (A_bar, B_bar), _ = _discretise(w)  # (D, N)
     if state is None:
         state = np.zeros(x_t.shape + w.A_log_re.shape[-1:], complex)  # (B, D, N)
