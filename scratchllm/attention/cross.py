@@ -100,6 +100,38 @@ def cross_attention_backward(dy, cache):
                                   g_k.get("b"), g_v.get("b"), g_o.get("b"))}
 
 
+class CrossContext(NamedTuple):
+    """What decoding keeps of the context: its keys and values, computed once."""
+    k: np.ndarray  # (B, Hkv, Tk, Dh)
+    v: np.ndarray  # (B, Hkv, Tk, Dh)
+    mask: object   # the Mask the queries read it with (None: spec.mask)
+
+
+def cross_attention_context(ctx, w, *, spec, mask=None):
+    """The decoding context of cross_attention_forward: k = split(ctx Wk + bk), v = split(ctx
+    Wv + bv), once for every later query. ctx (B, Tk, Dc) -> CrossContext (no cache: decoding
+    is not differentiated)."""
+    fn = "cross_attention_context"
+    expect_ndim(fn, "ctx", ctx, 3, "(B, Tk, Dc)")
+    check_attention_weights(fn, w, spec)
+    _check_spec(fn, spec)
+    k, _ = linear_forward(ctx, w.wk, w.bk)  # (B, Tk, Hkv*Dh)
+    v, _ = linear_forward(ctx, w.wv, w.bv)  # (B, Tk, Hkv*Dh)
+    return CrossContext(split_heads(k, spec.n_kv_heads), split_heads(v, spec.n_kv_heads), mask)
+
+
+def cross_attention_read(x, context, w, *, spec):
+    """cross_attention_forward's y for queries x (B, D) (one decoding step) or (B, Tq, D)
+    (a prefill) over a CrossContext: the same math with k and v already projected."""
+    step = x.ndim == 2
+    q, _ = linear_forward(x[:, None] if step else x, w.wq, w.bq)  # (B, Tq, H*Dh)
+    o, _ = sdpa_forward(split_heads(q, spec.n_heads), context.k, context.v,
+                        spec.mask if context.mask is None else context.mask,
+                        spec.scale)  # (B, H, Tq, Dh)
+    y, _ = linear_forward(merge_heads(o), w.wo, w.bo)  # (B, Tq, D)
+    return y[:, 0] if step else y
+
+
 class CrossAttention(Module):
     """Cross-attention layer owning wq, wk, wv, wo (and bq, bk, bv, bo when the spec asks):
     forward(x, ctx, mask) -> (y, cache);
@@ -120,10 +152,20 @@ class CrossAttention(Module):
         self.bk, self.bv = zeros(Hkv * Dh, spec.qkv_bias), zeros(Hkv * Dh, spec.qkv_bias)
         self.spec = spec
 
-    def forward(self, x, ctx, mask=None):
-        w = AttentionWeights(*(None if p is None else p.data for p in (
+    def _weights(self):
+        return AttentionWeights(*(None if p is None else p.data for p in (
             self.wq, self.wk, self.wv, self.wo, self.bq, self.bk, self.bv, self.bo)))
-        return cross_attention_forward(x, ctx, w, spec=self.spec, mask=mask)
+
+    def forward(self, x, ctx, mask=None):
+        return cross_attention_forward(x, ctx, self._weights(), spec=self.spec, mask=mask)
+
+    def context_state(self, ctx, mask=None):
+        """The decoding context of ctx (B, Tk, Dc): its keys and values (CrossContext)."""
+        return cross_attention_context(ctx, self._weights(), spec=self.spec, mask=mask)
+
+    def read(self, x, context):
+        """Queries x (B, D) or (B, Tq, D) over a CrossContext -> y like x."""
+        return cross_attention_read(x, context, self._weights(), spec=self.spec)
 
     def backward(self, dy, cache):
         grads = cross_attention_backward(dy, cache)

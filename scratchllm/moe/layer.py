@@ -102,6 +102,9 @@ def _check_moe(fn, x, w, spec):
     one; E, F and Fs agree with the spec (router_forward checks b_router)."""
     expect_instance(fn, "spec", spec, MoESpec)
     expect_instance(fn, "w", w, MoEWeights)
+    if spec.expert_capacity is not None or spec.experts.kind == "relu":
+        raise ValueError(f"{fn}: expert_capacity={spec.expert_capacity} and ReLU experts are "
+                         f"Switch's layer: moe.switch_moe_forward (SwitchMoE)")
     kind, names = spec.experts.kind, EXPERTS[spec.experts.kind]
     given = tuple(n for n in EXPERT_FIELDS if getattr(w, n) is not None)
     if sorted(given) != sorted(names):
