@@ -86,7 +86,7 @@ def forward_rows(model, ids, cache, seqs, starts):
     for i, layer in enumerate(model.layers):
         def attend(a, layer=layer, i=i):
             return _attend_rows(a, layer.mixer, cache, i, seqs, starts), None
-        x = layer._body(x, attend)[0]  # the Block's own residual body around the mixer
+        x = layer.body(x, attend)[0]  # the Block's own residual body around the mixer
     h, _ = model.norm.forward(x)  # (B, t, D)
     logits = (model.embed.attend(h) if model.head is None else model.head.forward(h))[0]
     if cfg.logit_softcap is not None:  # c tanh(logits / c) (Gemma 2)
