@@ -57,6 +57,9 @@ def build_parser():
     p.add_argument("--eval-every", type=int_at_least(1), default=None,
                    help=f"validate and checkpoint every N steps ({d.eval_every})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--fp8", action="store_true", default=None, help="train with FP8 matmuls "
+                   "as DeepSeek-V3 does: e4m3 weights and activations on 128 x 128 / 1 x 128 "
+                   "scales, e5m2 gradients, float32 master weights; the head stays float")
     p.add_argument("--detect-anomaly", action="store_true", help="check every Module's output "
                    "and gradient; name the first to go NaN or inf (slower)")
     p.add_argument("--threads", type=int_at_least(1), default=None, help=f"data-parallel "
@@ -76,7 +79,8 @@ def _settings(args, saved=None, ranks=1):
     s = dict(asdict(Settings()), **(saved or {}))
     if ranks > 1:
         s["threads"] = 1
-    for name in ("steps", "batch_size", "seq_len", "lr", "seed", "eval_every", "threads"):
+    for name in ("steps", "batch_size", "seq_len", "lr", "seed", "eval_every", "threads",
+                 "fp8"):
         if getattr(args, name) is not None:
             s[name] = getattr(args, name)
     for name in ("steps", "batch_size", "seq_len", "eval_every"):
@@ -180,7 +184,7 @@ def _main(args, grid=None):
         job.load(out)
         say(f"resumed {out} at step {job.step}")
     say(f"model: {cfg.name}, {job.model.n_params():,} parameters, {s.steps} steps of "
-        f"{s.batch_size}x{s.seq_len} tokens, {dtype}")
+        f"{s.batch_size}x{s.seq_len} tokens, {dtype}{', FP8 matmuls' if s.fp8 else ''}")
     if grid is not None:
         say(f"ranks: {grid.world.size} ({grid.shape.describe()}), {s.threads} thread(s) "
             f"each; rank 0 writes {out}")

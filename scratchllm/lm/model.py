@@ -24,6 +24,7 @@ import numpy as np
 
 from scratchllm.attention import sinusoidal_positions
 from scratchllm.core import fused
+from scratchllm.core.fp8 import full_precision
 from scratchllm.core.nn import Embedding, Linear, Module, Param
 from scratchllm.core.softcap import softcap_backward, softcap_forward
 from scratchllm.core.validate import expect_int, expect_ndim
@@ -183,7 +184,8 @@ class LM(Module):
     def _head_forward(self, h):
         """logits = t(h) @ W_head (+ b) -> (logits (..., V), HeadCache)."""
         h, c_t = (h, None) if self.transform is None else self.transform.forward(h)
-        logits, c = self.embed.attend(h) if self.head is None else self.head.forward(h)
+        with full_precision():  # the output head stays out of FP8 training (DeepSeek-V3's)
+            logits, c = self.embed.attend(h) if self.head is None else self.head.forward(h)
         if self.head_bias is not None:
             logits = logits + self.head_bias.data  # (..., V)
         return logits, HeadCache(c_t, c)
