@@ -113,6 +113,7 @@ class Run:
         self.step = 0
         self.data = None   # the text file trained on (recorded so --resume finds it)
         self.losses = []   # train loss per step
+        self.mtp_losses = []  # per step, each MTP module's cross-entropy (not saved)
         self.step_seconds = []  # wall time of each train_step in this process (not saved)
         self.evals = []    # (step, val loss)
         self.detect_anomaly = False  # check every Module's outputs and gradients (slow)
@@ -146,6 +147,8 @@ class Run:
         stats = model.after_step(caches, across)
         self.step += 1
         self.losses.append(ce)
+        if caches and caches[0].mtp_cache is not None:  # each MTP module's CE, shard mean
+            self.mtp_losses.append(np.mean([c.mtp_cache.losses for c in caches], axis=0))
         self.step_seconds.append(time.perf_counter() - t0)
         self.sent.append(self.group.total_sent() - sent0)
         return ce, stats
