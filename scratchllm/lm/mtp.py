@@ -73,9 +73,11 @@ class MTP(Module):
         self.depths = [MTPModule(cfg.d_model, cfg.layers[-1], cfg.norm, rng=rng, dtype=dtype)
                         for _ in range(cfg.mtp.depth)]
 
-    def step(self, lm, k, h_prev, ids_ahead):
+    def step(self, lm, k, h_prev, ids_ahead, run_block=None):
         """Module k (1-based) on h^{k-1} (B, n, D) and the tokens one place ahead (B, n) ->
-        (h^k (B, n, D), logits (B, n, V), DepthCache without ce)."""
+        (h^k (B, n, D), logits (B, n, V), DepthCache without ce). run_block(block, a) ->
+        (h, cache): how to run the module's Block (default its forward from position 0; a
+        serving cache's call when drafting)."""
         mod = self.depths[k - 1]
         e, c_emb = lm.embed.forward(ids_ahead)  # (B, n, D)
         if self.cfg.embed_scale:
@@ -83,7 +85,7 @@ class MTP(Module):
         en, c_en = mod.enorm.forward(e)  # (B, n, D)
         hn, c_hn = mod.hnorm.forward(h_prev)  # (B, n, D)
         a, c_proj = mod.proj.forward(np.concatenate([en, hn], axis=-1))  # (B, n, D)
-        h, c_block = mod.block.forward(a)  # (B, n, D)
+        h, c_block = mod.block.forward(a) if run_block is None else run_block(mod.block, a)
         z, c_norm = mod.norm.forward(h)  # (B, n, D)
         logits, c_head = lm.output_forward(z)  # (B, n, V)
         return h, logits, DepthCache(c_emb, c_en, c_hn, c_proj, c_block, c_norm, c_head, None)

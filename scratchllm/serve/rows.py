@@ -10,8 +10,8 @@ starts[b] + t - 1 (chunked prefill):
                           store k, v at those slots of sequence b in the cache;
                           read the batch's keys padded to the longest row and attend query j
                           of row b to keys 0 .. starts[b] + j only (a (B, 1, t, L) mask)
-    the Block around each layer (norms, residuals, FFN) is the LM's own; the scores' and the
-    logits' soft caps as the model's config says
+    the Block around each layer (norms, residuals, FFN) is the LM's own (block_rows); the
+    scores' and the logits' soft caps as the model's config says (LM.unembed)
 So one call serves the whole batch; each row's numbers are those of its own forward (the
 padded keys get probability exactly 0).
 
@@ -22,7 +22,6 @@ import numpy as np
 
 from scratchllm.attention import (AttentionWeights, make_rope, merge_heads, project_qkv_forward,
                                   sdpa_forward, sinusoidal_positions)
-from scratchllm.core import softcap_forward
 from scratchllm.core.ops import linear_forward
 from scratchllm.core.validate import expect_int, expect_shape
 from scratchllm.serve.pool import attention_layers
@@ -63,12 +62,26 @@ def _attend_rows(a, attn, cache, layer, seqs, starts):
     return y
 
 
+def block_rows(block, i, x, cache, seqs, starts):
+    """One Block on t tokens per sequence from its own position: x (B, t, D) -> (B, t, D),
+    its attention reading and growing layer i of `cache` (the Block's own body around it)."""
+    def attend(a):
+        return _attend_rows(a, block.mixer, cache, i, seqs, starts), None
+    return block.body(x, attend)[0]
+
+
 def forward_rows(model, ids, cache, seqs, starts):
     """t tokens per sequence, each sequence from its own position: ids (B, t) of sequences
     seqs (held in cache, a PagedCache or ContiguousCache, with room for t more tokens each)
     at positions starts[b] .. starts[b] + t - 1 (starts (B,) = the tokens each holds) ->
     logits (B, t, V); each sequence's cache grows by t (a prompt's rest after a prefix hit:
     chunked prefill)."""
+    return model.unembed(trunk_rows(model, ids, cache, seqs, starts))  # (B, t, V)
+
+
+def trunk_rows(model, ids, cache, seqs, starts):
+    """forward_rows up to the last block: the hidden states x_L (B, t, D) before the final
+    norm (what the head and the MTP modules read)."""
     ids, starts = np.asarray(ids), np.asarray(starts)
     expect_int("forward_rows", "ids", ids)
     expect_int("forward_rows", "starts", starts)
@@ -84,14 +97,8 @@ def forward_rows(model, ids, cache, seqs, starts):
     elif cfg.positions == "learned":
         x = x + model.pos.forward(positions)[0]  # (B, t, D)
     for i, layer in enumerate(model.layers):
-        def attend(a, layer=layer, i=i):
-            return _attend_rows(a, layer.mixer, cache, i, seqs, starts), None
-        x = layer.body(x, attend)[0]  # the Block's own residual body around the mixer
-    h, _ = model.norm.forward(x)  # (B, t, D)
-    logits = (model.embed.attend(h) if model.head is None else model.head.forward(h))[0]
-    if cfg.logit_softcap is not None:  # c tanh(logits / c) (Gemma 2)
-        logits = softcap_forward(logits, cap=cfg.logit_softcap)[0]
-    return logits  # (B, t, V)
+        x = block_rows(layer, i, x, cache, seqs, starts)  # (B, t, D)
+    return x  # (B, t, D)
 
 
 def decode_rows(model, ids_t, cache, seqs, positions):
