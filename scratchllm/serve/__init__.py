@@ -12,8 +12,8 @@ from .pool import (KV_DTYPES, ContiguousCache, GroupState, PagedCache, StateCach
                    attention_layers, paged_supported)
 from .quality import kv_attention_error, kv_cross_entropy
 from .drafts import MTPDraft, ModelDraft
-from .rows import (attention_weights, block_rows, decode_rows, forward_rows, rows_supported,
-                   trunk_rows)
+from .rows import (attention_weights, block_rows, decode_rows, forward_rows, prefill_rows,
+                   rows_supported, trunk_rows)
 from .speculative import accept_draft, residual, speculative_generate
 from .weights import quantizable, quantize_weights
 from .quantize import (FORMATS, Quantized, default_group_size, dequantize_codes, error_bound,
@@ -25,5 +25,5 @@ __all__ = ["BlockManager", "ContiguousCache", "Engine", "EvictingKV", "FORMATS",
            "attention_weights", "block_rows", "decode_rows",
            "default_group_size", "dequantize_codes", "error_bound", "forward_rows",
            "generate_batch", "kv_attention_error", "kv_budget_cross_entropy", "kv_cross_entropy",
-           "make_engine", "paged_supported", "quantizable", "quantize", "quantize_weights",
+           "make_engine", "paged_supported", "prefill_rows", "quantizable", "quantize", "quantize_weights",
            "residual", "rows_supported", "speculative_generate", "trunk_rows"]
