@@ -12,9 +12,10 @@ A sub-layer f with its norm N sits where LayerSpec.placement says:
 The block:  h = sub(x, mixer)   [h = sub(h, cross-attention to a context)]   y = sub(h, ffn)
 (ffn None: the block is the mixer sub-layer alone, as HF Mamba-1's MambaBlock).
 
-One body serves training, prefill and decoding: it is written over how the mixer is called
-(forward with a backward cache, prefill filling a decoding state, or one decode step), and
-only training keeps the caches. The FFN interface (lm/ffn.py) carries an MoE's loss terms.
+One body (Block.body) serves training, prefill and decoding: it is written over how the mixer
+is called (forward with a backward cache, prefill filling a decoding state, or one decode step;
+serving passes its own), and only training keeps the caches. The FFN interface (lm/ffn.py)
+carries an MoE's loss terms.
 Backward runs each sub-layer in reverse: the residual adds the skip gradient.
 
 Glossary: B batch, T time, Tc context length, D model width.
@@ -79,9 +80,12 @@ class Block(Module):
         y, c_post = norm.forward(x + m) if self.spec.placement == "post" else (x + m, None)
         return y, SublayerCache(c_norm, c_inner, c_out, c_post)
 
-    def _body(self, x, mix, read=None):
-        """The block on x (..., D) with the mixer called as mix(a) -> (m, cache) and the
-        cross-attention as read(a) -> (m, cache) (None: the block has none)."""
+    def body(self, x, mix, read=None):
+        """The block on x (..., D) with its mixer sub-layer's inner call replaced by mix(a) ->
+        (m, cache), and the cross-attention as read(a) -> (m, cache) (None: the block has
+        none): the block's own norms, residuals, cross-attention and FFN around any way of
+        running the mixer (a serving cache's attention, an evicting cache's). forward, prefill
+        and decode are this with the mixer's own calls. Returns (y (..., D), BlockCache)."""
         if (read is None) != (self.cross is None):
             raise ValueError("Block: a context goes with a cross-attention sub-layer and only "
                              f"with one (cross is {'None' if self.cross is None else 'set'}, "
@@ -99,7 +103,7 @@ class Block(Module):
         """x (B, T, D) [, context (B, Tc, D) with cross-attention] -> (y (B, T, D),
         BlockCache)."""
         read = None if context is None else (lambda a: self.cross.forward(a, context))
-        return self._body(x, self.mixer.forward, read)
+        return self.body(x, self.mixer.forward, read)
 
     def _read_state(self, context):
         """The cross-attention as read(a) over a decoding context (CrossAttention.
@@ -112,8 +116,8 @@ class Block(Module):
         step); context: the cross-attention's decoding context, with cross-attention."""
         read = self._read_state(context)
         if hasattr(self.mixer, "prefill"):
-            return self._body(x, lambda a: (self.mixer.prefill(a, state), None), read)[0]
-        return self._body(x, lambda a: (np.stack(
+            return self.body(x, lambda a: (self.mixer.prefill(a, state), None), read)[0]
+        return self.body(x, lambda a: (np.stack(
             [self.mixer.decode(a[:, t], state, t) for t in range(a.shape[1])], axis=1),
             None), read)[0]
 
@@ -121,7 +125,7 @@ class Block(Module):
         """One token: x_t (B, D) -> y_t (B, D), updating this layer's state in place;
         context: the cross-attention's decoding context, with cross-attention."""
         read = self._read_state(context)
-        return self._body(x_t, lambda a: (self.mixer.decode(a, state, position), None), read)[0]
+        return self.body(x_t, lambda a: (self.mixer.decode(a, state, position), None), read)[0]
 
     # ------------------------------------------------------------------ backward
     def _sublayer_backward(self, dy, cache, norm, out_norm, back):

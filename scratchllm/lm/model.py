@@ -9,6 +9,7 @@
              (-> c tanh(logits / c) with cfg.logit_softcap c: Gemma 2)
     loss = CE(logits, targets) + sum over layers of the FFN's aux terms
            (an MoE's balance_coef * aux + z_coef * z; none for a dense FFN)
+           + (lambda / D) sum_k L^k of D multi-token-prediction modules (cfg.mtp; lm/mtp.py)
 
 The backward runs the same chain in reverse: each Block calls its Modules' backwards, and the
 residual adds the skip gradient. A Module owns its Params; the caches live in the calls.
@@ -24,12 +25,14 @@ import numpy as np
 
 from scratchllm.attention import sinusoidal_positions
 from scratchllm.core import fused
+from scratchllm.core.fp8 import full_precision
 from scratchllm.core.nn import Embedding, Linear, Module, Param
 from scratchllm.core.softcap import softcap_backward, softcap_forward
 from scratchllm.core.validate import expect_int, expect_ndim
 from scratchllm.lm.block import Block
 from scratchllm.lm.heads import HeadTransform
 from scratchllm.lm.mixers import make_norm
+from scratchllm.lm.mtp import MTP
 from scratchllm.specs import ModelConfig
 
 
@@ -53,6 +56,7 @@ class LMCache(NamedTuple):
     head: tuple
     aux: list   # per layer: its FFN's weighted aux terms ((name, value), ...)
     softcap: tuple = None  # SoftcapCache of the capped logits (cfg.logit_softcap), else None
+    last: np.ndarray = None  # x_L (B, T, D), the last block's output (what MTP reads)
 
 
 class LossCache(NamedTuple):
@@ -60,6 +64,8 @@ class LossCache(NamedTuple):
     ce_cache: tuple
     ce: float     # the cross-entropy part of the loss, nats/token
     aux: float    # the FFNs' weighted auxiliary part (MoE balance and z terms)
+    mtp_cache: tuple = None  # MTPCache (with cfg.mtp), else None
+    mtp: float = 0.0  # the weighted multi-token-prediction part, (lambda / D) sum_k L^k
 
 
 class LM(Module):
@@ -94,6 +100,7 @@ class LM(Module):
             if cfg.head.transform else None
         self.head = None if cfg.tie_embeddings else Linear(D, V, rng=rng, dtype=dtype)
         self.head_bias = Param(np.zeros(V, dtype)) if cfg.head.bias else None
+        self.mtp = None if cfg.mtp is None else MTP(cfg, rng=rng, dtype=dtype)  # lm/mtp.py
 
     @property
     def dtype(self):
@@ -135,7 +142,7 @@ class LM(Module):
         logits, ch = self._head_forward(h)  # (B, T, V)
         logits, c_cap = self._cap(logits)  # (B, T, V)
         aux = [layer.aux_losses(c) for layer, c in zip(self.layers, blocks)]
-        return logits, LMCache(None, blocks, cn, ch, aux, c_cap)
+        return logits, LMCache(None, blocks, cn, ch, aux, c_cap, x)
 
     def _embed_forward(self, ids, start=0, types=None):
         """x_0 = E[ids] (+ P[start + t]: sinusoidal, a constant with no backward, or a learned
@@ -182,10 +189,34 @@ class LM(Module):
     def _head_forward(self, h):
         """logits = t(h) @ W_head (+ b) -> (logits (..., V), HeadCache)."""
         h, c_t = (h, None) if self.transform is None else self.transform.forward(h)
-        logits, c = self.embed.attend(h) if self.head is None else self.head.forward(h)
+        with full_precision():  # the output head stays out of FP8 training (DeepSeek-V3's)
+            logits, c = self.embed.attend(h) if self.head is None else self.head.forward(h)
         if self.head_bias is not None:
             logits = logits + self.head_bias.data  # (..., V)
         return logits, HeadCache(c_t, c)
+
+    def output_forward(self, h):
+        """The output head on a normed h (..., D): logits = cap(t(h) @ W_head (+ b)) ->
+        (logits (..., V), its cache) (shared with the MTP modules)."""
+        logits, ch = self._head_forward(h)  # (..., V)
+        logits, c_cap = self._cap(logits)  # (..., V)
+        return logits, (ch, c_cap)
+
+    def output_backward(self, dlogits, cache):
+        """The backward of output_forward: dlogits (..., V) -> dh (..., D); the head's Params
+        (a tied head's E) get their gradients."""
+        ch, c_cap = cache
+        if c_cap is not None:
+            dlogits = softcap_backward(dlogits, c_cap)["x"]  # fwd: logits = c tanh(z / c)
+        if self.head_bias is not None:  # fwd: logits = ... + b
+            self.head_bias.grad += dlogits.reshape(-1, dlogits.shape[-1]).sum(0)
+        if self.head is None:
+            dh = self.embed.attend_backward(dlogits, ch.proj)  # fwd: logits = t @ E^T
+        else:
+            dh = self.head.backward(dlogits, ch.proj)  # fwd: logits = t @ W_head
+        if ch.transform is not None:
+            dh = self.transform.backward(dh, ch.transform)  # fwd: t = transform(h)
+        return dh
 
     def _cap(self, logits):
         """(c tanh(logits / c), its cache) with cfg.logit_softcap c, else (logits, None)."""
@@ -193,12 +224,12 @@ class LM(Module):
             return logits, None
         return softcap_forward(logits, cap=self.cfg.logit_softcap)  # (..., V)
 
-    def backward(self, dlogits, cache, dloss_aux=1.0):
+    def backward(self, dlogits, cache, dloss_aux=1.0, dlast=None):
         """dlogits (B, T, V) -> Param grads (+=). Every FFN aux term of the loss gets the
         gradient dloss_aux (an MoE layer's balance loss dloss_aux * balance_coef, its z-loss
-        dloss_aux * z_coef)."""
+        dloss_aux * z_coef); dlast (B, T, D): a gradient on x_L from beyond the head (MTP's)."""
         c_emb = cache.embed
-        dx = self.trunk_backward(dlogits, cache, dloss_aux)  # (B, T, D)
+        dx = self.trunk_backward(dlogits, cache, dloss_aux, dlast)  # (B, T, D)
         if c_emb.norm is not None:
             dx = self.embed_norm.backward(dx, c_emb.norm)  # fwd: x_0 = embed_norm(s)
         if c_emb.types is not None:
@@ -211,21 +242,15 @@ class LM(Module):
             dx = np.where(c_emb.pad, 0, dx).astype(dx.dtype, copy=False)  # (B, T, D)
         self.embed.backward(dx, c_emb.tok)  # fwd: x_0 = E[ids]
 
-    def trunk_backward(self, dlogits, cache, dloss_aux=1.0):
+    def trunk_backward(self, dlogits, cache, dloss_aux=1.0, dlast=None):
         """The backward of trunk_forward: dlogits (B, T, V) -> dx_0 (B, T, D), the Params
-        after the embedding getting their gradients (a tied head's into E)."""
-        _, blocks, cn, ch, _, c_cap = cache
-        if c_cap is not None:
-            dlogits = softcap_backward(dlogits, c_cap)["x"]  # fwd: logits = c tanh(z / c)
-        if self.head_bias is not None:  # fwd: logits = ... + b
-            self.head_bias.grad += dlogits.reshape(-1, dlogits.shape[-1]).sum(0)
-        if self.head is None:
-            dh = self.embed.attend_backward(dlogits, ch.proj)  # fwd: logits = t @ E^T
-        else:
-            dh = self.head.backward(dlogits, ch.proj)  # fwd: logits = t @ W_head
-        if ch.transform is not None:
-            dh = self.transform.backward(dh, ch.transform)  # fwd: t = transform(h)
+        after the embedding getting their gradients (a tied head's into E); dlast as
+        backward's."""
+        blocks, cn = cache.blocks, cache.norm
+        dh = self.output_backward(dlogits, (cache.head, cache.softcap))  # fwd: logits = out(h)
         dx = dh if cn is None else self.norm.backward(dh, cn)  # fwd: h = norm(x_L)
+        if dlast is not None:
+            dx = dx + dlast  # fwd: x_L also feeds MTP module 1
         for layer, c in zip(reversed(self.layers), reversed(blocks)):
             dx = layer.backward(dx, c, dloss_aux)  # fwd: x_l = block_l(x_{l-1})
         return dx
@@ -238,13 +263,17 @@ class LM(Module):
         logits, cache = self.forward(ids)  # (B, T, V)
         ce, c_ce = fused.CROSS_ENTROPY.forward(logits, targets)
         aux = sum(sum(value for _, value in terms) for terms in cache.aux)
-        total = np.asarray(ce + aux, dtype=logits.dtype)
-        return total, LossCache(cache, c_ce, float(ce), float(aux))
+        mtp, c_mtp = (0.0, None) if self.mtp is None else \
+            self.mtp.loss(self, cache.last, ids, targets)  # (lambda / D) sum_k L^k
+        total = np.asarray(ce + aux + mtp, dtype=logits.dtype)
+        return total, LossCache(cache, c_ce, float(ce), float(aux), c_mtp, float(mtp))
 
     def loss_backward(self, dloss, cache):
         """Gradients of `loss` (times dloss) into every Param.grad (+=)."""
         dlogits = fused.CROSS_ENTROPY.backward(np.asarray(dloss, self.dtype), cache.ce_cache)
-        self.backward(dlogits["logits"], cache.lm, dloss_aux=dloss)
+        dlast = None if cache.mtp_cache is None else \
+            self.mtp.loss_backward(self, dloss, cache.mtp_cache)  # (B, T, D)
+        self.backward(dlogits["logits"], cache.lm, dloss_aux=dloss, dlast=dlast)
 
     def cross_entropy(self, ids, targets):
         """Mean next-token cross-entropy (nats/token), forward only."""

@@ -2,7 +2,8 @@
 state of a run (model, AdamW, batch RNG, step, losses) and evaluation. The checkpoint layout
 is in checkpoint.py, the plots in plots.py.
 
-One step:  loss = CE(LM(x), y) + sum of MoE aux terms  ->  backward (data-parallel threads)
+One step:  loss = CE(LM(x), y) + sum of MoE aux terms  ->  backward (data-parallel threads;
+           with Settings.fp8 both in FP8 matmuls, core/fp8.py)
            ->  [across processes: all-reduce the gradients over the data-parallel group]
            ->  clip the global grad norm  ->  AdamW with lr = warmup + cosine(step)
            ->  aux-free router bias update (MoE).
@@ -26,6 +27,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from scratchllm.core.fp8 import FP8Spec, fp8_matmuls
 from scratchllm.core.nn import detect_anomaly
 from scratchllm.core.optim import AdamW, NonFiniteError, clip_grad_norm, cosine_schedule
 from scratchllm.dist import (Group, ZeroAdamW, all_reduce_forward, all_reduce_grads,
@@ -49,6 +51,7 @@ class Settings:
     eval_tokens: int = 65536   # validation tokens per evaluation (at most; the same set)
     seed: int = 0              # weight init and batch order
     threads: int = min(2, os.cpu_count() or 1)  # data-parallel batch shards, one thread each
+    fp8: bool = False          # FP8 matmuls in every Linear but the head (core/fp8.py)
 
 
 def _decays(name, p):
@@ -109,6 +112,7 @@ class Run:
         self.step = 0
         self.data = None   # the text file trained on (recorded so --resume finds it)
         self.losses = []   # train loss per step
+        self.mtp_losses = []  # per step, each MTP module's cross-entropy (not saved)
         self.step_seconds = []  # wall time of each train_step in this process (not saved)
         self.evals = []    # (step, val loss)
         self.detect_anomaly = False  # check every Module's outputs and gradients (slow)
@@ -118,7 +122,8 @@ class Run:
         s, model = self.s, self.model
         t0, sent0 = time.perf_counter(), self.group.total_sent()
         x, y = corpus.sample_batch(train_ids, s.batch_size, s.seq_len, self.rng)
-        with detect_anomaly(*self.dp.replicas) if self.detect_anomaly else nullcontext():
+        with self.precision(), \
+                detect_anomaly(*self.dp.replicas) if self.detect_anomaly else nullcontext():
             if self.group.size == 1:
                 ce, caches = self.dp.loss_backward(x, y)
             else:  # this rank's rows, weighted as a part of the global batch
@@ -141,6 +146,8 @@ class Run:
         stats = model.after_step(caches, across)
         self.step += 1
         self.losses.append(ce)
+        if caches and caches[0].mtp_cache is not None:  # each MTP module's CE, shard mean
+            self.mtp_losses.append(np.mean([c.mtp_cache.losses for c in caches], axis=0))
         self.step_seconds.append(time.perf_counter() - t0)
         self.sent.append(self.group.total_sent() - sent0)
         return ce, stats
@@ -154,10 +161,19 @@ class Run:
     def _sum_over_ranks(self, a):
         return all_reduce_forward(a, group=self.group)[0]
 
+    def precision(self):
+        """The matmuls' precision for one step: FP8 (core.fp8.fp8_matmuls with DeepSeek-V3's
+        tiles: e4m3, 1 x 128 activations, 128 x 128 weights; e5m2 gradients) with
+        settings.fp8, else the model's float dtype. The weights the optimizer updates stay in
+        that float dtype."""
+        return fp8_matmuls(FP8Spec()) if self.s.fp8 else nullcontext()
+
     def evaluate(self, batches):
-        """evaluate() on this run's threads and data-parallel ranks."""
-        return evaluate(self.model, batches, self.dp, None if self.group.size == 1 else
-                        self.group)
+        """evaluate() on this run's threads and data-parallel ranks (in the step's
+        precision)."""
+        with self.precision():
+                return evaluate(self.model, batches, self.dp, None if self.group.size == 1 else
+                            self.group)
 
     def likely_cause(self):
         """Why a step went NaN or inf, as far as the run can tell (for the error message)."""
