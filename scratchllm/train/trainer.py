@@ -103,8 +103,10 @@ class Run:
             [p.data.nbytes for p in self.model.parameters()], self.group.size, zero=zero,
             small=[8 * f.spec.router.n_experts for f in moe], rank=self.group.rank)
         self.sent = []  # bytes this rank sent in each step: measured (not saved)
-        if settings.threads > 1 or self.group.size > 1:
-            set_blas_threads(1)  # one BLAS thread per shard or rank: no oversubscription
+        # one BLAS thread per shard or rank, --threads 1 included: OpenBLAS's own threads
+        # spin-wait, so a "one-thread" run would otherwise keep two cores busy (and be many
+        # times slower on a loaded machine)
+        set_blas_threads(1)
         self.dp = DataParallel(self.model, settings.threads)
         self.rng = np.random.default_rng([settings.seed, 1])
         self.step = 0

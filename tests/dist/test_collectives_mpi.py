@@ -1,7 +1,8 @@
 """The collectives across ranks: the distributed gradient check of every pair (and of the
 tensor-parallel Linear pairs) on 2 and 4 ranks (grads/mpi.py, spawned with mpiexec), a wrong
 backward caught by it, and what needs no MPI: the rank grid's error, a one-rank group, ZeRO's
-partition, the install message."""
+partition, the install message. The fast tier keeps the 2-rank check (one mpiexec, about a
+second); the 4-rank run and the broken backward are in the slow tier."""
 import builtins
 
 import numpy as np
@@ -16,6 +17,7 @@ def test_every_collective_pair_passes_the_distributed_check_on_2_ranks(mpirun):
     assert "17/17 distributed checks pass" in proc.stdout, proc.stdout
 
 
+@pytest.mark.slow
 def test_on_4_ranks_and_on_the_groups_of_a_2x2_grid(mpirun):
     proc = mpirun(4, "-m", "grads.mpi", "--directions", "2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -40,6 +42,7 @@ sys.exit(0 if not res.ok else 1)
 """
 
 
+@pytest.mark.slow
 def test_the_check_catches_an_all_reduce_in_place_of_g_s_identity_backward(mpirun):
     proc = mpirun(2, "-c", BROKEN)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -16,6 +16,9 @@ from scratchllm.cli import train
 from scratchllm.train import checkpoint
 from scratchllm.train.checkpoint import load_model
 
+pytestmark = pytest.mark.slow  # each test trains under mpiexec (5-15 s); the fast tier's
+# 2-rank equivalence is grads.mpi's (test_collectives_mpi.py)
+
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "python-docs-slice.txt"
 
 
