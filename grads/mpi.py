@@ -10,8 +10,9 @@ all ranks run the forward with x_q[i] +- h (only rank q perturbs) and the centra
 logical value: element i moves on every rank at once and every rank's dx must equal the
 difference; a replicated output (g) is counted once in L. With --directions K, K random
 directions instead (every rank moving at once). The check also compares the bytes each
-collective counted with the ring algorithms' formulas. Prints one line per check on rank 0 and
-exits 1 (on every rank) if any fails.
+collective counted with the ring algorithms' formulas, and (grads/mpi_train.py) trains a tiny
+LM data parallel, plain and with ZeRO-1/2/3, against one process. Prints one line per check on
+rank 0 and exits 1 (on every rank) if any fails.
 """
 import argparse
 import sys
@@ -19,6 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from grads.mpi_train import training_checks
 from scratchllm import dist
 
 TOL = 1e-9
@@ -112,12 +114,17 @@ def run_checks(world, directions=0, seed=0):
     std = rng.standard_normal
     # all-to-all-v: rank r sends (r + j) % 3 rows to rank j
     counts = [(r + j) % 3 for j in range(P)]
+    vcounts = [(j + 1) % 3 for j in range(P)]  # rows per rank of the -v gathers (some 0)
     checks = [
         ("all_reduce", dist.all_reduce_forward, dist.all_reduce_backward, std((2, 3)), {}),
         ("all_gather (axis 1)", dist.all_gather_forward, dist.all_gather_backward,
          std((2, 3)), {"axis": 1}),
         ("reduce_scatter", dist.reduce_scatter_forward, dist.reduce_scatter_backward,
          std((2 * P, 3)), {}),
+        ("all_gather (v: uneven counts)", dist.all_gather_forward, dist.all_gather_backward,
+         std((vcounts[r], 2)), {"counts": vcounts}),
+        ("reduce_scatter (v: uneven counts)", dist.reduce_scatter_forward,
+         dist.reduce_scatter_backward, std((sum(vcounts), 2)), {"counts": vcounts}),
         ("all_to_all", dist.all_to_all_forward, dist.all_to_all_backward, std((P, 3)), {}),
         ("all_to_all (v: uneven counts)", dist.all_to_all_forward, dist.all_to_all_backward,
          std((sum(counts), 2)), {"counts": counts}),
@@ -174,7 +181,7 @@ def main(argv=None):
                         "check instead of every element (cheaper on many ranks)")
     args = parser.parse_args(argv)
     world = dist.Group.world()
-    results = run_checks(world, args.directions)
+    results = run_checks(world, args.directions) + training_checks(world)
     if world.rank == 0:
         for res in results:
             print(f"{'ok  ' if res.ok else 'FAIL'}  {res.name}  (max rel err {res.err:.1e}, "

@@ -65,8 +65,9 @@ def build_parser():
                        ("cp", "context"), ("ep", "expert")):
         p.add_argument(f"--{axis}", type=int_at_least(1), default=1, help=f"{what}-parallel "
                        f"ranks (1; under `mpiexec -n N`, the sizes multiply to N)")
-    p.add_argument("--zero", type=int, choices=(1, 2, 3), default=0, help="ZeRO stage: 1 "
-                   "shards AdamW's state over the --dp ranks (2 and 3: not available yet)")
+    p.add_argument("--zero", type=int, choices=(1, 2, 3), default=0, help="ZeRO stage over "
+                   "the --dp ranks: 1 shards AdamW's state, 2 the gradients too (reduce-"
+                   "scattered per block), 3 the weights too (all-gathered per block on use)")
     return p
 
 
@@ -133,9 +134,6 @@ def _on_ranks(args, shape):
             raise GridError(f"{', '.join(later)}: this version trains data parallel only "
                             f"(--dp); tensor, pipeline, context and expert parallel training "
                             f"are not available yet")
-        if args.zero > 1:
-            raise GridError(f"--zero {args.zero}: this version has ZeRO stage 1 only (sharded "
-                            f"optimizer state); stages 2 and 3 are not available yet")
     except GridError as e:
         if world.rank == 0:
             print(f"scratchllm train: {e}", file=sys.stderr)
@@ -186,13 +184,14 @@ def _main(args, grid=None):
             f"each; rank 0 writes {out}")
         say(f"communication model: {_bytes(job.comm_model)} sent per step by rank 0")
         if args.zero:
-            say(f"ZeRO-1: AdamW state {job.opt.state_bytes() / 2**20:.2f} MiB on rank 0 of "
-                f"{2 * job.model.n_params() * dtype.itemsize / 2**20:.2f} MiB unsharded")
+            say(_zero_line(job, args.zero, dtype))
     t_train = time.perf_counter()
     finished = fit(job, train_ids, val_ids, out=out, tokenizer=tok,
                    progress=not args.no_progress)
     if not finished:
         return 130
+    if job.shards is not None:
+        job.shards.gather_all()  # ZeRO-3: the whole model on every rank again (to sample)
     train_time = time.perf_counter() - t_train
     val = job.evaluate(corpus.eval_batches(val_ids, s.batch_size, s.seq_len, s.eval_tokens))
     if not np.isfinite(val):
@@ -213,6 +212,18 @@ def _main(args, grid=None):
         say(f"loss curve: {save_run_plot(out / 'loss.png', job, baseline)}")
         _print_sample(job.model, tok)
     return 0
+
+
+def _zero_line(job, stage, dtype):
+    """'ZeRO-2: AdamW state 8.01 MiB, gradients ..., weights ... on rank 0 of ... unsharded'."""
+    n = job.model.n_params() * dtype.itemsize
+    line = f"ZeRO-{stage}: AdamW state {job.opt.state_bytes() / 2**20:.2f} MiB"
+    whole = f"{2 * n / 2**20:.2f} MiB"
+    if job.shards is not None:
+        weights, grads = job.shards.held_bytes()
+        line += f", gradients {grads / 2**20:.2f} MiB, weights {weights / 2**20:.2f} MiB"
+        whole += f", {n / 2**20:.2f} MiB, {n / 2**20:.2f} MiB"
+    return f"{line} on rank 0 between steps, of {whole} unsharded"
 
 
 def _bytes(model):

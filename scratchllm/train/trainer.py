@@ -29,8 +29,8 @@ from tqdm import tqdm
 from scratchllm.core.atomic import remove_stale_temps
 from scratchllm.core.nn import detect_anomaly
 from scratchllm.core.optim import AdamW, NonFiniteError, clip_grad_norm, cosine_schedule
-from scratchllm.dist import (Group, ZeroAdamW, all_reduce_forward, all_reduce_grads,
-                             bytes_per_step)
+from scratchllm.dist import (Group, ShardedModel, ZeroAdamW, all_reduce_forward,
+                             all_reduce_grads, bytes_per_step)
 from scratchllm.lm import LM
 from scratchllm.train import checkpoint, corpus
 from scratchllm.train.parallel import DataParallel, set_blas_threads
@@ -85,13 +85,21 @@ class Run:
     def __init__(self, cfg, settings, dtype=np.float32, model=None, grid=None, zero=0):
         """model: an LM of cfg to train (e.g. a loaded checkpoint); default a fresh one.
         grid: the dist.RankGrid of an MPI run (data parallel over grid.groups["dp"]); None for
-        one process. zero: 1 shards AdamW's state over the data-parallel ranks (ZeRO-1)."""
+        one process. zero: the ZeRO stage over the data-parallel ranks: 1 shards AdamW's
+        state, 2 the gradients too, 3 the weights too (dist/zero.py, dist/zero_layers.py)."""
         self.cfg, self.s = cfg, settings
         self.model = model or LM(cfg, rng=np.random.default_rng(settings.seed), dtype=dtype)
         self.group = Group.single() if grid is None else grid.groups["dp"]
         self.opt = make_optimizer(self.model, settings)
+        self.shards = None  # ZeRO-2/3's hooks
         if zero:
-            self.opt = ZeroAdamW(self.opt, self.group)
+            self.opt = ZeroAdamW(self.opt, self.group, stage=zero)
+        if zero >= 2:
+            if settings.threads > 1:
+                raise ValueError(f"--zero {zero} reduce-scatters each block's gradients inside "
+                                 f"the backward of one data shard per rank; --threads "
+                                 f"{settings.threads} is not supported with it (use --threads 1)")
+            self.shards = ShardedModel(self.model, self.opt.owners(), self.group, zero)
         self.writer = grid is None or grid.is_first()  # prints, saves
         if settings.batch_size < self.group.size:
             raise ValueError(f"--batch-size {settings.batch_size} is smaller than the "
@@ -102,6 +110,8 @@ class Run:
         self.comm_model = bytes_per_step(  # bytes this rank sends per step: predicted
             [p.data.nbytes for p in self.model.parameters()], self.group.size, zero=zero,
             small=[8 * f.spec.router.n_experts for f in moe], rank=self.group.rank)
+        if self.shards is not None:
+            self.comm_model.update(self.shards.bytes_per_step())
         self.sent = []  # bytes this rank sent in each step: measured (not saved)
         # one BLAS thread per shard or rank, --threads 1 included: OpenBLAS's own threads
         # spin-wait, so a "one-thread" run would otherwise keep two cores busy (and be many
@@ -121,22 +131,28 @@ class Run:
         s, model = self.s, self.model
         t0, sent0 = time.perf_counter(), self.group.total_sent()
         x, y = corpus.sample_batch(train_ids, s.batch_size, s.seq_len, self.rng)
+        if self.shards is not None:
+            self.shards.begin_step()
         with detect_anomaly(*self.dp.replicas) if self.detect_anomaly else nullcontext():
             if self.group.size == 1:
                 ce, caches = self.dp.loss_backward(x, y)
             else:  # this rank's rows, weighted as a part of the global batch
                 lo, hi = self.rows[0], self.rows[-1] + 1
                 ce, caches = self.dp.loss_backward(x[lo:hi], y[lo:hi], total=s.batch_size)
-        across = None
-        if self.group.size > 1:
+        across, params, norm_across = None, model.parameters(), None
+        if self.shards is not None:  # each rank holds its Params' summed gradients only
+            self.shards.end_backward()
+            params, norm_across = self.opt.owned(), self.group.sum_scalar
+        elif self.group.size > 1:
             all_reduce_grads(model.parameters(), self.group)  # grad = sum_d (n_d / B) grad_d
+        if self.group.size > 1:
             ce = self.group.sum_scalar(ce)
             across = self._sum_over_ranks
         if not math.isfinite(ce):
             raise NonFiniteError(f"step {self.step + 1}: the training loss is {ce}; "
                                  f"{self.likely_cause()}")
         try:
-            clip_grad_norm(model.parameters(), s.clip)
+            clip_grad_norm(params, s.clip, across=norm_across)
         except NonFiniteError as e:
             raise NonFiniteError(f"step {self.step + 1}: {e}; {self.likely_cause()}") from None
         self.opt.lr = cosine_schedule(self.step + 1, s.lr, s.lr / 10, s.warmup, s.steps)
@@ -157,10 +173,16 @@ class Run:
     def _sum_over_ranks(self, a):
         return all_reduce_forward(a, group=self.group)[0]
 
+    def whole(self):
+        """A context in which every weight is on this rank (ZeRO-3 gathers them; collective),
+        else nothing."""
+        return nullcontext() if self.shards is None else self.shards.gathered()
+
     def evaluate(self, batches):
         """evaluate() on this run's threads and data-parallel ranks."""
-        return evaluate(self.model, batches, self.dp, None if self.group.size == 1 else
-                        self.group)
+        with self.whole():
+            return evaluate(self.model, batches, self.dp, None if self.group.size == 1 else
+                            self.group)
 
     def likely_cause(self):
         """Why a step went NaN or inf, as far as the run can tell (for the error message)."""
@@ -176,13 +198,15 @@ class Run:
         """Atomically write the checkpoint (checkpoint.save_run); on rank 0 only under MPI
         (every rank holds the same weights and optimizer state)."""
         opt_state = self.opt.state_dict()  # collective under ZeRO: every rank calls it
-        if self.writer:
-            checkpoint.save_run(self, directory, tokenizer, opt_state)
+        with self.whole():
+            if self.writer:
+                checkpoint.save_run(self, directory, tokenizer, opt_state)
 
     def load(self, directory):
         """Restore everything `save` wrote (checkpoint.load_run); CheckpointError on any
         mismatch."""
-        checkpoint.load_run(self, directory)
+        with self.whole():
+            checkpoint.load_run(self, directory)
 
 
 # ---------------------------------------------------------------------------- the loop
