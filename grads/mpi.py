@@ -66,16 +66,18 @@ def _all_values(world, value):
 
 
 def dist_check(name, pair, arrays, group, world, *, rng, replicated=(), rep_out=False,
-               directions=0, **kw):
+               directions=0, h=1e-3, **kw):
     """Result of the finite-difference check of pair = (forward, backward) on arrays
     ({argument name: this rank's array}, each checked in turn); replicated: the names of the
     replicated inputs; rep_out: the output is replicated; directions: 0 for every element,
-    else that many random directions. Every rank must call it."""
+    else that many random directions; h: the step (1e-3 suits the collectives, linear in
+    each input, whose difference is exact but for rounding; smaller for a curved loss).
+    Every rank must call it."""
     forward, backward = pair
     y, cache = forward(**arrays, group=group, **kw)
-    dout = (np.random.default_rng(7) if rep_out else rng).standard_normal(y.shape)
+    dout = (np.random.default_rng(7) if rep_out else rng).standard_normal(np.shape(y))
     grads = backward(dout, cache)
-    h, worst = 1e-3, 0.0  # linear in each input: the difference is exact but for rounding
+    worst = 0.0
     for key, a in arrays.items():
         for v, an in _probes(a, grads[key], world, key in replicated, directions, rng):
             def moved(step):
@@ -166,6 +168,19 @@ def tensor_parallel_checks(world, rng, directions):
            dist_check("row_linear", (dist.row_linear_forward, dist.row_linear_backward),
                       {"x": std((2, 2)), "W": std((2, 4)), "b": b_row}, world, world, rng=rng,
                       replicated=("b",), rep_out=True, directions=directions)]
+    ids = shared.integers(0, 3 * P, (2, 2 * P))  # a vocabulary of 3 rows per rank
+    out += [dist_check("vocab_embedding", (dist.vocab_embedding_forward,
+                                           dist.vocab_embedding_backward),
+                       {"E": std((3, 4))}, world, world, rng=rng, rep_out=True,
+                       directions=directions, ids=ids),
+            dist_check("vocab_embedding (sequence parallel: reduce-scatter along T)",
+                       (dist.vocab_embedding_forward, dist.vocab_embedding_backward),
+                       {"E": std((3, 4))}, world, world, rng=rng, directions=directions,
+                       ids=ids, sequence=True),
+            dist_check("vocab_cross_entropy", (dist.vocab_cross_entropy_forward,
+                                               dist.vocab_cross_entropy_backward),
+                       {"logits": std((2, 3, 3))}, world, world, rng=rng, rep_out=True,
+                       directions=directions, h=1e-5, targets=shared.integers(0, 3 * P, (2, 3)))]
     W1, W2 = shared.standard_normal((3, 2 * P)), shared.standard_normal((2 * P, 4))
     h, _ = dist.column_linear_forward(x, *dist.split_columns(W1, None, world), group=world)
     y, _ = dist.row_linear_forward(h, dist.split_rows(W2, world), b_row, group=world)

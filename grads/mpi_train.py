@@ -1,6 +1,8 @@
 """Training steps across ranks against one process, in float64, on a tiny dense LM: the ranks
-of a data-parallel group (plain, and ZeRO stages 1, 2 and 3) must reach the parameters one
-process reaches on the whole batch, and send the bytes the communication model predicts.
+of a data-parallel group (plain, and ZeRO stages 1, 2 and 3) and of a tensor-parallel one
+(Megatron, with and without sequence parallelism; and a dp x tp grid on 4 ranks) must reach the
+parameters one process reaches on the whole batch, and send the bytes the communication model
+predicts.
 Part of `mpiexec -n P python -m grads.mpi` (grads/mpi.py), so the fast test tier's one
 2-rank run covers the collectives' gradients and a training equivalence together."""
 from typing import NamedTuple
@@ -19,15 +21,28 @@ class TrainResult(NamedTuple):
     ok: bool
 
 
-def _train(cfg, settings, ids, grid=None, zero=0):
-    """(the run's Params after STEPS steps, bytes rank 0 sent in the last step, predicted)."""
+def _train(cfg, settings, ids, grid=None, zero=0, sequence=False):
+    """(the run's whole Params after STEPS steps, bytes this rank sent in the last step,
+    predicted)."""
     from scratchllm.train.trainer import Run
-    run = Run(cfg, settings, np.float64, grid=grid, zero=zero)
+    run = Run(cfg, settings, np.float64, grid=grid, zero=zero, sequence=sequence)
     for _ in range(STEPS):
         run.train_step(ids)
     if run.shards is not None:
         run.shards.gather_all()
-    return run.model.parameters(), run.sent[-1], sum(run.comm_model.values())
+    model = run.model if run.tp is None else run._whole_tp(run.opt.state_dict())[0]
+    return model.parameters(), run.sent[-1], sum(run.comm_model.values())
+
+
+def _compare(world, name, got, one):
+    params, sent, predicted = got
+    err = max(float(np.abs(p.data - q.data).max() / np.abs(q.data).max())
+              for p, q in zip(params, one))
+    err = max(world.comm.allgather(err))
+    same = all(world.comm.allgather(sent == predicted))
+    return [TrainResult(f"train {name} == one process, {STEPS} steps", err, err <= TOL),
+            TrainResult(f"bytes {name}: {sent:,} sent by rank {world.rank}, model "
+                        f"{predicted:,}", 0.0, same)]
 
 
 def training_checks(world):
@@ -35,22 +50,21 @@ def training_checks(world):
     one-process run too), and predicted against counted bytes."""
     from scratchllm import dist
     from scratchllm.train.trainer import Settings
-    cfg = lm_tiny("dense")
-    s = Settings(steps=STEPS, batch_size=world.size + 1, seq_len=6, warmup=1, threads=1,
-                 seed=3)
+    cfg = lm_tiny("dense", vocab_size=24)
+    P = world.size
+    s = Settings(steps=STEPS, batch_size=P + 1, seq_len=8, warmup=1, threads=1, seed=3)
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, 400)
     one, _, _ = _train(cfg, s, ids)
     out = []
     for zero in (0, 1, 2, 3):
-        grid = dist.RankGrid(dist.GridShape(dp=world.size), world)
-        params, sent, predicted = _train(cfg, s, ids, grid, zero)
-        err = max(float(np.abs(p.data - q.data).max() / np.abs(q.data).max())
-                  for p, q in zip(params, one))
-        err = max(world.comm.allgather(err))
+        grid = dist.RankGrid(dist.GridShape(dp=P), world)
         what = f"ZeRO-{zero}" if zero else "plain"
-        out.append(TrainResult(f"train dp={world.size} ({what}) == one process, {STEPS} steps "
-                               f"of batch {s.batch_size}", err, err <= TOL))
-        same = all(world.comm.allgather(sent == predicted))
-        out.append(TrainResult(f"bytes dp={world.size} ({what}): {sent:,} sent by rank "
-                               f"{world.rank}, model {predicted:,}", 0.0, same))
+        out += _compare(world, f"dp={P} ({what})", _train(cfg, s, ids, grid, zero), one)
+    # the tiny model's 2 KV heads split over 2 ranks at most: tp=2, and dp x tp=2 beyond
+    shapes = [dist.GridShape(dp=P // 2, tp=2)] if P % 2 == 0 else []
+    for shape in shapes:
+        for sequence in (False, True):
+            grid = dist.RankGrid(shape, world)
+            name = shape.describe() + (" (sequence parallel)" if sequence else "")
+            out += _compare(world, name, _train(cfg, s, ids, grid, sequence=sequence), one)
     return out

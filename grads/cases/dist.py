@@ -19,9 +19,11 @@ def collectives_one_rank(rng):
     x = rng.standard_normal((3, 4))
     pairs = [("all_reduce", {}), ("all_gather", {"axis": 1}), ("reduce_scatter", {}),
              ("all_to_all", {"counts": [3]}), ("ring_shift", {}), ("copy_to_group", {}),
-             ("reduce_from_group", {})]
+             ("reduce_from_group", {}), ("all_gather", {"counts": [3]}),
+             ("reduce_scatter", {"counts": [3]})]
     return [check(getattr(dist, f"{name}_forward"), getattr(dist, f"{name}_backward"),
-                  rng=rng, label=name, x=x, group=g, **kw) for name, kw in pairs]
+                  rng=rng, label=name + (" (v)" if "counts" in kw and name != "all_to_all" else ""),
+                  x=x, group=g, **kw) for name, kw in pairs]
 
 
 @case
@@ -34,3 +36,18 @@ def tensor_parallel_one_rank(rng):
                   group=g),
             check(dist.row_linear_forward, dist.row_linear_backward, rng=rng, label="row",
                   x=x, W=rng.standard_normal((5, 4)), b=rng.standard_normal(4), group=g)]
+
+
+@case
+def vocab_parallel_one_rank(rng):
+    """The vocab-parallel embedding and cross-entropy on one rank: the plain embedding and
+    cross-entropy (the ids and targets are not differentiated)."""
+    from scratchllm import dist
+    g = _one_rank()
+    ids = rng.integers(0, 6, (2, 3))
+    return [check(dist.vocab_embedding_forward, dist.vocab_embedding_backward, rng=rng,
+                  label="embedding", wrt=["E"], ids=ids, E=rng.standard_normal((6, 4)),
+                  group=g),
+            check(dist.vocab_cross_entropy_forward, dist.vocab_cross_entropy_backward,
+                  rng=rng, label="cross_entropy", wrt=["logits"],
+                  logits=rng.standard_normal((2, 3, 6)), targets=ids, group=g)]

@@ -14,7 +14,10 @@ Across processes (the dist extra: mpi4py + MPICH):
     mpiexec -n N python -m scratchllm train --dp N [--threads T] ...
 trains data parallel on N ranks: --batch-size is the global batch, each rank takes its
 contiguous slice, gradients are all-reduced, rank 0 prints and writes the checkpoint (the same
-files as a one-process run). --threads defaults to 1 per rank under MPI.
+files as a one-process run). --threads defaults to 1 per rank under MPI. --zero 1|2|3 shards
+the optimizer state, the gradients, the weights; --tp B splits heads, SwiGLU units and the
+vocabulary over B ranks (Megatron; --sequence-parallel splits the sequence between them), and
+--dp A --tp B runs on A x B ranks.
 """
 import sys
 import time
@@ -30,6 +33,7 @@ from scratchllm.lm import generate, preset
 from scratchllm.specs import PRESETS, to_dict
 from scratchllm.specs.unflat import flat_view
 from scratchllm.train import checkpoint, corpus
+from scratchllm.train.checkpoint import load_model
 from scratchllm.train.plots import save_run_plot
 from scratchllm.train.trainer import Run, Settings, fit
 
@@ -68,6 +72,9 @@ def build_parser():
     p.add_argument("--zero", type=int, choices=(1, 2, 3), default=0, help="ZeRO stage over "
                    "the --dp ranks: 1 shards AdamW's state, 2 the gradients too (reduce-"
                    "scattered per block), 3 the weights too (all-gathered per block on use)")
+    p.add_argument("--sequence-parallel", action="store_true", help="with --tp: split the "
+                   "residual stream along T between the tensor-parallel regions (norms on 1/tp "
+                   "of the tokens; all-gather / reduce-scatter in place of the all-reduces)")
     return p
 
 
@@ -129,11 +136,17 @@ def _on_ranks(args, shape):
     try:
         grid = RankGrid(shape, world)
         later = [f"--{a} {getattr(shape, a)}" for a in AXES
-                 if a != "dp" and getattr(shape, a) > 1]
+                 if a not in ("dp", "tp") and getattr(shape, a) > 1]
         if later:
-            raise GridError(f"{', '.join(later)}: this version trains data parallel only "
-                            f"(--dp); tensor, pipeline, context and expert parallel training "
-                            f"are not available yet")
+            raise GridError(f"{', '.join(later)}: this version trains data and tensor "
+                            f"parallel only (--dp, --tp); pipeline, context and expert "
+                            f"parallel training are not available yet")
+        if shape.tp > 1 and args.zero:
+            raise GridError(f"--zero {args.zero} with --tp {shape.tp}: ZeRO shards over the "
+                            f"data-parallel ranks of an unsplit model only, for now")
+        if args.sequence_parallel and shape.tp == 1:
+            raise GridError("--sequence-parallel splits the tensor-parallel ranks' sequence: "
+                            "it needs --tp above 1")
     except GridError as e:
         if world.rank == 0:
             print(f"scratchllm train: {e}", file=sys.stderr)
@@ -171,13 +184,14 @@ def _main(args, grid=None):
     baseline = corpus.unigram_baseline(train_ids, val_ids, cfg.vocab_size)
     say(f"tokens: {len(train_ids):,} train, {len(val_ids):,} validation "
         f"({time.perf_counter() - t_start:.1f} s); unigram baseline {baseline:.3f} nats/token")
-    job = Run(cfg, s, dtype, grid=grid, zero=args.zero)
+    job = Run(cfg, s, dtype, grid=grid, zero=args.zero, sequence=args.sequence_parallel)
     job.data = str(Path(data).resolve())
     job.detect_anomaly = args.detect_anomaly
     if args.resume:
         job.load(out)
         say(f"resumed {out} at step {job.step}")
-    say(f"model: {cfg.name}, {job.model.n_params():,} parameters, {s.steps} steps of "
+    n_params = job.model.n_params() if job.tp is None else cfg.n_params()  # not a slice's
+    say(f"model: {cfg.name}, {n_params:,} parameters, {s.steps} steps of "
         f"{s.batch_size}x{s.seq_len} tokens, {dtype}")
     if grid is not None:
         say(f"ranks: {grid.world.size} ({grid.shape.describe()}), {s.threads} thread(s) "
@@ -210,7 +224,8 @@ def _main(args, grid=None):
     say(f"checkpoint: {out}")
     if job.writer:
         say(f"loss curve: {save_run_plot(out / 'loss.png', job, baseline)}")
-        _print_sample(job.model, tok)
+        # a tensor-parallel rank holds a slice: sample from the whole model it saved
+        _print_sample(job.model if job.tp is None else load_model(out)[0], tok)
     return 0
 
 

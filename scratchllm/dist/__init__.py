@@ -13,9 +13,12 @@ from .collectives import (AllToAllCache, GroupCache, ShiftCache, all_gather_back
 from .comm import INSTALL, Group, MPIUnavailable, SelfComm, launched_by_mpiexec, mpi
 from .data_parallel import BUCKET_BYTES, all_reduce_grads, bucket_plan, buckets, bytes_per_step
 from .grid import AXES, GridError, GridShape, RankGrid, check_shape, coords_of
-from .tensor_parallel import (ColumnCache, RowCache, column_linear_backward,
-                              column_linear_forward, row_linear_backward, row_linear_forward,
-                              split_columns, split_rows)
+from .tensor_parallel import (ColumnCache, RowCache, VocabCECache, VocabEmbedCache,
+                              column_linear_backward, column_linear_forward,
+                              row_linear_backward, row_linear_forward, split_columns,
+                              split_rows, vocab_cross_entropy_backward,
+                              vocab_cross_entropy_forward, vocab_embedding_backward,
+                              vocab_embedding_forward)
 from .zero import ZeroAdamW, partition
 from .zero_layers import ShardedModel, ZeroUnit
 
@@ -29,4 +32,6 @@ __all__ = ["AXES", "AllToAllCache", "BUCKET_BYTES", "ColumnCache", "GridError", 
            "launched_by_mpiexec", "mpi", "partition", "reduce_from_group_backward",
            "reduce_from_group_forward", "reduce_scatter_backward", "reduce_scatter_forward",
            "ring_shift_backward", "ring_shift_forward", "row_linear_backward",
-           "row_linear_forward", "split_columns", "split_rows"]
+           "row_linear_forward", "split_columns", "split_rows", "VocabCECache",
+           "VocabEmbedCache", "vocab_cross_entropy_backward", "vocab_cross_entropy_forward",
+           "vocab_embedding_backward", "vocab_embedding_forward"]

@@ -33,6 +33,7 @@ from scratchllm.dist import (Group, ShardedModel, ZeroAdamW, all_reduce_forward,
                              all_reduce_grads, bytes_per_step)
 from scratchllm.lm import LM
 from scratchllm.train import checkpoint, corpus
+from scratchllm.train.megatron import MegatronLM
 from scratchllm.train.parallel import DataParallel, set_blas_threads
 
 
@@ -82,12 +83,22 @@ def evaluate(model, batches, dp=None, group=None):
 class Run:
     """The mutable state of one training run: model, optimizer, batch RNG, step, history."""
 
-    def __init__(self, cfg, settings, dtype=np.float32, model=None, grid=None, zero=0):
+    def __init__(self, cfg, settings, dtype=np.float32, model=None, grid=None, zero=0,
+                 sequence=False):
         """model: an LM of cfg to train (e.g. a loaded checkpoint); default a fresh one.
         grid: the dist.RankGrid of an MPI run (data parallel over grid.groups["dp"]); None for
         one process. zero: the ZeRO stage over the data-parallel ranks: 1 shards AdamW's
-        state, 2 the gradients too, 3 the weights too (dist/zero.py, dist/zero_layers.py)."""
+        state, 2 the gradients too, 3 the weights too (dist/zero.py, dist/zero_layers.py).
+        With grid.shape.tp > 1 the model is this rank's MegatronLM slice (megatron.py);
+        sequence: sequence parallelism inside it."""
         self.cfg, self.s = cfg, settings
+        self.tp = None if grid is None or grid.shape.tp == 1 else grid.groups["tp"]
+        if self.tp is not None:
+            if settings.threads > 1 or zero or model is not None:
+                raise ValueError(f"--tp {self.tp.size}: one data shard per rank without ZeRO "
+                                 f"(got --threads {settings.threads}, --zero {zero})")
+            model = MegatronLM(cfg, self.tp, rng=np.random.default_rng(settings.seed),
+                               dtype=dtype, sequence=sequence)
         self.model = model or LM(cfg, rng=np.random.default_rng(settings.seed), dtype=dtype)
         self.group = Group.single() if grid is None else grid.groups["dp"]
         self.opt = make_optimizer(self.model, settings)
@@ -112,6 +123,9 @@ class Run:
             small=[8 * f.spec.router.n_experts for f in moe], rank=self.group.rank)
         if self.shards is not None:
             self.comm_model.update(self.shards.bytes_per_step())
+        if self.tp is not None:  # the tensor-parallel axis's collectives, per step
+            self.comm_model.update({f"tp {op}": n for op, n in self.model.bytes_per_step(
+                len(self.rows), settings.seq_len).items()})
         self.sent = []  # bytes this rank sent in each step: measured (not saved)
         # one BLAS thread per shard or rank, --threads 1 included: OpenBLAS's own threads
         # spin-wait, so a "one-thread" run would otherwise keep two cores busy (and be many
@@ -129,7 +143,7 @@ class Run:
     def train_step(self, train_ids):
         """One optimizer step on a fresh random batch; returns (loss, routing stats)."""
         s, model = self.s, self.model
-        t0, sent0 = time.perf_counter(), self.group.total_sent()
+        t0, sent0 = time.perf_counter(), self._sent()
         x, y = corpus.sample_batch(train_ids, s.batch_size, s.seq_len, self.rng)
         if self.shards is not None:
             self.shards.begin_step()
@@ -145,6 +159,8 @@ class Run:
             params, norm_across = self.opt.owned(), self.group.sum_scalar
         elif self.group.size > 1:
             all_reduce_grads(model.parameters(), self.group)  # grad = sum_d (n_d / B) grad_d
+        if self.tp is not None:  # the norm of the whole model's gradient
+            norm_across = model.squares_over_group
         if self.group.size > 1:
             ce = self.group.sum_scalar(ce)
             across = self._sum_over_ranks
@@ -161,8 +177,12 @@ class Run:
         self.step += 1
         self.losses.append(ce)
         self.step_seconds.append(time.perf_counter() - t0)
-        self.sent.append(self.group.total_sent() - sent0)
+        self.sent.append(self._sent() - sent0)
         return ce, stats
+
+    def _sent(self):
+        """Bytes this rank has sent over its data- and tensor-parallel groups."""
+        return self.group.total_sent() + (0 if self.tp is None else self.tp.total_sent())
 
     def agree(self, stop):
         """Whether any data-parallel rank wants to stop (Ctrl-C reaches the ranks at
@@ -198,15 +218,40 @@ class Run:
         """Atomically write the checkpoint (checkpoint.save_run); on rank 0 only under MPI
         (every rank holds the same weights and optimizer state)."""
         opt_state = self.opt.state_dict()  # collective under ZeRO: every rank calls it
+        model = self.model
+        if self.tp is not None:  # the whole model and moments, gathered (collective)
+            model, opt_state = self._whole_tp(opt_state)
         with self.whole():
             if self.writer:
-                checkpoint.save_run(self, directory, tokenizer, opt_state)
+                checkpoint.save_run(self, directory, tokenizer, opt_state, model=model)
+
+    def _opt_names(self):
+        """The Param name of each optimizer slot (AdamW's m.i / v.i)."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        return [names[id(p)] for p in self.opt.params]
+
+    def _whole_tp(self, opt_state):
+        """(the one-process LM, AdamW's whole state_dict) from this rank's slices."""
+        return self.model.gather_whole(self.cfg, self._opt_names(), opt_state)
 
     def load(self, directory):
         """Restore everything `save` wrote (checkpoint.load_run); CheckpointError on any
         mismatch."""
+        if self.tp is not None:
+            return self._load_tp(directory)
         with self.whole():
             checkpoint.load_run(self, directory)
+
+    def _load_tp(self, directory):
+        """Load the whole checkpoint into a one-process run, then keep this rank's slices."""
+        whole = Run(self.cfg, Settings(**dict(vars(self.s), threads=1)), self.model.dtype)
+        checkpoint.load_run(whole, directory)
+        self.model.load_full({n: p.data for n, p in whole.model.named_parameters()})
+        self.opt.load_state_dict(self.model.slice_state(self._opt_names(),
+                                                        whole.opt.state_dict()))
+        self.rng.bit_generator.state = whole.rng.bit_generator.state
+        self.step, self.losses, self.evals = whole.step, whole.losses, whole.evals
+        whole.dp.close()
 
 
 # ---------------------------------------------------------------------------- the loop

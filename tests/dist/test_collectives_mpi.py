@@ -13,12 +13,14 @@ from scratchllm import dist
 
 def test_every_collective_pair_passes_the_distributed_check_on_2_ranks(mpirun):
     """The fast tier's one mpiexec: every pair's gradients and bytes, and a tiny LM trained
-    data parallel (plain, ZeRO-1, 2 and 3) equal to one process in float64."""
+    data parallel (plain, ZeRO-1, 2 and 3) and tensor parallel (with and without sequence
+    parallelism) equal to one process in float64."""
     proc = mpirun(2, "-m", "grads.mpi")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for what in ("plain", "ZeRO-1", "ZeRO-2", "ZeRO-3"):
-        assert f"ok    train dp=2 ({what}) == one process" in proc.stdout, proc.stdout
-    assert "27/27 distributed checks pass" in proc.stdout, proc.stdout
+    for what in ("dp=2 (plain)", "dp=2 (ZeRO-1)", "dp=2 (ZeRO-2)", "dp=2 (ZeRO-3)", "tp=2",
+                 "tp=2 (sequence parallel)"):
+        assert f"ok    train {what} == one process" in proc.stdout, proc.stdout
+    assert "34/34 distributed checks pass" in proc.stdout, proc.stdout
 
 
 @pytest.mark.slow
@@ -28,7 +30,8 @@ def test_on_4_ranks_and_on_the_groups_of_a_2x2_grid(mpirun):
     assert "all_gather on the tp group of dp=2 x tp=2" in proc.stdout
     assert "ok    column then row == the one-process x W1 W2 + b" in proc.stdout
     assert "ok    train dp=4 (ZeRO-3) == one process" in proc.stdout
-    assert "29/29 distributed checks pass" in proc.stdout, proc.stdout
+    assert "ok    train dp=2 x tp=2 (sequence parallel) == one process" in proc.stdout
+    assert "36/36 distributed checks pass" in proc.stdout, proc.stdout
 
 
 BROKEN = """

@@ -189,3 +189,55 @@ def test_ctrl_c_on_one_rank_stops_every_rank_after_the_same_step(mpirun, small):
     assert proc.returncode == 130, proc.stdout + proc.stderr
     assert "interrupted at step 2; checkpoint saved" in proc.stdout
     assert checkpoint.load_state(root / "int")[1]["step"] == 2
+
+
+# ---------------------------------------------------------------------------- tensor parallel
+@pytest.mark.parametrize("sp", [False, True])
+def test_tensor_parallel_equals_one_process_and_resumes_across_grids(mpirun, small, one, sp):
+    """--tp 2 (heads, SwiGLU units and the vocabulary split; with --sequence-parallel the
+    residual stream split along T too): the checkpoint holds the whole model, equal to one
+    process's, with the whole AdamW state; one process resumes it, and a one-process
+    checkpoint resumes on tp=2, to the same parameters."""
+    data, root = small
+    name = "tp-sp" if sp else "tp"
+    extra = ["--sequence-parallel"] if sp else []
+    proc = mpirun(2, "-m", "scratchllm", "train", "--tp", "2", *extra,
+                  *_args(data, root / name), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ranks: 2 (tp=2), 1 thread(s) each" in proc.stdout
+    assert "model: dense, 1,049,728 parameters" in proc.stdout  # the whole model's count
+    assert "B tp reduce_scatter" in proc.stdout if sp else "B tp all_reduce" in proc.stdout
+    assert "(equal to the model's" in proc.stdout, proc.stdout
+    assert _max_rel(load_model(root / name)[0], load_model(one)[0])[0] <= 1e-12
+    a, b = checkpoint.load_state(root / name)[0], checkpoint.load_state(one)[0]
+    assert sorted(a) == sorted(b)
+    for k in (k for k in b if k.startswith(("opt.m", "opt.v"))):
+        assert np.abs(a[k] - b[k]).max() <= 1e-12 * np.abs(b[k]).max(), k
+    shutil.copytree(one, root / f"one-then-{name}")
+    more = ["--resume", "--steps", "5", "--no-progress", "--eval-every", "100"]
+    proc = mpirun(2, "-m", "scratchllm", "train", "--tp", "2", *extra, *more, "--out",
+                  str(root / f"one-then-{name}"), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert train.main(more + ["--out", str(root / name)]) == 0
+    rel, _ = _max_rel(load_model(root / f"one-then-{name}")[0], load_model(root / name)[0])
+    assert rel <= 1e-12, rel
+
+
+def test_a_2x2_grid_of_data_and_tensor_parallel_equals_one_process(mpirun, small, one):
+    data, root = small
+    proc = mpirun(4, "-m", "scratchllm", "train", "--dp", "2", "--tp", "2",
+                  *_args(data, root / "dp2tp2"), timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ranks: 4 (dp=2 x tp=2)" in proc.stdout
+    assert "(equal to the model's" in proc.stdout, proc.stdout
+    assert _max_rel(load_model(root / "dp2tp2")[0], load_model(one)[0])[0] <= 1e-12
+
+
+def test_tensor_parallel_refuses_what_it_does_not_split(mpirun, small):
+    data, root = small
+    for extra, message in (
+            (["--tp", "2", "--zero", "1"], "--zero 1 with --tp 2"),
+            (["--dp", "2", "--sequence-parallel"], "--sequence-parallel splits"),
+            (["--tp", "2", "--preset", "moe"], "--tp 2: tensor parallelism does not cover")):
+        proc = mpirun(2, "-m", "scratchllm", "train", *extra, *_args(data, root / "no-tp"))
+        assert proc.returncode == 1 and message in proc.stderr, proc.stderr
