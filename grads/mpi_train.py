@@ -21,15 +21,17 @@ class TrainResult(NamedTuple):
     ok: bool
 
 
-def _train(cfg, settings, ids, grid=None, zero=0, sequence=False):
+def _train(cfg, settings, ids, grid=None, zero=0, sequence=False, pipeline=("1f1b", 0)):
     """(the run's whole Params after STEPS steps, bytes this rank sent in the last step,
     predicted)."""
     from scratchllm.train.trainer import Run
-    run = Run(cfg, settings, np.float64, grid=grid, zero=zero, sequence=sequence)
+    run = Run(cfg, settings, np.float64, grid=grid, zero=zero, sequence=sequence,
+              pipeline=pipeline)
     for _ in range(STEPS):
         run.train_step(ids)
     if run.shards is not None:
         run.shards.gather_all()
+    run.whole()  # a pipeline's stages exchange their Params
     model = run.model if run.tp is None else run._whole_tp(run.opt.state_dict())[0]
     return model.parameters(), run.sent[-1], sum(run.comm_model.values())
 
@@ -67,4 +69,9 @@ def training_checks(world):
             grid = dist.RankGrid(shape, world)
             name = shape.describe() + (" (sequence parallel)" if sequence else "")
             out += _compare(world, name, _train(cfg, s, ids, grid, sequence=sequence), one)
+    for shape in [dist.GridShape(dp=P // 2, pp=2)] if P % 2 == 0 else []:
+        for schedule in ("gpipe", "1f1b"):
+            grid = dist.RankGrid(shape, world)
+            out += _compare(world, f"{shape.describe()} ({schedule}, 2 micro-batches)",
+                            _train(cfg, s, ids, grid, pipeline=(schedule, 2)), one)
     return out

@@ -17,7 +17,8 @@ contiguous slice, gradients are all-reduced, rank 0 prints and writes the checkp
 files as a one-process run). --threads defaults to 1 per rank under MPI. --zero 1|2|3 shards
 the optimizer state, the gradients, the weights; --tp B splits heads, SwiGLU units and the
 vocabulary over B ranks (Megatron; --sequence-parallel splits the sequence between them), and
---dp A --tp B runs on A x B ranks.
+--dp A --tp B runs on A x B ranks; --pp C cuts the blocks into C stages fed --micro-batches
+M micro-batches on the --schedule gpipe or 1f1b, and prints the pipeline bubble.
 """
 import sys
 import time
@@ -34,6 +35,7 @@ from scratchllm.specs import PRESETS, to_dict
 from scratchllm.specs.unflat import flat_view
 from scratchllm.train import checkpoint, corpus
 from scratchllm.train.checkpoint import load_model
+from scratchllm.train.pipeline import bubble_fraction
 from scratchllm.train.plots import save_run_plot
 from scratchllm.train.trainer import Run, Settings, fit
 
@@ -75,6 +77,10 @@ def build_parser():
     p.add_argument("--sequence-parallel", action="store_true", help="with --tp: split the "
                    "residual stream along T between the tensor-parallel regions (norms on 1/tp "
                    "of the tokens; all-gather / reduce-scatter in place of the all-reduces)")
+    p.add_argument("--micro-batches", type=int_at_least(1), default=0, help="with --pp: "
+                   "micro-batches per step on each data-parallel rank (default: one per stage)")
+    p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b", help="with --pp: "
+                   "all forwards then all backwards (gpipe), or one forward one backward (1f1b)")
     return p
 
 
@@ -136,14 +142,18 @@ def _on_ranks(args, shape):
     try:
         grid = RankGrid(shape, world)
         later = [f"--{a} {getattr(shape, a)}" for a in AXES
-                 if a not in ("dp", "tp") and getattr(shape, a) > 1]
+                 if a not in ("dp", "tp", "pp") and getattr(shape, a) > 1]
         if later:
-            raise GridError(f"{', '.join(later)}: this version trains data and tensor "
-                            f"parallel only (--dp, --tp); pipeline, context and expert "
+            raise GridError(f"{', '.join(later)}: this version trains data, tensor and "
+                            f"pipeline parallel only (--dp, --tp, --pp); context and expert "
                             f"parallel training are not available yet")
-        if shape.tp > 1 and args.zero:
-            raise GridError(f"--zero {args.zero} with --tp {shape.tp}: ZeRO shards over the "
-                            f"data-parallel ranks of an unsplit model only, for now")
+        for axis in ("tp", "pp"):
+            if getattr(shape, axis) > 1 and args.zero:
+                raise GridError(f"--zero {args.zero} with --{axis} {getattr(shape, axis)}: ZeRO "
+                                f"shards over the data-parallel ranks of an unsplit model "
+                                f"only, for now")
+        if shape.tp > 1 and shape.pp > 1:
+            raise GridError("--tp with --pp: not available yet (each works with --dp)")
         if args.sequence_parallel and shape.tp == 1:
             raise GridError("--sequence-parallel splits the tensor-parallel ranks' sequence: "
                             "it needs --tp above 1")
@@ -184,7 +194,8 @@ def _main(args, grid=None):
     baseline = corpus.unigram_baseline(train_ids, val_ids, cfg.vocab_size)
     say(f"tokens: {len(train_ids):,} train, {len(val_ids):,} validation "
         f"({time.perf_counter() - t_start:.1f} s); unigram baseline {baseline:.3f} nats/token")
-    job = Run(cfg, s, dtype, grid=grid, zero=args.zero, sequence=args.sequence_parallel)
+    job = Run(cfg, s, dtype, grid=grid, zero=args.zero, sequence=args.sequence_parallel,
+              pipeline=(args.schedule, args.micro_batches))
     job.data = str(Path(data).resolve())
     job.detect_anomaly = args.detect_anomaly
     if args.resume:
@@ -216,6 +227,8 @@ def _main(args, grid=None):
     say(f"validation loss {val:.3f} nats/token = {val / baseline:.2f} x unigram baseline "
         f"{baseline:.3f} (training {train_time:.0f} s, total "
         f"{time.perf_counter() - t_start:.0f} s)")
+    if job.stage is not None:
+        say(_bubble_line(job))
     if grid is not None and job.sent:
         predicted = sum(job.comm_model.values())
         say(f"communication measured: {job.sent[-1]:,} bytes sent by rank 0 in the last step "
@@ -239,6 +252,17 @@ def _zero_line(job, stage, dtype):
         line += f", gradients {grads / 2**20:.2f} MiB, weights {weights / 2**20:.2f} MiB"
         whole += f", {n / 2**20:.2f} MiB, {n / 2**20:.2f} MiB"
     return f"{line} on rank 0 between steps, of {whole} unsharded"
+
+
+def _bubble_line(job):
+    """'pipeline: 1f1b, 4 micro-batches on 2 stages: bubble 20% predicted ..., measured ...'
+    (collective: every rank calls it)."""
+    P, M = job.stage.group.size, job.stage.n_micro
+    measured, held = job.stage.measured_bubble()
+    return (f"pipeline: {job.stage.name}, {M} micro-batches on {P} stages: bubble (P-1)/(M+P-1) "
+            f"= {bubble_fraction(P, M):.0%} predicted, {measured:.0%} measured in the last "
+            f"step (idle share of the schedule, mean over stages); at most {held} micro-batches' "
+            f"activations held on a stage")
 
 
 def _bytes(model):

@@ -132,11 +132,18 @@ class LM(Module):
         for layer in self.layers:
             x, c = layer.forward(x)  # (B, T, D)
             blocks.append(c)
+        logits, (cn, ch, c_cap) = self.head_forward(x)  # (B, T, V)
+        aux = [layer.aux_losses(c) for layer, c in zip(self.layers, blocks)]
+        return logits, LMCache(None, blocks, cn, ch, aux, c_cap)
+
+    def head_forward(self, x):
+        """The model's end on the last block's output x (B, T, D): final norm, head and
+        soft-cap -> (logits (B, T, V), (norm, head, cap) caches). A pipeline's last stage
+        runs it alone."""
         h, cn = self._norm_forward(x)  # (B, T, D)
         logits, ch = self._head_forward(h)  # (B, T, V)
         logits, c_cap = self._cap(logits)  # (B, T, V)
-        aux = [layer.aux_losses(c) for layer, c in zip(self.layers, blocks)]
-        return logits, LMCache(None, blocks, cn, ch, aux, c_cap)
+        return logits, (cn, ch, c_cap)
 
     def _embed_forward(self, ids, start=0, types=None):
         """x_0 = E[ids] (+ P[start + t]: sinusoidal, a constant with no backward, or a learned
@@ -198,8 +205,13 @@ class LM(Module):
         """dlogits (B, T, V) -> Param grads (+=). Every FFN aux term of the loss gets the
         gradient dloss_aux (an MoE layer's balance loss dloss_aux * balance_coef, its z-loss
         dloss_aux * z_coef)."""
-        c_emb = cache.embed
         dx = self.trunk_backward(dlogits, cache, dloss_aux)  # (B, T, D)
+        self.embed_backward(dx, cache.embed)
+
+    def embed_backward(self, dx, c_emb):
+        """The embedding's backward: dx_0 (B, T, D) -> the embedding tables' gradients (+=);
+        c_emb: the EmbedCache of the forward (LMCache.embed). A pipeline's first stage runs
+        it alone."""
         if c_emb.norm is not None:
             dx = self.embed_norm.backward(dx, c_emb.norm)  # fwd: x_0 = embed_norm(s)
         if c_emb.types is not None:
@@ -216,6 +228,15 @@ class LM(Module):
         """The backward of trunk_forward: dlogits (B, T, V) -> dx_0 (B, T, D), the Params
         after the embedding getting their gradients (a tied head's into E)."""
         _, blocks, cn, ch, _, c_cap = cache
+        dx = self.head_backward(dlogits, (cn, ch, c_cap))  # (B, T, D)
+        for layer, c in zip(reversed(self.layers), reversed(blocks)):
+            dx = layer.backward(dx, c, dloss_aux)  # fwd: x_l = block_l(x_{l-1})
+        return dx
+
+    def head_backward(self, dlogits, caches):
+        """The backward of head_forward: dlogits (B, T, V) -> dx_L (B, T, D), the head's and
+        the final norm's Params getting their gradients (a tied head's into E)."""
+        cn, ch, c_cap = caches
         if c_cap is not None:
             dlogits = softcap_backward(dlogits, c_cap)["x"]  # fwd: logits = c tanh(z / c)
         if self.head_bias is not None:  # fwd: logits = ... + b
@@ -226,10 +247,7 @@ class LM(Module):
             dh = self.head.backward(dlogits, ch.proj)  # fwd: logits = t @ W_head
         if ch.transform is not None:
             dh = self.transform.backward(dh, ch.transform)  # fwd: t = transform(h)
-        dx = dh if cn is None else self.norm.backward(dh, cn)  # fwd: h = norm(x_L)
-        for layer, c in zip(reversed(self.layers), reversed(blocks)):
-            dx = layer.backward(dx, c, dloss_aux)  # fwd: x_l = block_l(x_{l-1})
-        return dx
+        return dh if cn is None else self.norm.backward(dh, cn)  # fwd: h = norm(x_L)
 
     def loss(self, ids, targets):
         """Cross-entropy of next tokens plus the FFNs' weighted auxiliary terms.

@@ -35,6 +35,7 @@ from scratchllm.lm import LM
 from scratchllm.train import checkpoint, corpus
 from scratchllm.train.megatron import MegatronLM
 from scratchllm.train.parallel import DataParallel, set_blas_threads
+from scratchllm.train.pipeline import PipelineStage
 
 
 @dataclass
@@ -84,24 +85,32 @@ class Run:
     """The mutable state of one training run: model, optimizer, batch RNG, step, history."""
 
     def __init__(self, cfg, settings, dtype=np.float32, model=None, grid=None, zero=0,
-                 sequence=False):
+                 sequence=False, pipeline=("1f1b", 0)):
         """model: an LM of cfg to train (e.g. a loaded checkpoint); default a fresh one.
         grid: the dist.RankGrid of an MPI run (data parallel over grid.groups["dp"]); None for
         one process. zero: the ZeRO stage over the data-parallel ranks: 1 shards AdamW's
         state, 2 the gradients too, 3 the weights too (dist/zero.py, dist/zero_layers.py).
         With grid.shape.tp > 1 the model is this rank's MegatronLM slice (megatron.py);
-        sequence: sequence parallelism inside it."""
+        sequence: sequence parallelism inside it. With grid.shape.pp > 1 this rank runs its
+        stage of the blocks (pipeline.py); pipeline: (schedule, micro-batches; 0: one per
+        stage)."""
         self.cfg, self.s = cfg, settings
-        self.tp = None if grid is None or grid.shape.tp == 1 else grid.groups["tp"]
+        axes = {a: None if grid is None or getattr(grid.shape, a) == 1 else grid.groups[a]
+                for a in ("tp", "pp")}
+        self.tp, pp = axes["tp"], axes["pp"]
+        self.world = Group.single() if grid is None else grid.world
+        if (self.tp or pp) and (settings.threads > 1 or zero or model is not None or
+                                (self.tp and pp)):
+            raise ValueError(f"--tp / --pp: one data shard per rank, without ZeRO, one of the "
+                             f"two (got --threads {settings.threads}, --zero {zero})")
         if self.tp is not None:
-            if settings.threads > 1 or zero or model is not None:
-                raise ValueError(f"--tp {self.tp.size}: one data shard per rank without ZeRO "
-                                 f"(got --threads {settings.threads}, --zero {zero})")
             model = MegatronLM(cfg, self.tp, rng=np.random.default_rng(settings.seed),
                                dtype=dtype, sequence=sequence)
         self.model = model or LM(cfg, rng=np.random.default_rng(settings.seed), dtype=dtype)
         self.group = Group.single() if grid is None else grid.groups["dp"]
         self.opt = make_optimizer(self.model, settings)
+        self.stage = None if pp is None else PipelineStage(
+            self.model, pp, pipeline[1] or pp.size, pipeline[0])
         self.shards = None  # ZeRO-2/3's hooks
         if zero:
             self.opt = ZeroAdamW(self.opt, self.group, stage=zero)
@@ -118,14 +127,18 @@ class Run:
         self.rows = np.array_split(np.arange(settings.batch_size), self.group.size)[
             self.group.rank]  # this rank's contiguous slice of the global batch
         moe = [layer.ffn for layer in self.model.layers if hasattr(layer.ffn, "update_bias")]
+        reduced = self.model.parameters() if self.stage is None else self.stage.params
         self.comm_model = bytes_per_step(  # bytes this rank sends per step: predicted
-            [p.data.nbytes for p in self.model.parameters()], self.group.size, zero=zero,
+            [p.data.nbytes for p in reduced], self.group.size, zero=zero,
             small=[8 * f.spec.router.n_experts for f in moe], rank=self.group.rank)
         if self.shards is not None:
             self.comm_model.update(self.shards.bytes_per_step())
         if self.tp is not None:  # the tensor-parallel axis's collectives, per step
             self.comm_model.update({f"tp {op}": n for op, n in self.model.bytes_per_step(
                 len(self.rows), settings.seq_len).items()})
+        if self.stage is not None:
+            self.comm_model["pp send"] = self.stage.bytes_per_step(len(self.rows),
+                                                                   settings.seq_len)
         self.sent = []  # bytes this rank sent in each step: measured (not saved)
         # one BLAS thread per shard or rank, --threads 1 included: OpenBLAS's own threads
         # spin-wait, so a "one-thread" run would otherwise keep two cores busy (and be many
@@ -148,13 +161,22 @@ class Run:
         if self.shards is not None:
             self.shards.begin_step()
         with detect_anomaly(*self.dp.replicas) if self.detect_anomaly else nullcontext():
-            if self.group.size == 1:
+            if self.stage is not None:  # this rank's stage, on its rows' micro-batches
+                model.zero_grad()
+                lo, hi = self.rows[0], self.rows[-1] + 1
+                ce = self.stage.pp_sum(self.stage.step(x[lo:hi], y[lo:hi], s.batch_size))
+                caches = []
+            elif self.group.size == 1:
                 ce, caches = self.dp.loss_backward(x, y)
             else:  # this rank's rows, weighted as a part of the global batch
                 lo, hi = self.rows[0], self.rows[-1] + 1
                 ce, caches = self.dp.loss_backward(x[lo:hi], y[lo:hi], total=s.batch_size)
         across, params, norm_across = None, model.parameters(), None
-        if self.shards is not None:  # each rank holds its Params' summed gradients only
+        if self.stage is not None:  # a stage's own Params; the norm summed over the stages
+            params, norm_across = self.stage.params, self.stage.pp_sum
+            if self.group.size > 1:
+                all_reduce_grads(params, self.group)
+        elif self.shards is not None:  # each rank holds its Params' summed gradients only
             self.shards.end_backward()
             params, norm_across = self.opt.owned(), self.group.sum_scalar
         elif self.group.size > 1:
@@ -172,7 +194,10 @@ class Run:
         except NonFiniteError as e:
             raise NonFiniteError(f"step {self.step + 1}: {e}; {self.likely_cause()}") from None
         self.opt.lr = cosine_schedule(self.step + 1, s.lr, s.lr / 10, s.warmup, s.steps)
-        self.opt.step()
+        if self.stage is None:
+            self.opt.step()
+        else:
+            self.opt.step(only=self.stage.opt_indices(self.opt))
         stats = model.after_step(caches, across)
         self.step += 1
         self.losses.append(ce)
@@ -181,14 +206,15 @@ class Run:
         return ce, stats
 
     def _sent(self):
-        """Bytes this rank has sent over its data- and tensor-parallel groups."""
-        return self.group.total_sent() + (0 if self.tp is None else self.tp.total_sent())
+        """Bytes this rank has sent over its data-, tensor- and pipeline-parallel groups."""
+        return (self.group.total_sent() + (0 if self.tp is None else self.tp.total_sent()) +
+                (0 if self.stage is None else self.stage.sent))
 
     def agree(self, stop):
         """Whether any data-parallel rank wants to stop (Ctrl-C reaches the ranks at
         different moments: they must stop after the same step, or one waits in the next
         all-reduce forever)."""
-        return bool(stop) if self.group.size == 1 else self.group.sum_scalar(bool(stop)) > 0
+        return bool(stop) if self.world.size == 1 else self.world.sum_scalar(bool(stop)) > 0
 
     def _sum_over_ranks(self, a):
         return all_reduce_forward(a, group=self.group)[0]
@@ -196,6 +222,8 @@ class Run:
     def whole(self):
         """A context in which every weight is on this rank (ZeRO-3 gathers them; collective),
         else nothing."""
+        if self.stage is not None:  # every stage's current Params on every rank
+            self.stage.sync_whole()
         return nullcontext() if self.shards is None else self.shards.gathered()
 
     def evaluate(self, batches):
@@ -221,6 +249,8 @@ class Run:
         model = self.model
         if self.tp is not None:  # the whole model and moments, gathered (collective)
             model, opt_state = self._whole_tp(opt_state)
+        if self.stage is not None:  # every stage's moments, on rank 0
+            opt_state = self.stage.gather_moments(self.opt, opt_state)
         with self.whole():
             if self.writer:
                 checkpoint.save_run(self, directory, tokenizer, opt_state, model=model)

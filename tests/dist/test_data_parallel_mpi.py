@@ -241,3 +241,34 @@ def test_tensor_parallel_refuses_what_it_does_not_split(mpirun, small):
             (["--tp", "2", "--preset", "moe"], "--tp 2: tensor parallelism does not cover")):
         proc = mpirun(2, "-m", "scratchllm", "train", *extra, *_args(data, root / "no-tp"))
         assert proc.returncode == 1 and message in proc.stderr, proc.stderr
+
+
+# ---------------------------------------------------------------------------- pipeline
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipeline_equals_one_process_and_resumes_across_grids(mpirun, small, one, schedule):
+    """--pp 2 with 4 micro-batches: the two stages' Params and moments, gathered into the
+    checkpoint, equal one process's; the bubble is printed (predicted (P-1)/(M+P-1) = 20%),
+    GPipe holds all 4 micro-batches' activations, 1F1B at most 2; a one-process checkpoint
+    resumes on the pipeline to the parameters one process reaches."""
+    data, root = small
+    name = f"pp-{schedule}"
+    proc = mpirun(2, "-m", "scratchllm", "train", "--pp", "2", "--micro-batches", "4",
+                  "--schedule", schedule, *_args(data, root / name), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"pipeline: {schedule}, 4 micro-batches on 2 stages: bubble (P-1)/(M+P-1) = 20% " \
+           f"predicted" in proc.stdout, proc.stdout
+    held = 4 if schedule == "gpipe" else 2
+    assert f"at most {held} micro-batches' activations held" in proc.stdout
+    assert "B pp send" in proc.stdout and "(equal to the model's" in proc.stdout
+    assert _max_rel(load_model(root / name)[0], load_model(one)[0])[0] <= 1e-12
+    a, b = checkpoint.load_state(root / name)[0], checkpoint.load_state(one)[0]
+    for k in (k for k in b if k.startswith(("opt.m", "opt.v"))):
+        assert np.abs(a[k] - b[k]).max() <= 1e-12 * np.abs(b[k]).max(), k
+    shutil.copytree(one, root / f"one-then-{name}")
+    more = ["--resume", "--steps", "5", "--no-progress", "--eval-every", "100"]
+    proc = mpirun(2, "-m", "scratchllm", "train", "--pp", "2", "--schedule", schedule, *more,
+                  "--out", str(root / f"one-then-{name}"), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert train.main(more + ["--out", str(root / name)]) == 0
+    rel, _ = _max_rel(load_model(root / f"one-then-{name}")[0], load_model(root / name)[0])
+    assert rel <= 1e-12, rel

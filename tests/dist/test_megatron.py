@@ -1,7 +1,7 @@
-"""Tensor parallelism inside the model without MPI: on a group of one rank MegatronLM is the
+"""Tensor and pipeline parallelism without MPI: on a group of one rank MegatronLM is the
 LM it was cut from (loss and every gradient, with and without sequence parallelism), the
-splits and the configs it refuses. Across ranks: grads.mpi (fast tier) and
-test_data_parallel_mpi.py (slow tier)."""
+splits and the configs it refuses; the pipeline schedules and their bubble. Across ranks:
+grads.mpi (fast tier) and test_data_parallel_mpi.py (slow tier)."""
 import numpy as np
 import pytest
 
@@ -46,3 +46,24 @@ def test_configs_it_cannot_split_are_named():
         check_tensor_parallel(preset("moe"), 2)
     with pytest.raises(ValueError, match=r"vocab_size 23 \(not a multiple of 2\)"):
         check_tensor_parallel(lm_tiny("dense"), 2)
+
+
+def test_pipeline_schedules_and_their_bubble():
+    from scratchllm.train.pipeline import bubble_fraction, schedule
+    assert schedule("gpipe", 2, 0, 3) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1),
+                                          ("B", 2)]
+    # 1F1B on the first of 2 stages: one warm-up forward, then forward/backward pairs
+    assert schedule("1f1b", 2, 0, 3) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1),
+                                         ("B", 2)]
+    assert schedule("1f1b", 2, 1, 3) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2),
+                                         ("B", 2)]
+    for P, M in ((2, 4), (4, 8), (3, 1)):
+        for s in range(P):
+            ops = schedule("1f1b", P, s, M)
+            assert sorted(ops) == sorted(schedule("gpipe", P, s, M))
+            held = max(sum(op == "F" for op, _ in ops[:i + 1]) -
+                       sum(op == "B" for op, _ in ops[:i + 1]) for i in range(len(ops)))
+            assert held == min(P - s, M)  # 1F1B's memory bound; GPipe holds M
+    assert bubble_fraction(2, 4) == pytest.approx(0.2) and bubble_fraction(4, 1) == 0.75
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        schedule("zigzag", 2, 0, 2)
