@@ -152,7 +152,42 @@ def run_checks(world, directions=0, seed=0):
                                   (dist.all_gather_forward, dist.all_gather_backward),
                                   {"x": std((2, 3))}, g, world, rng=rng,
                                   directions=directions))
-    return out + tensor_parallel_checks(world, rng, directions) + byte_checks(world)
+    return (out + tensor_parallel_checks(world, rng, directions) +
+            ring_attention_checks(world, rng, directions) + byte_checks(world))
+
+
+def ring_attention_checks(world, rng, directions):
+    """[Result]: ring attention's distributed gradient check (plain, causal, causal zig-zag),
+    and its output and every gradient against one-process sdpa on the whole sequence."""
+    from scratchllm.attention import sdpa_backward, sdpa_forward
+    from scratchllm.specs import Mask
+    P, r, std = world.size, world.rank, rng.standard_normal
+    out = []
+    for causal, zigzag in ((False, False), (True, False), (True, True)):
+        what = "causal" if causal else "not causal"
+        what += ", zig-zag" if zigzag else ""
+        out.append(dist_check(f"ring_attention ({what})", (dist.ring_attention_forward,
+                                                          dist.ring_attention_backward),
+                              {"q": std((1, 2, 2, 3)), "k": std((1, 2, 2, 3)),
+                               "v": std((1, 2, 2, 3))}, world, world, rng=rng,
+                              directions=directions, h=1e-5, causal=causal, zigzag=zigzag))
+        shared = np.random.default_rng(17)
+        T = 4 * P
+        full = {n: shared.standard_normal((2, 2, T, 3)) for n in ("q", "k", "v")}
+        dout = shared.standard_normal((2, 2, T, 3))
+        want, cache = sdpa_forward(full["q"], full["k"], full["v"],
+                                   Mask(causal=True) if causal else None)
+        grads = sdpa_backward(dout, cache)
+        pos = dist.ring_positions(T, P, zigzag)[r]
+        got, c = dist.ring_attention_forward(*(full[n][:, :, pos] for n in ("q", "k", "v")),
+                                             group=world, causal=causal, zigzag=zigzag)
+        back = dist.ring_attention_backward(dout[:, :, pos], c)
+        err = max([float(np.abs(got - want[:, :, pos]).max())] +
+                  [float(np.abs(back[n] - grads[n][:, :, pos]).max()) for n in ("q", "k", "v")])
+        err = max(world.comm.allgather(err))
+        out.append(Result(f"ring_attention ({what}) == sdpa on the whole sequence (out, dq, "
+                          f"dk, dv)", err, err < 1e-12))
+    return out
 
 
 def tensor_parallel_checks(world, rng, directions):

@@ -51,3 +51,14 @@ def vocab_parallel_one_rank(rng):
             check(dist.vocab_cross_entropy_forward, dist.vocab_cross_entropy_backward,
                   rng=rng, label="cross_entropy", wrt=["logits"],
                   logits=rng.standard_normal((2, 3, 6)), targets=ids, group=g)]
+
+
+@case
+def ring_attention_one_rank(rng):
+    """Ring attention on one rank: plain attention (causal or not) on the rank's tokens."""
+    from scratchllm import dist
+    g = _one_rank()
+    q, k, v = (rng.standard_normal((1, 2, 4, 3)) for _ in range(3))
+    return [check(dist.ring_attention_forward, dist.ring_attention_backward, rng=rng,
+                  label="causal" if causal else "not causal", q=q, k=k, v=v, group=g,
+                  causal=causal) for causal in (False, True)]

@@ -2,7 +2,8 @@
 rank grid (comm, grid), the collectives as forward/backward pairs (collectives), data
 parallelism's bucketed gradient all-reduce (data_parallel), ZeRO-1's sharded AdamW (zero),
 ZeRO-2/3's per-block reduce-scatter of gradients and all-gather of weights (zero_layers) and
-Megatron's column/row-parallel Linear pairs (tensor_parallel). Stands on core. Importing this
+Megatron's column/row-parallel Linear and vocab-parallel pairs (tensor_parallel) and ring
+attention (ring_attention, context parallelism). Stands on core. Importing this
 package does not start MPI; `Group.world()` does."""
 from .collectives import (AllToAllCache, GroupCache, ShiftCache, all_gather_backward,
                           all_gather_forward, all_reduce_backward, all_reduce_forward,
@@ -19,6 +20,8 @@ from .tensor_parallel import (ColumnCache, RowCache, VocabCECache, VocabEmbedCac
                               split_rows, vocab_cross_entropy_backward,
                               vocab_cross_entropy_forward, vocab_embedding_backward,
                               vocab_embedding_forward)
+from .ring_attention import (RingCache, ring_attention_backward, ring_attention_forward,
+                             ring_positions)
 from .zero import ZeroAdamW, partition
 from .zero_layers import ShardedModel, ZeroUnit
 
@@ -34,4 +37,5 @@ __all__ = ["AXES", "AllToAllCache", "BUCKET_BYTES", "ColumnCache", "GridError", 
            "ring_shift_backward", "ring_shift_forward", "row_linear_backward",
            "row_linear_forward", "split_columns", "split_rows", "VocabCECache",
            "VocabEmbedCache", "vocab_cross_entropy_backward", "vocab_cross_entropy_forward",
-           "vocab_embedding_backward", "vocab_embedding_forward"]
+           "vocab_embedding_backward", "vocab_embedding_forward", "RingCache",
+           "ring_attention_backward", "ring_attention_forward", "ring_positions"]
