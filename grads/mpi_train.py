@@ -75,3 +75,36 @@ def training_checks(world):
             out += _compare(world, f"{shape.describe()} ({schedule}, 2 micro-batches)",
                             _train(cfg, s, ids, grid, pipeline=(schedule, 2)), one)
     return out
+
+
+def expert_parallel_checks(world, rng, check):
+    """[TrainResult]: the expert-parallel experts pair (2 experts per rank, uneven rows per
+    expert, one expert with none) through the distributed check (`check`: grads.mpi's
+    dist_check), and against the one-process experts pair with every expert's weights."""
+    from scratchllm.moe.experts import experts_backward, experts_forward
+    from scratchllm.train.expert_parallel import (expert_parallel_backward,
+                                                  expert_parallel_forward)
+    P, r, std = world.size, world.rank, rng.standard_normal
+    E = 2 * P
+    counts = (np.arange(E) + r) % 3  # rows per expert on this rank (some 0)
+    bounds = np.concatenate(([0], np.cumsum(counts)))
+    xs = std((int(bounds[-1]), 3))
+    out = [check("expert_parallel (dispatch, experts, combine)",
+                 (expert_parallel_forward, expert_parallel_backward),
+                 {"xs": xs, "w1": std((2, 3, 4)), "w3": std((2, 3, 4)), "w2": std((2, 4, 3))},
+                 world, world, rng=rng, h=1e-5, tol=1e-7, bounds=bounds)]
+    shared = np.random.default_rng(23)
+    W = [shared.standard_normal(s) for s in ((E, 3, 4), (E, 3, 4), (E, 4, 3))]
+    mine = slice(2 * r, 2 * r + 2)
+    ys, cache = expert_parallel_forward(xs, bounds, *(w[mine] for w in W), group=world)
+    want, ref = experts_forward(xs, bounds, *W)
+    dys = std(ys.shape)
+    g, g_ref = expert_parallel_backward(dys, cache), experts_backward(dys, ref)
+    err = max(float(np.abs(ys - want).max()), float(np.abs(g["xs"] - g_ref["xs"]).max()))
+    for name in ("w1", "w3", "w2"):  # every rank's rows reach the owner's experts
+        total = np.asarray(world.comm.allreduce(g_ref[name]))
+        err = max(err, float(np.abs(g[name] - total[mine]).max()))
+    err = max(world.comm.allgather(err))
+    return out + [TrainResult(f"expert_parallel == the one-process experts ({E} experts on {P} "
+                              f"ranks: outputs, dxs, every expert's weight gradients)", err,
+                              err < 1e-12)]

@@ -3,6 +3,8 @@ collective is a copy (and a tensor-parallel Linear is the plain one). They keep 
 and contract checks; the real check, across ranks, is the distributed one:
 `mpiexec -n 2 python -m grads.mpi` (grads/mpi.py; tests/dist spawns it on 2 and 4 ranks)."""
 
+import numpy as np
+
 from grads.cases._common import case
 from grads.check import check
 
@@ -62,3 +64,16 @@ def ring_attention_one_rank(rng):
     return [check(dist.ring_attention_forward, dist.ring_attention_backward, rng=rng,
                   label="causal" if causal else "not causal", q=q, k=k, v=v, group=g,
                   causal=causal) for causal in (False, True)]
+
+
+@case
+def expert_parallel_one_rank(rng):
+    """The expert-parallel experts pair on one rank: the experts pair between two all-to-alls
+    that copy (3 experts, one with no rows)."""
+    from scratchllm.train.expert_parallel import (expert_parallel_backward,
+                                                  expert_parallel_forward)
+    bounds = np.array([0, 2, 2, 5])
+    return [check(expert_parallel_forward, expert_parallel_backward, rng=rng,
+                  wrt=["xs", "w1", "w3", "w2"], xs=rng.standard_normal((5, 3)), bounds=bounds,
+                  w1=rng.standard_normal((3, 3, 4)), w3=rng.standard_normal((3, 3, 4)),
+                  w2=rng.standard_normal((3, 4, 3)), group=_one_rank())]
