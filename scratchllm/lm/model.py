@@ -138,11 +138,17 @@ class LM(Module):
         for layer in self.layers:
             x, c = layer.forward(x)  # (B, T, D)
             blocks.append(c)
-        h, cn = self._norm_forward(x)  # (B, T, D)
-        logits, ch = self._head_forward(h)  # (B, T, V)
-        logits, c_cap = self._cap(logits)  # (B, T, V)
+        logits, (cn, ch, c_cap) = self.head_forward(x)  # (B, T, V)
         aux = [layer.aux_losses(c) for layer, c in zip(self.layers, blocks)]
         return logits, LMCache(None, blocks, cn, ch, aux, c_cap, x)
+
+    def head_forward(self, x):
+        """The model's end on the last block's output x (B, T, D): final norm, head and
+        soft-cap -> (logits (B, T, V), (norm, head, cap) caches). A pipeline's last stage
+        runs it alone."""
+        h, cn = self._norm_forward(x)  # (B, T, D)
+        logits, (ch, c_cap) = self.output_forward(h)  # (B, T, V)
+        return logits, (cn, ch, c_cap)
 
     def _embed_forward(self, ids, start=0, types=None):
         """x_0 = E[ids] (+ P[start + t]: sinusoidal, a constant with no backward, or a learned
@@ -228,8 +234,13 @@ class LM(Module):
         """dlogits (B, T, V) -> Param grads (+=). Every FFN aux term of the loss gets the
         gradient dloss_aux (an MoE layer's balance loss dloss_aux * balance_coef, its z-loss
         dloss_aux * z_coef); dlast (B, T, D): a gradient on x_L from beyond the head (MTP's)."""
-        c_emb = cache.embed
         dx = self.trunk_backward(dlogits, cache, dloss_aux, dlast)  # (B, T, D)
+        self.embed_backward(dx, cache.embed)
+
+    def embed_backward(self, dx, c_emb):
+        """The embedding's backward: dx_0 (B, T, D) -> the embedding tables' gradients (+=);
+        c_emb: the EmbedCache of the forward (LMCache.embed). A pipeline's first stage runs
+        it alone."""
         if c_emb.norm is not None:
             dx = self.embed_norm.backward(dx, c_emb.norm)  # fwd: x_0 = embed_norm(s)
         if c_emb.types is not None:
@@ -246,14 +257,19 @@ class LM(Module):
         """The backward of trunk_forward: dlogits (B, T, V) -> dx_0 (B, T, D), the Params
         after the embedding getting their gradients (a tied head's into E); dlast as
         backward's."""
-        blocks, cn = cache.blocks, cache.norm
-        dh = self.output_backward(dlogits, (cache.head, cache.softcap))  # fwd: logits = out(h)
-        dx = dh if cn is None else self.norm.backward(dh, cn)  # fwd: h = norm(x_L)
+        dx = self.head_backward(dlogits, (cache.norm, cache.head, cache.softcap))  # (B, T, D)
         if dlast is not None:
             dx = dx + dlast  # fwd: x_L also feeds MTP module 1
-        for layer, c in zip(reversed(self.layers), reversed(blocks)):
+        for layer, c in zip(reversed(self.layers), reversed(cache.blocks)):
             dx = layer.backward(dx, c, dloss_aux)  # fwd: x_l = block_l(x_{l-1})
         return dx
+
+    def head_backward(self, dlogits, caches):
+        """The backward of head_forward: dlogits (B, T, V) -> dx_L (B, T, D), the head's and
+        the final norm's Params getting their gradients (a tied head's into E)."""
+        cn, ch, c_cap = caches
+        dh = self.output_backward(dlogits, (ch, c_cap))  # fwd: logits = out(h)
+        return dh if cn is None else self.norm.backward(dh, cn)  # fwd: h = norm(x_L)
 
     def loss(self, ids, targets):
         """Cross-entropy of next tokens plus the FFNs' weighted auxiliary terms.
