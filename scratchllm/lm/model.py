@@ -12,6 +12,9 @@
 
 The backward runs the same chain in reverse: each Block calls its Modules' backwards, and the
 residual adds the skip gradient. A Module owns its Params; the caches live in the calls.
+A packed batch (`doc_ids`: several documents per row, Llama 3's document masking) attends
+within each document only, at positions that restart at each document, so each document's
+logits and gradients are what it alone would give.
 Decoding (`init_state`, then `decode`) feeds one token per call through per-layer states: a
 KVState (GQA), a RollingKVState (sliding window), a LatentKVState (MLA, absorbed form), and a
 MambaState (conv and SSM state).
@@ -27,7 +30,7 @@ from scratchllm.core import fused
 from scratchllm.core.nn import Embedding, Linear, Module, Param
 from scratchllm.core.softcap import softcap_backward, softcap_forward
 from scratchllm.core.validate import expect_int, expect_ndim
-from scratchllm.lm.block import Block
+from scratchllm.lm.block import Block, make_packing
 from scratchllm.lm.heads import HeadTransform
 from scratchllm.lm.mixers import make_norm
 from scratchllm.specs import ModelConfig
@@ -105,32 +108,36 @@ class LM(Module):
         return [(f"layers.{i}.{name}", b) for i, layer in enumerate(self.layers)
                 for name, b in layer.named_buffers()]
 
-    def forward(self, ids=None, *, input_ids=None):
+    def forward(self, ids=None, *, input_ids=None, doc_ids=None):
         """ids (B, T) ints -> (logits (B, T, V), LMCache). The ids go positionally or by
-        transformers' keyword, forward(input_ids=ids); exactly one of the two."""
+        transformers' keyword, forward(input_ids=ids); exactly one of the two. doc_ids (B, T)
+        ints: a packed batch, the document of each token (each run of equal ids along a row
+        is one document); attention stays inside each document and positions restart."""
         if (ids is None) == (input_ids is None):
             raise TypeError("LM.forward: give the token ids once, as forward(ids) or "
                             "forward(input_ids=ids)")
-        return self._forward(input_ids if ids is None else ids)
+        return self._forward(input_ids if ids is None else ids, doc_ids=doc_ids)
 
-    def _forward(self, ids, types=None):
+    def _forward(self, ids, types=None, doc_ids=None):
         """forward, with the token types (B, T) ints of a config with type_vocab_size (None:
         all 0)."""
         expect_int("LM", "ids", ids)
         expect_ndim("LM", "ids", ids, 2, "(B, T)")
         if ids.shape[1] < 1:
             raise ValueError(f"LM: ids has shape {ids.shape}: no tokens (T must be >= 1)")
-        x, c_emb = self._embed_forward(ids, types=types)  # (B, T, D)
-        logits, cache = self.trunk_forward(x)  # (B, T, V)
+        packing = None if doc_ids is None else make_packing("LM", ids, doc_ids)
+        x, c_emb = self._embed_forward(  # (B, T, D)
+            ids, types=types, positions=None if packing is None else packing.positions)
+        logits, cache = self.trunk_forward(x, packing)  # (B, T, V)
         return logits, cache._replace(embed=c_emb)
 
-    def trunk_forward(self, x):
+    def trunk_forward(self, x, packing=None):
         """Everything after the embedding: x_0 (B, T, D) (the embedding's output, or one a
-        vision-language model has put image features into) -> (logits (B, T, V), LMCache
-        with embed None)."""
+        vision-language model has put image features into) [, packing: a packed batch's
+        Packing] -> (logits (B, T, V), LMCache with embed None)."""
         blocks = []
         for layer in self.layers:
-            x, c = layer.forward(x)  # (B, T, D)
+            x, c = layer.forward(x, packing=packing)  # (B, T, D)
             blocks.append(c)
         h, cn = self._norm_forward(x)  # (B, T, D)
         logits, ch = self._head_forward(h)  # (B, T, V)
@@ -138,15 +145,17 @@ class LM(Module):
         aux = [layer.aux_losses(c) for layer, c in zip(self.layers, blocks)]
         return logits, LMCache(None, blocks, cn, ch, aux, c_cap)
 
-    def _embed_forward(self, ids, start=0, types=None):
+    def _embed_forward(self, ids, start=0, types=None, positions=None):
         """x_0 = E[ids] (+ P[start + t]: sinusoidal, a constant with no backward, or a learned
-        table) (+ S[types]) (then embed_norm) -> (x (B, T, D), caches)."""
+        table; P[positions] when given, (B, T) ints) (+ S[types]) (then embed_norm)
+        -> (x (B, T, D), caches)."""
         x, c_tok = self.embed.forward(ids)  # (B, T, D)
         pad = None if self.cfg.pad_id is None else (ids == self.cfg.pad_id)[..., None]
         if self.cfg.embed_scale:  # Gemma: E[ids] * sqrt(D), sqrt(D) in the weights' dtype
             x = x * np.asarray(self.cfg.d_model ** 0.5, x.dtype)  # (B, T, D)
-        start = np.reshape(start, (-1, 1))  # (1 | B, 1): one start, or one per row
-        positions = np.broadcast_to(start + np.arange(ids.shape[1]), ids.shape)  # (B, T)
+        if positions is None:
+            start = np.reshape(start, (-1, 1))  # (1 | B, 1): one start, or one per row
+            positions = np.broadcast_to(start + np.arange(ids.shape[1]), ids.shape)  # (B, T)
         if self.cfg.positions == "sinusoidal":
             table = sinusoidal_positions(int(positions.max()) + 1, x.shape[2])  # (P, D)
             x = x + table[positions].astype(x.dtype)  # (B, T, D)
@@ -231,12 +240,14 @@ class LM(Module):
             dx = layer.backward(dx, c, dloss_aux)  # fwd: x_l = block_l(x_{l-1})
         return dx
 
-    def loss(self, ids, targets):
+    def loss(self, ids, targets, doc_ids=None):
         """Cross-entropy of next tokens plus the FFNs' weighted auxiliary terms.
 
-        Inputs: ids, targets (B, T) ints.  Returns: (loss 0-d array, LossCache with .ce).
+        Inputs: ids, targets (B, T) ints; doc_ids (B, T) ints for a packed batch (forward's).
+        Returns: (loss 0-d array, LossCache with .ce).
         """
-        logits, cache = self.forward(ids)  # (B, T, V)
+        packed = {} if doc_ids is None else {"doc_ids": doc_ids}  # (a subclass's forward
+        logits, cache = self.forward(ids, **packed)  # (B, T, V)      may take no doc_ids)
         ce, c_ce = fused.CROSS_ENTROPY.forward(logits, targets)
         aux = sum(sum(value for _, value in terms) for terms in cache.aux)
         total = np.asarray(ce + aux, dtype=logits.dtype)
@@ -247,9 +258,9 @@ class LM(Module):
         dlogits = fused.CROSS_ENTROPY.backward(np.asarray(dloss, self.dtype), cache.ce_cache)
         self.backward(dlogits["logits"], cache.lm, dloss_aux=dloss)
 
-    def cross_entropy(self, ids, targets):
-        """Mean next-token cross-entropy (nats/token), forward only."""
-        logits, _ = self.forward(ids)
+    def cross_entropy(self, ids, targets, doc_ids=None):
+        """Mean next-token cross-entropy (nats/token), forward only (doc_ids: forward's)."""
+        logits, _ = self.forward(ids, **({} if doc_ids is None else {"doc_ids": doc_ids}))
         return float(fused.CROSS_ENTROPY.forward(logits, targets)[0])
 
     def after_step(self, caches, across=None):
@@ -284,7 +295,8 @@ class LM(Module):
     # ------------------------------------------------------------------ decoding
     def init_state(self, batch, max_len):
         """Per-layer decoding states for `batch` sequences of up to max_len tokens."""
-        return [layer.mixer.init_state(batch, max_len) for layer in self.layers]
+        return [None if layer.mixer is None else layer.mixer.init_state(batch, max_len)
+                for layer in self.layers]  # an MLP-only layer keeps nothing
 
     def prefill(self, ids, state):
         """The prompt ids (B, T) at positions 0..T-1 in one forward pass per layer, filling
@@ -307,7 +319,7 @@ class LM(Module):
         position is an int, or (B,) ints, one per row: requests at different lengths share a
         batch, a row at position 0 starts a new sequence (attention and MLA states only: a
         recurrent state keeps no positions, so its rows must stay in step)."""
-        if np.ndim(position) and not all(hasattr(st, "lengths") for st in state):
+        if np.ndim(position) and not all(st is None or hasattr(st, "lengths") for st in state):
             if (np.asarray(position) != np.asarray(position).flat[0]).any():
                 raise ValueError("LM.decode: one position per row needs attention or MLA "
                                  "layers (a recurrent state keeps no positions); give the "

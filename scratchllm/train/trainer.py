@@ -50,6 +50,8 @@ class Settings:
     eval_tokens: int = 65536   # validation tokens per evaluation (at most; the same set)
     seed: int = 0              # weight init and batch order
     threads: int = min(2, os.cpu_count() or 1)  # data-parallel batch shards, one thread each
+    pack_documents: bool = False  # attend within each document of a window only, positions
+                                  # restarting at each (needs the separator id: Run.eot)
 
 
 def _decays(name, p):
@@ -66,7 +68,8 @@ def make_optimizer(model, s):
 
 
 def evaluate(model, batches, dp=None, group=None):
-    """Mean cross-entropy (nats/token) over fixed batches, forward only (on dp's threads);
+    """Mean cross-entropy (nats/token) over fixed batches ((x, y), or (x, y, doc_ids) of a
+    packed batch), forward only (on dp's threads);
     with a data-parallel group, rank d takes batches d, d + size, ... and the sums are
     all-reduced."""
     if not batches:
@@ -76,7 +79,7 @@ def evaluate(model, batches, dp=None, group=None):
     total = sum(losses)
     if group is not None:
         total = group.sum_scalar(total)
-    return total / max(sum(y.size for _, y in batches), 1)
+    return total / max(sum(b[1].size for b in batches), 1)
 
 
 class Run:
@@ -113,18 +116,23 @@ class Run:
         self.step_seconds = []  # wall time of each train_step in this process (not saved)
         self.evals = []    # (step, val loss)
         self.detect_anomaly = False  # check every Module's outputs and gradients (slow)
+        self.eot = None  # the document separator's token id (settings.pack_documents)
 
     def train_step(self, train_ids):
         """One optimizer step on a fresh random batch; returns (loss, routing stats)."""
         s, model = self.s, self.model
         t0, sent0 = time.perf_counter(), self.group.total_sent()
         x, y = corpus.sample_batch(train_ids, s.batch_size, s.seq_len, self.rng)
+        docs = self._documents(x)  # (B, T) or None
         with detect_anomaly(*self.dp.replicas) if self.detect_anomaly else nullcontext():
             if self.group.size == 1:
-                ce, caches = self.dp.loss_backward(x, y)
+                ce, caches = self.dp.loss_backward(x, y, **({} if docs is None else
+                                                           {"docs": docs}))
             else:  # this rank's rows, weighted as a part of the global batch
                 lo, hi = self.rows[0], self.rows[-1] + 1
-                ce, caches = self.dp.loss_backward(x[lo:hi], y[lo:hi], total=s.batch_size)
+                packed = {} if docs is None else {"docs": docs[lo:hi]}
+                ce, caches = self.dp.loss_backward(x[lo:hi], y[lo:hi], total=s.batch_size,
+                                                   **packed)
         across = None
         if self.group.size > 1:
             all_reduce_grads(model.parameters(), self.group)  # grad = sum_d (n_d / B) grad_d
@@ -145,6 +153,23 @@ class Run:
         self.step_seconds.append(time.perf_counter() - t0)
         self.sent.append(self.group.total_sent() - sent0)
         return ce, stats
+
+    def _documents(self, x):
+        """The documents of windows x (B, T) when packing (corpus.document_ids), else None."""
+        if not self.s.pack_documents:
+            return None
+        if self.eot is None:
+            raise ValueError("pack_documents needs the separator's token id: set Run.eot (the "
+                             "tokenizer's <|endoftext|> id)")
+        return corpus.document_ids(x, self.eot)
+
+    def eval_set(self, val_ids):
+        """The fixed evaluation batches of val_ids: (x, y), or (x, y, doc_ids) when packing."""
+        s = self.s
+        batches = corpus.eval_batches(val_ids, s.batch_size, s.seq_len, s.eval_tokens)
+        if not s.pack_documents:
+            return batches
+        return [(x, y, self._documents(x)) for x, y in batches]
 
     def agree(self, stop):
         """Whether any data-parallel rank wants to stop (Ctrl-C reaches the ranks at
@@ -218,7 +243,7 @@ def fit(run, train_ids, val_ids, *, out=None, tokenizer=None, progress=True, log
     if out is not None and Path(out).is_dir() and run.writer:
         remove_stale_temps(out)  # left by a write that was killed
     if eval_set is None:
-        eval_set = corpus.eval_batches(val_ids, s.batch_size, s.seq_len, s.eval_tokens)
+        eval_set = run.eval_set(val_ids)
     tokens_per_step = s.batch_size * s.seq_len
     bar = tqdm(total=s.steps, initial=run.step, disable=not (progress and run.writer),
                unit="step", dynamic_ncols=True, file=sys.stderr)
