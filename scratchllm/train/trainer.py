@@ -14,6 +14,7 @@ all-gathered: dist/zero.py); rank 0 alone prints and writes the checkpoint.
 Deterministic given the seed; a checkpoint holds everything needed to continue bit-exactly:
 weights, MoE biases, optimizer moments, step, losses and the batch RNG's state.
 """
+import fnmatch
 import math
 import os
 import signal
@@ -52,6 +53,9 @@ class Settings:
     threads: int = min(2, os.cpu_count() or 1)  # data-parallel batch shards, one thread each
     pack_documents: bool = False  # attend within each document of a window only, positions
                                   # restarting at each (needs the separator id: Run.eot)
+    param_groups: list = None  # [[pattern, lr_scale, weight_decay], ...]: a Param whose name
+                               # matches the glob pattern (the first that does) gets its own
+                               # lr (scale of lr; 0 freezes it) and weight decay
 
 
 def _decays(name, p):
@@ -60,11 +64,24 @@ def _decays(name, p):
 
 
 def make_optimizer(model, s):
-    """AdamW (betas 0.9, 0.95) with decoupled weight decay where _decays says so."""
-    decay = [p for n, p in model.named_parameters() if _decays(n, p)]
-    rest = [p for n, p in model.named_parameters() if not _decays(n, p)]
+    """AdamW (betas 0.9, 0.95) with decoupled weight decay where _decays says so; with
+    s.param_groups, the Params each rule's glob pattern matches (the first rule wins) form
+    a group of their own lr scale and weight decay (an error names a rule that matches
+    nothing)."""
+    rules = [tuple(r) for r in (s.param_groups or [])]
+    groups = [{"params": [], "lr_scale": float(scale), "weight_decay": float(wd)}
+              for _, scale, wd in rules]
+    decay, rest = [], []
+    for n, p in model.named_parameters():
+        i = next((i for i, r in enumerate(rules) if fnmatch.fnmatchcase(n, r[0])), None)
+        (groups[i]["params"] if i is not None else decay if _decays(n, p) else rest).append(p)
+    empty = [r[0] for r, g in zip(rules, groups) if not g["params"]]
+    if empty:
+        raise ValueError(f"param_groups: no parameter name matches {empty} (names look like "
+                         f"{next(iter(dict(model.named_parameters())))!r}, "
+                         f"'layers.0.ffn.w_router')")
     return AdamW([{"params": decay, "weight_decay": s.weight_decay},
-                  {"params": rest, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
+                  {"params": rest, "weight_decay": 0.0}] + groups, lr=s.lr, betas=(0.9, 0.95))
 
 
 def evaluate(model, batches, dp=None, group=None):
@@ -117,6 +134,7 @@ class Run:
         self.evals = []    # (step, val loss)
         self.detect_anomaly = False  # check every Module's outputs and gradients (slow)
         self.eot = None  # the document separator's token id (settings.pack_documents)
+        self.last_stats = []  # [(layer, share of routed slots per expert)] of the last step
 
     def train_step(self, train_ids):
         """One optimizer step on a fresh random batch; returns (loss, routing stats)."""
@@ -148,6 +166,7 @@ class Run:
         self.opt.lr = cosine_schedule(self.step + 1, s.lr, s.lr / 10, s.warmup, s.steps)
         self.opt.step()
         stats = model.after_step(caches, across)
+        self.last_stats = stats
         self.step += 1
         self.losses.append(ce)
         self.step_seconds.append(time.perf_counter() - t0)
