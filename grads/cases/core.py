@@ -164,3 +164,25 @@ def info_nce(rng):
     return [check(info_nce_forward, info_nce_backward, rng=rng, label=label, temperature=0.7,
                   symmetric=symmetric, **inputs)
             for label, symmetric in (("in-batch negatives", False), ("symmetric (CLIP)", True))]
+
+
+@case
+def pool(rng):
+    from scratchllm.core import pool_backward, pool_forward
+    mask = np.array([[True, True, False, True, False], [True] * 5, [True] + [False] * 4])
+    return [check(pool_forward, pool_backward, rng=rng, label="mean, masked",
+                  h=rng.standard_normal((3, 5, 7)), mask=mask, kind="mean"),
+            check(pool_forward, pool_backward, rng=rng, label="cls",
+                  h=rng.standard_normal((3, 5, 7)), kind="cls")]
+
+
+@case
+def sequence_head(rng):
+    """A 3-class classifier on [CLS]; a reranker's one score on the masked mean."""
+    from scratchllm.core import HeadWeights, sequence_head_backward, sequence_head_forward
+    mask = np.array([[True, True, True, False], [True, False, False, False]])
+    return [check(sequence_head_forward, sequence_head_backward, rng=rng, label=label,
+                  h=rng.standard_normal((2, 4, 6)), mask=m, kind=kind,
+                  w=HeadWeights(rng.standard_normal((6, C)), rng.standard_normal(C)))
+            for label, kind, m, C in (("classifier, cls", "cls", None, 3),
+                                      ("reranker, mean", "mean", mask, 1))]

@@ -3,10 +3,13 @@ dense ops as forward/backward pairs (ops; LayerNorm in norms, GELU and the GPT-2
 gelu; T5's ReLU MLP in relu), Param/Module and the thin Modules (nn), the optimizer (optim), and the fused Numba twins
 of the training step's element-wise ops (fused) with the Twin that picks one per forward
 (twins), the contrastive InfoNCE loss (contrastive), the one atomic file writer (atomic),
-logit soft-capping (softcap), and LoRA adapters on a Linear (lora). Imports nothing else of
+logit soft-capping (softcap), LoRA adapters on a Linear (lora), and mean/[CLS] pooling with
+the sequence heads on it (pooling). Imports nothing else of
 scratchllm."""
 from .atomic import atomic_write
 from .contrastive import info_nce_backward, info_nce_forward
+from .pooling import (HeadWeights, pool_backward, pool_forward, sequence_head_backward,
+                      sequence_head_forward)
 from .fused import (CROSS_ENTROPY, RMSNORM, SWIGLU, AdamWStep, adamw_update, adamw_update_ref,
                     fused_cross_entropy_backward, fused_cross_entropy_forward,
                     fused_rmsnorm_backward, fused_rmsnorm_forward, fused_swiglu_backward,
@@ -31,6 +34,8 @@ from .twins import Twin, TwinCache, use_fused
 __all__ = [
     "LoRALinear", "LoRAWeights", "lora_backward", "lora_forward",
     "info_nce_backward", "info_nce_forward",
+    "HeadWeights", "pool_backward", "pool_forward", "sequence_head_backward",
+    "sequence_head_forward",
     "GeGLU", "GeluMLP", "LayerNorm", "geglu_backward", "geglu_forward", "gelu_backward",
     "gelu_forward", "gelu_mlp_backward", "gelu_mlp_forward", "layernorm_backward",
     "layernorm_forward", "ReluMLP", "relu_mlp_backward", "relu_mlp_forward",

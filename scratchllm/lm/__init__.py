@@ -1,7 +1,8 @@
 """Models composed from the component packages: the configuration (config: ModelConfig and its
 presets, from scratchllm.specs), which Module a spec becomes (mixers, ffn), the one residual
 Block (block), the decoder LM (model), the encoder models built from the same Block (encoder:
-a masked LM and an encoder-decoder), and sampling through the per-layer decoding states."""
+a masked LM and an encoder-decoder), a tiny embedding model trained for retrieval (retrieval),
+and sampling through the per-layer decoding states."""
 from .block import Block
 from .config import ModelConfig, preset
 from .encoder import EncoderDecoder, MaskedLM, encoder_layer, masked_lm_config, mlm_corrupt

@@ -135,15 +135,27 @@ class LM(Module):
         """Everything after the embedding: x_0 (B, T, D) (the embedding's output, or one a
         vision-language model has put image features into) [, packing: a packed batch's
         Packing] -> (logits (B, T, V), LMCache with embed None)."""
+        h, cache = self._blocks_forward(x, packing)  # (B, T, D)
+        logits, ch = self._head_forward(h)  # (B, T, V)
+        logits, c_cap = self._cap(logits)  # (B, T, V)
+        return logits, cache._replace(head=ch, softcap=c_cap)
+
+    def _blocks_forward(self, x, packing=None):
+        """x_0 -> (norm(x_L) (B, T, D), LMCache of the blocks and the norm)."""
         blocks = []
         for layer in self.layers:
             x, c = layer.forward(x, packing=packing)  # (B, T, D)
             blocks.append(c)
         h, cn = self._norm_forward(x)  # (B, T, D)
-        logits, ch = self._head_forward(h)  # (B, T, V)
-        logits, c_cap = self._cap(logits)  # (B, T, V)
         aux = [layer.aux_losses(c) for layer, c in zip(self.layers, blocks)]
-        return logits, LMCache(None, blocks, cn, ch, aux, c_cap)
+        return h, LMCache(None, blocks, cn, None, aux)
+
+    def _blocks_backward(self, dh, cache, dloss_aux):
+        """Reverse of _blocks_forward: dh (B, T, D) -> dx_0."""
+        dx = dh if cache.norm is None else self.norm.backward(dh, cache.norm)  # h = norm(x_L)
+        for layer, c in zip(reversed(self.layers), reversed(cache.blocks)):
+            dx = layer.backward(dx, c, dloss_aux)  # fwd: x_l = block_l(x_{l-1})
+        return dx
 
     def _embed_forward(self, ids, start=0, types=None, positions=None):
         """x_0 = E[ids] (+ P[start + t]: sinusoidal, a constant with no backward, or a learned
@@ -207,8 +219,11 @@ class LM(Module):
         """dlogits (B, T, V) -> Param grads (+=). Every FFN aux term of the loss gets the
         gradient dloss_aux (an MoE layer's balance loss dloss_aux * balance_coef, its z-loss
         dloss_aux * z_coef)."""
-        c_emb = cache.embed
         dx = self.trunk_backward(dlogits, cache, dloss_aux)  # (B, T, D)
+        self._embed_backward(dx, cache.embed)
+
+    def _embed_backward(self, dx, c_emb):
+        """dx_0 (B, T, D) -> the embedding's Param grads (+=): the reverse of _embed_forward."""
         if c_emb.norm is not None:
             dx = self.embed_norm.backward(dx, c_emb.norm)  # fwd: x_0 = embed_norm(s)
         if c_emb.types is not None:
@@ -221,10 +236,25 @@ class LM(Module):
             dx = np.where(c_emb.pad, 0, dx).astype(dx.dtype, copy=False)  # (B, T, D)
         self.embed.backward(dx, c_emb.tok)  # fwd: x_0 = E[ids]
 
+    def encode(self, ids):
+        """An encoder's output: ids (B, T) -> (h (B, T, D), the final norm's output (x_L
+        without final_norm), LMCache with head None): what pooling reads (core/pooling.py)."""
+        expect_int("LM.encode", "ids", ids)
+        expect_ndim("LM.encode", "ids", ids, 2, "(B, T)")
+        x, c_emb = self._embed_forward(ids)  # (B, T, D)
+        h, cache = self._blocks_forward(x)  # (B, T, D)
+        return h, cache._replace(embed=c_emb)
+
+    def encode_backward(self, dh, cache, dloss_aux=0.0):
+        """dh (B, T, D) of encode's output -> every Param's grad (+=) below the head
+        (dloss_aux: the loss's gradient on the MoE aux terms, 0 when they are left out)."""
+        dx = self._blocks_backward(dh, cache, dloss_aux)  # (B, T, D)
+        self._embed_backward(dx, cache.embed)
+
     def trunk_backward(self, dlogits, cache, dloss_aux=1.0):
         """The backward of trunk_forward: dlogits (B, T, V) -> dx_0 (B, T, D), the Params
         after the embedding getting their gradients (a tied head's into E)."""
-        _, blocks, cn, ch, _, c_cap = cache
+        ch, c_cap = cache.head, cache.softcap
         if c_cap is not None:
             dlogits = softcap_backward(dlogits, c_cap)["x"]  # fwd: logits = c tanh(z / c)
         if self.head_bias is not None:  # fwd: logits = ... + b
@@ -235,10 +265,7 @@ class LM(Module):
             dh = self.head.backward(dlogits, ch.proj)  # fwd: logits = t @ W_head
         if ch.transform is not None:
             dh = self.transform.backward(dh, ch.transform)  # fwd: t = transform(h)
-        dx = dh if cn is None else self.norm.backward(dh, cn)  # fwd: h = norm(x_L)
-        for layer, c in zip(reversed(self.layers), reversed(blocks)):
-            dx = layer.backward(dx, c, dloss_aux)  # fwd: x_l = block_l(x_{l-1})
-        return dx
+        return self._blocks_backward(dh, cache, dloss_aux)  # fwd: h = norm(blocks(x_0))
 
     def loss(self, ids, targets, doc_ids=None):
         """Cross-entropy of next tokens plus the FFNs' weighted auxiliary terms.
