@@ -11,7 +11,12 @@ from grads.check import check
 LM_TINY = dict(vocab_size=23, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=12,
                n_experts=4, kv_lora_rank=6, qk_nope_head_dim=4, qk_rope_head_dim=4,
                v_head_dim=6, d_state=4, expand=2)
-LM_TINY_EXTRA = {"swa": dict(window=3, n_sink=1), "hybrid": dict(layer_pattern="MA"),
+LM_TINY_EXTRA = {"swa": dict(window=3, n_sink=1), "mamba2_hybrid": dict(layer_pattern="SFAF",
+                                                                         n_layers=4),
+                 # the tiny hybrid keeps RoPE, plain Mamba and renormalised gates; Jamba's
+                 # options (the preset's own) are checked in LM_CHECKPOINTS' "jamba"
+                 "hybrid": dict(layer_pattern="MA", positions="rope", mamba_inner_norms=False,
+                                norm_topk_prob=True),
                  **{name: dict(layer_pattern=2 * letter) for name, letter in (
                      ("linear", "L"), ("deltanet", "D"), ("mamba2", "S"), ("rwkv", "W"))}}
 
@@ -96,6 +101,12 @@ def lm_swa(rng):
 @case
 def lm_hybrid(rng):
     return _lm("hybrid", rng)
+
+
+@case
+def lm_mamba2_hybrid(rng):
+    """MLP-only layers (F) between Mamba-2 and attention layers, one sub-layer each."""
+    return _lm("mamba2_hybrid", rng)
 
 
 @case

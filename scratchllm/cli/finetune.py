@@ -9,6 +9,13 @@ One step is train's (scratchllm/train/trainer.py): loss = CE(LM(x), y) -> backwa
 validation and checkpoints are train's: the resumable state lives in DIR2/state/ (weights,
 AdamW moments, step, batch RNG), and --resume continues it bit-exactly. At the end (and on
 Ctrl-C) DIR2 gets config.json, model.safetensors and DIR's tokenizer files.
+
+An MoE checkpoint fine-tunes with its routing in view: `--freeze-router` keeps every router's
+weights as they are (a parameter group with learning rate 0), `--param-group PATTERN LR_SCALE
+WEIGHT_DECAY` gives the parameters whose names match the glob PATTERN their own learning rate
+(LR_SCALE times --lr) and weight decay (e.g. `--param-group "*.ffn.w[123]" 0.5 0.0` for the
+experts), and each validation prints every MoE layer's share of routed slots per expert (a
+drift from the checkpoint's balance shows there), as does the end of the run.
 """
 import shutil
 from dataclasses import asdict
@@ -19,6 +26,7 @@ import numpy as np
 from scratchllm.cli.common import Parser, run
 from scratchllm.hub import load_pretrained, load_tokenizer, save_pretrained
 from scratchllm.train import Run, Settings, checkpoint, corpus, evaluate, fit
+from scratchllm.train.trainer import expert_usage_line
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "generation_config.json")
@@ -39,6 +47,12 @@ def build_parser():
     p.add_argument("--seed", type=int, default=0, help="batch order seed (0)")
     p.add_argument("--resume", action="store_true", help="continue the state in OUT/state")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--freeze-router", action="store_true", help="keep the MoE routers' "
+                   "weights (parameters named *router*) as they are")
+    p.add_argument("--param-group", nargs=3, action="append", default=[],
+                   metavar=("PATTERN", "LR_SCALE", "WEIGHT_DECAY"), help="parameters whose "
+                   "names match the glob PATTERN train at LR_SCALE x --lr with WEIGHT_DECAY "
+                   "(repeatable; the first match wins)")
     return p
 
 
@@ -54,7 +68,24 @@ def _settings(args):
         raise ValueError(f"--lr must be > 0, got {args.lr}")
     return Settings(**dict(asdict(Settings()), steps=args.steps, batch_size=args.batch_size,
                            seq_len=args.seq_len, lr=args.lr, eval_every=args.eval_every,
-                           seed=args.seed, warmup=min(DEFAULTS["warmup"], args.steps)))
+                           seed=args.seed, warmup=min(DEFAULTS["warmup"], args.steps),
+                           param_groups=_param_groups(args)))
+
+
+def _param_groups(args):
+    """[[pattern, lr_scale, weight_decay], ...] of --freeze-router and --param-group."""
+    rules = [["*router*", 0.0, 0.0]] if args.freeze_router else []
+    for pattern, scale, wd in args.param_group:
+        try:
+            rule = [pattern, float(scale), float(wd)]
+        except ValueError:
+            raise ValueError(f"--param-group {pattern} {scale} {wd}: LR_SCALE and WEIGHT_DECAY "
+                             f"must be numbers") from None
+        if not (0 <= rule[1] < float("inf") and 0 <= rule[2] < float("inf")):
+            raise ValueError(f"--param-group {pattern}: LR_SCALE and WEIGHT_DECAY must be "
+                             f"finite and >= 0, got {scale} and {wd}")
+        rules.append(rule)
+    return rules or None
 
 
 def _main(args):
@@ -70,6 +101,8 @@ def _main(args):
     if len(val_ids) <= s.seq_len:
         raise ValueError(f"--data {args.data} has {len(ids)} tokens; its last 10% (the "
                          f"validation split) must hold more than --seq-len {s.seq_len}")
+    if args.freeze_router and not any("router" in n for n, _ in model.named_parameters()):
+        raise ValueError(f"--freeze-router: {args.hf} ({model.cfg.name}) has no MoE router")
     job = Run(model.cfg, s, model.dtype, model=model)
     job.data = str(Path(args.data).resolve())
     if args.resume:
@@ -84,6 +117,8 @@ def _main(args):
     if finished:
         job.save(state)
         print(f"validation loss {evaluate(job.model, eval_set, job.dp):.3f} nats/token")
+    if job.last_stats:
+        print(f"routing in the last step: {expert_usage_line(job.last_stats)}")
     save_pretrained(job.model, out)
     for name in TOKENIZER_FILES:
         if (Path(args.hf) / name).is_file():

@@ -34,6 +34,7 @@ from scratchllm.dist import (AXES, GridError, GridShape, Group, MPIUnavailable, 
 from scratchllm.lm import generate, preset
 from scratchllm.specs import PRESETS, MTPSpec, to_dict
 from scratchllm.specs.unflat import flat_view
+from scratchllm.tokenizer import EOT
 from scratchllm.train import checkpoint, corpus
 from scratchllm.train.checkpoint import load_model
 from scratchllm.train.pipeline import bubble_fraction
@@ -72,6 +73,9 @@ def build_parser():
                    "scales, e5m2 gradients, float32 master weights; the head stays float")
     p.add_argument("--detect-anomaly", action="store_true", help="check every Module's output "
                    "and gradient; name the first to go NaN or inf (slower)")
+    p.add_argument("--pack-documents", action="store_true", default=None, help="attend within "
+                   "each document of a window only (split at <|endoftext|>), positions "
+                   "restarting at each: Llama 3's document masking")
     p.add_argument("--threads", type=int_at_least(1), default=None, help=f"data-parallel "
                    f"threads per process ({d.threads}; 1 per rank under MPI)")
     for axis, what in (("dp", "data"), ("tp", "tensor"), ("pp", "pipeline"),
@@ -98,7 +102,7 @@ def _settings(args, saved=None, ranks=1):
     if ranks > 1:
         s["threads"] = 1
     for name in ("steps", "batch_size", "seq_len", "lr", "seed", "eval_every", "threads",
-                 "fp8"):
+                 "fp8", "pack_documents"):
         if getattr(args, name) is not None:
             s[name] = getattr(args, name)
     for name in ("steps", "batch_size", "seq_len", "eval_every"):
@@ -216,6 +220,7 @@ def _main(args, grid=None):
               pipeline=(args.schedule, args.micro_batches))
     job.data = str(Path(data).resolve())
     job.detect_anomaly = args.detect_anomaly
+    job.eot = tok.special_tokens.get(EOT)
     if args.resume:
         job.load(out)
         say(f"resumed {out} at step {job.step}")
@@ -237,7 +242,7 @@ def _main(args, grid=None):
     if job.shards is not None:
         job.shards.gather_all()  # ZeRO-3: the whole model on every rank again (to sample)
     train_time = time.perf_counter() - t_train
-    val = job.evaluate(corpus.eval_batches(val_ids, s.batch_size, s.seq_len, s.eval_tokens))
+    val = job.evaluate(job.eval_set(val_ids))
     if not np.isfinite(val):
         raise ValueError(f"the final validation loss is {val}; {job.likely_cause()} (the "
                          f"checkpoint in {out} was not overwritten)")

@@ -2,7 +2,8 @@
 presets, from scratchllm.specs), which Module a spec becomes (mixers, ffn), the one residual
 Block (block), the decoder LM (model), the encoder models built from the same Block (encoder:
 a masked LM and an encoder-decoder), the encoder-decoder LM of a Seq2SeqConfig (seq2seq:
-T5, Switch), and sampling through the per-layer decoding states."""
+T5, Switch), a tiny embedding model trained for retrieval (retrieval), and sampling through the
+per-layer decoding states."""
 from .block import Block
 from .config import ModelConfig, preset
 from .encoder import EncoderDecoder, MaskedLM, encoder_layer, masked_lm_config, mlm_corrupt
