@@ -86,6 +86,11 @@ class Unigram:
         """Ids of the best (Viterbi) segmentation of the normalised text x."""
         return self._batch_ids([x])[0]
 
+    def segment_ids(self, xs):
+        """[Viterbi ids of x for x in xs]: texts already normalised (no normaliser run; what
+        a tokenizer.json pipeline's pre-tokens need)."""
+        return self._batch_ids(list(xs))
+
     def _batch_ids(self, xs):
         """Viterbi ids of each normalised text (the Numba kernel unigram_lattice.viterbi, all
         texts in one call); unknown pieces resolved by _ids."""

@@ -70,8 +70,11 @@ def _prefix(spec, where):
 def load_unigram_json(path):
     """A Unigram from an HF tokenizer.json with a Unigram model."""
     with open(path, encoding="utf-8") as fh:
-        spec = json.load(fh)
-    where = f"load_unigram_json({str(path)!r})"
+        return unigram_from_json(json.load(fh), f"load_unigram_json({str(path)!r})")
+
+
+def unigram_from_json(spec, where):
+    """load_unigram_json of a parsed tokenizer.json (dict); `where` names it in errors."""
     model = spec.get("model") or {}
     if model.get("type") != "Unigram":
         raise ValueError(f"{where}: model type is {model.get('type')!r}, expected 'Unigram'")
@@ -115,8 +118,11 @@ def load_bpe_json(path):
     over characters with byte_fallback, and either the normaliser Prepend("▁") + Replace(" ",
     "▁") or a Metaspace pre-tokenizer without splitting."""
     with open(path, encoding="utf-8") as fh:
-        spec = json.load(fh)
-    where = f"load_bpe_json({str(path)!r})"
+        return bpe_from_json(json.load(fh), f"load_bpe_json({str(path)!r})")
+
+
+def bpe_from_json(spec, where):
+    """load_bpe_json of a parsed tokenizer.json (dict); `where` names it in errors."""
     model = spec.get("model") or {}
     if model.get("type") != "BPE" or model.get("continuing_subword_prefix") or \
             model.get("end_of_word_suffix"):
