@@ -3,12 +3,13 @@
 fast_scan.py; nbcache.py keeps their on-disk cache fresh), file formats (gpt2.py), Hugging
 Face tokenizer.json (hf_json.py: fast forms; hf_pipeline.py with hf_normalizers.py,
 hf_pretokenizers.py, hf_models.py, hf_decoders.py: every other), special-token safety
-(specials.py). The
+(specials.py), chat templates with jinja2 (chat.py). The
 Unigram language model (SentencePiece): Unigram (unigram.py), its Normalizer (normalizer.py),
 train_unigram and its TrainerSpec (unigram_train.py), their Numba kernels (unigram_lattice.py,
 unigram_em.py), tokenizer.json and .model files (unigram_files.py). SentencePiece BPE with byte
 fallback, the Llama-2 form (spm_bpe.py). Of the rest of scratchllm it uses core's atomic
 writer only (its CLI is scratchllm.cli.bpe)."""
+from .chat import chat_template_of, encode_chat, render_chat
 from .hf_json import from_tokenizer_json, tokenizer_from_spec
 from .hf_pipeline import HFPipeline
 from .tokenizer import EOT, TOKENIZER_FILE, Tokenizer
@@ -19,6 +20,6 @@ from .unigram import Unigram
 from .unigram_files import load_bpe_json, load_sentencepiece, load_unigram_json, save_unigram_json
 from .unigram_train import TrainerSpec, train_unigram
 
-__all__ = ["EOT", "HFPipeline", "TOKENIZER_FILE", "Normalizer", "SentencePieceBPE", "Tokenizer",
+__all__ = ["EOT", "chat_template_of", "encode_chat", "render_chat", "HFPipeline", "TOKENIZER_FILE", "Normalizer", "SentencePieceBPE", "Tokenizer",
            "TrainerSpec", "Unigram", "from_tokenizer_json", "tokenizer_from_spec", "load_bpe_json", "load_sentencepiece",
            "load_unigram_json", "save_unigram_json", "train_bpe", "train_bpe_ref", "train_unigram"]
