@@ -27,6 +27,7 @@ from .charsmap import SPACE
 from .normalizer import Normalizer
 from .pretokenize import special_regex, split_special
 from .specials import check_disallowed, special_plan
+from .spm_decode import sentencepiece_decode
 from .unigram_lattice import PieceTrie, code_points, lattice_edges, viterbi
 
 UNK_PENALTY = 10.0
@@ -42,6 +43,8 @@ class Unigram:
     fuse_unk: a run of unknown characters is one unknown id (HF tokenizers' Unigram does);
     score_dtype: the float type path scores add up in: SentencePiece adds float32 (its order
     of rounding can break an exact tie), HF tokenizers float64."""
+
+    sentencepiece_kinds = None   # {id: "control" | "unknown" | "byte"}: decode as SentencePiece
 
     def __init__(self, pieces, unk_id=0, special_tokens=None, *, normalizer=Normalizer(),
                  byte_fallback=False, unused=(), fuse_unk=False, score_dtype="float64"):
@@ -188,13 +191,19 @@ class Unigram:
 
     # ---- decoding -------------------------------------------------------------------------
     def decode(self, ids):
-        """Text of ids: pieces joined, <0xNN> runs decoded as UTF-8, ▁ -> space, the dummy
-        prefix removed."""
-        out, run = [], bytearray()
+        """Text of ids. A model read from a SentencePiece .model (sentencepiece_kinds set)
+        decodes as SentencePiece does (spm_decode.py: the unknown piece as " ⁇ ", control
+        pieces invisible); otherwise pieces are joined, <0xNN> runs decoded as UTF-8, ▁ ->
+        space, and the dummy prefix removed."""
         for i in ids:
             if not isinstance(i, (int, np.integer)) or not 0 <= i < len(self.pieces):
                 raise ValueError(f"Unigram.decode: id {i!r} is not in the vocab (ids run "
                                  f"0..{len(self.pieces) - 1})")
+        if self.sentencepiece_kinds is not None:
+            return sentencepiece_decode(self.pieces, ids, kinds=self.sentencepiece_kinds,
+                                        normalizer=self.normalizer)
+        out, run = [], bytearray()
+        for i in ids:
             piece = self.pieces[i][0]
             if i in self._byte_ids:
                 run.append(int(piece[3:5], 16))

@@ -179,11 +179,14 @@ def load_sentencepiece(path):
     unk = [i for i, k in enumerate(kinds) if k == _UNKNOWN]
     specials = {p.piece: i for i, p in enumerate(proto.pieces) if p.type == _CONTROL}
     cls = Unigram if model_type == 1 else SentencePieceBPE
-    return cls([(p.piece, p.score) for p in proto.pieces], unk_id=unk[0] if unk else 0,
-               special_tokens=specials, normalizer=_spm_normalizer(proto.normalizer_spec, where),
-               byte_fallback=proto.trainer_spec.byte_fallback,
-               unused=[i for i, k in enumerate(kinds) if k == _UNUSED], fuse_unk=True,
-               score_dtype="float32")
+    tok = cls([(p.piece, p.score) for p in proto.pieces], unk_id=unk[0] if unk else 0,
+              special_tokens=specials, normalizer=_spm_normalizer(proto.normalizer_spec, where),
+              byte_fallback=proto.trainer_spec.byte_fallback,
+              unused=[i for i, k in enumerate(kinds) if k == _UNUSED], fuse_unk=True,
+              score_dtype="float32")
+    names = {_CONTROL: "control", _UNKNOWN: "unknown", _BYTE: "byte"}
+    tok.sentencepiece_kinds = {i: names[k] for i, k in enumerate(kinds) if k in names}
+    return tok
 
 
 def _spm_normalizer(norm, where):
