@@ -145,13 +145,19 @@ def _is_numeric(c):
     return unicodedata.category(c) in ("Nd", "Nl", "No")
 
 
+def unicode_script(c):
+    """The Unicode Script of character c (Python `regex`'s table; "Common", "Inherited",
+    "Latin", ...), or None for a script outside tokenizers' list."""
+    m = _SCRIPT.match(c)
+    return m.lastgroup if m else None
+
+
 def _script(c):
     if c == " ":
         return None                           # "Any": joins every script
     if ord(c) == 0x30FC:
         return "Han"
-    m = _SCRIPT.match(c)
-    s = m.lastgroup if m else None
+    s = unicode_script(c)
     return "Han" if s in ("Hiragana", "Katakana") else s
 
 
