@@ -32,8 +32,12 @@ from .gpt2 import bytes_to_unicode
 
 _WS = regex.compile(r"\p{White_Space}")
 _MARK = regex.compile(r"\p{M}")
-_CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
-        (0x2B740, 0x2B81F), (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+_CJK = regex.compile("[\u4e00-\u9fff\u3400-\u4dbf\U00020000-\U0002a6df\U0002a700-\U0002b73f"
+                     "\U0002b740-\U0002b81f\U0002b920-\U0002ceaf\uf900-\ufaff"
+                     "\U0002f800-\U0002fa1f]")
+_BERT_DROP = regex.compile(r"[\x00\ufffd]|(?![\t\n\r])\p{C}")   # NUL, U+FFFD, other (C*)
+_BERT_SPACE = regex.compile(r"[\t\n\r\p{White_Space}]")
+_NONSPACING = regex.compile(r"\p{Mn}")
 _NMT_DROP = {*range(0x01, 0x09), 0x0B, *range(0x0E, 0x20), 0x7F, 0x8F, 0x9F}
 _NMT_SPACE = {0x09, 0x0A, 0x0C, 0x0D, 0x1680, *range(0x200B, 0x2010), 0x2028, 0x2029, 0x2581,
               0xFEFF, 0xFFFD}
@@ -50,30 +54,23 @@ def _filtered(text, keep):
     return out, not text or keep(text[0])
 
 
-def _is_chinese(c):
-    return any(a <= ord(c) <= b for a, b in _CJK)
-
-
-def _bert_clean(c):
-    return not (c in "\0\ufffd" or (c not in "\t\n\r" and unicodedata.category(c)[0] == "C"))
-
-
 def bert_normalize(text, spec):
     """BertNormalizer (tokenizers/src/normalizers/bert.rs): (text', first character kept)."""
     kept = True
     if spec.get("clean_text", True):
-        text, kept = _filtered(text, _bert_clean)
-        text = "".join(" " if c in "\t\n\r" or _WS.match(c) else c for c in text)
+        out = _BERT_DROP.sub("", text)
+        kept = not text or _BERT_DROP.match(text[0]) is None
+        text = _BERT_SPACE.sub(" ", out)
     if spec.get("handle_chinese_chars", True):
-        text = "".join(f" {c} " if _is_chinese(c) else c for c in text)
+        text = _CJK.sub(lambda m: f" {m.group()} ", text)
     lowercase = spec.get("lowercase", True)
     strip = spec.get("strip_accents")
     if lowercase if strip is None else strip:
-        text, k = _filtered(unicodedata.normalize("NFD", text),
-                            lambda c: unicodedata.category(c) != "Mn")
-        kept = kept and k
+        nfd = unicodedata.normalize("NFD", text)
+        kept = kept and not (nfd and _NONSPACING.match(nfd[0]))
+        text = _NONSPACING.sub("", nfd)
     if lowercase:
-        text = "".join(c.lower() for c in text)
+        text = "".join(map(str.lower, text))
     return text, kept
 
 

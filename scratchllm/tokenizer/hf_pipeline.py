@@ -25,10 +25,9 @@ from .hf_normalizers import build_normalizer
 from .hf_pretokenizers import build_pretokenizer
 from .specials import check_disallowed, special_plan
 
-_W = r"[\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}]"
-_ENDS_WORD, _STARTS_WORD = regex.compile(_W + "$"), regex.compile("^" + _W)
-_SPACE_END, _SPACE_START = regex.compile(r"\p{White_Space}*$"), \
-    regex.compile(r"^\p{White_Space}*")
+_WORD = regex.compile(r"[\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}]")  # Rust's \w
+_SPACE = regex.compile(r"\p{White_Space}")
+_SPACES = regex.compile(r"\p{White_Space}*")
 
 
 def _find_added(text, tokens):
@@ -42,13 +41,14 @@ def _find_added(text, tokens):
     out, offset = [], 0
     for m in alternation.finditer(text):
         start, stop, tok = m.start(), m.end(), by_content[m.group()]
-        if tok.get("single_word") and (start and _ENDS_WORD.search(text[:start]) or
-                                       stop < len(text) and _STARTS_WORD.search(text[stop:])):
+        if tok.get("single_word") and (start and _WORD.match(text, start - 1) or
+                                       stop < len(text) and _WORD.match(text, stop)):
             continue
         if tok.get("lstrip"):
-            start = max(_SPACE_END.search(text[:start]).start(), offset)
+            while start > offset and _SPACE.match(text, start - 1):
+                start -= 1
         if tok.get("rstrip"):
-            stop += _SPACE_START.match(text[stop:]).end()
+            stop = _SPACES.match(text, stop).end()
         if offset < start:
             out.append((offset, start, None))
         out.append((start, stop, tok))

@@ -34,7 +34,8 @@ Empty pieces are dropped. The kinds:
     FixedLength       pieces of `length` characters
     Sequence          each in turn on every piece
 """
-import unicodedata
+
+import functools
 
 import regex
 
@@ -45,7 +46,9 @@ from .pretokenize import PATTERNS
 BEHAVIORS = ("Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous")
 _WORDS = regex.compile(r"[\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}]+"
                        r"|[^\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}\p{White_Space}]+")
-_WS = regex.compile(r"\p{White_Space}")
+_WS = regex.compile(r"\p{White_Space}")             # each pattern below matches one character
+_PUNCT = regex.compile(r"[\p{P}!-/:-@\[-`{-~]")      # Unicode P* or ASCII punctuation
+_NUMERIC = regex.compile(r"[\p{Nd}\p{Nl}\p{No}]")    # Rust's char::is_numeric
 _GPT2 = regex.compile(PATTERNS["gpt2"])
 _BYTE_CHAR = bytes_to_unicode()
 _SCRIPTS = ("Adlam Ahom AnatolianHieroglyphs Arabic Armenian Avestan Balinese Bamum BassaVah "
@@ -72,7 +75,8 @@ def _fail(where, msg):
 
 
 def regex_spans(compiled, text):
-    """[(start, end, is_match)] covering text: the regex's matches and the gaps between."""
+    """[(start, end, is_match)] covering text: the regex's matches and the gaps between (a
+    one-character pattern gives one match per character, as tokenizers' char predicates)."""
     if not text:
         return [(0, 0, False)]
     out, prev = [], 0
@@ -83,22 +87,6 @@ def regex_spans(compiled, text):
         prev = m.end()
     if prev != len(text):
         out.append((prev, len(text), False))
-    return out
-
-
-def char_spans(pred, text):
-    """[(start, end, is_match)] with one match per character where pred(char) holds."""
-    if not text:
-        return [(0, 0, False)]
-    out, last = [], 0
-    for i, c in enumerate(text):
-        if pred(c):
-            if last < i:
-                out.append((last, i, False))
-            out.append((i, i + 1, True))
-            last = i + 1
-    if last < len(text):
-        out.append((last, len(text), False))
     return out
 
 
@@ -136,15 +124,7 @@ def _cut(pieces, spans_of, behavior):
     return out
 
 
-def _is_punct(c):
-    return unicodedata.category(c)[0] == "P" or (c.isascii() and not c.isalnum()
-                                                 and c.isprintable() and c != " ")
-
-
-def _is_numeric(c):
-    return unicodedata.category(c) in ("Nd", "Nl", "No")
-
-
+@functools.lru_cache(maxsize=1 << 16)
 def unicode_script(c):
     """The Unicode Script of character c (Python `regex`'s table; "Common", "Inherited",
     "Latin", ...), or None for a script outside tokenizers' list."""
@@ -193,7 +173,8 @@ def _metaspace(spec, where):
             out.append((text, at_start))
         if not split:
             return out
-        return _cut(out, lambda t: char_spans(lambda c: c == rep, t), "MergedWithNext")
+        rep_re = regex.compile(regex.escape(rep))
+        return _cut(out, lambda t: regex_spans(rep_re, t), "MergedWithNext")
     return run
 
 
@@ -236,21 +217,21 @@ def build_pretokenizer(spec, where="tokenizer.json"):
         return lambda p: _cut(p, lambda t: [(a, b, not m) for a, b, m
                                             in regex_spans(_WORDS, t)], "Removed")
     if kind == "WhitespaceSplit":
-        return lambda p: _cut(p, lambda t: char_spans(_WS.match, t), "Removed")
+        return lambda p: _cut(p, lambda t: regex_spans(_WS, t), "Removed")
     if kind == "BertPreTokenizer":
-        return lambda p: _cut(_cut(p, lambda t: char_spans(_WS.match, t), "Removed"),
-                              lambda t: char_spans(_is_punct, t), "Isolated")
+        return lambda p: _cut(_cut(p, lambda t: regex_spans(_WS, t), "Removed"),
+                              lambda t: regex_spans(_PUNCT, t), "Isolated")
     if kind == "Punctuation":
         behavior = spec.get("behavior", "Isolated")
         if behavior not in BEHAVIORS:
             _fail(where, f"Punctuation behavior {behavior!r} is not one of {BEHAVIORS}")
-        return lambda p: _cut(p, lambda t: char_spans(_is_punct, t), behavior)
+        return lambda p: _cut(p, lambda t: regex_spans(_PUNCT, t), behavior)
     if kind == "Digits":
         behavior = "Isolated" if spec.get("individual_digits", False) else "Contiguous"
-        return lambda p: _cut(p, lambda t: char_spans(_is_numeric, t), behavior)
+        return lambda p: _cut(p, lambda t: regex_spans(_NUMERIC, t), behavior)
     if kind == "CharDelimiterSplit":
-        d = spec["delimiter"]
-        return lambda p: _cut(p, lambda t: char_spans(lambda c: c == d, t), "Removed")
+        d = regex.compile(regex.escape(spec["delimiter"]))
+        return lambda p: _cut(p, lambda t: regex_spans(d, t), "Removed")
     if kind == "UnicodeScripts":
         return lambda p: _cut(p, script_spans, "Isolated")
     if kind == "Metaspace":
