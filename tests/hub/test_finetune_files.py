@@ -11,9 +11,12 @@ HF = ROOT / "hf"
 
 
 def _run(src, out, *extra):
-    return cli.main(["finetune", "--hf", str(src), "--data", str(ROOT / "python-docs-slice.txt"),
-                     "--out", str(out), "--steps", "2", "--batch-size", "1", "--seq-len", "8",
-                     "--eval-every", "2", "--no-progress", *extra])
+    data = out.parent / "data.txt"
+    if not data.exists():
+        data.write_text((ROOT / "python-docs-slice.txt").read_text("utf-8")[:3000], "utf-8")
+    return cli.main(["finetune", "--hf", str(src), "--data", str(data), "--out", str(out),
+                     "--steps", "2", "--batch-size", "1", "--seq-len", "8", "--eval-every", "2",
+                     "--no-progress", *extra])
 
 
 def test_finetune_keeps_side_files_and_states_the_optimizer_state(tmp_path, capsys):
