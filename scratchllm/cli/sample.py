@@ -16,7 +16,7 @@ import numpy as np
 
 from scratchllm.cli.common import Parser, float_in, int_at_least, run
 from scratchllm.hub import FAMILIES, eos_ids, load_pretrained, load_tokenizer
-from scratchllm.lm import generate
+from scratchllm.lm import generate, token_bytes
 from scratchllm.tokenizer import EOT, chat_template_of, encode_chat
 from scratchllm.train import load_model
 
@@ -82,6 +82,10 @@ def _sample(args):
         (model, tok, _), stop = load_model(args.checkpoint), ()
     prompt = _chat_prompt(args, tok, template, specials) if args.chat is not None else \
         args.prompt
+    if args.heal and token_bytes(tok) is None:
+        raise ValueError(f"--heal: the {type(getattr(tok, 'inner', tok)).__name__} tokenizer "
+                         f"does not expose its tokens' bytes (byte-level and SentencePiece "
+                         f"tokenizers do)")
     if args.chat is None:
         sys.stdout.write(args.prompt)
     pieces = 0

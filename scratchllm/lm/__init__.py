@@ -6,8 +6,8 @@ from .block import Block
 from .config import ModelConfig, preset
 from .encoder import EncoderDecoder, MaskedLM, encoder_layer, masked_lm_config, mlm_corrupt
 from .model import LM, loss_pair
-from .sampling import generate, generate_ids, sample_next
+from .sampling import generate, generate_ids, heal, sample_next, stream_text, token_bytes
 
 __all__ = ["Block", "EncoderDecoder", "LM", "MaskedLM", "ModelConfig", "encoder_layer",
-           "generate", "generate_ids", "loss_pair", "masked_lm_config", "mlm_corrupt", "preset",
-           "sample_next"]
+           "generate", "generate_ids", "heal", "loss_pair", "masked_lm_config", "mlm_corrupt",
+           "preset", "sample_next", "stream_text", "token_bytes"]

@@ -72,8 +72,12 @@ def generate_ids(model, prompt_ids, max_new_tokens, rng, stop_ids=(), first_allo
 
 
 def token_bytes(tokenizer):
-    """{id: bytes} of every ordinary token: a byte-level Tokenizer's vocab, or a SentencePiece
-    model's pieces (▁ as a space, <0xNN> as its byte); None for other tokenizers."""
+    """{id: bytes} of every ordinary token: a byte-level Tokenizer's vocab, a SentencePiece
+    model's pieces (▁ as a space, <0xNN> as its byte), a tokenizer.json pipeline's own
+    token_bytes(); None for other tokenizers."""
+    own = getattr(tokenizer, "token_bytes", None)
+    if callable(own):
+        return own()
     vocab = getattr(tokenizer, "vocab", None)
     if isinstance(vocab, dict) and all(isinstance(v, bytes) for v in vocab.values()):
         special = set(tokenizer.special_tokens.values())

@@ -19,12 +19,15 @@ matched, as in `tokenizers`.
 """
 import regex
 
+from .gpt2 import bytes_to_unicode
 from .hf_decoders import build_decoder
 from .hf_models import build_model
 from .hf_normalizers import build_normalizer
 from .hf_pretokenizers import build_pretokenizer
 from .specials import check_disallowed, special_plan
 
+_CHAR_BYTE = {c: b for b, c in bytes_to_unicode().items()}
+_BYTE_PIECE = regex.compile(r"<0x[0-9A-Fa-f]{2}>")
 _WORD = regex.compile(r"[\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}]")  # Rust's \w
 _SPACE = regex.compile(r"\p{White_Space}")
 _SPACES = regex.compile(r"\p{White_Space}*")
@@ -58,6 +61,13 @@ def _find_added(text, tokens):
     return out
 
 
+def _kinds(spec, key):
+    """The set of "type"s in a (possibly nested Sequence) tokenizer.json component."""
+    if not spec:
+        return set()
+    return {spec.get("type")}.union(*(_kinds(s, key) for s in spec.get(key, [])))
+
+
 class HFPipeline:
     """A tokenizer.json's normalizer, pre_tokenizer, model, decoder and added tokens (see the
     module docstring). special_tokens: {content: id} of the special added tokens."""
@@ -69,6 +79,7 @@ class HFPipeline:
         self.normalize = build_normalizer(spec.get("normalizer"), where)
         self.pretokenize = build_pretokenizer(spec.get("pre_tokenizer"), where)
         self.decoder = build_decoder(spec.get("decoder"), where)
+        self.decoder_kinds = _kinds(spec.get("decoder"), "decoders")
         self.added = [dict(t, normalized=t.get("normalized", not t.get("special")))
                       for t in spec.get("added_tokens", [])]
         for t in self.added:
@@ -122,6 +133,22 @@ class HFPipeline:
         """Ids of text with special-token strings as ordinary text (`tokenizers`'
         encode_special_tokens=True)."""
         return self._ids(self._words(text, set()))
+
+    def token_bytes(self):
+        """{id: bytes} of every ordinary token, for token healing: what the token adds to the
+        text. Known when the decoder is byte-level (GPT-2's printable bytes) or SentencePiece-
+        like (Metaspace / Replace("▁", " ") with <0xNN> byte fallback); None otherwise
+        (WordPiece's "##" joins depend on the neighbour)."""
+        kinds = self.decoder_kinds
+        special = set(self.special_tokens.values())
+        if "ByteLevel" in kinds:
+            return {i: bytes(_CHAR_BYTE[c] for c in t) for i, t in self.tokens.items()
+                    if i not in special and all(c in _CHAR_BYTE for c in t)}
+        if kinds & {"Metaspace", "Replace"} and not kinds & {"WordPiece", "CTC", "BPEDecoder"}:
+            return {i: bytes([int(t[3:5], 16)]) if _BYTE_PIECE.fullmatch(t)
+                    else t.replace("\u2581", " ").encode("utf-8")
+                    for i, t in self.tokens.items() if i not in special}
+        return None
 
     def decode(self, ids, *, skip_special_tokens=False):
         """The text of ids: their token strings through the decoder."""

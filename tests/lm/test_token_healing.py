@@ -59,3 +59,27 @@ def test_heal_masks_the_tokens_that_extend_the_last_one():
     assert shorter == ids[:-1] and tail == b":"
     assert {tok.vocab[i] for i in np.flatnonzero(allowed)} == \
         {b for b in tok.vocab.values() if b.startswith(b":")}
+
+
+def test_a_tokenizer_json_pipeline_gives_its_token_bytes():
+    """Byte-level and SentencePiece-like tokenizer.json pipelines (HFPipeline) expose the
+    bytes healing needs; WordPiece does not."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    from scratchllm.tokenizer import HFPipeline
+    data = json.loads(gzip.decompress((Path(__file__).resolve().parents[1] / "fixtures" / "hf" /
+                                       "pipelines.json.gz").read_bytes()))
+
+    def pipeline(name):
+        case = data["cases"][name]
+        return HFPipeline(dict(case["spec"], model=data["models"][case["model"]]))
+    byte_level = pipeline("digits_individual")
+    table = sampling.token_bytes(byte_level)
+    ids = byte_level.encode_ordinary("Hello world 🙂")
+    assert b"".join(table[i] for i in ids) == "Hello world 🙂".encode()
+    gemma = pipeline("metaspace_gemma_replace")
+    ids = gemma.encode_ordinary("héllo wörld")
+    assert b"".join(sampling.token_bytes(gemma)[i] for i in ids) == "héllo wörld".encode()  # no dummy prefix
+    assert sampling.token_bytes(pipeline("bert_normalizer_default")) is None
