@@ -105,12 +105,19 @@ def heal(tokenizer, prompt_ids, vocab_size):
     table = token_bytes(tokenizer)
     if table is None or len(prompt_ids) < 2 or prompt_ids[-1] not in table:
         return list(prompt_ids), None, b""
+    shorter, allowed = heal_table(table, prompt_ids, vocab_size)
+    return shorter, allowed, table[prompt_ids[-1]]
+
+
+def heal_table(table, prompt_ids, vocab_size):
+    """heal's step on a {id: bytes} table: (prompt_ids without the last id, mask (V,) of the
+    ids whose bytes start with the last id's bytes)."""
     tail = table[prompt_ids[-1]]
     allowed = np.zeros(vocab_size, dtype=bool)  # (V,)
     for i, b in table.items():
         if i < vocab_size and b.startswith(tail):
             allowed[i] = True
-    return list(prompt_ids[:-1]), allowed, tail
+    return list(prompt_ids[:-1]), allowed
 
 
 def stream_text(tokenizer, ids, context=()):
