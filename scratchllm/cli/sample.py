@@ -16,8 +16,8 @@ import numpy as np
 
 from scratchllm.cli.common import Parser, float_in, int_at_least, run
 from scratchllm.hub import FAMILIES, eos_ids, load_pretrained, load_tokenizer
-from scratchllm.lm import generate, token_bytes
-from scratchllm.tokenizer import EOT, chat_template_of, encode_chat
+from scratchllm.lm import generate
+from scratchllm.tokenizer import EOT, chat_template_of, encode_chat, token_bytes
 from scratchllm.train import load_model
 
 

@@ -6,8 +6,8 @@ from .block import Block
 from .config import ModelConfig, preset
 from .encoder import EncoderDecoder, MaskedLM, encoder_layer, masked_lm_config, mlm_corrupt
 from .model import LM, loss_pair
-from .sampling import generate, generate_ids, heal, sample_next, stream_text, token_bytes
+from .sampling import generate, generate_ids, heal, sample_next, stream_text
 
 __all__ = ["Block", "EncoderDecoder", "LM", "MaskedLM", "ModelConfig", "encoder_layer",
            "generate", "generate_ids", "heal", "loss_pair", "masked_lm_config", "mlm_corrupt",
-           "preset", "sample_next", "stream_text", "token_bytes"]
+           "preset", "sample_next", "stream_text"]

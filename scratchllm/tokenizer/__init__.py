@@ -10,6 +10,7 @@ unigram_em.py), tokenizer.json and .model files (unigram_files.py). SentencePiec
 fallback, the Llama-2 form (spm_bpe.py), trained as sentencepiece trains it (spm_bpe_train.py). Of the rest of scratchllm it uses core's atomic
 writer only (its CLI is scratchllm.cli.bpe)."""
 from .chat import chat_template_of, encode_chat, render_chat
+from .healing import heal_table, token_bytes
 from .hf_json import from_tokenizer_json, tokenizer_from_spec
 from .hf_pipeline import HFPipeline
 from .tokenizer import EOT, TOKENIZER_FILE, Tokenizer
@@ -24,5 +25,5 @@ from .unigram_train import TrainerSpec, train_unigram
 __all__ = ["EOT", "HFPipeline", "Normalizer", "SentencePieceBPE", "TOKENIZER_FILE", "Tokenizer",
            "TrainerSpec", "Unigram", "chat_template_of", "encode_chat", "from_tokenizer_json",
            "load_bpe_json", "load_sentencepiece", "load_unigram_json", "render_chat",
-           "save_unigram_json", "tokenizer_from_spec", "train_bpe", "train_bpe_ref",
+           "save_unigram_json", "heal_table", "token_bytes", "tokenizer_from_spec", "train_bpe", "train_bpe_ref",
            "train_sentencepiece_bpe", "train_unigram"]

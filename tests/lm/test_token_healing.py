@@ -5,7 +5,7 @@ letting the first token be any token that starts with ":" lets it pick "://"."""
 import numpy as np
 
 from scratchllm.lm import sampling
-from scratchllm.tokenizer import Tokenizer, train_bpe
+from scratchllm.tokenizer import Tokenizer, token_bytes, train_bpe
 
 CORPUS = " ".join(f"see https://{w}.org now" for w in ["a", "bb", "ccc", "dd"] * 30) + \
     " note: x note: y"
@@ -76,10 +76,10 @@ def test_a_tokenizer_json_pipeline_gives_its_token_bytes():
         case = data["cases"][name]
         return HFPipeline(dict(case["spec"], model=data["models"][case["model"]]))
     byte_level = pipeline("digits_individual")
-    table = sampling.token_bytes(byte_level)
+    table = token_bytes(byte_level)
     ids = byte_level.encode_ordinary("Hello world 🙂")
     assert b"".join(table[i] for i in ids) == "Hello world 🙂".encode()
     gemma = pipeline("metaspace_gemma_replace")
     ids = gemma.encode_ordinary("héllo wörld")
-    assert b"".join(sampling.token_bytes(gemma)[i] for i in ids) == "héllo wörld".encode()  # no dummy prefix
-    assert sampling.token_bytes(pipeline("bert_normalizer_default")) is None
+    assert b"".join(token_bytes(gemma)[i] for i in ids) == "héllo wörld".encode()  # no dummy prefix
+    assert token_bytes(pipeline("bert_normalizer_default")) is None

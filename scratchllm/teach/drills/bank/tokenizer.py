@@ -1,9 +1,9 @@
 """The drills of scratchllm.tokenizer: one merge step of byte-level BPE training; token
-healing at the prompt boundary (scratchllm.lm.sampling.heal)."""
+healing at the prompt boundary (tokenizer.healing.heal_table, used by lm.sampling.heal)."""
 import numpy as np
 
-from scratchllm.lm import sampling
 from scratchllm.teach.drills.bank._common import drill
+from scratchllm.tokenizer import heal_table
 from scratchllm.tokenizer import train as bpe_train
 
 
@@ -70,7 +70,7 @@ def _bpe_vs_library(fn):
 
 
 # ---------------------------------------------------------------------------- token healing
-@drill("token_healing", 15, "scratchllm/lm/sampling.py", '''
+@drill("token_healing", 15, "scratchllm/tokenizer/healing.py", '''
     def token_healing(token_bytes, prompt_ids, vocab_size):
         """Token healing at the prompt boundary.
 
@@ -83,10 +83,10 @@ def _bpe_vs_library(fn):
         """
 ''', [
     ("'https:' backs up to allow ':', '://', '::'", lambda fn: _healing_url(fn)),
-    ("agrees with scratchllm's lm.heal on a trained vocab", lambda fn: _healing_vs_library(fn)),
+    ("agrees with scratchllm's heal_table on a trained vocab", lambda fn: _healing_vs_library(fn)),
 ])
 def _token_healing(token_bytes, prompt_ids, vocab_size):
-    return sampling.heal_table(token_bytes, list(prompt_ids), vocab_size)
+    return heal_table(token_bytes, list(prompt_ids), vocab_size)
 
 
 def _healing_url(fn):
@@ -109,5 +109,5 @@ def _healing_vs_library(fn):
     shorter, allowed = fn(table, ids, 270)
     want = np.array([i in table and table[i].startswith(table[ids[-1]]) for i in range(270)])
     if list(shorter) != ids[:-1] or not np.array_equal(np.asarray(allowed, bool), want):
-        raise AssertionError("the allowed ids differ from lm.heal's")
+        raise AssertionError("the allowed ids differ from heal_table's")
     return "ok"
