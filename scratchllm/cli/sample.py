@@ -4,7 +4,9 @@ LatentKVState for MLA in the absorbed form, MambaState for Mamba). Text streams 
 produced. The sampling itself (temperature, top-k, top-p) is scratchllm/lm/sampling.py.
 --hf DIR samples a Hugging Face checkpoint directory (config.json, model.safetensors,
 tokenizer.json) of a family scratchllm.hub reads (listed below, from its registry); it
-stops at the checkpoint's eos_token_id (generation_config.json, else config.json).
+stops at the checkpoint's eos_token_id (generation_config.json, else config.json). An
+encoder-decoder (t5, switch_transformers) reads the prompt as its source and prints what its
+decoder writes.
 --chat "question" sends the question as a conversation through the directory's chat template
 (chat_template.jinja or tokenizer_config.json): the ids transformers' apply_chat_template(...,
 add_generation_prompt=True) gives, BOS included; what an instruct model expects. The question
@@ -16,7 +18,7 @@ import numpy as np
 
 from scratchllm.cli.common import Parser, float_in, int_at_least, run
 from scratchllm.hub import FAMILIES, eos_ids, load_pretrained, load_tokenizer
-from scratchllm.lm import generate
+from scratchllm.lm import Seq2SeqLM, generate
 from scratchllm.tokenizer import EOT, chat_template_of, encode_chat, token_bytes
 from scratchllm.train import load_model
 
@@ -86,8 +88,8 @@ def _sample(args):
         raise ValueError(f"--heal: the {type(getattr(tok, 'inner', tok)).__name__} tokenizer "
                          f"does not expose its tokens' bytes (byte-level and SentencePiece "
                          f"tokenizers do)")
-    if args.chat is None:
-        sys.stdout.write(args.prompt)
+    if args.chat is None and not isinstance(model, Seq2SeqLM):  # a continuation follows
+        sys.stdout.write(args.prompt)                             # its prompt
     pieces = 0
     for piece in generate(model, tok, prompt, args.max_tokens,
                           np.random.default_rng(args.seed), temperature=args.temperature,

@@ -16,6 +16,7 @@ import codecs
 
 import numpy as np
 
+from scratchllm.lm.seq2seq import Seq2SeqLM
 from scratchllm.tokenizer import EOT, heal_table, token_bytes
 
 
@@ -69,6 +70,22 @@ def generate_ids(model, prompt_ids, max_new_tokens, rng, stop_ids=(), first_allo
         yield t
         if pos + 1 < len(prompt_ids) + max_new_tokens:
             logits = model.decode(np.array([t]), state, pos)  # (1, V)
+
+
+def generate_seq2seq_ids(model, source_ids, max_new_tokens, rng, stop_ids=(), **sampling):
+    """Yield up to max_new_tokens ids an encoder-decoder (Seq2SeqLM) samples after its
+    decoder start id, given source_ids (a non-empty list): the encoder runs once
+    (init_state keeps each decoder layer's cross-attention keys and values), then one decode
+    per token; a sampled id in stop_ids ends it (and is not yielded)."""
+    if not source_ids:
+        raise ValueError("generate: the source must hold at least one token")
+    state = model.init_state(1, max(max_new_tokens, 1), input_ids=np.array([source_ids]))
+    t = model.cfg.decoder_start_id
+    for pos in range(max_new_tokens):
+        t = sample_next(model.decode(np.array([t]), state, pos)[0], rng, **sampling)
+        if t in stop_ids:
+            return
+        yield t
 
 
 def heal(tokenizer, prompt_ids, vocab_size):
@@ -125,10 +142,21 @@ def generate(model, tokenizer, prompt, max_new_tokens=100, rng=None, allow_speci
     starts from <|endoftext|>, i.e. at the start of a document. The prompt text is ordinary
     text (a special-token string in it never becomes the control token) unless allow_special.
     sampling: sample_next's temperature, top_k, top_p, and heal=True for token healing (the
-    yielded text then starts with the rest of the healed token; see heal)."""
+    yielded text then starts with the rest of the healed token; see heal).
+    With an encoder-decoder (Seq2SeqLM) the prompt is the source, ended by the tokenizer's
+    post-processor suffix (T5's </s>), and the pieces are the decoder's output."""
     rng = np.random.default_rng() if rng is None else rng
     healing = sampling.pop("heal", False)
     eot = tokenizer.special_tokens.get(EOT)
+    if isinstance(model, Seq2SeqLM):  # the prompt is the source, with the tokenizer's
+        encode = tokenizer.encode if allow_special else tokenizer.encode_ordinary  # suffix
+        extra = {"add_special_tokens": True} if hasattr(tokenizer, "suffix") else {}
+        source = list(prompt) if isinstance(prompt, (list, tuple)) else \
+            list(encode(prompt, **extra))
+        ids = generate_seq2seq_ids(model, source, max_new_tokens, rng,
+                                   stop_ids={eot, *stop_ids} - {None}, **sampling)
+        yield from stream_text(tokenizer, ids)
+        return
     if isinstance(prompt, (list, tuple)):
         prompt_ids = [int(i) for i in prompt]
     elif not prompt:
