@@ -195,8 +195,8 @@ def _fast_sentencepiece_bpe(spec):
 def _fast_byte_level(spec):
     """The forms _byte_level reproduces: a Unicode normal form or none, ByteLevel / Split
     (Isolated) pre-tokenizers with one regex, plain added tokens."""
-    model, pre = spec["model"], spec.get("pre_tokenizer")
-    if (spec.get("normalizer") or {}).get("type", "NFC") not in NORMALIZERS or \
+    model, pre, norm = spec["model"], spec.get("pre_tokenizer"), spec.get("normalizer")
+    if norm is not None and norm.get("type") not in NORMALIZERS or \
             model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") or \
             model.get("byte_fallback") or not _plain_added(spec):
         return False
