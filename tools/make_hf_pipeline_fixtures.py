@@ -39,6 +39,8 @@ TEXTS = ["Hello world, héllo wörld! 你好，世界。 Привет мир. �
          "ctl\x00a\x07b\u200bc\ufeffd\u00ad e\ufffdf\u2028g \u3000wide\u00a0nbsp",
          "[CLS] hi [SEP] [MASK] <mask>x <s>y</s> <unk> ▁meta ▁ space",
          "  lead and trail  ", "1+1=2, 2024-06-01 12:30; ¹²³ ০১২", " ", "",
+         "newer characters: ab\U0001f972cd \U0001fae0x \u0560\u0588 a\u061cb \u0953\u0915 "
+         "\u08be\u0628 \U0001e900z",
          CORPUS[500:1300]]
 CHARSMAP = "@precompiled_charsmap"  # where a case's spec holds the one shared blob
 SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]", "<s>", "</s>", "<unk>", "<mask>"]

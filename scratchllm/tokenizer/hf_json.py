@@ -169,14 +169,12 @@ def _metaspace_ok(pre, split_ok):
 
 def _fast_unigram(spec):
     """The forms unigram_files.load_unigram_json reproduces: NFKC / Precompiled / no rules,
-    a Metaspace pre-tokenizer (its split changes nothing when no piece holds ▁ past its
-    first character)."""
+    a Metaspace pre-tokenizer (with split, each ▁-word is segmented alone)."""
     norm = spec.get("normalizer")
     steps = norm.get("normalizers", [None]) if norm and norm.get("type") == "Sequence" else \
         [norm]
-    split_ok = not any(SPACE in p[1:] for p, _ in spec["model"]["vocab"])
     return len(steps) <= 1 and (steps[0] or {}).get("type") in (None, "NFKC", "Precompiled") \
-        and _metaspace_ok(spec.get("pre_tokenizer"), split_ok) and _plain_added(spec)
+        and _metaspace_ok(spec.get("pre_tokenizer"), True) and _plain_added(spec)
 
 
 def _fast_sentencepiece_bpe(spec):

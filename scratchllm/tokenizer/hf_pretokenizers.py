@@ -22,9 +22,9 @@ Empty pieces are dropped. The kinds:
     Digits            Nd | Nl | No: each digit alone (individual_digits) or runs (Contiguous)
     CharDelimiterSplit  the delimiter, Removed
     UnicodeScripts    a cut where the script changes (" " belongs to every script; Hiragana,
-                      Katakana and U+30FC count as Han). Python `regex`'s Script property;
-                      tokenizers' table is from an older Unicode, so characters assigned since
-                      (none in the fixtures) may cut differently
+                      Katakana and U+30FC count as Han). Python `regex`'s Script property,
+                      corrected by hf_scripts.OVERRIDES where tokenizers' older table differs
+                      (tools/make_hf_scripts_table.py probes tokenizers for every code point)
     Metaspace         " " -> replacement, then the replacement before a piece (prepend_scheme
                       always; first: only at_start; never) that does not start with it, then
                       (split) cut before each replacement (MergedWithNext)
@@ -35,12 +35,14 @@ Empty pieces are dropped. The kinds:
     Sequence          each in turn on every piece
 """
 
+import bisect
 import functools
 
 import regex
 
 from .gpt2 import bytes_to_unicode
 from .hf_normalizers import pattern_regex
+from .hf_scripts import OVERRIDES
 from .pretokenize import PATTERNS
 
 BEHAVIORS = ("Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous")
@@ -67,6 +69,7 @@ _SCRIPTS = ("Adlam Ahom AnatolianHieroglyphs Arabic Armenian Avestan Balinese Ba
             "SignWriting Sinhala SoraSompeng Sundanese SylotiNagri Syriac Tagalog Tagbanwa TaiLe "
             "TaiTham TaiViet Takri Tamil Tangut Telugu Thaana Thai Tibetan Tifinagh Tirhuta "
             "Ugaritic Vai WarangCiti Yi").split()
+_STARTS = [a for a, _, _ in OVERRIDES]
 _SCRIPT = regex.compile("|".join(f"(?P<{s}>\\p{{Script={s}}})" for s in _SCRIPTS))
 
 
@@ -132,9 +135,16 @@ def unicode_script(c):
     return m.lastgroup if m else None
 
 
-def _script(c):
+def hf_script(c, table=True):
+    """The script UnicodeScripts gives c: regex's, Hiragana, Katakana and U+30FC as Han, None
+    ("Any": joins every script) for " " and, with table, tokenizers' own answer where it
+    differs (hf_scripts.OVERRIDES: characters newer than its table are Any)."""
     if c == " ":
-        return None                           # "Any": joins every script
+        return None
+    if table and OVERRIDES:
+        k = bisect.bisect_right(_STARTS, ord(c)) - 1
+        if k >= 0 and OVERRIDES[k][0] <= ord(c) <= OVERRIDES[k][1]:
+            return OVERRIDES[k][2]
     if ord(c) == 0x30FC:
         return "Han"
     s = unicode_script(c)
@@ -145,7 +155,7 @@ def script_spans(text):
     """UnicodeScripts' cuts (unicode_scripts/pre_tokenizer.rs), as Isolated spans."""
     cuts, last = [], None
     for i, c in enumerate(text):
-        s = _script(c)
+        s = hf_script(c)
         if s is not None and last != s:
             cuts.append(i)           # (a first character of "Any" is not a cut: it is dropped)
         if s is not None:

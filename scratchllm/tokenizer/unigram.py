@@ -22,6 +22,7 @@ and replace only on a strictly better score).
 Glossary: piece = vocabulary string; score = log p(piece); lattice edge = (start, end, id).
 """
 import numpy as np
+import regex
 
 from .charsmap import SPACE
 from .normalizer import Normalizer
@@ -31,6 +32,7 @@ from .spm_decode import sentencepiece_decode
 from .unigram_lattice import PieceTrie, code_points, lattice_edges, viterbi
 
 UNK_PENALTY = 10.0
+_BEFORE_SPACE = regex.compile(f"(?={SPACE})")
 
 
 class Unigram:
@@ -45,6 +47,7 @@ class Unigram:
     of rounding can break an exact tie), HF tokenizers float64."""
 
     sentencepiece_kinds = None   # {id: "control" | "unknown" | "byte"}: decode as SentencePiece
+    split_pieces = False         # segment each ▁-word alone (HF's Metaspace split=true)
 
     def __init__(self, pieces, unk_id=0, special_tokens=None, *, normalizer=Normalizer(),
                  byte_fallback=False, unused=(), fuse_unk=False, score_dtype="float64"):
@@ -87,7 +90,20 @@ class Unigram:
 
     def _segment_ids(self, x):
         """Ids of the best (Viterbi) segmentation of the normalised text x."""
-        return self._batch_ids([x])[0]
+        return self._split_ids([x])[0]
+
+    def _split_ids(self, xs):
+        """_batch_ids, each text first cut before every ▁ when split_pieces (HF's Metaspace
+        with split: one lattice per word, so float sums, and their ties, are the word's)."""
+        if not self.split_pieces:
+            return self._batch_ids(xs)
+        parts = [[p for p in _BEFORE_SPACE.split(x) if p] for x in xs]
+        flat = self._batch_ids([p for ps in parts for p in ps])
+        out, k = [], 0
+        for ps in parts:
+            out.append([i for ids in flat[k:k + len(ps)] for i in ids])
+            k += len(ps)
+        return out
 
     def segment_ids(self, xs):
         """[Viterbi ids of x for x in xs]: texts already normalised (no normaliser run; what
@@ -152,7 +168,7 @@ class Unigram:
 
     def encode_ordinary_batch(self, texts):
         """[encode_ordinary(t) for t in texts], segmented in one kernel call."""
-        return self._batch_ids([self.normalize(t) for t in texts])
+        return self._split_ids([self.normalize(t) for t in texts])
 
     def nbest(self, text, n):
         """The n most likely segmentations of text (ordinary): [(ids, log P)], best first."""

@@ -80,9 +80,11 @@ def unigram_from_json(spec, where):
         raise ValueError(f"{where}: model type is {model.get('type')!r}, expected 'Unigram'")
     specials = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t.get("special")
                 and t["id"] != model.get("unk_id")}
-    return Unigram([tuple(v) for v in model["vocab"]], unk_id=model.get("unk_id") or 0,
-                   special_tokens=specials, normalizer=_hf_normalizer(spec, where),
-                   byte_fallback=bool(model.get("byte_fallback")), fuse_unk=True)
+    tok = Unigram([tuple(v) for v in model["vocab"]], unk_id=model.get("unk_id") or 0,
+                  special_tokens=specials, normalizer=_hf_normalizer(spec, where),
+                  byte_fallback=bool(model.get("byte_fallback")), fuse_unk=True)
+    tok.split_pieces = bool(spec["pre_tokenizer"].get("split", True))
+    return tok
 
 
 def save_unigram_json(tok, path):
