@@ -6,6 +6,7 @@ HFPipeline is checked on it too."""
 import gzip
 import json
 from pathlib import Path
+from re import escape as regex_escape
 
 import pytest
 
@@ -58,3 +59,22 @@ def test_decode_equals_hf_tokenizers(name):
     tok = HFPipeline(spec_of(name), name)
     for k, ids in enumerate(case["encode"]):
         assert tok.decode(ids) == case["decode"][k], f"{name} text {k}"
+
+
+def test_what_the_pipeline_cannot_honour_is_named():
+    spec = spec_of("whitespace")
+    bad = {"model": dict(spec["model"], dropout=0.1),
+           "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "a"}, "behavior": "Sideways",
+                             "invert": False},
+           "normalizer": {"type": "Replace", "pattern": {"Glob": "*"}, "content": ""}}
+    messages = {"model": "BPE dropout 0.1 is not implemented",
+                "pre_tokenizer": "Split behavior 'Sideways' is not one of",
+                "normalizer": "neither {'String': s} nor {'Regex': r}"}
+    for field, value in bad.items():
+        with pytest.raises(ValueError, match=regex_escape(messages[field])):
+            HFPipeline(dict(spec, **{field: value}), "case")
+    with pytest.raises(ValueError, match="model type 'Char' is not one of"):
+        HFPipeline(dict(spec, model={"type": "Char"}), "case")
+    with pytest.raises(ValueError, match="WordLevel: 'zzz' is not in the vocab and there is no"):
+        HFPipeline(dict(spec, model={"type": "WordLevel", "vocab": {"a": 0}}),
+                   "case").encode_ordinary("zzz")
