@@ -25,7 +25,8 @@ What a byte-level file holds and what becomes of it in the fast form:
     model.ignore_merges  (Llama 3) a pre-token that is itself in the vocab is that one id,
                     whatever the merges would make of it
     pre_tokenizer   ByteLevel (GPT-2's regex when use_regex), or Split(Regex) followed by
-                    ByteLevel(use_regex=False) (Llama 3, Qwen2), or a Sequence of these
+                    ByteLevel(use_regex=False) (Llama 3, Qwen2), or a Sequence of these, or
+                    Digits then ByteLevel (SmolLM2: one regex, DIGITS_GPT2)
                     -> the Tokenizer's pattern (a Split regex that is not a built-in one also
                     keeps the gaps between its matches, as Isolated does)
                     ByteLevel add_prefix_space: a space before every piece of text (between
@@ -109,6 +110,8 @@ def _pattern(path, pre):
     """(regex pattern, prefix mode) of a byte-level pre-tokenizer (ByteLevel / Split /
     Sequence); the mode is HFByteLevel's prefix (None without add_prefix_space)."""
     steps = pre.get("pretokenizers", []) if pre and pre.get("type") == "Sequence" else [pre]
+    if _digits_then_gpt2(steps):
+        return DIGITS_GPT2[bool(steps[0].get("individual_digits"))], None
     pattern = prefix = None
     for step in steps:
         kind = (step or {}).get("type")
@@ -133,6 +136,22 @@ def _pattern(path, pre):
     if pattern is None:
         _fail(path, "no ByteLevel or Split pre-tokenizer: not a byte-level BPE tokenizer")
     return pattern, prefix
+
+
+# Digits then GPT-2's regex on each piece (SmolLM2, StarCoder2) as one regex over the whole
+# text: each numeric character alone (individual_digits) or numeric runs; GPT-2's
+# alternatives never meet a numeric inside a Digits piece, and its \s+(?!\S) sees the end of
+# the piece where a numeric follows, so the lookahead also lets a numeric follow.
+_GPT2_BETWEEN_DIGITS = (r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+"""
+                        r"""|\s+(?![^\s\p{N}])|\s+""")
+DIGITS_GPT2 = {True: r"\p{N}|" + _GPT2_BETWEEN_DIGITS, False: r"\p{N}+|" + _GPT2_BETWEEN_DIGITS}
+
+
+def _digits_then_gpt2(steps):
+    """Digits followed by ByteLevel(use_regex, no prefix space): DIGITS_GPT2's form."""
+    return len(steps) == 2 and (steps[0] or {}).get("type") == "Digits" and \
+        (steps[1] or {}).get("type") == "ByteLevel" and steps[1].get("use_regex", True) and \
+        not steps[1].get("add_prefix_space")
 
 
 def _isolated(pattern):
@@ -199,6 +218,8 @@ def _fast_byte_level(spec):
             model.get("byte_fallback") or not _plain_added(spec):
         return False
     steps = pre.get("pretokenizers", []) if pre and pre.get("type") == "Sequence" else [pre]
+    if _digits_then_gpt2(steps):
+        return True
     regexes = 0
     for step in steps:
         kind = (step or {}).get("type")
