@@ -78,3 +78,19 @@ def test_what_the_pipeline_cannot_honour_is_named():
     with pytest.raises(ValueError, match="WordLevel: 'zzz' is not in the vocab and there is no"):
         HFPipeline(dict(spec, model={"type": "WordLevel", "vocab": {"a": 0}}),
                    "case").encode_ordinary("zzz")
+
+
+def test_digits_regex_equals_the_pipeline_on_random_strings():
+    """The fast form of Digits + ByteLevel (one regex) cuts random strings of letters,
+    numerics of several kinds, spaces, newlines and punctuation as the step-by-step pipeline."""
+    import random
+    rnd = random.Random(0)
+    alphabet = ["a", "B", " ", "  ", "\n", "\t", "1", "23", "٣", "½", "Ⅻ", "'s", "'", ".", "$",
+                "é", "中", "🙂"]
+    for name in ("digits_individual", "digits_contiguous"):
+        spec = spec_of(name)
+        fast, slow = tokenizer_from_spec(spec, name), HFPipeline(spec, name)
+        assert not isinstance(fast.inner, HFPipeline)
+        for _ in range(300):
+            text = "".join(rnd.choice(alphabet) for _ in range(rnd.randrange(1, 12)))
+            assert fast.encode_ordinary(text) == slow.encode_ordinary(text), repr(text)
