@@ -94,8 +94,10 @@ class HFPipeline:
 
     def _words(self, text, allowed):
         """[int id of an added token | str pre-token] of text, in order."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode: text must be a str, got {type(text).__name__}")
         live = [t for t in self.added if not t.get("special") or t["content"] in allowed]
-        raw = [t for t in live if not t["normalized"]]
+        raw = [t for t in live if not t["normalized"] and t["content"]]
         normed = [dict(t, content=t["match"]) for t in live if t["normalized"] and t["match"]]
         out = []
         for a, b, tok in _find_added(text, raw):
