@@ -6,7 +6,8 @@ strftime_now; the template sees messages, add_generation_prompt and the tokenize
 tokens by name: bos_token, eos_token, ...).
 
 The template comes from chat_template.jinja, else tokenizer_config.json's "chat_template" (a
-string, or a list of {"name", "template"}: "default"). The rendered text is encoded with the
+string, or a list of {"name", "template"}: "default"), else chat_template.json's (the file
+a vision-language processor writes). The rendered text is encoded with the
 template's special tokens allowed (apply_chat_template encodes it with add_special_tokens=False,
 so a BOS appears only where the template writes bos_token).
 
@@ -52,6 +53,9 @@ def chat_template_of(path):
     if (path / TEMPLATE_FILE).is_file():
         return (path / TEMPLATE_FILE).read_text(encoding="utf-8"), specials
     template = config.get("chat_template")
+    if template is None and (path / "chat_template.json").is_file():   # processors' form
+        template = json.loads((path / "chat_template.json").read_text("utf-8")).get(
+            "chat_template")
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template}
         template = named.get("default")

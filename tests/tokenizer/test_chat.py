@@ -31,6 +31,9 @@ def test_chat_ids_equal_apply_chat_template(style):
 
 
 def test_template_file_wins_and_errors_are_named(tmp_path):
+    (tmp_path / "chat_template.json").write_text(json.dumps({"chat_template": "processor"}),
+                                                 encoding="utf-8")
+    assert chat_template_of(tmp_path) == ("processor", {})
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(
         {"chat_template": "config", "bos_token": {"content": "<s>"}}), encoding="utf-8")
     assert chat_template_of(tmp_path) == ("config", {"bos_token": "<s>"})
