@@ -34,7 +34,8 @@ import numpy as np
 
 from scratchllm.core import ops
 from scratchllm.core.nn import Module, Param, normal_init
-from scratchllm.core.validate import expect_douts, expect_float, expect_instance, expect_ndim
+from scratchllm.core.validate import (common_float, expect_douts, expect_float, expect_instance,
+                                      expect_ndim, expect_shape)
 from scratchllm.moe.experts import dispatch, relu_experts_backward, relu_experts_forward
 from scratchllm.moe.layer import MoEWeights
 from scratchllm.moe.losses import (sequence_balance_loss_backward, sequence_balance_loss_forward,
@@ -59,7 +60,7 @@ class SwitchCache(NamedTuple):
     counts: np.ndarray  # (E,) tokens routed per expert, before capacity
 
 
-def _check(fn, spec, w):
+def _check(fn, x, spec, w):
     expect_instance(fn, "spec", spec, MoESpec)
     expect_instance(fn, "w", w, MoEWeights)
     if spec.expert_capacity is None or spec.experts.kind != "relu":
@@ -72,6 +73,15 @@ def _check(fn, spec, w):
         raise ValueError(f"{fn}: w holds w_router (+ b_router), w1 and w2 only; got extra "
                          f"{extra}, w1 {'set' if w.w1 is not None else 'None'}, w2 "
                          f"{'set' if w.w2 is not None else 'None'}")
+    expect_float(fn, "x", x, 2)
+    D, E = x.shape[-1], spec.router.n_experts
+    for name, shape, hint in (("w_router", (D, E), "(D, E)"), ("w1", (E, D, None), "(E, D, F)"),
+                              ("w2", (E, None, D), "(E, F, D) matching w1")):
+        expect_float(fn, name, getattr(w, name))
+        expect_shape(fn, name, getattr(w, name), shape, hint)
+    expect_shape(fn, "w2", w.w2, (E, w.w1.shape[2], D), "(E, F, D) matching w1")
+    if w.b_router is not None:
+        expect_shape(fn, "b_router", w.b_router, (E,), "(E,)")
 
 
 def switch_moe_forward(x, w, *, spec):
@@ -84,8 +94,8 @@ def switch_moe_forward(x, w, *, spec):
              and expert_capacity C.
     Returns: SwitchOut(y like x, logits (..., E)).  Cache: SwitchCache.
     """
-    _check("switch_moe", spec, w)
-    expect_float("switch_moe", "x", x, 2)
+    x, w = common_float(x, w)
+    _check("switch_moe", x, spec, w)
     D, E = x.shape[-1], spec.router.n_experts
     xf = x.reshape(-1, D)  # (BT, D)
     group = x.shape[-2] if x.ndim >= 3 else 1  # tokens per sequence
