@@ -14,7 +14,9 @@ tokens with lstrip / rstrip / single_word) goes to hf_pipeline.HFPipeline, which
 step as `tokenizers` does. Either is wrapped with the post_processor's special tokens
 (hf_post.PostProcessed: encode(text, add_special_tokens=True) adds e.g. Llama's
 <|begin_of_text|>). An unknown type anywhere (normalizer, pre-tokenizer, model, decoder) is an
-error naming it, never silently dropped.
+error naming it, never silently dropped. The file's "truncation" and "padding" are options
+of a batch encode call (a length to cut or pad to), not of the text pipeline: encode never
+applies them.
 
 What a byte-level file holds and what becomes of it in the fast form:
     model.vocab     {GPT-2-spelled token: id}  -> {id: bytes} (gpt2.from_printable)
