@@ -18,7 +18,7 @@ Scale", neelnanda.io; Syed et al. 2023, arXiv 2310.10348): the first-order estim
 patch from one forward and one backward of the corrupt run,
     M(patched at site s, position t) - M(corrupt) ~ (a_clean - a_corrupt)[:, t] . dM/da[:, t]
 summed over the batch and D (M being the batch mean, dM/da carries the 1/B). dM/da comes from the hand-written backward: the
-unembedding's (LM.unembed_backward) and each sub-layer's Modules in reverse,
+head's (LM.head_backward) and each sub-layer's Modules in reverse,
     dM/dx_{l+1} = g;   dM/df_l = g;   dM/dm_l = g + N2^T(ffn^T(g))  (the stream before the FFN);
     dM/dx_l = dM/dm_l + N1^T(mixer^T(dM/dm_l))
 Where M is linear in a site (the last block's sites without a final norm) the estimate is exact.
@@ -82,7 +82,7 @@ def _trace(model, x0, patch=None):
             s = s + put(f"L{i}.ffn", f)
         x = put(f"L{i}.resid", s)
         caches.append((c_m, c_f))
-    logits, c_out = model.unembed_forward(x)
+    logits, c_out = model.head_forward(x)
     return acts, logits, (caches, c_out)
 
 
@@ -118,7 +118,7 @@ def site_gradients(model, ids, target, foil=None):
     saved = [p.grad.copy() for p in model.parameters()]
     acts, logits, (caches, c_out) = _trace(model, _embed(model, ids))
     M, dlogits = _metric(logits, int(target), None if foil is None else int(foil))
-    g = model.unembed_backward(dlogits.astype(logits.dtype), c_out)  # (B, T, D)
+    g = model.head_backward(dlogits.astype(logits.dtype), c_out)  # (B, T, D)
     grads = {}
     for i in reversed(range(len(model.layers))):
         layer, (c_m, c_f) = model.layers[i], caches[i]
