@@ -1,5 +1,6 @@
 """Experiments: the chapters' claims measured on a CPU (registry: EXPERIMENTS by name and
-run_experiment; one module per experiment: collapse, scale, heads, induction; base: Outcome,
+run_experiment; one module per experiment: collapse, scale, heads, induction, moe, experts, abf (loop:
+the training loop they share); base: Outcome,
 the modes and results.json), and the tools to look inside any LM (tools: logit_lens,
 direct_logit_attribution, attention_patterns, head_scores, steering_vector,
 steered_logits; patching: activation and attribution patching; memories: FFN key-value
