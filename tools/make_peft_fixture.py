@@ -6,8 +6,9 @@ torch, transformers and peft):
 
 peft's LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]) on
 the base; lora_B starts at zero in peft, so every lora_A and lora_B is redrawn from a seeded
-normal, rounded to float32 (an adapter that changes something, saved exactly). Written: adapter_config.json and
-adapter_model.safetensors by peft's save_pretrained, and expected.npz with ids (B, T) and
+normal, rounded to float32 (an adapter that changes something, saved exactly). Written:
+adapter_config.json and adapter_model.safetensors by peft's save_pretrained, and
+expected.npz with ids (B, T) and
 the float64 logits of the adapted model (peft's forward; merge_and_unload's agree) and of
 the base (base_logits).
 Reference: huggingface/peft src/peft/tuners/lora/layer.py (Linear.forward, get_delta_weight),

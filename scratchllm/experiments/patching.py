@@ -17,8 +17,9 @@ Attribution patching (Nanda 2023, "Attribution Patching: Activation Patching At 
 Scale", neelnanda.io; Syed et al. 2023, arXiv 2310.10348): the first-order estimate of every
 patch from one forward and one backward of the corrupt run,
     M(patched at site s, position t) - M(corrupt) ~ (a_clean - a_corrupt)[:, t] . dM/da[:, t]
-summed over the batch and D (M being the batch mean, dM/da carries the 1/B). dM/da comes from the hand-written backward: the
-head's (LM.head_backward) and each sub-layer's Modules in reverse,
+summed over the batch and D (M being the batch mean, dM/da carries the 1/B). dM/da comes from
+the hand-written backward: the head's (LM.head_backward) and each sub-layer's Modules in
+reverse,
     dM/dx_{l+1} = g;   dM/df_l = g;   dM/dm_l = g + N2^T(ffn^T(g))  (the stream before the FFN);
     dM/dx_l = dM/dm_l + N1^T(mixer^T(dM/dm_l))
 Where M is linear in a site (the last block's sites without a final norm) the estimate is exact.

@@ -134,8 +134,8 @@ def _check_config(path, c):
     refused = [k for k, b in bad.items() if b]
     if refused:
         found = ", ".join(f"{k}={c.get(k)!r}" for k in refused)
-        raise ValueError(f"load_adapter: {path} has {found}; this reads plain LoRA (peft_type LORA, bias none, no DoRA, one "
-                         f"rank and alpha for every module)")
+        raise ValueError(f"load_adapter: {path} has {found}; this reads plain LoRA (peft_type "
+                         f"LORA, bias none, no DoRA, one rank and alpha for every module)")
 
 
 def load_adapter(model, path):
