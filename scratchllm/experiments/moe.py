@@ -101,13 +101,17 @@ def _verdict(val_loss, val_curve):
     da, mo, dt = (val_loss[v] for v in ("dense_active", "moe", "dense_total"))
     gaps = [(st, lo - ref) for (st, lo), (_, ref) in zip(val_curve["moe"],
                                                           val_curve["dense_active"])]
-    ahead = [st for st, g in gaps if g < 0]
+    behind = [i for i, (_, g) in enumerate(gaps) if g >= 0]
+    ahead = [] if behind and behind[-1] == len(gaps) - 1 else \
+        [gaps[behind[-1] + 1 if behind else 0][0]]  # the step from which it stays ahead
+    worst = max(gaps, key=lambda sg: sg[1])
     between = dt <= mo <= da
     text = (f"val loss dense_active {da:.3f}, moe {mo:.3f}, dense_total {dt:.3f}, fine "
             f"{val_loss['fine']:.3f}: the MoE {'sits' if between else 'does not sit'} between "
             f"the two dense models. moe - dense_active is {gaps[0][1]:+.3f} at step "
             f"{gaps[0][0]} and {gaps[-1][1]:+.3f} at step {gaps[-1][0]}"
-            + (f" (ahead from step {ahead[0]})" if ahead else " (never ahead)") + ". ")
+            + (f" (ahead for good from step {ahead[0]})" if ahead else " (behind at the end)")
+            + f"; at worst {worst[1]:+.3f} at step {worst[0]}. ")
     gain = da - dt  # what the total size buys a dense model at this budget
     if gain < 0.01:
         text += (f"The dense model of the total size gains only {gain:+.3f} over the active "
