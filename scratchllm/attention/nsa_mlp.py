@@ -7,7 +7,7 @@ one φ for the keys and one for the values, shared by the heads. nsa_mlp_forward
 three gated branches (nsa.py: compressed, selected, sliding window) on these tokens, the
 selection ranking the l-token blocks by the overlap-weighted compressed attention.
 
-Backward: φ is core's gelu_mlp pair (linear, gelu, linear); dE = Σ over blocks of dX; the
+Backward: φ's linear, gelu and linear pairs in reverse; dE = Σ over blocks of dX; the
 blocks overlap when d < l, so dk_s = Σ over the blocks that hold token s of their row for s
 (a scatter-add: the backward of the gather X = k[blocks]); then nsa.py's branch backwards.
 
@@ -21,9 +21,10 @@ import numpy as np
 from scratchllm.attention.nsa import (block_starts, cmp_mask, nsa_branches_grads,
                                       nsa_branches, nsa_masked_dense, nsa_indices)
 from scratchllm.attention.sdpa import check_heads
-from scratchllm.core.gelu import gelu_mlp_backward, gelu_mlp_forward
-from scratchllm.core.validate import (expect_dout, expect_instance, expect_integer,
-                                      expect_shape)
+from scratchllm.core.gelu import gelu_backward, gelu_forward
+from scratchllm.core.ops import expect_linear, linear_backward, linear_forward, linear_out
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_instance,
+                                      expect_integer, expect_shape)
 from scratchllm.specs import NSASpec
 
 
@@ -39,7 +40,9 @@ class CompressWeights(NamedTuple):
 class CompressCache(NamedTuple):
     idx: np.ndarray   # (nb, l) the token of each block row
     shape: tuple      # x's shape (B, Hkv, T, Dh)
-    mlp: tuple        # gelu_mlp's cache
+    up: tuple         # the first linear's cache
+    act: tuple        # the gelu's cache
+    down: tuple       # the second linear's cache
 
 
 def nsa_compress_forward(x, w, *, block, stride):
@@ -51,31 +54,39 @@ def nsa_compress_forward(x, w, *, block, stride):
     """
     fn = "nsa_compress_forward"
     expect_instance(fn, "w", w, CompressWeights)
+    x, w = common_float(x, w)
+    expect_float(fn, "x", x)
     expect_shape(fn, "x", x, (None, None, None, None), "(B, Hkv, T, Dh)")
     B, Hkv, T, Dh = x.shape
     expect_integer(fn, "block", block, 1, T)
     expect_integer(fn, "stride", stride, 1, block)
     expect_shape(fn, "pos", w.pos, (block, Dh), "(block, Dh)")
-    expect_shape(fn, "w1", w.w1, (block * Dh, None), "(block·Dh, F)")
+    expect_linear(fn, block * Dh, w.w1, w.b1, ("w1", "b1"))
+    expect_linear(fn, w.w1.shape[1], w.w2, w.b2, ("w2", "b2"), d_out=Dh)
     idx = block_starts(T, block, stride)[:, None] + np.arange(block)  # (nb, l)
     X = x[:, :, idx] + w.pos  # (B, Hkv, nb, l, Dh)
     Z = X.reshape(B, Hkv, len(idx), block * Dh)  # (B, Hkv, nb, l·Dh)
-    y, c = gelu_mlp_forward(Z, w.w1, w.b1, w.w2, w.b2)  # (B, Hkv, nb, Dh)
-    return y, CompressCache(idx, x.shape, c)
+    h, up = linear_forward(Z, w.w1, w.b1)  # (B, Hkv, nb, F)
+    a, act = gelu_forward(h)  # (B, Hkv, nb, F)
+    y, down = linear_forward(a, w.w2, w.b2)  # (B, Hkv, nb, Dh)
+    return y, CompressCache(idx, x.shape, up, act, down)
 
 
 def nsa_compress_backward(dy, cache):
-    """Math: the module docstring's Backward (gelu_mlp's backward, the position sum, the
-    scatter-add over overlapping blocks).  Returns {"x": dx, "w": CompressWeights}."""
-    idx, shape, c = cache
+    """Math: the module docstring's Backward (the linear, gelu, linear backwards, the
+    position sum, the scatter-add over overlapping blocks).  Returns {"x", "w":
+    CompressWeights}."""
+    idx, shape, up, act, down = cache
     B, Hkv, T, Dh = shape
-    expect_dout("nsa_compress_backward", dy, (B, Hkv, len(idx), Dh), c.down.x.dtype, name="dy")
-    g = gelu_mlp_backward(dy, c)  # fwd: y = φ(Z)
-    dX = g["x"].reshape(B, Hkv, idx.shape[0], idx.shape[1], Dh)  # fwd: Z = vec(X + E)
-    dx = np.zeros(shape, dy.dtype)  # (B, Hkv, T, Dh)
+    expect_dout("nsa_compress_backward", dy, *linear_out(down), name="dy")
+    g_down = linear_backward(dy, down)  # fwd: y = a w2 + b2
+    dh = gelu_backward(g_down["x"], act)["x"]  # fwd: a = gelu(h)
+    g_up = linear_backward(dh, up)  # fwd: h = Z w1 + b1
+    dX = g_up["x"].reshape(B, Hkv, idx.shape[0], idx.shape[1], Dh)  # fwd: Z = vec(X + E)
+    dx = np.zeros(shape, dX.dtype)  # (B, Hkv, T, Dh)
     np.add.at(dx, (slice(None), slice(None), idx), dX)  # fwd: X = x[blocks] (overlapping)
-    return {"x": dx, "w": CompressWeights(dX.sum(axis=(0, 1, 2)), g["W1"], g["b1"], g["W2"],
-                                          g["b2"])}
+    return {"x": dx, "w": CompressWeights(dX.sum(axis=(0, 1, 2)), g_up["W"], g_up["b"],
+                                          g_down["W"], g_down["b"])}
 
 
 class NSAWeights(NamedTuple):
@@ -104,11 +115,17 @@ def _inputs(fn, q, k, v, w, gates, spec):
     expect_instance(fn, "spec", spec, NSASpec)
     expect_instance(fn, "w", w, NSAWeights)
     B, H, T, Dh, Hkv, Tk = check_heads(fn, q, k, v)
+    expect_float(fn, "gates", gates)
     if Tk != T:
         raise ValueError(f"{fn}: k has {Tk} positions and q {T}; NSA here is self-attention")
     if spec.block > T:
         raise ValueError(f"{fn}: spec.block={spec.block} is longer than the T={T} tokens")
     expect_shape(fn, "gates", gates, (B, H, T, 3), "(B, H, T, 3) gate logits (cmp, slc, win)")
+    for s in "kv":  # what the two compressions get, checked under this function's name
+        pos, w1, b1, w2, b2 = (getattr(w, f"{s}_{n}") for n in CompressWeights._fields)
+        expect_shape(fn, f"w.{s}_pos", pos, (spec.block, Dh), "(block, Dh)")
+        expect_linear(fn, spec.block * Dh, w1, b1, (f"w.{s}_w1", f"w.{s}_b1"))
+        expect_linear(fn, w1.shape[1], w2, b2, (f"w.{s}_w2", f"w.{s}_b2"), d_out=Dh)
     return CompressWeights(*w[:5]), CompressWeights(*w[5:]), spec.stride or spec.block
 
 
@@ -120,6 +137,7 @@ def nsa_mlp_forward(q, k, v, w, gates, *, spec):
     Returns: o (B, H, T, Dh).  Cache: the branches' outputs and caches, the gates, the two
              compressions' caches.
     """
+    q, k, v, w, gates = common_float(q, k, v, w, gates)
     wk, wv, stride = _inputs("nsa_mlp", q, k, v, w, gates, spec)
     k_cmp, c_k = nsa_compress_forward(k, wk, block=spec.block, stride=stride)  # (B,Hkv,nb,Dh)
     v_cmp, c_v = nsa_compress_forward(v, wv, block=spec.block, stride=stride)  # (B,Hkv,nb,Dh)

@@ -20,8 +20,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.ops import linear_backward, linear_forward
-from scratchllm.core.validate import expect_dout, expect_float, expect_instance, expect_shape
+from scratchllm.core.ops import expect_linear, linear_backward, linear_forward, linear_out
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_instance,
+                                      expect_shape)
 
 POOLINGS = ("mean", "cls")
 
@@ -83,7 +84,12 @@ class SequenceHeadCache(NamedTuple):
 def sequence_head_forward(h, w, mask=None, *, kind="cls"):
     """logits = pool(h) W + b: h (B, T, D), w HeadWeights -> (B, C) (C = 1: a reranker's
     score). mask and kind as pool_forward's."""
-    expect_instance("sequence_head_forward", "w", w, HeadWeights)
+    fn = "sequence_head_forward"
+    expect_instance(fn, "w", w, HeadWeights)
+    h, w = common_float(h, w)
+    expect_float(fn, "h", h)
+    expect_shape(fn, "h", h, (None, None, None), "(B, T, D)")
+    expect_linear(fn, h.shape[-1], w.W, w.b, ("w.W", "w.b"))
     e, c_pool = pool_forward(h, mask, kind=kind)  # (B, D)
     logits, c_lin = linear_forward(e, w.W, w.b)  # (B, C)
     return logits, SequenceHeadCache(c_pool, c_lin)
@@ -91,6 +97,7 @@ def sequence_head_forward(h, w, mask=None, *, kind="cls"):
 
 def sequence_head_backward(dlogits, cache):
     """The linear pair's backward, then the pooling's.  Returns {"h", "w": HeadWeights}."""
+    expect_dout("sequence_head_backward", dlogits, *linear_out(cache.linear), name="dlogits")
     g = linear_backward(dlogits, cache.linear)  # fwd: logits = e W + b
     dh = pool_backward(g["x"], cache.pool)["h"]  # fwd: e = pool(h)
     return {"h": dh, "w": HeadWeights(g["W"], g.get("b"))}

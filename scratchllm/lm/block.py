@@ -104,19 +104,19 @@ class Block(Module):
         y, c_post = norm.forward(x + m) if self.spec.placement == "post" else (x + m, None)
         return y, SublayerCache(c_norm, c_inner, c_out, c_post)
 
-    def _body(self, x, mix, context=None):
+    def _body(self, x, mix, read=None):
         """The block on x (..., D) with the mixer called as mix(a) -> (m, cache) (an MLP-only
-        layer skips it: h = x)."""
-        if (context is None) != (self.cross is None):
+        layer skips it: h = x) and the cross-attention as read(a) -> (m, cache) (None: the
+        block has none)."""
+        if (read is None) != (self.cross is None):
             raise ValueError("Block: a context goes with a cross-attention sub-layer and only "
                              f"with one (cross is {'None' if self.cross is None else 'set'}, "
-                             f"context is {'None' if context is None else 'given'})")
+                             f"context is {'None' if read is None else 'given'})")
         h, c_mix = (x, None) if self.mixer is None else self._sublayer(
             x, self.norm1, self.post_mixer_norm, mix)  # (..., D)
         c_cross = None
         if self.cross is not None:
-            h, c_cross = self._sublayer(h, self.norm_cross, None,
-                                        lambda a: self.cross.forward(a, context))
+            h, c_cross = self._sublayer(h, self.norm_cross, None, read)
         if self.ffn is None:
             return h, BlockCache(c_mix, c_cross, None)
         y, c_ffn = self._sublayer(h, self.norm2, self.post_ffn_norm, self.ffn.forward)
@@ -125,10 +125,11 @@ class Block(Module):
     def forward(self, x, context=None, packing=None):
         """x (B, T, D) [, context (B, Tc, D) with cross-attention] [, packing: a Packing of
         the documents in each row] -> (y (B, T, D), BlockCache)."""
+        read = None if context is None else (lambda a: self.cross.forward(a, context))
         if self.mixer is None:  # an MLP-only layer: every token on its own
-            return self._body(x, None, context)
+            return self._body(x, None, read)
         mix = self.mixer.forward if packing is None else self._packed_mixer(packing)
-        return self._body(x, mix, context)
+        return self._body(x, mix, read)
 
     def _packed_mixer(self, packing):
         """The mixer's forward on a packed batch: its own mask AND the same document, at
@@ -143,23 +144,31 @@ class Block(Module):
         positions = None if spec.rope is None else packing.positions  # (B, T)
         return lambda a: self.mixer.forward(a, positions, mask)
 
-    def prefill(self, x, state):
+    def _read_state(self, context):
+        """The cross-attention as read(a) over a decoding context (CrossAttention.
+        context_state of the encoder output: its keys and values, computed once)."""
+        return None if context is None else (lambda a: (self.cross.read(a, context), None))
+
+    def prefill(self, x, state, context=None):
         """A whole prompt x (B, T, D) -> y (B, T, D), filling this layer's fresh state (a mixer
         without a prefill of its own, like the recurrent ones, decodes the prompt step by
-        step)."""
+        step); context: the cross-attention's decoding context, with cross-attention."""
+        read = self._read_state(context)
         if self.mixer is None:
-            return self._body(x, None)[0]
+            return self._body(x, None, read)[0]
         if hasattr(self.mixer, "prefill"):
-            return self._body(x, lambda a: (self.mixer.prefill(a, state), None))[0]
+            return self._body(x, lambda a: (self.mixer.prefill(a, state), None), read)[0]
         return self._body(x, lambda a: (np.stack(
             [self.mixer.decode(a[:, t], state, t) for t in range(a.shape[1])], axis=1),
-            None))[0]
+            None), read)[0]
 
-    def decode(self, x_t, state, position):
-        """One token: x_t (B, D) -> y_t (B, D), updating this layer's state in place."""
+    def decode(self, x_t, state, position, context=None):
+        """One token: x_t (B, D) -> y_t (B, D), updating this layer's state in place;
+        context: the cross-attention's decoding context, with cross-attention."""
+        read = self._read_state(context)
         if self.mixer is None:
-            return self._body(x_t, None)[0]
-        return self._body(x_t, lambda a: (self.mixer.decode(a, state, position), None))[0]
+            return self._body(x_t, None, read)[0]
+        return self._body(x_t, lambda a: (self.mixer.decode(a, state, position), None), read)[0]
 
     # ------------------------------------------------------------------ backward
     def _sublayer_backward(self, dy, cache, norm, out_norm, back):

@@ -41,8 +41,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.validate import (expect_dout, expect_float, expect_instance, expect_integer,
-                                      expect_shape)
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_instance,
+                                      expect_integer, expect_shape)
 
 
 def hippo_legs(N):
@@ -136,6 +136,7 @@ def cauchy_kernel_forward(w, log_dt, *, L, discretization="bilinear"):
              Ã = Λ − p p* and C = Ĉ (I − Ā^L)^-1.  Cache: w, log Δ, ω, 1/d, the sums.
     Math: the module docstring.  O(H N L) work, O(H N L) cache.
     """
+    w, log_dt = common_float(w, log_dt)
     _check("cauchy_kernel_forward", w, log_dt, L, discretization)
     lam, p, B, C = _complex(w)  # (H, N)
     dt = np.exp(log_dt)[:, None, None]  # (H, 1, 1)
