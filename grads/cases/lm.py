@@ -61,6 +61,29 @@ def lm_dense(rng):
 
 
 @case
+def lm_mtp(rng):
+    """Multi-token prediction (lm/mtp.py) on whole tiny models: CE + (lambda / D) sum_k L^k
+    with D = 2 modules, every Param (the shared embedding and head get the trunk's and the
+    modules' gradients); untied, tied, and an MoE trunk whose modules end in MoE blocks."""
+    from dataclasses import replace
+
+    from scratchllm.lm import LM, loss_pair
+    from scratchllm.specs import MTPSpec
+    reports = []
+    for label, cfg in (("dense, D=2", replace(lm_tiny("dense"), mtp=MTPSpec(2, 0.5))),
+                       ("dense tied, D=1", replace(lm_tiny("dense", tie_embeddings=True),
+                                                   mtp=MTPSpec(1))),
+                       ("moe, D=2", replace(lm_tiny("moe"), mtp=MTPSpec(2)))):
+        model = LM(cfg, rng=rng, dtype=np.float64)
+        forward, backward, params = loss_pair(model)
+        V = cfg.vocab_size
+        reports.append(check(forward, backward, rng=rng, max_full=0, n_directions=2,
+                             label=label, ids=rng.integers(0, V, (2, 7)),
+                             targets=rng.integers(0, V, (2, 7)), **params))
+    return reports
+
+
+@case
 def lm_moe(rng):
     return _lm("moe", rng)
 

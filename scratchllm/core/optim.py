@@ -86,16 +86,19 @@ class AdamW:
                 buf[...] = state[name]
 
 
-def clip_grad_norm(params, max_norm):
+def clip_grad_norm(params, max_norm, across=None):
     """Scale every .grad by max_norm / (norm + 1e-6) when the global L2 norm exceeds max_norm
     (as torch.nn.utils.clip_grad_norm_). Returns the norm before clipping.
     A NaN or inf norm (some gradient holds NaN or inf) raises NonFiniteError and scales
     nothing, like torch's error_if_nonfinite=True: scaling by max_norm / inf would zero
-    every gradient, and NaN would pass through to the weights."""
+    every gradient, and NaN would pass through to the weights.
+    across: a function summing a float over processes when params are this process's shard
+    of the gradients (ZeRO-2/3: dist/zero_layers.py); None when they are all of them."""
     expect_finite("clip_grad_norm", "max_norm", max_norm, 0, open_low=True)
     params = list(params)
     squares = fused.sum_squares if use_fused() else fused.sum_squares_ref
-    norm = math.sqrt(sum(squares(p.grad) for p in params))
+    local = sum(squares(p.grad) for p in params)
+    norm = math.sqrt(local if across is None else across(local))
     if not math.isfinite(norm):
         raise NonFiniteError(f"clip_grad_norm: the global gradient norm is {norm} (a gradient "
                              f"holds NaN or inf); nothing was clipped")

@@ -13,9 +13,10 @@ The block:  h = sub(x, mixer)   [h = sub(h, cross-attention to a context)]   y =
 (ffn None: the block is the mixer sub-layer alone, as HF Mamba-1's MambaBlock; mixer None: the
 FFN sub-layer alone, an MLP-only layer of a Mamba-2-Hybrid).
 
-One body serves training, prefill and decoding: it is written over how the mixer is called
-(forward with a backward cache, prefill filling a decoding state, or one decode step), and
-only training keeps the caches. The FFN interface (lm/ffn.py) carries an MoE's loss terms.
+One body (Block.body) serves training, prefill and decoding: it is written over how the mixer
+is called (forward with a backward cache, prefill filling a decoding state, or one decode step;
+serving passes its own), and only training keeps the caches. The FFN interface (lm/ffn.py)
+carries an MoE's loss terms.
 Backward runs each sub-layer in reverse: the residual adds the skip gradient.
 A packed batch (several documents per row, Packing) reaches the mixer as its layer's mask
 restricted to each document (attention/sparse_masks.py packed_mask) and positions that
@@ -104,10 +105,13 @@ class Block(Module):
         y, c_post = norm.forward(x + m) if self.spec.placement == "post" else (x + m, None)
         return y, SublayerCache(c_norm, c_inner, c_out, c_post)
 
-    def _body(self, x, mix, read=None):
-        """The block on x (..., D) with the mixer called as mix(a) -> (m, cache) (an MLP-only
-        layer skips it: h = x) and the cross-attention as read(a) -> (m, cache) (None: the
-        block has none)."""
+    def body(self, x, mix, read=None):
+        """The block on x (..., D) with its mixer sub-layer's inner call replaced by mix(a) ->
+        (m, cache) (an MLP-only layer has none: h = x), and the cross-attention as read(a) ->
+        (m, cache) (None: the block has none): the block's own norms, residuals,
+        cross-attention and FFN around any way of running the mixer (a serving cache's
+        attention, an evicting cache's). forward, prefill and decode are this with the mixer's
+        own calls. Returns (y (..., D), BlockCache)."""
         if (read is None) != (self.cross is None):
             raise ValueError("Block: a context goes with a cross-attention sub-layer and only "
                              f"with one (cross is {'None' if self.cross is None else 'set'}, "
@@ -127,9 +131,9 @@ class Block(Module):
         the documents in each row] -> (y (B, T, D), BlockCache)."""
         read = None if context is None else (lambda a: self.cross.forward(a, context))
         if self.mixer is None:  # an MLP-only layer: every token on its own
-            return self._body(x, None, read)
+            return self.body(x, None, read)
         mix = self.mixer.forward if packing is None else self._packed_mixer(packing)
-        return self._body(x, mix, read)
+        return self.body(x, mix, read)
 
     def _packed_mixer(self, packing):
         """The mixer's forward on a packed batch: its own mask AND the same document, at
@@ -155,10 +159,10 @@ class Block(Module):
         step); context: the cross-attention's decoding context, with cross-attention."""
         read = self._read_state(context)
         if self.mixer is None:
-            return self._body(x, None, read)[0]
+            return self.body(x, None, read)[0]
         if hasattr(self.mixer, "prefill"):
-            return self._body(x, lambda a: (self.mixer.prefill(a, state), None), read)[0]
-        return self._body(x, lambda a: (np.stack(
+            return self.body(x, lambda a: (self.mixer.prefill(a, state), None), read)[0]
+        return self.body(x, lambda a: (np.stack(
             [self.mixer.decode(a[:, t], state, t) for t in range(a.shape[1])], axis=1),
             None), read)[0]
 
@@ -167,8 +171,8 @@ class Block(Module):
         context: the cross-attention's decoding context, with cross-attention."""
         read = self._read_state(context)
         if self.mixer is None:
-            return self._body(x_t, None, read)[0]
-        return self._body(x_t, lambda a: (self.mixer.decode(a, state, position), None), read)[0]
+            return self.body(x_t, None, read)[0]
+        return self.body(x_t, lambda a: (self.mixer.decode(a, state, position), None), read)[0]
 
     # ------------------------------------------------------------------ backward
     def _sublayer_backward(self, dy, cache, norm, out_norm, back):

@@ -5,11 +5,11 @@ from scratchllm.specs.attention import (AttentionSpec, Mask, MLASpec, NSASpec,
 from scratchllm.specs.ffn import ExpertsSpec, FFNSpec, MoESpec, RouterSpec
 from scratchllm.specs.flat import FLAT_NAMES, LAYER_KINDS, from_flat
 from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
-from scratchllm.specs.model import HeadSpec, LayerSpec, ModelConfig, NormSpec
+from scratchllm.specs.model import HeadSpec, LayerSpec, ModelConfig, MTPSpec, NormSpec
 from scratchllm.specs.presets import PRESETS, preset
 from scratchllm.specs.serialize import from_dict, to_dict
 
 __all__ = ["AttentionSpec", "Mask", "MLASpec", "NSASpec", "RelativeBiasSpec", "RopeSpec", "ExpertsSpec",
            "FFNSpec", "MoESpec", "RouterSpec", "FLAT_NAMES", "LAYER_KINDS", "from_flat",
            "Mamba2Spec", "MambaSpec", "RecurrentSpec", "RWKVSpec", "HeadSpec", "LayerSpec",
-           "ModelConfig", "NormSpec", "PRESETS", "preset", "from_dict", "to_dict"]
+           "ModelConfig", "MTPSpec", "NormSpec", "PRESETS", "preset", "from_dict", "to_dict"]

@@ -22,27 +22,46 @@ import numpy as np
 
 _SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
             "openblas_set_num_threads64_", "openblas_set_num_threads")
+_GETTERS = tuple(s.replace("set_", "get_") for s in _SETTERS)
+
+
+def _openblas_libs():
+    """The OpenBLAS libraries loaded in this process (ctypes handles; [] when none is
+    found or /proc is missing)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "openblas" in line.lower()}
+    except OSError:
+        return []
+    libs = []
+    for path in sorted(paths):
+        try:
+            libs.append(ctypes.CDLL(path))
+        except OSError:
+            continue
+    return libs
 
 
 def set_blas_threads(n):
     """Set the thread count of every OpenBLAS library loaded in this process (NumPy's and
     SciPy's). Returns how many libraries were set (0: none found, nothing changed)."""
-    try:
-        with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "openblas" in line.lower()}
-    except OSError:
-        return 0
     done = 0
-    for path in sorted(paths):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
+    for lib in _openblas_libs():
         setter = next((getattr(lib, s) for s in _SETTERS if hasattr(lib, s)), None)
         if setter is not None:
             setter(int(n))
             done += 1
     return done
+
+
+def blas_threads():
+    """[thread count of each OpenBLAS library loaded in this process] ([] when none)."""
+    out = []
+    for lib in _openblas_libs():
+        getter = next((getattr(lib, s) for s in _GETTERS if hasattr(lib, s)), None)
+        if getter is not None:
+            out.append(int(getter()))
+    return out
 
 
 class DataParallel:
