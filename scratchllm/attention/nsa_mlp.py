@@ -7,7 +7,7 @@ one φ for the keys and one for the values, shared by the heads. nsa_mlp_forward
 three gated branches (nsa.py: compressed, selected, sliding window) on these tokens, the
 selection ranking the l-token blocks by the overlap-weighted compressed attention.
 
-Backward: φ's linear, gelu and linear pairs in reverse; dE = Σ over blocks of dX; the
+Backward: φ is core's gelu_mlp pair (linear, gelu, linear); dE = Σ over blocks of dX; the
 blocks overlap when d < l, so dk_s = Σ over the blocks that hold token s of their row for s
 (a scatter-add: the backward of the gather X = k[blocks]); then nsa.py's branch backwards.
 
@@ -21,10 +21,9 @@ import numpy as np
 from scratchllm.attention.nsa import (block_starts, cmp_mask, nsa_branches_grads,
                                       nsa_branches, nsa_masked_dense, nsa_indices)
 from scratchllm.attention.sdpa import check_heads
-from scratchllm.core.gelu import gelu_backward, gelu_forward
-from scratchllm.core.ops import expect_linear, linear_backward, linear_forward, linear_out
+from scratchllm.core.gelu import gelu_mlp_backward, gelu_mlp_forward
 from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_instance,
-                                      expect_integer, expect_shape)
+                                      expect_integer, expect_linear, expect_shape)
 from scratchllm.specs import NSASpec
 
 
@@ -40,9 +39,18 @@ class CompressWeights(NamedTuple):
 class CompressCache(NamedTuple):
     idx: np.ndarray   # (nb, l) the token of each block row
     shape: tuple      # x's shape (B, Hkv, T, Dh)
-    up: tuple         # the first linear's cache
-    act: tuple        # the gelu's cache
-    down: tuple       # the second linear's cache
+    mlp: tuple        # gelu_mlp's cache
+
+
+def check_compress(fn, w, block, Dh, prefix=""):
+    """One compression MLP's CompressWeights under the caller's name `fn` (field names after
+    `prefix`, "k_" or "v_" in NSAWeights): pos (block, Dh), w1 (block·Dh, F), b1 (F,),
+    w2 (F, Dh), b2 (Dh,), all float."""
+    for name, a in zip(CompressWeights._fields, w):
+        expect_float(fn, prefix + name, a)
+    expect_shape(fn, prefix + "pos", w.pos, (block, Dh), "(block, Dh)")
+    expect_linear(fn, block * Dh, w.w1, w.b1, (prefix + "w1", prefix + "b1"))
+    expect_linear(fn, w.w1.shape[1], w.w2, w.b2, (prefix + "w2", prefix + "b2"), d_out=Dh)
 
 
 def nsa_compress_forward(x, w, *, block, stride):
@@ -60,33 +68,26 @@ def nsa_compress_forward(x, w, *, block, stride):
     B, Hkv, T, Dh = x.shape
     expect_integer(fn, "block", block, 1, T)
     expect_integer(fn, "stride", stride, 1, block)
-    expect_shape(fn, "pos", w.pos, (block, Dh), "(block, Dh)")
-    expect_linear(fn, block * Dh, w.w1, w.b1, ("w1", "b1"))
-    expect_linear(fn, w.w1.shape[1], w.w2, w.b2, ("w2", "b2"), d_out=Dh)
+    check_compress(fn, w, block, Dh)
     idx = block_starts(T, block, stride)[:, None] + np.arange(block)  # (nb, l)
     X = x[:, :, idx] + w.pos  # (B, Hkv, nb, l, Dh)
     Z = X.reshape(B, Hkv, len(idx), block * Dh)  # (B, Hkv, nb, l·Dh)
-    h, up = linear_forward(Z, w.w1, w.b1)  # (B, Hkv, nb, F)
-    a, act = gelu_forward(h)  # (B, Hkv, nb, F)
-    y, down = linear_forward(a, w.w2, w.b2)  # (B, Hkv, nb, Dh)
-    return y, CompressCache(idx, x.shape, up, act, down)
+    y, c = gelu_mlp_forward(Z, w.w1, w.b1, w.w2, w.b2)  # (B, Hkv, nb, Dh)
+    return y, CompressCache(idx, x.shape, c)
 
 
 def nsa_compress_backward(dy, cache):
-    """Math: the module docstring's Backward (the linear, gelu, linear backwards, the
-    position sum, the scatter-add over overlapping blocks).  Returns {"x", "w":
-    CompressWeights}."""
-    idx, shape, up, act, down = cache
+    """Math: the module docstring's Backward (gelu_mlp's backward, the position sum, the
+    scatter-add over overlapping blocks).  Returns {"x": dx, "w": CompressWeights}."""
+    idx, shape, c = cache
     B, Hkv, T, Dh = shape
-    expect_dout("nsa_compress_backward", dy, *linear_out(down), name="dy")
-    g_down = linear_backward(dy, down)  # fwd: y = a w2 + b2
-    dh = gelu_backward(g_down["x"], act)["x"]  # fwd: a = gelu(h)
-    g_up = linear_backward(dh, up)  # fwd: h = Z w1 + b1
-    dX = g_up["x"].reshape(B, Hkv, idx.shape[0], idx.shape[1], Dh)  # fwd: Z = vec(X + E)
-    dx = np.zeros(shape, dX.dtype)  # (B, Hkv, T, Dh)
+    expect_dout("nsa_compress_backward", dy, (B, Hkv, len(idx), Dh), c.down.x.dtype, name="dy")
+    g = gelu_mlp_backward(dy, c)  # fwd: y = φ(Z)
+    dX = g["x"].reshape(B, Hkv, idx.shape[0], idx.shape[1], Dh)  # fwd: Z = vec(X + E)
+    dx = np.zeros(shape, dy.dtype)  # (B, Hkv, T, Dh)
     np.add.at(dx, (slice(None), slice(None), idx), dX)  # fwd: X = x[blocks] (overlapping)
-    return {"x": dx, "w": CompressWeights(dX.sum(axis=(0, 1, 2)), g_up["W"], g_up["b"],
-                                          g_down["W"], g_down["b"])}
+    return {"x": dx, "w": CompressWeights(dX.sum(axis=(0, 1, 2)), g["W1"], g["b1"], g["W2"],
+                                          g["b2"])}
 
 
 class NSAWeights(NamedTuple):
@@ -115,18 +116,16 @@ def _inputs(fn, q, k, v, w, gates, spec):
     expect_instance(fn, "spec", spec, NSASpec)
     expect_instance(fn, "w", w, NSAWeights)
     B, H, T, Dh, Hkv, Tk = check_heads(fn, q, k, v)
-    expect_float(fn, "gates", gates)
     if Tk != T:
         raise ValueError(f"{fn}: k has {Tk} positions and q {T}; NSA here is self-attention")
     if spec.block > T:
         raise ValueError(f"{fn}: spec.block={spec.block} is longer than the T={T} tokens")
+    expect_float(fn, "gates", gates)
     expect_shape(fn, "gates", gates, (B, H, T, 3), "(B, H, T, 3) gate logits (cmp, slc, win)")
-    for s in "kv":  # what the two compressions get, checked under this function's name
-        pos, w1, b1, w2, b2 = (getattr(w, f"{s}_{n}") for n in CompressWeights._fields)
-        expect_shape(fn, f"w.{s}_pos", pos, (spec.block, Dh), "(block, Dh)")
-        expect_linear(fn, spec.block * Dh, w1, b1, (f"w.{s}_w1", f"w.{s}_b1"))
-        expect_linear(fn, w1.shape[1], w2, b2, (f"w.{s}_w2", f"w.{s}_b2"), d_out=Dh)
-    return CompressWeights(*w[:5]), CompressWeights(*w[5:]), spec.stride or spec.block
+    wk, wv = CompressWeights(*w[:5]), CompressWeights(*w[5:])
+    check_compress(fn, wk, spec.block, Dh, "k_")
+    check_compress(fn, wv, spec.block, Dh, "v_")
+    return wk, wv, spec.stride or spec.block
 
 
 def nsa_mlp_forward(q, k, v, w, gates, *, spec):
@@ -173,6 +172,7 @@ def _phi_loop(x, w, block, stride):
 def nsa_mlp_forward_ref(q, k, v, w, gates, *, spec):
     """The reference: φ applied block by block in a loop, then each branch as sdpa under its
     dense (T, T) mask (nsa.py's nsa_masked_dense). Forward only: (o, None)."""
+    q, k, v, w, gates = common_float(q, k, v, w, gates)
     wk, wv, stride = _inputs("nsa_mlp_ref", q, k, v, w, gates, spec)
     k_cmp, v_cmp = _phi_loop(k, wk, spec.block, stride), _phi_loop(v, wv, spec.block, stride)
     idx = nsa_indices(q, k_cmp, spec.block, spec.n_select, spec.window, stride)
