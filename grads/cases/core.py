@@ -200,3 +200,25 @@ def fp8_cast(rng):
         return y + (x - y), cache
     return check(identity_at_rounded, fp8_cast_backward, rng=rng,
                  x=rng.standard_normal((3, 10)))
+
+
+@case
+def pool(rng):
+    from scratchllm.core import pool_backward, pool_forward
+    mask = np.array([[True, True, False, True, False], [True] * 5, [True] + [False] * 4])
+    return [check(pool_forward, pool_backward, rng=rng, label="mean, masked",
+                  h=rng.standard_normal((3, 5, 7)), mask=mask, kind="mean"),
+            check(pool_forward, pool_backward, rng=rng, label="cls",
+                  h=rng.standard_normal((3, 5, 7)), kind="cls")]
+
+
+@case
+def sequence_head(rng):
+    """A 3-class classifier on [CLS]; a reranker's one score on the masked mean."""
+    from scratchllm.core import HeadWeights, sequence_head_backward, sequence_head_forward
+    mask = np.array([[True, True, True, False], [True, False, False, False]])
+    return [check(sequence_head_forward, sequence_head_backward, rng=rng, label=label,
+                  h=rng.standard_normal((2, 4, 6)), mask=m, kind=kind,
+                  w=HeadWeights(rng.standard_normal((6, C)), rng.standard_normal(C)))
+            for label, kind, m, C in (("classifier, cls", "cls", None, 3),
+                                      ("reranker, mean", "mean", mask, 1))]

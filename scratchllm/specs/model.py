@@ -75,15 +75,21 @@ class MTPSpec:
 
 @dataclass(frozen=True)
 class LayerSpec:
-    """One block: mixer, ffn (None = the block is the mixer alone), norm and its placement."""
+    """One block: mixer, ffn (None = the block is the mixer alone), norm and its placement.
+    mixer None: an MLP-only layer, the FFN sub-layer alone (NVIDIA's Mamba-2-Hybrid, Waleffe
+    et al. 2024, arXiv 2406.07887, makes each layer one of Mamba-2, attention or an MLP)."""
     mixer: object = AttentionSpec()
     ffn: object = FFNSpec()
     norm: NormSpec = NormSpec()
     placement: str = "pre"
 
     def __post_init__(self):
-        instance(self, "mixer", MIXERS)
+        instance(self, "mixer", MIXERS, none_ok=True)
         instance(self, "ffn", FFNS, none_ok=True)
+        if self.mixer is None and self.ffn is None:
+            fail(self, "a layer needs a mixer, an FFN or both; both are None")
+        if self.mixer is None and self.placement != "pre":
+            fail(self, f"an MLP-only block (mixer=None) is pre-norm, got {self.placement!r}")
         instance(self, "norm", NormSpec)
         one_of(self, "placement", ("pre", "post", "sandwich", "output"))
         if self.ffn is None and self.placement != "pre":
@@ -93,13 +99,15 @@ class LayerSpec:
     def n_norms(self):
         """norm1 (+ norm2 with an FFN) (+ the two output norms of a sandwich block); an
         "output" block's norm1 and norm2 sit on the sub-layers' outputs."""
-        return (1 if self.ffn is None else 2) * (2 if self.placement == "sandwich" else 1)
+        subs = (self.mixer is not None) + (self.ffn is not None)
+        return subs * (2 if self.placement == "sandwich" else 1)
 
     def n_params(self, d_model, active=False):
         ffn = 0 if self.ffn is None else (
             self.ffn.n_params(d_model, active) if isinstance(self.ffn, MoESpec)
             else self.ffn.n_params(d_model))
-        return self.mixer.n_params(d_model) + ffn + self.n_norms * self.norm.n_params(d_model)
+        mixer = 0 if self.mixer is None else self.mixer.n_params(d_model)
+        return mixer + ffn + self.n_norms * self.norm.n_params(d_model)
 
 
 @dataclass(frozen=True)
