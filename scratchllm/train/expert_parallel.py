@@ -19,9 +19,18 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.validate import expect_dout
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_int,
+                                      expect_ndim, expect_shape)
 from scratchllm.dist import all_to_all_backward, all_to_all_forward
 from scratchllm.moe.experts import experts_backward, experts_forward
+
+
+def _expect_experts(xs, w1, w3, w2):
+    """The experts' weights against xs (M, D): w1, w3 (E/P, D, F), w2 (E/P, F, D)."""
+    expect_shape("expert_parallel", "w1", w1, (None, xs.shape[1], None), "(E/P, D, F)")
+    expect_shape("expert_parallel", "w3", w3, w1.shape, "(E/P, D, F), like w1")
+    expect_shape("expert_parallel", "w2", w2, (w1.shape[0], w1.shape[2], xs.shape[1]),
+                 "(E/P, F, D)")
 
 
 class ExpertParallelCache(NamedTuple):
@@ -52,10 +61,20 @@ def expert_parallel_forward(xs, bounds, w1, w3, w2, *, group):
     """experts_forward across the ranks of group: this rank's rows xs (M, D) sorted by
     (global) expert with bounds (E+1,), its experts' weights w1/w3 (E/P, D, F), w2 (E/P, F, D).
     Returns: (ys (M, D), the rows' outputs in xs's order; ExpertParallelCache)."""
+    expect_float("expert_parallel", "xs", xs)
+    expect_ndim("expert_parallel", "xs", xs, 2, "(M, D)")
+    expect_float("expert_parallel", "w1", w1)
+    expect_ndim("expert_parallel", "w1", w1, 3, "(E/P, D, F)")
+    xs, w1, w3, w2 = common_float(xs, w1, w3, w2)
     E_local = w1.shape[0]
-    if len(bounds) - 1 != E_local * group.size:
-        raise ValueError(f"expert parallel: bounds has {len(bounds) - 1} experts, expected "
-                         f"{E_local} per rank x {group.size} ranks")
+    expect_int("expert_parallel", "bounds", bounds)
+    expect_shape("expert_parallel", "bounds", bounds, (E_local * group.size + 1,),
+                 f"(E+1,) slice edges of {E_local} experts per rank x {group.size} ranks")
+    if bounds[0] != 0 or bounds[-1] != xs.shape[0] or np.any(np.diff(bounds) < 0):
+        raise ValueError(f"expert_parallel: bounds must rise from 0 to M = {xs.shape[0]}, got "
+                         f"{bounds.tolist()}")
+    # the experts' own checks, under this pair's name, before any rows travel
+    _expect_experts(xs, w1, w3, w2)
     send, order, local_bounds = _plan(np.asarray(bounds), E_local, group)
     recv, c_send = all_to_all_forward(xs, group=group, counts=send)  # fwd: dispatch
     ys_local, c_exp = experts_forward(recv[order], local_bounds, w1, w3, w2)  # fwd: experts

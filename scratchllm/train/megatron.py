@@ -35,6 +35,7 @@ from scratchllm.dist import (all_gather_backward, all_gather_forward, all_reduce
                              reduce_scatter_backward, reduce_scatter_forward,
                              vocab_cross_entropy_backward, vocab_cross_entropy_forward,
                              vocab_embedding_backward, vocab_embedding_forward)
+from scratchllm.core.validate import expect_int, expect_ndim
 from scratchllm.lm import LM
 from scratchllm.lm.model import EmbedCache, LossCache
 
@@ -157,6 +158,15 @@ class MegatronLM(LM):
         module.forward, module.backward = head_forward, head_backward
 
     # ------------------------------------------------------------------ embedding and loss
+    def _check_ids(self, fn, name, ids, layout, state=None):
+        """LM's check of the ids, against the whole vocabulary (this rank holds V/P rows)."""
+        expect_int(fn, name, ids)
+        expect_ndim(fn, name, ids, 2, layout)
+        V = self.full_cfg.vocab_size
+        if ids.size and (ids.min() < 0 or ids.max() >= V):
+            raise ValueError(f"{fn}: {name} must lie in [0, {V}) (the vocabulary), got values "
+                             f"in [{ids.min()}, {ids.max()}]")
+
     def _embed_forward(self, ids, start=0, types=None):
         if self.sequence and ids.shape[1] % self.group.size:
             raise ValueError(f"sequence parallel: T = {ids.shape[1]} tokens do not split into "
