@@ -22,7 +22,7 @@ M micro-batches on the --schedule gpipe or 1f1b, and prints the pipeline bubble.
 """
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,8 +32,9 @@ from scratchllm.core.atomic import remove_stale_temps
 from scratchllm.dist import (AXES, GridError, GridShape, Group, MPIUnavailable, RankGrid,
                              launched_by_mpiexec)
 from scratchllm.lm import generate, preset
-from scratchllm.specs import PRESETS, to_dict
+from scratchllm.specs import PRESETS, MTPSpec, to_dict
 from scratchllm.specs.unflat import flat_view
+from scratchllm.tokenizer import EOT
 from scratchllm.train import checkpoint, corpus
 from scratchllm.train.checkpoint import load_model
 from scratchllm.train.pipeline import bubble_fraction
@@ -64,8 +65,17 @@ def build_parser():
     p.add_argument("--eval-every", type=int_at_least(1), default=None,
                    help=f"validate and checkpoint every N steps ({d.eval_every})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--mtp", type=int_at_least(0), default=None, metavar="D",
+                   help="add D multi-token-prediction modules (DeepSeek-V3's MTP: module k "
+                   "predicts the token k + 1 ahead; loss weight 0.3 / D); default 0")
+    p.add_argument("--fp8", action="store_true", default=None, help="train with FP8 matmuls "
+                   "as DeepSeek-V3 does: e4m3 weights and activations on 128 x 128 / 1 x 128 "
+                   "scales, e5m2 gradients, float32 master weights; the head stays float")
     p.add_argument("--detect-anomaly", action="store_true", help="check every Module's output "
                    "and gradient; name the first to go NaN or inf (slower)")
+    p.add_argument("--pack-documents", action="store_true", default=None, help="attend within "
+                   "each document of a window only (split at <|endoftext|>), positions "
+                   "restarting at each: Llama 3's document masking")
     p.add_argument("--threads", type=int_at_least(1), default=None, help=f"data-parallel "
                    f"threads per process ({d.threads}; 1 per rank under MPI)")
     for axis, what in (("dp", "data"), ("tp", "tensor"), ("pp", "pipeline"),
@@ -91,7 +101,8 @@ def _settings(args, saved=None, ranks=1):
     s = dict(asdict(Settings()), **(saved or {}))
     if ranks > 1:
         s["threads"] = 1
-    for name in ("steps", "batch_size", "seq_len", "lr", "seed", "eval_every", "threads"):
+    for name in ("steps", "batch_size", "seq_len", "lr", "seed", "eval_every", "threads",
+                 "fp8", "pack_documents"):
         if getattr(args, name) is not None:
             s[name] = getattr(args, name)
     for name in ("steps", "batch_size", "seq_len", "eval_every"):
@@ -106,8 +117,14 @@ def _settings(args, saved=None, ranks=1):
 def _config_for_resume(args, out):
     """The checkpoint's config; a --preset that disagrees with it is an error."""
     cfg = checkpoint.read_config(out)
-    if args.preset is not None and preset(args.preset) != cfg:
-        want, have = _fields(preset(args.preset)), _fields(cfg)
+    have = 0 if cfg.mtp is None else cfg.mtp.depth
+    if args.mtp is not None and args.mtp != have:
+        raise checkpoint.CheckpointError(
+            f"--mtp {args.mtp} does not match the checkpoint in {out} ({have} MTP modules); "
+            f"drop --mtp to resume it, or use another --out")
+    want_cfg = None if args.preset is None else replace(preset(args.preset), mtp=cfg.mtp)
+    if want_cfg is not None and want_cfg != cfg:
+        want, have = _fields(want_cfg), _fields(cfg)
         differ = [k for k, v in want.items() if have.get(k) != v]
         raise checkpoint.CheckpointError(
             f"--preset {args.preset} does not match the checkpoint in {out} (differs in "
@@ -184,6 +201,8 @@ def _main(args, grid=None):
             raise ValueError(f"{out} already holds a checkpoint; pass --resume to "
                              f"continue it, --out to start elsewhere, or delete {out}")
         cfg = preset(name)
+        if args.mtp:
+            cfg = replace(cfg, mtp=MTPSpec(depth=args.mtp))
     s = _settings(args, saved_meta and saved_meta["settings"], 1 if grid is None else
                   grid.world.size)
     dtype = np.dtype(args.dtype or (saved_meta or {}).get("dtype", "float32"))
@@ -201,12 +220,14 @@ def _main(args, grid=None):
               pipeline=(args.schedule, args.micro_batches))
     job.data = str(Path(data).resolve())
     job.detect_anomaly = args.detect_anomaly
+    job.eot = tok.special_tokens.get(EOT)
     if args.resume:
         job.load(out)
         say(f"resumed {out} at step {job.step}")
+    mtp = f" (with {cfg.mtp.depth} MTP modules)" if cfg.mtp else ""
     n_params = job.model.n_params() if job.tp is None else cfg.n_params()  # not a slice's
-    say(f"model: {cfg.name}, {n_params:,} parameters, {s.steps} steps of "
-        f"{s.batch_size}x{s.seq_len} tokens, {dtype}")
+    say(f"model: {cfg.name}{mtp}, {n_params:,} parameters, {s.steps} steps of "
+        f"{s.batch_size}x{s.seq_len} tokens, {dtype}{', FP8 matmuls' if s.fp8 else ''}")
     if grid is not None:
         say(f"ranks: {grid.world.size} ({grid.shape.describe()}), {s.threads} thread(s) "
             f"each; rank 0 writes {out}")
@@ -221,7 +242,7 @@ def _main(args, grid=None):
     if job.shards is not None:
         job.shards.gather_all()  # ZeRO-3: the whole model on every rank again (to sample)
     train_time = time.perf_counter() - t_train
-    val = job.evaluate(corpus.eval_batches(val_ids, s.batch_size, s.seq_len, s.eval_tokens))
+    val = job.evaluate(job.eval_set(val_ids))
     if not np.isfinite(val):
         raise ValueError(f"the final validation loss is {val}; {job.likely_cause()} (the "
                          f"checkpoint in {out} was not overwritten)")
@@ -237,6 +258,10 @@ def _main(args, grid=None):
         say(f"communication measured: {job.sent[-1]:,} bytes sent by rank 0 in the last step "
             f"({'equal to' if job.sent[-1] == predicted else 'NOT equal to'} the model's "
             f"{predicted:,})")
+    if job.mtp_losses:
+        last = np.mean(job.mtp_losses[-20:], axis=0)
+        say("MTP modules' train cross-entropy (mean of the last 20 steps): " + ", ".join(
+            f"{v:.3f} (token +{k + 2})" for k, v in enumerate(last)))
     say(f"checkpoint: {out}")
     if job.writer:
         say(f"loss curve: {save_run_plot(out / 'loss.png', job, baseline)}")

@@ -24,8 +24,10 @@ class NonFiniteError(ValueError):
 
 class AdamW:
     """AdamW over Params (`.data`, `.grad`). `params` is a list of Params or of groups
-    `{"params": [...], "weight_decay": wd}` (torch-style, e.g. no decay for norms).
-    Set `opt.lr` before `step()` to follow a schedule."""
+    `{"params": [...], "weight_decay": wd, "lr_scale": s}` (torch-style, e.g. no decay for
+    norms); a group's learning rate is s · opt.lr (s = 1 by default; s = 0 freezes it: no
+    step and no decay), as torch's per-group lr under a schedule that scales every group
+    alike. Set `opt.lr` before `step()` to follow a schedule."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
         expect_finite("AdamW", "lr", lr, 0, open_low=True)
@@ -39,7 +41,8 @@ class AdamW:
         if params and not isinstance(params[0], dict):
             params = [{"params": params}]
         self.groups = [(list(g["params"]), expect_finite(
-            "AdamW", "a group's weight_decay", g.get("weight_decay", weight_decay), 0))
+            "AdamW", "a group's weight_decay", g.get("weight_decay", weight_decay), 0),
+            expect_finite("AdamW", "a group's lr_scale", g.get("lr_scale", 1.0), 0))
             for g in params]
         self.t = 0
         self.m = [np.zeros_like(p.data) for p in self.params]
@@ -47,7 +50,7 @@ class AdamW:
 
     @property
     def params(self):
-        return [p for ps, _ in self.groups for p in ps]
+        return [p for ps, *_ in self.groups for p in ps]
 
     def step(self, only=None):
         """One update of every parameter from its .grad (opt.lr, set by a schedule, is checked
@@ -56,11 +59,12 @@ class AdamW:
         expect_finite("AdamW.step", "lr", self.lr, 0)
         self.t += 1
         update = fused.adamw_update if use_fused() else fused.adamw_update_ref
-        decays = [wd for ps, wd in self.groups for _ in ps]
+        hps = [(wd, s) for ps, wd, s in self.groups for _ in ps]
         params = self.params
         for i in range(len(params)) if only is None else only:
+            wd, s = hps[i]
             update(params[i].data, params[i].grad, self.m[i], self.v[i],
-                   AdamWStep(self.lr, self.betas, self.eps, decays[i], self.t))
+                   AdamWStep(self.lr * s, self.betas, self.eps, wd, self.t))
 
     def state_dict(self):
         """Arrays and counters needed to resume exactly."""

@@ -75,22 +75,24 @@ class DataParallel:
         self.replicas = [model] + [model.replica() for _ in range(n_shards - 1)]
         self.pool = ThreadPoolExecutor(n_shards) if n_shards > 1 else None
 
-    def _shard(self, model, x, y, scale):
+    def _shard(self, model, x, y, scale, docs):
         model.zero_grad()
-        _, cache = model.loss(x, y)
+        _, cache = model.loss(x, y, docs)
         model.loss_backward(scale, cache)
         return cache
 
-    def loss_backward(self, x, y, total=None):
+    def loss_backward(self, x, y, total=None, docs=None):
         """Returns (mean cross-entropy, [LossCache per shard]); grads in the main model.
         Shard s of n_s sequences (np.array_split: sizes differ by at most one) has weight
         n_s / B, so the cross-entropy is the mean over all B*T tokens. total: the B of the
         weights when x is one rank's slice of a larger batch (data parallelism across
-        processes: the ranks' results then sum to the whole batch's); default x's own."""
+        processes: the ranks' results then sum to the whole batch's); default x's own.
+        docs: the packed batch's doc_ids (B, T) (LM.forward's), or None."""
         B = x.shape[0] if total is None else total
         S = min(len(self.replicas), x.shape[0])
-        shards = [(m, a, b, len(a) / B) for m, a, b in
-                  zip(self.replicas, np.array_split(x, S), np.array_split(y, S))]
+        d = [None] * S if docs is None else np.array_split(docs, S)
+        shards = [(m, a, b, len(a) / B, c) for m, a, b, c in
+                  zip(self.replicas, np.array_split(x, S), np.array_split(y, S), d)]
         if self.pool is None or S == 1:
             caches = [self._shard(*shards[0])]
         else:
@@ -99,7 +101,7 @@ class DataParallel:
         for replica in self.replicas[1:S]:
             for p, q in zip(main, replica.parameters()):
                 p.grad += q.grad
-        return sum(c.ce * w for c, (*_, w) in zip(caches, shards)), caches
+        return sum(c.ce * sh[3] for c, sh in zip(caches, shards)), caches
 
     def map(self, fn, items):
         """[fn(item) for item in items] on the threads (forward-only work: a Module's forward

@@ -2,7 +2,8 @@
 state of a run (model, AdamW, batch RNG, step, losses) and evaluation. The checkpoint layout
 is in checkpoint.py, the plots in plots.py.
 
-One step:  loss = CE(LM(x), y) + sum of MoE aux terms  ->  backward (data-parallel threads)
+One step:  loss = CE(LM(x), y) + sum of MoE aux terms  ->  backward (data-parallel threads;
+           with Settings.fp8 both in FP8 matmuls, core/fp8.py)
            ->  [across processes: all-reduce the gradients over the data-parallel group]
            ->  clip the global grad norm  ->  AdamW with lr = warmup + cosine(step)
            ->  aux-free router bias update (MoE).
@@ -14,6 +15,7 @@ all-gathered: dist/zero.py); rank 0 alone prints and writes the checkpoint.
 Deterministic given the seed; a checkpoint holds everything needed to continue bit-exactly:
 weights, MoE biases, optimizer moments, step, losses and the batch RNG's state.
 """
+import fnmatch
 import math
 import os
 import signal
@@ -26,6 +28,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from scratchllm.core.fp8 import FP8Spec, fp8_matmuls
 from scratchllm.core.nn import detect_anomaly
 from scratchllm.core.optim import AdamW, NonFiniteError, clip_grad_norm, cosine_schedule
 from scratchllm.dist import (Group, ShardedModel, ZeroAdamW, all_reduce_forward,
@@ -51,6 +54,12 @@ class Settings:
     eval_tokens: int = 65536   # validation tokens per evaluation (at most; the same set)
     seed: int = 0              # weight init and batch order
     threads: int = min(2, os.cpu_count() or 1)  # data-parallel batch shards, one thread each
+    fp8: bool = False          # FP8 matmuls in every Linear but the head (core/fp8.py)
+    pack_documents: bool = False  # attend within each document of a window only, positions
+                                  # restarting at each (needs the separator id: Run.eot)
+    param_groups: list = None  # [[pattern, lr_scale, weight_decay], ...]: a Param whose name
+                               # matches the glob pattern (the first that does) gets its own
+                               # lr (scale of lr; 0 freezes it) and weight decay
 
 
 def _decays(name, p):
@@ -59,15 +68,29 @@ def _decays(name, p):
 
 
 def make_optimizer(model, s):
-    """AdamW (betas 0.9, 0.95) with decoupled weight decay where _decays says so."""
-    decay = [p for n, p in model.named_parameters() if _decays(n, p)]
-    rest = [p for n, p in model.named_parameters() if not _decays(n, p)]
+    """AdamW (betas 0.9, 0.95) with decoupled weight decay where _decays says so; with
+    s.param_groups, the Params each rule's glob pattern matches (the first rule wins) form
+    a group of their own lr scale and weight decay (an error names a rule that matches
+    nothing)."""
+    rules = [tuple(r) for r in (s.param_groups or [])]
+    groups = [{"params": [], "lr_scale": float(scale), "weight_decay": float(wd)}
+              for _, scale, wd in rules]
+    decay, rest = [], []
+    for n, p in model.named_parameters():
+        i = next((i for i, r in enumerate(rules) if fnmatch.fnmatchcase(n, r[0])), None)
+        (groups[i]["params"] if i is not None else decay if _decays(n, p) else rest).append(p)
+    empty = [r[0] for r, g in zip(rules, groups) if not g["params"]]
+    if empty:
+        raise ValueError(f"param_groups: no parameter name matches {empty} (names look like "
+                         f"{next(iter(dict(model.named_parameters())))!r}, "
+                         f"'layers.0.ffn.w_router')")
     return AdamW([{"params": decay, "weight_decay": s.weight_decay},
-                  {"params": rest, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
+                  {"params": rest, "weight_decay": 0.0}] + groups, lr=s.lr, betas=(0.9, 0.95))
 
 
 def evaluate(model, batches, dp=None, group=None):
-    """Mean cross-entropy (nats/token) over fixed batches, forward only (on dp's threads);
+    """Mean cross-entropy (nats/token) over fixed batches ((x, y), or (x, y, doc_ids) of a
+    packed batch), forward only (on dp's threads);
     with a data-parallel group, rank d takes batches d, d + size, ... and the sums are
     all-reduced."""
     if not batches:
@@ -77,7 +100,7 @@ def evaluate(model, batches, dp=None, group=None):
     total = sum(losses)
     if group is not None:
         total = group.sum_scalar(total)
-    return total / max(sum(y.size for _, y in batches), 1)
+    return total / max(sum(b[1].size for b in batches), 1)
 
 
 class Run:
@@ -148,28 +171,39 @@ class Run:
         self.step = 0
         self.data = None   # the text file trained on (recorded so --resume finds it)
         self.losses = []   # train loss per step
+        self.mtp_losses = []  # per step, each MTP module's cross-entropy (not saved)
         self.step_seconds = []  # wall time of each train_step in this process (not saved)
         self.evals = []    # (step, val loss)
         self.detect_anomaly = False  # check every Module's outputs and gradients (slow)
+        self.eot = None  # the document separator's token id (settings.pack_documents)
+        self.last_stats = []  # [(layer, share of routed slots per expert)] of the last step
 
     def train_step(self, train_ids):
         """One optimizer step on a fresh random batch; returns (loss, routing stats)."""
         s, model = self.s, self.model
         t0, sent0 = time.perf_counter(), self._sent()
         x, y = corpus.sample_batch(train_ids, s.batch_size, s.seq_len, self.rng)
+        docs = self._documents(x)  # (B, T) or None
         if self.shards is not None:
             self.shards.begin_step()
-        with detect_anomaly(*self.dp.replicas) if self.detect_anomaly else nullcontext():
+        with self.precision(), \
+                detect_anomaly(*self.dp.replicas) if self.detect_anomaly else nullcontext():
             if self.stage is not None:  # this rank's stage, on its rows' micro-batches
+                if docs is not None:
+                    raise ValueError("pack_documents with pipeline parallel (--pp) is not "
+                                     "available: the stages pass no document ids")
                 model.zero_grad()
                 lo, hi = self.rows[0], self.rows[-1] + 1
                 ce = self.stage.pp_sum(self.stage.step(x[lo:hi], y[lo:hi], s.batch_size))
                 caches = []
             elif self.group.size == 1:
-                ce, caches = self.dp.loss_backward(x, y)
+                ce, caches = self.dp.loss_backward(x, y, **({} if docs is None else
+                                                           {"docs": docs}))
             else:  # this rank's rows, weighted as a part of the global batch
                 lo, hi = self.rows[0], self.rows[-1] + 1
-                ce, caches = self.dp.loss_backward(x[lo:hi], y[lo:hi], total=s.batch_size)
+                packed = {} if docs is None else {"docs": docs[lo:hi]}
+                ce, caches = self.dp.loss_backward(x[lo:hi], y[lo:hi], total=s.batch_size,
+                                                   **packed)
         across, params, norm_across = None, model.parameters(), None
         if self.stage is not None:  # a stage's own Params; the norm summed over the stages
             params, norm_across = self.stage.params, self.stage.pp_sum
@@ -198,8 +232,11 @@ class Run:
         else:
             self.opt.step(only=self.stage.opt_indices(self.opt))
         stats = model.after_step(caches, across)
+        self.last_stats = stats
         self.step += 1
         self.losses.append(ce)
+        if caches and caches[0].mtp_cache is not None:  # each MTP module's CE, shard mean
+            self.mtp_losses.append(np.mean([c.mtp_cache.losses for c in caches], axis=0))
         self.step_seconds.append(time.perf_counter() - t0)
         self.sent.append(self._sent() - sent0)
         return ce, stats
@@ -208,6 +245,23 @@ class Run:
         """Bytes this rank has sent over its data-, tensor- and pipeline-parallel groups."""
         return (self.group.total_sent() + (0 if self.tp is None else self.tp.total_sent()) +
                 (0 if self.stage is None else self.stage.sent))
+
+    def _documents(self, x):
+        """The documents of windows x (B, T) when packing (corpus.document_ids), else None."""
+        if not self.s.pack_documents:
+            return None
+        if self.eot is None:
+            raise ValueError("pack_documents needs the separator's token id: set Run.eot (the "
+                             "tokenizer's <|endoftext|> id)")
+        return corpus.document_ids(x, self.eot)
+
+    def eval_set(self, val_ids):
+        """The fixed evaluation batches of val_ids: (x, y), or (x, y, doc_ids) when packing."""
+        s = self.s
+        batches = corpus.eval_batches(val_ids, s.batch_size, s.seq_len, s.eval_tokens)
+        if not s.pack_documents:
+            return batches
+        return [(x, y, self._documents(x)) for x, y in batches]
 
     def agree(self, stop):
         """Whether any data-parallel rank wants to stop (Ctrl-C reaches the ranks at
@@ -218,6 +272,13 @@ class Run:
     def _sum_over_ranks(self, a):
         return all_reduce_forward(a, group=self.group)[0]
 
+    def precision(self):
+        """The matmuls' precision for one step: FP8 (core.fp8.fp8_matmuls with DeepSeek-V3's
+        tiles: e4m3, 1 x 128 activations, 128 x 128 weights; e5m2 gradients) with
+        settings.fp8, else the model's float dtype. The weights the optimizer updates stay in
+        that float dtype."""
+        return fp8_matmuls(FP8Spec()) if self.s.fp8 else nullcontext()
+
     def whole(self):
         """A context in which every weight is on this rank (ZeRO-3 gathers them; collective),
         else nothing."""
@@ -226,8 +287,9 @@ class Run:
         return nullcontext() if self.shards is None else self.shards.gathered()
 
     def evaluate(self, batches):
-        """evaluate() on this run's threads and data-parallel ranks."""
-        with self.whole():
+        """evaluate() on this run's threads and data-parallel ranks (in the step's
+        precision)."""
+        with self.whole(), self.precision():
             return evaluate(self.model, batches, self.dp, None if self.group.size == 1 else
                             self.group)
 
@@ -316,7 +378,7 @@ def fit(run, train_ids, val_ids, *, out=None, tokenizer=None, progress=True, log
     returns False. Returns True when all steps ran."""
     s = run.s
     if eval_set is None:
-        eval_set = corpus.eval_batches(val_ids, s.batch_size, s.seq_len, s.eval_tokens)
+        eval_set = run.eval_set(val_ids)
     tokens_per_step = s.batch_size * s.seq_len
     bar = tqdm(total=s.steps, initial=run.step, disable=not (progress and run.writer),
                unit="step", dynamic_ncols=True, file=sys.stderr)
