@@ -17,6 +17,11 @@ The Mixture-of-Experts families go through make_hf_fixtures_moe.py's writer and 
                       routed_scaling_factor 2.5, one shared expert
     deepseek_v2_lite  plain q_proj, greedy top-2, two shared experts, rms_norm_eps 1e-5
                       (the latent norms keep transformers' 1e-6: mla_norm_eps)
+    llama4_text       chunked attention (chunks of 4 < T), a NoPE layer (no_rope_layers
+                      [1, 1, 0, 1]: global attention there), L2 QK-norm on the RoPE layers,
+                      interleaved dense / MoE layers (step 2), sigmoid top-1 of 4 experts
+                      scaling the experts' input, a shared expert, pad_token_id 0 (the
+                      embedding's padding_idx); attn_temperature_tuning off
 The state-space families go through make_hf_fixtures_ssm.py's reference:
     mamba2         4 heads of 8, state 8, n_groups 1, chunk_size 4 (< T: the chunked scan)
     mamba2_groups  n_groups 2 (B, C and the gated RMSNorm in two groups), a tied head
@@ -24,6 +29,7 @@ Reference: huggingface/transformers src/transformers/models/olmo2/modeling_olmo2
 src/transformers/models/gemma2/modeling_gemma2.py,
 src/transformers/models/qwen3_moe/modeling_qwen3_moe.py,
 src/transformers/models/deepseek_v2/modeling_deepseek_v2.py,
+src/transformers/models/llama4/modeling_llama4.py,
 src/transformers/models/mamba2/modeling_mamba2.py.
 """
 import sys
@@ -66,6 +72,12 @@ MOE = {
                              first_k_dense_replace=0, topk_method="greedy",
                              n_shared_experts=2, routed_scaling_factor=1.5,
                              rms_norm_eps=1e-5),
+    "llama4_text": dict(GEOMETRY, model_type="llama4_text", num_hidden_layers=4, head_dim=4,
+                        intermediate_size=8, intermediate_size_mlp=24, num_local_experts=4,
+                        num_experts_per_tok=1, interleave_moe_layer_step=2,
+                        attention_chunk_size=4, no_rope_layers=[1, 1, 0, 1],
+                        attn_temperature_tuning=False, pad_token_id=0,
+                        rope_parameters=dict(rope_type="default", rope_theta=1000.0)),
 }
 
 
@@ -92,6 +104,29 @@ def routing(router, logits):
 
 
 _moe_routing, moe.routing = moe.routing, routing  # RoutingLog's hooks call moe.routing
+
+
+def llama4_routing(router, logits):
+    """Llama 4's router (modeling_llama4.py Llama4Router): the top-k of the logits."""
+    s = logits.detach().numpy().reshape(-1, logits.shape[-1])  # (BT, E)
+    return (float(moe._margin(s, router.top_k).min()),
+            set(np.argsort(-s, axis=-1)[:, :router.top_k].ravel().tolist()))
+
+
+class RoutingLog(moe.RoutingLog):
+    """make_hf_fixtures_moe.RoutingLog, and Llama 4's routers (their forward returns
+    (scores, logits): the decisions are read from the logits)."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        llama4 = [m for m in model.modules() if type(m).__name__ == "Llama4Router"]
+        for i, r in enumerate(llama4, len(self.routers)):
+            r.register_forward_hook(lambda mod, inp, out, i=i: self.calls.append(
+                (i, *llama4_routing(mod, out[1]))))
+        self.routers += llama4
+
+
+moe.RoutingLog = RoutingLog  # moe.reference builds its log by this name
 
 
 SSM = {  # the state-space families: make_hf_fixtures_ssm.py's reference

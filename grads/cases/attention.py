@@ -235,6 +235,7 @@ def gqa(rng):
                     spec=spec, mask=Mask(window=3, n_sink=1),
                     rope=Rope(inv_freq, "half", 1.0, rng.integers(0, 30, (B, T)))),
                 "rope, block sparse(2, 1)": dict(spec=spec, mask=Mask(block=2, n_global=1)),
+                "rope, chunks of 3 (Llama 4)": dict(spec=spec, mask=Mask(chunk=3)),
                 "MQA (Hkv=1), rope": dict(spec=AttentionSpec(H, 1, head_dim=Dh),
                                           w=w._replace(wk=w.wk[:, :Dh], wv=w.wv[:, :Dh]))}
     reports = [check(gqa_forward, gqa_backward, rng=rng, label=label, **{"x": x, "w": w, **kw})
@@ -247,7 +248,7 @@ def gqa(rng):
 def gqa_options(rng):
     """The attention options of published checkpoints: q/k/v and output biases (Qwen2,
     GPT-2), QK-norm gains (Qwen3; Gemma 3's offset gains; OLMo 2's over the whole
-    projection), a softmax scale other than Dh^-1/2
+    projection; Llama 4's without gains), a softmax scale other than Dh^-1/2
     (Gemma 3), learned sink logits (gpt-oss)."""
     from scratchllm.attention import gqa_backward, gqa_forward
     B, T, D, H, Hkv, Dh = 2, 7, 5, 6, 2, 4
@@ -265,6 +266,9 @@ def gqa_options(rng):
             check(gqa_forward, gqa_backward, rng=rng, label="qk-norm, gains 1 + g (Gemma)",
                   x=x, w=norm._replace(q_norm=norm.q_norm - 1, k_norm=norm.k_norm - 1),
                   spec=AttentionSpec(H, Hkv, head_dim=Dh, qk_norm=True, norm_offset=1.0)),
+            check(gqa_forward, gqa_backward, rng=rng, label="L2 qk-norm, no gains (Llama 4)",
+                  x=x, w=w, spec=AttentionSpec(H, Hkv, head_dim=Dh, qk_norm="l2",
+                                               rope=RopeSpec(style="interleaved"))),
             check(gqa_forward, gqa_backward, rng=rng, label="qk-norm over the projection (OLMo 2)",
                   x=x, w=w._replace(q_norm=1 + 0.3 * rng.standard_normal(H * Dh),
                                     k_norm=1 + 0.3 * rng.standard_normal(Hkv * Dh)),

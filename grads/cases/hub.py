@@ -73,6 +73,10 @@ HF_CONFIGS["qwen3_moe"] = dict(_GEOMETRY, model_type="qwen3_moe", head_dim=12,
 HF_CONFIGS["gemma2"] = dict(_GEOMETRY, model_type="gemma2", head_dim=12,
                             query_pre_attn_scalar=10, sliding_window=4,
                             attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
+HF_CONFIGS["llama4_text"] = dict(  # chunks of 3, layer 1 NoPE, L2 QK-norm, MoE at 1 and 2
+    _GEOMETRY, model_type="llama4_text", num_hidden_layers=3, head_dim=4, intermediate_size=8,
+    intermediate_size_mlp=24, num_local_experts=4, num_experts_per_tok=1, moe_layers=[1, 2],
+    attention_chunk_size=3, no_rope_layers=[1, 0, 1], attn_temperature_tuning=False)
 HF_CONFIGS["bert"] = dict(model_type="bert", vocab_size=50, hidden_size=16, num_hidden_layers=2,
                           num_attention_heads=4, intermediate_size=24, type_vocab_size=2,
                           max_position_embeddings=64)

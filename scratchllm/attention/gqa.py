@@ -140,6 +140,8 @@ def gqa_decode(x_t, w, state, position, *, spec, rope=None):
              of different lengths, kv_state.begin_step); rope a Rope at those positions, or
              None: spec.rope there.
     Returns: y_t (B, D), equal to the corresponding row of the full causal forward.
+    A chunked mask (spec.mask.chunk C) attends the state's keys at positions from
+    C floor(position / C) on (the state keeps every token; the others are masked).
     The state holds exactly the keys the token may attend; rows of different lengths mask
     each shorter row's stale slots (state.key_mask(); a state without one keeps its rows in
     step: n_seen, append, kv and positions are the whole protocol).
@@ -151,6 +153,10 @@ def gqa_decode(x_t, w, state, position, *, spec, rope=None):
     state.append(k, v)
     K, V = state.kv()  # (B, Hkv, L, Dh); every cached key is at or before `position`
     bias, keep = None, rows_mask(state)  # keep None, or (B, 1, 1, L)
+    if spec.mask.chunk is not None:  # only the keys of the token's own chunk
+        start = np.reshape(position, (-1, 1, 1, 1)) // spec.mask.chunk * spec.mask.chunk
+        in_chunk = state.positions() >= start  # (B|1, 1, 1, L)
+        keep = in_chunk if keep is None else keep & in_chunk
     if spec.alibi:  # -slope |position - j| over the kept keys' positions
         slopes = alibi_slopes(spec.n_heads).astype(x_t.dtype)  # (H,)
         dist = np.abs(np.reshape(position, (-1, 1, 1, 1)) - state.positions())  # (B|1,1,1,L)
@@ -199,8 +205,9 @@ class Attention(Module):
             np.zeros((relative.num_buckets, H), dtype))
         gain = 1.0 - spec.norm_offset
         nq, nk = (H * Dh, Hkv * Dh) if spec.qk_norm == "full" else (Dh, Dh)
-        self.q_norm = Param(np.full(nq, gain, dtype)) if spec.qk_norm else None
-        self.k_norm = Param(np.full(nk, gain, dtype)) if spec.qk_norm else None
+        gains = spec.qk_norm not in (False, "l2")  # "l2" normalises without gains
+        self.q_norm = Param(np.full(nq, gain, dtype)) if gains else None
+        self.k_norm = Param(np.full(nk, gain, dtype)) if gains else None
         self.spec, self.head_dim = spec, Dh
 
     def _weights(self):
@@ -223,12 +230,13 @@ class Attention(Module):
         return self.add_grads(dict(g["w"]._asdict(), x=g["x"]))
 
     def init_state(self, batch, max_len):
-        """The decoding state: a KVState, or a RollingKVState(window, n_sink) for a window."""
+        """The decoding state: a KVState (also for chunks: gqa_decode masks the keys of
+        earlier chunks), or a RollingKVState(window, n_sink) for a window."""
         mask = self.spec.mask
         if not mask.causal or mask.block is not None or mask.array is not None:
             raise ValueError(f"Attention.init_state: decoding keeps the keys of a causal mask, "
-                             f"with a window and sinks at most, so spec.mask={mask!r} cannot "
-                             f"decode (its forward would differ)")
+                             f"with a window and sinks or chunks at most, so "
+                             f"spec.mask={mask!r} cannot decode (its forward would differ)")
         dt = self.wq.data.dtype
         if mask.window is None:
             return KVState(batch, self.spec.n_kv_heads, self.head_dim, max_len, dt)

@@ -20,6 +20,7 @@ from scratchllm.hub.families.dense2 import GEMMA2, OLMO2
 from scratchllm.hub.families.encoders import BERT
 from scratchllm.hub.families.gpt2 import GPT2
 from scratchllm.hub.families.gpt_oss import GPT_OSS
+from scratchllm.hub.families.llama4 import LLAMA4_TEXT
 from scratchllm.hub.families.llava import LLAVA
 from scratchllm.hub.families.modules import ModuleFamily
 from scratchllm.hub.families.moe import DEEPSEEK_V3, MIXTRAL
@@ -38,6 +39,7 @@ FAMILIES += (MAMBA2,)  # families/ssm2.py
 FAMILIES += (VIT, SIGLIP_VISION)  # families/vision.py
 FAMILIES += (BERT,)  # families/encoders.py
 FAMILIES += (CLIP_VISION, LLAVA)  # families/vision.py, families/llava.py
+FAMILIES += (LLAMA4_TEXT,)  # families/llama4.py
 BY_TYPE = {family.model_type: family for family in FAMILIES}
 
 

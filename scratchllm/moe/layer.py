@@ -7,6 +7,7 @@ Papers: Switch Transformer (arXiv 2101.03961), Mixtral (arXiv 2401.04088), ST-Mo
 Math (token n):
     (g_n, K_n, p, s) = router(x_n)                                  gates over the chosen k
     y_n = sum_{i in K_n, slot kept} g_ni expert_i(x_n) + SwiGLU_shared(x_n)
+    (spec.gate_input: expert_i(g_ni x_n) instead, the gate on the input: Llama 4)
 (the experts: SwiGLU (w1, w3, w2), gpt-oss's clamped SwiGLU with biases (gate_up,
 gate_up_b, down, down_b), or the plain GELU MLP with biases (w1, b1, w2, b2); experts.py)
     aux = E sum_i f_i P_i       z = mean_n logsumexp(s_n)^2          (losses.py)
@@ -86,6 +87,7 @@ class MoECache(NamedTuple):
     shared: tuple  # the shared expert's SWIGLU TwinCache, None without one
     kind: str  # spec.experts.kind: "swiglu", "clamped" (gpt-oss) or "mlp"
     losses: tuple  # (aux, z): the values of MoEOut.aux, MoEOut.z (for MoE.aux_losses)
+    xs: np.ndarray = None  # (M, D) the kept tokens before their gate (spec.gate_input)
 
     @property
     def tokens_per_expert(self):
@@ -160,25 +162,26 @@ def moe_forward(x, w, *, spec, selection_bias=None):
     z, z_cache = z_loss_forward(logits)
     disp = dispatch(topk_idx, E, C)
     xs = xf[disp.slots // k]  # (M, D) kept tokens, grouped by expert
+    g = gates.reshape(-1)[disp.slots]  # (M,)
+    x_in = g[:, None] * xs if spec.gate_input else xs  # (M, D) what the experts read
     kind = spec.experts.kind
     if kind == "mlp":
-        ys, e_cache = mlp_experts_forward(xs, disp.bounds, w.w1, w.b1, w.w2, w.b2)  # (M, D)
+        ys, e_cache = mlp_experts_forward(x_in, disp.bounds, w.w1, w.b1, w.w2, w.b2)  # (M, D)
     elif kind == "clamped":
-        ys, e_cache = clamped_experts_forward(xs, disp.bounds, w.gate_up, w.gate_up_b, w.down,
+        ys, e_cache = clamped_experts_forward(x_in, disp.bounds, w.gate_up, w.gate_up_b, w.down,
                                               w.down_b, alpha=spec.experts.alpha,
                                               limit=spec.experts.limit)  # (M, D)
     else:
-        ys, e_cache = experts_forward(xs, disp.bounds, w.w1, w.w3, w.w2)  # (M, D)
-    g = gates.reshape(-1)[disp.slots]  # (M,)
+        ys, e_cache = experts_forward(x_in, disp.bounds, w.w1, w.w3, w.w2)  # (M, D)
     slot_out = np.zeros((BT * k, D), x.dtype)  # (BTK, D); dropped slots stay 0
-    slot_out[disp.slots] = g[:, None] * ys
+    slot_out[disp.slots] = ys if spec.gate_input else g[:, None] * ys
     y = slot_out.reshape(BT, k, D).sum(axis=1)  # (BT, D)
     s_cache = None
     if spec.d_shared:
         y_shared, s_cache = fused.SWIGLU.forward(xf, w.shared_w1, w.shared_w3, w.shared_w2)
         y = y + y_shared  # (BT, D)
     cache = MoECache(x.shape, r_cache, b_cache, z_cache, disp, e_cache, ys, g, s_cache,
-                     kind, (aux, z))
+                     kind, (aux, z), xs if spec.gate_input else None)
     return MoEOut(y.reshape(x.shape), aux, z), cache
 
 
@@ -186,12 +189,14 @@ def moe_backward(dout, cache):
     """Gradients of the MoE layer. dout = MoEOut(dy, daux, dz); any may be None.
 
     Math: y_n = sum_j g_nj e_nj  ->  de_nj = g_nj dy_n, dg_nj = <dy_n, e_nj> (kept slots; 0 for
-    dropped ones), then each expert's backward, the router backward with the balance- and
+    dropped ones); with the gate on the input, y_n = sum_j e_j(g_nj x_n) -> the expert's
+    backward on dy_n gives du_nj, then dg_nj = <du_nj, x_n> and dx_n += g_nj du_nj; then each
+    expert's backward, the router backward with the balance- and
     z-loss gradients on the probabilities and logits, and the shared expert's backward.
     Returns: {"x": dx (..., D), "w": MoEWeights of the gradients (None where w had None)}.
     Reference: Switch Transformer (arXiv 2101.03961) §2; Mixtral (arXiv 2401.04088) §2.1.
     """
-    x_shape, r_cache, b_cache, z_cache, disp, e_cache, ys, g, s_cache, kind, _ = cache
+    x_shape, r_cache, b_cache, z_cache, disp, e_cache, ys, g, s_cache, kind, _, xs = cache
     expect_douts("moe_backward", dout, {"y": (x_shape, ys.dtype), "aux": ((), ys.dtype),
                                         "z": ((), ys.dtype)})
     dy, daux, dz = dout
@@ -200,10 +205,16 @@ def moe_backward(dout, cache):
     dy = np.zeros((BT, D), ys.dtype) if dy is None else dy.reshape(BT, D)  # (BT, D)
     dslot = dy[disp.slots // k]  # (M, D)  fwd: slot_out[slots] = g * ys, y = sum of slots
     dgates = np.zeros(BT * k, ys.dtype)  # (BTK,)
-    dgates[disp.slots] = np.einsum("md,md->m", dslot, ys)  # dg = <dy, ys>
-    g_e = EXPERTS_PAIRS[kind](g[:, None] * dslot, e_cache)  # dys = g dy
     dx_slot = np.zeros((BT * k, D), ys.dtype)  # (BTK, D)  fwd: xs = x[slots // k]
-    dx_slot[disp.slots] = g_e.pop("xs")
+    if xs is None:  # fwd: slot_out = g * ys
+        dgates[disp.slots] = np.einsum("md,md->m", dslot, ys)  # dg = <dy, ys>
+        g_e = EXPERTS_PAIRS[kind](g[:, None] * dslot, e_cache)  # dys = g dy
+        dx_slot[disp.slots] = g_e.pop("xs")
+    else:  # fwd: ys = experts(g * xs), slot_out = ys
+        g_e = EXPERTS_PAIRS[kind](dslot, e_cache)  # dys = dy
+        du = g_e.pop("xs")  # (M, D) d/d(g xs)
+        dgates[disp.slots] = np.einsum("md,md->m", du, xs)  # dg = <du, xs>
+        dx_slot[disp.slots] = g[:, None] * du  # dxs = g du
     dprobs = None if daux is None else balance_loss_backward(daux, b_cache)["probs"]
     dlogits = None if dz is None else z_loss_backward(dz, z_cache)["logits"]
     g_r = router_backward(RouterOut(dgates.reshape(BT, k), None, dprobs, dlogits), r_cache)
@@ -243,7 +254,10 @@ def moe_forward_ref(x, w, *, spec, selection_bias=None):
     for n in range(BT):
         for j in range(k):
             i = topk_idx[n, j]
-            if used[i] < C:
+            if used[i] < C and spec.gate_input:
+                used[i] += 1
+                y[n] += expert(i, gates[n, j] * xf[n])
+            elif used[i] < C:
                 used[i] += 1
                 y[n] += gates[n, j] * expert(i, xf[n])
         if spec.d_shared:

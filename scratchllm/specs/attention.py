@@ -128,6 +128,7 @@ class Mask:
     block: int = None
     n_global: int = 0
     array: object = None
+    chunk: int = None
 
     def __post_init__(self):
         flag(self, "causal")
@@ -135,6 +136,11 @@ class Mask:
         positive_int(self, "n_sink", low=0)
         positive_int(self, "block", none_ok=True)
         positive_int(self, "n_global", low=0)
+        positive_int(self, "chunk", none_ok=True)
+        if self.chunk is not None and (self.window is not None or self.block is not None
+                                       or not self.causal):
+            fail(self, f"chunk={self.chunk} is a causal pattern of its own: it excludes "
+                       f"window, block and causal=False")
         if self.window is not None and not self.causal:
             fail(self, f"window={self.window} needs causal=True (a sliding window looks back)")
         if self.n_sink and self.window is None:
@@ -144,15 +150,16 @@ class Mask:
         if self.block is not None and (self.window is not None or not self.causal):
             fail(self, f"block={self.block} is a causal pattern of its own: it excludes window "
                        f"and causal=False")
-        if self.array is not None and (self.window or self.n_sink or self.block
+        if self.array is not None and (self.window or self.n_sink or self.block or self.chunk
                                        or not self.causal):
-            fail(self, "array excludes window, n_sink, block and causal=False: put the whole "
-                       "pattern in the array")
+            fail(self, "array excludes window, n_sink, block, chunk and causal=False: put the "
+                       "whole pattern in the array")
 
     @property
     def is_plain_causal(self):
         """The lower triangle and nothing else."""
-        return self.causal and self.window is None and self.block is None and self.array is None
+        return (self.causal and self.window is None and self.block is None
+                and self.array is None and self.chunk is None)
 
 
 @dataclass(frozen=True)
@@ -163,7 +170,9 @@ class AttentionSpec:
     (Qwen2; GPT-2).  qk_norm: an RMSNorm over each q and k head before RoPE (True: Qwen3,
     Gemma 3), or "full": over the whole q and k projections (H*Dh and Hkv*Dh: OLMo 2), with
     its eps and gain offset (Gemma: gain = offset + g).  scale: the softmax scale (None =
-    Dh^-1/2).  sinks: a learned sink logit per head (gpt-oss).  rope None: no rotary positions
+    Dh^-1/2); qk_norm "l2": the RMSNorm over each head without gains (Llama 4's
+    L2-norm, which it applies after RoPE: a rotation keeps the norm, so the order does not
+    matter).  sinks: a learned sink logit per head (gpt-oss).  rope None: no rotary positions
     (NoPE, or GPT-2's learned table); position_bias: a bias on the scores instead, "alibi"
     (ALiBi's fixed per-head slopes) or a RelativeBiasSpec (T5's learned relative position
     bias: the layer owns a (num_buckets, H) table), None for none.  impl
@@ -193,9 +202,10 @@ class AttentionSpec:
         positive_int(self, "head_dim", none_ok=True)
         for name in ("qkv_bias", "o_bias", "sinks"):
             flag(self, name)
-        if not isinstance(self.qk_norm, bool) and self.qk_norm != "full":
-            fail(self, f"qk_norm must be False, True (per head) or 'full' (over the whole "
-                       f"projection), got {self.qk_norm!r}", "qk_norm")
+        if not isinstance(self.qk_norm, bool) and self.qk_norm not in ("full", "l2"):
+            fail(self, f"qk_norm must be False, True (per head) 'full' (over the whole "
+                       f"projection) or 'l2' (per head, no gains), got {self.qk_norm!r}",
+                 "qk_norm")
         real(self, "norm_eps", 0, open_low=True)
         real(self, "norm_offset")
         real(self, "scale", 0, open_low=True, none_ok=True)
@@ -218,9 +228,10 @@ class AttentionSpec:
                  "position_bias")
         if self.impl == "flash" and self.softcap is not None:
             fail(self, "softcap caps the dense scores: it needs impl='sdpa'", "softcap")
-        if self.impl == "flash" and (self.mask.array is not None or self.mask.block):
+        if self.impl == "flash" and (self.mask.array is not None or self.mask.block
+                                     or self.mask.chunk):
             fail(self, "impl='flash' tiles causal, window and n_sink; a mask array or a block "
-                       "pattern needs impl='sdpa'")
+                       "pattern needs impl='sdpa', and so do chunks")
 
     @property
     def alibi(self):
@@ -243,7 +254,7 @@ class AttentionSpec:
         """wq, wk, wv, wo (+ biases, QK-norm gains, sink logits, relative bias table)."""
         D, H, Hkv, Dh = d_model, self.n_heads, self.n_kv_heads, self.dh(d_model)
         n = D * H * Dh + 2 * D * Hkv * Dh + H * Dh * D + self.n_biases(d_model)
-        n += (H + Hkv) * Dh if self.qk_norm == "full" else 2 * Dh if self.qk_norm else 0
+        n += {"full": (H + Hkv) * Dh, "l2": 0, True: 2 * Dh}.get(self.qk_norm, 0)
         n += self.relative.num_buckets * H if self.relative is not None else 0
         return n + (H if self.sinks else 0)
 

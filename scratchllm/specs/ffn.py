@@ -115,15 +115,19 @@ class MoESpec:
 
     capacity_factor c: per-expert capacity ceil(c N K / E), overflow dropped (None = no drops);
     d_shared Fs: one always-on SwiGLU of that width (DeepSeek's shared experts; 0 = none);
-    balance_coef, z_coef: weights of the Switch balance loss and the ST-MoE z-loss."""
+    balance_coef, z_coef: weights of the Switch balance loss and the ST-MoE z-loss;
+    gate_input: the gate scales each routed expert's input, expert(g x), not its output,
+    g expert(x) (Llama 4's Llama4TextMoe)."""
     router: RouterSpec = RouterSpec()
     experts: ExpertsSpec = ExpertsSpec()
     capacity_factor: float = None
     d_shared: int = 0
     balance_coef: float = 0.01
     z_coef: float = 0.001
+    gate_input: bool = False
 
     def __post_init__(self):
+        flag(self, "gate_input")
         instance(self, "router", RouterSpec)
         instance(self, "experts", ExpertsSpec)
         real(self, "capacity_factor", 0, open_low=True, none_ok=True)

@@ -5,7 +5,10 @@ Each flat name is the spec field it sets, prefixed where the flat list needs it 
 attn_sinks -> AttentionSpec.sinks, attn_scale -> .scale, attn_impl -> .impl, rope_base ->
 RopeSpec.base, router_bias -> RouterSpec.bias, experts -> ExpertsSpec.kind, n_shared * d_ff ->
 MoESpec.d_shared, block -> LayerSpec.placement, norm / norm_eps / norm_offset -> NormSpec.
-causal -> every attention layer's Mask.causal; mlm_head -> HeadSpec(transform=True,
+causal -> every attention layer's Mask.causal; attention_chunk -> Mask.chunk of the
+"chunked_attention" layers of layer_types; nope_layers: the indices of attention layers
+without RoPE (NoPE layers, whose weightless qk_norm "l2" is off too, as Llama 4's);
+moe_gate_input -> MoESpec.gate_input; mlm_head -> HeadSpec(transform=True,
 gelu_approx, bias=True) (BERT's MLM head, with the FFN's GELU). The per-layer choices
 (layer_pattern, layer_types, moe_every, moe_offset, first_k_dense) pick
 the spec of each layer.
@@ -99,6 +102,9 @@ class Flat:
     group_top: int = 2
     mla_norm_eps: float = 1e-6
     ssm_groups: int = 1
+    attention_chunk: int = None
+    nope_layers: list = None
+    moe_gate_input: bool = False
 
 
 FLAT_NAMES = tuple(f.name for f in fields(Flat))
@@ -114,6 +120,7 @@ RENAMED = {  # (spec, field) -> the flat name that sets it, where the two differ
     ("NormSpec", "offset"): "norm_offset", ("LayerSpec", "placement"): "block",
     ("HeadSpec", "transform"): "mlm_head",
     ("MLASpec", "norm_eps"): "mla_norm_eps", ("Mamba2Spec", "n_groups"): "ssm_groups",
+    ("Mask", "chunk"): "attention_chunk", ("MoESpec", "gate_input"): "moe_gate_input",
 }
 
 
@@ -184,33 +191,48 @@ def _check_layers(f):
         bad(f"dense_d_ff must be None or a positive integer, got {f.dense_d_ff!r}")
     types = f.layer_types
     if types is not None and (len(types) != f.n_layers or set(types) - {
-            "full_attention", "sliding_attention"}):
-        bad(f"layer_types must be {f.n_layers} of 'full_attention'/'sliding_attention', "
-            f"got {types!r}")
+            "full_attention", "sliding_attention", "chunked_attention"}):
+        bad(f"layer_types must be {f.n_layers} of 'full_attention'/'sliding_attention'/"
+            f"'chunked_attention', got {types!r}")
     if types is not None and "sliding_attention" in types and f.window is None:
         bad("layer_types has sliding_attention layers but window is None")
+    if (types is not None and "chunked_attention" in types) != (f.attention_chunk is not None):
+        bad(f"attention_chunk={f.attention_chunk!r} goes with 'chunked_attention' layers in "
+            f"layer_types (one without the other does nothing)")
+    nope = f.nope_layers
+    if nope is not None and (not isinstance(nope, (list, tuple)) or any(
+            isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < f.n_layers
+            for i in nope) or list(nope) != sorted(set(nope)) or f.positions != "rope"):
+        bad(f"nope_layers must be None or increasing layer indices in [0, {f.n_layers}) of a "
+            f"model with positions='rope', got {nope!r} (positions={f.positions!r})")
     if f.n_sink and f.window is None:
         bad(f"n_sink={f.n_sink} needs a window (the sink tokens are kept beside it)")
     if f.attention == "mla" and (f.positions != "rope" or f.attn_impl != "sdpa"
                                  or f.window is not None or f.head_dim or f.qkv_bias
-                                 or f.qk_norm or f.attn_softcap is not None):
+                                 or f.qk_norm or f.attn_softcap is not None
+                                 or f.attention_chunk or f.nope_layers):
         bad("attention='mla' supports positions='rope', attn_impl='sdpa', no window, and none "
-            "of head_dim, qkv_bias, qk_norm, attn_softcap (options of attention='gqa')")
+            "of head_dim, qkv_bias, qk_norm, attn_softcap, attention_chunk, nope_layers "
+            "(options of attention='gqa')")
     if f.positions != "rope" and (f.rope_scaling is not None or f.rope_style != "half"):
         bad(f"rope_scaling={f.rope_scaling!r} and rope_style={f.rope_style!r} act only "
             f"through RoPE, and positions={f.positions!r}")
 
 
 def _attention_layer(f, i):
-    """(window, RopeSpec) of attention layer i: with layer_types, a sliding layer has the
+    """(Mask, RopeSpec) of attention layer i: with layer_types, a sliding layer has the
     window and rope_local_base without scaling when that is given (Gemma 3), else the full
-    layers' RoPE (gpt-oss); a full layer has no window."""
+    layers' RoPE (gpt-oss); a chunked layer has chunks of attention_chunk (Llama 4) and no
+    window, a full layer neither."""
     window, base, scaling = f.window, f.rope_base, f.rope_scaling
-    if f.layer_types is not None and f.layer_types[i] == "full_attention":
+    kind = None if f.layer_types is None else f.layer_types[i]
+    if kind in ("full_attention", "chunked_attention"):
         window = None
-    elif f.layer_types is not None and f.rope_local_base is not None:
+    elif kind is not None and f.rope_local_base is not None:
         base, scaling = f.rope_local_base, None
-    return window, RopeSpec(base, scaling, f.rope_style)
+    chunk = f.attention_chunk if kind == "chunked_attention" else None
+    mask = Mask(f.causal, window=window, n_sink=f.n_sink if window else 0, chunk=chunk)
+    return mask, RopeSpec(base, scaling, f.rope_style)
 
 
 def _mixer(f, i, kind):
@@ -223,14 +245,15 @@ def _mixer(f, i, kind):
     if kind == "M":
         return MambaSpec(f.d_state, f.d_conv, f.expand, f.dt_rank, f.mamba_inner_norms,
                          f.norm_eps)
-    window, rope = _attention_layer(f, i)
+    mask, rope = _attention_layer(f, i)
     if f.attention == "mla":
         return MLASpec(f.n_heads, f.q_lora_rank, f.kv_lora_rank, f.qk_nope_head_dim,
                        f.qk_rope_head_dim, f.v_head_dim, f.mla_norm_eps, rope)
-    mask = Mask(f.causal, window=window, n_sink=f.n_sink if window else 0)
+    nope = f.positions != "rope" or i in (f.nope_layers or ())
+    qk_norm = False if nope and f.qk_norm == "l2" and f.nope_layers else f.qk_norm
     return AttentionSpec(
-        f.n_heads, f.n_kv_heads, f.head_dim, f.qkv_bias, f.o_bias, f.qk_norm, f.norm_eps,
-        f.norm_offset, f.attn_scale, f.attn_sinks, rope if f.positions == "rope" else None,
+        f.n_heads, f.n_kv_heads, f.head_dim, f.qkv_bias, f.o_bias, qk_norm, f.norm_eps,
+        f.norm_offset, f.attn_scale, f.attn_sinks, None if nope else rope,
         "alibi" if f.positions == "alibi" else None, f.attn_impl, mask=mask,
         softcap=f.attn_softcap)
 
@@ -256,4 +279,4 @@ def _moe(f):
                         group_top=f.group_top)
     experts = ExpertsSpec(f.experts, f.d_ff, f.swiglu_alpha, f.swiglu_limit)
     return MoESpec(router, experts, f.capacity_factor, f.n_shared * f.d_ff, f.balance_coef,
-                   f.z_coef)
+                   f.z_coef, f.moe_gate_input)

@@ -23,6 +23,7 @@ FAMILIES += ["gpt_oss"]  # sinks, sliding/full layer_types, biased router, clamp
 FAMILIES += ["mixtral", "deepseek_v3", "deepseek_v3_plain"]  # tools/make_hf_fixtures_moe.py
 FAMILIES += ["olmo2", "gemma2", "qwen3_moe", "qwen3_moe_step", "deepseek_v2",
              "deepseek_v2_lite", "mamba2", "mamba2_groups"]  # tools/make_hf_fixtures_causal.py
+FAMILIES += ["llama4_text"]  # chunks, NoPE, L2 QK-norm, input-gated MoE (same tool)
 
 
 def expected(family):

@@ -88,6 +88,7 @@ def only(hf, fixed, family):
 # what every causal LM family needs unless its needs say otherwise (the encoder options)
 CAUSAL_LM = dict(causal=True, type_vocab_size=0, embed_norm=False, final_norm=True,
                  mlm_head=False, pad_id=None)
+CAUSAL_LM.update(attention_chunk=None, nope_layers=None, moe_gate_input=False)  # Llama 4's
 
 
 def differences(f, needs):

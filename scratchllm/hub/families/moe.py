@@ -167,7 +167,8 @@ def _mixtral_claims(f):
     """GQA attention (without QK-norm: qwen3_moe's) in every layer and an MoE of SwiGLU
     experts."""
     return (_attention_only(f) and f.attention == "gqa" and f.ffn == "moe"
-            and f.experts == "swiglu" and not f.attn_sinks and not f.qk_norm)
+            and f.experts == "swiglu" and not f.attn_sinks and not f.qk_norm
+            and not f.moe_gate_input)  # llama4_text's
 
 
 MIXTRAL = Family(
