@@ -22,6 +22,11 @@ The Mixture-of-Experts families go through make_hf_fixtures_moe.py's writer and 
                       interleaved dense / MoE layers (step 2), sigmoid top-1 of 4 experts
                       scaling the experts' input, a shared expert, pad_token_id 0 (the
                       embedding's padding_idx); attn_temperature_tuning off
+    deepseek_v32      deepseek_v3's layers (q_lora_rank, a dense first layer, groups 4 -> 2,
+                      a selection bias) with the lightning indexer: 4 heads of 8, top 4 of
+                      T = 9 keys; YaRN (its attention factor reaches the indexer's RoPE);
+                      the ids redrawn until every indexer choice too is clear of a tie, and
+                      the indexer's gradients (None in transformers: no_grad) written as zeros
 The state-space families go through make_hf_fixtures_ssm.py's reference:
     mamba2         4 heads of 8, state 8, n_groups 1, chunk_size 4 (< T: the chunked scan)
     mamba2_groups  n_groups 2 (B, C and the gated RMSNorm in two groups), a tied head
@@ -30,6 +35,7 @@ src/transformers/models/gemma2/modeling_gemma2.py,
 src/transformers/models/qwen3_moe/modeling_qwen3_moe.py,
 src/transformers/models/deepseek_v2/modeling_deepseek_v2.py,
 src/transformers/models/llama4/modeling_llama4.py,
+src/transformers/models/deepseek_v32/modeling_deepseek_v32.py,
 src/transformers/models/mamba2/modeling_mamba2.py.
 """
 import sys
@@ -78,6 +84,13 @@ MOE = {
                         attention_chunk_size=4, no_rope_layers=[1, 1, 0, 1],
                         attn_temperature_tuning=False, pad_token_id=0,
                         rope_parameters=dict(rope_type="default", rope_theta=1000.0)),
+    "deepseek_v32": dict(_DSV2, model_type="deepseek_v32", num_hidden_layers=2, q_lora_rank=12,
+                         first_k_dense_replace=1, n_group=4, topk_group=2, n_shared_experts=1,
+                         norm_topk_prob=True, routed_scaling_factor=2.5, index_topk=4,
+                         index_head_dim=8, index_n_heads=4, rope_parameters=dict(
+                             rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                             original_max_position_embeddings=16, mscale=1.0,
+                             mscale_all_dim=0.5)),
 }
 
 
@@ -127,6 +140,62 @@ class RoutingLog(moe.RoutingLog):
 
 
 moe.RoutingLog = RoutingLog  # moe.reference builds its log by this name
+
+
+def index_margin(scores, k):
+    """The smallest gap, over the rows of a DeepSeek-V3.2 indexer's scores (B, S, T), between
+    the k-th and (k+1)-th largest unmasked score (inf where a row has <= k of them)."""
+    s = scores.detach().numpy().reshape(-1, scores.shape[-1])
+    valid = s > -1e300  # the causal mask adds finfo.min (or -inf)
+    margins = [np.inf if v.sum() <= k else -np.diff(np.sort(r[v])[::-1][k - 1:k + 1])[0]
+               for r, v in zip(s, valid)]
+    return float(min(margins))
+
+
+def log_indexers(model, calls):
+    """Record in `calls` (as RoutingLog does, router -1, no experts) the margin of every top-k
+    choice of the model's DeepseekV32Indexer modules: their forward runs unchanged, with
+    Tensor.topk watched while it runs."""
+    for m in model.modules():
+        if type(m).__name__ != "DeepseekV32Indexer":
+            continue
+
+        def forward(*args, _inner=m.forward, **kwargs):
+            topk = torch.Tensor.topk
+
+            def watched(t, k, *a, **kw):
+                calls.append((-1, index_margin(t, k), set()))
+                return topk(t, k, *a, **kw)
+            torch.Tensor.topk = watched
+            try:
+                return _inner(*args, **kwargs)
+            finally:
+                torch.Tensor.topk = topk
+        m.forward = forward
+
+
+class IndexedRoutingLog(RoutingLog):
+    """RoutingLog, and the indexers' choices."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        log_indexers(model, self.calls)
+
+
+moe.RoutingLog = IndexedRoutingLog
+_checkpoint_grads = moe.checkpoint_grads
+
+
+def checkpoint_grads(model):
+    """make_hf_fixtures_moe.checkpoint_grads, a parameter without a gradient (DeepSeek-V3.2's
+    indexer, run under no_grad) given zeros."""
+    for p in model.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    return _checkpoint_grads(model)
+
+
+moe.checkpoint_grads = checkpoint_grads
 
 
 SSM = {  # the state-space families: make_hf_fixtures_ssm.py's reference

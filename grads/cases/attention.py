@@ -318,7 +318,36 @@ def mla(rng):
                   spec=MLASpec(H, Dq, Dc, dn, dr, dv, rope=interleaved)),
             check(mla_forward, mla_backward, rng=rng, label="half, yarn, (B,T) pos", x=x,
                   w=w_lora, spec=yarn_spec, rope=make_rope(yarn_spec.rope, dr, np.array(
-                      [[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])))]
+                      [[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]]))),
+            _mla_indexed(rng, x, w_lora, MLASpec(H, Dq, Dc, dn, dr, dv, rope=interleaved))]
+
+
+def _mla_indexed(rng, x, w, spec):
+    """mla with DeepSeek-V3.2's indexer (top 3 of T = 5 keys), its weights drawn until every
+    choice is 1e-3 clear of a tie, so no finite-difference step changes one. The indexer's
+    own weights get no gradient (a discrete choice), so wrt leaves them out."""
+    import dataclasses
+    from scratchllm.attention import lightning_indexer_forward, make_rope, mla_backward
+    from scratchllm.attention import mla_forward
+    from scratchllm.attention.dsa import indexer_project
+    from scratchllm.specs import IndexerSpec
+    spec = dataclasses.replace(spec, indexer=IndexerSpec(n_heads=2, head_dim=8, top_k=3))
+    D, Dq = x.shape[2], spec.q_lora_rank
+    rope = make_rope(spec.rope, spec.qk_rope_head_dim, np.arange(x.shape[1]))
+    while True:
+        w = w._replace(idx_wq=0.5 * rng.standard_normal((Dq, 16)),
+                       idx_wk=0.5 * rng.standard_normal((D, 8)), idx_k_norm=1 + rng.random(8),
+                       idx_k_norm_b=0.1 * rng.standard_normal(8),
+                       idx_w=rng.standard_normal((D, 2)))
+        scores = lightning_indexer_forward(*indexer_project(x, w, spec=spec, rope=rope))[0]
+        rows = [np.sort(scores[:, t, :t + 1], axis=-1) for t in (3, 4)]  # 3 of 4, 5 keys
+        gaps = [r[:, -3] - r[:, -4] for r in rows]
+        if min(np.min(g) for g in gaps) > 1e-3:
+            break
+    wrt = ["x"] + [f"w.{n}" for n in ("wkv_a", "kv_norm", "wkv_b", "wo", "wq_a", "q_norm",
+                                      "wq_b")]
+    return check(mla_forward, mla_backward, rng=rng, label="indexer top 3 (DeepSeek-V3.2)",
+                 wrt=wrt, x=x, w=w, spec=spec)
 
 
 @case

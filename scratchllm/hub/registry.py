@@ -16,6 +16,7 @@ Adding a family is adding its record to a module of families/ and to FAMILIES be
 """
 from scratchllm.hub.families.base import fail_config
 from scratchllm.hub.families.dense import GEMMA3, LLAMA, MISTRAL, QWEN2, QWEN3
+from scratchllm.hub.families.deepseek_v32 import DEEPSEEK_V32
 from scratchllm.hub.families.dense2 import GEMMA2, OLMO2
 from scratchllm.hub.families.encoders import BERT
 from scratchllm.hub.families.gpt2 import GPT2
@@ -40,6 +41,7 @@ FAMILIES += (VIT, SIGLIP_VISION)  # families/vision.py
 FAMILIES += (BERT,)  # families/encoders.py
 FAMILIES += (CLIP_VISION, LLAVA)  # families/vision.py, families/llava.py
 FAMILIES += (LLAMA4_TEXT,)  # families/llama4.py
+FAMILIES += (DEEPSEEK_V32,)  # families/deepseek_v32.py
 BY_TYPE = {family.model_type: family for family in FAMILIES}
 
 

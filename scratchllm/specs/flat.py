@@ -8,7 +8,8 @@ MoESpec.d_shared, block -> LayerSpec.placement, norm / norm_eps / norm_offset ->
 causal -> every attention layer's Mask.causal; attention_chunk -> Mask.chunk of the
 "chunked_attention" layers of layer_types; nope_layers: the indices of attention layers
 without RoPE (NoPE layers, whose weightless qk_norm "l2" is off too, as Llama 4's);
-moe_gate_input -> MoESpec.gate_input; mlm_head -> HeadSpec(transform=True,
+moe_gate_input -> MoESpec.gate_input; index_topk, index_n_heads, index_head_dim ->
+MLASpec.indexer, an IndexerSpec when index_topk is set (DeepSeek-V3.2); mlm_head -> HeadSpec(transform=True,
 gelu_approx, bias=True) (BERT's MLM head, with the FFN's GELU). The per-layer choices
 (layer_pattern, layer_types, moe_every, moe_offset, first_k_dense) pick
 the spec of each layer.
@@ -16,7 +17,7 @@ the spec of each layer.
 from dataclasses import dataclass, fields
 
 from scratchllm.specs._check import SpecError
-from scratchllm.specs.attention import AttentionSpec, Mask, MLASpec, RopeSpec
+from scratchllm.specs.attention import AttentionSpec, IndexerSpec, Mask, MLASpec, RopeSpec
 from scratchllm.specs.ffn import ExpertsSpec, FFNSpec, MoESpec, RouterSpec
 from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
 from scratchllm.specs.model import HeadSpec, LayerSpec, ModelConfig, NormSpec
@@ -105,6 +106,9 @@ class Flat:
     attention_chunk: int = None
     nope_layers: list = None
     moe_gate_input: bool = False
+    index_topk: int = None
+    index_n_heads: int = 4
+    index_head_dim: int = 32
 
 
 FLAT_NAMES = tuple(f.name for f in fields(Flat))
@@ -121,6 +125,8 @@ RENAMED = {  # (spec, field) -> the flat name that sets it, where the two differ
     ("HeadSpec", "transform"): "mlm_head",
     ("MLASpec", "norm_eps"): "mla_norm_eps", ("Mamba2Spec", "n_groups"): "ssm_groups",
     ("Mask", "chunk"): "attention_chunk", ("MoESpec", "gate_input"): "moe_gate_input",
+    ("IndexerSpec", "top_k"): "index_topk", ("IndexerSpec", "n_heads"): "index_n_heads",
+    ("IndexerSpec", "head_dim"): "index_head_dim",
 }
 
 
@@ -214,6 +220,8 @@ def _check_layers(f):
         bad("attention='mla' supports positions='rope', attn_impl='sdpa', no window, and none "
             "of head_dim, qkv_bias, qk_norm, attn_softcap, attention_chunk, nope_layers "
             "(options of attention='gqa')")
+    if f.index_topk is not None and f.attention != "mla":
+        bad(f"index_topk={f.index_topk} (DeepSeek-V3.2's indexer) needs attention='mla'")
     if f.positions != "rope" and (f.rope_scaling is not None or f.rope_style != "half"):
         bad(f"rope_scaling={f.rope_scaling!r} and rope_style={f.rope_style!r} act only "
             f"through RoPE, and positions={f.positions!r}")
@@ -247,8 +255,11 @@ def _mixer(f, i, kind):
                          f.norm_eps)
     mask, rope = _attention_layer(f, i)
     if f.attention == "mla":
+        indexer = None if f.index_topk is None else IndexerSpec(
+            f.index_n_heads, f.index_head_dim, f.index_topk)
         return MLASpec(f.n_heads, f.q_lora_rank, f.kv_lora_rank, f.qk_nope_head_dim,
-                       f.qk_rope_head_dim, f.v_head_dim, f.mla_norm_eps, rope)
+                       f.qk_rope_head_dim, f.v_head_dim, f.mla_norm_eps, rope,
+                       indexer=indexer)
     nope = f.positions != "rope" or i in (f.nope_layers or ())
     qk_norm = False if nope and f.qk_norm == "l2" and f.nope_layers else f.qk_norm
     return AttentionSpec(

@@ -79,6 +79,9 @@ def _mixer_fields(cfg):
                    qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim,
                    mla_norm_eps=m.norm_eps,
                    **_rope_fields(m.rope))
+        if m.indexer is not None:
+            out.update(index_topk=m.indexer.top_k, index_n_heads=m.indexer.n_heads,
+                       index_head_dim=m.indexer.head_dim)
     if attention:
         out.update(_attention_fields(attention, cfg.positions, mixers))
     return out

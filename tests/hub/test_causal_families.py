@@ -1,6 +1,6 @@
 """The newer causal families' config checks: a config.json field whose value the library does
 not implement is an error naming it (olmo2, gemma2, qwen3_moe, deepseek_v2, mamba2,
-llama4_text), and a
+llama4_text, deepseek_v32), and a
 model whose options a family cannot express does not save as it. The numbers themselves
 (logits, gradients, greedy ids, save) are tests/hub/test_pretrained.py's."""
 import json
@@ -25,7 +25,9 @@ HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
     ("mamba2", "time_step_limit", [0.0, 1.0]), ("mamba2", "use_bias", True),
     ("llama4_text", "attn_temperature_tuning", True), ("llama4_text", "moe_layers", [0, 1, 3]),
     ("llama4_text", "layer_types", ["sliding_attention"] * 4),
-    ("llama4_text", "attention_bias", True)])
+    ("llama4_text", "attention_bias", True), ("deepseek_v32", "q_lora_rank", None),
+    ("deepseek_v32", "mlp_layer_types", ["sparse", "dense"]),
+    ("deepseek_v32", "layer_types", ["full_attention"] * 2)])
 def test_config_errors_name_the_field(family, field, value, tmp_path):
     d = tmp_path / family
     shutil.copytree(HF / family, d)
@@ -48,6 +50,8 @@ def test_the_loaded_options_read_as_flat_names():
     llama4 = flat_of(load_pretrained(HF / "llama4_text").cfg)
     assert (llama4.attention_chunk, llama4.nope_layers, llama4.qk_norm) == (4, [2], "l2")
     assert (llama4.moe_gate_input, llama4.moe_every, llama4.pad_id) == (True, 2, 0)
+    v32 = flat_of(load_pretrained(HF / "deepseek_v32").cfg)
+    assert (v32.index_topk, v32.index_n_heads, v32.index_head_dim) == (4, 4, 8)
 
 
 @pytest.mark.parametrize("name, overrides, named", [

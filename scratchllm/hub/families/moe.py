@@ -237,7 +237,8 @@ def _deepseek_claims(f):
     """MLA attention in every layer (dense or MoE FFNs of SwiGLU experts), scores not softmax
     (deepseek_v2's)."""
     return (_attention_only(f) and f.attention == "mla" and f.experts == "swiglu"
-            and not f.attn_sinks and f.score != "softmax")
+            and not f.attn_sinks and f.score != "softmax"
+            and f.index_topk is None)  # deepseek_v32's
 
 
 DEEPSEEK_V3 = Family("deepseek_v3", "DeepseekV3ForCausalLM", _deepseek_from_hf,
