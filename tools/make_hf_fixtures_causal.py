@@ -7,6 +7,8 @@ model.safetensors by transformers' save_pretrained in float32, tokenizer.json, e
 with transformers' float64 logits, every parameter's gradient of sum(logits * G), greedy ids,
 and the float32 logits of scratchllm's save_pretrained loaded by from_pretrained):
     olmo2      output-only norms, QK-norm over the whole projections, GQA
+    rwkv       RWKV-4: 2 blocks of time mix and channel mix (intermediate_size 24),
+               blocks.0.pre_ln, rescale_every 0 (transformers' inference halving off)
 The Mixture-of-Experts families go through make_hf_fixtures_moe.py's writer and reference
 (ids redrawn until every routing decision is clear of a tie; per-expert gradient names):
     qwen3_moe       qwen3 attention (QK-norm per head, head_dim 12), a dense first layer
@@ -36,7 +38,8 @@ src/transformers/models/qwen3_moe/modeling_qwen3_moe.py,
 src/transformers/models/deepseek_v2/modeling_deepseek_v2.py,
 src/transformers/models/llama4/modeling_llama4.py,
 src/transformers/models/deepseek_v32/modeling_deepseek_v32.py,
-src/transformers/models/mamba2/modeling_mamba2.py.
+src/transformers/models/mamba2/modeling_mamba2.py,
+src/transformers/models/rwkv/modeling_rwkv.py.
 """
 import sys
 import zlib
@@ -56,6 +59,8 @@ DENSE = {
     "gemma2": dict(GEOMETRY, model_type="gemma2", head_dim=12, query_pre_attn_scalar=10,
                    sliding_window=4, attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
                    rope_theta=1000.0),
+    "rwkv": dict(model_type="rwkv", hidden_size=16, num_hidden_layers=2, intermediate_size=24,
+                 context_length=64, rescale_every=0),
 }
 _QWEN3_MOE = dict(GEOMETRY, model_type="qwen3_moe", head_dim=12, num_experts=4,
                   num_experts_per_tok=2, moe_intermediate_size=8, rope_theta=1e6)
@@ -117,6 +122,19 @@ def routing(router, logits):
 
 
 _moe_routing, moe.routing = moe.routing, routing  # RoutingLog's hooks call moe.routing
+_load_float64 = dense.load_float64
+
+
+def load_float64(directory):
+    """make_hf_fixtures.load_float64; RWKV's forward without its state (use_cache false: the
+    state's in-place updates would break autograd; generate still decodes with the state)."""
+    model = _load_float64(directory)
+    if model.config.model_type == "rwkv":
+        model.config.use_cache = False
+    return model
+
+
+dense.load_float64 = load_float64  # make_hf_fixtures.reference loads by this name
 
 
 def llama4_routing(router, logits):

@@ -42,6 +42,13 @@ class BlockCache(NamedTuple):
     ffn: SublayerCache    # None for a mixer-only block
 
 
+class FFNState(NamedTuple):
+    """The decoding state of a block whose FFN keeps one (RWKV-4's channel mix: the previous
+    token's x): the mixer's state and the FFN's."""
+    mixer: object
+    ffn: object
+
+
 class Block(Module):
     """One residual block of a LayerSpec (Params: norm1, mixer, [norm_cross, cross], norm2,
     ffn, and for placement "sandwich" post_mixer_norm, post_ffn_norm). cross: the
@@ -79,8 +86,9 @@ class Block(Module):
         y, c_post = norm.forward(x + m) if self.spec.placement == "post" else (x + m, None)
         return y, SublayerCache(c_norm, c_inner, c_out, c_post)
 
-    def _body(self, x, mix, context=None):
-        """The block on x (..., D) with the mixer called as mix(a) -> (m, cache)."""
+    def _body(self, x, mix, context=None, ffn=None):
+        """The block on x (..., D) with the mixer called as mix(a) -> (m, cache), and the FFN
+        as ffn(a) -> (f, cache) (default: its forward)."""
         if (context is None) != (self.cross is None):
             raise ValueError("Block: a context goes with a cross-attention sub-layer and only "
                              f"with one (cross is {'None' if self.cross is None else 'set'}, "
@@ -92,7 +100,7 @@ class Block(Module):
                                         lambda a: self.cross.forward(a, context))
         if self.ffn is None:
             return h, BlockCache(c_mix, c_cross, None)
-        y, c_ffn = self._sublayer(h, self.norm2, self.post_ffn_norm, self.ffn.forward)
+        y, c_ffn = self._sublayer(h, self.norm2, self.post_ffn_norm, ffn or self.ffn.forward)
         return y, BlockCache(c_mix, c_cross, c_ffn)  # (..., D)
 
     def forward(self, x, context=None):
@@ -100,10 +108,32 @@ class Block(Module):
         BlockCache)."""
         return self._body(x, self.mixer.forward, context)
 
+    def init_state(self, batch, max_len):
+        """This layer's decoding state: the mixer's, or an FFNState of the mixer's and the
+        FFN's when the FFN keeps one (RWKV-4's channel mix)."""
+        state = self.mixer.init_state(batch, max_len)
+        if hasattr(self.ffn, "init_state"):
+            return FFNState(state, self.ffn.init_state(batch))
+        return state
+
+    def _states(self, state):
+        """(the mixer's state, the FFN's call for one token or None); ValueError for a
+        stateful FFN given the mixer's state alone."""
+        if not hasattr(self.ffn, "init_state"):
+            return state, None
+        if not isinstance(state, FFNState):
+            raise ValueError(f"Block: this block's FFN ({type(self.ffn).__name__}) keeps a "
+                             f"decoding state: give Block.init_state's FFNState, got "
+                             f"{type(state).__name__}")
+        return state.mixer, lambda a: (self.ffn.decode(a, state.ffn), None)
+
     def prefill(self, x, state):
         """A whole prompt x (B, T, D) -> y (B, T, D), filling this layer's fresh state (a mixer
-        without a prefill of its own, like the recurrent ones, decodes the prompt step by
-        step)."""
+        without a prefill of its own, like the recurrent ones, or a stateful FFN decodes the
+        prompt step by step)."""
+        mixer_state, ffn = self._states(state)
+        if ffn is not None:
+            return np.stack([self.decode(x[:, t], state, t) for t in range(x.shape[1])], 1)
         if hasattr(self.mixer, "prefill"):
             return self._body(x, lambda a: (self.mixer.prefill(a, state), None))[0]
         return self._body(x, lambda a: (np.stack(
@@ -112,7 +142,9 @@ class Block(Module):
 
     def decode(self, x_t, state, position):
         """One token: x_t (B, D) -> y_t (B, D), updating this layer's state in place."""
-        return self._body(x_t, lambda a: (self.mixer.decode(a, state, position), None))[0]
+        mixer_state, ffn = self._states(state)
+        return self._body(x_t, lambda a: (self.mixer.decode(a, mixer_state, position), None),
+                          ffn=ffn)[0]
 
     # ------------------------------------------------------------------ backward
     def _sublayer_backward(self, dy, cache, norm, out_norm, back):

@@ -284,7 +284,7 @@ class LM(Module):
     # ------------------------------------------------------------------ decoding
     def init_state(self, batch, max_len):
         """Per-layer decoding states for `batch` sequences of up to max_len tokens."""
-        return [layer.mixer.init_state(batch, max_len) for layer in self.layers]
+        return [layer.init_state(batch, max_len) for layer in self.layers]
 
     def prefill(self, ids, state):
         """The prompt ids (B, T) at positions 0..T-1 in one forward pass per layer, filling

@@ -11,14 +11,15 @@ from scratchllm.specs._check import fail, flag, instance, one_of, positive_int, 
 class FFNSpec:
     """A dense MLP of hidden width d_ff: "swiglu" (W1, W3, W2: Llama), "gelu_mlp" (W1 + b1,
     W2 + b2: GPT-2), "geglu" (W1, W3, W2 with GELU: Gemma, T5 v1.1's gated-gelu) or
-    "relu_mlp" (W1, W2 without biases: T5); gelu_approx "tanh" | "none" (erf) | "quick"
-    (x sigmoid(1.702 x): CLIP) for the GELU kinds."""
+    "relu_mlp" (W1, W2 without biases: T5) or "channel_mix" (RWKV-4's channel mix: the
+    token-shift lerps mix_k, mix_r, Wk (D, F), Wr (D, D), Wv (F, D)); gelu_approx "tanh" |
+    "none" (erf) | "quick" (x sigmoid(1.702 x): CLIP) for the GELU kinds."""
     kind: str = "swiglu"
     d_ff: int = 384
     gelu_approx: str = "tanh"
 
     def __post_init__(self):
-        one_of(self, "kind", ("swiglu", "gelu_mlp", "geglu", "relu_mlp"))
+        one_of(self, "kind", ("swiglu", "gelu_mlp", "geglu", "relu_mlp", "channel_mix"))
         positive_int(self, "d_ff")
         one_of(self, "gelu_approx", ("tanh", "none", "quick"))
 
@@ -26,6 +27,8 @@ class FFNSpec:
         D, F = d_model, self.d_ff
         if self.kind == "relu_mlp":
             return 2 * D * F
+        if self.kind == "channel_mix":
+            return 2 * D * F + D * D + 2 * D
         return 2 * D * F + F + D if self.kind == "gelu_mlp" else 3 * D * F
 
     def n_biases(self, d_model):

@@ -9,8 +9,8 @@ causal -> every attention layer's Mask.causal; attention_chunk -> Mask.chunk of 
 "chunked_attention" layers of layer_types; nope_layers: the indices of attention layers
 without RoPE (NoPE layers, whose weightless qk_norm "l2" is off too, as Llama 4's);
 moe_gate_input -> MoESpec.gate_input; index_topk, index_n_heads, index_head_dim ->
-MLASpec.indexer, an IndexerSpec when index_topk is set (DeepSeek-V3.2); mlm_head -> HeadSpec(transform=True,
-gelu_approx, bias=True) (BERT's MLM head, with the FFN's GELU). The per-layer choices
+MLASpec.indexer, an IndexerSpec when index_topk is set (DeepSeek-V3.2); mlm_head ->
+HeadSpec(transform=True, gelu_approx, bias=True) (BERT's MLM head, with the FFN's GELU). The per-layer choices
 (layer_pattern, layer_types, moe_every, moe_offset, first_k_dense) pick
 the spec of each layer.
 """
@@ -179,9 +179,10 @@ def _check_layers(f):
         bad(f"layer_pattern must be {f.n_layers} letters of {LAYER_KINDS!r}, got {kinds!r}")
     if f.attention not in ("gqa", "mla"):
         bad(f"attention must be 'gqa' or 'mla', got {f.attention!r}")
-    if f.ffn not in ("swiglu", "moe", "gelu_mlp", "geglu", "relu_mlp", "none"):
-        bad(f"ffn must be 'swiglu', 'moe', 'gelu_mlp', 'geglu', 'relu_mlp' or 'none', got "
-            f"{f.ffn!r}")
+    if f.ffn not in ("swiglu", "moe", "gelu_mlp", "geglu", "relu_mlp", "channel_mix",
+                     "none"):
+        bad(f"ffn must be 'swiglu', 'moe', 'gelu_mlp', 'geglu', 'relu_mlp' or 'none' (or "
+            f"'channel_mix', RWKV-4's), got {f.ffn!r}")
     if f.positions not in ("rope", "alibi", "sinusoidal", "nope", "learned"):
         bad(f"positions must be 'rope', 'alibi', 'sinusoidal', 'nope' or 'learned', got "
             f"{f.positions!r}")
@@ -277,7 +278,7 @@ def is_moe_layer(f, i):
 def _ffn(f, i):
     if f.ffn == "none":
         return None
-    if f.ffn in ("gelu_mlp", "geglu", "relu_mlp"):
+    if f.ffn in ("gelu_mlp", "geglu", "relu_mlp", "channel_mix"):
         return FFNSpec(f.ffn, f.d_ff, f.gelu_approx)
     if not is_moe_layer(f, i):  # a dense layer (of an MoE model: dense_d_ff wide)
         return FFNSpec("swiglu", f.dense_d_ff or f.d_ff)

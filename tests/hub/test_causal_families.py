@@ -1,6 +1,6 @@
 """The newer causal families' config checks: a config.json field whose value the library does
 not implement is an error naming it (olmo2, gemma2, qwen3_moe, deepseek_v2, mamba2,
-llama4_text, deepseek_v32), and a
+llama4_text, deepseek_v32, rwkv), and a
 model whose options a family cannot express does not save as it. The numbers themselves
 (logits, gradients, greedy ids, save) are tests/hub/test_pretrained.py's."""
 import json
@@ -27,7 +27,8 @@ HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
     ("llama4_text", "layer_types", ["sliding_attention"] * 4),
     ("llama4_text", "attention_bias", True), ("deepseek_v32", "q_lora_rank", None),
     ("deepseek_v32", "mlp_layer_types", ["sparse", "dense"]),
-    ("deepseek_v32", "layer_types", ["full_attention"] * 2)])
+    ("deepseek_v32", "layer_types", ["full_attention"] * 2), ("rwkv", "rescale_every", 2),
+    ("rwkv", "attention_hidden_size", 8), ("rwkv", "layer_norm_epsilon", 1e-6)])
 def test_config_errors_name_the_field(family, field, value, tmp_path):
     d = tmp_path / family
     shutil.copytree(HF / family, d)

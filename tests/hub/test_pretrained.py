@@ -25,6 +25,7 @@ FAMILIES += ["olmo2", "gemma2", "qwen3_moe", "qwen3_moe_step", "deepseek_v2",
              "deepseek_v2_lite", "mamba2", "mamba2_groups"]  # tools/make_hf_fixtures_causal.py
 FAMILIES += ["llama4_text"]  # chunks, NoPE, L2 QK-norm, input-gated MoE (same tool)
 FAMILIES += ["deepseek_v32"]  # MLA with the lightning indexer's top-k keys (same tool)
+FAMILIES += ["rwkv"]  # RWKV-4: time mix + channel mix (its decoding state), pre_ln
 
 
 def expected(family):
