@@ -120,7 +120,9 @@ class MoESpec:
     d_shared Fs: one always-on SwiGLU of that width (DeepSeek's shared experts; 0 = none);
     balance_coef, z_coef: weights of the Switch balance loss and the ST-MoE z-loss;
     gate_input: the gate scales each routed expert's input, expert(g x), not its output,
-    g expert(x) (Llama 4's Llama4TextMoe)."""
+    g expert(x) (Llama 4's Llama4TextMoe); shared_gate: the shared expert's output times
+    sigmoid(x . w_gate), one learned gate per token (Qwen2-MoE's and Qwen3-Next's
+    shared_expert_gate; needs d_shared > 0)."""
     router: RouterSpec = RouterSpec()
     experts: ExpertsSpec = ExpertsSpec()
     capacity_factor: float = None
@@ -128,9 +130,14 @@ class MoESpec:
     balance_coef: float = 0.01
     z_coef: float = 0.001
     gate_input: bool = False
+    shared_gate: bool = False
 
     def __post_init__(self):
         flag(self, "gate_input")
+        flag(self, "shared_gate")
+        if self.shared_gate and not self.d_shared:
+            fail(self, "shared_gate gates the shared expert: it needs d_shared > 0",
+                 "shared_gate")
         instance(self, "router", RouterSpec)
         instance(self, "experts", ExpertsSpec)
         real(self, "capacity_factor", 0, open_low=True, none_ok=True)
@@ -147,5 +154,6 @@ class MoESpec:
         """Router, the experts (all E of them, or the K a token uses), shared experts."""
         n_routed = self.router.top_k if active else self.router.n_experts
         shared = self.shared.n_params(d_model) if self.shared else 0
+        shared += d_model if self.shared_gate else 0
         return (self.router.n_params(d_model) + n_routed * self.experts.n_params(d_model)
                 + shared)

@@ -8,7 +8,7 @@ MoESpec.d_shared, block -> LayerSpec.placement, norm / norm_eps / norm_offset ->
 causal -> every attention layer's Mask.causal; attention_chunk -> Mask.chunk of the
 "chunked_attention" layers of layer_types; nope_layers: the indices of attention layers
 without RoPE (NoPE layers, whose weightless qk_norm "l2" is off too, as Llama 4's);
-moe_gate_input -> MoESpec.gate_input; index_topk, index_n_heads, index_head_dim ->
+moe_gate_input -> MoESpec.gate_input; shared_gate -> MoESpec.shared_gate; index_topk, index_n_heads, index_head_dim ->
 MLASpec.indexer, an IndexerSpec when index_topk is set (DeepSeek-V3.2); mlm_head ->
 HeadSpec(transform=True, gelu_approx, bias=True) (BERT's MLM head, with the FFN's GELU). The per-layer choices
 (layer_pattern, layer_types, moe_every, moe_offset, first_k_dense) pick
@@ -109,6 +109,7 @@ class Flat:
     index_topk: int = None
     index_n_heads: int = 4
     index_head_dim: int = 32
+    shared_gate: bool = False
 
 
 FLAT_NAMES = tuple(f.name for f in fields(Flat))
@@ -291,4 +292,4 @@ def _moe(f):
                         group_top=f.group_top)
     experts = ExpertsSpec(f.experts, f.d_ff, f.swiglu_alpha, f.swiglu_limit)
     return MoESpec(router, experts, f.capacity_factor, f.n_shared * f.d_ff, f.balance_coef,
-                   f.z_coef, f.moe_gate_input)
+                   f.z_coef, f.moe_gate_input, f.shared_gate)

@@ -148,6 +148,7 @@ def _ffn_fields(layers):
                swiglu_alpha=m.experts.alpha, swiglu_limit=m.experts.limit,
                capacity_factor=m.capacity_factor, n_shared=m.d_shared // m.experts.d_ff,
                balance_coef=m.balance_coef, z_coef=m.z_coef, moe_gate_input=m.gate_input,
+               shared_gate=m.shared_gate,
                dense_d_ff=dense[0].d_ff if dense and dense[0].d_ff != m.experts.d_ff else None)
     out.update(moe_pattern(moe, len(layers)))
     return out
