@@ -4,14 +4,16 @@ config options of released checkpoints) and of the encoder models, in float64.
 LM_TINY and lm_tiny(name) are the sizes and presets the tests share."""
 import numpy as np
 
-from grads.cases._common import case
+from grads.cases._common import case, module_loss_pair
 from grads.check import check
 
 
 LM_TINY = dict(vocab_size=23, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=12,
                n_experts=4, kv_lora_rank=6, qk_nope_head_dim=4, qk_rope_head_dim=4,
                v_head_dim=6, d_state=4, expand=2)
-LM_TINY_EXTRA = {"swa": dict(window=3, n_sink=1), "hybrid": dict(layer_pattern="MA")}
+LM_TINY_EXTRA = {"swa": dict(window=3, n_sink=1), "hybrid": dict(layer_pattern="MA"),
+                 **{name: dict(layer_pattern=2 * letter) for name, letter in (
+                     ("linear", "L"), ("deltanet", "D"), ("mamba2", "S"), ("rwkv", "W"))}}
 
 
 def lm_tiny(name, **overrides):
@@ -162,23 +164,6 @@ def lm_bert_shape(rng):
                   **{n: p.data for n, p in params.items()})]
 
 
-def _module_loss_pair(model, *data):
-    """model.loss(*data) as a pair over the model's Params (as lm.loss_pair does for the LM)."""
-    params = dict(model.named_parameters())
-
-    def forward(**arrays):
-        for name, p in params.items():
-            p.data = arrays[name]
-        return model.loss(*data)
-
-    def backward(dloss, cache):
-        model.zero_grad()
-        model.loss_backward(float(dloss), cache)
-        return {name: p.grad.copy() for name, p in params.items()}
-
-    return forward, backward, {name: p.data for name, p in params.items()}
-
-
 @case
 def lm_encoders(rng):
     """Whole encoder models, every Param: the masked LM (BERT masking) and the
@@ -194,7 +179,7 @@ def lm_encoders(rng):
     reports = []
     for label, model, data in (("masked LM", mlm, (inputs, targets)),
                                ("encoder-decoder", s2s, (src, tgt[:, :-1], tgt[:, 1:]))):
-        forward, backward, params = _module_loss_pair(model, *data)
+        forward, backward, params = module_loss_pair(model, *data)
         reports.append(check(forward, backward, rng=rng, max_full=0, n_directions=2,
                              label=label, **params))
     return reports

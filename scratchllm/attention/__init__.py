@@ -12,7 +12,8 @@ A layer's options arrive as specs (scratchllm.specs: AttentionSpec, MLASpec, Rop
 its arrays as one NamedTuple (AttentionWeights, MLAWeights), RoPE at run time as a Rope.
 Stands on core and specs; mla stands on sdpa, rope and masks."""
 from .convert import mha_to_gqa
-from .cross import CrossAttention, cross_attention_backward, cross_attention_forward
+from .cross import (CrossAttention, CrossContext, cross_attention_backward,
+                    cross_attention_context, cross_attention_forward, cross_attention_read)
 from .flash import FlashCache, flash_sdpa_backward, flash_sdpa_forward
 from .gqa import Attention, gqa_backward, gqa_decode, gqa_forward, gqa_forward_ref
 from .indexer import (attention_distribution, indexer_kl_loss_backward,
@@ -53,7 +54,8 @@ __all__ = [
     "sdpa_forward", "sliding_window_mask", "softmax_scores_", "softmax_scores_backward_",
     "split_heads",
     # flash attention, cross-attention, positions, MHA -> GQA
-    "CrossAttention", "FlashCache", "alibi_bias", "cross_attention_backward",
+    "CrossAttention", "CrossContext", "cross_attention_context", "cross_attention_read",
+    "FlashCache", "alibi_bias", "cross_attention_backward",
     "cross_attention_forward", "alibi_slopes", "flash_sdpa_backward", "flash_sdpa_forward",
     "mha_to_gqa", "sinusoidal_positions", "relative_bias_backward", "relative_bias_forward",
     "relative_offset_buckets", "relative_position_buckets",

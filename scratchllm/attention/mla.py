@@ -36,7 +36,7 @@ from scratchllm.attention.sparse import (topk_sparse_attention_backward,
                                          topk_sparse_attention_forward)
 from scratchllm.core import ops
 from scratchllm.core.nn import Module, Param, normal_init
-from scratchllm.core.validate import expect_dout, expect_ndim, expect_positive
+from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_positive
 from scratchllm.specs import Mask
 
 
@@ -90,6 +90,7 @@ def mla_forward(x, w, *, spec, rope=None, mask=None):
     Returns: out (B, T, D).  Cache: the children's caches (projections, wkv_b, sdpa, wo).
     """
     fn = "mla_forward"
+    expect_float(fn, "x", x)
     expect_ndim(fn, "x", x, 3, "(B, T, D)")
     if x.shape[1] < 1:
         raise ValueError(f"{fn}: x has shape {x.shape}: no time steps (T must be >= 1)")

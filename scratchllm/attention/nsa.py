@@ -30,7 +30,8 @@ from scratchllm.attention.sdpa import check_heads, sdpa_backward, sdpa_forward
 from scratchllm.attention.sparse import (topk_sparse_attention_backward,
                                          topk_sparse_attention_forward)
 from scratchllm.core.ops import sigmoid_backward, sigmoid_forward, softmax_forward
-from scratchllm.core.validate import expect_dout, expect_integer, expect_shape
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_integer,
+                                      expect_shape)
 from scratchllm.specs import Mask
 
 
@@ -52,6 +53,8 @@ def _check(fn, q, k, v, phi, gates, block, n_select, window):
     expect_integer(fn, "window", window, 1)
     expect_shape(fn, "phi", phi, (block,), "(block,) compression weights")
     expect_shape(fn, "gates", gates, (B, H, T, 3), "(B, H, T, 3) gate logits (cmp, slc, win)")
+    expect_float(fn, "phi", phi)
+    expect_float(fn, "gates", gates)
 
 
 def compress_matrix(phi, T):
@@ -122,6 +125,7 @@ def nsa_forward(q, k, v, phi, gates, *, block, n_select, window):
     Returns: o (B, H, T, Dh).  Cache: NSACache (k, v, φ, the three branch outputs and caches,
              the gates).
     """
+    q, k, v, phi, gates = common_float(q, k, v, phi, gates)
     k_cmp, v_cmp, slc, win = _branches_inputs("nsa", q, k, v, phi, gates, block, n_select,
                                               window)
     o_cmp, c_cmp = sdpa_forward(q, k_cmp, v_cmp, Mask(array=_cmp_mask(q.shape[2], block)))

@@ -4,7 +4,9 @@ LatentKVState for MLA in the absorbed form, MambaState for Mamba). Text streams 
 produced. The sampling itself (temperature, top-k, top-p) is scratchllm/lm/sampling.py.
 --hf DIR samples a Hugging Face checkpoint directory (config.json, model.safetensors,
 tokenizer.json) of a family scratchllm.hub reads (listed below, from its registry); it
-stops at the checkpoint's eos_token_id (generation_config.json, else config.json).
+stops at the checkpoint's eos_token_id (generation_config.json, else config.json). An
+encoder-decoder (t5, switch_transformers) reads the prompt as its source and prints what its
+decoder writes.
 """
 import sys
 
@@ -12,7 +14,7 @@ import numpy as np
 
 from scratchllm.cli.common import Parser, float_in, int_at_least, run
 from scratchllm.hub import FAMILIES, eos_ids, load_pretrained, load_tokenizer
-from scratchllm.lm import generate
+from scratchllm.lm import Seq2SeqLM, generate
 from scratchllm.tokenizer import EOT
 from scratchllm.train import load_model
 
@@ -51,7 +53,8 @@ def _sample(args):
                              f"to start a document with")
     else:
         (model, tok, _), stop = load_model(args.checkpoint), ()
-    sys.stdout.write(args.prompt)
+    if not isinstance(model, Seq2SeqLM):  # a continuation follows its prompt
+        sys.stdout.write(args.prompt)
     for piece in generate(model, tok, args.prompt, args.max_tokens,
                           np.random.default_rng(args.seed), temperature=args.temperature,
                           top_k=args.top_k, top_p=args.top_p,

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from scratchllm.cli.common import LR, Parser, int_at_least, run, run_on_ranks
+from scratchllm.core.atomic import remove_stale_temps
 from scratchllm.dist import (AXES, GridError, GridShape, Group, MPIUnavailable, RankGrid,
                              launched_by_mpiexec)
 from scratchllm.lm import generate, preset
@@ -151,6 +152,8 @@ def _main(args, grid=None):
     say = print if grid is None or grid.is_first() else _quiet  # rank 0 speaks
     name = args.preset or "dense"
     out = Path(args.out or f"runs/{name}")
+    if out.is_dir() and (grid is None or grid.is_first()):
+        remove_stale_temps(out)  # left by a write that was killed, even if we stop below
     saved_meta = None
     if args.resume:
         cfg = _config_for_resume(args, out)

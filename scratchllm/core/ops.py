@@ -30,12 +30,25 @@ def linear_forward(x, W, b=None):
     Returns: y (..., Dout).  Cache: (x, W, has_bias).
     """
     expect_float("linear", "x", x, 1)
-    expect_shape("linear", "W", W, (x.shape[-1], None), "(Din, Dout) with Din = x.shape[-1]")
+    expect_linear("linear", x.shape[-1], W, b)
     y = x @ W  # (..., Dout)
     if b is not None:
-        expect_shape("linear", "b", b, (W.shape[1],), "(Dout,)")
         y = y + b  # (..., Dout)
     return y, LinearCache(x, W, b is not None)
+
+
+def expect_linear(fn, d_in, W, b=None, names=("W", "b"), d_out=None):
+    """A linear map's weights under the caller's name `fn` and its argument names: W
+    (d_in, Dout) (Dout = d_out when given), b (Dout,) or None. A composite checks each of its
+    linears with this before computing, so an error names the function the user called.
+
+    >>> expect_linear("relu_mlp", 4, np.ones((3, 2)), names=("W1", "b1"))
+    Traceback (most recent call last):
+    ValueError: relu_mlp: W1 has shape (3, 2), expected (4, *) ((Din, Dout) with Din = 4)
+    """
+    expect_shape(fn, names[0], W, (d_in, d_out), f"(Din, Dout) with Din = {d_in}")
+    if b is not None:
+        expect_shape(fn, names[1], b, (W.shape[1],), "(Dout,)")
 
 
 def linear_out(cache):

@@ -24,8 +24,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.ops import linear_backward, linear_forward, linear_out
-from scratchllm.core.validate import expect_dout, expect_shape
+from scratchllm.core.ops import expect_linear, linear_backward, linear_forward, linear_out
+from scratchllm.core.validate import common_float, expect_dout, expect_float
 from scratchllm.dist.collectives import (copy_to_group_backward, copy_to_group_forward,
                                          reduce_from_group_backward, reduce_from_group_forward)
 
@@ -65,6 +65,9 @@ def column_linear_forward(x, W, b=None, *, group):
     Inputs: x (..., Din) replicated; W (Din, Dout/P), b (Dout/P,) or None: rank r's columns.
     Returns: (y_r (..., Dout/P); ColumnCache).
     """
+    x, W, b = common_float(x, W, b)
+    expect_float("column_linear", "x", x, 1)
+    expect_linear("column_linear", x.shape[-1], W, b)
     xr, c_f = copy_to_group_forward(x, group=group)  # fwd: x enters the region (f)
     y, c_lin = linear_forward(xr, W, b)  # fwd: y_r = x W_r + b_r
     return y, ColumnCache(c_f, c_lin)
@@ -87,9 +90,9 @@ def row_linear_forward(x, W, b=None, *, group):
     Inputs: x (..., Din/P), W (Din/P, Dout): rank r's rows; b (Dout,) or None, replicated.
     Returns: (y (..., Dout), replicated; RowCache).
     """
+    expect_float("row_linear", "x", x, 1)
+    expect_linear("row_linear", x.shape[-1], W, b)
     z, c_lin = linear_forward(x, W)  # fwd: z_r = x_r W_r
-    if b is not None:
-        expect_shape("row_linear", "b", b, (W.shape[1],), "(Dout,)")
     y, c_g = reduce_from_group_forward(z, group=group)  # fwd: y = sum_r z_r (g)
     if b is not None:
         y = y + b  # fwd: + b after the reduce (once, not P times)

@@ -86,18 +86,18 @@ class Block(Module):
         y, c_post = norm.forward(x + m) if self.spec.placement == "post" else (x + m, None)
         return y, SublayerCache(c_norm, c_inner, c_out, c_post)
 
-    def _body(self, x, mix, context=None, ffn=None):
-        """The block on x (..., D) with the mixer called as mix(a) -> (m, cache), and the FFN
-        as ffn(a) -> (f, cache) (default: its forward)."""
-        if (context is None) != (self.cross is None):
+    def _body(self, x, mix, read=None, ffn=None):
+        """The block on x (..., D) with the mixer called as mix(a) -> (m, cache), the
+        cross-attention as read(a) -> (m, cache) (None: the block has none) and the FFN as
+        ffn(a) -> (f, cache) (default: its forward)."""
+        if (read is None) != (self.cross is None):
             raise ValueError("Block: a context goes with a cross-attention sub-layer and only "
                              f"with one (cross is {'None' if self.cross is None else 'set'}, "
-                             f"context is {'None' if context is None else 'given'})")
+                             f"context is {'None' if read is None else 'given'})")
         h, c_mix = self._sublayer(x, self.norm1, self.post_mixer_norm, mix)  # (..., D)
         c_cross = None
         if self.cross is not None:
-            h, c_cross = self._sublayer(h, self.norm_cross, None,
-                                        lambda a: self.cross.forward(a, context))
+            h, c_cross = self._sublayer(h, self.norm_cross, None, read)
         if self.ffn is None:
             return h, BlockCache(c_mix, c_cross, None)
         y, c_ffn = self._sublayer(h, self.norm2, self.post_ffn_norm, ffn or self.ffn.forward)
@@ -106,7 +106,8 @@ class Block(Module):
     def forward(self, x, context=None):
         """x (B, T, D) [, context (B, Tc, D) with cross-attention] -> (y (B, T, D),
         BlockCache)."""
-        return self._body(x, self.mixer.forward, context)
+        read = None if context is None else (lambda a: self.cross.forward(a, context))
+        return self._body(x, self.mixer.forward, read)
 
     def init_state(self, batch, max_len):
         """This layer's decoding state: the mixer's, or an FFNState of the mixer's and the
@@ -127,24 +128,33 @@ class Block(Module):
                              f"{type(state).__name__}")
         return state.mixer, lambda a: (self.ffn.decode(a, state.ffn), None)
 
-    def prefill(self, x, state):
+    def _read_state(self, context):
+        """The cross-attention as read(a) over a decoding context (CrossAttention.
+        context_state of the encoder output: its keys and values, computed once)."""
+        return None if context is None else (lambda a: (self.cross.read(a, context), None))
+
+    def prefill(self, x, state, context=None):
         """A whole prompt x (B, T, D) -> y (B, T, D), filling this layer's fresh state (a mixer
         without a prefill of its own, like the recurrent ones, or a stateful FFN decodes the
-        prompt step by step)."""
-        mixer_state, ffn = self._states(state)
-        if ffn is not None:
-            return np.stack([self.decode(x[:, t], state, t) for t in range(x.shape[1])], 1)
+        prompt step by step); context: the cross-attention's decoding context, with
+        cross-attention."""
+        if self._states(state)[1] is not None:
+            return np.stack([self.decode(x[:, t], state, t, context)
+                             for t in range(x.shape[1])], 1)
+        read = self._read_state(context)
         if hasattr(self.mixer, "prefill"):
-            return self._body(x, lambda a: (self.mixer.prefill(a, state), None))[0]
+            return self._body(x, lambda a: (self.mixer.prefill(a, state), None), read)[0]
         return self._body(x, lambda a: (np.stack(
             [self.mixer.decode(a[:, t], state, t) for t in range(a.shape[1])], axis=1),
-            None))[0]
+            None), read)[0]
 
-    def decode(self, x_t, state, position):
-        """One token: x_t (B, D) -> y_t (B, D), updating this layer's state in place."""
+    def decode(self, x_t, state, position, context=None):
+        """One token: x_t (B, D) -> y_t (B, D), updating this layer's state in place;
+        context: the cross-attention's decoding context, with cross-attention."""
         mixer_state, ffn = self._states(state)
+        read = self._read_state(context)
         return self._body(x_t, lambda a: (self.mixer.decode(a, mixer_state, position), None),
-                          ffn=ffn)[0]
+                          read, ffn)[0]
 
     # ------------------------------------------------------------------ backward
     def _sublayer_backward(self, dy, cache, norm, out_norm, back):

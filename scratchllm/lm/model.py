@@ -116,8 +116,7 @@ class LM(Module):
     def _forward(self, ids, types=None):
         """forward, with the token types (B, T) ints of a config with type_vocab_size (None:
         all 0)."""
-        expect_int("LM", "ids", ids)
-        expect_ndim("LM", "ids", ids, 2, "(B, T)")
+        self._check_ids("LM", "ids", ids, "(B, T)")
         if ids.shape[1] < 1:
             raise ValueError(f"LM: ids has shape {ids.shape}: no tokens (T must be >= 1)")
         x, c_emb = self._embed_forward(ids, types=types)  # (B, T, D)
@@ -284,16 +283,31 @@ class LM(Module):
     # ------------------------------------------------------------------ decoding
     def init_state(self, batch, max_len):
         """Per-layer decoding states for `batch` sequences of up to max_len tokens."""
-        return [layer.init_state(batch, max_len) for layer in self.layers]
+        return DecodeState([layer.init_state(batch, max_len) for layer in self.layers],
+                           batch)
 
     def prefill(self, ids, state):
         """The prompt ids (B, T) at positions 0..T-1 in one forward pass per layer, filling
         every layer's fresh state (from init_state) as T decode calls would. Returns the
         logits (B, T, V); decoding continues with decode(ids_t, state, T)."""
-        expect_int("LM.prefill", "ids", ids)
-        expect_ndim("LM.prefill", "ids", ids, 2, "(B, T)")
+        self._check_ids("LM.prefill", "ids", ids, "(B, T)", state)
         x, _ = self._embed_forward(ids)  # (B, T, D)
         return self.trunk_prefill(x, state)
+
+    def _check_ids(self, fn, name, ids, layout, state=None):
+        """ids an integer array with the axes of `layout`, every id in [0, vocab_size), and
+        as many rows as a state from init_state was made for: errors name `fn`, the method
+        the user called."""
+        expect_int(fn, name, ids)
+        expect_ndim(fn, name, ids, layout.count(",") + 1 - layout.endswith(",)"), layout)
+        V = self.cfg.vocab_size
+        if ids.size and (ids.min() < 0 or ids.max() >= V):
+            raise ValueError(f"{fn}: {name} must lie in [0, {V}) (the vocabulary), got values "
+                             f"in [{ids.min()}, {ids.max()}]")
+        batch = getattr(state, "batch", ids.shape[0])
+        if ids.shape[0] != batch:
+            raise ValueError(f"{fn}: {name} has {ids.shape[0]} rows, but the state was made "
+                             f"for a batch of {batch} (init_state)")
 
     def trunk_prefill(self, x, state):
         """prefill after the embedding: x_0 (B, T, D) -> logits (B, T, V), filling state."""
@@ -312,12 +326,22 @@ class LM(Module):
                 raise ValueError("LM.decode: one position per row needs attention or MLA "
                                  "layers (a recurrent state keeps no positions); give the "
                                  "rows one int position")
-        x, _ = self._embed_forward(np.asarray(ids_t)[:, None], position)  # (B, 1, D)
+        self._check_ids("LM.decode", "ids_t", ids_t, "(B,)", state)
+        x, _ = self._embed_forward(ids_t[:, None], position)  # (B, 1, D)
         x = x[:, 0]  # (B, D)
         for layer, st in zip(self.layers, state):
             x = layer.decode(x, st, position)  # (B, D)
         h, _ = self._norm_forward(x)  # (B, D)
         return self._cap(self._head_forward(h)[0])[0]  # (B, V)
+
+
+class DecodeState(list):
+    """init_state's per-layer decoding states, with the batch they were made for (so decode
+    and prefill can refuse ids of another batch by name)."""
+
+    def __init__(self, states, batch):
+        super().__init__(states)
+        self.batch = batch
 
 
 def loss_pair(model):

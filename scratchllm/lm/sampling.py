@@ -16,6 +16,7 @@ import codecs
 
 import numpy as np
 
+from scratchllm.lm.seq2seq import Seq2SeqLM
 from scratchllm.tokenizer import EOT
 
 
@@ -65,24 +66,64 @@ def generate_ids(model, prompt_ids, max_new_tokens, rng, stop_ids=(), **sampling
             logits = model.decode(np.array([t]), state, pos)  # (1, V)
 
 
+def generate_seq2seq_ids(model, source_ids, max_new_tokens, rng, stop_ids=(), **sampling):
+    """Yield up to max_new_tokens ids an encoder-decoder (Seq2SeqLM) samples after its
+    decoder start id, given source_ids (a non-empty list): the encoder runs once
+    (init_state keeps each decoder layer's cross-attention keys and values), then one decode
+    per token; a sampled id in stop_ids ends it (and is not yielded)."""
+    if not source_ids:
+        raise ValueError("generate: the source must hold at least one token")
+    state = model.init_state(1, max(max_new_tokens, 1), input_ids=np.array([source_ids]))
+    t = model.cfg.decoder_start_id
+    for pos in range(max_new_tokens):
+        t = sample_next(model.decode(np.array([t]), state, pos)[0], rng, **sampling)
+        if t in stop_ids:
+            return
+        yield t
+
+
 def generate(model, tokenizer, prompt, max_new_tokens=100, rng=None, allow_special=False,
              stop_ids=(), **sampling):
     """Yield text pieces as they are sampled (stops early at <|endoftext|> or an id in
     stop_ids, e.g. a Hugging Face config's eos_token_id). An empty prompt
     starts from <|endoftext|>, i.e. at the start of a document. The prompt is ordinary text
-    (a special-token string in it never becomes the control token) unless allow_special."""
+    (a special-token string in it never becomes the control token) unless allow_special.
+    With an encoder-decoder (Seq2SeqLM) the prompt is the source, ended by the tokenizer's
+    post-processor suffix (T5's </s>), and the pieces are the decoder's output."""
     rng = np.random.default_rng() if rng is None else rng
     eot = tokenizer.special_tokens.get(EOT)
+    if isinstance(model, Seq2SeqLM):  # the prompt is the source, with the tokenizer's
+        encode = tokenizer.encode if allow_special else tokenizer.encode_ordinary  # suffix
+        extra = {"add_special_tokens": True} if hasattr(tokenizer, "suffix") else {}
+        ids = generate_seq2seq_ids(model, list(encode(prompt, **extra)), max_new_tokens, rng,
+                                   stop_ids={eot, *stop_ids} - {None}, **sampling)
+        yield from _texts(tokenizer, ids)
+        return
     if not prompt:
         prompt_ids = [eot]
     elif allow_special:
         prompt_ids = tokenizer.encode(prompt, allowed_special="all")
     else:
         prompt_ids = tokenizer.encode_ordinary(prompt)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     stop = {eot, *stop_ids} - {None}
-    for t in generate_ids(model, list(prompt_ids), max_new_tokens, rng, stop_ids=stop,
-                          **sampling):
+    yield from _texts(tokenizer, generate_ids(model, list(prompt_ids), max_new_tokens, rng,
+                                              stop_ids=stop, **sampling))
+
+
+def _texts(tokenizer, ids):
+    """The text pieces of a stream of ids, each character once all its bytes arrived (a
+    tokenizer without decode_bytes, a Unigram's: each new part of the decoded text so far)."""
+    if not hasattr(tokenizer, "decode_bytes"):
+        seen, text = [], ""
+        for t in ids:
+            seen.append(t)
+            now = tokenizer.decode(seen)
+            if now.startswith(text) and len(now) > len(text):
+                yield now[len(text):]
+                text = now
+        return
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for t in ids:
         piece = decoder.decode(tokenizer.decode_bytes([t]))
         if piece:
             yield piece

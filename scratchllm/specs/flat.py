@@ -292,4 +292,4 @@ def _moe(f):
                         group_top=f.group_top)
     experts = ExpertsSpec(f.experts, f.d_ff, f.swiglu_alpha, f.swiglu_limit)
     return MoESpec(router, experts, f.capacity_factor, f.n_shared * f.d_ff, f.balance_coef,
-                   f.z_coef, f.moe_gate_input, f.shared_gate)
+                   f.z_coef, gate_input=f.moe_gate_input, shared_gate=f.shared_gate)

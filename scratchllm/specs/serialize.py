@@ -49,6 +49,16 @@ def spec_from_dict(d):
                   for k, v in d.items() if k != "spec"})
 
 
+FLAT_IDENTITY = ("vocab_size", "d_model", "n_layers", "n_heads")  # every flat config has them
+
+
+def _require(d, keys, what):
+    """ValueError naming the keys of `keys` that the dict d lacks (never a default model)."""
+    missing = [k for k in keys if k not in d]
+    if missing:
+        raise ValueError(f"config: {what} must give {list(keys)}; missing {missing}")
+
+
 def to_dict(cfg):
     """The config as a JSON-able dict of format 2."""
     keys, specs = [], {}
@@ -68,6 +78,7 @@ def from_dict(d):
     if not isinstance(d, dict):
         raise ValueError(f"config: expected a dict, got {type(d).__name__}")
     if "format" not in d:
+        _require(d, FLAT_IDENTITY, "a flat config (the first format)")
         return from_flat(**d)
     if d["format"] != FORMAT:
         raise ValueError(f"config: format {d['format']!r} is not one this version reads "
@@ -75,6 +86,10 @@ def from_dict(d):
     unknown = sorted(set(d) - set(TRUNK) - {"format", "norm", "head", "specs", "layers"})
     if unknown:
         raise ValueError(f"config: unknown field(s) {unknown}")
+    _require(d, ("norm", "specs", "layers"), f"a config of format {FORMAT}")
+    if not isinstance(d["specs"], dict) or not isinstance(d["layers"], list):
+        raise ValueError(f"config: 'specs' must be an object and 'layers' a list, got "
+                         f"{type(d['specs']).__name__} and {type(d['layers']).__name__}")
     specs = {k: spec_from_dict(v) for k, v in d["specs"].items()}
     missing = sorted(set(d["layers"]) - set(specs))
     if missing:

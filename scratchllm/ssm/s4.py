@@ -32,8 +32,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.validate import (expect_dout, expect_float, expect_instance, expect_integer,
-                                      expect_shape)
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_instance,
+                                      expect_integer, expect_shape)
 
 
 def hippo_legs(N):
@@ -102,6 +102,7 @@ def cauchy_kernel_forward(w, log_dt, *, L):
              Ã = Λ − p p* and C = Ĉ (I − Ā^L)^-1.  Cache: w, log Δ, ω, 1/(a − bλ), the sums.
     Math: the module docstring.  O(H N L) work, O(H N L) cache.
     """
+    w, log_dt = common_float(w, log_dt)
     fn = "cauchy_kernel_forward"
     expect_instance(fn, "w", w, CauchyWeights)
     expect_integer(fn, "L", L, 1)

@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from scratchllm.core.atomic import remove_stale_temps
 from scratchllm.core.nn import detect_anomaly
 from scratchllm.core.optim import AdamW, NonFiniteError, clip_grad_norm, cosine_schedule
 from scratchllm.dist import (Group, ZeroAdamW, all_reduce_forward, all_reduce_grads,
@@ -215,8 +214,6 @@ def fit(run, train_ids, val_ids, *, out=None, tokenizer=None, progress=True, log
     val_ids) every eval_every steps and saving a checkpoint to `out` then. Ctrl-C saves and
     returns False. Returns True when all steps ran."""
     s = run.s
-    if out is not None and Path(out).is_dir() and run.writer:
-        remove_stale_temps(out)  # left by a write that was killed
     if eval_set is None:
         eval_set = corpus.eval_batches(val_ids, s.batch_size, s.seq_len, s.eval_tokens)
     tokens_per_step = s.batch_size * s.seq_len

@@ -112,6 +112,17 @@ def test_corrupt_checkpoint_is_a_clear_error(trained, tmp_path, capsys):
     assert "corrupt or truncated" in capsys.readouterr().err
 
 
+def test_resume_of_a_run_killed_before_its_first_save_says_so_and_clears_its_temps(
+        trained, tmp_path, capsys):
+    out = tmp_path / "killed"
+    out.mkdir()
+    (out / "config.json").write_bytes((trained / "config.json").read_bytes())
+    (out / "state.npz.tmp-999999999").write_bytes(b"PK half")  # the kill's leftover
+    assert train.main(["--resume", "--out", str(out)] + QUICK) == 1
+    assert "stopped before its first save finished" in capsys.readouterr().err
+    assert not list(out.glob("*.tmp-*"))
+
+
 def test_mismatched_config_is_a_clear_error(trained, tmp_path, capsys):
     assert train.main(["--resume", "--preset", "moe", "--out", str(trained)] + QUICK) == 1
     assert "does not match the checkpoint" in capsys.readouterr().err
