@@ -24,6 +24,9 @@ The Mixture-of-Experts families go through make_hf_fixtures_moe.py's writer and 
                       interleaved dense / MoE layers (step 2), sigmoid top-1 of 4 experts
                       scaling the experts' input, a shared expert, pad_token_id 0 (the
                       embedding's padding_idx); attn_temperature_tuning off
+    llama4_text_plain no QK-norm, llama3 RoPE scaling, the default NoPE interval (every 4th
+                      layer: layer 3) and chunks of 3, MoE in every layer (top-2 of 4, each
+                      expert reading its own gate times x)
     deepseek_v32      deepseek_v3's layers (q_lora_rank, a dense first layer, groups 4 -> 2,
                       a selection bias) with the lightning indexer: 4 heads of 8, top 4 of
                       T = 9 keys; YaRN (its attention factor reaches the indexer's RoPE);
@@ -89,6 +92,14 @@ MOE = {
                         attention_chunk_size=4, no_rope_layers=[1, 1, 0, 1],
                         attn_temperature_tuning=False, pad_token_id=0,
                         rope_parameters=dict(rope_type="default", rope_theta=1000.0)),
+    "llama4_text_plain": dict(
+        GEOMETRY, model_type="llama4_text", num_hidden_layers=4, head_dim=4,
+        intermediate_size=8, intermediate_size_mlp=24, num_local_experts=4,
+        num_experts_per_tok=2, attention_chunk_size=3, use_qk_norm=False,
+        attn_temperature_tuning=False,
+        rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0,
+                             low_freq_factor=1.0, high_freq_factor=4.0,
+                             original_max_position_embeddings=16)),
     "deepseek_v32": dict(_DSV2, model_type="deepseek_v32", num_hidden_layers=2, q_lora_rank=12,
                          first_k_dense_replace=1, n_group=4, topk_group=2, n_shared_experts=1,
                          norm_topk_prob=True, routed_scaling_factor=2.5, index_topk=4,
