@@ -236,6 +236,8 @@ def gqa(rng):
                     rope=Rope(inv_freq, "half", 1.0, rng.integers(0, 30, (B, T)))),
                 "rope, block sparse(2, 1)": dict(spec=spec, mask=Mask(block=2, n_global=1)),
                 "rope, chunks of 3 (Llama 4)": dict(spec=spec, mask=Mask(chunk=3)),
+                "partial rope 0.5 (GPT-NeoX, Qwen3-Next)": dict(spec=AttentionSpec(
+                    H, Hkv, head_dim=Dh, rope=RopeSpec(partial=0.5))),
                 "MQA (Hkv=1), rope": dict(spec=AttentionSpec(H, 1, head_dim=Dh),
                                           w=w._replace(wk=w.wk[:, :Dh], wv=w.wv[:, :Dh]))}
     reports = [check(gqa_forward, gqa_backward, rng=rng, label=label, **{"x": x, "w": w, **kw})

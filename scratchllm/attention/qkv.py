@@ -136,7 +136,8 @@ def project_qkv_forward(x, w, *, spec, rope=None):
     q, lin_q = linear_forward(x, w.wq, w.bq)  # (B, T, H*Dh)
     k, lin_k = linear_forward(x, w.wk, w.bk)  # (B, T, Hkv*Dh)
     v, lin_v = linear_forward(x, w.wv, w.bv)  # (B, T, Hkv*Dh)
-    if rope is not None and not spec.qk_norm and np.ndim(rope.positions) == 1:
+    if rope is not None and not spec.qk_norm and np.ndim(rope.positions) == 1 and (
+            rope.rotary is None):  # the fused split + RoPE turns whole heads
         q, rope_q = ROPE_HEADS.forward(q, rope, H)  # (B, H, T, Dh)
         k, rope_k = ROPE_HEADS.forward(k, rope, Hkv)  # (B, Hkv, T, Dh)
         return QKV(q, k, split_heads(v, Hkv)), QKVCache(

@@ -95,14 +95,21 @@ class RopeSpec:
 
     scaling is Hugging Face's rope_scaling dict (linear, dynamic, yarn, llama3, ...) or None;
     style "half" pairs (i, i + Dh/2) (rotate_half: HF, GPT-NeoX), "interleaved" pairs
-    (2i, 2i + 1) (RoFormer, Meta's Llama). attention/rope.py turns it into a Rope (inv_freq,
-    attention factor, positions) per call."""
+    (2i, 2i + 1) (RoFormer, Meta's Llama); partial: the fraction of each head that turns, the
+    first int(Dh partial) numbers (transformers' partial_rotary_factor: GPT-NeoX, Phi,
+    Qwen3-Next), the rest passing unchanged. attention/rope.py turns it into a Rope
+    (inv_freq, attention factor, positions) per call."""
     base: float = 10000.0
     scaling: dict = None
     style: str = "half"
+    partial: float = 1.0
 
     def __post_init__(self):
         real(self, "base", 1.0, open_low=True)
+        real(self, "partial", 0, open_low=True)
+        if self.partial > 1:
+            fail(self, f"partial={self.partial} is the fraction of a head RoPE turns: at most 1",
+                 "partial")
         instance(self, "scaling", dict, none_ok=True)
         one_of(self, "style", ("half", "interleaved"))
         if self.scaling is not None:
@@ -331,6 +338,9 @@ class MLASpec:
                        f"even")
         if not self.mask.is_plain_causal:
             fail(self, f"MLA attends with the plain causal mask, got {self.mask!r}")
+        if self.rope.partial != 1:
+            fail(self, f"MLA turns all qk_rope_head_dim numbers; rope.partial="
+                       f"{self.rope.partial}", "rope")
 
     def n_params(self, d_model):
         """wq (or wq_a, q_norm, wq_b), wkv_a, kv_norm, wkv_b, wo."""

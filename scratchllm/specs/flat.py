@@ -8,7 +8,8 @@ MoESpec.d_shared, block -> LayerSpec.placement, norm / norm_eps / norm_offset ->
 causal -> every attention layer's Mask.causal; attention_chunk -> Mask.chunk of the
 "chunked_attention" layers of layer_types; nope_layers: the indices of attention layers
 without RoPE (NoPE layers, whose weightless qk_norm "l2" is off too, as Llama 4's);
-moe_gate_input -> MoESpec.gate_input; shared_gate -> MoESpec.shared_gate; index_topk, index_n_heads, index_head_dim ->
+moe_gate_input -> MoESpec.gate_input; shared_gate -> MoESpec.shared_gate; rope_partial ->
+RopeSpec.partial; index_topk, index_n_heads, index_head_dim ->
 MLASpec.indexer, an IndexerSpec when index_topk is set (DeepSeek-V3.2); mlm_head ->
 HeadSpec(transform=True, gelu_approx, bias=True) (BERT's MLM head, with the FFN's GELU). The per-layer choices
 (layer_pattern, layer_types, moe_every, moe_offset, first_k_dense) pick
@@ -110,6 +111,7 @@ class Flat:
     index_n_heads: int = 4
     index_head_dim: int = 32
     shared_gate: bool = False
+    rope_partial: float = 1.0
 
 
 FLAT_NAMES = tuple(f.name for f in fields(Flat))
@@ -118,6 +120,7 @@ RENAMED = {  # (spec, field) -> the flat name that sets it, where the two differ
     ("AttentionSpec", "impl"): "attn_impl", ("AttentionSpec", "softcap"): "attn_softcap",
     ("RopeSpec", "base"): "rope_base",
     ("RopeSpec", "scaling"): "rope_scaling", ("RopeSpec", "style"): "rope_style",
+    ("RopeSpec", "partial"): "rope_partial",
     ("RouterSpec", "bias"): "router_bias",
     ("ExpertsSpec", "kind"): "experts", ("ExpertsSpec", "alpha"): "swiglu_alpha",
     ("ExpertsSpec", "limit"): "swiglu_limit", ("MambaSpec", "inner_norms"): "mamba_inner_norms",
@@ -224,6 +227,9 @@ def _check_layers(f):
             "(options of attention='gqa')")
     if f.index_topk is not None and f.attention != "mla":
         bad(f"index_topk={f.index_topk} (DeepSeek-V3.2's indexer) needs attention='mla'")
+    if f.positions != "rope" and f.rope_partial != 1.0:
+        bad(f"rope_partial={f.rope_partial} acts only through RoPE, and positions="
+            f"{f.positions!r}")
     if f.positions != "rope" and (f.rope_scaling is not None or f.rope_style != "half"):
         bad(f"rope_scaling={f.rope_scaling!r} and rope_style={f.rope_style!r} act only "
             f"through RoPE, and positions={f.positions!r}")
@@ -242,7 +248,7 @@ def _attention_layer(f, i):
         base, scaling = f.rope_local_base, None
     chunk = f.attention_chunk if kind == "chunked_attention" else None
     mask = Mask(f.causal, window=window, n_sink=f.n_sink if window else 0, chunk=chunk)
-    return mask, RopeSpec(base, scaling, f.rope_style)
+    return mask, RopeSpec(base, scaling, f.rope_style, f.rope_partial)
 
 
 def _mixer(f, i, kind):

@@ -88,7 +88,8 @@ def _mixer_fields(cfg):
 
 
 def _rope_fields(rope):
-    return dict(rope_base=rope.base, rope_scaling=rope.scaling, rope_style=rope.style)
+    return dict(rope_base=rope.base, rope_scaling=rope.scaling, rope_style=rope.style,
+                rope_partial=rope.partial)
 
 
 def _attention_fields(attention, positions, mixers):
