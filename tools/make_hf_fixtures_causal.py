@@ -23,7 +23,8 @@ The Mixture-of-Experts families go through make_hf_fixtures_moe.py's writer and 
                       [1, 1, 0, 1]: global attention there), L2 QK-norm on the RoPE layers,
                       interleaved dense / MoE layers (step 2), sigmoid top-1 of 4 experts
                       scaling the experts' input, a shared expert, pad_token_id 0 (the
-                      embedding's padding_idx); attn_temperature_tuning off
+                      embedding's padding_idx); attn_temperature_tuning with floor_scale 2
+                      and attn_scale 0.5 (the NoPE layer's queries scaled up to 1.8 by T = 9)
     llama4_text_plain no QK-norm, llama3 RoPE scaling, the default NoPE interval (every 4th
                       layer: layer 3) and chunks of 3, MoE in every layer (top-2 of 4, each
                       expert reading its own gate times x)
@@ -90,7 +91,8 @@ MOE = {
                         intermediate_size=8, intermediate_size_mlp=24, num_local_experts=4,
                         num_experts_per_tok=1, interleave_moe_layer_step=2,
                         attention_chunk_size=4, no_rope_layers=[1, 1, 0, 1],
-                        attn_temperature_tuning=False, pad_token_id=0,
+                        attn_temperature_tuning=True, floor_scale=2, attn_scale=0.5,
+                        pad_token_id=0,
                         rope_parameters=dict(rope_type="default", rope_theta=1000.0)),
     "llama4_text_plain": dict(
         GEOMETRY, model_type="llama4_text", num_hidden_layers=4, head_dim=4,

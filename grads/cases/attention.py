@@ -5,7 +5,7 @@ import numpy as np
 
 from grads.cases._common import case
 from grads.check import check
-from scratchllm.specs import AttentionSpec, Mask, MLASpec, RopeSpec
+from scratchllm.specs import AttentionSpec, Mask, MLASpec, RopeSpec, TemperatureSpec
 
 
 @case
@@ -238,6 +238,9 @@ def gqa(rng):
                 "rope, chunks of 3 (Llama 4)": dict(spec=spec, mask=Mask(chunk=3)),
                 "partial rope 0.5 (GPT-NeoX, Qwen3-Next)": dict(spec=AttentionSpec(
                     H, Hkv, head_dim=Dh, rope=RopeSpec(partial=0.5))),
+                "no rope, query temperature (Llama 4)": dict(spec=AttentionSpec(
+                    H, Hkv, head_dim=Dh, rope=None, position_bias=TemperatureSpec(0.5, 2)),
+                    positions=rng.integers(0, 30, (B, T))),
                 "MQA (Hkv=1), rope": dict(spec=AttentionSpec(H, 1, head_dim=Dh),
                                           w=w._replace(wk=w.wk[:, :Dh], wv=w.wv[:, :Dh]))}
     reports = [check(gqa_forward, gqa_backward, rng=rng, label=label, **{"x": x, "w": w, **kw})

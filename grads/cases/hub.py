@@ -76,7 +76,8 @@ HF_CONFIGS["gemma2"] = dict(_GEOMETRY, model_type="gemma2", head_dim=12,
 HF_CONFIGS["llama4_text"] = dict(  # chunks of 3, layer 1 NoPE, L2 QK-norm, MoE at 1 and 2
     _GEOMETRY, model_type="llama4_text", num_hidden_layers=3, head_dim=4, intermediate_size=8,
     intermediate_size_mlp=24, num_local_experts=4, num_experts_per_tok=1, moe_layers=[1, 2],
-    attention_chunk_size=3, no_rope_layers=[1, 0, 1], attn_temperature_tuning=False)
+    attention_chunk_size=3, no_rope_layers=[1, 0, 1], attn_temperature_tuning=True,
+    floor_scale=2, attn_scale=0.5)
 HF_CONFIGS["deepseek_v32"] = dict(  # deepseek_v3 with the indexer: top 3 of the 7 keys
     _DSV3, model_type="deepseek_v32", num_hidden_layers=2, q_lora_rank=12,
     first_k_dense_replace=1, n_group=4, topk_group=2, n_shared_experts=1, index_topk=3,

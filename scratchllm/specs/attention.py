@@ -181,8 +181,9 @@ class AttentionSpec:
     L2-norm, which it applies after RoPE: a rotation keeps the norm, so the order does not
     matter).  sinks: a learned sink logit per head (gpt-oss).  rope None: no rotary positions
     (NoPE, or GPT-2's learned table); position_bias: a bias on the scores instead, "alibi"
-    (ALiBi's fixed per-head slopes) or a RelativeBiasSpec (T5's learned relative position
-    bias: the layer owns a (num_buckets, H) table), None for none.  impl
+    (ALiBi's fixed per-head slopes), a RelativeBiasSpec (T5's learned relative position
+    bias: the layer owns a (num_buckets, H) table) or a TemperatureSpec (not a bias: Llama
+    4's per-query scale growing with the position), None for none.  impl
     "sdpa" (dense scores) or "flash" (tiled, block x block).  mask: the Mask every call of the
     layer uses (decoding keeps window + n_sink keys).  softcap c: the scores become
     c tanh(scores / c) before the mask (Gemma 2; impl "sdpa"), None for plain scores."""
@@ -224,7 +225,7 @@ class AttentionSpec:
             fail(self, f"n_heads={self.n_heads} must be a multiple of n_kv_heads="
                        f"{self.n_kv_heads}")
         if self.position_bias != "alibi":
-            instance(self, "position_bias", RelativeBiasSpec, none_ok=True)
+            instance(self, "position_bias", (RelativeBiasSpec, TemperatureSpec), none_ok=True)
         if self.rope is not None and self.position_bias is not None:
             fail(self, "rope and a position bias are two position schemes; give one (rope=None "
                        "with position_bias)", "position_bias")
@@ -244,6 +245,11 @@ class AttentionSpec:
     def alibi(self):
         """position_bias is ALiBi's."""
         return self.position_bias == "alibi"
+
+    @property
+    def temperature(self):
+        """position_bias when it is Llama 4's query temperature (a TemperatureSpec), else None."""
+        return self.position_bias if isinstance(self.position_bias, TemperatureSpec) else None
 
     @property
     def relative(self):
@@ -376,3 +382,19 @@ class RelativeBiasSpec:
         if exact < 1 or self.max_distance <= exact:
             fail(self, f"max_distance={self.max_distance} must exceed the exact buckets "
                        f"({exact} per sign of num_buckets={self.num_buckets})")
+
+
+@dataclass(frozen=True)
+class TemperatureSpec:
+    """Llama 4's attention temperature tuning on its NoPE layers (attn_temperature_tuning;
+    Nakanishi 2025, arXiv 2501.19399): the query at position p is scaled by
+    1 + attn_scale log(1 + floor((p + 1) / floor_scale)), sharper attention far into a long
+    context. A position scheme of a layer without RoPE (AttentionSpec.position_bias).
+    Reference: huggingface/transformers src/transformers/models/llama4/modeling_llama4.py
+    Llama4TextAttention."""
+    attn_scale: float = 0.1
+    floor_scale: int = 8192
+
+    def __post_init__(self):
+        real(self, "attn_scale", 0)
+        positive_int(self, "floor_scale")

@@ -9,7 +9,8 @@ causal -> every attention layer's Mask.causal; attention_chunk -> Mask.chunk of 
 "chunked_attention" layers of layer_types; nope_layers: the indices of attention layers
 without RoPE (NoPE layers, whose weightless qk_norm "l2" is off too, as Llama 4's);
 moe_gate_input -> MoESpec.gate_input; shared_gate -> MoESpec.shared_gate; rope_partial ->
-RopeSpec.partial; index_topk, index_n_heads, index_head_dim ->
+RopeSpec.partial; attn_temperature [attn_scale, floor_scale] -> a TemperatureSpec as the
+position_bias of every attention layer without RoPE (Llama 4's temperature tuning); index_topk, index_n_heads, index_head_dim ->
 MLASpec.indexer, an IndexerSpec when index_topk is set (DeepSeek-V3.2); mlm_head ->
 HeadSpec(transform=True, gelu_approx, bias=True) (BERT's MLM head, with the FFN's GELU). The per-layer choices
 (layer_pattern, layer_types, moe_every, moe_offset, first_k_dense) pick
@@ -18,7 +19,8 @@ the spec of each layer.
 from dataclasses import dataclass, fields
 
 from scratchllm.specs._check import SpecError
-from scratchllm.specs.attention import AttentionSpec, IndexerSpec, Mask, MLASpec, RopeSpec
+from scratchllm.specs.attention import (AttentionSpec, IndexerSpec, Mask, MLASpec, RopeSpec,
+                                        TemperatureSpec)
 from scratchllm.specs.ffn import ExpertsSpec, FFNSpec, MoESpec, RouterSpec
 from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
 from scratchllm.specs.model import HeadSpec, LayerSpec, ModelConfig, NormSpec
@@ -112,6 +114,7 @@ class Flat:
     index_head_dim: int = 32
     shared_gate: bool = False
     rope_partial: float = 1.0
+    attn_temperature: list = None
 
 
 FLAT_NAMES = tuple(f.name for f in fields(Flat))
@@ -121,6 +124,8 @@ RENAMED = {  # (spec, field) -> the flat name that sets it, where the two differ
     ("RopeSpec", "base"): "rope_base",
     ("RopeSpec", "scaling"): "rope_scaling", ("RopeSpec", "style"): "rope_style",
     ("RopeSpec", "partial"): "rope_partial",
+    ("TemperatureSpec", "attn_scale"): "attn_temperature",
+    ("TemperatureSpec", "floor_scale"): "attn_temperature",
     ("RouterSpec", "bias"): "router_bias",
     ("ExpertsSpec", "kind"): "experts", ("ExpertsSpec", "alpha"): "swiglu_alpha",
     ("ExpertsSpec", "limit"): "swiglu_limit", ("MambaSpec", "inner_norms"): "mamba_inner_norms",
@@ -225,6 +230,11 @@ def _check_layers(f):
         bad("attention='mla' supports positions='rope', attn_impl='sdpa', no window, and none "
             "of head_dim, qkv_bias, qk_norm, attn_softcap, attention_chunk, nope_layers "
             "(options of attention='gqa')")
+    temp = f.attn_temperature
+    if temp is not None and (not isinstance(temp, (list, tuple)) or len(temp) != 2
+                             or not (f.positions == "nope" or f.nope_layers)):
+        bad(f"attn_temperature must be None or [attn_scale, floor_scale] for a model with "
+            f"layers without RoPE (positions='nope' or nope_layers), got {temp!r}")
     if f.index_topk is not None and f.attention != "mla":
         bad(f"index_topk={f.index_topk} (DeepSeek-V3.2's indexer) needs attention='mla'")
     if f.positions != "rope" and f.rope_partial != 1.0:
@@ -270,10 +280,13 @@ def _mixer(f, i, kind):
                        indexer=indexer)
     nope = f.positions != "rope" or i in (f.nope_layers or ())
     qk_norm = False if nope and f.qk_norm == "l2" and f.nope_layers else f.qk_norm
+    bias = "alibi" if f.positions == "alibi" else None
+    if nope and f.attn_temperature is not None and bias is None:
+        bias = TemperatureSpec(*f.attn_temperature)
     return AttentionSpec(
         f.n_heads, f.n_kv_heads, f.head_dim, f.qkv_bias, f.o_bias, qk_norm, f.norm_eps,
         f.norm_offset, f.attn_scale, f.attn_sinks, None if nope else rope,
-        "alibi" if f.positions == "alibi" else None, f.attn_impl, mask=mask,
+        bias, f.attn_impl, mask=mask,
         softcap=f.attn_softcap)
 
 

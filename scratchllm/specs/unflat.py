@@ -101,6 +101,9 @@ def _attention_fields(attention, positions, mixers):
                attn_softcap=a.softcap, causal=a.mask.causal)
     if positions == "none":
         out["positions"] = "alibi" if a.alibi else "rope" if a.rope is not None else "nope"
+    temperature = [m.temperature for m in attention if m.temperature is not None]
+    if temperature:  # Llama 4's query temperature on its NoPE layers
+        out["attn_temperature"] = [temperature[0].attn_scale, temperature[0].floor_scale]
     if roped and len(roped) < len(attention):  # NoPE layers among RoPE layers (Llama 4)
         out["nope_layers"] = [i for i, m in enumerate(mixers)
                               if isinstance(m, AttentionSpec) and m.rope is None]

@@ -23,7 +23,7 @@ HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
     ("deepseek_v2", "topk_method", "noaux_tc"), ("deepseek_v2", "num_key_value_heads", 2),
     ("deepseek_v2", "n_shared_experts", 0), ("mamba2", "layer_norm_epsilon", 1e-6),
     ("mamba2", "time_step_limit", [0.0, 1.0]), ("mamba2", "use_bias", True),
-    ("llama4_text", "attn_temperature_tuning", True), ("llama4_text", "moe_layers", [0, 1, 3]),
+    ("llama4_text", "moe_layers", [0, 1, 3]),
     ("llama4_text", "layer_types", ["sliding_attention"] * 4),
     ("llama4_text", "attention_bias", True), ("deepseek_v32", "q_lora_rank", None),
     ("deepseek_v32", "mlp_layer_types", ["sparse", "dense"]),
@@ -51,6 +51,7 @@ def test_the_loaded_options_read_as_flat_names():
     llama4 = flat_of(load_pretrained(HF / "llama4_text").cfg)
     assert (llama4.attention_chunk, llama4.nope_layers, llama4.qk_norm) == (4, [2], "l2")
     assert (llama4.moe_gate_input, llama4.moe_every, llama4.pad_id) == (True, 2, 0)
+    assert llama4.attn_temperature == [0.5, 2]
     v32 = flat_of(load_pretrained(HF / "deepseek_v32").cfg)
     assert (v32.index_topk, v32.index_n_heads, v32.index_head_dim) == (4, 4, 8)
 

@@ -17,11 +17,10 @@ experts' input).
                    whose top-k logits pass a sigmoid (the others 0), each chosen expert
                    reading its input scaled by that gate, expert(g x) (moe_gate_input), plus
                    one shared expert; experts and shared expert intermediate_size wide
+                 - attn_temperature_tuning: on the NoPE layers each query times
+                   log1p(floor((p + 1) / floor_scale)) attn_scale + 1 (flat
+                   attn_temperature [attn_scale, floor_scale], a TemperatureSpec)
                                    (Meta 2025, "The Llama 4 herd"; transformers' Llama4TextMoe)
-attn_temperature_tuning (a query scale log1p(floor((p + 1) / floor_scale)) attn_scale + 1
-on the NoPE layers, Llama 4's long-context option) is not implemented: a config that turns
-it on while it has NoPE layers is an error naming it (transformers' default is on; the
-fixtures turn it off). Without NoPE layers it does nothing and loads.
 
 Names ("T" transposed), in model.layers.i.:
 
@@ -94,9 +93,8 @@ def _from_hf(hf):
         fail_config("attention_chunk_size = None with 'chunked_attention' layers (transformers "
                     "needs a chunk size for them too)")
     nope = [i for i, r in enumerate(rope) if not r]
-    if hf["attn_temperature_tuning"] and nope:
-        fail_config(f"attn_temperature_tuning = true is not implemented for llama4_text "
-                    f"(the query scale of its NoPE layers {nope}; only false)")
+    temperature = [float(hf.get("attn_scale", 0.1)), int(hf.get("floor_scale", 8192))] if (
+        hf["attn_temperature_tuning"] and nope) else None
     moe = sorted(hf["moe_layers"] if hf["moe_layers"] is not None else range(
         hf["interleave_moe_layer_step"] - 1, L, hf["interleave_moe_layer_step"]))
     pattern = moe_pattern(moe, L) if moe else {}
@@ -113,7 +111,7 @@ def _from_hf(hf):
         positions="rope" if len(nope) < L else "nope", pad_id=hf["pad_token_id"],
         qk_norm="l2" if hf["use_qk_norm"] and len(nope) < L else False,
         nope_layers=nope if 0 < len(nope) < L else None,
-        layer_types=types if "chunked_attention" in types else None,
+        layer_types=types if "chunked_attention" in types else None, attn_temperature=temperature,
         attention_chunk=chunk if "chunked_attention" in types else None)
     if len(nope) == L:  # no RoPE anywhere: RoPE's fields do not apply
         out.update(rope_scaling=None, rope_style="half")
@@ -148,12 +146,15 @@ def _to_hf(f, dtype_name, base=None):
         no_rope_layers=[int(i not in nope) for i in range(f.n_layers)],
         layer_types=list(f.layer_types or ["full_attention"] * f.n_layers),
         attention_chunk_size=f.attention_chunk or hf.get("attention_chunk_size"),
-        attn_temperature_tuning=bool(hf.get("attn_temperature_tuning", True)) and not nope,
+        attn_temperature_tuning=f.attn_temperature is not None or (
+            bool(hf.get("attn_temperature_tuning", True)) and not nope),
         intermediate_size=f.d_ff if moe else hf.get("intermediate_size", f.d_ff),
         intermediate_size_mlp=f.dense_d_ff or f.d_ff, moe_layers=_moe_layers(f),
         dtype=dtype_name)
     if moe:
         hf.update(num_local_experts=f.n_experts, num_experts_per_tok=f.top_k)
+    if f.attn_temperature is not None:
+        hf.update(attn_scale=f.attn_temperature[0], floor_scale=f.attn_temperature[1])
     return hf
 
 
@@ -161,7 +162,7 @@ def _check(f):
     """_NEEDS, qk_norm "l2" or none, and with MoE layers _MOE_NEEDS; a NoPE model (positions
     "nope") has no RoPE fields to keep."""
     needs = dict(_NEEDS, pad_id=f.pad_id, attention_chunk=f.attention_chunk,
-                 nope_layers=f.nope_layers)
+                 nope_layers=f.nope_layers, attn_temperature=f.attn_temperature)
     if f.positions == "nope":
         needs.update(positions="nope", rope_style="half")
     differ = differences(f, {**needs, **(_MOE_NEEDS if f.ffn == "moe" else {})})
