@@ -241,15 +241,17 @@ class Attention(Module):
         params = (getattr(self, name) for name in AttentionWeights._fields)
         return AttentionWeights(*(None if p is None else p.data for p in params))
 
-    def forward(self, x, positions=None):
-        """x (B, T, D) at `positions` ((T,) or (B, T) ints; default 0..T-1) -> (y, cache)."""
+    def forward(self, x, positions=None, mask=None):
+        """x (B, T, D) at `positions` ((T,) or (B, T) ints; default 0..T-1) under `mask` (a
+        Mask; default spec.mask) -> (y, cache)."""
         rope = None
         if positions is not None and self.spec.rope is None and self.spec.temperature is None:
             raise ValueError("Attention.forward: positions act only through RoPE (or a query "
                              "temperature), and spec has neither")
         if positions is not None and self.spec.rope is not None:
             rope = make_rope(self.spec.rope, self.head_dim, positions)
-        return gqa_forward(x, self._weights(), spec=self.spec, rope=rope, positions=positions)
+        return gqa_forward(x, self._weights(), spec=self.spec, rope=rope, mask=mask,
+                           positions=positions)
 
     def backward(self, dy, cache):
         g = gqa_backward(dy, cache)

@@ -88,7 +88,7 @@ def gelu_mlp_forward(x, W1, b1, W2, b2, *, approximate="tanh"):
     """
     expect_float("gelu_mlp", "x", x, 1)
     expect_linear("gelu_mlp", x.shape[-1], W1, b1, ("W1", "b1"))
-    expect_linear("gelu_mlp", W1.shape[1], W2, b2, ("W2", "b2"), d_out=x.shape[-1])
+    expect_linear("gelu_mlp", W1.shape[1], W2, b2, ("W2", "b2"))  # (F, Dout): D or another
     h, up = linear_forward(x, W1, b1)  # (..., F)
     a, act = gelu_forward(h, approximate)  # (..., F)
     y, down = linear_forward(a, W2, b2)  # (..., D)

@@ -12,6 +12,8 @@ from typing import NamedTuple
 import numpy as np
 from scipy.special import expit
 
+from scratchllm.core.fp8 import (FP8LinearCache, fp8_active, fp8_linear_backward,
+                                 fp8_linear_forward)
 from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_gated_ffn,
                                       expect_int, expect_integer, expect_shape)
 
@@ -29,6 +31,9 @@ def linear_forward(x, W, b=None):
     Inputs:  x (..., Din), W (Din, Dout), b (Dout,) or None.
     Returns: y (..., Dout).  Cache: (x, W, has_bias).
     """
+    fp8 = fp8_active()
+    if fp8 is not None:  # inside core.fp8.fp8_matmuls: the FP8 pair (its cache says so)
+        return fp8_linear_forward(x, W, b, spec=fp8)
     expect_float("linear", "x", x, 1)
     expect_linear("linear", x.shape[-1], W, b)
     y = x @ W  # (..., Dout)
@@ -58,7 +63,10 @@ def linear_out(cache):
 
 
 def linear_backward(dy, cache):
-    """Math: dx = dy @ W^T, dW = sum over rows of x^T dy, db = sum over rows of dy."""
+    """Math: dx = dy @ W^T, dW = sum over rows of x^T dy, db = sum over rows of dy. (A cache
+    made under core.fp8.fp8_matmuls goes to the FP8 pair's backward.)"""
+    if isinstance(cache, FP8LinearCache):
+        return fp8_linear_backward(dy, cache)
     expect_dout("linear_backward", dy, *linear_out(cache), name="dy")
     x, W, has_bias = cache
     Din, Dout = W.shape

@@ -248,8 +248,9 @@ def save_pretrained(model, path, dtype=None):
 
 
 def load_tokenizer(path):
-    """The Tokenizer of a checkpoint directory's tokenizer.json (byte-level BPE), encoding
-    as Hugging Face `tokenizers` does (scratchllm/tokenizer/hf_json.py)."""
+    """The tokenizer of a checkpoint directory's tokenizer.json (any normalizer, pre-tokenizer,
+    model and decoder), encoding as Hugging Face `tokenizers` does
+    (scratchllm/tokenizer/hf_json.py)."""
     file = Path(path) / "tokenizer.json"
     if not file.is_file():
         raise ValueError(f"load_tokenizer: {path} has no tokenizer.json")

@@ -13,13 +13,13 @@ from scratchllm.specs.attention import (AttentionSpec, IndexerSpec, Mask, MLASpe
 from scratchllm.specs.ffn import ExpertsSpec, FFNSpec, MoESpec, RouterSpec
 from scratchllm.specs.flat import from_flat
 from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
-from scratchllm.specs.model import HeadSpec, LayerSpec, ModelConfig, NormSpec
+from scratchllm.specs.model import HeadSpec, LayerSpec, ModelConfig, MTPSpec, NormSpec
 
 FORMAT = 2
 SPECS = {c.__name__: c for c in (AttentionSpec, Mask, MLASpec, RopeSpec, ExpertsSpec, FFNSpec,
                                  MoESpec, RouterSpec, Mamba2Spec, MambaSpec, RecurrentSpec,
                                  RWKVSpec, LayerSpec, NormSpec, HeadSpec, RelativeBiasSpec,
-                                 IndexerSpec, TemperatureSpec)}
+                                 IndexerSpec, TemperatureSpec, MTPSpec)}
 TRUNK = ("name", "vocab_size", "d_model", "tie_embeddings", "embed_scale", "positions",
          "max_positions", "type_vocab_size", "embed_norm", "final_norm", "pad_id",
          "logit_softcap")
@@ -68,6 +68,8 @@ def to_dict(cfg):
         specs[key] = d
         keys.append(key)
     trunk = {name: getattr(cfg, name) for name in TRUNK}
+    if cfg.mtp is not None:  # written only when set: files without MTP stay as they were
+        trunk["mtp"] = spec_to_dict(cfg.mtp)
     return {"format": FORMAT, **trunk, "norm": spec_to_dict(cfg.norm),
             "head": spec_to_dict(cfg.head), "specs": specs, "layers": keys}
 
@@ -83,7 +85,7 @@ def from_dict(d):
     if d["format"] != FORMAT:
         raise ValueError(f"config: format {d['format']!r} is not one this version reads "
                          f"({FORMAT}, or the flat first format); upgrade scratchllm")
-    unknown = sorted(set(d) - set(TRUNK) - {"format", "norm", "head", "specs", "layers"})
+    unknown = sorted(set(d) - set(TRUNK) - {"format", "norm", "head", "specs", "layers", "mtp"})
     if unknown:
         raise ValueError(f"config: unknown field(s) {unknown}")
     _require(d, ("norm", "specs", "layers"), f"a config of format {FORMAT}")
@@ -95,5 +97,7 @@ def from_dict(d):
     if missing:
         raise ValueError(f"config: layers name spec(s) {missing} that 'specs' lacks")
     head = {"head": spec_from_dict(d["head"])} if "head" in d else {}  # older: the default
+    if "mtp" in d:
+        head["mtp"] = spec_from_dict(d["mtp"])
     return ModelConfig(**{n: d[n] for n in TRUNK if n in d}, norm=spec_from_dict(d["norm"]),
                        layers=tuple(specs[k] for k in d["layers"]), **head)

@@ -134,10 +134,12 @@ def assign(params, arrays, prefix, where):
 
 
 # ---------------------------------------------------------------------------- runs
-def save_run(run, directory, tokenizer=None, opt_state=None):
+def save_run(run, directory, tokenizer=None, opt_state=None, model=None):
     """Atomically write a training run's checkpoint: config and tokenizer once, then
     state.npz with everything that changes (run: a train.trainer.Run). opt_state: the
-    optimizer's state_dict when the caller gathered it (ZeRO), else run.opt's."""
+    optimizer's state_dict when the caller gathered it (ZeRO), else run.opt's; model: the
+    whole model when run.model is one rank's slice of it (tensor parallel), else run.model."""
+    model = run.model if model is None else model
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(directory)
@@ -146,14 +148,14 @@ def save_run(run, directory, tokenizer=None, opt_state=None):
         atomic_write(directory / TOKENIZER_FILE, lambda tmp: tokenizer.save(str(tmp)))
     else:
         (directory / TOKENIZER_FILE).unlink(missing_ok=True)  # never a stale one
-    arrays = {f"model.{n}": p.data for n, p in run.model.named_parameters()}
-    arrays.update({f"buffer.{n}": b for n, b in run.model.named_buffers()})
+    arrays = {f"model.{n}": p.data for n, p in model.named_parameters()}
+    arrays.update({f"buffer.{n}": b for n, b in model.named_buffers()})
     opt_state = run.opt.state_dict() if opt_state is None else opt_state
     arrays.update({f"opt.{k}": v for k, v in opt_state.items()})
     arrays["losses"] = np.asarray(run.losses, dtype=np.float64)
     arrays["evals"] = np.asarray(run.evals, dtype=np.float64).reshape(-1, 2)
     meta = {"step": run.step, "rng": run.rng.bit_generator.state,
-            "settings": asdict(run.s), "dtype": str(run.model.dtype), "data": run.data,
+            "settings": asdict(run.s), "dtype": str(model.dtype), "data": run.data,
             "manifest": manifest(directory, arrays)}
     save_state(directory, arrays, meta)
 

@@ -250,3 +250,14 @@ def test_compare_sets_position_schemes_side_by_side(tmp_path, capsys):
     assert rows == ["dense/rope", "dense/alibi", "dense/sinusoidal", "dense/nope"]
     with pytest.raises(SystemExit):
         compare.main(["--positions", "learned"])
+
+
+def test_one_thread_means_one_blas_thread_too():
+    """--threads 1 in one process: OpenBLAS is set to one thread as well (its spinning threads
+    would keep a second core busy), as it is for each of several shards."""
+    from scratchllm.train import blas_threads, set_blas_threads
+    if not blas_threads():
+        pytest.skip("no OpenBLAS loaded (NumPy on another BLAS)")
+    set_blas_threads(2)
+    trainer.Run(lm_tiny("dense"), trainer.Settings(threads=1), np.float64)
+    assert set(blas_threads()) == {1}
