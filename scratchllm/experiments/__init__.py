@@ -1,5 +1,6 @@
 """Experiments: the chapters' claims measured on a CPU (registry: EXPERIMENTS by name and
-run_experiment; one module per experiment: collapse, scale, heads, induction; base: Outcome,
+run_experiment; one module per experiment: collapse, scale, heads, induction, recall,
+needle, sinks; synthetic: the synthetic tasks and their training loop; base: Outcome,
 the modes and results.json), and the tools to look inside any LM (tools: logit_lens,
 direct_logit_attribution, attention_patterns, head_scores, steering_vector,
 steered_logits)."""
