@@ -5,8 +5,9 @@ DeltaNet and a hybrid (Mamba then attention), 2 layers each, no FFN, at matched 
 
 One model per architecture is trained on both tasks at once (half of each batch recall, half
 copying; the length cycling through the set), then evaluated on fresh sequences at each length.
-Recall (synthetic.py): n = T / 8 key-value pairs, then queries; copying: T / 2 symbols then
-their copy. Attention's state is its KV cache, which grows with T; a sliding window keeps W
+Recall (synthetic.py): n = T / 8 key-value pairs, then queries; copying: T / 4 to T / 2
+symbols then their copy (the length varies, so only an induction head or a state that holds
+the span can do it). Attention's state is its KV cache, which grows with T; a sliding window keeps W
 tokens; the recurrent mixers keep a state whose size does not depend on T (their specs'
 state_per_sequence). Zoology (Arora et al. 2023, arXiv 2312.04927) finds recall accuracy set
 by the state size, and attention exact at every length; Jelassi et al. 2024 (arXiv
@@ -39,10 +40,10 @@ RECALL_MODELS = {  # the flat-name overrides of each architecture (2 layers)
 
 def _sizes(mode):
     """The settings of a mode: lengths, d_model, steps, batch, eval batch, keys, lr."""
-    return dict(lengths=pick(mode, (16, 32), (32, 64, 128), (64, 128, 256)),
-                d_model=pick(mode, 16, 64, 64), steps=pick(mode, 6, 450, 1200),
+    return dict(lengths=pick(mode, (16, 32), (32, 64), (64, 128, 256)),
+                d_model=pick(mode, 16, 64, 64), steps=pick(mode, 6, 600, 1200),
                 batch=pick(mode, 4, 32, 32), eval_batch=pick(mode, 4, 64, 128),
-                n_keys=64, lr=1e-2)
+                n_keys=pick(mode, 16, 32, 64), lr=1e-2)
 
 
 def recall_config(name, z):
@@ -59,7 +60,7 @@ def _tasks(z):
     def sample(rng, T, batch, task):
         if task == "recall":
             return recall_batch(rng, batch, T, T // 8, nk)
-        return copy_batch(rng, batch, T, nk, 2 * nk)
+        return copy_batch(rng, batch, T, 2 * nk, 2 * nk)  # keys and values: all copied
     return sample
 
 
@@ -105,7 +106,7 @@ def _run(mode, seed, z=None):
                f"{copy['mamba'][T]:.2f}: attention above Mamba and linear attention "
                f"{'holds' if holds else 'does not hold here'}")
     config = dict(z, n_layers=2, n_heads=4, ffn="none", models=RECALL_MODELS, params=params,
-                  recall_pairs="T / 8", copy_symbols="T / 2", state_dtype="bf16")
+                  recall_pairs="T / 8", copy_span="T / 4 to T / 2", state_dtype="bf16")
     metrics = dict(accuracy=acc, copy_accuracy=copy, state_bytes=state, params=params)
     return Outcome(metrics, config, "\n".join(lines), verdict)
 

@@ -8,7 +8,7 @@ accuracy is the share of asked positions where the argmax of the logits is the t
     multi-query associative recall (Arora et al. 2023, "Zoology", arXiv 2312.04927):
         k1 v1 k2 v2 ... kn vn  q1 a1 q2 a2 ...   (q a key seen before, a its value: asked)
     copying (Jelassi et al. 2024, "Repeat After Me", arXiv 2402.01032):
-        x1 ... xn  COPY  x1 ... xn                (the second copy asked)
+        filler  COPY  x1 ... xn  COPY  x1 ... xn  (the second copy asked; n varies)
     needle: filler tokens, one needle token at distance d before the end, then QUERY:
         the needle is asked at the QUERY.
 """
@@ -49,15 +49,21 @@ def recall_batch(rng, batch, seq_len, n_pairs, n_keys):
 
 
 def copy_batch(rng, batch, seq_len, n_symbols, copy_token):
-    """Copying: seq_len / 2 symbols of [0, n_symbols), copy_token, the same symbols again
-    (each asked). -> (ids, targets) (batch, seq_len); seq_len even."""
-    if seq_len % 2 or seq_len < 4:
-        raise ValueError(f"copy_batch: seq_len must be even and >= 4, got {seq_len}")
-    n = seq_len // 2
-    x = rng.integers(0, n_symbols, (batch, n))
-    seq = np.concatenate([x, np.full((batch, 1), copy_token), x], 1)  # (B, T + 1)
-    ask = np.arange(seq_len) >= n  # from the COPY token on
-    return _asked(seq, np.broadcast_to(ask, (batch, seq_len)))
+    """Copying: filler symbols, COPY, n symbols, COPY, the same n symbols again (each asked
+    from the second COPY on), n drawn per row from [seq_len / 4, (seq_len - 2) / 2]: the copy
+    sits a varying distance back, so no fixed offset does the job (it takes an induction head
+    or a state that holds the whole span). Symbols in [0, n_symbols).
+    -> (ids, targets) (batch, seq_len)."""
+    if seq_len < 8:
+        raise ValueError(f"copy_batch: seq_len must be >= 8, got {seq_len}")
+    seq = rng.integers(0, n_symbols, (batch, seq_len + 1))
+    ask = np.zeros((batch, seq_len), bool)
+    for b, n in enumerate(rng.integers(seq_len // 4, (seq_len - 2) // 2 + 1, batch)):
+        start = seq_len + 1 - (2 * n + 2)  # the first COPY
+        seq[b, start + n + 2:] = seq[b, start + 1:start + n + 1]
+        seq[b, [start, start + n + 1]] = copy_token
+        ask[b, start + n + 1:] = True  # from the second COPY on
+    return _asked(seq, ask)
 
 
 def needle_batch(rng, batch, seq_len, depths, n_fill, n_needles):
