@@ -16,6 +16,7 @@ Metrics: accuracy[model][T] (recall), copy_accuracy[model][T], state_bytes[model
 sequence at the longest T: teach/sizing.kv_cache), params[model].
 """
 import numpy as np
+from matplotlib.ticker import NullFormatter
 
 from scratchllm.experiments.base import Experiment, Outcome, pick
 from scratchllm.experiments.synthetic import accuracy, copy_batch, recall_batch, train_task
@@ -116,8 +117,11 @@ def _figure(fig, outcome):
     m = outcome.metrics
     for name, by_len in m["accuracy"].items():
         ax1.plot([int(t) for t in by_len], list(by_len.values()), "o-", label=name)
+    lengths = [int(t) for t in next(iter(m["accuracy"].values()))]
     ax1.set(xlabel="sequence length", ylabel="recall accuracy", xscale="log", ylim=(0, 1.02),
             title="multi-query associative recall")
+    ax1.set_xticks(lengths, [str(t) for t in lengths], minor=False)
+    ax1.set_xticks([], minor=True)
     ax1.legend(fontsize=7)
     longest = {name: by_len[max(by_len, key=int)] for name, by_len in m["accuracy"].items()}
     for name, acc in longest.items():
@@ -126,6 +130,7 @@ def _figure(fig, outcome):
     ax2.set(xlabel="state bytes per sequence (bf16, longest length)", xscale="log",
             ylabel="recall accuracy at the longest length", ylim=(0, 1.02),
             title="accuracy against state size")
+    ax2.xaxis.set_minor_formatter(NullFormatter())
 
 
 RECALL = Experiment(_NAME, _CLAIM, _run, _figure)
