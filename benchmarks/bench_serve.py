@@ -2,6 +2,7 @@
 
 Run serialised with other helpers:
     flock /tmp/scratchllm-bench.lock python benchmarks/bench_serve.py [NAME ...] [--ckpt DIR]
+        [--mtp-ckpt DIR]
 
 Sections:
 - engine: the engine on the paged cache against the contiguous one (the default `dense`
@@ -19,6 +20,11 @@ Sections:
 - speculative: greedy speculative decoding on the same checkpoint with an early-exit draft
   (the target's first layers, final norm and head): tokens/s against the target alone, and
   the share of drafted tokens accepted.
+- mtp: greedy speculative decoding with the target's own MTP module as the draft
+  (draft="mtp"), on a checkpoint trained with `train --mtp 1` (--mtp-ckpt, default
+  runs/dense_mtp1): tokens/s against the target alone, and the share of drafts accepted.
+- prefill: batched prefill (rows.prefill_rows: 8 prompts of 16 to 128 tokens, right-padded, in
+  one forward) against each prompt's own LM.prefill, on random weights of the default preset.
 - evict: held-out perplexity against the KV budget per eviction policy (window, streaming,
   h2o, snapkv) on the same checkpoint.
 """
@@ -152,10 +158,10 @@ def bench_prefix():
                   f"(prompt + max_new per request), {sec:.2f} s")
 
 
-def _checkpoint():
+def _checkpoint(flag="--ckpt", default=CKPT):
     """(model, tokenizer, directory) of --ckpt (default runs/dense), or None with a note."""
     from scratchllm.train.checkpoint import load_model
-    where = sys.argv[sys.argv.index("--ckpt") + 1] if "--ckpt" in sys.argv else CKPT
+    where = sys.argv[sys.argv.index(flag) + 1] if flag in sys.argv else default
     if not os.path.isdir(where):
         print(f"no checkpoint at {where}: run `python -m scratchllm train` (or pass --ckpt)")
         return None
@@ -259,10 +265,62 @@ def bench_speculative():
               f"tok/s ({times[0] / sec:.2f}x), {acc:.0%} of drafted tokens accepted")
 
 
+def bench_prefill():
+    from scratchllm.serve import ContiguousCache, prefill_rows
+    model = _model()
+    rng = np.random.default_rng(0)
+    lengths = [16, 128, 40, 96, 64, 24, 112, 80]
+    prompts = [[int(t) for t in rng.integers(0, model.cfg.vocab_size, n)] for n in lengths]
+
+    def batched():
+        cache = ContiguousCache(model)
+        for i, p in enumerate(prompts):
+            cache.add(i, len(p))
+        return prefill_rows(model, prompts, cache, list(range(len(prompts))),
+                            np.zeros(len(prompts), int))
+
+    def alone():
+        return [model.prefill(np.array([p]), model.init_state(1, len(p)))[0, -1]
+                for p in prompts]
+    times = median_times_interleaved([alone, batched], repeats=5)
+    err = max(float(np.abs(a - b).max()) for a, b in zip(alone(), batched()))
+    print(f"{len(prompts)} prompts of {min(lengths)}..{max(lengths)} tokens ({sum(lengths)} "
+          f"tokens, {len(prompts) * max(lengths)} with padding): each alone "
+          f"{1e3 * times[0]:.1f} ms, one batched forward {1e3 * times[1]:.1f} ms "
+          f"({times[0] / times[1]:.2f}x); last logits differ by at most {err:.1e}")
+
+
+def bench_mtp():
+    if (loaded := _checkpoint("--mtp-ckpt", "runs/dense_mtp1")) is None:
+        return
+    target, tok, where = loaded
+    if target.mtp is None:
+        print(f"{where} has no MTP modules: train it with `python -m scratchllm train --mtp 1`")
+        return
+    prompts = [tok.encode(t) for t in ("The following modules are", "def __init__(self",
+                                       "Return a new", "This function")]
+    n, ks = 48, (1, 2, 3, 4)
+    print(f"{where}: greedy, {len(prompts)} prompts x {n} new tokens; draft = the target's "
+          f"MTP module 1 (draft='mtp')")
+    fns = [lambda: [list(generate_ids(target, p, n, None, temperature=0.0)) for p in prompts]]
+    fns += [lambda k=k: [speculative_generate(target, "mtp", p, n, k=k) for p in prompts]
+            for k in ks]
+    times = median_times_interleaved(fns, repeats=3)
+    print(f"  target alone (generate_ids)    {len(prompts) * n / times[0]:6.0f} tok/s")
+    for k, sec, fn in zip(ks, times[1:], fns[1:]):
+        runs = fn()
+        acc = sum(s["accepted"] for _, s in runs) / sum(s["proposed"] for _, s in runs)
+        same = all(ids == list(generate_ids(target, p, n, None, temperature=0.0))
+                   for (ids, _), p in zip(runs, prompts))
+        print(f"  MTP draft, k={k}: {len(prompts) * n / sec:6.0f} tok/s ({times[0] / sec:.2f}x), "
+              f"{acc:.0%} of drafted tokens accepted, ids equal to the target's: {same}")
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
-    if "--ckpt" in args:
-        i = args.index("--ckpt")
-        args = args[:i] + args[i + 2:]
+    for flag in ("--ckpt", "--mtp-ckpt"):
+        if flag in args:
+            i = args.index(flag)
+            args = args[:i] + args[i + 2:]
     sys.exit(run_named([bench_engine, bench_long, bench_prefix, bench_quality,
-                        bench_speculative, bench_evict], args))
+                        bench_speculative, bench_mtp, bench_prefill, bench_evict], args))

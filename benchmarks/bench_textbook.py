@@ -7,6 +7,8 @@ Run serialised with other helpers:
   2 log2 T vectorised rounds) against the sequential Numba selective scan, T = 4096.
 - cauchy: S4's Cauchy kernel (ssm/s4.py, float64) against the dense-A kernel (bilinear Ā by
   scipy solves, then L matrix-vector products), N = 64, L = 1024.
+- cauchy_zoh: the zero-order-hold Cauchy sum of S4D-LegS (diagonal Λ, float64) against the
+  kernel of the dense A = V Λ V* by scipy.linalg.expm, N = 64, L = 1024.
 - nsa: native sparse attention (attention/nsa.py) against the causal flash forward,
   T = 4k, 8k, 16k (one run each at 16k: flash takes minutes there).
 """
@@ -63,6 +65,30 @@ def bench_cauchy():
           f"{t_dense / t_cauchy:.1f}x")
 
 
+def bench_cauchy_zoh():
+    from scratchllm.ssm import CauchyWeights, cauchy_kernel_forward, dplr_legs
+    N, L, dt = 64, 1024, 0.01
+    d = dplr_legs(N)
+    A = d.V @ np.diag(d.Lambda) @ d.V.conj().T  # (N, N) dense, complex
+    B, C = d.V @ d.B, np.random.default_rng(0).standard_normal(N) + 0j
+
+    def dense():
+        a_bar = scipy.linalg.expm(dt * A)
+        h = scipy.linalg.solve(A, (a_bar - np.eye(N)) @ B)
+        K = np.empty(L)
+        for l in range(L):
+            K[l] = (C @ h).real
+            h = a_bar @ h
+        return K
+    w = CauchyWeights(d.Lambda.real[None], d.Lambda.imag[None], None, None, d.B.real[None],
+                      d.B.imag[None], C.real[None], C.imag[None])
+    t_dense = median_time(dense)
+    t_cauchy = median_time(lambda: cauchy_kernel_forward(w, np.log([dt]), L=L,
+                                                         discretization="zoh"))
+    print(f"N={N} L={L} zoh: dense A (expm) {t_dense * 1e3:.1f} ms, Cauchy {t_cauchy * 1e3:.2f} "
+          f"ms, {t_dense / t_cauchy:.1f}x")
+
+
 def bench_nsa():
     from scratchllm.attention import flash_sdpa_forward, nsa_forward
     from scratchllm.specs import Mask
@@ -80,7 +106,7 @@ def bench_nsa():
         print(f"T={T}: nsa {t_nsa:.2f} s, flash {t_flash:.2f} s, {t_flash / t_nsa:.1f}x")
 
 
-BENCHMARKS = [bench_assoc_scan, bench_cauchy, bench_nsa]
+BENCHMARKS = [bench_assoc_scan, bench_cauchy, bench_cauchy_zoh, bench_nsa]
 
 if __name__ == "__main__":
     sys.exit(run_named(BENCHMARKS))

@@ -10,8 +10,9 @@ all ranks run the forward with x_q[i] +- h (only rank q perturbs) and the centra
 logical value: element i moves on every rank at once and every rank's dx must equal the
 difference; a replicated output (g) is counted once in L. With --directions K, K random
 directions instead (every rank moving at once). The check also compares the bytes each
-collective counted with the ring algorithms' formulas. Prints one line per check on rank 0 and
-exits 1 (on every rank) if any fails.
+collective counted with the ring algorithms' formulas, and (grads/mpi_train.py) trains a tiny
+LM data parallel, plain and with ZeRO-1/2/3, against one process. Prints one line per check on
+rank 0 and exits 1 (on every rank) if any fails.
 """
 import argparse
 import sys
@@ -19,6 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from grads.mpi_train import expert_parallel_checks, training_checks
 from scratchllm import dist
 
 TOL = 1e-9
@@ -64,16 +66,20 @@ def _all_values(world, value):
 
 
 def dist_check(name, pair, arrays, group, world, *, rng, replicated=(), rep_out=False,
-               directions=0, **kw):
+               directions=0, h=1e-3, tol=TOL, **kw):
     """Result of the finite-difference check of pair = (forward, backward) on arrays
     ({argument name: this rank's array}, each checked in turn); replicated: the names of the
     replicated inputs; rep_out: the output is replicated; directions: 0 for every element,
-    else that many random directions. Every rank must call it."""
+    else that many random directions; h: the step (1e-3 suits the collectives, linear in
+    each input, whose difference is exact but for rounding; smaller for a curved loss); tol:
+    the largest relative error that passes (1e-9 for the linear collectives; a pair with
+    curvature, like the experts' SwiGLU, takes the grads cases' 1e-7).
+    Every rank must call it."""
     forward, backward = pair
     y, cache = forward(**arrays, group=group, **kw)
-    dout = (np.random.default_rng(7) if rep_out else rng).standard_normal(y.shape)
+    dout = (np.random.default_rng(7) if rep_out else rng).standard_normal(np.shape(y))
     grads = backward(dout, cache)
-    h, worst = 1e-3, 0.0  # linear in each input: the difference is exact but for rounding
+    worst = 0.0
     for key, a in arrays.items():
         for v, an in _probes(a, grads[key], world, key in replicated, directions, rng):
             def moved(step):
@@ -82,7 +88,7 @@ def dist_check(name, pair, arrays, group, world, *, rng, replicated=(), rep_out=
             fd = (moved(h) - moved(-h)) / (2 * h)
             worst = max(worst, max(abs(g - fd) for g in an) / max(abs(fd), 1.0))
     worst = world.sum_scalar(worst) / world.size
-    return Result(name, worst, worst < TOL)
+    return Result(name, worst, worst < tol)
 
 
 def byte_checks(world):
@@ -112,12 +118,17 @@ def run_checks(world, directions=0, seed=0):
     std = rng.standard_normal
     # all-to-all-v: rank r sends (r + j) % 3 rows to rank j
     counts = [(r + j) % 3 for j in range(P)]
+    vcounts = [(j + 1) % 3 for j in range(P)]  # rows per rank of the -v gathers (some 0)
     checks = [
         ("all_reduce", dist.all_reduce_forward, dist.all_reduce_backward, std((2, 3)), {}),
         ("all_gather (axis 1)", dist.all_gather_forward, dist.all_gather_backward,
          std((2, 3)), {"axis": 1}),
         ("reduce_scatter", dist.reduce_scatter_forward, dist.reduce_scatter_backward,
          std((2 * P, 3)), {}),
+        ("all_gather (v: uneven counts)", dist.all_gather_forward, dist.all_gather_backward,
+         std((vcounts[r], 2)), {"counts": vcounts}),
+        ("reduce_scatter (v: uneven counts)", dist.reduce_scatter_forward,
+         dist.reduce_scatter_backward, std((sum(vcounts), 2)), {"counts": vcounts}),
         ("all_to_all", dist.all_to_all_forward, dist.all_to_all_backward, std((P, 3)), {}),
         ("all_to_all (v: uneven counts)", dist.all_to_all_forward, dist.all_to_all_backward,
          std((sum(counts), 2)), {"counts": counts}),
@@ -143,7 +154,42 @@ def run_checks(world, directions=0, seed=0):
                                   (dist.all_gather_forward, dist.all_gather_backward),
                                   {"x": std((2, 3))}, g, world, rng=rng,
                                   directions=directions))
-    return out + tensor_parallel_checks(world, rng, directions) + byte_checks(world)
+    return (out + tensor_parallel_checks(world, rng, directions) +
+            ring_attention_checks(world, rng, directions) + byte_checks(world))
+
+
+def ring_attention_checks(world, rng, directions):
+    """[Result]: ring attention's distributed gradient check (plain, causal, causal zig-zag),
+    and its output and every gradient against one-process sdpa on the whole sequence."""
+    from scratchllm.attention import sdpa_backward, sdpa_forward
+    from scratchllm.specs import Mask
+    P, r, std = world.size, world.rank, rng.standard_normal
+    out = []
+    for causal, zigzag in ((False, False), (True, False), (True, True)):
+        what = "causal" if causal else "not causal"
+        what += ", zig-zag" if zigzag else ""
+        out.append(dist_check(f"ring_attention ({what})", (dist.ring_attention_forward,
+                                                          dist.ring_attention_backward),
+                              {"q": std((1, 2, 2, 3)), "k": std((1, 2, 2, 3)),
+                               "v": std((1, 2, 2, 3))}, world, world, rng=rng,
+                              directions=directions, h=1e-5, causal=causal, zigzag=zigzag))
+        shared = np.random.default_rng(17)
+        T = 4 * P
+        full = {n: shared.standard_normal((2, 2, T, 3)) for n in ("q", "k", "v")}
+        dout = shared.standard_normal((2, 2, T, 3))
+        want, cache = sdpa_forward(full["q"], full["k"], full["v"],
+                                   Mask(causal=True) if causal else None)
+        grads = sdpa_backward(dout, cache)
+        pos = dist.ring_positions(T, P, zigzag)[r]
+        got, c = dist.ring_attention_forward(*(full[n][:, :, pos] for n in ("q", "k", "v")),
+                                             group=world, causal=causal, zigzag=zigzag)
+        back = dist.ring_attention_backward(dout[:, :, pos], c)
+        err = max([float(np.abs(got - want[:, :, pos]).max())] +
+                  [float(np.abs(back[n] - grads[n][:, :, pos]).max()) for n in ("q", "k", "v")])
+        err = max(world.comm.allgather(err))
+        out.append(Result(f"ring_attention ({what}) == sdpa on the whole sequence (out, dq, "
+                          f"dk, dv)", err, err < 1e-12))
+    return out
 
 
 def tensor_parallel_checks(world, rng, directions):
@@ -159,6 +205,19 @@ def tensor_parallel_checks(world, rng, directions):
            dist_check("row_linear", (dist.row_linear_forward, dist.row_linear_backward),
                       {"x": std((2, 2)), "W": std((2, 4)), "b": b_row}, world, world, rng=rng,
                       replicated=("b",), rep_out=True, directions=directions)]
+    ids = shared.integers(0, 3 * P, (2, 2 * P))  # a vocabulary of 3 rows per rank
+    out += [dist_check("vocab_embedding", (dist.vocab_embedding_forward,
+                                           dist.vocab_embedding_backward),
+                       {"E": std((3, 4))}, world, world, rng=rng, rep_out=True,
+                       directions=directions, ids=ids),
+            dist_check("vocab_embedding (sequence parallel: reduce-scatter along T)",
+                       (dist.vocab_embedding_forward, dist.vocab_embedding_backward),
+                       {"E": std((3, 4))}, world, world, rng=rng, directions=directions,
+                       ids=ids, sequence=True),
+            dist_check("vocab_cross_entropy", (dist.vocab_cross_entropy_forward,
+                                               dist.vocab_cross_entropy_backward),
+                       {"logits": std((2, 3, 3))}, world, world, rng=rng, rep_out=True,
+                       directions=directions, h=1e-5, targets=shared.integers(0, 3 * P, (2, 3)))]
     W1, W2 = shared.standard_normal((3, 2 * P)), shared.standard_normal((2 * P, 4))
     h, _ = dist.column_linear_forward(x, *dist.split_columns(W1, None, world), group=world)
     y, _ = dist.row_linear_forward(h, dist.split_rows(W2, world), b_row, group=world)
@@ -174,7 +233,9 @@ def main(argv=None):
                         "check instead of every element (cheaper on many ranks)")
     args = parser.parse_args(argv)
     world = dist.Group.world()
-    results = run_checks(world, args.directions)
+    results = (run_checks(world, args.directions) + training_checks(world) +
+               expert_parallel_checks(world, np.random.default_rng([3, world.rank]),
+                                      dist_check))
     if world.rank == 0:
         for res in results:
             print(f"{'ok  ' if res.ok else 'FAIL'}  {res.name}  (max rel err {res.err:.1e}, "

@@ -102,3 +102,13 @@ def test_the_sigmoid_router_normalises_underflowing_scores_without_nan():
     np.testing.assert_allclose(out.probs.sum(axis=1), 1, rtol=1e-12)
     grads = router_backward(RouterOut(np.ones((2, 2)), None, np.ones((2, 2)), None), cache)
     assert all(np.isfinite(g).all() for g in grads.values())
+
+
+@pytest.mark.parametrize("fn", ["sdpa", "flash_sdpa"])
+@pytest.mark.parametrize("T", [1, 3])
+def test_a_head_dim_of_zero_is_an_error_naming_it(fn, T):
+    from scratchllm.attention import flash_sdpa_forward, sdpa_forward
+    forward = {"sdpa": sdpa_forward, "flash_sdpa": flash_sdpa_forward}[fn]
+    q = np.zeros((1, 2, T, 0))
+    with pytest.raises(ValueError, match=rf"^{fn}: q has shape .*a head dim Dh of 0"):
+        forward(q, q, q)

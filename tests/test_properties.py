@@ -1,8 +1,10 @@
 """Property-based checks of every public pair (hypothesis), from the valid inputs of its grads
 case (test_dout_checks.record_cases):
-- valid inputs, rescaled by a random positive factor: a finite output and finite gradients;
+- valid inputs, rescaled by a random positive factor, in float64 or all cast to float32: a
+  finite output of that dtype and finite gradients;
 - an input with a wrong shape, a wrong dtype, a list, or 0-d: a clear error (ValueError or
-  TypeError whose message starts with the function's name, `name: ...`) or a finite result;
+  TypeError whose message starts with the name of the function called, `name: ...`, never
+  a helper's it calls) or a finite result;
 - no call mutates its inputs or its dout;
 - the backward refuses a wrong dout with a clear error.
 Examples are few and derandomized, so the whole file runs in seconds.
@@ -22,6 +24,15 @@ IN_UNIT_INTERVAL = {"gamma"}  # decays in (0, 1]: rescaled as gamma ** factor, w
 FEW = settings(max_examples=12, deadline=None, derandomize=True,
                suppress_health_check=[HealthCheck.too_slow])
 CLEAR = re.compile(r"^[A-Za-z_][\w.]*( \w+)?: ")
+
+
+def called_names(forward):
+    """The names an error of `forward` may start with: its own, or its op's (the name
+    without _forward / _forward_ref and fused_, as `swiglu` for swiglu_forward), or the op's
+    readable twin's (`fft_conv_ref`)."""
+    name = forward.__name__
+    op = name.removeprefix("fused_").removesuffix("_ref").removesuffix("_forward")
+    return {name, op, op + "_ref"}
 
 
 def leaves(tree):
@@ -52,6 +63,15 @@ def random_dout(out, rng):
     if not np.issubdtype(a.dtype, np.floating):
         return None
     return np.asarray(rng.standard_normal(a.shape), a.dtype)
+
+
+def in_dtype(value, dtype):
+    """value with its float64 arrays (also a NamedTuple's fields) cast to dtype."""
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(in_dtype(a, dtype) for a in value))
+    if isinstance(value, np.ndarray) and value.dtype == np.float64:
+        return value.astype(dtype)
+    return value
 
 
 def float_inputs(call):
@@ -99,15 +119,21 @@ def mutate(value, kind, axis):
 
 @pytest.mark.parametrize("key", KEYS, ids=lambda k: k[1])
 @FEW
-@given(factor=st.floats(0.25, 4.0), seed=st.integers(0, 2 ** 16))
-def test_valid_inputs_give_finite_outputs_and_gradients_without_mutation(key, factor, seed):
+@given(factor=st.floats(0.25, 4.0), seed=st.integers(0, 2 ** 16),
+       dtype=st.sampled_from([np.float64, np.float32]))
+def test_valid_inputs_give_finite_outputs_and_gradients_without_mutation(key, factor, seed,
+                                                                          dtype):
     call = CALLS[BACKWARDS[key]]
     kwargs = dict(call.kwargs)
     for k in float_inputs(call):
         kwargs[k] = kwargs[k] ** factor if k in IN_UNIT_INTERVAL else kwargs[k] * factor
+    kwargs = {k: in_dtype(v, dtype) for k, v in kwargs.items()}
     before = copies(kwargs)
     out, cache = call.forward(**kwargs)
     assert all_finite(out), f"non-finite output at factor {factor}"
+    if dtype == np.float32:
+        assert all(a.dtype == np.float32 for a in leaves(out) if isinstance(a, np.ndarray)
+                   and np.issubdtype(a.dtype, np.floating)), "a float32 call left float32"
     dout = random_dout(out, np.random.default_rng(seed))
     dout_before = [None if d is None else d.copy() for d in leaves(dout)]
     grads = BACKWARDS[key](dout, cache)
@@ -131,6 +157,8 @@ def test_wrong_inputs_give_a_clear_error_or_a_finite_result(key, data):
         out, _ = call.forward(**kwargs)
     except (ValueError, TypeError) as e:
         assert CLEAR.match(str(e)), f"{name} {kind}: unclear error {type(e).__name__}: {e}"
+        assert str(e).split(":")[0] in called_names(call.forward), \
+            f"{name} {kind}: the error names another function than {call.forward.__name__}: {e}"
     else:
         assert all_finite(out), f"{name} {kind}: accepted, but the output is not finite"
     assert unchanged(kwargs, before), "an input was mutated"

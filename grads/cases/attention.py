@@ -336,3 +336,36 @@ def nsa(rng):
                  k=rng.standard_normal((B, Hkv, T, Dh)), v=rng.standard_normal((B, Hkv, T, Dh)),
                  phi=rng.standard_normal(3), gates=rng.standard_normal((B, H, T, 3)), block=3,
                  n_select=2, window=4)
+
+
+def _compress_weights(rng, block, Dh, F):
+    from scratchllm.attention import CompressWeights
+    return CompressWeights(rng.standard_normal((block, Dh)), rng.normal(0, 0.5, (block * Dh, F)),
+                           rng.standard_normal(F), rng.normal(0, 0.5, (F, Dh)),
+                           rng.standard_normal(Dh))
+
+
+@case
+def nsa_compress(rng):
+    """The MLP compressor on overlapping blocks (4 tokens at stride 2) and on adjacent ones."""
+    from scratchllm.attention import nsa_compress_backward, nsa_compress_forward
+    return [check(nsa_compress_forward, nsa_compress_backward, rng=rng, label=f"stride {d}",
+                  x=rng.standard_normal((2, 2, 11, 3)), w=_compress_weights(rng, 4, 3, 5),
+                  block=4, stride=d) for d in (2, 4)]
+
+
+@case
+def nsa_mlp(rng):
+    from scratchllm.attention import NSAWeights, nsa_mlp_backward, nsa_mlp_forward
+    from scratchllm.specs import NSASpec
+    B, H, Hkv, T, Dh = 2, 4, 2, 13, 5  # blocks of 4 at stride 2: five compressed tokens
+    w = NSAWeights(*_compress_weights(rng, 4, Dh, 6), *_compress_weights(rng, 4, Dh, 6))
+    # w.k_b2 shifts every compressed key alike: q·b is constant along a softmax row, so its
+    # gradient is exactly 0 (round-off on both sides; tests/attention/test_nsa_mlp.py)
+    fields = [f"w.{f}" for f in NSAWeights._fields if f != "k_b2"]
+    return check(nsa_mlp_forward, nsa_mlp_backward, rng=rng,
+                 wrt=["q", "k", "v", "gates"] + fields,
+                 q=rng.standard_normal((B, H, T, Dh)), k=rng.standard_normal((B, Hkv, T, Dh)),
+                 v=rng.standard_normal((B, Hkv, T, Dh)), w=w,
+                 gates=rng.standard_normal((B, H, T, 3)),
+                 spec=NSASpec(block=4, stride=2, n_select=2, window=3))

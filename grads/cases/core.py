@@ -1,5 +1,6 @@
 """Gradient-check cases of scratchllm.core: the ops (linear, embedding, norms, activations,
-the dense FFNs, softmax, cross-entropy, InfoNCE) and their fused twins (core/fused.py)."""
+the dense FFNs, softmax, cross-entropy, InfoNCE), their fused twins (core/fused.py) and the FP8
+linear (core/fp8.py, by its straight-through definition)."""
 import numpy as np
 
 from grads.cases._common import case
@@ -164,3 +165,60 @@ def info_nce(rng):
     return [check(info_nce_forward, info_nce_backward, rng=rng, label=label, temperature=0.7,
                   symmetric=symmetric, **inputs)
             for label, symmetric in (("in-batch negatives", False), ("symmetric (CLIP)", True))]
+
+
+@case
+def fp8_linear(rng):
+    """The FP8 linear (core/fp8.py) against its straight-through definition: a custom check
+    (grads/straight_through.py), since finite differences through the rounding measure its
+    steps; then the generic checker with nothing to difference (wrt=[]) for the contract: the
+    backward's keys and that no input or dout is mutated. Tiles of 4 on widths 10 and 6, so
+    full and partial tiles both occur; per-tensor scaling; e4m3 gradients as DeepSeek-V3."""
+    from grads.straight_through import check_fp8_linear
+    from scratchllm.core import FP8Spec, fp8_linear_backward, fp8_linear_forward
+    x, W, b = rng.standard_normal((2, 3, 10)), rng.standard_normal((10, 6)), rng.standard_normal(6)
+    reports = []
+    for label, spec, bias in (("tiles, e5m2 grads", FP8Spec(act_tile=4, weight_block=4), b),
+                              ("per tensor", FP8Spec(act_tile=None, weight_block=None), None),
+                              ("tiles, e4m3 grads", FP8Spec(grad_fmt="e4m3", act_tile=4,
+                                                            weight_block=4), b)):
+        report = check_fp8_linear(x, W, bias, spec=spec, rng=rng, label=label)
+        report.rows += check(fp8_linear_forward, fp8_linear_backward, rng=rng, wrt=[], x=x,
+                             W=W, b=bias, spec=spec).rows
+        reports.append(report)
+    return reports
+
+
+@case
+def fp8_cast(rng):
+    """The quantiser pair's straight-through backward: dx = dx^ (the gradient of the smooth
+    sum(dout * u) at u = x^, by the generic checker on the identity it stands for)."""
+    from scratchllm.core import fp8_cast_backward, fp8_cast_forward
+
+    def identity_at_rounded(x):  # the straight-through surrogate: x^ + (x - x^) = x
+        y, cache = fp8_cast_forward(x, fmt="e4m3", tile=(1, 4))
+        return y + (x - y), cache
+    return check(identity_at_rounded, fp8_cast_backward, rng=rng,
+                 x=rng.standard_normal((3, 10)))
+
+
+@case
+def pool(rng):
+    from scratchllm.core import pool_backward, pool_forward
+    mask = np.array([[True, True, False, True, False], [True] * 5, [True] + [False] * 4])
+    return [check(pool_forward, pool_backward, rng=rng, label="mean, masked",
+                  h=rng.standard_normal((3, 5, 7)), mask=mask, kind="mean"),
+            check(pool_forward, pool_backward, rng=rng, label="cls",
+                  h=rng.standard_normal((3, 5, 7)), kind="cls")]
+
+
+@case
+def sequence_head(rng):
+    """A 3-class classifier on [CLS]; a reranker's one score on the masked mean."""
+    from scratchllm.core import HeadWeights, sequence_head_backward, sequence_head_forward
+    mask = np.array([[True, True, True, False], [True, False, False, False]])
+    return [check(sequence_head_forward, sequence_head_backward, rng=rng, label=label,
+                  h=rng.standard_normal((2, 4, 6)), mask=m, kind=kind,
+                  w=HeadWeights(rng.standard_normal((6, C)), rng.standard_normal(C)))
+            for label, kind, m, C in (("classifier, cls", "cls", None, 3),
+                                      ("reranker, mean", "mean", mask, 1))]

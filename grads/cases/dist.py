@@ -3,6 +3,8 @@ collective is a copy (and a tensor-parallel Linear is the plain one). They keep 
 and contract checks; the real check, across ranks, is the distributed one:
 `mpiexec -n 2 python -m grads.mpi` (grads/mpi.py; tests/dist spawns it on 2 and 4 ranks)."""
 
+import numpy as np
+
 from grads.cases._common import case
 from grads.check import check
 
@@ -19,9 +21,11 @@ def collectives_one_rank(rng):
     x = rng.standard_normal((3, 4))
     pairs = [("all_reduce", {}), ("all_gather", {"axis": 1}), ("reduce_scatter", {}),
              ("all_to_all", {"counts": [3]}), ("ring_shift", {}), ("copy_to_group", {}),
-             ("reduce_from_group", {})]
+             ("reduce_from_group", {}), ("all_gather", {"counts": [3]}),
+             ("reduce_scatter", {"counts": [3]})]
     return [check(getattr(dist, f"{name}_forward"), getattr(dist, f"{name}_backward"),
-                  rng=rng, label=name, x=x, group=g, **kw) for name, kw in pairs]
+                  rng=rng, label=name + (" (v)" if "counts" in kw and name != "all_to_all" else ""),
+                  x=x, group=g, **kw) for name, kw in pairs]
 
 
 @case
@@ -34,3 +38,42 @@ def tensor_parallel_one_rank(rng):
                   group=g),
             check(dist.row_linear_forward, dist.row_linear_backward, rng=rng, label="row",
                   x=x, W=rng.standard_normal((5, 4)), b=rng.standard_normal(4), group=g)]
+
+
+@case
+def vocab_parallel_one_rank(rng):
+    """The vocab-parallel embedding and cross-entropy on one rank: the plain embedding and
+    cross-entropy (the ids and targets are not differentiated)."""
+    from scratchllm import dist
+    g = _one_rank()
+    ids = rng.integers(0, 6, (2, 3))
+    return [check(dist.vocab_embedding_forward, dist.vocab_embedding_backward, rng=rng,
+                  label="embedding", wrt=["E"], ids=ids, E=rng.standard_normal((6, 4)),
+                  group=g),
+            check(dist.vocab_cross_entropy_forward, dist.vocab_cross_entropy_backward,
+                  rng=rng, label="cross_entropy", wrt=["logits"],
+                  logits=rng.standard_normal((2, 3, 6)), targets=ids, group=g)]
+
+
+@case
+def ring_attention_one_rank(rng):
+    """Ring attention on one rank: plain attention (causal or not) on the rank's tokens."""
+    from scratchllm import dist
+    g = _one_rank()
+    q, k, v = (rng.standard_normal((1, 2, 4, 3)) for _ in range(3))
+    return [check(dist.ring_attention_forward, dist.ring_attention_backward, rng=rng,
+                  label="causal" if causal else "not causal", q=q, k=k, v=v, group=g,
+                  causal=causal) for causal in (False, True)]
+
+
+@case
+def expert_parallel_one_rank(rng):
+    """The expert-parallel experts pair on one rank: the experts pair between two all-to-alls
+    that copy (3 experts, one with no rows)."""
+    from scratchllm.train.expert_parallel import (expert_parallel_backward,
+                                                  expert_parallel_forward)
+    bounds = np.array([0, 2, 2, 5])
+    return [check(expert_parallel_forward, expert_parallel_backward, rng=rng,
+                  wrt=["xs", "w1", "w3", "w2"], xs=rng.standard_normal((5, 3)), bounds=bounds,
+                  w1=rng.standard_normal((3, 3, 4)), w3=rng.standard_normal((3, 3, 4)),
+                  w2=rng.standard_normal((3, 4, 3)), group=_one_rank())]

@@ -7,7 +7,7 @@ import zlib
 
 import numpy as np
 
-from grads.cases._common import case
+from grads.cases._common import case, module_loss_pair
 from grads.check import check
 
 _GEOMETRY = dict(vocab_size=300, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
@@ -183,3 +183,40 @@ def hub_gpt_oss(rng):
     forward, backward, params = loss_pair(model)
     return check(forward, backward, rng=rng, max_full=0, n_directions=2, label="gpt_oss",
                  **_hub_ids(model, rng), **params)
+
+
+SEQ2SEQ_CONFIGS = {  # label -> config.json fields of a tiny encoder-decoder checkpoint
+    "t5": dict(model_type="t5", vocab_size=13, d_model=8, d_kv=3, d_ff=10, num_layers=2,
+               num_heads=2, relative_attention_num_buckets=8,
+               relative_attention_max_distance=12, feed_forward_proj="relu"),
+}
+SEQ2SEQ_CONFIGS["t5_v11"] = dict(SEQ2SEQ_CONFIGS["t5"], feed_forward_proj="gated-gelu",
+                                 num_decoder_layers=3, tie_word_embeddings=False)
+SEQ2SEQ_CONFIGS["switch"] = dict(SEQ2SEQ_CONFIGS["t5"], model_type="switch_transformers",
+                                 num_decoder_layers=2, num_sparse_encoder_layers=1,
+                                 num_sparse_decoder_layers=1, num_experts=3, expert_capacity=3,
+                                 router_z_loss_coef=0.1, router_aux_loss_coef=0.2)
+
+
+@case
+def lm_seq2seq(rng):
+    """d loss / d every Param of a tiny model of each encoder-decoder config of
+    SEQ2SEQ_CONFIGS (T5: relu with the tied, scaled head and the shared relative bias
+    tables; T5 v1.1: gated-gelu, untied, a deeper decoder; Switch: a sparse layer in each
+    stack, capacity 3 of 7 source tokens, with its router losses), teacher-forced, float64."""
+    from scratchllm.hub import family_named
+    from scratchllm.lm import Seq2SeqLM
+    reports = []
+    for label, hf in SEQ2SEQ_CONFIGS.items():
+        cfg = family_named(hf["model_type"]).from_hf(hf)
+        model = Seq2SeqLM(cfg, rng=np.random.default_rng(zlib.crc32(label.encode())),
+                          dtype=np.float64)
+        for _, p in model.named_parameters():  # the tables start at zero: give them values
+            p.data = p.data + 0.1 * rng.standard_normal(p.data.shape)
+        V = cfg.vocab_size
+        data = (rng.integers(0, V, (2, 7)), rng.integers(0, V, (2, 5)),  # source, target in
+                rng.integers(0, V, (2, 5)))  # labels
+        forward, backward, params = module_loss_pair(model, *data, aux=label == "switch")
+        reports.append(check(forward, backward, rng=rng, max_full=0, n_directions=2,
+                             label=label, **params))
+    return reports

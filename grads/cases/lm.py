@@ -4,14 +4,21 @@ config options of released checkpoints) and of the encoder models, in float64.
 LM_TINY and lm_tiny(name) are the sizes and presets the tests share."""
 import numpy as np
 
-from grads.cases._common import case
+from grads.cases._common import case, module_loss_pair
 from grads.check import check
 
 
 LM_TINY = dict(vocab_size=23, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=12,
                n_experts=4, kv_lora_rank=6, qk_nope_head_dim=4, qk_rope_head_dim=4,
                v_head_dim=6, d_state=4, expand=2)
-LM_TINY_EXTRA = {"swa": dict(window=3, n_sink=1), "hybrid": dict(layer_pattern="MA")}
+LM_TINY_EXTRA = {"swa": dict(window=3, n_sink=1), "mamba2_hybrid": dict(layer_pattern="SFAF",
+                                                                         n_layers=4),
+                 # the tiny hybrid keeps RoPE, plain Mamba and renormalised gates; Jamba's
+                 # options (the preset's own) are checked in LM_CHECKPOINTS' "jamba"
+                 "hybrid": dict(layer_pattern="MA", positions="rope", mamba_inner_norms=False,
+                                norm_topk_prob=True),
+                 **{name: dict(layer_pattern=2 * letter) for name, letter in (
+                     ("linear", "L"), ("deltanet", "D"), ("mamba2", "S"), ("rwkv", "W"))}}
 
 
 def lm_tiny(name, **overrides):
@@ -54,6 +61,29 @@ def lm_dense(rng):
 
 
 @case
+def lm_mtp(rng):
+    """Multi-token prediction (lm/mtp.py) on whole tiny models: CE + (lambda / D) sum_k L^k
+    with D = 2 modules, every Param (the shared embedding and head get the trunk's and the
+    modules' gradients); untied, tied, and an MoE trunk whose modules end in MoE blocks."""
+    from dataclasses import replace
+
+    from scratchllm.lm import LM, loss_pair
+    from scratchllm.specs import MTPSpec
+    reports = []
+    for label, cfg in (("dense, D=2", replace(lm_tiny("dense"), mtp=MTPSpec(2, 0.5))),
+                       ("dense tied, D=1", replace(lm_tiny("dense", tie_embeddings=True),
+                                                   mtp=MTPSpec(1))),
+                       ("moe, D=2", replace(lm_tiny("moe"), mtp=MTPSpec(2)))):
+        model = LM(cfg, rng=rng, dtype=np.float64)
+        forward, backward, params = loss_pair(model)
+        V = cfg.vocab_size
+        reports.append(check(forward, backward, rng=rng, max_full=0, n_directions=2,
+                             label=label, ids=rng.integers(0, V, (2, 7)),
+                             targets=rng.integers(0, V, (2, 7)), **params))
+    return reports
+
+
+@case
 def lm_moe(rng):
     return _lm("moe", rng)
 
@@ -71,6 +101,12 @@ def lm_swa(rng):
 @case
 def lm_hybrid(rng):
     return _lm("hybrid", rng)
+
+
+@case
+def lm_mamba2_hybrid(rng):
+    """MLP-only layers (F) between Mamba-2 and attention layers, one sub-layer each."""
+    return _lm("mamba2_hybrid", rng)
 
 
 @case
@@ -162,23 +198,6 @@ def lm_bert_shape(rng):
                   **{n: p.data for n, p in params.items()})]
 
 
-def _module_loss_pair(model, *data):
-    """model.loss(*data) as a pair over the model's Params (as lm.loss_pair does for the LM)."""
-    params = dict(model.named_parameters())
-
-    def forward(**arrays):
-        for name, p in params.items():
-            p.data = arrays[name]
-        return model.loss(*data)
-
-    def backward(dloss, cache):
-        model.zero_grad()
-        model.loss_backward(float(dloss), cache)
-        return {name: p.grad.copy() for name, p in params.items()}
-
-    return forward, backward, {name: p.data for name, p in params.items()}
-
-
 @case
 def lm_encoders(rng):
     """Whole encoder models, every Param: the masked LM (BERT masking) and the
@@ -194,7 +213,7 @@ def lm_encoders(rng):
     reports = []
     for label, model, data in (("masked LM", mlm, (inputs, targets)),
                                ("encoder-decoder", s2s, (src, tgt[:, :-1], tgt[:, 1:]))):
-        forward, backward, params = _module_loss_pair(model, *data)
+        forward, backward, params = module_loss_pair(model, *data)
         reports.append(check(forward, backward, rng=rng, max_full=0, n_directions=2,
                              label=label, **params))
     return reports

@@ -1,6 +1,7 @@
 """Gradient-check cases of scratchllm.moe: routers (with the routing options of real
-checkpoints), experts (SwiGLU, clamped, plain MLP), the balance losses (per batch and per
-sequence) and the z-loss, the MoE layer, expert choice. Inputs are drawn away from routing
+checkpoints), experts (SwiGLU, clamped, plain MLP, ReLU), the balance losses (per batch and
+per sequence) and the z-loss, the MoE layer, expert choice, Switch's layer and its stack's
+router losses. Inputs are drawn away from routing
 ties and clamp boundaries, so no finite-difference step flips a decision."""
 import numpy as np
 
@@ -245,3 +246,35 @@ def moe_mlp_experts(rng):
     return check(moe_forward, moe_backward, rng=rng, label="plain MLP experts, capacity 0.75",
                  wrt=["x", "w"], x=x, w=weights,
                  spec=MoESpec(RouterSpec(E, k), ExpertsSpec("mlp", F), 0.75))
+
+
+@case
+def relu_experts(rng):
+    from scratchllm.moe import relu_experts_backward, relu_experts_forward
+    M, D, E, F = 9, 6, 4, 5  # expert 2 gets no rows
+    return check(relu_experts_forward, relu_experts_backward, rng=rng,
+                 xs=rng.standard_normal((M, D)), bounds=np.array([0, 3, 7, 7, 9]),
+                 w1=rng.standard_normal((E, D, F)), w2=rng.standard_normal((E, F, D)))
+
+
+@case
+def switch_moe(rng):
+    """Switch's layer on (2, 7) tokens, 4 experts of capacity 1 per sequence (3 or more
+    tokens of each sequence dropped), the router logits' gradient included."""
+    from scratchllm.moe import MoEWeights, switch_moe_backward, switch_moe_forward
+    from scratchllm.specs import ExpertsSpec, MoESpec, RouterSpec
+    B, T, D, E, F = 2, 7, 6, 4, 5
+    x, w, _ = _routing_inputs(rng, B * T, D, E, 1)
+    spec = MoESpec(RouterSpec(E, 1, norm_topk_prob=False), ExpertsSpec("relu", F),
+                   expert_capacity=1)
+    weights = MoEWeights(w, w1=rng.standard_normal((E, D, F)), w2=rng.standard_normal((E, F, D)))
+    return check(switch_moe_forward, switch_moe_backward, rng=rng, wrt=["x", "w"],
+                 x=x.reshape(B, T, D), w=weights, spec=spec)
+
+
+@case
+def router_losses(rng):
+    """Switch's stack losses (z and sequence balance) over 3 layers' logits (3, 2, 5, 4)."""
+    from scratchllm.moe import router_losses_backward, router_losses_forward
+    return check(router_losses_forward, router_losses_backward, rng=rng,
+                 logits=2 * rng.standard_normal((3, 2, 5, 4)))

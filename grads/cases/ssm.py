@@ -189,6 +189,10 @@ def cauchy_kernel(rng):
     def weights():
         return CauchyWeights(-rng.uniform(0.2, 1.0, (H, N)), rng.normal(0, 3, (H, N)),
                              *(rng.standard_normal((H, N)) for _ in range(6)))  # Re Λ < 0
+    diagonal = weights()._replace(p_re=None, p_im=None)  # Ã = Λ (S4D)
     return [check(cauchy_kernel_forward, cauchy_kernel_backward, rng=rng, label=f"L = {L}",
                   w=weights(), log_dt=rng.uniform(-3, -1, H), L=L)
-            for L in (7, 8)]  # L = 8 has the root ω = −1
+            for L in (7, 8)] + [  # L = 8 has the root ω = −1
+        check(cauchy_kernel_forward, cauchy_kernel_backward, rng=rng, label=f"diagonal, {disc}",
+              w=diagonal, log_dt=rng.uniform(-3, -1, H), L=9, discretization=disc)
+        for disc in ("bilinear", "zoh")]

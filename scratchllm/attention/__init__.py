@@ -12,7 +12,8 @@ A layer's options arrive as specs (scratchllm.specs: AttentionSpec, MLASpec, Rop
 its arrays as one NamedTuple (AttentionWeights, MLAWeights), RoPE at run time as a Rope.
 Stands on core and specs; mla stands on sdpa, rope and masks."""
 from .convert import mha_to_gqa
-from .cross import CrossAttention, cross_attention_backward, cross_attention_forward
+from .cross import (CrossAttention, CrossContext, cross_attention_backward,
+                    cross_attention_context, cross_attention_forward, cross_attention_read)
 from .flash import FlashCache, flash_sdpa_backward, flash_sdpa_forward
 from .gqa import Attention, gqa_backward, gqa_decode, gqa_forward, gqa_forward_ref
 from .indexer import (attention_distribution, indexer_kl_loss_backward,
@@ -24,12 +25,14 @@ from .masks import (attention_sink_mask, block_sparse_mask, causal_mask, mask_ar
 from .mla import MLA, mla_backward, mla_decode, mla_decode_ref, mla_forward, mla_softmax_scale
 from .mla_projection import MLAProjection, MLAWeights, mla_project_backward, mla_project_forward
 from .nsa import compress_matrix, nsa_backward, nsa_forward, nsa_forward_ref, nsa_indices
+from .nsa_mlp import (CompressWeights, NSAWeights, nsa_compress_backward, nsa_compress_forward,
+                      nsa_mlp_backward, nsa_mlp_forward, nsa_mlp_forward_ref)
 from .positions import (alibi_bias, alibi_slopes, relative_bias_backward, relative_bias_forward,
                         relative_offset_buckets, relative_position_buckets, sinusoidal_positions)
 from .qkv import QKV, AttentionWeights, project_qkv_backward, project_qkv_forward
 from .rope import Rope, get_mscale, make_rope, rope_backward, rope_forward, rope_frequencies
 from .sparse_masks import (bigbird_mask, document_mask, document_positions, fixed_mask,
-                           mask_receptive_field, strided_mask)
+                           mask_receptive_field, packed_mask, strided_mask)
 from .sparse import topk_select, topk_sparse_attention_backward, topk_sparse_attention_forward
 from .rope_heads import (rope_heads_backward, rope_heads_backward_ref, rope_heads_forward,
                          rope_heads_forward_ref)
@@ -39,8 +42,10 @@ from .sdpa_softmax import softmax_scores_, softmax_scores_backward_
 
 __all__ = [
     "compress_matrix", "nsa_backward", "nsa_forward", "nsa_forward_ref", "nsa_indices",
+    "CompressWeights", "NSAWeights", "nsa_compress_backward", "nsa_compress_forward",
+    "nsa_mlp_backward", "nsa_mlp_forward", "nsa_mlp_forward_ref",
     "bigbird_mask", "document_mask", "document_positions", "fixed_mask", "mask_receptive_field",
-    "strided_mask",
+    "packed_mask", "strided_mask",
     "Attention", "AttentionWeights", "KVState", "LatentKVState", "MLA", "MLAProjection",
     "MLAWeights", "QKV", "RollingKVState", "Rope", "attention_sink_mask", "block_sparse_mask",
     "causal_mask", "get_mscale", "gqa_backward", "gqa_decode", "gqa_forward",
@@ -53,7 +58,8 @@ __all__ = [
     "sdpa_forward", "sliding_window_mask", "softmax_scores_", "softmax_scores_backward_",
     "split_heads",
     # flash attention, cross-attention, positions, MHA -> GQA
-    "CrossAttention", "FlashCache", "alibi_bias", "cross_attention_backward",
+    "CrossAttention", "CrossContext", "cross_attention_context", "cross_attention_read",
+    "FlashCache", "alibi_bias", "cross_attention_backward",
     "cross_attention_forward", "alibi_slopes", "flash_sdpa_backward", "flash_sdpa_forward",
     "mha_to_gqa", "sinusoidal_positions", "relative_bias_backward", "relative_bias_forward",
     "relative_offset_buckets", "relative_position_buckets",

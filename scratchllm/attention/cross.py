@@ -17,8 +17,8 @@ import numpy as np
 from scratchllm.attention.qkv import AttentionWeights, check_attention_weights
 from scratchllm.attention.sdpa import merge_heads, sdpa_backward, sdpa_forward, split_heads
 from scratchllm.core.nn import Module, Param, normal_init
-from scratchllm.core.ops import linear_backward, linear_forward, linear_out
-from scratchllm.core.validate import expect_dout, expect_ndim, expect_shape
+from scratchllm.core.ops import expect_linear, linear_backward, linear_forward, linear_out
+from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
 
 
 class CrossCache(NamedTuple):
@@ -45,6 +45,24 @@ def _check_spec(fn, spec):
                          f"whole context: give Mask(causal=False) (or a padding array)")
 
 
+def check_cross_inputs(fn, x, ctx, w, spec, names=("x", "ctx")):
+    """What cross_attention_forward reads, checked under the caller's name `fn` and its names
+    of the two streams: x (B, Tq, D), ctx (B, Tk, Dc) float; w an AttentionWeights with
+    wq (D, H*Dh), wk, wv (Dc, Hkv*Dh), wo (H*Dh, D) and the biases the spec asks for."""
+    for name, a in zip(names, (x, ctx)):
+        expect_float(fn, name, a)
+    expect_ndim(fn, names[0], x, 3, "(B, Tq, D)")
+    expect_ndim(fn, names[1], ctx, 3, "(B, Tk, Dc)")
+    expect_shape(fn, names[1], ctx, (x.shape[0], None, None), f"(B, Tk, Dc) like {names[0]}")
+    check_attention_weights(fn, w, spec)
+    _check_spec(fn, spec)
+    H, Hkv, Dh = spec.n_heads, spec.n_kv_heads, spec.dh(x.shape[2])
+    expect_linear(fn, x.shape[2], w.wq, w.bq, ("wq", "bq"), d_out=H * Dh)
+    expect_linear(fn, ctx.shape[2], w.wk, w.bk, ("wk", "bk"), d_out=Hkv * Dh)
+    expect_linear(fn, ctx.shape[2], w.wv, w.bv, ("wv", "bv"), d_out=Hkv * Dh)
+    expect_linear(fn, H * Dh, w.wo, w.bo, ("wo", "bo"), d_out=x.shape[2])
+
+
 def cross_attention_forward(x, ctx, w, *, spec, mask=None):
     """y = sdpa(split(x Wq + bq), split(ctx Wk + bk), split(ctx Wv + bv), mask) Wo + bo.
 
@@ -56,17 +74,8 @@ def cross_attention_forward(x, ctx, w, *, spec, mask=None):
              (B, 1, 1, Tk) for padding), or None: spec.mask.
     Returns: y (B, Tq, D).  Cache: CrossCache.
     """
-    fn = "cross_attention"
-    expect_ndim(fn, "x", x, 3, "(B, Tq, D)")
-    expect_ndim(fn, "ctx", ctx, 3, "(B, Tk, Dc)")
-    expect_shape(fn, "ctx", ctx, (x.shape[0], None, None), "(B, Tk, Dc) like x")
-    check_attention_weights(fn, w, spec)
-    _check_spec(fn, spec)
-    H, Hkv, Dh = spec.n_heads, spec.n_kv_heads, spec.dh(x.shape[2])
-    expect_shape(fn, "wq", w.wq, (x.shape[2], H * Dh), "(D, H*Dh)")
-    expect_shape(fn, "wk", w.wk, (ctx.shape[2], Hkv * Dh), "(Dc, Hkv*Dh)")
-    expect_shape(fn, "wv", w.wv, w.wk.shape, "(Dc, Hkv*Dh)")
-    expect_shape(fn, "wo", w.wo, (H * Dh, x.shape[2]), "(H*Dh, D)")
+    check_cross_inputs("cross_attention", x, ctx, w, spec)
+    H, Hkv = spec.n_heads, spec.n_kv_heads
     q, lin_q = linear_forward(x, w.wq, w.bq)  # (B, Tq, H*Dh)
     k, lin_k = linear_forward(ctx, w.wk, w.bk)  # (B, Tk, Hkv*Dh)
     v, lin_v = linear_forward(ctx, w.wv, w.bv)  # (B, Tk, Hkv*Dh)
@@ -91,6 +100,38 @@ def cross_attention_backward(dy, cache):
                                   g_k.get("b"), g_v.get("b"), g_o.get("b"))}
 
 
+class CrossContext(NamedTuple):
+    """What decoding keeps of the context: its keys and values, computed once."""
+    k: np.ndarray  # (B, Hkv, Tk, Dh)
+    v: np.ndarray  # (B, Hkv, Tk, Dh)
+    mask: object   # the Mask the queries read it with (None: spec.mask)
+
+
+def cross_attention_context(ctx, w, *, spec, mask=None):
+    """The decoding context of cross_attention_forward: k = split(ctx Wk + bk), v = split(ctx
+    Wv + bv), once for every later query. ctx (B, Tk, Dc) -> CrossContext (no cache: decoding
+    is not differentiated)."""
+    fn = "cross_attention_context"
+    expect_ndim(fn, "ctx", ctx, 3, "(B, Tk, Dc)")
+    check_attention_weights(fn, w, spec)
+    _check_spec(fn, spec)
+    k, _ = linear_forward(ctx, w.wk, w.bk)  # (B, Tk, Hkv*Dh)
+    v, _ = linear_forward(ctx, w.wv, w.bv)  # (B, Tk, Hkv*Dh)
+    return CrossContext(split_heads(k, spec.n_kv_heads), split_heads(v, spec.n_kv_heads), mask)
+
+
+def cross_attention_read(x, context, w, *, spec):
+    """cross_attention_forward's y for queries x (B, D) (one decoding step) or (B, Tq, D)
+    (a prefill) over a CrossContext: the same math with k and v already projected."""
+    step = x.ndim == 2
+    q, _ = linear_forward(x[:, None] if step else x, w.wq, w.bq)  # (B, Tq, H*Dh)
+    o, _ = sdpa_forward(split_heads(q, spec.n_heads), context.k, context.v,
+                        spec.mask if context.mask is None else context.mask,
+                        spec.scale)  # (B, H, Tq, Dh)
+    y, _ = linear_forward(merge_heads(o), w.wo, w.bo)  # (B, Tq, D)
+    return y[:, 0] if step else y
+
+
 class CrossAttention(Module):
     """Cross-attention layer owning wq, wk, wv, wo (and bq, bk, bv, bo when the spec asks):
     forward(x, ctx, mask) -> (y, cache);
@@ -111,10 +152,20 @@ class CrossAttention(Module):
         self.bk, self.bv = zeros(Hkv * Dh, spec.qkv_bias), zeros(Hkv * Dh, spec.qkv_bias)
         self.spec = spec
 
-    def forward(self, x, ctx, mask=None):
-        w = AttentionWeights(*(None if p is None else p.data for p in (
+    def _weights(self):
+        return AttentionWeights(*(None if p is None else p.data for p in (
             self.wq, self.wk, self.wv, self.wo, self.bq, self.bk, self.bv, self.bo)))
-        return cross_attention_forward(x, ctx, w, spec=self.spec, mask=mask)
+
+    def forward(self, x, ctx, mask=None):
+        return cross_attention_forward(x, ctx, self._weights(), spec=self.spec, mask=mask)
+
+    def context_state(self, ctx, mask=None):
+        """The decoding context of ctx (B, Tk, Dc): its keys and values (CrossContext)."""
+        return cross_attention_context(ctx, self._weights(), spec=self.spec, mask=mask)
+
+    def read(self, x, context):
+        """Queries x (B, D) or (B, Tq, D) over a CrossContext -> y like x."""
+        return cross_attention_read(x, context, self._weights(), spec=self.spec)
 
     def backward(self, dy, cache):
         grads = cross_attention_backward(dy, cache)

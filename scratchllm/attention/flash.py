@@ -44,8 +44,8 @@ import numpy as np
 from scratchllm.attention.flash_kernels import exp_shift_, softmax_grad_
 from scratchllm.attention.sdpa import check_heads
 from scratchllm.core.twins import use_fused
-from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_integer,
-                                      expect_shape)
+from scratchllm.core.validate import (common_float, expect_dout, expect_finite, expect_float,
+                                      expect_integer, expect_shape)
 from scratchllm.specs import Mask
 
 
@@ -162,6 +162,7 @@ def flash_sdpa_forward(q, k, v, *, mask=None, scale=None, alibi_slopes=None, sin
     Returns: out (B, H, Tq, Dv); a fully masked query row gives zeros.
     Cache:   FlashCache: the inputs, out and the row logsumexp L (B, Hkv, G*Tq, 1).
     """
+    q, k, v, sinks = common_float(q, k, v, sinks)
     opts = _options(q, k, v, mask, scale, block)
     _check_per_head(q, alibi_slopes, sinks)
     B, H, Tq, Dh = q.shape

@@ -29,14 +29,14 @@ from scratchllm.attention.flash import flash_sdpa_backward, flash_sdpa_forward
 from scratchllm.attention.kv_state import KVState, RollingKVState, begin_step, rows_mask
 from scratchllm.attention.positions import (alibi_bias, alibi_slopes, relative_bias_backward,
                                            relative_bias_forward, relative_offset_buckets)
-from scratchllm.attention.qkv import (QKV, AttentionWeights, QKVCache, project_qkv_backward,
-                                      project_qkv_forward)
+from scratchllm.attention.qkv import (QKV, AttentionWeights, QKVCache, check_qkv_inputs,
+                                      project_qkv_backward, project_qkv_forward)
 from scratchllm.attention.rope import make_rope, row_rope
 from scratchllm.attention.sdpa import (merge_heads, repeat_kv_backward, repeat_kv_forward,
                                        sdpa_backward, sdpa_forward, split_heads)
 from scratchllm.core.nn import Module, Param, normal_init
 from scratchllm.core.ops import linear_backward, linear_forward, linear_out
-from scratchllm.core.validate import expect_dout, expect_shape
+from scratchllm.core.validate import common_float, expect_dout, expect_ndim, expect_shape
 from scratchllm.specs import Mask
 
 
@@ -94,8 +94,10 @@ def gqa_forward_ref(x, w, *, spec, rope=None, mask=None):
 
 def _gqa(x, w, spec, rope, mask, expand_kv):
     """The body of gqa_forward (expand_kv False) and gqa_forward_ref (True)."""
-    (q, k, v), qkv = project_qkv_forward(x, w, spec=spec, rope=rope)  # (B, H|Hkv, T, Dh)
+    x, w = common_float(x, w)
+    check_qkv_inputs("gqa", x, w, spec, rope)
     expect_shape("gqa", "wo", w.wo, (w.wq.shape[1], x.shape[2]), "(H*Dh, D)")
+    (q, k, v), qkv = project_qkv_forward(x, w, spec=spec, rope=rope)  # (B, H|Hkv, T, Dh)
     mask = spec.mask if mask is None else mask
     rep, ka, va = None, k, v  # ka, va: what the kernel attends (B, H|Hkv, T, Dh)
     if expand_kv:
@@ -144,6 +146,8 @@ def gqa_decode(x_t, w, state, position, *, spec, rope=None):
     each shorter row's stale slots (state.key_mask(); a state without one keeps its rows in
     step: n_seen, append, kv and positions are the whole protocol).
     """
+    expect_ndim("gqa_decode", "x_t", x_t, 2, "(B, D)")
+    check_qkv_inputs("gqa_decode", x_t[:, None], w, spec, rope)
     position = begin_step("gqa_decode", state, position)  # int, or (B,) int64
     if spec.rope is not None and rope is None:
         rope = row_rope("gqa_decode", spec.rope, spec.dh(x_t.shape[-1]), position)
@@ -208,15 +212,16 @@ class Attention(Module):
         params = (getattr(self, name) for name in AttentionWeights._fields)
         return AttentionWeights(*(None if p is None else p.data for p in params))
 
-    def forward(self, x, positions=None):
-        """x (B, T, D) at `positions` ((T,) or (B, T) ints; default 0..T-1) -> (y, cache)."""
+    def forward(self, x, positions=None, mask=None):
+        """x (B, T, D) at `positions` ((T,) or (B, T) ints; default 0..T-1) under `mask` (a
+        Mask; default spec.mask) -> (y, cache)."""
         rope = None
         if positions is not None and self.spec.rope is None:
             raise ValueError("Attention.forward: positions act only through RoPE, and "
                              "spec.rope is None")
         if positions is not None:
             rope = make_rope(self.spec.rope, self.head_dim, positions)
-        return gqa_forward(x, self._weights(), spec=self.spec, rope=rope)
+        return gqa_forward(x, self._weights(), spec=self.spec, rope=rope, mask=mask)
 
     def backward(self, dy, cache):
         g = gqa_backward(dy, cache)

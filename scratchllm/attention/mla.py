@@ -28,7 +28,7 @@ from scratchllm.attention.rope import get_mscale, make_rope, row_rope
 from scratchllm.attention.sdpa import merge_heads, sdpa_backward, sdpa_forward, split_heads
 from scratchllm.core import ops
 from scratchllm.core.nn import Module, Param, normal_init
-from scratchllm.core.validate import expect_dout, expect_ndim, expect_positive
+from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_positive
 from scratchllm.specs import Mask
 
 
@@ -77,6 +77,7 @@ def mla_forward(x, w, *, spec, rope=None, mask=None):
     Returns: out (B, T, D).  Cache: the children's caches (projections, wkv_b, sdpa, wo).
     """
     fn = "mla_forward"
+    expect_float(fn, "x", x)
     expect_ndim(fn, "x", x, 3, "(B, T, D)")
     if x.shape[1] < 1:
         raise ValueError(f"{fn}: x has shape {x.shape}: no time steps (T must be >= 1)")

@@ -19,8 +19,15 @@ Backward: dg_c = σ'(g_c) <do, o_c>, do_c = σ(g_c) do; each branch's own backwa
 (topk_sparse_attention_backward, sdpa_backward); the compression's K̃ = C k (C[j, jl+i] = φ_i)
 gives dk += Cᵀ dK̃ and dφ_i = Σ_j <dK̃_j, k_{jl+i}> (and the same for v).
 
-Glossary: B batch, H query heads, Hkv KV heads, T time, Dh head dim, l block, nb = T // l
-complete blocks, n selected blocks per query, w window.
+Overlapping compression blocks (the paper's stride d < l, §3.3.1: K̃_j from the l tokens from
+j d on, nb = (T − l) // d + 1 of them, visible once they have ended) take `stride`; the
+selection blocks stay the l-token blocks j l .. j l + l − 1, and a selection block's importance
+sums the compressed blocks' probabilities weighted by the share of their tokens inside it
+(M[i, j] = |[i d, i d + l) ∩ [j l, j l + l)| / l; the identity at d = l). nsa_mlp.py has the
+paper's MLP compressor on these blocks.
+
+Glossary: B batch, H query heads, Hkv KV heads, T time, Dh head dim, l block, d stride of the
+compression blocks, nb compressed blocks, n selected blocks per query, w window.
 """
 from typing import NamedTuple
 
@@ -30,7 +37,8 @@ from scratchllm.attention.sdpa import check_heads, sdpa_backward, sdpa_forward
 from scratchllm.attention.sparse import (topk_sparse_attention_backward,
                                          topk_sparse_attention_forward)
 from scratchllm.core.ops import sigmoid_backward, sigmoid_forward, softmax_forward
-from scratchllm.core.validate import expect_dout, expect_integer, expect_shape
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_integer,
+                                      expect_shape)
 from scratchllm.specs import Mask
 
 
@@ -52,38 +60,60 @@ def _check(fn, q, k, v, phi, gates, block, n_select, window):
     expect_integer(fn, "window", window, 1)
     expect_shape(fn, "phi", phi, (block,), "(block,) compression weights")
     expect_shape(fn, "gates", gates, (B, H, T, 3), "(B, H, T, 3) gate logits (cmp, slc, win)")
+    expect_float(fn, "phi", phi)
+    expect_float(fn, "gates", gates)
 
 
-def compress_matrix(phi, T):
-    """C (nb, T) with C[j, j l + i] = φ_i: the compression K̃ = C k of complete blocks."""
+def block_starts(T, block, stride=None):
+    """The first token of each complete compression block: 0, d, 2d, ... (d = stride, default
+    the block l: no overlap), (nb,) ints with nb = (T − l) // d + 1 (0 when T < l)."""
+    stride = block if stride is None else stride
+    return np.arange(0, T - block + 1, stride)  # (nb,)
+
+
+def compress_matrix(phi, T, stride=None):
+    """C (nb, T) with C[j, j d + i] = φ_i: the compression K̃ = C k of complete blocks."""
     block = phi.shape[0]
-    nb = T // block
-    C = np.zeros((nb, T), phi.dtype)  # (nb, T)
-    for j in range(nb):
-        C[j, j * block:(j + 1) * block] = phi
+    starts = block_starts(T, block, stride)  # (nb,)
+    C = np.zeros((len(starts), T), phi.dtype)  # (nb, T)
+    for j, s in enumerate(starts):
+        C[j, s:s + block] = phi
     return C
 
 
-def _cmp_mask(T, block):
-    """(T, nb) bool: block j is visible to query t iff it ends at or before t."""
-    ends = (np.arange(T // block) + 1) * block - 1  # (nb,)
+def cmp_mask(T, block, stride=None):
+    """(T, nb) bool: compression block j is visible to query t iff it ends at or before t."""
+    ends = block_starts(T, block, stride) + block - 1  # (nb,)
     return ends[None, :] <= np.arange(T)[:, None]  # (T, nb)
 
 
-def nsa_indices(q, k_cmp, block, n_select, window):
+def _overlap(T, block, stride):
+    """M (nb, T // l): the share of compression block i's tokens inside selection block j."""
+    starts = block_starts(T, block, stride)[:, None]  # (nb, 1)
+    j = np.arange(T // block)[None, :] * block  # (1, T // l) selection block starts
+    inter = np.minimum(starts + block, j + block) - np.maximum(starts, j)  # (nb, T // l)
+    return np.maximum(inter, 0) / block
+
+
+def nsa_indices(q, k_cmp, block, n_select, window, stride=None):
     """The selected and window branches' key indices, (B, T, n·l) and (B, T, w), -1 padded.
 
     Importance of block j for query t: Σ_h softmax over the visible compressed blocks of
-    q_t · K̃_j / √Dh (the compressed branch's attention, §3.3.2). Query t keeps its own block
-    and the n − 1 most important complete blocks before it (fewer when fewer exist).
+    q_t · K̃_j / √Dh (the compressed branch's attention, §3.3.2), mapped onto the l-token
+    selection blocks by the overlap shares when the compression blocks overlap (stride d < l).
+    Query t keeps its own block and the n − 1 most important complete blocks before it
+    (fewer when fewer exist).
     """
     B, H, T, Dh = q.shape
     G = H // k_cmp.shape[1]
-    nb = k_cmp.shape[2]
-    vis = _cmp_mask(T, block)  # (T, nb)
+    vis = cmp_mask(T, block, stride)  # (T, nb)
     s = np.einsum("bhtd,bhjd->bhtj", q, np.repeat(k_cmp, G, axis=1)) * Dh ** -0.5  # (B,H,T,nb)
     p = softmax_forward(np.where(vis, s, -np.inf))[0]  # (B, H, T, nb)
     p = np.nan_to_num(p).sum(axis=1)  # (B, T, nb) importance, summed over heads
+    if stride is not None and stride != block:
+        p = p @ _overlap(T, block, stride)  # (B, T, T // l) per selection block
+        vis = cmp_mask(T, block)  # (T, T // l) the selection blocks that have ended
+    nb = p.shape[-1]
     t = np.arange(T)
     own = t // block  # (T,)
     p = np.where(vis & (np.arange(nb)[None, :] != own[:, None]), p, -np.inf)  # (B, T, nb)
@@ -113,6 +143,33 @@ def _gated(gates, outs):
     return sum(g[..., c, None] * o for c, o in enumerate(outs)), (g, g_cache)
 
 
+def nsa_branches(q, k, v, cmp, gates, idx):
+    """The three branches on given compressed tokens, gated: cmp (k_cmp, v_cmp, visibility
+    (T, nb)), idx (selected, window) key indices. Returns (o, outs, gates, caches)."""
+    k_cmp, v_cmp, vis = cmp
+    o_cmp, c_cmp = sdpa_forward(q, k_cmp, v_cmp, Mask(array=vis))  # (B, H, T, Dh)
+    o_slc, c_slc = topk_sparse_attention_forward(q, k, v, idx[0])  # (B, H, T, Dh)
+    o_win, c_win = topk_sparse_attention_forward(q, k, v, idx[1])  # (B, H, T, Dh)
+    outs = (o_cmp, o_slc, o_win)
+    o, g = _gated(gates, outs)
+    return o, outs, g, (c_cmp, c_slc, c_win)
+
+
+def nsa_branches_grads(do, outs, g, caches):
+    """Reverse of nsa_branches: {q, k, v (the selected and window branches'), k_cmp,
+    v_cmp, gates}."""
+    (g, g_cache), (c_cmp, c_slc, c_win) = g, caches
+    # fwd: o = Σ_c σ(g_c) o_c
+    dg = np.stack([np.sum(do * o, axis=-1) for o in outs], axis=-1)  # (B, H, T, 3)
+    d_gates = sigmoid_backward(dg, g_cache)["x"]
+    g_cmp = sdpa_backward(g[..., 0, None] * do, c_cmp)
+    g_slc = topk_sparse_attention_backward(g[..., 1, None] * do, c_slc)
+    g_win = topk_sparse_attention_backward(g[..., 2, None] * do, c_win)
+    return {"q": g_cmp["q"] + g_slc["q"] + g_win["q"], "k": g_slc["k"] + g_win["k"],
+            "v": g_slc["v"] + g_win["v"], "k_cmp": g_cmp["k"], "v_cmp": g_cmp["v"],
+            "gates": d_gates}
+
+
 def nsa_forward(q, k, v, phi, gates, *, block, n_select, window):
     """Native sparse attention: compressed + selected + sliding-window branches, gated.
 
@@ -122,14 +179,12 @@ def nsa_forward(q, k, v, phi, gates, *, block, n_select, window):
     Returns: o (B, H, T, Dh).  Cache: NSACache (k, v, φ, the three branch outputs and caches,
              the gates).
     """
+    q, k, v, phi, gates = common_float(q, k, v, phi, gates)
     k_cmp, v_cmp, slc, win = _branches_inputs("nsa", q, k, v, phi, gates, block, n_select,
                                               window)
-    o_cmp, c_cmp = sdpa_forward(q, k_cmp, v_cmp, Mask(array=_cmp_mask(q.shape[2], block)))
-    o_slc, c_slc = topk_sparse_attention_forward(q, k, v, slc)  # (B, H, T, Dh)
-    o_win, c_win = topk_sparse_attention_forward(q, k, v, win)  # (B, H, T, Dh)
-    outs = (o_cmp, o_slc, o_win)
-    o, g = _gated(gates, outs)
-    return o, NSACache(k, v, phi, outs, g, (c_cmp, c_slc, c_win))
+    o, outs, g, caches = nsa_branches(
+        q, k, v, (k_cmp, v_cmp, cmp_mask(q.shape[2], block)), gates, (slc, win))
+    return o, NSACache(k, v, phi, outs, g, caches)
 
 
 def nsa_forward_ref(q, k, v, phi, gates, *, block, n_select, window):
@@ -138,12 +193,19 @@ def nsa_forward_ref(q, k, v, phi, gates, *, block, n_select, window):
     k_cmp, v_cmp, slc, win = _branches_inputs("nsa_ref", q, k, v, phi, gates, block,
                                               n_select, window)
     B, T = q.shape[0], q.shape[2]
-    outs = [sdpa_forward(q, k_cmp, v_cmp, Mask(array=_cmp_mask(T, block)))[0]]
-    for idx in (slc, win):
+    return nsa_masked_dense(q, k, v, (k_cmp, v_cmp, cmp_mask(T, block)), gates, (slc, win)), None
+
+
+def nsa_masked_dense(q, k, v, cmp, gates, idx):
+    """The gated branches as sdpa under dense masks: cmp (k_cmp, v_cmp, visibility (T, nb)),
+    idx (selected, window) key indices, -1 padded, made (B, T, T) boolean masks. -> o."""
+    B, T = q.shape[0], q.shape[2]
+    outs = [sdpa_forward(q, cmp[0], cmp[1], Mask(array=cmp[2]))[0]]
+    for ix in idx:
         dense = np.zeros((B, T, T + 1), bool)  # (B, T, T+1): column T takes the -1 padding
-        np.put_along_axis(dense, np.where(idx < 0, T, idx), True, axis=-1)
+        np.put_along_axis(dense, np.where(ix < 0, T, ix), True, axis=-1)
         outs.append(sdpa_forward(q, k, v, Mask(array=dense[:, None, :, :T]))[0])
-    return _gated(gates, outs)[0], None
+    return _gated(gates, outs)[0]
 
 
 def _blocks(a, block):
@@ -156,18 +218,12 @@ def nsa_backward(do, cache):
     """Math: the module docstring's Backward (the branches' backwards are those of sdpa and
     of the gathered sparse attention).  Returns {q, k, v, phi, gates}.
     Reference: Yuan et al. 2025 (arXiv 2502.11089) §3 (the forward)."""
-    k, v, phi, outs, (g, g_cache), (c_cmp, c_slc, c_win) = cache
+    k, v, phi, outs, g, caches = cache
     expect_dout("nsa_backward", do, outs[0].shape, outs[0].dtype, name="do")
-    # fwd: o = Σ_c σ(g_c) o_c
-    dg = np.stack([np.sum(do * o, axis=-1) for o in outs], axis=-1)  # (B, H, T, 3)
-    d_gates = sigmoid_backward(dg, g_cache)["x"]
-    g_cmp = sdpa_backward(g[..., 0, None] * do, c_cmp)
-    g_slc = topk_sparse_attention_backward(g[..., 1, None] * do, c_slc)
-    g_win = topk_sparse_attention_backward(g[..., 2, None] * do, c_win)
+    gb = nsa_branches_grads(do, outs, g, caches)  # fwd: o = Σ_c σ(g_c) o_c
     C = compress_matrix(phi, k.shape[2])  # (nb, T)  fwd: K̃ = C k, Ṽ = C v
-    dk = g_slc["k"] + g_win["k"] + np.einsum("jt,bhjd->bhtd", C, g_cmp["k"])
-    dv = g_slc["v"] + g_win["v"] + np.einsum("jt,bhjd->bhtd", C, g_cmp["v"])
-    dphi = (np.einsum("bhjd,bhjid->i", g_cmp["k"], _blocks(k, phi.shape[0]))
-            + np.einsum("bhjd,bhjid->i", g_cmp["v"], _blocks(v, phi.shape[0])))  # (l,)
-    return {"q": g_cmp["q"] + g_slc["q"] + g_win["q"], "k": dk, "v": dv, "phi": dphi,
-            "gates": d_gates}
+    dk = gb["k"] + np.einsum("jt,bhjd->bhtd", C, gb["k_cmp"])
+    dv = gb["v"] + np.einsum("jt,bhjd->bhtd", C, gb["v_cmp"])
+    dphi = (np.einsum("bhjd,bhjid->i", gb["k_cmp"], _blocks(k, phi.shape[0]))
+            + np.einsum("bhjd,bhjid->i", gb["v_cmp"], _blocks(v, phi.shape[0])))  # (l,)
+    return {"q": gb["q"], "k": dk, "v": dv, "phi": dphi, "gates": gb["gates"]}

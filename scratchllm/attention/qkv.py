@@ -50,12 +50,44 @@ def check_attention_weights(fn, w, spec):
         raise TypeError(f"{fn}: spec must be an AttentionSpec, got {type(spec).__name__}")
     if not isinstance(w, AttentionWeights):
         raise TypeError(f"{fn}: w must be an AttentionWeights, got {type(w).__name__}")
+    for name, a in zip(w._fields, w):
+        if a is not None:
+            expect_float(fn, name, a)
     for option, names in _OPTIONS:
         for name in names:
             on = getattr(spec, option) not in (None, False)  # qk_norm True or "full"; a spec
             if (getattr(w, name) is not None) != on:
                 raise ValueError(f"{fn}: spec.{option}={on}, but w.{name} is "
                                  f"{'None' if on else 'given'}")
+
+
+def check_qkv_inputs(fn, x, w, spec, rope):
+    """What project_qkv_forward reads, checked under the caller's name `fn` (project_qkv,
+    gqa, gqa_decode ...): x (B, T >= 1, D) float; w an AttentionWeights with the spec's
+    options and wq (D, H*Dh), wk, wv (D, Hkv*Dh), QK-norm gains (Dh,) or, for "full",
+    (H*Dh,), (Hkv*Dh,); the relative-bias table (num_buckets, H); rope only with spec.rope."""
+    expect_float(fn, "x", x)
+    expect_ndim(fn, "x", x, 3, "(B, T, D)")
+    B, T, D = x.shape
+    if T < 1:
+        raise ValueError(f"{fn}: x has shape {x.shape}: no time steps (T must be >= 1)")
+    check_attention_weights(fn, w, spec)
+    H, Hkv, Dh = spec.n_heads, spec.n_kv_heads, spec.dh(D)
+    expect_shape(fn, "wq", w.wq, (D, H * Dh), f"(D, H*Dh) = (D, {H}*{Dh})")
+    expect_shape(fn, "wk", w.wk, (D, Hkv * Dh), f"(D, Hkv*Dh) = (D, {Hkv}*{Dh})")
+    expect_shape(fn, "wv", w.wv, (D, Hkv * Dh), f"(D, Hkv*Dh) = (D, {Hkv}*{Dh})")
+    if spec.qk_norm:
+        full = spec.qk_norm == "full"
+        expect_shape(fn, "q_norm", w.q_norm, ((H if full else 1) * Dh,),
+                     "(H*Dh,)" if full else "(Dh,)")
+        expect_shape(fn, "k_norm", w.k_norm, ((Hkv if full else 1) * Dh,),
+                     "(Hkv*Dh,)" if full else "(Dh,)")
+    if spec.relative is not None:
+        expect_shape(fn, "rel_table", w.rel_table, (spec.relative.num_buckets, H),
+                     "(num_buckets, H)")
+    if spec.rope is None and rope is not None:
+        raise ValueError(f"{fn}: rope is given, but spec.rope is None (no RoPE); drop rope or "
+                         f"give the spec a RopeSpec")
 
 
 # ---------------------------------------------------------------------------- projections
@@ -95,19 +127,9 @@ def project_qkv_forward(x, w, *, spec, rope=None):
     RoPE without QK-norm at positions (T,) goes with the head split in one pass
     (rope_heads.py: the same bits as split_heads then rope).
     """
-    expect_float("gqa", "x", x)
-    expect_ndim("gqa", "x", x, 3, "(B, T, D)")
+    check_qkv_inputs("project_qkv", x, w, spec, rope)
     B, T, D = x.shape
-    if T < 1:
-        raise ValueError(f"gqa: x has shape {x.shape}: no time steps (T must be >= 1)")
-    check_attention_weights("gqa", w, spec)
     H, Hkv, Dh = spec.n_heads, spec.n_kv_heads, spec.dh(D)
-    expect_shape("gqa", "wq", w.wq, (D, H * Dh), f"(D, H*Dh) = (D, {H}*{Dh})")
-    expect_shape("gqa", "wk", w.wk, (D, Hkv * Dh), f"(D, Hkv*Dh) = (D, {Hkv}*{Dh})")
-    expect_shape("gqa", "wv", w.wv, (D, Hkv * Dh), f"(D, Hkv*Dh) = (D, {Hkv}*{Dh})")
-    if spec.rope is None and rope is not None:
-        raise ValueError("gqa: rope is given, but spec.rope is None (no RoPE); drop rope or "
-                         "give the spec a RopeSpec")
     if spec.rope is not None and rope is None:
         rope = make_rope(spec.rope, Dh, np.arange(T))
     q, lin_q = linear_forward(x, w.wq, w.bq)  # (B, T, H*Dh)
@@ -123,10 +145,6 @@ def project_qkv_forward(x, w, *, spec, rope=None):
     if spec.qk_norm:
         off = spec.norm_offset
         gq, gk = (w.q_norm + off, w.k_norm + off) if off else (w.q_norm, w.k_norm)  # (Dh,)
-        expect_shape("gqa", "q_norm", gq, ((H if full else 1) * Dh,), "(H*Dh,)" if full else
-                     "(Dh,)")
-        expect_shape("gqa", "k_norm", gk, ((Hkv if full else 1) * Dh,), "(Hkv*Dh,)" if full
-                     else "(Dh,)")
     if full:  # OLMo 2: over the whole projection, then the heads
         q, norm_q = rmsnorm_forward(q, gq, spec.norm_eps)  # (B, T, H*Dh)
         k, norm_k = rmsnorm_forward(k, gk, spec.norm_eps)  # (B, T, Hkv*Dh)

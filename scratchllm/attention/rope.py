@@ -204,6 +204,7 @@ def check_rope(fn, rope, Dh):
         raise ValueError(f"{fn}: rope.style must be 'half' or 'interleaved', got "
                          f"{rope.style!r}")
     expect_float(fn, "rope.inv_freq", rope.inv_freq)
+    expect_int(fn, "rope.positions", rope.positions)
     if rope.inv_freq.shape != (Dh // 2,) or Dh % 2:
         raise ValueError(f"{fn}: rope.inv_freq has shape {rope.inv_freq.shape}, expected "
                          f"({Dh // 2},) for an even head dim Dh = {Dh}")

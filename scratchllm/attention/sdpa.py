@@ -67,6 +67,9 @@ def check_heads(fn, q, k, v):
         expect_ndim(fn, name, a, 4, "(B, H, T, Dh)")
     B, H, Tq, Dh = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
+    if Dh < 1:
+        raise ValueError(f"{fn}: q has shape {q.shape}: a head dim Dh of 0 (each head needs at "
+                         f"least one number; the default scale is Dh^-1/2)")
     if Hkv < 1 or H % Hkv:
         raise ValueError(f"{fn}: k has shape {k.shape}, expected (B, Hkv, Tk, Dh) with Hkv "
                          f"dividing H = {H}")

@@ -20,8 +20,8 @@ import numpy as np
 
 from scratchllm.attention.sdpa import check_heads
 from scratchllm.core.ops import softmax_forward
-from scratchllm.core.validate import (expect_dout, expect_finite, expect_int, expect_ndim,
-                                      expect_shape)
+from scratchllm.core.validate import (common_float, expect_dout, expect_finite, expect_int,
+                                      expect_ndim, expect_shape)
 
 
 class SparseCache(NamedTuple):
@@ -81,6 +81,7 @@ def topk_sparse_attention_forward(q, k, v, indices, *, scale=None, block_q=64):
              ints (topk_select of the indexer's scores; -1 = no key); scale default Dh^-1/2.
     Returns: out (B, H, Tq, Dv); a row with no selected key gives zeros.  Cache: SparseCache.
     """
+    q, k, v = common_float(q, k, v)
     B, H, Tq, Dh, Hkv, Tk = check_heads("topk_sparse_attention", q, k, v)
     expect_int("topk_sparse_attention", "indices", indices)
     expect_shape("topk_sparse_attention", "indices", indices, (B, Tq, None), "(B, Tq, K)")

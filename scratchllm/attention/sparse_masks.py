@@ -13,7 +13,9 @@ that enter a layer as Mask(array=...):
 - Document masking for packed sequences (Llama 3, arXiv 2407.21783 §3.2): several documents
   share one row of a batch; a token attends only to earlier tokens of its own document, and
   its position restarts at 0 at each document's start, so the packed row computes what
-  each document alone would.
+  each document alone would.  packed_mask joins it with a layer's own Mask (causal, a
+  sliding window, or none): a window counts positions, and inside one document the packed
+  row's distances are the document's own.
 - mask_receptive_field: how many tokens each query can draw on after L layers of a mask: the
   boolean matrix power M^L (a path i -> j through L hops, each hop allowed by M).
 
@@ -22,7 +24,9 @@ r random blocks, g global blocks, L layers.
 """
 import numpy as np
 
+from scratchllm.attention.masks import mask_array
 from scratchllm.core.validate import expect_instance, expect_int, expect_integer, expect_ndim
+from scratchllm.specs import Mask
 
 
 def _ij(T):
@@ -102,6 +106,29 @@ def document_mask(doc_ids, causal=True):
     if causal:
         same &= np.tri(doc_ids.shape[-1], dtype=bool)
     return same if doc_ids.ndim == 1 else same[:, None]  # (T, T) | (B, 1, T, T)
+
+
+def packed_mask(mask, doc_ids):
+    """A layer's Mask restricted to each packed document: Mask(array=...) for a packed batch.
+
+    Inputs:  mask the layer's Mask (plain causal, causal with a window, or causal=False) or
+             None (everywhere); doc_ids (B, T) ints (document_mask's).
+    Returns: Mask(array=(B, 1, T, T) bool): the layer's pattern AND the same document.
+    A window W keeps i - j < W, which inside one document is the distance within it; sinks
+    (the row's first keys) and block patterns are not a document's own, so they are refused.
+    """
+    if mask is not None:
+        expect_instance("packed_mask", "mask", mask, Mask)
+    if mask is not None and (mask.n_sink or mask.block is not None or mask.array is not None):
+        raise ValueError(f"packed_mask: mask={mask!r} keeps keys by their place in the row "
+                         f"(sinks, blocks or an explicit array), not in a document; packing "
+                         f"takes a causal mask, a sliding window or causal=False")
+    doc_ids = np.asarray(doc_ids)
+    expect_ndim("packed_mask", "doc_ids", doc_ids, 2, "(B, T)")
+    causal = mask is not None and mask.causal
+    docs = document_mask(doc_ids, causal=causal)  # (B, 1, T, T)
+    own = None if mask is None else mask_array(mask, doc_ids.shape[1], doc_ids.shape[1])
+    return Mask(array=docs if own is None else docs & own)  # (B, 1, T, T)
 
 
 def document_positions(doc_ids):

@@ -29,7 +29,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.action != "list" and args.number not in EXERCISES:
         parser.error(f"{args.action} needs an exercise number, one of: "
-                     f"{', '.join(map(str, EXERCISES))}; got {args.number!r}")
+                     f"{', '.join(map(str, sorted(EXERCISES)))}; got {args.number!r}")
     if args.file and args.action != "check":
         parser.error(f"--file is for check, not {args.action}")
     if args.solution and args.action != "show":

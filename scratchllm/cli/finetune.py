@@ -8,7 +8,17 @@ One step is train's (scratchllm/train/trainer.py): loss = CE(LM(x), y) -> backwa
 -> AdamW with warmup + cosine. The text is encoded with DIR's tokenizer.json. Progress,
 validation and checkpoints are train's: the resumable state lives in DIR2/state/ (weights,
 AdamW moments, step, batch RNG), and --resume continues it bit-exactly. At the end (and on
-Ctrl-C) DIR2 gets config.json, model.safetensors and DIR's tokenizer files.
+Ctrl-C) DIR2 gets config.json, model.safetensors and every other file of DIR but its weights
+(tokenizer files, chat_template.jinja, generation_config.json, ...). The state (about 3x the
+model: weights and two AdamW moments) is removed after a finished run unless --keep-state;
+an interrupted run keeps it for --resume. The closing message lists what was written.
+
+An MoE checkpoint fine-tunes with its routing in view: `--freeze-router` keeps every router's
+weights as they are (a parameter group with learning rate 0), `--param-group PATTERN LR_SCALE
+WEIGHT_DECAY` gives the parameters whose names match the glob PATTERN their own learning rate
+(LR_SCALE times --lr) and weight decay (e.g. `--param-group "*.ffn.w[123]" 0.5 0.0` for the
+experts), and each validation prints every MoE layer's share of routed slots per expert (a
+drift from the checkpoint's balance shows there), as does the end of the run.
 """
 import shutil
 from dataclasses import asdict
@@ -19,9 +29,11 @@ import numpy as np
 from scratchllm.cli.common import Parser, run
 from scratchllm.hub import load_pretrained, load_tokenizer, save_pretrained
 from scratchllm.train import Run, Settings, checkpoint, corpus, evaluate, fit
+from scratchllm.train.trainer import expert_usage_line
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "generation_config.json")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf",
+                   ".onnx", ".safetensors.index.json", ".bin.index.json")
+KEPT_DIRS = ("additional_chat_templates",)   # transformers' extra named templates
 DEFAULTS = dict(steps=100, batch_size=4, seq_len=128, lr=1e-4, eval_every=50, warmup=10)
 
 
@@ -38,7 +50,16 @@ def build_parser():
                    help="validate and checkpoint every N steps (50)")
     p.add_argument("--seed", type=int, default=0, help="batch order seed (0)")
     p.add_argument("--resume", action="store_true", help="continue the state in OUT/state")
+    p.add_argument("--keep-state", action="store_true",
+                   help="keep OUT/state (weights + AdamW moments, ~3x the model) after a "
+                        "finished run, to --resume it later with more --steps")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--freeze-router", action="store_true", help="keep the MoE routers' "
+                   "weights (parameters named *router*) as they are")
+    p.add_argument("--param-group", nargs=3, action="append", default=[],
+                   metavar=("PATTERN", "LR_SCALE", "WEIGHT_DECAY"), help="parameters whose "
+                   "names match the glob PATTERN train at LR_SCALE x --lr with WEIGHT_DECAY "
+                   "(repeatable; the first match wins)")
     return p
 
 
@@ -54,7 +75,24 @@ def _settings(args):
         raise ValueError(f"--lr must be > 0, got {args.lr}")
     return Settings(**dict(asdict(Settings()), steps=args.steps, batch_size=args.batch_size,
                            seq_len=args.seq_len, lr=args.lr, eval_every=args.eval_every,
-                           seed=args.seed, warmup=min(DEFAULTS["warmup"], args.steps)))
+                           seed=args.seed, warmup=min(DEFAULTS["warmup"], args.steps),
+                           param_groups=_param_groups(args)))
+
+
+def _param_groups(args):
+    """[[pattern, lr_scale, weight_decay], ...] of --freeze-router and --param-group."""
+    rules = [["*router*", 0.0, 0.0]] if args.freeze_router else []
+    for pattern, scale, wd in args.param_group:
+        try:
+            rule = [pattern, float(scale), float(wd)]
+        except ValueError:
+            raise ValueError(f"--param-group {pattern} {scale} {wd}: LR_SCALE and WEIGHT_DECAY "
+                             f"must be numbers") from None
+        if not (0 <= rule[1] < float("inf") and 0 <= rule[2] < float("inf")):
+            raise ValueError(f"--param-group {pattern}: LR_SCALE and WEIGHT_DECAY must be "
+                             f"finite and >= 0, got {scale} and {wd}")
+        rules.append(rule)
+    return rules or None
 
 
 def _main(args):
@@ -70,6 +108,8 @@ def _main(args):
     if len(val_ids) <= s.seq_len:
         raise ValueError(f"--data {args.data} has {len(ids)} tokens; its last 10% (the "
                          f"validation split) must hold more than --seq-len {s.seq_len}")
+    if args.freeze_router and not any("router" in n for n, _ in model.named_parameters()):
+        raise ValueError(f"--freeze-router: {args.hf} ({model.cfg.name}) has no MoE router")
     job = Run(model.cfg, s, model.dtype, model=model)
     job.data = str(Path(args.data).resolve())
     if args.resume:
@@ -84,9 +124,53 @@ def _main(args):
     if finished:
         job.save(state)
         print(f"validation loss {evaluate(job.model, eval_set, job.dp):.3f} nats/token")
+    if job.last_stats:
+        print(f"routing in the last step: {expert_usage_line(job.last_stats)}")
     save_pretrained(job.model, out)
-    for name in TOKENIZER_FILES:
-        if (Path(args.hf) / name).is_file():
-            shutil.copy(Path(args.hf) / name, out / name)
-    print(f"saved {out} (transformers: AutoModelForCausalLM.from_pretrained({str(out)!r}))")
+    copied = _copy_side_files(Path(args.hf), out)
+    if finished and not args.keep_state:
+        shutil.rmtree(state)
+    print(_closing(out, copied, state, finished))
     return 0 if finished else 130
+
+
+def _copy_side_files(src, out):
+    """Copy every file of the source checkpoint but its weights and config.json (which
+    save_pretrained wrote): tokenizer, chat template, generation config, ... Returns the
+    names copied."""
+    names = []
+    for path in sorted(src.iterdir()):
+        if (out / path.name).exists() and (out / path.name).samefile(path):
+            continue                                   # fine-tuning in place
+        if path.is_file() and path.name != "config.json" and \
+                not path.name.endswith(WEIGHT_SUFFIXES):
+            shutil.copy(path, out / path.name)
+            names.append(path.name)
+        elif path.is_dir() and path.name in KEPT_DIRS:
+            shutil.copytree(path, out / path.name, dirs_exist_ok=True)
+            names.append(path.name + "/")
+    return names
+
+
+def _size(path):
+    n = path.stat().st_size if path.is_file() else \
+        sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+
+
+def _closing(out, copied, state, finished):
+    """What the run wrote, with sizes."""
+    written = ["config.json", "model.safetensors"] + copied
+    lines = [f"saved {out}: " + ", ".join(f"{n} ({_size(out / n.rstrip('/'))})"
+                                          for n in written if (out / n.rstrip("/")).exists()),
+             f"  transformers: AutoModelForCausalLM.from_pretrained({str(out)!r})"]
+    if state.exists():
+        why = "to continue with --resume" if not finished else "(--keep-state)"
+        lines.append(f"  optimizer state kept in {state} ({_size(state)}: weights and AdamW "
+                     f"moments) {why}; delete it when done")
+    else:
+        lines.append("  optimizer state removed (pass --keep-state to keep it for --resume)")
+    return "\n".join(lines)

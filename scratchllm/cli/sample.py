@@ -4,7 +4,13 @@ LatentKVState for MLA in the absorbed form, MambaState for Mamba). Text streams 
 produced. The sampling itself (temperature, top-k, top-p) is scratchllm/lm/sampling.py.
 --hf DIR samples a Hugging Face checkpoint directory (config.json, model.safetensors,
 tokenizer.json) of a family scratchllm.hub reads (listed below, from its registry); it
-stops at the checkpoint's eos_token_id (generation_config.json, else config.json).
+stops at the checkpoint's eos_token_id (generation_config.json, else config.json). An
+encoder-decoder (t5, switch_transformers) reads the prompt as its source and prints what its
+decoder writes.
+--chat "question" sends the question as a conversation through the directory's chat template
+(chat_template.jinja or tokenizer_config.json): the ids transformers' apply_chat_template(...,
+add_generation_prompt=True) gives, BOS included; what an instruct model expects. The question
+stays text: a typed special-token string cannot forge a turn. --prompt sends text as it is.
 """
 import sys
 
@@ -12,8 +18,8 @@ import numpy as np
 
 from scratchllm.cli.common import Parser, float_in, int_at_least, run
 from scratchllm.hub import FAMILIES, eos_ids, load_pretrained, load_tokenizer
-from scratchllm.lm import generate
-from scratchllm.tokenizer import EOT
+from scratchllm.lm import Seq2SeqLM, generate
+from scratchllm.tokenizer import EOT, chat_template_of, encode_chat, token_bytes
 from scratchllm.train import load_model
 
 
@@ -25,6 +31,15 @@ def build_parser():
     src.add_argument("--hf", help="Hugging Face checkpoint directory (config.json, "
                      "model.safetensors, tokenizer.json)")
     p.add_argument("--prompt", default="", help="text to continue (default: a new document)")
+    p.add_argument("--chat", default=None, metavar="TEXT",
+                   help="with --hf: send TEXT as a user turn through the checkpoint's chat "
+                        "template and print the reply (instruct models)")
+    p.add_argument("--system", default=None, metavar="TEXT",
+                   help="with --chat: a system turn before the question")
+    p.add_argument("--heal", action="store_true",
+                   help="token healing: back up over the prompt's last token and let the first "
+                        "sampled token be any token that extends it (byte-level and "
+                        "SentencePiece tokenizers)")
     p.add_argument("--allow-special", action="store_true",
                    help="encode special-token strings in the prompt (e.g. <|endoftext|>) as "
                         "their ids; by default the prompt is ordinary text")
@@ -43,20 +58,51 @@ def main(argv=None):
     return run("sample", _sample, build_parser().parse_args(argv))
 
 
+def _chat_prompt(args, tok, template, specials):
+    if not template:
+        raise ValueError(f"--chat: {args.hf} has no chat template (neither chat_template.jinja "
+                         f"nor a chat_template in tokenizer_config.json); use --prompt")
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    return encode_chat(tok, template, messages + [{"role": "user", "content": args.chat}],
+                       specials=specials)
+
+
 def _sample(args):
+    if args.chat is not None and (not args.hf or args.prompt):
+        raise ValueError("--chat needs --hf DIR and no --prompt (it sends the question through "
+                         "the checkpoint's chat template)")
+    if args.system is not None and args.chat is None:
+        raise ValueError("--system goes with --chat")
+    template, specials = None, {}
     if args.hf:
         model, tok, stop = load_pretrained(args.hf), load_tokenizer(args.hf), eos_ids(args.hf)
-        if not args.prompt and EOT not in tok.special_tokens:
+        template, specials = chat_template_of(args.hf)
+        if not args.prompt and args.chat is None and EOT not in tok.special_tokens:
             raise ValueError(f"--prompt is needed: the tokenizer of {args.hf} has no {EOT} "
                              f"to start a document with")
     else:
         (model, tok, _), stop = load_model(args.checkpoint), ()
-    sys.stdout.write(args.prompt)
-    for piece in generate(model, tok, args.prompt, args.max_tokens,
+    prompt = _chat_prompt(args, tok, template, specials) if args.chat is not None else \
+        args.prompt
+    if args.heal and token_bytes(tok) is None:
+        raise ValueError(f"--heal: the {type(getattr(tok, 'inner', tok)).__name__} tokenizer "
+                         f"does not expose its tokens' bytes (byte-level and SentencePiece "
+                         f"tokenizers do)")
+    if args.chat is None and not isinstance(model, Seq2SeqLM):  # a continuation follows
+        sys.stdout.write(args.prompt)                             # its prompt
+    pieces = 0
+    for piece in generate(model, tok, prompt, args.max_tokens,
                           np.random.default_rng(args.seed), temperature=args.temperature,
-                          top_k=args.top_k, top_p=args.top_p,
+                          top_k=args.top_k, top_p=args.top_p, heal=args.heal,
                           allow_special=args.allow_special, stop_ids=stop):
         sys.stdout.write(piece)
         sys.stdout.flush()
+        pieces += 1
     sys.stdout.write("\n")
+    if pieces == 0 and args.max_tokens > 0:
+        hint = (f" {args.hf} has a chat template: an instruct model answers a conversation, "
+                f"so try --chat \"...\" instead of --prompt." if template and args.chat is None
+                else "")
+        print(f"sample: nothing was generated: the first sampled token was an end-of-sequence "
+              f"id (stop ids {sorted(set(stop))}).{hint}", file=sys.stderr)
     return 0

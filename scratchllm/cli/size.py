@@ -1,8 +1,8 @@
 """python -m scratchllm size MODEL [--explain]: parameters (total and active per token), FLOPs
 per token, KV cache and serving memory of a real model, exact integers beside rounded units,
 and the chapters' rules beside them (12·L·D², 2N / 6N, the attention/MLP crossover context,
-L·W, KV against Mamba state at 1k / 32k / 1M); --explain prints each line's formula. The
-arithmetic is scratchllm/teach/sizing.py and the rules scratchllm/teach/rules.py (pure Python:
+L·W, KV against Mamba state at 1k / 32k / 1M, F ≈ 8/3·D, the embedding's share, an MLA cache
+against DeepSeek 67B's); --explain prints each line's formula. The arithmetic is scratchllm/teach/sizing.py and the rules scratchllm/teach/rules.py (pure Python:
 this command loads no numpy).
 
 --serve prints the roofline of one decode step per batch size instead (--hw a100 | h100 | h200
@@ -16,10 +16,10 @@ from scratchllm.cli.common import Parser, run
 from scratchllm.cli.size_serve import save_serve_plot, serve_json, serve_table
 from scratchllm.specs import PRESETS, FFNSpec, MambaSpec, MLASpec, MoESpec, preset
 from scratchllm.specs.unflat import mixer_letter
-from scratchllm.teach.arch import MODELS
-from scratchllm.teach.rules import (CONTEXTS, attention_crossover, block_pieces, cache_at,
-                                    flop_rules, mamba_state_numbers, receptive_field,
-                                    twelve_l_d2)
+from scratchllm.teach.arch import MODELS, get
+from scratchllm.teach.rules import (CONTEXTS, SWIGLU_RULE, attention_crossover, block_pieces,
+                                    cache_at, embedding_share, ffn_ratio, flop_rules, kv_cut,
+                                    mamba_state_numbers, receptive_field, twelve_l_d2)
 from scratchllm.teach.serving import HARDWARE, hardware
 from scratchllm.teach.sizing import (DTYPE_BYTES, attention_spec, attention_width, ffns,
                                      flops_per_token, human, human_bytes, kv_cache, mixers,
@@ -121,6 +121,7 @@ def report(cfg, context, batch, dtype="bf16", kv_dtype=None, explain=False):
     out.row("active per token", p.active, human(p.active),
             "the total with K of the E routed experts")
     _rules(out, cfg, p)
+    _chapter_numbers(out, cfg)
     _flops(out, cfg, context)
     _cache(out, cfg, context, batch, kv_dtype)
     s = serving_memory(cfg, context, batch, dtype, kv_dtype)
@@ -146,6 +147,25 @@ def _rules(out, cfg, p):
                                           else "  (D·4D up, 4D·D down)"))
     out.row("  blocks' own matrices", exact, _ratio(rule, exact),
             "L · (attention + MLP) of this model (MoE: active experts)")
+
+
+def _chapter_numbers(out, cfg):
+    """F ≈ 8/3·D (Llama 3.5·D), the embedding's share, an MLA cache against DeepSeek 67B's."""
+    out.text("", "the chapters' other rules")
+    ratio = ffn_ratio(cfg)
+    if ratio is not None:
+        out.row("FFN width F / D", f"{ratio:.3f}", f"rule 8/3 = {SWIGLU_RULE:.3f} (SwiGLU at "
+                f"8·D²), Llama 3: 3.5", "d_ff / d_model; 3·D·F = 8·D² at F = 8/3·D")
+    e = embedding_share(cfg)
+    out.row("embedding parameters", e.params, f"{human(e.params)} = "
+            f"{100 * e.params / e.total:.1f}% of {human(e.total)}",
+            "V·D (tied head) or 2·V·D (untied)")
+    if isinstance(attention_spec(cfg), MLASpec):
+        c = kv_cut(cfg, get("deepseek-67b"))
+        out.row("KV cut vs DeepSeek 67B (dense)", f"{100 * c.cut:.1f}%",
+                f"{c.elements:,} vs {c.reference:,} numbers per token; "
+                f"{100 * c.cut_quantised:.1f}% at 6 bits vs bf16",
+                "1 − L·(Dc + Dr) / (L'·2·Hkv'·Dh'); DeepSeek-V2's 93.3% is the 6-bit one")
 
 
 def _flops(out, cfg, context):

@@ -14,22 +14,30 @@ Across processes (the dist extra: mpi4py + MPICH):
     mpiexec -n N python -m scratchllm train --dp N [--threads T] ...
 trains data parallel on N ranks: --batch-size is the global batch, each rank takes its
 contiguous slice, gradients are all-reduced, rank 0 prints and writes the checkpoint (the same
-files as a one-process run). --threads defaults to 1 per rank under MPI.
+files as a one-process run). --threads defaults to 1 per rank under MPI. --zero 1|2|3 shards
+the optimizer state, the gradients, the weights; --tp B splits heads, SwiGLU units and the
+vocabulary over B ranks (Megatron; --sequence-parallel splits the sequence between them), and
+--dp A --tp B runs on A x B ranks; --pp C cuts the blocks into C stages fed --micro-batches
+M micro-batches on the --schedule gpipe or 1f1b, and prints the pipeline bubble.
 """
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 
 from scratchllm.cli.common import LR, Parser, int_at_least, run, run_on_ranks
+from scratchllm.core.atomic import remove_stale_temps
 from scratchllm.dist import (AXES, GridError, GridShape, Group, MPIUnavailable, RankGrid,
                              launched_by_mpiexec)
 from scratchllm.lm import generate, preset
-from scratchllm.specs import PRESETS, to_dict
+from scratchllm.specs import PRESETS, MTPSpec, to_dict
 from scratchllm.specs.unflat import flat_view
+from scratchllm.tokenizer import EOT
 from scratchllm.train import checkpoint, corpus
+from scratchllm.train.checkpoint import load_model
+from scratchllm.train.pipeline import bubble_fraction
 from scratchllm.train.plots import save_run_plot
 from scratchllm.train.trainer import Run, Settings, fit
 
@@ -57,16 +65,33 @@ def build_parser():
     p.add_argument("--eval-every", type=int_at_least(1), default=None,
                    help=f"validate and checkpoint every N steps ({d.eval_every})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--mtp", type=int_at_least(0), default=None, metavar="D",
+                   help="add D multi-token-prediction modules (DeepSeek-V3's MTP: module k "
+                   "predicts the token k + 1 ahead; loss weight 0.3 / D); default 0")
+    p.add_argument("--fp8", action="store_true", default=None, help="train with FP8 matmuls "
+                   "as DeepSeek-V3 does: e4m3 weights and activations on 128 x 128 / 1 x 128 "
+                   "scales, e5m2 gradients, float32 master weights; the head stays float")
     p.add_argument("--detect-anomaly", action="store_true", help="check every Module's output "
                    "and gradient; name the first to go NaN or inf (slower)")
+    p.add_argument("--pack-documents", action="store_true", default=None, help="attend within "
+                   "each document of a window only (split at <|endoftext|>), positions "
+                   "restarting at each: Llama 3's document masking")
     p.add_argument("--threads", type=int_at_least(1), default=None, help=f"data-parallel "
                    f"threads per process ({d.threads}; 1 per rank under MPI)")
     for axis, what in (("dp", "data"), ("tp", "tensor"), ("pp", "pipeline"),
                        ("cp", "context"), ("ep", "expert")):
         p.add_argument(f"--{axis}", type=int_at_least(1), default=1, help=f"{what}-parallel "
                        f"ranks (1; under `mpiexec -n N`, the sizes multiply to N)")
-    p.add_argument("--zero", type=int, choices=(1, 2, 3), default=0, help="ZeRO stage: 1 "
-                   "shards AdamW's state over the --dp ranks (2 and 3: not available yet)")
+    p.add_argument("--zero", type=int, choices=(1, 2, 3), default=0, help="ZeRO stage over "
+                   "the --dp ranks: 1 shards AdamW's state, 2 the gradients too (reduce-"
+                   "scattered per block), 3 the weights too (all-gathered per block on use)")
+    p.add_argument("--sequence-parallel", action="store_true", help="with --tp: split the "
+                   "residual stream along T between the tensor-parallel regions (norms on 1/tp "
+                   "of the tokens; all-gather / reduce-scatter in place of the all-reduces)")
+    p.add_argument("--micro-batches", type=int_at_least(1), default=0, help="with --pp: "
+                   "micro-batches per step on each data-parallel rank (default: one per stage)")
+    p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b", help="with --pp: "
+                   "all forwards then all backwards (gpipe), or one forward one backward (1f1b)")
     return p
 
 
@@ -76,7 +101,8 @@ def _settings(args, saved=None, ranks=1):
     s = dict(asdict(Settings()), **(saved or {}))
     if ranks > 1:
         s["threads"] = 1
-    for name in ("steps", "batch_size", "seq_len", "lr", "seed", "eval_every", "threads"):
+    for name in ("steps", "batch_size", "seq_len", "lr", "seed", "eval_every", "threads",
+                 "fp8", "pack_documents"):
         if getattr(args, name) is not None:
             s[name] = getattr(args, name)
     for name in ("steps", "batch_size", "seq_len", "eval_every"):
@@ -91,8 +117,14 @@ def _settings(args, saved=None, ranks=1):
 def _config_for_resume(args, out):
     """The checkpoint's config; a --preset that disagrees with it is an error."""
     cfg = checkpoint.read_config(out)
-    if args.preset is not None and preset(args.preset) != cfg:
-        want, have = _fields(preset(args.preset)), _fields(cfg)
+    have = 0 if cfg.mtp is None else cfg.mtp.depth
+    if args.mtp is not None and args.mtp != have:
+        raise checkpoint.CheckpointError(
+            f"--mtp {args.mtp} does not match the checkpoint in {out} ({have} MTP modules); "
+            f"drop --mtp to resume it, or use another --out")
+    want_cfg = None if args.preset is None else replace(preset(args.preset), mtp=cfg.mtp)
+    if want_cfg is not None and want_cfg != cfg:
+        want, have = _fields(want_cfg), _fields(cfg)
         differ = [k for k, v in want.items() if have.get(k) != v]
         raise checkpoint.CheckpointError(
             f"--preset {args.preset} does not match the checkpoint in {out} (differs in "
@@ -128,14 +160,21 @@ def _on_ranks(args, shape):
     try:
         grid = RankGrid(shape, world)
         later = [f"--{a} {getattr(shape, a)}" for a in AXES
-                 if a != "dp" and getattr(shape, a) > 1]
+                 if a not in ("dp", "tp", "pp") and getattr(shape, a) > 1]
         if later:
-            raise GridError(f"{', '.join(later)}: this version trains data parallel only "
-                            f"(--dp); tensor, pipeline, context and expert parallel training "
-                            f"are not available yet")
-        if args.zero > 1:
-            raise GridError(f"--zero {args.zero}: this version has ZeRO stage 1 only (sharded "
-                            f"optimizer state); stages 2 and 3 are not available yet")
+            raise GridError(f"{', '.join(later)}: this version trains data, tensor and "
+                            f"pipeline parallel only (--dp, --tp, --pp); context and expert "
+                            f"parallel training are not available yet")
+        for axis in ("tp", "pp"):
+            if getattr(shape, axis) > 1 and args.zero:
+                raise GridError(f"--zero {args.zero} with --{axis} {getattr(shape, axis)}: ZeRO "
+                                f"shards over the data-parallel ranks of an unsplit model "
+                                f"only, for now")
+        if shape.tp > 1 and shape.pp > 1:
+            raise GridError("--tp with --pp: not available yet (each works with --dp)")
+        if args.sequence_parallel and shape.tp == 1:
+            raise GridError("--sequence-parallel splits the tensor-parallel ranks' sequence: "
+                            "it needs --tp above 1")
     except GridError as e:
         if world.rank == 0:
             print(f"scratchllm train: {e}", file=sys.stderr)
@@ -151,6 +190,8 @@ def _main(args, grid=None):
     say = print if grid is None or grid.is_first() else _quiet  # rank 0 speaks
     name = args.preset or "dense"
     out = Path(args.out or f"runs/{name}")
+    if out.is_dir() and (grid is None or grid.is_first()):
+        remove_stale_temps(out)  # left by a write that was killed, even if we stop below
     saved_meta = None
     if args.resume:
         cfg = _config_for_resume(args, out)
@@ -160,6 +201,8 @@ def _main(args, grid=None):
             raise ValueError(f"{out} already holds a checkpoint; pass --resume to "
                              f"continue it, --out to start elsewhere, or delete {out}")
         cfg = preset(name)
+        if args.mtp:
+            cfg = replace(cfg, mtp=MTPSpec(depth=args.mtp))
     s = _settings(args, saved_meta and saved_meta["settings"], 1 if grid is None else
                   grid.world.size)
     dtype = np.dtype(args.dtype or (saved_meta or {}).get("dtype", "float32"))
@@ -173,28 +216,33 @@ def _main(args, grid=None):
     baseline = corpus.unigram_baseline(train_ids, val_ids, cfg.vocab_size)
     say(f"tokens: {len(train_ids):,} train, {len(val_ids):,} validation "
         f"({time.perf_counter() - t_start:.1f} s); unigram baseline {baseline:.3f} nats/token")
-    job = Run(cfg, s, dtype, grid=grid, zero=args.zero)
+    job = Run(cfg, s, dtype, grid=grid, zero=args.zero, sequence=args.sequence_parallel,
+              pipeline=(args.schedule, args.micro_batches))
     job.data = str(Path(data).resolve())
     job.detect_anomaly = args.detect_anomaly
+    job.eot = tok.special_tokens.get(EOT)
     if args.resume:
         job.load(out)
         say(f"resumed {out} at step {job.step}")
-    say(f"model: {cfg.name}, {job.model.n_params():,} parameters, {s.steps} steps of "
-        f"{s.batch_size}x{s.seq_len} tokens, {dtype}")
+    mtp = f" (with {cfg.mtp.depth} MTP modules)" if cfg.mtp else ""
+    n_params = job.model.n_params() if job.tp is None else cfg.n_params()  # not a slice's
+    say(f"model: {cfg.name}{mtp}, {n_params:,} parameters, {s.steps} steps of "
+        f"{s.batch_size}x{s.seq_len} tokens, {dtype}{', FP8 matmuls' if s.fp8 else ''}")
     if grid is not None:
         say(f"ranks: {grid.world.size} ({grid.shape.describe()}), {s.threads} thread(s) "
             f"each; rank 0 writes {out}")
         say(f"communication model: {_bytes(job.comm_model)} sent per step by rank 0")
         if args.zero:
-            say(f"ZeRO-1: AdamW state {job.opt.state_bytes() / 2**20:.2f} MiB on rank 0 of "
-                f"{2 * job.model.n_params() * dtype.itemsize / 2**20:.2f} MiB unsharded")
+            say(_zero_line(job, args.zero, dtype))
     t_train = time.perf_counter()
     finished = fit(job, train_ids, val_ids, out=out, tokenizer=tok,
                    progress=not args.no_progress)
     if not finished:
         return 130
+    if job.shards is not None:
+        job.shards.gather_all()  # ZeRO-3: the whole model on every rank again (to sample)
     train_time = time.perf_counter() - t_train
-    val = job.evaluate(corpus.eval_batches(val_ids, s.batch_size, s.seq_len, s.eval_tokens))
+    val = job.evaluate(job.eval_set(val_ids))
     if not np.isfinite(val):
         raise ValueError(f"the final validation loss is {val}; {job.likely_cause()} (the "
                          f"checkpoint in {out} was not overwritten)")
@@ -203,16 +251,46 @@ def _main(args, grid=None):
     say(f"validation loss {val:.3f} nats/token = {val / baseline:.2f} x unigram baseline "
         f"{baseline:.3f} (training {train_time:.0f} s, total "
         f"{time.perf_counter() - t_start:.0f} s)")
+    if job.stage is not None:
+        say(_bubble_line(job))
     if grid is not None and job.sent:
         predicted = sum(job.comm_model.values())
         say(f"communication measured: {job.sent[-1]:,} bytes sent by rank 0 in the last step "
             f"({'equal to' if job.sent[-1] == predicted else 'NOT equal to'} the model's "
             f"{predicted:,})")
+    if job.mtp_losses:
+        last = np.mean(job.mtp_losses[-20:], axis=0)
+        say("MTP modules' train cross-entropy (mean of the last 20 steps): " + ", ".join(
+            f"{v:.3f} (token +{k + 2})" for k, v in enumerate(last)))
     say(f"checkpoint: {out}")
     if job.writer:
         say(f"loss curve: {save_run_plot(out / 'loss.png', job, baseline)}")
-        _print_sample(job.model, tok)
+        # a tensor-parallel rank holds a slice: sample from the whole model it saved
+        _print_sample(job.model if job.tp is None else load_model(out)[0], tok)
     return 0
+
+
+def _zero_line(job, stage, dtype):
+    """'ZeRO-2: AdamW state 8.01 MiB, gradients ..., weights ... on rank 0 of ... unsharded'."""
+    n = job.model.n_params() * dtype.itemsize
+    line = f"ZeRO-{stage}: AdamW state {job.opt.state_bytes() / 2**20:.2f} MiB"
+    whole = f"{2 * n / 2**20:.2f} MiB"
+    if job.shards is not None:
+        weights, grads = job.shards.held_bytes()
+        line += f", gradients {grads / 2**20:.2f} MiB, weights {weights / 2**20:.2f} MiB"
+        whole += f", {n / 2**20:.2f} MiB, {n / 2**20:.2f} MiB"
+    return f"{line} on rank 0 between steps, of {whole} unsharded"
+
+
+def _bubble_line(job):
+    """'pipeline: 1f1b, 4 micro-batches on 2 stages: bubble 20% predicted ..., measured ...'
+    (collective: every rank calls it)."""
+    P, M = job.stage.group.size, job.stage.n_micro
+    measured, held = job.stage.measured_bubble()
+    return (f"pipeline: {job.stage.name}, {M} micro-batches on {P} stages: bubble (P-1)/(M+P-1) "
+            f"= {bubble_fraction(P, M):.0%} predicted, {measured:.0%} measured in the last "
+            f"step (idle share of the schedule, mean over stages); at most {held} micro-batches' "
+            f"activations held on a stage")
 
 
 def _bytes(model):

@@ -36,7 +36,7 @@ from numba import njit
 from scratchllm.core import ops
 from scratchllm.core.exp32 import exp_lanes
 from scratchllm.core.twins import Twin
-from scratchllm.core.validate import expect_dout, expect_finite, expect_gated_ffn
+from scratchllm.core.validate import common_float, expect_dout, expect_finite, expect_gated_ffn
 
 
 def _rows(a):
@@ -83,6 +83,7 @@ def _rmsnorm_rows_backward(dy, x, g, rstd, dx, dg):
 def fused_rmsnorm_forward(x, g, eps=1e-5):
     """ops.rmsnorm_forward in one pass per row.  Inputs: x (..., D), g (D,).
     Returns: y (..., D).  Cache: (x rows, g, rstd (BT,), x.shape)."""
+    x, g = common_float(x, g)
     ops.check_rmsnorm_inputs(x, g)
     eps = expect_finite("rmsnorm", "eps", eps, 0, open_low=True)
     xr = _rows(x)  # (BT, D)

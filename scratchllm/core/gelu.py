@@ -21,7 +21,8 @@ from typing import NamedTuple
 import numpy as np
 from scipy.special import erf, expit
 
-from scratchllm.core.ops import LinearCache, linear_backward, linear_forward, linear_out
+from scratchllm.core.ops import (LinearCache, expect_linear, linear_backward, linear_forward,
+                                 linear_out)
 from scratchllm.core.validate import expect_dout, expect_float, expect_gated_ffn
 
 _C = math.sqrt(2.0 / math.pi)
@@ -85,6 +86,9 @@ def gelu_mlp_forward(x, W1, b1, W2, b2, *, approximate="tanh"):
     Inputs:  x (..., D), W1 (D, F), b1 (F,), W2 (F, D), b2 (D,).
     Returns: y (..., D).  Cache: the two linear caches and the gelu cache.
     """
+    expect_float("gelu_mlp", "x", x, 1)
+    expect_linear("gelu_mlp", x.shape[-1], W1, b1, ("W1", "b1"))
+    expect_linear("gelu_mlp", W1.shape[1], W2, b2, ("W2", "b2"))  # (F, Dout): D or another
     h, up = linear_forward(x, W1, b1)  # (..., F)
     a, act = gelu_forward(h, approximate)  # (..., F)
     y, down = linear_forward(a, W2, b2)  # (..., D)

@@ -20,8 +20,10 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.nn import Module, Param, normal_init
-from scratchllm.core.ops import LinearCache, linear_backward, linear_forward, linear_out
-from scratchllm.core.validate import expect_dout, expect_finite, expect_integer, expect_shape
+from scratchllm.core.ops import (LinearCache, expect_linear, linear_backward, linear_forward,
+                                 linear_out)
+from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_integer,
+                                      expect_shape)
 
 
 class LoRAWeights(NamedTuple):
@@ -45,6 +47,8 @@ def lora_forward(x, w, *, scale):
              or None; scale the adapter's multiplier s = alpha / R.
     Returns: y (..., Dout).  Cache: LoRACache (the three linears' caches and the scale).
     """
+    expect_float("lora", "x", x, 1)
+    expect_linear("lora", x.shape[-1], w.W, w.b)
     expect_shape("lora", "A", w.A, (w.W.shape[0], None), "(Din, R)")
     expect_shape("lora", "B", w.B, (w.A.shape[1], w.W.shape[1]), "(R, Dout)")
     scale = expect_finite("lora", "scale", scale)

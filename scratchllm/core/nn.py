@@ -12,6 +12,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from scratchllm.core import fused, gelu, norms, ops, relu
+from scratchllm.core.fp8 import FP8Spec, fp8_linear_backward, fp8_linear_forward
 from scratchllm.core.optim import NonFiniteError
 
 
@@ -144,6 +145,23 @@ class Linear(Module):
 
     def backward(self, dy, cache):
         return self.add_grads(ops.linear_backward(dy, cache))
+
+
+class FP8Linear(Linear):
+    """y = Q(x) @ Q(W) (+ b) in FP8 (core.fp8: e4m3 operands on fine-grained scales, the
+    backward straight through the rounding); the Params stay in their float dtype (the master
+    weights the optimizer updates)."""
+
+    def __init__(self, d_in, d_out, *, bias=False, rng, dtype=np.float32, spec=FP8Spec()):
+        super().__init__(d_in, d_out, bias=bias, rng=rng, dtype=dtype)
+        self.spec = spec
+
+    def forward(self, x):
+        return fp8_linear_forward(x, self.W.data, None if self.b is None else self.b.data,
+                                  spec=self.spec)
+
+    def backward(self, dy, cache):
+        return self.add_grads(fp8_linear_backward(dy, cache))
 
 
 class Embedding(Module):

@@ -12,6 +12,8 @@ from typing import NamedTuple
 import numpy as np
 from scipy.special import expit
 
+from scratchllm.core.fp8 import (FP8LinearCache, fp8_active, fp8_linear_backward,
+                                 fp8_linear_forward)
 from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_gated_ffn,
                                       expect_int, expect_integer, expect_shape)
 
@@ -29,13 +31,29 @@ def linear_forward(x, W, b=None):
     Inputs:  x (..., Din), W (Din, Dout), b (Dout,) or None.
     Returns: y (..., Dout).  Cache: (x, W, has_bias).
     """
+    fp8 = fp8_active()
+    if fp8 is not None:  # inside core.fp8.fp8_matmuls: the FP8 pair (its cache says so)
+        return fp8_linear_forward(x, W, b, spec=fp8)
     expect_float("linear", "x", x, 1)
-    expect_shape("linear", "W", W, (x.shape[-1], None), "(Din, Dout) with Din = x.shape[-1]")
+    expect_linear("linear", x.shape[-1], W, b)
     y = x @ W  # (..., Dout)
     if b is not None:
-        expect_shape("linear", "b", b, (W.shape[1],), "(Dout,)")
         y = y + b  # (..., Dout)
     return y, LinearCache(x, W, b is not None)
+
+
+def expect_linear(fn, d_in, W, b=None, names=("W", "b"), d_out=None):
+    """A linear map's weights under the caller's name `fn` and its argument names: W
+    (d_in, Dout) (Dout = d_out when given), b (Dout,) or None. A composite checks each of its
+    linears with this before computing, so an error names the function the user called.
+
+    >>> expect_linear("relu_mlp", 4, np.ones((3, 2)), names=("W1", "b1"))
+    Traceback (most recent call last):
+    ValueError: relu_mlp: W1 has shape (3, 2), expected (4, *) ((Din, Dout) with Din = 4)
+    """
+    expect_shape(fn, names[0], W, (d_in, d_out), f"(Din, Dout) with Din = {d_in}")
+    if b is not None:
+        expect_shape(fn, names[1], b, (W.shape[1],), "(Dout,)")
 
 
 def linear_out(cache):
@@ -45,7 +63,10 @@ def linear_out(cache):
 
 
 def linear_backward(dy, cache):
-    """Math: dx = dy @ W^T, dW = sum over rows of x^T dy, db = sum over rows of dy."""
+    """Math: dx = dy @ W^T, dW = sum over rows of x^T dy, db = sum over rows of dy. (A cache
+    made under core.fp8.fp8_matmuls goes to the FP8 pair's backward.)"""
+    if isinstance(cache, FP8LinearCache):
+        return fp8_linear_backward(dy, cache)
     expect_dout("linear_backward", dy, *linear_out(cache), name="dy")
     x, W, has_bias = cache
     Din, Dout = W.shape

@@ -24,8 +24,10 @@ class NonFiniteError(ValueError):
 
 class AdamW:
     """AdamW over Params (`.data`, `.grad`). `params` is a list of Params or of groups
-    `{"params": [...], "weight_decay": wd}` (torch-style, e.g. no decay for norms).
-    Set `opt.lr` before `step()` to follow a schedule."""
+    `{"params": [...], "weight_decay": wd, "lr_scale": s}` (torch-style, e.g. no decay for
+    norms); a group's learning rate is s · opt.lr (s = 1 by default; s = 0 freezes it: no
+    step and no decay), as torch's per-group lr under a schedule that scales every group
+    alike. Set `opt.lr` before `step()` to follow a schedule."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
         expect_finite("AdamW", "lr", lr, 0, open_low=True)
@@ -39,7 +41,8 @@ class AdamW:
         if params and not isinstance(params[0], dict):
             params = [{"params": params}]
         self.groups = [(list(g["params"]), expect_finite(
-            "AdamW", "a group's weight_decay", g.get("weight_decay", weight_decay), 0))
+            "AdamW", "a group's weight_decay", g.get("weight_decay", weight_decay), 0),
+            expect_finite("AdamW", "a group's lr_scale", g.get("lr_scale", 1.0), 0))
             for g in params]
         self.t = 0
         self.m = [np.zeros_like(p.data) for p in self.params]
@@ -47,7 +50,7 @@ class AdamW:
 
     @property
     def params(self):
-        return [p for ps, _ in self.groups for p in ps]
+        return [p for ps, *_ in self.groups for p in ps]
 
     def step(self, only=None):
         """One update of every parameter from its .grad (opt.lr, set by a schedule, is checked
@@ -56,11 +59,12 @@ class AdamW:
         expect_finite("AdamW.step", "lr", self.lr, 0)
         self.t += 1
         update = fused.adamw_update if use_fused() else fused.adamw_update_ref
-        decays = [wd for ps, wd in self.groups for _ in ps]
+        hps = [(wd, s) for ps, wd, s in self.groups for _ in ps]
         params = self.params
         for i in range(len(params)) if only is None else only:
+            wd, s = hps[i]
             update(params[i].data, params[i].grad, self.m[i], self.v[i],
-                   AdamWStep(self.lr, self.betas, self.eps, decays[i], self.t))
+                   AdamWStep(self.lr * s, self.betas, self.eps, wd, self.t))
 
     def state_dict(self):
         """Arrays and counters needed to resume exactly."""
@@ -82,16 +86,19 @@ class AdamW:
                 buf[...] = state[name]
 
 
-def clip_grad_norm(params, max_norm):
+def clip_grad_norm(params, max_norm, across=None):
     """Scale every .grad by max_norm / (norm + 1e-6) when the global L2 norm exceeds max_norm
     (as torch.nn.utils.clip_grad_norm_). Returns the norm before clipping.
     A NaN or inf norm (some gradient holds NaN or inf) raises NonFiniteError and scales
     nothing, like torch's error_if_nonfinite=True: scaling by max_norm / inf would zero
-    every gradient, and NaN would pass through to the weights."""
+    every gradient, and NaN would pass through to the weights.
+    across: a function summing a float over processes when params are this process's shard
+    of the gradients (ZeRO-2/3: dist/zero_layers.py); None when they are all of them."""
     expect_finite("clip_grad_norm", "max_norm", max_norm, 0, open_low=True)
     params = list(params)
     squares = fused.sum_squares if use_fused() else fused.sum_squares_ref
-    norm = math.sqrt(sum(squares(p.grad) for p in params))
+    local = sum(squares(p.grad) for p in params)
+    norm = math.sqrt(local if across is None else across(local))
     if not math.isfinite(norm):
         raise NonFiniteError(f"clip_grad_norm: the global gradient norm is {norm} (a gradient "
                              f"holds NaN or inf); nothing was clipped")

@@ -14,8 +14,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.ops import LinearCache, linear_backward, linear_forward, linear_out
-from scratchllm.core.validate import expect_dout, expect_shape
+from scratchllm.core.ops import (LinearCache, expect_linear, linear_backward, linear_forward,
+                                 linear_out)
+from scratchllm.core.validate import expect_dout, expect_float
 
 
 class ReluMLPCache(NamedTuple):
@@ -30,7 +31,9 @@ def relu_mlp_forward(x, W1, W2):
     Inputs:  x (..., D), W1 (D, F), W2 (F, D).
     Returns: y (..., D).  Cache: the two linear caches and where h > 0.
     """
-    expect_shape("relu_mlp", "W2", W2, (W1.shape[1], W1.shape[0]), "(F, D)")
+    expect_float("relu_mlp", "x", x, 1)
+    expect_linear("relu_mlp", x.shape[-1], W1, names=("W1",))
+    expect_linear("relu_mlp", W1.shape[1], W2, names=("W2",), d_out=x.shape[-1])
     h, up = linear_forward(x, W1)  # (..., F)
     on = h > 0  # (..., F)
     y, down = linear_forward(np.where(on, h, 0).astype(h.dtype, copy=False), W2)  # (..., D)

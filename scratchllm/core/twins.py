@@ -12,11 +12,14 @@ so no caller asks use_fused() and no backward inspects a cache's type to find it
 import os
 from typing import Callable, NamedTuple
 
+from scratchllm.core.fp8 import fp8_active
+
 
 def use_fused():
     """The fused twins, unless the environment sets SCRATCHLLM_READABLE=1 (to step through
-    the readable pairs); read per call, so a test can switch it."""
-    return os.environ.get("SCRATCHLLM_READABLE", "0") in ("", "0")
+    the readable pairs) or FP8 matmuls are on (core.fp8.fp8_matmuls: the readable pairs'
+    matmuls are the ones it quantises); read per call, so a test can switch it."""
+    return os.environ.get("SCRATCHLLM_READABLE", "0") in ("", "0") and fp8_active() is None
 
 
 class TwinCache(NamedTuple):

@@ -182,3 +182,34 @@ def expect_instance(fn, name, value, kind):
     """
     if not isinstance(value, kind):
         raise TypeError(f"{fn}: {name} must be a {kind.__name__}, got {type(value).__name__}")
+
+
+def common_float(*items):
+    """The library's one rule for mixed float dtypes: a pair computes in the common dtype of
+    its differentiable inputs, NumPy's result_type (float32 with float64 gives float64). Returns
+    `items` (arrays, None, or NamedTuples of arrays such as a layer's weights) with every float
+    array cast to that dtype (unchanged, not copied, where it has it already). Anything else
+    (ints, bools, lists) passes through for the checks that follow to name.
+
+    >>> x, w = common_float(np.ones(2, np.float32), np.ones(2))
+    >>> x.dtype, w.dtype
+    (dtype('float64'), dtype('float64'))
+    """
+    floats = [a for item in items for a in _leaves(item)
+              if isinstance(a, np.ndarray) and np.issubdtype(a.dtype, np.floating)]
+    if not floats:
+        return items
+    dtype = np.result_type(*floats)
+    return tuple(_cast(item, dtype) for item in items)
+
+
+def _leaves(item):
+    return item if isinstance(item, tuple) and hasattr(item, "_fields") else (item,)
+
+
+def _cast(item, dtype):
+    if isinstance(item, tuple) and hasattr(item, "_fields"):
+        return type(item)(*(_cast(a, dtype) for a in item))
+    if isinstance(item, np.ndarray) and np.issubdtype(item.dtype, np.floating):
+        return item.astype(dtype, copy=False)
+    return item

@@ -41,6 +41,7 @@ class GroupCache(NamedTuple):
     shape: tuple         # the forward output's shape (dout must match)
     dtype: object
     axis: int = 0        # the split/concat axis (all_gather, reduce_scatter)
+    counts: tuple = None  # rows per rank of the -v forms (None: equal blocks)
 
 
 class AllToAllCache(NamedTuple):
@@ -73,27 +74,54 @@ def _all_reduce(x, group):
     return out
 
 
-def _all_gather(x, group, axis):
-    """Every rank's x concatenated along axis, in rank order."""
+def _all_gather(x, group, axis, counts=None):
+    """Every rank's x concatenated along axis, in rank order (counts: rows per rank, the
+    all-gather-v; None: every rank's x has the same length)."""
     P = group.size
     x = contiguous(np.moveaxis(x, axis, 0))
-    out = np.empty((P,) + x.shape, x.dtype)  # (P, n, ...)
-    group.comm.Allgather(x, out)
-    group.count("all_gather", (P - 1) * x.nbytes)
-    return np.moveaxis(out.reshape((P * x.shape[0],) + x.shape[1:]), 0, axis)
+    if counts is None:
+        out = np.empty((P,) + x.shape, x.dtype)  # (P, n, ...)
+        group.comm.Allgather(x, out)
+        group.count("all_gather", (P - 1) * x.nbytes)
+        return np.moveaxis(out.reshape((P * x.shape[0],) + x.shape[1:]), 0, axis)
+    row = int(np.prod(x.shape[1:], dtype=np.int64))
+    sizes = [c * row for c in counts]
+    out = np.empty((sum(counts),) + x.shape[1:], x.dtype)
+    group.comm.Allgatherv(x, [out, (sizes, _offsets(sizes))])
+    # ring all-gather-v: a rank forwards every block but its successor's
+    group.count("all_gather", (sum(sizes) - sizes[(group.rank + 1) % P]) * x.itemsize)
+    return np.moveaxis(out, 0, axis)
 
 
-def _reduce_scatter(x, group, axis):
-    """Block r (of P equal blocks along axis) of sum_s x_s, on rank r."""
+def _reduce_scatter(x, group, axis, counts=None):
+    """Block r (of P equal blocks along axis; counts: rows per block, the reduce-scatter-v)
+    of sum_s x_s, on rank r."""
     P = group.size
-    if x.shape[axis] % P:
+    if counts is None and x.shape[axis] % P:
         raise ValueError(f"reduce_scatter: axis {axis} of length {x.shape[axis]} does not split "
                          f"into {P} equal blocks (one per rank)")
     x = contiguous(np.moveaxis(x, axis, 0))
-    out = np.empty((x.shape[0] // P,) + x.shape[1:], x.dtype)
-    group.comm.Reduce_scatter_block(x, out)
-    group.count("reduce_scatter", (P - 1) * x.nbytes // P)
+    if counts is None:
+        out = np.empty((x.shape[0] // P,) + x.shape[1:], x.dtype)
+        group.comm.Reduce_scatter_block(x, out)
+        group.count("reduce_scatter", (P - 1) * x.nbytes // P)
+        return np.moveaxis(out, 0, axis)
+    row = int(np.prod(x.shape[1:], dtype=np.int64))
+    out = np.empty((counts[group.rank],) + x.shape[1:], x.dtype)
+    group.comm.Reduce_scatter(x, out, [c * row for c in counts])
+    # ring reduce-scatter-v: a rank sends every block but its own once
+    group.count("reduce_scatter", (x.shape[0] - counts[group.rank]) * row * x.itemsize)
     return np.moveaxis(out, 0, axis)
+
+
+def _expect_counts(fn, counts, P, total=None):
+    """counts as a tuple of P non-negative ints (summing to total when given)."""
+    counts = tuple(int(c) for c in counts)
+    if len(counts) != P or min(counts) < 0 or (total is not None and sum(counts) != total):
+        want = f" summing to {total}" if total is not None else ""
+        raise ValueError(f"{fn}: counts {counts} must be {P} non-negative row counts{want} "
+                         f"(one per rank)")
+    return counts
 
 
 def _all_to_all(x, group, send):
@@ -144,39 +172,52 @@ def all_reduce_backward(dout, cache):
     return {"x": _all_reduce(dout, cache.group)}  # fwd: y_r = sum_s x_s
 
 
-def all_gather_forward(x, *, group, axis=0):
+def all_gather_forward(x, *, group, axis=0, counts=None):
     """y_r = concat(x_0, ..., x_{P-1}) along axis, on every rank r.
 
-    Inputs: x (..., n, ...), this rank's shard (n along axis, equal on every rank).
-    Returns: (y (..., P n, ...); GroupCache).
+    Inputs: x (..., n, ...), this rank's shard (n along axis, equal on every rank; with
+    counts, n = counts[r] on rank r: the all-gather-v, as ZeRO-3 gathers whole Params).
+    Returns: (y (..., P n or sum(counts), ...); GroupCache).
     """
     _expect_axis("all_gather", x, axis)
-    y = _all_gather(x, group, axis)  # fwd: y_r = [x_0; ...; x_{P-1}]
-    return y, GroupCache(group, y.shape, y.dtype, axis)
+    if counts is not None:
+        counts = _expect_counts("all_gather", counts, group.size)
+        if counts[group.rank] != x.shape[axis]:
+            raise ValueError(f"all_gather: counts[{group.rank}] = {counts[group.rank]}, but this "
+                             f"rank's x has {x.shape[axis]} rows along axis {axis}")
+    y = _all_gather(x, group, axis, counts)  # fwd: y_r = [x_0; ...; x_{P-1}]
+    return y, GroupCache(group, y.shape, y.dtype, axis, counts)
 
 
 def all_gather_backward(dout, cache):
     """x_r appears in every y_s as block r, so dx_r = sum_s dy_s[block r]: sum the upstream
-    gradients over ranks and keep block r on rank r, a reduce-scatter."""
+    gradients over ranks and keep block r on rank r, a reduce-scatter (-v with the counts)."""
     expect_dout("all_gather_backward", dout, cache.shape, cache.dtype)
-    return {"x": _reduce_scatter(dout, cache.group, cache.axis)}  # fwd: all-gather
+    # fwd: all-gather
+    return {"x": _reduce_scatter(dout, cache.group, cache.axis, cache.counts)}
 
 
-def reduce_scatter_forward(x, *, group, axis=0):
-    """y_r = sum_s x_s[block r], block r the r-th of P equal blocks along axis.
+def reduce_scatter_forward(x, *, group, axis=0, counts=None):
+    """y_r = sum_s x_s[block r], block r the r-th of P equal blocks along axis (with counts,
+    block r has counts[r] rows: the reduce-scatter-v, as ZeRO-2 hands each rank the summed
+    gradients of its Params).
 
-    Inputs: x (..., P n, ...). Returns: (y (..., n, ...); GroupCache).
+    Inputs: x (..., P n or sum(counts), ...). Returns: (y (..., n or counts[r], ...);
+    GroupCache).
     """
     _expect_axis("reduce_scatter", x, axis)
-    y = _reduce_scatter(x, group, axis)  # fwd: y_r = sum_s x_s[block r]
-    return y, GroupCache(group, y.shape, y.dtype, axis)
+    if counts is not None:
+        counts = _expect_counts("reduce_scatter", counts, group.size, x.shape[axis])
+    y = _reduce_scatter(x, group, axis, counts)  # fwd: y_r = sum_s x_s[block r]
+    return y, GroupCache(group, y.shape, y.dtype, axis, counts)
 
 
 def reduce_scatter_backward(dout, cache):
     """Block b of x_r feeds only y_b (with weight 1), so dx_r[block b] = dy_b: every rank
-    needs every rank's dy, concatenated in rank order, an all-gather."""
+    needs every rank's dy, concatenated in rank order, an all-gather (-v with the counts)."""
     expect_dout("reduce_scatter_backward", dout, cache.shape, cache.dtype)
-    return {"x": _all_gather(dout, cache.group, cache.axis)}  # fwd: reduce-scatter
+    # fwd: reduce-scatter
+    return {"x": _all_gather(dout, cache.group, cache.axis, cache.counts)}
 
 
 def all_to_all_forward(x, *, group, counts=None):
@@ -193,10 +234,7 @@ def all_to_all_forward(x, *, group, counts=None):
             raise ValueError(f"all_to_all: {x.shape[0]} rows do not split into {P} equal chunks; "
                              f"pass counts")
         counts = [x.shape[0] // P] * P
-    counts = tuple(int(c) for c in counts)
-    if len(counts) != P or min(counts) < 0 or sum(counts) != x.shape[0]:
-        raise ValueError(f"all_to_all: counts {counts} must be {P} non-negative row counts "
-                         f"summing to x's {x.shape[0]} rows")
+    counts = _expect_counts("all_to_all", counts, P, x.shape[0])
     y, recv = _all_to_all(x, group, counts)  # fwd: y_r = [x_0[chunk r]; ...; x_{P-1}[chunk r]]
     return y, AllToAllCache(group, y.shape, y.dtype, counts, recv)
 

@@ -61,7 +61,13 @@ class SelfComm:
     def Allgather(self, send, recv):
         recv[...] = send
 
+    def Allgatherv(self, send, recv):
+        recv[0][...] = send
+
     def Reduce_scatter_block(self, send, recv):
+        recv[...] = send
+
+    def Reduce_scatter(self, send, recv, counts):
         recv[...] = send
 
     def Alltoallv(self, send, recv):

@@ -48,13 +48,16 @@ def bytes_per_step(nbytes, n_ranks, *, zero=0, small=(), rank=0):
     collectives count with (collectives.py): each bucket's all-reduce 2 (P - 1) n_b / P; with
     zero=1 the all-gather of the updated Params (all but the next rank's shard, zero.py); plus
     the all-reduces of `small` arrays of those byte sizes (an MoE layer's routed counts).
-    rank: whose bytes (ZeRO's shards differ by a Param's size)."""
+    rank: whose bytes (ZeRO's shards differ by a Param's size). From zero=2 on the gradients
+    are reduce-scattered instead (zero_layers.ShardedModel.bytes_per_step adds those)."""
     P = n_ranks
     if P == 1:
         return {}
-    sizes = [sum(nbytes[i] for i in b) for b in bucket_plan(nbytes)]
+    sizes = [sum(nbytes[i] for i in b) for b in bucket_plan(nbytes)] if zero < 2 else []
     out = {"all_reduce": sum(2 * (P - 1) * n // P for n in list(sizes) + list(small))}
-    if zero:
+    if not out["all_reduce"]:
+        del out["all_reduce"]
+    if zero == 1:
         owner = partition(list(nbytes), P)
         nxt = sum(n for n, r in zip(nbytes, owner) if r == (rank + 1) % P)
         out["all_gather"] = sum(nbytes) - nxt

@@ -1,6 +1,7 @@
-"""Megatron's tensor-parallel Linear pair (Shoeybi et al. 2019, arXiv:1909.08053, section 3):
-a matrix product split across the P ranks of a group, as forward/backward pairs built from the
-linear pair (core/ops.py) and the f/g collectives (collectives.py).
+"""Megatron's tensor-parallel pairs (Shoeybi et al. 2019, arXiv:1909.08053, section 3): a
+matrix product split across the P ranks of a group, as forward/backward pairs built from the
+linear pair (core/ops.py) and the f/g collectives (collectives.py); and the vocabulary split
+the same way: the vocab-parallel embedding and cross-entropy (at the end of this file).
 
 Column-parallel: W (Din, Dout) split by columns, W_r = W[:, cols_r] (Din, Dout/P) on rank r.
 
@@ -24,10 +25,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.ops import linear_backward, linear_forward, linear_out
-from scratchllm.core.validate import expect_dout, expect_shape
-from scratchllm.dist.collectives import (copy_to_group_backward, copy_to_group_forward,
-                                         reduce_from_group_backward, reduce_from_group_forward)
+from scratchllm.core.ops import expect_linear, linear_backward, linear_forward, linear_out
+from scratchllm.core.validate import common_float, expect_dout, expect_float
+from scratchllm.dist.collectives import (all_gather_forward, all_reduce_forward,
+                                         copy_to_group_backward, copy_to_group_forward,
+                                         reduce_from_group_backward, reduce_from_group_forward,
+                                         reduce_scatter_backward, reduce_scatter_forward)
 
 
 class ColumnCache(NamedTuple):
@@ -65,6 +68,9 @@ def column_linear_forward(x, W, b=None, *, group):
     Inputs: x (..., Din) replicated; W (Din, Dout/P), b (Dout/P,) or None: rank r's columns.
     Returns: (y_r (..., Dout/P); ColumnCache).
     """
+    x, W, b = common_float(x, W, b)
+    expect_float("column_linear", "x", x, 1)
+    expect_linear("column_linear", x.shape[-1], W, b)
     xr, c_f = copy_to_group_forward(x, group=group)  # fwd: x enters the region (f)
     y, c_lin = linear_forward(xr, W, b)  # fwd: y_r = x W_r + b_r
     return y, ColumnCache(c_f, c_lin)
@@ -87,9 +93,9 @@ def row_linear_forward(x, W, b=None, *, group):
     Inputs: x (..., Din/P), W (Din/P, Dout): rank r's rows; b (Dout,) or None, replicated.
     Returns: (y (..., Dout), replicated; RowCache).
     """
+    expect_float("row_linear", "x", x, 1)
+    expect_linear("row_linear", x.shape[-1], W, b)
     z, c_lin = linear_forward(x, W)  # fwd: z_r = x_r W_r
-    if b is not None:
-        expect_shape("row_linear", "b", b, (W.shape[1],), "(Dout,)")
     y, c_g = reduce_from_group_forward(z, group=group)  # fwd: y = sum_r z_r (g)
     if b is not None:
         y = y + b  # fwd: + b after the reduce (once, not P times)
@@ -107,3 +113,104 @@ def row_linear_backward(dout, cache):
     if cache.has_bias:
         out["b"] = dout.reshape(-1, dout.shape[-1]).sum(axis=0)  # fwd: y = ... + b
     return out
+
+
+# ---------------------------------------------------------------------------- the vocabulary
+class VocabEmbedCache(NamedTuple):
+    local: np.ndarray  # ids - this rank's first row, clipped into range (...)
+    hit: np.ndarray    # (...) bool: the id's row lives on this rank
+    V: int             # rows on this rank
+    leave: object      # g's (or the reduce-scatter's) cache
+    sequence: bool     # the sum was a reduce-scatter along T
+
+
+class VocabCECache(NamedTuple):
+    p: np.ndarray      # (N, V/P) this rank's columns of softmax(logits)
+    local: np.ndarray  # (N,) target - this rank's first column, clipped
+    hit: np.ndarray    # (N,) bool: the target's column lives on this rank
+    shape: tuple       # the logits' shape
+    n: int             # rows N
+
+
+def _vocab_rows(ids, V_r, group):
+    lo = group.rank * V_r
+    hit = (ids >= lo) & (ids < lo + V_r)
+    return np.where(hit, ids - lo, 0), hit
+
+
+def vocab_embedding_forward(ids, E, *, group, sequence=False):
+    """Megatron's vocab-parallel embedding: E (V, D) split by rows, rank r holding
+    E_r = E[r V/P : (r+1) V/P]. Each rank looks up the ids in its range (zero rows for the
+    others) and the partial sums meet in g: y = sum_r part_r = E[ids], replicated. With
+    sequence=True (sequence parallelism) the sum is a reduce-scatter along T instead: rank r
+    gets tokens r T/P .. (r+1) T/P of E[ids].
+
+    Inputs: ids (B, T) ints in [0, V) (the same on every rank), E (V/P, D).
+    Returns: (y (B, T, D), or (B, T/P, D) with sequence; VocabEmbedCache).
+    """
+    expect_float("vocab_embedding", "E", E, 2)
+    local, hit = _vocab_rows(ids, E.shape[0], group)
+    part = np.where(hit[..., None], E[local], 0).astype(E.dtype)  # (B, T, D); fwd: E_r[ids]
+    if sequence:
+        y, c = reduce_scatter_forward(part, group=group, axis=1)  # fwd: tokens of rank r
+    else:
+        y, c = reduce_from_group_forward(part, group=group)  # fwd: y = sum_r part_r (g)
+    return y, VocabEmbedCache(local, hit, E.shape[0], c, sequence)
+
+
+def vocab_embedding_backward(dout, cache):
+    """g's backward is the identity (the reduce-scatter's an all-gather along T), so each
+    rank's part gets the whole dy; part_r = E_r[ids] on its hits only, so dE_r[v] = sum of
+    dy over the positions whose id is row v of this rank (a scatter-add), 0 elsewhere."""
+    expect_dout("vocab_embedding_backward", dout, cache.leave.shape, cache.leave.dtype)
+    if cache.sequence:
+        dpart = reduce_scatter_backward(dout, cache.leave)["x"]  # fwd: reduce-scatter (T)
+    else:
+        dpart = reduce_from_group_backward(dout, cache.leave)["x"]  # fwd: g
+    dE = np.zeros((cache.V, dpart.shape[-1]), dpart.dtype)  # (V/P, D)
+    np.add.at(dE, cache.local[cache.hit], dpart[cache.hit])  # fwd: part = E_r[ids] on hits
+    return {"E": dE}
+
+
+def vocab_cross_entropy_forward(logits, targets, *, group):
+    """Megatron's vocab-parallel cross-entropy: logits (..., V) split by columns (rank r has
+    z_r = logits[..., r V/P : (r+1) V/P], the output of a column-parallel head), the loss
+    L = mean_n (log sum_v exp z_nv - z_n,t_n) computed without gathering the logits:
+
+        m_n = max over every rank's z_n       (an all-gather of the P row maxima)
+        s_n = sum_r sum_j exp(z_rnj - m_n)    (an all-reduce of N numbers)
+        z_t = z_n,t_n from its owner, 0 elsewhere, summed (an all-reduce of N numbers)
+        L = mean_n (log s_n + m_n - z_t)       replicated: one value, counted once
+
+    Inputs: logits (..., V/P), targets (...) ints in [0, V) (the same on every rank).
+    Returns: (loss 0-d array; VocabCECache).
+    """
+    expect_float("vocab_cross_entropy", "logits", logits, 1)
+    V_r = logits.shape[-1]
+    z = logits.reshape(-1, V_r)  # (N, V/P)
+    t = np.asarray(targets).reshape(-1)  # (N,)
+    if t.shape[0] != z.shape[0]:
+        raise ValueError(f"vocab_cross_entropy: targets {np.shape(targets)} do not match the "
+                         f"logits' rows {logits.shape[:-1]}")
+    maxima, _ = all_gather_forward(z.max(axis=1)[None], group=group)  # (P, N)
+    m = maxima.max(axis=0)  # (N,): a shift, no gradient (softmax ignores it)
+    e = np.exp(z - m[:, None])  # (N, V/P)
+    s, _ = all_reduce_forward(e.sum(axis=1), group=group)  # (N,)
+    local, hit = _vocab_rows(t, V_r, group)
+    zt, _ = all_reduce_forward(np.where(hit, z[np.arange(len(t)), local], 0.0).astype(z.dtype),
+                               group=group)  # (N,)
+    loss = np.mean(np.log(s) + m - zt)  # fwd: L = mean(log s + m - z_t)
+    return np.asarray(loss, z.dtype), VocabCECache(e / s[:, None], local, hit, logits.shape,
+                                                   len(t))
+
+
+def vocab_cross_entropy_backward(dloss, cache):
+    """dL/dz_nv = (softmax_nv - [v = t_n]) / N for every column v, and rank r holds the
+    softmax of its columns already (e / s with the global s): the backward is local, no
+    communication (the loss is replicated: its gradient is the one dloss on every rank)."""
+    expect_dout("vocab_cross_entropy_backward", dloss, (), cache.p.dtype, name="dloss")
+    dz = cache.p.copy()  # (N, V/P)
+    rows = np.nonzero(cache.hit)[0]
+    dz[rows, cache.local[rows]] -= 1.0  # fwd: - z_t on the target's owner
+    dz *= np.asarray(dloss, dz.dtype) / cache.n  # fwd: mean over the N rows
+    return {"logits": dz.reshape(cache.shape)}

@@ -12,9 +12,14 @@ fused kernel on the same numbers) and a sharded run equals an unsharded one. Opt
 per rank: 2 n / P (+ the largest Param's imbalance), for P times the all-gather of the weights
 per step, (P - 1) n / P bytes sent per rank. The checkpoint stores the whole state, gathered on
 rank 0, in AdamW's own layout, so it loads on any grid (and in one process).
+
+Stages 2 and 3 keep this optimizer and its shards; their gradients arrive already
+reduce-scattered (each rank holds only its Params' summed gradients) and, at stage 3, each
+rank keeps only its Params' weights, so the update is not all-gathered: zero_layers.py.
 """
 import numpy as np
 
+from scratchllm.dist.collectives import all_gather_forward
 from scratchllm.dist.comm import contiguous
 
 
@@ -33,14 +38,27 @@ class ZeroAdamW:
     `step()`, `state_dict()` and `load_state_dict()` as AdamW's; state_dict is collective
     (every rank calls it; rank 0 gets the whole state, the others None)."""
 
-    def __init__(self, opt, group):
-        self.opt, self.group = opt, group
+    def __init__(self, opt, group, stage=1):
+        """opt: a core.optim.AdamW over every Param; group: the data-parallel ranks; stage:
+        the ZeRO stage (1 and 2 all-gather the updated Params after each step; at 3 each
+        rank keeps only its own)."""
+        if stage not in (1, 2, 3):
+            raise ValueError(f"ZeroAdamW: stage must be 1, 2 or 3, got {stage!r}")
+        self.opt, self.group, self.stage = opt, group, stage
         params = opt.params
         self.owner = partition([p.data.size for p in params], group.size)
         self.mine = [i for i, r in enumerate(self.owner) if r == group.rank]
         for i, r in enumerate(self.owner):
             if r != group.rank:  # not this rank's: no moments at all
                 opt.m[i] = opt.v[i] = None
+
+    def owners(self):
+        """{id(Param): the rank that owns it} (zero_layers.ShardedModel's partition)."""
+        return {id(p): r for p, r in zip(self.opt.params, self.owner)}
+
+    def owned(self):
+        """[Param] this rank owns (whose gradients it holds from stage 2 on)."""
+        return [self.opt.params[i] for i in self.mine]
 
     @property
     def lr(self):
@@ -59,9 +77,11 @@ class ZeroAdamW:
         return sum(self.opt.m[i].nbytes + self.opt.v[i].nbytes for i in self.mine)
 
     def step(self):
-        """AdamW on this rank's Params, then every Param from its owner (an all-gather)."""
+        """AdamW on this rank's Params, then (stages 1 and 2) every Param from its owner (an
+        all-gather-v)."""
         self.opt.step(only=self.mine)
-        self._all_gather_params()
+        if self.stage < 3:
+            self._all_gather_params()
 
     def _all_gather_params(self):
         params, P, g = self.opt.params, self.group.size, self.group
@@ -69,14 +89,11 @@ class ZeroAdamW:
             return
         owned = [[i for i, r in enumerate(self.owner) if r == rank] for rank in range(P)]
         sizes = [sum(params[i].data.size for i in ids) for ids in owned]
-        mine = contiguous(np.concatenate([params[i].data.ravel() for i in owned[g.rank]]))
-        flat = np.empty(sum(sizes), mine.dtype)
-        offsets = [int(v) for v in np.concatenate([[0], np.cumsum(sizes)[:-1]])]
-        g.comm.Allgatherv(mine, [flat, (sizes, offsets)])
-        # ring all-gather-v: a rank forwards every shard but its successor's
-        g.count("all_gather", (sum(sizes) - sizes[(g.rank + 1) % P]) * flat.itemsize)
-        for rank, ids in enumerate(owned):
-            start = offsets[rank]
+        mine = contiguous(np.concatenate([params[i].data.ravel() for i in owned[g.rank]] or
+                                         [np.zeros(0, params[0].data.dtype)]))
+        flat, _ = all_gather_forward(mine, group=g, counts=sizes)  # fwd: every rank's shard
+        start = 0
+        for ids in owned:
             for i in ids:
                 n = params[i].data.size
                 params[i].data[...] = flat[start:start + n].reshape(params[i].data.shape)

@@ -134,8 +134,10 @@ def _components(model, ids):
         if layer.spec.placement == "post":
             raise ValueError(f"direct_logit_attribution: layer {i} is post-norm; its output "
                              f"is norm(x + f(x)), not a sum of its parts")
-        a = layer.norm1.forward(x)[0]  # (B, T, D)
-        if isinstance(layer.mixer, Attention) and layer.post_mixer_norm is None:
+        if layer.mixer is None:  # an MLP-only layer: its FFN below is all of it
+            m = np.zeros_like(x)  # (B, T, D)
+        elif isinstance(layer.mixer, Attention) and layer.post_mixer_norm is None:
+            a = layer.norm1.forward(x)[0]  # (B, T, D)
             heads, bo = _head_parts(layer.mixer, a)  # (H, B, T, D)
             parts += [(f"L{i}.H{h}", heads[h]) for h in range(len(heads))]
             m = heads.sum(axis=0)
@@ -143,7 +145,7 @@ def _components(model, ids):
                 parts.append((f"L{i}.attn_bias", np.broadcast_to(bo, m.shape)))
                 m = m + bo
         else:
-            m = layer.mixer.forward(a)[0]
+            m = layer.mixer.forward(layer.norm1.forward(x)[0])[0]  # (B, T, D)
             if layer.post_mixer_norm is not None:
                 m = layer.post_mixer_norm.forward(m)[0]
             parts.append((f"L{i}.mixer", m))

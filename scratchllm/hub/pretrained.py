@@ -16,6 +16,7 @@ bfloat16 (through ml_dtypes) into arrays; torch is never imported.
 Reference: huggingface/safetensors bindings/python/py_src/safetensors/numpy.py;
 huggingface/transformers src/transformers/modeling_utils.py (the index file, tied weights).
 """
+import dataclasses
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -151,20 +152,35 @@ def load_pretrained(path, dtype=np.float32):
                          f"dtype), got {np.dtype(dtype)}")
     hf = read_hf_config(path)
     family = family_named(hf.get("model_type"))
+    stored = {_canonical(n, family): (file, n) for n, file in weight_files(path).items()}
     if isinstance(family, ModuleFamily):  # a model of its own class: its config is the view
-        f = family.from_hf(hf)
+        f = _untie(family, family.from_hf(hf), stored)
         model = family.build(f, rng=_NoInit(), dtype=dtype)
+        tied = family.tied_head[:1]
     else:
         cfg = config_from_flat(family.from_hf(hf))
         model = family.model_class(cfg, rng=_NoInit(), dtype=dtype)
-        f = flat_of(cfg)
-    stored = {_canonical(n, family): (file, n) for n, file in weight_files(path).items()}
+        f, tied = flat_of(cfg), family.tied_names
     table = family.names(model, f)
-    _check_names(path, f, stored, {e.hf for e in table},
-                 getattr(family, "tied_names", ()), getattr(family, "unused", ()))
+    _check_names(path, f, stored, {e.hf for e in table}, tied, family.unused)
     _load_into(path, stored, {e.hf: e for e in table}, _library_arrays(model, "data"))
     model.hf_config = hf
     return model
+
+
+def _untie(family, cfg, stored):
+    """cfg, untied (tie_embeddings False) when the checkpoint holds the family's tied head
+    tensor with values other than the embedding's (transformers 5 ties T5's head whenever
+    the two agree, whatever config.json says)."""
+    if not family.tied_head or not getattr(cfg, "tie_embeddings", False) \
+            or family.tied_head[0] not in stored:
+        return cfg
+    head, embed = (stored[n] for n in family.tied_head)
+    with safe_open(head[0], framework="np") as f:
+        h = f.get_tensor(head[1])
+    with safe_open(embed[0], framework="np") as f:
+        e = f.get_tensor(embed[1])
+    return cfg if np.array_equal(h, e) else dataclasses.replace(cfg, tie_embeddings=False)
 
 
 def _library_arrays(model, attr):
@@ -232,8 +248,9 @@ def save_pretrained(model, path, dtype=None):
 
 
 def load_tokenizer(path):
-    """The Tokenizer of a checkpoint directory's tokenizer.json (byte-level BPE), encoding
-    as Hugging Face `tokenizers` does (scratchllm/tokenizer/hf_json.py)."""
+    """The tokenizer of a checkpoint directory's tokenizer.json (any normalizer, pre-tokenizer,
+    model and decoder), encoding as Hugging Face `tokenizers` does
+    (scratchllm/tokenizer/hf_json.py)."""
     file = Path(path) / "tokenizer.json"
     if not file.is_file():
         raise ValueError(f"load_tokenizer: {path} has no tokenizer.json")

@@ -26,6 +26,8 @@ from scratchllm.hub.families.moe import DEEPSEEK_V3, MIXTRAL
 from scratchllm.hub.families.moe2 import DEEPSEEK_V2, QWEN3_MOE
 from scratchllm.hub.families.ssm import JAMBA, MAMBA
 from scratchllm.hub.families.ssm2 import MAMBA2
+from scratchllm.hub.families.switch import SWITCH
+from scratchllm.hub.families.t5 import T5
 from scratchllm.hub.families.vision import CLIP_VISION, SIGLIP_VISION, VIT
 from scratchllm.specs import from_flat
 from scratchllm.specs.unflat import flat_view
@@ -38,6 +40,7 @@ FAMILIES += (MAMBA2,)  # families/ssm2.py
 FAMILIES += (VIT, SIGLIP_VISION)  # families/vision.py
 FAMILIES += (BERT,)  # families/encoders.py
 FAMILIES += (CLIP_VISION, LLAVA)  # families/vision.py, families/llava.py
+FAMILIES += (T5, SWITCH)  # families/t5.py, families/switch.py
 BY_TYPE = {family.model_type: family for family in FAMILIES}
 
 

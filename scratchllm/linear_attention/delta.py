@@ -26,7 +26,8 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.validate import expect_dout, expect_float, expect_positive, expect_shape
-from scratchllm.linear_attention.gla import FORMS, check_qkv, merge_chunks, split_chunks
+from scratchllm.linear_attention.gla import (FORMS, check_head_step, check_qkv, merge_chunks,
+                                            split_chunks)
 
 
 class DeltaCache(NamedTuple):
@@ -63,8 +64,12 @@ def delta_rule_step(q_t, k_t, v_t, beta_t, g_t, state):
     Inputs: q_t, k_t (B, H, Dk); v_t (B, H, Dv); beta_t (B, H); g_t (B, H) or None; state
     (B, H, Dk, Dv) or None (zeros). Returns (o_t (B, H, Dv), new state (B, H, Dk, Dv)).
     """
+    shape = check_head_step("delta_rule_step", q_t, k_t, v_t, state)
+    expect_shape("delta_rule_step", "beta_t", beta_t, q_t.shape[:2], "(B, H)")
+    if g_t is not None:
+        expect_shape("delta_rule_step", "g_t", g_t, q_t.shape[:2], "(B, H)")
     if state is None:
-        state = np.zeros(k_t.shape + v_t.shape[-1:], k_t.dtype)  # (B, H, Dk, Dv)
+        state = np.zeros(shape, k_t.dtype)  # (B, H, Dk, Dv)
     alpha = np.ones_like(beta_t) if g_t is None else np.exp(g_t)  # (B, H)
     u = np.einsum("bhij,bhi->bhj", state, k_t)  # (B, H, Dv)
     e = v_t - alpha[..., None] * u  # (B, H, Dv)

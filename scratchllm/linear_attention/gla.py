@@ -25,8 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.validate import (expect_dout, expect_float, expect_ndim, expect_positive,
-                                      expect_shape)
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_ndim,
+                                      expect_positive, expect_shape)
 from scratchllm.linear_attention.gla_scores import (decay_tensor, gla_scores_backward,
                                                     gla_scores_forward)
 
@@ -52,6 +52,21 @@ def check_qkv(fn, q, k, v):
         expect_float(fn, name, a)
     expect_shape(fn, "k", k, q.shape, "the shape of q")
     expect_shape(fn, "v", v, q.shape[:3] + (None,), "(B, H, T, Dv) like q")
+
+
+def check_head_step(fn, q_t, k_t, v_t, state, *, extra=0):
+    """One decoding step's inputs: q_t, k_t (B, H, Dk) and v_t (B, H, Dv) float arrays; the
+    state None or exactly (B, H, Dk, Dv + extra), never broadcast. Returns the state's
+    shape."""
+    for name, a in (("q_t", q_t), ("k_t", k_t), ("v_t", v_t)):
+        expect_float(fn, name, a)
+        expect_ndim(fn, name, a, 3, "(B, H, Dh)")
+    expect_shape(fn, "k_t", k_t, q_t.shape, "(B, H, Dk) like q_t")
+    expect_shape(fn, "v_t", v_t, q_t.shape[:2] + (None,), "(B, H, Dv) like q_t")
+    shape = q_t.shape + (v_t.shape[-1] + extra,)
+    if state is not None:
+        expect_shape(fn, "state", state, shape, "(B, H, Dk, Dv) of this step's rows")
+    return shape
 
 
 def _gate(fn, g, q):
@@ -233,6 +248,7 @@ def gla_attention_forward(q, k, v, g, *, form="chunked", chunk=64):
              form "parallel" | "chunked" (chunk = C) | "recurrent": equal to round-off.
     Returns: o (B, H, T, Dv).  Cache: the (chunked) inputs, cumulative gates, edge states.
     """
+    q, k, v, g = common_float(q, k, v, g)
     return gla_forward_parts("gla_attention", q, k, v, g, form, chunk)
 
 
@@ -260,10 +276,12 @@ def gla_attention_step(q_t, k_t, v_t, g_t, state):
              state (B, H, Dk, Dv) or None (zeros).
     Returns: (o_t (B, H, Dv), new state (B, H, Dk, Dv)); the state's size never grows.
     """
+    shape = check_head_step("gla_attention_step", q_t, k_t, v_t, state)
+    if g_t is not None:
+        expect_shape("gla_attention_step", "g_t", g_t, q_t.shape[:2] + q_t.shape[2:] * (
+            g_t.ndim == 3), "(B, H, Dk) or (B, H)")
     if state is None:
-        state = np.zeros(k_t.shape + v_t.shape[-1:], k_t.dtype)  # (B, H, Dk, Dv)
-    expect_shape("gla_attention_step", "state", state, k_t.shape + v_t.shape[-1:],
-                 "(B, H, Dk, Dv) of k_t, v_t")
+        state = np.zeros(shape, k_t.dtype)  # (B, H, Dk, Dv)
     if g_t is not None:
         a = np.exp(g_t if g_t.ndim == 3 else g_t[..., None])  # (B, H, G)
         state = a[..., None] * state  # (B, H, Dk, Dv)

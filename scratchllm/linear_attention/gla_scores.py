@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from scratchllm.core.validate import expect_dout, expect_float, expect_shape
+from scratchllm.core.validate import common_float, expect_dout, expect_float, expect_shape
 
 
 class ScoresCache(NamedTuple):
@@ -45,6 +45,7 @@ def decay_tensor(b):
 # ---------------------------------------------------------------------------- reference
 def gla_scores_forward_ref(q, k, b):
     """P (..., C, C) from q, k, b (..., C, Dk), through the whole decay tensor."""
+    q, k, b = common_float(q, k, b)
     _check("gla_scores", q, k, b)
     E = decay_tensor(b)  # (..., C, C, Dk)
     return np.einsum("...ti,...si,...tsi->...ts", q, k, E), ScoresCache(q, k, b, E)
@@ -105,6 +106,7 @@ def _flat(a):
 
 def gla_scores_forward(q, k, b):
     """The Numba twin of gla_scores_forward_ref (no decay tensor is built)."""
+    q, k, b = common_float(q, k, b)
     _check("gla_scores", q, k, b)
     P = np.zeros(q.shape[:-1] + q.shape[-2:-1], q.dtype)  # (..., C, C), 0 above the diagonal
     _forward_kernel(_flat(q), _flat(k), _flat(b), P.reshape((-1,) + P.shape[-2:]))

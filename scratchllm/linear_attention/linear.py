@@ -17,8 +17,9 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.validate import expect_dout
-from scratchllm.linear_attention.gla import (GLACache, check_qkv, gla_attention_step,
-                                             gla_backward_parts, gla_forward_parts, gla_out)
+from scratchllm.linear_attention.gla import (GLACache, check_head_step, check_qkv,
+                                             gla_attention_step, gla_backward_parts,
+                                             gla_forward_parts, gla_out)
 
 FEATURES = ("elu", "identity")
 
@@ -118,6 +119,7 @@ def linear_attention_step(q_t, k_t, v_t, state, *, feature="elu", normalize=True
     """One decoding step. q_t, k_t (B, H, Dk); v_t (B, H, Dv); state (B, H, Dk, Dv + 1)
     ([S | z] when normalising, else (B, H, Dk, Dv)) or None. Returns (o_t (B, H, Dv), state)."""
     _check_options("linear_attention_step", feature, normalize)
+    check_head_step("linear_attention_step", q_t, k_t, v_t, state, extra=int(normalize))
     out, state = gla_attention_step(_phi(q_t, feature), _phi(k_t, feature),
                                     _with_ones(v_t, normalize), None, state)  # (B, H, Dv+1)
     return _normalise(out, normalize, eps), state

@@ -15,7 +15,8 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.validate import expect_dout, expect_float, expect_shape
-from scratchllm.linear_attention.gla import (GLACache, check_qkv, gla_attention_recurrent_ref,
+from scratchllm.linear_attention.gla import (GLACache, check_head_step, check_qkv,
+                                             gla_attention_recurrent_ref,
                                              gla_attention_step, gla_backward_parts,
                                              gla_forward_parts, gla_out)
 
@@ -65,6 +66,8 @@ def retnet_attention_backward(do, cache):
 def retnet_attention_step(q_t, k_t, v_t, gamma, state):
     """One decoding step, S = γ S + k_t v_t^T. q_t, k_t (B, H, Dk); v_t (B, H, Dv); state
     (B, H, Dk, Dv) or None. Returns (o_t (B, H, Dv), state)."""
+    check_head_step("retnet_attention_step", q_t, k_t, v_t, state)
+    expect_shape("retnet_attention_step", "gamma", np.asarray(gamma), q_t.shape[1:2], "(H,)")
     g_t = np.broadcast_to(np.log(gamma), q_t.shape[:2])  # (B, H)
     return gla_attention_step(q_t, k_t, v_t, g_t, state)
 

@@ -24,7 +24,8 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.ops import softmax_backward, softmax_forward
-from scratchllm.core.validate import expect_dout
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_ndim,
+                                      expect_shape)
 from scratchllm.linear_attention.rwkv_scan import (WKVScanCache, check_wkv,
                                                    rwkv4_wkv_scan_backward,
                                                    rwkv4_wkv_scan_forward)
@@ -45,6 +46,7 @@ def rwkv4_wkv_forward(w, u, k, v, *, form="recurrent"):
     """WKV in the recurrent form (the Numba scan, O(B·T·D) memory) or the parallel (softmax)
     form. Inputs: w, u (D,); k, v (B, T, D). Returns: wkv (B, T, D).
     Cache: the scan's states (B, T, D), or v and the softmax cache (B, D, T, T)."""
+    w, u, k, v = common_float(w, u, k, v)
     if form not in ("recurrent", "parallel"):
         raise ValueError(f"rwkv4_wkv: form must be 'recurrent' or 'parallel', got {form!r}")
     if form == "recurrent":
@@ -90,8 +92,28 @@ class WKVState(NamedTuple):
     p: np.ndarray  # (B, D) the running max exponent (−1e38 at the start, as upstream)
 
 
+def check_wkv_state(fn, name, state, shape):
+    """A decoding state of the WKV: None, or (a, b, p) each exactly `shape` (B, D), never
+    broadcast."""
+    if state is None:
+        return
+    if not (isinstance(state, tuple) and len(state) == 3):
+        raise TypeError(f"{fn}: {name} must be a WKVState (a, b, p) or None, got "
+                        f"{type(state).__name__}")
+    for field, a in zip(WKVState._fields, state):
+        expect_shape(fn, f"{name}.{field}", a, shape, "(B, D) of this step's rows")
+
+
 def rwkv4_wkv_step(w, u, k_t, v_t, state):
     """One stabilised step. k_t, v_t (B, D); state a WKVState or None. Returns (wkv_t, state)."""
+    fn = "rwkv4_wkv_step"
+    expect_ndim(fn, "k_t", k_t, 2, "(B, D)")
+    for name, a in (("w", w), ("u", u), ("k_t", k_t), ("v_t", v_t)):
+        expect_float(fn, name, a)
+    expect_shape(fn, "v_t", v_t, k_t.shape, "(B, D) like k_t")
+    for name, a in (("w", w), ("u", u)):
+        expect_shape(fn, name, a, k_t.shape[1:], "(D,): one per channel")
+    check_wkv_state(fn, "state", state, k_t.shape)
     if state is None:
         zeros = np.zeros_like(k_t)  # (B, D)
         state = WKVState(zeros, zeros, np.full_like(k_t, -1e38))

@@ -34,8 +34,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.validate import expect_dout, expect_integer, expect_shape
-from scratchllm.linear_attention.gla import check_qkv
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_integer,
+                                      expect_shape)
+from scratchllm.linear_attention.gla import check_head_step, check_qkv
 
 FORMS7 = ("recurrent", "chunked")
 
@@ -53,9 +54,8 @@ class RWKV7Cache(NamedTuple):
 def _check(fn, r, w, k, v, kappa, a):
     check_qkv(fn, r, k, v)
     for name, x in (("w", w), ("kappa", kappa), ("a", a)):
+        expect_float(fn, name, x)
         expect_shape(fn, name, x, r.shape, "(B, H, T, Dk) like r")
-        if x.dtype != r.dtype:
-            raise TypeError(f"{fn}: {name} has dtype {x.dtype}, expected {r.dtype} like r")
 
 
 def rwkv7_step(r_t, w_t, k_t, v_t, kappa_t, a_t, state):
@@ -64,8 +64,11 @@ def rwkv7_step(r_t, w_t, k_t, v_t, kappa_t, a_t, state):
     Inputs: r_t, w_t, k_t, kappa_t, a_t (B, H, Dk); v_t (B, H, Dv); state (B, H, Dk, Dv) or
     None (zeros). Returns (o_t (B, H, Dv), new state (B, H, Dk, Dv)).
     """
+    shape = check_head_step("rwkv7_step", r_t, k_t, v_t, state)
+    for name, x in (("w_t", w_t), ("kappa_t", kappa_t), ("a_t", a_t)):
+        expect_shape("rwkv7_step", name, x, r_t.shape, "(B, H, Dk) like r_t")
     if state is None:
-        state = np.zeros(k_t.shape + v_t.shape[-1:], k_t.dtype)  # (B, H, Dk, Dv)
+        state = np.zeros(shape, k_t.dtype)  # (B, H, Dk, Dv)
     u = np.einsum("bhi,bhij->bhj", kappa_t, state)  # (B, H, Dv) κᵀ S
     state = (w_t[..., None] * state - (a_t * kappa_t)[..., None] * u[..., None, :]
              + k_t[..., None] * v_t[..., None, :])  # (B, H, Dk, Dv)
@@ -115,6 +118,7 @@ def rwkv7_forward(r, w, k, v, kappa, a, *, form="recurrent", chunk=16):
     Returns: o (B, H, T, Dv).  Cache: the inputs and the states (B, H, T+1, Dk, Dv)
              (recurrent; the chunked form keeps none and its backward recomputes them).
     """
+    r, w, k, v, kappa, a = common_float(r, w, k, v, kappa, a)
     _check("rwkv7", r, w, k, v, kappa, a)
     if form not in FORMS7:
         raise ValueError(f"rwkv7: form must be one of {FORMS7}, got {form!r}")
@@ -164,6 +168,7 @@ def rwkv7_backward(do, cache):
 
 def rwkv7_recurrent(r, w, k, v, kappa, a):
     """The recurrent form, T calls of rwkv7_step. Returns (o (B, H, T, Dv), final state)."""
+    r, w, k, v, kappa, a = common_float(r, w, k, v, kappa, a)
     _check("rwkv7_recurrent", r, w, k, v, kappa, a)
     o, states = _scan(r, w, k, v, kappa, a)
     return o, states[:, :, -1]
@@ -173,6 +178,7 @@ def rwkv7_recurrent_ref(r, w, k, v, kappa, a):
     """The plain loop, one sequence and head at a time, in the paper's orientation (Dv, Dk)
     with the transition matrix written out: S ← S (diag(w) − κᵀ (a ⊙ κ)) + vᵀ k, o = S r.
     Returns (o (B, H, T, Dv), final state transposed to (B, H, Dk, Dv))."""
+    r, w, k, v, kappa, a = common_float(r, w, k, v, kappa, a)
     _check("rwkv7_recurrent_ref", r, w, k, v, kappa, a)
     B, H, T, Dk = r.shape
     Dv = v.shape[-1]

@@ -21,8 +21,8 @@ from scratchllm.core.ops import (linear_backward, linear_forward, linear_out, si
                                  sigmoid_forward)
 from scratchllm.core.validate import (expect_dout, expect_float, expect_instance, expect_ndim,
                                       expect_shape)
-from scratchllm.linear_attention.rwkv import (WKVState, rwkv4_wkv_backward, rwkv4_wkv_forward,
-                                              rwkv4_wkv_step)
+from scratchllm.linear_attention.rwkv import (WKVState, check_wkv_state, rwkv4_wkv_backward,
+                                              rwkv4_wkv_forward, rwkv4_wkv_step)
 from scratchllm.specs import RWKVSpec
 
 
@@ -54,6 +54,7 @@ def _check(fn, x, w, kind, vectors):
     expect_float(fn, "x", x)
     expect_instance(fn, "w", w, kind)
     for name in vectors:
+        expect_float(fn, name, getattr(w, name))
         expect_shape(fn, name, getattr(w, name), (x.shape[2],), "(D,): one per channel")
     return x.shape[2]
 
@@ -171,10 +172,28 @@ def rwkv4_channel_mix_backward(dout, cache):
     return {"x": ak + ar + _unshift(bk + br), "w": dw}
 
 
+def _check_x_prev(fn, x_t, x_prev):
+    """x_t (B, D) float; the previous token's x None or exactly (B, D), never broadcast."""
+    expect_float(fn, "x_t", x_t)
+    expect_ndim(fn, "x_t", x_t, 2, "(B, D)")
+    if x_prev is not None:
+        expect_shape(fn, "x_prev", x_prev, x_t.shape, "(B, D) of this step's rows")
+
+
+def _step_state(fn, x_t, state):
+    """The time-mix decoding state (previous x, WKVState), each part checked against x_t."""
+    if not (isinstance(state, tuple) and len(state) == 2):
+        raise TypeError(f"{fn}: state must be (previous x or None, WKVState or None), got "
+                        f"{type(state).__name__}")
+    _check_x_prev(fn, x_t, state[0])
+    check_wkv_state(fn, "state.wkv", state[1], x_t.shape)
+    return state
+
+
 def rwkv4_time_mix_step(x_t, state, w):
     """One decoding step. x_t (B, D); state (previous x (B, D) or None, WKVState or None);
     w TimeMixWeights. Returns (out_t (B, D), new state)."""
-    x_prev, wkv_state = state
+    x_prev, wkv_state = _step_state("rwkv4_time_mix_step", x_t, state)
     xs = np.zeros_like(x_t) if x_prev is None else x_prev  # (B, D)
     k, v, r = (linear_forward(mu * x_t + (1 - mu) * xs, W)[0]
                for mu, W in ((w.mix_k, w.Wk), (w.mix_v, w.Wv), (w.mix_r, w.Wr)))  # (B, D) each
@@ -185,6 +204,7 @@ def rwkv4_time_mix_step(x_t, state, w):
 def rwkv4_channel_mix_step(x_t, x_prev, w):
     """One decoding step. x_t, x_prev (B, D) (x_prev None at the start); w ChannelMixWeights.
     Returns (out_t, x_t)."""
+    _check_x_prev("rwkv4_channel_mix_step", x_t, x_prev)
     xs = np.zeros_like(x_t) if x_prev is None else x_prev  # (B, D)
     h = linear_forward(w.mix_k * x_t + (1 - w.mix_k) * xs, w.Wk)[0]  # (B, F)
     r = linear_forward(w.mix_r * x_t + (1 - w.mix_r) * xs, w.Wr)[0]  # (B, D)

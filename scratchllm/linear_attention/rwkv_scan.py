@@ -38,7 +38,8 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_ndim,
+                                      expect_shape)
 
 NEG = -1e38
 BLOCK = 32  # channels per Numba task
@@ -69,6 +70,7 @@ def check_wkv(fn, w, u, k, v):
 def rwkv4_wkv_scan_forward_ref(w, u, k, v):
     """The stabilised scan, a loop over T on (B, D) arrays, storing each step's state.
     Returns y (B, T, D) and a WKVScanCache."""
+    w, u, k, v = common_float(w, u, k, v)
     check_wkv("rwkv4_wkv_scan", w, u, k, v)
     y, a, b, p = (np.empty_like(k) for _ in range(4))  # (B, T, D) each
     at, bt, pt = np.zeros_like(k[:, 0]), np.zeros_like(k[:, 0]), np.full_like(k[:, 0], NEG)
@@ -162,6 +164,7 @@ def _contiguous(*arrays):
 
 def rwkv4_wkv_scan_forward(w, u, k, v):
     """The Numba twin of rwkv4_wkv_scan_forward_ref (same inputs, same cache)."""
+    w, u, k, v = common_float(w, u, k, v)
     check_wkv("rwkv4_wkv_scan", w, u, k, v)
     w, u, k, v = _contiguous(w, u, k, v)
     y, a, b, p = (np.empty_like(k) for _ in range(4))  # (B, T, D) each

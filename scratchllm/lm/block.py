@@ -10,12 +10,18 @@ A sub-layer f with its norm N sits where LayerSpec.placement says:
                                              toward the output layers: Xiong et al. 2020,
                                              arXiv 2002.04745)
 The block:  h = sub(x, mixer)   [h = sub(h, cross-attention to a context)]   y = sub(h, ffn)
-(ffn None: the block is the mixer sub-layer alone, as HF Mamba-1's MambaBlock).
+(ffn None: the block is the mixer sub-layer alone, as HF Mamba-1's MambaBlock; mixer None: the
+FFN sub-layer alone, an MLP-only layer of a Mamba-2-Hybrid).
 
-One body serves training, prefill and decoding: it is written over how the mixer is called
-(forward with a backward cache, prefill filling a decoding state, or one decode step), and
-only training keeps the caches. The FFN interface (lm/ffn.py) carries an MoE's loss terms.
+One body (Block.body) serves training, prefill and decoding: it is written over how the mixer
+is called (forward with a backward cache, prefill filling a decoding state, or one decode step;
+serving passes its own), and only training keeps the caches. The FFN interface (lm/ffn.py)
+carries an MoE's loss terms.
 Backward runs each sub-layer in reverse: the residual adds the skip gradient.
+A packed batch (several documents per row, Packing) reaches the mixer as its layer's mask
+restricted to each document (attention/sparse_masks.py packed_mask) and positions that
+restart at each document; only attention and MLA can take it (a recurrence would carry one
+document's state into the next).
 
 Glossary: B batch, T time, Tc context length, D model width.
 """
@@ -23,8 +29,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.attention import CrossAttention
+from scratchllm.attention import CrossAttention, document_positions, packed_mask
 from scratchllm.core.nn import Module
+from scratchllm.core.validate import expect_int
 from scratchllm.lm.ffn import make_ffn
 from scratchllm.lm.mixers import make_mixer, make_norm
 
@@ -36,6 +43,22 @@ class SublayerCache(NamedTuple):
     post_norm: tuple  # N after the residual add (post; else None)
 
 
+class Packing(NamedTuple):
+    """Several documents in each row of a batch (LM.forward's doc_ids)."""
+    doc_ids: np.ndarray    # (B, T) ints, the document of each token
+    positions: np.ndarray  # (B, T) ints, restarting at 0 where each document starts
+
+
+def make_packing(fn, ids, doc_ids):
+    """The Packing of doc_ids (B, T) ints, one per token of ids (B, T); fn names the caller."""
+    doc_ids = np.asarray(doc_ids)
+    expect_int(fn, "doc_ids", doc_ids)
+    if doc_ids.shape != ids.shape:
+        raise ValueError(f"{fn}: doc_ids has shape {doc_ids.shape}; it gives the document of "
+                         f"each token of ids, shape {ids.shape}")
+    return Packing(doc_ids, document_positions(doc_ids))
+
+
 class BlockCache(NamedTuple):
     mixer: SublayerCache
     cross: SublayerCache  # None without cross-attention
@@ -44,13 +67,15 @@ class BlockCache(NamedTuple):
 
 class Block(Module):
     """One residual block of a LayerSpec (Params: norm1, mixer, [norm_cross, cross], norm2,
-    ffn, and for placement "sandwich" post_mixer_norm, post_ffn_norm). cross: the
+    ffn, and for placement "sandwich" post_mixer_norm, post_ffn_norm; no norm1 and mixer in
+    an MLP-only layer, no norm2 and ffn in a mixer-only one). cross: the
     AttentionSpec of a decoder's cross-attention sub-layer (rope=None, Mask(causal=False)), or
     None."""
 
     def __init__(self, d_model, spec, *, rng, dtype=np.float32, cross=None):
-        self.norm1 = make_norm(d_model, spec.norm, dtype)
-        self.mixer = make_mixer(d_model, spec.mixer, rng=rng, dtype=dtype)
+        mixer = spec.mixer is not None
+        self.norm1 = make_norm(d_model, spec.norm, dtype) if mixer else None
+        self.mixer = make_mixer(d_model, spec.mixer, rng=rng, dtype=dtype) if mixer else None
         self.norm_cross = None if cross is None else make_norm(d_model, spec.norm, dtype)
         self.cross = None if cross is None else CrossAttention(d_model, cross, rng=rng,
                                                                dtype=dtype)
@@ -58,7 +83,8 @@ class Block(Module):
         self.ffn = None if spec.ffn is None else make_ffn(d_model, spec.ffn, rng=rng,
                                                           dtype=dtype)
         sandwich = spec.placement == "sandwich"
-        self.post_mixer_norm = make_norm(d_model, spec.norm, dtype) if sandwich else None
+        self.post_mixer_norm = make_norm(d_model, spec.norm, dtype) if sandwich and mixer \
+            else None
         self.post_ffn_norm = make_norm(d_model, spec.norm, dtype) if sandwich else None
         self.spec = spec
 
@@ -79,40 +105,74 @@ class Block(Module):
         y, c_post = norm.forward(x + m) if self.spec.placement == "post" else (x + m, None)
         return y, SublayerCache(c_norm, c_inner, c_out, c_post)
 
-    def _body(self, x, mix, context=None):
-        """The block on x (..., D) with the mixer called as mix(a) -> (m, cache)."""
-        if (context is None) != (self.cross is None):
+    def body(self, x, mix, read=None):
+        """The block on x (..., D) with its mixer sub-layer's inner call replaced by mix(a) ->
+        (m, cache) (an MLP-only layer has none: h = x), and the cross-attention as read(a) ->
+        (m, cache) (None: the block has none): the block's own norms, residuals,
+        cross-attention and FFN around any way of running the mixer (a serving cache's
+        attention, an evicting cache's). forward, prefill and decode are this with the mixer's
+        own calls. Returns (y (..., D), BlockCache)."""
+        if (read is None) != (self.cross is None):
             raise ValueError("Block: a context goes with a cross-attention sub-layer and only "
                              f"with one (cross is {'None' if self.cross is None else 'set'}, "
-                             f"context is {'None' if context is None else 'given'})")
-        h, c_mix = self._sublayer(x, self.norm1, self.post_mixer_norm, mix)  # (..., D)
+                             f"context is {'None' if read is None else 'given'})")
+        h, c_mix = (x, None) if self.mixer is None else self._sublayer(
+            x, self.norm1, self.post_mixer_norm, mix)  # (..., D)
         c_cross = None
         if self.cross is not None:
-            h, c_cross = self._sublayer(h, self.norm_cross, None,
-                                        lambda a: self.cross.forward(a, context))
+            h, c_cross = self._sublayer(h, self.norm_cross, None, read)
         if self.ffn is None:
             return h, BlockCache(c_mix, c_cross, None)
         y, c_ffn = self._sublayer(h, self.norm2, self.post_ffn_norm, self.ffn.forward)
         return y, BlockCache(c_mix, c_cross, c_ffn)  # (..., D)
 
-    def forward(self, x, context=None):
-        """x (B, T, D) [, context (B, Tc, D) with cross-attention] -> (y (B, T, D),
-        BlockCache)."""
-        return self._body(x, self.mixer.forward, context)
+    def forward(self, x, context=None, packing=None):
+        """x (B, T, D) [, context (B, Tc, D) with cross-attention] [, packing: a Packing of
+        the documents in each row] -> (y (B, T, D), BlockCache)."""
+        read = None if context is None else (lambda a: self.cross.forward(a, context))
+        if self.mixer is None:  # an MLP-only layer: every token on its own
+            return self.body(x, None, read)
+        mix = self.mixer.forward if packing is None else self._packed_mixer(packing)
+        return self.body(x, mix, read)
 
-    def prefill(self, x, state):
+    def _packed_mixer(self, packing):
+        """The mixer's forward on a packed batch: its own mask AND the same document, at
+        positions that restart per document (RoPE's; ALiBi and T5's bias read distances,
+        which inside a document are its own)."""
+        spec = self.spec.mixer
+        if not hasattr(self.mixer, "prefill") or not hasattr(spec, "mask"):
+            raise ValueError(f"Block: packed documents need an attention or MLA mixer; a "
+                             f"{type(spec).__name__} layer's recurrence would carry one "
+                             f"document's state into the next")
+        mask = packed_mask(spec.mask, packing.doc_ids)  # Mask(array=(B, 1, T, T))
+        positions = None if spec.rope is None else packing.positions  # (B, T)
+        return lambda a: self.mixer.forward(a, positions, mask)
+
+    def _read_state(self, context):
+        """The cross-attention as read(a) over a decoding context (CrossAttention.
+        context_state of the encoder output: its keys and values, computed once)."""
+        return None if context is None else (lambda a: (self.cross.read(a, context), None))
+
+    def prefill(self, x, state, context=None):
         """A whole prompt x (B, T, D) -> y (B, T, D), filling this layer's fresh state (a mixer
         without a prefill of its own, like the recurrent ones, decodes the prompt step by
-        step)."""
+        step); context: the cross-attention's decoding context, with cross-attention."""
+        read = self._read_state(context)
+        if self.mixer is None:
+            return self.body(x, None, read)[0]
         if hasattr(self.mixer, "prefill"):
-            return self._body(x, lambda a: (self.mixer.prefill(a, state), None))[0]
-        return self._body(x, lambda a: (np.stack(
+            return self.body(x, lambda a: (self.mixer.prefill(a, state), None), read)[0]
+        return self.body(x, lambda a: (np.stack(
             [self.mixer.decode(a[:, t], state, t) for t in range(a.shape[1])], axis=1),
-            None))[0]
+            None), read)[0]
 
-    def decode(self, x_t, state, position):
-        """One token: x_t (B, D) -> y_t (B, D), updating this layer's state in place."""
-        return self._body(x_t, lambda a: (self.mixer.decode(a, state, position), None))[0]
+    def decode(self, x_t, state, position, context=None):
+        """One token: x_t (B, D) -> y_t (B, D), updating this layer's state in place;
+        context: the cross-attention's decoding context, with cross-attention."""
+        read = self._read_state(context)
+        if self.mixer is None:
+            return self.body(x_t, None, read)[0]
+        return self.body(x_t, lambda a: (self.mixer.decode(a, state, position), None), read)[0]
 
     # ------------------------------------------------------------------ backward
     def _sublayer_backward(self, dy, cache, norm, out_norm, back):
@@ -142,6 +202,8 @@ class Block(Module):
         if c_cross is not None:  # fwd: h = sub(h, cross(., context))
             dh, dcontext = self._sublayer_backward(dh, c_cross, self.norm_cross, None,
                                                    self._cross_backward)
+        if c_mix is None:  # fwd: h = x (an MLP-only layer)
+            return dh if c_cross is None else {"x": dh, "context": dcontext}
         dx, _ = self._sublayer_backward(  # fwd: h = sub(x, mixer)
             dh, c_mix, self.norm1, self.post_mixer_norm,
             lambda dm, c: (self.mixer.backward(dm, c), None))

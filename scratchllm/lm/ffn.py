@@ -22,7 +22,7 @@ Glossary: D model width, F hidden width, E experts.
 import numpy as np
 
 from scratchllm.core import GeGLU, GeluMLP, ReluMLP, SwiGLU
-from scratchllm.moe import MoE
+from scratchllm.moe import MoE, SwitchMoE, SwitchOut
 from scratchllm.specs import FFNSpec, MoESpec
 
 
@@ -90,13 +90,43 @@ class MoEFFN(MoE):
         return counts / max(counts.sum(), 1)
 
 
+class SwitchFFN(SwitchMoE):
+    """Switch's sparse layer (moe/switch.py) as a Block's FFN: forward(x) -> (y, cache), the
+    router logits kept in the cache (router_logits) for the model's stack losses; backward(dy,
+    cache, dloss_aux) with dloss_aux the gradient on those logits (..., E) from the model, or
+    a number (no router loss: the logits get none)."""
+
+    def forward(self, x):
+        """x (..., D) -> (y (..., D), (the layer's cache, its router logits (..., E)))."""
+        out, cache = super().forward(x)
+        return out.y, (cache, out.logits)
+
+    def backward(self, dy, cache, dloss_aux=1.0):
+        dlogits = dloss_aux if isinstance(dloss_aux, np.ndarray) else None
+        return super().backward(SwitchOut(dy, dlogits), cache[0])
+
+    @staticmethod
+    def router_logits(cache):
+        return cache[1]
+
+    def aux_losses(self, cache):
+        return ()  # the stack's (lm/seq2seq.py: router_losses_forward)
+
+    def named_buffers(self):
+        return []
+
+    def after_step(self, caches, across=None):
+        return None
+
+
 GELU_FFNS = {"gelu_mlp": GeluMLPFFN, "geglu": GeGLUFFN}  # the FFNSpec kinds with gelu_approx
 
 
 def make_ffn(d_model, spec, *, rng, dtype):
     """The FFN Module of an FFNSpec or a MoESpec."""
     if isinstance(spec, MoESpec):
-        return MoEFFN(d_model, spec, rng=rng, dtype=dtype)
+        kind = MoEFFN if spec.expert_capacity is None else SwitchFFN
+        return kind(d_model, spec, rng=rng, dtype=dtype)
     if not isinstance(spec, FFNSpec):
         raise TypeError(f"make_ffn: spec must be an FFNSpec or a MoESpec, got "
                         f"{type(spec).__name__}")

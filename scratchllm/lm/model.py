@@ -9,9 +9,13 @@
              (-> c tanh(logits / c) with cfg.logit_softcap c: Gemma 2)
     loss = CE(logits, targets) + sum over layers of the FFN's aux terms
            (an MoE's balance_coef * aux + z_coef * z; none for a dense FFN)
+           + (lambda / D) sum_k L^k of D multi-token-prediction modules (cfg.mtp; lm/mtp.py)
 
 The backward runs the same chain in reverse: each Block calls its Modules' backwards, and the
 residual adds the skip gradient. A Module owns its Params; the caches live in the calls.
+A packed batch (`doc_ids`: several documents per row, Llama 3's document masking) attends
+within each document only, at positions that restart at each document, so each document's
+logits and gradients are what it alone would give.
 Decoding (`init_state`, then `decode`) feeds one token per call through per-layer states: a
 KVState (GQA), a RollingKVState (sliding window), a LatentKVState (MLA, absorbed form), and a
 MambaState (conv and SSM state).
@@ -24,12 +28,14 @@ import numpy as np
 
 from scratchllm.attention import sinusoidal_positions
 from scratchllm.core import fused
+from scratchllm.core.fp8 import full_precision
 from scratchllm.core.nn import Embedding, Linear, Module, Param
 from scratchllm.core.softcap import softcap_backward, softcap_forward
 from scratchllm.core.validate import expect_int, expect_ndim
-from scratchllm.lm.block import Block
+from scratchllm.lm.block import Block, make_packing
 from scratchllm.lm.heads import HeadTransform
 from scratchllm.lm.mixers import make_norm
+from scratchllm.lm.mtp import MTP
 from scratchllm.specs import ModelConfig
 
 
@@ -53,6 +59,7 @@ class LMCache(NamedTuple):
     head: tuple
     aux: list   # per layer: its FFN's weighted aux terms ((name, value), ...)
     softcap: tuple = None  # SoftcapCache of the capped logits (cfg.logit_softcap), else None
+    last: np.ndarray = None  # x_L (B, T, D), the last block's output (what MTP reads)
 
 
 class LossCache(NamedTuple):
@@ -60,6 +67,8 @@ class LossCache(NamedTuple):
     ce_cache: tuple
     ce: float     # the cross-entropy part of the loss, nats/token
     aux: float    # the FFNs' weighted auxiliary part (MoE balance and z terms)
+    mtp_cache: tuple = None  # MTPCache (with cfg.mtp), else None
+    mtp: float = 0.0  # the weighted multi-token-prediction part, (lambda / D) sum_k L^k
 
 
 class LM(Module):
@@ -94,6 +103,7 @@ class LM(Module):
             if cfg.head.transform else None
         self.head = None if cfg.tie_embeddings else Linear(D, V, rng=rng, dtype=dtype)
         self.head_bias = Param(np.zeros(V, dtype)) if cfg.head.bias else None
+        self.mtp = None if cfg.mtp is None else MTP(cfg, rng=rng, dtype=dtype)  # lm/mtp.py
 
     @property
     def dtype(self):
@@ -105,48 +115,70 @@ class LM(Module):
         return [(f"layers.{i}.{name}", b) for i, layer in enumerate(self.layers)
                 for name, b in layer.named_buffers()]
 
-    def forward(self, ids=None, *, input_ids=None):
+    def forward(self, ids=None, *, input_ids=None, doc_ids=None):
         """ids (B, T) ints -> (logits (B, T, V), LMCache). The ids go positionally or by
-        transformers' keyword, forward(input_ids=ids); exactly one of the two."""
+        transformers' keyword, forward(input_ids=ids); exactly one of the two. doc_ids (B, T)
+        ints: a packed batch, the document of each token (each run of equal ids along a row
+        is one document); attention stays inside each document and positions restart."""
         if (ids is None) == (input_ids is None):
             raise TypeError("LM.forward: give the token ids once, as forward(ids) or "
                             "forward(input_ids=ids)")
-        return self._forward(input_ids if ids is None else ids)
+        return self._forward(input_ids if ids is None else ids, doc_ids=doc_ids)
 
-    def _forward(self, ids, types=None):
+    def _forward(self, ids, types=None, doc_ids=None):
         """forward, with the token types (B, T) ints of a config with type_vocab_size (None:
         all 0)."""
-        expect_int("LM", "ids", ids)
-        expect_ndim("LM", "ids", ids, 2, "(B, T)")
+        self._check_ids("LM", "ids", ids, "(B, T)")
         if ids.shape[1] < 1:
             raise ValueError(f"LM: ids has shape {ids.shape}: no tokens (T must be >= 1)")
-        x, c_emb = self._embed_forward(ids, types=types)  # (B, T, D)
-        logits, cache = self.trunk_forward(x)  # (B, T, V)
+        packing = None if doc_ids is None else make_packing("LM", ids, doc_ids)
+        x, c_emb = self._embed_forward(  # (B, T, D)
+            ids, types=types, positions=None if packing is None else packing.positions)
+        logits, cache = self.trunk_forward(x, packing)  # (B, T, V)
         return logits, cache._replace(embed=c_emb)
 
-    def trunk_forward(self, x):
+    def trunk_forward(self, x, packing=None):
         """Everything after the embedding: x_0 (B, T, D) (the embedding's output, or one a
-        vision-language model has put image features into) -> (logits (B, T, V), LMCache
-        with embed None)."""
+        vision-language model has put image features into) [, packing: a packed batch's
+        Packing] -> (logits (B, T, V), LMCache with embed None)."""
+        x, cache = self._blocks_forward(x, packing)  # (B, T, D) x_L
+        logits, (cn, ch, c_cap) = self.head_forward(x)  # (B, T, V)
+        return logits, cache._replace(norm=cn, head=ch, softcap=c_cap)
+
+    def head_forward(self, x):
+        """The model's end on the last block's output x (B, T, D): final norm, head and
+        soft-cap -> (logits (B, T, V), (norm, head, cap) caches). A pipeline's last stage
+        runs it alone."""
+        h, cn = self._norm_forward(x)  # (B, T, D)
+        logits, (ch, c_cap) = self.output_forward(h)  # (B, T, V)
+        return logits, (cn, ch, c_cap)
+
+    def _blocks_forward(self, x, packing=None):
+        """x_0 -> (x_L (B, T, D), LMCache of the blocks, with x_L as .last)."""
         blocks = []
         for layer in self.layers:
-            x, c = layer.forward(x)  # (B, T, D)
+            x, c = layer.forward(x, packing=packing)  # (B, T, D)
             blocks.append(c)
-        h, cn = self._norm_forward(x)  # (B, T, D)
-        logits, ch = self._head_forward(h)  # (B, T, V)
-        logits, c_cap = self._cap(logits)  # (B, T, V)
         aux = [layer.aux_losses(c) for layer, c in zip(self.layers, blocks)]
-        return logits, LMCache(None, blocks, cn, ch, aux, c_cap)
+        return x, LMCache(None, blocks, None, None, aux, None, x)
 
-    def _embed_forward(self, ids, start=0, types=None):
+    def _blocks_backward(self, dx, cache, dloss_aux):
+        """Reverse of _blocks_forward: dx_L (B, T, D) -> dx_0."""
+        for layer, c in zip(reversed(self.layers), reversed(cache.blocks)):
+            dx = layer.backward(dx, c, dloss_aux)  # fwd: x_l = block_l(x_{l-1})
+        return dx
+
+    def _embed_forward(self, ids, start=0, types=None, positions=None):
         """x_0 = E[ids] (+ P[start + t]: sinusoidal, a constant with no backward, or a learned
-        table) (+ S[types]) (then embed_norm) -> (x (B, T, D), caches)."""
+        table; P[positions] when given, (B, T) ints) (+ S[types]) (then embed_norm)
+        -> (x (B, T, D), caches)."""
         x, c_tok = self.embed.forward(ids)  # (B, T, D)
         pad = None if self.cfg.pad_id is None else (ids == self.cfg.pad_id)[..., None]
         if self.cfg.embed_scale:  # Gemma: E[ids] * sqrt(D), sqrt(D) in the weights' dtype
             x = x * np.asarray(self.cfg.d_model ** 0.5, x.dtype)  # (B, T, D)
-        start = np.reshape(start, (-1, 1))  # (1 | B, 1): one start, or one per row
-        positions = np.broadcast_to(start + np.arange(ids.shape[1]), ids.shape)  # (B, T)
+        if positions is None:
+            start = np.reshape(start, (-1, 1))  # (1 | B, 1): one start, or one per row
+            positions = np.broadcast_to(start + np.arange(ids.shape[1]), ids.shape)  # (B, T)
         if self.cfg.positions == "sinusoidal":
             table = sinusoidal_positions(int(positions.max()) + 1, x.shape[2])  # (P, D)
             x = x + table[positions].astype(x.dtype)  # (B, T, D)
@@ -183,10 +215,34 @@ class LM(Module):
     def _head_forward(self, h):
         """logits = t(h) @ W_head (+ b) -> (logits (..., V), HeadCache)."""
         h, c_t = (h, None) if self.transform is None else self.transform.forward(h)
-        logits, c = self.embed.attend(h) if self.head is None else self.head.forward(h)
+        with full_precision():  # the output head stays out of FP8 training (DeepSeek-V3's)
+            logits, c = self.embed.attend(h) if self.head is None else self.head.forward(h)
         if self.head_bias is not None:
             logits = logits + self.head_bias.data  # (..., V)
         return logits, HeadCache(c_t, c)
+
+    def output_forward(self, h):
+        """The output head on a normed h (..., D): logits = cap(t(h) @ W_head (+ b)) ->
+        (logits (..., V), its cache) (shared with the MTP modules)."""
+        logits, ch = self._head_forward(h)  # (..., V)
+        logits, c_cap = self._cap(logits)  # (..., V)
+        return logits, (ch, c_cap)
+
+    def output_backward(self, dlogits, cache):
+        """The backward of output_forward: dlogits (..., V) -> dh (..., D); the head's Params
+        (a tied head's E) get their gradients."""
+        ch, c_cap = cache
+        if c_cap is not None:
+            dlogits = softcap_backward(dlogits, c_cap)["x"]  # fwd: logits = c tanh(z / c)
+        if self.head_bias is not None:  # fwd: logits = ... + b
+            self.head_bias.grad += dlogits.reshape(-1, dlogits.shape[-1]).sum(0)
+        if self.head is None:
+            dh = self.embed.attend_backward(dlogits, ch.proj)  # fwd: logits = t @ E^T
+        else:
+            dh = self.head.backward(dlogits, ch.proj)  # fwd: logits = t @ W_head
+        if ch.transform is not None:
+            dh = self.transform.backward(dh, ch.transform)  # fwd: t = transform(h)
+        return dh
 
     def _cap(self, logits):
         """(c tanh(logits / c), its cache) with cfg.logit_softcap c, else (logits, None)."""
@@ -194,12 +250,17 @@ class LM(Module):
             return logits, None
         return softcap_forward(logits, cap=self.cfg.logit_softcap)  # (..., V)
 
-    def backward(self, dlogits, cache, dloss_aux=1.0):
+    def backward(self, dlogits, cache, dloss_aux=1.0, dlast=None):
         """dlogits (B, T, V) -> Param grads (+=). Every FFN aux term of the loss gets the
         gradient dloss_aux (an MoE layer's balance loss dloss_aux * balance_coef, its z-loss
-        dloss_aux * z_coef)."""
-        c_emb = cache.embed
-        dx = self.trunk_backward(dlogits, cache, dloss_aux)  # (B, T, D)
+        dloss_aux * z_coef); dlast (B, T, D): a gradient on x_L from beyond the head (MTP's)."""
+        dx = self.trunk_backward(dlogits, cache, dloss_aux, dlast)  # (B, T, D)
+        self.embed_backward(dx, cache.embed)
+
+    def embed_backward(self, dx, c_emb):
+        """The embedding's backward: dx_0 (B, T, D) -> the embedding tables' gradients (+=),
+        the reverse of _embed_forward; c_emb: the EmbedCache of the forward (LMCache.embed).
+        A pipeline's first stage runs it alone."""
         if c_emb.norm is not None:
             dx = self.embed_norm.backward(dx, c_emb.norm)  # fwd: x_0 = embed_norm(s)
         if c_emb.types is not None:
@@ -212,44 +273,66 @@ class LM(Module):
             dx = np.where(c_emb.pad, 0, dx).astype(dx.dtype, copy=False)  # (B, T, D)
         self.embed.backward(dx, c_emb.tok)  # fwd: x_0 = E[ids]
 
-    def trunk_backward(self, dlogits, cache, dloss_aux=1.0):
-        """The backward of trunk_forward: dlogits (B, T, V) -> dx_0 (B, T, D), the Params
-        after the embedding getting their gradients (a tied head's into E)."""
-        _, blocks, cn, ch, _, c_cap = cache
-        if c_cap is not None:
-            dlogits = softcap_backward(dlogits, c_cap)["x"]  # fwd: logits = c tanh(z / c)
-        if self.head_bias is not None:  # fwd: logits = ... + b
-            self.head_bias.grad += dlogits.reshape(-1, dlogits.shape[-1]).sum(0)
-        if self.head is None:
-            dh = self.embed.attend_backward(dlogits, ch.proj)  # fwd: logits = t @ E^T
-        else:
-            dh = self.head.backward(dlogits, ch.proj)  # fwd: logits = t @ W_head
-        if ch.transform is not None:
-            dh = self.transform.backward(dh, ch.transform)  # fwd: t = transform(h)
-        dx = dh if cn is None else self.norm.backward(dh, cn)  # fwd: h = norm(x_L)
-        for layer, c in zip(reversed(self.layers), reversed(blocks)):
-            dx = layer.backward(dx, c, dloss_aux)  # fwd: x_l = block_l(x_{l-1})
-        return dx
+    def encode(self, ids):
+        """An encoder's output: ids (B, T) -> (h (B, T, D), the final norm's output (x_L
+        without final_norm), LMCache with head None): what pooling reads (core/pooling.py)."""
+        self._check_ids("LM.encode", "ids", ids, "(B, T)")
+        x, c_emb = self._embed_forward(ids)  # (B, T, D)
+        x, cache = self._blocks_forward(x)  # (B, T, D) x_L
+        h, cn = self._norm_forward(x)  # (B, T, D)
+        return h, cache._replace(embed=c_emb, norm=cn)
 
-    def loss(self, ids, targets):
+    def encode_backward(self, dh, cache, dloss_aux=0.0):
+        """dh (B, T, D) of encode's output -> every Param's grad (+=) below the head
+        (dloss_aux: the loss's gradient on the MoE aux terms, 0 when they are left out)."""
+        dx = dh if cache.norm is None else self.norm.backward(dh, cache.norm)  # h = norm(x_L)
+        self.embed_backward(self._blocks_backward(dx, cache, dloss_aux), cache.embed)
+
+    def trunk_backward(self, dlogits, cache, dloss_aux=1.0, dlast=None):
+        """The backward of trunk_forward: dlogits (B, T, V) -> dx_0 (B, T, D), the Params
+        after the embedding getting their gradients (a tied head's into E); dlast as
+        backward's."""
+        dx = self.head_backward(dlogits, (cache.norm, cache.head, cache.softcap))  # (B, T, D)
+        if dlast is not None:
+            dx = dx + dlast  # fwd: x_L also feeds MTP module 1
+        return self._blocks_backward(dx, cache, dloss_aux)  # fwd: x_L = blocks(x_0)
+
+    def head_backward(self, dlogits, caches):
+        """The backward of head_forward: dlogits (B, T, V) -> dx_L (B, T, D), the head's and
+        the final norm's Params getting their gradients (a tied head's into E)."""
+        cn, ch, c_cap = caches
+        dh = self.output_backward(dlogits, (ch, c_cap))  # fwd: logits = out(h)
+        return dh if cn is None else self.norm.backward(dh, cn)  # fwd: h = norm(x_L)
+
+    def loss(self, ids, targets, doc_ids=None):
         """Cross-entropy of next tokens plus the FFNs' weighted auxiliary terms.
 
-        Inputs: ids, targets (B, T) ints.  Returns: (loss 0-d array, LossCache with .ce).
+        Inputs: ids, targets (B, T) ints; doc_ids (B, T) ints for a packed batch (forward's).
+        Returns: (loss 0-d array, LossCache with .ce).
         """
-        logits, cache = self.forward(ids)  # (B, T, V)
+        if doc_ids is not None and self.mtp is not None:
+            raise ValueError("LM.loss: packed documents (doc_ids) with MTP modules: the MTP "
+                             "modules would predict across document boundaries; train one "
+                             "or the other")
+        packed = {} if doc_ids is None else {"doc_ids": doc_ids}  # (a subclass's forward
+        logits, cache = self.forward(ids, **packed)  # (B, T, V)      may take no doc_ids)
         ce, c_ce = fused.CROSS_ENTROPY.forward(logits, targets)
         aux = sum(sum(value for _, value in terms) for terms in cache.aux)
-        total = np.asarray(ce + aux, dtype=logits.dtype)
-        return total, LossCache(cache, c_ce, float(ce), float(aux))
+        mtp, c_mtp = (0.0, None) if self.mtp is None else \
+            self.mtp.loss(self, cache.last, ids, targets)  # (lambda / D) sum_k L^k
+        total = np.asarray(ce + aux + mtp, dtype=logits.dtype)
+        return total, LossCache(cache, c_ce, float(ce), float(aux), c_mtp, float(mtp))
 
     def loss_backward(self, dloss, cache):
         """Gradients of `loss` (times dloss) into every Param.grad (+=)."""
         dlogits = fused.CROSS_ENTROPY.backward(np.asarray(dloss, self.dtype), cache.ce_cache)
-        self.backward(dlogits["logits"], cache.lm, dloss_aux=dloss)
+        dlast = None if cache.mtp_cache is None else \
+            self.mtp.loss_backward(self, dloss, cache.mtp_cache)  # (B, T, D)
+        self.backward(dlogits["logits"], cache.lm, dloss_aux=dloss, dlast=dlast)
 
-    def cross_entropy(self, ids, targets):
-        """Mean next-token cross-entropy (nats/token), forward only."""
-        logits, _ = self.forward(ids)
+    def cross_entropy(self, ids, targets, doc_ids=None):
+        """Mean next-token cross-entropy (nats/token), forward only (doc_ids: forward's)."""
+        logits, _ = self.forward(ids, **({} if doc_ids is None else {"doc_ids": doc_ids}))
         return float(fused.CROSS_ENTROPY.forward(logits, targets)[0])
 
     def after_step(self, caches, across=None):
@@ -284,16 +367,32 @@ class LM(Module):
     # ------------------------------------------------------------------ decoding
     def init_state(self, batch, max_len):
         """Per-layer decoding states for `batch` sequences of up to max_len tokens."""
-        return [layer.mixer.init_state(batch, max_len) for layer in self.layers]
+        return DecodeState([None if layer.mixer is None else  # an MLP-only layer keeps nothing
+                            layer.mixer.init_state(batch, max_len) for layer in self.layers],
+                           batch)
 
     def prefill(self, ids, state):
         """The prompt ids (B, T) at positions 0..T-1 in one forward pass per layer, filling
         every layer's fresh state (from init_state) as T decode calls would. Returns the
         logits (B, T, V); decoding continues with decode(ids_t, state, T)."""
-        expect_int("LM.prefill", "ids", ids)
-        expect_ndim("LM.prefill", "ids", ids, 2, "(B, T)")
+        self._check_ids("LM.prefill", "ids", ids, "(B, T)", state)
         x, _ = self._embed_forward(ids)  # (B, T, D)
         return self.trunk_prefill(x, state)
+
+    def _check_ids(self, fn, name, ids, layout, state=None):
+        """ids an integer array with the axes of `layout`, every id in [0, vocab_size), and
+        as many rows as a state from init_state was made for: errors name `fn`, the method
+        the user called."""
+        expect_int(fn, name, ids)
+        expect_ndim(fn, name, ids, layout.count(",") + 1 - layout.endswith(",)"), layout)
+        V = self.cfg.vocab_size
+        if ids.size and (ids.min() < 0 or ids.max() >= V):
+            raise ValueError(f"{fn}: {name} must lie in [0, {V}) (the vocabulary), got values "
+                             f"in [{ids.min()}, {ids.max()}]")
+        batch = getattr(state, "batch", ids.shape[0])
+        if ids.shape[0] != batch:
+            raise ValueError(f"{fn}: {name} has {ids.shape[0]} rows, but the state was made "
+                             f"for a batch of {batch} (init_state)")
 
     def trunk_prefill(self, x, state):
         """prefill after the embedding: x_0 (B, T, D) -> logits (B, T, V), filling state."""
@@ -307,17 +406,27 @@ class LM(Module):
         position is an int, or (B,) ints, one per row: requests at different lengths share a
         batch, a row at position 0 starts a new sequence (attention and MLA states only: a
         recurrent state keeps no positions, so its rows must stay in step)."""
-        if np.ndim(position) and not all(hasattr(st, "lengths") for st in state):
+        if np.ndim(position) and not all(st is None or hasattr(st, "lengths") for st in state):
             if (np.asarray(position) != np.asarray(position).flat[0]).any():
                 raise ValueError("LM.decode: one position per row needs attention or MLA "
                                  "layers (a recurrent state keeps no positions); give the "
                                  "rows one int position")
-        x, _ = self._embed_forward(np.asarray(ids_t)[:, None], position)  # (B, 1, D)
+        self._check_ids("LM.decode", "ids_t", ids_t, "(B,)", state)
+        x, _ = self._embed_forward(ids_t[:, None], position)  # (B, 1, D)
         x = x[:, 0]  # (B, D)
         for layer, st in zip(self.layers, state):
             x = layer.decode(x, st, position)  # (B, D)
         h, _ = self._norm_forward(x)  # (B, D)
         return self._cap(self._head_forward(h)[0])[0]  # (B, V)
+
+
+class DecodeState(list):
+    """init_state's per-layer decoding states, with the batch they were made for (so decode
+    and prefill can refuse ids of another batch by name)."""
+
+    def __init__(self, states, batch):
+        super().__init__(states)
+        self.batch = batch
 
 
 def loss_pair(model):

@@ -16,7 +16,8 @@ import codecs
 
 import numpy as np
 
-from scratchllm.tokenizer import EOT
+from scratchllm.lm.seq2seq import Seq2SeqLM
+from scratchllm.tokenizer import EOT, heal_table, token_bytes
 
 
 def sample_next(logits, rng, temperature=1.0, top_k=None, top_p=None):
@@ -48,16 +49,22 @@ def sample_next(logits, rng, temperature=1.0, top_k=None, top_p=None):
     return int(rng.choice(p.size, p=p))
 
 
-def generate_ids(model, prompt_ids, max_new_tokens, rng, stop_ids=(), **sampling):
+def generate_ids(model, prompt_ids, max_new_tokens, rng, stop_ids=(), first_allowed=None,
+                 **sampling):
     """Yield up to max_new_tokens sampled ids after prompt_ids (a non-empty list), feeding
     the prompt through model.prefill (one forward) and each new token through model.decode,
-    with one state per layer; a sampled id in stop_ids ends it (and is not yielded)."""
+    with one state per layer; a sampled id in stop_ids ends it (and is not yielded).
+    first_allowed: a boolean mask (V,) of the ids the first sampled token may be (token
+    healing), or None."""
     if not prompt_ids:
         raise ValueError("generate: the prompt must hold at least one token")
     state = model.init_state(batch=1, max_len=len(prompt_ids) + max_new_tokens)
     logits = model.prefill(np.array([prompt_ids]), state)[:, -1]  # (1, V)
     for pos in range(len(prompt_ids), len(prompt_ids) + max_new_tokens):
-        t = sample_next(logits[0], rng, **sampling)
+        z = logits[0]
+        if first_allowed is not None and pos == len(prompt_ids):
+            z = np.where(first_allowed[:z.size], z, -np.inf)  # (V,)
+        t = sample_next(z, rng, **sampling)
         if t in stop_ids:
             return
         yield t
@@ -65,27 +72,112 @@ def generate_ids(model, prompt_ids, max_new_tokens, rng, stop_ids=(), **sampling
             logits = model.decode(np.array([t]), state, pos)  # (1, V)
 
 
+def generate_seq2seq_ids(model, source_ids, max_new_tokens, rng, stop_ids=(), **sampling):
+    """Yield up to max_new_tokens ids an encoder-decoder (Seq2SeqLM) samples after its
+    decoder start id, given source_ids (a non-empty list): the encoder runs once
+    (init_state keeps each decoder layer's cross-attention keys and values), then one decode
+    per token; a sampled id in stop_ids ends it (and is not yielded)."""
+    if not source_ids:
+        raise ValueError("generate: the source must hold at least one token")
+    state = model.init_state(1, max(max_new_tokens, 1), input_ids=np.array([source_ids]))
+    t = model.cfg.decoder_start_id
+    for pos in range(max_new_tokens):
+        t = sample_next(model.decode(np.array([t]), state, pos)[0], rng, **sampling)
+        if t in stop_ids:
+            return
+        yield t
+
+
+def heal(tokenizer, prompt_ids, vocab_size):
+    """Token healing (Lundberg 2023, the guidance library's "token healing"): a prompt that
+    ends mid-word ("https:") ends on a token the model rarely saw there, since training text
+    was tokenized whole ("https://" is one token). Back up over the last prompt token, and let
+    the first sampled token be any token whose bytes start with the removed token's bytes, so
+    the model itself chooses how the boundary is spelled. Returns (shorter prompt ids, mask
+    (V,) of the allowed first ids, the removed bytes); the prompt unchanged and None when the
+    tokenizer does not expose its tokens' bytes or the prompt has one token."""
+    table = token_bytes(tokenizer)
+    if table is None or len(prompt_ids) < 2 or prompt_ids[-1] not in table:
+        return list(prompt_ids), None, b""
+    shorter, allowed = heal_table(table, prompt_ids, vocab_size)
+    return shorter, allowed, table[prompt_ids[-1]]
+
+
+def stream_text(tokenizer, ids, context=()):
+    """Yield the text of ids as they arrive. A tokenizer with decode_bytes streams through an
+    incremental UTF-8 decoder; any other decodes context + ids so far and yields what was
+    added (a trailing U+FFFD, half a character, waits for the next id), so decoders that
+    treat the first token specially (Metaspace) see the ids in place."""
+    if hasattr(tokenizer, "decode_bytes"):
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        for t in ids:
+            piece = decoder.decode(tokenizer.decode_bytes([t]))
+            if piece:
+                yield piece
+        tail = decoder.decode(b"", final=True)
+        if tail:
+            yield tail
+        return
+    seen, done = list(context), tokenizer.decode(list(context))
+    for t in ids:
+        seen.append(t)
+        text = tokenizer.decode(seen)
+        if text.endswith("\ufffd"):
+            continue
+        k = len(done) if text.startswith(done) else \
+            next((j for j, (a, b) in enumerate(zip(text, done)) if a != b), len(done))
+        if text[k:]:
+            yield text[k:]
+        done = text
+    text = tokenizer.decode(seen)
+    if len(text) > len(done):
+        yield text[len(done):]
+
+
 def generate(model, tokenizer, prompt, max_new_tokens=100, rng=None, allow_special=False,
              stop_ids=(), **sampling):
     """Yield text pieces as they are sampled (stops early at <|endoftext|> or an id in
-    stop_ids, e.g. a Hugging Face config's eos_token_id). An empty prompt
-    starts from <|endoftext|>, i.e. at the start of a document. The prompt is ordinary text
-    (a special-token string in it never becomes the control token) unless allow_special."""
+    stop_ids, e.g. a Hugging Face config's eos_token_id). prompt: text, or a list of ids
+    sent as they are (a chat template's ids, tokenizer.chat.encode_chat). An empty prompt
+    starts from <|endoftext|>, i.e. at the start of a document. The prompt text is ordinary
+    text (a special-token string in it never becomes the control token) unless allow_special.
+    sampling: sample_next's temperature, top_k, top_p, and heal=True for token healing (the
+    yielded text then starts with the rest of the healed token; see heal).
+    With an encoder-decoder (Seq2SeqLM) the prompt is the source, ended by the tokenizer's
+    post-processor suffix (T5's </s>), and the pieces are the decoder's output."""
     rng = np.random.default_rng() if rng is None else rng
+    healing = sampling.pop("heal", False)
     eot = tokenizer.special_tokens.get(EOT)
-    if not prompt:
+    if isinstance(model, Seq2SeqLM):  # the prompt is the source, with the tokenizer's
+        encode = tokenizer.encode if allow_special else tokenizer.encode_ordinary  # suffix
+        extra = {"add_special_tokens": True} if hasattr(tokenizer, "suffix") else {}
+        source = list(prompt) if isinstance(prompt, (list, tuple)) else \
+            list(encode(prompt, **extra))
+        ids = generate_seq2seq_ids(model, source, max_new_tokens, rng,
+                                   stop_ids={eot, *stop_ids} - {None}, **sampling)
+        yield from stream_text(tokenizer, ids)
+        return
+    if isinstance(prompt, (list, tuple)):
+        prompt_ids = [int(i) for i in prompt]
+    elif not prompt:
         prompt_ids = [eot]
     elif allow_special:
         prompt_ids = tokenizer.encode(prompt, allowed_special="all")
     else:
         prompt_ids = tokenizer.encode_ordinary(prompt)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    allowed, tail = None, b""
+    if healing:
+        prompt_ids, allowed, tail = heal(tokenizer, prompt_ids, model.cfg.vocab_size)
     stop = {eot, *stop_ids} - {None}
-    for t in generate_ids(model, list(prompt_ids), max_new_tokens, rng, stop_ids=stop,
-                          **sampling):
-        piece = decoder.decode(tokenizer.decode_bytes([t]))
+    ids = generate_ids(model, list(prompt_ids), max_new_tokens, rng, stop_ids=stop,
+                       first_allowed=allowed, **sampling)
+    pieces = stream_text(tokenizer, ids, prompt_ids[-1:])
+    if not tail:
+        yield from pieces
+        return
+    skip = tail.decode("utf-8", "replace")  # the prompt already shows the healed token's
+    for piece in pieces:                     # start: yield only what extends it
+        cut = min(len(skip), len(piece))
+        piece, skip = piece[cut:], skip[cut:]
         if piece:
             yield piece
-    tail = decoder.decode(b"", final=True)
-    if tail:
-        yield tail

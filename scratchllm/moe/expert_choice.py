@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core import ops
-from scratchllm.core.validate import expect_dout, expect_positive
+from scratchllm.core.validate import common_float, expect_dout, expect_positive
 from scratchllm.moe.experts import ExpertsCache, check_layer, experts_backward, experts_forward
 
 
@@ -45,6 +45,7 @@ def expert_choice_forward(x, w_router, w1, w3, w2, *, capacity_factor=2.0):
     Inputs:  x (..., D), w_router (D, E), w1/w3 (E, D, F), w2 (E, F, D), capacity_factor c > 0.
     Returns: y (..., D).  Cache: ExpertChoiceCache (.token_idx, .experts_per_token).
     """
+    x, w_router, w1, w3, w2 = common_float(x, w_router, w1, w3, w2)
     xf, E = check_layer("expert_choice", x, w_router, w1, w3, w2)  # (BT, D)
     BT = xf.shape[0]
     expect_positive("expert_choice", "capacity_factor", capacity_factor)

@@ -26,8 +26,9 @@ import numpy as np
 
 from scratchllm.core import fused, ops
 from scratchllm.core.gelu import gelu_mlp_backward, gelu_mlp_forward
-from scratchllm.core.validate import (expect_dout, expect_float, expect_int, expect_ndim,
-                                      expect_positive, expect_shape)
+from scratchllm.core.relu import relu_mlp_backward, relu_mlp_forward
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_int,
+                                      expect_ndim, expect_positive, expect_shape)
 
 
 # ---------------------------------------------------------------------------- experts
@@ -132,6 +133,7 @@ def experts_forward(xs, bounds, w1, w3, w2):
     Returns: ys (M, D).  Cache: ExpertsCache of the per-expert SWIGLU TwinCaches (each holds
              its twin's backward; None for an expert with no rows).
     """
+    xs, w1, w3, w2 = common_float(xs, w1, w3, w2)
     expect_float("experts", "xs", xs, 2)
     expect_shape("experts", "w1", w1, (None, xs.shape[1], None), "(E, D, F)")
     expect_shape("experts", "w3", w3, w1.shape, "(E, D, F), like w1")
@@ -172,8 +174,10 @@ def clamped_swiglu_forward(x, gate_up, gate_up_b, down, down_b, *, alpha=1.702, 
     if gate_up.shape[1] % 2:
         raise ValueError(f"clamped_swiglu: gate_up has shape {gate_up.shape}, expected (D, 2F) "
                          f"with an even number of interleaved gate/up columns")
-    expect_shape("clamped_swiglu", "down", down, (gate_up.shape[1] // 2, x.shape[-1]),
-                 "(F, D) with 2F = gate_up.shape[1], D = x.shape[-1]")
+    fn = "clamped_swiglu"
+    ops.expect_linear(fn, x.shape[-1], gate_up, gate_up_b, ("gate_up", "gate_up_b"))
+    ops.expect_linear(fn, gate_up.shape[1] // 2, down, down_b, ("down", "down_b"),
+                      d_out=x.shape[-1])
     expect_positive("clamped_swiglu", "alpha", alpha)
     expect_positive("clamped_swiglu", "limit", limit)
     h, up_cache = ops.linear_forward(x, gate_up, gate_up_b)  # (..., 2F)
@@ -233,6 +237,7 @@ def clamped_experts_forward(xs, bounds, gate_up, gate_up_b, down, down_b, *, alp
              gate_up_b (E, 2F), down (E, F, D), down_b (E, D); alpha, limit.
     Returns: ys (M, D).  Cache: ExpertsCache of the per-expert clamped_swiglu caches.
     """
+    xs, gate_up, gate_up_b, down, down_b = common_float(xs, gate_up, gate_up_b, down, down_b)
     fn = "clamped_experts"
     weights = dict(gate_up=gate_up, gate_up_b=gate_up_b, down=down, down_b=down_b)
     _expect_floats(fn, xs, weights, "(E, D, 2F)")
@@ -260,6 +265,7 @@ def mlp_experts_forward(xs, bounds, w1, b1, w2, b2):
              w2 (E, F, D), b2 (E, D).
     Returns: ys (M, D).  Cache: ExpertsCache of the per-expert gelu_mlp caches.
     """
+    xs, w1, b1, w2, b2 = common_float(xs, w1, b1, w2, b2)
     fn = "mlp_experts"
     weights = dict(w1=w1, b1=b1, w2=w2, b2=b2)
     _expect_floats(fn, xs, weights, "(E, D, F)")
@@ -278,6 +284,30 @@ def mlp_experts_backward(dys, cache):
                           dict(w1="W1", b1="b1", w2="W2", b2="b2"))
 
 
+def relu_experts_forward(xs, bounds, w1, w2):
+    """Expert i runs relu_mlp (y = max(x w1_i, 0) w2_i, no biases: Switch Transformers'
+    experts) on its rows xs[bounds[i]:bounds[i+1]].
+
+    Inputs:  xs (M, D) rows sorted by expert, bounds (E+1,), w1 (E, D, F), w2 (E, F, D).
+    Returns: ys (M, D).  Cache: ExpertsCache of the per-expert relu_mlp caches.
+    """
+    xs, w1, w2 = common_float(xs, w1, w2)
+    fn = "relu_experts"
+    weights = dict(w1=w1, w2=w2)
+    _expect_floats(fn, xs, weights, "(E, D, F)")
+    E, D, F = w1.shape
+    expect_shape(fn, "w1", w1, (E, xs.shape[1], F), f"(E, D, F) with D = {xs.shape[1]}")
+    expect_shape(fn, "w2", w2, (E, F, D), "(E, F, D), matching w1 (E, D, F)")
+    _check_bounds(fn, bounds, E, xs.shape[0])
+    return _run_experts(xs, bounds, relu_mlp_forward, weights)
+
+
+def relu_experts_backward(dys, cache):
+    """Each expert slice through relu_mlp_backward; no rows -> zeros. Returns {xs, w1, w2}."""
+    return _experts_grads("relu_experts_backward", dys, cache, relu_mlp_backward,
+                          dict(w1="W1", w2="W2"))
+
+
 # ---------------------------------------------------------------------------- dispatch
 class Dispatch(NamedTuple):
     slots: np.ndarray  # (M,) kept slot ids n*K + j, sorted by expert, token order inside
@@ -288,21 +318,26 @@ class Dispatch(NamedTuple):
     capacity: int  # C (BT*K when there is no capacity)
 
 
-def dispatch(topk_idx, E, capacity):
-    """Sort the BT K slots by expert once and keep the first `capacity` of each expert.
+def dispatch(topk_idx, E, capacity, group=None):
+    """Sort the BT K slots by expert once and keep the first `capacity` of each expert (in
+    each group of `group` consecutive tokens, when given: Switch's capacity per sequence).
 
-    Inputs:  topk_idx (BT, K), E, capacity C (int).
+    Inputs:  topk_idx (BT, K), E, capacity C (int), group (int dividing BT) or None.
     Returns: Dispatch.  Cost O(BTK log BTK): never BT x E.
     """
+    BT, k = topk_idx.shape
+    n_groups = 1 if group is None else BT // group
     flat = topk_idx.ravel()  # (BTK,)
-    order = np.argsort(flat, kind="stable")  # (BTK,) by expert, then slot = token order
-    counts = np.bincount(flat, minlength=E)  # (E,)
-    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))  # (E,)
-    rank = np.arange(flat.size) - starts[flat[order]]  # (BTK,) position inside the expert
+    key = flat * n_groups + (0 if group is None else np.arange(flat.size) // k // group)
+    order = np.argsort(key, kind="stable")  # (BTK,) by expert, group, then token order
+    counts = np.bincount(key, minlength=E * n_groups)  # (E * groups,)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))  # (E * groups,)
+    rank = np.arange(flat.size) - starts[key[order]]  # (BTK,) position inside its expert
     keep = rank < capacity  # (BTK,)
-    kept = np.minimum(counts, capacity)  # (E,)
+    kept = np.minimum(counts, capacity).reshape(E, n_groups).sum(axis=1)  # (E,)
     bounds = np.concatenate(([0], np.cumsum(kept)))  # (E+1,)
-    return Dispatch(order[keep], bounds, counts, kept, int(flat.size - keep.sum()), capacity)
+    return Dispatch(order[keep], bounds, counts.reshape(E, n_groups).sum(axis=1), kept,
+                    int(flat.size - keep.sum()), capacity)
 
 
 def capacity_of(BT, k, E, capacity_factor):

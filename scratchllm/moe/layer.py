@@ -26,7 +26,7 @@ import numpy as np
 from scratchllm.core import fused, ops
 from scratchllm.core.gelu import gelu_mlp_forward
 from scratchllm.core.nn import Module, Param, normal_init
-from scratchllm.core.validate import expect_douts, expect_instance, expect_shape
+from scratchllm.core.validate import common_float, expect_douts, expect_instance, expect_shape
 from scratchllm.moe.experts import (Dispatch, ExpertsCache, capacity_of, check_clamped_layer,
                                     check_layer, check_mlp_layer, clamped_experts_backward,
                                     clamped_experts_forward, clamped_swiglu_forward, dispatch,
@@ -102,6 +102,9 @@ def _check_moe(fn, x, w, spec):
     one; E, F and Fs agree with the spec (router_forward checks b_router)."""
     expect_instance(fn, "spec", spec, MoESpec)
     expect_instance(fn, "w", w, MoEWeights)
+    if spec.expert_capacity is not None or spec.experts.kind == "relu":
+        raise ValueError(f"{fn}: expert_capacity={spec.expert_capacity} and ReLU experts are "
+                         f"Switch's layer: moe.switch_moe_forward (SwitchMoE)")
     kind, names = spec.experts.kind, EXPERTS[spec.experts.kind]
     given = tuple(n for n in EXPERT_FIELDS if getattr(w, n) is not None)
     if sorted(given) != sorted(names):
@@ -150,6 +153,7 @@ def moe_forward(x, w, *, spec, selection_bias=None):
     Returns: MoEOut(y (..., D), aux 0-d balance loss, z 0-d router z-loss).
     Cache:   MoECache; .tokens_per_expert (E,) routed counts, .n_dropped, .dispatch.
     """
+    x, w = common_float(x, w)
     xf = _check_moe("moe", x, w, spec)  # (BT, D)
     BT, D = xf.shape
     E, k = spec.router.n_experts, spec.router.top_k

@@ -12,7 +12,8 @@ from typing import NamedTuple
 import numpy as np
 from scipy.special import logsumexp
 
-from scratchllm.core.validate import expect_dout, expect_float, expect_int, expect_shape
+from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_int,
+                                      expect_shape)
 
 
 class BalanceLossCache(NamedTuple):
@@ -57,8 +58,8 @@ def balance_loss_forward(probs, topk_idx):
         raise ValueError(f"balance_loss: topk_idx must lie in [0, E) = [0, {E}) (probs has E "
                          f"columns), got values in [{topk_idx.min()}, {topk_idx.max()}]")
     slots = np.bincount(topk_idx.ravel(), minlength=E)  # (E,)
-    f = (slots / topk_idx.size).astype(probs.dtype)  # (E,)
-    P = probs.mean(axis=0)  # (E,)
+    f = (slots / max(topk_idx.size, 1)).astype(probs.dtype)  # (E,); no tokens: 0
+    P = probs.sum(axis=0) / max(BT, 1)  # (E,) the mean; no tokens: 0, the empty sum's limit
     return np.asarray(E * np.dot(f, P), dtype=probs.dtype), BalanceLossCache(f, BT)
 
 
@@ -69,7 +70,7 @@ def balance_loss_backward(dloss, cache):
     f, BT = cache
     expect_dout("balance_loss_backward", dloss, (), f.dtype, name="dloss")
     E = f.shape[0]
-    row = np.asarray(dloss, dtype=f.dtype) * (E / BT) * f  # (E,)
+    row = np.asarray(dloss, dtype=f.dtype) * (E / max(BT, 1)) * f  # (E,)
     return {"probs": np.broadcast_to(row, (BT, E)).copy()}  # (BT, E)
 
 
@@ -77,12 +78,14 @@ def balance_loss_backward(dloss, cache):
 def z_loss_forward(logits):
     """Router z-loss (ST-MoE): L_z = mean_n logsumexp(s_n)^2; keeps logits small.
 
-    Inputs: logits (BT, E).  Returns: 0-d array of logits' dtype.  Cache: (logits, lse).
+    Inputs: logits (BT, E).  Returns: 0-d array of logits' dtype (0 for BT = 0 tokens, the
+    empty sum's limit, with a zero gradient).  Cache: (logits, lse).
     """
     expect_float("z_loss", "logits", logits)
     expect_shape("z_loss", "logits", logits, (None, None), "(BT, E)")
     lse = logsumexp(logits, axis=-1)  # (BT,)
-    return np.asarray(np.mean(lse * lse), dtype=logits.dtype), ZLossCache(logits, lse)
+    loss = np.dot(lse, lse) / max(len(lse), 1)  # the mean over tokens
+    return np.asarray(loss, dtype=logits.dtype), ZLossCache(logits, lse)
 
 
 def z_loss_backward(dloss, cache):
@@ -92,7 +95,7 @@ def z_loss_backward(dloss, cache):
     expect_dout("z_loss_backward", dloss, (), logits.dtype, name="dloss")
     BT = logits.shape[0]
     p = np.exp(logits - lse[:, None])  # (BT, E)
-    scale = np.asarray(dloss, dtype=logits.dtype) * (2 / BT) * lse  # (BT,)
+    scale = np.asarray(dloss, dtype=logits.dtype) * (2 / max(BT, 1)) * lse  # (BT,)
     return {"logits": (scale[:, None] * p).astype(logits.dtype)}  # (BT, E)
 
 
@@ -102,10 +105,11 @@ def update_selection_bias(bias, tokens_per_expert, gamma):
 
     Underloaded experts get a higher bias, so they are chosen more often next step. The bias
     enters only the top-k choice (router_forward), never the gates, and has no gradient.
-    Inputs: bias (E,), tokens_per_expert (E,) routed slot counts, gamma > 0 (~1e-3).
+    Inputs: bias (E,), tokens_per_expert (E,) routed slot counts, gamma >= 0 (~1e-3).
     """
     expect_shape("update_selection_bias", "tokens_per_expert", tokens_per_expert,
                  np.shape(bias), "(E,), like bias")
+    gamma = expect_finite("update_selection_bias", "gamma", gamma, 0)
     load = np.asarray(tokens_per_expert, dtype=np.float64)  # (E,)
     return (bias + gamma * np.sign(load.mean() - load)).astype(bias.dtype)  # (E,)
 
@@ -144,11 +148,11 @@ def sequence_balance_loss_forward(scores, topk_idx):
     K = topk_idx.shape[2]
     counts = np.zeros((B, E))  # (B, E) routed slots per sequence
     np.add.at(counts, (np.repeat(np.arange(B), T * K), topk_idx.ravel()), 1)
-    f = (counts * E / (K * T)).astype(scores.dtype)  # (B, E)
+    f = (counts * E / max(K * T, 1)).astype(scores.dtype)  # (B, E)
     s_sum = scores.sum(axis=-1, keepdims=True)  # (B, T, 1)
     s_norm = scores / s_sum  # (B, T, E)
-    P = s_norm.mean(axis=1)  # (B, E)
-    loss = np.asarray(np.mean(np.sum(f * P, axis=-1)), dtype=scores.dtype)
+    P = s_norm.sum(axis=1) / max(T, 1)  # (B, E) the mean over tokens; none: 0
+    loss = np.asarray(np.sum(f * P) / max(B, 1), dtype=scores.dtype)
     return loss, SequenceBalanceCache(f, s_norm, s_sum)
 
 
@@ -162,7 +166,7 @@ def sequence_balance_loss_backward(dloss, cache):
     f, s_norm, s_sum = cache
     expect_dout("sequence_balance_loss_backward", dloss, (), s_norm.dtype, name="dloss")
     B, T, E = s_norm.shape
-    g = np.asarray(dloss, s_norm.dtype) * f[:, None, :] / (B * T)  # (B, 1, E) dL/ds'
+    g = np.asarray(dloss, s_norm.dtype) * f[:, None, :] / max(B * T, 1)  # (B, 1, E) dL/ds'
     # fwd: s' = s / sum_j s_j
     ds = (g - np.sum(g * s_norm, axis=-1, keepdims=True)) / s_sum  # (B, T, E)
     return {"scores": ds.astype(s_norm.dtype)}

@@ -3,23 +3,27 @@ block tables, free list, prefix sharing, copy-on-write; pool: the per-layer arra
 contiguous, read by the LM's decode through KVState-like views), one call for sequences at
 different positions (rows), a continuous-batching engine (engine: generate_batch), what
 quantising the cache costs (quality), weight quantisation of Linear layers (weights),
-speculative decoding (speculative) and token eviction under a KV budget (evict)."""
+speculative decoding (speculative; its drafters: another model or the target's MTP module,
+drafts) and token eviction under a KV budget (evict)."""
 from .blocks import BlockManager, OutOfBlocks
 from .evict import POLICIES, EvictingKV, kv_budget_cross_entropy
 from .engine import Engine, Request, generate_batch, make_engine
 from .pool import (KV_DTYPES, ContiguousCache, GroupState, PagedCache, StateCache,
                    attention_layers, paged_supported)
 from .quality import kv_attention_error, kv_cross_entropy
-from .rows import attention_weights, decode_rows, forward_rows, rows_supported
+from .drafts import MTPDraft, ModelDraft
+from .rows import (attention_weights, block_rows, decode_rows, forward_rows, prefill_rows,
+                   rows_supported, trunk_rows)
 from .speculative import accept_draft, residual, speculative_generate
 from .weights import quantizable, quantize_weights
 from .quantize import (FORMATS, Quantized, default_group_size, dequantize_codes, error_bound,
                        quantize)
 
 __all__ = ["BlockManager", "ContiguousCache", "Engine", "EvictingKV", "FORMATS", "GroupState",
-           "KV_DTYPES", "OutOfBlocks", "POLICIES", "PagedCache", "Quantized", "Request",
-           "StateCache", "accept_draft", "attention_layers", "attention_weights", "decode_rows",
+           "KV_DTYPES", "MTPDraft", "ModelDraft", "OutOfBlocks", "POLICIES", "PagedCache",
+           "Quantized", "Request", "StateCache", "accept_draft", "attention_layers",
+           "attention_weights", "block_rows", "decode_rows",
            "default_group_size", "dequantize_codes", "error_bound", "forward_rows",
            "generate_batch", "kv_attention_error", "kv_budget_cross_entropy", "kv_cross_entropy",
-           "make_engine", "paged_supported", "quantizable", "quantize", "quantize_weights",
-           "residual", "rows_supported", "speculative_generate"]
+           "make_engine", "paged_supported", "prefill_rows", "quantizable", "quantize", "quantize_weights",
+           "residual", "rows_supported", "speculative_generate", "trunk_rows"]

@@ -3,8 +3,9 @@
 Each step:
     1. admit    waiting requests, oldest first, while their blocks are free: point their
                 table at the cached blocks of their prefix, compute the rest (LM.prefill for
-                a fresh prompt, rows.forward_rows in one chunk after a prefix hit), and take
-                the first new token from the last logits
+                a fresh prompt, rows.forward_rows in one chunk after a prefix hit; with
+                batch_prefill every admitted prompt's rest in one padded forward,
+                rows.prefill_rows), and take the first new token from the last logits
     2. reserve  one slot for every running request's next token; when no block is free,
                 preempt the most recently admitted request (free its blocks, put it back at
                 the front of the queue: it is recomputed from its prompt and the tokens it
@@ -29,7 +30,7 @@ import numpy as np
 from scratchllm.serve.blocks import OutOfBlocks
 from scratchllm.serve.pool import (KV_DTYPES, ContiguousCache, PagedCache, StateCache,
                                   paged_supported)
-from scratchllm.serve.rows import decode_rows, forward_rows, rows_supported
+from scratchllm.serve.rows import decode_rows, forward_rows, prefill_rows, rows_supported
 
 
 class Request:
@@ -49,13 +50,14 @@ class Engine:
     """Requests in, greedy tokens out; `stats` counts steps, preemptions, prefix hits, the
     peak blocks in use and the peak running batch."""
 
-    def __init__(self, model, cache, rows=None):
+    def __init__(self, model, cache, rows=None, batch_prefill=False):
         self.model, self.cache = model, cache
         self.paged = isinstance(cache, PagedCache)
         self.rows = cache.batchable and (rows_supported(model) if rows is None else rows)
+        self.batch_prefill = batch_prefill and self.rows  # one forward for a step's admissions
         self.waiting, self.running, self.finished = deque(), [], {}
-        self.stats = dict(steps=0, preemptions=0, decode_calls=0, peak_blocks=0,
-                          peak_batch=0, peak_bytes=0)
+        self.stats = dict(steps=0, preemptions=0, decode_calls=0, prefill_calls=0,
+                          peak_blocks=0, peak_batch=0, peak_bytes=0)
 
     def submit(self, rid, prompt, max_new):
         if not prompt:
@@ -105,26 +107,51 @@ class Engine:
 
     # ------------------------------------------------------------------ the phases
     def _admit(self):
+        batch = []  # (request, tokens, start) placed for one batched prefill
         while self.waiting:
             r = self.waiting[0]
             tokens = r.prompt + r.out  # recomputation after a preemption includes r.out
             if self.paged and not self.cache.blocks.fits(tokens, extra=1):
                 break
             self.waiting.popleft()
+            if self.batch_prefill:
+                batch.append((r, tokens, self._place(r, tokens)))
+                continue
             self._prefill(r, tokens)
-            if r.done:  # max_new == 1, or preempted just before its last token
-                self._release(r)
-                self.finished[r.rid] = r
-            else:
-                self.running.append(r)
+            self._started(r)
+        if batch:  # every admitted prompt's rest in one forward (rows.prefill_rows)
+            logits = prefill_rows(self.model, [t[s:] for _, t, s in batch], self.cache,
+                                  [r.rid for r, _, _ in batch],
+                                  np.array([s for _, _, s in batch]))  # (B, V)
+            self.stats["prefill_calls"] += 1
+            for (r, tokens, _), row in zip(batch, logits):
+                self._first_token(r, tokens, row)
+                self._started(r)
 
-    def _prefill(self, r, tokens):
+    def _started(self, r):
+        if r.done:  # max_new == 1, or preempted just before its last token
+            self._release(r)
+            self.finished[r.rid] = r
+        else:
+            self.running.append(r)
+
+    def _place(self, r, tokens):
+        """Blocks (or arrays) for a request's tokens -> how many are already cached."""
         if self.paged:
             start = self.cache.blocks.add(r.rid, tokens)
             self.cache.blocks.reserve(r.rid, len(tokens) - start)  # fits() said they are free
-        else:
-            start = 0
-            self.cache.add(r.rid, len(r.prompt) + r.max_new)
+            return start
+        self.cache.add(r.rid, len(r.prompt) + r.max_new)
+        return 0
+
+    def _first_token(self, r, tokens, logits):
+        r.held = len(tokens)
+        r.out.append(int(np.argmax(logits)))
+        self._commit(r)
+
+    def _prefill(self, r, tokens):
+        start = self._place(r, tokens)
+        self.stats["prefill_calls"] += 1
         views = self.cache.views([r.rid], start)
         if start == 0:
             logits = self.model.prefill(np.array([tokens]), views)[:, -1]  # (1, V)
@@ -134,9 +161,7 @@ class Engine:
         else:  # the rest token by token
             for p in range(start, len(tokens)):
                 logits = self.model.decode(np.array([tokens[p]]), views, p)  # (1, V)
-        r.held = len(tokens)
-        r.out.append(int(np.argmax(logits[0])))
-        self._commit(r)
+        self._first_token(r, tokens, logits[0])
 
     def _reserve(self):
         """One slot per running request (copying shared blocks first); preempt on shortage."""
@@ -172,21 +197,24 @@ class Engine:
 
 
 def make_engine(model, kv="paged", block_size=16, n_blocks=None, kv_dtype="float32",
-                max_tokens=None, rows=None):
+                max_tokens=None, rows=None, batch_prefill=False):
     """An Engine over a paged cache of n_blocks blocks (default: room for max_tokens tokens,
     every request's whole length at once) or over contiguous per-request arrays; rows as
-    Engine's (None: decode_rows where it serves the model, else LM.decode per group)."""
+    Engine's (None: decode_rows where it serves the model, else LM.decode per group);
+    batch_prefill: the prompts admitted in one step share one forward (rows.prefill_rows;
+    requests admitted together do not share each other's prefix blocks)."""
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"serve: kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
     if kv == "contiguous":
         if kv_dtype == "float32" and not paged_supported(model):
             return Engine(model, StateCache(model), rows=False)  # windows, MLA, recurrences
-        return Engine(model, ContiguousCache(model, kv_dtype), rows)
+        return Engine(model, ContiguousCache(model, kv_dtype), rows, batch_prefill)
     if kv != "paged":
         raise ValueError(f"serve: kv must be 'paged' or 'contiguous', got {kv!r}")
     if n_blocks is None:
         n_blocks = max(1, -(-(max_tokens or block_size) // block_size))
-    return Engine(model, PagedCache(model, n_blocks, block_size, kv_dtype), rows)
+    return Engine(model, PagedCache(model, n_blocks, block_size, kv_dtype), rows,
+                  batch_prefill)
 
 
 def generate_batch(model, prompts, max_new_tokens, *, kv="paged", block_size=16,

@@ -140,7 +140,7 @@ def kv_budget_cross_entropy(model, windows, policy, budget, *, n_sink=4, window=
         for layer, st in zip(model.layers, states):
             def attend(a, layer=layer, st=st):
                 return _attend_evicting(a, layer.mixer, st, t), None
-            x = layer._body(x, attend)[0]  # the Block's own residual body
+            x = layer.body(x, attend)[0]  # the Block's own residual body
         h, _ = model.norm.forward(x)
         z = (model.embed.attend(h) if model.head is None else model.head.forward(h))[0]
         z = z.astype(np.float64) - z.max(axis=1, keepdims=True)  # (B, V)

@@ -10,8 +10,8 @@ starts[b] + t - 1 (chunked prefill):
                           store k, v at those slots of sequence b in the cache;
                           read the batch's keys padded to the longest row and attend query j
                           of row b to keys 0 .. starts[b] + j only (a (B, 1, t, L) mask)
-    the Block around each layer (norms, residuals, FFN) is the LM's own; the scores' and the
-    logits' soft caps as the model's config says
+    the Block around each layer (norms, residuals, FFN) is the LM's own (block_rows); the
+    scores' and the logits' soft caps as the model's config says (LM.unembed)
 So one call serves the whole batch; each row's numbers are those of its own forward (the
 padded keys get probability exactly 0).
 
@@ -22,7 +22,6 @@ import numpy as np
 
 from scratchllm.attention import (AttentionWeights, make_rope, merge_heads, project_qkv_forward,
                                   sdpa_forward, sinusoidal_positions)
-from scratchllm.core import softcap_forward
 from scratchllm.core.ops import linear_forward
 from scratchllm.core.validate import expect_int, expect_shape
 from scratchllm.serve.pool import attention_layers
@@ -47,20 +46,36 @@ def attention_weights(attn):
     return AttentionWeights(*(None if p is None else p.data for p in params))
 
 
-def _attend_rows(a, attn, cache, layer, seqs, starts):
+def _attend_rows(a, attn, cache, layer, seqs, starts, lengths=None):
     """a (B, t, D) normed inputs of tokens at starts[b] .. + t - 1 -> the attention output
-    (B, t, D), storing each row's k, v."""
+    (B, t, D), storing each row's k, v (only its first lengths[b] with lengths: a padded
+    row's padding is never stored)."""
     spec, w = attn.spec, attention_weights(attn)
     positions = starts[:, None] + np.arange(a.shape[1])  # (B, t)
     rope = None if spec.rope is None else make_rope(spec.rope, attn.head_dim, positions)
     (q, k, v), _ = project_qkv_forward(a, w, spec=spec, rope=rope)  # (B, H|Hkv, t, Dh)
-    cache.write(layer, seqs, starts, k, v)
-    K, V = cache.read(layer, seqs, starts + a.shape[1])  # (B, Hkv, L, Dh)
+    if lengths is None:
+        cache.write(layer, seqs, starts, k, v)
+    else:
+        for b, n in enumerate(lengths):
+            cache.write(layer, seqs[b:b + 1], starts[b:b + 1], k[b:b + 1, :, :n],
+                        v[b:b + 1, :, :n])
+    K, V = cache.read(layer, seqs, starts + (a.shape[1] if lengths is None else
+                                             np.asarray(lengths)))  # (B, Hkv, L, Dh)
     keep = np.arange(K.shape[2]) <= positions[:, :, None]  # (B, t, L) causal, own keys only
     o, _ = sdpa_forward(q, K, V, Mask(array=keep[:, None]), spec.scale, sinks=w.sinks,
                         softcap=spec.softcap)  # (B, H, t, Dh)
     y, _ = linear_forward(merge_heads(o), w.wo, w.bo)  # (B, t, D)
     return y
+
+
+def block_rows(block, i, x, cache, seqs, starts, lengths=None):
+    """One Block on t tokens per sequence from its own position: x (B, t, D) -> (B, t, D),
+    its attention reading and growing layer i of `cache` (the Block's own body around it);
+    lengths (B,): each row's real tokens, the rest padding (not stored)."""
+    def attend(a):
+        return _attend_rows(a, block.mixer, cache, i, seqs, starts, lengths), None
+    return block.body(x, attend)[0]
 
 
 def forward_rows(model, ids, cache, seqs, starts):
@@ -69,6 +84,31 @@ def forward_rows(model, ids, cache, seqs, starts):
     at positions starts[b] .. starts[b] + t - 1 (starts (B,) = the tokens each holds) ->
     logits (B, t, V); each sequence's cache grows by t (a prompt's rest after a prefix hit:
     chunked prefill)."""
+    return model.unembed(trunk_rows(model, ids, cache, seqs, starts))  # (B, t, V)
+
+
+def prefill_rows(model, prompts, cache, seqs, starts):
+    """Batched prefill: several prompts of different lengths in one forward. prompts[b] (a
+    list of ids) are sequence seqs[b]'s tokens at positions starts[b] .. (0 for a fresh
+    prompt, the cached prefix's length after a prefix hit); the rows are right-padded to the
+    longest, each row's queries attend only its own keys (causal: a real token never sees
+    padding) and only real tokens are stored. Returns each row's last real token's logits
+    (B, V): each row's numbers are those of its own forward (padding costs compute, nothing
+    else; a capacity-limited MoE would let padding take expert slots: dropless only)."""
+    n = np.array([len(p) for p in prompts])
+    if len(prompts) == 0 or n.min() < 1:
+        raise ValueError(f"prefill_rows: need one or more non-empty prompts, got lengths "
+                         f"{n.tolist()}")
+    ids = np.zeros((len(prompts), int(n.max())), np.int64)  # (B, t), padded with id 0
+    for b, p in enumerate(prompts):
+        ids[b, :len(p)] = p
+    x = trunk_rows(model, ids, cache, seqs, starts, n)  # (B, t, D)
+    return model.unembed(x[np.arange(len(prompts)), n - 1])  # (B, V)
+
+
+def trunk_rows(model, ids, cache, seqs, starts, lengths=None):
+    """forward_rows up to the last block: the hidden states x_L (B, t, D) before the final
+    norm (what the head and the MTP modules read); lengths as block_rows'."""
     ids, starts = np.asarray(ids), np.asarray(starts)
     expect_int("forward_rows", "ids", ids)
     expect_int("forward_rows", "starts", starts)
@@ -84,14 +124,8 @@ def forward_rows(model, ids, cache, seqs, starts):
     elif cfg.positions == "learned":
         x = x + model.pos.forward(positions)[0]  # (B, t, D)
     for i, layer in enumerate(model.layers):
-        def attend(a, layer=layer, i=i):
-            return _attend_rows(a, layer.mixer, cache, i, seqs, starts), None
-        x = layer._body(x, attend)[0]  # the Block's own residual body around the mixer
-    h, _ = model.norm.forward(x)  # (B, t, D)
-    logits = (model.embed.attend(h) if model.head is None else model.head.forward(h))[0]
-    if cfg.logit_softcap is not None:  # c tanh(logits / c) (Gemma 2)
-        logits = softcap_forward(logits, cap=cfg.logit_softcap)[0]
-    return logits  # (B, t, V)
+        x = block_rows(layer, i, x, cache, seqs, starts, lengths)  # (B, t, D)
+    return x  # (B, t, D)
 
 
 def decode_rows(model, ids_t, cache, seqs, positions):

@@ -12,24 +12,17 @@ One round, with tokens so far x (the target holds all but the last):
 Each emitted token is distributed as the target's next-token distribution: P(emit y) =
 min(q(y), p(y)) + (1 - sum_z min(q(z), p(z))) * norm(max(0, p - q))(y) = p(y).
 A rejection leaves stale keys past the accepted prefix in both caches; the next round writes
-over them (forward_rows reads only the first starts + t tokens of each sequence).
+over them (forward_rows reads only the first starts + t tokens of each sequence). The draft is
+another model or the target's own MTP module (serve/drafts.py); any draft distribution q
+keeps the output exact, only the acceptance rate depends on it.
 
 Glossary: k draft tokens per round, V vocabulary, p target, q draft distributions.
 """
 import numpy as np
 
+from scratchllm.serve.drafts import MTPDraft, ModelDraft, draw, probs
 from scratchllm.serve.pool import ContiguousCache
-from scratchllm.serve.rows import forward_rows, rows_supported
-
-
-def _probs(logits, temperature):
-    """softmax(logits / temperature) (V,) float64; temperature 0: one-hot at the argmax."""
-    z = np.asarray(logits, np.float64)
-    if temperature == 0:
-        return np.eye(z.size)[int(np.argmax(z))]
-    z = (z - z.max()) / temperature
-    p = np.exp(z)
-    return p / p.sum()
+from scratchllm.serve.rows import rows_supported, trunk_rows
 
 
 def accept_draft(p, q, token, u):
@@ -44,75 +37,63 @@ def residual(p, q):
     return r / r.sum() if r.sum() > 0 else p
 
 
-def _draw(p, rng):
-    return int(np.argmax(p)) if rng is None else int(rng.choice(p.size, p=p))
+def _check(target, draft, prompt, max_new_tokens, k, temperature, rng):
+    if isinstance(draft, str) and draft != "mtp":
+        raise ValueError(f"speculative_generate: draft must be a model or 'mtp', got {draft!r}")
+    if not prompt or k < 1 or max_new_tokens < 0 or temperature < 0:
+        raise ValueError(f"speculative_generate: need a non-empty prompt, k >= 1, "
+                         f"max_new_tokens >= 0, temperature >= 0; got {len(prompt)} tokens, "
+                         f"k={k}, {max_new_tokens}, {temperature}")
+    if not isinstance(draft, str) and target.cfg.vocab_size != draft.cfg.vocab_size:
+        raise ValueError(f"speculative_generate: the target's vocabulary ({target.cfg.vocab_size}"
+                         f") and the draft's ({draft.cfg.vocab_size}) differ")
+    if temperature > 0 and rng is None:
+        raise ValueError("speculative_generate: sampling (temperature > 0) needs rng")
+    for name, m in (("target", target), ("draft", draft)):
+        if not isinstance(m, str) and not rows_supported(m):
+            raise ValueError(f"speculative_generate: the {name} needs attention layers that "
+                             f"decode_rows serves")
 
 
 def speculative_generate(target, draft, prompt, max_new_tokens, *, k=4, temperature=0.0,
                          rng=None):
     """max_new_tokens tokens after `prompt` from `target`, proposed k at a time by `draft`.
 
-    Inputs:  target, draft LMs over the same vocabulary (attention layers decode_rows serves;
-             draft "mtp" is not available yet); prompt a non-empty list of ids; k >= 1;
+    Inputs:  target an LM (attention layers decode_rows serves); draft an LM over the same
+             vocabulary, or "mtp": the target's own multi-token-prediction module 1 (a target
+             trained with train --mtp D); prompt a non-empty list of ids; k >= 1;
              temperature 0 (greedy: the target's own greedy ids) or > 0 (sampled: the
              target's distribution, with rng a numpy Generator).
     Returns: (ids, stats) with stats["accepted"] draft tokens kept of stats["proposed"],
              stats["rounds"] target calls after the prompt.
     """
-    if isinstance(draft, str):
-        raise ValueError(f"speculative_generate: draft={draft!r}: multi-token-prediction heads "
-                         f"are not in this library yet; pass a draft model")
-    if not prompt or k < 1 or max_new_tokens < 0 or temperature < 0:
-        raise ValueError(f"speculative_generate: need a non-empty prompt, k >= 1, "
-                         f"max_new_tokens >= 0, temperature >= 0; got {len(prompt)} tokens, "
-                         f"k={k}, {max_new_tokens}, {temperature}")
-    if target.cfg.vocab_size != draft.cfg.vocab_size:
-        raise ValueError(f"speculative_generate: the target's vocabulary ({target.cfg.vocab_size}"
-                         f") and the draft's ({draft.cfg.vocab_size}) differ")
-    if temperature > 0 and rng is None:
-        raise ValueError("speculative_generate: sampling (temperature > 0) needs rng")
-    for name, m in (("target", target), ("draft", draft)):
-        if not rows_supported(m):
-            raise ValueError(f"speculative_generate: the {name} needs attention layers that "
-                             f"decode_rows serves")
+    _check(target, draft, prompt, max_new_tokens, k, temperature, rng)
     rng = rng if temperature > 0 else None
     size = len(prompt) + max_new_tokens + k + 1
-    caches = {}
-    for name, m in (("target", target), ("draft", draft)):
-        caches[name] = ContiguousCache(m)
-        caches[name].add(0, size)
-    tokens, held = list(prompt), {"target": 0, "draft": 0}  # tokens each cache holds
+    drafter = MTPDraft(target, size) if isinstance(draft, str) else ModelDraft(draft, size)
+    cache = ContiguousCache(target)
+    cache.add(0, size)
+    tokens, held = list(prompt), 0  # the tokens the target's cache holds
     stats = dict(accepted=0, proposed=0, rounds=0)
-
-    def feed(name, model, ids):
-        """Feed ids after what `name` holds; returns their logits (t, V)."""
-        out = forward_rows(model, np.array([ids]), caches[name], [0],
-                           np.array([held[name]]))[0]  # (t, V)
-        held[name] += len(ids)
-        return out
-
     end = len(prompt) + max_new_tokens
     while len(tokens) < end:
         kk = min(k, end - len(tokens) - 1)  # the last round may propose fewer
-        drafts, qs = [], []
-        pending = tokens[held["draft"]:]  # >= 1 token the draft has not seen
-        for _ in range(kk):
-            q = _probs(feed("draft", draft, pending)[-1], temperature)  # (V,)
-            drafts.append(_draw(q, rng))
-            qs.append(q)
-            pending = drafts[-1:]
-        base = len(tokens)
-        logits = feed("target", target, tokens[held["target"]:] + drafts)  # (n + kk, V)
-        ps = [_probs(z, temperature) for z in logits[-(kk + 1):]]  # (kk + 1) x (V,)
+        drafts, qs = drafter.propose(tokens, kk, temperature, rng)
+        kk = len(drafts)
+        start = held
+        hidden = trunk_rows(target, np.array([tokens[held:] + drafts]), cache, [0],
+                            np.array([held]))  # (1, n + kk, D)
+        logits = target.unembed(hidden[:, -(kk + 1):])[0]  # (kk + 1, V)
+        ps = [probs(z, temperature) for z in logits]  # (kk + 1) x (V,)
         n_ok = 0
         for p, q, d in zip(ps, qs, drafts):
             if not accept_draft(p, q, d, 0.0 if rng is None else rng.random()):
                 break
             n_ok += 1
         emit = ps[n_ok] if n_ok == kk else residual(ps[n_ok], qs[n_ok])
-        tokens += drafts[:n_ok] + [_draw(emit, rng)]
-        held["target"] = len(tokens) - 1  # the rest of what it was fed is stale
-        held["draft"] = min(held["draft"], base + n_ok)
+        tokens += drafts[:n_ok] + [draw(emit, rng)]
+        held = len(tokens) - 1  # the rest of what it was fed is stale
+        drafter.accepted(tokens, hidden[0], start)
         stats["accepted"] += n_ok
         stats["proposed"] += kk
         stats["rounds"] += 1

@@ -321,3 +321,24 @@ class RelativeBiasSpec:
         if exact < 1 or self.max_distance <= exact:
             fail(self, f"max_distance={self.max_distance} must exceed the exact buckets "
                        f"({exact} per sign of num_buckets={self.num_buckets})")
+
+
+@dataclass(frozen=True)
+class NSASpec:
+    """Native sparse attention's sizes (Yuan et al. 2025, arXiv 2502.11089 §3): block l (the
+    compression and the selection blocks), stride d of the compression blocks (d <= l; None =
+    l, no overlap; the paper uses l = 32, d = 16), n_select blocks per query (its own
+    included), window w of the sliding branch."""
+    block: int = 32
+    stride: int = None
+    n_select: int = 16
+    window: int = 512
+
+    def __post_init__(self):
+        positive_int(self, "block")
+        positive_int(self, "stride", none_ok=True)
+        positive_int(self, "n_select")
+        positive_int(self, "window")
+        if self.stride is not None and self.stride > self.block:
+            fail(self, f"stride={self.stride} must be at most block={self.block} (overlapping "
+                       f"or adjacent compression blocks)", "stride")

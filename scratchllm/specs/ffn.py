@@ -86,16 +86,16 @@ class RouterSpec:
 @dataclass(frozen=True)
 class ExpertsSpec:
     """The routed experts: "swiglu" (w1, w3, w2 stacked over E), "clamped" (gpt-oss:
-    interleaved gate_up with biases, gate clamped at limit, sigma(alpha gate)) or "mlp" (the
-    plain two-layer MLP with biases, w1 + b1 -> GELU (erf, torch's nn.GELU) -> w2 + b2);
-    d_ff each."""
+    interleaved gate_up with biases, gate clamped at limit, sigma(alpha gate)), "mlp" (the
+    plain two-layer MLP with biases, w1 + b1 -> GELU (erf, torch's nn.GELU) -> w2 + b2) or
+    "relu" (w1 -> ReLU -> w2, no biases: Switch Transformers' experts); d_ff each."""
     kind: str = "swiglu"
     d_ff: int = 192
     alpha: float = 1.702
     limit: float = 7.0
 
     def __post_init__(self):
-        one_of(self, "kind", ("swiglu", "clamped", "mlp"))
+        one_of(self, "kind", ("swiglu", "clamped", "mlp", "relu"))
         positive_int(self, "d_ff")
         real(self, "alpha", 0, open_low=True)
         real(self, "limit", 0, open_low=True)
@@ -104,8 +104,8 @@ class ExpertsSpec:
         """One expert: w1, w3 (D, F) and w2 (F, D); clamped: gate_up (D, 2F) + its bias and
         down (F, D) + its bias; mlp: w1 (D, F) + b1 and w2 (F, D) + b2."""
         D, F = d_model, self.d_ff
-        if self.kind == "mlp":
-            return 2 * D * F + F + D
+        if self.kind in ("mlp", "relu"):
+            return 2 * D * F + (F + D if self.kind == "mlp" else 0)
         return 3 * D * F if self.kind == "swiglu" else 3 * D * F + 2 * F + D
 
 
@@ -114,6 +114,8 @@ class MoESpec:
     """A mixture-of-experts FFN (Shazeer et al. 2017; Switch; Mixtral; DeepSeek-V3).
 
     capacity_factor c: per-expert capacity ceil(c N K / E), overflow dropped (None = no drops);
+    expert_capacity C: instead, C slots per expert in each sequence, taken in token order
+    (Switch Transformers' top-1 router: moe/switch.py; a dropped token's FFN output is 0);
     d_shared Fs: one always-on SwiGLU of that width (DeepSeek's shared experts; 0 = none);
     balance_coef, z_coef: weights of the Switch balance loss and the ST-MoE z-loss."""
     router: RouterSpec = RouterSpec()
@@ -122,6 +124,7 @@ class MoESpec:
     d_shared: int = 0
     balance_coef: float = 0.01
     z_coef: float = 0.001
+    expert_capacity: int = None
 
     def __post_init__(self):
         instance(self, "router", RouterSpec)
@@ -130,6 +133,13 @@ class MoESpec:
         positive_int(self, "d_shared", low=0)
         real(self, "balance_coef", 0)
         real(self, "z_coef", 0)
+        positive_int(self, "expert_capacity", none_ok=True)
+        if self.expert_capacity is not None and (
+                self.capacity_factor is not None or self.d_shared or self.router.top_k != 1
+                or self.router.score != "softmax" or self.router.n_group != 1):
+            fail(self, f"expert_capacity={self.expert_capacity} is Switch's top-1 softmax router "
+                       f"without shared experts or groups: it excludes capacity_factor, "
+                       f"d_shared and top_k > 1", "expert_capacity")
 
     @property
     def shared(self):

@@ -18,7 +18,9 @@ from scratchllm.specs.ffn import ExpertsSpec, FFNSpec, MoESpec, RouterSpec
 from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
 from scratchllm.specs.model import HeadSpec, LayerSpec, ModelConfig, NormSpec
 
-LAYER_KINDS = "AMLRGDSW"  # attention, Mamba, linear, RetNet, GLA, DeltaNet, Mamba-2, RWKV-4
+LAYER_KINDS = "AMLRGDSWF"  # attention, Mamba, linear, RetNet, GLA, DeltaNet, Mamba-2, RWKV-4,
+#                            F an MLP-only layer (in a pattern with F every layer is one
+#                            sub-layer: the mixers lose their FFN, Mamba-2-Hybrid's form)
 RECURRENT = {"L": "linear", "R": "retnet", "G": "gla", "D": "delta"}
 
 
@@ -128,7 +130,9 @@ def from_flat(**flat):
     _check_layers(f)
     try:
         norm = NormSpec(f.norm, f.norm_eps, f.norm_offset)
-        layers = tuple(LayerSpec(_mixer(f, i, kind), _ffn(f, i), norm, f.block)
+        single = "F" in _kinds(f)  # one sub-layer per layer
+        layers = tuple(LayerSpec(_mixer(f, i, kind), None if single and kind != "F" else
+                                 _ffn(f, i), norm, f.block)
                        for i, kind in enumerate(_kinds(f)))
         for kind in "AM":  # the fields of the kinds it lacks
             _mixer(f, 0, kind)
@@ -164,6 +168,8 @@ def _check_layers(f):
     kinds = _kinds(f)
     if not isinstance(kinds, str) or len(kinds) != f.n_layers or set(kinds) - set(LAYER_KINDS):
         bad(f"layer_pattern must be {f.n_layers} letters of {LAYER_KINDS!r}, got {kinds!r}")
+    if "F" in kinds and f.ffn == "none":
+        bad(f"layer_pattern {kinds!r} has MLP-only layers (F) but ffn='none'")
     if f.attention not in ("gqa", "mla"):
         bad(f"attention must be 'gqa' or 'mla', got {f.attention!r}")
     if f.ffn not in ("swiglu", "moe", "gelu_mlp", "geglu", "relu_mlp", "none"):
@@ -214,6 +220,8 @@ def _attention_layer(f, i):
 
 
 def _mixer(f, i, kind):
+    if kind == "F":  # an MLP-only layer
+        return None
     if kind in RECURRENT:
         return RecurrentSpec(RECURRENT[kind], f.n_heads)
     if kind == "S":

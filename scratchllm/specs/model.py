@@ -56,16 +56,40 @@ class HeadSpec:
 
 
 @dataclass(frozen=True)
+class MTPSpec:
+    """Multi-token prediction after the trunk (DeepSeek-V3; lm/mtp.py): depth modules, module
+    k predicting the token k + 1 ahead through one block of the trunk's last LayerSpec; their
+    loss weighted weight / depth (DeepSeek-V3: 0.3, later 0.1)."""
+    depth: int = 1
+    weight: float = 0.3
+
+    def __post_init__(self):
+        positive_int(self, "depth")
+        real(self, "weight", 0)
+
+    def n_params(self, d_model, layer, norm, active=False):
+        """Per module: two input norms, the 2D -> D map, a block, its own final norm."""
+        D = d_model
+        return self.depth * (2 * D * D + 3 * norm.n_params(D) + layer.n_params(D, active))
+
+
+@dataclass(frozen=True)
 class LayerSpec:
-    """One block: mixer, ffn (None = the block is the mixer alone), norm and its placement."""
+    """One block: mixer, ffn (None = the block is the mixer alone), norm and its placement.
+    mixer None: an MLP-only layer, the FFN sub-layer alone (NVIDIA's Mamba-2-Hybrid, Waleffe
+    et al. 2024, arXiv 2406.07887, makes each layer one of Mamba-2, attention or an MLP)."""
     mixer: object = AttentionSpec()
     ffn: object = FFNSpec()
     norm: NormSpec = NormSpec()
     placement: str = "pre"
 
     def __post_init__(self):
-        instance(self, "mixer", MIXERS)
+        instance(self, "mixer", MIXERS, none_ok=True)
         instance(self, "ffn", FFNS, none_ok=True)
+        if self.mixer is None and self.ffn is None:
+            fail(self, "a layer needs a mixer, an FFN or both; both are None")
+        if self.mixer is None and self.placement != "pre":
+            fail(self, f"an MLP-only block (mixer=None) is pre-norm, got {self.placement!r}")
         instance(self, "norm", NormSpec)
         one_of(self, "placement", ("pre", "post", "sandwich", "output"))
         if self.ffn is None and self.placement != "pre":
@@ -75,13 +99,15 @@ class LayerSpec:
     def n_norms(self):
         """norm1 (+ norm2 with an FFN) (+ the two output norms of a sandwich block); an
         "output" block's norm1 and norm2 sit on the sub-layers' outputs."""
-        return (1 if self.ffn is None else 2) * (2 if self.placement == "sandwich" else 1)
+        subs = (self.mixer is not None) + (self.ffn is not None)
+        return subs * (2 if self.placement == "sandwich" else 1)
 
     def n_params(self, d_model, active=False):
         ffn = 0 if self.ffn is None else (
             self.ffn.n_params(d_model, active) if isinstance(self.ffn, MoESpec)
             else self.ffn.n_params(d_model))
-        return self.mixer.n_params(d_model) + ffn + self.n_norms * self.norm.n_params(d_model)
+        mixer = 0 if self.mixer is None else self.mixer.n_params(d_model)
+        return mixer + ffn + self.n_norms * self.norm.n_params(d_model)
 
 
 @dataclass(frozen=True)
@@ -96,7 +122,8 @@ class ModelConfig:
     (False: post-norm encoders, whose blocks end in a norm); head: the output head;
     pad_id: the token whose embedding lookups pass no gradient (torch's Embedding
     padding_idx: BERT's pad_token_id; None = none);
-    logit_softcap c: the logits become c tanh(logits / c) (Gemma 2), None for plain logits."""
+    logit_softcap c: the logits become c tanh(logits / c) (Gemma 2), None for plain logits;
+    mtp: an MTPSpec (multi-token-prediction modules after the trunk, DeepSeek-V3's) or None."""
     name: str = "custom"
     vocab_size: int = 1024
     d_model: int = 128
@@ -112,6 +139,7 @@ class ModelConfig:
     head: HeadSpec = HeadSpec()
     pad_id: int = None
     logit_softcap: float = None
+    mtp: MTPSpec = None
 
     def __post_init__(self):
         if not isinstance(self.name, str):
@@ -143,6 +171,7 @@ class ModelConfig:
         if self.pad_id is not None and self.pad_id >= self.vocab_size:
             fail(self, f"pad_id={self.pad_id} must be < vocab_size={self.vocab_size}")
         real(self, "logit_softcap", 0, open_low=True, none_ok=True)
+        instance(self, "mtp", MTPSpec, none_ok=True)
 
     @property
     def n_layers(self):
@@ -158,4 +187,6 @@ class ModelConfig:
         n += self.type_vocab_size * D + (self.norm.n_params(D) if self.embed_norm else 0)
         n += sum(layer.n_params(D, active) for layer in self.layers)
         n += self.norm.n_params(D) if self.final_norm else 0
+        if self.mtp is not None:
+            n += self.mtp.n_params(D, self.layers[-1], self.norm, active)
         return n + self.head.n_params(D, V) + (0 if self.tie_embeddings else D * V)

@@ -5,7 +5,13 @@ CPU cores in minutes):
     mla     DeepSeek-style: MLA + fine-grained MoE with a shared expert, sigmoid scores and the
             aux-loss-free selection bias
     swa     Mistral-style: sliding-window attention with attention sinks
-    hybrid  Jamba-style: Mamba and attention layers ("MAMA"), MoE FFN every other layer
+    hybrid  Jamba-style: Mamba and attention layers ("MAMA"), MoE FFN every other layer; as
+            Jamba has it (so it saves as a jamba checkpoint as it is): no positions in the
+            attention layers, RMSNorms on the Mamba's dt, B and C, top-2 gates not renormalised
+    mamba2_hybrid  the chapter's hybrid recipe (NVIDIA's Mamba-2-Hybrid, Waleffe et al. 2024,
+            arXiv 2406.07887): every layer one sub-layer, 43% Mamba-2, 7% attention, 50% MLP
+            (14 layers: 6 S, 1 A, 7 F, the attention in the middle); no positions (the
+            Mamba-2 layers carry the order)
     linear, deltanet, mamba2, rwkv   one recurrent mixer in every layer
 """
 from scratchllm.specs.flat import from_flat
@@ -18,7 +24,9 @@ PRESETS = {
     "mla": dict(_MOE, attention="mla", d_ff=96, n_shared=1, score="sigmoid", bias_gamma=1e-3,
                 balance_coef=1e-4, z_coef=0.0),
     "swa": dict(window=32, n_sink=4),
-    "hybrid": dict(_MOE, layer_pattern="MAMA", moe_every=2, n_experts=4),
+    "hybrid": dict(_MOE, layer_pattern="MAMA", moe_every=2, n_experts=4, positions="nope",
+                   mamba_inner_norms=True, norm_topk_prob=False),
+    "mamba2_hybrid": dict(layer_pattern="SFSFSFAFSFSFSF", n_layers=14, positions="nope"),
     "linear": dict(layer_pattern="LLLL"),
     "deltanet": dict(layer_pattern="DDDD"),
     "mamba2": dict(layer_pattern="SSSS"),

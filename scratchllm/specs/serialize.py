@@ -13,12 +13,12 @@ from scratchllm.specs.attention import (AttentionSpec, Mask, MLASpec, RelativeBi
 from scratchllm.specs.ffn import ExpertsSpec, FFNSpec, MoESpec, RouterSpec
 from scratchllm.specs.flat import from_flat
 from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
-from scratchllm.specs.model import HeadSpec, LayerSpec, ModelConfig, NormSpec
+from scratchllm.specs.model import HeadSpec, LayerSpec, ModelConfig, MTPSpec, NormSpec
 
 FORMAT = 2
 SPECS = {c.__name__: c for c in (AttentionSpec, Mask, MLASpec, RopeSpec, ExpertsSpec, FFNSpec,
                                  MoESpec, RouterSpec, Mamba2Spec, MambaSpec, RecurrentSpec,
-                                 RWKVSpec, LayerSpec, NormSpec, HeadSpec, RelativeBiasSpec)}
+                                 RWKVSpec, LayerSpec, NormSpec, HeadSpec, RelativeBiasSpec, MTPSpec)}
 TRUNK = ("name", "vocab_size", "d_model", "tie_embeddings", "embed_scale", "positions",
          "max_positions", "type_vocab_size", "embed_norm", "final_norm", "pad_id",
          "logit_softcap")
@@ -48,6 +48,16 @@ def spec_from_dict(d):
                   for k, v in d.items() if k != "spec"})
 
 
+FLAT_IDENTITY = ("vocab_size", "d_model", "n_layers", "n_heads")  # every flat config has them
+
+
+def _require(d, keys, what):
+    """ValueError naming the keys of `keys` that the dict d lacks (never a default model)."""
+    missing = [k for k in keys if k not in d]
+    if missing:
+        raise ValueError(f"config: {what} must give {list(keys)}; missing {missing}")
+
+
 def to_dict(cfg):
     """The config as a JSON-able dict of format 2."""
     keys, specs = [], {}
@@ -57,6 +67,8 @@ def to_dict(cfg):
         specs[key] = d
         keys.append(key)
     trunk = {name: getattr(cfg, name) for name in TRUNK}
+    if cfg.mtp is not None:  # written only when set: files without MTP stay as they were
+        trunk["mtp"] = spec_to_dict(cfg.mtp)
     return {"format": FORMAT, **trunk, "norm": spec_to_dict(cfg.norm),
             "head": spec_to_dict(cfg.head), "specs": specs, "layers": keys}
 
@@ -67,17 +79,24 @@ def from_dict(d):
     if not isinstance(d, dict):
         raise ValueError(f"config: expected a dict, got {type(d).__name__}")
     if "format" not in d:
+        _require(d, FLAT_IDENTITY, "a flat config (the first format)")
         return from_flat(**d)
     if d["format"] != FORMAT:
         raise ValueError(f"config: format {d['format']!r} is not one this version reads "
                          f"({FORMAT}, or the flat first format); upgrade scratchllm")
-    unknown = sorted(set(d) - set(TRUNK) - {"format", "norm", "head", "specs", "layers"})
+    unknown = sorted(set(d) - set(TRUNK) - {"format", "norm", "head", "specs", "layers", "mtp"})
     if unknown:
         raise ValueError(f"config: unknown field(s) {unknown}")
+    _require(d, ("norm", "specs", "layers"), f"a config of format {FORMAT}")
+    if not isinstance(d["specs"], dict) or not isinstance(d["layers"], list):
+        raise ValueError(f"config: 'specs' must be an object and 'layers' a list, got "
+                         f"{type(d['specs']).__name__} and {type(d['layers']).__name__}")
     specs = {k: spec_from_dict(v) for k, v in d["specs"].items()}
     missing = sorted(set(d["layers"]) - set(specs))
     if missing:
         raise ValueError(f"config: layers name spec(s) {missing} that 'specs' lacks")
     head = {"head": spec_from_dict(d["head"])} if "head" in d else {}  # older: the default
+    if "mtp" in d:
+        head["mtp"] = spec_from_dict(d["mtp"])
     return ModelConfig(**{n: d[n] for n in TRUNK if n in d}, norm=spec_from_dict(d["norm"]),
                        layers=tuple(specs[k] for k in d["layers"]), **head)

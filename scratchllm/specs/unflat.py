@@ -53,7 +53,10 @@ def flat_view(cfg):
 
 
 def mixer_letter(mixer):
-    """The layer_pattern letter (LAYER_KINDS) of a mixer spec: "A" attention, "M" Mamba, ..."""
+    """The layer_pattern letter (LAYER_KINDS) of a mixer spec: "A" attention, "M" Mamba, ...,
+    "F" for None (an MLP-only layer)."""
+    if mixer is None:
+        return "F"
     return KIND_LETTER[mixer.kind] if isinstance(mixer, RecurrentSpec) else LETTER[type(mixer)]
 
 

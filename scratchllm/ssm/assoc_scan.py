@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.validate import expect_dout, expect_float, expect_shape
+from scratchllm.core.validate import common_float, expect_dout, expect_float, expect_shape
 
 
 class AssocScanCache(NamedTuple):
@@ -45,9 +45,8 @@ class AssocScanCache(NamedTuple):
 
 def _check(fn, a, b):
     expect_float(fn, "a", a, min_ndim=2)
+    expect_float(fn, "b", b)
     expect_shape(fn, "b", b, a.shape, "(B, T, ...) like a")
-    if b.dtype != a.dtype:
-        raise TypeError(f"{fn}: b has dtype {b.dtype}, expected {a.dtype} like a")
 
 
 def _combine(a1, b1, a2, b2):
@@ -91,6 +90,7 @@ def associative_scan_forward(a, b):
     Work 3n - 2 combines, depth 2 log2 n + 1 (n = T padded to a power of two): the module
     docstring.
     """
+    a, b = common_float(a, b)
     _check("associative_scan_forward", a, b)
     h = blelloch(a, b)  # (B, T, ...)
     return h, AssocScanCache(a, h)
@@ -101,6 +101,7 @@ def associative_scan_forward_ref(a, b):
 
     Inputs:  a, b (B, T, ...).  Returns: h (B, T, ...).  Cache: (a, h).
     """
+    a, b = common_float(a, b)
     _check("associative_scan_forward_ref", a, b)
     h = np.empty_like(b)  # (B, T, ...)
     prev = np.zeros_like(b[:, 0])  # (B, ...)
@@ -145,6 +146,7 @@ def selective_scan_assoc_forward(x, delta, A, B, C, D):
              O(log T) depth instead of T (and the (B, T, d, N) states held for the backward).
     Returns: y (B, T, d).  Cache: SelectiveAssocCache.
     """
+    x, delta, A, B, C, D = common_float(x, delta, A, B, C, D)
     _check("selective_scan_assoc_forward", x, delta)
     batch, T, d = x.shape
     expect_shape("selective_scan_assoc_forward", "A", A, (d, None), "(d, N)")

@@ -26,8 +26,8 @@ from scratchllm.core.nn import Module, Param
 from scratchllm.core.ops import (InputCache, LinearCache, linear_backward, linear_forward,
                                  linear_out, rmsnorm_backward, rmsnorm_forward, silu_backward,
                                  silu_forward, softplus_backward, softplus_forward)
-from scratchllm.core.validate import (expect_dout, expect_float, expect_instance, expect_ndim,
-                                      expect_shape)
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_instance,
+                                      expect_ndim, expect_shape)
 from scratchllm.specs import MambaSpec
 from scratchllm.ssm.scan import (ScanCache, selective_scan_backward, selective_scan_forward,
                                  selective_scan_step)
@@ -48,6 +48,7 @@ def causal_conv1d_forward(x, w, b):
     Inputs:  x (B, T, d), w (d, K), b (d,).
     Returns: y (B, T, d).  Cache: (x padded with K-1 leading zeros, w).
     """
+    x, w, b = common_float(x, w, b)
     for name, a in (("x", x), ("w", w), ("b", b)):
         expect_float("causal_conv1d", name, a)
     expect_ndim("causal_conv1d", "x", x, 3, "(B, T, d)")
@@ -130,7 +131,9 @@ def _sizes(fn, x, w, spec):
             ("conv_w", (Di, K), f"(Di, K), K = spec.d_conv = {K}"),
             ("W_x", (Di, R + 2 * N), f"(Di, R + 2N), R = {R} (spec.rank), N = spec.d_state"),
             ("W_dt", (R, Di), f"(R, Di), R = {R} (spec.rank)"),
-            ("A_log", (Di, N), f"(Di, N), N = spec.d_state = {N}")):
+            ("A_log", (Di, N), f"(Di, N), N = spec.d_state = {N}"),
+            ("conv_b", (Di,), "(Di,)"), ("b_dt", (Di,), "(Di,)"), ("D", (Di,), "(Di,)"),
+            ("W_out", (Di, Dm), "(Di, D)")):
         expect_float(fn, name, getattr(w, name))
         expect_shape(fn, name, getattr(w, name), shape, hint)
     given = [getattr(w, n) is not None for n in INNER_NORMS]
@@ -168,6 +171,8 @@ def mamba_forward(x, w, *, spec):
     Returns: out (B, T, D).  Cache: the children's caches (MambaCache); the scan's holds
              only its inputs, never the (B, T, Di, N) states.
     """
+    x, w = common_float(x, w)
+    expect_ndim("mamba", "x", x, 3, "(B, T, D)")
     (Di, R, N), norms = _sizes("mamba", x, w, spec)
     xz, proj_in = linear_forward(x, w.W_in)  # (B, T, 2Di)
     xc, conv = causal_conv1d_forward(xz[..., :Di], w.conv_w, w.conv_b)  # (B, T, Di)

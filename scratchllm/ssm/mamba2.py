@@ -25,8 +25,8 @@ from scratchllm.core.nn import Module, Param, normal_init
 from scratchllm.core.ops import (linear_backward, linear_forward, linear_out, rmsnorm_backward,
                                  rmsnorm_forward, silu_backward, silu_forward,
                                  softplus_backward, softplus_forward)
-from scratchllm.core.validate import (expect_dout, expect_float, expect_instance, expect_ndim,
-                                      expect_shape)
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_instance,
+                                      expect_ndim, expect_shape)
 from scratchllm.specs import Mamba2Spec
 from scratchllm.ssm.mamba import causal_conv1d_backward, causal_conv1d_forward
 from scratchllm.ssm.ssd import ssd_backward, ssd_forward, ssd_step
@@ -90,7 +90,7 @@ def _check(fn, x_ndim, x, w, spec):
     for name, shape in (("Wz", (Dm, Di)), ("Wx", (Dm, Di)), ("WB", (Dm, G * N)),
                         ("WC", (Dm, G * N)), ("Wdt", (Dm, H)), ("dt_bias", (H,)),
                         ("A_log", (H,)), ("D", (H,)), ("conv_w", (Di + 2 * G * N, K)),
-                        ("norm", (Di,)), ("Wout", (Di, Dm))):
+                        ("conv_b", (Di + 2 * G * N,)), ("norm", (Di,)), ("Wout", (Di, Dm))):
         expect_float(fn, name, getattr(w, name))
         expect_shape(fn, name, getattr(w, name), shape,
                      hint + (f", K = spec.d_conv = {K}" if name == "conv_w" else ""))
@@ -124,6 +124,7 @@ def mamba2_forward(x, w, *, spec):
     spec Mamba2Spec (H = n_heads, N = d_state, Di = expand D, K = d_conv, the scan's chunk,
     G = n_groups).
     Returns out (B, T, D).  Cache: Mamba2Cache of the pairs' caches."""
+    x, w = common_float(x, w)
     Di, N, H = _check("mamba2", 3, x, w, spec)
     batch, T, _ = x.shape
     (z, cz), (u, cu), (Bm, cB), (Cm, cC) = (linear_forward(x, W)

@@ -25,8 +25,8 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.nn import Module, Param
-from scratchllm.core.validate import (expect_dout, expect_float, expect_instance, expect_ndim,
-                                      expect_shape)
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_instance,
+                                      expect_ndim, expect_shape)
 from scratchllm.ssm.s4 import dplr_legs
 from scratchllm.ssm.lti import (ConvCache, KernelCache, ZohCache, fft_conv_backward,
                                 fft_conv_forward, ssm_kernel_backward, ssm_kernel_forward,
@@ -80,6 +80,7 @@ def s4d_complex_forward(x, w):
              log_dt, D (D,).
     Returns: y (B, T, D), real.  Cache: x, Re A, Δ, D and the ZOH, kernel and conv caches.
     """
+    x, w = common_float(x, w)
     _check("s4d_complex", 3, x, w)
     (A_bar, B_bar), zc = _discretise(w)  # (D, N) complex
     Kc, kc = ssm_kernel_forward(A_bar, B_bar, w.C_re + 1j * w.C_im, x.shape[1])  # (D, T)
@@ -124,6 +125,9 @@ def s4d_complex_step(x_t, state, w):
     h = Ā h + B̄ x_t, y_t = 2 Re ⟨C, h⟩ + D x_t. w as in s4d_complex_forward.
     Returns (y_t (B, D), new h)."""
     _check("s4d_complex_step", 2, x_t, w)
+    if state is not None:
+        expect_shape("s4d_complex_step", "state", state, x_t.shape + w.A_log_re.shape[-1:],
+                     "(B, D, N) of this step's rows")
     (A_bar, B_bar), _ = _discretise(w)  # (D, N)
     if state is None:
         state = np.zeros(x_t.shape + w.A_log_re.shape[-1:], complex)  # (B, D, N)

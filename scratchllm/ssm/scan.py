@@ -24,7 +24,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_ndim,
+                                      expect_shape)
 from scratchllm.ssm.scan_kernels import GROUPS, W, backward_blocks, forward_blocks
 
 
@@ -52,8 +53,6 @@ def _check(fn, x, delta, A, B, C, D):
     arrays = (x, delta, A, B, C, D)
     for name, a in zip("x delta A B C D".split(), arrays):
         expect_float(fn, name, a)
-        if a.dtype != x.dtype:
-            raise TypeError(f"{fn}: {name} has dtype {a.dtype}, expected {x.dtype} like x")
     return ScanCache(*(np.ascontiguousarray(a) for a in arrays))
 
 
@@ -64,6 +63,7 @@ def selective_scan_forward_ref(x, delta, A, B, C, D):
     Inputs:  x, delta (B, T, d); A (d, N); B, C (B, T, N); D (d,).
     Returns: y (B, T, d).  Cache: the inputs (ScanCache).
     """
+    x, delta, A, B, C, D = common_float(x, delta, A, B, C, D)
     cache = _check("selective_scan_forward_ref", x, delta, A, B, C, D)
     batch, T, d = x.shape
     h = np.zeros((batch, d, A.shape[1]), x.dtype)  # (B, d, N)
@@ -155,6 +155,7 @@ def selective_scan_forward(x, delta, A, B, C, D):
              B, C (B, T, N); D (d,); one float dtype.
     Returns: y (B, T, d).  Cache: the inputs only (ScanCache): no (B, T, d, N) states.
     """
+    x, delta, A, B, C, D = common_float(x, delta, A, B, C, D)
     cache = _check("selective_scan_forward", x, delta, A, B, C, D)
     d = x.shape[-1]
     dp = -(-d // W) * W

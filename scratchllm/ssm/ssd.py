@@ -22,7 +22,8 @@ import numba
 import numpy as np
 
 from scratchllm.attention import repeat_kv_backward, repeat_kv_forward
-from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_ndim,
+                                      expect_shape)
 from scratchllm.linear_attention.gla import (GLACache, gla_attention_step, gla_backward_parts,
                                              gla_forward_parts, gla_out)
 
@@ -52,6 +53,30 @@ def _check(fn, x, dt, A, B, C, D):
     return H // B.shape[2]
 
 
+def _check_step(x_t, dt_t, A, BCD, state):
+    """ssd_step's inputs: _check's shapes without the time axis, and the state exactly
+    (B, H, N, Dh) or None, never broadcast. Returns the group size H / Hg."""
+    fn = "ssd_step"
+    B_t, C_t, D = BCD
+    expect_ndim(fn, "x_t", x_t, 3, "(B, H, Dh)")
+    for name, a in (("x_t", x_t), ("dt_t", dt_t), ("A", A), ("B_t", B_t), ("C_t", C_t),
+                    ("D", D)):
+        expect_float(fn, name, a)
+    batch, H, Dh = x_t.shape
+    expect_shape(fn, "dt_t", dt_t, (batch, H), "(B, H)")
+    for name, a in (("A", A), ("D", D)):
+        expect_shape(fn, name, a, (H,), "(H,): one scalar per head")
+    expect_ndim(fn, "B_t", B_t, 3, "(B, Hg, N)")
+    expect_shape(fn, "B_t", B_t, (batch, None, None), "(B, Hg, N)")
+    expect_shape(fn, "C_t", C_t, B_t.shape, "the shape of B_t")
+    if H % B_t.shape[1]:
+        raise ValueError(f"{fn}: H={H} heads must be a multiple of Hg={B_t.shape[1]} groups")
+    if state is not None:
+        expect_shape(fn, "state", state, (batch, H, B_t.shape[2], Dh),
+                     "(B, H, N, Dh) of this step's rows")
+    return H // B_t.shape[1]
+
+
 def _heads(a, group):
     """(B, T, Hg, N) -> (B, H, T, N), head h reading group h // group; and the pair's cache."""
     return repeat_kv_forward(np.swapaxes(a, 1, 2), group)  # (B, H, T, N)
@@ -65,6 +90,7 @@ def ssd_forward(x, dt, A, B, C, D, *, form="chunked", chunk=64):
              B, C (B, T, Hg, N); D (H,) the skip.
     Returns: y (B, T, H, Dh).  Cache: x, Δ, A, D, the group size and the GLA cache.
     """
+    x, dt, A, B, C, D = common_float(x, dt, A, B, C, D)
     group = _check("ssd", x, dt, A, B, C, D)
     xt, dtt = np.swapaxes(x, 1, 2), np.swapaxes(dt, 1, 2)  # (B, H, T, Dh), (B, H, T)
     (Ch, rep), (Bh, _) = _heads(C, group), _heads(B, group)  # (B, H, T, N) each
@@ -100,7 +126,7 @@ def ssd_step(x_t, dt_t, A, B_t, C_t, D, state):
     Inputs:  x_t (B, H, Dh); dt_t (B, H); A, D (H,); B_t, C_t (B, Hg, N); state (B, H, N, Dh)
              or None (zeros). Returns (y_t (B, H, Dh), new state (B, H, N, Dh)).
     """
-    group = x_t.shape[1] // B_t.shape[1]
+    group = _check_step(x_t, dt_t, A, (B_t, C_t, D), state)
     Ch, Bh = np.repeat(C_t, group, axis=1), np.repeat(B_t, group, axis=1)  # (B, H, N)
     y, state = gla_attention_step(Ch, Bh, x_t * dt_t[..., None], dt_t * A, state)
     return y + D[:, None] * x_t, state  # (B, H, Dh)

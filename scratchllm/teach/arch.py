@@ -34,6 +34,9 @@ MODELS = {cfg.name: cfg for cfg in [
     _gqa("llama-3-8b", 128256, 4096, 32, 32, 8, 14336),
     _gqa("llama-3-70b", 128256, 8192, 80, 64, 8, 28672),
     _gqa("llama-3.1-405b", 128256, 16384, 126, 128, 8, 53248),
+    # meta-llama/Llama-3.2-1B config.json: tied embeddings (the chapter's "1B model with a 128K
+    # vocabulary spends ~260M parameters on embeddings")
+    _gqa("llama-3.2-1b", 128256, 2048, 16, 32, 8, 8192, tie_embeddings=True),
     # mistralai params.json (v0.2+: no sliding window)
     _gqa("mistral-7b", 32000, 4096, 32, 32, 8, 14336),
     # mistralai/Mistral-7B-v0.1 config.json: the same weights' shapes, sliding_window 4096
@@ -41,6 +44,9 @@ MODELS = {cfg.name: cfg for cfg in [
     _gqa("mistral-7b-v0.1", 32000, 4096, 32, 32, 8, 14336, window=4096),
     # HF configuration_mixtral.py defaults
     _gqa("mixtral-8x7b", 32000, 4096, 32, 32, 8, 14336, ffn="moe", n_experts=8, top_k=2),
+    # deepseek-ai/deepseek-llm-67b-base config.json (DeepSeek LLM, arXiv 2401.02954 Table 2):
+    # the dense model DeepSeek-V2 compares its KV cache with
+    _gqa("deepseek-67b", 102400, 8192, 95, 64, 8, 22016),
     # HF deepseek-ai/DeepSeek-V2 config.json (236B): 160 routed + 2 shared, top-6, 1 dense layer
     _deepseek("deepseek-v2", 102400, 5120, 1, 12288, 59,
               MoESpec(RouterSpec(160, 6), ExpertsSpec(d_ff=1536), d_shared=2 * 1536)),

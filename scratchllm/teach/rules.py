@@ -1,8 +1,10 @@
 """The chapters' rules of thumb, each beside the exact count it approximates (teach/sizing.py):
 12·L·D² for the blocks' weights, 2N / 6N FLOPs per token, the context at which attention
 overtakes the weight matmuls, L·W through stacked sliding windows, and a Mamba state against
-the KV cache at 1k / 32k / 1M tokens. `python -m scratchllm size` prints them beside the exact
-counts (--explain shows the formulas). Pure Python, as sizing is.
+the KV cache at 1k / 32k / 1M tokens, F ≈ 8/3·D (Llama: 3.5·D), the embedding's share of a
+small model with a large vocabulary, and DeepSeek-V2's KV cut against DeepSeek 67B.
+`python -m scratchllm size` prints them beside the exact counts (--explain shows the
+formulas). Pure Python, as sizing is.
 """
 from typing import NamedTuple
 
@@ -94,3 +96,45 @@ def cache_at(cfg, contexts=CONTEXTS, dtype="bf16"):
         c = kv_cache(cfg, T, 1, dtype)
         out.append((T, c.tokens * c.bytes_per_token, c.state_bytes))
     return out
+
+
+# ------------------------------------------------------------- the chapters' other numbers
+SWIGLU_RULE = 8 / 3  # F ≈ 8/3·D keeps a SwiGLU's three matrices at the MLP's 8·D² (3·D·F)
+
+
+def ffn_ratio(cfg):
+    """F / D of cfg's dense FFN (None without one), beside the rules 8/3 (a SwiGLU at the 4·D
+    MLP's cost) and Llama 3's 3.5 (int(8D/3) times an ffn_dim_multiplier, rounded up to a
+    multiple: 14,336 = 3.5 · 4096 in Llama 3 8B)."""
+    dense = ffns(cfg, FFNSpec)
+    return dense[0].d_ff / cfg.d_model if dense else None
+
+
+class EmbeddingShare(NamedTuple):
+    params: int  # the token embedding, plus the head when it is not tied
+    total: int   # all parameters
+
+
+def embedding_share(cfg):
+    """The embedding's parameters (V·D, twice when the head is untied) against the total: the
+    chapter's "a 1B model with a 128K vocabulary spends ~260M on embeddings" is Llama 3.2 1B,
+    128,256 · 2,048 = 262,668,288 of 1.24B (tied)."""
+    table = cfg.vocab_size * cfg.d_model
+    return EmbeddingShare(table * (1 if cfg.tie_embeddings else 2), parameters(cfg).total)
+
+
+class KVCut(NamedTuple):
+    elements: int       # cached numbers per token, all layers, of cfg
+    reference: int      # the same for the reference model
+    cut: float          # 1 − elements / reference
+    cut_quantised: float  # 1 − (elements · bits) / (reference · 16): cfg's cache at `bits`
+
+
+def kv_cut(cfg, reference, bits=6):
+    """cfg's KV cache per token against a reference model's in bf16. DeepSeek-V2 (60 layers of
+    Dc + Dr = 576) against DeepSeek 67B (95 layers of 2·8·128): 34,560 against 194,560 numbers,
+    an 82.2% cut; the paper's 93.3% (arXiv 2405.04434 §3.2.3) also stores V2's cache at 6 bits
+    per element on average (FP8 with KV-cache quantisation) against 67B's 16."""
+    mine = n_attention_layers(cfg) * kv_cache(cfg).elements_per_layer
+    ref = n_attention_layers(reference) * kv_cache(reference).elements_per_layer
+    return KVCut(mine, ref, 1 - mine / ref, 1 - mine * bits / (ref * 16))

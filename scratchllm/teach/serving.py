@@ -170,6 +170,8 @@ def kv_cache_bytes(cfg, context, batch=1, dtype="bf16"):
     numbers = 0
     for layer in cfg.layers:
         m = layer.mixer
+        if m is None:  # an MLP-only layer keeps nothing
+            continue
         numbers += (_kept(m, context) * m.kv_per_token(cfg.d_model) if isinstance(m, ATTENTION)
                     else m.state_per_sequence(cfg.d_model))
     return batch * numbers * dtype_bytes(dtype)

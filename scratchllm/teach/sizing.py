@@ -127,7 +127,9 @@ def _layer_parts(layer, D):
     """[(part, total, active)] of one block: its mixer, its FFN, its norms. Only the routed
     experts differ: a token uses K of the E."""
     mixer, ffn = layer.mixer, layer.ffn
-    if isinstance(mixer, ATTENTION):
+    if mixer is None:  # an MLP-only layer
+        out = []
+    elif isinstance(mixer, ATTENTION):
         out = [("attention", weights(mixer, D)), ("biases", biases(mixer, D))]
     else:
         out = [("mamba" if isinstance(mixer, MambaSpec) else "recurrent", mixer.n_params(D))]
@@ -231,7 +233,8 @@ def kv_cache(cfg, context=1, batch=1, dtype="bf16", absorbed=True):
     elements = kv_elements_per_token_layer(cfg, absorbed)
     per_token = n_attention_layers(cfg) * elements * size
     tokens = tokens_kept(cfg, context)
-    recurrent = [layer.mixer for layer in cfg.layers if not isinstance(layer.mixer, ATTENTION)]
+    recurrent = [layer.mixer for layer in cfg.layers
+                 if layer.mixer is not None and not isinstance(layer.mixer, ATTENTION)]
     state = sum(m.state_per_sequence(cfg.d_model) for m in recurrent) * size
     return CacheSize(elements, elements * size, per_token, tokens, state,
                      batch * (tokens * per_token + state))

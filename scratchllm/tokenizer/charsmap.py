@@ -60,17 +60,26 @@ class CharsMap:
         """HF tokenizers' Precompiled (huggingface/spm_precompiled src/lib.rs): per grapheme
         cluster of fewer than 6 UTF-8 bytes, the shortest rule that is a prefix of it
         replaces the whole cluster; otherwise each character is replaced by the shortest
-        rule that is a prefix of it, or kept. Spaces are left as they are."""
+        rule that is a prefix of it, or kept. Spaces are left as they are. (Each distinct
+        cluster's result is remembered: texts repeat few of them.)"""
+        memo = self.__dict__.setdefault("_hf_memo", {})
         out = []
         for g in regex.findall(r"\X", text):
-            data = g.encode("utf-8", "surrogatepass")
-            found = self._matches(data, 0) if len(data) < 6 else []
-            if found:
-                out.append(found[0][1].decode("utf-8"))
-                continue
-            for c in g:
-                found = self._matches(c.encode("utf-8", "surrogatepass"), 0)
-                out.append(found[0][1].decode("utf-8") if found else c)
+            hit = memo.get(g)
+            if hit is None:
+                hit = memo[g] = self._grapheme_hf(g)
+            out.append(hit)
+        return "".join(out)
+
+    def _grapheme_hf(self, g):
+        data = g.encode("utf-8", "surrogatepass")
+        found = self._matches(data, 0) if len(data) < 6 else []
+        if found:
+            return found[0][1].decode("utf-8")
+        out = []
+        for c in g:
+            found = self._matches(c.encode("utf-8", "surrogatepass"), 0)
+            out.append(found[0][1].decode("utf-8") if found else c)
         return "".join(out)
 
     def prefix(self, data, i):

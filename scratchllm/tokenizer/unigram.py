@@ -22,14 +22,17 @@ and replace only on a strictly better score).
 Glossary: piece = vocabulary string; score = log p(piece); lattice edge = (start, end, id).
 """
 import numpy as np
+import regex
 
 from .charsmap import SPACE
 from .normalizer import Normalizer
 from .pretokenize import special_regex, split_special
 from .specials import check_disallowed, special_plan
+from .spm_decode import sentencepiece_decode
 from .unigram_lattice import PieceTrie, code_points, lattice_edges, viterbi
 
 UNK_PENALTY = 10.0
+_BEFORE_SPACE = regex.compile(f"(?={SPACE})")
 
 
 class Unigram:
@@ -42,6 +45,9 @@ class Unigram:
     fuse_unk: a run of unknown characters is one unknown id (HF tokenizers' Unigram does);
     score_dtype: the float type path scores add up in: SentencePiece adds float32 (its order
     of rounding can break an exact tie), HF tokenizers float64."""
+
+    sentencepiece_kinds = None   # {id: "control" | "unknown" | "byte"}: decode as SentencePiece
+    split_pieces = False         # segment each ▁-word alone (HF's Metaspace split=true)
 
     def __init__(self, pieces, unk_id=0, special_tokens=None, *, normalizer=Normalizer(),
                  byte_fallback=False, unused=(), fuse_unk=False, score_dtype="float64"):
@@ -84,7 +90,25 @@ class Unigram:
 
     def _segment_ids(self, x):
         """Ids of the best (Viterbi) segmentation of the normalised text x."""
-        return self._batch_ids([x])[0]
+        return self._split_ids([x])[0]
+
+    def _split_ids(self, xs):
+        """_batch_ids, each text first cut before every ▁ when split_pieces (HF's Metaspace
+        with split: one lattice per word, so float sums, and their ties, are the word's)."""
+        if not self.split_pieces:
+            return self._batch_ids(xs)
+        parts = [[p for p in _BEFORE_SPACE.split(x) if p] for x in xs]
+        flat = self._batch_ids([p for ps in parts for p in ps])
+        out, k = [], 0
+        for ps in parts:
+            out.append([i for ids in flat[k:k + len(ps)] for i in ids])
+            k += len(ps)
+        return out
+
+    def segment_ids(self, xs):
+        """[Viterbi ids of x for x in xs]: texts already normalised (no normaliser run; what
+        a tokenizer.json pipeline's pre-tokens need)."""
+        return self._batch_ids(list(xs))
 
     def _batch_ids(self, xs):
         """Viterbi ids of each normalised text (the Numba kernel unigram_lattice.viterbi, all
@@ -144,7 +168,7 @@ class Unigram:
 
     def encode_ordinary_batch(self, texts):
         """[encode_ordinary(t) for t in texts], segmented in one kernel call."""
-        return self._batch_ids([self.normalize(t) for t in texts])
+        return self._split_ids([self.normalize(t) for t in texts])
 
     def nbest(self, text, n):
         """The n most likely segmentations of text (ordinary): [(ids, log P)], best first."""
@@ -183,13 +207,19 @@ class Unigram:
 
     # ---- decoding -------------------------------------------------------------------------
     def decode(self, ids):
-        """Text of ids: pieces joined, <0xNN> runs decoded as UTF-8, ▁ -> space, the dummy
-        prefix removed."""
-        out, run = [], bytearray()
+        """Text of ids. A model read from a SentencePiece .model (sentencepiece_kinds set)
+        decodes as SentencePiece does (spm_decode.py: the unknown piece as " ⁇ ", control
+        pieces invisible); otherwise pieces are joined, <0xNN> runs decoded as UTF-8, ▁ ->
+        space, and the dummy prefix removed."""
         for i in ids:
             if not isinstance(i, (int, np.integer)) or not 0 <= i < len(self.pieces):
                 raise ValueError(f"Unigram.decode: id {i!r} is not in the vocab (ids run "
                                  f"0..{len(self.pieces) - 1})")
+        if self.sentencepiece_kinds is not None:
+            return sentencepiece_decode(self.pieces, ids, kinds=self.sentencepiece_kinds,
+                                        normalizer=self.normalizer)
+        out, run = [], bytearray()
+        for i in ids:
             piece = self.pieces[i][0]
             if i in self._byte_ids:
                 run.append(int(piece[3:5], 16))

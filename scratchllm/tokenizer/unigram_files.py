@@ -70,16 +70,21 @@ def _prefix(spec, where):
 def load_unigram_json(path):
     """A Unigram from an HF tokenizer.json with a Unigram model."""
     with open(path, encoding="utf-8") as fh:
-        spec = json.load(fh)
-    where = f"load_unigram_json({str(path)!r})"
+        return unigram_from_json(json.load(fh), f"load_unigram_json({str(path)!r})")
+
+
+def unigram_from_json(spec, where):
+    """load_unigram_json of a parsed tokenizer.json (dict); `where` names it in errors."""
     model = spec.get("model") or {}
     if model.get("type") != "Unigram":
         raise ValueError(f"{where}: model type is {model.get('type')!r}, expected 'Unigram'")
     specials = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t.get("special")
                 and t["id"] != model.get("unk_id")}
-    return Unigram([tuple(v) for v in model["vocab"]], unk_id=model.get("unk_id") or 0,
-                   special_tokens=specials, normalizer=_hf_normalizer(spec, where),
-                   byte_fallback=bool(model.get("byte_fallback")), fuse_unk=True)
+    tok = Unigram([tuple(v) for v in model["vocab"]], unk_id=model.get("unk_id") or 0,
+                  special_tokens=specials, normalizer=_hf_normalizer(spec, where),
+                  byte_fallback=bool(model.get("byte_fallback")), fuse_unk=True)
+    tok.split_pieces = bool(spec["pre_tokenizer"].get("split", True))
+    return tok
 
 
 def save_unigram_json(tok, path):
@@ -115,8 +120,11 @@ def load_bpe_json(path):
     over characters with byte_fallback, and either the normaliser Prepend("▁") + Replace(" ",
     "▁") or a Metaspace pre-tokenizer without splitting."""
     with open(path, encoding="utf-8") as fh:
-        spec = json.load(fh)
-    where = f"load_bpe_json({str(path)!r})"
+        return bpe_from_json(json.load(fh), f"load_bpe_json({str(path)!r})")
+
+
+def bpe_from_json(spec, where):
+    """load_bpe_json of a parsed tokenizer.json (dict); `where` names it in errors."""
     model = spec.get("model") or {}
     if model.get("type") != "BPE" or model.get("continuing_subword_prefix") or \
             model.get("end_of_word_suffix"):
@@ -173,11 +181,14 @@ def load_sentencepiece(path):
     unk = [i for i, k in enumerate(kinds) if k == _UNKNOWN]
     specials = {p.piece: i for i, p in enumerate(proto.pieces) if p.type == _CONTROL}
     cls = Unigram if model_type == 1 else SentencePieceBPE
-    return cls([(p.piece, p.score) for p in proto.pieces], unk_id=unk[0] if unk else 0,
-               special_tokens=specials, normalizer=_spm_normalizer(proto.normalizer_spec, where),
-               byte_fallback=proto.trainer_spec.byte_fallback,
-               unused=[i for i, k in enumerate(kinds) if k == _UNUSED], fuse_unk=True,
-               score_dtype="float32")
+    tok = cls([(p.piece, p.score) for p in proto.pieces], unk_id=unk[0] if unk else 0,
+              special_tokens=specials, normalizer=_spm_normalizer(proto.normalizer_spec, where),
+              byte_fallback=proto.trainer_spec.byte_fallback,
+              unused=[i for i, k in enumerate(kinds) if k == _UNUSED], fuse_unk=True,
+              score_dtype="float32")
+    names = {_CONTROL: "control", _UNKNOWN: "unknown", _BYTE: "byte"}
+    tok.sentencepiece_kinds = {i: names[k] for i, k in enumerate(kinds) if k in names}
+    return tok
 
 
 def _spm_normalizer(norm, where):

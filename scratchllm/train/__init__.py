@@ -2,8 +2,8 @@
 atomic writer (checkpoint), data-parallel threads (parallel), the loop (trainer; data parallel
 across MPI ranks through dist), and loss plots (plots). Stands on lm, hub and dist."""
 from .checkpoint import CheckpointError, load_model
-from .parallel import DataParallel, set_blas_threads
+from .parallel import DataParallel, blas_threads, set_blas_threads
 from .trainer import Run, Settings, evaluate, fit, make_optimizer, train_preset
 
-__all__ = ["CheckpointError", "DataParallel", "Run", "Settings", "evaluate", "fit",
-           "load_model", "make_optimizer", "set_blas_threads", "train_preset"]
+__all__ = ["CheckpointError", "DataParallel", "Run", "Settings", "blas_threads", "evaluate",
+           "fit", "load_model", "make_optimizer", "set_blas_threads", "train_preset"]

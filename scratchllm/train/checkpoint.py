@@ -33,6 +33,7 @@ from scratchllm.tokenizer import TOKENIZER_FILE, Tokenizer
 
 STATE = "state.npz"
 CONFIG = "config.json"
+META_KEYS = ("step", "rng", "settings", "dtype", "manifest")  # what save_run writes and reads
 
 
 class CheckpointError(ValueError):
@@ -50,6 +51,8 @@ def read_config(directory):
     """The ModelConfig of DIR/config.json (either format); CheckpointError naming the file
     if it is missing, corrupt, or of a format this version does not read."""
     path = Path(directory) / CONFIG
+    if not path.is_file() and any(Path(directory).glob("*.tmp-*")):
+        raise CheckpointError(_no_state(Path(directory)))
     if not path.is_file():
         raise CheckpointError(f"checkpoint: no {CONFIG} in {str(directory)!r}; is it a "
                               f"checkpoint directory written by `python -m scratchllm train`?")
@@ -80,7 +83,7 @@ def load_state(directory):
     """Read DIR/state.npz -> (arrays dict, meta dict); CheckpointError if missing or corrupt."""
     path = Path(directory) / STATE
     if not path.is_file():
-        raise CheckpointError(f"checkpoint: no {STATE} in {str(directory)!r}")
+        raise CheckpointError(_no_state(Path(directory)))
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
@@ -88,12 +91,28 @@ def load_state(directory):
     except (zipfile.BadZipFile, ValueError, KeyError, OSError, EOFError) as e:
         raise CheckpointError(f"checkpoint: {path} is corrupt or truncated ({type(e).__name__}: "
                               f"{e}); restore it from a backup or train again") from None
+    missing = [k for k in META_KEYS if k not in meta] if isinstance(meta, dict) else META_KEYS
+    if missing:
+        raise CheckpointError(f"checkpoint: {path} lacks {list(missing)} in its metadata (an "
+                              f"older version wrote it, or it was altered); train again")
     for name, a in arrays.items():
         if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
             raise CheckpointError(f"checkpoint: {path} entry {name} holds NaN or inf "
                                   f"({int((~np.isfinite(a)).sum())} of {a.size} values); the "
                                   f"run it came from diverged or the file was altered")
     return arrays, meta
+
+
+def _no_state(directory):
+    """Why DIR has no state.npz: never a checkpoint, or a run stopped before its first save
+    finished (config.json and the tokenizer are written first, state.npz last, each through
+    a temp file)."""
+    began = (directory / CONFIG).is_file() or any(directory.glob("*.tmp-*"))
+    if not began:
+        return f"checkpoint: no {STATE} in {str(directory)!r}"
+    return (f"checkpoint: no {STATE} in {str(directory)!r}: the run that wrote there was "
+            f"stopped before its first save finished, so there is nothing to resume; train "
+            f"again without --resume (the files there are replaced)")
 
 
 def assign(params, arrays, prefix, where):
@@ -115,10 +134,12 @@ def assign(params, arrays, prefix, where):
 
 
 # ---------------------------------------------------------------------------- runs
-def save_run(run, directory, tokenizer=None, opt_state=None):
+def save_run(run, directory, tokenizer=None, opt_state=None, model=None):
     """Atomically write a training run's checkpoint: config and tokenizer once, then
     state.npz with everything that changes (run: a train.trainer.Run). opt_state: the
-    optimizer's state_dict when the caller gathered it (ZeRO), else run.opt's."""
+    optimizer's state_dict when the caller gathered it (ZeRO), else run.opt's; model: the
+    whole model when run.model is one rank's slice of it (tensor parallel), else run.model."""
+    model = run.model if model is None else model
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(directory)
@@ -127,14 +148,14 @@ def save_run(run, directory, tokenizer=None, opt_state=None):
         atomic_write(directory / TOKENIZER_FILE, lambda tmp: tokenizer.save(str(tmp)))
     else:
         (directory / TOKENIZER_FILE).unlink(missing_ok=True)  # never a stale one
-    arrays = {f"model.{n}": p.data for n, p in run.model.named_parameters()}
-    arrays.update({f"buffer.{n}": b for n, b in run.model.named_buffers()})
+    arrays = {f"model.{n}": p.data for n, p in model.named_parameters()}
+    arrays.update({f"buffer.{n}": b for n, b in model.named_buffers()})
     opt_state = run.opt.state_dict() if opt_state is None else opt_state
     arrays.update({f"opt.{k}": v for k, v in opt_state.items()})
     arrays["losses"] = np.asarray(run.losses, dtype=np.float64)
     arrays["evals"] = np.asarray(run.evals, dtype=np.float64).reshape(-1, 2)
     meta = {"step": run.step, "rng": run.rng.bit_generator.state,
-            "settings": asdict(run.s), "dtype": str(run.model.dtype), "data": run.data,
+            "settings": asdict(run.s), "dtype": str(model.dtype), "data": run.data,
             "manifest": manifest(directory, arrays)}
     save_state(directory, arrays, meta)
 

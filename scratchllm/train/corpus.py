@@ -7,6 +7,12 @@ train/validation split, random batches, and the unigram baseline the model must 
 the training ids: what a model that ignores context can reach). A model that learns context
 must go well below it; the default run aims at <= 0.6 x baseline.
 
+The token stream is the documents one after another, each ended by the separator
+<|endoftext|>, so every window packs pieces of several documents. Packed training (`train
+--pack-documents`, Llama 3's document masking) keeps them apart: document_ids numbers the
+documents of each window (a new one starts after each separator), and the LM attends only
+within a document, at positions that restart there.
+
 Glossary: B batch, T context length, V vocabulary.
 """
 import hashlib
@@ -80,6 +86,24 @@ def sample_batch(ids, batch_size, seq_len, rng):
     idx = starts[:, None] + np.arange(seq_len + 1)  # (B, T+1)
     window = ids[idx]  # (B, T+1)
     return window[:, :-1], window[:, 1:]
+
+
+def document_ids(x, eot):
+    """The document of each token of windows x (B, T) ints: 0 at each row's start, and one
+    more after each separator `eot` (the separator ends its own document).
+
+    >>> document_ids(np.array([[5, 0, 7, 7]]), 0).tolist()
+    [[0, 0, 1, 1]]
+    """
+    if isinstance(eot, bool) or not isinstance(eot, (int, np.integer)) or eot < 0:
+        raise ValueError(f"document_ids: eot must be the separator's token id (an int >= 0), "
+                         f"got {eot!r}")
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"document_ids: x must be (B, T) token ids, got shape {x.shape}")
+    doc = np.zeros(x.shape, dtype=np.int64)  # (B, T)
+    doc[:, 1:] = np.cumsum(x[:, :-1] == eot, axis=1)  # (B, T-1): separators before t
+    return doc
 
 
 def eval_batches(ids, batch_size, seq_len, max_tokens):

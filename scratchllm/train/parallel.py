@@ -22,27 +22,46 @@ import numpy as np
 
 _SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
             "openblas_set_num_threads64_", "openblas_set_num_threads")
+_GETTERS = tuple(s.replace("set_", "get_") for s in _SETTERS)
+
+
+def _openblas_libs():
+    """The OpenBLAS libraries loaded in this process (ctypes handles; [] when none is
+    found or /proc is missing)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "openblas" in line.lower()}
+    except OSError:
+        return []
+    libs = []
+    for path in sorted(paths):
+        try:
+            libs.append(ctypes.CDLL(path))
+        except OSError:
+            continue
+    return libs
 
 
 def set_blas_threads(n):
     """Set the thread count of every OpenBLAS library loaded in this process (NumPy's and
     SciPy's). Returns how many libraries were set (0: none found, nothing changed)."""
-    try:
-        with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "openblas" in line.lower()}
-    except OSError:
-        return 0
     done = 0
-    for path in sorted(paths):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
+    for lib in _openblas_libs():
         setter = next((getattr(lib, s) for s in _SETTERS if hasattr(lib, s)), None)
         if setter is not None:
             setter(int(n))
             done += 1
     return done
+
+
+def blas_threads():
+    """[thread count of each OpenBLAS library loaded in this process] ([] when none)."""
+    out = []
+    for lib in _openblas_libs():
+        getter = next((getattr(lib, s) for s in _GETTERS if hasattr(lib, s)), None)
+        if getter is not None:
+            out.append(int(getter()))
+    return out
 
 
 class DataParallel:
@@ -56,22 +75,24 @@ class DataParallel:
         self.replicas = [model] + [model.replica() for _ in range(n_shards - 1)]
         self.pool = ThreadPoolExecutor(n_shards) if n_shards > 1 else None
 
-    def _shard(self, model, x, y, scale):
+    def _shard(self, model, x, y, scale, docs):
         model.zero_grad()
-        _, cache = model.loss(x, y)
+        _, cache = model.loss(x, y, docs)
         model.loss_backward(scale, cache)
         return cache
 
-    def loss_backward(self, x, y, total=None):
+    def loss_backward(self, x, y, total=None, docs=None):
         """Returns (mean cross-entropy, [LossCache per shard]); grads in the main model.
         Shard s of n_s sequences (np.array_split: sizes differ by at most one) has weight
         n_s / B, so the cross-entropy is the mean over all B*T tokens. total: the B of the
         weights when x is one rank's slice of a larger batch (data parallelism across
-        processes: the ranks' results then sum to the whole batch's); default x's own."""
+        processes: the ranks' results then sum to the whole batch's); default x's own.
+        docs: the packed batch's doc_ids (B, T) (LM.forward's), or None."""
         B = x.shape[0] if total is None else total
         S = min(len(self.replicas), x.shape[0])
-        shards = [(m, a, b, len(a) / B) for m, a, b in
-                  zip(self.replicas, np.array_split(x, S), np.array_split(y, S))]
+        d = [None] * S if docs is None else np.array_split(docs, S)
+        shards = [(m, a, b, len(a) / B, c) for m, a, b, c in
+                  zip(self.replicas, np.array_split(x, S), np.array_split(y, S), d)]
         if self.pool is None or S == 1:
             caches = [self._shard(*shards[0])]
         else:
@@ -80,7 +101,7 @@ class DataParallel:
         for replica in self.replicas[1:S]:
             for p, q in zip(main, replica.parameters()):
                 p.grad += q.grad
-        return sum(c.ce * w for c, (*_, w) in zip(caches, shards)), caches
+        return sum(c.ce * sh[3] for c, sh in zip(caches, shards)), caches
 
     def map(self, fn, items):
         """[fn(item) for item in items] on the threads (forward-only work: a Module's forward

@@ -2,7 +2,8 @@
 state of a run (model, AdamW, batch RNG, step, losses) and evaluation. The checkpoint layout
 is in checkpoint.py, the plots in plots.py.
 
-One step:  loss = CE(LM(x), y) + sum of MoE aux terms  ->  backward (data-parallel threads)
+One step:  loss = CE(LM(x), y) + sum of MoE aux terms  ->  backward (data-parallel threads;
+           with Settings.fp8 both in FP8 matmuls, core/fp8.py)
            ->  [across processes: all-reduce the gradients over the data-parallel group]
            ->  clip the global grad norm  ->  AdamW with lr = warmup + cosine(step)
            ->  aux-free router bias update (MoE).
@@ -14,6 +15,7 @@ all-gathered: dist/zero.py); rank 0 alone prints and writes the checkpoint.
 Deterministic given the seed; a checkpoint holds everything needed to continue bit-exactly:
 weights, MoE biases, optimizer moments, step, losses and the batch RNG's state.
 """
+import fnmatch
 import math
 import os
 import signal
@@ -26,14 +28,16 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from scratchllm.core.atomic import remove_stale_temps
+from scratchllm.core.fp8 import FP8Spec, fp8_matmuls
 from scratchllm.core.nn import detect_anomaly
 from scratchllm.core.optim import AdamW, NonFiniteError, clip_grad_norm, cosine_schedule
-from scratchllm.dist import (Group, ZeroAdamW, all_reduce_forward, all_reduce_grads,
-                             bytes_per_step)
+from scratchllm.dist import (Group, ShardedModel, ZeroAdamW, all_reduce_forward,
+                             all_reduce_grads, bytes_per_step)
 from scratchllm.lm import LM
 from scratchllm.train import checkpoint, corpus
+from scratchllm.train.megatron import MegatronLM
 from scratchllm.train.parallel import DataParallel, set_blas_threads
+from scratchllm.train.pipeline import PipelineStage
 
 
 @dataclass
@@ -50,6 +54,12 @@ class Settings:
     eval_tokens: int = 65536   # validation tokens per evaluation (at most; the same set)
     seed: int = 0              # weight init and batch order
     threads: int = min(2, os.cpu_count() or 1)  # data-parallel batch shards, one thread each
+    fp8: bool = False          # FP8 matmuls in every Linear but the head (core/fp8.py)
+    pack_documents: bool = False  # attend within each document of a window only, positions
+                                  # restarting at each (needs the separator id: Run.eot)
+    param_groups: list = None  # [[pattern, lr_scale, weight_decay], ...]: a Param whose name
+                               # matches the glob pattern (the first that does) gets its own
+                               # lr (scale of lr; 0 freezes it) and weight decay
 
 
 def _decays(name, p):
@@ -58,15 +68,29 @@ def _decays(name, p):
 
 
 def make_optimizer(model, s):
-    """AdamW (betas 0.9, 0.95) with decoupled weight decay where _decays says so."""
-    decay = [p for n, p in model.named_parameters() if _decays(n, p)]
-    rest = [p for n, p in model.named_parameters() if not _decays(n, p)]
+    """AdamW (betas 0.9, 0.95) with decoupled weight decay where _decays says so; with
+    s.param_groups, the Params each rule's glob pattern matches (the first rule wins) form
+    a group of their own lr scale and weight decay (an error names a rule that matches
+    nothing)."""
+    rules = [tuple(r) for r in (s.param_groups or [])]
+    groups = [{"params": [], "lr_scale": float(scale), "weight_decay": float(wd)}
+              for _, scale, wd in rules]
+    decay, rest = [], []
+    for n, p in model.named_parameters():
+        i = next((i for i, r in enumerate(rules) if fnmatch.fnmatchcase(n, r[0])), None)
+        (groups[i]["params"] if i is not None else decay if _decays(n, p) else rest).append(p)
+    empty = [r[0] for r, g in zip(rules, groups) if not g["params"]]
+    if empty:
+        raise ValueError(f"param_groups: no parameter name matches {empty} (names look like "
+                         f"{next(iter(dict(model.named_parameters())))!r}, "
+                         f"'layers.0.ffn.w_router')")
     return AdamW([{"params": decay, "weight_decay": s.weight_decay},
-                  {"params": rest, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
+                  {"params": rest, "weight_decay": 0.0}] + groups, lr=s.lr, betas=(0.9, 0.95))
 
 
 def evaluate(model, batches, dp=None, group=None):
-    """Mean cross-entropy (nats/token) over fixed batches, forward only (on dp's threads);
+    """Mean cross-entropy (nats/token) over fixed batches ((x, y), or (x, y, doc_ids) of a
+    packed batch), forward only (on dp's threads);
     with a data-parallel group, rank d takes batches d, d + size, ... and the sums are
     all-reduced."""
     if not batches:
@@ -76,22 +100,48 @@ def evaluate(model, batches, dp=None, group=None):
     total = sum(losses)
     if group is not None:
         total = group.sum_scalar(total)
-    return total / max(sum(y.size for _, y in batches), 1)
+    return total / max(sum(b[1].size for b in batches), 1)
 
 
 class Run:
     """The mutable state of one training run: model, optimizer, batch RNG, step, history."""
 
-    def __init__(self, cfg, settings, dtype=np.float32, model=None, grid=None, zero=0):
+    def __init__(self, cfg, settings, dtype=np.float32, model=None, grid=None, zero=0,
+                 sequence=False, pipeline=("1f1b", 0)):
         """model: an LM of cfg to train (e.g. a loaded checkpoint); default a fresh one.
         grid: the dist.RankGrid of an MPI run (data parallel over grid.groups["dp"]); None for
-        one process. zero: 1 shards AdamW's state over the data-parallel ranks (ZeRO-1)."""
+        one process. zero: the ZeRO stage over the data-parallel ranks: 1 shards AdamW's
+        state, 2 the gradients too, 3 the weights too (dist/zero.py, dist/zero_layers.py).
+        With grid.shape.tp > 1 the model is this rank's MegatronLM slice (megatron.py);
+        sequence: sequence parallelism inside it. With grid.shape.pp > 1 this rank runs its
+        stage of the blocks (pipeline.py); pipeline: (schedule, micro-batches; 0: one per
+        stage)."""
         self.cfg, self.s = cfg, settings
+        axes = {a: None if grid is None or getattr(grid.shape, a) == 1 else grid.groups[a]
+                for a in ("tp", "pp")}
+        self.tp, pp = axes["tp"], axes["pp"]
+        self.world = Group.single() if grid is None else grid.world
+        if (self.tp or pp) and (settings.threads > 1 or zero or model is not None or
+                                (self.tp and pp)):
+            raise ValueError(f"--tp / --pp: one data shard per rank, without ZeRO, one of the "
+                             f"two (got --threads {settings.threads}, --zero {zero})")
+        if self.tp is not None:
+            model = MegatronLM(cfg, self.tp, rng=np.random.default_rng(settings.seed),
+                               dtype=dtype, sequence=sequence)
         self.model = model or LM(cfg, rng=np.random.default_rng(settings.seed), dtype=dtype)
         self.group = Group.single() if grid is None else grid.groups["dp"]
         self.opt = make_optimizer(self.model, settings)
+        self.stage = None if pp is None else PipelineStage(
+            self.model, pp, pipeline[1] or pp.size, pipeline[0])
+        self.shards = None  # ZeRO-2/3's hooks
         if zero:
-            self.opt = ZeroAdamW(self.opt, self.group)
+            self.opt = ZeroAdamW(self.opt, self.group, stage=zero)
+        if zero >= 2:
+            if settings.threads > 1:
+                raise ValueError(f"--zero {zero} reduce-scatters each block's gradients inside "
+                                 f"the backward of one data shard per rank; --threads "
+                                 f"{settings.threads} is not supported with it (use --threads 1)")
+            self.shards = ShardedModel(self.model, self.opt.owners(), self.group, zero)
         self.writer = grid is None or grid.is_first()  # prints, saves
         if settings.batch_size < self.group.size:
             raise ValueError(f"--batch-size {settings.batch_size} is smaller than the "
@@ -99,66 +149,149 @@ class Run:
         self.rows = np.array_split(np.arange(settings.batch_size), self.group.size)[
             self.group.rank]  # this rank's contiguous slice of the global batch
         moe = [layer.ffn for layer in self.model.layers if hasattr(layer.ffn, "update_bias")]
+        reduced = self.model.parameters() if self.stage is None else self.stage.params
         self.comm_model = bytes_per_step(  # bytes this rank sends per step: predicted
-            [p.data.nbytes for p in self.model.parameters()], self.group.size, zero=zero,
+            [p.data.nbytes for p in reduced], self.group.size, zero=zero,
             small=[8 * f.spec.router.n_experts for f in moe], rank=self.group.rank)
+        if self.shards is not None:
+            self.comm_model.update(self.shards.bytes_per_step())
+        if self.tp is not None:  # the tensor-parallel axis's collectives, per step
+            self.comm_model.update({f"tp {op}": n for op, n in self.model.bytes_per_step(
+                len(self.rows), settings.seq_len).items()})
+        if self.stage is not None:
+            self.comm_model["pp send"] = self.stage.bytes_per_step(len(self.rows),
+                                                                   settings.seq_len)
         self.sent = []  # bytes this rank sent in each step: measured (not saved)
-        if settings.threads > 1 or self.group.size > 1:
-            set_blas_threads(1)  # one BLAS thread per shard or rank: no oversubscription
+        # one BLAS thread per shard or rank, --threads 1 included: OpenBLAS's own threads
+        # spin-wait, so a "one-thread" run would otherwise keep two cores busy (and be many
+        # times slower on a loaded machine)
+        set_blas_threads(1)
         self.dp = DataParallel(self.model, settings.threads)
         self.rng = np.random.default_rng([settings.seed, 1])
         self.step = 0
         self.data = None   # the text file trained on (recorded so --resume finds it)
         self.losses = []   # train loss per step
+        self.mtp_losses = []  # per step, each MTP module's cross-entropy (not saved)
         self.step_seconds = []  # wall time of each train_step in this process (not saved)
         self.evals = []    # (step, val loss)
         self.detect_anomaly = False  # check every Module's outputs and gradients (slow)
+        self.eot = None  # the document separator's token id (settings.pack_documents)
+        self.last_stats = []  # [(layer, share of routed slots per expert)] of the last step
 
     def train_step(self, train_ids):
         """One optimizer step on a fresh random batch; returns (loss, routing stats)."""
         s, model = self.s, self.model
-        t0, sent0 = time.perf_counter(), self.group.total_sent()
+        t0, sent0 = time.perf_counter(), self._sent()
         x, y = corpus.sample_batch(train_ids, s.batch_size, s.seq_len, self.rng)
-        with detect_anomaly(*self.dp.replicas) if self.detect_anomaly else nullcontext():
-            if self.group.size == 1:
-                ce, caches = self.dp.loss_backward(x, y)
+        docs = self._documents(x)  # (B, T) or None
+        if self.shards is not None:
+            self.shards.begin_step()
+        with self.precision(), \
+                detect_anomaly(*self.dp.replicas) if self.detect_anomaly else nullcontext():
+            if self.stage is not None:  # this rank's stage, on its rows' micro-batches
+                if docs is not None:
+                    raise ValueError("pack_documents with pipeline parallel (--pp) is not "
+                                     "available: the stages pass no document ids")
+                model.zero_grad()
+                lo, hi = self.rows[0], self.rows[-1] + 1
+                ce = self.stage.pp_sum(self.stage.step(x[lo:hi], y[lo:hi], s.batch_size))
+                caches = []
+            elif self.group.size == 1:
+                ce, caches = self.dp.loss_backward(x, y, **({} if docs is None else
+                                                           {"docs": docs}))
             else:  # this rank's rows, weighted as a part of the global batch
                 lo, hi = self.rows[0], self.rows[-1] + 1
-                ce, caches = self.dp.loss_backward(x[lo:hi], y[lo:hi], total=s.batch_size)
-        across = None
-        if self.group.size > 1:
+                packed = {} if docs is None else {"docs": docs[lo:hi]}
+                ce, caches = self.dp.loss_backward(x[lo:hi], y[lo:hi], total=s.batch_size,
+                                                   **packed)
+        across, params, norm_across = None, model.parameters(), None
+        if self.stage is not None:  # a stage's own Params; the norm summed over the stages
+            params, norm_across = self.stage.params, self.stage.pp_sum
+            if self.group.size > 1:
+                all_reduce_grads(params, self.group)
+        elif self.shards is not None:  # each rank holds its Params' summed gradients only
+            self.shards.end_backward()
+            params, norm_across = self.opt.owned(), self.group.sum_scalar
+        elif self.group.size > 1:
             all_reduce_grads(model.parameters(), self.group)  # grad = sum_d (n_d / B) grad_d
+        if self.tp is not None:  # the norm of the whole model's gradient
+            norm_across = model.squares_over_group
+        if self.group.size > 1:
             ce = self.group.sum_scalar(ce)
             across = self._sum_over_ranks
         if not math.isfinite(ce):
             raise NonFiniteError(f"step {self.step + 1}: the training loss is {ce}; "
                                  f"{self.likely_cause()}")
         try:
-            clip_grad_norm(model.parameters(), s.clip)
+            clip_grad_norm(params, s.clip, across=norm_across)
         except NonFiniteError as e:
             raise NonFiniteError(f"step {self.step + 1}: {e}; {self.likely_cause()}") from None
         self.opt.lr = cosine_schedule(self.step + 1, s.lr, s.lr / 10, s.warmup, s.steps)
-        self.opt.step()
+        if self.stage is None:
+            self.opt.step()
+        else:
+            self.opt.step(only=self.stage.opt_indices(self.opt))
         stats = model.after_step(caches, across)
+        self.last_stats = stats
         self.step += 1
         self.losses.append(ce)
+        if caches and caches[0].mtp_cache is not None:  # each MTP module's CE, shard mean
+            self.mtp_losses.append(np.mean([c.mtp_cache.losses for c in caches], axis=0))
         self.step_seconds.append(time.perf_counter() - t0)
-        self.sent.append(self.group.total_sent() - sent0)
+        self.sent.append(self._sent() - sent0)
         return ce, stats
+
+    def _sent(self):
+        """Bytes this rank has sent over its data-, tensor- and pipeline-parallel groups."""
+        return (self.group.total_sent() + (0 if self.tp is None else self.tp.total_sent()) +
+                (0 if self.stage is None else self.stage.sent))
+
+    def _documents(self, x):
+        """The documents of windows x (B, T) when packing (corpus.document_ids), else None."""
+        if not self.s.pack_documents:
+            return None
+        if self.eot is None:
+            raise ValueError("pack_documents needs the separator's token id: set Run.eot (the "
+                             "tokenizer's <|endoftext|> id)")
+        return corpus.document_ids(x, self.eot)
+
+    def eval_set(self, val_ids):
+        """The fixed evaluation batches of val_ids: (x, y), or (x, y, doc_ids) when packing."""
+        s = self.s
+        batches = corpus.eval_batches(val_ids, s.batch_size, s.seq_len, s.eval_tokens)
+        if not s.pack_documents:
+            return batches
+        return [(x, y, self._documents(x)) for x, y in batches]
 
     def agree(self, stop):
         """Whether any data-parallel rank wants to stop (Ctrl-C reaches the ranks at
         different moments: they must stop after the same step, or one waits in the next
         all-reduce forever)."""
-        return bool(stop) if self.group.size == 1 else self.group.sum_scalar(bool(stop)) > 0
+        return bool(stop) if self.world.size == 1 else self.world.sum_scalar(bool(stop)) > 0
 
     def _sum_over_ranks(self, a):
         return all_reduce_forward(a, group=self.group)[0]
 
+    def precision(self):
+        """The matmuls' precision for one step: FP8 (core.fp8.fp8_matmuls with DeepSeek-V3's
+        tiles: e4m3, 1 x 128 activations, 128 x 128 weights; e5m2 gradients) with
+        settings.fp8, else the model's float dtype. The weights the optimizer updates stay in
+        that float dtype."""
+        return fp8_matmuls(FP8Spec()) if self.s.fp8 else nullcontext()
+
+    def whole(self):
+        """A context in which every weight is on this rank (ZeRO-3 gathers them; collective),
+        else nothing."""
+        if self.stage is not None:  # every stage's current Params on every rank
+            self.stage.sync_whole()
+        return nullcontext() if self.shards is None else self.shards.gathered()
+
     def evaluate(self, batches):
-        """evaluate() on this run's threads and data-parallel ranks."""
-        return evaluate(self.model, batches, self.dp, None if self.group.size == 1 else
-                        self.group)
+        """evaluate() on this run's threads and data-parallel ranks (in the step's
+        precision)."""
+        with self.whole(), self.precision():
+            return evaluate(self.model, batches, self.dp, None if self.group.size == 1 else
+                            self.group)
 
     def likely_cause(self):
         """Why a step went NaN or inf, as far as the run can tell (for the error message)."""
@@ -174,13 +307,42 @@ class Run:
         """Atomically write the checkpoint (checkpoint.save_run); on rank 0 only under MPI
         (every rank holds the same weights and optimizer state)."""
         opt_state = self.opt.state_dict()  # collective under ZeRO: every rank calls it
-        if self.writer:
-            checkpoint.save_run(self, directory, tokenizer, opt_state)
+        model = self.model
+        if self.tp is not None:  # the whole model and moments, gathered (collective)
+            model, opt_state = self._whole_tp(opt_state)
+        if self.stage is not None:  # every stage's moments, on rank 0
+            opt_state = self.stage.gather_moments(self.opt, opt_state)
+        with self.whole():
+            if self.writer:
+                checkpoint.save_run(self, directory, tokenizer, opt_state, model=model)
+
+    def _opt_names(self):
+        """The Param name of each optimizer slot (AdamW's m.i / v.i)."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        return [names[id(p)] for p in self.opt.params]
+
+    def _whole_tp(self, opt_state):
+        """(the one-process LM, AdamW's whole state_dict) from this rank's slices."""
+        return self.model.gather_whole(self.cfg, self._opt_names(), opt_state)
 
     def load(self, directory):
         """Restore everything `save` wrote (checkpoint.load_run); CheckpointError on any
         mismatch."""
-        checkpoint.load_run(self, directory)
+        if self.tp is not None:
+            return self._load_tp(directory)
+        with self.whole():
+            checkpoint.load_run(self, directory)
+
+    def _load_tp(self, directory):
+        """Load the whole checkpoint into a one-process run, then keep this rank's slices."""
+        whole = Run(self.cfg, Settings(**dict(vars(self.s), threads=1)), self.model.dtype)
+        checkpoint.load_run(whole, directory)
+        self.model.load_full({n: p.data for n, p in whole.model.named_parameters()})
+        self.opt.load_state_dict(self.model.slice_state(self._opt_names(),
+                                                        whole.opt.state_dict()))
+        self.rng.bit_generator.state = whole.rng.bit_generator.state
+        self.step, self.losses, self.evals = whole.step, whole.losses, whole.evals
+        whole.dp.close()
 
 
 # ---------------------------------------------------------------------------- the loop
@@ -215,10 +377,8 @@ def fit(run, train_ids, val_ids, *, out=None, tokenizer=None, progress=True, log
     val_ids) every eval_every steps and saving a checkpoint to `out` then. Ctrl-C saves and
     returns False. Returns True when all steps ran."""
     s = run.s
-    if out is not None and Path(out).is_dir() and run.writer:
-        remove_stale_temps(out)  # left by a write that was killed
     if eval_set is None:
-        eval_set = corpus.eval_batches(val_ids, s.batch_size, s.seq_len, s.eval_tokens)
+        eval_set = run.eval_set(val_ids)
     tokens_per_step = s.batch_size * s.seq_len
     bar = tqdm(total=s.steps, initial=run.step, disable=not (progress and run.writer),
                unit="step", dynamic_ncols=True, file=sys.stderr)

@@ -15,7 +15,8 @@ import numpy as np
 
 from scratchllm.core.nn import Module, Param, normal_init
 from scratchllm.core.validate import expect_dout, expect_shape
-from scratchllm.vision.patch import PatchWeights, patch_embed_backward, patch_embed_forward
+from scratchllm.vision.patch import (PatchWeights, check_patch_inputs, patch_embed_backward,
+                                     patch_embed_forward)
 
 
 class VisionEmbedWeights(NamedTuple):
@@ -46,6 +47,7 @@ def vision_embed_forward(x, w, *, spec):
         if (getattr(w, name) is None) == on:
             raise ValueError(f"{fn}: the spec {'asks for' if on else 'has no'} {name}, but "
                              f"w.{name} is {'None' if on else 'given'}")
+    check_patch_inputs(fn, x, PatchWeights(w.W, w.b), spec)
     p, c_patch = patch_embed_forward(x, PatchWeights(w.W, w.b), spec=spec)  # (B, N, D)
     B, N, D = p.shape
     expect_shape(fn, "pos", w.pos, (spec.n_positions, D), "(N', D): N (+ 1 with [CLS]) rows")

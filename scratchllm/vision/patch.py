@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.ops import linear_backward, linear_forward, linear_out
+from scratchllm.core.ops import expect_linear, linear_backward, linear_forward, linear_out
 from scratchllm.core.validate import (expect_dout, expect_float, expect_integer, expect_ndim,
                                       expect_shape)
 
@@ -34,6 +34,14 @@ def _expect_image(fn, x, spec):
     expect_float(fn, "x", x, 4)
     C, (H, W) = spec.n_channels, spec.image_size
     expect_shape(fn, "x", x, (None, C, H, W), "(B, C, H, W): spec.n_channels, spec.image_size")
+
+
+def check_patch_inputs(fn, x, w, spec):
+    """x (B, C, H, W) of the spec's image size; w.W (C P P, D) and w.b (D,) or None, checked
+    under the caller's name `fn`."""
+    _expect_image(fn, x, spec)
+    expect_float(fn, "W", w.W)
+    expect_linear(fn, spec.patch_dim, w.W, w.b)
 
 
 def patchify(x, P):
@@ -64,10 +72,8 @@ def patch_embed_forward(x, w, *, spec):
     Returns: y (B, N, D), patches in row-major order (torch's conv(x).flatten(2).mT).
     Cache:   the linear's cache (the patches, W) and the image shape.
     """
-    fn = "patch_embed"
-    _expect_image(fn, x, spec)
+    check_patch_inputs("patch_embed", x, w, spec)
     P = spec.patch_size
-    expect_shape(fn, "W", w.W, (spec.patch_dim, None), "(C P P, D)")
     _, C, H, W = x.shape
     y, lin = linear_forward(patchify(x, P), w.W, w.b)  # (B, N, D)
     return y, PatchCache(lin, (C, H, W, P))

@@ -15,11 +15,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.attention.cross import cross_attention_backward, cross_attention_forward
+from scratchllm.attention.cross import (check_cross_inputs, cross_attention_backward,
+                                        cross_attention_forward)
 from scratchllm.attention.qkv import AttentionWeights
 from scratchllm.core.nn import Module, Param, normal_init
 from scratchllm.core.ops import linear_out
-from scratchllm.core.validate import expect_dout, expect_ndim, expect_shape
+from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
 from scratchllm.lm.ffn import make_ffn
 from scratchllm.lm.mixers import make_norm
 
@@ -46,8 +47,10 @@ def probe_attention_forward(h, w, *, spec):
     Returns: z (B, 1, D).  Cache: cross_attention_forward's.
     """
     expect_ndim("probe_attention", "h", h, 3, "(B, T, D)")
+    expect_float("probe_attention", "probe", w.probe)
     expect_shape("probe_attention", "probe", w.probe, (h.shape[2],), "(D,)")
     x = np.broadcast_to(w.probe, (h.shape[0], 1, h.shape[2]))  # (B, 1, D) one probe for all
+    check_cross_inputs("probe_attention", x, h, AttentionWeights(*w[1:]), spec, ("probe", "h"))
     return cross_attention_forward(x, h, AttentionWeights(*w[1:]), spec=spec)  # (B, 1, D)
 
 

@@ -1,7 +1,8 @@
 """The collectives across ranks: the distributed gradient check of every pair (and of the
 tensor-parallel Linear pairs) on 2 and 4 ranks (grads/mpi.py, spawned with mpiexec), a wrong
 backward caught by it, and what needs no MPI: the rank grid's error, a one-rank group, ZeRO's
-partition, the install message."""
+partition, the install message. The fast tier keeps the 2-rank check (one mpiexec, about a
+second); the 4-rank run and the broken backward are in the slow tier."""
 import builtins
 
 import numpy as np
@@ -11,17 +12,30 @@ from scratchllm import dist
 
 
 def test_every_collective_pair_passes_the_distributed_check_on_2_ranks(mpirun):
+    """The fast tier's one mpiexec: every pair's gradients and bytes, and a tiny LM trained
+    data parallel (plain, ZeRO-1, 2 and 3), tensor parallel (with and without sequence
+    parallelism) and pipeline parallel (GPipe and 1F1B) equal to one process in float64."""
     proc = mpirun(2, "-m", "grads.mpi")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "17/17 distributed checks pass" in proc.stdout, proc.stdout
+    assert "ok    ring_attention (causal, zig-zag) == sdpa on the whole sequence" in proc.stdout
+    assert "ok    expert_parallel == the one-process experts (4 experts on 2 ranks" in proc.stdout
+    for what in ("dp=2 (plain)", "dp=2 (ZeRO-1)", "dp=2 (ZeRO-2)", "dp=2 (ZeRO-3)", "tp=2",
+                 "tp=2 (sequence parallel)", "pp=2 (gpipe, 2 micro-batches)",
+                 "pp=2 (1f1b, 2 micro-batches)"):
+        assert f"ok    train {what} == one process" in proc.stdout, proc.stdout
+    assert "46/46 distributed checks pass" in proc.stdout, proc.stdout
 
 
+@pytest.mark.slow
 def test_on_4_ranks_and_on_the_groups_of_a_2x2_grid(mpirun):
     proc = mpirun(4, "-m", "grads.mpi", "--directions", "2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all_gather on the tp group of dp=2 x tp=2" in proc.stdout
     assert "ok    column then row == the one-process x W1 W2 + b" in proc.stdout
-    assert "19/19 distributed checks pass" in proc.stdout, proc.stdout
+    assert "ok    train dp=4 (ZeRO-3) == one process" in proc.stdout
+    assert "ok    train dp=2 x tp=2 (sequence parallel) == one process" in proc.stdout
+    assert "ok    train pp=2 x dp=2 (1f1b, 2 micro-batches) == one process" in proc.stdout
+    assert "48/48 distributed checks pass" in proc.stdout, proc.stdout
 
 
 BROKEN = """
@@ -40,6 +54,7 @@ sys.exit(0 if not res.ok else 1)
 """
 
 
+@pytest.mark.slow
 def test_the_check_catches_an_all_reduce_in_place_of_g_s_identity_backward(mpirun):
     proc = mpirun(2, "-c", BROKEN)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -70,7 +85,25 @@ def test_on_one_rank_every_collective_is_a_copy_and_sends_nothing():
         y, cache = getattr(dist, f"{name}_forward")(x, group=g)
         np.testing.assert_array_equal(y, x)
         np.testing.assert_array_equal(getattr(dist, f"{name}_backward")(x, cache)["x"], x)
+    for name in ("all_gather", "reduce_scatter"):  # the -v forms, as ZeRO-2/3 use them
+        y, cache = getattr(dist, f"{name}_forward")(x, group=g, counts=[2])
+        np.testing.assert_array_equal(y, x)
+        np.testing.assert_array_equal(getattr(dist, f"{name}_backward")(x, cache)["x"], x)
+    with pytest.raises(ValueError, match=r"all_gather: counts\[0\] = 3, but this rank's x "
+                                         r"has 2 rows"):
+        dist.all_gather_forward(x, group=g, counts=[3])
     assert g.total_sent() == 0
+
+
+def test_zero_3_refuses_data_parallel_threads_and_on_one_rank_keeps_every_weight():
+    from grads.cases import lm_tiny
+    from scratchllm.train.trainer import Run, Settings
+    grid = dist.RankGrid(dist.GridShape(), dist.Group.single())
+    with pytest.raises(ValueError, match=r"--zero 3 .* --threads 2 is not supported"):
+        Run(lm_tiny("dense"), Settings(threads=2), np.float64, grid=grid, zero=3)
+    run = Run(lm_tiny("dense"), Settings(threads=1), np.float64, grid=grid, zero=3)
+    weights, grads = run.shards.held_bytes()
+    assert weights == grads == run.model.n_params() * 8
 
 
 def test_gradient_buckets_keep_reverse_order_and_the_size_limit():

@@ -1,7 +1,7 @@
 """Data-parallel training across processes: `mpiexec -n 2 python -m scratchllm train --dp 2`
 gives, in float64, the parameters of one process on the whole batch (the checkpoint rank 0
-writes loads like any other), MoE aux losses per data shard as with threads, ZeRO-1 included
-and resumed across grids; a rank that raises
+writes loads like any other), MoE aux losses per data shard as with threads, ZeRO-1, 2 and 3
+included and resumed across grids; a rank that raises
 ends the job with its message, never a hang; a grid that does not fit is refused up front."""
 import os
 import shutil
@@ -15,6 +15,9 @@ import pytest
 from scratchllm.cli import train
 from scratchllm.train import checkpoint
 from scratchllm.train.checkpoint import load_model
+
+pytestmark = pytest.mark.slow  # each test trains under mpiexec (5-15 s); the fast tier's
+# 2-rank equivalence is grads.mpi's (test_collectives_mpi.py)
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "python-docs-slice.txt"
 
@@ -65,45 +68,59 @@ def test_dense_on_2_ranks_equals_one_process_on_the_whole_batch(mpirun, small, o
     assert rel <= 1e-12, rel
 
 
-def test_zero_1_equals_one_process_and_its_checkpoint_resumes_on_another_grid(mpirun, small,
-                                                                              one):
-    """ZeRO-1 on 2 ranks: the parameters and the gathered AdamW moments of one process; then
-    its checkpoint resumed in one process and the one-process checkpoint resumed with ZeRO-1
-    on 2 ranks (its moments sharded on load) reach the same parameters 2 steps later."""
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_equals_one_process_and_its_checkpoint_resumes_on_another_grid(mpirun, small, one,
+                                                                            stage):
+    """ZeRO-1/2/3 on 2 ranks: the parameters and the gathered AdamW moments of one process;
+    then its checkpoint resumed in one process and the one-process checkpoint resumed with
+    the same stage on 2 ranks (its moments, gradients and weights sharded on load) reach the
+    same parameters 2 steps later."""
     data, root = small
-    proc = mpirun(2, "-m", "scratchllm", "train", "--dp", "2", "--zero", "1",
-                  *_args(data, root / "zero"), timeout=120)
+    proc = mpirun(2, "-m", "scratchllm", "train", "--dp", "2", "--zero", str(stage),
+                  *_args(data, root / f"zero{stage}"), timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "ZeRO-1: AdamW state 8.01 MiB on rank 0 of 16.02 MiB unsharded" in proc.stdout
-    assert "+ 4,199,424 B all_gather" in proc.stdout and "(equal to the model's" in proc.stdout
-    assert _max_rel(load_model(root / "zero")[0], load_model(one)[0])[0] <= 1e-12
-    a, b = checkpoint.load_state(root / "zero")[0], checkpoint.load_state(one)[0]
+    assert f"ZeRO-{stage}: AdamW state 8.01 MiB" in proc.stdout
+    if stage == 1:
+        assert "+ 4,199,424 B all_gather" in proc.stdout
+    else:  # rank 0 keeps half the gradients (and at stage 3 half the weights)
+        weights = "4.00" if stage == 3 else "8.01"
+        assert f"gradients 4.00 MiB, weights {weights} MiB on rank 0 between steps, of " \
+               f"16.02 MiB, 8.01 MiB, 8.01 MiB unsharded" in proc.stdout, proc.stdout
+        assert "B reduce_scatter" in proc.stdout
+    assert "(equal to the model's" in proc.stdout
+    assert _max_rel(load_model(root / f"zero{stage}")[0], load_model(one)[0])[0] <= 1e-12
+    a, b = checkpoint.load_state(root / f"zero{stage}")[0], checkpoint.load_state(one)[0]
     assert sorted(a) == sorted(b)
     for k in (k for k in b if k.startswith(("opt.m", "opt.v"))):
         assert np.abs(a[k] - b[k]).max() <= 1e-12 * np.abs(b[k]).max(), k
-    shutil.copytree(one, root / "one-then-zero")
+    shutil.copytree(one, root / f"one-then-zero{stage}")
     more = ["--resume", "--steps", "5", "--no-progress", "--eval-every", "100"]
-    proc = mpirun(2, "-m", "scratchllm", "train", "--dp", "2", "--zero", "1", *more, "--out",
-                  str(root / "one-then-zero"), timeout=120)
+    proc = mpirun(2, "-m", "scratchllm", "train", "--dp", "2", "--zero", str(stage), *more,
+                  "--out", str(root / f"one-then-zero{stage}"), timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert train.main(more + ["--out", str(root / "zero")]) == 0
-    rel, _ = _max_rel(load_model(root / "one-then-zero")[0], load_model(root / "zero")[0])
+    assert train.main(more + ["--out", str(root / f"zero{stage}")]) == 0
+    rel, _ = _max_rel(load_model(root / f"one-then-zero{stage}")[0],
+                      load_model(root / f"zero{stage}")[0])
     assert rel <= 1e-12, rel
 
 
-def test_moe_on_2_ranks_keeps_the_aux_losses_per_data_shard(mpirun, small):
+@pytest.mark.parametrize("zero", ["0", "3"])
+def test_moe_on_2_ranks_keeps_the_aux_losses_per_data_shard(mpirun, small, zero):
     """mla (a balance loss and the aux-loss-free bias, whose counts are all-reduced): 2 ranks
-    equal one process with 2 threads (2 data shards), not with 1 (one shard's aux loss)."""
+    equal one process with 2 threads (2 data shards), not with 1 (one shard's aux loss);
+    with ZeRO-3 too (the experts' weights gathered per block)."""
     data, root = small
-    proc = mpirun(2, "-m", "scratchllm", "train", "--dp", "2", "--preset", "mla",
-                  *_args(data, root / "dp-mla"), timeout=120)
+    extra = ["--zero", zero] if zero != "0" else []
+    proc = mpirun(2, "-m", "scratchllm", "train", "--dp", "2", "--preset", "mla", *extra,
+                  *_args(data, root / f"dp-mla{zero}"), timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "(equal to the model's" in proc.stdout  # with each MoE layer's counts all-reduced
-    dp = load_model(root / "dp-mla")[0]
-    assert train.main(_args(data, root / "t2", "--preset", "mla", "--threads", "2")) == 0
+    dp = load_model(root / f"dp-mla{zero}")[0]
+    if not (root / "t2").exists():
+        assert train.main(_args(data, root / "t2", "--preset", "mla", "--threads", "2")) == 0
+        assert train.main(_args(data, root / "t1", "--preset", "mla", "--threads", "1")) == 0
     rel, buffers = _max_rel(dp, load_model(root / "t2")[0])
     assert rel <= 1e-12 and buffers <= 1e-12, (rel, buffers)
-    assert train.main(_args(data, root / "t1", "--preset", "mla", "--threads", "1")) == 0
     assert _max_rel(dp, load_model(root / "t1")[0])[0] > 1e-6
 
 
@@ -172,3 +189,86 @@ def test_ctrl_c_on_one_rank_stops_every_rank_after_the_same_step(mpirun, small):
     assert proc.returncode == 130, proc.stdout + proc.stderr
     assert "interrupted at step 2; checkpoint saved" in proc.stdout
     assert checkpoint.load_state(root / "int")[1]["step"] == 2
+
+
+# ---------------------------------------------------------------------------- tensor parallel
+@pytest.mark.parametrize("sp", [False, True])
+def test_tensor_parallel_equals_one_process_and_resumes_across_grids(mpirun, small, one, sp):
+    """--tp 2 (heads, SwiGLU units and the vocabulary split; with --sequence-parallel the
+    residual stream split along T too): the checkpoint holds the whole model, equal to one
+    process's, with the whole AdamW state; one process resumes it, and a one-process
+    checkpoint resumes on tp=2, to the same parameters."""
+    data, root = small
+    name = "tp-sp" if sp else "tp"
+    extra = ["--sequence-parallel"] if sp else []
+    proc = mpirun(2, "-m", "scratchllm", "train", "--tp", "2", *extra,
+                  *_args(data, root / name), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ranks: 2 (tp=2), 1 thread(s) each" in proc.stdout
+    assert "model: dense, 1,049,728 parameters" in proc.stdout  # the whole model's count
+    assert "B tp reduce_scatter" in proc.stdout if sp else "B tp all_reduce" in proc.stdout
+    assert "(equal to the model's" in proc.stdout, proc.stdout
+    assert _max_rel(load_model(root / name)[0], load_model(one)[0])[0] <= 1e-12
+    a, b = checkpoint.load_state(root / name)[0], checkpoint.load_state(one)[0]
+    assert sorted(a) == sorted(b)
+    for k in (k for k in b if k.startswith(("opt.m", "opt.v"))):
+        assert np.abs(a[k] - b[k]).max() <= 1e-12 * np.abs(b[k]).max(), k
+    shutil.copytree(one, root / f"one-then-{name}")
+    more = ["--resume", "--steps", "5", "--no-progress", "--eval-every", "100"]
+    proc = mpirun(2, "-m", "scratchllm", "train", "--tp", "2", *extra, *more, "--out",
+                  str(root / f"one-then-{name}"), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert train.main(more + ["--out", str(root / name)]) == 0
+    rel, _ = _max_rel(load_model(root / f"one-then-{name}")[0], load_model(root / name)[0])
+    assert rel <= 1e-12, rel
+
+
+def test_a_2x2_grid_of_data_and_tensor_parallel_equals_one_process(mpirun, small, one):
+    data, root = small
+    proc = mpirun(4, "-m", "scratchllm", "train", "--dp", "2", "--tp", "2",
+                  *_args(data, root / "dp2tp2"), timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ranks: 4 (dp=2 x tp=2)" in proc.stdout
+    assert "(equal to the model's" in proc.stdout, proc.stdout
+    assert _max_rel(load_model(root / "dp2tp2")[0], load_model(one)[0])[0] <= 1e-12
+
+
+def test_tensor_parallel_refuses_what_it_does_not_split(mpirun, small):
+    data, root = small
+    for extra, message in (
+            (["--tp", "2", "--zero", "1"], "--zero 1 with --tp 2"),
+            (["--dp", "2", "--sequence-parallel"], "--sequence-parallel splits"),
+            (["--tp", "2", "--preset", "moe"], "--tp 2: tensor parallelism does not cover")):
+        proc = mpirun(2, "-m", "scratchllm", "train", *extra, *_args(data, root / "no-tp"))
+        assert proc.returncode == 1 and message in proc.stderr, proc.stderr
+
+
+# ---------------------------------------------------------------------------- pipeline
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipeline_equals_one_process_and_resumes_across_grids(mpirun, small, one, schedule):
+    """--pp 2 with 4 micro-batches: the two stages' Params and moments, gathered into the
+    checkpoint, equal one process's; the bubble is printed (predicted (P-1)/(M+P-1) = 20%),
+    GPipe holds all 4 micro-batches' activations, 1F1B at most 2; a one-process checkpoint
+    resumes on the pipeline to the parameters one process reaches."""
+    data, root = small
+    name = f"pp-{schedule}"
+    proc = mpirun(2, "-m", "scratchllm", "train", "--pp", "2", "--micro-batches", "4",
+                  "--schedule", schedule, *_args(data, root / name), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"pipeline: {schedule}, 4 micro-batches on 2 stages: bubble (P-1)/(M+P-1) = 20% " \
+           f"predicted" in proc.stdout, proc.stdout
+    held = 4 if schedule == "gpipe" else 2
+    assert f"at most {held} micro-batches' activations held" in proc.stdout
+    assert "B pp send" in proc.stdout and "(equal to the model's" in proc.stdout
+    assert _max_rel(load_model(root / name)[0], load_model(one)[0])[0] <= 1e-12
+    a, b = checkpoint.load_state(root / name)[0], checkpoint.load_state(one)[0]
+    for k in (k for k in b if k.startswith(("opt.m", "opt.v"))):
+        assert np.abs(a[k] - b[k]).max() <= 1e-12 * np.abs(b[k]).max(), k
+    shutil.copytree(one, root / f"one-then-{name}")
+    more = ["--resume", "--steps", "5", "--no-progress", "--eval-every", "100"]
+    proc = mpirun(2, "-m", "scratchllm", "train", "--pp", "2", "--schedule", schedule, *more,
+                  "--out", str(root / f"one-then-{name}"), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert train.main(more + ["--out", str(root / name)]) == 0
+    rel, _ = _max_rel(load_model(root / f"one-then-{name}")[0], load_model(root / name)[0])
+    assert rel <= 1e-12, rel

@@ -65,8 +65,9 @@ def test_unsupported_fields_are_named(family, field, value, tmp_path):
 def test_hybrid_preset_saved_loads_in_transformers():
     """tests/fixtures/hf/hybrid_jamba was written by save_pretrained of the tiny hybrid preset
     with JAMBA_OPTIONS (seed 0), and its logits computed by transformers after
-    from_pretrained (no missing or unexpected tensors); the same preset saved now gives the
-    same bytes, and load_pretrained of it gives transformers' logits."""
+    from_pretrained (no missing or unexpected tensors); the preset saved now, as it is (those
+    options are its own), gives the same bytes, and load_pretrained of it gives transformers'
+    logits."""
     ref = dict(np.load(HF / "hybrid_jamba" / "expected.npz"))
     assert ref["from_pretrained_float32_rel_err"] < 1e-5
     model = load_pretrained(HF / "hybrid_jamba", dtype=np.float64)
@@ -74,8 +75,8 @@ def test_hybrid_preset_saved_loads_in_transformers():
     assert (f.name, f.layer_pattern) == ("jamba", "MAMA")
     assert rel_err(model.forward(ref["ids"])[0], ref["logits"]) < 1e-9
     V = f.vocab_size
-    fresh = LM(preset("hybrid", vocab_size=V, **HYBRID, **JAMBA_OPTIONS),
-               rng=np.random.default_rng(0))
+    assert preset("hybrid", **HYBRID) == preset("hybrid", **HYBRID, **JAMBA_OPTIONS)
+    fresh = LM(preset("hybrid", vocab_size=V, **HYBRID), rng=np.random.default_rng(0))
     committed = load_file(HF / "hybrid_jamba" / "model.safetensors")
     saved = state_dict(fresh)
     assert sorted(saved) == sorted(committed)
@@ -83,10 +84,11 @@ def test_hybrid_preset_saved_loads_in_transformers():
         assert np.array_equal(committed[name], array), name
 
 
-def test_hybrid_preset_as_is_names_what_jamba_lacks(tmp_path):
-    """The preset's RoPE, its Mamba without inner norms and its renormalised gates have no
-    Jamba field: the error names all three, and nothing is written."""
-    model = LM(preset("hybrid", vocab_size=11, **HYBRID), rng=np.random.default_rng(0))
+def test_hybrid_with_what_jamba_lacks_names_it(tmp_path):
+    """RoPE, a Mamba without inner norms and renormalised gates have no Jamba field: the
+    error names all three, and nothing is written."""
+    lacks = dict(positions="rope", mamba_inner_norms=False, norm_topk_prob=True)
+    model = LM(preset("hybrid", vocab_size=11, **HYBRID, **lacks), rng=np.random.default_rng(0))
     with pytest.raises(ValueError, match="jamba checkpoint only with positions='nope', "
                                          "mamba_inner_norms=True.*norm_topk_prob=False"):
         save_pretrained(model, tmp_path)

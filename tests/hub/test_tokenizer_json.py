@@ -43,10 +43,12 @@ def test_both_merge_spellings_give_the_same_tokenizer(kind, tmp_path):
 
 def test_unsupported_fields_are_errors(tmp_path):
     spec = json.loads((HF / "tokenizer_split" / "tokenizer.json").read_text(encoding="utf-8"))
-    spec["normalizer"] = {"type": "Lowercase"}
-    (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
-    with pytest.raises(ValueError, match="normalizer 'Lowercase' is not implemented"):
-        from_tokenizer_json(tmp_path / "tokenizer.json")
+    for field, kind in (("normalizer", "NoSuch"), ("pre_tokenizer", "Nope"),
+                        ("decoder", "Never")):
+        broken = dict(spec, **{field: {"type": kind}})
+        (tmp_path / "tokenizer.json").write_text(json.dumps(broken), encoding="utf-8")
+        with pytest.raises(ValueError, match=f"{field} '{kind}' is not one of the tokenizers"):
+            from_tokenizer_json(tmp_path / "tokenizer.json")
     with pytest.raises(ValueError, match="has no tokenizer.json"):
         load_tokenizer(tmp_path / "nowhere")
 

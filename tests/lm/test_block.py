@@ -126,3 +126,24 @@ def test_an_moe_ffn_gives_its_weighted_aux_terms_and_a_dense_one_none():
     assert dense.aux_losses(dense.forward(x)[1]) == ()
     assert dense.named_buffers() == [] and [n for n, _ in b.named_buffers()] == [
         "ffn.selection_bias"]
+
+
+def test_the_public_body_around_another_mixer_call_is_the_blocks_own_forward():
+    """Block.body with the mixer's own forward is forward; with a mixer call that doubles the
+    mixer's output only the mixer's term changes (serving runs its caches through body)."""
+    block = _block("sandwich")
+    x = _x()
+    y, _ = block.forward(x)
+    y2, _ = block.body(x, block.mixer.forward)
+    np.testing.assert_array_equal(y, y2)
+    z, _ = block.body(x, lambda a: (2 * block.mixer.forward(a)[0], None))
+    assert not np.allclose(z, y)
+
+
+def test_no_module_outside_the_block_calls_its_private_members():
+    import pathlib
+    import re
+    root = pathlib.Path(__file__).resolve().parents[2] / "scratchllm"
+    bad = [str(p) for p in root.rglob("*.py") if p.name != "block.py"
+           and re.search(r"\b(layer|block)\._(body|sublayer)\b", p.read_text(encoding="utf-8"))]
+    assert not bad

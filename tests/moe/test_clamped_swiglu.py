@@ -175,4 +175,4 @@ def test_moe_expert_sets_are_checked():
         moe_forward(x, MoEWeights(w_router, weights.b_router, *swiglu),
                     spec=gpt_oss_spec(5, 2, 4))
     with pytest.raises(ValueError, match="ExpertsSpec: kind must be one of"):
-        ExpertsSpec("relu")
+        ExpertsSpec("tanh")

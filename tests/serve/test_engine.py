@@ -166,3 +166,41 @@ def test_forward_rows_continues_each_row_from_its_own_position(model):
     for s in range(3):
         np.testing.assert_allclose(logits[s], full[s, starts[s]:starts[s] + 3], rtol=0,
                                    atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["paged", "contiguous"])
+def test_batched_prefill_rows_equal_each_prompt_alone(model, kind):
+    """Prompts of lengths 2, 7, 4 in one padded forward, one of them after a cached prefix
+    of 3 tokens: each row's last logits equal its own forward's; padding is never stored."""
+    from scratchllm.serve import ContiguousCache, prefill_rows
+    rng = np.random.default_rng(8)
+    prompts = [[int(t) for t in rng.integers(0, V, n)] for n in (2, 7, 4)]
+    starts = np.array([0, 3, 0])
+    if kind == "paged":
+        cache = PagedCache(model, n_blocks=12, block_size=4)
+        for s, p in enumerate(prompts):
+            cache.blocks.add(s, [0]), cache.blocks.reserve(s, len(p))
+    else:
+        cache = ContiguousCache(model)
+        for s, p in enumerate(prompts):
+            cache.add(s, len(p))  # no room for padding: it must not be written
+    model.prefill(np.array([prompts[1][:3]]), cache.views([1], 0))  # the cached prefix
+    logits = prefill_rows(model, [p[s:] for p, s in zip(prompts, starts)], cache, [0, 1, 2],
+                          starts)  # (3, V)
+    for s, p in enumerate(prompts):
+        np.testing.assert_allclose(logits[s], model.forward(np.array([p]))[0][0, -1], rtol=0,
+                                   atol=1e-12)
+    with pytest.raises(ValueError, match="non-empty"):
+        prefill_rows(model, [[1], []], cache, [0, 1], np.array([0, 0]))
+
+
+def test_the_engine_with_batched_prefill_equals_unbatched_decoding(model):
+    prompts, news = _mix(3)
+    news = [max(k, 1) for k in news]
+    want = [_alone(model, p, k) for p, k in zip(prompts, news)]
+    for kv in ("paged", "contiguous"):
+        engine = make_engine(model, kv, block_size=4, max_tokens=300, batch_prefill=True)
+        for i, (p, k) in enumerate(zip(prompts, news)):
+            engine.submit(i, p, k)
+        assert [engine.run()[i] for i in range(len(prompts))] == want
+        assert engine.stats["prefill_calls"] == 1  # all admitted in the first step

@@ -59,8 +59,65 @@ def test_bad_arguments():
     other = LM(lm_tiny("dense", vocab_size=5), rng=np.random.default_rng(0), dtype=np.float64)
     with pytest.raises(ValueError, match="vocabulary"):
         speculative_generate(target, other, [1], 3)
-    with pytest.raises(ValueError, match="not in this library yet"):
+    with pytest.raises(ValueError, match="train --mtp"):
         speculative_generate(target, "mtp", [1], 3)
+    with pytest.raises(ValueError, match="a model or 'mtp'"):
+        speculative_generate(target, "eagle", [1], 3)
     with pytest.raises(ValueError, match="needs rng"):
         speculative_generate(target, target, [1], 3, temperature=1.0)
     assert speculative_generate(target, target, [1], 0)[0] == []
+
+
+def _mtp_target(**kw):
+    from dataclasses import replace
+
+    from scratchllm.specs import MTPSpec
+    cfg = replace(lm_tiny("dense", **kw), mtp=MTPSpec(1))
+    return LM(cfg, rng=np.random.default_rng(0), dtype=np.float64)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_greedy_mtp_drafting_equals_the_targets_greedy_output(k):
+    target = _mtp_target()
+    prompt = [3, 1, 4, 1, 5]
+    ids, stats = speculative_generate(target, "mtp", prompt, 12, k=k)
+    assert ids == list(generate_ids(target, prompt, 12, None, temperature=0.0))
+    assert stats["proposed"] > 0 and 0 <= stats["accepted"] <= stats["proposed"]
+
+
+def test_the_mtp_drafts_first_proposal_is_module_1_on_the_full_sequence():
+    """The draft's cached catch-up equals MTP.step on the whole sequence from position 0:
+    its first proposal each round is the module's argmax at position L - 2."""
+    from scratchllm.serve import MTPDraft
+    target = _mtp_target()
+    tokens = [3, 1, 4, 1, 5, 9, 2]
+    h = target.forward(np.array([tokens[:-1]]))[1].last  # (1, L - 1, D)
+    _, logits, _ = target.mtp.step(target, 1, h, np.array([tokens[1:]]))
+    draft = MTPDraft(target, 32)
+    draft.accepted(tokens[:4], h[0, :3], 0)  # a first round saw 3 positions
+    draft.propose(tokens[:4], 1, 0.0, None)
+    draft.accepted(tokens, h[0, 3:], 3)  # the next round saw the rest
+    drafts, qs = draft.propose(tokens, 2, 0.0, None)
+    assert drafts[0] == int(np.argmax(logits[0, -1]))
+
+
+def test_sampled_mtp_speculation_follows_the_target():
+    """Prompt [1], three tokens, k = 1: the first comes from the target alone (no hidden state
+    yet), the second through an MTP proposal and the acceptance rule: their pair law is the
+    target's."""
+    target = _mtp_target(vocab_size=4)
+    for p in target.mtp.parameters():
+        p.data = p.data * 3  # a draft clearly unlike the target
+    rng = np.random.default_rng(7)
+    counts, proposed = np.zeros((4, 4)), 0
+    for _ in range(300):
+        ids, stats = speculative_generate(target, "mtp", [1], 3, k=1, temperature=0.7,
+                                          rng=rng)
+        counts[ids[0], ids[1]] += 1
+        proposed += stats["proposed"]
+
+    def law(ids):
+        z = target.forward(np.array([ids]))[0][0, -1] / 0.7
+        return np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    exact = np.stack([law([1])[a] * law([1, a]) for a in range(4)]).ravel()
+    assert proposed >= 300 and chisquare(counts.ravel(), exact * 300).pvalue > 1e-3

@@ -6,7 +6,7 @@ import pytest
 
 from scratchllm.specs import (PRESETS, AttentionSpec, LayerSpec, Mask, ModelConfig, MoESpec,
                               RopeSpec, RouterSpec, from_dict, from_flat, preset, to_dict)
-from scratchllm.specs.unflat import to_flat
+from scratchllm.specs.unflat import flat_view, to_flat
 
 FLAT_CASES = [
     dict(), dict(window=8, n_sink=2),
@@ -37,7 +37,18 @@ def test_config_dict_round_trips_through_json(flat):
 
 
 def test_a_flat_dict_of_the_first_format_still_loads():
-    assert from_dict({"name": "swa", "window": 32, "n_sink": 4}) == preset("swa")
+    written = dataclasses.asdict(flat_view(preset("swa")))  # every flat field, as it was saved
+    assert from_dict(written) == preset("swa")
+
+
+@pytest.mark.parametrize("d, missing", [
+    ({}, "'vocab_size', 'd_model', 'n_layers', 'n_heads'"),
+    ({"name": "swa", "window": 32}, "'vocab_size', 'd_model', 'n_layers', 'n_heads'"),
+    ({"format": 2}, "'norm', 'specs', 'layers'"),
+    ({"format": 2, "norm": {}, "specs": {}}, "'layers'")])
+def test_a_config_dict_without_its_identity_is_an_error_not_a_default_model(d, missing):
+    with pytest.raises(ValueError, match=rf"config: .* must give .*; missing \[{missing}\]"):
+        from_dict(d)
 
 
 def test_a_newer_format_is_refused_by_name():

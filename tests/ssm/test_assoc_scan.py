@@ -56,8 +56,10 @@ def test_selective_scan_on_the_parallel_scan_equals_the_numba_scan():
 def test_shape_and_dtype_errors():
     with pytest.raises(ValueError, match="b"):
         associative_scan_forward(np.ones((2, 3)), np.ones((2, 4)))
-    with pytest.raises(TypeError, match="dtype"):
-        associative_scan_forward(np.ones((2, 3)), np.ones((2, 3), np.float32))
+    with pytest.raises(TypeError, match="associative_scan_forward: b must be a float array"):
+        associative_scan_forward(np.ones((2, 3)), np.ones((2, 3), np.int64))
+    assert associative_scan_forward(np.ones((2, 3)), np.ones((2, 3), np.float32))[0].dtype \
+        == np.float64  # mixed float dtypes compute in the common one
     _, cache = associative_scan_forward(np.ones((2, 3)), np.ones((2, 3)))
     with pytest.raises(ValueError, match="dh"):
         associative_scan_backward(np.ones((2, 4)), cache)

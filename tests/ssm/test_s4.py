@@ -36,11 +36,16 @@ def _dense_kernel(A, B, C, dt, L):
     I = np.eye(len(A))
     Abar = scipy.linalg.solve(I - dt / 2 * A, I + dt / 2 * A)
     h = scipy.linalg.solve(I - dt / 2 * A, dt * B)
-    K = np.empty(L, complex)
+    return _powers(Abar, h, C, L), Abar
+
+
+def _powers(Abar, Bbar, C, L):
+    """K_l = C Ā^l B̄ for l < L, by matrix powers."""
+    K, h = np.empty(L, complex), Bbar
     for l in range(L):
         K[l] = C @ h
         h = Abar @ h
-    return K, Abar
+    return K
 
 
 @pytest.mark.parametrize("N, L, dt", [(16, 64, 0.05), (64, 200, 0.01), (8, 33, 0.3)])
@@ -73,3 +78,40 @@ def test_cauchy_kernel_of_random_complex_dplr_matrices():
         C = C_hat @ np.linalg.inv(np.eye(N) - np.linalg.matrix_power(Abar, L))
         K, _ = _dense_kernel(A, B, C, dt, L)
         np.testing.assert_allclose(got[h], K.real, atol=1e-10 * np.abs(K).max())
+
+
+def _zoh_expm_kernel(A, B, C, dt, L):
+    """K_l = C Ā^l B̄ with the zero-order hold of the dense A: Ā = expm(ΔA) (scipy),
+    B̄ = A^-1 (Ā − I) B (a scipy solve), then matrix powers."""
+    Abar = scipy.linalg.expm(dt * A)
+    Bbar = scipy.linalg.solve(A, (Abar - np.eye(len(A))) @ B)
+    return _powers(Abar, Bbar, C, L), Abar
+
+
+@pytest.mark.parametrize("N, L, dt", [(16, 64, 0.05), (64, 200, 0.01), (8, 33, 0.3)])
+def test_zoh_cauchy_kernel_equals_the_expm_kernel_of_the_dense_a(N, L, dt):
+    """S4D-LegS (the diagonal Λ of HiPPO-LegS's normal part) under zero-order hold: the Cauchy
+    sum in the basis of V against scipy's expm of the dense A = V Λ V* in the original basis."""
+    rng = np.random.default_rng(N)
+    d = dplr_legs(N)
+    A = d.V @ np.diag(d.Lambda) @ d.V.conj().T  # (N, N) dense, complex
+    B = d.V @ d.B  # the original B_n = sqrt(2n + 1)
+    C = rng.standard_normal(N) + 1j * rng.standard_normal(N)
+    K, Abar = _zoh_expm_kernel(A, B, C, dt, L)
+    C_hat = C @ (np.eye(N) - np.linalg.matrix_power(Abar, L)) @ d.V  # (N,) in the basis of V
+    w = CauchyWeights(d.Lambda.real[None], d.Lambda.imag[None], None, None, d.B.real[None],
+                      d.B.imag[None], C_hat.real[None], C_hat.imag[None])
+    got, _ = cauchy_kernel_forward(w, np.log([dt]), L=L, discretization="zoh")
+    assert np.abs(got[0] - K.real).max() <= 1e-10 * max(1, np.abs(K).max())
+    bilinear, _ = cauchy_kernel_forward(w, np.log([dt]), L=L)  # another discretisation:
+    assert np.abs(bilinear[0] - K.real).max() > 1e-8 * np.abs(K).max()  # close, not equal
+
+
+def test_zoh_of_a_dplr_matrix_is_refused():
+    d = dplr_legs(4)
+    w = CauchyWeights(*(a[None] for a in (d.Lambda.real, d.Lambda.imag, d.p.real, d.p.imag,
+                                          d.B.real, d.B.imag, d.B.real, d.B.imag)))
+    with pytest.raises(ValueError, match="zoh' needs a diagonal state matrix"):
+        cauchy_kernel_forward(w, np.log([0.1]), L=8, discretization="zoh")
+    with pytest.raises(ValueError, match="discretization must be 'bilinear' or 'zoh'"):
+        cauchy_kernel_forward(w, np.log([0.1]), L=8, discretization="euler")

@@ -105,8 +105,16 @@ def test_bad_inputs_name_the_argument():
         selective_scan_forward(**{**a, "A": a["A"][:-1]})
     with pytest.raises(ValueError, match="C has shape"):
         selective_scan_forward_ref(**{**a, "C": a["C"][:, :-1]})
-    with pytest.raises(TypeError, match="B has dtype float32"):
-        selective_scan_forward(**{**a, "B": a["B"].astype(np.float32)})
+    with pytest.raises(TypeError, match="selective_scan_forward: B must be a float array"):
+        selective_scan_forward(**{**a, "B": a["B"].astype(np.int64)})
+
+
+def test_a_float32_input_among_float64_computes_in_float64():
+    a = inputs(np.random.default_rng(5))
+    B32 = a["B"].astype(np.float32)
+    y = selective_scan_forward(**{**a, "B": B32})[0]
+    assert y.dtype == np.float64
+    np.testing.assert_array_equal(y, selective_scan_forward(**{**a, "B": B32.astype(float)})[0])
 
 
 def test_vectorisable_exp_float32_within_1_ulp_and_float64_is_libm_exp():

@@ -46,10 +46,19 @@ def _scaled(solution, factor):
     return wrong
 
 
-@pytest.mark.parametrize("name", [n for n in DRILLS if n != "bpe_merge_step"])
+@pytest.mark.parametrize("name", [n for n in DRILLS if n not in ("bpe_merge_step",
+                                                                  "token_healing")])
 def test_a_slightly_wrong_body_fails_a_check(name):
     results = run_checks(DRILLS[name], _scaled(DRILLS[name].solution, 1.001))
     assert not all(r.passed for r in results), results
+
+
+def test_token_healing_that_keeps_only_the_exact_token_fails():
+    def exact_only(token_bytes, prompt_ids, vocab_size):
+        allowed = np.zeros(vocab_size, dtype=bool)
+        allowed[prompt_ids[-1]] = True
+        return prompt_ids[:-1], allowed
+    assert not all(r.passed for r in run_checks(DRILLS["token_healing"], exact_only))
 
 
 def test_bpe_step_breaking_ties_the_wrong_way_fails():

@@ -8,7 +8,7 @@ from scratchllm.teach.exercises import EXERCISES, check
 
 
 def test_the_chapters_exercises_exist():
-    assert sorted(EXERCISES) == [2, 3, 4, 5]
+    assert sorted(EXERCISES) == [1, 2, 3, 4, 5]
     for ex in EXERCISES.values():
         assert ex.statement and ex.hint and ex.proof and f"def {ex.function}(" in ex.template
 
@@ -58,7 +58,19 @@ def _pool_sum(w, n_heads, n_kv_heads):
     return EXERCISES[5].solution(w, n_heads, n_kv_heads) * (n_heads // n_kv_heads)
 
 
+def _kv_k_only(**sizes):  # caches K only
+    gqa, mha = EXERCISES[1].solution(**sizes)
+    return gqa // 2, mha // 2
+
+
+def _kv_query_heads(*, n_heads, n_kv_heads, head_dim, itemsize):  # counts the query heads
+    return EXERCISES[1].solution(n_heads=n_heads, n_kv_heads=n_heads, head_dim=head_dim,
+                                 itemsize=itemsize)
+
+
 PLANTED = [  # (exercise, wrong answer, the checks it must fail)
+    (1, _kv_k_only, {0, 1}),
+    (1, _kv_query_heads, {0, 1}),
     (2, _gap_without_half, {0, 1, 2}),
     (2, _gap_always_nonnegative, {0, 2}),
     (3, _ec_per_token_fraction, {0, 1}),
@@ -107,7 +119,7 @@ def test_cli_checks_a_learners_file(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["show"], "needs an exercise number"), (["check", "9"], "one of: 2, 3, 4, 5; got 9"),
+    (["show"], "needs an exercise number"), (["check", "9"], "one of: 1, 2, 3, 4, 5; got 9"),
     (["show", "2", "--file", "x.py"], "--file is for check"),
     (["check", "2", "--solution"], "--solution is for show")])
 def test_cli_usage_errors(argv, message, capsys):

@@ -168,3 +168,83 @@ def test_a_config_json_of_a_future_format_is_refused_naming_the_version(tmp_path
                        match=r"config.json: config: format 3 is not one this version reads "
                              r"\(2, or the flat first format\); upgrade scratchllm"):
         checkpoint.load_model(tmp_path)
+
+
+
+def _writes_of_a_save(tmp_path, monkeypatch):
+    """The files one save writes, in order, counted on a real save (config, tokenizer, state)."""
+    written = []
+    real = checkpoint.atomic_write
+    monkeypatch.setattr(checkpoint, "atomic_write",
+                        lambda path, write: written.append(path.name) or real(path, write))
+    monkeypatch.setattr(checkpoint, "write_bytes", lambda path, data: checkpoint.atomic_write(
+        path, lambda tmp: tmp.write_bytes(data)))
+    _run().save(tmp_path / "count", _tokenizer())
+    monkeypatch.undo()
+    return written
+
+
+def _die_at(monkeypatch, k):
+    """Make the k-th atomic write of the next save die as a SIGKILL would: its temp file stays
+    on disk and nothing after it runs (KeyboardInterrupt stands in for the signal)."""
+    calls = []
+    real = checkpoint.atomic_write
+
+    def dying(path, write):
+        calls.append(path)
+        if len(calls) < k:
+            return real(path, write)
+        write(type(path)(f"{path}.tmp-999999999"))  # a dead PID's leftover
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint, "atomic_write", dying)
+    monkeypatch.setattr(checkpoint, "write_bytes",
+                        lambda path, data: dying(path, lambda tmp: tmp.write_bytes(data)))
+
+
+@pytest.mark.parametrize("saved_before", [False, True])
+def test_a_kill_at_every_write_of_a_save_leaves_a_resumable_or_clearly_unsaved_directory(
+        tmp_path, monkeypatch, saved_before):
+    """Every point a save can die at (each of its atomic writes, counted on a real save):
+    afterwards the directory loads as the previous save, whole, or, when there was none, the
+    error says the run never saved; the next save removes the dead write's temp file."""
+    writes = _writes_of_a_save(tmp_path, monkeypatch)
+    assert writes == ["config.json", TOKENIZER_FILE, "state.npz"]
+    out = tmp_path / "run"
+    first = _run()
+    if saved_before:
+        first.save(out, _tokenizer())
+    for k in range(1, len(writes) + 1):
+        later = _run()
+        later.train_step(IDS)
+        _die_at(monkeypatch, k)
+        with pytest.raises(KeyboardInterrupt):
+            later.save(out, _tokenizer())
+        monkeypatch.undo()
+        assert [p.name for p in out.glob("*.tmp-*")] == [f"{writes[k - 1]}.tmp-999999999"]
+        if saved_before:
+            arrays, meta = checkpoint.load_state(out)
+            checkpoint.verify(out, arrays, meta)
+            assert meta["step"] == first.step
+        else:
+            with pytest.raises(checkpoint.CheckpointError,
+                               match="stopped before its first save finished"):
+                checkpoint.load_model(out)
+        (out / f"{writes[k - 1]}.tmp-999999999").unlink()
+    (out / "state.npz.tmp-999999999").write_bytes(b"x" * 100)
+    _run().save(out, _tokenizer())
+    assert not list(out.glob("*.tmp-*"))
+    assert checkpoint.load_model(out)[2]["step"] == 1
+
+
+def test_metadata_without_any_one_of_its_keys_is_an_error_naming_it(tmp_path):
+    _run().save(tmp_path, _tokenizer())
+    arrays, meta = checkpoint.load_state(tmp_path)
+    assert set(checkpoint.META_KEYS) <= set(meta)
+    for key in checkpoint.META_KEYS:  # generated from what a save writes
+        checkpoint.save_state(tmp_path, arrays, {k: v for k, v in meta.items() if k != key})
+        with pytest.raises(checkpoint.CheckpointError, match=rf"lacks \['{key}'\] in its metadata"):
+            checkpoint.load_model(tmp_path)
+    checkpoint.save_state(tmp_path, arrays, [1, 2])  # not even an object
+    with pytest.raises(checkpoint.CheckpointError, match="lacks .* in its metadata"):
+        checkpoint.load_state(tmp_path)

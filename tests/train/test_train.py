@@ -112,6 +112,17 @@ def test_corrupt_checkpoint_is_a_clear_error(trained, tmp_path, capsys):
     assert "corrupt or truncated" in capsys.readouterr().err
 
 
+def test_resume_of_a_run_killed_before_its_first_save_says_so_and_clears_its_temps(
+        trained, tmp_path, capsys):
+    out = tmp_path / "killed"
+    out.mkdir()
+    (out / "config.json").write_bytes((trained / "config.json").read_bytes())
+    (out / "state.npz.tmp-999999999").write_bytes(b"PK half")  # the kill's leftover
+    assert train.main(["--resume", "--out", str(out)] + QUICK) == 1
+    assert "stopped before its first save finished" in capsys.readouterr().err
+    assert not list(out.glob("*.tmp-*"))
+
+
 def test_mismatched_config_is_a_clear_error(trained, tmp_path, capsys):
     assert train.main(["--resume", "--preset", "moe", "--out", str(trained)] + QUICK) == 1
     assert "does not match the checkpoint" in capsys.readouterr().err
@@ -239,3 +250,14 @@ def test_compare_sets_position_schemes_side_by_side(tmp_path, capsys):
     assert rows == ["dense/rope", "dense/alibi", "dense/sinusoidal", "dense/nope"]
     with pytest.raises(SystemExit):
         compare.main(["--positions", "learned"])
+
+
+def test_one_thread_means_one_blas_thread_too():
+    """--threads 1 in one process: OpenBLAS is set to one thread as well (its spinning threads
+    would keep a second core busy), as it is for each of several shards."""
+    from scratchllm.train import blas_threads, set_blas_threads
+    if not blas_threads():
+        pytest.skip("no OpenBLAS loaded (NumPy on another BLAS)")
+    set_blas_threads(2)
+    trainer.Run(lm_tiny("dense"), trainer.Settings(threads=1), np.float64)
+    assert set(blas_threads()) == {1}

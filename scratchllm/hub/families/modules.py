@@ -26,6 +26,11 @@ class ModuleFamily:
     names(model, cfg)  [layout.Entry]: every HF tensor and the library arrays it is made of
     old_prefix     a prefix that older checkpoints put before every tensor name, dropped on
                    loading ("vision_model.": SigLIP vision towers saved by transformers 4)
+    unused         prefixes of tensors a checkpoint may carry that the model does not read
+                   (T5's per-stack copies of the shared embedding): read past
+    tied_head      (head tensor, embedding tensor) of a model whose config ties them: a
+                   checkpoint holding the head with other values than the embedding loads
+                   untied (cfg.tie_embeddings False), as transformers 5 does; () for none
     """
     model_type: str
     architecture: str
@@ -36,3 +41,5 @@ class ModuleFamily:
     build: Callable
     names: Callable
     old_prefix: str = ""
+    unused: tuple = ()
+    tied_head: tuple = ()

@@ -1,4 +1,5 @@
-"""Ex. 4 and Ex. 5 (the attention and SSM chapters): a Mamba layer's fixed state against a
+"""Ex. 1, 4 and 5 (the attention and SSM chapters): Llama 3 405B's KV bytes per token per
+layer against MHA; a Mamba layer's fixed state against a
 growing GQA cache, checked against the sizing module and the library's own decoding states;
 repeat vs repeat_interleave and the mean-pool conversion of MHA to GQA (Ainslie et al. 2023,
 arXiv 2305.13245 §2.1), checked with scratchllm.attention.gqa_forward.
@@ -201,3 +202,67 @@ def _mha_to_gqa(w, n_heads, n_kv_heads):
     D, HDh = w.shape
     Dh, G = HDh // n_heads, n_heads // n_kv_heads
     return w.reshape(D, n_kv_heads, G, Dh).mean(axis=2).reshape(D, n_kv_heads * Dh)
+
+
+# ---------------------------------------------------------------------------- Ex. 1
+class KVPerLayer(NamedTuple):
+    gqa: int  # bytes of K and V per token per layer with n_kv_heads KV heads
+    mha: int  # the same with one KV head per query head
+
+
+def _kv_405b(fn):
+    cfg = arch.get("llama-3.1-405b")
+    spec = sizing.attention_spec(cfg)
+    got = KVPerLayer(*fn(n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads,
+                         head_dim=spec.dh(cfg.d_model), itemsize=2))
+    want = KVPerLayer(sizing.kv_cache(cfg, 1).bytes_per_layer,
+                      2 * sizing.kv_cache_elements("mha", n_heads=spec.n_heads,
+                                                   head_dim=spec.dh(cfg.d_model)))
+    if got != want or want.gqa != 4096:
+        raise AssertionError(f"Llama 3.1 405B: got {got}, expected {want} (4 KiB with GQA)")
+    return f"{got.gqa:,} B with GQA, {got.mha:,} B as MHA: {got.mha // got.gqa}x"
+
+
+def _kv_library(fn):
+    rng, (H, Dh, T) = _rng(60), (4, 4, 5)
+    for Hkv in (1, 2, 4):
+        att = attention.Attention(12, AttentionSpec(H, Hkv, head_dim=Dh), rng=rng,
+                                  dtype=np.float64)
+        state = att.init_state(1, T)
+        for t in range(T):
+            att.decode(rng.standard_normal((1, 12)), state, t)
+        got = KVPerLayer(*fn(n_heads=H, n_kv_heads=Hkv, head_dim=Dh, itemsize=8))
+        if got.gqa * T != state.nbytes:
+            raise AssertionError(f"Hkv {Hkv}: a KVState holds {state.nbytes} B after {T} "
+                                 f"tokens, you predict {got.gqa} per token")
+        if got.mha != got.gqa * H // Hkv:
+            raise AssertionError(f"Hkv {Hkv}: MHA keeps H / Hkv = {H // Hkv}x the GQA bytes, "
+                                 f"you predict {got.mha} against {got.gqa}")
+    return f"KVState bytes for Hkv 1, 2, 4 of H {H}"
+
+
+@exercise(1, "Llama 3 405B's KV cache per token per layer, against MHA",
+          "03_attention_gqa_kv_cache", '''
+    Llama 3.1 405B has 128 query heads of dimension 128 and 8 KV heads, and caches in bf16.
+    How many bytes of K and V does one token cost in one layer, and how many would it cost if
+    every query head had its own K and V head (MHA)? Write kv_per_token_layer(*, n_heads,
+    n_kv_heads, head_dim, itemsize) -> (gqa, mha) in bytes.
+''', '''
+    A token leaves one K vector and one V vector per KV head in every layer; the query heads
+    only read them.
+''', '''
+    GQA: 2·Hkv·Dh numbers = 2·8·128 = 2,048, times 2 B = 4,096 B = 4 KiB per token per layer.
+    MHA: 2·H·Dh = 2·128·128 = 32,768 numbers = 64 KiB: H / Hkv = 16x more. Over 126 layers
+    that is 504 KiB against 7.9 MiB per token, so at 128k tokens one sequence holds 63 GiB of
+    GQA cache where MHA would need 1 TiB. The library's KVState holds exactly
+    2·Hkv·Dh·itemsize bytes per token and layer.
+''', '''
+    def kv_per_token_layer(*, n_heads, n_kv_heads, head_dim, itemsize):
+        """Return (gqa, mha): bytes of K and V per token per layer with n_kv_heads KV heads,
+        and with one KV head per query head."""
+''', [
+    ("Llama 3.1 405B: 4 KiB, 16x against MHA (scratchllm.teach.sizing)", _kv_405b),
+    ("the library's KVState holds those bytes", _kv_library),
+])
+def _kv_per_token_layer(*, n_heads, n_kv_heads, head_dim, itemsize):
+    return KVPerLayer(2 * n_kv_heads * head_dim * itemsize, 2 * n_heads * head_dim * itemsize)

@@ -1,5 +1,9 @@
-"""The drill of scratchllm.tokenizer: one merge step of byte-level BPE training."""
+"""The drills of scratchllm.tokenizer: one merge step of byte-level BPE training; token
+healing at the prompt boundary (tokenizer.healing.heal_table, used by lm.sampling.heal)."""
+import numpy as np
+
 from scratchllm.teach.drills.bank._common import drill
+from scratchllm.tokenizer import heal_table
 from scratchllm.tokenizer import train as bpe_train
 
 
@@ -63,3 +67,47 @@ def _bpe_vs_library(fn):
         first = next(i for i, (a, b) in enumerate(zip(merges, want)) if a != b)
         raise AssertionError(f"merge {first} is {merges[first]!r}, expected {want[first]!r}")
     return "40 merges equal"
+
+
+# ---------------------------------------------------------------------------- token healing
+@drill("token_healing", 15, "scratchllm/tokenizer/healing.py", '''
+    def token_healing(token_bytes, prompt_ids, vocab_size):
+        """Token healing at the prompt boundary.
+
+        token_bytes: {id: bytes} of every ordinary token; prompt_ids: the prompt's ids (at
+        least two). A prompt cut mid-token ("https:") ends on a token the model rarely saw
+        there. Back up over the last prompt token and allow, as the first sampled token, only
+        tokens whose bytes start with the removed token's bytes.
+        Return (shorter_ids, allowed): shorter_ids = prompt_ids without its last id; allowed
+        = a boolean array (vocab_size,), True for the ids the first token may be.
+        """
+''', [
+    ("'https:' backs up to allow ':', '://', '::'", lambda fn: _healing_url(fn)),
+    ("agrees with scratchllm's heal_table on a trained vocab", lambda fn: _healing_vs_library(fn)),
+])
+def _token_healing(token_bytes, prompt_ids, vocab_size):
+    return heal_table(token_bytes, list(prompt_ids), vocab_size)
+
+
+def _healing_url(fn):
+    table = {0: b"https", 1: b":", 2: b"://", 3: b"::", 4: b"/", 5: b" :", 6: b"x:"}
+    shorter, allowed = fn(table, [0, 1], 8)
+    if list(shorter) != [0]:
+        raise AssertionError(f"shorter ids {shorter!r}, expected [0]")
+    got = sorted(np.flatnonzero(allowed).tolist())
+    if got != [1, 2, 3]:
+        raise AssertionError(f"allowed ids {got}, expected [1, 2, 3] (':' '://' '::'; not ' :' "
+                             "or 'x:', which do not start with ':')")
+    return "ok"
+
+
+def _healing_vs_library(fn):
+    vocab, merges = bpe_train.train_bpe_ref(["see https://a.org and https://b.org now " * 8],
+                                            vocab_size=270)
+    table = dict(vocab)
+    ids = sorted(table, key=lambda i: (-len(table[i]), i))[:3]   # three long tokens
+    shorter, allowed = fn(table, ids, 270)
+    want = np.array([i in table and table[i].startswith(table[ids[-1]]) for i in range(270)])
+    if list(shorter) != ids[:-1] or not np.array_equal(np.asarray(allowed, bool), want):
+        raise AssertionError("the allowed ids differ from heal_table's")
+    return "ok"

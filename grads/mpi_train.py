@@ -1,0 +1,110 @@
+"""Training steps across ranks against one process, in float64, on a tiny dense LM: the ranks
+of a data-parallel group (plain, and ZeRO stages 1, 2 and 3) and of a tensor-parallel one
+(Megatron, with and without sequence parallelism; and a dp x tp grid on 4 ranks) must reach the
+parameters one process reaches on the whole batch, and send the bytes the communication model
+predicts.
+Part of `mpiexec -n P python -m grads.mpi` (grads/mpi.py), so the fast test tier's one
+2-rank run covers the collectives' gradients and a training equivalence together."""
+from typing import NamedTuple
+
+import numpy as np
+
+from grads.cases.lm import lm_tiny
+
+TOL = 1e-12
+STEPS = 3
+
+
+class TrainResult(NamedTuple):
+    name: str
+    err: float
+    ok: bool
+
+
+def _train(cfg, settings, ids, grid=None, zero=0, sequence=False, pipeline=("1f1b", 0)):
+    """(the run's whole Params after STEPS steps, bytes this rank sent in the last step,
+    predicted)."""
+    from scratchllm.train.trainer import Run
+    run = Run(cfg, settings, np.float64, grid=grid, zero=zero, sequence=sequence,
+              pipeline=pipeline)
+    for _ in range(STEPS):
+        run.train_step(ids)
+    if run.shards is not None:
+        run.shards.gather_all()
+    run.whole()  # a pipeline's stages exchange their Params
+    model = run.model if run.tp is None else run._whole_tp(run.opt.state_dict())[0]
+    return model.parameters(), run.sent[-1], sum(run.comm_model.values())
+
+
+def _compare(world, name, got, one):
+    params, sent, predicted = got
+    err = max(float(np.abs(p.data - q.data).max() / np.abs(q.data).max())
+              for p, q in zip(params, one))
+    err = max(world.comm.allgather(err))
+    same = all(world.comm.allgather(sent == predicted))
+    return [TrainResult(f"train {name} == one process, {STEPS} steps", err, err <= TOL),
+            TrainResult(f"bytes {name}: {sent:,} sent by rank {world.rank}, model "
+                        f"{predicted:,}", 0.0, same)]
+
+
+def training_checks(world):
+    """[TrainResult]: dp=P with ZeRO 0-3 against one process (every rank computes the
+    one-process run too), and predicted against counted bytes."""
+    from scratchllm import dist
+    from scratchllm.train.trainer import Settings
+    cfg = lm_tiny("dense", vocab_size=24)
+    P = world.size
+    s = Settings(steps=STEPS, batch_size=P + 1, seq_len=8, warmup=1, threads=1, seed=3)
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, 400)
+    one, _, _ = _train(cfg, s, ids)
+    out = []
+    for zero in (0, 1, 2, 3):
+        grid = dist.RankGrid(dist.GridShape(dp=P), world)
+        what = f"ZeRO-{zero}" if zero else "plain"
+        out += _compare(world, f"dp={P} ({what})", _train(cfg, s, ids, grid, zero), one)
+    # the tiny model's 2 KV heads split over 2 ranks at most: tp=2, and dp x tp=2 beyond
+    shapes = [dist.GridShape(dp=P // 2, tp=2)] if P % 2 == 0 else []
+    for shape in shapes:
+        for sequence in (False, True):
+            grid = dist.RankGrid(shape, world)
+            name = shape.describe() + (" (sequence parallel)" if sequence else "")
+            out += _compare(world, name, _train(cfg, s, ids, grid, sequence=sequence), one)
+    for shape in [dist.GridShape(dp=P // 2, pp=2)] if P % 2 == 0 else []:
+        for schedule in ("gpipe", "1f1b"):
+            grid = dist.RankGrid(shape, world)
+            out += _compare(world, f"{shape.describe()} ({schedule}, 2 micro-batches)",
+                            _train(cfg, s, ids, grid, pipeline=(schedule, 2)), one)
+    return out
+
+
+def expert_parallel_checks(world, rng, check):
+    """[TrainResult]: the expert-parallel experts pair (2 experts per rank, uneven rows per
+    expert, one expert with none) through the distributed check (`check`: grads.mpi's
+    dist_check), and against the one-process experts pair with every expert's weights."""
+    from scratchllm.moe.experts import experts_backward, experts_forward
+    from scratchllm.train.expert_parallel import (expert_parallel_backward,
+                                                  expert_parallel_forward)
+    P, r, std = world.size, world.rank, rng.standard_normal
+    E = 2 * P
+    counts = (np.arange(E) + r) % 3  # rows per expert on this rank (some 0)
+    bounds = np.concatenate(([0], np.cumsum(counts)))
+    xs = std((int(bounds[-1]), 3))
+    out = [check("expert_parallel (dispatch, experts, combine)",
+                 (expert_parallel_forward, expert_parallel_backward),
+                 {"xs": xs, "w1": std((2, 3, 4)), "w3": std((2, 3, 4)), "w2": std((2, 4, 3))},
+                 world, world, rng=rng, h=1e-5, tol=1e-7, bounds=bounds)]
+    shared = np.random.default_rng(23)
+    W = [shared.standard_normal(s) for s in ((E, 3, 4), (E, 3, 4), (E, 4, 3))]
+    mine = slice(2 * r, 2 * r + 2)
+    ys, cache = expert_parallel_forward(xs, bounds, *(w[mine] for w in W), group=world)
+    want, ref = experts_forward(xs, bounds, *W)
+    dys = std(ys.shape)
+    g, g_ref = expert_parallel_backward(dys, cache), experts_backward(dys, ref)
+    err = max(float(np.abs(ys - want).max()), float(np.abs(g["xs"] - g_ref["xs"]).max()))
+    for name in ("w1", "w3", "w2"):  # every rank's rows reach the owner's experts
+        total = np.asarray(world.comm.allreduce(g_ref[name]))
+        err = max(err, float(np.abs(g[name] - total[mine]).max()))
+    err = max(world.comm.allgather(err))
+    return out + [TrainResult(f"expert_parallel == the one-process experts ({E} experts on {P} "
+                              f"ranks: outputs, dxs, every expert's weight gradients)", err,
+                              err < 1e-12)]

@@ -1,0 +1,211 @@
+"""Pipeline parallelism: the blocks cut into P stages, one per rank of the pipeline group, a
+rank's slice of the batch cut into M micro-batches that flow through the stages (GPipe, Huang et
+al. 2019, arXiv:1811.06965; the 1F1B schedule of PipeDream-Flush, Narayanan et al. 2021,
+arXiv:2104.04473).
+
+    stage 0      embedding + its blocks       sends x_m forward, receives dx_m back
+    stage s      its blocks                   receives x_m, sends x_m; receives dx_m, sends dx_m
+    stage P-1    its blocks + norm, head, CE  receives x_m; sends dx_m back
+
+Sending an activation forward is the identity across ranks (y on stage s+1 = x on stage s), so
+its backward is the identity back: the gradient travels the reverse way (the ring_shift pair's
+rule, collectives.py, for one hop). A micro-batch of n_m of the B sequences has loss weight
+n_m / B, so the stages' summed gradients are the whole batch's, as with data-parallel shards.
+
+Schedules (F_m: micro-batch m's forward on this stage, B_m its backward):
+    gpipe   F_0 .. F_{M-1}, then B_0 .. B_{M-1}: M micro-batches' activations held at once
+    1f1b    P - 1 - s warm-up forwards, then one forward, one backward, ..., then the
+            remaining backwards: at most P - s micro-batches held
+Both idle for the same bubble: each stage waits (P - 1) micro-batch times of the M + P - 1
+the step takes, a fraction (P - 1) / (M + P - 1) when the stages cost the same (Huang et al.);
+1F1B's gain is memory. The measured bubble is 1 - (time computing) / (wall time of the
+schedule), averaged over the stages: it includes the waits and the imbalance between stages
+(the last stage's head and loss cost more than a block).
+
+Every rank builds the whole model from the seed and updates only its stage's Params; before an
+evaluation or a checkpoint the stages' Params are exchanged (`sync_whole`), so every rank holds
+the whole current model then.
+"""
+import time
+
+import numpy as np
+
+from scratchllm.core import fused
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def schedule(name, n_stages, stage, n_micro):
+    """[("F" | "B", micro-batch)] of one stage, in order."""
+    if name not in SCHEDULES:
+        raise ValueError(f"pipeline: schedule must be one of {SCHEDULES}, got {name!r}")
+    if name == "gpipe":
+        return [("F", m) for m in range(n_micro)] + [("B", m) for m in range(n_micro)]
+    warm = min(n_stages - 1 - stage, n_micro)
+    ops = [("F", m) for m in range(warm)]
+    for m in range(warm, n_micro):
+        ops += [("F", m), ("B", m - warm)]
+    return ops + [("B", m) for m in range(n_micro - warm, n_micro)]
+
+
+def bubble_fraction(n_stages, n_micro):
+    """(P - 1) / (M + P - 1): the idle share of a step with equal stages."""
+    return (n_stages - 1) / (n_micro + n_stages - 1)
+
+
+class PipelineStage:
+    """This rank's stage of a model (an LM) over a pipeline group: `step(x, y, total)` runs
+    the schedule on this rank's rows and leaves the stage's gradients in its Params."""
+
+    def __init__(self, model, group, n_micro, schedule_name="1f1b"):
+        P, s = group.size, group.rank
+        if len(model.layers) < P:
+            raise ValueError(f"--pp {P}: the model has {len(model.layers)} blocks, fewer than "
+                             f"the stages")
+        if model.cfg.tie_embeddings or any(hasattr(b.ffn, "update_bias") for b in model.layers):
+            raise ValueError(f"--pp {P}: pipeline stages cover untied, dense models (a tied "
+                             f"head or MoE aux losses span the stages)")
+        schedule(schedule_name, P, s, n_micro)  # checks the name
+        self.model, self.group, self.n_micro, self.name = model, group, n_micro, schedule_name
+        bounds = np.array_split(np.arange(len(model.layers)), P)[s]
+        self.layer_ids = [int(i) for i in bounds]
+        self.first, self.last = s == 0, s == P - 1
+        self.names = [n for n, _ in model.named_parameters() if self._mine(n)]
+        self.params = [p for n, p in model.named_parameters() if self._mine(n)]
+        self.sent = 0        # bytes sent to the neighbouring stages (counted like the groups')
+        self.busy = self.wall = 0.0  # seconds computing and of the whole schedule, last step
+        self.held = 0        # most micro-batches' activations held at once, last step
+
+    def _mine(self, name):
+        if name.startswith("layers."):
+            return int(name.split(".")[1]) in self.layer_ids
+        if name.startswith(("embed.", "pos.", "types.", "embed_norm.")):
+            return self.first
+        return self.last  # the final norm, head transform, head and its bias
+
+    # ------------------------------------------------------------------ point to point
+    def _send(self, x, to, tag, pending):
+        x = np.ascontiguousarray(x)
+        pending.append((self.group.comm.Isend(x, dest=to, tag=tag), x))
+        self.sent += x.nbytes
+
+    def _recv(self, shape, dtype, source, tag):
+        buf = np.empty(shape, dtype)
+        self.group.comm.Recv(buf, source=source, tag=tag)
+        return buf
+
+    # ------------------------------------------------------------------ one step
+    def step(self, x, y, total):
+        """Forward and backward of this rank's rows x, y (n, T) in M micro-batches on the
+        schedule; each micro-batch's loss weighted by its rows / total. Returns this stage's
+        share of the mean cross-entropy (the last stage's; 0 elsewhere)."""
+        model, s = self.model, self.group.rank
+        rows = np.array_split(np.arange(x.shape[0]), self.n_micro)
+        if min(len(r) for r in rows) == 0:
+            raise ValueError(f"pipeline: {x.shape[0]} sequences on this rank do not fill "
+                             f"{self.n_micro} micro-batches")
+        D, dtype = model.cfg.d_model, model.dtype
+        caches, pending, ce = {}, [], 0.0
+        self.busy, self.held, t_start = 0.0, 0, time.perf_counter()
+        for op, m in schedule(self.name, self.group.size, s, self.n_micro):
+            shape, w = (len(rows[m]), x.shape[1], D), len(rows[m]) / total
+            if op == "F":
+                h = self._recv(shape, dtype, s - 1, 2 * m) if not self.first else None
+                t0 = time.perf_counter()
+                caches[m], out = self._forward(x[rows[m]], y[rows[m]], h, w)
+                self.busy += time.perf_counter() - t0
+                if self.last:
+                    ce += out
+                else:
+                    self._send(out, s + 1, 2 * m, pending)
+                self.held = max(self.held, len(caches))
+            else:
+                dh = self._recv(shape, dtype, s + 1, 2 * m + 1) if not self.last else None
+                t0 = time.perf_counter()
+                dx = self._backward(caches.pop(m), dh, w)
+                self.busy += time.perf_counter() - t0
+                if not self.first:
+                    self._send(dx, s - 1, 2 * m + 1, pending)
+        for request, _ in pending:
+            request.Wait()
+        self.wall = time.perf_counter() - t_start
+        return ce
+
+    def _forward(self, ids, targets, h, w):
+        """(cache, the activation to send on, or on the last stage the weighted CE)."""
+        model, c_emb = self.model, None
+        if self.first:
+            h, c_emb = model._embed_forward(ids)  # (b, T, D)
+        blocks = []
+        for i in self.layer_ids:
+            h, c = model.layers[i].forward(h)  # (b, T, D)
+            blocks.append(c)
+        if not self.last:
+            return (c_emb, blocks, None), h
+        logits, c_head = model.head_forward(h)  # (b, T, V)
+        ce, c_ce = fused.CROSS_ENTROPY.forward(logits, targets)
+        return (c_emb, blocks, (c_head, c_ce)), float(ce) * w
+
+    def _backward(self, cache, dh, w):
+        """The stage's backward for one micro-batch: dh the gradient received (None on the
+        last stage, which starts from its loss) -> the gradient to send back (None on the
+        first stage)."""
+        model = self.model
+        c_emb, blocks, tail = cache
+        if self.last:
+            c_head, c_ce = tail
+            dlogits = fused.CROSS_ENTROPY.backward(np.asarray(w, model.dtype), c_ce)
+            dh = model.head_backward(dlogits["logits"], c_head)  # (b, T, D)
+        for i, c in zip(reversed(self.layer_ids), reversed(blocks)):
+            dh = model.layers[i].backward(dh, c, w)  # fwd: h = block_i(h)
+        if self.first:
+            model.embed_backward(dh, c_emb)
+            return None
+        return dh
+
+    def pp_sum(self, value):
+        """A float summed over the stages (the loss, the squared gradient norm)."""
+        return self.group.sum_scalar(value)
+
+    def measured_bubble(self):
+        """(mean over the stages of 1 - busy / wall in the last step, most micro-batches held
+        on any stage) (collective)."""
+        parts = self.group.comm.allgather((self.busy, self.wall, self.held))
+        return (float(np.mean([1 - b / w for b, w, _ in parts if w > 0])),
+                max(h for _, _, h in parts))
+
+    def sync_whole(self):
+        """Every stage's Params to every rank of the group (collective; not counted: outside
+        the steps), so each holds the whole current model."""
+        mine = {n: p.data for n, p in zip(self.names, self.params)}
+        arrays = {}
+        for part in self.group.comm.allgather(mine):
+            arrays.update(part)
+        for n, p in self.model.named_parameters():
+            if n not in mine:
+                p.data[...] = arrays[n]
+
+    def gather_moments(self, opt, state):
+        """AdamW's state_dict with every stage's moments, on the group's rank 0 (collective;
+        state: this rank's opt.state_dict())."""
+        index = {id(p): i for i, p in enumerate(opt.params)}
+        mine = {k: state[k] for p in self.params for k in (f"m.{index[id(p)]}",
+                                                         f"v.{index[id(p)]}")}
+        parts = self.group.comm.gather(mine, root=0)
+        if self.group.rank != 0:
+            return None
+        out = dict(state)
+        for part in parts:
+            out.update(part)
+        return out
+
+    def opt_indices(self, opt):
+        """The optimizer slots of this stage's Params (AdamW.step(only=...))."""
+        index = {id(p): i for i, p in enumerate(opt.params)}
+        return sorted(index[id(p)] for p in self.params)
+
+    def bytes_per_step(self, n_rows, seq_len):
+        """Bytes this stage sends per step: each micro-batch's activation forward (not from
+        the last stage) and its gradient back (not from the first)."""
+        act = n_rows * seq_len * self.model.cfg.d_model * self.model.dtype.itemsize
+        return (0 if self.last else act) + (0 if self.first else act)

@@ -1,0 +1,69 @@
+"""Tensor and pipeline parallelism without MPI: on a group of one rank MegatronLM is the
+LM it was cut from (loss and every gradient, with and without sequence parallelism), the
+splits and the configs it refuses; the pipeline schedules and their bubble. Across ranks:
+grads.mpi (fast tier) and test_data_parallel_mpi.py (slow tier)."""
+import numpy as np
+import pytest
+
+from grads.cases import lm_tiny
+from scratchllm import dist
+from scratchllm.lm import LM, preset
+from scratchllm.train.megatron import (MegatronLM, check_tensor_parallel, local_config,
+                                       split_axis)
+
+
+@pytest.mark.parametrize("sequence", [False, True])
+def test_on_one_rank_megatron_is_the_lm_it_was_cut_from(sequence):
+    cfg = lm_tiny("dense", vocab_size=24)
+    rng = np.random.default_rng(1)
+    ids, targets = rng.integers(0, 24, (2, 6)), rng.integers(0, 24, (2, 6))
+    plain = LM(cfg, rng=np.random.default_rng(5), dtype=np.float64)
+    tp = MegatronLM(cfg, dist.Group.single(), rng=np.random.default_rng(5), dtype=np.float64,
+                    sequence=sequence)
+    for model in (plain, tp):
+        model.zero_grad()
+        loss, cache = model.loss(ids, targets)
+        model.loss_backward(1.0, cache)
+    assert float(tp.loss(ids, targets)[0]) == pytest.approx(float(plain.loss(ids, targets)[0]),
+                                                            rel=1e-14)
+    for (n, p), (_, q) in zip(plain.named_parameters(), tp.named_parameters()):
+        np.testing.assert_allclose(q.grad, p.grad, rtol=1e-12, atol=1e-15, err_msg=n)
+
+
+def test_the_splits_follow_megatron():
+    assert [split_axis(f"layers.0.{n}") for n in ("mixer.wq", "mixer.wo", "ffn.W1", "ffn.W2",
+                                                  "norm1.g")] == [1, 0, 1, 0, None]
+    assert (split_axis("embed.E"), split_axis("head.W"), split_axis("norm.g")) == (0, 1, None)
+    local = local_config(preset("dense"), 2)
+    assert (local.vocab_size, local.layers[0].mixer.n_heads, local.layers[0].mixer.n_kv_heads,
+            local.layers[0].mixer.head_dim, local.layers[0].ffn.d_ff) == (512, 2, 1, 32, 192)
+
+
+def test_configs_it_cannot_split_are_named():
+    with pytest.raises(ValueError, match=r"--tp 4: .*2 KV heads \(not multiples of 4\)"):
+        check_tensor_parallel(preset("dense"), 4)
+    with pytest.raises(ValueError, match=r"--tp 2: .*layer 0's FFN"):
+        check_tensor_parallel(preset("moe"), 2)
+    with pytest.raises(ValueError, match=r"vocab_size 23 \(not a multiple of 2\)"):
+        check_tensor_parallel(lm_tiny("dense"), 2)
+
+
+def test_pipeline_schedules_and_their_bubble():
+    from scratchllm.train.pipeline import bubble_fraction, schedule
+    assert schedule("gpipe", 2, 0, 3) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1),
+                                          ("B", 2)]
+    # 1F1B on the first of 2 stages: one warm-up forward, then forward/backward pairs
+    assert schedule("1f1b", 2, 0, 3) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1),
+                                         ("B", 2)]
+    assert schedule("1f1b", 2, 1, 3) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2),
+                                         ("B", 2)]
+    for P, M in ((2, 4), (4, 8), (3, 1)):
+        for s in range(P):
+            ops = schedule("1f1b", P, s, M)
+            assert sorted(ops) == sorted(schedule("gpipe", P, s, M))
+            held = max(sum(op == "F" for op, _ in ops[:i + 1]) -
+                       sum(op == "B" for op, _ in ops[:i + 1]) for i in range(len(ops)))
+            assert held == min(P - s, M)  # 1F1B's memory bound; GPipe holds M
+    assert bubble_fraction(2, 4) == pytest.approx(0.2) and bubble_fraction(4, 1) == 0.75
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        schedule("zigzag", 2, 0, 2)
