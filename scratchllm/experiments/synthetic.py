@@ -16,6 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 from scratchllm.core import clip_grad_norm, cosine_schedule
+from scratchllm.train.parallel import blas_threads, set_blas_threads
 from scratchllm.train.trainer import Settings, make_optimizer
 
 IGNORE = -100
@@ -94,17 +95,23 @@ def accuracy(model, ids, targets):
 
 def train_task(model, sample, steps, lr, desc="train"):
     """AdamW (weight decay 0.01, warmup min(30, steps), cosine to lr / 10, clip 1) on the
-    loss over the asked positions of sample(step) -> (ids, targets). Returns the losses."""
+    loss over the asked positions of sample(step) -> (ids, targets), with one BLAS thread
+    (restored after). Returns the losses."""
     s = Settings(steps=steps, lr=lr, warmup=min(30, steps), weight_decay=0.01)
     opt = make_optimizer(model, s)
-    losses = []
-    for step in tqdm(range(1, steps + 1), desc=desc, leave=False, mininterval=1.0):
-        ids, targets = sample(step)
-        model.zero_grad()
-        loss, cache = model.loss(ids, targets)
-        model.loss_backward(1.0, cache)
-        clip_grad_norm(model.parameters(), s.clip)
-        opt.lr = cosine_schedule(step, s.lr, s.lr / 10, s.warmup, steps)
-        opt.step()
-        losses.append(float(loss))
+    losses, before = [], blas_threads()
+    set_blas_threads(1)  # small matrices: a second BLAS thread costs more than it brings
+    try:
+        for step in tqdm(range(1, steps + 1), desc=desc, leave=False, mininterval=1.0):
+            ids, targets = sample(step)
+            model.zero_grad()
+            loss, cache = model.loss(ids, targets)
+            model.loss_backward(1.0, cache)
+            clip_grad_norm(model.parameters(), s.clip)
+            opt.lr = cosine_schedule(step, s.lr, s.lr / 10, s.warmup, steps)
+            opt.step()
+            losses.append(float(loss))
+    finally:
+        if before:
+            set_blas_threads(before[0])
     return losses
