@@ -1,9 +1,10 @@
 """Experiments: the chapters' claims measured on a CPU (registry: EXPERIMENTS by name and
 run_experiment; one module per experiment: collapse, scale, heads, induction, moe, experts,
-abf; loop: the training loop they share; base: Outcome, the modes and results.json), and the
-tools to look inside any LM (tools: logit_lens, direct_logit_attribution, attention_patterns,
-head_scores, steering_vector, steered_logits; patching: activation and attribution patching;
-memories: FFN key-value memories; early_exit: the logit-lens exit)."""
+abf, recall, needle, sinks; loop: the training loop they share; synthetic: the synthetic tasks
+and their training loop; base: Outcome, the modes and results.json), and the tools to look
+inside any LM (tools: logit_lens, direct_logit_attribution, attention_patterns, head_scores,
+steering_vector, steered_logits; patching: activation and attribution patching; memories:
+FFN key-value memories; early_exit: the logit-lens exit)."""
 from .base import MODES, Experiment, Outcome, write_results
 from .early_exit import early_exit, early_exit_tradeoff
 from .memories import ffn_hidden, ffn_memories, value_logits
