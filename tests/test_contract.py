@@ -1,6 +1,7 @@
 """The pair contract, checked over the whole library:
-- every public `<op>_backward` is exercised by a grads case, returns a dict, and its keys are
-  argument names of `<op>_forward`;
+- every public `<op>_backward` is exercised by a grads case, passes that case's first gradient
+  check (finite differences, float64; `python -m grads` runs every case in full), returns a
+  dict, and its keys are argument names of `<op>_forward`;
 - every public `<name>_ref` twin has its fast twin `<name>` beside it, with the same signature.
 """
 import importlib
@@ -12,7 +13,7 @@ import pytest
 
 import grads.cases
 import scratchllm
-from grads.check import check as real_check
+from grads.check import Report, _random_like, check as real_check
 
 SLOW_CASES = ("lm_",)  # whole-model cases check loss_pair, not a library pair
 
@@ -40,9 +41,17 @@ def forward_of(module, name):
     return FUNCTIONS.get((module, name.replace("_backward", "_forward")))
 
 
+CHECK_OPTIONS = ("rng", "wrt", "label", "fd_step", "n_directions", "max_full")
+FAILED_CHECKS = []  # the first gradient checks that failed, filled by returned_keys
+
+
 @pytest.fixture(scope="module")
 def returned_keys():
-    """Run every grads case with a recording checker: {backward: [key sets it returned]}."""
+    """Run every grads case with a recording checker: {backward: [key sets it returned]}.
+    Each backward's first call is a full gradient check (so every public pair is checked
+    against finite differences in the fast tier); its later calls (other shapes and options of
+    the same case) run forward and backward once, for the keys: `python -m grads` differences
+    them all."""
     seen = {}
 
     def recording_check(forward, backward, **kwargs):
@@ -50,7 +59,14 @@ def returned_keys():
             grads_ = backward(dout, cache)
             seen.setdefault(backward, []).append(grads_)
             return grads_
-        return real_check(forward, recorded, **kwargs)
+        if backward not in seen:
+            report = real_check(forward, recorded, **kwargs)
+            if report.failed:
+                FAILED_CHECKS.append(f"{backward.__module__}.{backward.__name__}:\n{report}")
+            return report
+        out, cache = forward(**{k: v for k, v in kwargs.items() if k not in CHECK_OPTIONS})
+        recorded(_random_like(out, np.random.default_rng(0)), cache)
+        return Report()
 
     run_cases_with(recording_check)
     return seen
@@ -68,6 +84,10 @@ def run_cases_with(checker):
     finally:
         for module in grads.cases.MODULES:
             module.check = real_check
+
+
+def test_every_public_pair_passes_its_first_gradient_check(returned_keys):
+    assert FAILED_CHECKS == []
 
 
 def test_the_library_has_backwards_to_check():

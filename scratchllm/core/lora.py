@@ -27,8 +27,8 @@ import numpy as np
 
 from scratchllm.core.nn import Module, Param, normal_init
 from scratchllm.core.ops import LinearCache, linear_backward, linear_forward, linear_out
-from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_integer,
-                                      expect_linear, expect_shape)
+from scratchllm.core.validate import (common_float, expect_dout, expect_finite, expect_float,
+                                      expect_integer, expect_linear, expect_ndim, expect_shape)
 
 
 class LoRAWeights(NamedTuple):
@@ -94,7 +94,12 @@ def lora_merge_forward(x, w, *, scale):
              scale s = alpha / R.
     Returns: W' (Din, Dout).  Cache: A, B, scale, the dtype of W'.
     """
+    x, w = common_float(x, w)
+    expect_float("lora_merge", "x", x)
+    expect_ndim("lora_merge", "x", x, 2, "(Din, Dout)")
+    expect_float("lora_merge", "A", w.A)
     expect_shape("lora_merge", "A", w.A, (x.shape[0], None), "(Din, R)")
+    expect_float("lora_merge", "B", w.B)
     expect_shape("lora_merge", "B", w.B, (w.A.shape[1], x.shape[1]), "(R, Dout)")
     scale = expect_finite("lora_merge", "scale", scale)
     out = x + np.asarray(scale, x.dtype) * (w.A @ w.B)  # (Din, Dout)
