@@ -13,10 +13,14 @@ from .model import VisionTransformer
 from .patch import (ConvWeights, PatchWeights, conv2d_backward, conv2d_forward,
                     patch_embed_backward, patch_embed_forward, patchify, unpatchify)
 from .pool import AttentionPool, ProbeWeights, probe_attention_backward, probe_attention_forward
-from .preprocess import image_processor_spec, load_image_processor, preprocess, preprocess_image
+from .preprocess import (image_processor_spec, load_image_processor, open_image, preprocess,
+                         preprocess_image, to_rgb)
+from .dynamic import flatten_patches, preprocess_patches, smart_resize
 
 __all__ = ["AttentionPool", "ConvWeights", "Llava", "PatchWeights", "ProbeWeights",
-           "VisionEmbedWeights", "VisionEmbedding", "VisionTransformer", "conv2d_backward", "conv2d_forward",
+           "VisionEmbedWeights", "VisionEmbedding", "VisionTransformer", "conv2d_backward",
+           "conv2d_forward", "flatten_patches", "open_image", "preprocess_patches", "smart_resize",
+           "to_rgb",
            "image_processor_spec", "load_image_processor", "patch_embed_backward",
            "patch_embed_forward", "patchify", "preprocess", "preprocess_image",
            "probe_attention_backward", "probe_attention_forward", "unpatchify",

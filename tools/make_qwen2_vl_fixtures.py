@@ -1,0 +1,82 @@
+"""Write the Qwen2-VL fixtures: what transformers' Qwen2-VL image processor and M-RoPE compute.
+
+    pip install ".[ref]"
+    PYTHONPATH=$PWD python tools/make_hf_fixtures_vision.py   # the five PNGs (run once)
+    PYTHONPATH=$PWD python tools/make_qwen2_vl_fixtures.py
+
+Writes
+    tests/fixtures/hf/qwen2_vl_processor/preprocessor_config.json
+        Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2,
+        min_pixels=128, max_pixels=576) saved by transformers: factor 8, so the 37 x 29 image
+        takes smart_resize's shrinking branch and the small ones its growing branch;
+    tests/fixtures/images/qwen2_vl.npz
+        pixel_values (N, C*T*P*P) float32 and image_grid_thw (n_images, 3) of that processor on
+        the five PNGs of tests/fixtures/images/ (rgb, rgb_large, rgba, gray, palette);
+    tests/fixtures/hf/qwen2_vl_mrope.npz
+        M-RoPE of a tiny Qwen2VLModel (head_dim 16, mrope_section [2, 3, 3], rope_theta 100,
+        image_token_id 7, spatial_merge_size 2), in float64:
+        input_ids (2, T) with the image placeholders, image_grid_thw, mm_token_type_ids,
+        position_ids (3, 2, T) and rope_deltas (2, 1) from get_rope_index, q (2, H, T, 16)
+        and q_embed = apply_rotary_pos_emb(q, ...) with Qwen2VLRotaryEmbedding's cos, sin.
+Reference: huggingface/transformers src/transformers/models/qwen2_vl/image_processing_pil_qwen2_vl.py;
+huggingface/transformers src/transformers/models/qwen2_vl/modeling_qwen2_vl.py.
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from transformers.models.qwen2_vl import modeling_qwen2_vl as mq
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGES = ROOT / "tests" / "fixtures" / "images"
+HF = ROOT / "tests" / "fixtures" / "hf"
+NAMES = ["rgb", "rgb_large", "rgba", "gray", "palette"]
+IMAGE_TOKEN = 7
+
+
+def processor_fixture():
+    from PIL import Image
+    out = HF / "qwen2_vl_processor"
+    transformers.Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2,
+                                          min_pixels=128, max_pixels=576).save_pretrained(out)
+    processor = transformers.Qwen2VLImageProcessorPil.from_pretrained(out)
+    got = processor(images=[Image.open(IMAGES / f"{n}.png") for n in NAMES],
+                    return_tensors="np")
+    np.savez_compressed(IMAGES / "qwen2_vl.npz", pixel_values=got["pixel_values"],
+                        image_grid_thw=got["image_grid_thw"])
+    print("qwen2_vl processor:", got["pixel_values"].shape, got["image_grid_thw"].tolist())
+
+
+def mrope_fixture():
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2VLConfig(
+        text_config=dict(vocab_size=32, hidden_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, intermediate_size=16,
+                         rope_parameters={"rope_type": "default", "rope_theta": 100.0,
+                                          "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, patch_size=4,
+                           spatial_merge_size=2, temporal_patch_size=2, in_channels=3),
+        image_token_id=IMAGE_TOKEN, video_token_id=8, vision_start_token_id=5)
+    model = mq.Qwen2VLModel(cfg).double()
+    grid = torch.tensor([[1, 4, 6], [1, 2, 2], [1, 6, 2]])  # 6, 1 and 3 merged tokens
+    text = [[1, 2, 5] + [IMAGE_TOKEN] * 6 + [3, 4, 5] + [IMAGE_TOKEN] + [9, 10, 11],
+            [12, 5] + [IMAGE_TOKEN] * 3 + [13] * 11]
+    ids = torch.tensor(text)
+    types = (ids == IMAGE_TOKEN).int()
+    pos, deltas = model.get_rope_index(ids, image_grid_thw=grid, mm_token_type_ids=types)
+    rotary = mq.Qwen2VLRotaryEmbedding(cfg.text_config).double()
+    q = torch.randn(2, 2, ids.shape[1], 16, dtype=torch.float64)
+    cos, sin = rotary(q, pos)
+    q_embed, _ = mq.apply_rotary_pos_emb(q, q, cos, sin)
+    np.savez_compressed(HF / "qwen2_vl_mrope.npz", input_ids=ids.numpy(),
+                        image_grid_thw=grid.numpy(), mm_token_type_ids=types.numpy(),
+                        position_ids=pos.numpy(), rope_deltas=deltas.numpy(), q=q.numpy(),
+                        q_embed=q_embed.numpy())
+    print("qwen2_vl mrope:", pos.shape, deltas.ravel().tolist())
+
+
+if __name__ == "__main__":
+    processor_fixture()
+    mrope_fixture()
