@@ -13,15 +13,23 @@ Writes
         pixel_values (N, C*T*P*P) float32 and image_grid_thw (n_images, 3) of that processor on
         the five PNGs of tests/fixtures/images/ (rgb, rgb_large, rgba, gray, palette);
     tests/fixtures/hf/qwen2_vl_mrope.npz
-        M-RoPE of a tiny Qwen2VLModel (head_dim 16, mrope_section [2, 3, 3], rope_theta 100,
+        M-RoPE of a tiny Qwen2VLModel (built under make_hf_fixtures' float64_everywhere, so
+        that the rotary angles are float64 too) (head_dim 16, mrope_section [2, 3, 3], rope_theta 100,
         image_token_id 7, spatial_merge_size 2), in float64:
         input_ids (2, T) with the image placeholders, image_grid_thw, mm_token_type_ids,
         position_ids (3, 2, T) and rope_deltas (2, 1) from get_rope_index, q (2, H, T, 16)
-        and q_embed = apply_rotary_pos_emb(q, ...) with Qwen2VLRotaryEmbedding's cos, sin.
+        and q_embed = apply_rotary_pos_emb(q, ...) with Qwen2VLRotaryEmbedding's cos, sin;
+        the vision tower's 2-D RoPE (head_dim 8, theta 10000): vision_grid_thw,
+        vision_position_ids (N, 2) (h, w) from get_vision_position_ids, vision_q (N, 2, 8)
+        and vision_q_embed (apply_rotary_pos_emb_vision with
+        Qwen2VLVisionRotaryEmbedding's cos, sin).
+    tests/fixtures/hf/qwen2_vl_merger.npz
+        a PatchMerger (dim 5, context_dim 4, merge 2) in float64: its weights under their
+        module names, x (12, 4), y (3, 5), G and grad/<name> = d sum(y * G) / d name.
 Reference: huggingface/transformers src/transformers/models/qwen2_vl/image_processing_pil_qwen2_vl.py;
 huggingface/transformers src/transformers/models/qwen2_vl/modeling_qwen2_vl.py.
 """
-import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +38,8 @@ import transformers
 from transformers.models.qwen2_vl import modeling_qwen2_vl as mq
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from make_hf_fixtures import float64_everywhere  # noqa: E402
 IMAGES = ROOT / "tests" / "fixtures" / "images"
 HF = ROOT / "tests" / "fixtures" / "hf"
 NAMES = ["rgb", "rgb_large", "rgba", "gray", "palette"]
@@ -70,13 +80,44 @@ def mrope_fixture():
     q = torch.randn(2, 2, ids.shape[1], 16, dtype=torch.float64)
     cos, sin = rotary(q, pos)
     q_embed, _ = mq.apply_rotary_pos_emb(q, q, cos, sin)
+    vcfg = cfg.vision_config  # head_dim 8: 2 frequencies for h, 2 for w
+    vgrid = torch.tensor([[1, 4, 6], [1, 2, 2]])
+    vpos = mq.get_vision_position_ids(vgrid, 2)  # (N, 2) rows (h, w)
+    vrot = mq.Qwen2VLVisionRotaryEmbedding(vcfg).double()
+    vq = torch.randn(int(vgrid.prod(-1).sum()), 2, 8, dtype=torch.float64)  # (N, H, Dh)
+    vcos, vsin = vrot(vq, vpos)
+    vq_embed, _ = mq.apply_rotary_pos_emb_vision(vq, vq, vcos, vsin)
     np.savez_compressed(HF / "qwen2_vl_mrope.npz", input_ids=ids.numpy(),
+                        vision_grid_thw=vgrid.numpy(), vision_position_ids=vpos.numpy(),
+                        vision_q=vq.numpy(), vision_q_embed=vq_embed.numpy(),
                         image_grid_thw=grid.numpy(), mm_token_type_ids=types.numpy(),
                         position_ids=pos.numpy(), rope_deltas=deltas.numpy(), q=q.numpy(),
                         q_embed=q_embed.numpy())
     print("qwen2_vl mrope:", pos.shape, deltas.ravel().tolist())
 
 
+def merger_fixture():
+    """PatchMerger(dim=5, context_dim=4, spatial_merge_size=2) with random weights on 12 patch
+    rows: x, y, G, and d sum(y * G) / d (x and every parameter, named as in the module)."""
+    torch.manual_seed(1)
+    merger = mq.PatchMerger(dim=5, context_dim=4, spatial_merge_size=2).double()
+    for p in merger.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    x = torch.randn(12, 4, dtype=torch.float64, requires_grad=True)
+    y = merger(x)
+    G = torch.randn(y.shape, dtype=torch.float64)
+    (y * G).sum().backward()
+    out = {"x": x.detach().numpy(), "y": y.detach().numpy(), "G": G.numpy(),
+           "grad/x": x.grad.numpy()}
+    for name, p in merger.named_parameters():
+        out[name] = p.detach().numpy()
+        out["grad/" + name] = p.grad.numpy()
+    np.savez_compressed(HF / "qwen2_vl_merger.npz", **out)
+    print("qwen2_vl merger:", sorted(out))
+
+
 if __name__ == "__main__":
     processor_fixture()
-    mrope_fixture()
+    with float64_everywhere():
+        mrope_fixture()
+        merger_fixture()

@@ -11,7 +11,7 @@ Glossary: C channels, P patch side, N = (H/P)(W/P) patches, D model width.
 """
 from dataclasses import dataclass
 
-from scratchllm.specs._check import fail, flag, instance, one_of, positive_int
+from scratchllm.specs._check import fail, flag, instance, one_of, positive_int, real
 from scratchllm.specs.attention import AttentionSpec, Mask
 from scratchllm.specs.ffn import FFNSpec
 from scratchllm.specs.model import LayerSpec, ModelConfig, NormSpec
@@ -232,6 +232,21 @@ class SmartResizeSpec:
         if self.min_pixels > self.max_pixels:
             fail(self, f"min_pixels={self.min_pixels} exceeds max_pixels={self.max_pixels}",
                  "min_pixels")
+
+
+@dataclass(frozen=True)
+class MergerSpec:
+    """Qwen2-VL's patch merger: each merge_size x merge_size group of consecutive patch
+    vectors is LayerNormed (eps), concatenated and mapped by a GELU MLP (gelu_approx "none" the
+    erf form | "tanh") to the language model's width."""
+    merge_size: int = 2
+    eps: float = 1e-6
+    gelu_approx: str = "none"
+
+    def __post_init__(self):
+        positive_int(self, "merge_size")
+        real(self, "eps", 0.0, open_low=True)
+        one_of(self, "gelu_approx", ("none", "tanh"))
 
 
 @dataclass(frozen=True)
