@@ -18,7 +18,8 @@ import numpy as np
 from scratchllm.core.gelu import gelu_mlp_backward, gelu_mlp_forward
 from scratchllm.core.norms import layernorm_backward, layernorm_forward
 from scratchllm.core.ops import linear_out
-from scratchllm.core.validate import expect_dout, expect_float, expect_ndim
+from scratchllm.core.validate import (expect_dout, expect_float, expect_linear, expect_ndim,
+                                      expect_shape)
 from scratchllm.specs.vision import MergerSpec
 
 
@@ -51,6 +52,15 @@ def patch_merger_forward(x, w, *, spec):
     if N % g:
         raise ValueError(f"patch_merger: x has {N} patch rows, expected a multiple of "
                          f"merge_size^2 = {g}")
+    if not isinstance(w, MergerWeights):
+        raise TypeError(f"patch_merger: w must be a MergerWeights, got {type(w).__name__}")
+    for name in ("g", "b"):
+        expect_float("patch_merger", name, getattr(w, name))
+        expect_shape("patch_merger", name, getattr(w, name), (C,), "(C,), C = x.shape[1]")
+    for name in ("W1", "b1", "W2", "b2"):
+        expect_float("patch_merger", name, getattr(w, name))
+    expect_linear("patch_merger", g * C, w.W1, w.b1, ("W1", "b1"), d_out=g * C)
+    expect_linear("patch_merger", g * C, w.W2, w.b2, ("W2", "b2"))
     h, norm = layernorm_forward(x, w.g, w.b, spec.eps)  # (N, C)
     y, mlp = gelu_mlp_forward(h.reshape(N // g, g * C), w.W1, w.b1, w.W2, w.b2,
                               approximate=spec.gelu_approx)  # (N/m^2, D)
