@@ -26,6 +26,9 @@ Writes
     tests/fixtures/hf/qwen2_vl_merger.npz
         a PatchMerger (dim 5, context_dim 4, merge 2) in float64: its weights under their
         module names, x (12, 4), y (3, 5), G and grad/<name> = d sum(y * G) / d name.
+    tests/fixtures/hf/qwen2_vl_vision_attention.npz
+        the tower's VisionAttention (eager) on two images' 20 patch rows with its 2-D RoPE,
+        float64: weights, x, y, G and grad/<name>.
 Reference: huggingface/transformers src/transformers/models/qwen2_vl/image_processing_pil_qwen2_vl.py;
 huggingface/transformers src/transformers/models/qwen2_vl/modeling_qwen2_vl.py.
 """
@@ -116,8 +119,38 @@ def merger_fixture():
     print("qwen2_vl merger:", sorted(out))
 
 
+def attention_fixture():
+    """VisionAttention (embed_dim 16, 2 heads, head_dim 8) on two images' patches (grids
+    (1, 4, 4) and (1, 2, 2): 20 rows), each attending only its own image (cu_seqlens), with
+    the 2-D RoPE: x, y, G, grad/x and grad/<name> of qkv.weight, qkv.bias, proj.weight,
+    proj.bias, and the weights."""
+    torch.manual_seed(2)
+    cfg = transformers.Qwen2VLConfig(vision_config=dict(depth=1, embed_dim=16, num_heads=2))
+    vcfg = cfg.vision_config
+    vcfg._attn_implementation = "eager"
+    attn = mq.VisionAttention(vcfg).double()
+    for p in attn.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    grid = torch.tensor([[1, 4, 4], [1, 2, 2]])
+    rot = mq.Qwen2VLVisionRotaryEmbedding(vcfg).double()
+    x = torch.randn(20, 16, dtype=torch.float64, requires_grad=True)
+    cos, sin = rot(x, mq.get_vision_position_ids(grid, 2))
+    cu = torch.tensor([0, 16, 20], dtype=torch.int32)
+    y = attn(x, cu_seqlens=cu, position_embeddings=(cos, sin))
+    G = torch.randn(y.shape, dtype=torch.float64)
+    (y * G).sum().backward()
+    out = {"x": x.detach().numpy(), "y": y.detach().numpy(), "G": G.numpy(),
+           "grid": grid.numpy(), "grad/x": x.grad.numpy()}
+    for name, p in attn.named_parameters():
+        out[name] = p.detach().numpy()
+        out["grad/" + name] = p.grad.numpy()
+    np.savez_compressed(HF / "qwen2_vl_vision_attention.npz", **out)
+    print("qwen2_vl vision attention:", sorted(out))
+
+
 if __name__ == "__main__":
     processor_fixture()
     with float64_everywhere():
         mrope_fixture()
         merger_fixture()
+        attention_fixture()

@@ -13,6 +13,8 @@ The vision tower's own RoPE is 2-D (vision_rope): a patch at grid (h, w) turns i
 Dh/4 pairs by h * f_j, the next Dh/4 by w * f_j, f_j = theta^(-2j / (Dh/2)), j < Dh/4 (the
 same frequencies for both axes); the patches in merge-group order, as dynamic.py lays them.
 It is a Rope with sections (Dh/4, Dh/4) over the rows (h, w, h) (the third row turns nothing).
+In the tower each patch attends the patches of its own image (frame group) only
+(image_attention_mask: transformers' cu_seqlens as a block-diagonal Mask).
 Reference: huggingface/transformers src/transformers/models/qwen2_vl/modeling_qwen2_vl.py
 (Qwen2VLModel.get_rope_index, get_vision_position_ids, Qwen2VLVisionRotaryEmbedding);
 huggingface/transformers src/transformers/vision_utils.py (get_vision_position_ids).
@@ -22,6 +24,7 @@ Glossary: B batch, T tokens, p running position, m spatial merge size.
 import numpy as np
 
 from scratchllm.attention.rope import Rope
+from scratchllm.specs.attention import Mask
 from scratchllm.core.validate import expect_int
 
 
@@ -88,3 +91,11 @@ def vision_rope(image_grid_thw, head_dim, theta=10000.0, merge_size=2):
     q = head_dim // 4
     inv = 1.0 / theta ** (np.arange(0, 2 * q, 2, dtype=np.float64) / (2 * q))  # (Dh/4,)
     return Rope(np.concatenate([inv, inv]), "half", 1.0, np.concatenate([hw, hw[:1]]), (q, q))
+
+
+def image_attention_mask(image_grid_thw):
+    """Mask(array=(1, 1, N, N)) (the whole pattern; no causal order): patch i may attend patch j when both belong to
+    the same image (its t h w consecutive rows), N = sum(t h w)."""
+    grids = _grids("image_attention_mask", image_grid_thw, 1)
+    image = np.repeat(np.arange(len(grids)), grids.prod(axis=1))  # (N,)
+    return Mask(array=(image[:, None] == image[None, :])[None, None])
