@@ -90,7 +90,8 @@ def vision_rope(image_grid_thw, head_dim, theta=10000.0, merge_size=2):
     hw = np.concatenate(rows, axis=1) if rows else np.zeros((2, 0), np.int64)  # (2, N)
     q = head_dim // 4
     inv = 1.0 / theta ** (np.arange(0, 2 * q, 2, dtype=np.float64) / (2 * q))  # (Dh/4,)
-    return Rope(np.concatenate([inv, inv]), "half", 1.0, np.concatenate([hw, hw[:1]]), (q, q))
+    return Rope(np.concatenate([inv, inv]), "half", 1.0, np.concatenate([hw, hw[:1]]),
+                sections=(q, q))
 
 
 def image_attention_mask(image_grid_thw):

@@ -47,12 +47,12 @@ def test_errors_name_the_problem():
         mrope_positions(ids[:, :3], [[1, 2, 4], [1, 2, 2]], image_token_id=7)
     with pytest.raises(ValueError, match="beyond the 0 images"):
         mrope_positions(ids, None, image_token_id=7)
-    with pytest.raises(ValueError, match=r"sum to 3, expected Dh/2 = 4 pairs"):
+    with pytest.raises(ValueError, match=r"sum to 3, expected 4 pairs"):
         rope_forward(np.zeros((3, 8)), make_rope(RopeSpec(mrope_section=(1, 1, 1)), 8,
                                                  np.zeros((3, 3), int)))
     with pytest.raises(ValueError, match=r"expected \(3, 3\) or \(3, B, 3\)"):
         rope_forward(np.zeros((3, 8)), Rope(np.ones(4), "half", 1.0, np.zeros(3, int),
-                                            (1, 1, 2)))
+                                            sections=(1, 1, 2)))
     with pytest.raises(ValueError, match="mrope_section must be a tuple of positive ints"):
         RopeSpec(mrope_section=[1, 1, 2])
 
