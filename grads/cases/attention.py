@@ -17,7 +17,10 @@ def rope(rng):
     return [check(rope_forward, rope_backward, rng=rng, label=f"{style}, {pos.ndim}-d pos",
                   x=x, rope=Rope(inv_freq, style, af, pos))
             for style in ("half", "interleaved")
-            for pos in (np.arange(3, 8), rng.integers(0, 50, size=(2, 5)))]
+            for pos in (np.arange(3, 8), rng.integers(0, 50, size=(2, 5)))] + [
+        check(rope_forward, rope_backward, rng=rng, label=f"M-RoPE, {pos.ndim - 1}-d pos",
+              x=x, rope=Rope(inv_freq, "half", af, pos, sections=(1, 2)))
+        for pos in (rng.integers(0, 50, size=(3, 5)), rng.integers(0, 50, size=(3, 2, 5)))]
 
 
 @case

@@ -18,6 +18,18 @@ def conv2d(rng):
                   x=x, w=ConvWeights(rng.standard_normal((3, 3, 3, 5))), stride=3)]
 
 
+@case
+def patch_merger(rng):
+    from scratchllm.specs.vision import MergerSpec
+    from scratchllm.vision.merger import MergerWeights, patch_merger_backward, patch_merger_forward
+    C, D = 3, 5
+    w = MergerWeights(1 + 0.1 * rng.standard_normal(C), rng.standard_normal(C),
+                      rng.standard_normal((4 * C, 4 * C)) / 3, rng.standard_normal(4 * C),
+                      rng.standard_normal((4 * C, D)) / 3, rng.standard_normal(D))
+    return check(patch_merger_forward, patch_merger_backward, rng=rng, spec=MergerSpec(),
+                 x=rng.standard_normal((8, C)), w=w)
+
+
 def _patch_spec(cls_token=True):
     from scratchllm.specs.vision import PatchSpec
     return PatchSpec(image_size=(6, 9), patch_size=3, n_channels=2, cls_token=cls_token)

@@ -127,8 +127,9 @@ class Rope(NamedTuple):
     inv_freq: np.ndarray  # (Dh/2,) float64, from rope_frequencies
     style: str  # "half" | "interleaved"
     attention_factor: float  # af (YaRN's sqrt(1/t); 1 otherwise)
-    positions: np.ndarray  # (T,) or (B, T) ints
+    positions: np.ndarray  # (T,) or (B, T) ints; M-RoPE: (3, T) or (3, B, T)
     rotary: int = None  # the rotated width Dr = 2 len(inv_freq) < Dh (partial RoPE), None: Dh
+    sections: tuple = None  # M-RoPE: pairs per position section (RopeSpec.mrope_section)
 
 
 def make_rope(spec, head_dim, positions, seq_len=None):
@@ -137,16 +138,21 @@ def make_rope(spec, head_dim, positions, seq_len=None):
     Inputs:  spec a RopeSpec; head_dim the head dim (Dh, or MLA's dr); positions (T,) or
              (B, T) ints; seq_len the length dynamic NTK scales for (default max(positions)
              + 1, the length seen so far).
-    Returns: Rope(inv_freq (Dr/2,), spec.style, attention_factor, positions, rotary) with
-             Dr = rotary_dim(spec, head_dim): the first Dr numbers of a head turn (HF's
-             partial_rotary_factor, spec.partial), rotary None when Dr = head_dim.
+    Returns: Rope(inv_freq (Dr/2,), spec.style, attention_factor, positions, rotary,
+             spec.mrope_section) with Dr = rotary_dim(spec, head_dim): the first Dr numbers of
+             a head turn (HF's partial_rotary_factor, spec.partial), rotary None when Dr =
+             head_dim. M-RoPE positions are (3, T) or (3, B, T); (T,) ones become three equal
+             rows (text only), (B, T) ones must be given as (3, B, T).
     """
     positions = np.asarray(positions)
+    if spec.mrope_section is not None and positions.ndim == 1:  # text only: 3 equal rows
+        positions = np.broadcast_to(positions, (3,) + positions.shape)  # (3, T)
     if seq_len is None and positions.size:
         seq_len = int(positions.max()) + 1
     Dr = rotary_dim(spec, head_dim)
     inv_freq, af = rope_frequencies(Dr, spec.base, spec.scaling, seq_len)  # (Dr/2,)
-    return Rope(inv_freq, spec.style, af, positions, None if Dr == head_dim else Dr)
+    return Rope(inv_freq, spec.style, af, positions, None if Dr == head_dim else Dr,
+                spec.mrope_section)
 
 
 def rotary_dim(spec, head_dim):
@@ -198,10 +204,17 @@ def rope_angles(rope, x_ndim, dtype):
     """cos and sin (times af) of rope.positions * rope.inv_freq, shaped to broadcast against x.
 
     positions (T,) -> (T, P); positions (B, T) -> (B, 1, ..., 1, T, P) for x of x_ndim axes.
+    M-RoPE (rope.sections): positions (3, T) or (3, B, T); pair i of section s takes the
+    angle of position row s mod 3 (Qwen2VLRotaryEmbedding.recomposition_frequencies).
     """
     expect_int("rope", "positions", rope.positions)
     pos = np.asarray(rope.positions)
     ang = pos[..., None].astype(np.float64) * rope.inv_freq  # (T, P) or (B, T, P)
+    if rope.sections is not None:  # ang (3, [B,] T, P): one angle table per position row
+        row = np.repeat(np.arange(len(rope.sections)) % 3, rope.sections)  # (P,)
+        ang = ang[row, ..., np.arange(len(row))]  # (P, [B,] T)
+        ang = np.moveaxis(ang, 0, -1)  # ([B,] T, P)
+        pos = pos[0]
     if pos.ndim == 2:
         ang = ang.reshape(ang.shape[:1] + (1,) * (x_ndim - 3) + ang.shape[1:])  # (B,1..,T,P)
     af = expect_finite("rope", "attention_factor", rope.attention_factor, 0, open_low=True)
@@ -220,6 +233,10 @@ def check_rope(fn, rope, Dh):
                          f"{rope.style!r}")
     expect_float(fn, "rope.inv_freq", rope.inv_freq)
     expect_int(fn, "rope.positions", rope.positions)
+    P = rope.inv_freq.shape[0] if rope.inv_freq.ndim == 1 else None
+    if rope.sections is not None and sum(rope.sections) != P:
+        raise ValueError(f"{fn}: rope.sections {rope.sections} (mrope_section) sum to "
+                         f"{sum(rope.sections)}, expected {P} pairs (len(rope.inv_freq))")
     if rope.rotary is not None:  # partial RoPE: the first rope.rotary numbers turn
         if rope.inv_freq.shape != (rope.rotary // 2,) or rope.rotary % 2 or rope.rotary >= Dh:
             raise ValueError(f"{fn}: rope.rotary={rope.rotary} must be even and < Dh = {Dh}, "
@@ -244,6 +261,11 @@ def rope_forward(x, rope):
     T, Dh = x.shape[-2:]
     check_rope("rope", rope, Dh)
     pos = np.asarray(rope.positions)
+    if rope.sections is not None:
+        if pos.ndim not in (2, 3) or pos.shape[0] != 3:
+            raise ValueError(f"rope: M-RoPE positions have shape {pos.shape}, expected (3, {T}) "
+                             f"or (3, B, {T}) (temporal, height, width rows)")
+        pos = pos[0]
     if pos.ndim not in (1, 2) or pos.shape[-1] != T or (pos.ndim == 2 and (
             x.ndim < 3 or pos.shape[0] != x.shape[0])):
         raise ValueError(f"rope: rope.positions has shape {pos.shape}, expected ({T},) or "

@@ -45,7 +45,8 @@ def spec_from_dict(d):
     if unknown:
         raise ValueError(f"config: {cls.__name__} has no field(s) {unknown}; known: "
                          f"{sorted(known)}")
-    return cls(**{k: spec_from_dict(v) if isinstance(v, dict) and "spec" in v else v
+    return cls(**{k: spec_from_dict(v) if isinstance(v, dict) and "spec" in v else
+                  tuple(v) if isinstance(v, list) else v  # JSON lists were tuples
                   for k, v in d.items() if k != "spec"})
 
 

@@ -11,7 +11,7 @@ Glossary: C channels, P patch side, N = (H/P)(W/P) patches, D model width.
 """
 from dataclasses import dataclass
 
-from scratchllm.specs._check import fail, flag, instance, one_of, positive_int
+from scratchllm.specs._check import fail, flag, instance, one_of, positive_int, real
 from scratchllm.specs.attention import AttentionSpec, Mask
 from scratchllm.specs.ffn import FFNSpec
 from scratchllm.specs.model import LayerSpec, ModelConfig, NormSpec
@@ -204,6 +204,49 @@ class ImageProcessorSpec:
                                                                    (int, float)):
             fail(self, f"rescale_factor must be a number, got {self.rescale_factor!r}",
                  "rescale_factor")
+
+
+@dataclass(frozen=True)
+class SmartResizeSpec:
+    """Qwen2-VL's image preprocessing (transformers' Qwen2VLImageProcessor): `image` says the
+    RGB conversion, resample filter, rescale and normalisation (its size is unused); each
+    image is resized to the nearest multiple of factor = patch_size * merge_size per side
+    with min_pixels <= H*W <= max_pixels, keeping the aspect (smart_resize), then cut into
+    patch_size x patch_size patches, each repeated temporal_patch_size times (a still image is
+    a video of T equal frames) and flattened to a row of C*T*P*P, the rows in merge_size x
+    merge_size groups (the order the patch merger gathers)."""
+    image: ImageProcessorSpec = ImageProcessorSpec(
+        resample=3, do_convert_rgb=True, image_mean=(0.48145466, 0.4578275, 0.40821073),
+        image_std=(0.26862954, 0.26130258, 0.27577711))
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+
+    def __post_init__(self):
+        instance(self, "image", ImageProcessorSpec)
+        for name in ("min_pixels", "max_pixels", "patch_size", "temporal_patch_size",
+                     "merge_size"):
+            positive_int(self, name)
+        if self.min_pixels > self.max_pixels:
+            fail(self, f"min_pixels={self.min_pixels} exceeds max_pixels={self.max_pixels}",
+                 "min_pixels")
+
+
+@dataclass(frozen=True)
+class MergerSpec:
+    """Qwen2-VL's patch merger: each merge_size x merge_size group of consecutive patch
+    vectors is LayerNormed (eps), concatenated and mapped by a GELU MLP (gelu_approx "none" the
+    erf form | "tanh") to the language model's width."""
+    merge_size: int = 2
+    eps: float = 1e-6
+    gelu_approx: str = "none"
+
+    def __post_init__(self):
+        positive_int(self, "merge_size")
+        real(self, "eps", 0.0, open_low=True)
+        one_of(self, "gelu_approx", ("none", "tanh"))
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,21 @@ from .embed import (VisionEmbedding, VisionEmbedWeights, vision_embed_backward,
                     vision_embed_forward)
 from .llava import Llava
 from .model import VisionTransformer
+from .merger import MergerWeights, patch_merger_backward, patch_merger_forward
+from .mrope import image_attention_mask, mrope_positions, vision_rope
 from .patch import (ConvWeights, PatchWeights, conv2d_backward, conv2d_forward,
                     patch_embed_backward, patch_embed_forward, patchify, unpatchify)
 from .pool import AttentionPool, ProbeWeights, probe_attention_backward, probe_attention_forward
-from .preprocess import image_processor_spec, load_image_processor, preprocess, preprocess_image
+from .preprocess import (image_processor_spec, load_image_processor, open_image, preprocess,
+                         preprocess_image, to_rgb)
+from .dynamic import flatten_patches, preprocess_patches, smart_resize
 
-__all__ = ["AttentionPool", "ConvWeights", "Llava", "PatchWeights", "ProbeWeights",
-           "VisionEmbedWeights", "VisionEmbedding", "VisionTransformer", "conv2d_backward", "conv2d_forward",
-           "image_processor_spec", "load_image_processor", "patch_embed_backward",
-           "patch_embed_forward", "patchify", "preprocess", "preprocess_image",
-           "probe_attention_backward", "probe_attention_forward", "unpatchify",
-           "vision_embed_backward", "vision_embed_forward"]
+__all__ = ["AttentionPool", "ConvWeights", "Llava", "MergerWeights", "PatchWeights",
+           "ProbeWeights", "VisionEmbedWeights", "VisionEmbedding", "VisionTransformer",
+           "conv2d_backward", "conv2d_forward", "flatten_patches", "image_attention_mask",
+           "image_processor_spec", "load_image_processor", "mrope_positions", "open_image",
+           "patch_embed_backward", "patch_embed_forward", "patch_merger_backward",
+           "patch_merger_forward", "patchify", "preprocess", "preprocess_image",
+           "preprocess_patches", "probe_attention_backward", "probe_attention_forward",
+           "smart_resize", "to_rgb", "unpatchify", "vision_embed_backward", "vision_embed_forward",
+           "vision_rope"]

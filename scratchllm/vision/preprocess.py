@@ -19,11 +19,12 @@ huggingface/transformers src/transformers/image_processing_backends.py.
 Glossary: B images, C channels, H, W height and width.
 """
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from scratchllm.specs.vision import ImageProcessorSpec
+from scratchllm.specs.vision import ImageProcessorSpec, SmartResizeSpec
 
 # image_processor_type -> the class defaults of the fields its config.json may leave out
 _CLIP_MEAN, _CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258,
@@ -42,6 +43,8 @@ def image_processor_spec(config):
     image_processor_type or the field the library does not implement."""
     kind = config.get("image_processor_type", "ViTImageProcessor").removesuffix("Pil")
     kind = kind.removesuffix("Fast")
+    if kind == "Qwen2VLImageProcessor":
+        return _smart_resize_spec(config)
     if kind not in PROCESSORS:
         raise ValueError(f"preprocessor_config.json: image_processor_type {kind!r} is not "
                          f"implemented (only {sorted(PROCESSORS)})")
@@ -73,15 +76,39 @@ def image_processor_spec(config):
     return ImageProcessorSpec(**fields)
 
 
+def _smart_resize_spec(config):
+    """Qwen2VLImageProcessor's config: min_pixels / max_pixels (or size's shortest_edge /
+    longest_edge, which they override), the patch sizes, and the steps of `image`."""
+    size = config.get("size") or {}
+    default = SmartResizeSpec()
+    on = [k for k in _OFF if config.get(k)]
+    if on:
+        raise ValueError(f"preprocessor_config.json: {on} = True is not implemented")
+    fields = {k: config[k] for k in ("do_resize", "do_rescale", "rescale_factor",
+                                     "do_normalize", "resample", "do_convert_rgb")
+              if config.get(k) is not None}
+    for key in ("image_mean", "image_std"):
+        if config.get(key) is not None:
+            v = config[key]
+            fields[key] = tuple(v) if isinstance(v, (list, tuple)) else (v, v, v)
+    pixels = {"min_pixels": config.get("min_pixels") or size.get("shortest_edge"),
+              "max_pixels": config.get("max_pixels") or size.get("longest_edge")}
+    sizes = {k: config[k] for k in ("patch_size", "temporal_patch_size", "merge_size")
+             if config.get(k) is not None}
+    return replace(default, image=replace(default.image, **fields), **sizes,
+                   **{k: v for k, v in pixels.items() if v is not None})
+
+
 def load_image_processor(path):
-    """The ImageProcessorSpec of a checkpoint directory's preprocessor_config.json."""
+    """The ImageProcessorSpec of a checkpoint directory's preprocessor_config.json (a
+    SmartResizeSpec for Qwen2-VL's: dynamic.preprocess_patches takes it)."""
     file = Path(path) / "preprocessor_config.json"
     if not file.is_file():
         raise ValueError(f"load_image_processor: {path} has no preprocessor_config.json")
     return image_processor_spec(json.loads(file.read_text(encoding="utf-8")))
 
 
-def _open(image):
+def open_image(image):
     """A PIL image from a PIL image or a file path."""
     # optional dependency: Pillow (matplotlib's, and the test extra's)
     from PIL import Image
@@ -95,7 +122,7 @@ def _open(image):
                     f"{type(image).__name__}")
 
 
-def _rgb(im):
+def to_rgb(im):
     """RGB, transparency composited onto white (transformers' convert_to_rgb)."""
     # optional dependency: Pillow (matplotlib's, and the test extra's)
     from PIL import Image
@@ -129,8 +156,8 @@ def preprocess_image(image, spec):
     channel) and is resized as the PIL image of that array."""
     # optional dependency: Pillow (matplotlib's, and the test extra's)
     from PIL import Image
-    im = _open(image)
-    x = np.array(_rgb(im) if spec.do_convert_rgb else im)  # (H, W) or (H, W, C)
+    im = open_image(image)
+    x = np.array(to_rgb(im) if spec.do_convert_rgb else im)  # (H, W) or (H, W, C)
     if spec.do_resize:
         height, width = spec.size or _shortest_edge(x.shape[0], x.shape[1], spec.shortest_edge)
         x = np.array(Image.fromarray(x).resize((width, height), resample=spec.resample))
@@ -154,4 +181,7 @@ def preprocess_image(image, spec):
 def preprocess(images, spec):
     """images (PIL images or paths; all of one size after resizing) -> pixel_values
     (B, C, H, W), the batch a vision model's forward(pixel_values=...) takes."""
+    if isinstance(spec, SmartResizeSpec):
+        raise TypeError("preprocess: a SmartResizeSpec (Qwen2-VL) makes rows of patches of "
+                        "images of any size: call vision.dynamic.preprocess_patches")
     return np.stack([preprocess_image(im, spec) for im in images])  # (B, C, H, W)
