@@ -193,7 +193,8 @@ def _gemma3_from_hf(hf):
         rope_base=theta, rope_scaling=scaling, rope_local_base=local, layer_types=list(types),
         window=hf["sliding_window"], qk_norm=True, ffn="geglu", gelu_approx="tanh",
         block="sandwich", norm_offset=1.0, embed_scale=True,
-        attn_scale=float(hf["query_pre_attn_scalar"]) ** -0.5)
+        attn_scale=float(hf["query_pre_attn_scalar"]) ** -0.5,
+        pad_id=hf.get("pad_token_id", 0))  # nn.Embedding(padding_idx=pad_token_id)
 
 
 def _gemma3_to_hf(f, dtype_name, base=None):
@@ -205,7 +206,7 @@ def _gemma3_to_hf(f, dtype_name, base=None):
         num_key_value_heads=f.n_kv_heads, head_dim=head_dim(f), rms_norm_eps=f.norm_eps,
         tie_word_embeddings=f.tie_embeddings,
         query_pre_attn_scalar=round((f.attn_scale or head_dim(f) ** -0.5) ** -2),
-        sliding_window=f.window,
+        sliding_window=f.window, pad_token_id=f.pad_id,
         layer_types=list(f.layer_types or ["full_attention"] * f.n_layers),
         hidden_activation="gelu_pytorch_tanh", dtype=dtype_name, rope_parameters={
             "full_attention": {"rope_type": "default", **(f.rope_scaling or {}),
@@ -218,5 +219,6 @@ def _gemma3_to_hf(f, dtype_name, base=None):
 GEMMA3 = Family(
     "gemma3_text", "Gemma3ForCausalLM", _gemma3_from_hf, _gemma3_to_hf,
     claims=lambda f: f.block == "sandwich" and f.qk_norm is True,  # gemma2: no QK-norm
-    check=lambda f: refuse(f, "gemma3_text", differences(f, _GEMMA3_NEEDS)),
+    check=lambda f: refuse(f, "gemma3_text", differences(f, {**_GEMMA3_NEEDS,
+                                                             "pad_id": f.pad_id})),
     names=lambda model, f: decoder_entries(model, "gemma3_text", _GEMMA3_LAYER))
