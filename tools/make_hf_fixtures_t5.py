@@ -23,10 +23,11 @@ float32) and expected.npz:
     logits' largest relative difference from `logits`, asserted < 1e-5 here); switch also
     z_loss, aux_loss (transformers' encoder + decoder router losses, unweighted) and
     grad_aux/<HF name>: the gradient of sum(logits * G) + z_coef z_loss + aux_coef aux_loss.
-t5/expected_masked.npz (`... make_hf_fixtures_t5.py t5_masked`, from the t5 checkpoint as
-it is, nothing else rewritten): a padded source batch, input_ids (B, Ts) with pad id 0 after
-each row's length, attention_mask (B, Ts) 0/1, decoder_input_ids, logits, G_seed, grad/<HF
-name> and greedy as above, all with attention_mask given to transformers.
+t5/expected_masked.npz (`... make_hf_fixtures_t5.py t5_masked`; switch_masked likewise
+switch/expected_masked.npz), from the checkpoint as it is, nothing else rewritten: a padded
+source batch, input_ids (B, Ts) with pad id 0 after each row's length, attention_mask (B, Ts)
+0/1, decoder_input_ids, logits, G_seed, grad/<HF name> and greedy as above, all with
+attention_mask given to transformers.
 float64 as make_hf_fixtures.py does it (float64_everywhere: T5LayerNorm's float32 variance,
 the router's float32 dtype).
 Reference: huggingface/transformers src/transformers/models/t5/modeling_t5.py,
@@ -198,10 +199,10 @@ def saved_by_scratchllm(directory, model_type, expected):
     return err
 
 
-def masked_reference(directory, V, lengths=(TS, 5, 3)):
-    """expected_masked.npz's arrays: the t5 checkpoint on a padded source batch, one row per
+def masked_reference(directory, model_type, V, lengths=(TS, 5, 3)):
+    """expected_masked.npz's arrays: the checkpoint on a padded source batch, one row per
     length (padded with id 0 after it), with attention_mask."""
-    model, rng = load_float64(directory, "t5"), np.random.default_rng(7)
+    model, rng = load_float64(directory, model_type), np.random.default_rng(7)
     src = rng.integers(2, V, (len(lengths), TS))
     mask = (np.arange(TS)[None] < np.array(lengths)[:, None]).astype(np.int64)  # (B, Ts)
     src[mask == 0] = model.config.pad_token_id
@@ -222,11 +223,12 @@ def masked_reference(directory, V, lengths=(TS, 5, 3)):
 
 
 def main(names=()):
-    if "t5_masked" in names:
-        d = OUT / "t5"
-        np.savez_compressed(d / "expected_masked.npz",
-                            **masked_reference(d, CHECKPOINTS["t5"][1]["vocab_size"]))
-        print(f"t5: expected_masked.npz")
+    for name in ("t5", "switch"):
+        if f"{name}_masked" in names:
+            model_type, fields = CHECKPOINTS[name]
+            np.savez_compressed(OUT / name / "expected_masked.npz", **masked_reference(
+                OUT / name, model_type, fields["vocab_size"]))
+            print(f"{name}: expected_masked.npz")
 
     for name, (model_type, fields) in CHECKPOINTS.items():
         if names and name not in names:
