@@ -20,10 +20,9 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.nn import Module, Param, normal_init
-from scratchllm.core.ops import (LinearCache, expect_linear, linear_backward, linear_forward,
-                                 linear_out)
+from scratchllm.core.ops import LinearCache, linear_backward, linear_forward, linear_out
 from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_integer,
-                                      expect_shape)
+                                      expect_linear, expect_shape)
 
 
 class LoRAWeights(NamedTuple):
