@@ -373,7 +373,7 @@ class LM(Module):
     def init_state(self, batch, max_len):
         """Per-layer decoding states for `batch` sequences of up to max_len tokens."""
         return DecodeState([None if layer.mixer is None else  # an MLP-only layer keeps nothing
-                            layer.mixer.init_state(batch, max_len) for layer in self.layers],
+                            layer.init_state(batch, max_len) for layer in self.layers],
                            batch)
 
     def prefill(self, ids, state):
