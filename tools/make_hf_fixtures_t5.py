@@ -23,6 +23,11 @@ float32) and expected.npz:
     logits' largest relative difference from `logits`, asserted < 1e-5 here); switch also
     z_loss, aux_loss (transformers' encoder + decoder router losses, unweighted) and
     grad_aux/<HF name>: the gradient of sum(logits * G) + z_coef z_loss + aux_coef aux_loss.
+t5/expected_masked.npz (`... make_hf_fixtures_t5.py t5_masked`; switch_masked likewise
+switch/expected_masked.npz), from the checkpoint as it is, nothing else rewritten: a padded
+source batch, input_ids (B, Ts) with pad id 0 after each row's length, attention_mask (B, Ts)
+0/1, decoder_input_ids, logits, G_seed, grad/<HF name> and greedy as above, all with
+attention_mask given to transformers.
 float64 as make_hf_fixtures.py does it (float64_everywhere: T5LayerNorm's float32 variance,
 the router's float32 dtype).
 Reference: huggingface/transformers src/transformers/models/t5/modeling_t5.py,
@@ -194,7 +199,37 @@ def saved_by_scratchllm(directory, model_type, expected):
     return err
 
 
+def masked_reference(directory, model_type, V, lengths=(TS, 5, 3)):
+    """expected_masked.npz's arrays: the checkpoint on a padded source batch, one row per
+    length (padded with id 0 after it), with attention_mask."""
+    model, rng = load_float64(directory, model_type), np.random.default_rng(7)
+    src = rng.integers(2, V, (len(lengths), TS))
+    mask = (np.arange(TS)[None] < np.array(lengths)[:, None]).astype(np.int64)  # (B, Ts)
+    src[mask == 0] = model.config.pad_token_id
+    tgt = rng.integers(0, V, (len(lengths), TT))
+    G = np.random.default_rng(G_SEED).standard_normal((len(lengths), TT, V))
+    out = dict(input_ids=src, attention_mask=mask, decoder_input_ids=tgt, G_seed=G_SEED)
+    with float64_everywhere():
+        result = model(input_ids=torch.tensor(src), attention_mask=torch.tensor(mask),
+                       decoder_input_ids=torch.tensor(tgt))
+        (result.logits * torch.tensor(G)).sum().backward()
+        out["logits"] = result.logits.detach().numpy()
+        out.update(grads_of(model, "grad"))
+        with torch.no_grad():
+            ids = model.generate(torch.tensor(src), attention_mask=torch.tensor(mask),
+                                 max_new_tokens=N_NEW, min_new_tokens=N_NEW, do_sample=False)
+    out["greedy"] = ids[:, 1:].numpy()
+    return out
+
+
 def main(names=()):
+    for name in ("t5", "switch"):
+        if f"{name}_masked" in names:
+            model_type, fields = CHECKPOINTS[name]
+            np.savez_compressed(OUT / name / "expected_masked.npz", **masked_reference(
+                OUT / name, model_type, fields["vocab_size"]))
+            print(f"{name}: expected_masked.npz")
+
     for name, (model_type, fields) in CHECKPOINTS.items():
         if names and name not in names:
             continue

@@ -244,7 +244,8 @@ def lm_seq2seq(rng):
     """d loss / d every Param of a tiny model of each encoder-decoder config of
     SEQ2SEQ_CONFIGS (T5: relu with the tied, scaled head and the shared relative bias
     tables; T5 v1.1: gated-gelu, untied, a deeper decoder; Switch: a sparse layer in each
-    stack, capacity 3 of 7 source tokens, with its router losses), teacher-forced, float64."""
+    stack, capacity 3 of 7 source tokens, with its router losses), teacher-forced, float64;
+    T5's sources padded (rows of 7 and 4 tokens, attention_mask)."""
     from scratchllm.hub import family_named
     from scratchllm.lm import Seq2SeqLM
     reports = []
@@ -257,7 +258,10 @@ def lm_seq2seq(rng):
         V = cfg.vocab_size
         data = (rng.integers(0, V, (2, 7)), rng.integers(0, V, (2, 5)),  # source, target in
                 rng.integers(0, V, (2, 5)))  # labels
-        forward, backward, params = module_loss_pair(model, *data, aux=label == "switch")
+        mask = None if label == "switch" else (  # padded rows of 7 and 4 tokens: (2, 7)
+            np.arange(7)[None] < np.array([[7], [4]])).astype(np.int64)
+        forward, backward, params = module_loss_pair(model, *data, aux=label == "switch",
+                                                      attention_mask=mask)
         reports.append(check(forward, backward, rng=rng, max_full=0, n_directions=2,
                              label=label, **params))
     return reports

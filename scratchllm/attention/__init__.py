@@ -21,7 +21,7 @@ from .indexer import (attention_distribution, indexer_kl_loss_backward,
                       lightning_indexer_forward)
 from .kv_state import KVState, LatentKVState, RollingKVState
 from .masks import (attention_sink_mask, block_sparse_mask, causal_mask, chunked_causal_mask,
-                    mask_array, sliding_window_mask)
+                    mask_array, padding_mask, sliding_window_mask)
 from .mla import MLA, mla_backward, mla_decode, mla_decode_ref, mla_forward, mla_softmax_scale
 from .mla_projection import MLAProjection, MLAWeights, mla_project_backward, mla_project_forward
 from .nsa import compress_matrix, nsa_backward, nsa_forward, nsa_forward_ref, nsa_indices
@@ -63,6 +63,7 @@ __all__ = [
     "cross_attention_forward", "alibi_slopes", "flash_sdpa_backward", "flash_sdpa_forward",
     "mha_to_gqa", "sinusoidal_positions", "relative_bias_backward", "relative_bias_forward",
     "relative_offset_buckets", "relative_position_buckets",
+    "padding_mask",
     # DeepSeek sparse attention
     "attention_distribution", "indexer_kl_loss_backward", "indexer_kl_loss_forward",
     "lightning_indexer_backward", "lightning_indexer_forward", "topk_select",

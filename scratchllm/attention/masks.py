@@ -4,7 +4,8 @@ mask_array, which turns a Mask spec (scratchllm.specs: causal, window, n_sink, b
 n_global, or an explicit array) into the array sdpa applies. The fixed sparse patterns
 (Sparse Transformer's strided and fixed, BigBird), document masking for packed sequences and
 the receptive field after L layers are in sparse_masks.py; they enter a layer as
-Mask(array=...).
+Mask(array=...). padding_mask: a batch's padded keys (transformers' attention_mask) masked
+out of a layer's own Mask.
 
 Positions: with Tq queries against Tk keys, query i sits at position i + Tk - Tq (the last Tq
 of Tk tokens, as flash_sdpa aligns them); key j at position j.
@@ -13,7 +14,7 @@ Glossary: T time, Tq/Tk query/key lengths, W window, S sink tokens.
 """
 import numpy as np
 
-from scratchllm.core.validate import expect_integer
+from scratchllm.core.validate import expect_integer, expect_ndim
 from scratchllm.specs import Mask
 
 
@@ -91,3 +92,25 @@ def mask_array(mask, Tq, Tk, fn="mask_array"):
     else:
         full = causal_mask(Tk)  # (Tk, Tk)
     return full[Tk - Tq:]  # (Tq, Tk): the last Tq query positions
+
+
+def padding_mask(attention_mask, mask=None, Tq=None, fn="padding_mask"):
+    """A layer's Mask with a padded batch's keys masked out: Mask(array=...) for sdpa.
+
+    Inputs:  attention_mask (B, Tk) ints or bools, 1/True = a real token, 0/False = padding
+             (transformers' attention_mask); mask the layer's own Mask (None or
+             Mask(causal=False): everywhere); Tq the query length (default Tk; a causal
+             mask needs it); fn the caller, named in errors.
+    Returns: Mask(array=keep) with keep (B, 1, 1, Tk) bool (every query reads the row's real
+             keys), or (B, 1, Tq, Tk): that AND the layer's own pattern.
+    A query row every key of which is padding gives zeros in sdpa (a row of only padding).
+    """
+    am = np.asarray(attention_mask)
+    expect_ndim(fn, "attention_mask", am, 2, "(B, Tk)")
+    if not (am.dtype == np.bool_ or np.issubdtype(am.dtype, np.integer)) or (
+            am.size and not np.isin(am, (0, 1)).all()):
+        raise ValueError(f"{fn}: attention_mask must hold 0/1 (or bool) values, 1 = a real "
+                         f"token, got dtype {am.dtype} with values {np.unique(am)[:5]}")
+    keep = am.astype(bool)[:, None, None, :]  # (B, 1, 1, Tk)
+    own = mask_array(mask, am.shape[1] if Tq is None else Tq, am.shape[1], fn)
+    return Mask(array=keep if own is None else keep & own)

@@ -14,6 +14,12 @@ cross-attention gradient; E's gradient collects the head (tied) and both lookups
 Decoding: init_state runs the encoder once and keeps each decoder layer's cross-attention
 keys and values (a CrossContext) beside its self-attention KVState; decode feeds one token.
 With MoE FFNs (Switch) the router's loss terms are off unless asked for (dloss_aux).
+A padded source batch: attention_mask (B, Ts) (transformers' name, 1 = a real token) masks
+the padded source keys in every encoder self-attention and every decoder cross-attention
+(and in the decoding state's CrossContext), as transformers' T5 adds its extended mask to the
+scores (modeling_t5.py); a padded key then gets no attention and no gradient, so each row
+equals the row run alone unpadded. The backward is the same chain (the masks sit in the sdpa
+caches).
 
 Glossary: B batch, Ts / Tt source / target lengths, D model width, V vocabulary.
 """
@@ -21,6 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from scratchllm.attention import padding_mask
 from scratchllm.core import ops
 from scratchllm.core.nn import Embedding, Linear, Module
 from scratchllm.core.validate import expect_int, expect_ndim
@@ -90,12 +97,34 @@ class Seq2SeqLM(Module):
                              f"[{ids.min()}, {ids.max()}]")
         return ids
 
-    def encode(self, input_ids):
-        """input_ids (B, Ts) -> (e (B, Ts, D), (embedding, block, norm caches))."""
+    def _source_mask(self, fn, attention_mask, input_ids):
+        """attention_mask (B, Ts) 0/1 like input_ids, checked (each row holds a real token),
+        or None: no padding."""
+        if attention_mask is None:
+            return None
+        am = np.asarray(attention_mask)
+        if am.shape != np.shape(input_ids):
+            raise ValueError(f"{fn}: attention_mask must have input_ids' shape "
+                             f"{np.shape(input_ids)} (B, Ts), got {am.shape}")
+        padding_mask(am, fn=fn)  # checks the 0/1 values
+        if am.size and not am.astype(bool).any(axis=1).all():
+            raise ValueError(f"{fn}: attention_mask has a row of only padding (rows "
+                             f"{np.flatnonzero(~am.astype(bool).any(axis=1)).tolist()}); "
+                             f"every source row needs a real token")
+        return am
+
+    def encode(self, input_ids, attention_mask=None):
+        """input_ids (B, Ts) [, attention_mask (B, Ts) 0/1: the padded keys masked out of each
+        self-attention] -> (e (B, Ts, D), (embedding, block, norm caches))."""
+        am = self._source_mask("Seq2SeqLM.encode", attention_mask, input_ids)
         x, c_src = self.embed.forward(self._ids("input_ids", input_ids))  # (B, Ts, D)
         caches = []
         for blk in self.encoder:
-            x, c = blk.forward(x)  # (B, Ts, D)
+            if am is None:
+                x, c = blk.forward(x)  # (B, Ts, D)
+            else:  # the layer's own mask AND the row's real keys
+                mask = padding_mask(am, blk.spec.mixer.mask, fn="Seq2SeqLM.encode")
+                x, c = blk.body(x, lambda a, m=mask, b=blk: b.mixer.forward(a, None, m))
             caches.append(c)
         e, c_norm = self.enc_norm.forward(x)  # (B, Ts, D)
         return e, (c_src, caches, c_norm)
@@ -107,21 +136,27 @@ class Seq2SeqLM(Module):
         out, c = self.head.forward(h) if self.head is not None else self.embed.attend(h)
         return out, c, s
 
-    def forward(self, input_ids=None, decoder_input_ids=None):
-        """input_ids (B, Ts), decoder_input_ids (B, Tt) ints -> (logits (B, Tt, V),
-        Seq2SeqLMCache)."""
+    def forward(self, input_ids=None, decoder_input_ids=None, attention_mask=None):
+        """input_ids (B, Ts), decoder_input_ids (B, Tt) ints [, attention_mask (B, Ts) 0/1:
+        the source's padding, masked out of the encoder's self-attention and every
+        cross-attention] -> (logits (B, Tt, V), Seq2SeqLMCache)."""
         if input_ids is None or decoder_input_ids is None:
             raise ValueError("Seq2SeqLM.forward: give input_ids (the source, (B, Ts)) and "
                              "decoder_input_ids (the target so far, (B, Tt))")
-        e, (c_src, enc, c_en) = self.encode(input_ids)
+        e, (c_src, enc, c_en) = self.encode(input_ids, attention_mask)
         tgt = self._ids("decoder_input_ids", decoder_input_ids)
         if tgt.shape[0] != e.shape[0]:
             raise ValueError(f"Seq2SeqLM.forward: decoder_input_ids has {tgt.shape[0]} rows, "
                              f"input_ids {e.shape[0]}")
+        cross = None if attention_mask is None else padding_mask(attention_mask)  # (B,1,1,Ts)
         y, c_tgt = self.embed.forward(tgt)  # (B, Tt, D)
         dec = []
         for blk in self.decoder:
-            y, c = blk.forward(y, e)  # (B, Tt, D)
+            if cross is None:
+                y, c = blk.forward(y, e)  # (B, Tt, D)
+            else:
+                y, c = blk.body(y, blk.mixer.forward,
+                                lambda a, b=blk: b.cross.forward(a, e, cross))  # (B, Tt, D)
             dec.append(c)
         h, c_dn = self.dec_norm.forward(y)  # (B, Tt, D)
         logits, c_head, s = self._head(h)  # (B, Tt, V)
@@ -186,11 +221,11 @@ class Seq2SeqLM(Module):
             dx = blk.backward(dx, c, d)  # fwd: x_l = enc_block_l(x_{l-1})
         self.embed.backward(dx, cache.src)  # fwd: x_0 = E[input_ids]
 
-    def loss(self, input_ids, decoder_input_ids, labels, *, aux=False):
+    def loss(self, input_ids, decoder_input_ids, labels, *, aux=False, attention_mask=None):
         """Teacher-forced mean cross-entropy of labels (B, Tt) (-100: ignored) given the
-        source and the decoder inputs (+ with aux, the MoE layers' weighted router terms,
-        aux_losses): (loss, cache for loss_backward)."""
-        logits, cache = self.forward(input_ids, decoder_input_ids)
+        source (attention_mask: its padding, as forward) and the decoder inputs (+ with aux,
+        the MoE layers' weighted router terms, aux_losses): (loss, cache for loss_backward)."""
+        logits, cache = self.forward(input_ids, decoder_input_ids, attention_mask)
         loss, c_ce = ops.cross_entropy_forward(logits, labels)
         if aux:
             loss = loss + sum(value for _, value in self.aux_losses(cache))
@@ -203,16 +238,18 @@ class Seq2SeqLM(Module):
         self.backward(g["logits"], lm_cache, float(dloss) if aux else 0.0)
 
     # ------------------------------------------------------------------ decoding
-    def init_state(self, batch, max_len, *, input_ids):
-        """Run the encoder on input_ids (batch, Ts) once: each decoder layer's cross-attention
-        context (keys and values of e) and an empty self-attention state for max_len target
-        tokens."""
+    def init_state(self, batch, max_len, *, input_ids, attention_mask=None):
+        """Run the encoder on input_ids (batch, Ts) once (attention_mask: its padding, as
+        forward): each decoder layer's cross-attention context (keys and values of e, and the
+        padding mask its queries read them with) and an empty self-attention state for
+        max_len target tokens."""
         if np.shape(input_ids)[0] != batch:
             raise ValueError(f"Seq2SeqLM.init_state: input_ids has {np.shape(input_ids)[0]} "
                              f"rows, batch is {batch}")
-        e, _ = self.encode(input_ids)  # (B, Ts, D)
+        e, _ = self.encode(input_ids, attention_mask)  # (B, Ts, D)
+        cross = None if attention_mask is None else padding_mask(attention_mask)  # (B,1,1,Ts)
         return Seq2SeqState([blk.mixer.init_state(batch, max_len) for blk in self.decoder],
-                            [blk.cross.context_state(e) for blk in self.decoder])
+                            [blk.cross.context_state(e, cross) for blk in self.decoder])
 
     def prefill(self, decoder_input_ids, state):
         """The decoder over decoder_input_ids (B, Tt) at positions 0..Tt-1, filling the fresh
@@ -231,12 +268,14 @@ class Seq2SeqLM(Module):
         h, _ = self.dec_norm.forward(x)  # (B, D)
         return self._head(h)[0]  # (B, V)
 
-    def greedy(self, input_ids, max_new_tokens, *, stop_ids=()):
+    def greedy(self, input_ids, max_new_tokens, *, stop_ids=(), attention_mask=None):
         """Greedy decoding after cfg.decoder_start_id, token by token through the decoding
         state: (B, n) ids, n <= max_new_tokens (every row stopped at an id of stop_ids ends
-        the loop; such a row keeps that id, and later ids repeat it no further)."""
+        the loop; such a row keeps that id, and later ids repeat it no further);
+        attention_mask (B, Ts) 0/1: a padded source batch, as forward."""
         B = np.shape(input_ids)[0]
-        state = self.init_state(B, max_new_tokens + 1, input_ids=input_ids)
+        state = self.init_state(B, max_new_tokens + 1, input_ids=input_ids,
+                                attention_mask=attention_mask)
         t = np.full(B, self.cfg.decoder_start_id)  # (B,)
         out, done = [], np.zeros(B, bool)
         for pos in range(max_new_tokens):

@@ -6,8 +6,8 @@ import pytest
 
 from scratchllm.attention import (AttentionWeights, bigbird_mask, causal_mask, document_mask,
                                   document_positions, fixed_mask, gqa_backward, gqa_forward,
-                                  make_rope, mask_receptive_field, sliding_window_mask,
-                                  strided_mask)
+                                  make_rope, mask_receptive_field, padding_mask,
+                                  sliding_window_mask, strided_mask)
 from scratchllm.specs import AttentionSpec, Mask
 
 
@@ -111,3 +111,15 @@ def test_packed_documents_equal_each_document_alone_through_gqa():
             np.testing.assert_allclose(dx[row, part], dx_alone[0], atol=1e-12)
     plain, _ = gqa_forward(x, w, spec=spec)  # without the mask the documents leak
     assert np.abs(plain[:, 3:] - y[:, 3:]).max() > 1e-3
+
+
+def test_padding_mask_keeps_each_rows_real_keys_and_the_layers_own_pattern():
+    am = np.array([[1, 1, 1], [1, 1, 0]])
+    whole = padding_mask(am, Mask(causal=False))
+    assert whole.array.shape == (2, 1, 1, 3) and whole.array[1, 0, 0].tolist() == [1, 1, 0]
+    causal = padding_mask(am, Mask(), Tq=2)  # the last 2 queries of 3 positions
+    assert np.array_equal(causal.array[1, 0], causal_mask(3)[1:] & [True, True, False])
+    with pytest.raises(ValueError, match="attention_mask must hold 0/1"):
+        padding_mask(am * 2)
+    with pytest.raises(ValueError, match=r"attention_mask must have 2 axes"):
+        padding_mask(am[0])

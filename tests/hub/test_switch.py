@@ -122,3 +122,21 @@ def test_a_config_switch_cannot_express_is_refused_by_name(tmp_path):
     odd = dataclasses.replace(cfg, encoder=(cfg.encoder[0], layer) + cfg.encoder[2:])
     with pytest.raises(ValueError, match="sparse layers other than Switch's"):
         save_pretrained(Seq2SeqLM(odd, rng=np.random.default_rng(0)), tmp_path / "b")
+
+
+@pytest.mark.slow
+def test_a_padded_source_batch_matches_transformers_with_its_attention_mask():
+    """switch/expected_masked.npz: rows of 9, 5 and 3 tokens padded to 9 (the padding routed
+    and counted by capacity as in transformers; it comes after the real tokens, so it takes
+    no slot of theirs), with attention_mask: logits, every gradient, greedy ids."""
+    ref = dict(np.load(HF / "switch" / "expected_masked.npz"))
+    model = load_pretrained(HF / "switch", dtype=np.float64)
+    logits, cache = model.forward(input_ids=ref["input_ids"], attention_mask=ref["attention_mask"],
+                                  decoder_input_ids=ref["decoder_input_ids"])
+    assert rel_err(logits, ref["logits"]) < 1e-9
+    model.zero_grad()
+    model.backward(np.random.default_rng(int(ref["G_seed"])).standard_normal(logits.shape), cache)
+    _grads_match(model, ref, "grad")
+    greedy = model.greedy(ref["input_ids"], ref["greedy"].shape[1],
+                          attention_mask=ref["attention_mask"])
+    assert np.array_equal(greedy, ref["greedy"])

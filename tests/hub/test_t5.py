@@ -66,6 +66,60 @@ def test_decoding_state_prefill_and_steps_equal_the_full_forward():
     assert np.abs(got - full).max() < 1e-12 * np.abs(full).max()
 
 
+def test_a_padded_source_batch_matches_transformers_with_its_attention_mask():
+    """expected_masked.npz: rows of lengths 9, 5 and 3 padded to 9, with attention_mask;
+    the logits, every gradient and generate's greedy ids (cached decoding, the padded
+    CrossContext) as transformers computes them."""
+    ref = dict(np.load(HF / "t5" / "expected_masked.npz"))
+    model = load_pretrained(HF / "t5", dtype=np.float64)
+    logits, cache = model.forward(input_ids=ref["input_ids"], attention_mask=ref["attention_mask"],
+                                  decoder_input_ids=ref["decoder_input_ids"])
+    assert rel_err(logits, ref["logits"]) < 1e-9
+    model.zero_grad()
+    model.backward(np.random.default_rng(int(ref["G_seed"])).standard_normal(logits.shape), cache)
+    for hf_name, g in grad_dict(model).items():
+        assert rel_err(g, ref["grad/" + hf_name]) < 1e-8, hf_name
+    greedy = model.greedy(ref["input_ids"], ref["greedy"].shape[1],
+                          attention_mask=ref["attention_mask"])
+    assert np.array_equal(greedy, ref["greedy"])
+
+
+def test_each_padded_row_equals_the_row_run_alone_unpadded():
+    """Logits row by row, Param gradients as the sum of the rows' own: a padded key gets no
+    attention and no gradient; decoding over the padded CrossContext gives the same logits."""
+    model = load_pretrained(HF / "t5", dtype=np.float64)
+    rng, lengths, Ts, Tt, V = np.random.default_rng(0), (4, 2), 4, 3, model.cfg.vocab_size
+    mask = (np.arange(Ts)[None] < np.array(lengths)[:, None]).astype(np.int64)  # (B, Ts)
+    src = np.where(mask == 1, rng.integers(3, V, (2, Ts)), 0)
+    tgt, G = rng.integers(3, V, (2, Tt)), rng.standard_normal((2, Tt, V))
+    model.zero_grad()
+    logits, cache = model.forward(input_ids=src, decoder_input_ids=tgt, attention_mask=mask)
+    model.backward(G, cache)
+    batch = {k: v.copy() for k, v in grad_dict(model).items()}
+    model.zero_grad()
+    for b, n in enumerate(lengths):
+        alone, c = model.forward(input_ids=src[b:b + 1, :n], decoder_input_ids=tgt[b:b + 1])
+        assert rel_err(logits[b], alone[0]) < 1e-12
+        model.backward(G[b:b + 1], c)
+    for name, g in grad_dict(model).items():
+        assert rel_err(batch[name], g) < 1e-12, name
+    state = model.init_state(2, Tt, input_ids=src, attention_mask=mask)  # a padded context
+    steps = [model.prefill(tgt[:, :1], state)[:, 0]] + [
+        model.decode(tgt[:, t], state, t) for t in range(1, Tt)]
+    assert rel_err(np.stack(steps, axis=1), logits) < 1e-12
+
+
+@pytest.mark.parametrize("mask, match", [
+    (np.ones((2, 3), np.int64), r"input_ids' shape \(2, 4\)"),
+    (np.full((2, 4), 2), "0/1"),
+    (np.array([[1, 1, 0, 0], [0, 0, 0, 0]]), r"only padding \(rows \[1\]\)")])
+def test_a_bad_attention_mask_is_named(mask, match):
+    model = load_pretrained(HF / "t5")
+    with pytest.raises(ValueError, match=match):
+        model.forward(input_ids=np.ones((2, 4), np.int64),
+                      decoder_input_ids=np.ones((2, 2), np.int64), attention_mask=mask)
+
+
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_save_load_is_bit_identical_and_transformers_loads_it(name, tmp_path):
     model = load_pretrained(HF / name)

@@ -93,6 +93,15 @@ CAUSAL_LM.update(index_topk=None, shared_gate=False, attn_temperature=None,
                  rope_partial=1.0)  # DeepSeek-V3.2's indexer, Qwen3-Next's
 
 
+def write_pad_id(hf, f):
+    """hf (a config.json dict) with pad_token_id = f.pad_id, for a family whose transformers
+    model embeds with nn.Embedding(vocab, D, padding_idx=config.pad_token_id) and whose config
+    class defaults it to None (a pad_id None stays out of an hf that has no pad_token_id)."""
+    if f.pad_id is not None or "pad_token_id" in hf:
+        hf["pad_token_id"] = f.pad_id
+    return hf
+
+
 def differences(f, needs):
     """{flat name: "name=value"} for every field of needs ({flat name: value}, over
     CAUSAL_LM's where f is a model config's flat view: a vision config's view has none of

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from scratchllm.hub.families.base import (DECODER_FIELDS, LAYER_NAMES, Family, decoder_entries,
                                           differences, fail_config, head_dim, only, over, refuse,
-                                          require, rope_of)
+                                          require, rope_of, write_pad_id)
 
 _LLAMA_SHAPE = dict(  # the options every llama-shaped family has (the flat names)
     attention="gqa", positions="rope", rope_style="half", layer_pattern=None, layer_types=None,
@@ -89,7 +89,8 @@ class _LlamaShaped:
             norm_eps=float(hf["rms_norm_eps"]), tie_embeddings=bool(hf["tie_word_embeddings"]),
             rope_base=theta, rope_scaling=scaling,
             head_dim=None if hf["head_dim"] in (None, D // H) else hf["head_dim"],
-            window=hf["sliding_window"] if self.windowed else None)
+            window=hf["sliding_window"] if self.windowed else None,
+            pad_id=hf.get("pad_token_id"))  # nn.Embedding(padding_idx=pad_token_id)
 
     def to_hf(self, f, dtype_name, base=None):
         hf = over(base, ("rope_scaling", "rope_parameters"))
@@ -109,15 +110,16 @@ class _LlamaShaped:
             hf["sliding_window"] = f.window
         if self.full_layer_types:
             hf.update(use_sliding_window=False, layer_types=["full_attention"] * f.n_layers)
-        return hf
+        return write_pad_id(hf, f)
 
     def claims(self, f):
         """llama's shape with this family's options (mistral: with a window)."""
-        return not differences(f, {**_LLAMA_SHAPE, **self.options}) and (
+        return not differences(f, {**_LLAMA_SHAPE, **self.options, "pad_id": f.pad_id}) and (
             not self.windowed or f.window is not None)
 
     def check(self, f):
-        refuse(f, self.model_type, differences(f, {**_LLAMA_SHAPE, **self.options}))
+        refuse(f, self.model_type, differences(f, {**_LLAMA_SHAPE, **self.options,
+                                                   "pad_id": f.pad_id}))  # any pad id
 
     def names(self, model, f):
         return decoder_entries(model, self.model_type, LAYER_NAMES)
@@ -193,7 +195,8 @@ def _gemma3_from_hf(hf):
         rope_base=theta, rope_scaling=scaling, rope_local_base=local, layer_types=list(types),
         window=hf["sliding_window"], qk_norm=True, ffn="geglu", gelu_approx="tanh",
         block="sandwich", norm_offset=1.0, embed_scale=True,
-        attn_scale=float(hf["query_pre_attn_scalar"]) ** -0.5)
+        attn_scale=float(hf["query_pre_attn_scalar"]) ** -0.5,
+        pad_id=hf.get("pad_token_id", 0))  # nn.Embedding(padding_idx=pad_token_id)
 
 
 def _gemma3_to_hf(f, dtype_name, base=None):
@@ -205,7 +208,7 @@ def _gemma3_to_hf(f, dtype_name, base=None):
         num_key_value_heads=f.n_kv_heads, head_dim=head_dim(f), rms_norm_eps=f.norm_eps,
         tie_word_embeddings=f.tie_embeddings,
         query_pre_attn_scalar=round((f.attn_scale or head_dim(f) ** -0.5) ** -2),
-        sliding_window=f.window,
+        sliding_window=f.window, pad_token_id=f.pad_id,
         layer_types=list(f.layer_types or ["full_attention"] * f.n_layers),
         hidden_activation="gelu_pytorch_tanh", dtype=dtype_name, rope_parameters={
             "full_attention": {"rope_type": "default", **(f.rope_scaling or {}),
@@ -218,5 +221,6 @@ def _gemma3_to_hf(f, dtype_name, base=None):
 GEMMA3 = Family(
     "gemma3_text", "Gemma3ForCausalLM", _gemma3_from_hf, _gemma3_to_hf,
     claims=lambda f: f.block == "sandwich" and f.qk_norm is True,  # gemma2: no QK-norm
-    check=lambda f: refuse(f, "gemma3_text", differences(f, _GEMMA3_NEEDS)),
+    check=lambda f: refuse(f, "gemma3_text", differences(f, {**_GEMMA3_NEEDS,
+                                                             "pad_id": f.pad_id})),
     names=lambda model, f: decoder_entries(model, "gemma3_text", _GEMMA3_LAYER))

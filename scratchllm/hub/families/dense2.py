@@ -62,7 +62,8 @@ def _olmo2_from_hf(hf):
         name="olmo2", vocab_size=hf["vocab_size"], d_model=D, n_layers=hf["num_hidden_layers"],
         n_heads=H, n_kv_heads=hf.get("num_key_value_heads") or H, d_ff=hf["intermediate_size"],
         norm_eps=float(hf["rms_norm_eps"]), tie_embeddings=bool(hf["tie_word_embeddings"]),
-        rope_base=theta, rope_scaling=scaling, qk_norm="full", block="output")
+        rope_base=theta, rope_scaling=scaling, qk_norm="full", block="output",
+        pad_id=hf.get("pad_token_id", 1))  # nn.Embedding(padding_idx=pad_token_id)
 
 
 def _olmo2_to_hf(f, dtype_name, base=None):
@@ -74,13 +75,14 @@ def _olmo2_to_hf(f, dtype_name, base=None):
         hidden_size=f.d_model, intermediate_size=f.d_ff, num_hidden_layers=f.n_layers,
         num_attention_heads=f.n_heads, num_key_value_heads=f.n_kv_heads, hidden_act="silu",
         attention_bias=False, rms_norm_eps=f.norm_eps, tie_word_embeddings=f.tie_embeddings,
-        max_position_embeddings=max_pos, rope_parameters=rope, dtype=dtype_name)
+        max_position_embeddings=max_pos, rope_parameters=rope, dtype=dtype_name,
+        pad_token_id=f.pad_id)
     return hf
 
 
 def _olmo2_check(f):
-    """_OLMO2_NEEDS (head_dim None or d_model / n_heads)."""
-    differ = differences(f, _OLMO2_NEEDS)
+    """_OLMO2_NEEDS (head_dim None or d_model / n_heads), any pad_id."""
+    differ = differences(f, {**_OLMO2_NEEDS, "pad_id": f.pad_id})
     if f.head_dim == f.d_model // f.n_heads:
         differ.pop("head_dim", None)
     refuse(f, "olmo2", differ)
@@ -128,7 +130,8 @@ def _gemma2_from_hf(hf):
         norm_offset=1.0, embed_scale=True,
         attn_scale=float(hf["query_pre_attn_scalar"]) ** -0.5,
         attn_softcap=_cap(hf["attn_logit_softcapping"]),
-        logit_softcap=_cap(hf["final_logit_softcapping"]))
+        logit_softcap=_cap(hf["final_logit_softcapping"]),
+        pad_id=hf.get("pad_token_id", 0))  # nn.Embedding(padding_idx=pad_token_id)
 
 
 def _cap(value):
@@ -150,14 +153,15 @@ def _gemma2_to_hf(f, dtype_name, base=None):
         layer_types=list(f.layer_types or ["full_attention"] * f.n_layers),
         hidden_activation="gelu_pytorch_tanh", attention_bias=False,
         attn_logit_softcapping=f.attn_softcap, final_logit_softcapping=f.logit_softcap,
-        max_position_embeddings=max_pos, rope_parameters=rope, dtype=dtype_name)
+        max_position_embeddings=max_pos, rope_parameters=rope, dtype=dtype_name,
+        pad_token_id=f.pad_id)
     return hf
 
 
 def _gemma2_check(f):
-    """_GEMMA2_NEEDS, and a softmax scale transformers' query_pre_attn_scalar^-1/2 can say
-    (an integer scalar)."""
-    differ = differences(f, _GEMMA2_NEEDS)
+    """_GEMMA2_NEEDS (any pad_id), and a softmax scale transformers' query_pre_attn_scalar^-1/2
+    can say (an integer scalar)."""
+    differ = differences(f, {**_GEMMA2_NEEDS, "pad_id": f.pad_id})
     scalar = (f.attn_scale or (f.head_dim or f.d_model // f.n_heads) ** -0.5) ** -2
     if abs(scalar - round(scalar)) > 1e-9 * scalar:
         differ["attn_scale"] = "attn_scale=n^-1/2 for an integer n (query_pre_attn_scalar)"

@@ -33,7 +33,8 @@ configuration_gpt_oss.py (the defaults below).
 Glossary: D model width, H query heads, E experts, F expert hidden width, W window.
 """
 from scratchllm.hub.families.base import (DECODER_FIELDS, LAYER_NAMES, Family, decoder_entries,
-                                          differences, head_dim, over, refuse, require, rope_of)
+                                          differences, head_dim, over, refuse, require, rope_of,
+                                          write_pad_id)
 
 _DEFAULTS = dict(num_local_experts=128, num_experts_per_tok=4, head_dim=64,
                  num_key_value_heads=8, sliding_window=128, tie_word_embeddings=False,
@@ -79,7 +80,8 @@ def _from_hf(hf):
         ffn="moe", n_experts=hf["num_local_experts"], top_k=hf["num_experts_per_tok"],
         router_bias=True, experts="clamped", swiglu_alpha=float(hf["swiglu_alpha"]),
         swiglu_limit=float(hf["swiglu_limit"]), z_coef=0.0,
-        balance_coef=float(hf["router_aux_loss_coef"]) if hf["output_router_logits"] else 0.0)
+        balance_coef=float(hf["router_aux_loss_coef"]) if hf["output_router_logits"] else 0.0,
+        pad_id=hf.get("pad_token_id"))  # nn.Embedding(padding_idx=pad_token_id)
 
 
 def _to_hf(f, dtype_name, base=None):
@@ -98,12 +100,12 @@ def _to_hf(f, dtype_name, base=None):
               layer_types=list(f.layer_types or ["full_attention"] * f.n_layers),
               rope_parameters={"rope_type": "default", **(f.rope_scaling or {}),
                                "rope_theta": f.rope_base})
-    return hf
+    return write_pad_id(hf, f)
 
 
 def _check(f):
     """_NEEDS, and biases on all of q, k, v, o or none (config.json's one attention_bias)."""
-    differ = differences(f, _NEEDS)
+    differ = differences(f, {**_NEEDS, "pad_id": f.pad_id})  # any pad id
     if f.qkv_bias != f.o_bias:
         differ["o_bias"] = f"o_bias={f.qkv_bias!r} (= qkv_bias: attention_bias)"
     refuse(f, "gpt_oss", differ)

@@ -58,7 +58,8 @@ value head dims, Dc kv_lora_rank, Dq q_lora_rank.
 """
 from scratchllm.hub.families.base import (DECODER_FIELDS, LAYER_NAMES, Family, decoder_entries,
                                           differences, fail_config, head_dim, layer_kinds, only,
-                                          over, refuse, require, rope_of, rope_parameters)
+                                          over, refuse, require, rope_of, rope_parameters,
+                                          write_pad_id)
 from scratchllm.hub.layout import Entry
 
 _MIXTRAL = dict(rms_norm_eps=1e-5, tie_word_embeddings=False, head_dim=None,
@@ -109,8 +110,9 @@ def _attention_only(f):
 
 
 def moe_differences(f, needs):
-    """differences(f, needs), and a layer_pattern with other mixers than attention."""
-    differ = differences(f, needs)
+    """differences(f, needs) (any pad_id: transformers' padding_idx), and a layer_pattern
+    with other mixers than attention."""
+    differ = differences(f, {**needs, "pad_id": f.pad_id})
     if not _attention_only(f):
         differ["layer_pattern"] = "layer_pattern=None (every layer attention)"
     return differ
@@ -124,6 +126,7 @@ def moe_common(hf, family):
                 norm_eps=float(hf["rms_norm_eps"]),
                 tie_embeddings=bool(hf["tie_word_embeddings"]), rope_base=theta,
                 rope_scaling=scaling, ffn="moe", top_k=hf["num_experts_per_tok"],
+                pad_id=hf.get("pad_token_id"),  # nn.Embedding(padding_idx=pad_token_id)
                 **_TRAINING_ONLY)
 
 
@@ -136,7 +139,7 @@ def moe_common_to_hf(f, hf, family, dtype_name, max_pos):
               num_attention_heads=f.n_heads, hidden_act="silu", rms_norm_eps=f.norm_eps,
               tie_word_embeddings=f.tie_embeddings, max_position_embeddings=max_pos,
               rope_parameters=rope, num_experts_per_tok=f.top_k, dtype=dtype_name)
-    return hf
+    return write_pad_id(hf, f)
 
 
 # ---------------------------------------------------------------------------- mixtral

@@ -43,7 +43,8 @@ Glossary: D model width, E experts, F expert width, H heads.
 """
 from scratchllm.hub.families.base import (DECODER_FIELDS, LAYER_NAMES, Family, decoder_entries,
                                           differences, fail_config, head_dim, layer_kinds, only,
-                                          over, refuse, require, rope_of, rope_parameters)
+                                          over, refuse, require, rope_of, rope_parameters,
+                                          write_pad_id)
 from scratchllm.hub.families.moe import (DEEPSEEK_EXPERTS, DEEPSEEK_LAYER, MLA_NORM_EPS,
                                          MOE_NEEDS, deepseek_check, moe_common,
                                          moe_common_to_hf)
@@ -87,7 +88,8 @@ def _qwen3_moe_from_hf(hf):
         d_ff=hf["moe_intermediate_size"], dense_d_ff=hf["intermediate_size"],
         moe_every=hf["decoder_sparse_step"], first_k_dense=len(dense),
         n_experts=hf["num_local_experts"], top_k=hf["num_experts_per_tok"], score="softmax",
-        norm_topk_prob=bool(hf["norm_topk_prob"]), **_TRAINING_ONLY)
+        norm_topk_prob=bool(hf["norm_topk_prob"]), pad_id=hf.get("pad_token_id"),
+        **_TRAINING_ONLY)  # pad_id: nn.Embedding(padding_idx=pad_token_id)
 
 
 def _qwen3_moe_to_hf(f, dtype_name, base=None):
@@ -106,12 +108,12 @@ def _qwen3_moe_to_hf(f, dtype_name, base=None):
         mlp_only_layers=list(range(f.first_k_dense)),
         num_experts_per_tok=f.top_k, norm_topk_prob=f.norm_topk_prob, dtype=dtype_name)
     hf["num_experts" if "num_experts" in hf else "num_local_experts"] = f.n_experts
-    return hf
+    return write_pad_id(hf, f)
 
 
 def _qwen3_moe_check(f):
     """_QWEN3_MOE_NEEDS and every layer attention."""
-    differ = differences(f, _QWEN3_MOE_NEEDS)
+    differ = differences(f, {**_QWEN3_MOE_NEEDS, "pad_id": f.pad_id})  # any pad id
     if set(layer_kinds(f)) != {"A"}:
         differ["layer_pattern"] = "layer_pattern=None (every layer attention)"
     refuse(f, "qwen3_moe", differ)

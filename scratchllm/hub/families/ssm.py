@@ -221,7 +221,8 @@ def _jamba_from_hf(hf):
                 d_state=hf["mamba_d_state"], d_conv=hf["mamba_d_conv"],
                 expand=hf["mamba_expand"], dt_rank=_dt_rank(hf["mamba_dt_rank"], D),
                 norm_eps=float(hf["rms_norm_eps"]),
-                tie_embeddings=bool(hf["tie_word_embeddings"]))
+                tie_embeddings=bool(hf["tie_word_embeddings"]),
+                pad_id=hf.get("pad_token_id", 0))  # nn.Embedding(padding_idx=pad_token_id)
 
 
 def _period(flags):
@@ -252,7 +253,7 @@ def _jamba_to_hf(f, dtype_name, base=None):
               else 1, expert_layer_period=f.moe_every if moe else 1,
               expert_layer_offset=offset if moe else 0, mamba_d_state=f.d_state,
               mamba_d_conv=f.d_conv, mamba_expand=f.expand, mamba_dt_rank=dt_rank,
-              mamba_conv_bias=True, mamba_proj_bias=False)
+              mamba_conv_bias=True, mamba_proj_bias=False, pad_token_id=f.pad_id)
     if moe and f.balance_coef:
         hf["router_aux_loss_coef"] = f.balance_coef
     return hf
@@ -270,7 +271,8 @@ def _jamba_check(f):
     if set(kinds) - set("AM"):
         raise ValueError(f"save_pretrained: layer_pattern {kinds!r}: a Mamba or Jamba "
                          f"checkpoint has only M (Mamba) and A (attention) layers")
-    differ = differences(f, dict(_JAMBA_NEEDS, **(_JAMBA_MOE_NEEDS if f.ffn == "moe" else {})))
+    differ = differences(f, dict(_JAMBA_NEEDS, **(_JAMBA_MOE_NEEDS if f.ffn == "moe" else {}),
+                                 pad_id=f.pad_id))  # any pad id: transformers' padding_idx
     if f.ffn not in ("swiglu", "moe"):
         differ["ffn"] = "ffn='swiglu' or 'moe'"
     if head_dim(f) != f.d_model // f.n_heads:
