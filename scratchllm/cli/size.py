@@ -5,6 +5,9 @@ L·W, KV against Mamba state at 1k / 32k / 1M, F ≈ 8/3·D, the embedding's sha
 against DeepSeek 67B's); --explain prints each line's formula. The arithmetic is scratchllm/teach/sizing.py and the rules scratchllm/teach/rules.py (pure Python:
 this command loads no numpy).
 
+--parallel dp=8,tp=8,pp=4 [--zero S] prints the per-GPU memory (weights, gradients, AdamW) and
+the bytes each GPU sends per step per axis of training on that grid (scratchllm/teach/sharding.py).
+
 --serve prints the roofline of one decode step per batch size instead (--hw a100 | h100 | h200
 | laptop | this, --batch 1,8,64, --json, --plot PNG: scratchllm/cli/size_serve.py over
 scratchllm/teach/serving.py); only --hw this (measured here) loads numpy.
@@ -21,6 +24,7 @@ from scratchllm.teach.rules import (CONTEXTS, SWIGLU_RULE, attention_crossover, 
                                     cache_at, embedding_share, ffn_ratio, flop_rules, kv_cut,
                                     mamba_state_numbers, receptive_field, twelve_l_d2)
 from scratchllm.teach.serving import HARDWARE, hardware
+from scratchllm.teach.sharding import parse_grid, per_gpu
 from scratchllm.teach.sizing import (DTYPE_BYTES, attention_spec, attention_width, ffns,
                                      flops_per_token, human, human_bytes, kv_cache, mixers,
                                      n_attention_layers, parameters, serving_memory,
@@ -258,6 +262,11 @@ def build_parser():
     serve.add_argument("--measure", action="store_true",
                        help="with --hw this: also time the library's own decode of MODEL (a "
                             "preset: dense, moe, mla, ...) at each batch size")
+    par = parser.add_argument_group("training on a grid of GPUs")
+    par.add_argument("--parallel", metavar="GRID", help="per-GPU memory and bytes sent per "
+                     "step on a grid, e.g. dp=8,tp=8,pp=4 (--batch: the micro-batch)")
+    par.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
+                     help="with --parallel: the ZeRO stage over the dp ranks")
     return parser
 
 
@@ -301,9 +310,30 @@ def _size(args):
         return 0
     if args.serve:
         return _serve(args)
+    if args.parallel:
+        print(parallel_report(_model(args.model), parse_grid(args.parallel), args.zero,
+                              args.batch[0], args.context))
+        return 0
     print(report(_model(args.model), args.context, args.batch[0], args.dtype, args.kv_dtype,
                  args.explain))
     return 0
+
+
+def parallel_report(cfg, grid, zero, micro_batch, context):
+    """The lines of `size MODEL --parallel dp=A,tp=B,pp=C` (teach/sharding.py)."""
+    g = per_gpu(cfg, grid, zero=zero, micro_batch=micro_batch, context=context)
+    n = grid.dp * grid.tp * grid.pp
+    lines = [f"{cfg.name} on dp={grid.dp} x tp={grid.tp} x pp={grid.pp} = {n:,} GPUs, ZeRO-"
+             f"{zero}, micro-batch {micro_batch} x {context:,} tokens, {grid.pp} micro-batches"
+             f" per step", f"  parameters per GPU   {g['params']:>16,}  ({human(g['params'])})"]
+    for name in ("weights", "gradients", "adamw", "total"):
+        lines.append(f"  {name + ' (bytes)':<20} {g[name]:>16,}  ({human_bytes(g[name])})")
+    for axis, what in (("dp", "gradient all-reduce"), ("tp", "f/g all-reduces"),
+                       ("pp", "activations and their gradients")):
+        lines.append(f"  sent per step, {axis}   {g[axis]:>16,}  ({human_bytes(g[axis])}: "
+                     f"{what})")
+    lines.append(f"  pipeline bubble      {g['bubble']:>16.1%}  ((pp-1)/(m+pp-1))")
+    return "\n".join(lines)
 
 
 def _model(name):

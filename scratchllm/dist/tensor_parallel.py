@@ -25,8 +25,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.ops import expect_linear, linear_backward, linear_forward, linear_out
-from scratchllm.core.validate import common_float, expect_dout, expect_float
+from scratchllm.core.ops import linear_backward, linear_forward, linear_out
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_int,
+                                      expect_linear, expect_ndim, expect_shape)
 from scratchllm.dist.collectives import (all_gather_forward, all_reduce_forward,
                                          copy_to_group_backward, copy_to_group_forward,
                                          reduce_from_group_backward, reduce_from_group_forward,
@@ -132,6 +133,15 @@ class VocabCECache(NamedTuple):
     n: int             # rows N
 
 
+def _check_vocab_ids(fn, name, ids, V_r, group):
+    """ids an integer array in [0, V), V = V_r rows on each of the group's ranks."""
+    expect_int(fn, name, ids)
+    V = V_r * group.size
+    if ids.size and (ids.min() < 0 or ids.max() >= V):
+        raise ValueError(f"{fn}: {name} must lie in [0, {V}) ({V_r} rows x {group.size} "
+                         f"ranks), got values in [{ids.min()}, {ids.max()}]")
+
+
 def _vocab_rows(ids, V_r, group):
     lo = group.rank * V_r
     hit = (ids >= lo) & (ids < lo + V_r)
@@ -148,7 +158,10 @@ def vocab_embedding_forward(ids, E, *, group, sequence=False):
     Inputs: ids (B, T) ints in [0, V) (the same on every rank), E (V/P, D).
     Returns: (y (B, T, D), or (B, T/P, D) with sequence; VocabEmbedCache).
     """
-    expect_float("vocab_embedding", "E", E, 2)
+    expect_float("vocab_embedding", "E", E)
+    expect_ndim("vocab_embedding", "E", E, 2, "(V/P, D)")
+    _check_vocab_ids("vocab_embedding", "ids", ids, E.shape[0], group)
+    expect_ndim("vocab_embedding", "ids", ids, 2, "(B, T)")
     local, hit = _vocab_rows(ids, E.shape[0], group)
     part = np.where(hit[..., None], E[local], 0).astype(E.dtype)  # (B, T, D); fwd: E_r[ids]
     if sequence:
@@ -187,11 +200,11 @@ def vocab_cross_entropy_forward(logits, targets, *, group):
     """
     expect_float("vocab_cross_entropy", "logits", logits, 1)
     V_r = logits.shape[-1]
+    _check_vocab_ids("vocab_cross_entropy", "targets", targets, V_r, group)
+    expect_shape("vocab_cross_entropy", "targets", targets, logits.shape[:-1],
+                 "the logits' rows (...)")
     z = logits.reshape(-1, V_r)  # (N, V/P)
-    t = np.asarray(targets).reshape(-1)  # (N,)
-    if t.shape[0] != z.shape[0]:
-        raise ValueError(f"vocab_cross_entropy: targets {np.shape(targets)} do not match the "
-                         f"logits' rows {logits.shape[:-1]}")
+    t = targets.reshape(-1)  # (N,)
     maxima, _ = all_gather_forward(z.max(axis=1)[None], group=group)  # (P, N)
     m = maxima.max(axis=0)  # (N,): a shift, no gradient (softmax ignores it)
     e = np.exp(z - m[:, None])  # (N, V/P)
