@@ -167,7 +167,7 @@ class MegatronLM(LM):
             raise ValueError(f"{fn}: {name} must lie in [0, {V}) (the vocabulary), got values "
                              f"in [{ids.min()}, {ids.max()}]")
 
-    def _embed_forward(self, ids, start=0, types=None):
+    def _embed_forward(self, ids, start=0, types=None, positions=None):
         if self.sequence and ids.shape[1] % self.group.size:
             raise ValueError(f"sequence parallel: T = {ids.shape[1]} tokens do not split into "
                              f"{self.group.size} equal blocks (make --seq-len a multiple)")
@@ -190,7 +190,10 @@ class MegatronLM(LM):
                 p.grad[...] = total[start:start + p.grad.size].reshape(p.grad.shape)
                 start += p.grad.size
 
-    def loss(self, ids, targets):
+    def loss(self, ids, targets, doc_ids=None):
+        if doc_ids is not None:
+            raise ValueError("tensor parallel: packed documents (doc_ids) are not supported "
+                             "yet; train with --tp 1 or without packing")
         logits, cache = self.forward(ids)  # (B, T, V/P)
         ce, c_ce = vocab_cross_entropy_forward(logits, targets, group=self.group)
         return ce, LossCache(cache, c_ce, float(ce), 0.0)
