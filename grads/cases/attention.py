@@ -5,7 +5,7 @@ import numpy as np
 
 from grads.cases._common import case
 from grads.check import check
-from scratchllm.specs import AttentionSpec, Mask, MLASpec, RopeSpec
+from scratchllm.specs import AttentionSpec, Mask, MLASpec, RopeSpec, TemperatureSpec
 
 
 @case
@@ -235,6 +235,12 @@ def gqa(rng):
                     spec=spec, mask=Mask(window=3, n_sink=1),
                     rope=Rope(inv_freq, "half", 1.0, rng.integers(0, 30, (B, T)))),
                 "rope, block sparse(2, 1)": dict(spec=spec, mask=Mask(block=2, n_global=1)),
+                "rope, chunks of 3 (Llama 4)": dict(spec=spec, mask=Mask(chunk=3)),
+                "partial rope 0.5 (GPT-NeoX, Qwen3-Next)": dict(spec=AttentionSpec(
+                    H, Hkv, head_dim=Dh, rope=RopeSpec(partial=0.5))),
+                "no rope, query temperature (Llama 4)": dict(spec=AttentionSpec(
+                    H, Hkv, head_dim=Dh, rope=None, position_bias=TemperatureSpec(0.5, 2)),
+                    positions=rng.integers(0, 30, (B, T))),
                 "MQA (Hkv=1), rope": dict(spec=AttentionSpec(H, 1, head_dim=Dh),
                                           w=w._replace(wk=w.wk[:, :Dh], wv=w.wv[:, :Dh]))}
     reports = [check(gqa_forward, gqa_backward, rng=rng, label=label, **{"x": x, "w": w, **kw})
@@ -247,7 +253,7 @@ def gqa(rng):
 def gqa_options(rng):
     """The attention options of published checkpoints: q/k/v and output biases (Qwen2,
     GPT-2), QK-norm gains (Qwen3; Gemma 3's offset gains; OLMo 2's over the whole
-    projection), a softmax scale other than Dh^-1/2
+    projection; Llama 4's without gains), a softmax scale other than Dh^-1/2
     (Gemma 3), learned sink logits (gpt-oss)."""
     from scratchllm.attention import gqa_backward, gqa_forward
     B, T, D, H, Hkv, Dh = 2, 7, 5, 6, 2, 4
@@ -265,6 +271,9 @@ def gqa_options(rng):
             check(gqa_forward, gqa_backward, rng=rng, label="qk-norm, gains 1 + g (Gemma)",
                   x=x, w=norm._replace(q_norm=norm.q_norm - 1, k_norm=norm.k_norm - 1),
                   spec=AttentionSpec(H, Hkv, head_dim=Dh, qk_norm=True, norm_offset=1.0)),
+            check(gqa_forward, gqa_backward, rng=rng, label="L2 qk-norm, no gains (Llama 4)",
+                  x=x, w=w, spec=AttentionSpec(H, Hkv, head_dim=Dh, qk_norm="l2",
+                                               rope=RopeSpec(style="interleaved"))),
             check(gqa_forward, gqa_backward, rng=rng, label="qk-norm over the projection (OLMo 2)",
                   x=x, w=w._replace(q_norm=1 + 0.3 * rng.standard_normal(H * Dh),
                                     k_norm=1 + 0.3 * rng.standard_normal(Hkv * Dh)),
@@ -314,7 +323,36 @@ def mla(rng):
                   spec=MLASpec(H, Dq, Dc, dn, dr, dv, rope=interleaved)),
             check(mla_forward, mla_backward, rng=rng, label="half, yarn, (B,T) pos", x=x,
                   w=w_lora, spec=yarn_spec, rope=make_rope(yarn_spec.rope, dr, np.array(
-                      [[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])))]
+                      [[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]]))),
+            _mla_indexed(rng, x, w_lora, MLASpec(H, Dq, Dc, dn, dr, dv, rope=interleaved))]
+
+
+def _mla_indexed(rng, x, w, spec):
+    """mla with DeepSeek-V3.2's indexer (top 3 of T = 5 keys), its weights drawn until every
+    choice is 1e-3 clear of a tie, so no finite-difference step changes one. The indexer's
+    own weights get no gradient (a discrete choice), so wrt leaves them out."""
+    import dataclasses
+    from scratchllm.attention import lightning_indexer_forward, make_rope, mla_backward
+    from scratchllm.attention import mla_forward
+    from scratchllm.attention.dsa import indexer_project
+    from scratchllm.specs import IndexerSpec
+    spec = dataclasses.replace(spec, indexer=IndexerSpec(n_heads=2, head_dim=8, top_k=3))
+    D, Dq = x.shape[2], spec.q_lora_rank
+    rope = make_rope(spec.rope, spec.qk_rope_head_dim, np.arange(x.shape[1]))
+    while True:
+        w = w._replace(idx_wq=0.5 * rng.standard_normal((Dq, 16)),
+                       idx_wk=0.5 * rng.standard_normal((D, 8)), idx_k_norm=1 + rng.random(8),
+                       idx_k_norm_b=0.1 * rng.standard_normal(8),
+                       idx_w=rng.standard_normal((D, 2)))
+        scores = lightning_indexer_forward(*indexer_project(x, w, spec=spec, rope=rope))[0]
+        rows = [np.sort(scores[:, t, :t + 1], axis=-1) for t in (3, 4)]  # 3 of 4, 5 keys
+        gaps = [r[:, -3] - r[:, -4] for r in rows]
+        if min(np.min(g) for g in gaps) > 1e-3:
+            break
+    wrt = ["x"] + [f"w.{n}" for n in ("wkv_a", "kv_norm", "wkv_b", "wo", "wq_a", "q_norm",
+                                      "wq_b")]
+    return check(mla_forward, mla_backward, rng=rng, label="indexer top 3 (DeepSeek-V3.2)",
+                 wrt=wrt, x=x, w=w, spec=spec)
 
 
 @case

@@ -27,6 +27,14 @@ def lora(rng):
 
 
 @case
+def lora_merge(rng):
+    from scratchllm.core import LoRAFactors, lora_merge_backward, lora_merge_forward
+    W, w = rng.standard_normal((7, 4)), LoRAFactors(rng.standard_normal((7, 2)),
+                                                   rng.standard_normal((2, 4)))
+    return check(lora_merge_forward, lora_merge_backward, rng=rng, x=W, w=w, scale=1.5)
+
+
+@case
 def embedding(rng):
     from scratchllm.core.ops import embedding_backward, embedding_forward
     ids = np.array([[1, 4, 1], [6, 0, 4]])  # repeated ids must accumulate

@@ -73,6 +73,17 @@ HF_CONFIGS["qwen3_moe"] = dict(_GEOMETRY, model_type="qwen3_moe", head_dim=12,
 HF_CONFIGS["gemma2"] = dict(_GEOMETRY, model_type="gemma2", head_dim=12,
                             query_pre_attn_scalar=10, sliding_window=4,
                             attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
+HF_CONFIGS["llama4_text"] = dict(  # chunks of 3, layer 1 NoPE, L2 QK-norm, MoE at 1 and 2
+    _GEOMETRY, model_type="llama4_text", num_hidden_layers=3, head_dim=4, intermediate_size=8,
+    intermediate_size_mlp=24, num_local_experts=4, num_experts_per_tok=1, moe_layers=[1, 2],
+    attention_chunk_size=3, no_rope_layers=[1, 0, 1], attn_temperature_tuning=True,
+    floor_scale=2, attn_scale=0.5)
+HF_CONFIGS["deepseek_v32"] = dict(  # deepseek_v3 with the indexer: top 3 of the 7 keys
+    _DSV3, model_type="deepseek_v32", num_hidden_layers=2, q_lora_rank=12,
+    first_k_dense_replace=1, n_group=4, topk_group=2, n_shared_experts=1, index_topk=3,
+    index_head_dim=8, index_n_heads=2)
+HF_CONFIGS["rwkv"] = dict(model_type="rwkv", vocab_size=300, hidden_size=16,  # RWKV-4
+                          num_hidden_layers=2, intermediate_size=24, rescale_every=0)
 HF_CONFIGS["bert"] = dict(model_type="bert", vocab_size=50, hidden_size=16, num_hidden_layers=2,
                           num_attention_heads=4, intermediate_size=24, type_vocab_size=2,
                           max_position_embeddings=64)
@@ -138,6 +149,8 @@ def lm_hub(rng):
         # Without RoPE (GPT-2, BERT) a key bias adds q . bk to every score of a query's row, which
         # softmax ignores: d loss / d bk = 0 exactly, so there is nothing to compare.
         wrt = [n for n in params if not (n.endswith(".bk") and f.positions != "rope")]
+        # DeepSeek-V3.2's indexer only chooses keys (a discrete top-k): its weights get 0.
+        wrt = [n for n in wrt if ".mixer.idx_" not in n]
         # Mamba layers: the dt path (W_dt, A_log, b_dt, ...) moves the loss little, so at
         # h = 1e-5 round-off reaches ~1e-7 of those gradients (Mamba-1's W_dt: kinks at
         # 1e-7 to 5e-7 on 2 of 4 seeds, and at 3e-5 on 1 of 4); with attention layers, at
@@ -147,14 +160,40 @@ def lm_hub(rng):
         # (tests/hub/test_ssm_families.py).
         kinds = f.layer_pattern or ""  # None: attention only
         h = (1e-4 if set(kinds) == {"M"} else 3e-5) if "M" in kinds else 1e-5
+        # RWKV-4: round-off in the WKV scan's exponentials reaches 1.4e-7 of embed.E's
+        # gradient at h = 1e-5 (5e-7 at 1e-6); at 1e-4 every Param is below 3e-8.
+        h = 1e-4 if f.ffn == "channel_mix" else h
         reports.append(check(forward, backward, rng=fam_rng, max_full=0, n_directions=2, wrt=wrt,
                              label=family, fd_step=h, **_hub_ids(model, fam_rng), **params))
     return reports
 
 
+def _index_margin(model, blocks):
+    """The smallest gap between the k-th and (k+1)-th indexer score of any query of the MLA
+    layers with DeepSeek-V3.2's indexer (inf without one): the mixer's input is the x of its
+    kv projection's linear cache."""
+    from scratchllm.attention import lightning_indexer_forward, make_rope
+    from scratchllm.attention.dsa import indexer_project
+    gaps = [np.inf]
+    for c, layer in zip(blocks, model.layers):
+        spec = getattr(layer.mixer, "spec", None)
+        if getattr(spec, "indexer", None) is None:
+            continue
+        x = c.mixer.inner.proj.kv.x  # (B, T, D)
+        rope = make_rope(spec.rope, spec.qk_rope_head_dim, np.arange(x.shape[1]))
+        scores = lightning_indexer_forward(*indexer_project(
+            x, layer.mixer._weights(), spec=spec, rope=rope))[0]  # (B, T, T)
+        k = spec.indexer.top_k
+        for t in range(k, x.shape[1]):  # rows with more than k causal keys
+            row = np.sort(scores[:, t, :t + 1], axis=-1)  # (B, t + 1)
+            gaps.append(float(np.min(row[:, -k] - row[:, -k - 1])))
+    return min(gaps)
+
+
 def _hub_ids(model, rng, margin=1e-3):
-    """ids, targets (2, 7); with MoE layers, drawn again until every router's top-k choice is
-    at least `margin` from a tie (no finite-difference step flips it)."""
+    """ids, targets (2, 7); with MoE layers (or DeepSeek-V3.2's indexer), drawn again until
+    every router's (indexer's) top-k choice is at least `margin` from a tie (no
+    finite-difference step flips it)."""
     from scratchllm.hub import flat_of
     from scratchllm.moe import MoE, selection_margin
     V = flat_of(model.cfg).vocab_size
@@ -164,6 +203,8 @@ def _hub_ids(model, rng, margin=1e-3):
         if not moe:
             return data
         blocks = model.forward(data["ids"])[1].blocks
+        if _index_margin(model, blocks) < margin:
+            continue
         routers = [c.ffn.inner.router for c, layer in zip(blocks, model.layers)
                    if isinstance(layer.ffn, MoE)]
         if all(selection_margin(r.score_cache.y + f.selection_bias, f.spec.router.top_k,

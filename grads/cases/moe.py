@@ -147,15 +147,25 @@ def moe(rng):
     from scratchllm.specs import ExpertsSpec, MoESpec, RouterSpec
     N, D, E, F, Fs, k = 11, 6, 4, 5, 3, 2
     reports = []
-    variants = (("softmax", False, 0.75), ("sigmoid", True, 1.0), ("softmax", True, None))
+    variants = (("softmax", False, 0.75), ("sigmoid", True, 1.0), ("softmax", True, None),
+                ("sigmoid", False, "input"),  # the gate on the experts' input (Llama 4)
+                ("softmax", False, "shared gate"))  # a gate on the shared expert (Qwen3-Next)
     for score, bias, c in variants:
+        gate_input, shared_gate = c == "input", c == "shared gate"
+        c = None if isinstance(c, str) else c
         x, w, b = _routing_inputs(rng, N, D, E, k, score, bias)
         experts = dict(w1=rng.standard_normal((E, D, F)), w3=rng.standard_normal((E, D, F)),
                        w2=rng.standard_normal((E, F, D)))
         shared = dict(shared_w1=rng.standard_normal((D, Fs)), shared_w3=rng.standard_normal(
-            (D, Fs)), shared_w2=rng.standard_normal((Fs, D))) if c is not None else {}
+            (D, Fs)), shared_w2=rng.standard_normal((Fs, D))) if c is not None or gate_input \
+            or shared_gate else {}
+        if shared_gate:
+            shared["shared_gate"] = rng.standard_normal(D)
         label = f"{score}{' + bias' if bias else ''}, capacity {c}{', shared' if shared else ''}"
-        spec = MoESpec(RouterSpec(E, k, score), ExpertsSpec(d_ff=F), c, Fs if shared else 0)
+        label += ", gate on the input" if gate_input else ", gated" if shared_gate else ""
+        spec = MoESpec(RouterSpec(E, k, score, norm_topk_prob=not gate_input),
+                       ExpertsSpec(d_ff=F), c, Fs if shared else 0, gate_input=gate_input,
+                       shared_gate=shared_gate)
         reports.append(check(moe_forward, moe_backward, rng=rng, label=label, wrt=["x", "w"],
                              x=x, w=MoEWeights(w, **experts, **shared), spec=spec,
                              selection_bias=b))

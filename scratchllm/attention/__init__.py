@@ -20,8 +20,8 @@ from .indexer import (attention_distribution, indexer_kl_loss_backward,
                       indexer_kl_loss_forward, lightning_indexer_backward,
                       lightning_indexer_forward)
 from .kv_state import KVState, LatentKVState, RollingKVState
-from .masks import (attention_sink_mask, block_sparse_mask, causal_mask, mask_array,
-                    sliding_window_mask)
+from .masks import (attention_sink_mask, block_sparse_mask, causal_mask, chunked_causal_mask,
+                    mask_array, sliding_window_mask)
 from .mla import MLA, mla_backward, mla_decode, mla_decode_ref, mla_forward, mla_softmax_scale
 from .mla_projection import MLAProjection, MLAWeights, mla_project_backward, mla_project_forward
 from .nsa import compress_matrix, nsa_backward, nsa_forward, nsa_forward_ref, nsa_indices
@@ -48,7 +48,7 @@ __all__ = [
     "packed_mask", "strided_mask",
     "Attention", "AttentionWeights", "KVState", "LatentKVState", "MLA", "MLAProjection",
     "MLAWeights", "QKV", "RollingKVState", "Rope", "attention_sink_mask", "block_sparse_mask",
-    "causal_mask", "get_mscale", "gqa_backward", "gqa_decode", "gqa_forward",
+    "causal_mask", "chunked_causal_mask", "get_mscale", "gqa_backward", "gqa_decode", "gqa_forward",
     "gqa_forward_ref", "make_rope", "mask_array", "merge_heads", "mla_backward", "mla_decode",
     "mla_decode_ref", "mla_forward", "mla_project_backward", "mla_project_forward",
     "mla_softmax_scale", "project_qkv_backward", "project_qkv_forward", "repeat_kv_backward",

@@ -17,8 +17,9 @@ import numpy as np
 from scratchllm.attention.qkv import AttentionWeights, check_attention_weights
 from scratchllm.attention.sdpa import merge_heads, sdpa_backward, sdpa_forward, split_heads
 from scratchllm.core.nn import Module, Param, normal_init
-from scratchllm.core.ops import expect_linear, linear_backward, linear_forward, linear_out
-from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_shape
+from scratchllm.core.ops import linear_backward, linear_forward, linear_out
+from scratchllm.core.validate import (expect_dout, expect_float, expect_linear, expect_ndim,
+                                      expect_shape)
 
 
 class CrossCache(NamedTuple):

@@ -78,9 +78,10 @@ def _options(q, k, v, mask, scale, block):
     Dh = check_heads(fn, q, k, v)[3]
     if mask is not None and not isinstance(mask, Mask):
         raise TypeError(f"{fn}: mask must be a Mask or None, got {type(mask).__name__}")
-    if mask is not None and (mask.array is not None or mask.block is not None):
+    if mask is not None and (mask.array is not None or mask.block is not None
+                             or mask.chunk is not None):
         raise ValueError(f"{fn}: tiles causal, window and n_sink masks; a mask array or a "
-                         f"block pattern needs sdpa_forward")
+                         f"block pattern needs sdpa_forward, and so do chunks")
     block_q, block_k = block if isinstance(block, tuple) and len(block) == 2 else (block, block)
     expect_integer(fn, "block", block_q, 1)
     expect_integer(fn, "block", block_k, 1)

@@ -49,6 +49,19 @@ class GQACache(NamedTuple):
     k: np.ndarray  # (B, Hkv, T, Dh) the rotated keys and values attended: what a KV state
     v: np.ndarray  # (B, Hkv, T, Dh) holds after these tokens (Attention.prefill)
     rel: tuple = None  # the relative bias's cache (spec.relative), else None
+    q_scale: np.ndarray = None  # (1|B, 1, T, 1) Llama 4's query temperature, else None
+
+
+def query_temperature(spec, positions, dtype):
+    """1 + attn_scale log(1 + floor((p + 1) / floor_scale)) at positions ((T,) or (B, T)
+    ints), shaped (1|B, 1, T, 1) to scale q (B, H, T, Dh); None without spec.temperature.
+    Reference: huggingface/transformers src/transformers/models/llama4/modeling_llama4.py
+    Llama4TextAttention (attn_temperature_tuning)."""
+    t = spec.temperature
+    if t is None:
+        return None
+    p = np.asarray(positions).reshape(-1, 1, np.shape(positions)[-1], 1)  # (1|B, 1, T, 1)
+    return (np.log1p(np.floor((p + 1.0) / t.floor_scale)) * t.attn_scale + 1.0).astype(dtype)
 
 
 def _attend(q, k, v, spec, mask, w):
@@ -70,7 +83,7 @@ def _attend(q, k, v, spec, mask, w):
     return o, cache, sdpa_backward, rel
 
 
-def gqa_forward(x, w, *, spec, rope=None, mask=None):
+def gqa_forward(x, w, *, spec, rope=None, mask=None, positions=None):
     """Grouped-query self-attention: y = concat_h sdpa(q_h, k_{h//G}, v_{h//G}) @ wo (+ bo).
 
     Inputs:  x (B, T, D); w an AttentionWeights: wq (D, H*Dh), wk, wv (D, Hkv*Dh),
@@ -79,25 +92,31 @@ def gqa_forward(x, w, *, spec, rope=None, mask=None):
              spec an AttentionSpec (heads, head dim, options, scale, ALiBi, kernel "sdpa"
              or "flash", its mask); rope a Rope (rope.py; make_rope) or None: spec.rope
              at positions 0..T-1; mask a Mask, or None: spec.mask (Mask(causal=False)
-             attends everywhere).
+             attends everywhere); positions (T,) or (B, T) ints, default 0..T-1: where
+             spec.temperature (Llama 4's NoPE layers) scales each query by
+             query_temperature (its backward: dq times the same scale).
     Returns: y (B, T, D).  Cache: GQACache (qkv, attention and output-linear caches).
     Fast path: sdpa attends the G query heads of a group to their KV head directly.
     gqa_forward_ref is its twin that copies each KV head G times first (HF repeat_kv).
     """
-    return _gqa(x, w, spec, rope, mask, expand_kv=False)
+    return _gqa(x, w, spec, rope, mask, False, positions)
 
 
-def gqa_forward_ref(x, w, *, spec, rope=None, mask=None):
+def gqa_forward_ref(x, w, *, spec, rope=None, mask=None, positions=None):
     """gqa_forward with K/V explicitly repeated to H heads (repeat_kv), then plain MHA sdpa."""
-    return _gqa(x, w, spec, rope, mask, expand_kv=True)
+    return _gqa(x, w, spec, rope, mask, True, positions)
 
 
-def _gqa(x, w, spec, rope, mask, expand_kv):
-    """The body of gqa_forward (expand_kv False) and gqa_forward_ref (True)."""
+def _gqa(x, w, spec, rope, mask, expand_kv, positions=None):
+    """The body of gqa_forward (expand_kv False) and gqa_forward_ref (True); positions: the
+    tokens' positions for a query temperature (default 0..T-1)."""
     x, w = common_float(x, w)
     check_qkv_inputs("gqa", x, w, spec, rope)
     expect_shape("gqa", "wo", w.wo, (w.wq.shape[1], x.shape[2]), "(H*Dh, D)")
     (q, k, v), qkv = project_qkv_forward(x, w, spec=spec, rope=rope)  # (B, H|Hkv, T, Dh)
+    q_scale = query_temperature(spec, np.arange(x.shape[1]) if positions is None else
+                                positions, q.dtype)  # (1|B, 1, T, 1) or None
+    q = q if q_scale is None else q * q_scale  # Llama 4's NoPE layers: q s(p)
     mask = spec.mask if mask is None else mask
     rep, ka, va = None, k, v  # ka, va: what the kernel attends (B, H|Hkv, T, Dh)
     if expand_kv:
@@ -105,7 +124,7 @@ def _gqa(x, w, spec, rope, mask, expand_kv):
         va, _ = repeat_kv_forward(v, spec.n_heads // spec.n_kv_heads)  # (B, H, T, Dh)
     o, att, att_backward, rel = _attend(q, ka, va, spec, mask, w)  # (B, H, T, Dh)
     y, lin_o = linear_forward(merge_heads(o), w.wo, w.bo)  # (B, T, D)
-    return y, GQACache(qkv, rep, att, att_backward, lin_o, k, v, rel)
+    return y, GQACache(qkv, rep, att, att_backward, lin_o, k, v, rel, q_scale)
 
 
 def gqa_backward(dy, cache):
@@ -115,7 +134,7 @@ def gqa_backward(dy, cache):
     Returns {"x": dx, "w": AttentionWeights of gradients (None where w had None)}.
     Reference: Ainslie et al. 2023 (arXiv 2305.13245); huggingface/transformers
     src/transformers/models/llama/modeling_llama.py repeat_kv."""
-    qkv, rep, att, att_backward, lin_o, _, _, rel = cache
+    qkv, rep, att, att_backward, lin_o, _, _, rel, q_scale = cache
     expect_dout("gqa_backward", dy, *linear_out(lin_o), name="dy")
     g_o = linear_backward(dy, lin_o)  # fwd: y = merge_heads(o) @ wo + bo
     do = split_heads(g_o["x"], qkv.n_heads)  # (B, H, T, Dh)
@@ -124,7 +143,8 @@ def gqa_backward(dy, cache):
     if rep is not None:
         dk = repeat_kv_backward(dk, rep)["kv"]  # fwd: k = repeat(k) -> sum over the group
         dv = repeat_kv_backward(dv, rep)["kv"]  # (B, Hkv, T, Dh)
-    g = project_qkv_backward(QKV(g_att["q"], dk, dv), qkv)  # fwd: q, k, v = project_qkv(x)
+    dq = g_att["q"] if q_scale is None else g_att["q"] * q_scale  # fwd: q = q s(p)
+    g = project_qkv_backward(QKV(dq, dk, dv), qkv)  # fwd: q, k, v = project_qkv(x)
     # the output linear's wo, bo and the sink logits (fwd: softmax([S, sinks]) in sdpa)
     dw = g["w"]._replace(wo=g_o["W"], bo=g_o.get("b"), sinks=g_att.get("sinks"))
     if rel is not None:  # fwd: bias = R[bucket] (T5), added to the scores in sdpa
@@ -142,6 +162,8 @@ def gqa_decode(x_t, w, state, position, *, spec, rope=None):
              of different lengths, kv_state.begin_step); rope a Rope at those positions, or
              None: spec.rope there.
     Returns: y_t (B, D), equal to the corresponding row of the full causal forward.
+    A chunked mask (spec.mask.chunk C) attends the state's keys at positions from
+    C floor(position / C) on (the state keeps every token; the others are masked).
     The state holds exactly the keys the token may attend; rows of different lengths mask
     each shorter row's stale slots (state.key_mask(); a state without one keeps its rows in
     step: n_seen, append, kv and positions are the whole protocol).
@@ -152,9 +174,15 @@ def gqa_decode(x_t, w, state, position, *, spec, rope=None):
     if spec.rope is not None and rope is None:
         rope = row_rope("gqa_decode", spec.rope, spec.dh(x_t.shape[-1]), position)
     (q, k, v), _ = project_qkv_forward(x_t[:, None], w, spec=spec, rope=rope)  # (B,H|Hkv,1,Dh)
+    if spec.temperature is not None:  # Llama 4's query temperature at the token's position
+        q = q * query_temperature(spec, np.reshape(position, (-1, 1)), q.dtype)
     state.append(k, v)
     K, V = state.kv()  # (B, Hkv, L, Dh); every cached key is at or before `position`
     bias, keep = None, rows_mask(state)  # keep None, or (B, 1, 1, L)
+    if spec.mask.chunk is not None:  # only the keys of the token's own chunk
+        start = np.reshape(position, (-1, 1, 1, 1)) // spec.mask.chunk * spec.mask.chunk
+        in_chunk = state.positions() >= start  # (B|1, 1, 1, L)
+        keep = in_chunk if keep is None else keep & in_chunk
     if spec.alibi:  # -slope |position - j| over the kept keys' positions
         slopes = alibi_slopes(spec.n_heads).astype(x_t.dtype)  # (H,)
         dist = np.abs(np.reshape(position, (-1, 1, 1, 1)) - state.positions())  # (B|1,1,1,L)
@@ -203,8 +231,9 @@ class Attention(Module):
             np.zeros((relative.num_buckets, H), dtype))
         gain = 1.0 - spec.norm_offset
         nq, nk = (H * Dh, Hkv * Dh) if spec.qk_norm == "full" else (Dh, Dh)
-        self.q_norm = Param(np.full(nq, gain, dtype)) if spec.qk_norm else None
-        self.k_norm = Param(np.full(nk, gain, dtype)) if spec.qk_norm else None
+        gains = spec.qk_norm not in (False, "l2")  # "l2" normalises without gains
+        self.q_norm = Param(np.full(nq, gain, dtype)) if gains else None
+        self.k_norm = Param(np.full(nk, gain, dtype)) if gains else None
         self.spec, self.head_dim = spec, Dh
 
     def _weights(self):
@@ -216,24 +245,26 @@ class Attention(Module):
         """x (B, T, D) at `positions` ((T,) or (B, T) ints; default 0..T-1) under `mask` (a
         Mask; default spec.mask) -> (y, cache)."""
         rope = None
-        if positions is not None and self.spec.rope is None:
-            raise ValueError("Attention.forward: positions act only through RoPE, and "
-                             "spec.rope is None")
-        if positions is not None:
+        if positions is not None and self.spec.rope is None and self.spec.temperature is None:
+            raise ValueError("Attention.forward: positions act only through RoPE (or a query "
+                             "temperature), and spec has neither")
+        if positions is not None and self.spec.rope is not None:
             rope = make_rope(self.spec.rope, self.head_dim, positions)
-        return gqa_forward(x, self._weights(), spec=self.spec, rope=rope, mask=mask)
+        return gqa_forward(x, self._weights(), spec=self.spec, rope=rope, mask=mask,
+                           positions=positions)
 
     def backward(self, dy, cache):
         g = gqa_backward(dy, cache)
         return self.add_grads(dict(g["w"]._asdict(), x=g["x"]))
 
     def init_state(self, batch, max_len):
-        """The decoding state: a KVState, or a RollingKVState(window, n_sink) for a window."""
+        """The decoding state: a KVState (also for chunks: gqa_decode masks the keys of
+        earlier chunks), or a RollingKVState(window, n_sink) for a window."""
         mask = self.spec.mask
         if not mask.causal or mask.block is not None or mask.array is not None:
             raise ValueError(f"Attention.init_state: decoding keeps the keys of a causal mask, "
-                             f"with a window and sinks at most, so spec.mask={mask!r} cannot "
-                             f"decode (its forward would differ)")
+                             f"with a window and sinks or chunks at most, so "
+                             f"spec.mask={mask!r} cannot decode (its forward would differ)")
         dt = self.wq.data.dtype
         if mask.window is None:
             return KVState(batch, self.spec.n_kv_heads, self.head_dim, max_len, dt)

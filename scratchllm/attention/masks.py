@@ -1,5 +1,5 @@
 """Boolean attention masks, (Tq, Tk) with True = may attend: causal, sliding window (Mistral,
-arXiv 2310.06825), attention sinks (StreamingLLM, arXiv 2309.17453), block-sparse; and
+arXiv 2310.06825), attention sinks (StreamingLLM, arXiv 2309.17453), block-sparse, chunked; and
 mask_array, which turns a Mask spec (scratchllm.specs: causal, window, n_sink, block,
 n_global, or an explicit array) into the array sdpa applies. The fixed sparse patterns
 (Sparse Transformer's strided and fixed, BigBird), document masking for packed sequences and
@@ -48,6 +48,15 @@ def block_sparse_mask(T, block, global_tokens=0):
     return (j <= i) & (local | (j < global_tokens))  # (T, T)
 
 
+def chunked_causal_mask(T, chunk):
+    """(T, T) bool: causal within chunks of `chunk` positions: j <= i and j // chunk ==
+    i // chunk (chunked local attention: Llama 4's chunked_attention layers)."""
+    expect_integer("chunked_causal_mask", "T", T, 0)
+    expect_integer("chunked_causal_mask", "chunk", chunk, 1)
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    return (j <= i) & (j // chunk == i // chunk)  # (T, T)
+
+
 def mask_array(mask, Tq, Tk, fn="mask_array"):
     """The boolean array a Mask stands for, True = may attend.
 
@@ -56,7 +65,8 @@ def mask_array(mask, Tq, Tk, fn="mask_array"):
     Returns: None when every query may attend every key (mask None, or Mask(causal=False));
              mask.array itself when the Mask holds one (broadcastable to (B, H, Tq, Tk));
              else the (Tq, Tk) rows of the named pattern over Tk positions, built by
-             block_sparse_mask, attention_sink_mask, sliding_window_mask or causal_mask.
+             block_sparse_mask, chunked_causal_mask, attention_sink_mask,
+             sliding_window_mask or causal_mask.
     """
     if mask is None:
         return None
@@ -72,6 +82,8 @@ def mask_array(mask, Tq, Tk, fn="mask_array"):
                          f"so it needs Tq <= Tk; got Tq={Tq}, Tk={Tk}")
     if mask.block is not None:
         full = block_sparse_mask(Tk, mask.block, mask.n_global)  # (Tk, Tk)
+    elif mask.chunk is not None:
+        full = chunked_causal_mask(Tk, mask.chunk)  # (Tk, Tk)
     elif mask.n_sink:
         full = attention_sink_mask(Tk, mask.window, mask.n_sink)  # (Tk, Tk)
     elif mask.window is not None:

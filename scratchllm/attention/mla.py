@@ -8,6 +8,10 @@ Names follow DeepSeek-V3 `inference/model.py` (class MLA). Per token x (D,):
     k_nope, v    = split(rmsnorm(c_kv, kv_norm) @ wkv_b, [dn, dv])         (per head)
     out          = sdpa([q_nope, q_pe], [k_nope, k_pe], v, scale) @ wo,  scale = (dn+dr)^-1/2
 Absorbed decoding keeps only (kv_norm(c_kv), k_pe): Dc + dr numbers per token per layer.
+With spec.indexer (DeepSeek-V3.2's sparse attention, dsa.py) each query attends only to the
+top_k keys its lightning indexer picks (sparse.py's pair), and the state also keeps each
+token's indexer key; the indexer's weights get no gradient from the attention (a discrete
+choice).
 A layer's arrays travel as one MLAWeights (mla_projection.py), its sizes and RoPE as an
 MLASpec (scratchllm.specs), passed unchanged from the Module into the pairs.
 With wkv_b viewed as (Dc, H, dn+dv) = [W_UK | W_UV], q_nope . k_nope = (W_UK q_nope) . c, so
@@ -20,12 +24,16 @@ from typing import NamedTuple
 
 import numpy as np
 
+from scratchllm.attention.dsa import (INDEXER_FIELDS, IndexedLatentState,
+                                      check_indexer_weights, indexer_keep, indexer_select)
 from scratchllm.attention.kv_state import LatentKVState, begin_step, rows_mask
 from scratchllm.attention.mla_projection import (MLAProjCache, MLAProjection, MLAWeights,
                                                  check_mla_weights, geometry,
                                                  mla_project_backward, mla_project_forward)
 from scratchllm.attention.rope import get_mscale, make_rope, row_rope
 from scratchllm.attention.sdpa import merge_heads, sdpa_backward, sdpa_forward, split_heads
+from scratchllm.attention.sparse import (topk_sparse_attention_backward,
+                                         topk_sparse_attention_forward)
 from scratchllm.core import ops
 from scratchllm.core.nn import Module, Param, normal_init
 from scratchllm.core.validate import expect_dout, expect_float, expect_ndim, expect_positive
@@ -63,6 +71,9 @@ class MLATrainCache(NamedTuple):
     down: ops.LinearCache
     latent: np.ndarray  # (B, T, Dc) kv_norm(c_kv) and (B, 1, T, dr) the roped shared key:
     k_pe: np.ndarray  # what a LatentKVState holds after these tokens (MLA.prefill)
+    attend_backward: object = sdpa_backward  # or topk_sparse_attention_backward (indexer)
+    index_keys: np.ndarray = None  # (B, T, DI) the indexer's keys (spec.indexer)
+    index_grads: tuple = None  # zeros like the indexer's arrays: no gradient reaches them
 
 
 def mla_forward(x, w, *, spec, rope=None, mask=None):
@@ -74,6 +85,8 @@ def mla_forward(x, w, *, spec, rope=None, mask=None):
              spec an MLASpec (geometry, norm_eps, rope; the softmax scale is
              mla_softmax_scale(dn + dr, spec.rope.scaling)); rope a Rope over dr, or None:
              spec.rope at positions 0..T-1; mask a Mask, or None: spec.mask (causal).
+             With spec.indexer, w also holds the idx_* arrays and each query attends to
+             the top_k causal keys the indexer picks (topk_sparse_attention_forward).
     Returns: out (B, T, D).  Cache: the children's caches (projections, wkv_b, sdpa, wo).
     """
     fn = "mla_forward"
@@ -82,17 +95,29 @@ def mla_forward(x, w, *, spec, rope=None, mask=None):
     if x.shape[1] < 1:
         raise ValueError(f"{fn}: x has shape {x.shape}: no time steps (T must be >= 1)")
     check_mla_weights(fn, x.shape[2], w, spec)
+    check_indexer_weights(fn, x.shape[2], w, spec)
     B, T, D = x.shape
     H, dn, dr, dv, Dc = geometry(fn, spec)
+    rope = make_rope(spec.rope, dr, np.arange(T)) if rope is None else rope
     (q_nope, q_pe, ckv, k_pe), proj = mla_project_forward(x, w, spec=spec, rope=rope)
     kvb, up = ops.linear_forward(ckv, w.wkv_b)  # (B, T, H*(dn+dv))
     kvb = split_heads(kvb, H)  # (B, H, T, dn+dv)
     q = np.concatenate([q_nope, q_pe], axis=-1)  # (B, H, T, dn+dr)
     k = np.concatenate([kvb[..., :dn], np.broadcast_to(k_pe, (B, H, T, dr))], axis=-1)  # (B, H, T, dn+dr)
     mask = spec.mask if mask is None else mask
-    o, att = sdpa_forward(q, k, kvb[..., dn:], mask, _scale(spec))  # (B, H, T, dv)
+    if spec.indexer is None:
+        o, att = sdpa_forward(q, k, kvb[..., dn:], mask, _scale(spec))  # (B, H, T, dv)
+        out, down = ops.linear_forward(merge_heads(o), w.wo)  # (B, T, D)
+        return out, MLATrainCache(proj, up, att, down, ckv, k_pe)
+    if not mask.is_plain_causal:
+        raise ValueError(f"{fn}: the indexer picks among the causal keys; mask={mask!r}")
+    indices, keys = indexer_select(x, w, spec=spec, rope=rope)  # (B, T, K), (B, T, DI)
+    o, att = topk_sparse_attention_forward(q, k, kvb[..., dn:], indices,
+                                           scale=_scale(spec))  # (B, H, T, dv)
     out, down = ops.linear_forward(merge_heads(o), w.wo)  # (B, T, D)
-    return out, MLATrainCache(proj, up, att, down, ckv, k_pe)
+    zeros = tuple(np.zeros_like(getattr(w, n)) for n in INDEXER_FIELDS)
+    return out, MLATrainCache(proj, up, att, down, ckv, k_pe, topk_sparse_attention_backward,
+                              keys, zeros)
 
 
 def mla_backward(dout, cache):
@@ -101,15 +126,17 @@ def mla_backward(dout, cache):
     Math: the shared key k_pe is broadcast over heads, so its gradient is the sum over heads
     of dk[..., dn:]; x feeds both the query and the latent, so dx adds the two paths.
     Returns: {"x": dx, "w": MLAWeights of gradients (None for the absent query weights)}.
+    With the indexer, attention's backward is the sparse pair's (through the chosen keys
+    only) and the indexer's arrays get zeros: the top-k choice passes no gradient.
     Reference: DeepSeek-V2 (arXiv 2405.04434) §2.1; deepseek-ai/DeepSeek-V3
     inference/model.py class MLA.
     """
-    proj, up, att, down, _, _ = cache
+    proj, up, att, down, _, _, attend_backward, _, index_grads = cache
     expect_dout("mla_backward", dout, *ops.linear_out(down))
     H, dn, dr, dv, Dc = proj.g
     g_out = ops.linear_backward(dout, down)  # fwd: out = o @ wo
     do = split_heads(g_out["x"], H)  # (B, H, T, dv); fwd: merge_heads(o)
-    g_att = sdpa_backward(do, att)  # fwd: o = sdpa(q, k, v)
+    g_att = attend_backward(do, att)  # fwd: o = sdpa(q, k, v) (or over the chosen keys)
     dq, dk = g_att["q"], g_att["k"]  # (B, H, T, dn+dr)
     # fwd: k_nope, v = split(kvb)  ->  stack their gradients back
     dkvb = np.concatenate([dk[..., :dn], g_att["v"]], axis=-1)  # (B, H, T, dn+dv)
@@ -117,24 +144,33 @@ def mla_backward(dout, cache):
     g_up = ops.linear_backward(dkvb, up)  # fwd: kvb = ckv @ wkv_b
     dk_pe = dk[..., dn:].sum(axis=1, keepdims=True)  # (B, 1, T, dr); fwd: broadcast over heads
     g = mla_project_backward(MLAProjection(dq[..., :dn], dq[..., dn:], g_up["x"], dk_pe), proj)
-    return {"x": g["x"], "w": g["w"]._replace(wkv_b=g_up["W"], wo=g_out["W"])}
+    dw = g["w"]._replace(wkv_b=g_up["W"], wo=g_out["W"])
+    if index_grads is not None:  # fwd: indices = top-k of the indexer: no gradient
+        dw = dw._replace(**dict(zip(INDEXER_FIELDS, index_grads)))
+    return {"x": g["x"], "w": dw}
 
 
 def _decode_project(fn, x_t, w, state, position, spec, rope):
     """Project the new token, append (ckv, k_pe) to the state; return q_nope (B, H, 1, dn),
-    q_pe (B, H, 1, dr) and the geometry."""
+    q_pe (B, H, 1, dr), the geometry and the keys it may attend: rows_mask(state), and with
+    spec.indexer only the top_k its indexer picks (None: all)."""
     expect_ndim(fn, "x_t", x_t, 2, "(B, D)")
     check_mla_weights(fn, x_t.shape[1], w, spec, names=("wkv_b", "wo"))  # the rest: below
+    check_indexer_weights(fn, x_t.shape[1], w, spec)
     g = geometry(fn, spec)
-    if not isinstance(state, LatentKVState) or state.latents.shape[2] != g.Dc + g.dr:
+    if not isinstance(state, LatentKVState) or state.latents.shape[2] != g.Dc + g.dr or (
+            spec.indexer is not None and not isinstance(state, IndexedLatentState)):
         raise ValueError(f"{fn}: state must be a LatentKVState of width Dc + dr = "
-                         f"{g.Dc + g.dr}")
+                         f"{g.Dc + g.dr} (an IndexedLatentState with spec.indexer)")
     position = begin_step(fn, state, position)  # int, or (B,) int64: one per row
     if rope is None:
         rope = row_rope(fn, spec.rope, g.dr, position)
     (q_nope, q_pe, ckv, k_pe), _ = mla_project_forward(x_t[:, None], w, spec=spec, rope=rope)
     state.append(ckv[:, 0], k_pe[:, 0, 0])
-    return q_nope, q_pe, g
+    keep = rows_mask(state)  # None, or (B, 1, 1, t) when the rows hold different lengths
+    if spec.indexer is not None:  # only the keys the indexer picks
+        keep = indexer_keep(x_t[:, None], w, state, spec=spec, rope=rope)[:, None, None]
+    return q_nope, q_pe, g, keep
 
 
 def mla_decode(x_t, w, state, position, *, spec, rope=None):
@@ -151,7 +187,8 @@ def mla_decode(x_t, w, state, position, *, spec, rope=None):
              latents @ q^T (t rows), which OpenBLAS runs faster than sdpa's q @ k^T with only
              H query rows (1.0 vs 3.6 ms at t = 4096, B = 8, one thread).
     """
-    q_nope, q_pe, g = _decode_project("mla_decode", x_t, w, state, position, spec, rope)
+    q_nope, q_pe, g, keep = _decode_project("mla_decode", x_t, w, state, position, spec,
+                                            rope)
     H, dn, dr, dv, Dc = g
     B = x_t.shape[0]
     wb = w.wkv_b.reshape(Dc, H, dn + dv).transpose(1, 0, 2)  # (H, Dc, dn+dv)
@@ -159,9 +196,8 @@ def mla_decode(x_t, w, state, position, *, spec, rope=None):
     q = np.concatenate([q_abs.transpose(1, 0, 2), q_pe[:, :, 0]], axis=-1)  # (B, H, Dc+dr)
     lat = state.latents[:, :state.length]  # (B, t, Dc+dr) view: the keys; [..., :Dc] values
     s = (lat @ q.swapaxes(1, 2)).swapaxes(1, 2) * np.asarray(_scale(spec), x_t.dtype)  # (B,H,t)
-    keep = rows_mask(state)  # None, or (B, 1, 1, t) when the rows hold different lengths
-    if keep is not None:
-        s = np.where(keep[:, 0], s, -np.inf)  # a shorter row's stale slots
+    if keep is not None:  # (B, 1, 1, t): a shorter row's stale slots, the unpicked keys
+        s = np.where(keep[:, 0], s, -np.inf)
     p, _ = ops.softmax_forward(s)  # (B, H, t)
     o_lat = p @ lat[..., :Dc]  # (B, H, Dc)
     o = o_lat.transpose(1, 0, 2) @ wb[..., dn:]  # (H, B, dv); W_UV after attention
@@ -171,14 +207,14 @@ def mla_decode(x_t, w, state, position, *, spec, rope=None):
 def mla_decode_ref(x_t, w, state, position, *, spec, rope=None):
     """The naive twin of mla_decode (DeepSeek-V3 attn_impl="naive" math, same latent state):
     rebuild every cached token's per-head k = [ckv W_UK | k_pe] and v = ckv W_UV, then sdpa."""
-    q_nope, q_pe, g = _decode_project("mla_decode_ref", x_t, w, state, position, spec, rope)
+    q_nope, q_pe, g, keep = _decode_project("mla_decode_ref", x_t, w, state, position, spec,
+                                            rope)
     H, dn, dr, dv, Dc = g
     B, t = x_t.shape[0], state.length
     kvb = split_heads(ops.linear_forward(state.kv, w.wkv_b)[0], H)  # (B, H, t, dn+dv)
     pe = np.broadcast_to(state.pe[:, None], (B, H, t, dr))  # (B, H, t, dr)
     k = np.concatenate([kvb[..., :dn], pe], axis=-1)  # (B, H, t, dn+dr)
     q = np.concatenate([q_nope, q_pe], axis=-1)  # (B, H, 1, dn+dr)
-    keep = rows_mask(state)  # None, or (B, 1, 1, t)
     o, _ = sdpa_forward(q, k, kvb[..., dn:], None if keep is None else Mask(array=keep),
                         _scale(spec))  # (B, H, 1, dv)
     return ops.linear_forward(merge_heads(o)[:, 0], w.wo)[0]  # (B, D)
@@ -202,6 +238,13 @@ class MLA(Module):
         self.kv_norm = Param(np.ones(Dc, dtype))
         self.wkv_b = Param(normal_init(rng, (Dc, H * (dn + dv)), Dc ** -0.5, dtype))
         self.wo = Param(normal_init(rng, (H * dv, D), (H * dv) ** -0.5, dtype))
+        if spec.indexer is not None:  # DeepSeek-V3.2's lightning indexer (dsa.py)
+            HI, DI = spec.indexer.n_heads, spec.indexer.head_dim
+            self.idx_wq = Param(normal_init(rng, (Dq, HI * DI), Dq ** -0.5, dtype))
+            self.idx_wk = Param(normal_init(rng, (D, DI), D ** -0.5, dtype))
+            self.idx_k_norm = Param(np.ones(DI, dtype))
+            self.idx_k_norm_b = Param(np.zeros(DI, dtype))
+            self.idx_w = Param(normal_init(rng, (D, HI), D ** -0.5, dtype))
         self.spec = spec
 
     def _weights(self):
@@ -221,9 +264,13 @@ class MLA(Module):
         return self.add_grads(dict(g["w"]._asdict(), x=g["x"]))
 
     def init_state(self, batch, max_len):
-        """The decoding state: a LatentKVState of Dc + dr numbers per token."""
-        return LatentKVState(batch, max_len, self.spec.kv_lora_rank, self.spec.qk_rope_head_dim,
-                             self.wo.data.dtype)
+        """The decoding state: a LatentKVState of Dc + dr numbers per token (with the
+        indexer an IndexedLatentState, + DI)."""
+        spec, dt = self.spec, self.wo.data.dtype
+        if spec.indexer is not None:
+            return IndexedLatentState(batch, max_len, spec.kv_lora_rank, spec.qk_rope_head_dim,
+                                      spec.indexer.head_dim, dt)
+        return LatentKVState(batch, max_len, spec.kv_lora_rank, spec.qk_rope_head_dim, dt)
 
     def prefill(self, x, state):
         """The prompt x (B, T, D) in one training-form forward; returns y (B, T, D) and
@@ -235,6 +282,8 @@ class MLA(Module):
         y, cache = self.forward(x)  # (B, T, D)
         for t in range(x.shape[1]):  # the latent (B, T, Dc) and k_pe (B, 1, T, dr) of the cache
             state.append(cache.latent[:, t], cache.k_pe[:, 0, t])
+            if cache.index_keys is not None:  # and the indexer's keys (B, T, DI)
+                state.append_index_key(cache.index_keys[:, t])
         return y
 
     def decode(self, x_t, state, position):

@@ -33,6 +33,11 @@ class MLAWeights(NamedTuple):
     wq_a: np.ndarray = None  # (D, Dq)        otherwise, with
     q_norm: np.ndarray = None  # (Dq,)
     wq_b: np.ndarray = None  # (Dq, H*(dn+dr))
+    idx_wq: np.ndarray = None  # (Dq, HI*DI)  spec.indexer (DeepSeek-V3.2): the lightning
+    idx_wk: np.ndarray = None  # (D, DI)      indexer's query and key maps, its key
+    idx_k_norm: np.ndarray = None  # (DI,)    LayerNorm's gain and bias, its per-head
+    idx_k_norm_b: np.ndarray = None  # (DI,)  weights (dsa.py)
+    idx_w: np.ndarray = None  # (D, HI)
 
 
 class MLAGeometry(NamedTuple):

@@ -22,8 +22,8 @@ from scratchllm.attention.nsa import (block_starts, cmp_mask, nsa_branches_grads
                                       nsa_branches, nsa_masked_dense, nsa_indices)
 from scratchllm.attention.sdpa import check_heads
 from scratchllm.core.gelu import gelu_mlp_backward, gelu_mlp_forward
-from scratchllm.core.validate import (expect_dout, expect_instance, expect_integer,
-                                      expect_shape)
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_instance,
+                                      expect_integer, expect_linear, expect_shape)
 from scratchllm.specs import NSASpec
 
 
@@ -42,6 +42,17 @@ class CompressCache(NamedTuple):
     mlp: tuple        # gelu_mlp's cache
 
 
+def check_compress(fn, w, block, Dh, prefix=""):
+    """One compression MLP's CompressWeights under the caller's name `fn` (field names after
+    `prefix`, "k_" or "v_" in NSAWeights): pos (block, Dh), w1 (block·Dh, F), b1 (F,),
+    w2 (F, Dh), b2 (Dh,), all float."""
+    for name, a in zip(CompressWeights._fields, w):
+        expect_float(fn, prefix + name, a)
+    expect_shape(fn, prefix + "pos", w.pos, (block, Dh), "(block, Dh)")
+    expect_linear(fn, block * Dh, w.w1, w.b1, (prefix + "w1", prefix + "b1"))
+    expect_linear(fn, w.w1.shape[1], w.w2, w.b2, (prefix + "w2", prefix + "b2"), d_out=Dh)
+
+
 def nsa_compress_forward(x, w, *, block, stride):
     """φ on every complete block of l tokens at stride d.
 
@@ -51,12 +62,13 @@ def nsa_compress_forward(x, w, *, block, stride):
     """
     fn = "nsa_compress_forward"
     expect_instance(fn, "w", w, CompressWeights)
+    x, w = common_float(x, w)
+    expect_float(fn, "x", x)
     expect_shape(fn, "x", x, (None, None, None, None), "(B, Hkv, T, Dh)")
     B, Hkv, T, Dh = x.shape
     expect_integer(fn, "block", block, 1, T)
     expect_integer(fn, "stride", stride, 1, block)
-    expect_shape(fn, "pos", w.pos, (block, Dh), "(block, Dh)")
-    expect_shape(fn, "w1", w.w1, (block * Dh, None), "(block·Dh, F)")
+    check_compress(fn, w, block, Dh)
     idx = block_starts(T, block, stride)[:, None] + np.arange(block)  # (nb, l)
     X = x[:, :, idx] + w.pos  # (B, Hkv, nb, l, Dh)
     Z = X.reshape(B, Hkv, len(idx), block * Dh)  # (B, Hkv, nb, l·Dh)
@@ -108,8 +120,12 @@ def _inputs(fn, q, k, v, w, gates, spec):
         raise ValueError(f"{fn}: k has {Tk} positions and q {T}; NSA here is self-attention")
     if spec.block > T:
         raise ValueError(f"{fn}: spec.block={spec.block} is longer than the T={T} tokens")
+    expect_float(fn, "gates", gates)
     expect_shape(fn, "gates", gates, (B, H, T, 3), "(B, H, T, 3) gate logits (cmp, slc, win)")
-    return CompressWeights(*w[:5]), CompressWeights(*w[5:]), spec.stride or spec.block
+    wk, wv = CompressWeights(*w[:5]), CompressWeights(*w[5:])
+    check_compress(fn, wk, spec.block, Dh, "k_")
+    check_compress(fn, wv, spec.block, Dh, "v_")
+    return wk, wv, spec.stride or spec.block
 
 
 def nsa_mlp_forward(q, k, v, w, gates, *, spec):
@@ -120,6 +136,7 @@ def nsa_mlp_forward(q, k, v, w, gates, *, spec):
     Returns: o (B, H, T, Dh).  Cache: the branches' outputs and caches, the gates, the two
              compressions' caches.
     """
+    q, k, v, w, gates = common_float(q, k, v, w, gates)
     wk, wv, stride = _inputs("nsa_mlp", q, k, v, w, gates, spec)
     k_cmp, c_k = nsa_compress_forward(k, wk, block=spec.block, stride=stride)  # (B,Hkv,nb,Dh)
     v_cmp, c_v = nsa_compress_forward(v, wv, block=spec.block, stride=stride)  # (B,Hkv,nb,Dh)
@@ -155,6 +172,7 @@ def _phi_loop(x, w, block, stride):
 def nsa_mlp_forward_ref(q, k, v, w, gates, *, spec):
     """The reference: φ applied block by block in a loop, then each branch as sdpa under its
     dense (T, T) mask (nsa.py's nsa_masked_dense). Forward only: (o, None)."""
+    q, k, v, w, gates = common_float(q, k, v, w, gates)
     wk, wv, stride = _inputs("nsa_mlp_ref", q, k, v, w, gates, spec)
     k_cmp, v_cmp = _phi_loop(k, wk, spec.block, stride), _phi_loop(v, wv, spec.block, stride)
     idx = nsa_indices(q, k_cmp, spec.block, spec.n_select, spec.window, stride)

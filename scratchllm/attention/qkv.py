@@ -55,7 +55,7 @@ def check_attention_weights(fn, w, spec):
             expect_float(fn, name, a)
     for option, names in _OPTIONS:
         for name in names:
-            on = getattr(spec, option) not in (None, False)  # qk_norm True or "full"; a spec
+            on = getattr(spec, option) not in (None, False, "l2")  # qk_norm True or "full"
             if (getattr(w, name) is not None) != on:
                 raise ValueError(f"{fn}: spec.{option}={on}, but w.{name} is "
                                  f"{'None' if on else 'given'}")
@@ -76,7 +76,7 @@ def check_qkv_inputs(fn, x, w, spec, rope):
     expect_shape(fn, "wq", w.wq, (D, H * Dh), f"(D, H*Dh) = (D, {H}*{Dh})")
     expect_shape(fn, "wk", w.wk, (D, Hkv * Dh), f"(D, Hkv*Dh) = (D, {Hkv}*{Dh})")
     expect_shape(fn, "wv", w.wv, (D, Hkv * Dh), f"(D, Hkv*Dh) = (D, {Hkv}*{Dh})")
-    if spec.qk_norm:
+    if spec.qk_norm and spec.qk_norm != "l2":  # "l2" has no gains
         full = spec.qk_norm == "full"
         expect_shape(fn, "q_norm", w.q_norm, ((H if full else 1) * Dh,),
                      "(H*Dh,)" if full else "(Dh,)")
@@ -110,6 +110,7 @@ class QKVCache(NamedTuple):
     norm_k: tuple
     rope_heads: bool  # RoPE went with the head split (ROPE_HEADS; rope_q, rope_k its caches)
     norm_full: bool = False  # the QK-norm went over the whole projection, before the split
+    norm_gains: bool = True  # the QK-norm had gains (False: qk_norm "l2", no Params)
 
 
 def project_qkv_forward(x, w, *, spec, rope=None):
@@ -135,14 +136,17 @@ def project_qkv_forward(x, w, *, spec, rope=None):
     q, lin_q = linear_forward(x, w.wq, w.bq)  # (B, T, H*Dh)
     k, lin_k = linear_forward(x, w.wk, w.bk)  # (B, T, Hkv*Dh)
     v, lin_v = linear_forward(x, w.wv, w.bv)  # (B, T, Hkv*Dh)
-    if rope is not None and not spec.qk_norm and np.ndim(rope.positions) == 1:
+    if rope is not None and not spec.qk_norm and np.ndim(rope.positions) == 1 and (
+            rope.rotary is None):  # the fused split + RoPE turns whole heads
         q, rope_q = ROPE_HEADS.forward(q, rope, H)  # (B, H, T, Dh)
         k, rope_k = ROPE_HEADS.forward(k, rope, Hkv)  # (B, Hkv, T, Dh)
         return QKV(q, k, split_heads(v, Hkv)), QKVCache(
             lin_q, lin_k, lin_v, rope_q, rope_k, H, Hkv, None, None, True)
     full = spec.qk_norm == "full"
     norm_q = norm_k = None
-    if spec.qk_norm:
+    if spec.qk_norm == "l2":  # no gains: gain 1 (Llama 4)
+        gq = gk = np.ones(Dh, q.dtype)  # (Dh,)
+    elif spec.qk_norm:
         off = spec.norm_offset
         gq, gk = (w.q_norm + off, w.k_norm + off) if off else (w.q_norm, w.k_norm)  # (Dh,)
     if full:  # OLMo 2: over the whole projection, then the heads
@@ -153,11 +157,11 @@ def project_qkv_forward(x, w, *, spec, rope=None):
         q, norm_q = rmsnorm_forward(q, gq, spec.norm_eps)  # (B, H, T, Dh)
         k, norm_k = rmsnorm_forward(k, gk, spec.norm_eps)  # (B, Hkv, T, Dh)
     rope_q = rope_k = None
-    if rope is not None:
+    if rope is not None:  # after QK-norm ("l2": Llama 4 normalises after RoPE; the same)
         q, rope_q = rope_forward(q, rope)  # (B, H, T, Dh)
         k, rope_k = rope_forward(k, rope)  # (B, Hkv, T, Dh)
     return QKV(q, k, v), QKVCache(lin_q, lin_k, lin_v, rope_q, rope_k, H, Hkv, norm_q, norm_k,
-                                  False, full)
+                                  False, full, spec.qk_norm != "l2")
 
 
 def project_qkv_backward(dout, cache):
@@ -169,7 +173,7 @@ def project_qkv_backward(dout, cache):
     the head axis Dh, its gain summing over B, heads and T; linear: dW = x^T dy, db = sum dy).
     Reference: Dehghani et al. 2023 (arXiv 2302.05442); huggingface/transformers
     src/transformers/models/qwen3/modeling_qwen3.py Qwen3Attention."""
-    lin_q, lin_k, lin_v, rope_q, rope_k, H, Hkv, norm_q, norm_k, rope_heads, full = cache
+    lin_q, lin_k, lin_v, rope_q, rope_k, H, Hkv, norm_q, norm_k, rope_heads, full, gains = cache
     expect_douts("project_qkv_backward", dout, {
         "q": _heads_out(lin_q, H), "k": _heads_out(lin_k, Hkv), "v": _heads_out(lin_v, Hkv)})
     dq, dk, dv = (np.zeros(*_heads_out(c, n)) if d is None else d
@@ -192,6 +196,8 @@ def project_qkv_backward(dout, cache):
     g_q = linear_backward(dq, lin_q)  # fwd: q = x @ wq + bq
     g_k = linear_backward(dk, lin_k)  # fwd: k = x @ wk + bk
     g_v = linear_backward(merge_heads(dv), lin_v)  # fwd: v = split_heads(x @ wv + bv)
+    if not gains:  # qk_norm "l2": the gains were constant ones
+        dq_norm = dk_norm = None
     dw = AttentionWeights(g_q["W"], g_k["W"], g_v["W"], None, g_q.get("b"), g_k.get("b"),
                           g_v.get("b"), None, dq_norm, dk_norm)
     return {"x": g_q["x"] + g_k["x"] + g_v["x"], "w": dw}

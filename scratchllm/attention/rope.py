@@ -128,21 +128,35 @@ class Rope(NamedTuple):
     style: str  # "half" | "interleaved"
     attention_factor: float  # af (YaRN's sqrt(1/t); 1 otherwise)
     positions: np.ndarray  # (T,) or (B, T) ints
+    rotary: int = None  # the rotated width Dr = 2 len(inv_freq) < Dh (partial RoPE), None: Dh
 
 
 def make_rope(spec, head_dim, positions, seq_len=None):
     """The Rope of a RopeSpec (base, scaling, style) for heads of head_dim at `positions`.
 
-    Inputs:  spec a RopeSpec; head_dim the rotated dim (Dh, or MLA's dr); positions (T,) or
+    Inputs:  spec a RopeSpec; head_dim the head dim (Dh, or MLA's dr); positions (T,) or
              (B, T) ints; seq_len the length dynamic NTK scales for (default max(positions)
              + 1, the length seen so far).
-    Returns: Rope(inv_freq (head_dim/2,), spec.style, attention_factor, positions).
+    Returns: Rope(inv_freq (Dr/2,), spec.style, attention_factor, positions, rotary) with
+             Dr = rotary_dim(spec, head_dim): the first Dr numbers of a head turn (HF's
+             partial_rotary_factor, spec.partial), rotary None when Dr = head_dim.
     """
     positions = np.asarray(positions)
     if seq_len is None and positions.size:
         seq_len = int(positions.max()) + 1
-    inv_freq, af = rope_frequencies(head_dim, spec.base, spec.scaling, seq_len)  # (Dh/2,)
-    return Rope(inv_freq, spec.style, af, positions)
+    Dr = rotary_dim(spec, head_dim)
+    inv_freq, af = rope_frequencies(Dr, spec.base, spec.scaling, seq_len)  # (Dr/2,)
+    return Rope(inv_freq, spec.style, af, positions, None if Dr == head_dim else Dr)
+
+
+def rotary_dim(spec, head_dim):
+    """Dr = int(head_dim * spec.partial), the rotated numbers of a head (transformers'
+    int(head_dim * partial_rotary_factor)); ValueError unless it is even and >= 2."""
+    Dr = int(head_dim * spec.partial)
+    if Dr < 2 or Dr % 2:
+        raise ValueError(f"rope: partial={spec.partial} of head_dim={head_dim} rotates "
+                         f"{Dr} numbers; RoPE turns pairs: it must be even and >= 2")
+    return Dr
 
 
 def row_rope(fn, spec, head_dim, position):
@@ -197,7 +211,8 @@ def rope_angles(rope, x_ndim, dtype):
 
 
 def check_rope(fn, rope, Dh):
-    """rope is a Rope whose style is known and whose inv_freq has Dh/2 entries, Dh even."""
+    """rope is a Rope whose style is known and whose inv_freq has Dh/2 entries, Dh even (or,
+    for partial RoPE, rope.rotary/2 entries with rope.rotary < Dh)."""
     if not isinstance(rope, Rope):
         raise TypeError(f"{fn}: rope must be a Rope (make_rope), got {type(rope).__name__}")
     if rope.style not in ("half", "interleaved"):
@@ -205,6 +220,12 @@ def check_rope(fn, rope, Dh):
                          f"{rope.style!r}")
     expect_float(fn, "rope.inv_freq", rope.inv_freq)
     expect_int(fn, "rope.positions", rope.positions)
+    if rope.rotary is not None:  # partial RoPE: the first rope.rotary numbers turn
+        if rope.inv_freq.shape != (rope.rotary // 2,) or rope.rotary % 2 or rope.rotary >= Dh:
+            raise ValueError(f"{fn}: rope.rotary={rope.rotary} must be even and < Dh = {Dh}, "
+                             f"with rope.inv_freq of shape ({rope.rotary // 2},), got "
+                             f"{rope.inv_freq.shape}")
+        return
     if rope.inv_freq.shape != (Dh // 2,) or Dh % 2:
         raise ValueError(f"{fn}: rope.inv_freq has shape {rope.inv_freq.shape}, expected "
                          f"({Dh // 2},) for an even head dim Dh = {Dh}")
@@ -215,7 +236,8 @@ def rope_forward(x, rope):
 
     Inputs:  x (..., T, Dh) float; rope a Rope: inv_freq (Dh/2,) from rope_frequencies,
              style "half" | "interleaved", attention_factor, positions (T,) or (B, T) ints
-             (then x is (B, ..., T, Dh)).
+             (then x is (B, ..., T, Dh)); with rope.rotary = Dr < Dh only the first Dr
+             numbers of each head turn (partial RoPE), the rest pass unchanged.
     Returns: y (..., T, Dh), x's dtype.  Cache: (cos, sin, style), af folded into cos, sin.
     """
     expect_float("rope", "x", x, 2)
@@ -227,7 +249,12 @@ def rope_forward(x, rope):
         raise ValueError(f"rope: rope.positions has shape {pos.shape}, expected ({T},) or "
                          f"(B, {T}) with B = x.shape[0] (x has shape {x.shape})")
     cos, sin = rope_angles(rope, x.ndim, x.dtype)  # (..., T, P)
-    return _rotate(x, cos, sin, rope.style), RopeCache(cos, sin, rope.style, x.shape)
+    cache = RopeCache(cos, sin, rope.style, x.shape)
+    if rope.rotary is not None:  # partial: turn the first Dr numbers, pass the rest
+        Dr = rope.rotary
+        return np.concatenate([_rotate(x[..., :Dr], cos, sin, rope.style), x[..., Dr:]],
+                              axis=-1), cache  # (..., T, Dh)
+    return _rotate(x, cos, sin, rope.style), cache
 
 
 def rope_backward(dout, cache):
@@ -238,4 +265,8 @@ def rope_backward(dout, cache):
     """
     cos, sin, style, shape = cache
     expect_dout("rope_backward", dout, shape, cos.dtype)
+    Dr = 2 * cos.shape[-1]
+    if Dr < shape[-1]:  # partial RoPE: the passed numbers' gradient passes too
+        return {"x": np.concatenate([_rotate(dout[..., :Dr], cos, -sin, style),
+                                     dout[..., Dr:]], axis=-1)}  # (..., T, Dh)
     return {"x": _rotate(dout, cos, -sin, style)}  # (..., T, Dh)

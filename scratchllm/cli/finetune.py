@@ -3,6 +3,9 @@ on a CPU, with the library's hand-written backward, and save the result as a Hug
 checkpoint that transformers loads.
 
     python -m scratchllm finetune --hf DIR --data FILE --steps N --out DIR2
+    python -m scratchllm finetune --hf DIR --data FILE --lora 8 --lora-alpha 16 \
+        --lora-targets q_proj,v_proj --out DIR2        # adapters only, saved for peft
+    python -m scratchllm finetune --preset dense --data FILE --lora 4 --out DIR2
 
 One step is train's (scratchllm/train/trainer.py): loss = CE(LM(x), y) -> backward -> clip
 -> AdamW with warmup + cosine. The text is encoded with DIR's tokenizer.json. Progress,
@@ -19,6 +22,10 @@ WEIGHT_DECAY` gives the parameters whose names match the glob PATTERN their own 
 (LR_SCALE times --lr) and weight decay (e.g. `--param-group "*.ffn.w[123]" 0.5 0.0` for the
 experts), and each validation prints every MoE layer's share of routed slots per expert (a
 drift from the checkpoint's balance shows there), as does the end of the run.
+
+--lora R trains rank-R LoRA adapters on the --lora-targets projections (HF module names'
+last part; scale --lora-alpha / R, alpha default R) and nothing else, and saves them in
+peft's format (scratchllm/cli/lora.py).
 """
 import shutil
 from dataclasses import asdict
@@ -27,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from scratchllm.cli.common import Parser, run
+from scratchllm.cli.lora import add_lora_arguments, lora_main
 from scratchllm.hub import load_pretrained, load_tokenizer, save_pretrained
 from scratchllm.train import Run, Settings, checkpoint, corpus, evaluate, fit
 from scratchllm.train.trainer import expert_usage_line
@@ -39,7 +47,9 @@ DEFAULTS = dict(steps=100, batch_size=4, seq_len=128, lr=1e-4, eval_every=50, wa
 
 def build_parser():
     p = Parser("finetune", __doc__)
-    p.add_argument("--hf", required=True, help="Hugging Face checkpoint directory")
+    start = p.add_mutually_exclusive_group(required=True)
+    start.add_argument("--hf", help="Hugging Face checkpoint directory")
+    start.add_argument("--preset", help="a fresh preset on the text's bytes (with --lora)")
     p.add_argument("--data", required=True, help="UTF-8 text file to fine-tune on")
     p.add_argument("--out", required=True, help="output directory (a Hugging Face checkpoint)")
     p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="optimizer steps (100)")
@@ -60,6 +70,7 @@ def build_parser():
                    metavar=("PATTERN", "LR_SCALE", "WEIGHT_DECAY"), help="parameters whose "
                    "names match the glob PATTERN train at LR_SCALE x --lr with WEIGHT_DECAY "
                    "(repeatable; the first match wins)")
+    add_lora_arguments(p)
     return p
 
 
@@ -96,6 +107,10 @@ def _param_groups(args):
 
 
 def _main(args):
+    if args.lora is not None or args.preset is not None:
+        return lora_main(args, _settings(args))
+    if args.merge:
+        raise ValueError("--merge goes with --lora")
     out, state = Path(args.out), Path(args.out) / "state"
     if (state / checkpoint.STATE).exists() and not args.resume:
         raise ValueError(f"{out} already holds a fine-tuning state; pass --resume to continue "

@@ -22,7 +22,8 @@ from .gelu import (geglu_backward, geglu_forward, gelu_backward, gelu_forward,
                    gelu_mlp_backward, gelu_mlp_forward)
 from .nn import (Embedding, FP8Linear, GeGLU, GeluMLP, LayerNorm, Linear, Module, Param, ReluMLP, RMSNorm,
                  SwiGLU, detect_anomaly, normal_init)
-from .lora import LoRALinear, LoRAWeights, lora_backward, lora_forward
+from .lora import (LoRAFactors, LoRALinear, LoRAWeights, lora_backward, lora_forward,
+                   lora_merge_backward, lora_merge_forward)
 from .norms import layernorm_backward, layernorm_forward
 from .relu import relu_mlp_backward, relu_mlp_forward
 from .ops import (cross_entropy_backward, cross_entropy_forward, embedding_backward,
@@ -40,7 +41,8 @@ __all__ = [
     "fp8_active", "fp8_cast_backward", "fp8_cast_forward", "fp8_dequantize",
     "fp8_linear_backward", "fp8_linear_forward", "fp8_matmuls", "fp8_quantize", "fp8_round",
     "full_precision",
-    "LoRALinear", "LoRAWeights", "lora_backward", "lora_forward",
+    "LoRAFactors", "LoRALinear", "LoRAWeights", "lora_backward", "lora_forward",
+    "lora_merge_backward", "lora_merge_forward",
     "info_nce_backward", "info_nce_forward",
     "HeadWeights", "pool_backward", "pool_forward", "sequence_head_backward",
     "sequence_head_forward",

@@ -44,7 +44,7 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
-from scratchllm.core.validate import expect_dout, expect_float, expect_shape
+from scratchllm.core.validate import common_float, expect_dout, expect_float, expect_linear
 
 FP8_FORMATS = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
@@ -132,12 +132,13 @@ def fp8_round(x, fmt="e4m3", tile=None):
 
 def fp8_cast_forward(x, *, fmt="e4m3", tile=None):
     """The quantiser as a pair: x -> (x^ = fp8_round(x, fmt, tile), cache)."""
+    expect_float("fp8_cast", "x", x)
     return fp8_round(x, fmt, tile), (x.shape, x.dtype)
 
 
 def fp8_cast_backward(dx_hat, cache):
     """Straight-through: dx = dx^ (dQ/dx := I; the rounding's true derivative is 0 a.e.)."""
-    expect_dout("fp8_cast_backward", dx_hat, *cache)
+    expect_dout("fp8_cast_backward", dx_hat, *cache, name="dx_hat")
     return {"x": dx_hat}  # fwd: x^ = Q(x), taken as x^ = x for the gradient
 
 
@@ -154,15 +155,16 @@ def fp8_linear_forward(x, W, b=None, *, spec=FP8Spec()):
     Inputs:  x (..., Din), W (Din, Dout), b (Dout,) or None; spec an FP8Spec.
     Returns: y (..., Dout).  Cache: FP8LinearCache(x^, W^, has_bias, spec).
     """
+    x, W, b = common_float(x, W, b)
     expect_float("fp8_linear", "x", x, 1)
-    expect_shape("fp8_linear", "W", W, (x.shape[-1], None), "(Din, Dout) with Din = x.shape[-1]")
+    expect_float("fp8_linear", "W", W)
+    expect_linear("fp8_linear", x.shape[-1], W, b)
     a = spec.act_tile
     x_hat = fp8_round(x, spec.fmt, None if a is None else (1, a))  # (..., Din) 1 x 128 tiles
     w = spec.weight_block
     W_hat = fp8_round(W, spec.fmt, None if w is None else (w, w))  # (Din, Dout) 128 blocks
     y = x_hat @ W_hat  # (..., Dout)
     if b is not None:
-        expect_shape("fp8_linear", "b", b, (W.shape[1],), "(Dout,)")
         y = y + b
     return y, FP8LinearCache(x_hat, W_hat, b is not None, spec)
 

@@ -21,9 +21,8 @@ from typing import NamedTuple
 import numpy as np
 from scipy.special import erf, expit
 
-from scratchllm.core.ops import (LinearCache, expect_linear, linear_backward, linear_forward,
-                                 linear_out)
-from scratchllm.core.validate import expect_dout, expect_float, expect_gated_ffn
+from scratchllm.core.ops import LinearCache, linear_backward, linear_forward, linear_out
+from scratchllm.core.validate import expect_dout, expect_float, expect_gated_ffn, expect_linear
 
 _C = math.sqrt(2.0 / math.pi)
 _K = 0.044715

@@ -13,6 +13,12 @@ Backward, through the linear pair three times:
     dx = dy W^T + s (dy B^T) A^T,  dW = x^T dy,  db = sum dy,
     dB = s (x A)^T dy,             dA = x^T (s dy B^T)
 
+The merged form, W' = W + s A B as a pair of its own (lora_merge_forward/_backward): a model
+whose projections are plain Params (attention's wq, an FFN's W1) runs on W' unchanged, its
+backward gives dW', and the adapter's gradients follow from it,
+    dA = s dW' B^T,   dB = s A^T dW'      (dW' = x^T dy: the same dA, dB as above)
+which is how `finetune --lora` trains any projection of any model.
+
 Glossary: Din, Dout the Linear's input and output widths, R the adapter's rank.
 """
 from typing import NamedTuple
@@ -20,10 +26,9 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.nn import Module, Param, normal_init
-from scratchllm.core.ops import (LinearCache, expect_linear, linear_backward, linear_forward,
-                                 linear_out)
+from scratchllm.core.ops import LinearCache, linear_backward, linear_forward, linear_out
 from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_integer,
-                                      expect_shape)
+                                      expect_linear, expect_shape)
 
 
 class LoRAWeights(NamedTuple):
@@ -68,6 +73,40 @@ def lora_backward(dy, cache):
     gu = linear_backward(dy * np.asarray(scale, dy.dtype), c_up)  # fwd: y = y0 + s u B
     gd = linear_backward(gu["x"], c_down)  # fwd: u = x A
     return {"x": g0["x"] + gd["x"], "w": LoRAWeights(g0["W"], gd["W"], gu["W"], g0.get("b"))}
+
+
+class LoRAFactors(NamedTuple):
+    A: np.ndarray  # (Din, R)
+    B: np.ndarray  # (R, Dout)
+
+
+class LoRAMergeCache(NamedTuple):
+    A: np.ndarray
+    B: np.ndarray
+    scale: float
+    dtype: np.dtype  # W' (the output)
+
+
+def lora_merge_forward(x, w, *, scale):
+    """W' = W + scale A B: the adapter folded into its weight (x is the base weight W).
+
+    Inputs:  x = W (Din, Dout) the base weight; w a LoRAFactors: A (Din, R), B (R, Dout);
+             scale s = alpha / R.
+    Returns: W' (Din, Dout).  Cache: A, B, scale, the dtype of W'.
+    """
+    expect_shape("lora_merge", "A", w.A, (x.shape[0], None), "(Din, R)")
+    expect_shape("lora_merge", "B", w.B, (w.A.shape[1], x.shape[1]), "(R, Dout)")
+    scale = expect_finite("lora_merge", "scale", scale)
+    out = x + np.asarray(scale, x.dtype) * (w.A @ w.B)  # (Din, Dout)
+    return out, LoRAMergeCache(w.A, w.B, scale, out.dtype)
+
+
+def lora_merge_backward(dW, cache):
+    """dW' (Din, Dout) -> {"x": dW (the skip), "w": LoRAFactors(s dW' B^T, s A^T dW')}."""
+    A, B, scale, dtype = cache
+    expect_dout("lora_merge_backward", dW, (A.shape[0], B.shape[1]), dtype, name="dW")
+    s = np.asarray(scale, dW.dtype)
+    return {"x": dW, "w": LoRAFactors(s * (dW @ B.T), s * (A.T @ dW))}  # fwd: W' = W + s A B
 
 
 class _Frozen:

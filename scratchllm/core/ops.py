@@ -15,7 +15,7 @@ from scipy.special import expit
 from scratchllm.core.fp8 import (FP8LinearCache, fp8_active, fp8_linear_backward,
                                  fp8_linear_forward)
 from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_gated_ffn,
-                                      expect_int, expect_integer, expect_shape)
+                                      expect_int, expect_integer, expect_linear, expect_shape)
 
 
 # ---------------------------------------------------------------------------- linear
@@ -40,20 +40,6 @@ def linear_forward(x, W, b=None):
     if b is not None:
         y = y + b  # (..., Dout)
     return y, LinearCache(x, W, b is not None)
-
-
-def expect_linear(fn, d_in, W, b=None, names=("W", "b"), d_out=None):
-    """A linear map's weights under the caller's name `fn` and its argument names: W
-    (d_in, Dout) (Dout = d_out when given), b (Dout,) or None. A composite checks each of its
-    linears with this before computing, so an error names the function the user called.
-
-    >>> expect_linear("relu_mlp", 4, np.ones((3, 2)), names=("W1", "b1"))
-    Traceback (most recent call last):
-    ValueError: relu_mlp: W1 has shape (3, 2), expected (4, *) ((Din, Dout) with Din = 4)
-    """
-    expect_shape(fn, names[0], W, (d_in, d_out), f"(Din, Dout) with Din = {d_in}")
-    if b is not None:
-        expect_shape(fn, names[1], b, (W.shape[1],), "(Dout,)")
 
 
 def linear_out(cache):

@@ -20,8 +20,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.ops import linear_backward, linear_forward
-from scratchllm.core.validate import expect_dout, expect_float, expect_instance, expect_shape
+from scratchllm.core.ops import linear_backward, linear_forward, linear_out
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_instance,
+                                      expect_linear, expect_shape)
 
 POOLINGS = ("mean", "cls")
 
@@ -33,11 +34,10 @@ class PoolingCache(NamedTuple):
     weights: np.ndarray  # (B, T, 1) m / Σ m for "mean", None for "cls"
 
 
-def pool_forward(h, mask=None, *, kind="mean"):
-    """h (B, T, D) -> e (B, D): the masked mean over tokens ("mean") or the first token
-    ("cls"). mask (B, T) bool, True for real tokens (None: all; "cls" takes no mask). A row
-    without tokens is an error (its mean would be 0/0)."""
-    fn = "pool_forward"
+def check_pool(fn, h, mask, kind):
+    """pool_forward's inputs under the caller's name: h (B, T, D) float, kind one of POOLINGS,
+    mask None or bool (B, T) with a token in every row ("cls" takes none). Returns the mask
+    as a (B, T) bool array (all True for None), or None for "cls"."""
     expect_float(fn, "h", h)
     expect_shape(fn, "h", h, (None, None, None), "(B, T, D)")
     if kind not in POOLINGS:
@@ -46,15 +46,26 @@ def pool_forward(h, mask=None, *, kind="mean"):
         if mask is not None:
             raise ValueError(f"{fn}: kind='cls' reads the first token only; a mask would be "
                              f"ignored")
-        return h[:, 0], PoolingCache(h.shape, h.dtype, kind, None)  # (B, D)
+        return None
     m = np.ones(h.shape[:2], bool) if mask is None else np.asarray(mask)  # (B, T)
     if m.shape != h.shape[:2] or m.dtype != bool:
         raise ValueError(f"{fn}: mask must be bool of shape {h.shape[:2]}, got {m.dtype} "
                          f"{m.shape}")
+    empty = np.nonzero(m.sum(axis=1) == 0)[0]
+    if empty.size:
+        raise ValueError(f"{fn}: rows {empty.tolist()} have no token in mask: their mean is "
+                         f"undefined")
+    return m
+
+
+def pool_forward(h, mask=None, *, kind="mean"):
+    """h (B, T, D) -> e (B, D): the masked mean over tokens ("mean") or the first token
+    ("cls"). mask (B, T) bool, True for real tokens (None: all; "cls" takes no mask). A row
+    without tokens is an error (its mean would be 0/0)."""
+    m = check_pool("pool_forward", h, mask, kind)  # (B, T) bool, or None for "cls"
+    if kind == "cls":
+        return h[:, 0], PoolingCache(h.shape, h.dtype, kind, None)  # (B, D)
     n = m.sum(axis=1, keepdims=True)  # (B, 1)
-    if (n == 0).any():
-        raise ValueError(f"{fn}: rows {np.nonzero(n[:, 0] == 0)[0].tolist()} have no token "
-                         f"in mask: their mean is undefined")
     wts = (m / n)[..., None].astype(h.dtype)  # (B, T, 1)
     return (wts * h).sum(axis=1), PoolingCache(h.shape, h.dtype, kind, wts)  # (B, D)
 
@@ -83,7 +94,12 @@ class SequenceHeadCache(NamedTuple):
 def sequence_head_forward(h, w, mask=None, *, kind="cls"):
     """logits = pool(h) W + b: h (B, T, D), w HeadWeights -> (B, C) (C = 1: a reranker's
     score). mask and kind as pool_forward's."""
-    expect_instance("sequence_head_forward", "w", w, HeadWeights)
+    fn = "sequence_head_forward"
+    expect_instance(fn, "w", w, HeadWeights)
+    h, w = common_float(h, w)
+    check_pool(fn, h, mask, kind)
+    expect_float(fn, "W", w.W)
+    expect_linear(fn, h.shape[2], w.W, w.b)
     e, c_pool = pool_forward(h, mask, kind=kind)  # (B, D)
     logits, c_lin = linear_forward(e, w.W, w.b)  # (B, C)
     return logits, SequenceHeadCache(c_pool, c_lin)
@@ -91,6 +107,7 @@ def sequence_head_forward(h, w, mask=None, *, kind="cls"):
 
 def sequence_head_backward(dlogits, cache):
     """The linear pair's backward, then the pooling's.  Returns {"h", "w": HeadWeights}."""
+    expect_dout("sequence_head_backward", dlogits, *linear_out(cache.linear), name="dlogits")
     g = linear_backward(dlogits, cache.linear)  # fwd: logits = e W + b
     dh = pool_backward(g["x"], cache.pool)["h"]  # fwd: e = pool(h)
     return {"h": dh, "w": HeadWeights(g["W"], g.get("b"))}

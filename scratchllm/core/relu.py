@@ -14,9 +14,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.ops import (LinearCache, expect_linear, linear_backward, linear_forward,
-                                 linear_out)
-from scratchllm.core.validate import expect_dout, expect_float
+from scratchllm.core.ops import LinearCache, linear_backward, linear_forward, linear_out
+from scratchllm.core.validate import expect_dout, expect_float, expect_linear
 
 
 class ReluMLPCache(NamedTuple):

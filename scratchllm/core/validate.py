@@ -72,6 +72,20 @@ def expect_positive(fn, name, value):
         raise ValueError(f"{fn}: {name} must be > 0, got {value!r}")
 
 
+def expect_linear(fn, d_in, W, b=None, names=("W", "b"), d_out=None):
+    """A linear map's weights under the caller's name `fn` and its argument names: W
+    (d_in, Dout) (Dout = d_out when given), b (Dout,) or None. A composite checks each of its
+    linears with this before computing, so an error names the function the user called.
+
+    >>> expect_linear("relu_mlp", 4, np.ones((3, 2)), names=("W1", "b1"))
+    Traceback (most recent call last):
+    ValueError: relu_mlp: W1 has shape (3, 2), expected (4, *) ((Din, Dout) with Din = 4)
+    """
+    expect_shape(fn, names[0], W, (d_in, d_out), f"(Din, Dout) with Din = {d_in}")
+    if b is not None:
+        expect_shape(fn, names[1], b, (W.shape[1],), "(Dout,)")
+
+
 # ---------------------------------------------------------------------------- dout, numbers
 def expect_dout(fn, dout, shape, dtype, name="dout"):
     """Raise unless `dout`, the upstream gradient a backward `fn` got, has exactly the shape

@@ -66,12 +66,12 @@ def ring_attention_forward(q, k, v, *, group, causal=True, zigzag=False, scale=N
     Inputs: q, k, v (B, H, Tl, Dh): this rank's tokens (contiguous block r, or zig-zag chunks
     r and 2P-1-r of the whole sequence of T = P Tl). Returns: (o (B, H, Tl, Dh); RingCache).
     """
+    q, k, v = common_float(q, k, v)
     for name, a in (("q", q), ("k", k), ("v", v)):
         expect_float("ring_attention", name, a)
-    expect_ndim("ring_attention", "q", q, 4, "(B, H, Tl, Dh)")
-    expect_shape("ring_attention", "k", k, q.shape, "like q")
-    expect_shape("ring_attention", "v", v, q.shape[:3] + (None,), "(B, H, Tl, Dv), like q")
-    q, k, v = common_float(q, k, v)
+        expect_ndim("ring_attention", name, a, 4, "(B, H, Tl, Dh)")
+    expect_shape("ring_attention", "k", k, q.shape, "(B, H, Tl, Dh) like q")
+    expect_shape("ring_attention", "v", v, q.shape[:3] + (None,), "(B, H, Tl, Dv) like q")
     P, r = group.size, group.rank
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     pos = ring_positions(q.shape[2] * P, P, zigzag)

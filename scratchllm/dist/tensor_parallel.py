@@ -25,9 +25,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.ops import expect_linear, linear_backward, linear_forward, linear_out
+from scratchllm.core.ops import linear_backward, linear_forward, linear_out
 from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_int,
-                                      expect_ndim, expect_shape)
+                                      expect_linear, expect_ndim, expect_shape)
 from scratchllm.dist.collectives import (all_gather_forward, all_reduce_forward,
                                          copy_to_group_backward, copy_to_group_forward,
                                          reduce_from_group_backward, reduce_from_group_forward,
@@ -133,13 +133,13 @@ class VocabCECache(NamedTuple):
     n: int             # rows N
 
 
-def _expect_ids(fn, name, ids, V):
-    """ids: a (B, T) integer array with values in [0, V) (the whole vocabulary)."""
+def _check_vocab_ids(fn, name, ids, V_r, group):
+    """ids an integer array in [0, V), V = V_r rows on each of the group's ranks."""
     expect_int(fn, name, ids)
-    expect_ndim(fn, name, ids, 2, "(B, T)")
+    V = V_r * group.size
     if ids.size and (ids.min() < 0 or ids.max() >= V):
-        raise ValueError(f"{fn}: {name} must lie in [0, {V}) (the vocabulary over every rank), "
-                         f"got values in [{ids.min()}, {ids.max()}]")
+        raise ValueError(f"{fn}: {name} must lie in [0, {V}) ({V_r} rows x {group.size} "
+                         f"ranks), got values in [{ids.min()}, {ids.max()}]")
 
 
 def _vocab_rows(ids, V_r, group):
@@ -160,7 +160,8 @@ def vocab_embedding_forward(ids, E, *, group, sequence=False):
     """
     expect_float("vocab_embedding", "E", E)
     expect_ndim("vocab_embedding", "E", E, 2, "(V/P, D)")
-    _expect_ids("vocab_embedding", "ids", ids, E.shape[0] * group.size)
+    _check_vocab_ids("vocab_embedding", "ids", ids, E.shape[0], group)
+    expect_ndim("vocab_embedding", "ids", ids, 2, "(B, T)")
     local, hit = _vocab_rows(ids, E.shape[0], group)
     part = np.where(hit[..., None], E[local], 0).astype(E.dtype)  # (B, T, D); fwd: E_r[ids]
     if sequence:
@@ -199,15 +200,9 @@ def vocab_cross_entropy_forward(logits, targets, *, group):
     """
     expect_float("vocab_cross_entropy", "logits", logits, 1)
     V_r = logits.shape[-1]
-    expect_int("vocab_cross_entropy", "targets", targets)
+    _check_vocab_ids("vocab_cross_entropy", "targets", targets, V_r, group)
     expect_shape("vocab_cross_entropy", "targets", targets, logits.shape[:-1],
-                 "the logits' leading axes")
-    if V_r == 0 or targets.size == 0:
-        raise ValueError(f"vocab_cross_entropy: logits of shape {logits.shape} hold no "
-                         f"(row, class) to average over")
-    if targets.min() < 0 or targets.max() >= V_r * group.size:
-        raise ValueError(f"vocab_cross_entropy: targets must lie in [0, {V_r * group.size}), "
-                         f"got values in [{targets.min()}, {targets.max()}]")
+                 "the logits' rows (...)")
     z = logits.reshape(-1, V_r)  # (N, V/P)
     t = targets.reshape(-1)  # (N,)
     maxima, _ = all_gather_forward(z.max(axis=1)[None], group=group)  # (P, N)

@@ -5,13 +5,20 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from scratchllm.experiments.abf import ABF
 from scratchllm.experiments.base import write_results
 from scratchllm.experiments.collapse import COLLAPSE
+from scratchllm.experiments.experts import EXPERTS_BY_TOKEN
 from scratchllm.experiments.heads import HEADS
 from scratchllm.experiments.induction import INDUCTION
+from scratchllm.experiments.moe import MOE
+from scratchllm.experiments.needle import NEEDLE
+from scratchllm.experiments.recall import RECALL
 from scratchllm.experiments.scale import SCALE
+from scratchllm.experiments.sinks import SINKS
 
-EXPERIMENTS = {e.name: e for e in (COLLAPSE, SCALE, HEADS, INDUCTION)}
+EXPERIMENTS = {e.name: e for e in (COLLAPSE, SCALE, HEADS, INDUCTION, MOE, EXPERTS_BY_TOKEN, ABF,
+                                   RECALL, NEEDLE, SINKS)}
 
 
 def run_experiment(name, mode="full", out="runs/experiments", seed=0, log=print):

@@ -16,14 +16,17 @@ Adding a family is adding its record to a module of families/ and to FAMILIES be
 """
 from scratchllm.hub.families.base import fail_config
 from scratchllm.hub.families.dense import GEMMA3, LLAMA, MISTRAL, QWEN2, QWEN3
+from scratchllm.hub.families.deepseek_v32 import DEEPSEEK_V32
 from scratchllm.hub.families.dense2 import GEMMA2, OLMO2
 from scratchllm.hub.families.encoders import BERT
 from scratchllm.hub.families.gpt2 import GPT2
 from scratchllm.hub.families.gpt_oss import GPT_OSS
+from scratchllm.hub.families.llama4 import LLAMA4_TEXT
 from scratchllm.hub.families.llava import LLAVA
 from scratchllm.hub.families.modules import ModuleFamily
 from scratchllm.hub.families.moe import DEEPSEEK_V3, MIXTRAL
 from scratchllm.hub.families.moe2 import DEEPSEEK_V2, QWEN3_MOE
+from scratchllm.hub.families.rwkv import RWKV
 from scratchllm.hub.families.ssm import JAMBA, MAMBA
 from scratchllm.hub.families.ssm2 import MAMBA2
 from scratchllm.hub.families.switch import SWITCH
@@ -41,6 +44,9 @@ FAMILIES += (VIT, SIGLIP_VISION)  # families/vision.py
 FAMILIES += (BERT,)  # families/encoders.py
 FAMILIES += (CLIP_VISION, LLAVA)  # families/vision.py, families/llava.py
 FAMILIES += (T5, SWITCH)  # families/t5.py, families/switch.py
+FAMILIES += (LLAMA4_TEXT,)  # families/llama4.py
+FAMILIES += (DEEPSEEK_V32,)  # families/deepseek_v32.py
+FAMILIES += (RWKV,)  # families/rwkv.py
 BY_TYPE = {family.model_type: family for family in FAMILIES}
 
 

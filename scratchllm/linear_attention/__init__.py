@@ -20,7 +20,7 @@ from .rwkv import (WKVState, rwkv4_wkv_backward, rwkv4_wkv_forward, rwkv4_wkv_re
                    rwkv4_wkv_recurrent_ref, rwkv4_wkv_step)
 from .rwkv_scan import (rwkv4_wkv_scan_backward, rwkv4_wkv_scan_backward_ref,
                         rwkv4_wkv_scan_forward, rwkv4_wkv_scan_forward_ref)
-from .rwkv_blocks import (ChannelMixWeights, RWKV4TimeMix, TimeMixWeights,
+from .rwkv_blocks import (ChannelMixWeights, RWKV4ChannelMix, RWKV4TimeMix, TimeMixWeights,
                           rwkv4_channel_mix_backward, rwkv4_channel_mix_forward,
                           rwkv4_channel_mix_step, rwkv4_time_mix_backward,
                           rwkv4_time_mix_forward, rwkv4_time_mix_step)
@@ -31,7 +31,8 @@ from .retnet import (retnet_attention_backward, retnet_attention_forward,
                      retnet_attention_step, retnet_gammas)
 
 __all__ = [
-    "ChannelMixWeights", "GLACache", "RWKV4TimeMix", "RecurrentMixer", "RecurrentWeights",
+    "ChannelMixWeights", "GLACache", "RWKV4ChannelMix", "RWKV4TimeMix", "RecurrentMixer",
+    "RecurrentWeights",
     "TimeMixWeights", "WKVState", "delta_rule_backward",
     "delta_rule_forward", "delta_rule_recurrent", "delta_rule_recurrent_ref", "delta_rule_step",
     "gla_attention_backward", "gla_attention_forward", "gla_attention_recurrent",

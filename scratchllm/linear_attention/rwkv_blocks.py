@@ -254,3 +254,38 @@ class RWKV4TimeMix(Module):
                                                  self.weights())
         state[0], state[1], state[2], state[3] = x_prev, wkv.a, wkv.b, wkv.p
         return out
+
+
+class RWKV4ChannelMix(Module):
+    """RWKV-4 channel-mix as a Module of width d_ff (a Block's FFN, FFNSpec kind
+    "channel_mix"); owns the Params named as ChannelMixWeights' fields: μ_k = μ_r = c/D,
+    Wk ~ N(0, 1/D), Wr ~ N(0, 1/D), Wv ~ N(0, 1/F). Its decoding state is the previous token's x (B, D)
+    (zero at position 0: the token shift's padding)."""
+
+    def __init__(self, d_model, d_ff, *, rng, dtype=np.float32):
+        c = (np.arange(d_model) / d_model).astype(dtype)  # (D,)
+        self.mix_k, self.mix_r = Param(c.copy()), Param(c.copy())
+        self.Wk = Param(normal_init(rng, (d_model, d_ff), d_model ** -0.5, dtype))
+        self.Wr = Param(normal_init(rng, (d_model, d_model), d_model ** -0.5, dtype))
+        self.Wv = Param(normal_init(rng, (d_ff, d_model), d_ff ** -0.5, dtype))
+
+    def weights(self):
+        """The Params' arrays as one ChannelMixWeights."""
+        return ChannelMixWeights(*(getattr(self, n).data for n in ChannelMixWeights._fields))
+
+    def forward(self, x):
+        return rwkv4_channel_mix_forward(x, self.weights())
+
+    def backward(self, dout, cache):
+        g = rwkv4_channel_mix_backward(dout, cache)
+        return self.add_grads(dict(g["w"]._asdict(), x=g["x"]))
+
+    def init_state(self, batch):
+        """The previous token's x, (B, D) zeros."""
+        return np.zeros((batch, self.Wr.data.shape[0]), self.Wr.data.dtype)
+
+    def decode(self, x_t, state):
+        """One token (B, D) -> (B, D); `state` (init_state) becomes x_t, in place."""
+        out, _ = rwkv4_channel_mix_step(x_t, state, self.weights())
+        state[...] = x_t
+        return out

@@ -65,6 +65,13 @@ class BlockCache(NamedTuple):
     ffn: SublayerCache    # None for a mixer-only block
 
 
+class FFNState(NamedTuple):
+    """The decoding state of a block whose FFN keeps one (RWKV-4's channel mix: the previous
+    token's x): the mixer's state and the FFN's."""
+    mixer: object
+    ffn: object
+
+
 class Block(Module):
     """One residual block of a LayerSpec (Params: norm1, mixer, [norm_cross, cross], norm2,
     ffn, and for placement "sandwich" post_mixer_norm, post_ffn_norm; no norm1 and mixer in
@@ -105,13 +112,14 @@ class Block(Module):
         y, c_post = norm.forward(x + m) if self.spec.placement == "post" else (x + m, None)
         return y, SublayerCache(c_norm, c_inner, c_out, c_post)
 
-    def body(self, x, mix, read=None):
+    def body(self, x, mix, read=None, ffn=None):
         """The block on x (..., D) with its mixer sub-layer's inner call replaced by mix(a) ->
         (m, cache) (an MLP-only layer has none: h = x), and the cross-attention as read(a) ->
         (m, cache) (None: the block has none): the block's own norms, residuals,
         cross-attention and FFN around any way of running the mixer (a serving cache's
-        attention, an evicting cache's). forward, prefill and decode are this with the mixer's
-        own calls. Returns (y (..., D), BlockCache)."""
+        attention, an evicting cache's); ffn(a) -> (f, cache) replaces the FFN's forward (a
+        stateful FFN's decoding step; None: its forward). forward, prefill and decode are
+        this with the mixer's own calls. Returns (y (..., D), BlockCache)."""
         if (read is None) != (self.cross is None):
             raise ValueError("Block: a context goes with a cross-attention sub-layer and only "
                              f"with one (cross is {'None' if self.cross is None else 'set'}, "
@@ -123,7 +131,7 @@ class Block(Module):
             h, c_cross = self._sublayer(h, self.norm_cross, None, read)
         if self.ffn is None:
             return h, BlockCache(c_mix, c_cross, None)
-        y, c_ffn = self._sublayer(h, self.norm2, self.post_ffn_norm, self.ffn.forward)
+        y, c_ffn = self._sublayer(h, self.norm2, self.post_ffn_norm, ffn or self.ffn.forward)
         return y, BlockCache(c_mix, c_cross, c_ffn)  # (..., D)
 
     def forward(self, x, context=None, packing=None):
@@ -148,6 +156,25 @@ class Block(Module):
         positions = None if spec.rope is None else packing.positions  # (B, T)
         return lambda a: self.mixer.forward(a, positions, mask)
 
+    def init_state(self, batch, max_len):
+        """This layer's decoding state: the mixer's, or an FFNState of the mixer's and the
+        FFN's when the FFN keeps one (RWKV-4's channel mix)."""
+        state = self.mixer.init_state(batch, max_len)
+        if hasattr(self.ffn, "init_state"):
+            return FFNState(state, self.ffn.init_state(batch))
+        return state
+
+    def _states(self, state):
+        """(the mixer's state, the FFN's call for one token or None); ValueError for a
+        stateful FFN given the mixer's state alone."""
+        if not hasattr(self.ffn, "init_state"):
+            return state, None
+        if not isinstance(state, FFNState):
+            raise ValueError(f"Block: this block's FFN ({type(self.ffn).__name__}) keeps a "
+                             f"decoding state: give Block.init_state's FFNState, got "
+                             f"{type(state).__name__}")
+        return state.mixer, lambda a: (self.ffn.decode(a, state.ffn), None)
+
     def _read_state(self, context):
         """The cross-attention as read(a) over a decoding context (CrossAttention.
         context_state of the encoder output: its keys and values, computed once)."""
@@ -155,8 +182,12 @@ class Block(Module):
 
     def prefill(self, x, state, context=None):
         """A whole prompt x (B, T, D) -> y (B, T, D), filling this layer's fresh state (a mixer
-        without a prefill of its own, like the recurrent ones, decodes the prompt step by
-        step); context: the cross-attention's decoding context, with cross-attention."""
+        without a prefill of its own, like the recurrent ones, or a stateful FFN decodes the
+        prompt step by step); context: the cross-attention's decoding context, with
+        cross-attention."""
+        if self._states(state)[1] is not None:
+            return np.stack([self.decode(x[:, t], state, t, context)
+                             for t in range(x.shape[1])], 1)
         read = self._read_state(context)
         if self.mixer is None:
             return self.body(x, None, read)[0]
@@ -169,10 +200,12 @@ class Block(Module):
     def decode(self, x_t, state, position, context=None):
         """One token: x_t (B, D) -> y_t (B, D), updating this layer's state in place;
         context: the cross-attention's decoding context, with cross-attention."""
+        mixer_state, ffn = self._states(state)
         read = self._read_state(context)
         if self.mixer is None:
-            return self.body(x_t, None, read)[0]
-        return self.body(x_t, lambda a: (self.mixer.decode(a, state, position), None), read)[0]
+            return self.body(x_t, None, read, ffn)[0]
+        return self.body(x_t, lambda a: (self.mixer.decode(a, mixer_state, position), None),
+                         read, ffn)[0]
 
     # ------------------------------------------------------------------ backward
     def _sublayer_backward(self, dy, cache, norm, out_norm, back):

@@ -22,6 +22,7 @@ Glossary: D model width, F hidden width, E experts.
 import numpy as np
 
 from scratchllm.core import GeGLU, GeluMLP, ReluMLP, SwiGLU
+from scratchllm.linear_attention import RWKV4ChannelMix
 from scratchllm.moe import MoE, SwitchMoE, SwitchOut
 from scratchllm.specs import FFNSpec, MoESpec
 
@@ -53,6 +54,11 @@ class GeluMLPFFN(Dense, GeluMLP):
 
 class GeGLUFFN(Dense, GeGLU):
     """y = (gelu(x W1) * (x W3)) W2 as a Block's FFN."""
+
+
+class RWKVChannelMixFFN(Dense, RWKV4ChannelMix):
+    """RWKV-4's channel mix (FFNSpec kind "channel_mix"): a dense FFN with a decoding state,
+    the previous token's x (init_state(batch), decode(x_t, state))."""
 
 
 class ReluMLPFFN(Dense, ReluMLP):
@@ -130,6 +136,8 @@ def make_ffn(d_model, spec, *, rng, dtype):
     if not isinstance(spec, FFNSpec):
         raise TypeError(f"make_ffn: spec must be an FFNSpec or a MoESpec, got "
                         f"{type(spec).__name__}")
+    if spec.kind == "channel_mix":
+        return RWKVChannelMixFFN(d_model, spec.d_ff, rng=rng, dtype=dtype)
     if spec.kind in ("swiglu", "relu_mlp"):
         kind = SwiGLUFFN if spec.kind == "swiglu" else ReluMLPFFN
         return kind(d_model, spec.d_ff, rng=rng, dtype=dtype)

@@ -106,6 +106,11 @@ class LM(Module):
         self.mtp = None if cfg.mtp is None else MTP(cfg, rng=rng, dtype=dtype)  # lm/mtp.py
 
     @property
+    def n_tokens(self):
+        """The ids the model reads: [0, n_tokens) (a tensor-parallel slice reads them all)."""
+        return self.cfg.vocab_size
+
+    @property
     def dtype(self):
         return self.embed.E.data.dtype
 
@@ -368,7 +373,7 @@ class LM(Module):
     def init_state(self, batch, max_len):
         """Per-layer decoding states for `batch` sequences of up to max_len tokens."""
         return DecodeState([None if layer.mixer is None else  # an MLP-only layer keeps nothing
-                            layer.mixer.init_state(batch, max_len) for layer in self.layers],
+                            layer.init_state(batch, max_len) for layer in self.layers],
                            batch)
 
     def prefill(self, ids, state):
@@ -385,7 +390,7 @@ class LM(Module):
         the user called."""
         expect_int(fn, name, ids)
         expect_ndim(fn, name, ids, layout.count(",") + 1 - layout.endswith(",)"), layout)
-        V = self.cfg.vocab_size
+        V = self.n_tokens
         if ids.size and (ids.min() < 0 or ids.max() >= V):
             raise ValueError(f"{fn}: {name} must lie in [0, {V}) (the vocabulary), got values "
                              f"in [{ids.min()}, {ids.max()}]")

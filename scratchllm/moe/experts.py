@@ -28,7 +28,7 @@ from scratchllm.core import fused, ops
 from scratchllm.core.gelu import gelu_mlp_backward, gelu_mlp_forward
 from scratchllm.core.relu import relu_mlp_backward, relu_mlp_forward
 from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_int,
-                                      expect_ndim, expect_positive, expect_shape)
+                                      expect_linear, expect_ndim, expect_positive, expect_shape)
 
 
 # ---------------------------------------------------------------------------- experts
@@ -175,9 +175,9 @@ def clamped_swiglu_forward(x, gate_up, gate_up_b, down, down_b, *, alpha=1.702, 
         raise ValueError(f"clamped_swiglu: gate_up has shape {gate_up.shape}, expected (D, 2F) "
                          f"with an even number of interleaved gate/up columns")
     fn = "clamped_swiglu"
-    ops.expect_linear(fn, x.shape[-1], gate_up, gate_up_b, ("gate_up", "gate_up_b"))
-    ops.expect_linear(fn, gate_up.shape[1] // 2, down, down_b, ("down", "down_b"),
-                      d_out=x.shape[-1])
+    expect_linear(fn, x.shape[-1], gate_up, gate_up_b, ("gate_up", "gate_up_b"))
+    expect_linear(fn, gate_up.shape[1] // 2, down, down_b, ("down", "down_b"),
+                  d_out=x.shape[-1])
     expect_positive("clamped_swiglu", "alpha", alpha)
     expect_positive("clamped_swiglu", "limit", limit)
     h, up_cache = ops.linear_forward(x, gate_up, gate_up_b)  # (..., 2F)

@@ -41,6 +41,10 @@ def _check(fn, w, spec, m):
     if spec.router.n_group > 1:
         raise ValueError(f"{fn}: group-limited routing (n_group={spec.router.n_group}) does not "
                          f"survive splitting (a group's score would count one expert twice)")
+    if spec.gate_input:
+        raise ValueError(f"{fn}: gate_input=True (the gate inside the expert, on its input) "
+                         f"does not survive splitting: g/m per copy would change each copy's "
+                         f"nonlinearity")
 
 
 def split_experts(w, spec, m):

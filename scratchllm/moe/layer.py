@@ -7,6 +7,8 @@ Papers: Switch Transformer (arXiv 2101.03961), Mixtral (arXiv 2401.04088), ST-Mo
 Math (token n):
     (g_n, K_n, p, s) = router(x_n)                                  gates over the chosen k
     y_n = sum_{i in K_n, slot kept} g_ni expert_i(x_n) + SwiGLU_shared(x_n)
+    (spec.gate_input: expert_i(g_ni x_n) instead, the gate on the input: Llama 4;
+    spec.shared_gate: sigmoid(x_n . w_gate) SwiGLU_shared(x_n): Qwen2-MoE, Qwen3-Next)
 (the experts: SwiGLU (w1, w3, w2), gpt-oss's clamped SwiGLU with biases (gate_up,
 gate_up_b, down, down_b), or the plain GELU MLP with biases (w1, b1, w2, b2); experts.py)
     aux = E sum_i f_i P_i       z = mean_n logsumexp(s_n)^2          (losses.py)
@@ -54,6 +56,7 @@ class MoEWeights(NamedTuple):
     shared_w1: np.ndarray = None  # (D, Fs) the shared expert, iff spec.d_shared = Fs > 0
     shared_w3: np.ndarray = None  # (D, Fs)
     shared_w2: np.ndarray = None  # (Fs, D)
+    shared_gate: np.ndarray = None  # (D,) the shared expert's gate, iff spec.shared_gate
     b1: np.ndarray = None  # (E, F)  the plain MLP experts (kind "mlp"): w1 (E, D, F) + b1,
     b2: np.ndarray = None  # (E, D)  w2 (E, F, D) + b2
 
@@ -86,6 +89,8 @@ class MoECache(NamedTuple):
     shared: tuple  # the shared expert's SWIGLU TwinCache, None without one
     kind: str  # spec.experts.kind: "swiglu", "clamped" (gpt-oss) or "mlp"
     losses: tuple  # (aux, z): the values of MoEOut.aux, MoEOut.z (for MoE.aux_losses)
+    xs: np.ndarray = None  # (M, D) the kept tokens before their gate (spec.gate_input)
+    shared_gate: tuple = None  # (x (BT, D), w_gate (D,), gate (BT,), shared output (BT, D))
 
     @property
     def tokens_per_expert(self):
@@ -124,6 +129,12 @@ def _check_moe(fn, x, w, spec):
                          f"spec.router.n_experts = {spec.router.n_experts} and "
                          f"spec.experts.d_ff = {spec.experts.d_ff}")
     _check_shared(fn, xf.shape[1], w, spec.d_shared)
+    if (w.shared_gate is not None) != spec.shared_gate:
+        raise ValueError(f"{fn}: w.shared_gate must be given exactly when spec.shared_gate, "
+                         f"got spec.shared_gate={spec.shared_gate} and "
+                         f"{'an array' if w.shared_gate is not None else 'None'}")
+    if spec.shared_gate:
+        expect_shape(fn, "shared_gate", w.shared_gate, (xf.shape[1],), "(D,)")
     return xf
 
 
@@ -164,25 +175,31 @@ def moe_forward(x, w, *, spec, selection_bias=None):
     z, z_cache = z_loss_forward(logits)
     disp = dispatch(topk_idx, E, C)
     xs = xf[disp.slots // k]  # (M, D) kept tokens, grouped by expert
+    g = gates.reshape(-1)[disp.slots]  # (M,)
+    x_in = g[:, None] * xs if spec.gate_input else xs  # (M, D) what the experts read
     kind = spec.experts.kind
     if kind == "mlp":
-        ys, e_cache = mlp_experts_forward(xs, disp.bounds, w.w1, w.b1, w.w2, w.b2)  # (M, D)
+        ys, e_cache = mlp_experts_forward(x_in, disp.bounds, w.w1, w.b1, w.w2, w.b2)  # (M, D)
     elif kind == "clamped":
-        ys, e_cache = clamped_experts_forward(xs, disp.bounds, w.gate_up, w.gate_up_b, w.down,
+        ys, e_cache = clamped_experts_forward(x_in, disp.bounds, w.gate_up, w.gate_up_b, w.down,
                                               w.down_b, alpha=spec.experts.alpha,
                                               limit=spec.experts.limit)  # (M, D)
     else:
-        ys, e_cache = experts_forward(xs, disp.bounds, w.w1, w.w3, w.w2)  # (M, D)
-    g = gates.reshape(-1)[disp.slots]  # (M,)
+        ys, e_cache = experts_forward(x_in, disp.bounds, w.w1, w.w3, w.w2)  # (M, D)
     slot_out = np.zeros((BT * k, D), x.dtype)  # (BTK, D); dropped slots stay 0
-    slot_out[disp.slots] = g[:, None] * ys
+    slot_out[disp.slots] = ys if spec.gate_input else g[:, None] * ys
     y = slot_out.reshape(BT, k, D).sum(axis=1)  # (BT, D)
     s_cache = None
     if spec.d_shared:
         y_shared, s_cache = fused.SWIGLU.forward(xf, w.shared_w1, w.shared_w3, w.shared_w2)
+    gated = None
+    if spec.shared_gate:  # y_shared *= sigmoid(x . w_gate)
+        sg = ops.sigmoid_forward(xf @ w.shared_gate)[0]  # (BT,)
+        gated, y_shared = (xf, w.shared_gate, sg, y_shared), sg[:, None] * y_shared
+    if spec.d_shared:
         y = y + y_shared  # (BT, D)
     cache = MoECache(x.shape, r_cache, b_cache, z_cache, disp, e_cache, ys, g, s_cache,
-                     kind, (aux, z))
+                     kind, (aux, z), xs if spec.gate_input else None, gated)
     return MoEOut(y.reshape(x.shape), aux, z), cache
 
 
@@ -190,12 +207,16 @@ def moe_backward(dout, cache):
     """Gradients of the MoE layer. dout = MoEOut(dy, daux, dz); any may be None.
 
     Math: y_n = sum_j g_nj e_nj  ->  de_nj = g_nj dy_n, dg_nj = <dy_n, e_nj> (kept slots; 0 for
-    dropped ones), then each expert's backward, the router backward with the balance- and
-    z-loss gradients on the probabilities and logits, and the shared expert's backward.
+    dropped ones); with the gate on the input, y_n = sum_j e_j(g_nj x_n) -> the expert's
+    backward on dy_n gives du_nj, then dg_nj = <du_nj, x_n> and dx_n += g_nj du_nj; then each
+    expert's backward, the router backward with the balance- and
+    z-loss gradients on the probabilities and logits, and the shared expert's backward (with
+    spec.shared_gate, y += s y_sh, s = sigmoid(x . w_g): dy_sh = s dy, and with
+    dz = <dy, y_sh> s (1 - s): dw_g = sum_n dz_n x_n, dx += dz w_g).
     Returns: {"x": dx (..., D), "w": MoEWeights of the gradients (None where w had None)}.
     Reference: Switch Transformer (arXiv 2101.03961) §2; Mixtral (arXiv 2401.04088) §2.1.
     """
-    x_shape, r_cache, b_cache, z_cache, disp, e_cache, ys, g, s_cache, kind, _ = cache
+    x_shape, r_cache, b_cache, z_cache, disp, e_cache, ys, g, s_cache, kind, _, xs, gated = cache
     expect_douts("moe_backward", dout, {"y": (x_shape, ys.dtype), "aux": ((), ys.dtype),
                                         "z": ((), ys.dtype)})
     dy, daux, dz = dout
@@ -204,19 +225,32 @@ def moe_backward(dout, cache):
     dy = np.zeros((BT, D), ys.dtype) if dy is None else dy.reshape(BT, D)  # (BT, D)
     dslot = dy[disp.slots // k]  # (M, D)  fwd: slot_out[slots] = g * ys, y = sum of slots
     dgates = np.zeros(BT * k, ys.dtype)  # (BTK,)
-    dgates[disp.slots] = np.einsum("md,md->m", dslot, ys)  # dg = <dy, ys>
-    g_e = EXPERTS_PAIRS[kind](g[:, None] * dslot, e_cache)  # dys = g dy
     dx_slot = np.zeros((BT * k, D), ys.dtype)  # (BTK, D)  fwd: xs = x[slots // k]
-    dx_slot[disp.slots] = g_e.pop("xs")
+    if xs is None:  # fwd: slot_out = g * ys
+        dgates[disp.slots] = np.einsum("md,md->m", dslot, ys)  # dg = <dy, ys>
+        g_e = EXPERTS_PAIRS[kind](g[:, None] * dslot, e_cache)  # dys = g dy
+        dx_slot[disp.slots] = g_e.pop("xs")
+    else:  # fwd: ys = experts(g * xs), slot_out = ys
+        g_e = EXPERTS_PAIRS[kind](dslot, e_cache)  # dys = dy
+        du = g_e.pop("xs")  # (M, D) d/d(g xs)
+        dgates[disp.slots] = np.einsum("md,md->m", du, xs)  # dg = <du, xs>
+        dx_slot[disp.slots] = g[:, None] * du  # dxs = g du
     dprobs = None if daux is None else balance_loss_backward(daux, b_cache)["probs"]
     dlogits = None if dz is None else z_loss_backward(dz, z_cache)["logits"]
     g_r = router_backward(RouterOut(dgates.reshape(BT, k), None, dprobs, dlogits), r_cache)
     dx = dx_slot.reshape(BT, k, D).sum(axis=1) + g_r["x"]  # (BT, D)
     shared = {}
+    d_shared = dy  # (BT, D)
+    if gated is not None:  # fwd: y += sg * y_sh, sg = sigmoid(x . w_gate)
+        xg, w_gate, sg, y_sh = gated
+        dz = np.einsum("nd,nd->n", dy, y_sh) * sg * (1 - sg)  # d(x . w_gate)  (BT,)
+        dx = dx + np.outer(dz, w_gate)  # (BT, D)
+        shared["shared_gate"] = dz @ xg  # (D,)
+        d_shared = sg[:, None] * dy  # d y_sh
     if s_cache is not None:  # fwd: y += swiglu(x, shared_w1, shared_w3, shared_w2)
-        g_s = fused.SWIGLU.backward(dy, s_cache)
+        g_s = fused.SWIGLU.backward(d_shared, s_cache)
         dx = dx + g_s["x"]  # (BT, D)
-        shared = dict(shared_w1=g_s["W1"], shared_w3=g_s["W3"], shared_w2=g_s["W2"])
+        shared.update(shared_w1=g_s["W1"], shared_w3=g_s["W3"], shared_w2=g_s["W2"])
     dw = MoEWeights(g_r["w_router"], g_r.get("b_router"), **g_e, **shared)
     return {"x": dx.reshape(x_shape), "w": dw}
 
@@ -247,11 +281,15 @@ def moe_forward_ref(x, w, *, spec, selection_bias=None):
     for n in range(BT):
         for j in range(k):
             i = topk_idx[n, j]
-            if used[i] < C:
+            if used[i] < C and spec.gate_input:
+                used[i] += 1
+                y[n] += expert(i, gates[n, j] * xf[n])
+            elif used[i] < C:
                 used[i] += 1
                 y[n] += gates[n, j] * expert(i, xf[n])
         if spec.d_shared:
-            y[n] += ops.swiglu_forward(xf[n], w.shared_w1, w.shared_w3, w.shared_w2)[0]
+            gate = 1 / (1 + np.exp(-xf[n] @ w.shared_gate)) if spec.shared_gate else 1
+            y[n] += gate * ops.swiglu_forward(xf[n], w.shared_w1, w.shared_w3, w.shared_w2)[0]
     aux, z = balance_loss_forward(probs, topk_idx)[0], z_loss_forward(logits)[0]
     return MoEOut(y.reshape(x.shape), aux, z), None
 
@@ -268,7 +306,7 @@ class MoE(Module):
     update_bias(tokens_per_expert, gamma) moves the selection bias towards balance
     (aux-loss-free), in place, so replicas that share the array see it.
     Init: w_router, w1, w3, gate_up, shared_w1/w3 ~ N(0, 1/D); w2, down, shared_w2 ~ N(0, 1/F)
-    (1/Fs); the biases b_router, gate_up_b, down_b, b1, b2 zero.
+    (1/Fs); the biases b_router, gate_up_b, down_b, b1, b2 and the shared gate zero.
     """
 
     def __init__(self, d_model, spec, *, rng, dtype=np.float32):
@@ -294,6 +332,7 @@ class MoE(Module):
         for name, shape in zip(SHARED, ((D, Fs), (D, Fs), (Fs, D))):  # None without one
             setattr(self, name, Param(normal_init(rng, shape, shape[0] ** -0.5, dtype))
                     if Fs else None)
+        self.shared_gate = Param(np.zeros(D, dtype)) if spec.shared_gate else None
         self.selection_bias = np.zeros(E, dtype)
 
     def weights(self):

@@ -30,9 +30,11 @@ def attention_layers(model):
     for i, layer in enumerate(model.layers):
         mixer = layer.mixer
         mask = getattr(getattr(mixer, "spec", None), "mask", None)
-        if type(mixer) is not Attention or mask.window is not None or mask.block is not None:
+        if type(mixer) is not Attention or mask.window is not None or mask.block is not None \
+                or mask.chunk is not None:  # chunks: Llama 4's local layers
             raise ValueError(f"serve: layer {i} is {type(mixer).__name__}"
-                             f"{' with a window' if mask is not None and mask.window else ''}; "
+                             f"{' with a window' if mask is not None and mask.window else ''}"
+                             f"{' with chunks' if mask is not None and mask.chunk else ''}; "
                              f"the serving caches hold full causal GQA attention layers only")
         if mixer.spec.alibi:
             raise ValueError(f"serve: layer {i} uses ALiBi; the serving caches need RoPE or "

@@ -95,14 +95,21 @@ class RopeSpec:
 
     scaling is Hugging Face's rope_scaling dict (linear, dynamic, yarn, llama3, ...) or None;
     style "half" pairs (i, i + Dh/2) (rotate_half: HF, GPT-NeoX), "interleaved" pairs
-    (2i, 2i + 1) (RoFormer, Meta's Llama). attention/rope.py turns it into a Rope (inv_freq,
-    attention factor, positions) per call."""
+    (2i, 2i + 1) (RoFormer, Meta's Llama); partial: the fraction of each head that turns, the
+    first int(Dh partial) numbers (transformers' partial_rotary_factor: GPT-NeoX, Phi,
+    Qwen3-Next), the rest passing unchanged. attention/rope.py turns it into a Rope
+    (inv_freq, attention factor, positions) per call."""
     base: float = 10000.0
     scaling: dict = None
     style: str = "half"
+    partial: float = 1.0
 
     def __post_init__(self):
         real(self, "base", 1.0, open_low=True)
+        real(self, "partial", 0, open_low=True)
+        if self.partial > 1:
+            fail(self, f"partial={self.partial} is the fraction of a head RoPE turns: at most 1",
+                 "partial")
         instance(self, "scaling", dict, none_ok=True)
         one_of(self, "style", ("half", "interleaved"))
         if self.scaling is not None:
@@ -128,6 +135,7 @@ class Mask:
     block: int = None
     n_global: int = 0
     array: object = None
+    chunk: int = None
 
     def __post_init__(self):
         flag(self, "causal")
@@ -135,6 +143,11 @@ class Mask:
         positive_int(self, "n_sink", low=0)
         positive_int(self, "block", none_ok=True)
         positive_int(self, "n_global", low=0)
+        positive_int(self, "chunk", none_ok=True)
+        if self.chunk is not None and (self.window is not None or self.block is not None
+                                       or not self.causal):
+            fail(self, f"chunk={self.chunk} is a causal pattern of its own: it excludes "
+                       f"window, block and causal=False")
         if self.window is not None and not self.causal:
             fail(self, f"window={self.window} needs causal=True (a sliding window looks back)")
         if self.n_sink and self.window is None:
@@ -144,15 +157,16 @@ class Mask:
         if self.block is not None and (self.window is not None or not self.causal):
             fail(self, f"block={self.block} is a causal pattern of its own: it excludes window "
                        f"and causal=False")
-        if self.array is not None and (self.window or self.n_sink or self.block
+        if self.array is not None and (self.window or self.n_sink or self.block or self.chunk
                                        or not self.causal):
-            fail(self, "array excludes window, n_sink, block and causal=False: put the whole "
-                       "pattern in the array")
+            fail(self, "array excludes window, n_sink, block, chunk and causal=False: put the "
+                       "whole pattern in the array")
 
     @property
     def is_plain_causal(self):
         """The lower triangle and nothing else."""
-        return self.causal and self.window is None and self.block is None and self.array is None
+        return (self.causal and self.window is None and self.block is None
+                and self.array is None and self.chunk is None)
 
 
 @dataclass(frozen=True)
@@ -163,10 +177,13 @@ class AttentionSpec:
     (Qwen2; GPT-2).  qk_norm: an RMSNorm over each q and k head before RoPE (True: Qwen3,
     Gemma 3), or "full": over the whole q and k projections (H*Dh and Hkv*Dh: OLMo 2), with
     its eps and gain offset (Gemma: gain = offset + g).  scale: the softmax scale (None =
-    Dh^-1/2).  sinks: a learned sink logit per head (gpt-oss).  rope None: no rotary positions
+    Dh^-1/2); qk_norm "l2": the RMSNorm over each head without gains (Llama 4's
+    L2-norm, which it applies after RoPE: a rotation keeps the norm, so the order does not
+    matter).  sinks: a learned sink logit per head (gpt-oss).  rope None: no rotary positions
     (NoPE, or GPT-2's learned table); position_bias: a bias on the scores instead, "alibi"
-    (ALiBi's fixed per-head slopes) or a RelativeBiasSpec (T5's learned relative position
-    bias: the layer owns a (num_buckets, H) table), None for none.  impl
+    (ALiBi's fixed per-head slopes), a RelativeBiasSpec (T5's learned relative position
+    bias: the layer owns a (num_buckets, H) table) or a TemperatureSpec (not a bias: Llama
+    4's per-query scale growing with the position), None for none.  impl
     "sdpa" (dense scores) or "flash" (tiled, block x block).  mask: the Mask every call of the
     layer uses (decoding keeps window + n_sink keys).  softcap c: the scores become
     c tanh(scores / c) before the mask (Gemma 2; impl "sdpa"), None for plain scores."""
@@ -193,9 +210,10 @@ class AttentionSpec:
         positive_int(self, "head_dim", none_ok=True)
         for name in ("qkv_bias", "o_bias", "sinks"):
             flag(self, name)
-        if not isinstance(self.qk_norm, bool) and self.qk_norm != "full":
-            fail(self, f"qk_norm must be False, True (per head) or 'full' (over the whole "
-                       f"projection), got {self.qk_norm!r}", "qk_norm")
+        if not isinstance(self.qk_norm, bool) and self.qk_norm not in ("full", "l2"):
+            fail(self, f"qk_norm must be False, True (per head) 'full' (over the whole "
+                       f"projection) or 'l2' (per head, no gains), got {self.qk_norm!r}",
+                 "qk_norm")
         real(self, "norm_eps", 0, open_low=True)
         real(self, "norm_offset")
         real(self, "scale", 0, open_low=True, none_ok=True)
@@ -207,7 +225,7 @@ class AttentionSpec:
             fail(self, f"n_heads={self.n_heads} must be a multiple of n_kv_heads="
                        f"{self.n_kv_heads}")
         if self.position_bias != "alibi":
-            instance(self, "position_bias", RelativeBiasSpec, none_ok=True)
+            instance(self, "position_bias", (RelativeBiasSpec, TemperatureSpec), none_ok=True)
         if self.rope is not None and self.position_bias is not None:
             fail(self, "rope and a position bias are two position schemes; give one (rope=None "
                        "with position_bias)", "position_bias")
@@ -218,14 +236,20 @@ class AttentionSpec:
                  "position_bias")
         if self.impl == "flash" and self.softcap is not None:
             fail(self, "softcap caps the dense scores: it needs impl='sdpa'", "softcap")
-        if self.impl == "flash" and (self.mask.array is not None or self.mask.block):
+        if self.impl == "flash" and (self.mask.array is not None or self.mask.block
+                                     or self.mask.chunk):
             fail(self, "impl='flash' tiles causal, window and n_sink; a mask array or a block "
-                       "pattern needs impl='sdpa'")
+                       "pattern needs impl='sdpa', and so do chunks")
 
     @property
     def alibi(self):
         """position_bias is ALiBi's."""
         return self.position_bias == "alibi"
+
+    @property
+    def temperature(self):
+        """position_bias when it is Llama 4's query temperature (a TemperatureSpec), else None."""
+        return self.position_bias if isinstance(self.position_bias, TemperatureSpec) else None
 
     @property
     def relative(self):
@@ -243,7 +267,7 @@ class AttentionSpec:
         """wq, wk, wv, wo (+ biases, QK-norm gains, sink logits, relative bias table)."""
         D, H, Hkv, Dh = d_model, self.n_heads, self.n_kv_heads, self.dh(d_model)
         n = D * H * Dh + 2 * D * Hkv * Dh + H * Dh * D + self.n_biases(d_model)
-        n += (H + Hkv) * Dh if self.qk_norm == "full" else 2 * Dh if self.qk_norm else 0
+        n += {"full": (H + Hkv) * Dh, "l2": 0, True: 2 * Dh}.get(self.qk_norm, 0)
         n += self.relative.num_buckets * H if self.relative is not None else 0
         return n + (H if self.sinks else 0)
 
@@ -258,12 +282,37 @@ class AttentionSpec:
 
 
 @dataclass(frozen=True)
+class IndexerSpec:
+    """DeepSeek Sparse Attention's lightning indexer (DeepSeek-V3.2-Exp): n_heads HI small
+    heads of head_dim DI score every (query, key) pair, I = sum_j w_j relu(q_j . k DI^-1/2),
+    and each query attends only to its top_k causal keys by I. The indexer's key is a
+    LayerNorm (eps norm_eps, gain and bias) of x Wk; RoPE (rotate-half) turns its first dr
+    numbers and those of its queries, read from MLA's query latent."""
+    n_heads: int = 4
+    head_dim: int = 32
+    top_k: int = 16
+    norm_eps: float = 1e-6
+
+    def __post_init__(self):
+        for name in ("n_heads", "head_dim", "top_k"):
+            positive_int(self, name)
+        real(self, "norm_eps", 0, open_low=True)
+
+    def n_params(self, d_model, q_lora_rank):
+        """wq (Dq, HI*DI), wk (D, DI), the key norm's gain and bias, the head weights (D, HI)."""
+        HI, DI = self.n_heads, self.head_dim
+        return q_lora_rank * HI * DI + d_model * DI + 2 * DI + d_model * HI
+
+
+@dataclass(frozen=True)
 class MLASpec:
     """Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434), DeepSeek-V3's names.
 
     q_lora_rank Dq (0 = a plain wq), kv_lora_rank Dc (the cached latent), qk_nope_head_dim dn,
     qk_rope_head_dim dr (one shared rope key per token), v_head_dim dv; norm_eps of the latent
-    RMSNorms; rope: its RoPE (YaRN's mscale enters the softmax scale); mask: causal only."""
+    RMSNorms; rope: its RoPE (YaRN's mscale enters the softmax scale); mask: causal only;
+    indexer: an IndexerSpec (DeepSeek-V3.2's sparse attention: each query attends to the
+    top_k keys its lightning indexer picks; needs q_lora_rank > 0), or None."""
     n_heads: int = 4
     q_lora_rank: int = 0
     kv_lora_rank: int = 32
@@ -273,8 +322,16 @@ class MLASpec:
     norm_eps: float = 1e-6
     rope: RopeSpec = RopeSpec()
     mask: Mask = Mask()
+    indexer: IndexerSpec = None
 
     def __post_init__(self):
+        instance(self, "indexer", IndexerSpec, none_ok=True)
+        if self.indexer is not None and (not self.q_lora_rank or self.indexer.head_dim
+                                         < self.qk_rope_head_dim):
+            fail(self, f"indexer reads the query latent and ropes its first qk_rope_head_dim="
+                       f"{self.qk_rope_head_dim} numbers: it needs q_lora_rank > 0 (got "
+                       f"{self.q_lora_rank}) and head_dim >= qk_rope_head_dim (got "
+                       f"{self.indexer.head_dim})", "indexer")
         for name in ("n_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
                      "v_head_dim"):
             positive_int(self, name)
@@ -287,6 +344,9 @@ class MLASpec:
                        f"even")
         if not self.mask.is_plain_causal:
             fail(self, f"MLA attends with the plain causal mask, got {self.mask!r}")
+        if self.rope.partial != 1:
+            fail(self, f"MLA turns all qk_rope_head_dim numbers; rope.partial="
+                       f"{self.rope.partial}", "rope")
 
     def n_params(self, d_model):
         """wq (or wq_a, q_norm, wq_b), wkv_a, kv_norm, wkv_b, wo."""
@@ -294,7 +354,8 @@ class MLASpec:
         Dq, Dc, dn, dr, dv = (self.q_lora_rank, self.kv_lora_rank, self.qk_nope_head_dim,
                               self.qk_rope_head_dim, self.v_head_dim)
         q = D * H * (dn + dr) if Dq == 0 else D * Dq + Dq + Dq * H * (dn + dr)
-        return q + D * (Dc + dr) + Dc + Dc * H * (dn + dv) + H * dv * D
+        indexer = 0 if self.indexer is None else self.indexer.n_params(D, Dq)
+        return q + D * (Dc + dr) + Dc + Dc * H * (dn + dv) + H * dv * D + indexer
 
     def kv_per_token(self, d_model):
         """The absorbed form caches the latent and the shared rope key: Dc + dr numbers."""
@@ -321,6 +382,22 @@ class RelativeBiasSpec:
         if exact < 1 or self.max_distance <= exact:
             fail(self, f"max_distance={self.max_distance} must exceed the exact buckets "
                        f"({exact} per sign of num_buckets={self.num_buckets})")
+
+
+@dataclass(frozen=True)
+class TemperatureSpec:
+    """Llama 4's attention temperature tuning on its NoPE layers (attn_temperature_tuning;
+    Nakanishi 2025, arXiv 2501.19399): the query at position p is scaled by
+    1 + attn_scale log(1 + floor((p + 1) / floor_scale)), sharper attention far into a long
+    context. A position scheme of a layer without RoPE (AttentionSpec.position_bias).
+    Reference: huggingface/transformers src/transformers/models/llama4/modeling_llama4.py
+    Llama4TextAttention."""
+    attn_scale: float = 0.1
+    floor_scale: int = 8192
+
+    def __post_init__(self):
+        real(self, "attn_scale", 0)
+        positive_int(self, "floor_scale")
 
 
 @dataclass(frozen=True)

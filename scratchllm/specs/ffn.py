@@ -11,14 +11,15 @@ from scratchllm.specs._check import fail, flag, instance, one_of, positive_int, 
 class FFNSpec:
     """A dense MLP of hidden width d_ff: "swiglu" (W1, W3, W2: Llama), "gelu_mlp" (W1 + b1,
     W2 + b2: GPT-2), "geglu" (W1, W3, W2 with GELU: Gemma, T5 v1.1's gated-gelu) or
-    "relu_mlp" (W1, W2 without biases: T5); gelu_approx "tanh" | "none" (erf) | "quick"
-    (x sigmoid(1.702 x): CLIP) for the GELU kinds."""
+    "relu_mlp" (W1, W2 without biases: T5) or "channel_mix" (RWKV-4's channel mix: the
+    token-shift lerps mix_k, mix_r, Wk (D, F), Wr (D, D), Wv (F, D)); gelu_approx "tanh" |
+    "none" (erf) | "quick" (x sigmoid(1.702 x): CLIP) for the GELU kinds."""
     kind: str = "swiglu"
     d_ff: int = 384
     gelu_approx: str = "tanh"
 
     def __post_init__(self):
-        one_of(self, "kind", ("swiglu", "gelu_mlp", "geglu", "relu_mlp"))
+        one_of(self, "kind", ("swiglu", "gelu_mlp", "geglu", "relu_mlp", "channel_mix"))
         positive_int(self, "d_ff")
         one_of(self, "gelu_approx", ("tanh", "none", "quick"))
 
@@ -26,6 +27,8 @@ class FFNSpec:
         D, F = d_model, self.d_ff
         if self.kind == "relu_mlp":
             return 2 * D * F
+        if self.kind == "channel_mix":
+            return 2 * D * F + D * D + 2 * D
         return 2 * D * F + F + D if self.kind == "gelu_mlp" else 3 * D * F
 
     def n_biases(self, d_model):
@@ -117,7 +120,11 @@ class MoESpec:
     expert_capacity C: instead, C slots per expert in each sequence, taken in token order
     (Switch Transformers' top-1 router: moe/switch.py; a dropped token's FFN output is 0);
     d_shared Fs: one always-on SwiGLU of that width (DeepSeek's shared experts; 0 = none);
-    balance_coef, z_coef: weights of the Switch balance loss and the ST-MoE z-loss."""
+    balance_coef, z_coef: weights of the Switch balance loss and the ST-MoE z-loss;
+    gate_input: the gate scales each routed expert's input, expert(g x), not its output,
+    g expert(x) (Llama 4's Llama4TextMoe); shared_gate: the shared expert's output times
+    sigmoid(x . w_gate), one learned gate per token (Qwen2-MoE's and Qwen3-Next's
+    shared_expert_gate; needs d_shared > 0)."""
     router: RouterSpec = RouterSpec()
     experts: ExpertsSpec = ExpertsSpec()
     capacity_factor: float = None
@@ -125,8 +132,15 @@ class MoESpec:
     balance_coef: float = 0.01
     z_coef: float = 0.001
     expert_capacity: int = None
+    gate_input: bool = False
+    shared_gate: bool = False
 
     def __post_init__(self):
+        flag(self, "gate_input")
+        flag(self, "shared_gate")
+        if self.shared_gate and not self.d_shared:
+            fail(self, "shared_gate gates the shared expert: it needs d_shared > 0",
+                 "shared_gate")
         instance(self, "router", RouterSpec)
         instance(self, "experts", ExpertsSpec)
         real(self, "capacity_factor", 0, open_low=True, none_ok=True)
@@ -136,7 +150,8 @@ class MoESpec:
         positive_int(self, "expert_capacity", none_ok=True)
         if self.expert_capacity is not None and (
                 self.capacity_factor is not None or self.d_shared or self.router.top_k != 1
-                or self.router.score != "softmax" or self.router.n_group != 1):
+                or self.router.score != "softmax" or self.router.n_group != 1
+                or self.gate_input):
             fail(self, f"expert_capacity={self.expert_capacity} is Switch's top-1 softmax router "
                        f"without shared experts or groups: it excludes capacity_factor, "
                        f"d_shared and top_k > 1", "expert_capacity")
@@ -150,5 +165,6 @@ class MoESpec:
         """Router, the experts (all E of them, or the K a token uses), shared experts."""
         n_routed = self.router.top_k if active else self.router.n_experts
         shared = self.shared.n_params(d_model) if self.shared else 0
+        shared += d_model if self.shared_gate else 0
         return (self.router.n_params(d_model) + n_routed * self.experts.n_params(d_model)
                 + shared)

@@ -5,15 +5,22 @@ Each flat name is the spec field it sets, prefixed where the flat list needs it 
 attn_sinks -> AttentionSpec.sinks, attn_scale -> .scale, attn_impl -> .impl, rope_base ->
 RopeSpec.base, router_bias -> RouterSpec.bias, experts -> ExpertsSpec.kind, n_shared * d_ff ->
 MoESpec.d_shared, block -> LayerSpec.placement, norm / norm_eps / norm_offset -> NormSpec.
-causal -> every attention layer's Mask.causal; mlm_head -> HeadSpec(transform=True,
-gelu_approx, bias=True) (BERT's MLM head, with the FFN's GELU). The per-layer choices
+causal -> every attention layer's Mask.causal; attention_chunk -> Mask.chunk of the
+"chunked_attention" layers of layer_types; nope_layers: the indices of attention layers
+without RoPE (NoPE layers, whose weightless qk_norm "l2" is off too, as Llama 4's);
+moe_gate_input -> MoESpec.gate_input; shared_gate -> MoESpec.shared_gate; rope_partial ->
+RopeSpec.partial; attn_temperature [attn_scale, floor_scale] -> a TemperatureSpec as the
+position_bias of every attention layer without RoPE (Llama 4's temperature tuning); index_topk, index_n_heads, index_head_dim ->
+MLASpec.indexer, an IndexerSpec when index_topk is set (DeepSeek-V3.2); mlm_head ->
+HeadSpec(transform=True, gelu_approx, bias=True) (BERT's MLM head, with the FFN's GELU). The per-layer choices
 (layer_pattern, layer_types, moe_every, moe_offset, first_k_dense) pick
 the spec of each layer.
 """
 from dataclasses import dataclass, fields
 
 from scratchllm.specs._check import SpecError
-from scratchllm.specs.attention import AttentionSpec, Mask, MLASpec, RopeSpec
+from scratchllm.specs.attention import (AttentionSpec, IndexerSpec, Mask, MLASpec, RopeSpec,
+                                        TemperatureSpec)
 from scratchllm.specs.ffn import ExpertsSpec, FFNSpec, MoESpec, RouterSpec
 from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
 from scratchllm.specs.model import HeadSpec, LayerSpec, ModelConfig, NormSpec
@@ -101,6 +108,15 @@ class Flat:
     group_top: int = 2
     mla_norm_eps: float = 1e-6
     ssm_groups: int = 1
+    attention_chunk: int = None
+    nope_layers: list = None
+    moe_gate_input: bool = False
+    index_topk: int = None
+    index_n_heads: int = 4
+    index_head_dim: int = 32
+    shared_gate: bool = False
+    rope_partial: float = 1.0
+    attn_temperature: list = None
 
 
 FLAT_NAMES = tuple(f.name for f in fields(Flat))
@@ -109,6 +125,9 @@ RENAMED = {  # (spec, field) -> the flat name that sets it, where the two differ
     ("AttentionSpec", "impl"): "attn_impl", ("AttentionSpec", "softcap"): "attn_softcap",
     ("RopeSpec", "base"): "rope_base",
     ("RopeSpec", "scaling"): "rope_scaling", ("RopeSpec", "style"): "rope_style",
+    ("RopeSpec", "partial"): "rope_partial",
+    ("TemperatureSpec", "attn_scale"): "attn_temperature",
+    ("TemperatureSpec", "floor_scale"): "attn_temperature",
     ("RouterSpec", "bias"): "router_bias",
     ("ExpertsSpec", "kind"): "experts", ("ExpertsSpec", "alpha"): "swiglu_alpha",
     ("ExpertsSpec", "limit"): "swiglu_limit", ("MambaSpec", "inner_norms"): "mamba_inner_norms",
@@ -116,6 +135,9 @@ RENAMED = {  # (spec, field) -> the flat name that sets it, where the two differ
     ("NormSpec", "offset"): "norm_offset", ("LayerSpec", "placement"): "block",
     ("HeadSpec", "transform"): "mlm_head",
     ("MLASpec", "norm_eps"): "mla_norm_eps", ("Mamba2Spec", "n_groups"): "ssm_groups",
+    ("Mask", "chunk"): "attention_chunk", ("MoESpec", "gate_input"): "moe_gate_input",
+    ("IndexerSpec", "top_k"): "index_topk", ("IndexerSpec", "n_heads"): "index_n_heads",
+    ("IndexerSpec", "head_dim"): "index_head_dim",
 }
 
 
@@ -172,9 +194,10 @@ def _check_layers(f):
         bad(f"layer_pattern {kinds!r} has MLP-only layers (F) but ffn='none'")
     if f.attention not in ("gqa", "mla"):
         bad(f"attention must be 'gqa' or 'mla', got {f.attention!r}")
-    if f.ffn not in ("swiglu", "moe", "gelu_mlp", "geglu", "relu_mlp", "none"):
-        bad(f"ffn must be 'swiglu', 'moe', 'gelu_mlp', 'geglu', 'relu_mlp' or 'none', got "
-            f"{f.ffn!r}")
+    if f.ffn not in ("swiglu", "moe", "gelu_mlp", "geglu", "relu_mlp", "channel_mix",
+                     "none"):
+        bad(f"ffn must be 'swiglu', 'moe', 'gelu_mlp', 'geglu', 'relu_mlp' or 'none' (or "
+            f"'channel_mix', RWKV-4's), got {f.ffn!r}")
     if f.positions not in ("rope", "alibi", "sinusoidal", "nope", "learned"):
         bad(f"positions must be 'rope', 'alibi', 'sinusoidal', 'nope' or 'learned', got "
             f"{f.positions!r}")
@@ -190,33 +213,58 @@ def _check_layers(f):
         bad(f"dense_d_ff must be None or a positive integer, got {f.dense_d_ff!r}")
     types = f.layer_types
     if types is not None and (len(types) != f.n_layers or set(types) - {
-            "full_attention", "sliding_attention"}):
-        bad(f"layer_types must be {f.n_layers} of 'full_attention'/'sliding_attention', "
-            f"got {types!r}")
+            "full_attention", "sliding_attention", "chunked_attention"}):
+        bad(f"layer_types must be {f.n_layers} of 'full_attention'/'sliding_attention'/"
+            f"'chunked_attention', got {types!r}")
     if types is not None and "sliding_attention" in types and f.window is None:
         bad("layer_types has sliding_attention layers but window is None")
+    if (types is not None and "chunked_attention" in types) != (f.attention_chunk is not None):
+        bad(f"attention_chunk={f.attention_chunk!r} goes with 'chunked_attention' layers in "
+            f"layer_types (one without the other does nothing)")
+    nope = f.nope_layers
+    if nope is not None and (not isinstance(nope, (list, tuple)) or any(
+            isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < f.n_layers
+            for i in nope) or list(nope) != sorted(set(nope)) or f.positions != "rope"):
+        bad(f"nope_layers must be None or increasing layer indices in [0, {f.n_layers}) of a "
+            f"model with positions='rope', got {nope!r} (positions={f.positions!r})")
     if f.n_sink and f.window is None:
         bad(f"n_sink={f.n_sink} needs a window (the sink tokens are kept beside it)")
     if f.attention == "mla" and (f.positions != "rope" or f.attn_impl != "sdpa"
                                  or f.window is not None or f.head_dim or f.qkv_bias
-                                 or f.qk_norm or f.attn_softcap is not None):
+                                 or f.qk_norm or f.attn_softcap is not None
+                                 or f.attention_chunk or f.nope_layers):
         bad("attention='mla' supports positions='rope', attn_impl='sdpa', no window, and none "
-            "of head_dim, qkv_bias, qk_norm, attn_softcap (options of attention='gqa')")
+            "of head_dim, qkv_bias, qk_norm, attn_softcap, attention_chunk, nope_layers "
+            "(options of attention='gqa')")
+    temp = f.attn_temperature
+    if temp is not None and (not isinstance(temp, (list, tuple)) or len(temp) != 2
+                             or not (f.positions == "nope" or f.nope_layers)):
+        bad(f"attn_temperature must be None or [attn_scale, floor_scale] for a model with "
+            f"layers without RoPE (positions='nope' or nope_layers), got {temp!r}")
+    if f.index_topk is not None and f.attention != "mla":
+        bad(f"index_topk={f.index_topk} (DeepSeek-V3.2's indexer) needs attention='mla'")
+    if f.positions != "rope" and f.rope_partial != 1.0:
+        bad(f"rope_partial={f.rope_partial} acts only through RoPE, and positions="
+            f"{f.positions!r}")
     if f.positions != "rope" and (f.rope_scaling is not None or f.rope_style != "half"):
         bad(f"rope_scaling={f.rope_scaling!r} and rope_style={f.rope_style!r} act only "
             f"through RoPE, and positions={f.positions!r}")
 
 
 def _attention_layer(f, i):
-    """(window, RopeSpec) of attention layer i: with layer_types, a sliding layer has the
+    """(Mask, RopeSpec) of attention layer i: with layer_types, a sliding layer has the
     window and rope_local_base without scaling when that is given (Gemma 3), else the full
-    layers' RoPE (gpt-oss); a full layer has no window."""
+    layers' RoPE (gpt-oss); a chunked layer has chunks of attention_chunk (Llama 4) and no
+    window, a full layer neither."""
     window, base, scaling = f.window, f.rope_base, f.rope_scaling
-    if f.layer_types is not None and f.layer_types[i] == "full_attention":
+    kind = None if f.layer_types is None else f.layer_types[i]
+    if kind in ("full_attention", "chunked_attention"):
         window = None
-    elif f.layer_types is not None and f.rope_local_base is not None:
+    elif kind is not None and f.rope_local_base is not None:
         base, scaling = f.rope_local_base, None
-    return window, RopeSpec(base, scaling, f.rope_style)
+    chunk = f.attention_chunk if kind == "chunked_attention" else None
+    mask = Mask(f.causal, window=window, n_sink=f.n_sink if window else 0, chunk=chunk)
+    return mask, RopeSpec(base, scaling, f.rope_style, f.rope_partial)
 
 
 def _mixer(f, i, kind):
@@ -231,15 +279,22 @@ def _mixer(f, i, kind):
     if kind == "M":
         return MambaSpec(f.d_state, f.d_conv, f.expand, f.dt_rank, f.mamba_inner_norms,
                          f.norm_eps)
-    window, rope = _attention_layer(f, i)
+    mask, rope = _attention_layer(f, i)
     if f.attention == "mla":
+        indexer = None if f.index_topk is None else IndexerSpec(
+            f.index_n_heads, f.index_head_dim, f.index_topk)
         return MLASpec(f.n_heads, f.q_lora_rank, f.kv_lora_rank, f.qk_nope_head_dim,
-                       f.qk_rope_head_dim, f.v_head_dim, f.mla_norm_eps, rope)
-    mask = Mask(f.causal, window=window, n_sink=f.n_sink if window else 0)
+                       f.qk_rope_head_dim, f.v_head_dim, f.mla_norm_eps, rope,
+                       indexer=indexer)
+    nope = f.positions != "rope" or i in (f.nope_layers or ())
+    qk_norm = False if nope and f.qk_norm == "l2" and f.nope_layers else f.qk_norm
+    bias = "alibi" if f.positions == "alibi" else None
+    if nope and f.attn_temperature is not None and bias is None:
+        bias = TemperatureSpec(*f.attn_temperature)
     return AttentionSpec(
-        f.n_heads, f.n_kv_heads, f.head_dim, f.qkv_bias, f.o_bias, f.qk_norm, f.norm_eps,
-        f.norm_offset, f.attn_scale, f.attn_sinks, rope if f.positions == "rope" else None,
-        "alibi" if f.positions == "alibi" else None, f.attn_impl, mask=mask,
+        f.n_heads, f.n_kv_heads, f.head_dim, f.qkv_bias, f.o_bias, qk_norm, f.norm_eps,
+        f.norm_offset, f.attn_scale, f.attn_sinks, None if nope else rope,
+        bias, f.attn_impl, mask=mask,
         softcap=f.attn_softcap)
 
 
@@ -251,7 +306,7 @@ def is_moe_layer(f, i):
 def _ffn(f, i):
     if f.ffn == "none":
         return None
-    if f.ffn in ("gelu_mlp", "geglu", "relu_mlp"):
+    if f.ffn in ("gelu_mlp", "geglu", "relu_mlp", "channel_mix"):
         return FFNSpec(f.ffn, f.d_ff, f.gelu_approx)
     if not is_moe_layer(f, i):  # a dense layer (of an MoE model: dense_d_ff wide)
         return FFNSpec("swiglu", f.dense_d_ff or f.d_ff)
@@ -264,4 +319,4 @@ def _moe(f):
                         group_top=f.group_top)
     experts = ExpertsSpec(f.experts, f.d_ff, f.swiglu_alpha, f.swiglu_limit)
     return MoESpec(router, experts, f.capacity_factor, f.n_shared * f.d_ff, f.balance_coef,
-                   f.z_coef)
+                   f.z_coef, gate_input=f.moe_gate_input, shared_gate=f.shared_gate)

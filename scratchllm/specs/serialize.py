@@ -8,8 +8,8 @@ from_flat, so those checkpoints still load.
 """
 import dataclasses
 
-from scratchllm.specs.attention import (AttentionSpec, Mask, MLASpec, RelativeBiasSpec,
-                                        RopeSpec)
+from scratchllm.specs.attention import (AttentionSpec, IndexerSpec, Mask, MLASpec,
+                                        RelativeBiasSpec, RopeSpec, TemperatureSpec)
 from scratchllm.specs.ffn import ExpertsSpec, FFNSpec, MoESpec, RouterSpec
 from scratchllm.specs.flat import from_flat
 from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
@@ -18,7 +18,8 @@ from scratchllm.specs.model import HeadSpec, LayerSpec, ModelConfig, MTPSpec, No
 FORMAT = 2
 SPECS = {c.__name__: c for c in (AttentionSpec, Mask, MLASpec, RopeSpec, ExpertsSpec, FFNSpec,
                                  MoESpec, RouterSpec, Mamba2Spec, MambaSpec, RecurrentSpec,
-                                 RWKVSpec, LayerSpec, NormSpec, HeadSpec, RelativeBiasSpec, MTPSpec)}
+                                 RWKVSpec, LayerSpec, NormSpec, HeadSpec, RelativeBiasSpec,
+                                 IndexerSpec, TemperatureSpec, MTPSpec)}
 TRUNK = ("name", "vocab_size", "d_model", "tie_embeddings", "embed_scale", "positions",
          "max_positions", "type_vocab_size", "embed_norm", "final_norm", "pad_id",
          "logit_softcap")

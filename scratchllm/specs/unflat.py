@@ -82,38 +82,57 @@ def _mixer_fields(cfg):
                    qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim,
                    mla_norm_eps=m.norm_eps,
                    **_rope_fields(m.rope))
+        if m.indexer is not None:
+            out.update(index_topk=m.indexer.top_k, index_n_heads=m.indexer.n_heads,
+                       index_head_dim=m.indexer.head_dim)
     if attention:
         out.update(_attention_fields(attention, cfg.positions, mixers))
     return out
 
 
 def _rope_fields(rope):
-    return dict(rope_base=rope.base, rope_scaling=rope.scaling, rope_style=rope.style)
+    return dict(rope_base=rope.base, rope_scaling=rope.scaling, rope_style=rope.style,
+                rope_partial=rope.partial)
 
 
 def _attention_fields(attention, positions, mixers):
-    a = attention[0]
+    roped = [m for m in attention if m.rope is not None]
+    a = (roped or attention)[0]  # the first RoPE layer speaks for the NoPE ones too
     out = dict(n_heads=a.n_heads, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim,
                qkv_bias=a.qkv_bias, o_bias=a.o_bias, qk_norm=a.qk_norm,
                attn_scale=a.scale, attn_sinks=a.sinks, attn_impl=a.impl,
                attn_softcap=a.softcap, causal=a.mask.causal)
     if positions == "none":
         out["positions"] = "alibi" if a.alibi else "rope" if a.rope is not None else "nope"
+    temperature = [m.temperature for m in attention if m.temperature is not None]
+    if temperature:  # Llama 4's query temperature on its NoPE layers
+        out["attn_temperature"] = [temperature[0].attn_scale, temperature[0].floor_scale]
+    if roped and len(roped) < len(attention):  # NoPE layers among RoPE layers (Llama 4)
+        out["nope_layers"] = [i for i, m in enumerate(mixers)
+                              if isinstance(m, AttentionSpec) and m.rope is None]
     windows = {m.mask.window for m in attention}
     sliding = [m for m in attention if m.mask.window is not None]
     full = [m for m in attention if m.mask.window is None]
+    chunked = [m for m in attention if m.mask.chunk is not None]
     out["window"] = sliding[0].mask.window if sliding else None
     out["n_sink"] = sliding[0].mask.n_sink if sliding else 0
-    rope = (full or sliding)[0].rope
+    out["attention_chunk"] = chunked[0].mask.chunk if chunked else None
+    rope = ([m for m in full if m.rope is not None] or sliding or full)[0].rope
     if rope is not None:
         out.update(_rope_fields(rope))
-    if len(windows) > 1:  # sliding and full layers: Gemma 2/3, gpt-oss
-        out["layer_types"] = ["sliding_attention" if isinstance(m, AttentionSpec)
-                              and m.mask.window is not None else "full_attention"
-                              for m in mixers]
-        if full and sliding[0].rope != full[0].rope and sliding[0].rope is not None:
+    if len(windows) > 1 or chunked:  # sliding (chunked) and full layers: Gemma 2/3, gpt-oss
+        out["layer_types"] = [_layer_type(m) for m in mixers]
+        if full and sliding and sliding[0].rope != full[0].rope and sliding[0].rope is not None:
             out["rope_local_base"] = sliding[0].rope.base
     return out
+
+
+def _layer_type(mixer):
+    """A layer_types entry: "sliding_attention", "chunked_attention" or "full_attention"."""
+    mask = mixer.mask if isinstance(mixer, AttentionSpec) else None
+    if mask is not None and mask.window is not None:
+        return "sliding_attention"
+    return "chunked_attention" if mask is not None and mask.chunk else "full_attention"
 
 
 def _ffn_fields(layers):
@@ -135,13 +154,14 @@ def _ffn_fields(layers):
                bias_gamma=m.router.bias_gamma, experts=m.experts.kind,
                swiglu_alpha=m.experts.alpha, swiglu_limit=m.experts.limit,
                capacity_factor=m.capacity_factor, n_shared=m.d_shared // m.experts.d_ff,
-               balance_coef=m.balance_coef, z_coef=m.z_coef,
+               balance_coef=m.balance_coef, z_coef=m.z_coef, moe_gate_input=m.gate_input,
+               shared_gate=m.shared_gate,
                dense_d_ff=dense[0].d_ff if dense and dense[0].d_ff != m.experts.d_ff else None)
-    out.update(_moe_pattern(moe, len(layers)))
+    out.update(moe_pattern(moe, len(layers)))
     return out
 
 
-def _moe_pattern(moe, n_layers):
+def moe_pattern(moe, n_layers):
     """first_k_dense, moe_every, moe_offset whose layers i >= first_k_dense with i % moe_every
     == moe_offset are exactly `moe` (the simplest such choice, first_k_dense = 0 if a period
     alone says it; {} if none is)."""

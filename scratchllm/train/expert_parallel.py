@@ -25,14 +25,6 @@ from scratchllm.dist import all_to_all_backward, all_to_all_forward
 from scratchllm.moe.experts import experts_backward, experts_forward
 
 
-def _expect_experts(xs, w1, w3, w2):
-    """The experts' weights against xs (M, D): w1, w3 (E/P, D, F), w2 (E/P, F, D)."""
-    expect_shape("expert_parallel", "w1", w1, (None, xs.shape[1], None), "(E/P, D, F)")
-    expect_shape("expert_parallel", "w3", w3, w1.shape, "(E/P, D, F), like w1")
-    expect_shape("expert_parallel", "w2", w2, (w1.shape[0], w1.shape[2], xs.shape[1]),
-                 "(E/P, F, D)")
-
-
 class ExpertParallelCache(NamedTuple):
     send: object     # the dispatch all-to-all's cache
     order: np.ndarray  # received rows -> grouped by local expert
@@ -57,24 +49,33 @@ def _plan(bounds, E_local, group):
     return send, order, local_bounds
 
 
+def _check(fn, xs, bounds, weights, group):
+    """xs (M, D) float; w1, w3 (E/P, D, F), w2 (E/P, F, D) float; bounds (E+1,) ints from 0
+    to M, non-decreasing, E = E/P x the group's ranks. Returns E/P."""
+    w1, w3, w2 = weights
+    expect_float(fn, "xs", xs)
+    expect_ndim(fn, "xs", xs, 2, "(M, D)")
+    for name, w in (("w1", w1), ("w3", w3), ("w2", w2)):
+        expect_float(fn, name, w)
+    expect_shape(fn, "w1", w1, (None, xs.shape[1], None), "(E/P, D, F)")
+    E_local, _, F = w1.shape
+    expect_shape(fn, "w3", w3, w1.shape, "(E/P, D, F) like w1")
+    expect_shape(fn, "w2", w2, (E_local, F, xs.shape[1]), "(E/P, F, D)")
+    expect_int(fn, "bounds", bounds)
+    expect_shape(fn, "bounds", bounds, (E_local * group.size + 1,),
+                 f"(E + 1,): {E_local} experts per rank x {group.size} ranks, + 1")
+    if bounds[0] != 0 or bounds[-1] != len(xs) or (np.diff(bounds) < 0).any():
+        raise ValueError(f"{fn}: bounds must rise from 0 to the {len(xs)} rows of xs, got "
+                         f"{bounds.tolist()}")
+    return E_local
+
+
 def expert_parallel_forward(xs, bounds, w1, w3, w2, *, group):
     """experts_forward across the ranks of group: this rank's rows xs (M, D) sorted by
     (global) expert with bounds (E+1,), its experts' weights w1/w3 (E/P, D, F), w2 (E/P, F, D).
     Returns: (ys (M, D), the rows' outputs in xs's order; ExpertParallelCache)."""
-    expect_float("expert_parallel", "xs", xs)
-    expect_ndim("expert_parallel", "xs", xs, 2, "(M, D)")
-    expect_float("expert_parallel", "w1", w1)
-    expect_ndim("expert_parallel", "w1", w1, 3, "(E/P, D, F)")
     xs, w1, w3, w2 = common_float(xs, w1, w3, w2)
-    E_local = w1.shape[0]
-    expect_int("expert_parallel", "bounds", bounds)
-    expect_shape("expert_parallel", "bounds", bounds, (E_local * group.size + 1,),
-                 f"(E+1,) slice edges of {E_local} experts per rank x {group.size} ranks")
-    if bounds[0] != 0 or bounds[-1] != xs.shape[0] or np.any(np.diff(bounds) < 0):
-        raise ValueError(f"expert_parallel: bounds must rise from 0 to M = {xs.shape[0]}, got "
-                         f"{bounds.tolist()}")
-    # the experts' own checks, under this pair's name, before any rows travel
-    _expect_experts(xs, w1, w3, w2)
+    E_local = _check("expert_parallel", xs, bounds, (w1, w3, w2), group)
     send, order, local_bounds = _plan(np.asarray(bounds), E_local, group)
     recv, c_send = all_to_all_forward(xs, group=group, counts=send)  # fwd: dispatch
     ys_local, c_exp = experts_forward(recv[order], local_bounds, w1, w3, w2)  # fwd: experts

@@ -35,7 +35,6 @@ from scratchllm.dist import (all_gather_backward, all_gather_forward, all_reduce
                              reduce_scatter_backward, reduce_scatter_forward,
                              vocab_cross_entropy_backward, vocab_cross_entropy_forward,
                              vocab_embedding_backward, vocab_embedding_forward)
-from scratchllm.core.validate import expect_int, expect_ndim
 from scratchllm.lm import LM
 from scratchllm.lm.model import EmbedCache, LossCache
 
@@ -89,6 +88,13 @@ def local_config(cfg, P):
     return replace(cfg, vocab_size=cfg.vocab_size // P, layers=layers)
 
 
+def _no_packing(doc_ids):
+    """Packed documents (doc_ids, restarted positions) are not split for tensor parallel."""
+    if doc_ids is not None:
+        raise ValueError("tensor parallel (--tp) with packed documents (--pack-documents) is "
+                         "not available: train one or the other")
+
+
 class MegatronLM(LM):
     """This rank's slice of an LM of cfg over a tensor-parallel group; loss, loss_backward and
     cross_entropy as LM's (the loss replicated on every rank of the group)."""
@@ -105,6 +111,11 @@ class MegatronLM(LM):
             self._region(layer.mixer)
             self._region(layer.ffn)
         self._enter_only(self.head)
+
+    @property
+    def n_tokens(self):
+        """The whole vocabulary's ids, though this rank holds V/P rows of the embedding."""
+        return self.full_cfg.vocab_size
 
     # ------------------------------------------------------------------ the regions
     def _enter(self, x):
@@ -158,16 +169,8 @@ class MegatronLM(LM):
         module.forward, module.backward = head_forward, head_backward
 
     # ------------------------------------------------------------------ embedding and loss
-    def _check_ids(self, fn, name, ids, layout, state=None):
-        """LM's check of the ids, against the whole vocabulary (this rank holds V/P rows)."""
-        expect_int(fn, name, ids)
-        expect_ndim(fn, name, ids, 2, layout)
-        V = self.full_cfg.vocab_size
-        if ids.size and (ids.min() < 0 or ids.max() >= V):
-            raise ValueError(f"{fn}: {name} must lie in [0, {V}) (the vocabulary), got values "
-                             f"in [{ids.min()}, {ids.max()}]")
-
     def _embed_forward(self, ids, start=0, types=None, positions=None):
+        _no_packing(positions)
         if self.sequence and ids.shape[1] % self.group.size:
             raise ValueError(f"sequence parallel: T = {ids.shape[1]} tokens do not split into "
                              f"{self.group.size} equal blocks (make --seq-len a multiple)")
@@ -191,9 +194,7 @@ class MegatronLM(LM):
                 start += p.grad.size
 
     def loss(self, ids, targets, doc_ids=None):
-        if doc_ids is not None:
-            raise ValueError("tensor parallel: packed documents (doc_ids) are not supported "
-                             "yet; train with --tp 1 or without packing")
+        _no_packing(doc_ids)
         logits, cache = self.forward(ids)  # (B, T, V/P)
         ce, c_ce = vocab_cross_entropy_forward(logits, targets, group=self.group)
         return ce, LossCache(cache, c_ce, float(ce), 0.0)
@@ -202,7 +203,8 @@ class MegatronLM(LM):
         dlogits = vocab_cross_entropy_backward(np.asarray(dloss, self.dtype), cache.ce_cache)
         self.backward(dlogits["logits"], cache.lm)
 
-    def cross_entropy(self, ids, targets):
+    def cross_entropy(self, ids, targets, doc_ids=None):
+        _no_packing(doc_ids)
         logits, _ = self.forward(ids)
         return float(vocab_cross_entropy_forward(logits, targets, group=self.group)[0])
 

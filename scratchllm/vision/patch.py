@@ -19,9 +19,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core.ops import expect_linear, linear_backward, linear_forward, linear_out
-from scratchllm.core.validate import (expect_dout, expect_float, expect_integer, expect_ndim,
-                                      expect_shape)
+from scratchllm.core.ops import linear_backward, linear_forward, linear_out
+from scratchllm.core.validate import (expect_dout, expect_float, expect_integer, expect_linear,
+                                      expect_ndim, expect_shape)
 
 
 class PatchWeights(NamedTuple):

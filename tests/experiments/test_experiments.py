@@ -8,6 +8,7 @@ import pytest
 from scratchllm import cli
 from scratchllm.experiments import EXPERIMENTS, run_experiment
 
+RECALL_MODELS = ["attention", "deltanet", "hybrid", "linear", "mamba", "mamba2", "swa"]
 KEYS = {  # experiment -> its metrics and the keys of each nested metric
     "collapse": {"load_before": None, "load_after": None},
     "scale": {"qk_std": ["16", "64", "256", "1024"], "max_prob": ["16", "64", "256", "1024"],
@@ -16,6 +17,15 @@ KEYS = {  # experiment -> its metrics and the keys of each nested metric
                                                                        "mqa"]},
     "induction": {"induction_score": ["0", "1"], "loss_first_half": None,
                   "loss_second_half": None},
+    "moe": {"val_loss": ["dense_active", "dense_total", "fine", "moe"]},
+    "experts": {"share": [str(e) for e in range(8)], "entropy": None},
+    "abf": {"ppl": ["abf", "none", "pi", "yarn"]},
+    "recall": {"accuracy": RECALL_MODELS, "state_bytes": RECALL_MODELS,
+               "copy_accuracy": RECALL_MODELS},
+    "needle": {"accuracy": ["full", "local_global", "swa"], "reach": ["full", "local_global",
+                                                                      "swa"]},
+    "sinks": {"ppl_with_sinks": ["16", "8"], "ppl_without_sinks": ["16", "8"],
+              "ppl_full": None},
 }
 
 
@@ -33,7 +43,9 @@ def test_smoke_run_writes_the_metrics(name, tmp_path):
         assert metric in body, metric
         if keys is not None:
             assert sorted(body[metric]) == sorted(keys), metric
-    extra = {"collapse": _collapse, "scale": _scale, "heads": _heads, "induction": _induction}
+    extra = {"collapse": _collapse, "scale": _scale, "heads": _heads, "induction": _induction,
+             "moe": _moe, "experts": _experts, "abf": _abf,
+             "recall": _recall, "needle": _needle, "sinks": _sinks}
     extra[name](body)
 
 
@@ -63,6 +75,54 @@ def _induction(body):
         assert sorted(scores) == ["0", "1", "2", "3"]
         assert all(0 <= s <= 1 for s in scores.values())
     assert body["loss_first_half"] > 0 and body["loss_second_half"] > 0
+
+
+def _moe(body):
+    assert all(isinstance(v, float) and v > 0 for v in body["val_loss"].values())
+    params = body["params"]  # equal active FFN: moe = dense_active; total: moe ~ dense_total
+    assert params["moe"]["total"] > params["moe"]["active"]
+    assert abs(params["moe"]["active"] - params["dense_active"]["total"]) < 0.03 * \
+        params["dense_active"]["total"]
+    assert params["fine"]["active"] - params["moe"]["active"] < 200  # router columns only
+
+
+def _experts(body):
+    for shares in body["share"].values():
+        assert sorted(shares) == ["digit", "ident", "punct", "word"]
+        assert abs(sum(shares.values()) - 1) < 1e-9
+    assert 0 < body["entropy"] <= body["entropy_max"] + 1e-9
+    assert body["mi_class"] >= 0 and body["mi_topic"] >= 0
+
+
+def _abf(body):
+    L0 = body["config"]["train_len"]
+    for key in ("ppl", "ppl_zero_shot"):
+        for method in ("none", "pi", "yarn", "abf"):
+            assert sorted(body[key][method], key=int) == [str(L0 * f) for f in (1, 2, 4, 8)]
+            assert all(v > 1 for v in body[key][method].values())
+def _recall(body):
+    for model in RECALL_MODELS:
+        for table in (body["accuracy"], body["copy_accuracy"]):
+            assert sorted(table[model]) == ["16", "32"]  # the smoke run's lengths
+            assert all(0 <= a <= 1 for a in table[model].values())
+        assert isinstance(body["state_bytes"][model], int) and body["state_bytes"][model] > 0
+    state = body["state_bytes"]
+    assert state["attention"] == 2 * state["swa"]  # T = 32 tokens kept against a window of 16
+    assert state["linear"] < state["attention"] and state["mamba"] < state["attention"]
+
+
+def _needle(body):
+    depths = body["config"]["depths"]
+    for model in ("full", "swa", "local_global"):
+        assert sorted(body["accuracy"][model], key=int) == [str(d) for d in depths]
+    assert max(depths) > body["reach"]["swa"]  # the deepest needle is out of the window's reach
+    assert body["reach"]["full"] == body["reach"]["local_global"] == max(depths)
+
+
+def _sinks(body):
+    for key in ("ppl_with_sinks", "ppl_without_sinks"):
+        assert all(1 < p < 1e4 for p in body[key].values())
+    assert all(int(w) < body["config"]["seq_len"] for w in body["ppl_with_sinks"])
 
 
 def test_cli_lists_one_name_per_line(capsys):

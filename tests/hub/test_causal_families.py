@@ -1,5 +1,6 @@
 """The newer causal families' config checks: a config.json field whose value the library does
-not implement is an error naming it (olmo2, gemma2, qwen3_moe, deepseek_v2, mamba2), and a
+not implement is an error naming it (olmo2, gemma2, qwen3_moe, deepseek_v2, mamba2,
+llama4_text, deepseek_v32, rwkv), and a
 model whose options a family cannot express does not save as it. The numbers themselves
 (logits, gradients, greedy ids, save) are tests/hub/test_pretrained.py's."""
 import json
@@ -21,7 +22,13 @@ HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
     ("qwen3_moe", "mlp_only_layers", [1]), ("qwen3_moe", "use_sliding_window", True),
     ("deepseek_v2", "topk_method", "noaux_tc"), ("deepseek_v2", "num_key_value_heads", 2),
     ("deepseek_v2", "n_shared_experts", 0), ("mamba2", "layer_norm_epsilon", 1e-6),
-    ("mamba2", "time_step_limit", [0.0, 1.0]), ("mamba2", "use_bias", True)])
+    ("mamba2", "time_step_limit", [0.0, 1.0]), ("mamba2", "use_bias", True),
+    ("llama4_text", "moe_layers", [0, 1, 3]),
+    ("llama4_text", "layer_types", ["sliding_attention"] * 4),
+    ("llama4_text", "attention_bias", True), ("deepseek_v32", "q_lora_rank", None),
+    ("deepseek_v32", "mlp_layer_types", ["sparse", "dense"]),
+    ("deepseek_v32", "layer_types", ["full_attention"] * 2), ("rwkv", "rescale_every", 2),
+    ("rwkv", "attention_hidden_size", 8), ("rwkv", "layer_norm_epsilon", 1e-6)])
 def test_config_errors_name_the_field(family, field, value, tmp_path):
     d = tmp_path / family
     shutil.copytree(HF / family, d)
@@ -41,6 +48,12 @@ def test_the_loaded_options_read_as_flat_names():
     assert (f["deepseek_v2"].n_group, f["deepseek_v2"].group_top) == (4, 1)
     assert (f["deepseek_v2_lite"].norm_eps, f["deepseek_v2_lite"].mla_norm_eps) == (1e-5, 1e-6)
     assert f["mamba2_groups"].ssm_groups == 2
+    llama4 = flat_of(load_pretrained(HF / "llama4_text").cfg)
+    assert (llama4.attention_chunk, llama4.nope_layers, llama4.qk_norm) == (4, [2], "l2")
+    assert (llama4.moe_gate_input, llama4.moe_every, llama4.pad_id) == (True, 2, 0)
+    assert llama4.attn_temperature == [0.5, 2]
+    v32 = flat_of(load_pretrained(HF / "deepseek_v32").cfg)
+    assert (v32.index_topk, v32.index_n_heads, v32.index_head_dim) == (4, 4, 8)
 
 
 @pytest.mark.parametrize("name, overrides, named", [

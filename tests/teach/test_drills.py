@@ -47,7 +47,8 @@ def _scaled(solution, factor):
 
 
 @pytest.mark.parametrize("name", [n for n in DRILLS if n not in ("bpe_merge_step",
-                                                                  "token_healing")])
+                                                                 "token_healing",
+                                                                 "document_mask")])
 def test_a_slightly_wrong_body_fails_a_check(name):
     results = run_checks(DRILLS[name], _scaled(DRILLS[name].solution, 1.001))
     assert not all(r.passed for r in results), results
@@ -114,3 +115,12 @@ def test_cli_start_does_not_overwrite_work(tmp_path):
     (tmp_path / "ssm_kernel.py").write_text("# my work")
     assert drill_cli.main(["start", "ssm_kernel", "--dir", folder]) == 1
     assert (tmp_path / "ssm_kernel.py").read_text() == "# my work"
+
+
+def test_document_mask_without_restarting_positions_fails():
+    """(The drill's outputs are bool and int: the scaled body above cannot plant an error.)"""
+    def wrong(doc_ids):
+        mask, _ = DRILLS["document_mask"].solution(doc_ids)
+        return mask, np.arange(len(doc_ids))
+    results = run_checks(DRILLS["document_mask"], wrong)
+    assert [r.passed for r in results] == [False, True], results

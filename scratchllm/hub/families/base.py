@@ -88,6 +88,9 @@ def only(hf, fixed, family):
 # what every causal LM family needs unless its needs say otherwise (the encoder options)
 CAUSAL_LM = dict(causal=True, type_vocab_size=0, embed_norm=False, final_norm=True,
                  mlm_head=False, pad_id=None)
+CAUSAL_LM.update(attention_chunk=None, nope_layers=None, moe_gate_input=False)  # Llama 4's
+CAUSAL_LM.update(index_topk=None, shared_gate=False, attn_temperature=None,
+                 rope_partial=1.0)  # DeepSeek-V3.2's indexer, Qwen3-Next's
 
 
 def differences(f, needs):

@@ -88,5 +88,7 @@ def _names(model, f):
 
 
 GPT2 = Family("gpt2", "GPT2LMHeadModel", _from_hf, _to_hf,
-              claims=lambda f: f.norm == "layernorm" and f.causal, check=_check, names=_names,
+              claims=lambda f: (f.norm == "layernorm" and f.causal
+                                and f.ffn != "channel_mix"),  # rwkv's
+              check=_check, names=_names,
               bare_prefix="transformer.")

@@ -167,7 +167,8 @@ def _mixtral_claims(f):
     """GQA attention (without QK-norm: qwen3_moe's) in every layer and an MoE of SwiGLU
     experts."""
     return (_attention_only(f) and f.attention == "gqa" and f.ffn == "moe"
-            and f.experts == "swiglu" and not f.attn_sinks and not f.qk_norm)
+            and f.experts == "swiglu" and not f.attn_sinks and not f.qk_norm
+            and not f.moe_gate_input)  # llama4_text's
 
 
 MIXTRAL = Family(
@@ -236,7 +237,8 @@ def _deepseek_claims(f):
     """MLA attention in every layer (dense or MoE FFNs of SwiGLU experts), scores not softmax
     (deepseek_v2's)."""
     return (_attention_only(f) and f.attention == "mla" and f.experts == "swiglu"
-            and not f.attn_sinks and f.score != "softmax")
+            and not f.attn_sinks and f.score != "softmax"
+            and f.index_topk is None)  # deepseek_v32's
 
 
 DEEPSEEK_V3 = Family("deepseek_v3", "DeepseekV3ForCausalLM", _deepseek_from_hf,

@@ -19,7 +19,7 @@ ORDER = ("rmsnorm_backward", "sdpa_backward", "rope_backward", "gqa_forward",
          "ssm_recurrent", "selective_scan_forward", "sliding_window_mask", "alibi_bias",
          "flash_attention_forward", "linear_attention_recurrent", "delta_rule_step", "ssd_chunk",
          "blelloch", "info_nce_backward", "rwkv7_step",
-         "sequence_balance_loss_backward", "token_healing")
+         "sequence_balance_loss_backward", "token_healing", "document_mask")
 MODULES = (core, tokenizer, attention, moe, linear_attention, ssm)
 if sorted(ORDER) != sorted(REGISTERED):
     raise RuntimeError(f"drills registered {sorted(REGISTERED)} but ORDER lists {sorted(ORDER)}")

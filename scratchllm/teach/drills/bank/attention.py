@@ -166,6 +166,44 @@ def _mask_properties(fn):
     return "ok"
 
 
+@drill("document_mask", 10, "scratchllm/attention/sparse_masks.py", '''
+    def document_mask(doc_ids):
+        """Packed sequences (Llama 3): doc_ids (T,) ints, the document of each token, each
+        run of equal ids one document. Return (mask (T, T) bool, positions (T,) ints).
+
+        Reach: query i sees key j iff j <= i and doc_ids[j] == doc_ids[i]; a token's position
+        counts the tokens of its own document before it (0 at each document's start), so
+        RoPE sees what the document alone would.
+        """
+''', [
+    ("equals document_mask and document_positions on random packings",
+     lambda fn: _packing_vs_library(fn)),
+    ("one document is the causal mask at positions 0..T-1", lambda fn: _packing_one_doc(fn)),
+])
+def _document_mask(doc_ids):
+    return attention.document_mask(doc_ids), attention.document_positions(doc_ids)
+
+
+def _packing_vs_library(fn):
+    r = seeded_rng(31)
+    for _ in range(5):
+        doc = np.sort(r.integers(0, 4, 11))  # (T,) non-decreasing: runs are documents
+        mask, pos = fn(doc)
+        if np.asarray(mask).dtype != bool or not np.array_equal(mask,
+                                                                attention.document_mask(doc)):
+            raise AssertionError(f"doc_ids {doc.tolist()}: mask {np.asarray(mask, int)}")
+        if not np.array_equal(pos, attention.document_positions(doc)):
+            raise AssertionError(f"doc_ids {doc.tolist()}: positions {list(pos)}")
+    return "5 packings equal"
+
+
+def _packing_one_doc(fn):
+    mask, pos = fn(np.zeros(6, int))
+    if not np.array_equal(mask, np.tril(np.ones((6, 6), bool))) or list(pos) != list(range(6)):
+        raise AssertionError("one document must give the causal mask and positions 0..5")
+    return "ok"
+
+
 @drill("alibi_bias", 5, "scratchllm/attention/positions.py", '''
     def alibi_bias(n_heads, T):
         """ALiBi's (H, T, T) bias added to the attention scores (Press et al. 2021), H a power

@@ -1,0 +1,168 @@
+"""LoRA adapters on the projections of any LM, named as Hugging Face names them, saved and
+loaded in peft's format (huggingface/peft: src/peft/tuners/lora/config.py LoraConfig,
+src/peft/utils/save_and_load.py get_peft_model_state_dict):
+
+    adapter_config.json        {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": R,
+                                "lora_alpha": alpha, "target_modules": [...], "bias": "none",
+                                "fan_in_fan_out": false, "use_rslora": false, ...}
+    adapter_model.safetensors  base_model.model.<module>.lora_A.weight (R, Din)
+                               base_model.model.<module>.lora_B.weight (Dout, R)
+<module> is the HF module of the projection ("model.layers.0.self_attn.q_proj"); peft's
+lora_A and lora_B are nn.Linear weights (out, in), the transposes of the library's A (Din, R)
+and B (R, Dout). The scale is lora_alpha / r (lora_alpha / sqrt(r) with use_rslora).
+
+A projection the library keeps as a plain Param W (Din, Dout) trains through the merged pair
+(core/lora.py lora_merge_forward/_backward): before a step `merge` sets W = W0 + s A B, the
+model's forward and backward run unchanged, and `backward` turns W's gradient into A's and
+B's (W0 stays frozen). `unmerge` puts W0 back bit for bit.
+Targets are the last part of the module name (peft's target_modules list): "q_proj",
+"v_proj", ... A projection is a target when its HF tensor is one library weight, transposed
+(nn.Linear's (out, in)): GPT-2's fused Conv1D c_attn is not one.
+"""
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from scratchllm.core import LoRAFactors, Param, lora_merge_backward, lora_merge_forward
+from scratchllm.core.atomic import atomic_write, write_text
+from scratchllm.core.nn import normal_init
+from scratchllm.core.validate import expect_finite, expect_integer
+from scratchllm.hub.registry import family_for, flat_of
+
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+PREFIX = "base_model.model."
+
+
+def lora_sites(model):
+    """{HF module name: library Param name} of every projection an adapter can sit on."""
+    f = flat_of(model.cfg)
+    return {e.hf[:-len(".weight")]: e.lib[0] for e in family_for(f).names(model, f)
+            if e.hf.endswith(".weight") and len(e.lib) == 1 and e.transpose and
+            e.expert is None and not e.buffer and e.unsqueeze is None and e.reshape is None}
+
+
+class LoRA:
+    """Adapters of rank R on the target projections of an LM (module docstring). Params: A
+    (Din, R) ~ N(0, 1/Din) and B (R, Dout) = 0 per module (B = 0: the model as it was)."""
+
+    def __init__(self, model, rank, *, alpha=None, targets=("q_proj", "v_proj"), rng=None,
+                 rslora=False):
+        self.rank = expect_integer("LoRA", "rank", rank, 1)
+        self.alpha = float(rank if alpha is None else expect_finite("LoRA", "alpha", alpha))
+        self.rslora = bool(rslora)
+        self.scale = self.alpha / (math.sqrt(rank) if rslora else rank)
+        self.model, self.targets = model, tuple(targets)
+        sites = lora_sites(model)
+        chosen = {m: lib for m, lib in sites.items() if m.rsplit(".", 1)[-1] in self.targets}
+        if not chosen:
+            names = sorted({m.rsplit(".", 1)[-1] for m in sites})
+            raise ValueError(f"LoRA: no projection matches targets {list(self.targets)}; this "
+                             f"model has {names}")
+        params = dict(model.named_parameters())
+        rng = np.random.default_rng(0) if rng is None else rng
+        self.sites = {}  # module -> (W Param, W0, A Param, B Param)
+        for module, lib in sorted(chosen.items()):
+            W = params[lib]
+            d_in, d_out = W.data.shape
+            A = Param(normal_init(rng, (d_in, rank), d_in ** -0.5, W.data.dtype))
+            B = Param(np.zeros((rank, d_out), W.data.dtype))
+            self.sites[module] = (W, W.data.copy(), A, B)
+        self._caches = {}
+
+    def parameters(self):
+        """The adapters' Params [A, B, ...] (what trains)."""
+        return [p for _, _, A, B in self.sites.values() for p in (A, B)]
+
+    def merge(self):
+        """W = W0 + s A B in every target (before each training forward; for inference)."""
+        for module, (W, W0, A, B) in self.sites.items():
+            W.data[...], self._caches[module] = lora_merge_forward(
+                W0, LoRAFactors(A.data, B.data), scale=self.scale)
+
+    def backward(self):
+        """After the model's backward: A.grad, B.grad += from W.grad (W.grad then zeroed: W0
+        does not train)."""
+        for module, (W, _, A, B) in self.sites.items():
+            g = lora_merge_backward(W.grad, self._caches[module])["w"]  # fwd: W = W0 + s A B
+            A.grad += g.A
+            B.grad += g.B
+            W.grad[...] = 0
+
+    def unmerge(self):
+        """W = W0 in every target: the base model back, bit for bit."""
+        for W, W0, _, _ in self.sites.values():
+            W.data[...] = W0
+
+    def state(self):
+        """{peft tensor name: array} in peft's layout (module docstring)."""
+        out = {}
+        for module, (_, _, A, B) in self.sites.items():
+            out[f"{PREFIX}{module}.lora_A.weight"] = np.ascontiguousarray(A.data.T)
+            out[f"{PREFIX}{module}.lora_B.weight"] = np.ascontiguousarray(B.data.T)
+        return out
+
+    def config(self, base_model=None):
+        """adapter_config.json's fields (LoraConfig's; what peft reads back)."""
+        return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": self.rank,
+                "lora_alpha": self.alpha, "target_modules": sorted(self.targets),
+                "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
+                "use_rslora": self.rslora, "use_dora": False, "inference_mode": True,
+                "init_lora_weights": True, "modules_to_save": None, "layers_to_transform": None,
+                "rank_pattern": {}, "alpha_pattern": {},
+                "base_model_name_or_path": None if base_model is None else str(base_model)}
+
+
+def save_adapter(lora, path, base_model=None):
+    """Write adapter_config.json and adapter_model.safetensors (float32) into `path`."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.astype(np.float32) for k, v in lora.state().items()}
+    atomic_write(path / ADAPTER_WEIGHTS,
+                 lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    write_text(path / ADAPTER_CONFIG, json.dumps(lora.config(base_model), indent=2) + "\n")
+    return path
+
+
+def _check_config(path, c):
+    bad = {"peft_type": c.get("peft_type") != "LORA", "bias": c.get("bias", "none") != "none",
+           "fan_in_fan_out": bool(c.get("fan_in_fan_out")), "use_dora": bool(c.get("use_dora")),
+           "rank_pattern": bool(c.get("rank_pattern")),
+           "alpha_pattern": bool(c.get("alpha_pattern"))}
+    refused = [k for k, b in bad.items() if b]
+    if refused:
+        found = ", ".join(f"{k}={c.get(k)!r}" for k in refused)
+        raise ValueError(f"load_adapter: {path} has {found}; this reads plain LoRA (peft_type "
+                         f"LORA, bias none, no DoRA, one rank and alpha for every module)")
+
+
+def load_adapter(model, path):
+    """The LoRA a peft adapter directory holds, on `model` (its base), not yet merged."""
+    path = Path(path)
+    c = json.loads((path / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    _check_config(path, c)
+    tensors = load_file(str(path / ADAPTER_WEIGHTS))
+    modules = sorted({k[len(PREFIX):-len(".lora_A.weight")] for k in tensors
+                      if k.startswith(PREFIX) and k.endswith(".lora_A.weight")})
+    sites = lora_sites(model)
+    unknown = [m for m in modules if m not in sites]
+    if not modules or unknown:
+        raise ValueError(f"load_adapter: {path}: modules {unknown or modules} are not "
+                         f"projections of this model (it has e.g. {sorted(sites)[:3]})")
+    targets = sorted({m.rsplit(".", 1)[-1] for m in modules})
+    lora = LoRA(model, int(c["r"]), alpha=float(c["lora_alpha"]), targets=targets,
+                rslora=bool(c.get("use_rslora")))
+    missing = sorted(set(lora.sites) - set(modules))
+    if missing:  # targets named by suffix reach modules the file lacks (layers_to_transform)
+        for m in missing:
+            del lora.sites[m]
+    for module, (W, _, A, B) in lora.sites.items():
+        a = tensors[f"{PREFIX}{module}.lora_A.weight"]
+        b = tensors[f"{PREFIX}{module}.lora_B.weight"]
+        if a.shape != A.data.T.shape or b.shape != B.data.T.shape:
+            raise ValueError(f"load_adapter: {module}: lora_A {a.shape}, lora_B {b.shape}; "
+                             f"expected {A.data.T.shape}, {B.data.T.shape} (r={lora.rank})")
+        A.data[...], B.data[...] = a.T, b.T
+    return lora
