@@ -5,6 +5,8 @@ threads, and two MPI ranks of one thread each:
     python benchmarks/bench_dp.py t1 DATA
     python benchmarks/bench_dp.py t2 DATA
     mpiexec -n 2 python benchmarks/bench_dp.py dp2 DATA
+    mpiexec -n 2 python benchmarks/bench_dp.py tp2 DATA     (tensor parallel: heads, SwiGLU
+                                                             units and the vocabulary split)
 """
 import sys
 
@@ -17,7 +19,8 @@ from scratchllm.train.trainer import Run, Settings
 
 
 def main(mode, data):
-    grid = dist.RankGrid(dist.GridShape(dp=2), dist.Group.world()) if mode == "dp2" else None
+    shapes = {"dp2": dist.GridShape(dp=2), "tp2": dist.GridShape(tp=2)}
+    grid = dist.RankGrid(shapes[mode], dist.Group.world()) if mode in shapes else None
     if mode == "t1":
         set_blas_threads(1)
     _, ids, _ = corpus.prepare(data, 1024, "runs/cache")
