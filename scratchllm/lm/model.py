@@ -12,7 +12,8 @@
            + (lambda / D) sum_k L^k of D multi-token-prediction modules (cfg.mtp; lm/mtp.py)
 
 The backward runs the same chain in reverse: each Block calls its Modules' backwards, and the
-residual adds the skip gradient. A Module owns its Params; the caches live in the calls.
+residual adds the skip gradient. A Module owns its Params; the caches live in the calls. The
+embedding and the head, forward and backward, are lm/ends.py's (LMEnds, which LM inherits).
 A packed batch (`doc_ids`: several documents per row, Llama 3's document masking) attends
 within each document only, at positions that restart at each document, so each document's
 logits and gradients are what it alone would give.
@@ -26,30 +27,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.attention import sinusoidal_positions
 from scratchllm.core import fused
-from scratchllm.core.fp8 import full_precision
 from scratchllm.core.nn import Embedding, Linear, Module, Param
-from scratchllm.core.softcap import softcap_backward, softcap_forward
 from scratchllm.core.validate import expect_int, expect_ndim
 from scratchllm.lm.block import Block, make_packing
+from scratchllm.lm.ends import EmbedCache, LMEnds
 from scratchllm.lm.heads import HeadTransform
 from scratchllm.lm.mixers import make_norm
 from scratchllm.lm.mtp import MTP
 from scratchllm.specs import ModelConfig
-
-
-class EmbedCache(NamedTuple):
-    tok: tuple   # the token embedding's cache
-    pos: tuple   # the learned position table's cache (None with RoPE)
-    types: tuple = None  # the token-type table's cache (None without)
-    norm: tuple = None   # embed_norm's cache (None without)
-    pad: np.ndarray = None  # (B, T, 1) True where ids == cfg.pad_id (None without pad_id)
-
-
-class HeadCache(NamedTuple):
-    transform: tuple  # the head transform's cache (None without)
-    proj: tuple       # the projection's cache
 
 
 class LMCache(NamedTuple):
@@ -71,7 +57,7 @@ class LossCache(NamedTuple):
     mtp: float = 0.0  # the weighted multi-token-prediction part, (lambda / D) sum_k L^k
 
 
-class LM(Module):
+class LM(LMEnds, Module):
     """The decoder LM of a ModelConfig; Params in float32 (default) or float64."""
 
     def __init__(self, cfg, *, rng, dtype=np.float32):
@@ -150,14 +136,6 @@ class LM(Module):
         logits, (cn, ch, c_cap) = self.head_forward(x)  # (B, T, V)
         return logits, cache._replace(norm=cn, head=ch, softcap=c_cap)
 
-    def head_forward(self, x):
-        """The model's end on the last block's output x (B, T, D): final norm, head and
-        soft-cap -> (logits (B, T, V), (norm, head, cap) caches). A pipeline's last stage
-        runs it alone."""
-        h, cn = self._norm_forward(x)  # (B, T, D)
-        logits, (ch, c_cap) = self.output_forward(h)  # (B, T, V)
-        return logits, (cn, ch, c_cap)
-
     def _blocks_forward(self, x, packing=None):
         """x_0 -> (x_L (B, T, D), LMCache of the blocks, with x_L as .last)."""
         blocks = []
@@ -173,34 +151,6 @@ class LM(Module):
             dx = layer.backward(dx, c, dloss_aux)  # fwd: x_l = block_l(x_{l-1})
         return dx
 
-    def _embed_forward(self, ids, start=0, types=None, positions=None):
-        """x_0 = E[ids] (+ P[start + t]: sinusoidal, a constant with no backward, or a learned
-        table; P[positions] when given, (B, T) ints) (+ S[types]) (then embed_norm)
-        -> (x (B, T, D), caches)."""
-        x, c_tok = self.embed.forward(ids)  # (B, T, D)
-        pad = None if self.cfg.pad_id is None else (ids == self.cfg.pad_id)[..., None]
-        if self.cfg.embed_scale:  # Gemma: E[ids] * sqrt(D), sqrt(D) in the weights' dtype
-            x = x * np.asarray(self.cfg.d_model ** 0.5, x.dtype)  # (B, T, D)
-        if positions is None:
-            start = np.reshape(start, (-1, 1))  # (1 | B, 1): one start, or one per row
-            positions = np.broadcast_to(start + np.arange(ids.shape[1]), ids.shape)  # (B, T)
-        if self.cfg.positions == "sinusoidal":
-            table = sinusoidal_positions(int(positions.max()) + 1, x.shape[2])  # (P, D)
-            x = x + table[positions].astype(x.dtype)  # (B, T, D)
-        c_pos = c_types = c_norm = None
-        if self.cfg.positions == "learned":
-            p, c_pos = self.pos.forward(positions)  # (B, T, D)
-            x = x + p  # (B, T, D)
-        if self.cfg.type_vocab_size:
-            s, c_types = self.types.forward(np.zeros_like(ids) if types is None else types)
-            x = x + s  # (B, T, D)
-        if self.embed_norm is not None:
-            x, c_norm = self.embed_norm.forward(x)  # (B, T, D)
-        return x, EmbedCache(c_tok, c_pos, c_types, c_norm, pad)
-
-    def _norm_forward(self, x):
-        return (x, None) if self.norm is None else self.norm.forward(x)
-
     def residual_stream(self, ids):
         """The residual stream of a forward on ids (B, T): [x_0, x_1, ..., x_L], each
         (B, T, D), x_0 the embedding and x_l the output of block l (forward only; the logit
@@ -212,71 +162,12 @@ class LM(Module):
             xs.append(layer.forward(xs[-1])[0])  # (B, T, D)
         return xs
 
-    def unembed(self, x):
-        """The model's last step on a residual x (..., D): logits = head(norm(x)) (..., V),
-        soft-capped with cfg.logit_softcap."""
-        return self._cap(self._head_forward(self._norm_forward(x)[0])[0])[0]
-
-    def _head_forward(self, h):
-        """logits = t(h) @ W_head (+ b) -> (logits (..., V), HeadCache)."""
-        h, c_t = (h, None) if self.transform is None else self.transform.forward(h)
-        with full_precision():  # the output head stays out of FP8 training (DeepSeek-V3's)
-            logits, c = self.embed.attend(h) if self.head is None else self.head.forward(h)
-        if self.head_bias is not None:
-            logits = logits + self.head_bias.data  # (..., V)
-        return logits, HeadCache(c_t, c)
-
-    def output_forward(self, h):
-        """The output head on a normed h (..., D): logits = cap(t(h) @ W_head (+ b)) ->
-        (logits (..., V), its cache) (shared with the MTP modules)."""
-        logits, ch = self._head_forward(h)  # (..., V)
-        logits, c_cap = self._cap(logits)  # (..., V)
-        return logits, (ch, c_cap)
-
-    def output_backward(self, dlogits, cache):
-        """The backward of output_forward: dlogits (..., V) -> dh (..., D); the head's Params
-        (a tied head's E) get their gradients."""
-        ch, c_cap = cache
-        if c_cap is not None:
-            dlogits = softcap_backward(dlogits, c_cap)["x"]  # fwd: logits = c tanh(z / c)
-        if self.head_bias is not None:  # fwd: logits = ... + b
-            self.head_bias.grad += dlogits.reshape(-1, dlogits.shape[-1]).sum(0)
-        if self.head is None:
-            dh = self.embed.attend_backward(dlogits, ch.proj)  # fwd: logits = t @ E^T
-        else:
-            dh = self.head.backward(dlogits, ch.proj)  # fwd: logits = t @ W_head
-        if ch.transform is not None:
-            dh = self.transform.backward(dh, ch.transform)  # fwd: t = transform(h)
-        return dh
-
-    def _cap(self, logits):
-        """(c tanh(logits / c), its cache) with cfg.logit_softcap c, else (logits, None)."""
-        if self.cfg.logit_softcap is None:
-            return logits, None
-        return softcap_forward(logits, cap=self.cfg.logit_softcap)  # (..., V)
-
     def backward(self, dlogits, cache, dloss_aux=1.0, dlast=None):
         """dlogits (B, T, V) -> Param grads (+=). Every FFN aux term of the loss gets the
         gradient dloss_aux (an MoE layer's balance loss dloss_aux * balance_coef, its z-loss
         dloss_aux * z_coef); dlast (B, T, D): a gradient on x_L from beyond the head (MTP's)."""
         dx = self.trunk_backward(dlogits, cache, dloss_aux, dlast)  # (B, T, D)
         self.embed_backward(dx, cache.embed)
-
-    def embed_backward(self, dx, c_emb):
-        """The embedding's backward: dx_0 (B, T, D) -> the embedding tables' gradients (+=),
-        the reverse of _embed_forward; c_emb: the EmbedCache of the forward (LMCache.embed).
-        A pipeline's first stage runs it alone."""
-        if c_emb.norm is not None:
-            dx = self.embed_norm.backward(dx, c_emb.norm)  # fwd: x_0 = embed_norm(s)
-        if c_emb.types is not None:
-            self.types.backward(dx, c_emb.types)  # fwd: s += S[types]: scatter-add
-        if c_emb.pos is not None:
-            self.pos.backward(dx, c_emb.pos)  # fwd: x_0 = E[ids] + P[positions]: scatter-add
-        if self.cfg.embed_scale:
-            dx = dx * np.asarray(self.cfg.d_model ** 0.5, dx.dtype)  # fwd: x_0 = E[ids] sqrt(D)
-        if c_emb.pad is not None:  # torch's padding_idx: the pad row's lookups pass nothing
-            dx = np.where(c_emb.pad, 0, dx).astype(dx.dtype, copy=False)  # (B, T, D)
-        self.embed.backward(dx, c_emb.tok)  # fwd: x_0 = E[ids]
 
     def encode(self, ids):
         """An encoder's output: ids (B, T) -> (h (B, T, D), the final norm's output (x_L
@@ -301,13 +192,6 @@ class LM(Module):
         if dlast is not None:
             dx = dx + dlast  # fwd: x_L also feeds MTP module 1
         return self._blocks_backward(dx, cache, dloss_aux)  # fwd: x_L = blocks(x_0)
-
-    def head_backward(self, dlogits, caches):
-        """The backward of head_forward: dlogits (B, T, V) -> dx_L (B, T, D), the head's and
-        the final norm's Params getting their gradients (a tied head's into E)."""
-        cn, ch, c_cap = caches
-        dh = self.output_backward(dlogits, (ch, c_cap))  # fwd: logits = out(h)
-        return dh if cn is None else self.norm.backward(dh, cn)  # fwd: h = norm(x_L)
 
     def loss(self, ids, targets, doc_ids=None):
         """Cross-entropy of next tokens plus the FFNs' weighted auxiliary terms.

@@ -36,7 +36,8 @@ from scratchllm.dist import (all_gather_backward, all_gather_forward, all_reduce
                              vocab_cross_entropy_backward, vocab_cross_entropy_forward,
                              vocab_embedding_backward, vocab_embedding_forward)
 from scratchllm.lm import LM
-from scratchllm.lm.model import EmbedCache, LossCache
+from scratchllm.lm.ends import EmbedCache
+from scratchllm.lm.model import LossCache
 
 SPLITS = {"mixer.wq": 1, "mixer.wk": 1, "mixer.wv": 1, "mixer.wo": 0, "ffn.W1": 1, "ffn.W3": 1,
           "ffn.W2": 0, "embed.E": 0, "head.W": 1}
