@@ -1,6 +1,7 @@
 """The notebooks: one per component, stored without outputs, each opens with the course's
 import lines, executes cleanly within its time budget and saves its figures as PNGs; the
-course index notebooks/README.md lists every one of them."""
+course index notebooks/README.md lists every one of them. Executing them is the slow tier's
+(`python -m pytest -q -m slow`); their structure and the course index are checked in both."""
 import re
 import time
 from pathlib import Path
@@ -45,6 +46,7 @@ def test_notebook_is_stored_without_outputs(name):
         "a notebook derives its backward in Markdown math"
 
 
+@pytest.mark.slow  # executing the 14 notebooks is most of a minute: the exhaustive tier
 @pytest.mark.parametrize("name", _present())
 def test_notebook_executes_without_error(name, tmp_path):
     nb = nbformat.read(FOLDER / f"{name}.ipynb", as_version=4)
@@ -108,6 +110,7 @@ def test_readme_names_only_drills_exercises_and_prerequisites_that_exist():
     assert listed == set(DRILLS), f"drills in no notebook's row: {set(DRILLS) - listed}"
 
 
+@pytest.mark.slow
 def test_html_command_writes_executed_pages_with_figures(tmp_path, capsys):
     from scratchllm.cli import notebooks as notebooks_cli
     site = tmp_path / "site"
