@@ -34,6 +34,8 @@ def sliding_window_mask(T, window):
 
 def attention_sink_mask(T, window, n_sink):
     """(T, T) bool: sliding window plus the first n_sink tokens (StreamingLLM, 2309.17453)."""
+    expect_integer("attention_sink_mask", "T", T, 0)
+    expect_integer("attention_sink_mask", "window", window, 1)
     expect_integer("attention_sink_mask", "n_sink", n_sink, 0)
     j = np.arange(T)[None, :]
     return sliding_window_mask(T, window) | ((j < n_sink) & causal_mask(T))  # (T, T)
