@@ -5,15 +5,13 @@ model whose options a family cannot express does not save as it. The numbers the
 (logits, gradients, greedy ids, save) are tests/hub/test_pretrained.py's."""
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from scratchllm.hub import flat_of, load_pretrained, save_pretrained
 from scratchllm.lm import LM, preset
-
-HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
+from hub_fixtures import HF
 
 
 @pytest.mark.parametrize("family, field, value", [

@@ -3,14 +3,12 @@ ChatML tokenizer of tools/make_chat_fixtures.py) and prints the greedy reply; an
 generation says why and points to --chat."""
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 
 from scratchllm import cli
 from scratchllm.hub import load_pretrained, load_tokenizer
-
-HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
+from hub_fixtures import HF
 
 
 def _chat_checkpoint(tmp_path):

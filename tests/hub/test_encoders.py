@@ -6,7 +6,6 @@ refuse what it cannot model by name. No torch here."""
 import dataclasses
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,17 +13,9 @@ from safetensors.numpy import load_file, save_file
 
 from scratchllm.hub import flat_of, grad_dict, load_pretrained, save_pretrained, state_dict
 from scratchllm.lm import LM, MaskedLM, preset
+from hub_fixtures import HF, expected, rel_err
 
-HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 CHECKPOINTS = ["bert", "bert_tanh"]
-
-
-def expected(name):
-    return dict(np.load(HF / name / "expected.npz"))
-
-
-def rel_err(a, b):
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
 @pytest.mark.parametrize("name", CHECKPOINTS)

@@ -1,13 +1,11 @@
 """The grads case of every loaded tiny checkpoint (lm_hub), and the one gradient it leaves
 out: GPT-2's key bias, whose gradient is zero without RoPE."""
-from pathlib import Path
 
 import numpy as np
 
 from grads.cases import CASES, HF_FIXTURES
 from scratchllm.hub import flat_of, load_pretrained
-
-HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
+from hub_fixtures import HF
 
 
 def test_every_loaded_family_passes_its_gradient_check():

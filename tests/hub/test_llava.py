@@ -5,7 +5,6 @@ bit-identical, transformers loads the saved directory, and what the library cann
 named. No torch here."""
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,13 +14,9 @@ from scratchllm.hub import family_named, grad_dict, load_pretrained, save_pretra
 from scratchllm.hub.layout import from_hf, to_hf
 from scratchllm.hub.registry import module_family_for
 from scratchllm.vision.llava import Llava
+from hub_fixtures import HF, rel_err
 
-HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 DIR = HF / "llava"
-
-
-def rel_err(a, b):
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
 @pytest.fixture(scope="module")

@@ -8,20 +8,15 @@ transformers' float64 logits and embedding gradient for inputs with the pad id i
 No torch here."""
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from scratchllm.hub import load_pretrained, save_pretrained
+from hub_fixtures import HF, rel_err
 
-HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 PADDED = ["gemma3", "gemma2", "olmo2", "jamba", "llama", "mixtral"]
 SET_PAD = {"llama": 3, "mixtral": 3}  # config.json's pad_token_id set, as the generator does
-
-
-def rel_err(a, b):
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
 def with_pad(name, tmp_path):

@@ -5,7 +5,6 @@ greedy tokens with cached decoding equal to the full forward, and bit-identical 
 No torch here."""
 import json
 import shutil
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -14,8 +13,8 @@ from safetensors.numpy import load_file, save_file
 
 from scratchllm.hub import flat_of, grad_dict, load_pretrained, save_pretrained, state_dict
 from scratchllm.lm import LM, preset
+from hub_fixtures import HF, expected, rel_err
 
-HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 FAMILIES = ["llama", "llama_yarn", "llama_linear", "llama_dynamic", "mistral", "qwen2", "qwen3",
             "gemma3", "gpt2",
             "mamba", "jamba"]  # tools/make_hf_fixtures_ssm.py
@@ -27,14 +26,6 @@ FAMILIES += ["llama4_text"]  # chunks, NoPE, L2 QK-norm, input-gated MoE (same t
 FAMILIES += ["deepseek_v32"]  # MLA with the lightning indexer's top-k keys (same tool)
 FAMILIES += ["rwkv"]  # RWKV-4: time mix + channel mix (its decoding state), pre_ln
 FAMILIES += [pytest.param("llama4_text_plain", marks=pytest.mark.slow)]  # llama3 RoPE, top-2
-
-
-def expected(family):
-    return dict(np.load(HF / family / "expected.npz"))
-
-
-def rel_err(a, b):
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
 @pytest.mark.parametrize("family", FAMILIES)

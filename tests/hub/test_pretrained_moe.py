@@ -4,7 +4,6 @@ DeepSeek-V3's layers are made of, its selection-only bias and latent decoding st
 errors for options the families cannot express. No torch here."""
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,12 +13,7 @@ from scratchllm.attention.kv_state import LatentKVState
 from scratchllm.hub import flat_of, grad_dict, load_pretrained, save_pretrained, state_dict
 from scratchllm.lm import LM, preset
 from scratchllm.moe import MoE
-
-HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
-
-
-def rel_err(a, b):
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+from hub_fixtures import HF, rel_err
 
 
 @pytest.mark.parametrize("name,family", [("moe", "mixtral"), ("mla", "deepseek_v3")])

@@ -4,7 +4,6 @@ transformers by tools/make_hf_fixtures_ssm.py), and the errors naming what canno
 written. No torch here."""
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,15 +13,11 @@ from scratchllm.hub import (config_from_flat, family_named, flat_of, load_pretra
                             save_pretrained, state_dict)
 from scratchllm.lm import LM, preset
 from scratchllm.specs import MoESpec
+from hub_fixtures import HF, rel_err
 
-HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 HYBRID = dict(d_model=16, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=24, n_experts=4, top_k=2,
               d_state=4, dt_rank=3)  # tools/make_hf_fixtures_ssm.py's HYBRID sizes
 JAMBA_OPTIONS = dict(positions="nope", mamba_inner_norms=True, norm_topk_prob=False)
-
-
-def rel_err(a, b):
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
 def test_jamba_layer_periods_and_offsets():

@@ -5,7 +5,6 @@ second layer. Here: the same logits (1e-9), every gradient (1e-8) without the ro
 (a loaded model's default) and with them (transformers' output_router_logits loss), the
 same router losses, generate's greedy ids, a bit-identical save; and Switch's layer keeps the
 first C tokens of each expert in each sequence and passes the rest through. No torch here."""
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,12 +14,7 @@ from scratchllm.hub import grad_dict, load_pretrained, save_pretrained
 from scratchllm.lm import Block
 from scratchllm.moe import MoEWeights, moe_forward, switch_moe_forward
 from scratchllm.specs import AttentionSpec, ExpertsSpec, LayerSpec, Mask, MoESpec, RouterSpec
-
-HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
-
-
-def rel_err(a, b):
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+from hub_fixtures import HF, rel_err
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ t5_v11 (gated-gelu, untied, 3 decoder layers) runs in the slow tier."""
 import dataclasses
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,17 +15,9 @@ from safetensors.numpy import load_file, save_file
 
 from scratchllm.hub import grad_dict, load_pretrained, save_pretrained, state_dict
 from scratchllm.lm import Seq2SeqLM
+from hub_fixtures import HF, expected, rel_err
 
-HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 CHECKPOINTS = ["t5", pytest.param("t5_v11", marks=pytest.mark.slow)]
-
-
-def expected(name):
-    return dict(np.load(HF / name / "expected.npz"))
-
-
-def rel_err(a, b):
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
 @pytest.mark.parametrize("name", CHECKPOINTS)

@@ -2,14 +2,13 @@
 corpus slice and on multilingual, emoji and special-token samples (expected ids recorded by
 tools/make_hf_fixtures.py), for encode and encode_ordinary; both merge spellings load."""
 import json
-from pathlib import Path
 
 import pytest
 
 from scratchllm.hub import load_tokenizer
 from scratchllm.tokenizer import Tokenizer, from_tokenizer_json
+from hub_fixtures import HF
 
-HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 KINDS = ["tokenizer_bytelevel", "tokenizer_split", "tokenizer_nfc"]
 
 

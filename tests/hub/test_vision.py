@@ -8,7 +8,6 @@ tensor names as test_registry asks of the LM families. No torch here."""
 import dataclasses
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,17 +19,9 @@ from scratchllm.hub.families.modules import ModuleFamily
 from scratchllm.hub.layout import from_hf, to_hf
 from scratchllm.hub.registry import module_family_for
 from scratchllm.vision import VisionTransformer
+from hub_fixtures import HF, expected, rel_err
 
-HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 VISION = ["vit", "siglip_vision", "siglip_vision_head", "clip_vision"]
-
-
-def rel_err(a, b):
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
-
-
-def expected(name):
-    return dict(np.load(HF / name / "expected.npz"))
 
 
 def run(model, ref):
