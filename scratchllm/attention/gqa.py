@@ -29,8 +29,8 @@ from scratchllm.attention.flash import flash_sdpa_backward, flash_sdpa_forward
 from scratchllm.attention.kv_state import KVState, RollingKVState, begin_step, rows_mask
 from scratchllm.attention.positions import (alibi_bias, alibi_slopes, relative_bias_backward,
                                            relative_bias_forward, relative_offset_buckets)
-from scratchllm.attention.qkv import (QKV, AttentionWeights, QKVCache, check_qkv_inputs,
-                                      project_qkv_backward, project_qkv_forward)
+from scratchllm.attention.qkv import (AttentionWeights, QKV, QKVCache, project_qkv_backward,
+                                      project_qkv_forward)
 from scratchllm.attention.rope import make_rope, row_rope
 from scratchllm.attention.sdpa import (merge_heads, repeat_kv_backward, repeat_kv_forward,
                                        sdpa_backward, sdpa_forward, split_heads)
@@ -111,9 +111,9 @@ def _gqa(x, w, spec, rope, mask, expand_kv, positions=None):
     """The body of gqa_forward (expand_kv False) and gqa_forward_ref (True); positions: the
     tokens' positions for a query temperature (default 0..T-1)."""
     x, w = common_float(x, w)
-    check_qkv_inputs("gqa", x, w, spec, rope)
+    (q, k, v), qkv = project_qkv_forward(x, w, spec=spec, rope=rope,
+                                         caller="gqa")  # (B, H|Hkv, T, Dh)
     expect_shape("gqa", "wo", w.wo, (w.wq.shape[1], x.shape[2]), "(H*Dh, D)")
-    (q, k, v), qkv = project_qkv_forward(x, w, spec=spec, rope=rope)  # (B, H|Hkv, T, Dh)
     q_scale = query_temperature(spec, np.arange(x.shape[1]) if positions is None else
                                 positions, q.dtype)  # (1|B, 1, T, 1) or None
     q = q if q_scale is None else q * q_scale  # Llama 4's NoPE layers: q s(p)
@@ -169,11 +169,11 @@ def gqa_decode(x_t, w, state, position, *, spec, rope=None):
     step: n_seen, append, kv and positions are the whole protocol).
     """
     expect_ndim("gqa_decode", "x_t", x_t, 2, "(B, D)")
-    check_qkv_inputs("gqa_decode", x_t[:, None], w, spec, rope)
     position = begin_step("gqa_decode", state, position)  # int, or (B,) int64
     if spec.rope is not None and rope is None:
         rope = row_rope("gqa_decode", spec.rope, spec.dh(x_t.shape[-1]), position)
-    (q, k, v), _ = project_qkv_forward(x_t[:, None], w, spec=spec, rope=rope)  # (B,H|Hkv,1,Dh)
+    (q, k, v), _ = project_qkv_forward(x_t[:, None], w, spec=spec, rope=rope,
+                                       caller="gqa_decode")  # (B, H|Hkv, 1, Dh)
     if spec.temperature is not None:  # Llama 4's query temperature at the token's position
         q = q * query_temperature(spec, np.reshape(position, (-1, 1)), q.dtype)
     state.append(k, v)

@@ -61,7 +61,7 @@ def check_attention_weights(fn, w, spec):
                                  f"{'None' if on else 'given'}")
 
 
-def check_qkv_inputs(fn, x, w, spec, rope):
+def _check_qkv_inputs(fn, x, w, spec, rope):
     """What project_qkv_forward reads, checked under the caller's name `fn` (project_qkv,
     gqa, gqa_decode ...): x (B, T >= 1, D) float; w an AttentionWeights with the spec's
     options and wq (D, H*Dh), wk, wv (D, Hkv*Dh), QK-norm gains (Dh,) or, for "full",
@@ -113,7 +113,7 @@ class QKVCache(NamedTuple):
     norm_gains: bool = True  # the QK-norm had gains (False: qk_norm "l2", no Params)
 
 
-def project_qkv_forward(x, w, *, spec, rope=None):
+def project_qkv_forward(x, w, *, spec, rope=None, caller="project_qkv"):
     """q, k, v heads of x, with QK-norm (spec.qk_norm) and then RoPE on q and k.
     spec.qk_norm "full" (OLMo 2) normalises q = x Wq (+ bq) over all H*Dh numbers of a token
     (gains q_norm (H*Dh,), k_norm (Hkv*Dh,)) before the head split.
@@ -126,9 +126,10 @@ def project_qkv_forward(x, w, *, spec, rope=None):
     Returns: QKV(q (B, H, T, Dh), k (B, Hkv, T, Dh), v (B, Hkv, T, Dh)).  Cache: QKVCache.
     Its backward's w has gradients for the fields used here, None for wo, bo and sinks.
     RoPE without QK-norm at positions (T,) goes with the head split in one pass
-    (rope_heads.py: the same bits as split_heads then rope).
+    (rope_heads.py: the same bits as split_heads then rope). caller: the name its input
+    checks give (gqa and gqa_decode pass theirs, so the inputs are checked once, by name).
     """
-    check_qkv_inputs("project_qkv", x, w, spec, rope)
+    _check_qkv_inputs(caller, x, w, spec, rope)
     B, T, D = x.shape
     H, Hkv, Dh = spec.n_heads, spec.n_kv_heads, spec.dh(D)
     if spec.rope is not None and rope is None:

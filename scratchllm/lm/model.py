@@ -119,7 +119,7 @@ class LM(LMEnds, Module):
     def _forward(self, ids, types=None, doc_ids=None):
         """forward, with the token types (B, T) ints of a config with type_vocab_size (None:
         all 0)."""
-        self._check_ids("LM", "ids", ids, "(B, T)")
+        self._check_ids("LM", "ids", ids)
         if ids.shape[1] < 1:
             raise ValueError(f"LM: ids has shape {ids.shape}: no tokens (T must be >= 1)")
         packing = None if doc_ids is None else make_packing("LM", ids, doc_ids)
@@ -172,7 +172,7 @@ class LM(LMEnds, Module):
     def encode(self, ids):
         """An encoder's output: ids (B, T) -> (h (B, T, D), the final norm's output (x_L
         without final_norm), LMCache with head None): what pooling reads (core/pooling.py)."""
-        self._check_ids("LM.encode", "ids", ids, "(B, T)")
+        self._check_ids("LM.encode", "ids", ids)
         x, c_emb = self._embed_forward(ids)  # (B, T, D)
         x, cache = self._blocks_forward(x)  # (B, T, D) x_L
         h, cn = self._norm_forward(x)  # (B, T, D)
@@ -264,16 +264,16 @@ class LM(LMEnds, Module):
         """The prompt ids (B, T) at positions 0..T-1 in one forward pass per layer, filling
         every layer's fresh state (from init_state) as T decode calls would. Returns the
         logits (B, T, V); decoding continues with decode(ids_t, state, T)."""
-        self._check_ids("LM.prefill", "ids", ids, "(B, T)", state)
+        self._check_ids("LM.prefill", "ids", ids, state=state)
         x, _ = self._embed_forward(ids)  # (B, T, D)
         return self.trunk_prefill(x, state)
 
-    def _check_ids(self, fn, name, ids, layout, state=None):
-        """ids an integer array with the axes of `layout`, every id in [0, vocab_size), and
-        as many rows as a state from init_state was made for: errors name `fn`, the method
-        the user called."""
+    def _check_ids(self, fn, name, ids, *, state=None, per_step=False):
+        """ids an integer array (B, T), or (B,) for one decoding step, every id in
+        [0, vocab_size), and as many rows as a state from init_state was made for: errors
+        name `fn`, the method the user called."""
         expect_int(fn, name, ids)
-        expect_ndim(fn, name, ids, layout.count(",") + 1 - layout.endswith(",)"), layout)
+        expect_ndim(fn, name, ids, 1 if per_step else 2, "(B,)" if per_step else "(B, T)")
         V = self.n_tokens
         if ids.size and (ids.min() < 0 or ids.max() >= V):
             raise ValueError(f"{fn}: {name} must lie in [0, {V}) (the vocabulary), got values "
@@ -300,7 +300,7 @@ class LM(LMEnds, Module):
                 raise ValueError("LM.decode: one position per row needs attention or MLA "
                                  "layers (a recurrent state keeps no positions); give the "
                                  "rows one int position")
-        self._check_ids("LM.decode", "ids_t", ids_t, "(B,)", state)
+        self._check_ids("LM.decode", "ids_t", ids_t, state=state, per_step=True)
         x, _ = self._embed_forward(ids_t[:, None], position)  # (B, 1, D)
         x = x[:, 0]  # (B, D)
         for layer, st in zip(self.layers, state):
