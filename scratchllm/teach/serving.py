@@ -219,7 +219,7 @@ def max_batch(cfg, hw, context, dtype="bf16", kv_dtype=None):
     per_sequence = kv_cache_bytes(cfg, context, 1, kv_dtype or dtype)
     if free < per_sequence:
         return 0
-    return free // per_sequence if per_sequence else 10 ** 9
+    return int(free // per_sequence) if per_sequence else 10 ** 9
 
 
 def knee(cfg, hw, context, dtype="bf16", kv_dtype=None, limit=1 << 20):

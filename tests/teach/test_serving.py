@@ -97,7 +97,7 @@ def test_kv_bytes_layer_by_layer_with_windows_in_some_layers():
     assert serving.kv_cache_bytes(cfg_mqa, 50, 1, "fp32") == 2 * 2 * 16 * 50 * 4  # one KV head
     window = serving.decode_step(get("mistral-7b-v0.1"), serving.hardware("h100"), 2, 2 * T)
     assert window.kv_bytes == 2 * 32 * 2 * 8 * 128 * T * 2             # W = 4096 kept of 8192
-    for name in ("llama-3-8b", "mistral-7b-v0.1", "deepseek-v3", "mamba-130m"):  # one spec
+    for name in ("llama-3-8b", "mistral-7b-v0.1", "deepseek-v3", "mamba-130m", "gemma-3-4b"):
         assert serving.kv_cache_bytes(get(name), 9000, 3) == \
             sizing.kv_cache(get(name), 9000, 3).bytes
 
