@@ -26,8 +26,10 @@ nearest; the further X's features are from uncorrelated, the more it gains.
 gptq_weights walks an LM's blocks in order: each block's Linear inputs are read off its
 forward cache (core.ops.LinearCache) on the calibration ids with the blocks before it already
 quantised (so errors are compensated as they will be met), the block's weights are quantised,
-then the block runs again to feed the next; the head last. Weights no LinearCache records
-(MoE experts stacked (E, Din, Dout), MLA) fall back to round-to-nearest, counted apart.
+then the block runs again to feed the next; the head last. A stacked (E, Din, Dout) of MoE
+experts is E matrices, each with the H of the tokens routed to it. Weights no LinearCache
+records, and experts no calibration token picks, fall back to round-to-nearest, counted
+apart.
 
 Glossary: Din, Dout a matrix's input and output widths; N calibration rows (tokens); g group
 size; B the lazy-batch block.
@@ -94,14 +96,27 @@ def gptq_quantize(w, h, *, group_size=32, damp=0.01, block=128):
     return Quantized(packed, scales.T.astype(np.float32), "int4", group_size, w.dtype)
 
 
+def _key(array):
+    """Where an array's numbers live: (address, shape, strides); a view names its slice."""
+    return array.__array_interface__["data"][0], array.shape, array.strides
+
+
+def _slices(name, w):
+    """{_key: (name, i)} of a quantizable weight: itself (i None), or each expert w[i] of a
+    stacked (E, Din, Dout)."""
+    if w.ndim == 2:
+        return {_key(w): (name, None)}
+    return {_key(w[i]): (name, i) for i in range(w.shape[0])}
+
+
 def _linear_inputs(cache, wanted, found):
-    """Walk a forward cache; for every LinearCache whose W is one of `wanted` (id -> name),
-    add XᵀX of its inputs to found[name] (float64)."""
+    """Walk a forward cache; for every LinearCache whose W is one of `wanted` (_key -> (name,
+    expert)), add XᵀX of its inputs to found[(name, expert)] (float64)."""
     if isinstance(cache, LinearCache):
-        name = wanted.get(id(cache.W))
-        if name is not None:
+        slot = wanted.get(_key(cache.W))
+        if slot is not None:
             x = cache.x.reshape(-1, cache.x.shape[-1]).astype(np.float64)  # (N, Din)
-            found[name] = found.get(name, 0.0) + x.T @ x
+            found[slot] = found.get(slot, 0.0) + x.T @ x
         return
     if isinstance(cache, (tuple, list)):
         for c in cache:
@@ -109,6 +124,15 @@ def _linear_inputs(cache, wanted, found):
     elif hasattr(cache, "__dict__") and not isinstance(cache, np.ndarray):
         for c in vars(cache).values():
             _linear_inputs(c, wanted, found)
+
+
+def _quantize_one(w, h, group_size, damp):
+    """(Quantized of wᵀ, by GPTQ?): GPTQ with h, or round to nearest without calibration
+    inputs (h None: no LinearCache showed this matrix, or an expert no calibration token
+    picked)."""
+    if h is None or not np.any(h):
+        return quantize(np.ascontiguousarray(w.T), "int4", group_size=group_size), False
+    return gptq_quantize(w, h, group_size=group_size, damp=damp), True
 
 
 def gptq_weights(model, calibration, *, group_size=32, damp=0.01):
@@ -119,7 +143,8 @@ def gptq_weights(model, calibration, *, group_size=32, damp=0.01):
              dividing every Linear's Din; damp as gptq_quantize's.
     Returns: (the quantised model, report {"params", "float_bytes", "quantized_bytes" as
              quantize_weights', "gptq": weights quantised by GPTQ, "rtn": weights no
-             LinearCache showed, quantised round-to-nearest}).
+             LinearCache showed and experts no calibration token picked, quantised
+             round-to-nearest}).
     """
     expect_int("gptq_weights", "calibration", calibration)
     expect_ndim("gptq_weights", "calibration", calibration, 2, "(B, T)")
@@ -131,21 +156,25 @@ def gptq_weights(model, calibration, *, group_size=32, damp=0.01):
     stages.append(("", twin.head_forward))
     for prefix, forward in stages:
         mine = {n: p for n, p in params.items() if n.startswith(prefix)}
+        wanted = {k: v for n, p in mine.items() for k, v in _slices(n, p.data).items()}
         found = {}
-        _linear_inputs(forward(x)[1], {id(p.data): n for n, p in mine.items()}, found)
+        _linear_inputs(forward(x)[1], wanted, found)
         for name, p in mine.items():
-            w = p.data
-            if name in found:
-                q = gptq_quantize(w, found[name], group_size=group_size, damp=damp)
-                report["gptq"] += w.size
-            else:  # not read through a LinearCache: round to nearest, as quantize_weights
-                q = quantize(np.ascontiguousarray(np.swapaxes(w, -1, -2)), "int4",
-                             group_size=group_size)
-                report["rtn"] += w.size
-            p.data = np.ascontiguousarray(np.swapaxes(q.dequantize(), -1, -2))
+            w = p.data  # (Din, Dout) or (E, Din, Dout)
+            experts = [None] if w.ndim == 2 else range(w.shape[0])
+            out = np.empty_like(w)
+            for i in experts:
+                wi = w if i is None else w[i]
+                try:
+                    q, calibrated = _quantize_one(wi, found.get((name, i)), group_size, damp)
+                except ValueError as e:
+                    raise ValueError(f"gptq_weights: {name} {wi.shape}: {e}") from None
+                (out if i is None else out[i])[...] = q.dequantize().T
+                report["gptq" if calibrated else "rtn"] += wi.size
+                report["quantized_bytes"] += q.nbytes
+            p.data = out
             report["params"] += w.size
             report["float_bytes"] += w.nbytes
-            report["quantized_bytes"] += q.nbytes
             del params[name]
         if prefix:
             x = forward(x)[0]  # (B, T, D) through the quantised block

@@ -66,10 +66,13 @@ def test_gptq_weights_calibrates_every_linear_of_a_tiny_lm():
     f = model.forward(held_out)[0]
     assert np.linalg.norm(q_model.forward(held_out)[0] - f) < \
         np.linalg.norm(rtn_model.forward(held_out)[0] - f)
-    moe = LM(lm_tiny("moe"), rng=np.random.default_rng(0), dtype=np.float64)
-    rep = gptq_weights(moe, calibration, group_size=4)[1]
-    assert rep["rtn"] == 2 * 3 * 4 * 16 * 12  # the stacked experts: 2 layers, 3 matrices, E 4
-    assert rep["gptq"] + rep["rtn"] == rep["params"]
+    for name in ("moe", "mla"):  # stacked experts: one H per expert, from its own tokens
+        other = LM(lm_tiny(name), rng=np.random.default_rng(0), dtype=np.float64)
+        q_model, rep = gptq_weights(other, calibration, group_size=2)
+        assert rep["gptq"] == rep["params"] and rep["rtn"] == 0
+        f = other.forward(held_out)[0]
+        assert np.linalg.norm(q_model.forward(held_out)[0] - f) < np.linalg.norm(
+            quantize_weights(other, "int4", group_size=2)[0].forward(held_out)[0] - f)
 
 
 def test_bad_inputs_are_named():
@@ -83,3 +86,6 @@ def test_bad_inputs_are_named():
     model = LM(lm_tiny("dense"), rng=np.random.default_rng(0), dtype=np.float64)
     with pytest.raises((ValueError, TypeError), match="calibration"):
         gptq_weights(model, np.zeros((2, 3)))
+    with pytest.raises(ValueError, match=r"gptq_weights: layers.0.mixer.wq \(16, 16\): "
+                                         r"gptq_quantize: group_size=6"):
+        gptq_weights(model, np.zeros((2, 3), int), group_size=6)
