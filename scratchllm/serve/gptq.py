@@ -52,12 +52,22 @@ def _upper_inverse_cholesky(h, damp):
     return np.linalg.cholesky((hinv + hinv.T) / 2).T, dead  # (Din, Din) upper
 
 
-def gptq_quantize(w, h, *, group_size=32, damp=0.01, block=128):
+def _group_scales(W, group_size):
+    """max|w| / 7 over each group of rows of W (Din, Dout) -> (Din / g, Dout), float32 values
+    (as stored); an all-zero group gets 1."""
+    amax = np.abs(W.reshape(-1, group_size, W.shape[1])).max(axis=1)  # (G, Dout)
+    return np.where(amax > 0, amax / 7.0, 1.0).astype(np.float32).astype(np.float64)
+
+
+def gptq_quantize(w, h, *, group_size=32, damp=0.01, block=128, act_order=False):
     """GPTQ int4 of one Linear weight w (Din, Dout) seen through H = XᵀX (Din, Din).
 
     Inputs:  w float (Din, Dout); h (Din, Din) symmetric positive semi-definite; group_size
              even, dividing Din; damp λ >= 0; block: the lazy batch, rounded up to a multiple
-             of group_size.
+             of group_size; act_order: visit the rows by decreasing H_ii (the inputs with the
+             most energy first, while many rows remain to absorb their error), with every
+             group's scale fixed beforehand from w ("static groups", so the groups stay
+             contiguous in Din and the storage is unchanged).
     Returns: a Quantized of wᵀ (Dout, Din) in quantize's int4 layout (groups along Din), so
              np.swapaxes(q.dequantize(), 0, 1) is the quantised (Din, Dout).
     """
@@ -72,28 +82,30 @@ def gptq_quantize(w, h, *, group_size=32, damp=0.01, block=128):
         raise ValueError(f"{fn}: group_size={group_size} must be even and divide Din={Din}")
     if not damp >= 0:
         raise ValueError(f"{fn}: damp must be >= 0, got {damp!r}")
-    U, dead = _upper_inverse_cholesky(h, damp)
-    W = np.array(w, dtype=np.float64)  # (Din, Dout) updated in place
-    W[dead] = 0.0
-    q = np.empty((Din, Dout), np.int8)  # the codes
-    scales = np.empty((Din // group_size, Dout))  # (G, Dout) float32 values
-    B = -(-max(block, 1) // group_size) * group_size
+    g = group_size
+    order = np.argsort(-np.diag(h), kind="stable") if act_order else np.arange(Din)  # (Din,)
+    U, dead = _upper_inverse_cholesky(np.asarray(h)[np.ix_(order, order)], damp)
+    W = np.array(w, dtype=np.float64)  # (Din, Dout)
+    W[order[dead]] = 0.0
+    scales = _group_scales(W, g) if act_order else np.empty((Din // g, Dout))  # (G, Dout)
+    W = W[order]  # (Din, Dout) in visiting order, updated in place
+    q = np.empty((Din, Dout), np.int8)  # the codes, in visiting order
+    B = -(-max(block, 1) // g) * g
     for b0 in range(0, Din, B):
         b1 = min(b0 + B, Din)
         err = np.empty((b1 - b0, Dout))  # (B, Dout) the block's scaled errors
         for i in range(b0, b1):
-            if i % group_size == 0:  # the group's scale, from its rows as they are now
-                amax = np.abs(W[i:i + group_size]).max(axis=0)  # (Dout,)
-                scales[i // group_size] = np.where(amax > 0, amax / 7.0, 1.0).astype(
-                    np.float32)  # as stored
-            s = scales[i // group_size]  # (Dout,)
+            if not act_order and i % g == 0:  # the group's scale, from its rows as they are now
+                scales[i // g] = _group_scales(W[i:i + g], g)[0]
+            s = scales[order[i] // g]  # (Dout,)
             q[i] = np.clip(np.rint(W[i] / s), -8, 7)
             err[i - b0] = (W[i] - q[i] * s) / U[i, i]
             W[i + 1:b1] -= np.outer(U[i, i + 1:b1], err[i - b0])  # inside the block
         W[b1:] -= U[b0:b1, b1:].T @ err  # (Din − b1, Dout) the rest, at once
-    codes = (q.T + 8).astype(np.uint8)  # (Dout, Din) in 0..15
+    codes = np.empty((Dout, Din), np.uint8)
+    codes[:, order] = (q.T + 8).astype(np.uint8)  # (Dout, Din) in 0..15, back in Din order
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)  # (Dout, Din/2) low nibble = even entry
-    return Quantized(packed, scales.T.astype(np.float32), "int4", group_size, w.dtype)
+    return Quantized(packed, scales.T.astype(np.float32), "int4", g, w.dtype)
 
 
 def _key(array):
@@ -126,21 +138,21 @@ def _linear_inputs(cache, wanted, found):
             _linear_inputs(c, wanted, found)
 
 
-def _quantize_one(w, h, group_size, damp):
+def _quantize_one(w, h, group_size, damp, act_order):
     """(Quantized of wᵀ, by GPTQ?): GPTQ with h, or round to nearest without calibration
     inputs (h None: no LinearCache showed this matrix, or an expert no calibration token
     picked)."""
     if h is None or not np.any(h):
         return quantize(np.ascontiguousarray(w.T), "int4", group_size=group_size), False
-    return gptq_quantize(w, h, group_size=group_size, damp=damp), True
+    return gptq_quantize(w, h, group_size=group_size, damp=damp, act_order=act_order), True
 
 
-def gptq_weights(model, calibration, *, group_size=32, damp=0.01):
+def gptq_weights(model, calibration, *, group_size=32, damp=0.01, act_order=False):
     """An LM whose Linear weights are GPTQ int4 (dequantised: simulated, as quantize_weights),
     calibrated on token ids; the original model is unchanged.
 
     Inputs:  model an LM; calibration ids (B, T) (a few windows of held-in text); group_size
-             dividing every Linear's Din; damp as gptq_quantize's.
+             dividing every Linear's Din; damp and act_order as gptq_quantize's.
     Returns: (the quantised model, report {"params", "float_bytes", "quantized_bytes" as
              quantize_weights', "gptq": weights quantised by GPTQ, "rtn": weights no
              LinearCache showed and experts no calibration token picked, quantised
@@ -166,7 +178,8 @@ def gptq_weights(model, calibration, *, group_size=32, damp=0.01):
             for i in experts:
                 wi = w if i is None else w[i]
                 try:
-                    q, calibrated = _quantize_one(wi, found.get((name, i)), group_size, damp)
+                    q, calibrated = _quantize_one(wi, found.get((name, i)), group_size, damp,
+                                                  act_order)
                 except ValueError as e:
                     raise ValueError(f"gptq_weights: {name} {wi.shape}: {e}") from None
                 (out if i is None else out[i])[...] = q.dequantize().T

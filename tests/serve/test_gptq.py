@@ -10,15 +10,24 @@ from scratchllm.lm import LM
 from scratchllm.serve import gptq_quantize, gptq_weights, quantize, quantize_weights
 
 
-def obs_reference(w, H, g, damp=0.01):
-    """Row by row: round row i with its group's scale (fixed at the group's first row), move
-    the others by −(w_i − q_i) H⁻¹[:, i] / H⁻¹_ii, eliminate i from H⁻¹."""
+def scales_of(rows):
+    amax = np.abs(rows).max(0)
+    return np.where(amax > 0, amax / 7, 1).astype(np.float32).astype(np.float64)
+
+
+def obs_reference(w, H, g, damp=0.01, act_order=False):
+    """Row by row (by decreasing H_ii with act_order, every group's scale then taken from w
+    first; else in order, a group's scale fixed at its first row): round row i, move the
+    others by −(w_i − q_i) H⁻¹[:, i] / H⁻¹_ii, eliminate i from H⁻¹."""
     H = H + damp * np.mean(np.diag(H)) * np.eye(len(H))
     Hinv, W, out = np.linalg.inv(H), w.copy(), np.zeros_like(w)
-    for i in range(len(W)):
-        if i % g == 0:
-            amax = np.abs(W[i:i + g]).max(0)
-            s = np.where(amax > 0, amax / 7, 1).astype(np.float32).astype(np.float64)
+    static = [scales_of(w[k:k + g]) for k in range(0, len(w), g)]
+    order = np.argsort(-np.diag(H), kind="stable") if act_order else range(len(W))
+    for i in order:
+        if not act_order and i % g == 0:
+            s = scales_of(W[i:i + g])
+        elif act_order:
+            s = static[i // g]
         out[i] = np.clip(np.rint(W[i] / s), -8, 7) * s
         d = Hinv[i, i]
         W -= np.outer(Hinv[:, i], (W[i] - out[i]) / d)
@@ -38,6 +47,9 @@ def test_the_cholesky_pass_equals_the_obs_loop(block):
     q = gptq_quantize(w, X.T @ X, group_size=16, block=block)
     np.testing.assert_allclose(q.dequantize().T, obs_reference(w, X.T @ X, 16), atol=1e-12)
     assert q.codes.shape == (10, 32) and q.scales.shape == (10, 4) and q.fmt == "int4"
+    q = gptq_quantize(w, X.T @ X, group_size=16, block=block, act_order=True)
+    np.testing.assert_allclose(q.dequantize().T, obs_reference(w, X.T @ X, 16, act_order=True),
+                               atol=1e-12)
 
 
 def test_uncorrelated_inputs_give_round_to_nearest_and_correlated_ones_gain():
@@ -46,6 +58,9 @@ def test_uncorrelated_inputs_give_round_to_nearest_and_correlated_ones_gain():
     rtn = quantize(w.T.copy(), "int4", group_size=16).dequantize().T
     np.testing.assert_array_equal(gptq_quantize(w, np.eye(64), group_size=16).dequantize().T,
                                   rtn)
+    diagonal = np.diag(rng.uniform(1, 2, 64))  # uncorrelated, visited in a shuffled order
+    np.testing.assert_array_equal(gptq_quantize(w, diagonal, group_size=16, act_order=True)
+                                  .dequantize().T, rtn)
     gptq = gptq_quantize(w, X.T @ X, group_size=16).dequantize().T
     assert np.linalg.norm(X @ (w - gptq)) < 0.85 * np.linalg.norm(X @ (w - rtn))
     assert np.abs(w - gptq).max() > np.abs(w - rtn).max()  # weights move, outputs stay
