@@ -172,11 +172,14 @@ def _flops(out, cfg, context):
     two_n, six_n = flop_rules(cfg)
     units = (" kFLOP", " MFLOP", " GFLOP", " TFLOP", " PFLOP")
     width = "H·(Dn+Dr)" if isinstance(attention_spec(cfg), MLASpec) else "H·Dh"
+    mixed = sliding_window(cfg) and n_global_layers(cfg)  # T_l: T or min(T, W + sinks)
+    attended = "Σ_layers T_l" if mixed else "L·T"
     out.text("", f"FLOPs per token at context {context:,}")
     for name, training, rule, k in (("forward", False, two_n, 2), ("training", True, six_n, 6)):
         f = flops_per_token(cfg, context, training)
         out.row(f"{name} (exact)", f, human(f, units),
-                f"{'3·(' if training else ''}2·N_matmul + 2·L·T·{width}{')' if training else ''}"
+                f"{'3·(' if training else ''}2·N_matmul + 2·{attended}·{width}"
+                f"{')' if training else ''}"
                 "  (Kaplan et al. 2020: N_matmul counts the head, not the embedding lookup)")
         out.row(f"{name} rule {k}N", rule, human(rule, units), f"{k} · {parameters(cfg).active:,}"
                 " (N = active parameters, no attention term)")
