@@ -117,7 +117,8 @@ def report(cfg, context, batch, dtype="bf16", kv_dtype=None, explain=False):
     _cache(out, cfg, context, batch, kv_dtype)
     s = serving_memory(cfg, context, batch, dtype, kv_dtype)
     out.text("", f"serving memory (weights {dtype}, cache {kv_dtype}; activations not counted)")
-    out.row("weights", s.weights, human_bytes(s.weights), f"total params · {dtype_bytes(dtype):g} B")
+    out.row("weights", s.weights, human_bytes(s.weights),
+            f"total params · {dtype_bytes(dtype):g} B")
     out.row("cache", s.cache, human_bytes(s.cache), "the cache line above")
     out.row("total", s.total, human_bytes(s.total), "weights + cache")
     return str(out)

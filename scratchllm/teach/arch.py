@@ -92,8 +92,9 @@ def without_windows(cfg):
     and the cache a model of global layers only (Llama, Gemma 1) keeps."""
     def drop(mixer):
         return replace(mixer, mask=replace(mixer.mask, window=None, n_sink=0))
+    attention = (AttentionSpec, MLASpec)
     return replace(cfg, layers=tuple(
-        replace(layer, mixer=drop(layer.mixer)) if isinstance(layer.mixer, (AttentionSpec, MLASpec)) else layer
+        replace(layer, mixer=drop(layer.mixer)) if isinstance(layer.mixer, attention) else layer
         for layer in cfg.layers))
 
 
