@@ -35,6 +35,7 @@ from scratchllm.lm.ends import EmbedCache, LMEnds
 from scratchllm.lm.heads import HeadTransform
 from scratchllm.lm.mixers import make_norm
 from scratchllm.lm.mtp import MTP
+from scratchllm.lm.padding import padding_packing
 from scratchllm.specs import ModelConfig
 
 
@@ -106,23 +107,32 @@ class LM(LMEnds, Module):
         return [(f"layers.{i}.{name}", b) for i, layer in enumerate(self.layers)
                 for name, b in layer.named_buffers()]
 
-    def forward(self, ids=None, *, input_ids=None, doc_ids=None):
+    def forward(self, ids=None, *, input_ids=None, doc_ids=None, attention_mask=None):
         """ids (B, T) ints -> (logits (B, T, V), LMCache). The ids go positionally or by
         transformers' keyword, forward(input_ids=ids); exactly one of the two. doc_ids (B, T)
         ints: a packed batch, the document of each token (each run of equal ids along a row
-        is one document); attention stays inside each document and positions restart."""
+        is one document); attention stays inside each document and positions restart.
+        attention_mask (B, T) 0/1: a padded batch, transformers' (lm/padding.py): padding
+        keys masked, positions from the mask's cumulative sum; the real tokens' logits are
+        each row's alone."""
         if (ids is None) == (input_ids is None):
             raise TypeError("LM.forward: give the token ids once, as forward(ids) or "
                             "forward(input_ids=ids)")
-        return self._forward(input_ids if ids is None else ids, doc_ids=doc_ids)
+        return self._forward(input_ids if ids is None else ids, doc_ids=doc_ids,
+                             attention_mask=attention_mask)
 
-    def _forward(self, ids, types=None, doc_ids=None):
+    def _forward(self, ids, types=None, doc_ids=None, attention_mask=None):
         """forward, with the token types (B, T) ints of a config with type_vocab_size (None:
         all 0)."""
         self._check_ids("LM", "ids", ids)
         if ids.shape[1] < 1:
             raise ValueError(f"LM: ids has shape {ids.shape}: no tokens (T must be >= 1)")
+        if doc_ids is not None and attention_mask is not None:
+            raise ValueError("LM.forward: doc_ids (a packed batch) or attention_mask (a "
+                             "padded one), not both")
         packing = None if doc_ids is None else make_packing("LM", ids, doc_ids)
+        if attention_mask is not None:
+            packing = padding_packing("LM.forward", self, ids, attention_mask)
         x, c_emb = self._embed_forward(  # (B, T, D)
             ids, types=types, positions=None if packing is None else packing.positions)
         logits, cache = self.trunk_forward(x, packing)  # (B, T, V)

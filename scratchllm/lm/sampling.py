@@ -16,6 +16,7 @@ import codecs
 
 import numpy as np
 
+from scratchllm.lm.padding import prefill_padded
 from scratchllm.lm.seq2seq import Seq2SeqLM
 from scratchllm.tokenizer import EOT, heal_table, token_bytes
 
@@ -86,6 +87,43 @@ def generate_seq2seq_ids(model, source_ids, max_new_tokens, rng, stop_ids=(), **
         if t in stop_ids:
             return
         yield t
+
+
+def generate_batch_ids(model, input_ids, attention_mask, max_new_tokens, rng, stop_ids=(),
+                       **sampling):
+    """Sample after a batch of prompts of different lengths, padded as transformers pads
+    them: input_ids (B, T) ints with attention_mask (B, T) 0/1 (1 = a real token). An LM
+    takes left padding (lm/padding.py prefill_padded: each row's state holds its own tokens,
+    then one position per row); an encoder-decoder (Seq2SeqLM) the padded sources (its
+    encoder and cross-attention mask the padding). rng: a Generator, or a list of B of them
+    (row b draws from rng[b]). Returns B lists, each row's ids, up to max_new_tokens, ending
+    before the row's first id in stop_ids; each equals generate_ids / generate_seq2seq_ids
+    on the row alone (with its own Generator when sampled; greedy, temperature 0, always)."""
+    B = np.shape(input_ids)[0]
+    rngs = list(rng) if isinstance(rng, (list, tuple)) else [rng] * B
+    if len(rngs) != B:
+        raise ValueError(f"generate_batch_ids: rng is a list of {len(rngs)} Generators for "
+                         f"{B} rows (one per row, or one Generator)")
+    out, live = [[] for _ in range(B)], np.ones(B, bool)
+    if isinstance(model, Seq2SeqLM):
+        state = model.init_state(B, max(max_new_tokens, 1), input_ids=input_ids,
+                                 attention_mask=attention_mask)
+        logits = model.decode(np.full(B, model.cfg.decoder_start_id), state, 0)  # (B, V)
+        pos = 1
+    else:
+        state = model.init_state(B, np.shape(input_ids)[1] + max_new_tokens)
+        logits, pos = prefill_padded(model, input_ids, attention_mask, state)  # (B, V), (B,)
+    for step in range(max_new_tokens):
+        t = np.array([sample_next(z, r, **sampling) for z, r in zip(logits, rngs)])  # (B,)
+        for b in np.flatnonzero(live):
+            live[b] = int(t[b]) not in stop_ids
+            if live[b]:
+                out[b].append(int(t[b]))
+        if not live.any() or step + 1 == max_new_tokens:
+            break
+        logits = model.decode(t, state, pos)  # (B, V)
+        pos = pos + 1
+    return out
 
 
 def heal(tokenizer, prompt_ids, vocab_size):

@@ -1,0 +1,38 @@
+"""A padded batch of a loaded checkpoint against transformers: forward(input_ids=,
+attention_mask=) gives the real tokens transformers' logits (with the positions its generate
+passes: the mask's cumulative sum), every parameter's gradient of sum(logits * G * mask)
+matches, and generate_batch_ids on the left-padded rows gives transformers' greedy ids (which
+are each prompt's alone). Fixtures: tests/fixtures/hf/<name>/expected_padded.npz, written by
+tools/make_hf_fixtures_padded.py. No torch here."""
+import numpy as np
+import pytest
+
+from scratchllm.hub import grad_dict, load_pretrained
+from scratchllm.lm import generate_batch_ids
+from hub_fixtures import HF, rel_err
+
+SLOW = pytest.mark.slow
+NAMES = ["llama", pytest.param("mistral", marks=SLOW), pytest.param("gemma2", marks=SLOW),
+         pytest.param("gpt2", marks=SLOW), pytest.param("qwen2", marks=SLOW)]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_padded_batch_matches_transformers(name):
+    ref = dict(np.load(HF / name / "expected_padded.npz"))
+    ids, mask = ref["ids"], ref["attention_mask"]
+    model = load_pretrained(HF / name, dtype=np.float64)
+    logits, cache = model.forward(input_ids=ids, attention_mask=mask)  # (B, T, V)
+    real = mask.astype(bool)
+    assert rel_err(logits[real], ref["logits"][real]) < 1e-9
+    G = np.random.default_rng(int(ref["G_seed"])).standard_normal(logits.shape)
+    model.zero_grad()
+    model.backward(G * mask[..., None], cache)
+    grads = grad_dict(model)
+    want = {k.removeprefix("grad/"): v for k, v in ref.items() if k.startswith("grad/")}
+    assert sorted(grads) == sorted(want)
+    for key, g in want.items():
+        assert rel_err(grads[key], g) < 1e-8, key
+    left = ref["greedy"].shape[0]  # the left-padded rows
+    greedy = generate_batch_ids(model, ids[:left], mask[:left], ref["greedy"].shape[1], None,
+                                temperature=0)
+    assert greedy == ref["greedy"].tolist()

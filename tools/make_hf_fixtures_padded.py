@@ -1,0 +1,83 @@
+"""Write tests/fixtures/hf/<name>/expected_padded.npz: what transformers computes on a padded
+batch (attention_mask) of the existing checkpoints (nothing else rewritten), for
+tests/hub/test_padded_batch.py.
+
+    PYTHONPATH=$PWD:$PWD/tools python tools/make_hf_fixtures_padded.py [name ...]
+
+Checkpoints: llama (RoPE with llama3 scaling), mistral (a sliding window of 4 < T), gemma2
+(alternating sliding / global layers, attention and final soft-caps, the embedding's
+padding_idx), gpt2 (learned positions: the table is read at the mask's positions), qwen2.
+The batch: MASK's rows, left-padded, unpadded, and padded on both sides; the padding holds the
+config's pad_token_id (0 without one). Positions as transformers' generate passes them
+(generation/utils.py _prepare_position_ids_for_generation: attention_mask.cumsum(-1) - 1,
+0 at padding), given to the forward as position_ids.
+expected_padded.npz: ids (B, T), attention_mask (B, T), logits (B, T, V) (the padding's
+rows are transformers' own and compared nowhere), G_seed (G = default_rng(G_seed).
+standard_normal((B, T, V)) times the mask: a loss that skips the padding), grad/<HF name>
+= d sum(logits * G * mask) / d param, greedy (B, N_NEW): generate on the left-padded rows
+(LEFT: MASK without its right-padded row), eos off. The script checks that transformers
+itself gives each row's real tokens the logits of the row alone and each left-padded row the
+greedy ids of the prompt alone, both within 1e-12 / exactly.
+float64 as make_hf_fixtures.py (load_float64, float64_everywhere).
+Reference: huggingface/transformers src/transformers/generation/utils.py,
+src/transformers/models/{llama,mistral,gemma2,gpt2,qwen2}/modeling_*.py.
+"""
+import sys
+
+import numpy as np
+import torch
+
+from make_hf_fixtures import G_SEED, OUT, float64_everywhere, load_float64
+
+NAMES = ("llama", "mistral", "gemma2", "gpt2", "qwen2")
+MASK = np.array([[0, 0, 0, 1, 1, 1, 1, 1, 1],
+                 [1, 1, 1, 1, 1, 1, 1, 1, 1],
+                 [0, 0, 0, 0, 0, 0, 1, 1, 1],
+                 [0, 1, 1, 1, 1, 1, 1, 0, 0]])
+LEFT = 3  # the first three rows are left-padded (or unpadded): the ones generate takes
+N_NEW = 8
+
+
+def positions(mask):
+    return np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 0)
+
+
+def padded_reference(directory):
+    model = load_float64(directory)
+    model.generation_config.eos_token_id = None  # every row generates N_NEW ids
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    V = model.config.vocab_size
+    ids = np.random.default_rng(7).integers(0, V, MASK.shape)
+    ids[MASK == 0] = pad
+    G = np.random.default_rng(G_SEED).standard_normal(MASK.shape + (V,)) * MASK[..., None]
+    with float64_everywhere():
+        logits = model(torch.tensor(ids), attention_mask=torch.tensor(MASK),
+                       position_ids=torch.tensor(positions(MASK))).logits
+        (logits * torch.tensor(G)).sum().backward()
+        grads = {f"grad/{n}": p.grad.numpy().copy() for n, p in model.named_parameters()}
+        logits = logits.detach().numpy()
+        with torch.no_grad():
+            for b, row in enumerate(MASK.astype(bool)):  # transformers: each row alone
+                alone = model(torch.tensor(ids[b:b + 1, row])).logits.numpy()[0]
+                err = np.abs(alone - logits[b, row]).max() / np.abs(alone).max()
+                assert err < 1e-12, (directory.name, b, err)
+            greedy = model.generate(torch.tensor(ids[:LEFT]), attention_mask=torch.tensor(
+                MASK[:LEFT]), max_new_tokens=N_NEW, do_sample=False, pad_token_id=pad)
+            greedy = greedy[:, MASK.shape[1]:].numpy()
+            for b, row in enumerate(MASK[:LEFT].astype(bool)):
+                alone = model.generate(torch.tensor(ids[b:b + 1, row]), max_new_tokens=N_NEW,
+                                       do_sample=False, pad_token_id=pad)
+                assert (alone[0, row.sum():].numpy() == greedy[b]).all(), (directory.name, b)
+    return dict(ids=ids, attention_mask=MASK, logits=logits, G_seed=G_SEED, greedy=greedy,
+                **grads)
+
+
+def main(names=()):
+    for name in names or NAMES:
+        out = padded_reference(OUT / name)
+        np.savez_compressed(OUT / name / "expected_padded.npz", **out)
+        print(f"{name}: greedy {out['greedy'].tolist()}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
