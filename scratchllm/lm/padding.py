@@ -132,3 +132,20 @@ def prefill_padded(model, input_ids, attention_mask, state):
     for st in rows:  # each row keeps its own n_b tokens (key_mask hides the rest)
         st.lengths[:] = n
     return logits[np.arange(B), n - 1], n  # (B, V)
+
+
+def pad_rows(rows, *, left=True, pad_id=0):
+    """Lists of ids of different lengths as one padded batch, as a transformers tokenizer pads
+    them: (input_ids (B, T) int64, attention_mask (B, T) int64, 1 = a real token), T the
+    longest row, the padding (pad_id) before each row's ids with left=True (what generation
+    takes), after them otherwise."""
+    if not rows or any(len(r) == 0 for r in rows):
+        raise ValueError(f"pad_rows: rows must be non-empty lists of ids, got lengths "
+                         f"{[len(r) for r in rows]}")
+    T = max(len(r) for r in rows)
+    ids = np.full((len(rows), T), pad_id, np.int64)
+    mask = np.zeros((len(rows), T), np.int64)
+    for b, r in enumerate(rows):
+        cols = slice(T - len(r), T) if left else slice(0, len(r))
+        ids[b, cols], mask[b, cols] = r, 1
+    return ids, mask

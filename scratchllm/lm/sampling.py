@@ -172,6 +172,24 @@ def stream_text(tokenizer, ids, context=()):
         yield text[len(done):]
 
 
+def encode_prompt(model, tokenizer, prompt, allow_special=False):
+    """The ids generate sends for prompt: a list of ids as they are; else the text as
+    ordinary text (special-token strings become their ids only with allow_special). An
+    encoder-decoder's source ends with the tokenizer's post-processor suffix (T5's </s>); a
+    decoder's empty prompt is [<|endoftext|>], the start of a document."""
+    if isinstance(prompt, (list, tuple)):
+        return [int(i) for i in prompt]
+    if isinstance(model, Seq2SeqLM):
+        encode = tokenizer.encode if allow_special else tokenizer.encode_ordinary
+        extra = {"add_special_tokens": True} if hasattr(tokenizer, "suffix") else {}
+        return list(encode(prompt, **extra))
+    if not prompt:
+        return [tokenizer.special_tokens.get(EOT)]
+    if allow_special:
+        return list(tokenizer.encode(prompt, allowed_special="all"))
+    return list(tokenizer.encode_ordinary(prompt))
+
+
 def generate(model, tokenizer, prompt, max_new_tokens=100, rng=None, allow_special=False,
              stop_ids=(), **sampling):
     """Yield text pieces as they are sampled (stops early at <|endoftext|> or an id in
@@ -186,23 +204,12 @@ def generate(model, tokenizer, prompt, max_new_tokens=100, rng=None, allow_speci
     rng = np.random.default_rng() if rng is None else rng
     healing = sampling.pop("heal", False)
     eot = tokenizer.special_tokens.get(EOT)
-    if isinstance(model, Seq2SeqLM):  # the prompt is the source, with the tokenizer's
-        encode = tokenizer.encode if allow_special else tokenizer.encode_ordinary  # suffix
-        extra = {"add_special_tokens": True} if hasattr(tokenizer, "suffix") else {}
-        source = list(prompt) if isinstance(prompt, (list, tuple)) else \
-            list(encode(prompt, **extra))
-        ids = generate_seq2seq_ids(model, source, max_new_tokens, rng,
+    prompt_ids = encode_prompt(model, tokenizer, prompt, allow_special)
+    if isinstance(model, Seq2SeqLM):  # the prompt is the source
+        ids = generate_seq2seq_ids(model, prompt_ids, max_new_tokens, rng,
                                    stop_ids={eot, *stop_ids} - {None}, **sampling)
         yield from stream_text(tokenizer, ids)
         return
-    if isinstance(prompt, (list, tuple)):
-        prompt_ids = [int(i) for i in prompt]
-    elif not prompt:
-        prompt_ids = [eot]
-    elif allow_special:
-        prompt_ids = tokenizer.encode(prompt, allowed_special="all")
-    else:
-        prompt_ids = tokenizer.encode_ordinary(prompt)
     allowed, tail = None, b""
     if healing:
         prompt_ids, allowed, tail = heal(tokenizer, prompt_ids, model.cfg.vocab_size)
