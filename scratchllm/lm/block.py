@@ -10,6 +10,7 @@ A sub-layer f with its norm N sits where LayerSpec.placement says:
                                              toward the output layers: Xiong et al. 2020,
                                              arXiv 2002.04745)
 The block:  h = sub(x, mixer)   [h = sub(h, cross-attention to a context)]   y = sub(h, ffn)
+(times LayerSpec.out_scale when it is not 1: RWKV's inference rescale)
 (ffn None: the block is the mixer sub-layer alone, as HF Mamba-1's MambaBlock; mixer None: the
 FFN sub-layer alone, an MLP-only layer of a Mamba-2-Hybrid).
 
@@ -130,9 +131,14 @@ class Block(Module):
         if self.cross is not None:
             h, c_cross = self._sublayer(h, self.norm_cross, None, read)
         if self.ffn is None:
-            return h, BlockCache(c_mix, c_cross, None)
+            return self._scaled(h), BlockCache(c_mix, c_cross, None)
         y, c_ffn = self._sublayer(h, self.norm2, self.post_ffn_norm, ffn or self.ffn.forward)
-        return y, BlockCache(c_mix, c_cross, c_ffn)  # (..., D)
+        return self._scaled(y), BlockCache(c_mix, c_cross, c_ffn)  # (..., D)
+
+    def _scaled(self, y):
+        """y * spec.out_scale (RWKV's inference rescale), y itself at 1.0."""
+        s = self.spec.out_scale
+        return y if s == 1.0 else y * np.asarray(s, y.dtype)
 
     def forward(self, x, context=None, packing=None):
         """x (B, T, D) [, context (B, Tc, D) with cross-attention] [, packing: a Packing of
@@ -226,6 +232,7 @@ class Block(Module):
         context. dloss_aux: the loss's gradient on each FFN aux term (an MoE's). Param grads
         accumulate in the Modules."""
         c_mix, c_cross, c_ffn = cache
+        dy = self._scaled(dy)  # fwd: y = out_scale * y
         dh = dy  # fwd: y = h (a mixer-only block)
         if c_ffn is not None:  # fwd: y = sub(h, ffn)
             dh, _ = self._sublayer_backward(
