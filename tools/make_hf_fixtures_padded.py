@@ -6,7 +6,8 @@ tests/hub/test_padded_batch.py.
 
 Checkpoints: llama (RoPE with llama3 scaling), mistral (a sliding window of 4 < T), gemma2
 (alternating sliding / global layers, attention and final soft-caps, the embedding's
-padding_idx), gpt2 (learned positions: the table is read at the mask's positions), qwen2.
+padding_idx), gpt2 (learned positions: the table is read at the mask's positions), qwen2;
+and bert (BertForMaskedLM: right and left padding, positions 0..T-1 as BERT's, no greedy).
 The batch: MASK's rows, left-padded, unpadded, and padded on both sides; the padding holds the
 config's pad_token_id (0 without one). Positions as transformers' generate passes them
 (generation/utils.py _prepare_position_ids_for_generation: attention_mask.cumsum(-1) - 1,
@@ -27,6 +28,7 @@ import sys
 import numpy as np
 import torch
 
+import make_hf_fixtures_encoders as encoders
 from make_hf_fixtures import G_SEED, OUT, float64_everywhere, load_float64
 
 NAMES = ("llama", "mistral", "gemma2", "gpt2", "qwen2")
@@ -72,8 +74,47 @@ def padded_reference(directory):
                 **grads)
 
 
+BERT_MASK = np.array([[1, 1, 1, 1, 1, 1, 1, 1, 1],
+                      [1, 1, 1, 1, 1, 0, 0, 0, 0],    # right padding: the row alone
+                      [0, 0, 0, 1, 1, 1, 1, 1, 1]])   # left: positions still 0..T-1
+
+
+def bert_reference(directory):
+    """BertForMaskedLM on a padded batch: attention_mask only (BERT's positions are
+    0..T-1 whatever the padding), token types drawn; logits, the gradients of
+    sum(logits * G * mask); the right-padded rows checked against the row alone."""
+    model = encoders.load_float64(directory)
+    cfg = model.config
+    rng = np.random.default_rng(8)
+    ids = rng.integers(0, cfg.vocab_size, BERT_MASK.shape)
+    ids[BERT_MASK == 0] = cfg.pad_token_id
+    types = rng.integers(0, cfg.type_vocab_size, BERT_MASK.shape)
+    G = np.random.default_rng(G_SEED).standard_normal(BERT_MASK.shape + (cfg.vocab_size,))
+    G = G * BERT_MASK[..., None]
+    with float64_everywhere():
+        logits = model(input_ids=torch.tensor(ids), token_type_ids=torch.tensor(types),
+                       attention_mask=torch.tensor(BERT_MASK)).logits
+        (logits * torch.tensor(G)).sum().backward()
+        grads = {f"grad/{n}": p.grad.numpy().copy() for n, p in model.named_parameters()}
+        logits = logits.detach().numpy()
+        with torch.no_grad():
+            for b in (0, 1):
+                n = BERT_MASK[b].sum()
+                alone = model(input_ids=torch.tensor(ids[b:b + 1, :n]),
+                              token_type_ids=torch.tensor(types[b:b + 1, :n])).logits
+                err = np.abs(alone.numpy()[0] - logits[b, :n]).max() / np.abs(logits).max()
+                assert err < 1e-12, (b, err)
+    return dict(ids=ids, token_type_ids=types, attention_mask=BERT_MASK, logits=logits,
+                G_seed=G_SEED, **grads)
+
+
 def main(names=()):
-    for name in names or NAMES:
+    for name in names or NAMES + ("bert",):
+        if name == "bert":
+            np.savez_compressed(OUT / name / "expected_padded.npz",
+                                **bert_reference(OUT / name))
+            print("bert: written")
+            continue
         out = padded_reference(OUT / name)
         np.savez_compressed(OUT / name / "expected_padded.npz", **out)
         print(f"{name}: greedy {out['greedy'].tolist()}")

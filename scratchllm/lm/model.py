@@ -121,9 +121,9 @@ class LM(LMEnds, Module):
         return self._forward(input_ids if ids is None else ids, doc_ids=doc_ids,
                              attention_mask=attention_mask)
 
-    def _forward(self, ids, types=None, doc_ids=None, attention_mask=None):
+    def _forward(self, ids, types=None, doc_ids=None, attention_mask=None, shift=True):
         """forward, with the token types (B, T) ints of a config with type_vocab_size (None:
-        all 0)."""
+        all 0); shift=False keeps a padded batch's positions 0..T-1 (BERT's)."""
         self._check_ids("LM", "ids", ids)
         if ids.shape[1] < 1:
             raise ValueError(f"LM: ids has shape {ids.shape}: no tokens (T must be >= 1)")
@@ -132,7 +132,7 @@ class LM(LMEnds, Module):
                              "padded one), not both")
         packing = None if doc_ids is None else make_packing("LM", ids, doc_ids)
         if attention_mask is not None:
-            packing = padding_packing("LM.forward", self, ids, attention_mask)
+            packing = padding_packing("LM.forward", self, ids, attention_mask, shift)
         x, c_emb = self._embed_forward(  # (B, T, D)
             ids, types=types, positions=None if packing is None else packing.positions)
         logits, cache = self.trunk_forward(x, packing)  # (B, T, V)

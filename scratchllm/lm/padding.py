@@ -86,14 +86,17 @@ def check_padded_layers(fn, model):
                              f"padding into its state (give the rows one at a time)")
 
 
-def padding_packing(fn, model, ids, attention_mask):
+def padding_packing(fn, model, ids, attention_mask, shift=True):
     """The Packing of a padded batch: doc_ids (B, T) numbering the left padding 0, the real
-    tokens 1 and the right padding 2, and padded_positions' positions. fn names the caller."""
+    tokens 1 and the right padding 2, and padded_positions' positions (shift=False: 0..T-1
+    whatever the padding, as BERT's absolute positions). fn names the caller."""
     m = check_attention_mask(fn, attention_mask, ids)
     check_padded_layers(fn, model)
     seen = np.cumsum(m, axis=1) > 0  # (B, T) at or after the first real token
     doc_ids = np.where(m, 1, np.where(seen, 2, 0))  # (B, T)
-    return Packing(doc_ids, padded_positions(m))
+    positions = padded_positions(m) if shift else np.broadcast_to(np.arange(m.shape[1]),
+                                                                   m.shape)
+    return Packing(doc_ids, positions)
 
 
 def _rows_states(fn, state):

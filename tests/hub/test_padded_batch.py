@@ -36,3 +36,23 @@ def test_a_padded_batch_matches_transformers(name):
     greedy = generate_batch_ids(model, ids[:left], mask[:left], ref["greedy"].shape[1], None,
                                 temperature=0)
     assert greedy == ref["greedy"].tolist()
+
+
+def test_a_padded_bert_batch_matches_transformers():
+    """BertForMaskedLM with attention_mask: the padding keys masked, positions 0..T-1 (BERT's,
+    so the right-padded row is the row alone and the left-padded one is not)."""
+    ref = dict(np.load(HF / "bert" / "expected_padded.npz"))
+    mask = ref["attention_mask"]
+    model = load_pretrained(HF / "bert", dtype=np.float64)
+    logits, cache = model.forward(input_ids=ref["ids"], token_type_ids=ref["token_type_ids"],
+                                  attention_mask=mask)
+    real = mask.astype(bool)
+    assert rel_err(logits[real], ref["logits"][real]) < 1e-9
+    model.zero_grad()
+    G = np.random.default_rng(int(ref["G_seed"])).standard_normal(logits.shape)
+    model.backward(G * mask[..., None], cache)
+    for key, g in grad_dict(model).items():
+        if key.endswith("self.key.bias"):  # q . bk is the same in every score of a row:
+            assert np.abs(g).max() < 1e-12  # softmax ignores it, the gradient is 0 exactly
+            continue
+        assert rel_err(g, ref["grad/" + key]) < 1e-8, key
