@@ -6,8 +6,9 @@ tests/hub/test_padded_batch.py.
 
 Checkpoints: llama (RoPE with llama3 scaling), mistral (a sliding window of 4 < T), gemma2
 (alternating sliding / global layers, attention and final soft-caps, the embedding's
-padding_idx), gpt2 (learned positions: the table is read at the mask's positions), qwen2;
-and bert (BertForMaskedLM: right and left padding, positions 0..T-1 as BERT's, no greedy).
+padding_idx), gpt2 (learned positions: the table is read at the mask's positions), qwen2,
+deepseek_v2 (MLA with YaRN, group-limited routing; per-expert gradient names as
+make_hf_fixtures_moe.py writes them); and bert (BertForMaskedLM: right and left padding, positions 0..T-1 as BERT's, no greedy).
 The batch: MASK's rows, left-padded, unpadded, and padded on both sides; the padding holds the
 config's pad_token_id (0 without one). Positions as transformers' generate passes them
 (generation/utils.py _prepare_position_ids_for_generation: attention_mask.cumsum(-1) - 1,
@@ -29,13 +30,15 @@ import numpy as np
 import torch
 
 import make_hf_fixtures_encoders as encoders
+import make_hf_fixtures_moe as moe
 from make_hf_fixtures import G_SEED, OUT, float64_everywhere, load_float64
 
-NAMES = ("llama", "mistral", "gemma2", "gpt2", "qwen2")
+NAMES = ("llama", "mistral", "gemma2", "gpt2", "qwen2", "deepseek_v2")
 MASK = np.array([[0, 0, 0, 1, 1, 1, 1, 1, 1],
                  [1, 1, 1, 1, 1, 1, 1, 1, 1],
                  [0, 0, 0, 0, 0, 0, 1, 1, 1],
                  [0, 1, 1, 1, 1, 1, 1, 0, 0]])
+MOE = ("deepseek_v2",)  # loaded as make_hf_fixtures_moe.py loads them (fused experts)
 LEFT = 3  # the first three rows are left-padded (or unpadded): the ones generate takes
 N_NEW = 8
 
@@ -45,7 +48,8 @@ def positions(mask):
 
 
 def padded_reference(directory):
-    model = load_float64(directory)
+    moe_family = directory.name in MOE
+    model = (moe.load_float64 if moe_family else load_float64)(directory)
     model.generation_config.eos_token_id = None  # every row generates N_NEW ids
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     V = model.config.vocab_size
@@ -56,7 +60,9 @@ def padded_reference(directory):
         logits = model(torch.tensor(ids), attention_mask=torch.tensor(MASK),
                        position_ids=torch.tensor(positions(MASK))).logits
         (logits * torch.tensor(G)).sum().backward()
-        grads = {f"grad/{n}": p.grad.numpy().copy() for n, p in model.named_parameters()}
+        grads = moe.checkpoint_grads(model) if moe_family else {
+            n: p.grad.numpy() for n, p in model.named_parameters()}
+        grads = {f"grad/{n}": g.copy() for n, g in grads.items()}
         logits = logits.detach().numpy()
         with torch.no_grad():
             for b, row in enumerate(MASK.astype(bool)):  # transformers: each row alone

@@ -13,7 +13,8 @@ from hub_fixtures import HF, rel_err
 
 SLOW = pytest.mark.slow
 NAMES = ["llama", pytest.param("mistral", marks=SLOW), pytest.param("gemma2", marks=SLOW),
-         pytest.param("gpt2", marks=SLOW), pytest.param("qwen2", marks=SLOW)]
+         pytest.param("gpt2", marks=SLOW), pytest.param("qwen2", marks=SLOW),
+         pytest.param("deepseek_v2", marks=SLOW)]
 
 
 @pytest.mark.parametrize("name", NAMES)
