@@ -101,7 +101,7 @@ class MaskedLM(LM):
                                  f"shape of input_ids {np.shape(input_ids)} and a config with "
                                  f"type_vocab_size (it has {self.cfg.type_vocab_size})")
         return self._forward(input_ids, token_type_ids, attention_mask=attention_mask,
-                             shift=False)
+                             positions="absolute")
 
     def init_state(self, batch, max_len):
         raise ValueError("MaskedLM: a bidirectional model has no token-by-token decoding")

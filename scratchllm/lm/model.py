@@ -107,32 +107,37 @@ class LM(LMEnds, Module):
         return [(f"layers.{i}.{name}", b) for i, layer in enumerate(self.layers)
                 for name, b in layer.named_buffers()]
 
-    def forward(self, ids=None, *, input_ids=None, doc_ids=None, attention_mask=None):
+    def forward(self, ids=None, *, input_ids=None, doc_ids=None, attention_mask=None,
+                position_ids=None):
         """ids (B, T) ints -> (logits (B, T, V), LMCache). The ids go positionally or by
         transformers' keyword, forward(input_ids=ids); exactly one of the two. doc_ids (B, T)
         ints: a packed batch, the document of each token (each run of equal ids along a row
         is one document); attention stays inside each document and positions restart.
         attention_mask (B, T) 0/1: a padded batch, transformers' (lm/padding.py): padding
         keys masked, positions from the mask's cumulative sum; the real tokens' logits are
-        each row's alone."""
+        each row's alone. position_ids (B, T) or (T,) ints, transformers' too: the positions
+        RoPE and a position table read instead (with or without attention_mask)."""
         if (ids is None) == (input_ids is None):
             raise TypeError("LM.forward: give the token ids once, as forward(ids) or "
                             "forward(input_ids=ids)")
         return self._forward(input_ids if ids is None else ids, doc_ids=doc_ids,
-                             attention_mask=attention_mask)
+                             attention_mask=attention_mask, positions=position_ids)
 
-    def _forward(self, ids, types=None, doc_ids=None, attention_mask=None, shift=True):
-        """forward, with the token types (B, T) ints of a config with type_vocab_size (None:
-        all 0); shift=False keeps a padded batch's positions 0..T-1 (BERT's)."""
+    def _forward(self, ids, types=None, doc_ids=None, attention_mask=None, positions="shift"):
+        """forward with token types (B, T) (None: all 0) and a padded batch's positions
+        (padding_packing's: "shift", "absolute" for BERT's 0..T-1, or position_ids)."""
         self._check_ids("LM", "ids", ids)
         if ids.shape[1] < 1:
             raise ValueError(f"LM: ids has shape {ids.shape}: no tokens (T must be >= 1)")
-        if doc_ids is not None and attention_mask is not None:
-            raise ValueError("LM.forward: doc_ids (a packed batch) or attention_mask (a "
-                             "padded one), not both")
+        given = not isinstance(positions, (str, type(None)))  # position_ids
+        positions = "shift" if positions is None else positions
+        if doc_ids is not None and (attention_mask is not None or given):
+            raise ValueError("LM.forward: doc_ids (a packed batch, positions restarting per "
+                             "document) or attention_mask / position_ids, not both")
         packing = None if doc_ids is None else make_packing("LM", ids, doc_ids)
-        if attention_mask is not None:
-            packing = padding_packing("LM.forward", self, ids, attention_mask, shift)
+        if attention_mask is not None or given:
+            mask = np.ones(ids.shape, np.int64) if attention_mask is None else attention_mask
+            packing = padding_packing("LM.forward", self, ids, mask, positions)
         x, c_emb = self._embed_forward(  # (B, T, D)
             ids, types=types, positions=None if packing is None else packing.positions)
         logits, cache = self.trunk_forward(x, packing)  # (B, T, V)

@@ -31,7 +31,7 @@ Glossary: B batch, T padded length, n_b the real tokens of row b, V vocabulary.
 """
 import numpy as np
 
-from scratchllm.core.validate import expect_ndim
+from scratchllm.core.validate import expect_int, expect_ndim
 from scratchllm.lm.block import Packing
 
 
@@ -86,17 +86,27 @@ def check_padded_layers(fn, model):
                              f"padding into its state (give the rows one at a time)")
 
 
-def padding_packing(fn, model, ids, attention_mask, shift=True):
+def padding_packing(fn, model, ids, attention_mask, positions="shift"):
     """The Packing of a padded batch: doc_ids (B, T) numbering the left padding 0, the real
-    tokens 1 and the right padding 2, and padded_positions' positions (shift=False: 0..T-1
-    whatever the padding, as BERT's absolute positions). fn names the caller."""
+    tokens 1 and the right padding 2, and its positions: "shift" padded_positions' (the
+    mask's cumulative sum), "absolute" 0..T-1 whatever the padding (BERT's), or position_ids
+    given, (B, T) or (T,) ints >= 0 (transformers' keyword). fn names the caller."""
     m = check_attention_mask(fn, attention_mask, ids)
     check_padded_layers(fn, model)
     seen = np.cumsum(m, axis=1) > 0  # (B, T) at or after the first real token
     doc_ids = np.where(m, 1, np.where(seen, 2, 0))  # (B, T)
-    positions = padded_positions(m) if shift else np.broadcast_to(np.arange(m.shape[1]),
-                                                                   m.shape)
-    return Packing(doc_ids, positions)
+    if isinstance(positions, str) and positions not in ("shift", "absolute"):
+        raise ValueError(f"{fn}: positions must be 'shift', 'absolute' or position_ids, got "
+                         f"{positions!r}")
+    named = isinstance(positions, str)
+    if named and positions == "shift":
+        return Packing(doc_ids, padded_positions(m))
+    p = np.arange(m.shape[1]) if named else np.asarray(positions)  # "absolute" or given
+    expect_int(fn, "position_ids", p)
+    if p.shape not in (m.shape, m.shape[1:]) or (p.size and p.min() < 0):
+        raise ValueError(f"{fn}: position_ids must be ints >= 0 of shape {m.shape} or "
+                         f"{m.shape[1:]} (one per token), got shape {p.shape}")
+    return Packing(doc_ids, np.broadcast_to(p, m.shape))
 
 
 def _rows_states(fn, state):

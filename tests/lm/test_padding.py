@@ -86,6 +86,26 @@ def test_a_row_stops_at_its_stop_id_and_the_others_go_on():
     assert cut[1] == full[1][:full[1].index(stop)] if stop in full[1] else cut[1] == full[1]
 
 
+def test_position_ids_are_what_rope_and_a_position_table_read():
+    rope, learned = _model("rope"), _model("learned")
+    ids = np.random.default_rng(5).integers(0, 31, (2, 6))
+    base, _ = rope.forward(ids)
+    shifted, _ = rope.forward(input_ids=ids, position_ids=np.arange(6) + 4)  # RoPE: relative
+    np.testing.assert_allclose(shifted, base, rtol=0, atol=1e-12)
+    plain, _ = learned.forward(ids)
+    same, _ = learned.forward(input_ids=ids, position_ids=np.tile(np.arange(6), (2, 1)))
+    np.testing.assert_allclose(same, plain, rtol=0, atol=1e-12)
+    moved, _ = learned.forward(input_ids=ids, position_ids=np.arange(6) + 4)
+    assert np.abs(moved - plain).max() > 1e-3
+    padded, _ = learned.forward(input_ids=ids, attention_mask=MASK[:2, 1:],
+                                position_ids=np.arange(6))  # transformers' forward default
+    cumsum, _ = learned.forward(input_ids=ids, attention_mask=MASK[:2, 1:])
+    assert np.abs(padded[0, 2:] - cumsum[0, 2:]).max() > 1e-4  # row 0 is left-padded
+    np.testing.assert_allclose(padded[1], cumsum[1], rtol=0, atol=1e-12)  # unpadded
+    with pytest.raises(ValueError, match="position_ids must be ints >= 0 of shape"):
+        rope.forward(input_ids=ids, position_ids=np.arange(5))
+
+
 def test_what_a_padded_batch_cannot_take_is_refused_by_name():
     dense = _model("rope")
     ids = np.zeros((2, 4), np.int64)
