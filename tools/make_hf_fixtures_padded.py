@@ -8,7 +8,9 @@ Checkpoints: llama (RoPE with llama3 scaling), mistral (a sliding window of 4 < 
 (alternating sliding / global layers, attention and final soft-caps, the embedding's
 padding_idx), gpt2 (learned positions: the table is read at the mask's positions), qwen2,
 deepseek_v2 (MLA with YaRN, group-limited routing; per-expert gradient names as
-make_hf_fixtures_moe.py writes them); and bert (BertForMaskedLM: right and left padding, positions 0..T-1 as BERT's, no greedy).
+make_hf_fixtures_moe.py writes them), mamba, mamba2 and jamba (transformers masks the
+padding's inputs to their mixers, apply_mask_to_padding_states; make_hf_fixtures_ssm.py's
+loader and gradient names); and bert (BertForMaskedLM: right and left padding, positions 0..T-1 as BERT's, no greedy).
 The batch: MASK's rows, left-padded, unpadded, and padded on both sides; the padding holds the
 config's pad_token_id (0 without one). Positions as transformers' generate passes them
 (generation/utils.py _prepare_position_ids_for_generation: attention_mask.cumsum(-1) - 1,
@@ -17,7 +19,9 @@ expected_padded.npz: ids (B, T), attention_mask (B, T), logits (B, T, V) (the pa
 rows are transformers' own and compared nowhere), G_seed (G = default_rng(G_seed).
 standard_normal((B, T, V)) times the mask: a loss that skips the padding), grad/<HF name>
 = d sum(logits * G * mask) / d param, greedy (B, N_NEW): generate on the left-padded rows
-(LEFT: MASK without its right-padded row), eos off. The script checks that transformers
+(LEFT: MASK without its right-padded row), eos off; none for mamba, mamba2 and jamba
+(scratchllm generates no padded batch with a recurrent state; transformers' own padded
+mamba2 generate is not each prompt's alone in 5.24). The script checks that transformers
 itself gives each row's real tokens the logits of the row alone and each left-padded row the
 greedy ids of the prompt alone, both within 1e-12 / exactly.
 float64 as make_hf_fixtures.py (load_float64, float64_everywhere).
@@ -31,14 +35,17 @@ import torch
 
 import make_hf_fixtures_encoders as encoders
 import make_hf_fixtures_moe as moe
+import make_hf_fixtures_ssm as ssm
 from make_hf_fixtures import G_SEED, OUT, float64_everywhere, load_float64
 
-NAMES = ("llama", "mistral", "gemma2", "gpt2", "qwen2", "deepseek_v2")
+NAMES = ("llama", "mistral", "gemma2", "gpt2", "qwen2", "deepseek_v2", "mamba", "mamba2",
+         "jamba")
 MASK = np.array([[0, 0, 0, 1, 1, 1, 1, 1, 1],
                  [1, 1, 1, 1, 1, 1, 1, 1, 1],
                  [0, 0, 0, 0, 0, 0, 1, 1, 1],
                  [0, 1, 1, 1, 1, 1, 1, 0, 0]])
-MOE = ("deepseek_v2",)  # loaded as make_hf_fixtures_moe.py loads them (fused experts)
+MOE = ("deepseek_v2",)
+SSM = ("mamba", "mamba2", "jamba")  # loaded as make_hf_fixtures_ssm.py loads them  # loaded as make_hf_fixtures_moe.py loads them (fused experts)
 LEFT = 3  # the first three rows are left-padded (or unpadded): the ones generate takes
 N_NEW = 8
 
@@ -48,8 +55,9 @@ def positions(mask):
 
 
 def padded_reference(directory):
-    moe_family = directory.name in MOE
-    model = (moe.load_float64 if moe_family else load_float64)(directory)
+    moe_family, ssm_family = directory.name in MOE, directory.name in SSM
+    model = (moe.load_float64 if moe_family else ssm.load_float64 if ssm_family
+             else load_float64)(directory)
     model.generation_config.eos_token_id = None  # every row generates N_NEW ids
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     V = model.config.vocab_size
@@ -60,8 +68,9 @@ def padded_reference(directory):
         logits = model(torch.tensor(ids), attention_mask=torch.tensor(MASK),
                        position_ids=torch.tensor(positions(MASK))).logits
         (logits * torch.tensor(G)).sum().backward()
-        grads = moe.checkpoint_grads(model) if moe_family else {
-            n: p.grad.numpy() for n, p in model.named_parameters()}
+        grads = {n: p.grad.numpy() for n, p in model.named_parameters()}
+        grads = moe.checkpoint_grads(model) if moe_family else ssm.checkpoint_names(
+            grads) if ssm_family else grads
         grads = {f"grad/{n}": g.copy() for n, g in grads.items()}
         logits = logits.detach().numpy()
         with torch.no_grad():
@@ -69,6 +78,9 @@ def padded_reference(directory):
                 alone = model(torch.tensor(ids[b:b + 1, row])).logits.numpy()[0]
                 err = np.abs(alone - logits[b, row]).max() / np.abs(alone).max()
                 assert err < 1e-12, (directory.name, b, err)
+            if ssm_family:  # no padded generation for recurrent states (in scratchllm)
+                return dict(ids=ids, attention_mask=MASK, logits=logits, G_seed=G_SEED,
+                            **grads)
             greedy = model.generate(torch.tensor(ids[:LEFT]), attention_mask=torch.tensor(
                 MASK[:LEFT]), max_new_tokens=N_NEW, do_sample=False, pad_token_id=pad)
             greedy = greedy[:, MASK.shape[1]:].numpy()
@@ -123,7 +135,7 @@ def main(names=()):
             continue
         out = padded_reference(OUT / name)
         np.savez_compressed(OUT / name / "expected_padded.npz", **out)
-        print(f"{name}: greedy {out['greedy'].tolist()}")
+        print(f"{name}: greedy {out['greedy'].tolist() if 'greedy' in out else None}")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from scratchllm.core.nn import Module
 from scratchllm.core.validate import expect_int
 from scratchllm.lm.ffn import make_ffn
 from scratchllm.lm.mixers import make_mixer, make_norm
+from scratchllm.lm.shifted import ShiftedCache, mix_shifted_back, mix_shifted
 
 
 class SublayerCache(NamedTuple):
@@ -45,9 +46,12 @@ class SublayerCache(NamedTuple):
 
 
 class Packing(NamedTuple):
-    """Several documents in each row of a batch (LM.forward's doc_ids)."""
+    """Several documents in each row of a batch (LM.forward's doc_ids), or a padded batch
+    (attention_mask, lm/padding.py: keep its real tokens, the only ones a recurrent mixer
+    reads)."""
     doc_ids: np.ndarray    # (B, T) ints, the document of each token
     positions: np.ndarray  # (B, T) ints, restarting at 0 where each document starts
+    keep: np.ndarray = None  # (B, T) bool, a padded batch's real tokens (None: packed)
 
 
 def make_packing(fn, ids, doc_ids):
@@ -154,6 +158,8 @@ class Block(Module):
         positions that restart per document (RoPE's; ALiBi and T5's bias read distances,
         which inside a document are its own)."""
         spec = self.spec.mixer
+        if packing.keep is not None and not hasattr(spec, "mask"):  # a padded batch
+            return lambda a: mix_shifted(self.mixer, a, packing.keep)
         if not hasattr(self.mixer, "prefill") or not hasattr(spec, "mask"):
             raise ValueError(f"Block: packed documents need an attention or MLA mixer; a "
                              f"{type(spec).__name__} layer's recurrence would carry one "
@@ -246,7 +252,8 @@ class Block(Module):
             return dh if c_cross is None else {"x": dh, "context": dcontext}
         dx, _ = self._sublayer_backward(  # fwd: h = sub(x, mixer)
             dh, c_mix, self.norm1, self.post_mixer_norm,
-            lambda dm, c: (self.mixer.backward(dm, c), None))
+            lambda dm, c: (mix_shifted_back(self.mixer, dm, c) if isinstance(
+                c, ShiftedCache) else self.mixer.backward(dm, c), None))
         return dx if c_cross is None else {"x": dx, "context": dcontext}
 
     def _cross_backward(self, dm, cache):

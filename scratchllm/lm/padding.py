@@ -15,8 +15,8 @@ right padding), so each layer's mask is its own pattern within one document and 
 is the packed path's, unchanged; the positions are the cumulative sum's. A padding token's
 output is defined but meaningless (padding attends padding; transformers' padding queries see
 no key at all): a loss leaves them out (labels -100), and a test compares the real tokens.
-Only attention and MLA layers take a padded batch (a recurrence would carry the padding into
-the state).
+Mamba and Mamba-2 layers run each row's real tokens alone (lm/shifted.py), as transformers'
+masked mixers do; other recurrences (RWKV, the linear-attention family) are refused.
 
 Generation of a left-padded batch (prefill_padded): every layer's decoding state must end up
 holding each row's own tokens at positions 0..n_b-1, as the row alone would. With KV and MLA
@@ -33,6 +33,7 @@ import numpy as np
 
 from scratchllm.core.validate import expect_int, expect_ndim
 from scratchllm.lm.block import Packing
+from scratchllm.specs import Mamba2Spec, MambaSpec
 
 
 def padded_positions(attention_mask):
@@ -76,14 +77,16 @@ def check_attention_mask(fn, attention_mask, ids, *, left=False):
 
 
 def check_padded_layers(fn, model):
-    """ValueError unless every mixer of model takes a padded batch (attention or MLA)."""
+    """ValueError unless every mixer of model takes a padded batch: attention or MLA (the
+    padding keys masked), Mamba or Mamba-2 (lm/shifted.py: as transformers' masked mixers)."""
     for i, layer in enumerate(model.layers):
         spec = layer.spec.mixer
-        if layer.mixer is not None and not (hasattr(layer.mixer, "prefill")
-                                             and hasattr(spec, "mask")):
-            raise ValueError(f"{fn}: attention_mask needs attention or MLA layers; layer {i} "
-                             f"is a {type(spec).__name__}, whose recurrence would carry the "
-                             f"padding into its state (give the rows one at a time)")
+        if layer.mixer is not None and not hasattr(spec, "mask") and not isinstance(
+                spec, (MambaSpec, Mamba2Spec)):
+            raise ValueError(f"{fn}: attention_mask needs attention, MLA, Mamba or Mamba-2 "
+                             f"layers; layer {i} is a {type(spec).__name__}, whose recurrence "
+                             f"would carry the padding into its state (give the rows one at a "
+                             f"time)")
 
 
 def padding_packing(fn, model, ids, attention_mask, positions="shift"):
@@ -100,13 +103,13 @@ def padding_packing(fn, model, ids, attention_mask, positions="shift"):
                          f"{positions!r}")
     named = isinstance(positions, str)
     if named and positions == "shift":
-        return Packing(doc_ids, padded_positions(m))
+        return Packing(doc_ids, padded_positions(m), m)
     p = np.arange(m.shape[1]) if named else np.asarray(positions)  # "absolute" or given
     expect_int(fn, "position_ids", p)
     if p.shape not in (m.shape, m.shape[1:]) or (p.size and p.min() < 0):
         raise ValueError(f"{fn}: position_ids must be ints >= 0 of shape {m.shape} or "
                          f"{m.shape[1:]} (one per token), got shape {p.shape}")
-    return Packing(doc_ids, np.broadcast_to(p, m.shape))
+    return Packing(doc_ids, np.broadcast_to(p, m.shape), m)
 
 
 def _rows_states(fn, state):
@@ -162,3 +165,4 @@ def pad_rows(rows, *, left=True, pad_id=0):
         cols = slice(T - len(r), T) if left else slice(0, len(r))
         ids[b, cols], mask[b, cols] = r, 1
     return ids, mask
+

@@ -16,6 +16,8 @@ CASES = {
     "alibi": ("dense", dict(positions="alibi")),
     "window": ("dense", dict(window=3)),
     "mla": ("dense", dict(attention="mla")),
+    "hybrid": ("hybrid", dict(n_layers=4, n_experts=4, d_ff=8)),  # Mamba + attention, MoE
+    "mamba2": ("mamba2", dict(n_layers=2, layer_pattern="SS")),
 }
 MASK = np.array([[0, 0, 0, 1, 1, 1, 1],    # left padding
                  [1, 1, 1, 1, 1, 1, 1],
@@ -45,13 +47,13 @@ def test_padded_batch_equals_each_row_alone(case):
     logits, cache = model.forward(input_ids=ids, attention_mask=MASK)  # (B, T, V)
     dlogits = rng.standard_normal(logits.shape) * MASK[..., None]  # a loss skips padding
     model.zero_grad()
-    model.backward(dlogits, cache)
+    model.backward(dlogits, cache, dloss_aux=0.0)  # MoE aux terms count the whole batch
     padded = _grads(model)
     model.zero_grad()
     for b, row in enumerate(MASK.astype(bool)):
         alone, c1 = model.forward(ids[b:b + 1, row])  # positions 0..n-1
         np.testing.assert_allclose(logits[b, row], alone[0], rtol=0, atol=1e-12)
-        model.backward(dlogits[b:b + 1, row], c1)
+        model.backward(dlogits[b:b + 1, row], c1, dloss_aux=0.0)
     for n, g in _grads(model).items():
         assert np.abs(padded[n] - g).max() / max(np.abs(g).max(), 1e-30) < 1e-11, n
     plain, _ = model.forward(ids)  # without the mask the padding is read
@@ -122,7 +124,11 @@ def test_what_a_padded_batch_cannot_take_is_refused_by_name():
     with pytest.raises(ValueError, match="generation needs left padding"):
         generate_batch_ids(dense, ids, np.array([[1, 1, 1, 0], [1] * 4]), 2, None,
                            temperature=0)
-    hybrid = LM(preset("hybrid", **dict(TINY, n_layers=4, n_experts=4, d_ff=8)),
-                rng=np.random.default_rng(0), dtype=np.float64)
-    with pytest.raises(ValueError, match="attention_mask needs attention or MLA layers"):
-        hybrid.forward(input_ids=ids, attention_mask=np.ones((2, 4), np.int64))
+    rwkv = LM(preset("rwkv", **dict(TINY, n_layers=2, layer_pattern="WW")),
+              rng=np.random.default_rng(0), dtype=np.float64)
+    with pytest.raises(ValueError, match="attention_mask needs attention, MLA, Mamba"):
+        rwkv.forward(input_ids=ids, attention_mask=np.ones((2, 4), np.int64))
+    hybrid = _model("hybrid")  # Mamba layers take the batch, not a decoding state per row
+    with pytest.raises(ValueError, match="which a MambaState does not keep"):
+        generate_batch_ids(hybrid, ids, np.array([[0, 1, 1, 1], [1] * 4]), 2, None,
+                           temperature=0)
