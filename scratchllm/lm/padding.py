@@ -25,7 +25,8 @@ one prefill runs the batch (causal attention never reads a later token), and eac
 is cut back to its n_b tokens; a sliding-window state (RollingKVState, whose ring the padding
 would overwrite) is filled one column at a time instead, a padding column restarting its row
 (decode at position 0: kv_state.begin_step), so the row's first real token starts it afresh.
-Decoding then goes on with one position per row, n_b, n_b + 1, ...
+Decoding then goes on with one position per row, n_b, n_b + 1, ... A Mamba / Mamba-2 model
+reads the prompt a column at a time, each padding column setting its row's states back to 0.
 
 Glossary: B batch, T padded length, n_b the real tokens of row b, V vocabulary.
 """
@@ -130,13 +131,24 @@ def prefill_padded(model, input_ids, attention_mask, state):
     Returns: (logits (B, V) after each row's last token, lengths (B,) int64 the real tokens
              n_b of each row: decoding goes on with model.decode(ids_t, state, lengths),
              then lengths + 1, ...), each row's logits and state those of the row alone.
+             A Mamba / Mamba-2 model (no attention) reads the prompt a column at a time, a
+             padding column's states set back to zero (transformers' masked inputs keep them
+             so), and returns the int T as the next position (its rows stay in step).
     """
     fn = "prefill_padded"
     m = check_attention_mask(fn, attention_mask, input_ids, left=True)
     check_padded_layers(fn, model)
-    rows = _rows_states(fn, state)
     ids = np.asarray(input_ids)
     B, T = ids.shape
+    if all(isinstance(layer.spec.mixer, (MambaSpec, Mamba2Spec, type(None)))
+           for layer in model.layers):  # recurrent states: zero until the first real token
+        for t in range(T):
+            logits = model.decode(ids[:, t], state, t)  # (B, V)
+            for st in (st for st in state if st is not None):
+                for a in st:  # conv and scan states, (B, ...) each
+                    a[~m[:, t]] = 0
+        return logits, T
+    rows = _rows_states(fn, state)
     n = m.sum(1).astype(np.int64)  # (B,)
     if any(hasattr(st, "window") for st in rows):  # a ring the padding would overwrite
         positions = padded_positions(m)  # (B, T); 0 at padding restarts the row

@@ -60,7 +60,7 @@ def test_padded_batch_equals_each_row_alone(case):
     assert np.abs(plain[0, 3:] - logits[0, 3:]).max() > 1e-4
 
 
-@pytest.mark.parametrize("case", ["rope", "window", "mla"])
+@pytest.mark.parametrize("case", ["rope", "window", "mla", "mamba2"])
 def test_a_left_padded_batch_generates_what_each_prompt_alone_generates(case):
     model = _model(case)
     ids = np.random.default_rng(3).integers(0, 31, (3, 6))
