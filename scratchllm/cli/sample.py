@@ -19,7 +19,7 @@ import numpy as np
 from scratchllm.cli.common import Parser, float_in, int_at_least, run
 from scratchllm.hub import FAMILIES, eos_ids, load_pretrained, load_tokenizer
 from scratchllm.lm import (Seq2SeqLM, encode_prompt, generate, generate_batch_ids,
-                          pad_rows, stream_text)
+                          generate_ids, generates_padded, pad_rows, stream_text)
 from scratchllm.tokenizer import EOT, chat_template_of, encode_chat, token_bytes
 from scratchllm.train import load_model
 
@@ -121,16 +121,23 @@ def _sample(args):
 def _sample_batch(args, model, tok, prompts, stop):
     """Several prompts as one padded batch (lm.generate_batch_ids: a decoder's rows padded
     on the left, an encoder-decoder's sources on the right, as transformers' tokenizers pad
-    them); every row draws from its own Generator seeded with --seed, so each prints what
-    `sample` with that prompt alone prints."""
+    them; a model whose states take no padded batch, one prompt after another); every row
+    draws from its own Generator seeded with --seed, so each prints what `sample` with that
+    prompt alone prints."""
     rows = [encode_prompt(model, tok, text, args.allow_special) for text in prompts]
     seq2seq = isinstance(model, Seq2SeqLM)
-    ids, mask = pad_rows(rows, left=not seq2seq, pad_id=getattr(model.cfg, "pad_id", None) or 0)
     stop_ids = {tok.special_tokens.get(EOT), *stop} - {None}
-    out = generate_batch_ids(model, ids, mask, args.max_tokens,
-                             [np.random.default_rng(args.seed) for _ in rows],
-                             stop_ids=stop_ids, temperature=args.temperature,
-                             top_k=args.top_k, top_p=args.top_p)
+    sampling = dict(stop_ids=stop_ids, temperature=args.temperature, top_k=args.top_k,
+                    top_p=args.top_p)
+    if seq2seq or generates_padded(model):
+        ids, mask = pad_rows(rows, left=not seq2seq,
+                             pad_id=getattr(model.cfg, "pad_id", None) or 0)
+        out = generate_batch_ids(model, ids, mask, args.max_tokens,
+                                 [np.random.default_rng(args.seed) for _ in rows], **sampling)
+    else:  # a hybrid or another recurrence: one prompt after another
+        out = [list(generate_ids(model, row, args.max_tokens,
+                                 np.random.default_rng(args.seed), **sampling))
+               for row in rows]
     for b, (text, row, new) in enumerate(zip(prompts, rows, out), 1):
         shown = "".join(stream_text(tok, new, () if seq2seq else row[-1:]))
         print(f"[{b}] {shown}" if seq2seq else f"[{b}] {text}{shown}")

@@ -113,6 +113,16 @@ def padding_packing(fn, model, ids, attention_mask, positions="shift"):
     return Packing(doc_ids, np.broadcast_to(p, m.shape), m)
 
 
+def generates_padded(model):
+    """Whether prefill_padded can fill model's decoding states from a left-padded batch:
+    attention and MLA layers only, or Mamba / Mamba-2 layers only (not a hybrid of the
+    two, nor RWKV or the linear-attention family)."""
+    kinds = {type(layer.spec.mixer) for layer in model.layers} - {type(None)}
+    recurrent = {MambaSpec, Mamba2Spec}
+    return kinds <= recurrent or not any(
+        k in recurrent or not hasattr(k, "mask") for k in kinds)
+
+
 def _rows_states(fn, state):
     """The per-layer states with per-row lengths (KV, rolling, MLA); ValueError for others."""
     rows = [st for st in state if st is not None]

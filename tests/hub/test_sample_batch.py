@@ -37,7 +37,7 @@ def _printed(capsys, name, prompts, *flags):
     return capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", ["t5", "llama"])
+@pytest.mark.parametrize("name", ["t5", "llama", "mamba", "rwkv"])  # rwkv: one by one
 @pytest.mark.parametrize("flags", [("--temperature", "0"), ("--seed", "3")])
 def test_sample_with_several_prompts_prints_each_as_alone(capsys, name, flags):
     prompts = ["the cat is here.", "a", "def f(x): return"]
