@@ -10,7 +10,10 @@ padding_idx), gpt2 (learned positions: the table is read at the mask's positions
 deepseek_v2 (MLA with YaRN, group-limited routing; per-expert gradient names as
 make_hf_fixtures_moe.py writes them), mamba, mamba2 and jamba (transformers masks the
 padding's inputs to their mixers, apply_mask_to_padding_states; make_hf_fixtures_ssm.py's
-loader and gradient names); and bert (BertForMaskedLM: right and left padding, positions 0..T-1 as BERT's, no greedy).
+loader and gradient names), llama4_text (chunks from each row's first real token, as
+masking_utils.chunked_overlay's left_padding; its NoPE layers' temperature tuning reads the
+cache position, the index in the padded row, so a padded row is not the row alone there, in
+transformers and here; no greedy); and bert (BertForMaskedLM: right and left padding, positions 0..T-1 as BERT's, no greedy).
 The batch: MASK's rows, left-padded, unpadded, and padded on both sides; the padding holds the
 config's pad_token_id (0 without one). Positions as transformers' generate passes them
 (generation/utils.py _prepare_position_ids_for_generation: attention_mask.cumsum(-1) - 1,
@@ -39,12 +42,13 @@ import make_hf_fixtures_ssm as ssm
 from make_hf_fixtures import G_SEED, OUT, float64_everywhere, load_float64
 
 NAMES = ("llama", "mistral", "gemma2", "gpt2", "qwen2", "deepseek_v2", "mamba", "mamba2",
-         "jamba")
+         "jamba", "llama4_text")
 MASK = np.array([[0, 0, 0, 1, 1, 1, 1, 1, 1],
                  [1, 1, 1, 1, 1, 1, 1, 1, 1],
                  [0, 0, 0, 0, 0, 0, 1, 1, 1],
                  [0, 1, 1, 1, 1, 1, 1, 0, 0]])
-MOE = ("deepseek_v2",)
+MOE = ("deepseek_v2", "llama4_text")
+BY_INDEX = ("llama4_text",)  # temperature tuning at the cache position: no alone, no greedy
 SSM = ("mamba", "mamba2", "jamba")  # loaded as make_hf_fixtures_ssm.py loads them  # loaded as make_hf_fixtures_moe.py loads them (fused experts)
 LEFT = 3  # the first three rows are left-padded (or unpadded): the ones generate takes
 N_NEW = 8
@@ -74,6 +78,9 @@ def padded_reference(directory):
         grads = {f"grad/{n}": g.copy() for n, g in grads.items()}
         logits = logits.detach().numpy()
         with torch.no_grad():
+            if directory.name in BY_INDEX:  # not each row alone, in transformers either
+                return dict(ids=ids, attention_mask=MASK, logits=logits, G_seed=G_SEED,
+                            **grads)
             for b, row in enumerate(MASK.astype(bool)):  # transformers: each row alone
                 alone = model(torch.tensor(ids[b:b + 1, row])).logits.numpy()[0]
                 err = np.abs(alone - logits[b, row]).max() / np.abs(alone).max()

@@ -16,6 +16,7 @@ CASES = {
     "alibi": ("dense", dict(positions="alibi")),
     "window": ("dense", dict(window=3)),
     "mla": ("dense", dict(attention="mla")),
+    "chunk": ("dense", dict(layer_types=["chunked_attention"] * 2, attention_chunk=2)),
     "hybrid": ("hybrid", dict(n_layers=4, n_experts=4, d_ff=8)),  # Mamba + attention, MoE
     "mamba2": ("mamba2", dict(n_layers=2, layer_pattern="SS")),
 }
