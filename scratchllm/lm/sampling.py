@@ -92,9 +92,9 @@ def generate_seq2seq_ids(model, source_ids, max_new_tokens, rng, stop_ids=(), **
 def generate_batch_ids(model, input_ids, attention_mask, max_new_tokens, rng, stop_ids=(),
                        **sampling):
     """Sample after a batch of prompts of different lengths, padded as transformers pads
-    them: input_ids (B, T) ints with attention_mask (B, T) 0/1 (1 = a real token). An LM
-    takes left padding (lm/padding.py prefill_padded: each row's state holds its own tokens,
-    then one position per row); an encoder-decoder (Seq2SeqLM) the padded sources (its
+    them: input_ids (B, T) ints with attention_mask (B, T) 0/1 (1 = a real token; None: no
+    padding). An LM takes left padding (lm/padding.py prefill_padded: each row's state holds
+    its own tokens, then one position per row); an encoder-decoder (Seq2SeqLM) the padded sources (its
     encoder and cross-attention mask the padding). rng: a Generator, or a list of B of them
     (row b draws from rng[b]). Returns B lists, each row's ids, up to max_new_tokens, ending
     before the row's first id in stop_ids; each equals generate_ids / generate_seq2seq_ids
@@ -112,7 +112,9 @@ def generate_batch_ids(model, input_ids, attention_mask, max_new_tokens, rng, st
         pos = 1
     else:
         state = model.init_state(B, np.shape(input_ids)[1] + max_new_tokens)
-        logits, pos = prefill_padded(model, input_ids, attention_mask, state)  # (B, V), (B,)
+        mask = np.ones(np.shape(input_ids), np.int64) if attention_mask is None else \
+            attention_mask  # None: no padding
+        logits, pos = prefill_padded(model, input_ids, mask, state)  # (B, V), (B,)
     for step in range(max_new_tokens):
         t = np.array([sample_next(z, r, **sampling) for z, r in zip(logits, rngs)])  # (B,)
         for b in np.flatnonzero(live):
