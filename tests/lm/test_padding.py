@@ -133,3 +133,24 @@ def test_what_a_padded_batch_cannot_take_is_refused_by_name():
     with pytest.raises(ValueError, match="which a MambaState does not keep"):
         generate_batch_ids(hybrid, ids, np.array([[0, 1, 1, 1], [1] * 4]), 2, None,
                            temperature=0)
+
+
+def test_the_loss_of_a_padded_batch_leaves_the_padding_out():
+    model = _model("rope")
+    rng = np.random.default_rng(6)
+    ids, targets = rng.integers(0, 31, MASK.shape), rng.integers(0, 31, MASK.shape)
+    loss, cache = model.loss(ids, targets, attention_mask=MASK)
+    model.zero_grad()
+    model.loss_backward(1.0, cache)
+    padded = _grads(model)
+    real = MASK.astype(bool)
+    n = real.sum(1)  # (B,)
+    model.zero_grad()
+    total = 0.0
+    for b in range(len(MASK)):  # the mean over every real token = sum_b n_b ce_b / sum n_b
+        alone, c1 = model.loss(ids[b:b + 1, real[b]], targets[b:b + 1, real[b]])
+        model.loss_backward(n[b] / n.sum(), c1)
+        total += float(alone) * n[b] / n.sum()
+    assert abs(float(loss) - total) < 1e-12
+    for name, g in _grads(model).items():
+        assert np.abs(padded[name] - g).max() / max(np.abs(g).max(), 1e-30) < 1e-11, name
