@@ -111,10 +111,11 @@ def accuracy(model, ids, targets):
     return float((logits.argmax(-1)[asked] == targets[asked]).mean())
 
 
-def train_task(model, sample, steps, lr, desc="train"):
+def train_task(model, sample, steps, lr, desc="train", on_step=None):
     """AdamW (weight decay 0.01, warmup min(30, steps), cosine to lr / 10, clip 1) on the
     loss over the asked positions of sample(step) -> (ids, targets), with one BLAS thread
-    (restored after). Returns the losses."""
+    (restored after); on_step(step), if given, runs after each update (a probe along
+    training). Returns the losses."""
     s = Settings(steps=steps, lr=lr, warmup=min(30, steps), weight_decay=0.01)
     opt = make_optimizer(model, s)
     losses = []
@@ -128,4 +129,6 @@ def train_task(model, sample, steps, lr, desc="train"):
             opt.lr = cosine_schedule(step, s.lr, s.lr / 10, s.warmup, steps)
             opt.step()
             losses.append(float(loss))
+            if on_step is not None:
+                on_step(step)
     return losses

@@ -15,17 +15,25 @@ from scratchllm.hub.peft import LoRA, lora_sites, load_adapter, save_adapter
 from scratchllm.lm import LM, preset
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-ADAPTER = FIXTURES / "peft" / "llama_lora"
 
 
-def base():
-    return load_pretrained(FIXTURES / "hf" / "llama", dtype=np.float64)
+def base(name="llama"):
+    return load_pretrained(FIXTURES / "hf" / name, dtype=np.float64)
 
 
-def test_peft_adapter_gives_transformers_logits():
-    model, expected = base(), np.load(ADAPTER / "expected.npz")
-    lora = load_adapter(model, ADAPTER)
-    assert len(lora.sites) == 6 and lora.scale == 2.0  # 3 targets x 2 layers, 8 / 4
+def weight(site):
+    """The site's library weights side by side (Din, Dout)."""
+    return np.concatenate([w.data for w in site.weights], axis=-1)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_peft_adapter_gives_transformers_logits(name):
+    # llama: nn.Linear q_proj, v_proj, down_proj; gpt2: Conv1D (in, out), c_attn fused q|k|v,
+    # and c_proj in attention and MLP: 3 sites x 2 layers either way, scale 8 / 4
+    adapter = FIXTURES / "peft" / f"{name}_lora"
+    model, expected = base(name), np.load(adapter / "expected.npz")
+    lora = load_adapter(model, adapter)
+    assert len(lora.sites) == 6 and lora.scale == 2.0 and lora.conv1d == (name == "gpt2")
     base_err = np.abs(model.forward(expected["ids"])[0] - expected["base_logits"]).max()
     lora.merge()
     logits = model.forward(expected["ids"])[0]
@@ -35,15 +43,17 @@ def test_peft_adapter_gives_transformers_logits():
     assert np.abs(logits - expected["logits"]).max() < 4 * base_err + 1e-9
 
 
-def test_saved_adapter_has_peft_names_shapes_values_and_config(tmp_path):
-    lora = load_adapter(base(), ADAPTER)
-    save_adapter(lora, tmp_path, base_model="tests/fixtures/hf/llama")
-    theirs, ours = load_file(str(ADAPTER / "adapter_model.safetensors")), \
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_saved_adapter_has_peft_names_shapes_values_and_config(tmp_path, name):
+    adapter = FIXTURES / "peft" / f"{name}_lora"
+    lora = load_adapter(base(name), adapter)
+    save_adapter(lora, tmp_path, base_model=f"tests/fixtures/hf/{name}")
+    theirs, ours = load_file(str(adapter / "adapter_model.safetensors")), \
         load_file(str(tmp_path / "adapter_model.safetensors"))
     assert sorted(ours) == sorted(theirs)
     for k in theirs:
         np.testing.assert_array_equal(ours[k], theirs[k])
-    c_theirs = json.loads((ADAPTER / "adapter_config.json").read_text())
+    c_theirs = json.loads((adapter / "adapter_config.json").read_text())
     c_ours = json.loads((tmp_path / "adapter_config.json").read_text())
     for key in ("peft_type", "task_type", "r", "lora_alpha", "bias", "fan_in_fan_out",
                 "use_rslora", "use_dora", "lora_dropout", "base_model_name_or_path"):
@@ -61,26 +71,42 @@ def test_fresh_adapter_changes_nothing_and_merge_is_w0_plus_scaled_ab():
     ids = np.random.default_rng(1).integers(0, 32, (2, 5))
     before = model.forward(ids)[0]
     lora = LoRA(model, 4, alpha=8, targets=("q_proj", "o_proj"), rng=np.random.default_rng(2))
-    assert lora_sites(model)["model.layers.1.self_attn.q_proj"] == "layers.1.mixer.wq"
+    assert lora_sites(model)["model.layers.1.self_attn.q_proj"] == (("layers.1.mixer.wq",),
+                                                                     False)
+    _merge_unmerge(model, lora, ids, before)
+
+
+def _merge_unmerge(model, lora, ids, before):
     lora.merge()
     np.testing.assert_array_equal(model.forward(ids)[0], before)  # B = 0
-    w0 = {m: W.data.copy() for m, (W, _, _, _) in lora.sites.items()}
+    w0 = {m: weight(site) for m, site in lora.sites.items()}
     for _, _, A, B in lora.sites.values():
         B.data[...] = np.random.default_rng(3).standard_normal(B.data.shape)
     lora.merge()
-    for m, (W, W0, A, B) in lora.sites.items():
-        np.testing.assert_allclose(W.data, w0[m] + (8 / 4) * A.data @ B.data, rtol=0,
-                                   atol=1e-12)
+    for m, site in lora.sites.items():
+        np.testing.assert_allclose(weight(site), w0[m] + lora.scale * site.A.data @ site.B.data,
+                                   rtol=0, atol=1e-12)
     assert np.abs(model.forward(ids)[0] - before).max() > 1e-3
     lora.unmerge()
-    for m, (W, _, _, _) in lora.sites.items():
-        np.testing.assert_array_equal(W.data, w0[m])
+    for m, site in lora.sites.items():
+        np.testing.assert_array_equal(weight(site), w0[m])
     np.testing.assert_array_equal(model.forward(ids)[0], before)
 
 
-def test_adapter_gradients_are_the_losss():
-    model = _dense()
-    lora = LoRA(model, 2, targets=("v_proj",), rng=np.random.default_rng(2))
+def test_fused_conv1d_adapter_merges_into_the_split_weights_and_unmerges():
+    model = base("gpt2")
+    ids = np.random.default_rng(1).integers(0, 300, (2, 5))
+    before = model.forward(ids)[0]
+    lora = LoRA(model, 3, alpha=6, targets=("c_attn",), rng=np.random.default_rng(2))
+    site = lora.sites["transformer.h.0.attn.c_attn"]
+    assert [w.data.shape for w in site.weights] == [(16, 16)] * 3 and site.B.data.shape == (3, 48)
+    _merge_unmerge(model, lora, ids, before)
+
+
+@pytest.mark.parametrize("name, target", [("dense", "v_proj"), ("gpt2", "c_attn")])
+def test_adapter_gradients_are_the_losss(name, target):
+    model = _dense() if name == "dense" else base("gpt2")  # gpt2: fused q|k|v, Conv1D
+    lora = LoRA(model, 2, targets=(target,), rng=np.random.default_rng(2))
     _, _, A, B = next(iter(lora.sites.values()))
     B.data[...] = np.random.default_rng(3).standard_normal(B.data.shape)
     ids = np.random.default_rng(1).integers(0, 32, (2, 6))
@@ -101,7 +127,7 @@ def test_adapter_gradients_are_the_losss():
     down = loss()
     A.data += eps * d
     np.testing.assert_allclose((A.grad * d).sum(), (up - down) / (2 * eps), rtol=1e-6)
-    W = next(iter(lora.sites.values()))[0]
+    W = next(iter(lora.sites.values())).weights[0]
     assert not W.grad.any()  # the base weight does not train
 
 
@@ -112,6 +138,12 @@ def test_refusals_name_what_is_wrong(tmp_path):
         {"peft_type": "LORA", "r": 2, "lora_alpha": 2, "use_dora": True}))
     with pytest.raises(ValueError, match="use_dora"):
         load_adapter(_dense(), tmp_path)
+    save_adapter(LoRA(_dense(), 2), tmp_path / "linear")  # nn.Linear targets ...
+    config = json.loads((tmp_path / "linear" / "adapter_config.json").read_text())
+    (tmp_path / "linear" / "adapter_config.json").write_text(json.dumps(
+        dict(config, fan_in_fan_out=True)))  # ... said to be Conv1D
+    with pytest.raises(ValueError, match="fan_in_fan_out"):
+        load_adapter(_dense(), tmp_path / "linear")
 
 
 def test_finetune_lora_saves_an_adapter_whose_merge_is_the_merged_model(tmp_path):
