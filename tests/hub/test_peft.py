@@ -149,11 +149,13 @@ def test_refusals_name_what_is_wrong(tmp_path):
 def test_finetune_lora_saves_an_adapter_whose_merge_is_the_merged_model(tmp_path):
     from scratchllm import cli
     hf = FIXTURES / "hf" / "llama"
-    assert cli.main(["finetune", "--hf", str(hf), "--data",
-                     str(FIXTURES / "python-docs-slice.txt"), "--lora", "2", "--lora-alpha", "4",
-                     "--lora-targets", "q_proj,v_proj", "--steps", "3", "--batch-size", "2",
-                     "--seq-len", "8", "--lr", "0.01", "--out", str(tmp_path), "--merge",
-                     "--no-progress"]) == 0
+    argv = ["finetune", "--hf", str(hf), "--data", str(FIXTURES / "python-docs-slice.txt"),
+            "--lora", "2", "--lora-alpha", "4", "--lora-targets", "q_proj,v_proj", "--steps",
+            "3", "--batch-size", "2", "--seq-len", "8", "--lr", "0.01", "--out", str(tmp_path),
+            "--no-progress"]
+    assert cli.main(argv + ["--merge", "--keep-state"]) == 0
+    assert (tmp_path / "lora_state" / "state.npz").is_file()  # kept for --resume
+    assert cli.main(argv) == 1  # a state is there: --resume, or another --out
     config = json.loads((tmp_path / "adapter_config.json").read_text())
     assert (config["r"], config["lora_alpha"], config["peft_type"]) == (2, 4.0, "LORA")
     model = load_pretrained(hf, dtype=np.float64)
@@ -165,3 +167,40 @@ def test_finetune_lora_saves_an_adapter_whose_merge_is_the_merged_model(tmp_path
         np.testing.assert_allclose(p.data, q.data, rtol=0, atol=1e-6, err_msg=name)
     with pytest.raises(SystemExit):
         cli.main(["finetune", "--data", "x", "--out", "y"])  # --hf or --preset
+
+
+def test_lora_training_resumes_bit_for_bit(tmp_path, monkeypatch):
+    from scratchllm.train import Settings, corpus
+    from scratchllm.train import lora as lora_training
+    ids = np.random.default_rng(5).integers(0, 32, 400)
+    s = Settings(steps=6, batch_size=2, seq_len=8, lr=0.01, warmup=2, eval_every=3)
+    eval_set = corpus.eval_batches(ids[300:], 2, 8, 32)
+
+    def fresh():
+        model = _dense()
+        return model, LoRA(model, 2, targets=("q_proj", "v_proj"), rng=np.random.default_rng(2))
+    model, whole = fresh()
+    straight, _ = lora_training.fit_lora(model, whole, ids[:300], eval_set, s, False)
+    model, cut = fresh()
+    calls, sample = [], corpus.sample_batch
+
+    def interrupting(*a):  # Ctrl-C while drawing the 5th batch: the save at step 3 remains
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return sample(*a)
+    monkeypatch.setattr(lora_training.corpus, "sample_batch", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        lora_training.fit_lora(model, cut, ids[:300], eval_set, s, False, state=tmp_path)
+    monkeypatch.setattr(lora_training.corpus, "sample_batch", sample)
+    model, resumed = fresh()
+    losses, _ = lora_training.fit_lora(model, resumed, ids[:300], eval_set, s, False,
+                                       state=tmp_path, resume=True)
+    assert losses == straight  # (also fails if the adapters' gradients carried over steps)
+    for m, site in whole.sites.items():
+        np.testing.assert_array_equal(resumed.sites[m].A.data, site.A.data)
+        np.testing.assert_array_equal(resumed.sites[m].B.data, site.B.data)
+    _, other = fresh()[0], LoRA(_dense(), 3, rng=np.random.default_rng(2))
+    with pytest.raises(ValueError, match="holds adapters"):
+        lora_training.fit_lora(other.model, other, ids[:300], eval_set, s, False,
+                               state=tmp_path, resume=True)
