@@ -142,6 +142,25 @@ for scale in (0.0, 1.0, 2.0):
     z = steered_logits(model, probe, 0, v, scale)
     p = np.exp(z - z.max(-1, keepdims=True)); p /= p.sum(-1, keepdims=True)
     print(f"scale {scale}: probability on the upper half {p[..., V // 2:].sum(-1).mean():.2f}")"""),
+    ('markdown', 'e4e1d0a1', r"""## Early exit while decoding
+
+The logit lens gives a prediction after every block; a decoder can stop there when it is
+confident (CALM, Schuster et al. 2022): a token runs blocks until the lens's largest
+probability reaches a threshold, and the blocks it skipped get its keys and values from the
+hidden state where it stopped, $k = \mathrm{norm}_1(h) W_k$. At threshold 1 nothing exits early
+and `early_exit_decode` is the model's own greedy decoding, token for token. Here the prompt
+is a first half and two tokens of its repeat; the rest of the repeat is the answer."""),
+    ('code', 'e4e1d0a2', """from scratchllm.experiments import early_exit_decode
+
+prompt, answer = held_out[:16, :n + 3], held_out[:16, n + 3:]
+for threshold in (1.0, 0.6, 0.3, 0.0):  # one sequence at a time: each token exits on its own
+    runs = [early_exit_decode(model, p[None], answer.shape[1], threshold) for p in prompt]
+    right = np.mean([(r.tokens[0] == a).mean() for r, a in zip(runs, answer)])
+    blocks = np.mean([r.blocks_fraction for r in runs])
+    print(f"threshold {threshold}: blocks run {blocks:.2f}, repeat right {right:.2f}")"""),
+    ('markdown', 'e4e1d0a3', """Layer 0 alone cannot copy (the induction head is in layer 1), so every early exit here is a
+guess: a threshold only saves blocks where the early lens is both confident and right, which
+the `early_exit` experiment measures on a deeper byte-level model."""),
     ('markdown', 'b16f4e9b', """## The memory experiments
 
 `recall` trains attention, a sliding window, Mamba, Mamba-2, linear attention, DeltaNet and a
