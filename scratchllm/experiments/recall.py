@@ -116,7 +116,8 @@ def _run(mode, seed, z=None):
                f"{copy['mamba'][T]:.2f}: attention above Mamba and linear attention "
                f"{'holds' if holds else 'does not hold here'}")
     config = dict(z, n_layers=2, n_heads=4, ffn="none", models=RECALL_MODELS, params=params,
-                  recall_pairs="T / 8", copy_span="T / 4 to T / 2", state_dtype="bf16")
+                  recall_pairs="T / 8", copy_span="T / 4 to T / 2", state_dtype="bf16",
+                  recurrent_chunk=RECURRENT_CHUNK)
     metrics = dict(accuracy=acc, copy_accuracy=copy, state_bytes=state, params=params)
     return Outcome(metrics, config, "\n".join(lines), verdict)
 
