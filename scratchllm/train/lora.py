@@ -1,11 +1,11 @@
 """Fine-tuning LoRA adapters only (hub/peft.py's LoRA on any projection of an LM): each step
 merges the adapters into their weights (W = W0 + s A B), runs the model's own forward and
 backward, turns each target weight's gradient into its adapter's (lora_merge_backward) and
-steps AdamW on the adapters alone, with train's warmup + cosine and gradient clip. The frozen
-weights' gradients are still computed and dropped: what LoRA saves here is the optimizer state
-and the checkpoint (R (Din + Dout) numbers per target instead of Din Dout), not backward
-FLOPs (benchmarks/bench_lora.py: the frozen dW matmuls are 16% of a step of a small dense
-model).
+steps AdamW on the adapters alone, with train's warmup + cosine and gradient clip. The
+backward runs under core/frozen.py's frozen_weights for every weight but the targets, so the
+linear pair skips their x^T dy (benchmarks/bench_lora.py measures the step with and without);
+the embedding's and the norms' gradients are still computed and dropped. LoRA also saves the
+optimizer state and the checkpoint (R (Din + Dout) numbers per target instead of Din Dout).
 
 Resuming: with a state directory, every settings.eval_every steps (and at the end) the
 adapters, AdamW's moments and step, the batch RNG and the losses so far go to DIR/state.npz
@@ -16,6 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 from scratchllm.core import AdamW, clip_grad_norm, cosine_schedule
+from scratchllm.core.frozen import frozen_weights
 from scratchllm.train import corpus
 from scratchllm.train.checkpoint import CheckpointError, load_state, save_state
 from scratchllm.train.trainer import evaluate
@@ -70,9 +71,11 @@ def fit_lora(model, lora, train_ids, eval_set, settings, progress=True, state=No
     if resume and state is None:
         raise ValueError("fit_lora: resume=True needs the state directory")
     done, losses = _load(state, lora, opt, rng, s) if resume else (0, [])
+    targets = {id(w) for site in lora.sites.values() for w in site.weights}
+    frozen = [p.data for p in model.parameters() if id(p) not in targets]
     bar = tqdm(range(done + 1, s.steps + 1), desc="lora", disable=not progress)
     for step in bar:  # an interrupted run resumes from the last save (a step cut midway
-        _step(model, lora, opt, rng, (train_ids, s, step), losses)  # would not be whole)
+        _step(model, lora, opt, rng, (train_ids, s, step, frozen), losses)  # is not whole)
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
         if state is not None and (step % s.eval_every == 0 or step == s.steps):
             _save(state, lora, opt, rng, step, losses, s)
@@ -82,15 +85,17 @@ def fit_lora(model, lora, train_ids, eval_set, settings, progress=True, state=No
 
 
 def _step(model, lora, opt, rng, where, losses):
-    """One step on a batch of train_ids; where = (train_ids, settings, step)."""
-    train_ids, s, step = where
+    """One step on a batch of train_ids; where = (train_ids, settings, step, the frozen
+    weights' arrays: their x^T dy is skipped)."""
+    train_ids, s, step, frozen = where
     x, y = corpus.sample_batch(train_ids, s.batch_size, s.seq_len, rng)
     lora.merge()  # fwd: W = W0 + s A B
     model.zero_grad()
     for p in lora.parameters():  # the adapters are not the model's Params
         p.grad[...] = 0
     _, cache = model.loss(x, y)
-    model.loss_backward(1.0, cache)
+    with frozen_weights(frozen):
+        model.loss_backward(1.0, cache)
     lora.backward()  # dW -> dA, dB
     clip_grad_norm(lora.parameters(), s.clip)
     opt.lr = cosine_schedule(step, s.lr, s.lr / 10, s.warmup, s.steps)

@@ -204,3 +204,37 @@ def test_lora_training_resumes_bit_for_bit(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="holds adapters"):
         lora_training.fit_lora(other.model, other, ids[:300], eval_set, s, False,
                                state=tmp_path, resume=True)
+
+
+def test_frozen_weights_skip_their_gradient_and_change_no_other():
+    from scratchllm.core.frozen import frozen_weights
+    from scratchllm.core.ops import linear_backward, linear_forward
+    rng = np.random.default_rng(0)
+    x, W, dy = rng.standard_normal((3, 4, 5)), rng.standard_normal((5, 6)), \
+        rng.standard_normal((3, 4, 6))
+    _, cache = linear_forward(x, W)
+    with frozen_weights([W]):
+        g = linear_backward(dy, cache)
+    assert not g["W"].any() and g["W"].shape == W.shape
+    np.testing.assert_array_equal(g["x"], linear_backward(dy, cache)["x"])
+    assert linear_backward(dy, cache)["W"].any()  # outside the block: computed again
+    model = _dense()
+    lora = LoRA(model, 2, targets=("q_proj", "v_proj"), rng=np.random.default_rng(2))
+    for site in lora.sites.values():
+        site.B.data[...] = rng.standard_normal(site.B.data.shape)
+    ids = rng.integers(0, 32, (2, 7))
+    targets = {id(w) for site in lora.sites.values() for w in site.weights}
+    grads = []
+    for freeze in (False, True):
+        lora.merge()
+        model.zero_grad()
+        _, cache = model.loss(ids[:, :-1], ids[:, 1:])
+        frozen = [p.data for p in model.parameters() if id(p) not in targets] if freeze else []
+        with frozen_weights(frozen):
+            model.loss_backward(1.0, cache)
+        grads.append({n: p.grad.copy() for n, p in model.named_parameters()})
+    for name, p in model.named_parameters():
+        if id(p) in targets or p.data.ndim != 2 or name.endswith(".E"):
+            np.testing.assert_array_equal(grads[1][name], grads[0][name], err_msg=name)
+        else:  # a frozen projection: skipped
+            assert grads[0][name].any() and not grads[1][name].any(), name
