@@ -82,7 +82,7 @@ def lora_main(args, s):
                       state=state, resume=args.resume)
     print(f"validation loss {before:.3f} -> {val:.3f} nats/token")
     if not args.keep_state:
-        shutil.rmtree(state)  # finished: the adapters below are the result
+        shutil.rmtree(state, ignore_errors=True)  # finished: the adapters below are the result
     if args.merge:
         save_pretrained(model, out / "merged")  # the adapters are merged after fit_lora
         for name in TOKENIZER_FILES if args.hf else ():
