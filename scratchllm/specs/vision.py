@@ -249,6 +249,17 @@ class MergerSpec:
         one_of(self, "gelu_approx", ("none", "tanh"))
 
 
+def _check_image_tokens(spec):
+    """A vision-language config's image_token_id lies in its text's vocabulary, and the LM's
+    input is its token embedding alone (where image features take the image tokens' places)."""
+    if spec.image_token_id >= spec.text.vocab_size:
+        fail(spec, f"image_token_id={spec.image_token_id} is outside the vocabulary "
+                   f"({spec.text.vocab_size})", "image_token_id")
+    if spec.text.positions != "none" or spec.text.embed_scale:
+        fail(spec, "the LM's input is its token embedding alone (positions='none', no "
+                   "embed_scale), where image features take the image tokens' places", "text")
+
+
 @dataclass(frozen=True)
 class LlavaConfig:
     """A LLaVA vision-language model (Liu et al. 2023, arXiv 2304.08485): an image encoder
@@ -278,13 +289,7 @@ class LlavaConfig:
                 or not -L - 1 <= self.feature_layer <= L:
             fail(self, f"feature_layer must index the {L + 1} hidden states of the vision "
                        f"encoder, got {self.feature_layer!r}", "feature_layer")
-        if self.image_token_id >= self.text.vocab_size:
-            fail(self, f"image_token_id={self.image_token_id} is outside the vocabulary "
-                       f"({self.text.vocab_size})", "image_token_id")
-        if self.text.positions != "none" or self.text.embed_scale:
-            fail(self, "the LM's input is its token embedding alone (positions='none', no "
-                       "embed_scale), where image features take the image tokens' places",
-                 "text")
+        _check_image_tokens(self)
 
     @property
     def n_layers(self):
@@ -294,3 +299,48 @@ class LlavaConfig:
         Dv, Dt = self.vision.d_model, self.text.d_model
         proj = Dv * Dt + Dt * Dt + (2 * Dt if self.projector_bias else 0)
         return self.vision.n_params() + proj + self.text.n_params()
+
+
+@dataclass(frozen=True)
+class Qwen2VLConfig:
+    """Qwen2-VL (Wang et al. 2024, arXiv 2409.12191): a vision tower of d_vision over the
+    patch rows of images of any sizes (n_channels * temporal_patch_size * patch_size^2 numbers
+    each, Conv3d's kernel without bias), one LayerSpec per block (bidirectional attention with
+    the axial 2-D RoPE; each image attends itself), the patch merger (merger) to the LM's
+    width, and a decoder LM (text) with M-RoPE (its attention's rope.mrope_section). The
+    merged image tokens take the places of the image_token_id tokens of the input, in order."""
+    name: str = "custom"
+    d_vision: int = 1280
+    layers: tuple = ()
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    n_channels: int = 3
+    merger: MergerSpec = MergerSpec()
+    text: ModelConfig = None
+    image_token_id: int = 0
+
+    def __post_init__(self):
+        for name in ("d_vision", "patch_size", "temporal_patch_size", "n_channels"):
+            positive_int(self, name)
+        instance(self, "merger", MergerSpec)
+        instance(self, "text", ModelConfig)
+        positive_int(self, "image_token_id", low=0)
+        if not isinstance(self.layers, tuple) or not self.layers or not all(
+                isinstance(s, LayerSpec) and isinstance(s.mixer, AttentionSpec)
+                and s.mixer.rope is not None and s.mixer.rope.axial for s in self.layers):
+            fail(self, "layers must be a non-empty tuple of LayerSpecs whose attention has "
+                       "the axial RoPE (RopeSpec(mrope_section=(Dh/4, Dh/4), axial=True))",
+                 "layers")
+        if any(getattr(s.mixer, "rope", None) is None or s.mixer.rope.mrope_section is None
+               for s in self.text.layers):
+            fail(self, "every layer of text needs M-RoPE (rope.mrope_section)", "text")
+        _check_image_tokens(self)
+
+    @property
+    def n_layers(self):
+        return self.text.n_layers
+
+    @property
+    def patch_dim(self):
+        """The numbers of one patch row: C * T * P * P."""
+        return self.n_channels * self.temporal_patch_size * self.patch_size ** 2

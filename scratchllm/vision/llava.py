@@ -19,11 +19,12 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.gelu import gelu_backward, gelu_forward
-from scratchllm.core.nn import Linear, Module
+from scratchllm.core.nn import Linear
 from scratchllm.core.validate import expect_int, expect_ndim
 from scratchllm.lm import LM
 from scratchllm.specs.vision import LlavaConfig
 from scratchllm.vision.model import VisionTransformer
+from scratchllm.vision.vlm import ImageTokensLM
 
 
 class LlavaCache(NamedTuple):
@@ -37,7 +38,7 @@ class LlavaCache(NamedTuple):
     feature_shape: tuple  # the vision encoder's output shape (Bi, N', Dv)
 
 
-class Llava(Module):
+class Llava(ImageTokensLM):
     """The model of a LlavaConfig (Params: tower, proj1, proj2, lm)."""
 
     def __init__(self, cfg, *, rng, dtype=np.float32):
@@ -49,13 +50,6 @@ class Llava(Module):
         self.proj1 = Linear(Dv, Dt, bias=cfg.projector_bias, rng=rng, dtype=dtype)
         self.proj2 = Linear(Dt, Dt, bias=cfg.projector_bias, rng=rng, dtype=dtype)
         self.lm = LM(cfg.text, rng=rng, dtype=dtype)
-
-    @property
-    def dtype(self):
-        return self.lm.dtype
-
-    def named_buffers(self):
-        return [(f"lm.{n}", b) for n, b in self.lm.named_buffers()]
 
     def image_features(self, pixel_values):
         """pixel_values (Bi, C, H, W) -> (projected features (Bi, N, Dt), caches)."""
@@ -81,8 +75,7 @@ class Llava(Module):
                 raise ValueError(f"Llava: input_ids hold {int(image.sum())} image tokens "
                                  f"({self.cfg.image_token_id}); {p.shape[0]} image(s) give "
                                  f"{p.shape[0] * p.shape[1]} features")
-            x = x.copy()
-            x[image] = p.reshape(-1, p.shape[2])  # (B, T, Dt)
+            x = self.place_features(x, image, p.reshape(-1, p.shape[2]))  # (B, T, Dt)
         elif image.any():
             raise ValueError("Llava: input_ids hold image tokens but no pixel_values")
         return x, c_emb, image, parts
@@ -115,8 +108,7 @@ class Llava(Module):
         dx = self.lm.trunk_backward(dlogits, cache.lm)  # fwd: logits = trunk(x_0)
         dpixels = None
         if cache.vision is not None:
-            dp = dx[cache.image]  # fwd: x_0[image] = p   (Bi*N, Dt)
-            dx = np.where(cache.image[..., None], 0, dx)  # the embedding lost those rows
+            dp, dx = self.split_grad(dx, cache.image)  # fwd: x_0[image] = p   (Bi*N, Dt)
             Bi, n_tokens, _ = cache.feature_shape
             N = n_tokens - (1 if self.cfg.select == "default" else 0)
             dg = self.proj2.backward(dp.reshape(Bi, N, -1), cache.proj2)  # fwd: p = g W2 + b2

@@ -11,10 +11,9 @@ import pytest
 from safetensors.numpy import load_file
 
 from scratchllm.hub import family_named, grad_dict, load_pretrained, save_pretrained
-from scratchllm.hub.layout import from_hf, to_hf
 from scratchllm.hub.registry import module_family_for
 from scratchllm.vision.llava import Llava
-from hub_fixtures import HF, rel_err
+from hub_fixtures import HF, assert_names_round_trip, rel_err
 
 DIR = HF / "llava"
 
@@ -70,15 +69,7 @@ def test_config_and_names_round_trip():
     cfg = family.from_hf(json.loads((DIR / "config.json").read_text()))
     assert family.from_hf(family.to_hf(cfg, "float32")) == cfg
     assert module_family_for(cfg) is family
-    model = Llava(cfg, rng=np.random.default_rng(0))
-    table = family.names(model, cfg)
-    arrays = {n: p.data for n, p in model.named_parameters()}
-    assert sorted(lib for e in table for lib in e.lib) == sorted(arrays)
-    assert len({e.hf for e in table}) == len(table)
-    restored = {n: np.zeros_like(a) for n, a in arrays.items()}
-    for e in table:
-        from_hf(e, to_hf(e, arrays), restored)
-    assert all(np.array_equal(restored[n], a) for n, a in arrays.items())
+    assert_names_round_trip(family, Llava(cfg, rng=np.random.default_rng(0)))
 
 
 def test_text_alone_and_what_cannot_be_honoured(ref, tmp_path):

@@ -1,0 +1,32 @@
+"""What the vision-language models (llava.py, qwen2_vl.py) share: a decoder LM (self.lm) whose
+input embedding has image features in the places of the image tokens.
+
+    x_0 = E[input_ids];  x_0[image] = p     forward (each model makes its p)
+    dp = dx_0[image];  dE <- dx_0 with the image rows zeroed    backward
+"""
+import numpy as np
+
+from scratchllm.core.nn import Module
+
+
+class ImageTokensLM(Module):
+    """A Module whose Params include an LM at self.lm fed image features at image tokens."""
+
+    @property
+    def dtype(self):
+        return self.lm.dtype
+
+    def named_buffers(self):
+        return [(f"lm.{n}", b) for n, b in self.lm.named_buffers()]
+
+    def place_features(self, x, image, p):
+        """x (B, T, D) embeddings, image (B, T) bool, p (n_image_tokens, D) -> x with the
+        image rows replaced, in order (a copy)."""
+        x = x.copy()
+        x[image] = p  # (B, T, D)
+        return x
+
+    def split_grad(self, dx, image):
+        """The backward of place_features: dx (B, T, D) -> (dp (n_image_tokens, D), dx of the
+        embedding: the image rows zeroed, which the embedding lost)."""
+        return dx[image], np.where(image[..., None], 0, dx)

@@ -1,0 +1,103 @@
+"""qwen2_vl against transformers: tests/fixtures/hf/qwen2_vl (the tower with its axial 2-D
+RoPE, each image attending itself, the patch merger, and a qwen2 LM with M-RoPE;
+tools/make_hf_fixtures_qwen2_vl.py) was computed by transformers in float64: the logits
+(1e-9) and every parameter's gradient (1e-8) agree, greedy decoding with M-RoPE's offsets
+gives generate's ids with cached == full, save/load is bit-identical and transformers loads
+the saved directory. No torch here."""
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from scratchllm.hub import family_named, grad_dict, load_pretrained, save_pretrained
+from scratchllm.hub.registry import module_family_for
+from scratchllm.vision.qwen2_vl import Qwen2VL
+from hub_fixtures import HF, assert_names_round_trip, expected, rel_err
+
+DIR = HF / "qwen2_vl"
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return expected("qwen2_vl")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_pretrained(DIR, dtype=np.float64)
+
+
+def inputs(ref):
+    return dict(input_ids=ref["input_ids"], pixel_values=ref["pixel_values"],
+                image_grid_thw=ref["image_grid_thw"])
+
+
+def test_logits_and_every_gradient_match_transformers(ref, model):
+    assert isinstance(model, Qwen2VL)
+    model.zero_grad()
+    logits, cache = model.forward(**inputs(ref))
+    assert rel_err(logits, ref["logits"]) < 1e-9
+    G = np.random.default_rng(int(ref["G_seed"])).standard_normal(logits.shape)
+    model.backward(G, cache)
+    grads = grad_dict(model)
+    want = {k.removeprefix("grad/"): v for k, v in ref.items() if k.startswith("grad/")}
+    assert sorted(grads) == sorted(want)
+    for n, g in want.items():  # RoPE turns the key bias too: every gradient is nonzero
+        assert rel_err(grads[n], g) < 1e-8, n
+
+
+def test_greedy_ids_and_cached_decoding(ref, model):
+    """Greedy decoding after sequence 0 and its image: transformers' ids (the decoded tokens
+    turn at slot + rope delta); the prefill's last row and every decoded step equal a full
+    forward over the sequence so far."""
+    ids = ref["input_ids"][:1]
+    image = dict(pixel_values=ref["pixel_values"][:24], image_grid_thw=ref["image_grid_thw"][:1])
+    n_new = len(ref["greedy"])
+    state = model.init_state(1, ids.shape[1] + n_new)
+    logits = model.prefill(ids, state, **image)[:, -1]  # (1, V)
+    assert state.deltas[0, 0] == -3  # 6 image tokens at 3 x 2 positions' extent: 6 - 3
+    seq = ids[0].tolist()
+    for _ in range(n_new):
+        full, _ = model.forward(input_ids=np.array([seq]), **image)
+        assert rel_err(logits[0], full[0, -1]) < 1e-10
+        seq.append(int(np.argmax(logits[0])))
+        logits = model.decode(np.array(seq[-1:]), state, len(seq) - 1)
+    assert seq[ids.shape[1]:] == ref["greedy"].tolist()
+
+
+def test_save_load_is_bit_identical_and_transformers_loads_it(ref, tmp_path):
+    save_pretrained(load_pretrained(DIR), tmp_path)
+    original, saved = load_file(DIR / "model.safetensors"), load_file(
+        tmp_path / "model.safetensors")
+    assert sorted(saved) == sorted(original)
+    assert all(np.array_equal(saved[n], original[n]) for n in original)
+    family = family_named("qwen2_vl")
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert family.from_hf(written) == family.from_hf(json.loads(
+        (DIR / "config.json").read_text()))
+    assert ref["saved_by_scratchllm_rel_err"] < 1e-5  # the generator's from_pretrained
+
+
+def test_config_and_names_round_trip():
+    family = family_named("qwen2_vl")
+    cfg = family.from_hf(json.loads((DIR / "config.json").read_text()))
+    assert family.from_hf(family.to_hf(cfg, "float32")) == cfg
+    assert module_family_for(cfg) is family
+    assert_names_round_trip(family, Qwen2VL(cfg, rng=np.random.default_rng(0)))
+
+
+def test_text_alone_and_bad_inputs_are_named(ref, model):
+    text = np.where(ref["input_ids"] == model.cfg.image_token_id, 5, ref["input_ids"])
+    assert model.forward(input_ids=text)[0].shape == ref["logits"].shape
+    with pytest.raises(ValueError, match="image tokens .* but no pixel_values"):
+        model.forward(input_ids=ref["input_ids"])
+    with pytest.raises(ValueError, match="pixel_values and image_grid_thw go together"):
+        model.forward(input_ids=ref["input_ids"], pixel_values=ref["pixel_values"])
+    with pytest.raises(ValueError, match=r"pixel_values has shape \(24, 96\), expected \(32, 96\)"):
+        model.forward(**dict(inputs(ref), pixel_values=ref["pixel_values"][:24]))
+    with pytest.raises(ValueError, match="attention_mask with padding"):
+        model.forward(**inputs(ref), attention_mask=np.zeros(ref["input_ids"].shape, int))
+    ok = (ref["input_ids"] == model.cfg.image_token_id).astype(int)
+    assert model.forward(**inputs(ref), mm_token_type_ids=ok,
+                         attention_mask=np.ones_like(ok))[0].shape == ref["logits"].shape
