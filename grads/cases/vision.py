@@ -155,7 +155,7 @@ def llava(rng):
     [CLS]-free, the GELU projector, a tiny dense LM of width 12): d every Param, 2 random
     directions each; the encoder's last block and norm come after the features (gradient 0)."""
     from scratchllm.specs import preset
-    from scratchllm.specs.vision import LlavaConfig
+    from scratchllm.specs.vision_lm import LlavaConfig
     from scratchllm.vision.llava import Llava
     text = preset("dense", vocab_size=23, d_model=12, n_layers=1, n_heads=2, n_kv_heads=1,
                   d_ff=14)
@@ -168,3 +168,16 @@ def llava(rng):
     return check(forward, backward, rng=rng, max_full=0, n_directions=2,
                  wrt=["pixel_values"] + [n for n in params if not n.endswith(".bk")],
                  pixel_values=rng.standard_normal((2, 2, 8, 12)), **params)
+
+
+@case
+def pool_project(rng):
+    """The multimodal Gemma 3's projector: a 4 x 4 grid pooled to 2 x 2 tokens, the RMSNorm
+    with gain 1 + g, the matrix."""
+    from scratchllm.specs.vision_lm import PoolProjectorSpec
+    from scratchllm.vision.gemma3 import (PoolProjectorWeights, pool_project_backward,
+                                          pool_project_forward)
+    w = PoolProjectorWeights(0.1 * rng.standard_normal(3), rng.standard_normal((3, 5)))
+    return check(pool_project_forward, pool_project_backward, rng=rng,
+                 spec=PoolProjectorSpec(tokens_per_image=4), x=rng.standard_normal((2, 16, 3)),
+                 w=w)

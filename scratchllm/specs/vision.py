@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from scratchllm.specs._check import fail, flag, instance, one_of, positive_int, real
 from scratchllm.specs.attention import AttentionSpec, Mask
 from scratchllm.specs.ffn import FFNSpec
-from scratchllm.specs.model import LayerSpec, ModelConfig, NormSpec
+from scratchllm.specs.model import LayerSpec, NormSpec
 
 # ViT-Base's block (Dosovitskiy et al. 2020, table 1): 12 heads, MLP 3072, LayerNorm
 VIT_BASE_LAYER = LayerSpec(AttentionSpec(12, 12, qkv_bias=True, o_bias=True, rope=None,
@@ -247,100 +247,3 @@ class MergerSpec:
         positive_int(self, "merge_size")
         real(self, "eps", 0.0, open_low=True)
         one_of(self, "gelu_approx", ("none", "tanh"))
-
-
-def _check_image_tokens(spec):
-    """A vision-language config's image_token_id lies in its text's vocabulary, and the LM's
-    input is its token embedding alone (where image features take the image tokens' places)."""
-    if spec.image_token_id >= spec.text.vocab_size:
-        fail(spec, f"image_token_id={spec.image_token_id} is outside the vocabulary "
-                   f"({spec.text.vocab_size})", "image_token_id")
-    if spec.text.positions != "none" or spec.text.embed_scale:
-        fail(spec, "the LM's input is its token embedding alone (positions='none', no "
-                   "embed_scale), where image features take the image tokens' places", "text")
-
-
-@dataclass(frozen=True)
-class LlavaConfig:
-    """A LLaVA vision-language model (Liu et al. 2023, arXiv 2304.08485): an image encoder
-    (vision), a two-layer GELU projector (Linear, GELU, Linear; projector_bias, gelu_approx
-    "none" (erf) | "tanh"), and a decoder LM (text). The image's hidden state after
-    feature_layer blocks (transformers' hidden_states index: -2 the one before the last)
-    loses its first token when select is "default" ([CLS]), is projected to the LM's width,
-    and takes the places of the image_token_id tokens of the input, in order."""
-    name: str = "custom"
-    vision: VisionConfig = VisionConfig()
-    text: ModelConfig = ModelConfig()
-    feature_layer: int = -2
-    select: str = "default"
-    projector_bias: bool = True
-    gelu_approx: str = "none"
-    image_token_id: int = 0
-
-    def __post_init__(self):
-        instance(self, "vision", VisionConfig)
-        instance(self, "text", ModelConfig)
-        one_of(self, "select", ("default", "full"))
-        one_of(self, "gelu_approx", ("none", "tanh"))
-        flag(self, "projector_bias")
-        positive_int(self, "image_token_id", low=0)
-        L = self.vision.n_layers
-        if isinstance(self.feature_layer, bool) or not isinstance(self.feature_layer, int) \
-                or not -L - 1 <= self.feature_layer <= L:
-            fail(self, f"feature_layer must index the {L + 1} hidden states of the vision "
-                       f"encoder, got {self.feature_layer!r}", "feature_layer")
-        _check_image_tokens(self)
-
-    @property
-    def n_layers(self):
-        return self.text.n_layers
-
-    def n_params(self):
-        Dv, Dt = self.vision.d_model, self.text.d_model
-        proj = Dv * Dt + Dt * Dt + (2 * Dt if self.projector_bias else 0)
-        return self.vision.n_params() + proj + self.text.n_params()
-
-
-@dataclass(frozen=True)
-class Qwen2VLConfig:
-    """Qwen2-VL (Wang et al. 2024, arXiv 2409.12191): a vision tower of d_vision over the
-    patch rows of images of any sizes (n_channels * temporal_patch_size * patch_size^2 numbers
-    each, Conv3d's kernel without bias), one LayerSpec per block (bidirectional attention with
-    the axial 2-D RoPE; each image attends itself), the patch merger (merger) to the LM's
-    width, and a decoder LM (text) with M-RoPE (its attention's rope.mrope_section). The
-    merged image tokens take the places of the image_token_id tokens of the input, in order."""
-    name: str = "custom"
-    d_vision: int = 1280
-    layers: tuple = ()
-    patch_size: int = 14
-    temporal_patch_size: int = 2
-    n_channels: int = 3
-    merger: MergerSpec = MergerSpec()
-    text: ModelConfig = None
-    image_token_id: int = 0
-
-    def __post_init__(self):
-        for name in ("d_vision", "patch_size", "temporal_patch_size", "n_channels"):
-            positive_int(self, name)
-        instance(self, "merger", MergerSpec)
-        instance(self, "text", ModelConfig)
-        positive_int(self, "image_token_id", low=0)
-        if not isinstance(self.layers, tuple) or not self.layers or not all(
-                isinstance(s, LayerSpec) and isinstance(s.mixer, AttentionSpec)
-                and s.mixer.rope is not None and s.mixer.rope.axial for s in self.layers):
-            fail(self, "layers must be a non-empty tuple of LayerSpecs whose attention has "
-                       "the axial RoPE (RopeSpec(mrope_section=(Dh/4, Dh/4), axial=True))",
-                 "layers")
-        if any(getattr(s.mixer, "rope", None) is None or s.mixer.rope.mrope_section is None
-               for s in self.text.layers):
-            fail(self, "every layer of text needs M-RoPE (rope.mrope_section)", "text")
-        _check_image_tokens(self)
-
-    @property
-    def n_layers(self):
-        return self.text.n_layers
-
-    @property
-    def patch_dim(self):
-        """The numbers of one patch row: C * T * P * P."""
-        return self.n_channels * self.temporal_patch_size * self.patch_size ** 2

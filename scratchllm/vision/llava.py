@@ -22,7 +22,7 @@ from scratchllm.core.gelu import gelu_backward, gelu_forward
 from scratchllm.core.nn import Linear
 from scratchllm.core.validate import expect_int, expect_ndim
 from scratchllm.lm import LM
-from scratchllm.specs.vision import LlavaConfig
+from scratchllm.specs.vision_lm import LlavaConfig
 from scratchllm.vision.model import VisionTransformer
 from scratchllm.vision.vlm import ImageTokensLM
 

@@ -27,7 +27,7 @@ from scratchllm.core.nn import Linear, Module, Param, normal_init
 from scratchllm.core.validate import expect_float, expect_ndim
 from scratchllm.lm import Block
 from scratchllm.lm.block import Packing
-from scratchllm.specs.vision import Qwen2VLConfig
+from scratchllm.specs.vision_lm import Qwen2VLConfig
 from scratchllm.vision.merger import MergerWeights, patch_merger_backward, patch_merger_forward
 from scratchllm.vision.mrope import vision_positions
 

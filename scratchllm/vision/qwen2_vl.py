@@ -21,7 +21,7 @@ from scratchllm.attention import make_rope
 from scratchllm.core.validate import expect_int, expect_ndim
 from scratchllm.lm import LM
 from scratchllm.lm.block import Packing
-from scratchllm.specs.vision import Qwen2VLConfig
+from scratchllm.specs.vision_lm import Qwen2VLConfig
 from scratchllm.vision.mrope import mrope_positions
 from scratchllm.vision.qwen2_tower import Qwen2VisionTower
 from scratchllm.vision.vlm import ImageTokensLM

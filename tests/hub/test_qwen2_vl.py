@@ -1,6 +1,6 @@
 """qwen2_vl against transformers: tests/fixtures/hf/qwen2_vl (the tower with its axial 2-D
 RoPE, each image attending itself, the patch merger, and a qwen2 LM with M-RoPE;
-tools/make_hf_fixtures_qwen2_vl.py) was computed by transformers in float64: the logits
+tools/make_hf_fixtures_vlm.py) was computed by transformers in float64: the logits
 (1e-9) and every parameter's gradient (1e-8) agree, greedy decoding with M-RoPE's offsets
 gives generate's ids with cached == full, save/load is bit-identical and transformers loads
 the saved directory. No torch here."""
@@ -8,12 +8,12 @@ import json
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
-from scratchllm.hub import family_named, grad_dict, load_pretrained, save_pretrained
+from scratchllm.hub import family_named, grad_dict, load_pretrained
 from scratchllm.hub.registry import module_family_for
 from scratchllm.vision.qwen2_vl import Qwen2VL
-from hub_fixtures import HF, assert_names_round_trip, expected, rel_err
+from hub_fixtures import (HF, assert_greedy_and_cached, assert_names_round_trip,
+                          assert_saves_bit_identical, expected, rel_err)
 
 DIR = HF / "qwen2_vl"
 
@@ -49,33 +49,14 @@ def test_logits_and_every_gradient_match_transformers(ref, model):
 
 def test_greedy_ids_and_cached_decoding(ref, model):
     """Greedy decoding after sequence 0 and its image: transformers' ids (the decoded tokens
-    turn at slot + rope delta); the prefill's last row and every decoded step equal a full
-    forward over the sequence so far."""
-    ids = ref["input_ids"][:1]
+    turn at slot + rope delta), cached == full."""
     image = dict(pixel_values=ref["pixel_values"][:24], image_grid_thw=ref["image_grid_thw"][:1])
-    n_new = len(ref["greedy"])
-    state = model.init_state(1, ids.shape[1] + n_new)
-    logits = model.prefill(ids, state, **image)[:, -1]  # (1, V)
-    assert state.deltas[0, 0] == -3  # 6 image tokens at 3 x 2 positions' extent: 6 - 3
-    seq = ids[0].tolist()
-    for _ in range(n_new):
-        full, _ = model.forward(input_ids=np.array([seq]), **image)
-        assert rel_err(logits[0], full[0, -1]) < 1e-10
-        seq.append(int(np.argmax(logits[0])))
-        logits = model.decode(np.array(seq[-1:]), state, len(seq) - 1)
-    assert seq[ids.shape[1]:] == ref["greedy"].tolist()
+    state = assert_greedy_and_cached(model, ref["input_ids"][:1], ref["greedy"], **image)
+    assert state.deltas[0, 0] == -3  # 6 image tokens spanning 3 x 2 positions: 6 - 3
 
 
 def test_save_load_is_bit_identical_and_transformers_loads_it(ref, tmp_path):
-    save_pretrained(load_pretrained(DIR), tmp_path)
-    original, saved = load_file(DIR / "model.safetensors"), load_file(
-        tmp_path / "model.safetensors")
-    assert sorted(saved) == sorted(original)
-    assert all(np.array_equal(saved[n], original[n]) for n in original)
-    family = family_named("qwen2_vl")
-    written = json.loads((tmp_path / "config.json").read_text())
-    assert family.from_hf(written) == family.from_hf(json.loads(
-        (DIR / "config.json").read_text()))
+    assert_saves_bit_identical(DIR, tmp_path)
     assert ref["saved_by_scratchllm_rel_err"] < 1e-5  # the generator's from_pretrained
 
 

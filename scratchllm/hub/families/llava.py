@@ -21,7 +21,7 @@ from scratchllm.hub.families.vision import CLIP_VISION, SIGLIP_VISION
 from scratchllm.hub.layout import Entry
 from scratchllm.specs import from_flat
 from scratchllm.specs.unflat import flat_view
-from scratchllm.specs.vision import LlavaConfig
+from scratchllm.specs.vision_lm import LlavaConfig
 from scratchllm.vision.llava import Llava
 
 TEXT = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3)}

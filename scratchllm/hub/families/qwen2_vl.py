@@ -28,7 +28,8 @@ from scratchllm.hub.families.modules import ModuleFamily
 from scratchllm.hub.layout import Entry
 from scratchllm.specs import AttentionSpec, FFNSpec, LayerSpec, Mask, NormSpec, RopeSpec, from_flat
 from scratchllm.specs.unflat import flat_view
-from scratchllm.specs.vision import MergerSpec, Qwen2VLConfig
+from scratchllm.specs.vision import MergerSpec
+from scratchllm.specs.vision_lm import Qwen2VLConfig
 from scratchllm.vision.qwen2_vl import Qwen2VL
 
 _GELU = {"quick_gelu": "quick", "gelu": "none", "gelu_pytorch_tanh": "tanh"}
