@@ -17,6 +17,7 @@ import sys
 import numpy as np
 
 from scratchllm.cli.common import Parser, float_in, int_at_least, run
+from scratchllm.cli.images import add_image_argument, bind_images
 from scratchllm.hub import FAMILIES, eos_ids, load_pretrained, load_tokenizer
 from scratchllm.lm import Seq2SeqLM, generate
 from scratchllm.tokenizer import EOT, chat_template_of, encode_chat, token_bytes
@@ -51,6 +52,7 @@ def build_parser():
     p.add_argument("--top-p", type=float_in(0, 1, open_low=True), default=0.95,
                    help="nucleus mass (0.95)")
     p.add_argument("--seed", type=int_at_least(0), default=None, help="sampling seed")
+    add_image_argument(p)
     return p
 
 
@@ -84,6 +86,8 @@ def _sample(args):
         (model, tok, _), stop = load_model(args.checkpoint), ()
     prompt = _chat_prompt(args, tok, template, specials) if args.chat is not None else \
         args.prompt
+    if args.image:  # a vision-language checkpoint: the images' tokens, then the prompt's
+        model, prompt = bind_images(args, model, tok)
     if args.heal and token_bytes(tok) is None:
         raise ValueError(f"--heal: the {type(getattr(tok, 'inner', tok)).__name__} tokenizer "
                          f"does not expose its tokens' bytes (byte-level and SentencePiece "

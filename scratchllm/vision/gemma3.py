@@ -32,6 +32,7 @@ from scratchllm.lm.model import LMCache
 from scratchllm.specs import Mask
 from scratchllm.specs.vision_lm import Gemma3VLConfig, PoolProjectorSpec
 from scratchllm.vision.model import VisionTransformer
+from scratchllm.vision.preprocess import preprocess
 from scratchllm.vision.vlm import ImageTokensLM
 
 
@@ -198,6 +199,13 @@ class Gemma3VL(ImageTokensLM):
             dpixels = self.tower.backward(dh, cache.tower)  # fwd: h = tower(pixel_values)
         self.lm.embed_backward(dx, cache.embed)  # fwd: x_0 = E[ids] sqrt(Dt)
         return dpixels
+
+    def image_inputs(self, images, spec):
+        """images (paths or PIL images) and the checkpoint's ImageProcessorSpec -> (prefill's
+        and forward's keywords {"pixel_values": (Bi, C, H, W)}, image tokens per image)."""
+        pixel_values = preprocess(images, spec)  # (Bi, C, H, W)
+        return {"pixel_values": pixel_values}, [self.cfg.projector.tokens_per_image] * len(
+            pixel_values)
 
     # ------------------------------------------------------------------ decoding
     def init_state(self, batch, max_len):

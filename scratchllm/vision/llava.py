@@ -24,6 +24,7 @@ from scratchllm.core.validate import expect_int, expect_ndim
 from scratchllm.lm import LM
 from scratchllm.specs.vision_lm import LlavaConfig
 from scratchllm.vision.model import VisionTransformer
+from scratchllm.vision.preprocess import preprocess
 from scratchllm.vision.vlm import ImageTokensLM
 
 
@@ -87,6 +88,13 @@ class Llava(ImageTokensLM):
         logits, c_lm = self.lm.trunk_forward(x)  # (B, T, V)
         c_vis, c1, c_act, c2, shape = parts
         return logits, LlavaCache(c_vis, c1, c_act, c2, c_emb, image, c_lm, shape)
+
+    def image_inputs(self, images, spec):
+        """images (paths or PIL images) and the checkpoint's ImageProcessorSpec -> (prefill's
+        and forward's keywords {"pixel_values": (Bi, C, H, W)}, image tokens per image)."""
+        pixel_values = preprocess(images, spec)  # (Bi, C, H, W)
+        n = self.cfg.vision.patch.n_positions - (self.cfg.select == "default")
+        return {"pixel_values": pixel_values}, [n] * len(pixel_values)
 
     def init_state(self, batch, max_len):
         """The LM's decoding state."""

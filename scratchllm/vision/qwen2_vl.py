@@ -22,6 +22,7 @@ from scratchllm.core.validate import expect_int, expect_ndim
 from scratchllm.lm import LM
 from scratchllm.lm.block import Packing
 from scratchllm.specs.vision_lm import Qwen2VLConfig
+from scratchllm.vision.dynamic import preprocess_patches
 from scratchllm.vision.mrope import mrope_positions
 from scratchllm.vision.qwen2_tower import Qwen2VisionTower
 from scratchllm.vision.vlm import ImageTokensLM
@@ -110,6 +111,14 @@ class Qwen2VL(ImageTokensLM):
             dpixels = self.tower.backward(dp, cache.tower)
         self.lm.embed.backward(dx, cache.embed)  # fwd: x_0 = E[input_ids]
         return dpixels
+
+    def image_inputs(self, images, spec):
+        """images (paths or PIL images of any sizes) and the checkpoint's SmartResizeSpec ->
+        (prefill's and forward's keywords {"pixel_values": (N, C*T*P*P), "image_grid_thw":
+        (n_images, 3)}, image tokens per image: t h w / m^2)."""
+        pixel_values, grid = preprocess_patches(images, spec)
+        n = (grid.prod(axis=1) // self.cfg.merger.merge_size ** 2).tolist()
+        return {"pixel_values": pixel_values, "image_grid_thw": grid}, n
 
     # ------------------------------------------------------------------ decoding
     def init_state(self, batch, max_len):

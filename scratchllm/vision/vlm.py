@@ -30,3 +30,27 @@ class ImageTokensLM(Module):
         """The backward of place_features: dx (B, T, D) -> (dp (n_image_tokens, D), dx of the
         embedding: the image rows zeroed, which the embedding lost)."""
         return dx[image], np.where(image[..., None], 0, dx)
+
+
+class ImageBound:
+    """A vision-language model with its images bound: prefill(ids, state) is the model's
+    prefill with them (the decoding loops of lm/sampling.py call prefill(ids, state));
+    everything else is the model's own."""
+
+    def __init__(self, model, inputs):
+        self.model, self.inputs = model, inputs
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def prefill(self, ids, state):
+        return self.model.prefill(ids, state, **self.inputs)
+
+
+def image_block(image_token_id, n, brackets=(None, None)):
+    """The prompt ids one image stands for: its n image tokens, between the checkpoint's
+    start and end ids when it has them (Qwen2-VL's <|vision_start|> ... <|vision_end|>,
+    Gemma 3's <start_of_image> ... <end_of_image>; LLaVA has none)."""
+    start, end = brackets
+    return ([] if start is None else [start]) + [image_token_id] * n + \
+        ([] if end is None else [end])

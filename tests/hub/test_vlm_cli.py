@@ -1,0 +1,74 @@
+"""`sample --hf DIR --image PNG` on a vision-language checkpoint: the llava fixture with the
+SigLIP processor of tests/fixtures/hf/siglip_vision and the llama fixture's tokenizer (the
+same 300 ids); greedy sampling prints what a full-forward argmax loop over the image's
+tokens and the prompt picks. Qwen2-VL's images of any size become their blocks of ids."""
+import shutil
+
+import numpy as np
+import pytest
+
+from scratchllm import cli
+from scratchllm.cli.images import bind_images
+from scratchllm.hub import load_pretrained, load_tokenizer
+from scratchllm.vision import load_image_processor
+from scratchllm.vision.vlm import image_block
+from hub_fixtures import HF
+
+IMAGES = HF.parent / "images"
+
+
+@pytest.fixture
+def llava_dir(tmp_path):
+    for f in ("config.json", "model.safetensors", "generation_config.json"):
+        shutil.copy(HF / "llava" / f, tmp_path)
+    shutil.copy(HF / "siglip_vision" / "preprocessor_config.json", tmp_path)
+    shutil.copy(HF / "llama" / "tokenizer.json", tmp_path)
+    return tmp_path
+
+
+def test_sample_with_an_image_is_greedy_over_its_tokens(llava_dir, capsys):
+    prompt, png = "def f(x):", str(IMAGES / "rgb.png")
+    assert cli.main(["sample", "--hf", str(llava_dir), "--image", png, "--prompt", prompt,
+                     "--max-tokens", "5", "--temperature", "0", "--top-p", "1"]) == 0
+    model, tok = load_pretrained(llava_dir, np.float64), load_tokenizer(llava_dir)
+    images, counts = model.image_inputs([png], load_image_processor(llava_dir))
+    assert counts == [9]  # a 12 x 12 image in 4 x 4 patches, all kept ("full")
+    ids = [model.cfg.image_token_id] * 9 + tok.encode_ordinary(prompt)
+    for _ in range(5):
+        logits, _ = model.forward(input_ids=np.array([ids]), **images)
+        ids.append(int(np.argmax(logits[0, -1])))
+    assert capsys.readouterr().out == prompt + tok.decode(ids[-5:]) + "\n"
+
+
+def test_what_does_not_fit_is_named(llava_dir, capsys):
+    png = str(IMAGES / "rgb.png")
+    assert cli.main(["sample", "--hf", str(HF / "llama"), "--image", png, "--prompt", "x"]) != 0
+    assert "does not read images; the families that do: llava, qwen2_vl, gemma3" in \
+        capsys.readouterr().err
+    with pytest.raises(ValueError, match="--chat and --heal with images are not implemented"):
+        bind_images(_args(hf=str(llava_dir), chat="hi"), load_pretrained(llava_dir), None)
+    with pytest.raises(ValueError, match="--image goes with --hf DIR"):
+        bind_images(_args(), None, None)
+
+
+def _args(**given):
+    from types import SimpleNamespace
+    base = dict(hf=None, image=[str(IMAGES / "rgb.png")], chat=None, heal=False, prompt="x",
+                allow_special=False)
+    return SimpleNamespace(**{**base, **given})
+
+
+def test_qwen2_vl_images_of_any_size_become_their_blocks():
+    """Two PNGs (13 x 17, 37 x 29) through the fixture's Qwen2-VL processor (patch 4, merge
+    2): their rows of patches, and a prompt of their blocks that prefill reads."""
+    model = load_pretrained(HF / "qwen2_vl", np.float64)
+    spec = load_image_processor(HF / "qwen2_vl_processor")
+    images, counts = model.image_inputs([IMAGES / "rgb.png", IMAGES / "rgb_large.png"], spec)
+    grid = images["image_grid_thw"]
+    assert counts == (grid.prod(axis=1) // 4).tolist()
+    assert images["pixel_values"].shape == (grid.prod(axis=1).sum(), 96)
+    ids = [i for n in counts for i in image_block(60, n, (62, 63))] + [5, 6]
+    state = model.init_state(1, len(ids) + 1)
+    logits = model.prefill(np.array([ids]), state, **images)
+    full, _ = model.forward(input_ids=np.array([ids]), **images)
+    assert np.abs(logits - full).max() < 1e-12
