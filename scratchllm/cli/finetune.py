@@ -23,6 +23,10 @@ WEIGHT_DECAY` gives the parameters whose names match the glob PATTERN their own 
 experts), and each validation prints every MoE layer's share of routed slots per expert (a
 drift from the checkpoint's balance shows there), as does the end of the run.
 
+--projector-only (a vision-language checkpoint: llava, qwen2_vl, gemma3) trains the projector
+between its image encoder and its LM alone, on image-caption pairs (--data a JSON-lines file
+of {"image": PATH, "text": CAPTION}): LLaVA's stage 1 (scratchllm/cli/projector.py).
+
 --lora R trains rank-R LoRA adapters on the --lora-targets projections (HF module names'
 last part; scale --lora-alpha / R, alpha default R) and nothing else, and saves them in
 peft's format (scratchllm/cli/lora.py).
@@ -35,6 +39,7 @@ import numpy as np
 
 from scratchllm.cli.common import Parser, run
 from scratchllm.cli.lora import add_lora_arguments, lora_main
+from scratchllm.cli.projector import projector_finetune
 from scratchllm.hub import load_pretrained, load_tokenizer, save_pretrained
 from scratchllm.train import Run, Settings, checkpoint, corpus, evaluate, fit
 from scratchllm.train.trainer import expert_usage_line
@@ -70,6 +75,9 @@ def build_parser():
                    metavar=("PATTERN", "LR_SCALE", "WEIGHT_DECAY"), help="parameters whose "
                    "names match the glob PATTERN train at LR_SCALE x --lr with WEIGHT_DECAY "
                    "(repeatable; the first match wins)")
+    p.add_argument("--projector-only", action="store_true", help="a vision-language "
+                   "checkpoint's projector alone on image-caption pairs (--data a JSON-lines "
+                   "file of {\"image\": PATH, \"text\": CAPTION}): LLaVA's stage 1")
     add_lora_arguments(p)
     return p
 
@@ -107,10 +115,15 @@ def _param_groups(args):
 
 
 def _main(args):
+    if args.projector_only and (args.lora is not None or args.preset is not None):
+        raise ValueError("--projector-only trains a --hf checkpoint's projector, not --lora "
+                         "adapters or a --preset")
     if args.lora is not None or args.preset is not None:
         return lora_main(args, _settings(args))
     if args.merge:
         raise ValueError("--merge goes with --lora")
+    if args.projector_only:
+        return _projector_only(args)
     out, state = Path(args.out), Path(args.out) / "state"
     if (state / checkpoint.STATE).exists() and not args.resume:
         raise ValueError(f"{out} already holds a fine-tuning state; pass --resume to continue "
@@ -147,6 +160,17 @@ def _main(args):
         shutil.rmtree(state)
     print(_closing(out, copied, state, finished))
     return 0 if finished else 130
+
+
+def _projector_only(args):
+    """finetune --projector-only: train, then save the whole model and the side files."""
+    out = Path(args.out)
+    model = projector_finetune(args, _settings(args))
+    save_pretrained(model, out)
+    copied = _copy_side_files(Path(args.hf), out)
+    print(_closing(out, copied, out / "state", True).splitlines()[0])
+    print(f"  transformers: AutoModelForImageTextToText.from_pretrained({str(out)!r})")
+    return 0
 
 
 def _copy_side_files(src, out):

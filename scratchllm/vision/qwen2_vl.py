@@ -45,7 +45,9 @@ class Qwen2VLState:
 
 
 class Qwen2VL(ImageTokensLM):
-    """The model of a Qwen2VLConfig (Params: tower, lm)."""
+    """The model of a Qwen2VLConfig (Params: tower, lm; the projector is the tower's
+    merger)."""
+    PROJECTOR = ("tower.merger.",)
 
     def __init__(self, cfg, *, rng, dtype=np.float32):
         if not isinstance(cfg, Qwen2VLConfig):

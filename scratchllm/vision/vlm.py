@@ -10,7 +10,9 @@ from scratchllm.core.nn import Module
 
 
 class ImageTokensLM(Module):
-    """A Module whose Params include an LM at self.lm fed image features at image tokens."""
+    """A Module whose Params include an LM at self.lm fed image features at image tokens;
+    PROJECTOR: the name prefixes of its projector's Params."""
+    PROJECTOR = ("proj",)
 
     @property
     def dtype(self):
@@ -18,6 +20,11 @@ class ImageTokensLM(Module):
 
     def named_buffers(self):
         return [(f"lm.{n}", b) for n, b in self.lm.named_buffers()]
+
+    def projector_parameters(self):
+        """[(name, Param)] of the projector between the image encoder and the LM (the class's
+        PROJECTOR prefixes): what LLaVA's stage 1 (feature alignment) trains alone."""
+        return [(n, p) for n, p in self.named_parameters() if n.startswith(self.PROJECTOR)]
 
     def place_features(self, x, image, p):
         """x (B, T, D) embeddings, image (B, T) bool, p (n_image_tokens, D) -> x with the

@@ -72,3 +72,53 @@ def test_qwen2_vl_images_of_any_size_become_their_blocks():
     logits = model.prefill(np.array([ids]), state, **images)
     full, _ = model.forward(input_ids=np.array([ids]), **images)
     assert np.abs(logits - full).max() < 1e-12
+
+
+def test_projector_only_finetune_trains_the_projector_alone(llava_dir, tmp_path, capsys):
+    """LLaVA's stage 1 on two image-caption pairs: the caption loss falls, the saved
+    checkpoint differs from the original in multi_modal_projector's tensors only, and it
+    loads."""
+    from safetensors.numpy import load_file
+    data = tmp_path / "captions" / "pairs.jsonl"
+    data.parent.mkdir()
+    for name in ("rgb.png", "gray.png"):
+        shutil.copy(IMAGES / name, data.parent)
+    data.write_text('{"image": "rgb.png", "text": "a red square"}\n'
+                    '{"image": "gray.png", "text": "a grey thing"}\n')
+    out = tmp_path / "out"
+    assert cli.main(["finetune", "--hf", str(llava_dir), "--projector-only", "--data",
+                     str(data), "--out", str(out), "--steps", "12", "--batch-size", "2",
+                     "--lr", "3e-3", "--no-progress"]) == 0
+    before, after = load_file(llava_dir / "model.safetensors"), load_file(
+        out / "model.safetensors")
+    changed = sorted(n for n in before if not np.array_equal(before[n], after[n]))
+    assert changed == sorted(n for n in before if n.startswith("multi_modal_projector."))
+    printed = capsys.readouterr().out
+    assert "training the projector only: " in printed and "AutoModelForImageTextToText" in printed
+    assert (out / "tokenizer.json").is_file() and (out / "preprocessor_config.json").is_file()
+    from scratchllm.cli.projector import caption_example, read_captions
+    losses = []
+    for directory in (llava_dir, out):
+        model, tok = load_pretrained(directory, np.float64), load_tokenizer(directory)
+        spec = load_image_processor(directory)
+        total = 0.0
+        for image, text in read_captions(data):
+            inputs, ids, targets = caption_example(model, tok, image, text, (spec, (None, None),
+                                                                             None))
+            logits, _ = model.forward(input_ids=ids, **inputs)
+            logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+            keep = targets[0] >= 0
+            total -= logp[0, keep, targets[0, keep]].mean()
+        losses.append(total)
+    assert losses[1] < losses[0] - 0.5
+
+
+def test_projector_only_refuses_what_does_not_apply(llava_dir, tmp_path, capsys):
+    data = tmp_path / "pairs.jsonl"
+    data.write_text('{"image": "missing.png", "text": "x"}\n')
+    assert cli.main(["finetune", "--hf", str(llava_dir), "--projector-only", "--data",
+                     str(data), "--out", str(tmp_path / "o")]) != 0
+    assert "line 1: no image file" in capsys.readouterr().err
+    assert cli.main(["finetune", "--hf", str(HF / "llama"), "--projector-only", "--data",
+                     str(data), "--out", str(tmp_path / "o")]) != 0
+    assert "is not a vision-language checkpoint" in capsys.readouterr().err
