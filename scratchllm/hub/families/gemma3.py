@@ -17,6 +17,7 @@ Glossary: Dv the tower's width, Dt the LM's.
 """
 from scratchllm.hub.families.base import fail_config, over, require
 from scratchllm.hub.families.dense import GEMMA3
+from scratchllm.hub.families.llava import TOWER_RENAMES
 from scratchllm.hub.families.modules import ModuleFamily
 from scratchllm.hub.families.vision import SIGLIP_VISION
 from scratchllm.hub.layout import Entry
@@ -80,4 +81,5 @@ def _names(model, cfg):
 
 GEMMA3_VL = ModuleFamily("gemma3", "Gemma3ForConditionalGeneration", _from_hf, _to_hf,
                          claims=lambda cfg: isinstance(cfg, Gemma3VLConfig), check=_check,
-                         build=Gemma3VL, names=_names)
+                         build=Gemma3VL, names=_names,
+                         renames=TOWER_RENAMES)

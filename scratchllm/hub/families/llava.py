@@ -26,6 +26,7 @@ from scratchllm.vision.llava import Llava
 
 TEXT = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3)}
 TOWERS = {f.model_type: f for f in (CLIP_VISION, SIGLIP_VISION)}
+TOWER_RENAMES = (("vision_tower.vision_model.", "vision_tower."),)  # transformers 4's names
 _ACT = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
 
 
@@ -109,4 +110,5 @@ def _names(model, cfg):
 
 LLAVA = ModuleFamily("llava", "LlavaForConditionalGeneration", _from_hf, _to_hf,
                      claims=lambda cfg: isinstance(cfg, LlavaConfig), check=_check,
-                     build=Llava, names=_names)
+                     build=Llava, names=_names,
+                     renames=TOWER_RENAMES)

@@ -59,16 +59,27 @@ def _tower_layer(vc):
                                    gelu_approx=_GELU[act]), NormSpec("layernorm", 1e-6))
 
 
+def _rope(tc):
+    """(text_config with rope_parameters of the default type, mrope_section): transformers 5's
+    rope_parameters or transformers 4's rope_scaling {"type": "mrope", "mrope_section"}."""
+    params = dict(tc.get("rope_parameters") or tc.get("rope_scaling") or {})
+    section = tuple(params.pop("mrope_section", (16, 24, 24)))
+    kind = params.pop("rope_type", params.pop("type", "default"))
+    theta = params.pop("rope_theta", tc.get("rope_theta", 1000000.0))
+    if kind not in ("default", "mrope") or params:
+        fail_config(f"qwen2_vl: text_config rope {kind!r} {params or ''} with mrope_section is "
+                    f"not implemented (only the default frequencies)")
+    plain = {k: v for k, v in tc.items() if k not in ("rope_scaling", "rope_theta")}
+    return dict(plain, rope_parameters={"rope_type": "default", "rope_theta": theta}), section
+
+
 def _text(hf, tc):
     """The ModelConfig of a text_config: qwen2's, every layer's RoPE with mrope_section."""
-    params = tc.get("rope_parameters") or tc.get("rope_scaling") or {}
-    section = tuple(params.get("mrope_section", (16, 24, 24)))
+    tc, section = _rope(tc)
     flat = QWEN2.from_hf({**{k: v for k, v in tc.items() if k != "model_type"},
                           "tie_word_embeddings": hf.get("tie_word_embeddings",
                                                         tc.get("tie_word_embeddings", False))})
     text = from_flat(**dict(flat, name="qwen2_vl_text"))
-    if text.layers[0].mixer.rope.scaling is not None:
-        fail_config("qwen2_vl: text_config rope scaling with mrope_section is not implemented")
     Dh = text.layers[0].mixer.dh(text.d_model)
     if sum(section) != Dh // 2:
         fail_config(f"qwen2_vl: text_config mrope_section {list(section)} must sum to head "
@@ -86,8 +97,10 @@ def _plain(text):
 
 
 def _from_hf(hf):
-    require(hf, ("vision_config", "text_config"), "qwen2_vl")
-    vc, tc = hf["vision_config"], hf["text_config"]
+    require(hf, ("vision_config",), "qwen2_vl")
+    vc, tc = hf["vision_config"], hf.get("text_config")
+    if tc is None:  # transformers 4's layout: the LM's fields at the top
+        tc = {k: v for k, v in hf.items() if k not in ("vision_config", "model_type")}
     require(vc, _VISION, "qwen2_vl (vision_config)")
     text = _text(hf, tc)
     if vc.get("hidden_size", text.d_model) != text.d_model:
@@ -97,7 +110,7 @@ def _from_hf(hf):
     return Qwen2VLConfig(
         name="qwen2_vl", d_vision=vc["embed_dim"], layers=(layer,) * vc["depth"],
         patch_size=vc.get("patch_size", 14), temporal_patch_size=vc.get("temporal_patch_size", 2),
-        n_channels=vc.get("in_channels", 3),
+        n_channels=vc.get("in_channels", vc.get("in_chans", 3)),
         merger=MergerSpec(merge_size=vc.get("spatial_merge_size", 2)), text=text,
         image_token_id=hf.get("image_token_id", 151655))
 

@@ -1,0 +1,45 @@
+"""Vision-language checkpoints as transformers 4 wrote them (the ones on the Hub: llava-hf's,
+google's Gemma 3, Qwen's Qwen2-VL) load as the fixtures do: the tower's tensors under
+vision_tower.vision_model. (llava, gemma3), and Qwen2-VL's config.json with the LM's fields at
+the top and rope_scaling {"type": "mrope", "mrope_section": [...]}."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from scratchllm.hub import family_named, load_pretrained
+from hub_fixtures import HF, expected
+
+
+@pytest.mark.parametrize("name", ["llava", "gemma3_vl"])
+def test_a_tower_under_vision_model_loads(name, tmp_path):
+    for f in ("config.json", "generation_config.json"):
+        shutil.copy(HF / name / f, tmp_path)
+    tensors = load_file(HF / name / "model.safetensors")
+    save_file({k.replace("vision_tower.", "vision_tower.vision_model.", 1): v
+               for k, v in tensors.items()}, tmp_path / "model.safetensors")
+    ref = expected(name)
+    old, new = load_pretrained(tmp_path, np.float64), load_pretrained(HF / name, np.float64)
+    assert all(np.array_equal(p.data, q.data) for (_, p), (_, q) in zip(
+        old.named_parameters(), new.named_parameters()))
+    logits, _ = old.forward(input_ids=ref["input_ids"], pixel_values=ref["pixel_values"])
+    assert np.abs(logits - ref["logits"]).max() < 1e-9 * np.abs(ref["logits"]).max()
+
+
+def test_qwen2_vl_config_of_transformers_4_reads_the_same():
+    hf = json.loads((HF / "qwen2_vl" / "config.json").read_text())
+    text = dict(hf.pop("text_config"))
+    rope = text.pop("rope_parameters")
+    text.pop("model_type")
+    old = dict(hf, **text, rope_theta=rope["rope_theta"],
+               rope_scaling={"type": "mrope", "mrope_section": rope["mrope_section"]})
+    old["vision_config"] = dict(old["vision_config"], in_chans=3)
+    old["vision_config"].pop("in_channels")
+    family = family_named("qwen2_vl")
+    assert family.from_hf(old) == family.from_hf(json.loads(
+        (HF / "qwen2_vl" / "config.json").read_text()))
+    with pytest.raises(ValueError, match="rope 'yarn'"):
+        family.from_hf(dict(old, rope_scaling={"type": "yarn", "factor": 2.0,
+                                               "mrope_section": [1, 1, 2]}))
