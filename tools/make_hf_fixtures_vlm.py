@@ -16,6 +16,9 @@ to 4 tokens (2 x 2 patches each), and a Gemma 3 LM (vocab 64, width 32, a slidin
 window 4 then a full layer, 4 heads of 8 with 2 KV heads, rope_theta 100 and 10). Sequence 0
 holds image 0's 4 tokens between <boi> and <eoi>, sequence 1 image 1's; token_type_ids mark
 them, so that they attend each other both ways.
+Beside them their image processors' preprocessor_config.json (Qwen2VLImageProcessor: patch 4,
+merge 2, 128..576 pixels; Gemma3ImageProcessor: 16 x 16, bilinear) and gemma3_vl/processed.npz:
+the pixel_values of the five PNGs of tests/fixtures/images/ (transformers' PIL backend).
 Each expected.npz: input_ids (2, T), pixel_values [, image_grid_thw], logits, G_seed (G =
 default_rng(G_seed).standard_normal(logits.shape)), grad/<checkpoint name> = d sum(logits G)
 / d param, greedy (8 ids transformers' generate gives after sequence 0 and its image; Qwen2-VL
@@ -151,7 +154,27 @@ def write(cls, config, directory, seed, inputs):
           expected["greedy"].tolist())
 
 
+IMAGES = ROOT / "tests" / "fixtures" / "images"
+PNGS = ["rgb", "rgb_large", "rgba", "gray", "palette"]
+
+
+def processor(proc, directory, images=True):
+    """Save the image processor beside the checkpoint; images: also its pixel_values of the
+    five PNGs of tests/fixtures/images/ as directory/processed.npz."""
+    from PIL import Image
+    proc.save_pretrained(directory)
+    if images:
+        got = type(proc).from_pretrained(directory)(
+            images=[Image.open(IMAGES / f"{n}.png") for n in PNGS], return_tensors="np")
+        np.savez_compressed(directory / "processed.npz", pixel_values=got["pixel_values"])
+
+
 def main():
+    processor(transformers.Qwen2VLImageProcessorPil(
+        patch_size=4, merge_size=2, temporal_patch_size=2, min_pixels=128, max_pixels=576),
+        OUT / "qwen2_vl", images=False)  # its pixel_values: make_qwen2_vl_fixtures.py's
+    processor(transformers.Gemma3ImageProcessorPil(size={"height": 16, "width": 16}),
+              OUT / "gemma3_vl")
     ids, pixel_values, grid = qwen2_vl_inputs(np.random.default_rng(500))
     write(transformers.Qwen2VLForConditionalGeneration, qwen2_vl_config(), OUT / "qwen2_vl",
           108, (dict(input_ids=ids, pixel_values=pixel_values, image_grid_thw=grid),

@@ -82,3 +82,22 @@ def test_bad_inputs_are_named(ref, model):
     with pytest.raises(ValueError, match="token_type_ids must be 1 at exactly"):
         model.forward(input_ids=ref["input_ids"], pixel_values=ref["pixel_values"],
                       token_type_ids=np.zeros_like(ref["input_ids"]))
+
+
+def test_the_image_processor_equals_transformers(model):
+    """Gemma3ImageProcessor (16 x 16, bilinear, RGB, mean = std = 0.5) on the five PNGs of
+    tests/fixtures/images/, bit for bit; each image stands for 4 tokens between <boi> and
+    <eoi>, and prefill reads them as forward does."""
+    from scratchllm.vision import load_image_processor
+    from scratchllm.vision.vlm import image_block
+    pngs = [HF.parent / "images" / f"{n}.png" for n in
+            ("rgb", "rgb_large", "rgba", "gray", "palette")]
+    images, counts = model.image_inputs(pngs, load_image_processor(DIR))
+    np.testing.assert_array_equal(images["pixel_values"],
+                                  np.load(DIR / "processed.npz")["pixel_values"])
+    assert counts == [4] * 5
+    ids = np.array([[2] + image_block(60, 4, (61, 62)) * 2 + [7]])
+    first_two = dict(pixel_values=images["pixel_values"][:2])
+    logits = model.prefill(ids, model.init_state(1, ids.shape[1]), **first_two)
+    full, _ = model.forward(input_ids=ids, **first_two)
+    assert rel_err(logits, full) < 1e-12
