@@ -84,10 +84,11 @@ def _sample(args):
                              f"to start a document with")
     else:
         (model, tok, _), stop = load_model(args.checkpoint), ()
-    prompt = _chat_prompt(args, tok, template, specials) if args.chat is not None else \
-        args.prompt
     if args.image:  # a vision-language checkpoint: the images' tokens, then the prompt's
-        model, prompt = bind_images(args, model, tok)
+        model, prompt = bind_images(args, model, tok, (template, specials))
+    else:
+        prompt = _chat_prompt(args, tok, template, specials) if args.chat is not None else \
+            args.prompt
     if args.heal and token_bytes(tok) is None:
         raise ValueError(f"--heal: the {type(getattr(tok, 'inner', tok)).__name__} tokenizer "
                          f"does not expose its tokens' bytes (byte-level and SentencePiece "

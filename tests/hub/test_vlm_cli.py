@@ -40,12 +40,43 @@ def test_sample_with_an_image_is_greedy_over_its_tokens(llava_dir, capsys):
     assert capsys.readouterr().out == prompt + tok.decode(ids[-5:]) + "\n"
 
 
+CHAT = ("{% for m in messages %}{{ m['role'] }}: {% for c in m['content'] %}"
+        "{% if c['type'] == 'image' %}<|endoftext|>{% else %}{{ c['text'] }}{% endif %}"
+        "{% endfor %}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def test_chat_with_an_image_expands_the_templates_placeholder(llava_dir, capsys):
+    """--chat sends [image, text] as the user's content; the one placeholder the template
+    writes (here <|endoftext|>, id 0, made the image token) becomes the image's 9 tokens, and
+    greedy sampling continues those ids."""
+    import json
+    hf = json.loads((llava_dir / "config.json").read_text())
+    (llava_dir / "config.json").write_text(json.dumps(dict(hf, image_token_index=0)))
+    (llava_dir / "chat_template.jinja").write_text(CHAT)
+    png = str(IMAGES / "rgb.png")
+    assert cli.main(["sample", "--hf", str(llava_dir), "--image", png, "--chat", "def f(x):",
+                     "--max-tokens", "4", "--temperature", "0", "--top-p", "1"]) == 0
+    model, tok = load_pretrained(llava_dir, np.float64), load_tokenizer(llava_dir)
+    from scratchllm.tokenizer import chat_template_of
+    _, ids = bind_images(_args(hf=str(llava_dir), image=[png], chat="def f(x):"), model, tok,
+                         chat_template_of(llava_dir))
+    start = ids.index(0)
+    assert ids[start:start + 9] == [0] * 9 and ids.count(0) == 9
+    images, _ = model.image_inputs([png], load_image_processor(llava_dir))
+    for _ in range(4):
+        logits, _ = model.forward(input_ids=np.array([ids]), **images)
+        ids.append(int(np.argmax(logits[0, -1])))
+    assert capsys.readouterr().out == tok.decode(ids[-4:]) + "\n"
+
+
 def test_what_does_not_fit_is_named(llava_dir, capsys):
     png = str(IMAGES / "rgb.png")
     assert cli.main(["sample", "--hf", str(HF / "llama"), "--image", png, "--prompt", "x"]) != 0
     assert "does not read images; the families that do: llava, qwen2_vl, gemma3" in \
         capsys.readouterr().err
-    with pytest.raises(ValueError, match="--chat and --heal with images are not implemented"):
+    with pytest.raises(ValueError, match="--image with --heal is not implemented"):
+        bind_images(_args(hf=str(llava_dir), heal=True), load_pretrained(llava_dir), None)
+    with pytest.raises(ValueError, match="has no chat template"):
         bind_images(_args(hf=str(llava_dir), chat="hi"), load_pretrained(llava_dir), None)
     with pytest.raises(ValueError, match="--image goes with --hf DIR"):
         bind_images(_args(), None, None)
@@ -54,7 +85,7 @@ def test_what_does_not_fit_is_named(llava_dir, capsys):
 def _args(**given):
     from types import SimpleNamespace
     base = dict(hf=None, image=[str(IMAGES / "rgb.png")], chat=None, heal=False, prompt="x",
-                allow_special=False)
+                allow_special=False, system=None)
     return SimpleNamespace(**{**base, **given})
 
 
