@@ -23,9 +23,10 @@ WEIGHT_DECAY` gives the parameters whose names match the glob PATTERN their own 
 experts), and each validation prints every MoE layer's share of routed slots per expert (a
 drift from the checkpoint's balance shows there), as does the end of the run.
 
---projector-only (a vision-language checkpoint: llava, qwen2_vl, gemma3) trains the projector
-between its image encoder and its LM alone, on image-caption pairs (--data a JSON-lines file
-of {"image": PATH, "text": CAPTION}): LLaVA's stage 1 (scratchllm/cli/projector.py).
+A vision-language checkpoint (llava, qwen2_vl, gemma3) fine-tunes its LM on the text, the
+image encoder and projector as they are; --projector-only trains the projector between its
+image encoder and its LM alone instead, on image-caption pairs (--data a JSON-lines file of
+{"image": PATH, "text": CAPTION}): LLaVA's stage 1 (scratchllm/cli/projector.py).
 
 --lora R trains rank-R LoRA adapters on the --lora-targets projections (HF module names'
 last part; scale --lora-alpha / R, alpha default R) and nothing else, and saves them in
@@ -138,7 +139,8 @@ def _main(args):
                          f"validation split) must hold more than --seq-len {s.seq_len}")
     if args.freeze_router and not any("router" in n for n, _ in model.named_parameters()):
         raise ValueError(f"--freeze-router: {args.hf} ({model.cfg.name}) has no MoE router")
-    job = Run(model.cfg, s, model.dtype, model=model)
+    lm = model.lm if hasattr(model, "image_inputs") else model  # a vision-language model:
+    job = Run(lm.cfg, s, lm.dtype, model=lm)                      # its LM on the text
     job.data = str(Path(args.data).resolve())
     if args.resume:
         job.load(state)
@@ -154,11 +156,11 @@ def _main(args):
         print(f"validation loss {evaluate(job.model, eval_set, job.dp):.3f} nats/token")
     if job.last_stats:
         print(f"routing in the last step: {expert_usage_line(job.last_stats)}")
-    save_pretrained(job.model, out)
+    save_pretrained(model, out)  # job.model is model (or its LM)
     copied = _copy_side_files(Path(args.hf), out)
     if finished and not args.keep_state:
         shutil.rmtree(state)
-    print(_closing(out, copied, state, finished))
+    print(_closing(out, copied, state, finished, lm is not model))
     return 0 if finished else 130
 
 
@@ -168,8 +170,7 @@ def _projector_only(args):
     model = projector_finetune(args, _settings(args))
     save_pretrained(model, out)
     copied = _copy_side_files(Path(args.hf), out)
-    print(_closing(out, copied, out / "state", True).splitlines()[0])
-    print(f"  transformers: AutoModelForImageTextToText.from_pretrained({str(out)!r})")
+    print("\n".join(_closing(out, copied, out / "state", True, True).splitlines()[:2]))
     return 0
 
 
@@ -200,12 +201,13 @@ def _size(path):
         n /= 1000
 
 
-def _closing(out, copied, state, finished):
-    """What the run wrote, with sizes."""
+def _closing(out, copied, state, finished, images=False):
+    """What the run wrote, with sizes (images: a vision-language checkpoint)."""
     written = ["config.json", "model.safetensors"] + copied
     lines = [f"saved {out}: " + ", ".join(f"{n} ({_size(out / n.rstrip('/'))})"
                                           for n in written if (out / n.rstrip("/")).exists()),
-             f"  transformers: AutoModelForCausalLM.from_pretrained({str(out)!r})"]
+             f"  transformers: AutoModelFor{'ImageTextToText' if images else 'CausalLM'}"
+             f".from_pretrained({str(out)!r})"]
     if state.exists():
         why = "to continue with --resume" if not finished else "(--keep-state)"
         lines.append(f"  optimizer state kept in {state} ({_size(state)}: weights and AdamW "

@@ -153,3 +153,17 @@ def test_projector_only_refuses_what_does_not_apply(llava_dir, tmp_path, capsys)
     assert cli.main(["finetune", "--hf", str(HF / "llama"), "--projector-only", "--data",
                      str(data), "--out", str(tmp_path / "o")]) != 0
     assert "is not a vision-language checkpoint" in capsys.readouterr().err
+
+
+def test_finetune_on_text_trains_the_language_model_alone(llava_dir, tmp_path, capsys):
+    from safetensors.numpy import load_file
+    out = tmp_path / "out"
+    assert cli.main(["finetune", "--hf", str(llava_dir), "--data",
+                     str(HF.parent / "python-docs-slice.txt"), "--out", str(out), "--steps", "2",
+                     "--seq-len", "16", "--batch-size", "2", "--eval-every", "2",
+                     "--no-progress"]) == 0
+    before, after = load_file(llava_dir / "model.safetensors"), load_file(
+        out / "model.safetensors")
+    changed = {n for n in before if not np.array_equal(before[n], after[n])}
+    assert changed and all(n.startswith("language_model.") for n in changed)
+    assert "AutoModelForImageTextToText" in capsys.readouterr().out
