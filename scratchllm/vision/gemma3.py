@@ -169,13 +169,7 @@ class Gemma3VL(ImageTokensLM):
         """input_ids (B, T) ints [, pixel_values (Bi, C, H, W)] -> (logits (B, T, V),
         Gemma3VLCache). token_type_ids (1 at the image tokens) and attention_mask (all ones),
         which transformers' processor also gives, are checked and add nothing."""
-        if token_type_ids is not None and not np.array_equal(
-                np.asarray(token_type_ids) == 1, np.asarray(input_ids) == self.cfg.image_token_id):
-            raise ValueError(f"Gemma3VL.forward: token_type_ids must be 1 at exactly the image "
-                             f"tokens ({self.cfg.image_token_id}) of input_ids")
-        if attention_mask is not None and not np.all(np.asarray(attention_mask) == 1):
-            raise ValueError("Gemma3VL.forward: attention_mask with padding (zeros) is not "
-                             "implemented; give rows of equal length (or all ones)")
+        self.check_extras(input_ids, attention_mask, token_type_ids, "token_type_ids")
         x, c_emb, image, (c_tower, c_proj), masks = self._inputs(input_ids, pixel_values)
         blocks = []
         for i, layer in enumerate(self.lm.layers):

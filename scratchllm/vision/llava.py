@@ -81,9 +81,11 @@ class Llava(ImageTokensLM):
             raise ValueError("Llava: input_ids hold image tokens but no pixel_values")
         return x, c_emb, image, parts
 
-    def forward(self, input_ids, pixel_values=None):
+    def forward(self, input_ids, pixel_values=None, *, attention_mask=None):
         """input_ids (B, T) ints [, pixel_values (Bi, C, H, W)] -> (logits (B, T, V),
-        LlavaCache). The image tokens (image_token_id) must number Bi * N."""
+        LlavaCache). The image tokens (image_token_id) must number Bi * N. attention_mask
+        (all ones), which transformers' processor also gives, is checked and adds nothing."""
+        self.check_extras(input_ids, attention_mask)
         x, c_emb, image, parts = self._inputs(input_ids, pixel_values)  # (B, T, Dt)
         logits, c_lm = self.lm.trunk_forward(x)  # (B, T, V)
         c_vis, c1, c_act, c2, shape = parts

@@ -86,22 +86,11 @@ class Qwen2VL(ImageTokensLM):
         (image_token_id) must number sum(t h w) / m^2. attention_mask (all ones: no padding)
         and mm_token_type_ids (1 at the image tokens), which transformers' processor also
         gives, are checked and add nothing."""
-        self._check_extras(input_ids, attention_mask, mm_token_type_ids)
+        self.check_extras(input_ids, attention_mask, mm_token_type_ids)
         x, c_emb, image, c_tower, positions, _ = self._inputs(input_ids, pixel_values,
                                                               image_grid_thw)
         logits, c_lm = self.lm.trunk_forward(x, Packing(None, positions))  # (B, T, V)
         return logits, Qwen2VLCache(c_tower, c_emb, image, c_lm)
-
-    def _check_extras(self, input_ids, attention_mask, mm_token_type_ids):
-        if attention_mask is not None and not np.all(np.asarray(attention_mask) == 1):
-            raise ValueError("Qwen2VL.forward: attention_mask with padding (zeros) is not "
-                             "implemented; give rows of equal length (or all ones)")
-        if mm_token_type_ids is not None and not np.array_equal(
-                np.asarray(mm_token_type_ids) != 0, np.asarray(input_ids) ==
-                self.cfg.image_token_id):
-            raise ValueError(f"Qwen2VL.forward: mm_token_type_ids must mark exactly the image "
-                             f"tokens ({self.cfg.image_token_id}) of input_ids (videos are not "
-                             f"implemented)")
 
     def backward(self, dlogits, cache):
         """dlogits (B, T, V) -> Param grads (+=); returns d pixel_values (None without an

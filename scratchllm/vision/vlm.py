@@ -33,6 +33,19 @@ class ImageTokensLM(Module):
         x[image] = p  # (B, T, D)
         return x
 
+    def check_extras(self, input_ids, attention_mask=None, marks=None, name="mm_token_type_ids"):
+        """The extra inputs transformers' processors give, which add nothing here: an
+        attention_mask of all ones (padding is not implemented), and marks (B, T) nonzero at
+        exactly the image tokens (Qwen2-VL's mm_token_type_ids, Gemma 3's token_type_ids)."""
+        fn = f"{type(self).__name__}.forward"
+        if attention_mask is not None and not np.all(np.asarray(attention_mask) == 1):
+            raise ValueError(f"{fn}: attention_mask with padding (zeros) is not implemented; "
+                             f"give rows of equal length (or all ones)")
+        if marks is not None and not np.array_equal(
+                np.asarray(marks) != 0, np.asarray(input_ids) == self.cfg.image_token_id):
+            raise ValueError(f"{fn}: {name} must be nonzero at exactly the image tokens "
+                             f"({self.cfg.image_token_id}) of input_ids")
+
     def split_grad(self, dx, image):
         """The backward of place_features: dx (B, T, D) -> (dp (n_image_tokens, D), dx of the
         embedding: the image rows zeroed, which the embedding lost)."""

@@ -79,7 +79,7 @@ def test_bad_inputs_are_named(ref, model):
         model.forward(input_ids=ref["input_ids"])
     with pytest.raises(ValueError, match="hold 8 image tokens .* 1 image\\(s\\) give 4"):
         model.forward(input_ids=ref["input_ids"], pixel_values=ref["pixel_values"][:1])
-    with pytest.raises(ValueError, match="token_type_ids must be 1 at exactly"):
+    with pytest.raises(ValueError, match="token_type_ids must be nonzero at exactly"):
         model.forward(input_ids=ref["input_ids"], pixel_values=ref["pixel_values"],
                       token_type_ids=np.zeros_like(ref["input_ids"]))
 

@@ -70,6 +70,10 @@ def test_text_alone_and_what_cannot_be_honoured(ref, tmp_path):
         model.forward(input_ids=ref["input_ids"], pixel_values=ref["pixel_values"][:1])
     with pytest.raises(ValueError, match="image tokens but no pixel_values"):
         model.forward(input_ids=ref["input_ids"])
+    with pytest.raises(ValueError, match="Llava.forward: attention_mask with padding"):
+        model.forward(input_ids=text, attention_mask=np.zeros_like(text))
+    assert model.forward(input_ids=text, attention_mask=np.ones_like(text))[0].shape == \
+        ref["logits"].shape
     hf = json.loads((DIR / "config.json").read_text())
     hf["vision_config"]["model_type"] = "eva_vision_model"
     (tmp_path / "config.json").write_text(json.dumps(hf))
