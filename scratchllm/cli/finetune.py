@@ -26,7 +26,8 @@ drift from the checkpoint's balance shows there), as does the end of the run.
 A vision-language checkpoint (llava, qwen2_vl, gemma3) fine-tunes its LM on the text, the
 image encoder and projector as they are; --projector-only trains the projector between its
 image encoder and its LM alone instead, on image-caption pairs (--data a JSON-lines file of
-{"image": PATH, "text": CAPTION}): LLaVA's stage 1 (scratchllm/cli/projector.py).
+{"image": PATH, "text": CAPTION}, or LLaVA's own JSON list of {"image", "conversations"}):
+LLaVA's stage 1 (scratchllm/cli/projector.py).
 
 --lora R trains rank-R LoRA adapters on the --lora-targets projections (HF module names'
 last part; scale --lora-alpha / R, alpha default R) and nothing else, and saves them in
@@ -78,7 +79,8 @@ def build_parser():
                    "(repeatable; the first match wins)")
     p.add_argument("--projector-only", action="store_true", help="a vision-language "
                    "checkpoint's projector alone on image-caption pairs (--data a JSON-lines "
-                   "file of {\"image\": PATH, \"text\": CAPTION}): LLaVA's stage 1")
+                   "file of {\"image\": PATH, \"text\": CAPTION}, or LLaVA's JSON list of "
+                   "{\"image\", \"conversations\"}): LLaVA's stage 1")
     add_lora_arguments(p)
     return p
 

@@ -4,7 +4,8 @@ frozen and only the projector between them trains (a vision-language checkpoint'
 projector_parameters: LLaVA's two linear layers, Gemma 3's pooled projector, Qwen2-VL's patch
 merger), on image-caption pairs.
 
-    CAPTIONS.jsonl    one {"image": PATH, "text": CAPTION} per line (PATH relative to the file)
+    CAPTIONS.jsonl    one {"image": PATH, "text": CAPTION} per line (PATH relative to the file),
+                      or LLaVA's JSON list of {"image", "conversations"} (the "gpt" turn)
     ids               the image's block of ids (cli/images.py), then the caption's, then eos
     loss              mean next-token cross-entropy over the caption's tokens and eos only
 One step: --batch-size pairs drawn at random, each its own forward and backward (rows of one
@@ -27,20 +28,32 @@ IGNORE_ID = -100
 
 
 def read_captions(path):
-    """[(image path, caption)] of a JSON-lines file; ValueError naming the bad line."""
-    path, pairs = Path(path), []
-    for k, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
+    """[(image path, caption)] of a JSON-lines file of {"image", "text"}, or of LLaVA's own
+    JSON list (blip_laion_cc_sbu_558k.json: {"image", "conversations": [{"from": "human",
+    ...}, {"from": "gpt", "value": CAPTION}]}; stage 1's "plain" template keeps the image
+    and the caption only); image paths relative to the file. ValueError naming the bad
+    entry."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):
+        rows = [(k, row) for k, row in enumerate(json.loads(text), start=1)]
+    else:
+        rows = [(k, line) for k, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    pairs = []
+    for k, row in rows:
         try:
-            row = json.loads(line)
-            image, text = path.parent / row["image"], row["text"]
-        except (ValueError, KeyError, TypeError):
-            raise ValueError(f"--data {path}: line {k} must be a JSON object with \"image\" "
-                             f"(a path) and \"text\" (its caption), got {line[:60]!r}") from None
+            row = json.loads(row) if isinstance(row, str) else row
+            caption = row["text"] if "text" in row else next(
+                t["value"] for t in reversed(row["conversations"]) if t["from"] == "gpt")
+            image = path.parent / row["image"]
+        except (ValueError, KeyError, TypeError, StopIteration):
+            raise ValueError(f"--data {path}: entry {k} must be a JSON object with \"image\" "
+                             f"(a path) and \"text\" (its caption), or LLaVA's \"image\" and "
+                             f"\"conversations\" with a \"gpt\" turn; got {str(row)[:60]!r}"
+                             ) from None
         if not image.is_file():
-            raise ValueError(f"--data {path}: line {k}: no image file {image}")
-        pairs.append((image, text))
+            raise ValueError(f"--data {path}: entry {k}: no image file {image}")
+        pairs.append((image, caption))
     if not pairs:
         raise ValueError(f"--data {path} holds no image-caption pairs")
     return pairs

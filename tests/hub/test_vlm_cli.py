@@ -149,7 +149,7 @@ def test_projector_only_refuses_what_does_not_apply(llava_dir, tmp_path, capsys)
     data.write_text('{"image": "missing.png", "text": "x"}\n')
     assert cli.main(["finetune", "--hf", str(llava_dir), "--projector-only", "--data",
                      str(data), "--out", str(tmp_path / "o")]) != 0
-    assert "line 1: no image file" in capsys.readouterr().err
+    assert "entry 1: no image file" in capsys.readouterr().err
     assert cli.main(["finetune", "--hf", str(HF / "llama"), "--projector-only", "--data",
                      str(data), "--out", str(tmp_path / "o")]) != 0
     assert "is not a vision-language checkpoint" in capsys.readouterr().err
@@ -167,3 +167,17 @@ def test_finetune_on_text_trains_the_language_model_alone(llava_dir, tmp_path, c
     changed = {n for n in before if not np.array_equal(before[n], after[n])}
     assert changed and all(n.startswith("language_model.") for n in changed)
     assert "AutoModelForImageTextToText" in capsys.readouterr().out
+
+
+def test_llava_s_own_caption_file_reads_as_pairs(tmp_path):
+    import json
+    from scratchllm.cli.projector import read_captions
+    shutil.copy(IMAGES / "rgb.png", tmp_path)
+    (tmp_path / "chat.json").write_text(json.dumps([{"id": "0", "image": "rgb.png",
+                                                     "conversations": [
+        {"from": "human", "value": "<image>\nRender a clear and concise summary."},
+        {"from": "gpt", "value": "a red square"}]}]))
+    assert read_captions(tmp_path / "chat.json") == [(tmp_path / "rgb.png", "a red square")]
+    (tmp_path / "bad.json").write_text(json.dumps([{"image": "rgb.png", "conversations": []}]))
+    with pytest.raises(ValueError, match="entry 1 must be a JSON object"):
+        read_captions(tmp_path / "bad.json")
