@@ -16,6 +16,8 @@ to 4 tokens (2 x 2 patches each), and a Gemma 3 LM (vocab 64, width 32, a slidin
 window 4 then a full layer, 4 heads of 8 with 2 KV heads, rope_theta 100 and 10). Sequence 0
 holds image 0's 4 tokens between <boi> and <eoi>, sequence 1 image 1's; token_type_ids mark
 them, so that they attend each other both ways.
+tests/fixtures/hf/config_defaults.json: the defaults of the sub-configs' classes (what
+transformers reads for a field a transformers 4 checkpoint's nested config leaves out).
 Beside them their image processors' preprocessor_config.json (Qwen2VLImageProcessor: patch 4,
 merge 2, 128..576 pixels; Gemma3ImageProcessor: 16 x 16, bilinear) and gemma3_vl/processed.npz:
 the pixel_values of the five PNGs of tests/fixtures/images/ (transformers' PIL backend).
@@ -169,7 +171,25 @@ def processor(proc, directory, images=True):
         np.savez_compressed(directory / "processed.npz", pixel_values=got["pixel_values"])
 
 
+def config_defaults():
+    """tests/fixtures/hf/config_defaults.json: each sub-config class's defaults of the fields
+    scratchllm/hub/families/defaults.py fills in."""
+    import json
+    from transformers.models.qwen2_vl import configuration_qwen2_vl as q
+    classes = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+               "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
+               "gemma3_text": transformers.Gemma3TextConfig,
+               "siglip_vision_model": transformers.SiglipVisionConfig,
+               "clip_vision_model": transformers.CLIPVisionConfig,
+               "qwen2_vl_vision": q.Qwen2VLVisionConfig, "qwen2_vl_text": q.Qwen2VLTextConfig}
+    out = {name: {k: v for k, v in cls().to_dict().items()
+                  if isinstance(v, (int, float, str, bool)) and v is not None}
+           for name, cls in classes.items()}
+    (OUT / "config_defaults.json").write_text(json.dumps(out, indent=1, sort_keys=True))
+
+
 def main():
+    config_defaults()
     processor(transformers.Qwen2VLImageProcessorPil(
         patch_size=4, merge_size=2, temporal_patch_size=2, min_pixels=128, max_pixels=576),
         OUT / "qwen2_vl", images=False)  # its pixel_values: make_qwen2_vl_fixtures.py's

@@ -43,3 +43,31 @@ def test_qwen2_vl_config_of_transformers_4_reads_the_same():
     with pytest.raises(ValueError, match="rope 'yarn'"):
         family.from_hf(dict(old, rope_scaling={"type": "yarn", "factor": 2.0,
                                                "mrope_section": [1, 1, 2]}))
+
+
+DEFAULTS = json.loads((HF / "config_defaults.json").read_text())
+
+
+def test_the_defaults_table_is_transformers():
+    from scratchllm.hub.families.defaults import NESTED_DEFAULTS
+    for model_type, table in NESTED_DEFAULTS.items():
+        assert {k: DEFAULTS[model_type][k] for k in table} == table, model_type
+
+
+def _sparse(sub, model_type):
+    """A sub-config as transformers 4 wrote it: the fields equal to its class's default
+    left out."""
+    return {k: v for k, v in sub.items()
+            if k == "model_type" or DEFAULTS[model_type].get(k, object()) != v}
+
+
+@pytest.mark.parametrize("name, vision, text", [
+    ("llava_clip", "clip_vision_model", "llama"), ("llava", "siglip_vision_model", "llama"),
+    ("gemma3_vl", "siglip_vision_model", "gemma3_text")])
+def test_sub_configs_that_leave_out_their_defaults_read_the_same(name, vision, text):
+    hf = json.loads((HF / name / "config.json").read_text())
+    sparse = dict(hf, vision_config=_sparse(hf["vision_config"], vision),
+                  text_config=_sparse(hf["text_config"], text))
+    assert len(json.dumps(sparse)) < len(json.dumps(hf))
+    family = family_named(hf["model_type"])
+    assert family.from_hf(sparse) == family.from_hf(hf)

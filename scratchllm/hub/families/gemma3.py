@@ -16,6 +16,7 @@ configuration_gemma3.py.
 Glossary: Dv the tower's width, Dt the LM's.
 """
 from scratchllm.hub.families.base import fail_config, over, require
+from scratchllm.hub.families.defaults import with_defaults
 from scratchllm.hub.families.dense import GEMMA3
 from scratchllm.hub.families.llava import TOWER_RENAMES
 from scratchllm.hub.families.modules import ModuleFamily
@@ -29,7 +30,8 @@ from scratchllm.vision.gemma3 import Gemma3VL
 
 def _from_hf(hf):
     require(hf, ("vision_config", "text_config"), "gemma3")
-    vc, tc = hf["vision_config"], hf["text_config"]
+    vc = hf["vision_config"]
+    tc = with_defaults("gemma3_text", hf["text_config"])  # transformers 4: changed fields only
     if vc.get("model_type", "siglip_vision_model") != "siglip_vision_model" or vc.get(
             "vision_use_head", False):
         fail_config(f"gemma3: vision_config must be a siglip_vision_model without its pooling "

@@ -15,6 +15,7 @@ qwen3.
 Reference: huggingface/transformers src/transformers/models/llava/modeling_llava.py.
 """
 from scratchllm.hub.families.base import fail_config, over, require
+from scratchllm.hub.families.defaults import with_defaults
 from scratchllm.hub.families.dense import LLAMA, MISTRAL, QWEN2, QWEN3
 from scratchllm.hub.families.modules import ModuleFamily
 from scratchllm.hub.families.vision import CLIP_VISION, SIGLIP_VISION
@@ -39,7 +40,9 @@ def _text_family(model_type):
 
 def _from_hf(hf):
     require(hf, ("vision_config", "text_config"), "llava")
-    vc, tc = hf["vision_config"], hf["text_config"]
+    vc = {"model_type": "clip_vision_model", **hf["vision_config"]}  # LlavaConfig's default
+    tc = {"model_type": "llama", **hf["text_config"]}
+    tc = with_defaults(tc["model_type"], tc)  # transformers 4 wrote the changed fields only
     if vc.get("model_type") not in TOWERS:
         fail_config(f"llava: vision_config model_type {vc.get('model_type')!r} is not "
                     f"implemented (only {sorted(TOWERS)})")
@@ -51,7 +54,7 @@ def _from_hf(hf):
     if act not in _ACT:
         fail_config(f"llava: projector_hidden_act = {act!r} is not implemented (only "
                     f"{sorted(_ACT)})")
-    text = from_flat(**_text_family(tc.get("model_type", "llama")).from_hf(tc))
+    text = from_flat(**_text_family(tc["model_type"]).from_hf(tc))
     image_token = hf.get("image_token_id", hf.get("image_token_index", 32000))
     return LlavaConfig(name="llava", vision=TOWERS[vc["model_type"]].from_hf(vc), text=text,
                        feature_layer=layer,

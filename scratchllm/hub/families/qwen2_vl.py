@@ -23,6 +23,7 @@ Glossary: C channels, T temporal patch size, P patch side, Dv the tower's width.
 from dataclasses import replace
 
 from scratchllm.hub.families.base import fail_config, over, require
+from scratchllm.hub.families.defaults import with_defaults
 from scratchllm.hub.families.dense import QWEN2
 from scratchllm.hub.families.modules import ModuleFamily
 from scratchllm.hub.layout import Entry
@@ -34,7 +35,6 @@ from scratchllm.vision.qwen2_vl import Qwen2VL
 
 _GELU = {"quick_gelu": "quick", "gelu": "none", "gelu_pytorch_tanh": "tanh"}
 _ACT = {v: k for k, v in _GELU.items()}
-_VISION = ("depth", "embed_dim", "num_heads")
 
 
 def _tower_layer(vc):
@@ -98,10 +98,10 @@ def _plain(text):
 
 def _from_hf(hf):
     require(hf, ("vision_config",), "qwen2_vl")
-    vc, tc = hf["vision_config"], hf.get("text_config")
+    vc, tc = with_defaults("qwen2_vl_vision", hf["vision_config"]), hf.get("text_config")
     if tc is None:  # transformers 4's layout: the LM's fields at the top
         tc = {k: v for k, v in hf.items() if k not in ("vision_config", "model_type")}
-    require(vc, _VISION, "qwen2_vl (vision_config)")
+    tc = with_defaults("qwen2_vl_text", tc)
     text = _text(hf, tc)
     if vc.get("hidden_size", text.d_model) != text.d_model:
         fail_config(f"qwen2_vl: vision_config hidden_size {vc['hidden_size']} (the merger's "
