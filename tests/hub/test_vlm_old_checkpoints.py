@@ -1,7 +1,8 @@
 """Vision-language checkpoints as transformers 4 wrote them (the ones on the Hub: llava-hf's,
 google's Gemma 3, Qwen's Qwen2-VL) load as the fixtures do: the tower's tensors under
 vision_tower.vision_model. (llava, gemma3), and Qwen2-VL's config.json with the LM's fields at
-the top and rope_scaling {"type": "mrope", "mrope_section": [...]}."""
+the top and rope_scaling {"type": "mrope", "mrope_section": [...]}, nested configs that keep
+only their changed fields; and bfloat16 files."""
 import json
 import shutil
 
@@ -71,3 +72,18 @@ def test_sub_configs_that_leave_out_their_defaults_read_the_same(name, vision, t
     assert len(json.dumps(sparse)) < len(json.dumps(hf))
     family = family_named(hf["model_type"])
     assert family.from_hf(sparse) == family.from_hf(hf)
+
+
+@pytest.mark.parametrize("name", ["qwen2_vl", "gemma3_vl"])
+def test_bfloat16_checkpoints_save_and_load(name, tmp_path):
+    """Saved in bfloat16, each vision-language fixture loads (cast to float64) and gives its
+    float64 logits to bfloat16's rounding."""
+    from scratchllm.hub import save_pretrained
+    ref = expected(name)
+    save_pretrained(load_pretrained(HF / name), tmp_path, dtype="bfloat16")
+    assert {str(t.dtype) for t in load_file(tmp_path / "model.safetensors").values()} == \
+        {"bfloat16"}
+    keys = ("input_ids", "pixel_values", "image_grid_thw")
+    logits, _ = load_pretrained(tmp_path, dtype=np.float64).forward(
+        **{k: ref[k] for k in keys if k in ref})
+    assert np.abs(logits - ref["logits"]).max() < 5e-2 * np.abs(ref["logits"]).max()
