@@ -135,6 +135,10 @@ class Qwen2VL(ImageTokensLM):
         the state holds), turned at position + each row's delta -> logits (B, V)."""
         expect_int("Qwen2VL.decode", "ids_t", ids_t)
         expect_ndim("Qwen2VL.decode", "ids_t", ids_t, 1, "(B,)")
+        if np.ndim(position) or not isinstance(state, Qwen2VLState):
+            raise ValueError(f"Qwen2VL.decode: give one int position (the tokens every row "
+                             f"holds) and the state of init_state, got position {position!r}, "
+                             f"state {type(state).__name__}")
         x = self.lm.embed.forward(ids_t[:, None])[0][:, 0]  # (B, Dt)
         turn = np.broadcast_to((position + state.deltas)[None], (3, state.batch, 1))
         for layer, st in zip(self.lm.layers, state.layers):

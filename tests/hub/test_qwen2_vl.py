@@ -53,6 +53,8 @@ def test_greedy_ids_and_cached_decoding(ref, model):
     image = dict(pixel_values=ref["pixel_values"][:24], image_grid_thw=ref["image_grid_thw"][:1])
     state = assert_greedy_and_cached(model, ref["input_ids"][:1], ref["greedy"], **image)
     assert state.deltas[0, 0] == -3  # 6 image tokens spanning 3 x 2 positions: 6 - 3
+    with pytest.raises(ValueError, match="give one int position"):
+        model.decode(np.array([1]), state, np.array([22]))
 
 
 def test_save_load_is_bit_identical_and_transformers_loads_it(ref, tmp_path):
