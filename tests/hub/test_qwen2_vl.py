@@ -84,3 +84,19 @@ def test_text_alone_and_bad_inputs_are_named(ref, model):
     ok = (ref["input_ids"] == model.cfg.image_token_id).astype(int)
     assert model.forward(**inputs(ref), mm_token_type_ids=ok,
                          attention_mask=np.ones_like(ok))[0].shape == ref["logits"].shape
+
+
+def test_two_rows_decode_at_their_own_rope_deltas(ref, model):
+    """Both sequences (each with its image, different deltas) decode together: every step
+    equals the full forward of each row."""
+    ids, images = ref["input_ids"], dict(pixel_values=ref["pixel_values"],
+                                         image_grid_thw=ref["image_grid_thw"])
+    state = model.init_state(2, ids.shape[1] + 3)
+    logits = model.prefill(ids, state, **images)[:, -1]  # (2, V)
+    assert state.deltas[:, 0].tolist() == [-3, 0]  # image 1: 2 tokens spanning 2 positions
+    seq = ids
+    for _ in range(3):
+        full, _ = model.forward(input_ids=seq, **images)
+        assert rel_err(logits, full[:, -1]) < 1e-10
+        seq = np.concatenate([seq, np.argmax(logits, axis=1)[:, None]], axis=1)
+        logits = model.decode(seq[:, -1], state, seq.shape[1] - 1)
