@@ -106,8 +106,8 @@ def projector_finetune(args, s):
             inputs, ids, targets = examples[i]
             logits, cache = model.forward(input_ids=ids, **inputs)  # (1, T, V)
             ce, c_ce = cross_entropy_forward(logits, targets, IGNORE_ID)
-            model.backward(cross_entropy_backward(np.asarray(1 / s.batch_size, logits.dtype),
-                                                  c_ce)["logits"], cache)
+            dlogits = cross_entropy_backward(np.asarray(1 / s.batch_size, logits.dtype), c_ce)
+            model.backward(dlogits["logits"], cache, encoder=False)  # the tower is frozen
             loss += float(ce) / s.batch_size
         clip_grad_norm(params, s.clip)
         opt.lr = cosine_schedule(step + 1, s.lr, s.lr / 10, s.warmup, s.steps)

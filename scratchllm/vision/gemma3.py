@@ -181,16 +181,16 @@ class Gemma3VL(ImageTokensLM):
         c_lm = LMCache(None, blocks, cn, ch, [() for _ in blocks], c_cap, x)
         return logits, Gemma3VLCache(c_tower, c_proj, c_emb, image, c_lm)
 
-    def backward(self, dlogits, cache):
+    def backward(self, dlogits, cache, encoder=True):
         """dlogits (B, T, V) -> Param grads (+=); returns d pixel_values (None without an
-        image)."""
+        image, or with encoder=False: the tower gets no gradient, its backward not run)."""
         dx = self.lm.trunk_backward(dlogits, cache.lm)  # fwd: logits = trunk(x_0)
         dpixels = None
         if cache.tower is not None:
             df, dx = self.split_grad(dx, cache.image)  # fwd: x_0[image] = f
             Bi, n = cache.proj.shape[0], self.cfg.projector.tokens_per_image
             dh = self.proj.backward(df.reshape(Bi, n, -1), cache.proj)  # fwd: f = proj(h)
-            dpixels = self.tower.backward(dh, cache.tower)  # fwd: h = tower(pixel_values)
+            dpixels = self.tower.backward(dh, cache.tower) if encoder else None  # h = tower(.)
         self.lm.embed_backward(dx, cache.embed)  # fwd: x_0 = E[ids] sqrt(Dt)
         return dpixels
 

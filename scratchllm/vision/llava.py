@@ -112,9 +112,10 @@ class Llava(ImageTokensLM):
         """One text token per sequence (B,) at `position` -> logits (B, V)."""
         return self.lm.decode(ids_t, state, position)
 
-    def backward(self, dlogits, cache):
+    def backward(self, dlogits, cache, encoder=True):
         """dlogits (B, T, V) -> Param grads (+=); returns d pixel_values (None without an
-        image)."""
+        image, or with encoder=False: the image encoder below the projector gets no
+        gradient, as in LLaVA's stage 1, and its backward is not run)."""
         dx = self.lm.trunk_backward(dlogits, cache.lm)  # fwd: logits = trunk(x_0)
         dpixels = None
         if cache.vision is not None:
@@ -126,6 +127,6 @@ class Llava(ImageTokensLM):
             df = self.proj1.backward(da, cache.proj1)  # fwd: a = f W1 + b1
             if self.cfg.select == "default":  # fwd: f = f[:, 1:]
                 df = np.concatenate([np.zeros_like(df[:, :1]), df], axis=1)
-            dpixels = self.tower.backward(df, cache.vision)
+            dpixels = self.tower.backward(df, cache.vision) if encoder else None
         self.lm.embed.backward(dx, cache.embed)  # fwd: x_0 = E[input_ids]
         return dpixels

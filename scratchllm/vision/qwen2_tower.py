@@ -107,9 +107,12 @@ class Qwen2VisionTower(Module):
         y, c_merge = self.merger.forward(x[0])  # (N / m^2, Dt)
         return y, TowerCache(c_patch, blocks, c_merge)
 
-    def backward(self, dy, cache):
-        """dy (N / m^2, Dt) -> Param grads (+=); returns d pixel_values (N, C*T*P*P)."""
+    def backward(self, dy, cache, blocks=True):
+        """dy (N / m^2, Dt) -> Param grads (+=); returns d pixel_values (N, C*T*P*P), or with
+        blocks=False None: the merger's backward alone (the blocks and patch map frozen)."""
         dx = self.merger.backward(dy, cache.merger)[None]  # fwd: y = merger(x_L)  (1, N, Dv)
+        if not blocks:
+            return None
         for layer, c in zip(reversed(self.layers), reversed(cache.blocks)):
             dx = layer.backward(dx, c)  # fwd: x_l = block_l(x_{l-1})
         return self.patch.backward(dx[0], cache.patch)  # fwd: x_0 = pixel_values W

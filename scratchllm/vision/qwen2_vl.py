@@ -92,14 +92,15 @@ class Qwen2VL(ImageTokensLM):
         logits, c_lm = self.lm.trunk_forward(x, Packing(None, positions))  # (B, T, V)
         return logits, Qwen2VLCache(c_tower, c_emb, image, c_lm)
 
-    def backward(self, dlogits, cache):
+    def backward(self, dlogits, cache, encoder=True):
         """dlogits (B, T, V) -> Param grads (+=); returns d pixel_values (None without an
-        image)."""
+        image, or with encoder=False: the tower's blocks and patch embedding get no
+        gradient and are not run backward; the merger, the projector, still is)."""
         dx = self.lm.trunk_backward(dlogits, cache.lm)  # fwd: logits = trunk(x_0)  (B, T, Dt)
         dpixels = None
         if cache.tower is not None:
             dp, dx = self.split_grad(dx, cache.image)  # fwd: x_0[image] = p   (Ni, Dt)
-            dpixels = self.tower.backward(dp, cache.tower)
+            dpixels = self.tower.backward(dp, cache.tower, blocks=encoder)
         self.lm.embed.backward(dx, cache.embed)  # fwd: x_0 = E[input_ids]
         return dpixels
 

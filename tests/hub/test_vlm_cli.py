@@ -181,3 +181,28 @@ def test_llava_s_own_caption_file_reads_as_pairs(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps([{"image": "rgb.png", "conversations": []}]))
     with pytest.raises(ValueError, match="entry 1 must be a JSON object"):
         read_captions(tmp_path / "bad.json")
+
+
+@pytest.mark.parametrize("name", ["llava", "qwen2_vl", "gemma3_vl"])
+def test_a_frozen_encoder_skips_its_backward_and_keeps_the_projectors(name):
+    """backward(..., encoder=False) (stage 1's): the projector's and the LM's gradients
+    as the full backward's, the image encoder's none."""
+    from hub_fixtures import expected
+    ref = expected(name)
+    model = load_pretrained(HF / name, np.float64)
+    keys = ("input_ids", "pixel_values", "image_grid_thw")
+    logits, cache = model.forward(**{k: ref[k] for k in keys if k in ref})
+    G = np.random.default_rng(0).standard_normal(logits.shape)
+    grads = []
+    for encoder in (True, False):
+        model.zero_grad()
+        out = model.backward(G, cache, encoder=encoder)
+        assert (out is None) != encoder
+        grads.append({n: p.grad.copy() for n, p in model.named_parameters()})
+    trained = {n for n, _ in model.projector_parameters()} | {
+        n for n, _ in model.named_parameters() if n.startswith("lm.")}
+    for n, g in grads[1].items():
+        if n in trained:
+            np.testing.assert_array_equal(g, grads[0][n])
+        else:
+            assert not g.any(), n
