@@ -41,33 +41,37 @@ def bind_images(args, model, tok, chat=None):
     hf = read_hf_config(args.hf)
     brackets = (hf.get("vision_start_token_id", hf.get("boi_token_index")),
                 hf.get("vision_end_token_id", hf.get("eoi_token_index")))
-    blocks = [image_block(model.cfg.image_token_id, n, brackets) for n in counts]
-    if args.chat is not None:
-        return ImageBound(model, inputs), _chat_ids(args, tok, chat, blocks,
-                                                    (model.cfg.image_token_id, brackets[0]))
+    around = [tok.encode_ordinary(t) if t else [] for t in model.IMAGE_AROUND]
+    blocks = [image_block(model.cfg.image_token_id, n, brackets, around) for n in counts]
+    if args.chat is not None:  # the template writes the image token (between its own
+        image = model.cfg.image_token_id  # brackets: Qwen2-VL, LLaVA), or the start id alone
+        expand = [(image, [[image] * n for n in counts]), (brackets[0], blocks)]  # (Gemma 3)
+        return ImageBound(model, inputs), _chat_ids(args, tok, chat, expand)
     text = tok.encode(args.prompt, allowed_special="all") if args.allow_special else \
         tok.encode_ordinary(args.prompt)
     return ImageBound(model, inputs), [i for b in blocks for i in b] + list(text)
 
 
-def _chat_ids(args, tok, chat, blocks, marks):
+def _chat_ids(args, tok, chat, expand):
     """The chat template's ids of a user turn [images..., text], each image's placeholder
-    (marks: the image token id, else the image start id) replaced by its block."""
+    replaced: expand [(placeholder id, [its ids per image])], tried in order (the image
+    token id, whose brackets the template wrote, else the image start id)."""
     template, specials = chat or (None, {})
     if not template:
         raise ValueError(f"--chat: {args.hf} has no chat template (neither chat_template.jinja "
                          f"nor a chat_template in tokenizer_config.json); use --prompt")
-    content = [{"type": "image"} for _ in blocks] + [{"type": "text", "text": args.chat}]
+    n_images = len(expand[0][1])
+    content = [{"type": "image"}] * n_images + [{"type": "text", "text": args.chat}]
     messages = [{"role": "system", "content": args.system}] if args.system else []
     ids = encode_chat(tok, template, messages + [{"role": "user", "content": content}],
                       specials=specials)
-    for mark in marks:
-        if mark is not None and ids.count(mark) == len(blocks):
+    for mark, blocks in expand:
+        if mark is not None and ids.count(mark) == n_images:
             out, k = [], 0
             for i in ids:
                 out += blocks[k] if i == mark else [i]
                 k += i == mark
             return out
     raise ValueError(f"--chat --image: the chat template of {args.hf} did not write one image "
-                     f"placeholder (id {marks[0]}, or start id {marks[1]}) per image "
-                     f"({len(blocks)})")
+                     f"placeholder (id {expand[0][0]}, or start id {expand[1][0]}) per image "
+                     f"({n_images})")

@@ -65,7 +65,8 @@ def caption_example(model, tok, image, caption, context):
     ids around an image, eos id or None)."""
     spec, brackets, eos = context
     inputs, (n,) = model.image_inputs([image], spec)
-    block = image_block(model.cfg.image_token_id, n, brackets)
+    block = image_block(model.cfg.image_token_id, n, brackets,
+                        [tok.encode_ordinary(t) if t else [] for t in model.IMAGE_AROUND])
     text = list(tok.encode_ordinary(caption)) + ([] if eos is None else [eos])
     ids = np.array([block + text])  # (1, T)
     targets = np.full(ids.shape, IGNORE_ID)

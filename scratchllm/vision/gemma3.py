@@ -133,7 +133,9 @@ class Gemma3VLCache(NamedTuple):
 
 
 class Gemma3VL(ImageTokensLM):
-    """The model of a Gemma3VLConfig (Params: tower, proj, lm)."""
+    """The model of a Gemma3VLConfig (Params: tower, proj, lm). Gemma3Processor writes
+    "\n\n" before and after each image's <start_of_image> ... <end_of_image>."""
+    IMAGE_AROUND = ("\n\n", "\n\n")
 
     def __init__(self, cfg, *, rng, dtype=np.float32):
         if not isinstance(cfg, Gemma3VLConfig):

@@ -11,8 +11,10 @@ from scratchllm.core.nn import Module
 
 class ImageTokensLM(Module):
     """A Module whose Params include an LM at self.lm fed image features at image tokens;
-    PROJECTOR: the name prefixes of its projector's Params."""
+    PROJECTOR: the name prefixes of its projector's Params; IMAGE_AROUND: the text its
+    checkpoints' processor writes before and after each image's ids."""
     PROJECTOR = ("proj",)
+    IMAGE_AROUND = ("", "")
 
     @property
     def dtype(self):
@@ -67,10 +69,11 @@ class ImageBound:
         return self.model.prefill(ids, state, **self.inputs)
 
 
-def image_block(image_token_id, n, brackets=(None, None)):
+def image_block(image_token_id, n, brackets=(None, None), around=((), ())):
     """The prompt ids one image stands for: its n image tokens, between the checkpoint's
     start and end ids when it has them (Qwen2-VL's <|vision_start|> ... <|vision_end|>,
-    Gemma 3's <start_of_image> ... <end_of_image>; LLaVA has none)."""
+    Gemma 3's <start_of_image> ... <end_of_image>; LLaVA has none), and the ids of the text
+    its processor writes around them (`around`: Gemma 3's "\n\n" each side)."""
     start, end = brackets
-    return ([] if start is None else [start]) + [image_token_id] * n + \
-        ([] if end is None else [end])
+    return list(around[0]) + ([] if start is None else [start]) + [image_token_id] * n + \
+        ([] if end is None else [end]) + list(around[1])

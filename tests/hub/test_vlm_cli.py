@@ -69,6 +69,22 @@ def test_chat_with_an_image_expands_the_templates_placeholder(llava_dir, capsys)
     assert capsys.readouterr().out == tok.decode(ids[-4:]) + "\n"
 
 
+def test_chat_with_a_start_placeholder_gets_the_whole_block(llava_dir):
+    """A template that writes only the image start id (Gemma 3's <start_of_image>): that id
+    becomes the image's whole block, start and end ids around its tokens."""
+    import json
+    from scratchllm.tokenizer import chat_template_of
+    hf = json.loads((llava_dir / "config.json").read_text())
+    (llava_dir / "config.json").write_text(json.dumps(dict(hf, boi_token_index=0,
+                                                           eoi_token_index=1)))
+    (llava_dir / "chat_template.jinja").write_text(CHAT)
+    model, tok = load_pretrained(llava_dir), load_tokenizer(llava_dir)
+    _, ids = bind_images(_args(hf=str(llava_dir), chat="hi"), model, tok,
+                         chat_template_of(llava_dir))
+    start = ids.index(0)
+    assert ids[start:start + 11] == [0] + [299] * 9 + [1] and ids.count(299) == 9
+
+
 def test_what_does_not_fit_is_named(llava_dir, capsys):
     png = str(IMAGES / "rgb.png")
     assert cli.main(["sample", "--hf", str(HF / "llama"), "--image", png, "--prompt", "x"]) != 0
@@ -206,3 +222,11 @@ def test_a_frozen_encoder_skips_its_backward_and_keeps_the_projectors(name):
             np.testing.assert_array_equal(g, grads[0][n])
         else:
             assert not g.any(), n
+
+
+def test_an_images_block_of_ids():
+    from scratchllm.vision import Gemma3VL, Llava, Qwen2VL
+    assert image_block(60, 2, (61, 62), ([9], [9])) == [9, 61, 60, 60, 62, 9]
+    assert image_block(7, 3) == [7, 7, 7]
+    assert Gemma3VL.IMAGE_AROUND == ("\n\n", "\n\n")  # Gemma3Processor's full_image_sequence
+    assert Llava.IMAGE_AROUND == Qwen2VL.IMAGE_AROUND == ("", "")
