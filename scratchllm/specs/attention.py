@@ -111,7 +111,8 @@ class RopeSpec:
 
     def __post_init__(self):
         real(self, "base", 1.0, open_low=True)
-        if real(self, "partial", 0, open_low=True) or self.partial > 1:
+        real(self, "partial", 0, open_low=True)
+        if self.partial > 1:
             fail(self, f"partial={self.partial} is the fraction of a head RoPE turns: at most 1",
                  "partial")
         instance(self, "scaling", dict, none_ok=True)
@@ -122,6 +123,9 @@ class RopeSpec:
                 type(n) is int and n > 0 for n in sections) or not sections):
             fail(self, f"mrope_section must be a tuple of positive ints (pairs per position "
                        f"section; axial needs it) or None, got {sections!r}", "mrope_section")
+        if self.axial and (self.scaling is not None or self.partial != 1):
+            fail(self, "axial frequencies take no scaling and turn the whole head (partial 1)",
+                 "axial")
         if self.scaling is not None:
             try:
                 rope_scaling_params(self.scaling)
