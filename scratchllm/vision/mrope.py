@@ -14,8 +14,8 @@ Dh/4 pairs by h * f_j, the next Dh/4 by w * f_j, f_j = theta^(-2j / (Dh/2)), j <
 same frequencies for both axes); the patches in merge-group order, as dynamic.py lays them.
 It is M-RoPE with sections (Dh/4, Dh/4), RopeSpec.axial, over the rows (h, w, h)
 (vision_positions; the third row turns nothing).
-In the tower each patch attends the patches of its own image (frame group) only
-(image_attention_mask: transformers' cu_seqlens as a block-diagonal Mask).
+In the tower each patch attends the patches of its own frame only (frame_ids; one frame per
+still image; image_attention_mask: transformers' cu_seqlens as a block-diagonal Mask).
 Reference: huggingface/transformers src/transformers/models/qwen2_vl/modeling_qwen2_vl.py
 (Qwen2VLModel.get_rope_index, get_vision_position_ids, Qwen2VLVisionRotaryEmbedding);
 huggingface/transformers src/transformers/vision_utils.py (get_vision_position_ids).
@@ -101,9 +101,17 @@ def vision_rope(image_grid_thw, head_dim, theta=10000.0, merge_size=2):
                      vision_positions(image_grid_thw, merge_size))
 
 
+def frame_ids(image_grid_thw):
+    """(N,) ints: the frame of each of the tower's N = sum(t h w) patches, counted over all
+    images (image i's t frames of h w consecutive rows each): what a patch attends is its own
+    frame (transformers' cu_seqlens, one segment per frame)."""
+    grids = _grids("frame_ids", image_grid_thw, 1)
+    frames = np.repeat(grids[:, 1] * grids[:, 2], grids[:, 0])  # (sum t,) patches per frame
+    return np.repeat(np.arange(len(frames)), frames)  # (N,)
+
+
 def image_attention_mask(image_grid_thw):
     """Mask(array=(1, 1, N, N)) (the whole pattern; no causal order): patch i may attend
-    patch j when both belong to the same image (its t h w consecutive rows), N = sum(t h w)."""
-    grids = _grids("image_attention_mask", image_grid_thw, 1)
-    image = np.repeat(np.arange(len(grids)), grids.prod(axis=1))  # (N,)
-    return Mask(array=(image[:, None] == image[None, :])[None, None])
+    patch j when both belong to the same frame of the same image (frame_ids)."""
+    frame = frame_ids(image_grid_thw)  # (N,)
+    return Mask(array=(frame[:, None] == frame[None, :])[None, None])

@@ -6,8 +6,8 @@ packed sequence, each image attending only itself.
                                                               a linear map of each patch row
     x_l = block_l(x_{l-1})                          l = 1..L  bidirectional attention with the
                                                               axial 2-D RoPE at (h, w), the
-                                                              images packed (Packing: image i
-                                                              its own document), LayerNorm,
+                                                              images packed (Packing: each
+                                                              frame its own document), LayerNorm,
                                                               a GELU MLP (quick_gelu)
     y = merger(x_L)                                 (N / m^2, Dt) patch_merger (merger.py)
 The rows come in merge-group order (dynamic.py), image by image as image_grid_thw lists them;
@@ -29,7 +29,7 @@ from scratchllm.lm import Block
 from scratchllm.lm.block import Packing
 from scratchllm.specs.vision_lm import Qwen2VLConfig
 from scratchllm.vision.merger import MergerWeights, patch_merger_backward, patch_merger_forward
-from scratchllm.vision.mrope import vision_positions
+from scratchllm.vision.mrope import frame_ids, vision_positions
 
 
 class PatchMerger(Module):
@@ -63,11 +63,10 @@ class TowerCache(NamedTuple):
 
 
 def image_packing(image_grid_thw, merge_size):
-    """The Packing of the tower's one row of N patches: doc_ids (1, N) the image of each,
-    positions (3, 1, N) (vision_positions)."""
-    grids = np.asarray(image_grid_thw)
-    image = np.repeat(np.arange(len(grids)), grids.prod(axis=1))[None]  # (1, N)
-    return Packing(image, vision_positions(grids, merge_size)[:, None])  # (3, 1, N)
+    """The Packing of the tower's one row of N patches: doc_ids (1, N) the frame of each
+    (frame_ids: a still image is one frame), positions (3, 1, N) (vision_positions)."""
+    return Packing(frame_ids(image_grid_thw)[None],  # (1, N)
+                   vision_positions(image_grid_thw, merge_size)[:, None])  # (3, 1, N)
 
 
 class Qwen2VisionTower(Module):
