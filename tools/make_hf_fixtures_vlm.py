@@ -21,6 +21,7 @@ transformers reads for a field a transformers 4 checkpoint's nested config leave
 Beside them their image processors' preprocessor_config.json (Qwen2VLImageProcessor: patch 4,
 merge 2, 128..576 pixels; Gemma3ImageProcessor: 16 x 16, bilinear) and gemma3_vl/processed.npz:
 the pixel_values of the five PNGs of tests/fixtures/images/ (transformers' PIL backend).
+qwen2_vl/expected_frames.npz: its logits on a grid of t = 2 frames beside a still image.
 Each expected.npz: input_ids (2, T), pixel_values [, image_grid_thw], logits, G_seed (G =
 default_rng(G_seed).standard_normal(logits.shape)), grad/<checkpoint name> = d sum(logits G)
 / d param, greedy (8 ids transformers' generate gives after sequence 0 and its image; Qwen2-VL
@@ -188,6 +189,26 @@ def config_defaults():
     (OUT / "config_defaults.json").write_text(json.dumps(out, indent=1, sort_keys=True))
 
 
+def frames_fixture(directory):
+    """directory/expected_frames.npz: the qwen2_vl fixture's logits on a grid of two frames
+    (t = 2: each frame attends itself in the tower) and a still image, float64."""
+    cls = transformers.Qwen2VLForConditionalGeneration
+    loaded = cls.from_pretrained(directory, dtype=torch.float32)
+    with float64_everywhere():
+        model = cls._from_config(loaded.config, dtype=torch.float64,
+                                 attn_implementation="eager")
+    model.load_state_dict({k: v.double() for k, v in loaded.state_dict().items()})
+    rng = np.random.default_rng(501)
+    grid = np.array([[2, 2, 4], [1, 4, 2]])  # 2 frames x 2 merged tokens, then 2 tokens
+    ids = rng.integers(3, IMAGE, (1, 12))
+    ids[0, 2:6], ids[0, 7:9] = IMAGE, IMAGE
+    pixel_values = rng.standard_normal((24, PATCH_DIM))
+    with float64_everywhere(), torch.no_grad():
+        logits = model.eval()(**qwen2_vl_torch(ids, pixel_values, grid)).logits.numpy()
+    np.savez_compressed(directory / "expected_frames.npz", input_ids=ids,
+                        pixel_values=pixel_values, image_grid_thw=grid, logits=logits)
+
+
 def main():
     config_defaults()
     processor(transformers.Qwen2VLImageProcessorPil(
@@ -200,6 +221,7 @@ def main():
           108, (dict(input_ids=ids, pixel_values=pixel_values, image_grid_thw=grid),
                 qwen2_vl_torch(ids[:1], pixel_values[:24], grid[:1]),
                 lambda dtype: qwen2_vl_torch(ids, pixel_values, grid, dtype)))
+    frames_fixture(OUT / "qwen2_vl")
     ids, pixel_values = gemma3_inputs(np.random.default_rng(600))
     write(transformers.Gemma3ForConditionalGeneration, gemma3_config(), OUT / "gemma3_vl",
           109, (dict(input_ids=ids, pixel_values=pixel_values),

@@ -100,3 +100,12 @@ def test_two_rows_decode_at_their_own_rope_deltas(ref, model):
         assert rel_err(logits, full[:, -1]) < 1e-10
         seq = np.concatenate([seq, np.argmax(logits, axis=1)[:, None]], axis=1)
         logits = model.decode(seq[:, -1], state, seq.shape[1] - 1)
+
+
+def test_a_grid_of_two_frames_attends_frame_by_frame(model):
+    """image_grid_thw (2, 2, 4) beside (1, 4, 2): each frame its own segment in the tower, as
+    transformers' cu_seqlens (expected_frames.npz)."""
+    f = np.load(DIR / "expected_frames.npz")
+    logits, _ = model.forward(input_ids=f["input_ids"], pixel_values=f["pixel_values"],
+                              image_grid_thw=f["image_grid_thw"])
+    assert rel_err(logits, f["logits"]) < 1e-9
