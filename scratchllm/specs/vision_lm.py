@@ -70,9 +70,10 @@ class Qwen2VLConfig:
     """Qwen2-VL (Wang et al. 2024, arXiv 2409.12191): a vision tower of d_vision over the
     patch rows of images of any sizes (n_channels * temporal_patch_size * patch_size^2 numbers
     each, Conv3d's kernel without bias), one LayerSpec per block (bidirectional attention with
-    the axial 2-D RoPE; each image attends itself), the patch merger (merger) to the LM's
-    width, and a decoder LM (text) with M-RoPE (its attention's rope.mrope_section). The
-    merged image tokens take the places of the image_token_id tokens of the input, in order."""
+    the axial 2-D RoPE; each frame of an image attends itself), the patch merger (merger) to
+    the LM's width, and a decoder LM (text) with M-RoPE (its attention's rope.mrope_section).
+    The merged image tokens take the places of the image_token_id tokens of the input, in
+    order."""
     name: str = "custom"
     d_vision: int = 1280
     layers: tuple = ()

@@ -1,5 +1,5 @@
 """qwen2_vl against transformers: tests/fixtures/hf/qwen2_vl (the tower with its axial 2-D
-RoPE, each image attending itself, the patch merger, and a qwen2 LM with M-RoPE;
+RoPE, each frame attending itself, the patch merger, and a qwen2 LM with M-RoPE;
 tools/make_hf_fixtures_vlm.py) was computed by transformers in float64: the logits
 (1e-9) and every parameter's gradient (1e-8) agree, greedy decoding with M-RoPE's offsets
 gives generate's ids with cached == full, save/load is bit-identical and transformers loads
