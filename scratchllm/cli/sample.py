@@ -17,6 +17,7 @@ import sys
 import numpy as np
 
 from scratchllm.cli.common import Parser, float_in, int_at_least, run
+from scratchllm.cli.images import add_image_argument, bind_images
 from scratchllm.hub import FAMILIES, eos_ids, load_pretrained, load_tokenizer
 from scratchllm.lm import (Seq2SeqLM, encode_prompt, generate, generate_batch_ids,
                           generate_ids, generates_padded, pad_rows, stream_text)
@@ -55,6 +56,7 @@ def build_parser():
     p.add_argument("--top-p", type=float_in(0, 1, open_low=True), default=0.95,
                    help="nucleus mass (0.95)")
     p.add_argument("--seed", type=int_at_least(0), default=None, help="sampling seed")
+    add_image_argument(p)
     return p
 
 
@@ -73,9 +75,9 @@ def _chat_prompt(args, tok, template, specials):
 
 def _sample(args):
     prompts, args.prompt = args.prompt or [""], (args.prompt or [""])[0]
-    if len(prompts) > 1 and (args.chat is not None or args.heal):
+    if len(prompts) > 1 and (args.chat is not None or args.heal or args.image):
         raise ValueError("several --prompt values run as one batch, which takes neither "
-                         "--chat nor --heal; give one --prompt for those")
+                         "--chat, --heal nor --image; give one --prompt for those")
     if args.chat is not None and (not args.hf or args.prompt):
         raise ValueError("--chat needs --hf DIR and no --prompt (it sends the question through "
                          "the checkpoint's chat template)")
@@ -90,8 +92,11 @@ def _sample(args):
                              f"to start a document with")
     else:
         (model, tok, _), stop = load_model(args.checkpoint), ()
-    prompt = _chat_prompt(args, tok, template, specials) if args.chat is not None else \
-        args.prompt
+    if args.image:  # a vision-language checkpoint: the images' tokens, then the prompt's
+        model, prompt = bind_images(args, model, tok, (template, specials))
+    else:
+        prompt = _chat_prompt(args, tok, template, specials) if args.chat is not None else \
+            args.prompt
     if len(prompts) > 1:
         return _sample_batch(args, model, tok, prompts, stop)
     if args.heal and token_bytes(tok) is None:

@@ -83,12 +83,14 @@ def weight_files(path):
 def _canonical(name, family):
     """A tensor's name as the family's names() give it: checkpoints of the headless model
     (GPT-2's GPT2Model, openai-community/gpt2) leave out the family's bare_prefix; older
-    checkpoints of a ModuleFamily put its old_prefix first."""
+    checkpoints of a ModuleFamily put its old_prefix first; older names are renamed
+    (renames)."""
     if isinstance(family, ModuleFamily):
-        return name.removeprefix(family.old_prefix) if family.old_prefix else name
-    prefix = family.bare_prefix
-    if prefix and not name.startswith((prefix, "lm_head.")):
-        name = prefix + name
+        name = name.removeprefix(family.old_prefix) if family.old_prefix else name
+    else:
+        prefix = family.bare_prefix
+        if prefix and not name.startswith((prefix, "lm_head.")):
+            name = prefix + name
     for old, new in family.renames:  # older checkpoints' names (BERT's LayerNorm.gamma)
         name = name.replace(old, new)
     return name

@@ -48,8 +48,9 @@ class SublayerCache(NamedTuple):
 class Packing(NamedTuple):
     """Several documents in each row of a batch (LM.forward's doc_ids), or a padded batch
     (attention_mask, lm/padding.py: keep its real tokens, the only ones a recurrent mixer
-    reads)."""
-    doc_ids: np.ndarray    # (B, T) ints, the document of each token
+    reads); doc_ids None: one document per row at the given positions (M-RoPE's (3, B, T):
+    a vision-language LM's)."""
+    doc_ids: np.ndarray    # (B, T) ints, the document of each token, or None
     positions: np.ndarray  # (B, T) ints, restarting at 0 where each document starts
     keep: np.ndarray = None  # (B, T) bool, a padded batch's real tokens (None: packed)
 
@@ -164,7 +165,8 @@ class Block(Module):
             raise ValueError(f"Block: packed documents need an attention or MLA mixer; a "
                              f"{type(spec).__name__} layer's recurrence would carry one "
                              f"document's state into the next")
-        mask = packed_mask(spec.mask, packing.doc_ids)  # Mask(array=(B, 1, T, T))
+        mask = None if packing.doc_ids is None else packed_mask(  # Mask(array=(B,1,T,T))
+            spec.mask, packing.doc_ids)
         positions = None if spec.rope is None else packing.positions  # (B, T)
         return lambda a: self.mixer.forward(a, positions, mask)
 
