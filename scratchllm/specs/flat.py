@@ -9,7 +9,8 @@ MoESpec.d_shared, block -> LayerSpec.placement, norm / norm_eps / norm_offset ->
 causal -> every attention layer's Mask.causal; attention_chunk -> Mask.chunk of the
 "chunked_attention" layers of layer_types; nope_layers: the indices of attention layers
 without RoPE (NoPE layers, whose weightless qk_norm "l2" is off too, as Llama 4's);
-moe_gate_input -> MoESpec.gate_input; shared_gate -> MoESpec.shared_gate; rope_partial ->
+moe_gate_input -> MoESpec.gate_input; attn_output_gate -> AttentionSpec.output_gate;
+shared_gate -> MoESpec.shared_gate; rope_partial ->
 RopeSpec.partial; attn_temperature [attn_scale, floor_scale] -> a TemperatureSpec as the
 position_bias of every attention layer without RoPE (Llama 4's temperature tuning); index_topk, index_n_heads, index_head_dim ->
 MLASpec.indexer, an IndexerSpec when index_topk is set (DeepSeek-V3.2); mlm_head ->
@@ -119,11 +120,13 @@ class Flat:
     shared_gate: bool = False
     rope_partial: float = 1.0
     attn_temperature: list = None
+    attn_output_gate: bool = False
 
 
 FLAT_NAMES = tuple(f.name for f in fields(Flat))
 RENAMED = {  # (spec, field) -> the flat name that sets it, where the two differ
     ("AttentionSpec", "sinks"): "attn_sinks", ("AttentionSpec", "scale"): "attn_scale",
+    ("AttentionSpec", "output_gate"): "attn_output_gate",
     ("ScoresSpec", "impl"): "attn_impl", ("ScoresSpec", "softcap"): "attn_softcap",
     ("RopeSpec", "base"): "rope_base",
     ("RopeSpec", "scaling"): "rope_scaling", ("RopeSpec", "style"): "rope_style",
@@ -234,10 +237,11 @@ def _check_layers(f):
     if f.attention == "mla" and (f.positions != "rope" or f.attn_impl != "sdpa"
                                  or f.window is not None or f.head_dim or f.qkv_bias
                                  or f.qk_norm or f.attn_softcap is not None
-                                 or f.attention_chunk or f.nope_layers):
+                                 or f.attention_chunk or f.nope_layers
+                                 or f.attn_output_gate):
         bad("attention='mla' supports positions='rope', attn_impl='sdpa', no window, and none "
-            "of head_dim, qkv_bias, qk_norm, attn_softcap, attention_chunk, nope_layers "
-            "(options of attention='gqa')")
+            "of head_dim, qkv_bias, qk_norm, attn_softcap, attention_chunk, nope_layers, "
+            "attn_output_gate (options of attention='gqa')")
     temp = f.attn_temperature
     if temp is not None and (not isinstance(temp, (list, tuple)) or len(temp) != 2
                              or not (f.positions == "nope" or f.nope_layers)):
@@ -296,7 +300,8 @@ def _mixer(f, i, kind):
     return AttentionSpec(
         f.n_heads, f.n_kv_heads, f.head_dim, f.qkv_bias, f.o_bias, qk_norm, f.norm_eps,
         f.norm_offset, f.attn_scale, f.attn_sinks, None if nope else rope,
-        bias, mask=mask, scores=ScoresSpec(f.attn_impl, softcap=f.attn_softcap))
+        bias, mask=mask, scores=ScoresSpec(f.attn_impl, softcap=f.attn_softcap),
+        output_gate=f.attn_output_gate)
 
 
 def is_moe_layer(f, i):

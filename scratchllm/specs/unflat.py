@@ -102,7 +102,7 @@ def _attention_fields(attention, positions, mixers):
     out = dict(n_heads=a.n_heads, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim,
                qkv_bias=a.qkv_bias, o_bias=a.o_bias, qk_norm=a.qk_norm,
                attn_scale=a.scale, attn_sinks=a.sinks, attn_impl=a.impl,
-               attn_softcap=a.softcap, causal=a.mask.causal)
+               attn_softcap=a.softcap, causal=a.mask.causal, attn_output_gate=a.output_gate)
     if positions == "none":
         out["positions"] = "alibi" if a.alibi else "rope" if a.rope is not None else "nope"
     temperature = [m.temperature for m in attention if m.temperature is not None]

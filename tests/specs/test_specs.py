@@ -21,6 +21,7 @@ FLAT_CASES = [
          qk_norm=True, attn_scale=0.1),
     dict(layer_pattern="MMMM", ffn="none", mamba_inner_norms=True, dt_rank=3),
     dict(ffn="moe", experts="clamped", router_bias=True, attn_sinks=True),
+    dict(attn_output_gate=True, qk_norm=True, norm_offset=1.0, rope_partial=0.25),
 ] + [dict(PRESETS[name]) for name in sorted(PRESETS)]
 
 
