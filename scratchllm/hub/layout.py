@@ -3,7 +3,10 @@ gives (families/), and the three conversions they share.
 
 An HF tensor is built from the library arrays `lib` (Params, or buffers) by
     1. taking slice [expert] of each (a stacked (E, ...) expert Param, when expert is set),
-    2. concatenating them along the last axis (GPT-2's fused c_attn = [q | k | v]),
+    2. concatenating them along the last axis (GPT-2's fused c_attn = [q | k | v]), or group
+       by group when `groups` is set: each array's last axis is that many equal runs, and
+       the tensor holds run g of every array before run g + 1 (Qwen3-Next's q_proj, query
+       and gate head by head, and its in_proj_qkvz, q, k, v, z key-head group by group),
     3. transposing (torch's nn.Linear weight (out, in) against the library's W (in, out)),
     4. inserting an axis of size 1 at `unsqueeze` (nn.Conv1d's depthwise weight (d, 1, K)
        against the library's (d, K)), or reshaping to `reshape` (nn.Conv2d's patch weight
@@ -21,7 +24,8 @@ class Entry(NamedTuple):
     last axis), whether it is the transpose of the library's layout, the expert it is a slice
     of (None: the whole array), the size-1 axis HF adds (None: none), and whether the library
     name is a buffer (no gradient: DeepSeek-V3's e_score_correction_bias) rather than a Param,
-    and the HF tensor's shape when it is the (transposed) array reshaped (None: no reshape)."""
+    and the HF tensor's shape when it is the (transposed) array reshaped (None: no reshape),
+    and the number of groups the concatenation interleaves (None: one after the other)."""
     hf: str
     lib: tuple
     transpose: bool
@@ -29,6 +33,7 @@ class Entry(NamedTuple):
     unsqueeze: int = None
     buffer: bool = False
     reshape: tuple = None
+    groups: int = None
 
 
 def _pieces(e, arrays):
@@ -50,7 +55,11 @@ def hf_shape(e, arrays):
 def to_hf(e, arrays):
     """The HF tensor of Entry e from the library arrays (weights or gradients), contiguous."""
     parts = _pieces(e, arrays)
-    a = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
+    if e.groups is not None:  # run g of every part, then run g + 1: (..., groups, sum) flat
+        a = np.concatenate([p.reshape(p.shape[:-1] + (e.groups, -1)) for p in parts], axis=-1)
+        a = a.reshape(a.shape[:-2] + (-1,))
+    else:
+        a = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
     a = a.T if e.transpose else a
     a = a if e.reshape is None else np.ascontiguousarray(a).reshape(e.reshape)
     return np.ascontiguousarray(a if e.unsqueeze is None else np.expand_dims(a, e.unsqueeze))
@@ -65,6 +74,8 @@ def from_hf(e, array, arrays):
         shape = parts[0].shape[:-1] + (sum(a.shape[-1] for a in parts),)
         array = array.reshape(shape[::-1] if e.transpose else shape)
     array = array.T if e.transpose else array
-    widths = [a.shape[-1] for a in parts]
+    widths = [a.shape[-1] // (e.groups or 1) for a in parts]
+    if e.groups is not None:  # (..., groups, sum of the runs)
+        array = array.reshape(array.shape[:-1] + (e.groups, -1))
     for a, piece in zip(parts, np.split(array, np.cumsum(widths)[:-1], axis=-1)):
-        a[...] = piece
+        a[...] = piece.reshape(a.shape)

@@ -9,10 +9,12 @@ import dataclasses
 from scratchllm.specs.attention import AttentionSpec
 from scratchllm.specs.ffn import MoESpec
 from scratchllm.specs.flat import RECURRENT, Flat, from_flat
-from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
+from scratchllm.specs.mixers import (GatedDeltaNetSpec, Mamba2Spec, MambaSpec, RecurrentSpec,
+                                     RWKVSpec)
 from scratchllm.specs.mla import MLASpec
 
-LETTER = {MambaSpec: "M", Mamba2Spec: "S", RWKVSpec: "W", AttentionSpec: "A", MLASpec: "A"}
+LETTER = {MambaSpec: "M", Mamba2Spec: "S", RWKVSpec: "W", AttentionSpec: "A", MLASpec: "A",
+          GatedDeltaNetSpec: "N"}
 KIND_LETTER = {kind: letter for letter, kind in RECURRENT.items()}
 
 
@@ -74,6 +76,10 @@ def _mixer_fields(cfg):
             out["ssm_groups"] = m.n_groups
         if isinstance(m, MambaSpec):
             out.update(dt_rank=m.dt_rank, mamba_inner_norms=m.inner_norms)
+        if isinstance(m, GatedDeltaNetSpec):
+            out.update(gdn_k_heads=m.n_k_heads, gdn_v_heads=m.n_v_heads,
+                       gdn_k_head_dim=m.k_head_dim, gdn_v_head_dim=m.v_head_dim,
+                       d_conv=m.d_conv)
     attention = [m for m in mixers if isinstance(m, AttentionSpec)]
     mla = [m for m in mixers if isinstance(m, MLASpec)]
     if mla:
