@@ -19,6 +19,7 @@ travel as one GatedDeltaWeights.
 Glossary: B batch, T time, D model width, Hk query/key heads of dk, Hv value heads of dv,
 r = Hv / Hk, C = 2 Hk dk + Hv dv conv channels, K conv width.
 """
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -98,11 +99,11 @@ def _l2_forward(u, scale):
     """u / √(Σ u² + 1e-6) · scale over the last axis, by the rmsnorm pair (module docstring)."""
     d = u.shape[-1]
     n, c = rmsnorm_forward(u, np.ones(d, u.dtype), L2_EPS / d)
-    return n * (scale / np.sqrt(d)), c
+    return n * (scale / math.sqrt(d)), c  # a Python float: keeps float32 float32
 
 
 def _l2_backward(dn, cache, scale):
-    return rmsnorm_backward(dn * (scale / np.sqrt(dn.shape[-1])), cache)["x"]
+    return rmsnorm_backward(dn * (scale / math.sqrt(dn.shape[-1])), cache)["x"]
 
 
 def _mix(x, w, spec):

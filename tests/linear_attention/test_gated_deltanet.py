@@ -67,6 +67,15 @@ def test_decoding_token_by_token_equals_the_forward():
     assert sum(p.data.size for p in layer.parameters()) == SPEC.n_params(6)
 
 
+def test_float32_stays_float32():
+    layer = GatedDeltaNet(6, SPEC, rng=np.random.default_rng(4), dtype=np.float32)
+    x = np.random.default_rng(5).standard_normal((2, 5, 6)).astype(np.float32)
+    out, cache = layer.forward(x)
+    dx = layer.backward(np.ones_like(out), cache)
+    assert out.dtype == dx.dtype == layer.Wq.grad.dtype == np.float32
+    assert layer.decode(x[:, 0], layer.init_state(2)).dtype == np.float32
+
+
 def test_bad_inputs_are_named():
     x, w = _gdn_inputs(np.random.default_rng(3), SPEC, D=6)
     with pytest.raises(ValueError, match=r"gated_deltanet: Wb has shape \(6, 3\), expected "
