@@ -16,6 +16,10 @@ every routing decision is clear of a tie). The tiny model exercises:
       head (partial_rotary_factor 0.25, Qwen3-Next's), QK-norm with gains 1 + w;
     - MoE (softmax top-2 of 4, norm_topk_prob) with a shared expert of twice the expert
       width behind its sigmoid gate, layer 0 dense (mlp_only_layers [0]).
+qwen3_next_dense/ (make_hf_fixtures.py's reference: no routers) has what the first leaves
+out: attention_bias (q_proj's bias, query and gate head by head, and o_proj's), one value
+head per key head, a conv of 3, RoPE on half of each head, dense SwiGLUs only
+(num_experts 0), 3 layers.
 In float64: transformers casts to float32 in RMSNormGated and the gated delta rule;
 float64_everywhere points those casts at float64 while the references are computed.
 Reference: huggingface/transformers src/transformers/models/qwen3_next/modeling_qwen3_next.py.
@@ -28,6 +32,7 @@ import numpy as np
 import torch
 import transformers
 
+import make_hf_fixtures as dense
 import make_hf_fixtures_moe as moe
 from make_hf_fixtures import OUT, QWEN_SPLIT, make_tokenizer, saved_by_scratchllm
 
@@ -42,7 +47,13 @@ QWEN3_NEXT = dict(
     shared_expert_intermediate_size=16, decoder_sparse_step=1, mlp_only_layers=[0],
     norm_topk_prob=True,
     rope_parameters=dict(rope_type="default", rope_theta=1000.0, partial_rotary_factor=0.25))
-FIXTURES = {"qwen3_next": QWEN3_NEXT}
+QWEN3_NEXT_DENSE = dict(  # the paths the first leaves out (a slow-tier test)
+    QWEN3_NEXT, num_hidden_layers=3, num_experts=0, attention_bias=True, head_dim=8,
+    layer_types=["linear_attention", "full_attention", "linear_attention"],
+    linear_num_key_heads=2, linear_num_value_heads=2, linear_conv_kernel_dim=3,
+    mlp_only_layers=[], rope_parameters=dict(rope_type="default", rope_theta=1000.0,
+                                             partial_rotary_factor=0.5))
+FIXTURES = {"qwen3_next": QWEN3_NEXT, "qwen3_next_dense": QWEN3_NEXT_DENSE}
 
 
 def randomize(model, seed):
@@ -67,7 +78,8 @@ def write(family, fields, tok):
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     randomize(model, len(family))
     model.save_pretrained(d)
-    expected = moe.reference(d, np.random.default_rng(zlib.crc32(family.encode())), V)
+    maker = moe if fields["num_experts"] else dense
+    expected = maker.reference(d, np.random.default_rng(zlib.crc32(family.encode())), V)
     expected["saved_by_scratchllm_rel_err"] = saved_by_scratchllm(d, expected)
     np.savez_compressed(d / "expected.npz", **expected)
     print(f"{family}: {sorted(p.name for p in Path(d).iterdir())}")

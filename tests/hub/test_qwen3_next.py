@@ -64,6 +64,18 @@ def test_config_errors_name_the_field(field, value, tmp_path):
         load_pretrained(d)
 
 
+def test_an_older_config_gives_its_pattern_by_interval(tmp_path):
+    """Without layer_types, full_attention_interval n makes every n-th layer attention."""
+    d = tmp_path / "qwen3_next"
+    shutil.copytree(HF / "qwen3_next", d)
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["layer_types"]
+    (d / "config.json").write_text(json.dumps({**cfg, "full_attention_interval": 2}))
+    ref = expected("qwen3_next")
+    model = load_pretrained(d, dtype=np.float64)
+    assert rel_err(model.forward(ref["ids"])[0], ref["logits"]) < 1e-9
+
+
 def _hybrid(**overrides):
     return preset("dense", **{**dict(
         vocab_size=11, d_model=16, n_layers=4, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=8,

@@ -58,8 +58,8 @@ _NEEDS = dict(attention="gqa", positions="rope", rope_style="half", layer_types=
               attn_output_gate=True, experts="swiglu", score="softmax", router_bias=False,
               n_group=1, topk_group=1, routed_scaling_factor=1.0, capacity_factor=None,
               moe_offset=None, norm="rmsnorm", block="pre", norm_offset=1.0, embed_scale=False,
-              bias_gamma=0.0, attn_softcap=None, logit_softcap=None, shared_gate=True,
-              attn_impl="sdpa", causal=True)
+              bias_gamma=0.0, attn_softcap=None, logit_softcap=None, attn_impl="sdpa",
+              causal=True)
 
 
 def _layer_pattern(hf):
@@ -147,7 +147,7 @@ def _check(f):
     """_NEEDS, only N and A layers, qkv_bias == o_bias (attention_bias sets both), and an
     MoE with a shared expert (or dense SwiGLUs)."""
     differ = differences(f, {**_NEEDS, "pad_id": f.pad_id,  # any pad id and rotary fraction
-                             "rope_partial": f.rope_partial})
+                             "rope_partial": f.rope_partial, "shared_gate": f.ffn == "moe"})
     if set(layer_kinds(f)) - set("NA"):
         differ["layer_pattern"] = "layer_pattern of N (gated DeltaNet) and A (attention) only"
     if f.qkv_bias != f.o_bias:
