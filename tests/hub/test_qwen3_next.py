@@ -8,6 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file, save_file
 
 from scratchllm.hub import family_for, flat_of, load_pretrained, save_pretrained
 from scratchllm.lm import LM, preset
@@ -74,6 +75,18 @@ def test_an_older_config_gives_its_pattern_by_interval(tmp_path):
     ref = expected("qwen3_next")
     model = load_pretrained(d, dtype=np.float64)
     assert rel_err(model.forward(ref["ids"])[0], ref["logits"]) < 1e-9
+
+
+def test_the_mtp_tensors_of_published_checkpoints_are_read_past(tmp_path):
+    """transformers ignores mtp.* on loading (its _keys_to_ignore_on_load_unexpected)."""
+    d = tmp_path / "qwen3_next"
+    shutil.copytree(HF / "qwen3_next", d)
+    tensors = load_file(d / "model.safetensors")
+    save_file({**tensors, "mtp.fc.weight": np.ones((16, 32), np.float32)},
+              d / "model.safetensors")
+    ref = expected("qwen3_next")
+    assert rel_err(load_pretrained(d, dtype=np.float64).forward(ref["ids"])[0],
+                   ref["logits"]) < 1e-9
 
 
 def _hybrid(**overrides):

@@ -16,6 +16,9 @@ moe/layer.py).
                 norm_topk_prob, a shared SwiGLU expert of shared_expert_intermediate_size (a
                 multiple of moe_intermediate_size) times sigmoid(x . shared_expert_gate)
 
+The published checkpoints carry a multi-token-prediction module (mtp.*), which
+transformers' Qwen3NextForCausalLM ignores on loading (_keys_to_ignore_on_load_unexpected):
+it is read past here too (unused), and not written back.
 Training-only: router_aux_loss_coef weighs a loss only with output_router_logits, so a
 loaded model has balance_coef = z_coef = 0 (as qwen3_moe). The DeltaNet's chunk length is
 the library's (64; the forms agree to round-off); its l2-norm eps is transformers' 1e-6.
@@ -223,4 +226,4 @@ def _names(model, f):
 
 
 QWEN3_NEXT = Family("qwen3_next", "Qwen3NextForCausalLM", _from_hf, _to_hf, _claims, _check,
-                    names=_names)
+                    names=_names, unused=("mtp.",))
