@@ -8,8 +8,8 @@ ChannelMixWeights, RWKVSpec); RWKV-7's generalised delta rule (rwkv7: recurrent,
 and step forms); the token-mixer pair and Module for a language model (layer: RecurrentWeights,
 RecurrentSpec); Qwen3-Next's gated DeltaNet layer (gated_deltanet: conv, l2-normed q and k,
 the decay and β gates, the gated output norm around delta's gated rule). Stands on core and specs."""
-from .delta import (delta_rule_backward, delta_rule_forward, delta_rule_recurrent,
-                    delta_rule_recurrent_ref, delta_rule_step)
+from .delta import (delta_rule_backward, delta_rule_final_state, delta_rule_forward,
+                    delta_rule_recurrent, delta_rule_recurrent_ref, delta_rule_step)
 from .gated_deltanet import (GatedDeltaNet, GatedDeltaState, GatedDeltaWeights,
                              gated_deltanet_backward, gated_deltanet_forward,
                              gated_deltanet_step)
@@ -38,7 +38,7 @@ __all__ = [
     "ChannelMixWeights", "GLACache", "GatedDeltaNet", "GatedDeltaState", "GatedDeltaWeights",
     "gated_deltanet_backward", "gated_deltanet_forward", "gated_deltanet_step", "RWKV4ChannelMix", "RWKV4TimeMix", "RecurrentMixer",
     "RecurrentWeights",
-    "TimeMixWeights", "WKVState", "delta_rule_backward",
+    "TimeMixWeights", "WKVState", "delta_rule_backward", "delta_rule_final_state",
     "delta_rule_forward", "delta_rule_recurrent", "delta_rule_recurrent_ref", "delta_rule_step",
     "gla_attention_backward", "gla_attention_forward", "gla_attention_recurrent",
     "gla_attention_recurrent_ref", "gla_attention_step", "linear_attention_backward",

@@ -31,8 +31,8 @@ from scratchllm.core.ops import (linear_backward, linear_forward, linear_out, rm
                                  softplus_forward)
 from scratchllm.core.validate import (common_float, expect_dout, expect_instance, expect_ndim,
                                       expect_shape)
-from scratchllm.linear_attention.delta import (delta_rule_backward, delta_rule_forward,
-                                               delta_rule_step)
+from scratchllm.linear_attention.delta import (delta_rule_backward, delta_rule_final_state,
+                                               delta_rule_forward, delta_rule_step)
 from scratchllm.specs import GatedDeltaNetSpec
 from scratchllm.ssm.mamba import causal_conv1d_backward, causal_conv1d_forward
 
@@ -262,6 +262,19 @@ class GatedDeltaNet(Module):
         s, dtype = self.spec, self.Wq.data.dtype
         return GatedDeltaState(np.zeros((batch, s.d_conv - 1, s.widths()[2]), dtype),
                                np.zeros((batch, s.n_v_heads, s.k_head_dim, s.v_head_dim), dtype))
+
+    def prefill(self, x, state):
+        """A whole prompt x (B, T, D) in one forward (the chunked form): returns y (B, T, D)
+        and leaves in the fresh `state` what T decode calls would: the last K − 1 conv inputs
+        and the delta rule's final S (delta_rule_final_state)."""
+        if state.S.any() or state.conv.any():
+            raise ValueError("GatedDeltaNet.prefill: the state is not fresh; prefill starts a "
+                             "sequence from init_state")
+        y, cache = self.forward(x)  # (B, T, D)
+        K = self.spec.d_conv
+        state.conv[...] = cache.conv.xp[:, cache.conv.xp.shape[1] - (K - 1):]  # zeros first
+        state.S[...] = delta_rule_final_state(cache.core)
+        return y
 
     def decode(self, x_t, state, position=None):
         """One token (B, D) -> (B, D); updates `state` in place."""

@@ -30,6 +30,18 @@ def test_the_loaded_layers():
     assert moe.shared_w1.data.shape == (16, 16) and moe.spec.shared_gate
 
 
+def test_prefill_then_decode_equals_the_forward():
+    """LM.prefill runs the gated DeltaNet layers in one chunked pass (their prefill), the
+    attention layers filling their KV states; the next token decodes from there."""
+    ids = expected("qwen3_next")["ids"]
+    model = load_pretrained(HF / "qwen3_next", dtype=np.float64)
+    full = model.forward(ids)[0]
+    state = model.init_state(2, 9)
+    np.testing.assert_allclose(model.prefill(ids[:, :8], state), full[:, :8], rtol=0,
+                               atol=1e-12 * np.abs(full).max())
+    assert rel_err(model.decode(ids[:, 8], state, 8), full[:, 8]) < 1e-12
+
+
 @pytest.mark.parametrize("change", ["gate", "rope", "decay"])
 def test_each_option_moves_the_logits(change):
     """Gate off (wg = 0: every gate 1/2 becomes 1), RoPE over whole heads, or no decay

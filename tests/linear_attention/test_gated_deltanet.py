@@ -1,13 +1,14 @@
 """Qwen3-Next's gated DeltaNet layer: equal to a plain loop written from transformers'
 Qwen3NextGatedDeltaNet (its torch_recurrent_gated_delta_rule, one token, one head at a time),
-in the chunked and one-chunk forms; decoding token by token equals the full forward; the
-Module's sizes; clear errors."""
+in the chunked and one-chunk forms; decoding token by token equals the full forward, and a
+prefill leaves the state decoding would; the Module's sizes; clear errors."""
 import numpy as np
 import pytest
 
 from grads.cases.gated import _gdn_inputs
-from scratchllm.linear_attention import (GatedDeltaNet, gated_deltanet_forward,
-                                         gated_deltanet_step)
+from scratchllm.linear_attention import (GatedDeltaNet, delta_rule_final_state,
+                                         delta_rule_forward, delta_rule_recurrent,
+                                         gated_deltanet_forward, gated_deltanet_step)
 from scratchllm.specs import GatedDeltaNetSpec
 
 SPEC = GatedDeltaNetSpec(n_k_heads=2, n_v_heads=4, k_head_dim=3, v_head_dim=5, d_conv=3,
@@ -65,6 +66,34 @@ def test_decoding_token_by_token_equals_the_forward():
     np.testing.assert_allclose(steps, full, rtol=0, atol=1e-12)
     assert sum(a.size for a in state) == 2 * SPEC.state_per_sequence(6)
     assert sum(p.data.size for p in layer.parameters()) == SPEC.n_params(6)
+
+
+@pytest.mark.parametrize("T", [1, 2, 9])  # shorter than the conv's K - 1 = 2; 4 + 4 + 1
+def test_prefill_leaves_the_state_decoding_leaves(T):
+    layer = GatedDeltaNet(6, SPEC, rng=np.random.default_rng(6), dtype=np.float64)
+    x = np.random.default_rng(7).standard_normal((2, T + 3, 6))
+    stepped, filled = layer.init_state(2), layer.init_state(2)
+    want = [layer.decode(x[:, t], stepped) for t in range(T)]
+    y = layer.prefill(x[:, :T], filled)
+    np.testing.assert_allclose(y, np.stack(want, 1), rtol=0, atol=1e-12)
+    for a, b in zip(filled, stepped):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
+    for t in range(T, T + 3):  # and decoding goes on from it
+        np.testing.assert_allclose(layer.decode(x[:, t], filled), layer.decode(x[:, t], stepped),
+                                   rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="the state is not fresh"):
+        layer.prefill(x, filled)
+
+
+@pytest.mark.parametrize("form, chunk", [("recurrent", 64), ("chunked", 3), ("parallel", 64)])
+def test_the_final_state_of_each_form(form, chunk):
+    rng = np.random.default_rng(8)
+    q, k, v = (rng.standard_normal((2, 3, 7, d)) for d in (4, 4, 5))
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    beta, g = rng.uniform(0.1, 0.9, (2, 3, 7)), np.log(rng.uniform(0.5, 1.0, (2, 3, 7)))
+    cache = delta_rule_forward(q, k, v, beta, g, form=form, chunk=chunk)[1]
+    want = delta_rule_recurrent(q, k, v, beta, g)[1]
+    np.testing.assert_allclose(delta_rule_final_state(cache), want, rtol=0, atol=1e-12)
 
 
 def test_float32_stays_float32():
