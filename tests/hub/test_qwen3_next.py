@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from scratchllm.hub import family_for, flat_of, load_pretrained, save_pretrained
+from scratchllm.hub import (config_from_flat, family_for, family_named, flat_of, load_pretrained,
+                            save_pretrained)
 from scratchllm.lm import LM, preset
 from scratchllm.linear_attention import GatedDeltaNet
 from scratchllm.moe import MoE
@@ -99,6 +100,17 @@ def test_the_mtp_tensors_of_published_checkpoints_are_read_past(tmp_path):
     ref = expected("qwen3_next")
     assert rel_err(load_pretrained(d, dtype=np.float64).forward(ref["ids"])[0],
                    ref["logits"]) < 1e-9
+
+
+def test_the_published_geometry_counts_transformers_parameters():
+    """transformers' Qwen3NextConfig() (Qwen3-Next-80B-A3B: 48 layers, 512 experts) built on
+    the meta device holds 79,674,391,296 parameters; the config its defaults give here counts
+    the same."""
+    hf = dict(model_type="qwen3_next", vocab_size=151936, hidden_size=2048,
+              intermediate_size=5632, num_hidden_layers=48, num_attention_heads=16)
+    cfg = config_from_flat(family_named("qwen3_next").from_hf(hf))
+    assert flat_of(cfg).layer_pattern == "NNNA" * 12 and flat_of(cfg).rope_partial == 0.25
+    assert cfg.n_params() == 79_674_391_296
 
 
 def _hybrid(**overrides):
