@@ -44,6 +44,14 @@ def lora_sites(model):
             e.expert is None and not e.buffer and e.unsqueeze is None and e.reshape is None}
 
 
+def _fused_projections(model):
+    """The module names (last part) of projections made of several library arrays (GPT-2's
+    c_attn, Qwen3-Next's q_proj: queries and output gate): no adapter sits on them yet."""
+    f = flat_of(model.cfg)
+    return {e.hf[:-len(".weight")].rsplit(".", 1)[-1] for e in family_for(f).names(model, f)
+            if e.hf.endswith(".weight") and len(e.lib) > 1 and e.transpose}
+
+
 class LoRA:
     """Adapters of rank R on the target projections of an LM (module docstring). Params: A
     (Din, R) ~ N(0, 1/Din) and B (R, Dout) = 0 per module (B = 0: the model as it was)."""
@@ -57,6 +65,12 @@ class LoRA:
         self.model, self.targets = model, tuple(targets)
         sites = lora_sites(model)
         chosen = {m: lib for m, lib in sites.items() if m.rsplit(".", 1)[-1] in self.targets}
+        fused = sorted(_fused_projections(model) & set(self.targets))
+        if fused:  # else the adapters would silently leave them out
+            raise ValueError(f"LoRA: targets {fused} are projections this model keeps as "
+                             f"several arrays in one tensor; an adapter on them is not "
+                             f"implemented: choose among "
+                             f"{sorted({m.rsplit('.', 1)[-1] for m in sites})}")
         if not chosen:
             names = sorted({m.rsplit(".", 1)[-1] for m in sites})
             raise ValueError(f"LoRA: no projection matches targets {list(self.targets)}; this "

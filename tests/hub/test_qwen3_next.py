@@ -12,6 +12,7 @@ from safetensors.numpy import load_file, save_file
 
 from scratchllm.hub import (config_from_flat, family_for, family_named, flat_of, load_pretrained,
                             save_pretrained)
+from scratchllm.hub.peft import LoRA
 from scratchllm.lm import LM, preset
 from scratchllm.linear_attention import GatedDeltaNet
 from scratchllm.moe import MoE
@@ -111,6 +112,16 @@ def test_the_published_geometry_counts_transformers_parameters():
     cfg = config_from_flat(family_named("qwen3_next").from_hf(hf))
     assert flat_of(cfg).layer_pattern == "NNNA" * 12 and flat_of(cfg).rope_partial == 0.25
     assert cfg.n_params() == 79_674_391_296
+
+
+def test_lora_refuses_the_fused_projections_by_name():
+    """q_proj holds the queries and the output gate, in_proj_qkvz four arrays: LoRA names
+    them rather than leaving them out (the default targets are q_proj and v_proj)."""
+    model = load_pretrained(HF / "qwen3_next")
+    with pytest.raises(ValueError, match=r"LoRA: targets \['in_proj_qkvz', 'q_proj'\] are "
+                                         r"projections this model keeps as several arrays"):
+        LoRA(model, 2, targets=("q_proj", "v_proj", "in_proj_qkvz"))
+    assert len(LoRA(model, 2, targets=("v_proj", "out_proj")).sites) == 4
 
 
 def _hybrid(**overrides):
