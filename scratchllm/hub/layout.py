@@ -21,7 +21,9 @@ class Entry(NamedTuple):
     last axis), whether it is the transpose of the library's layout, the expert it is a slice
     of (None: the whole array), the size-1 axis HF adds (None: none), and whether the library
     name is a buffer (no gradient: DeepSeek-V3's e_score_correction_bias) rather than a Param,
-    and the HF tensor's shape when it is the (transposed) array reshaped (None: no reshape)."""
+    and the HF tensor's shape when it is the (transposed) array reshaped (None: no reshape);
+    copy: a second tensor of arrays another Entry names (DeepSeek-V3's MTP layers store the
+    embedding and head again): written on saving, never read into the arrays."""
     hf: str
     lib: tuple
     transpose: bool
@@ -29,6 +31,7 @@ class Entry(NamedTuple):
     unsqueeze: int = None
     buffer: bool = False
     reshape: tuple = None
+    copy: bool = False
 
 
 def _pieces(e, arrays):

@@ -27,6 +27,8 @@ def to_flat(cfg):
                 embed_norm=cfg.embed_norm, final_norm=cfg.final_norm,
                 mlm_head=cfg.head.transform, pad_id=cfg.pad_id,
                 logit_softcap=cfg.logit_softcap)
+    if cfg.mtp is not None:
+        flat.update(mtp_depth=cfg.mtp.depth, mtp_weight=cfg.mtp.weight)
     if cfg.head.transform:  # the FFN's GELU below, when it has one, must be the same
         flat["gelu_approx"] = cfg.head.gelu_approx
     kinds = "".join(mixer_letter(layer.mixer) for layer in layers)
