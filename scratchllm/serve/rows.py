@@ -24,7 +24,8 @@ from scratchllm.attention import (AttentionWeights, make_rope, merge_heads, proj
                                   sdpa_forward, sinusoidal_positions)
 from scratchllm.core.ops import linear_forward
 from scratchllm.core.validate import expect_int, expect_shape
-from scratchllm.serve.pool import attention_layers
+from scratchllm.serve.pool import PagedCache, attention_layers
+from scratchllm.serve.qattention import QUANTIZED_PAGED_ATTENTION
 from scratchllm.specs import Mask
 
 
@@ -56,6 +57,13 @@ def _attend_rows(a, attn, cache, layer, seqs, starts, lengths=None):
     (q, k, v), _ = project_qkv_forward(a, w, spec=spec, rope=rope)  # (B, H|Hkv, t, Dh)
     if lengths is None:
         cache.write(layer, seqs, starts, k, v)
+        if _fused_decode(cache, spec, w, a.shape[1]):  # read the quantised pool in the kernel
+            codec = cache.codecs[layer]
+            o, _ = QUANTIZED_PAGED_ATTENTION.forward(
+                q[:, :, 0], *cache.pools[layer], cache.table(seqs, int(starts.max()) + 1),
+                starts + 1, fmt=codec.fmt, group_size=codec.group,
+                scale=attn.head_dim ** -0.5 if spec.scale is None else spec.scale)  # (B, H, Dh)
+            return linear_forward(o.reshape(o.shape[0], 1, -1), w.wo, w.bo)[0]  # (B, 1, D)
     else:
         for b, n in enumerate(lengths):
             cache.write(layer, seqs[b:b + 1], starts[b:b + 1], k[b:b + 1, :, :n],
@@ -67,6 +75,13 @@ def _attend_rows(a, attn, cache, layer, seqs, starts, lengths=None):
                         softcap=spec.softcap)  # (B, H, t, Dh)
     y, _ = linear_forward(merge_heads(o), w.wo, w.bo)  # (B, t, D)
     return y
+
+
+def _fused_decode(cache, spec, w, t):
+    """Whether one token per row attends through qattention's kernel: a quantised PagedCache
+    and no scores' soft cap or sink logits (what the kernel leaves out)."""
+    return (t == 1 and isinstance(cache, PagedCache) and cache.codecs[0].fmt != "float32"
+            and spec.softcap is None and w.sinks is None)
 
 
 def block_rows(block, i, x, cache, seqs, starts, lengths=None):
@@ -131,7 +146,12 @@ def trunk_rows(model, ids, cache, seqs, starts, lengths=None):
 def decode_rows(model, ids_t, cache, seqs, positions):
     """One token per sequence at its own position: ids_t (B,) at positions (B,) ints (= the
     tokens each holds) -> logits (B, V): the LM's own decode with one position per row, on
-    GroupState views of the cache (each row attends only its own keys: their key_mask)."""
+    GroupState views of the cache (each row attends only its own keys: their key_mask); on a
+    quantised PagedCache, forward_rows with one token per row, whose attention reads the
+    codes in qattention's kernel instead of dequantising the cache first."""
     positions = np.asarray(positions)
     expect_int("decode_rows", "positions", positions)
-    return model.decode(np.asarray(ids_t), cache.views(seqs, positions), positions)  # (B, V)
+    ids_t = np.asarray(ids_t)
+    if isinstance(cache, PagedCache) and cache.codecs[0].fmt != "float32":
+        return forward_rows(model, ids_t[:, None], cache, seqs, positions)[:, 0]  # (B, V)
+    return model.decode(ids_t, cache.views(seqs, positions), positions)  # (B, V)

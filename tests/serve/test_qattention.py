@@ -80,3 +80,32 @@ def test_bad_inputs_and_no_backward():
                                                  fmt="int8", group_size=8, scale=1.0)
     with pytest.raises(NotImplementedError, match="inference only"):
         QUANTIZED_PAGED_ATTENTION.backward(np.ones_like(q), cache)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_decode_rows_on_a_quantised_paged_cache_reads_the_codes_in_the_kernel(fmt,
+                                                                              monkeypatch):
+    """decode_rows on a quantised PagedCache goes through the kernel (once per layer) and
+    gives the logits of LM.decode on the same cache (dequantise, then attend) to 1e-12."""
+    from scratchllm.serve import decode_rows, qattention
+    model = LM(lm_tiny("dense"), rng=np.random.default_rng(0), dtype=np.float64)
+    prompts = [[3, 1, 4], [1, 5, 9, 2, 6, 5, 3], [5, 8, 9, 7, 9]]
+    caches = []
+    for _ in range(2):
+        cache = PagedCache(model, n_blocks=12, block_size=2, kv_dtype=fmt)
+        for s, p in enumerate(prompts):
+            cache.blocks.add(s, p), cache.blocks.reserve(s, len(p) + 1)
+            model.prefill(np.array([p]), cache.views([s], 0))
+        caches.append(cache)
+    calls = []
+    kernel = qattention.quantized_paged_attention
+    monkeypatch.setattr(qattention, "QUANTIZED_PAGED_ATTENTION", qattention.Twin(
+        (lambda *a, **k: calls.append(1) or kernel(*a, **k), None), (None, None)))
+    monkeypatch.setenv("SCRATCHLLM_READABLE", "0")
+    import scratchllm.serve.rows as rows
+    monkeypatch.setattr(rows, "QUANTIZED_PAGED_ATTENTION", qattention.QUANTIZED_PAGED_ATTENTION)
+    ids, positions = np.array([1, 2, 3]), np.array([3, 7, 5])
+    fused = decode_rows(model, ids, caches[0], [0, 1, 2], positions)  # (3, V)
+    assert len(calls) == len(model.layers)
+    want = model.decode(ids, caches[1].views([0, 1, 2], positions), positions)  # (3, V)
+    np.testing.assert_allclose(fused, want, rtol=0, atol=1e-12)
