@@ -87,3 +87,21 @@ def test_other_families_refuse_mtp_modules():
     assert cfg.mtp == MTPSpec(2, 0.1)
     with pytest.raises(ValueError, match="mtp_depth=0"):
         save_pretrained(LM(cfg, rng=np.random.default_rng(0)), "/nonexistent/never-written")
+
+
+def test_an_mla_preset_with_mtp_modules_saves_and_loads_as_deepseek_v3(tmp_path):
+    """`train --mtp D` on the mla preset, then save_pretrained: the MTP modules (an MoE block
+    each, with its selection bias) come back from load_pretrained bit for bit."""
+    from scratchllm.hub.pretrained import state_dict
+    from scratchllm.lm import LM, preset
+    cfg = preset("mla", vocab_size=40, d_model=24, n_layers=2, n_heads=4, n_kv_heads=2,
+                 d_ff=16, n_experts=4, top_k=2, norm_eps=1e-6, q_lora_rank=8, kv_lora_rank=8,
+                 qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=6, mtp_depth=2)
+    model = LM(cfg, rng=np.random.default_rng(0))
+    model.mtp.depths[1].block.ffn.selection_bias[...] = np.arange(4) / 10
+    save_pretrained(model, tmp_path)
+    again = load_pretrained(tmp_path)
+    assert again.cfg.mtp.depth == 2
+    a, b = state_dict(model), state_dict(again)
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+    assert "model.layers.3.mlp.gate.e_score_correction_bias" in a

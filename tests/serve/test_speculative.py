@@ -101,24 +101,33 @@ def test_the_mtp_drafts_first_proposal_is_module_1_on_the_full_sequence():
     assert drafts[0] == int(np.argmax(logits[0, -1]))
 
 
-def test_sampled_mtp_speculation_follows_the_target():
-    """Prompt [1], three tokens, k = 1: the first comes from the target alone (no hidden state
-    yet), the second through an MTP proposal and the acceptance rule: their pair law is the
-    target's."""
-    target = _mtp_target(vocab_size=4)
+def _mtp_samples(depth, n_new, k, cells, draws, seed):
+    """A 4-token-vocabulary target with `depth` MTP modules made unlike it; over `draws` runs
+    of speculative_generate(target, "mtp", [1], n_new, k=k) at temperature 0.7, the counts
+    (4, 4) of ids[cells[0]], ids[cells[1]], the drafts proposed, and the target's law
+    p(next | ids) at that temperature."""
+    target = _mtp_target(depth=depth, vocab_size=4)
     for p in target.mtp.parameters():
         p.data = p.data * 3  # a draft clearly unlike the target
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(seed)
     counts, proposed = np.zeros((4, 4)), 0
-    for _ in range(300):
-        ids, stats = speculative_generate(target, "mtp", [1], 3, k=1, temperature=0.7,
+    for _ in range(draws):
+        ids, stats = speculative_generate(target, "mtp", [1], n_new, k=k, temperature=0.7,
                                           rng=rng)
-        counts[ids[0], ids[1]] += 1
+        counts[ids[cells[0]], ids[cells[1]]] += 1
         proposed += stats["proposed"]
 
     def law(ids):
         z = target.forward(np.array([ids]))[0][0, -1] / 0.7
         return np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    return counts, proposed, law
+
+
+def test_sampled_mtp_speculation_follows_the_target():
+    """Prompt [1], three tokens, k = 1: the first comes from the target alone (no hidden state
+    yet), the second through an MTP proposal and the acceptance rule: their pair law is the
+    target's."""
+    counts, proposed, law = _mtp_samples(1, 3, 1, (0, 1), 300, seed=7)
     exact = np.stack([law([1])[a] * law([1, a]) for a in range(4)]).ravel()
     assert proposed >= 300 and chisquare(counts.ravel(), exact * 300).pvalue > 1e-3
 
@@ -159,3 +168,14 @@ def test_chained_mtp_drafts_are_modules_1_to_d_on_the_full_sequence():
     np.testing.assert_allclose(qs[3], np.exp(z) / np.exp(z).sum(), rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="depth must be 1 .. 3"):
         MTPDraft(target, 32, depth=4)
+
+
+@pytest.mark.slow
+def test_sampled_chained_mtp_speculation_follows_the_target():
+    """Two MTP modules chained, k = 2, prompt [1], four tokens: the first from the target
+    alone, the next two proposed by modules 1 and 2 and kept by the acceptance rule: the law
+    of tokens 2 and 3 (summed over the first) is the target's."""
+    counts, proposed, law = _mtp_samples(2, 4, 2, (1, 2), 400, seed=8)
+    exact = sum(law([1])[a] * np.outer(law([1, a]), np.ones(4)) *
+                np.stack([law([1, a, b]) for b in range(4)]) for a in range(4)).ravel()
+    assert proposed >= 800 and chisquare(counts.ravel(), exact * 400).pvalue > 1e-3
