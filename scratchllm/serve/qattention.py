@@ -12,13 +12,17 @@ online (Milakov & Gimelshein 2018, arXiv 1805.02867): m <- max(m, x_j), l <- l e
 + e^(x_j - m), acc <- acc e^(m_old - m) + e^(x_j - m) v_j, o = acc / l. Each key row is
 dequantised once for the H/Hkv query heads that read it. Codes: int8 and fp8 (e4m3) one per
 byte, read through a 256-entry table of their values; int4 two per byte, (q + 8) of the even
-entry in the low nibble (quantize.py). Inference only: the codes have no gradient, so both
+entry in the low nibble (quantize.py). Scores may be soft-capped (c tanh(x / c), Gemma 2) and
+each head may have a sink logit (a softmax column without value, gpt-oss): m and l start at
+the sink's (sink, 1) instead of (-inf, 0). Inference only: the codes have no gradient, so both
 twins' backwards refuse.
 Reference: arXiv 2309.06180 (PagedAttention: attention reading the block table in the kernel).
 
 Glossary: B sequences, H query heads, Hkv KV heads, Dh head dim, Dc code bytes per row (Dh, or
 Dh/2 for int4), G groups per row, g group size, bs block size, nb blocks per sequence.
 """
+from typing import NamedTuple
+
 import ml_dtypes
 import numpy as np
 from numba import njit
@@ -41,10 +45,12 @@ def _code_values(fmt):
 
 
 @njit(cache=True, nogil=True)
-def _attend_quantised(q, kc, ks, vc, vs, table, lengths, lut, int4, g, scale, out):
+def _attend_quantised(q, kc, ks, vc, vs, table, lengths, lut, int4, g, scale, cap, sinks,
+                      out):
     """out[b, h] = softmax(scale q[b, h] . k) v over the first lengths[b] cached tokens,
     k and v dequantised row by row from codes kc, vc (n_blocks, Hkv, bs, Dc) uint8 and scales
-    ks, vs (n_blocks, Hkv, bs, G)."""
+    ks, vs (n_blocks, Hkv, bs, G); cap > 0: scores c tanh(x / c); sinks (H,) logits of a
+    column without value (-inf: none)."""
     B, H, Dh = q.shape
     Hkv, bs = kc.shape[1], kc.shape[2]
     rep = H // Hkv
@@ -55,8 +61,9 @@ def _attend_quantised(q, kc, ks, vc, vs, table, lengths, lut, int4, g, scale, ou
     acc = np.empty((rep, Dh))
     for b in range(B):
         for c in range(Hkv):
-            m[:] = -np.inf
-            l[:] = 0.0
+            for r in range(rep):  # the sink column first: e^(sink - m) with m = sink
+                m[r] = sinks[c * rep + r]
+                l[r] = 1.0 if sinks[c * rep + r] > -np.inf else 0.0
             acc[:] = 0.0
             for j in range(lengths[b]):
                 blk, off = table[b, j // bs], j % bs
@@ -76,6 +83,8 @@ def _attend_quantised(q, kc, ks, vc, vs, table, lengths, lut, int4, g, scale, ou
                     for d in range(Dh):
                         x += q[b, h, d] * k[d]
                     x *= scale
+                    if cap > 0:
+                        x = cap * np.tanh(x / cap)
                     m_new = max(m[r], x)
                     decay, w = np.exp(m[r] - m_new), np.exp(x - m_new)
                     l[r] = l[r] * decay + w
@@ -108,27 +117,38 @@ def _check(q, k_pool, v_pool, table, lengths, fmt, group_size):
                          f"{table.shape[1] * kc.shape[2]}, got {lengths.tolist()}")
 
 
-def quantized_paged_attention(q, k_pool, v_pool, table, lengths, *, fmt, group_size, scale):
+class Scores(NamedTuple):
+    """How the scores are made: x = scale q . k, then c tanh(x / c) with softcap c (None:
+    none); sinks (H,) per-head logits of a column without value (gpt-oss's), or None."""
+    scale: float
+    softcap: float = None
+    sinks: np.ndarray = None
+
+
+def quantized_paged_attention(q, k_pool, v_pool, table, lengths, *, fmt, group_size, scores):
     """The fused twin: decode attention reading the quantised pools (module docstring).
 
     Inputs:  q (B, H, Dh) one query per sequence; k_pool, v_pool (codes (n_blocks, Hkv, bs,
              Dc), scales (n_blocks, Hkv, bs, G) float32) as PagedCache holds a layer's keys
              and values; table (B, nb) ints, each sequence's blocks; lengths (B,) its cached
-             tokens (>= 1); fmt "int8" | "fp8" | "int4"; group_size g (G g = Dh); scale the
-             scores' factor (1/sqrt(Dh)).
+             tokens (>= 1); fmt "int8" | "fp8" | "int4"; group_size g (G g = Dh); scores a
+             Scores (scale, softcap, sinks).
     Returns: (o (B, H, Dh) in q's dtype, None).
     """
     _check(q, k_pool, v_pool, table, lengths, fmt, group_size)
     out = np.empty(q.shape, np.float64)
     (kc, ks), (vc, vs) = k_pool, v_pool
+    sinks = np.full(q.shape[1], -np.inf) if scores.sinks is None else \
+        np.asarray(scores.sinks, np.float64)  # (H,)
     _attend_quantised(q.astype(np.float64), kc.view(np.uint8), ks, vc.view(np.uint8), vs,
                       np.asarray(table, np.int64), np.asarray(lengths, np.int64),
-                      _code_values(fmt), fmt == "int4", group_size, float(scale), out)
+                      _code_values(fmt), fmt == "int4", group_size, float(scores.scale),
+                      float(scores.softcap or 0.0), sinks, out)
     return out.astype(q.dtype), None
 
 
 def quantized_paged_attention_ref(q, k_pool, v_pool, table, lengths, *, fmt, group_size,
-                                  scale):
+                                  scores):
     """The readable twin: gather every block of the table, dequantise the whole cache, then
     attend with a length mask (quantized_paged_attention's inputs and output)."""
     _check(q, k_pool, v_pool, table, lengths, fmt, group_size)
@@ -138,11 +158,16 @@ def quantized_paged_attention_ref(q, k_pool, v_pool, table, lengths, *, fmt, gro
             for codes, scales in (k_pool, v_pool))  # (B, Hkv, L, Dh) each
     rep = H // K.shape[1]
     K, V = np.repeat(K, rep, axis=1), np.repeat(V, rep, axis=1)  # (B, H, L, Dh)
-    s = scale * np.einsum("bhd,bhld->bhl", q, K)  # (B, H, L)
+    s = scores.scale * np.einsum("bhd,bhld->bhl", q, K)  # (B, H, L)
+    if scores.softcap is not None:
+        s = scores.softcap * np.tanh(s / scores.softcap)
     s = np.where(np.arange(L) < lengths[:, None, None], s, -np.inf)
+    if scores.sinks is not None:  # a last column of logit sinks[h] and no value
+        s = np.concatenate([s, np.broadcast_to(np.asarray(scores.sinks, s.dtype)[:, None],
+                                               (B, H, 1))], axis=-1)  # (B, H, L + 1)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
-    return np.einsum("bhl,bhld->bhd", p, V).astype(q.dtype), None  # (B, H, Dh)
+    return np.einsum("bhl,bhld->bhd", p[..., :L], V).astype(q.dtype), None  # (B, H, Dh)
 
 
 def _dequantised(codes, scales, table, L, fmt, g, dtype):

@@ -25,7 +25,7 @@ from scratchllm.attention import (AttentionWeights, make_rope, merge_heads, proj
 from scratchllm.core.ops import linear_forward
 from scratchllm.core.validate import expect_int, expect_shape
 from scratchllm.serve.pool import PagedCache, attention_layers
-from scratchllm.serve.qattention import QUANTIZED_PAGED_ATTENTION
+from scratchllm.serve.qattention import QUANTIZED_PAGED_ATTENTION, Scores
 from scratchllm.specs import Mask
 
 
@@ -57,12 +57,13 @@ def _attend_rows(a, attn, cache, layer, seqs, starts, lengths=None):
     (q, k, v), _ = project_qkv_forward(a, w, spec=spec, rope=rope)  # (B, H|Hkv, t, Dh)
     if lengths is None:
         cache.write(layer, seqs, starts, k, v)
-        if _fused_decode(cache, spec, w, a.shape[1]):  # read the quantised pool in the kernel
+        if _fused_decode(cache, a.shape[1]):  # read the quantised pool in the kernel
             codec = cache.codecs[layer]
+            scale = attn.head_dim ** -0.5 if spec.scale is None else spec.scale
             o, _ = QUANTIZED_PAGED_ATTENTION.forward(
                 q[:, :, 0], *cache.pools[layer], cache.table(seqs, int(starts.max()) + 1),
                 starts + 1, fmt=codec.fmt, group_size=codec.group,
-                scale=attn.head_dim ** -0.5 if spec.scale is None else spec.scale)  # (B, H, Dh)
+                scores=Scores(scale, spec.softcap, w.sinks))  # (B, H, Dh)
             return linear_forward(o.reshape(o.shape[0], 1, -1), w.wo, w.bo)[0]  # (B, 1, D)
     else:
         for b, n in enumerate(lengths):
@@ -77,11 +78,10 @@ def _attend_rows(a, attn, cache, layer, seqs, starts, lengths=None):
     return y
 
 
-def _fused_decode(cache, spec, w, t):
-    """Whether one token per row attends through qattention's kernel: a quantised PagedCache
-    and no scores' soft cap or sink logits (what the kernel leaves out)."""
-    return (t == 1 and isinstance(cache, PagedCache) and cache.codecs[0].fmt != "float32"
-            and spec.softcap is None and w.sinks is None)
+def _fused_decode(cache, t):
+    """Whether one token per row attends through qattention's kernel: on a quantised
+    PagedCache."""
+    return t == 1 and isinstance(cache, PagedCache) and cache.codecs[0].fmt != "float32"
 
 
 def block_rows(block, i, x, cache, seqs, starts, lengths=None):

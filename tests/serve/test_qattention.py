@@ -9,7 +9,8 @@ from grads.cases import lm_tiny
 from scratchllm.attention import sdpa_forward
 from scratchllm.lm import LM
 from scratchllm.serve import PagedCache
-from scratchllm.serve.qattention import (QUANTIZED_PAGED_ATTENTION, quantized_paged_attention,
+from scratchllm.serve.qattention import (QUANTIZED_PAGED_ATTENTION, Scores,
+                                         quantized_paged_attention,
                                          quantized_paged_attention_ref)
 from scratchllm.serve.quantize import quantize
 from scratchllm.specs import Mask
@@ -23,16 +24,18 @@ def _pools(rng, fmt, g, n_blocks=10, Hkv=2, bs=4, Dh=8):
 
 @pytest.mark.parametrize("fmt,g", [("int8", 8), ("fp8", 4), ("int4", 4)])
 @pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float32, 2e-6)])
-def test_the_fused_twin_equals_the_readable_twin(fmt, g, dtype, tol):
+@pytest.mark.parametrize("options", [{}, dict(softcap=0.7, sinks=np.array([0.5, -1, 2, 0]))])
+def test_the_fused_twin_equals_the_readable_twin(fmt, g, dtype, tol, options):
     rng = np.random.default_rng(0)
+    scores = Scores(8 ** -0.5, **options)
     kp, vp = _pools(rng, fmt, g)
     table = rng.permutation(10)[:9].reshape(3, 3)  # (B, nb) blocks in any order
     lengths = np.array([5, 12, 1])
     q = rng.standard_normal((3, 4, 8)).astype(dtype)  # H = 4 over Hkv = 2
     a, _ = quantized_paged_attention(q, kp, vp, table, lengths, fmt=fmt, group_size=g,
-                                     scale=8 ** -0.5)
+                                     scores=scores)
     b, _ = quantized_paged_attention_ref(q, kp, vp, table, lengths, fmt=fmt, group_size=g,
-                                         scale=8 ** -0.5)
+                                         scores=scores)
     assert a.dtype == dtype and np.abs(a - b).max() <= tol * np.abs(b).max()
 
 
@@ -59,7 +62,7 @@ def test_it_is_sdpa_on_the_paged_caches_dequantised_keys(fmt):
     table = np.array([(t + t[:1] * nb)[:nb] for t in (cache.blocks.tables[s] for s in range(3))])
     out, _ = QUANTIZED_PAGED_ATTENTION.forward(q, *cache.pools[0], table, lengths, fmt=fmt,
                                                group_size=cache.codecs[0].group,
-                                               scale=Dh ** -0.5)
+                                               scores=Scores(Dh ** -0.5))
     np.testing.assert_allclose(out, want[:, :, 0], rtol=0, atol=1e-12)
 
 
@@ -69,26 +72,31 @@ def test_bad_inputs_and_no_backward():
     q, table = rng.standard_normal((2, 4, 8)), np.array([[0, 1], [2, 3]])
     with pytest.raises(ValueError, match="lengths must be 1 .. nb \\* bs = 8"):
         quantized_paged_attention(q, kp, vp, table, np.array([9, 1]), fmt="int8",
-                                  group_size=8, scale=1.0)
+                                  group_size=8, scores=Scores(1.0))
     with pytest.raises(ValueError, match="fmt must be one of"):
         quantized_paged_attention(q, kp, vp, table, np.array([2, 1]), fmt="int2",
-                                  group_size=8, scale=1.0)
+                                  group_size=8, scores=Scores(1.0))
     with pytest.raises(ValueError, match="H a multiple"):
         quantized_paged_attention(q[:, :3], kp, vp, table, np.array([2, 1]), fmt="int8",
-                                  group_size=8, scale=1.0)
+                                  group_size=8, scores=Scores(1.0))
     _, cache = QUANTIZED_PAGED_ATTENTION.forward(q, kp, vp, table, np.array([2, 1]),
-                                                 fmt="int8", group_size=8, scale=1.0)
+                                                 fmt="int8", group_size=8, scores=Scores(1.0))
     with pytest.raises(NotImplementedError, match="inference only"):
         QUANTIZED_PAGED_ATTENTION.backward(np.ones_like(q), cache)
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4"])
-def test_decode_rows_on_a_quantised_paged_cache_reads_the_codes_in_the_kernel(fmt,
+@pytest.mark.parametrize("fmt,kw", [("int8", {}), ("int4", {}),
+                                    ("fp8", dict(attn_softcap=0.5, attn_sinks=True))])
+def test_decode_rows_on_a_quantised_paged_cache_reads_the_codes_in_the_kernel(fmt, kw,
                                                                               monkeypatch):
     """decode_rows on a quantised PagedCache goes through the kernel (once per layer) and
-    gives the logits of LM.decode on the same cache (dequantise, then attend) to 1e-12."""
+    gives the logits of LM.decode on the same cache (dequantise, then attend) to 1e-12,
+    soft-capped scores and sink logits too."""
     from scratchllm.serve import decode_rows, qattention
-    model = LM(lm_tiny("dense"), rng=np.random.default_rng(0), dtype=np.float64)
+    model = LM(lm_tiny("dense", **kw), rng=np.random.default_rng(0), dtype=np.float64)
+    for layer in model.layers:  # sinks away from 0, so that they matter
+        if layer.mixer.sinks is not None:
+            layer.mixer.sinks.data[...] = np.linspace(-1, 2, layer.mixer.sinks.data.size)
     prompts = [[3, 1, 4], [1, 5, 9, 2, 6, 5, 3], [5, 8, 9, 7, 9]]
     caches = []
     for _ in range(2):
