@@ -152,7 +152,7 @@ def bench_long():
 
 def bench_qattn():
     from scratchllm.attention import sdpa_forward
-    from scratchllm.serve.qattention import (Scores, quantized_paged_attention,
+    from scratchllm.serve.qattention import (ScoreOptions, quantized_paged_attention,
                                              quantized_paged_attention_ref)
     from scratchllm.specs import Mask
     model, rng = _model(), np.random.default_rng(0)  # dense: H = 4, Hkv = 2, Dh = 32
@@ -170,7 +170,7 @@ def bench_qattn():
                          fmt, group_size=cache.codecs[0].group)
             codes[...], scales[...] = x.codes, x.scales
         table = np.array([cache.blocks.tables[s] for s in range(B)])  # (B, T / bs)
-        kw = dict(fmt=fmt, group_size=cache.codecs[0].group, scores=Scores(Dh ** -0.5))
+        kw = dict(fmt=fmt, group_size=cache.codecs[0].group, scores=ScoreOptions(Dh ** -0.5))
 
         def fused(cache=cache, table=table, kw=kw):
             return quantized_paged_attention(q, *cache.pools[0], table, lengths, **kw)[0]

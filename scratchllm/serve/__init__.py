@@ -17,14 +17,14 @@ from .rows import (attention_weights, block_rows, decode_rows, forward_rows, pre
                    rows_supported, trunk_rows)
 from .speculative import accept_draft, residual, speculative_generate
 from .weights import quantizable, quantize_weights
-from .qattention import (QUANTIZED_PAGED_ATTENTION, Scores, quantized_paged_attention,
+from .qattention import (QUANTIZED_PAGED_ATTENTION, ScoreOptions, quantized_paged_attention,
                          quantized_paged_attention_ref)
 from .quantize import (FORMATS, Quantized, default_group_size, dequantize_codes, error_bound,
                        quantize)
 
 __all__ = ["BlockManager", "ContiguousCache", "Engine", "EvictingKV", "FORMATS", "GroupState",
            "KV_DTYPES", "MTPDraft", "ModelDraft", "OutOfBlocks", "POLICIES", "PagedCache",
-           "QUANTIZED_PAGED_ATTENTION", "Quantized", "Request", "Scores", "StateCache", "accept_draft", "attention_layers",
+           "QUANTIZED_PAGED_ATTENTION", "Quantized", "Request", "ScoreOptions", "StateCache", "accept_draft", "attention_layers",
            "attention_weights", "block_rows", "decode_rows",
            "default_group_size", "dequantize_codes", "error_bound", "forward_rows",
            "generate_batch", "kv_attention_error", "kv_budget_cross_entropy", "kv_cross_entropy",

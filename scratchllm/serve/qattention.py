@@ -12,7 +12,7 @@ online (Milakov & Gimelshein 2018, arXiv 1805.02867): m <- max(m, x_j), l <- l e
 + e^(x_j - m), acc <- acc e^(m_old - m) + e^(x_j - m) v_j, o = acc / l. Each key row is
 dequantised once for the H/Hkv query heads that read it. Codes: int8 and fp8 (e4m3) one per
 byte, read through a 256-entry table of their values; int4 two per byte, (q + 8) of the even
-entry in the low nibble (quantize.py). Scores may be soft-capped (c tanh(x / c), Gemma 2) and
+entry in the low nibble (quantize.py). ScoreOptions may be soft-capped (c tanh(x / c), Gemma 2) and
 each head may have a sink logit (a softmax column without value, gpt-oss): m and l start at
 the sink's (sink, 1) instead of (-inf, 0). Inference only: the codes have no gradient, so both
 twins' backwards refuse.
@@ -117,7 +117,7 @@ def _check(q, k_pool, v_pool, table, lengths, fmt, group_size):
                          f"{table.shape[1] * kc.shape[2]}, got {lengths.tolist()}")
 
 
-class Scores(NamedTuple):
+class ScoreOptions(NamedTuple):
     """How the scores are made: x = scale q . k, then c tanh(x / c) with softcap c (None:
     none); sinks (H,) per-head logits of a column without value (gpt-oss's), or None."""
     scale: float
@@ -132,7 +132,7 @@ def quantized_paged_attention(q, k_pool, v_pool, table, lengths, *, fmt, group_s
              Dc), scales (n_blocks, Hkv, bs, G) float32) as PagedCache holds a layer's keys
              and values; table (B, nb) ints, each sequence's blocks; lengths (B,) its cached
              tokens (>= 1); fmt "int8" | "fp8" | "int4"; group_size g (G g = Dh); scores a
-             Scores (scale, softcap, sinks).
+             ScoreOptions (scale, softcap, sinks).
     Returns: (o (B, H, Dh) in q's dtype, None).
     """
     _check(q, k_pool, v_pool, table, lengths, fmt, group_size)

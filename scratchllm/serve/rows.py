@@ -25,7 +25,7 @@ from scratchllm.attention import (AttentionWeights, make_rope, merge_heads, proj
 from scratchllm.core.ops import linear_forward
 from scratchllm.core.validate import expect_int, expect_shape
 from scratchllm.serve.pool import PagedCache, attention_layers
-from scratchllm.serve.qattention import QUANTIZED_PAGED_ATTENTION, Scores
+from scratchllm.serve.qattention import QUANTIZED_PAGED_ATTENTION, ScoreOptions
 from scratchllm.specs import Mask
 
 
@@ -63,7 +63,7 @@ def _attend_rows(a, attn, cache, layer, seqs, starts, lengths=None):
             o, _ = QUANTIZED_PAGED_ATTENTION.forward(
                 q[:, :, 0], *cache.pools[layer], cache.table(seqs, int(starts.max()) + 1),
                 starts + 1, fmt=codec.fmt, group_size=codec.group,
-                scores=Scores(scale, spec.softcap, w.sinks))  # (B, H, Dh)
+                scores=ScoreOptions(scale, spec.softcap, w.sinks))  # (B, H, Dh)
             return linear_forward(o.reshape(o.shape[0], 1, -1), w.wo, w.bo)[0]  # (B, 1, D)
     else:
         for b, n in enumerate(lengths):

@@ -9,7 +9,7 @@ from grads.cases import lm_tiny
 from scratchllm.attention import sdpa_forward
 from scratchllm.lm import LM
 from scratchllm.serve import PagedCache
-from scratchllm.serve.qattention import (QUANTIZED_PAGED_ATTENTION, Scores,
+from scratchllm.serve.qattention import (QUANTIZED_PAGED_ATTENTION, ScoreOptions,
                                          quantized_paged_attention,
                                          quantized_paged_attention_ref)
 from scratchllm.serve.quantize import quantize
@@ -27,7 +27,7 @@ def _pools(rng, fmt, g, n_blocks=10, Hkv=2, bs=4, Dh=8):
 @pytest.mark.parametrize("options", [{}, dict(softcap=0.7, sinks=np.array([0.5, -1, 2, 0]))])
 def test_the_fused_twin_equals_the_readable_twin(fmt, g, dtype, tol, options):
     rng = np.random.default_rng(0)
-    scores = Scores(8 ** -0.5, **options)
+    scores = ScoreOptions(8 ** -0.5, **options)
     kp, vp = _pools(rng, fmt, g)
     table = rng.permutation(10)[:9].reshape(3, 3)  # (B, nb) blocks in any order
     lengths = np.array([5, 12, 1])
@@ -62,7 +62,7 @@ def test_it_is_sdpa_on_the_paged_caches_dequantised_keys(fmt):
     table = np.array([(t + t[:1] * nb)[:nb] for t in (cache.blocks.tables[s] for s in range(3))])
     out, _ = QUANTIZED_PAGED_ATTENTION.forward(q, *cache.pools[0], table, lengths, fmt=fmt,
                                                group_size=cache.codecs[0].group,
-                                               scores=Scores(Dh ** -0.5))
+                                               scores=ScoreOptions(Dh ** -0.5))
     np.testing.assert_allclose(out, want[:, :, 0], rtol=0, atol=1e-12)
 
 
@@ -72,15 +72,15 @@ def test_bad_inputs_and_no_backward():
     q, table = rng.standard_normal((2, 4, 8)), np.array([[0, 1], [2, 3]])
     with pytest.raises(ValueError, match="lengths must be 1 .. nb \\* bs = 8"):
         quantized_paged_attention(q, kp, vp, table, np.array([9, 1]), fmt="int8",
-                                  group_size=8, scores=Scores(1.0))
+                                  group_size=8, scores=ScoreOptions(1.0))
     with pytest.raises(ValueError, match="fmt must be one of"):
         quantized_paged_attention(q, kp, vp, table, np.array([2, 1]), fmt="int2",
-                                  group_size=8, scores=Scores(1.0))
+                                  group_size=8, scores=ScoreOptions(1.0))
     with pytest.raises(ValueError, match="H a multiple"):
         quantized_paged_attention(q[:, :3], kp, vp, table, np.array([2, 1]), fmt="int8",
-                                  group_size=8, scores=Scores(1.0))
+                                  group_size=8, scores=ScoreOptions(1.0))
     _, cache = QUANTIZED_PAGED_ATTENTION.forward(q, kp, vp, table, np.array([2, 1]),
-                                                 fmt="int8", group_size=8, scores=Scores(1.0))
+                                                 fmt="int8", group_size=8, scores=ScoreOptions(1.0))
     with pytest.raises(NotImplementedError, match="inference only"):
         QUANTIZED_PAGED_ATTENTION.backward(np.ones_like(q), cache)
 
