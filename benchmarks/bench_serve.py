@@ -429,6 +429,15 @@ def bench_mtp():
               f"({times[0] / sec:.2f}x), {acc:.0%} of drafted tokens accepted, "
               f"{sum(s['accepted'] for _, s in runs) / sum(s['rounds'] for _, s in runs):.2f} "
               f"per round, ids equal to the target's: {same}")
+    for d, k in [(d, k) for d in drafts for k in (2, 4)]:  # sampled: acceptance only
+        rng = np.random.default_rng(0)
+        runs = [speculative_generate(target, d, p, n, k=k, temperature=0.8, rng=rng)
+                for p in prompts]
+        kept = sum(s["accepted"] for _, s in runs)
+        acc, per = kept / sum(s["proposed"] for _, s in runs), kept / sum(s["rounds"]
+                                                                         for _, s in runs)
+        print(f"  sampled (temperature 0.8), draft {d!r:7}, k={k}: {acc:.0%} of drafted "
+              f"tokens accepted, {per:.2f} per round")
 
 
 if __name__ == "__main__":
