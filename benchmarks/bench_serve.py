@@ -132,6 +132,7 @@ def bench_long():
     kernel = tuple(f"{fmt} kernel" for fmt in ("int8", "fp8", "int4"))  # decode_rows: fused
     for name in kernel:  # the same cache, each step written over by the LM.decode step after
         caches[name] = caches[name.split()[0]]
+        caches[name].kernel = True  # decode_rows attends in the kernel; LM.decode never does
     times = {name: [] for name in names + kernel}
     for t in range(T, T + rounds):
         for name in kernel + names:

@@ -129,10 +129,13 @@ class GroupState:
 
 
 class PagedCache:
-    """Every layer's block pool and the one BlockManager they share."""
+    """Every layer's block pool and the one BlockManager they share; kernel: a quantised
+    pool's decode_rows and one-token forward_rows attend in qattention's kernel (reading the
+    codes) instead of dequantising first (off by default: no speed-up measured yet)."""
     batchable = True
 
-    def __init__(self, model, n_blocks, block_size, kv_dtype="float32"):
+    def __init__(self, model, n_blocks, block_size, kv_dtype="float32", kernel=False):
+        self.kernel = kernel and kv_dtype != "float32"
         shapes = attention_layers(model)
         self.blocks = BlockManager(n_blocks, block_size)
         self.codecs = [_Codec(kv_dtype, dh, model.dtype) for _, dh in shapes]

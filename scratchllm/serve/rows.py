@@ -80,8 +80,8 @@ def _attend_rows(a, attn, cache, layer, seqs, starts, lengths=None):
 
 def _fused_decode(cache, t):
     """Whether one token per row attends through qattention's kernel: on a quantised
-    PagedCache."""
-    return t == 1 and isinstance(cache, PagedCache) and cache.codecs[0].fmt != "float32"
+    PagedCache made with kernel=True."""
+    return t == 1 and isinstance(cache, PagedCache) and cache.kernel
 
 
 def block_rows(block, i, x, cache, seqs, starts, lengths=None):
@@ -147,11 +147,12 @@ def decode_rows(model, ids_t, cache, seqs, positions):
     """One token per sequence at its own position: ids_t (B,) at positions (B,) ints (= the
     tokens each holds) -> logits (B, V): the LM's own decode with one position per row, on
     GroupState views of the cache (each row attends only its own keys: their key_mask); on a
-    quantised PagedCache, forward_rows with one token per row, whose attention reads the
-    codes in qattention's kernel instead of dequantising the cache first."""
+    quantised PagedCache made with kernel=True, forward_rows with one token per row, whose
+    attention reads the codes in qattention's kernel instead of dequantising the cache
+    first."""
     positions = np.asarray(positions)
     expect_int("decode_rows", "positions", positions)
     ids_t = np.asarray(ids_t)
-    if isinstance(cache, PagedCache) and cache.codecs[0].fmt != "float32":
+    if _fused_decode(cache, 1):
         return forward_rows(model, ids_t[:, None], cache, seqs, positions)[:, 0]  # (B, V)
     return model.decode(ids_t, cache.views(seqs, positions), positions)  # (B, V)

@@ -89,7 +89,8 @@ def test_bad_inputs_and_no_backward():
                                     ("fp8", dict(attn_softcap=0.5, attn_sinks=True))])
 def test_decode_rows_on_a_quantised_paged_cache_reads_the_codes_in_the_kernel(fmt, kw,
                                                                               monkeypatch):
-    """decode_rows on a quantised PagedCache goes through the kernel (once per layer) and
+    """decode_rows on a quantised PagedCache(kernel=True) goes through the kernel (once per
+    layer; not without kernel=True) and
     gives the logits of LM.decode on the same cache (dequantise, then attend) to 1e-12,
     soft-capped scores and sink logits too."""
     from scratchllm.serve import decode_rows, qattention
@@ -99,8 +100,8 @@ def test_decode_rows_on_a_quantised_paged_cache_reads_the_codes_in_the_kernel(fm
             layer.mixer.sinks.data[...] = np.linspace(-1, 2, layer.mixer.sinks.data.size)
     prompts = [[3, 1, 4], [1, 5, 9, 2, 6, 5, 3], [5, 8, 9, 7, 9]]
     caches = []
-    for _ in range(2):
-        cache = PagedCache(model, n_blocks=12, block_size=2, kv_dtype=fmt)
+    for kernel in (True, False):
+        cache = PagedCache(model, n_blocks=12, block_size=2, kv_dtype=fmt, kernel=kernel)
         for s, p in enumerate(prompts):
             cache.blocks.add(s, p), cache.blocks.reserve(s, len(p) + 1)
             model.prefill(np.array([p]), cache.views([s], 0))
@@ -115,5 +116,7 @@ def test_decode_rows_on_a_quantised_paged_cache_reads_the_codes_in_the_kernel(fm
     ids, positions = np.array([1, 2, 3]), np.array([3, 7, 5])
     fused = decode_rows(model, ids, caches[0], [0, 1, 2], positions)  # (3, V)
     assert len(calls) == len(model.layers)
+    decode_rows(model, ids, caches[1], [0, 1, 2], positions)
+    assert len(calls) == len(model.layers)  # kernel=False (the default): dequantise first
     want = model.decode(ids, caches[1].views([0, 1, 2], positions), positions)  # (3, V)
     np.testing.assert_allclose(fused, want, rtol=0, atol=1e-12)
