@@ -98,15 +98,16 @@ class RopeSpec:
     style "half" pairs (i, i + Dh/2) (rotate_half: HF, GPT-NeoX), "interleaved" pairs
     (2i, 2i + 1) (RoFormer, Meta's Llama); partial: the fraction of each head that turns, the
     first int(Dh partial) numbers (transformers' partial_rotary_factor: GPT-NeoX, Phi,
-    Qwen3-Next), the rest passing unchanged. attention/rope.py turns it into a Rope
-    (inv_freq, attention factor, positions) per call. mrope_section (Qwen2-VL's M-RoPE): the
-    Dh/2 pairs in consecutive sections of these sizes, section s rotated by position row
-    s mod 3 (temporal, height, width); positions are then (3, T) or (3, B, T)."""
+    Qwen3-Next), the rest passing unchanged (attention/rope.py makes a Rope per call).
+    mrope_section (Qwen2-VL's M-RoPE): the Dh/2 pairs in consecutive sections of these sizes,
+    section s rotated by position row s mod 3 (temporal, height, width); positions are then
+    (3, T) or (3, B, T). axial (Qwen2-VL's tower): section pair j of n turns at base^(-j/n)."""
     base: float = 10000.0
     scaling: dict = None
     style: str = "half"
     partial: float = 1.0
     mrope_section: tuple = None
+    axial: bool = False
 
     def __post_init__(self):
         real(self, "base", 1.0, open_low=True)
@@ -116,12 +117,15 @@ class RopeSpec:
                  "partial")
         instance(self, "scaling", dict, none_ok=True)
         one_of(self, "style", ("half", "interleaved"))
-        if self.mrope_section is not None and (
-                not isinstance(self.mrope_section, tuple) or not self.mrope_section or not all(
-                    isinstance(n, int) and not isinstance(n, bool) and n > 0
-                    for n in self.mrope_section)):
+        flag(self, "axial")
+        sections = self.mrope_section
+        if (self.axial or sections is not None) and (not isinstance(sections, tuple) or not all(
+                type(n) is int and n > 0 for n in sections) or not sections):
             fail(self, f"mrope_section must be a tuple of positive ints (pairs per position "
-                       f"section) or None, got {self.mrope_section!r}", "mrope_section")
+                       f"section; axial needs it) or None, got {sections!r}", "mrope_section")
+        if self.axial and (self.scaling is not None or self.partial != 1):
+            fail(self, "axial frequencies take no scaling and turn the whole head (partial 1)",
+                 "axial")
         if self.scaling is not None:
             try:
                 rope_scaling_params(self.scaling)
