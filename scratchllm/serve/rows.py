@@ -20,8 +20,8 @@ L longest row.
 """
 import numpy as np
 
-from scratchllm.attention import (AttentionWeights, make_rope, merge_heads, project_qkv_forward,
-                                  sdpa_forward, sinusoidal_positions)
+from scratchllm.attention import (AttentionWeights, make_rope, merge_heads, output_gate_forward,
+                                  project_qkv_forward, sdpa_forward, sinusoidal_positions)
 from scratchllm.core.ops import linear_forward
 from scratchllm.core.validate import expect_int, expect_shape
 from scratchllm.serve.pool import PagedCache, attention_layers
@@ -57,24 +57,28 @@ def _attend_rows(a, attn, cache, layer, seqs, starts, lengths=None):
     (q, k, v), _ = project_qkv_forward(a, w, spec=spec, rope=rope)  # (B, H|Hkv, t, Dh)
     if lengths is None:
         cache.write(layer, seqs, starts, k, v)
-        if _fused_decode(cache, a.shape[1]):  # read the quantised pool in the kernel
-            codec = cache.codecs[layer]
-            scale = attn.head_dim ** -0.5 if spec.scale is None else spec.scale
-            o, _ = QUANTIZED_PAGED_ATTENTION.forward(
-                q[:, :, 0], *cache.pools[layer], cache.table(seqs, int(starts.max()) + 1),
-                starts + 1, fmt=codec.fmt, group_size=codec.group,
-                scores=ScoreOptions(scale, spec.softcap, w.sinks))  # (B, H, Dh)
-            return linear_forward(o.reshape(o.shape[0], 1, -1), w.wo, w.bo)[0]  # (B, 1, D)
     else:
         for b, n in enumerate(lengths):
             cache.write(layer, seqs[b:b + 1], starts[b:b + 1], k[b:b + 1, :, :n],
                         v[b:b + 1, :, :n])
-    K, V = cache.read(layer, seqs, starts + (a.shape[1] if lengths is None else
-                                             np.asarray(lengths)))  # (B, Hkv, L, Dh)
-    keep = np.arange(K.shape[2]) <= positions[:, :, None]  # (B, t, L) causal, own keys only
-    o, _ = sdpa_forward(q, K, V, Mask(array=keep[:, None]), spec.scale, sinks=w.sinks,
-                        softcap=spec.softcap)  # (B, H, t, Dh)
-    y, _ = linear_forward(merge_heads(o), w.wo, w.bo)  # (B, t, D)
+    if lengths is None and _fused_decode(cache, a.shape[1]):  # the quantised pool in the kernel
+        codec = cache.codecs[layer]
+        scale = attn.head_dim ** -0.5 if spec.scale is None else spec.scale
+        o, _ = QUANTIZED_PAGED_ATTENTION.forward(
+            q[:, :, 0], *cache.pools[layer], cache.table(seqs, int(starts.max()) + 1),
+            starts + 1, fmt=codec.fmt, group_size=codec.group,
+            scores=ScoreOptions(scale, spec.softcap, w.sinks))  # (B, H, Dh)
+        o = o[:, :, None]  # (B, H, 1, Dh)
+    else:
+        K, V = cache.read(layer, seqs, starts + (a.shape[1] if lengths is None else
+                                                 np.asarray(lengths)))  # (B, Hkv, L, Dh)
+        keep = np.arange(K.shape[2]) <= positions[:, :, None]  # (B, t, L) causal, own keys
+        o, _ = sdpa_forward(q, K, V, Mask(array=keep[:, None]), spec.scale, sinks=w.sinks,
+                            softcap=spec.softcap)  # (B, H, t, Dh)
+    o = merge_heads(o)  # (B, t, H*Dh)
+    if spec.output_gate:  # gated attention (Qwen3-Next)
+        o = output_gate_forward(a, o, w.wg, w.bg)[0]
+    y, _ = linear_forward(o, w.wo, w.bo)  # (B, t, D)
     return y
 
 
