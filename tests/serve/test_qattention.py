@@ -85,14 +85,14 @@ def test_bad_inputs_and_no_backward():
         QUANTIZED_PAGED_ATTENTION.backward(np.ones_like(q), cache)
 
 
-@pytest.mark.parametrize("fmt,kw", [("int8", {}), ("int4", {}),
+@pytest.mark.parametrize("fmt,kw", [("int8", {}), ("int4", dict(attn_output_gate=True)),
                                     ("fp8", dict(attn_softcap=0.5, attn_sinks=True))])
 def test_decode_rows_on_a_quantised_paged_cache_reads_the_codes_in_the_kernel(fmt, kw,
                                                                               monkeypatch):
     """decode_rows on a quantised PagedCache(kernel=True) goes through the kernel (once per
     layer; not without kernel=True) and
     gives the logits of LM.decode on the same cache (dequantise, then attend) to 1e-12,
-    soft-capped scores and sink logits too."""
+    soft-capped scores, sink logits and an output gate too."""
     from scratchllm.serve import decode_rows, qattention
     model = LM(lm_tiny("dense", **kw), rng=np.random.default_rng(0), dtype=np.float64)
     for layer in model.layers:  # sinks away from 0, so that they matter
