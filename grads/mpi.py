@@ -155,7 +155,34 @@ def run_checks(world, directions=0, seed=0):
                                   {"x": std((2, 3))}, g, world, rng=rng,
                                   directions=directions))
     return (out + tensor_parallel_checks(world, rng, directions) +
-            ring_attention_checks(world, rng, directions) + byte_checks(world))
+            ring_attention_checks(world, rng, directions) + cp_attention_checks(world, rng)
+            + byte_checks(world))
+
+
+def cp_attention_checks(world, rng):
+    """[Result]: the context-parallel attention layer's distributed check on x (every rank's
+    tokens move in turn; the weights the same on every rank), against GQA attention on the
+    whole sequence (out and dx)."""
+    from grads.cases.dist import cp_attention_inputs
+    from scratchllm.attention import gqa_backward, gqa_forward
+    from scratchllm.train.parallel_context import cp_attention_backward, cp_attention_forward
+    P, r = world.size, world.rank
+    x, w, spec = cp_attention_inputs(np.random.default_rng([19, r]), T=2)
+    _, w, _ = cp_attention_inputs(np.random.default_rng(19), T=2)  # replicated
+    out = [dist_check("cp_attention (GQA, RoPE at zig-zag positions, ring)",
+                      (cp_attention_forward, cp_attention_backward), {"x": x}, world, world,
+                      rng=rng, h=1e-5, tol=1e-7, w=w, spec=spec)]
+    full, _, _ = cp_attention_inputs(np.random.default_rng(23), T=2 * P)
+    dy = np.random.default_rng(29).standard_normal(full.shape)
+    want, c_want = gqa_forward(full, w, spec=spec)
+    dx_want = gqa_backward(dy, c_want)["x"]
+    pos = dist.ring_positions(2 * P, P, zigzag=True)[r]
+    got, c = cp_attention_forward(full[:, pos], w, spec=spec, group=world)
+    dx = cp_attention_backward(dy[:, pos], c)["x"]
+    err = max(float(np.abs(got - want[:, pos]).max()), float(np.abs(dx - dx_want[:, pos]).max()))
+    err = max(world.comm.allgather(err))
+    return out + [Result("cp_attention == gqa on the whole sequence (out, dx)", err,
+                         err < 1e-12)]
 
 
 def ring_attention_checks(world, rng, directions):

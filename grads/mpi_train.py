@@ -1,8 +1,9 @@
 """Training steps across ranks against one process, in float64, on a tiny dense LM: the ranks
 of a data-parallel group (plain, and ZeRO stages 1, 2 and 3) and of a tensor-parallel one
-(Megatron, with and without sequence parallelism; and a dp x tp grid on 4 ranks) must reach the
-parameters one process reaches on the whole batch, and send the bytes the communication model
-predicts.
+(Megatron, with and without sequence parallelism; and a dp x tp grid on 4 ranks), a context-
+parallel one (ring attention over zig-zag chunks), an expert-parallel one (an MoE with capacity
+drops) and a pipeline must reach the parameters one process reaches on the whole batch, and
+send the bytes the communication model predicts.
 Part of `mpiexec -n P python -m grads.mpi` (grads/mpi.py), so the fast test tier's one
 2-rank run covers the collectives' gradients and a training equivalence together."""
 from typing import NamedTuple
@@ -24,6 +25,7 @@ class TrainResult(NamedTuple):
 def _train(cfg, settings, ids, grid=None, zero=0, sequence=False, pipeline=("1f1b", 0)):
     """(the run's whole Params after STEPS steps, bytes this rank sent in the last step,
     predicted)."""
+    from scratchllm.train.parallel_run import opt_names
     from scratchllm.train.trainer import Run
     run = Run(cfg, settings, np.float64, grid=grid, zero=zero, sequence=sequence,
               pipeline=pipeline)
@@ -32,7 +34,8 @@ def _train(cfg, settings, ids, grid=None, zero=0, sequence=False, pipeline=("1f1
     if run.shards is not None:
         run.shards.gather_all()
     run.whole()  # a pipeline's stages exchange their Params
-    model = run.model if run.tp is None else run._whole_tp(run.opt.state_dict())[0]
+    model = run.model if run.sliced is None else run.model.gather_whole(
+        cfg, opt_names(run), run.opt.state_dict())[0]
     return model.parameters(), run.sent[-1], sum(run.comm_model.values())
 
 
@@ -69,6 +72,9 @@ def training_checks(world):
             grid = dist.RankGrid(shape, world)
             name = shape.describe() + (" (sequence parallel)" if sequence else "")
             out += _compare(world, name, _train(cfg, s, ids, grid, sequence=sequence), one)
+    grid = dist.RankGrid(dist.GridShape(cp=P), world)  # zig-zag chunks of T = 8 (2P | 8)
+    out += _compare(world, f"cp={P} (ring attention)", _train(cfg, s, ids, grid), one)
+    out += _expert_parallel_training(world, s, ids)
     for shape in [dist.GridShape(dp=P // 2, pp=2)] if P % 2 == 0 else []:
         for schedule in ("gpipe", "1f1b"):
             grid = dist.RankGrid(shape, world)
@@ -108,3 +114,19 @@ def expert_parallel_checks(world, rng, check):
     return out + [TrainResult(f"expert_parallel == the one-process experts ({E} experts on {P} "
                               f"ranks: outputs, dxs, every expert's weight gradients)", err,
                               err < 1e-12)]
+
+
+def _expert_parallel_training(world, s, ids):
+    """ep=P on the tiny MoE (4 experts; capacity factor 0.6, so slots are dropped) against
+    one process on one data shard: the parameters (the all-to-alls' bytes follow the
+    routing, so they have no prediction to meet)."""
+    from dataclasses import replace
+
+    from scratchllm import dist
+    cfg = lm_tiny("moe", vocab_size=24)
+    cfg = replace(cfg, layers=tuple(replace(ls, ffn=replace(ls.ffn, capacity_factor=0.6))
+                                    for ls in cfg.layers))
+    one, _, _ = _train(cfg, s, ids)
+    grid = dist.RankGrid(dist.GridShape(ep=world.size), world)
+    return _compare(world, f"ep={world.size} (capacity drops)", _train(cfg, s, ids, grid),
+                    one)[:1]

@@ -18,7 +18,9 @@ files as a one-process run). --threads defaults to 1 per rank under MPI. --zero 
 the optimizer state, the gradients, the weights; --tp B splits heads, SwiGLU units and the
 vocabulary over B ranks (Megatron; --sequence-parallel splits the sequence between them), and
 --dp A --tp B runs on A x B ranks; --pp C cuts the blocks into C stages fed --micro-batches
-M micro-batches on the --schedule gpipe or 1f1b, and prints the pipeline bubble.
+M micro-batches on the --schedule gpipe or 1f1b, and prints the pipeline bubble; --cp D
+splits every sequence into D ranks' zig-zag chunks (ring attention); --ep E splits each MoE
+layer's experts over E ranks (dispatch and combine all-to-alls).
 """
 import sys
 import time
@@ -159,19 +161,14 @@ def _on_ranks(args, shape):
         return 1
     try:
         grid = RankGrid(shape, world)
-        later = [f"--{a} {getattr(shape, a)}" for a in AXES
-                 if a not in ("dp", "tp", "pp") and getattr(shape, a) > 1]
-        if later:
-            raise GridError(f"{', '.join(later)}: this version trains data, tensor and "
-                            f"pipeline parallel only (--dp, --tp, --pp); context and expert "
-                            f"parallel training are not available yet")
-        for axis in ("tp", "pp"):
-            if getattr(shape, axis) > 1 and args.zero:
-                raise GridError(f"--zero {args.zero} with --{axis} {getattr(shape, axis)}: ZeRO "
-                                f"shards over the data-parallel ranks of an unsplit model "
-                                f"only, for now")
-        if shape.tp > 1 and shape.pp > 1:
-            raise GridError("--tp with --pp: not available yet (each works with --dp)")
+        split = [f"--{a} {getattr(shape, a)}" for a in ("tp", "pp", "cp", "ep")
+                 if getattr(shape, a) > 1]
+        if len(split) > 1:
+            raise GridError(f"{', '.join(split)}: one of --tp, --pp, --cp, --ep at a time, "
+                            f"for now (each works with --dp)")
+        if split and args.zero:
+            raise GridError(f"--zero {args.zero} with {split[0]}: ZeRO shards over the "
+                            f"data-parallel ranks of an unsplit model only, for now")
         if args.sequence_parallel and shape.tp == 1:
             raise GridError("--sequence-parallel splits the tensor-parallel ranks' sequence: "
                             "it needs --tp above 1")
@@ -225,7 +222,7 @@ def _main(args, grid=None):
         job.load(out)
         say(f"resumed {out} at step {job.step}")
     mtp = f" (with {cfg.mtp.depth} MTP modules)" if cfg.mtp else ""
-    n_params = job.model.n_params() if job.tp is None else cfg.n_params()  # not a slice's
+    n_params = job.model.n_params() if job.sliced is None else cfg.n_params()  # not a slice's
     say(f"model: {cfg.name}{mtp}, {n_params:,} parameters, {s.steps} steps of "
         f"{s.batch_size}x{s.seq_len} tokens, {dtype}{', FP8 matmuls' if s.fp8 else ''}")
     if grid is not None:
@@ -255,9 +252,12 @@ def _main(args, grid=None):
         say(_bubble_line(job))
     if grid is not None and job.sent:
         predicted = sum(job.comm_model.values())
+        same = "equal to" if job.sent[-1] == predicted else "NOT equal to"
+        if job.ep is not None:  # the all-to-alls' sizes are the routing's
+            same = "the expert-parallel all-to-alls and gathers, whose sizes follow the " \
+                   "routing, beside"
         say(f"communication measured: {job.sent[-1]:,} bytes sent by rank 0 in the last step "
-            f"({'equal to' if job.sent[-1] == predicted else 'NOT equal to'} the model's "
-            f"{predicted:,})")
+            f"({same} the model's {predicted:,})")
     if job.mtp_losses:
         last = np.mean(job.mtp_losses[-20:], axis=0)
         say("MTP modules' train cross-entropy (mean of the last 20 steps): " + ", ".join(
@@ -265,8 +265,8 @@ def _main(args, grid=None):
     say(f"checkpoint: {out}")
     if job.writer:
         say(f"loss curve: {save_run_plot(out / 'loss.png', job, baseline)}")
-        # a tensor-parallel rank holds a slice: sample from the whole model it saved
-        _print_sample(job.model if job.tp is None else load_model(out)[0], tok)
+        # a split model (tp, cp, ep) samples badly or not at all: the whole model it saved
+        _print_sample(job.model if grid is None else load_model(out)[0], tok)
     return 0
 
 

@@ -21,7 +21,8 @@ replicated gains' gradients, partial per rank, are all-reduced after the backwar
 
 Every rank builds the whole one-process model from the seed and keeps its slices, so a TP run
 starts from the same weights as one process; `gather_full` and `load_full` map between the two
-(checkpoints hold the whole model, so they load in one process and on any grid). The regions
+(checkpoints hold the whole model, so they load in one process and on any grid:
+parallel_slices.py). The regions
 are hooked by replacing the mixer's, the FFN's and the head's bound forward and backward
 (instance attributes: the Modules and their Param names are those of the one-process LM).
 """
@@ -38,6 +39,7 @@ from scratchllm.dist import (all_gather_backward, all_gather_forward, all_reduce
 from scratchllm.lm import LM
 from scratchllm.lm.ends import EmbedCache
 from scratchllm.lm.model import LossCache
+from scratchllm.train.parallel_slices import SlicedLM
 
 SPLITS = {"mixer.wq": 1, "mixer.wk": 1, "mixer.wv": 1, "mixer.wo": 0, "ffn.W1": 1, "ffn.W3": 1,
           "ffn.W2": 0, "embed.E": 0, "head.W": 1}
@@ -96,7 +98,7 @@ def _no_packing(doc_ids):
                          "not available: train one or the other")
 
 
-class MegatronLM(LM):
+class MegatronLM(SlicedLM, LM):
     """This rank's slice of an LM of cfg over a tensor-parallel group; loss, loss_backward and
     cross_entropy as LM's (the loss replicated on every rank of the group)."""
 
@@ -209,70 +211,12 @@ class MegatronLM(LM):
         logits, _ = self.forward(ids)
         return float(vocab_cross_entropy_forward(logits, targets, group=self.group)[0])
 
-    def squares_over_group(self, _local=None):
-        """The whole model's sum of squared gradients (for the global-norm clip): the split
-        Params' summed over the group, the replicated ones' counted once (every rank holds
-        their whole gradient). Collective; clip_grad_norm's `across` (its local sum unused)."""
-        split = rep = 0.0
-        for name, p in self.named_parameters():
-            sq = float(np.sum(p.grad * p.grad))
-            if split_axis(name) is None:
-                rep += sq
-            else:
-                split += sq
-        return self.group.sum_scalar(split) + rep
-
     def replica(self):
         raise ValueError("tensor parallel: one data shard per rank (no --threads above 1)")
 
-    # ------------------------------------------------------------------ whole <-> slices
-    def load_full(self, arrays):
-        """Keep this rank's slice of each whole array ({Param name: array}, the one-process
-        model's names and shapes)."""
-        for name, p in self.named_parameters():
-            a = self._slice(name, np.asarray(arrays[name]))
-            if a.shape != p.data.shape:
-                raise ValueError(f"tensor parallel: {name} of shape {a.shape} does not fit "
-                                 f"this rank's {p.data.shape}")
-            p.data[...] = a
-
-    def gather_full(self, arrays):
-        """{name: whole array} from {name: this rank's slice} (an all-gather per split array;
-        collective: every rank of the group calls it)."""
-        out = {}
-        for name, a in arrays.items():
-            axis = split_axis(name)
-            out[name] = a if axis is None else all_gather_forward(
-                np.ascontiguousarray(a), group=self.group, axis=axis)[0]
-        return out
-
-    def gather_whole(self, cfg, names, opt_state):
-        """(the one-process LM of cfg, AdamW's whole state_dict) gathered from this rank's
-        slices; names: the Param name of each optimizer slot (collective)."""
-        model = LM(cfg, rng=np.random.default_rng(0), dtype=self.dtype)
-        arrays = self.gather_full({n: p.data for n, p in self.named_parameters()})
-        for n, p in model.named_parameters():
-            p.data[...] = arrays[n]
-        state = dict(opt_state)
-        for i, name in enumerate(names):
-            for k in (f"m.{i}", f"v.{i}"):
-                state[k] = self.gather_full({name: opt_state[k]})[name]
-        return model, state
-
-    def slice_state(self, names, state):
-        """AdamW's whole state_dict cut to this rank's slices (names as in gather_whole)."""
-        out = dict(state)
-        for i, name in enumerate(names):
-            for k in (f"m.{i}", f"v.{i}"):
-                out[k] = self._slice(name, state[k])
-        return out
-
-    def _slice(self, name, a):
-        axis, P, r = split_axis(name), self.group.size, self.group.rank
-        if axis is None:
-            return a
-        n = a.shape[axis] // P
-        return np.take(a, np.arange(r * n, (r + 1) * n), axis=axis)
+    def split_axis(self, name):
+        """The axis Param `name` is split along over the group (None: replicated)."""
+        return split_axis(name)
 
     def bytes_per_step(self, batch, seq_len):
         """{collective: bytes this rank sends over the group in one step on `batch`

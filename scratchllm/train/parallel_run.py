@@ -1,0 +1,122 @@
+"""The parallel plumbing of a training Run (trainer.py) on a rank grid (dist.RankGrid): which
+model a rank builds, the ZeRO and pipeline wrappers, the rows of the global batch it takes,
+the communication model, and the whole-model views of its checkpoints.
+
+    axis   the model a rank builds                         its gradients
+    dp     the whole LM, the rank's rows of the batch      all-reduced over dp (trainer.py)
+    tp     MegatronLM: heads, SwiGLU units, vocab split    replicated ones whole on each rank
+    pp     PipelineStage: its blocks only run              all-reduced over dp per stage
+    cp     ContextParallelLM: its zig-zag chunks of T      summed over cp inside the backward
+    ep     ExpertParallelLM: E/P experts per MoE layer     the experts' on their owner
+Every rank draws the same global batch and keeps its data-parallel slice (np.array_split over
+the dp ranks); the other axes see that slice whole.
+"""
+import numpy as np
+
+from scratchllm.dist import Group, ShardedModel, ZeroAdamW, bytes_per_step
+from scratchllm.train.megatron import MegatronLM
+from scratchllm.train.parallel_context import ContextParallelLM
+from scratchllm.train.parallel_moe import ExpertParallelLM
+from scratchllm.train.pipeline import PipelineStage
+
+SPLIT_MODELS = {"tp": MegatronLM, "cp": ContextParallelLM, "ep": ExpertParallelLM}
+
+
+def check_combination(axes, settings, zero, model):
+    """ValueError naming a combination of axes (the groups above one rank), threads, ZeRO and
+    a given model that this version does not train."""
+    on = [a for a in ("tp", "pp", "cp", "ep") if axes[a] is not None]
+    flags = ", ".join(f"--{a} {axes[a].size}" for a in on)
+    if len(on) > 1:
+        raise ValueError(f"{flags}: one of --tp, --pp, --cp, --ep at a time (each works with "
+                         f"--dp)")
+    if on and settings.threads > 1:
+        raise ValueError(f"{flags}: one data shard per rank (got --threads {settings.threads}; "
+                         f"use --threads 1)")
+    if on and zero:
+        raise ValueError(f"--zero {zero} with {flags}: ZeRO shards over the data-parallel "
+                         f"ranks of an unsplit model only, for now")
+    if on and model is not None:
+        raise ValueError(f"{flags}: the run builds its own slice of the model (no model=)")
+
+
+def parallel_model(cfg, settings, dtype, grid, model=None, zero=0, sequence=False):
+    """(world, the dp group, {axis: group or None (size 1)}, the model to train: `model`, a
+    split model of the one axis above one rank, or None for a fresh LM)."""
+    world = Group.single() if grid is None else grid.world
+    dp = Group.single() if grid is None else grid.groups["dp"]
+    axes = {a: None if grid is None or getattr(grid.shape, a) == 1 else grid.groups[a]
+            for a in ("tp", "pp", "cp", "ep")}
+    check_combination(axes, settings, zero, model)
+    rng = np.random.default_rng(settings.seed)
+    for axis, kind in SPLIT_MODELS.items():
+        if axes[axis] is not None:
+            extra = {"sequence": sequence} if axis == "tp" else {}
+            model = kind(cfg, axes[axis], rng=rng, dtype=dtype, **extra)
+    return world, dp, axes, model
+
+
+def attach_parallel(run, axes, zero, pipeline):
+    """The pipeline stage, ZeRO's optimizer and hooks, this rank's rows of the global batch
+    and the communication model, set on `run` (its model and AdamW built)."""
+    s, group = run.s, run.group
+    pp = axes["pp"]
+    run.stage = None if pp is None else PipelineStage(run.model, pp, pipeline[1] or pp.size,
+                                                      pipeline[0])
+    run.shards = None  # ZeRO-2/3's hooks
+    if zero:
+        run.opt = ZeroAdamW(run.opt, group, stage=zero)
+    if zero >= 2:
+        if s.threads > 1:
+            raise ValueError(f"--zero {zero} reduce-scatters each block's gradients inside "
+                             f"the backward of one data shard per rank; --threads "
+                             f"{s.threads} is not supported with it (use --threads 1)")
+        run.shards = ShardedModel(run.model, run.opt.owners(), group, zero)
+    if s.batch_size < group.size:
+        raise ValueError(f"--batch-size {s.batch_size} is smaller than the {group.size} "
+                         f"data-parallel ranks (each needs a sequence)")
+    run.rows = np.array_split(np.arange(s.batch_size), group.size)[
+        group.rank]  # this rank's contiguous slice of the global batch
+    run.comm_model = comm_model(run, zero)
+
+
+def comm_model(run, zero):
+    """{'[axis ]collective': bytes} this rank sends per step: predicted."""
+    s, model = run.s, run.model
+    moe = [layer.ffn for layer in model.layers if hasattr(layer.ffn, "update_bias")]
+    reduced = model.parameters() if run.stage is None else run.stage.params
+    out = bytes_per_step([p.data.nbytes for p in reduced], run.group.size, zero=zero,
+                         small=[8 * f.spec.router.n_experts for f in moe],
+                         rank=run.group.rank)
+    if run.shards is not None:
+        out.update(run.shards.bytes_per_step())
+    for axis in ("tp", "cp"):  # the split model's own collectives, per step
+        if getattr(run, axis) is not None:
+            out.update({f"{axis} {op}": n for op, n in model.bytes_per_step(
+                len(run.rows), s.seq_len).items()})
+    if run.stage is not None:
+        out["pp send"] = run.stage.bytes_per_step(len(run.rows), s.seq_len)
+    return out
+
+
+def sent(run):
+    """Bytes this rank has sent over its data-, tensor-, context-, expert- and pipeline-
+    parallel groups."""
+    groups = [run.group] + [g for g in (run.tp, run.cp, run.ep) if g is not None]
+    return sum(g.total_sent() for g in groups) + (0 if run.stage is None else run.stage.sent)
+
+
+def opt_names(run):
+    """The Param name of each optimizer slot (AdamW's m.i / v.i)."""
+    names = {id(p): n for n, p in run.model.named_parameters()}
+    return [names[id(p)] for p in run.opt.params]
+
+
+def load_sliced(run, whole):
+    """Keep this rank's slices in `run` of `whole`, a one-process Run of the same config that
+    loaded the checkpoint (checkpoints hold the whole model: parallel_slices.py)."""
+    run.model.load_full({n: p.data for n, p in whole.model.named_parameters()})
+    run.opt.load_state_dict(run.model.slice_state(opt_names(run), whole.opt.state_dict()))
+    run.rng.bit_generator.state = whole.rng.bit_generator.state
+    run.step, run.losses, run.evals = whole.step, whole.losses, whole.evals
+    whole.dp.close()
