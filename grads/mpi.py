@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from grads.mpi_train import expert_parallel_checks, training_checks
+from grads.mpi_train import balance_across_checks, expert_parallel_checks, training_checks
 from scratchllm import dist
 
 TOL = 1e-9
@@ -262,7 +262,7 @@ def main(argv=None):
     world = dist.Group.world()
     results = (run_checks(world, args.directions) + training_checks(world) +
                expert_parallel_checks(world, np.random.default_rng([3, world.rank]),
-                                      dist_check))
+                                      dist_check) + balance_across_checks(world, dist_check))
     if world.rank == 0:
         for res in results:
             print(f"{'ok  ' if res.ok else 'FAIL'}  {res.name}  (max rel err {res.err:.1e}, "

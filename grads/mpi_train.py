@@ -72,6 +72,7 @@ def training_checks(world):
             grid = dist.RankGrid(shape, world)
             name = shape.describe() + (" (sequence parallel)" if sequence else "")
             out += _compare(world, name, _train(cfg, s, ids, grid, sequence=sequence), one)
+    out += _balance_across_training(world, s, ids)
     grid = dist.RankGrid(dist.GridShape(cp=P), world)  # zig-zag chunks of T = 8 (2P | 8)
     out += _compare(world, f"cp={P} (ring attention)", _train(cfg, s, ids, grid), one)
     out += _expert_parallel_training(world, s, ids)
@@ -128,5 +129,67 @@ def _expert_parallel_training(world, s, ids):
                                     for ls in cfg.layers))
     one, _, _ = _train(cfg, s, ids)
     grid = dist.RankGrid(dist.GridShape(ep=world.size), world)
-    return _compare(world, f"ep={world.size} (capacity drops)", _train(cfg, s, ids, grid),
-                    one)[:1]
+    out = _compare(world, f"ep={world.size} (capacity drops)", _train(cfg, s, ids, grid),
+                   one)[:1]
+    return out + [_drops(world, cfg, grid)]
+
+
+def _drops(world, cfg, grid):
+    """The slots each MoE layer drops at capacity, counted on every expert-parallel rank, are
+    the one-process layer's (and some are dropped), the loss the same."""
+    from scratchllm.lm import LM
+    from scratchllm.train.parallel_moe import ExpertParallelLM
+    rng = np.random.default_rng(5)
+    x, y = rng.integers(0, cfg.vocab_size, (2, 2, 8))
+    ep = ExpertParallelLM(cfg, grid.groups["ep"], rng=np.random.default_rng(3),
+                          dtype=np.float64)
+    (a, c_a), (b, c_b) = ep.loss(x, y), LM(cfg, rng=np.random.default_rng(3),
+                                            dtype=np.float64).loss(x, y)
+    drops = [c.ffn.inner.n_dropped for c in c_a.lm.blocks]
+    want = [c.ffn.inner.n_dropped for c in c_b.lm.blocks]
+    same = all(world.comm.allgather(drops == want)) and sum(want) > 0
+    err = max(world.comm.allgather(float(abs(a - b) / abs(b))))
+    return TrainResult(f"ep={world.size} drops {drops} slots per layer at capacity factor "
+                       f"0.6, one process {want}", err, same and err < 1e-12)
+
+
+def _balance_across_training(world, s, ids):
+    """dp=P with the balance loss across the ranks (--balance-across-ranks) against one
+    process on one data shard (whose balance loss is over the whole batch): equal, and its
+    all-reduces in the communication model."""
+    from dataclasses import replace
+
+    from scratchllm import dist
+    cfg = lm_tiny("moe", vocab_size=24)
+    one, _, _ = _train(cfg, s, ids)
+    grid = dist.RankGrid(dist.GridShape(dp=world.size), world)
+    across = replace(s, balance_across=True)
+    return _compare(world, f"dp={world.size} (MoE, balance loss across the ranks; one "
+                    f"process on one shard)", _train(cfg, across, ids, grid), one)
+
+
+def balance_across_checks(world, check):
+    """[TrainResult]: the across-ranks balance loss pair through the distributed check, and
+    the chapters' point in numbers: rank r's tokens prefer experts 2r and 2r + 1, so the
+    batch is balanced as a whole (the loss across ranks near 1) while every micro-batch uses
+    half the experts (its own loss near 2)."""
+    from scratchllm.moe.losses import balance_loss_forward
+    from scratchllm.train.parallel_moe import (balance_loss_across_backward,
+                                               balance_loss_across_forward)
+    P, r = world.size, world.rank
+    E = 2 * P
+    rng = np.random.default_rng([31, r])
+    s = rng.standard_normal((8, E))
+    s[:, 2 * r:2 * r + 2] += 4.0  # this rank's favourites
+    probs = np.exp(s) / np.exp(s).sum(axis=1, keepdims=True)
+    top = np.argsort(-probs, axis=1)[:, :2]
+    out = [check("balance_loss_across (counts and probabilities all-reduced)",
+                 (balance_loss_across_forward, balance_loss_across_backward),
+                 {"probs": probs}, world, world, rng=rng, h=1e-6, tol=1e-7, topk_idx=top)]
+    mine = float(balance_loss_forward(probs, top)[0])
+    whole = float(balance_loss_across_forward(probs, top, group=world)[0])
+    mean_mine = world.sum_scalar(mine) / P
+    ok = mean_mine > 1.5 and whole < 1.1
+    return out + [TrainResult(f"balance loss per micro-batch {mean_mine:.2f} (mean over {P} "
+                              f"ranks) vs across the ranks {whole:.2f}: only the per-shard "
+                              f"loss sees each rank using {2} of {E} experts", 0.0, ok)]

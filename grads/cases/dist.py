@@ -104,3 +104,16 @@ def cp_attention_one_rank(rng):
                   spec=s, group=_one_rank())
             for what, s in (("causal", spec), ("not causal",
                                                 replace(spec, mask=Mask(causal=False))))]
+
+
+@case
+def balance_loss_across_one_rank(rng):
+    """The balance loss over every rank's tokens, on one rank: the Switch balance loss (the
+    probabilities a softmax's, the top-2 choices fixed)."""
+    from scratchllm.train.parallel_moe import (balance_loss_across_backward,
+                                               balance_loss_across_forward)
+    s = rng.standard_normal((6, 4))
+    probs = np.exp(s) / np.exp(s).sum(axis=1, keepdims=True)
+    return [check(balance_loss_across_forward, balance_loss_across_backward, rng=rng,
+                  wrt=["probs"], probs=probs, topk_idx=np.argsort(-probs, axis=1)[:, :2],
+                  group=_one_rank())]

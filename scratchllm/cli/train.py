@@ -39,6 +39,7 @@ from scratchllm.specs.unflat import flat_view
 from scratchllm.tokenizer import EOT
 from scratchllm.train import checkpoint, corpus
 from scratchllm.train.checkpoint import load_model
+from scratchllm.train.parallel_run import check_split
 from scratchllm.train.pipeline import bubble_fraction
 from scratchllm.train.plots import save_run_plot
 from scratchllm.train.trainer import Run, Settings, fit
@@ -92,6 +93,10 @@ def build_parser():
                    "of the tokens; all-gather / reduce-scatter in place of the all-reduces)")
     p.add_argument("--micro-batches", type=int_at_least(1), default=0, help="with --pp: "
                    "micro-batches per step on each data-parallel rank (default: one per stage)")
+    p.add_argument("--balance-across-ranks", dest="balance_across", action="store_true",
+                   default=None, help="MoE: the balance loss over every data-parallel rank's "
+                   "tokens (routed counts and probabilities all-reduced), not per rank's "
+                   "micro-batch (the default, as Switch and GShard compute it per device)")
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b", help="with --pp: "
                    "all forwards then all backwards (gpipe), or one forward one backward (1f1b)")
     return p
@@ -104,7 +109,7 @@ def _settings(args, saved=None, ranks=1):
     if ranks > 1:
         s["threads"] = 1
     for name in ("steps", "batch_size", "seq_len", "lr", "seed", "eval_every", "threads",
-                 "fp8", "pack_documents"):
+                 "fp8", "pack_documents", "balance_across"):
         if getattr(args, name) is not None:
             s[name] = getattr(args, name)
     for name in ("steps", "batch_size", "seq_len", "eval_every"):
@@ -172,7 +177,11 @@ def _on_ranks(args, shape):
         if args.sequence_parallel and shape.tp == 1:
             raise GridError("--sequence-parallel splits the tensor-parallel ranks' sequence: "
                             "it needs --tp above 1")
-    except GridError as e:
+        if not args.resume:  # what the split models do not cover, before any work
+            cfg = preset(args.preset or "dense")
+            cfg = replace(cfg, mtp=MTPSpec(depth=args.mtp)) if args.mtp else cfg
+            check_split(cfg, shape, args.seq_len or Settings().seq_len)
+    except (GridError, ValueError) as e:
         if world.rank == 0:
             print(f"scratchllm train: {e}", file=sys.stderr)
         return 1

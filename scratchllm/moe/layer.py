@@ -92,6 +92,7 @@ class MoECache(NamedTuple):
     xs: np.ndarray = None  # (M, D) the kept tokens before their gate (spec.gate_input)
     shared_gate: tuple = None  # (x (BT, D), w_gate (D,), gate (BT,), shared output (BT, D))
     hook: object = None  # moe_forward's experts= (expert parallel), else None
+    balance_hook: object = None  # moe_forward's balance=, else None
 
     @property
     def tokens_per_expert(self):
@@ -155,7 +156,7 @@ def _check_shared(fn, D, w, Fs):
             expect_shape(fn, name, getattr(w, name), shape, f"D = {D}, Fs = spec.d_shared")
 
 
-def moe_forward(x, w, *, spec, selection_bias=None, experts=None):
+def moe_forward(x, w, *, spec, selection_bias=None, experts=None, balance=None):
     """Top-k MoE with capacity and an optional shared expert.
 
     Inputs:  x (..., D); w MoEWeights: w_router (D, E), b_router (E,) iff spec.router.bias;
@@ -169,6 +170,9 @@ def moe_forward(x, w, *, spec, selection_bias=None, experts=None):
              parallelism: train/parallel_expert.py): check(fn, x, w) -> (x (BT, D), E, F),
              forward(xs, bounds) -> (ys, cache), backward(dys, cache) -> {"xs", its arrays'
              gradients}; w then holds this rank's experts.
+             balance: None, or a pair in balance_loss_forward's place (forward(probs,
+             topk_idx) -> (aux, cache), backward(daux, cache) -> {"probs"}): the balance
+             loss of every data-parallel rank's tokens (train/parallel_moe.py).
     Returns: MoEOut(y (..., D), aux 0-d balance loss, z 0-d router z-loss).
     Cache:   MoECache; .tokens_per_expert (E,) routed counts, .n_dropped, .dispatch.
     """
@@ -179,7 +183,8 @@ def moe_forward(x, w, *, spec, selection_bias=None, experts=None):
     C = capacity_of(BT, k, E, spec.capacity_factor)
     (gates, topk_idx, probs, logits), r_cache = router_forward(
         xf, w.w_router, w.b_router, spec=spec.router, selection_bias=selection_bias)
-    aux, b_cache = balance_loss_forward(probs, topk_idx)
+    aux, b_cache = (balance_loss_forward if balance is None else balance.forward)(probs,
+                                                                                 topk_idx)
     z, z_cache = z_loss_forward(logits)
     disp = dispatch(topk_idx, E, C)
     xs = xf[disp.slots // k]  # (M, D) kept tokens, grouped by expert
@@ -209,7 +214,7 @@ def moe_forward(x, w, *, spec, selection_bias=None, experts=None):
     if spec.d_shared:
         y = y + y_shared  # (BT, D)
     cache = MoECache(x.shape, r_cache, b_cache, z_cache, disp, e_cache, ys, g, s_cache,
-                     kind, (aux, z), xs if spec.gate_input else None, gated, experts)
+                     kind, (aux, z), xs if spec.gate_input else None, gated, experts, balance)
     return MoEOut(y.reshape(x.shape), aux, z), cache
 
 
@@ -227,7 +232,7 @@ def moe_backward(dout, cache):
     Reference: Switch Transformer (arXiv 2101.03961) §2; Mixtral (arXiv 2401.04088) §2.1.
     """
     x_shape, r_cache, b_cache, z_cache, disp, e_cache, ys, g, s_cache, kind, _, xs, gated, \
-        hook = cache
+        hook, balance = cache
     expect_douts("moe_backward", dout, {"y": (x_shape, ys.dtype), "aux": ((), ys.dtype),
                                         "z": ((), ys.dtype)})
     dy, daux, dz = dout
@@ -247,7 +252,8 @@ def moe_backward(dout, cache):
         du = g_e.pop("xs")  # (M, D) d/d(g xs)
         dgates[disp.slots] = np.einsum("md,md->m", du, xs)  # dg = <du, xs>
         dx_slot[disp.slots] = g[:, None] * du  # dxs = g du
-    dprobs = None if daux is None else balance_loss_backward(daux, b_cache)["probs"]
+    b_back = balance_loss_backward if balance is None else balance.backward
+    dprobs = None if daux is None else b_back(daux, b_cache)["probs"]
     dlogits = None if dz is None else z_loss_backward(dz, z_cache)["logits"]
     g_r = router_backward(RouterOut(dgates.reshape(BT, k), None, dprobs, dlogits), r_cache)
     dx = dx_slot.reshape(BT, k, D).sum(axis=1) + g_r["x"]  # (BT, D)
@@ -267,11 +273,11 @@ def moe_backward(dout, cache):
     return {"x": dx.reshape(x_shape), "w": dw}
 
 
-def moe_forward_ref(x, w, *, spec, selection_bias=None, experts=None):
+def moe_forward_ref(x, w, *, spec, selection_bias=None, experts=None, balance=None):
     """The `_ref` twin of moe_forward: y by a plain loop over tokens in order with a per-expert
     slot counter (the capacity rule read literally), no sorting; aux and z from the same
-    router outputs. Forward only: returns (MoEOut, None). It runs w's experts: experts (the
-    expert-parallel hook) must be None."""
+    router outputs (balance: moe_forward's). Forward only: returns (MoEOut, None). It runs
+    w's experts: experts (the expert-parallel hook) must be None."""
     if experts is not None:
         raise ValueError("moe_ref: the reference loops over w's experts; experts= (a hook) "
                          "is moe_forward's")
@@ -306,7 +312,8 @@ def moe_forward_ref(x, w, *, spec, selection_bias=None, experts=None):
         if spec.d_shared:
             gate = 1 / (1 + np.exp(-xf[n] @ w.shared_gate)) if spec.shared_gate else 1
             y[n] += gate * ops.swiglu_forward(xf[n], w.shared_w1, w.shared_w3, w.shared_w2)[0]
-    aux, z = balance_loss_forward(probs, topk_idx)[0], z_loss_forward(logits)[0]
+    aux = (balance_loss_forward if balance is None else balance.forward)(probs, topk_idx)[0]
+    z = z_loss_forward(logits)[0]
     return MoEOut(y.reshape(x.shape), aux, z), None
 
 

@@ -20,15 +20,26 @@ takes its slice instead of reduce-scattering P equal copies. The experts' weight
 with their owner, summed over every rank's rows; the replicated Params' gradients are whole
 on every rank. Checkpoints hold the whole model (parallel_slices.py).
 
-Glossary: M kept slots, D width, E experts, P ranks, F expert width.
+The balance loss of an MoE layer is computed per data shard (each rank's micro-batch, as
+each device computes it in Switch and GShard); balance_loss_across_forward is the option that
+computes it over every data-parallel rank's tokens together (`train --balance-across-ranks`):
+the routed counts and the probability sums all-reduced first. A batch can be balanced as a
+whole while each micro-batch sends its tokens to a few experts: only the per-shard loss sees
+(and penalises) that, and per-shard imbalance is what overflows an expert's capacity on a device.
+
+Glossary: M kept slots, D width, E experts, P ranks, F expert width, BT tokens, N every rank's
+tokens.
 """
+from typing import NamedTuple
+
 import numpy as np
 
-from scratchllm.core.validate import expect_float, expect_shape
-from scratchllm.dist import all_gather_forward
+from scratchllm.core.validate import expect_dout, expect_float, expect_shape
+from scratchllm.dist import all_gather_forward, all_reduce_backward, all_reduce_forward
 from scratchllm.lm import LM
 from scratchllm.moe import MoE
 from scratchllm.moe.layer import moe_forward
+from scratchllm.moe.losses import balance_loss_backward, balance_loss_forward
 from scratchllm.specs import MoESpec
 from scratchllm.train.expert_parallel import expert_parallel_backward, expert_parallel_forward
 from scratchllm.train.parallel_slices import SlicedLM
@@ -132,12 +143,108 @@ class ExpertParallelLM(SlicedLM, LM):
     def _hook(self, ffn):
         shard = ExpertShard(ffn, self.group)
 
-        def forward(x):  # MoEFFN.forward with this rank's experts behind the hook
-            out, cache = moe_forward(x, ffn.weights(), spec=ffn.spec,
-                                     selection_bias=ffn.selection_bias, experts=shard)
-            return out.y, cache
-
-        ffn.forward = forward
+        set_moe_hooks(ffn, experts=shard)
 
     def replica(self):
         raise ValueError("expert parallel: one data shard per rank (no --threads above 1)")
+
+
+def set_moe_hooks(ffn, **hooks):
+    """ffn.forward (an MoEFFN's) becomes moe_forward with the given hooks (experts=,
+    balance=) and those it had (an instance attribute: the Module and its Params unchanged)."""
+    ffn.moe_hooks = dict(getattr(ffn, "moe_hooks", {}), **hooks)
+
+    def forward(x):  # MoEFFN.forward with the hooks
+        out, cache = moe_forward(x, ffn.weights(), spec=ffn.spec,
+                                 selection_bias=ffn.selection_bias, **ffn.moe_hooks)
+        return out.y, cache
+
+    ffn.forward = forward
+
+
+# ---------------------------------------------------------------------------- balance loss
+class AcrossCache(NamedTuple):
+    f: np.ndarray  # (E,) routed share over every rank's slots, a constant
+    BT: int        # this rank's tokens
+    N: int         # every rank's tokens
+    sums: tuple    # the probability sums' all-reduce cache
+
+
+def balance_loss_across_forward(probs, topk_idx, *, group):
+    """The Switch balance loss of every rank's tokens together, the same value on every rank:
+    L = E sum_i f_i P_i, f_i = (slots routed to expert i on every rank) / (every rank's BT k),
+    a constant; P_i = S_i / N, S_i = sum over every rank's tokens of p_ni (an all-reduce), N
+    every rank's tokens. On one rank it is balance_loss_forward.
+
+    Inputs: probs (BT, E), topk_idx (BT, K) ints in [0, E) of this rank's tokens.
+    Returns: (L 0-d array, AcrossCache).
+    """
+    balance_loss_forward(probs, topk_idx)  # its checks, under its name
+    BT, E = probs.shape
+    counts = np.concatenate([np.bincount(topk_idx.ravel(), minlength=E), [BT, topk_idx.size]])
+    counts, _ = all_reduce_forward(counts.astype(np.float64), group=group)  # constants
+    S, c_sum = all_reduce_forward(probs.sum(axis=0), group=group)  # fwd: (E,) over ranks
+    N = int(counts[E])
+    f = (counts[:E] / max(counts[E + 1], 1)).astype(probs.dtype)  # (E,)
+    loss = E * np.dot(f, S) / max(N, 1)
+    return np.asarray(loss, probs.dtype), AcrossCache(f, BT, N, c_sum)
+
+
+def balance_loss_across_backward(dloss, cache):
+    """Each rank's copy of L enters its own rank's loss (weighted by dloss_r there), so the
+    whole loss's derivative is sum_r dloss_r dL: with dL/dS_i = E f_i / N on every rank, the
+    all-reduce pair's backward (an all-reduce) sums it, and dp_ni = dS_i for every one of this
+    rank's tokens n (S_i sums them).
+    Reference: Switch Transformer (arXiv 2101.03961) eq. (4), its f and P over the group."""
+    f, BT, N, c_sum = cache
+    expect_dout("balance_loss_across_backward", dloss, (), f.dtype, name="dloss")
+    E = f.shape[0]
+    dS = np.asarray(dloss, f.dtype) * (E / max(N, 1)) * f  # (E,)  fwd: L = E f . S / N
+    dS = all_reduce_backward(dS, c_sum)["x"]  # fwd: S = sum over the ranks
+    return {"probs": np.broadcast_to(dS, (BT, E)).copy()}  # fwd: S_i = sum_n p_ni
+
+
+class BalanceAcross:
+    """moe_forward's balance= hook: while .on, the balance loss over every rank of group's
+    tokens (balance_loss_across_forward); off, this rank's own (balance_loss_forward), so a
+    forward outside training (evaluation: ranks take different numbers of batches) sends
+    nothing."""
+
+    def __init__(self, group):
+        self.group, self.on = group, False
+
+    def forward(self, probs, topk_idx):
+        if not self.on:
+            return balance_loss_forward(probs, topk_idx)
+        return balance_loss_across_forward(probs, topk_idx, group=self.group)
+
+    def backward(self, dloss, cache):
+        if isinstance(cache, AcrossCache):
+            return balance_loss_across_backward(dloss, cache)
+        return balance_loss_backward(dloss, cache)
+
+
+def balance_across(model, group):
+    """Every top-k MoE layer of model takes its balance loss over the tokens of every rank of
+    group in model.loss (the training step's forward); returns the bytes of the all-reduces
+    that adds per step ([counts, sums, their gradient] per layer: the communication model's)."""
+    hook, sizes = BalanceAcross(group), []
+    for layer in model.layers:
+        if isinstance(layer.ffn, MoE):
+            set_moe_hooks(layer.ffn, balance=hook)
+            E = layer.ffn.spec.router.n_experts
+            sizes += [8 * (E + 2), E * model.dtype.itemsize, E * model.dtype.itemsize]
+    if not sizes:
+        raise ValueError("--balance-across-ranks: the model has no top-k MoE layer (no balance "
+                         "loss to compute across ranks)")
+    loss = model.loss
+
+    def loss_across(*args, **kwargs):
+        hook.on = True
+        try:
+            return loss(*args, **kwargs)
+        finally:
+            hook.on = False
+
+    model.loss = loss_across
+    return sizes

@@ -14,9 +14,10 @@ the dp ranks); the other axes see that slice whole.
 import numpy as np
 
 from scratchllm.dist import Group, ShardedModel, ZeroAdamW, bytes_per_step
-from scratchllm.train.megatron import MegatronLM
-from scratchllm.train.parallel_context import ContextParallelLM
-from scratchllm.train.parallel_moe import ExpertParallelLM
+from scratchllm.train.megatron import MegatronLM, check_tensor_parallel
+from scratchllm.train.parallel_context import ContextParallelLM, check_context_parallel
+from scratchllm.train.parallel_moe import (ExpertParallelLM, balance_across,
+                                          check_expert_parallel)
 from scratchllm.train.pipeline import PipelineStage
 
 SPLIT_MODELS = {"tp": MegatronLM, "cp": ContextParallelLM, "ep": ExpertParallelLM}
@@ -38,6 +39,18 @@ def check_combination(axes, settings, zero, model):
                          f"ranks of an unsplit model only, for now")
     if on and model is not None:
         raise ValueError(f"{flags}: the run builds its own slice of the model (no model=)")
+
+
+def check_split(cfg, shape, seq_len):
+    """ValueError naming what of cfg the split model of each axis above one rank of shape (a
+    GridShape) does not cover (seq_len: the tokens per sequence, for the zig-zag split); the
+    same checks the models make, callable before any work."""
+    if shape.tp > 1:
+        check_tensor_parallel(cfg, shape.tp)
+    if shape.cp > 1:
+        check_context_parallel(cfg, shape.cp, seq_len)
+    if shape.ep > 1:
+        check_expert_parallel(cfg, shape.ep)
 
 
 def parallel_model(cfg, settings, dtype, grid, model=None, zero=0, sequence=False):
@@ -72,6 +85,13 @@ def attach_parallel(run, axes, zero, pipeline):
                              f"the backward of one data shard per rank; --threads "
                              f"{s.threads} is not supported with it (use --threads 1)")
         run.shards = ShardedModel(run.model, run.opt.owners(), group, zero)
+    run.balance_bytes = []  # the across-ranks balance loss's all-reduces (their bytes)
+    if s.balance_across:
+        if s.threads > 1:
+            raise ValueError(f"--balance-across-ranks sums the balance loss's statistics over "
+                             f"the data-parallel ranks, not threads: use --threads 1 (got "
+                             f"{s.threads})")
+        run.balance_bytes = balance_across(run.model, group)
     if s.batch_size < group.size:
         raise ValueError(f"--batch-size {s.batch_size} is smaller than the {group.size} "
                          f"data-parallel ranks (each needs a sequence)")
@@ -86,7 +106,7 @@ def comm_model(run, zero):
     moe = [layer.ffn for layer in model.layers if hasattr(layer.ffn, "update_bias")]
     reduced = model.parameters() if run.stage is None else run.stage.params
     out = bytes_per_step([p.data.nbytes for p in reduced], run.group.size, zero=zero,
-                         small=[8 * f.spec.router.n_experts for f in moe],
+                         small=[8 * f.spec.router.n_experts for f in moe] + run.balance_bytes,
                          rank=run.group.rank)
     if run.shards is not None:
         out.update(run.shards.bytes_per_step())

@@ -58,6 +58,8 @@ class Settings:
     param_groups: list = None  # [[pattern, lr_scale, weight_decay], ...]: a Param whose name
                                # matches the glob pattern (the first that does) gets its own
                                # lr (scale of lr; 0 freezes it) and weight decay
+    balance_across: bool = False  # MoE balance loss over every data-parallel rank's tokens
+                                  # (train/parallel_moe.py), not per data shard
 
 
 def _decays(name, p):
