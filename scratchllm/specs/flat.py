@@ -2,7 +2,8 @@
 checkpoints) mapped into a ModelConfig of specs.
 
 Each flat name is the spec field it sets, prefixed where the flat list needs it to be unique:
-attn_sinks -> AttentionSpec.sinks, attn_scale -> .scale, attn_impl -> .impl, rope_base ->
+attn_sinks -> AttentionSpec.sinks, attn_scale -> .scale, attn_impl -> ScoresSpec.impl
+(attn_softcap -> .softcap: AttentionSpec.scores), rope_base ->
 RopeSpec.base, router_bias -> RouterSpec.bias, experts -> ExpertsSpec.kind, n_shared * d_ff ->
 MoESpec.d_shared, block -> LayerSpec.placement, norm / norm_eps / norm_offset -> NormSpec.
 causal -> every attention layer's Mask.causal; attention_chunk -> Mask.chunk of the
@@ -19,10 +20,11 @@ the spec of each layer.
 from dataclasses import dataclass, fields
 
 from scratchllm.specs._check import SpecError
-from scratchllm.specs.attention import (AttentionSpec, IndexerSpec, Mask, MLASpec, RopeSpec,
+from scratchllm.specs.attention import (AttentionSpec, Mask, RopeSpec, ScoresSpec,
                                         TemperatureSpec)
 from scratchllm.specs.ffn import ExpertsSpec, FFNSpec, MoESpec, RouterSpec
 from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
+from scratchllm.specs.mla import IndexerSpec, MLASpec
 from scratchllm.specs.model import HeadSpec, LayerSpec, ModelConfig, NormSpec
 
 LAYER_KINDS = "AMLRGDSWF"  # attention, Mamba, linear, RetNet, GLA, DeltaNet, Mamba-2, RWKV-4,
@@ -122,7 +124,7 @@ class Flat:
 FLAT_NAMES = tuple(f.name for f in fields(Flat))
 RENAMED = {  # (spec, field) -> the flat name that sets it, where the two differ
     ("AttentionSpec", "sinks"): "attn_sinks", ("AttentionSpec", "scale"): "attn_scale",
-    ("AttentionSpec", "impl"): "attn_impl", ("AttentionSpec", "softcap"): "attn_softcap",
+    ("ScoresSpec", "impl"): "attn_impl", ("ScoresSpec", "softcap"): "attn_softcap",
     ("RopeSpec", "base"): "rope_base",
     ("RopeSpec", "scaling"): "rope_scaling", ("RopeSpec", "style"): "rope_style",
     ("RopeSpec", "partial"): "rope_partial",
@@ -294,8 +296,7 @@ def _mixer(f, i, kind):
     return AttentionSpec(
         f.n_heads, f.n_kv_heads, f.head_dim, f.qkv_bias, f.o_bias, qk_norm, f.norm_eps,
         f.norm_offset, f.attn_scale, f.attn_sinks, None if nope else rope,
-        bias, f.attn_impl, mask=mask,
-        softcap=f.attn_softcap)
+        bias, mask=mask, scores=ScoresSpec(f.attn_impl, softcap=f.attn_softcap))
 
 
 def is_moe_layer(f, i):

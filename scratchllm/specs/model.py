@@ -10,9 +10,10 @@ sizes the same objects, so `size` and `LM` can never disagree. Plain Python: no 
 from dataclasses import dataclass
 
 from scratchllm.specs._check import fail, flag, instance, one_of, positive_int, real
-from scratchllm.specs.attention import AttentionSpec, MLASpec
+from scratchllm.specs.attention import AttentionSpec
 from scratchllm.specs.ffn import FFNSpec, MoESpec
 from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
+from scratchllm.specs.mla import MLASpec
 
 MIXERS = (AttentionSpec, MLASpec, MambaSpec, Mamba2Spec, RecurrentSpec, RWKVSpec)
 FFNS = (FFNSpec, MoESpec)

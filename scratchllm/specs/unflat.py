@@ -6,10 +6,11 @@ from_flat(**answer) gives the config back.
 """
 import dataclasses
 
-from scratchllm.specs.attention import AttentionSpec, MLASpec
+from scratchllm.specs.attention import AttentionSpec
 from scratchllm.specs.ffn import MoESpec
 from scratchllm.specs.flat import RECURRENT, Flat, from_flat
 from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
+from scratchllm.specs.mla import MLASpec
 
 LETTER = {MambaSpec: "M", Mamba2Spec: "S", RWKVSpec: "W", AttentionSpec: "A", MLASpec: "A"}
 KIND_LETTER = {kind: letter for letter, kind in RECURRENT.items()}
