@@ -25,7 +25,6 @@ class TrainResult(NamedTuple):
 def _train(cfg, settings, ids, grid=None, zero=0, sequence=False, pipeline=("1f1b", 0)):
     """(the run's whole Params after STEPS steps, bytes this rank sent in the last step,
     predicted)."""
-    from scratchllm.train.parallel_run import opt_names
     from scratchllm.train.trainer import Run
     run = Run(cfg, settings, np.float64, grid=grid, zero=zero, sequence=sequence,
               pipeline=pipeline)
@@ -34,8 +33,7 @@ def _train(cfg, settings, ids, grid=None, zero=0, sequence=False, pipeline=("1f1
     if run.shards is not None:
         run.shards.gather_all()
     run.whole()  # a pipeline's stages exchange their Params
-    model = run.model if run.sliced is None else run.model.gather_whole(
-        cfg, opt_names(run), run.opt.state_dict())[0]
+    model = run.model if run.sliced is None else run.model.gather_whole(cfg, [], {})[0]
     return model.parameters(), run.sent[-1], sum(run.comm_model.values())
 
 
@@ -75,6 +73,10 @@ def training_checks(world):
     out += _balance_across_training(world, s, ids)
     grid = dist.RankGrid(dist.GridShape(cp=P), world)  # zig-zag chunks of T = 8 (2P | 8)
     out += _compare(world, f"cp={P} (ring attention)", _train(cfg, s, ids, grid), one)
+    for shape, zero in ([(dist.GridShape(dp=2, cp=P // 2), 1),
+                         (dist.GridShape(dp=2, tp=P // 2), 1)] if P >= 4 else []):
+        out += _compare(world, f"{shape.describe()} (ZeRO-{zero})",
+                        _train(cfg, s, ids, dist.RankGrid(shape, world), zero), one)
     out += _expert_parallel_training(world, s, ids)
     for shape in [dist.GridShape(dp=P // 2, pp=2)] if P % 2 == 0 else []:
         for schedule in ("gpipe", "1f1b"):
@@ -131,6 +133,12 @@ def _expert_parallel_training(world, s, ids):
     grid = dist.RankGrid(dist.GridShape(ep=world.size), world)
     out = _compare(world, f"ep={world.size} (capacity drops)", _train(cfg, s, ids, grid),
                    one)[:1]
+    if world.size >= 4:  # dp x ep: ep=P/2 ranks of each rank's slice equal one process on
+        # two shards (the aux losses per data-parallel rank)
+        two, _, _ = _train(cfg, replace(s, threads=2), ids)
+        grid2 = dist.RankGrid(dist.GridShape(dp=2, ep=world.size // 2), world)
+        out += _compare(world, f"dp=2 x ep={world.size // 2} (ZeRO-1; 2 shards)",
+                        _train(cfg, s, ids, grid2, 1), two)[:1]
     return out + [_drops(world, cfg, grid)]
 
 

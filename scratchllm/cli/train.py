@@ -39,7 +39,7 @@ from scratchllm.specs.unflat import flat_view
 from scratchllm.tokenizer import EOT
 from scratchllm.train import checkpoint, corpus
 from scratchllm.train.checkpoint import load_model
-from scratchllm.train.parallel_run import check_split
+from scratchllm.train.parallel_run import check_combination, check_split
 from scratchllm.train.pipeline import bubble_fraction
 from scratchllm.train.plots import save_run_plot
 from scratchllm.train.trainer import Run, Settings, fit
@@ -171,9 +171,6 @@ def _on_ranks(args, shape):
         if len(split) > 1:
             raise GridError(f"{', '.join(split)}: one of --tp, --pp, --cp, --ep at a time, "
                             f"for now (each works with --dp)")
-        if split and args.zero:
-            raise GridError(f"--zero {args.zero} with {split[0]}: ZeRO shards over the "
-                            f"data-parallel ranks of an unsplit model only, for now")
         if args.sequence_parallel and shape.tp == 1:
             raise GridError("--sequence-parallel splits the tensor-parallel ranks' sequence: "
                             "it needs --tp above 1")
@@ -181,6 +178,7 @@ def _on_ranks(args, shape):
             cfg = preset(args.preset or "dense")
             cfg = replace(cfg, mtp=MTPSpec(depth=args.mtp)) if args.mtp else cfg
             check_split(cfg, shape, args.seq_len or Settings().seq_len)
+        check_combination(shape._asdict(), args.threads or 1, args.zero)
     except (GridError, ValueError) as e:
         if world.rank == 0:
             print(f"scratchllm train: {e}", file=sys.stderr)

@@ -23,20 +23,23 @@ from scratchllm.train.pipeline import PipelineStage
 SPLIT_MODELS = {"tp": MegatronLM, "cp": ContextParallelLM, "ep": ExpertParallelLM}
 
 
-def check_combination(axes, settings, zero, model):
-    """ValueError naming a combination of axes (the groups above one rank), threads, ZeRO and
-    a given model that this version does not train."""
-    on = [a for a in ("tp", "pp", "cp", "ep") if axes[a] is not None]
-    flags = ", ".join(f"--{a} {axes[a].size}" for a in on)
+def check_combination(sizes, threads, zero, model=None):
+    """ValueError naming a combination this version does not train: sizes {axis: ranks} of
+    tp, pp, cp, ep; threads: data shards per rank; zero: the ZeRO stage; model: one given to
+    the Run (a split axis builds its own)."""
+    on = [a for a in ("tp", "pp", "cp", "ep") if sizes.get(a, 1) > 1]
+    flags = ", ".join(f"--{a} {sizes[a]}" for a in on)
     if len(on) > 1:
         raise ValueError(f"{flags}: one of --tp, --pp, --cp, --ep at a time (each works with "
                          f"--dp)")
-    if on and settings.threads > 1:
-        raise ValueError(f"{flags}: one data shard per rank (got --threads {settings.threads}; "
-                         f"use --threads 1)")
-    if on and zero:
-        raise ValueError(f"--zero {zero} with {flags}: ZeRO shards over the data-parallel "
-                         f"ranks of an unsplit model only, for now")
+    if on and threads > 1:
+        raise ValueError(f"{flags}: one data shard per rank (got --threads {threads}; use "
+                         f"--threads 1)")
+    if zero and ("pp" in on or (on and zero > 1)):
+        raise ValueError(f"--zero {zero} with {flags}: ZeRO-1 shards the optimizer over the "
+                         f"data-parallel ranks of a tensor-, context- or expert-parallel "
+                         f"model; ZeRO-2/3 (per-block gradients and weights) and a pipeline's "
+                         f"stages only with --dp, for now")
     if on and model is not None:
         raise ValueError(f"{flags}: the run builds its own slice of the model (no model=)")
 
@@ -60,7 +63,8 @@ def parallel_model(cfg, settings, dtype, grid, model=None, zero=0, sequence=Fals
     dp = Group.single() if grid is None else grid.groups["dp"]
     axes = {a: None if grid is None or getattr(grid.shape, a) == 1 else grid.groups[a]
             for a in ("tp", "pp", "cp", "ep")}
-    check_combination(axes, settings, zero, model)
+    check_combination({a: 1 if g is None else g.size for a, g in axes.items()},
+                      settings.threads, zero, model)
     rng = np.random.default_rng(settings.seed)
     for axis, kind in SPLIT_MODELS.items():
         if axes[axis] is not None:
@@ -129,7 +133,7 @@ def sent(run):
 def opt_names(run):
     """The Param name of each optimizer slot (AdamW's m.i / v.i)."""
     names = {id(p): n for n, p in run.model.named_parameters()}
-    return [names[id(p)] for p in run.opt.params]
+    return [names[id(p)] for p in getattr(run.opt, "opt", run.opt).params]  # (ZeroAdamW's)
 
 
 def load_sliced(run, whole):

@@ -271,7 +271,8 @@ class Run:
         (every rank holds the same weights and optimizer state)."""
         opt_state = self.opt.state_dict()  # collective under ZeRO: every rank calls it
         model = self.model
-        if self.sliced is not None:  # the whole model and moments, gathered (collective)
+        if self.sliced is not None and opt_state is not None:  # the whole model and moments,
+            # gathered over the slices' group (collective; ZeRO: data-parallel rank 0's)
             model, opt_state = self.model.gather_whole(self.cfg, parallel_run.opt_names(self),
                                                        opt_state)
         if self.stage is not None:  # every stage's moments, on rank 0

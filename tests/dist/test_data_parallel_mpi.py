@@ -191,20 +191,29 @@ def test_tensor_parallel_equals_one_process_and_resumes_across_grids(mpirun, sma
     assert rel <= 1e-12, rel
 
 
-def test_a_2x2_grid_of_data_and_tensor_parallel_equals_one_process(mpirun, small, one):
+@pytest.mark.parametrize("zero", ["0", "1"])
+def test_a_2x2_grid_of_data_and_tensor_parallel_equals_one_process(mpirun, small, one, zero):
+    """dp=2 x tp=2, with ZeRO-1 sharding each slice's AdamW state over the data-parallel
+    ranks too: the parameters and the whole moments of one process."""
     data, root = small
-    proc = mpirun(4, "-m", "scratchllm", "train", "--dp", "2", "--tp", "2",
-                  *train_args(data, root / "dp2tp2"), timeout=180)
+    out = root / f"dp2tp2-zero{zero}"
+    extra = ["--zero", zero] if zero != "0" else []
+    proc = mpirun(4, "-m", "scratchllm", "train", "--dp", "2", "--tp", "2", *extra,
+                  *train_args(data, out), timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ranks: 4 (dp=2 x tp=2)" in proc.stdout
     assert "(equal to the model's" in proc.stdout, proc.stdout
-    assert max_rel(load_model(root / "dp2tp2")[0], load_model(one)[0])[0] <= 1e-12
+    assert max_rel(load_model(out)[0], load_model(one)[0])[0] <= 1e-12
+    a, b = checkpoint.load_state(out)[0], checkpoint.load_state(one)[0]
+    for k in (k for k in b if k.startswith(("opt.m", "opt.v"))):
+        assert np.abs(a[k] - b[k]).max() <= 1e-12 * np.abs(b[k]).max(), k
 
 
 def test_tensor_parallel_refuses_what_it_does_not_split(mpirun, small):
     data, root = small
     for extra, message in (
-            (["--tp", "2", "--zero", "1"], "--zero 1 with --tp 2"),
+            (["--tp", "2", "--zero", "2"], "--zero 2 with --tp 2"),
+            (["--pp", "2", "--zero", "1"], "--zero 1 with --pp 2"),
             (["--dp", "2", "--sequence-parallel"], "--sequence-parallel splits"),
             (["--tp", "2", "--preset", "moe"], "--tp 2: tensor parallelism does not cover")):
         proc = mpirun(2, "-m", "scratchllm", "train", *extra, *train_args(data, root / "no-tp"))
