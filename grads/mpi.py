@@ -102,7 +102,8 @@ def byte_checks(world):
             ("all_gather", (dist.all_gather_forward,), (P - 1) * x.nbytes),
             ("reduce_scatter", (dist.reduce_scatter_forward,), (P - 1) * x.nbytes // P),
             ("all_to_all", (dist.all_to_all_forward,), (P - 1) * x.nbytes // P),
-            ("ring_shift", (dist.ring_shift_forward,), x.nbytes if P > 1 else 0)):
+            ("ring_shift", (dist.ring_shift_forward,), x.nbytes if P > 1 else 0),
+            ("send", (dist.pipeline_hop_forward,), x.nbytes if world.rank < P - 1 else 0)):
         g = dist.Group(world.comm.Split(0, world.rank), "bytes")
         pair[0](x, group=g)
         got = g.sent[name]
@@ -135,6 +136,8 @@ def run_checks(world, directions=0, seed=0):
         ("ring_shift (+1)", dist.ring_shift_forward, dist.ring_shift_backward, std((2, 3)), {}),
         ("ring_shift (-1)", dist.ring_shift_forward, dist.ring_shift_backward, std((3,)),
          {"shift": -1}),
+        ("pipeline_hop (a pipeline's point-to-point step)", dist.pipeline_hop_forward,
+         dist.pipeline_hop_backward, std((2, 3)), {}),
     ]
     out = [dist_check(name, (f, b), {"x": x}, world, world, rng=rng, directions=directions,
                       **kw) for name, f, b, x, kw in checks]

@@ -22,7 +22,7 @@ def collectives_one_rank(rng):
     pairs = [("all_reduce", {}), ("all_gather", {"axis": 1}), ("reduce_scatter", {}),
              ("all_to_all", {"counts": [3]}), ("ring_shift", {}), ("copy_to_group", {}),
              ("reduce_from_group", {}), ("all_gather", {"counts": [3]}),
-             ("reduce_scatter", {"counts": [3]})]
+             ("reduce_scatter", {"counts": [3]}), ("pipeline_hop", {})]
     return [check(getattr(dist, f"{name}_forward"), getattr(dist, f"{name}_backward"),
                   rng=rng, label=name + (" (v)" if "counts" in kw and name != "all_to_all" else ""),
                   x=x, group=g, **kw) for name, kw in pairs]

@@ -22,6 +22,7 @@ M micro-batches on the --schedule gpipe or 1f1b, and prints the pipeline bubble;
 splits every sequence into D ranks' zig-zag chunks (ring attention); --ep E splits each MoE
 layer's experts over E ranks (dispatch and combine all-to-alls).
 """
+import resource
 import sys
 import time
 from dataclasses import asdict, replace
@@ -265,6 +266,8 @@ def _main(args, grid=None):
                    "routing, beside"
         say(f"communication measured: {job.sent[-1]:,} bytes sent by rank 0 in the last step "
             f"({same} the model's {predicted:,})")
+    if grid is not None:  # collective
+        say(_memory_line(grid))
     if job.mtp_losses:
         last = np.mean(job.mtp_losses[-20:], axis=0)
         say("MTP modules' train cross-entropy (mean of the last 20 steps): " + ", ".join(
@@ -298,6 +301,14 @@ def _bubble_line(job):
             f"= {bubble_fraction(P, M):.0%} predicted, {measured:.0%} measured in the last "
             f"step (idle share of the schedule, mean over stages); at most {held} micro-batches' "
             f"activations held on a stage")
+
+
+def _memory_line(grid):
+    """'peak memory per rank: 412, 398 MiB' (resident set size; collective)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    per_rank = grid.world.comm.gather(peak, root=0)
+    return ("peak memory (resident) per rank: " + ", ".join(f"{m:,.0f}" for m in per_rank)
+            + " MiB" if per_rank else "")
 
 
 def _bytes(model):

@@ -8,8 +8,9 @@ arXiv:2104.04473).
     stage P-1    its blocks + norm, head, CE  receives x_m; sends dx_m back
 
 Sending an activation forward is the identity across ranks (y on stage s+1 = x on stage s), so
-its backward is the identity back: the gradient travels the reverse way (the ring_shift pair's
-rule, collectives.py, for one hop). A micro-batch of n_m of the B sequences has loss weight
+its backward is the identity back: the gradient travels the reverse way (the pair
+dist.pipeline_hop_forward / _backward, checked across ranks by grads.mpi; the stage posts the
+same messages non-blocking, in its schedule's order). A micro-batch of n_m of the B sequences has loss weight
 n_m / B, so the stages' summed gradients are the whole batch's, as with data-parallel shards.
 
 Schedules (F_m: micro-batch m's forward on this stage, B_m its backward):
