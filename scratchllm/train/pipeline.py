@@ -54,6 +54,35 @@ def bubble_fraction(n_stages, n_micro):
     return (n_stages - 1) / (n_micro + n_stages - 1)
 
 
+def simulated_bubble(schedule_name, n_stages, n_micro, f_cost=1.0, b_cost=2.0):
+    """The idle share of a step when every stage runs `schedule` with forwards of f_cost and
+    backwards of b_cost and messages take no time: each op starts when its stage is free and
+    its input has arrived (F_m from stage s - 1's F_m; B_m from stage s + 1's B_m, or on the
+    last stage from its own F_m). Returns 1 - (busy time) / (stages x makespan), which is
+    (P - 1) / (M + P - 1) for both schedules when the stages cost the same: the measured bubble
+    without the machine's noise."""
+    P, M = n_stages, n_micro
+    ops = [schedule(schedule_name, P, s, M) for s in range(P)]
+    done, free, nxt = {}, [0.0] * P, [0] * P
+    while any(nxt[s] < len(ops[s]) for s in range(P)):
+        moved = False
+        for s in range(P):
+            if nxt[s] == len(ops[s]):
+                continue
+            kind, m = ops[s][nxt[s]]
+            dep = (("F", s - 1, m) if s else None) if kind == "F" else \
+                (("B", s + 1, m) if s < P - 1 else ("F", s, m))
+            if dep is not None and dep not in done:
+                continue
+            start = max(free[s], done[dep] if dep else 0.0)
+            free[s] = done[(kind, s, m)] = start + (f_cost if kind == "F" else b_cost)
+            nxt[s], moved = nxt[s] + 1, True
+        if not moved:
+            raise RuntimeError(f"pipeline: schedule {schedule_name} deadlocks on {P} stages "
+                               f"with {M} micro-batches")
+    return 1.0 - M * (f_cost + b_cost) / max(free)
+
+
 class PipelineStage:
     """This rank's stage of a model (an LM) over a pipeline group: `step(x, y, total)` runs
     the schedule on this rank's rows and leaves the stage's gradients in its Params."""
