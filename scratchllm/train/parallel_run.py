@@ -120,6 +120,14 @@ def comm_model(run, zero):
                 len(run.rows), s.seq_len).items()})
     if run.stage is not None:
         out["pp send"] = run.stage.bytes_per_step(len(run.rows), s.seq_len)
+    # the floats summed per step (Group.sum_scalar): the loss over the data-parallel ranks
+    # (and ZeRO-2/3's gradient norm), the norm over a split model's group, the loss over
+    # the context-parallel ranks, the loss and the norm over the stages
+    scalars = {"": (run.group, 1 + (run.shards is not None)), "tp ": (run.tp, 1),
+               "ep ": (run.ep, 1), "cp ": (run.cp, 1), "pp ": (run.stage and run.stage.group, 2)}
+    for axis, (group, n) in scalars.items():
+        if group is not None and group.size > 1:
+            out[f"{axis}sum_scalar"] = n * group.scalar_bytes()
     return out
 
 
@@ -127,7 +135,9 @@ def sent(run):
     """Bytes this rank has sent over its data-, tensor-, context-, expert- and pipeline-
     parallel groups."""
     groups = [run.group] + [g for g in (run.tp, run.cp, run.ep) if g is not None]
-    return sum(g.total_sent() for g in groups) + (0 if run.stage is None else run.stage.sent)
+    if run.stage is not None:  # its sends, and its group's collectives (the sums)
+        return sum(g.total_sent() for g in groups + [run.stage.group]) + run.stage.sent
+    return sum(g.total_sent() for g in groups)
 
 
 def opt_names(run):

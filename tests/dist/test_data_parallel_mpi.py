@@ -30,8 +30,9 @@ def test_dense_on_2_ranks_equals_one_process_on_the_whole_batch(mpirun, small, o
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ranks: 2 (dp=2), 1 thread(s) each" in proc.stdout
     assert proc.stdout.count("validation loss") == 1  # rank 0 alone prints
-    assert "communication model: 8,397,824 B all_reduce sent per step" in proc.stdout
-    assert "(equal to the model's 8,397,824)" in proc.stdout  # 2 (P - 1) / P of the grads
+    assert "communication model: 8,397,824 B all_reduce + 8 B sum_scalar sent per step" in \
+        proc.stdout  # 2 (P - 1) / P of the grads, and the loss summed
+    assert "(equal to the model's 8,397,832)" in proc.stdout
     rel, _ = max_rel(load_model(root / "dp")[0], load_model(one)[0])
     assert rel <= 1e-12, rel
 
