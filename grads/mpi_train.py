@@ -78,7 +78,8 @@ def training_checks(world):
         out += _compare(world, f"{shape.describe()} (ZeRO-{zero})",
                         _train(cfg, s, ids, dist.RankGrid(shape, world), zero), one)
     out += _expert_parallel_training(world, s, ids)
-    for shape in [dist.GridShape(dp=P // 2, pp=2)] if P % 2 == 0 else []:
+    for shape in [dist.GridShape(dp=P // 2, pp=2)] + ([dist.GridShape(tp=2, pp=P // 2)]
+                                                      if P >= 4 else []) if P % 2 == 0 else []:
         for schedule in ("gpipe", "1f1b"):
             grid = dist.RankGrid(shape, world)
             out += _compare(world, f"{shape.describe()} ({schedule}, 2 micro-batches)",

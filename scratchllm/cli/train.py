@@ -167,11 +167,9 @@ def _on_ranks(args, shape):
         return 1
     try:
         grid = RankGrid(shape, world)
-        split = [f"--{a} {getattr(shape, a)}" for a in ("tp", "pp", "cp", "ep")
-                 if getattr(shape, a) > 1]
-        if len(split) > 1:
-            raise GridError(f"{', '.join(split)}: one of --tp, --pp, --cp, --ep at a time, "
-                            f"for now (each works with --dp)")
+        if args.sequence_parallel and shape.pp > 1:
+            raise GridError("--sequence-parallel with --pp: the stages pass whole (B, T, D) "
+                            "activations; use --tp with --pp without it")
         if args.sequence_parallel and shape.tp == 1:
             raise GridError("--sequence-parallel splits the tensor-parallel ranks' sequence: "
                             "it needs --tp above 1")

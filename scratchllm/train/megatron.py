@@ -186,7 +186,7 @@ class MegatronLM(SlicedLM, LM):
         replicated Params' gradients (partial: this rank's tokens) are summed over the
         group."""
         dx = self.trunk_backward(dlogits, cache, dloss_aux)  # (B, T or T/P, D)
-        self.embed.E.grad += vocab_embedding_backward(dx, cache.embed.tok)["E"]
+        self.embed_backward(dx, cache.embed)
         if self.sequence:
             shared = [p for n, p in self.named_parameters() if split_axis(n) is None]
             total, _ = all_reduce_forward(np.concatenate([p.grad.ravel() for p in shared]),
@@ -195,6 +195,18 @@ class MegatronLM(SlicedLM, LM):
             for p in shared:
                 p.grad[...] = total[start:start + p.grad.size].reshape(p.grad.shape)
                 start += p.grad.size
+
+    def embed_backward(self, dx, c_emb):
+        """The vocab-parallel embedding's backward: dx_0 -> this rank's rows of E (+=)."""
+        self.embed.E.grad += vocab_embedding_backward(dx, c_emb.tok)["E"]
+
+    def ce_forward(self, logits, targets):
+        """The vocab-parallel cross-entropy of this rank's logits columns (a pipeline's last
+        stage calls it in the fused pair's place)."""
+        return vocab_cross_entropy_forward(logits, targets, group=self.group)
+
+    def ce_backward(self, dloss, cache):
+        return vocab_cross_entropy_backward(dloss, cache)
 
     def loss(self, ids, targets, doc_ids=None):
         _no_packing(doc_ids)
@@ -218,13 +230,17 @@ class MegatronLM(SlicedLM, LM):
         """The axis Param `name` is split along over the group (None: replicated)."""
         return split_axis(name)
 
-    def bytes_per_step(self, batch, seq_len):
+    def bytes_per_step(self, batch, seq_len, stage=None):
         """{collective: bytes this rank sends over the group in one step on `batch`
         sequences of seq_len}: the regions' f/g (or all-gather/reduce-scatter) per block and
-        at the ends, and the cross-entropy's three exchanges of N = batch x seq_len numbers."""
+        at the ends, and the cross-entropy's three exchanges of N = batch x seq_len numbers.
+        stage: a PipelineStage of this model (its blocks; the embedding on the first stage,
+        the head and loss on the last), or None for the whole model."""
         P, item = self.group.size, self.dtype.itemsize
         if P == 1:
             return {}
+        if stage is not None:  # (sequence parallelism does not run in stages)
+            return self._stage_bytes(batch * seq_len, stage)
         N = batch * seq_len
         act = N * self.cfg.d_model * item  # one (B, T, D) activation
         out = {"all_reduce": 0, "all_gather": 0, "reduce_scatter": 0}
@@ -246,3 +262,15 @@ class MegatronLM(SlicedLM, LM):
         out["all_gather"] += (P - 1) * N * item  # the row maxima
         out["all_reduce"] += 2 * (2 * (P - 1) * N * item // P)  # sum of exp, target logits
         return {k: v for k, v in out.items() if v}
+
+    def _stage_bytes(self, N, stage):
+        """bytes_per_step of a pipeline stage's parts on N tokens (no sequence parallelism)."""
+        P, item = self.group.size, self.dtype.itemsize
+        ar = 2 * (P - 1) * N * self.cfg.d_model * item // P  # one (B, T, D) all-reduce
+        out = {"all_reduce": 2 * 2 * len(stage.layer_ids) * ar}  # each region's g and f
+        if stage.first:
+            out["all_reduce"] += ar  # the embedding's g
+        if stage.last:  # the head's f (its backward), the cross-entropy's exchanges
+            out["all_reduce"] += ar + 2 * (2 * (P - 1) * N * item // P)
+            out["all_gather"] = (P - 1) * N * item
+        return out

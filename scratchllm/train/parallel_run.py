@@ -29,9 +29,9 @@ def check_combination(sizes, threads, zero, model=None):
     the Run (a split axis builds its own)."""
     on = [a for a in ("tp", "pp", "cp", "ep") if sizes.get(a, 1) > 1]
     flags = ", ".join(f"--{a} {sizes[a]}" for a in on)
-    if len(on) > 1:
+    if len(on) > 1 and on != ["tp", "pp"]:
         raise ValueError(f"{flags}: one of --tp, --pp, --cp, --ep at a time (each works with "
-                         f"--dp)")
+                         f"--dp; --tp also with --pp)")
     if on and threads > 1:
         raise ValueError(f"{flags}: one data shard per rank (got --threads {threads}; use "
                          f"--threads 1)")
@@ -65,6 +65,9 @@ def parallel_model(cfg, settings, dtype, grid, model=None, zero=0, sequence=Fals
             for a in ("tp", "pp", "cp", "ep")}
     check_combination({a: 1 if g is None else g.size for a, g in axes.items()},
                       settings.threads, zero, model)
+    if sequence and axes["pp"] is not None:
+        raise ValueError("--sequence-parallel with --pp: the stages pass whole (B, T, D) "
+                         "activations; use --tp with --pp without it")
     rng = np.random.default_rng(settings.seed)
     for axis, kind in SPLIT_MODELS.items():
         if axes[axis] is not None:
@@ -114,10 +117,11 @@ def comm_model(run, zero):
                          rank=run.group.rank)
     if run.shards is not None:
         out.update(run.shards.bytes_per_step())
-    for axis in ("tp", "cp"):  # the split model's own collectives, per step
+    for axis in ("tp", "cp"):  # the split model's own collectives, per step (a stage's)
         if getattr(run, axis) is not None:
+            part = {"stage": run.stage} if axis == "tp" else {}
             out.update({f"{axis} {op}": n for op, n in model.bytes_per_step(
-                len(run.rows), s.seq_len).items()})
+                len(run.rows), s.seq_len, **part).items()})
     if run.stage is not None:
         out["pp send"] = run.stage.bytes_per_step(len(run.rows), s.seq_len)
     # the floats summed per step (Group.sum_scalar): the loss over the data-parallel ranks

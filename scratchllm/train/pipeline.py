@@ -172,8 +172,8 @@ class PipelineStage:
             blocks.append(c)
         if not self.last:
             return (c_emb, blocks, None), h
-        logits, c_head = model.head_forward(h)  # (b, T, V)
-        ce, c_ce = fused.CROSS_ENTROPY.forward(logits, targets)
+        logits, c_head = model.head_forward(h)  # (b, T, V) (V/tp: a MegatronLM's columns)
+        ce, c_ce = getattr(model, "ce_forward", fused.CROSS_ENTROPY.forward)(logits, targets)
         return (c_emb, blocks, (c_head, c_ce)), float(ce) * w
 
     def _backward(self, cache, dh, w):
@@ -184,7 +184,8 @@ class PipelineStage:
         c_emb, blocks, tail = cache
         if self.last:
             c_head, c_ce = tail
-            dlogits = fused.CROSS_ENTROPY.backward(np.asarray(w, model.dtype), c_ce)
+            dlogits = getattr(model, "ce_backward", fused.CROSS_ENTROPY.backward)(
+                np.asarray(w, model.dtype), c_ce)
             dh = model.head_backward(dlogits["logits"], c_head)  # (b, T, D)
         for i, c in zip(reversed(self.layer_ids), reversed(blocks)):
             dh = model.layers[i].backward(dh, c, w)  # fwd: h = block_i(h)

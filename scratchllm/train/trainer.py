@@ -179,8 +179,9 @@ class Run:
             params, norm_across = self.opt.owned(), self.group.sum_scalar
         elif self.group.size > 1:
             all_reduce_grads(model.parameters(), self.group)  # grad = sum_d (n_d / B) grad_d
-        if self.sliced is not None:  # the norm of the whole model's gradient
-            norm_across = model.squares_over_group
+        if self.sliced is not None:  # the norm of the whole model's gradient (of the stages)
+            norm_across = model.squares_over_group if self.stage is None else \
+                (lambda local: self.stage.pp_sum(model.squares_over_group(local)))
         if self.group.size > 1:
             ce = self.group.sum_scalar(ce)
             across = self._sum_over_ranks
@@ -271,6 +272,8 @@ class Run:
         (every rank holds the same weights and optimizer state)."""
         opt_state = self.opt.state_dict()  # collective under ZeRO: every rank calls it
         model = self.model
+        if self.stage is not None and self.sliced is not None:
+            self.stage.sync_whole()  # every stage's slices, before the slices are gathered
         if self.sliced is not None and opt_state is not None:  # the whole model and moments,
             # gathered over the slices' group (collective; ZeRO: data-parallel rank 0's)
             model, opt_state = self.model.gather_whole(self.cfg, parallel_run.opt_names(self),
