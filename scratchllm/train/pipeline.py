@@ -10,8 +10,9 @@ arXiv:2104.04473).
 Sending an activation forward is the identity across ranks (y on stage s+1 = x on stage s), so
 its backward is the identity back: the gradient travels the reverse way (the pair
 dist.pipeline_hop_forward / _backward, checked across ranks by grads.mpi; the stage posts the
-same messages non-blocking, in its schedule's order). A micro-batch of n_m of the B sequences has loss weight
-n_m / B, so the stages' summed gradients are the whole batch's, as with data-parallel shards.
+same messages non-blocking, in its schedule's order). A micro-batch of n_m of the B sequences
+has loss weight n_m / B, so the stages' summed gradients are the whole batch's, as with
+data-parallel shards.
 
 Schedules (F_m: micro-batch m's forward on this stage, B_m its backward):
     gpipe   F_0 .. F_{M-1}, then B_0 .. B_{M-1}: M micro-batches' activations held at once
