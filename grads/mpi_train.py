@@ -77,6 +77,11 @@ def training_checks(world):
                          (dist.GridShape(dp=2, tp=P // 2), 1)] if P >= 4 else []):
         out += _compare(world, f"{shape.describe()} (ZeRO-{zero})",
                         _train(cfg, s, ids, dist.RankGrid(shape, world), zero), one)
+    if P >= 4:  # ZeRO-1 over the data-parallel ranks of each pipeline stage
+        shape = dist.GridShape(dp=2, pp=P // 2)
+        out += _compare(world, f"{shape.describe()} (ZeRO-1, 1f1b, 2 micro-batches)",
+                        _train(cfg, s, ids, dist.RankGrid(shape, world), 1, pipeline=("1f1b",
+                                                                                       2)), one)
     out += _expert_parallel_training(world, s, ids)
     for shape in [dist.GridShape(dp=P // 2, pp=2)] + ([dist.GridShape(tp=2, pp=P // 2)]
                                                       if P >= 4 else []) if P % 2 == 0 else []:

@@ -35,11 +35,10 @@ def check_combination(sizes, threads, zero, model=None):
     if on and threads > 1:
         raise ValueError(f"{flags}: one data shard per rank (got --threads {threads}; use "
                          f"--threads 1)")
-    if zero and ("pp" in on or (on and zero > 1)):
+    if on and zero > 1:
         raise ValueError(f"--zero {zero} with {flags}: ZeRO-1 shards the optimizer over the "
-                         f"data-parallel ranks of a tensor-, context- or expert-parallel "
-                         f"model; ZeRO-2/3 (per-block gradients and weights) and a pipeline's "
-                         f"stages only with --dp, for now")
+                         f"data-parallel ranks of a split model or a pipeline stage; ZeRO-2/3 "
+                         f"(per-block gradients and weights) only with --dp, for now")
     if on and model is not None:
         raise ValueError(f"{flags}: the run builds its own slice of the model (no model=)")
 
@@ -84,8 +83,9 @@ def attach_parallel(run, axes, zero, pipeline):
     run.stage = None if pp is None else PipelineStage(run.model, pp, pipeline[1] or pp.size,
                                                       pipeline[0])
     run.shards = None  # ZeRO-2/3's hooks
-    if zero:
-        run.opt = ZeroAdamW(run.opt, group, stage=zero)
+    if zero:  # (a stage's ranks share its Params' optimizer slots only)
+        only = None if run.stage is None else run.stage.opt_indices(run.opt)
+        run.opt = ZeroAdamW(run.opt, group, stage=zero, only=only)
     if zero >= 2:
         if s.threads > 1:
             raise ValueError(f"--zero {zero} reduce-scatters each block's gradients inside "

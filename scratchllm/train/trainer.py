@@ -278,8 +278,8 @@ class Run:
             # gathered over the slices' group (collective; ZeRO: data-parallel rank 0's)
             model, opt_state = self.model.gather_whole(self.cfg, parallel_run.opt_names(self),
                                                        opt_state)
-        if self.stage is not None:  # every stage's moments, on rank 0
-            opt_state = self.stage.gather_moments(self.opt, opt_state)
+        if self.stage is not None and opt_state is not None:  # every stage's moments, on
+            opt_state = self.stage.gather_moments(self.opt, opt_state)  # rank 0
         with self.whole():
             if self.writer:
                 checkpoint.save_run(self, directory, tokenizer, opt_state, model=model)

@@ -49,9 +49,10 @@ def test_on_4_ranks_and_on_the_groups_of_a_2x2_grid(mpirun):
     assert "ok    train cp=4 (ring attention) == one process" in proc.stdout
     assert "ok    train ep=4 (capacity drops) == one process" in proc.stdout
     for grid in ("dp=2 x cp=2 (ZeRO-1)", "dp=2 x tp=2 (ZeRO-1)", "dp=2 x ep=2 (ZeRO-1; 2 shards)",
-                 "pp=2 x tp=2 (gpipe, 2 micro-batches)", "pp=2 x tp=2 (1f1b, 2 micro-batches)"):
+                 "pp=2 x tp=2 (gpipe, 2 micro-batches)", "pp=2 x tp=2 (1f1b, 2 micro-batches)",
+                 "pp=2 x dp=2 (ZeRO-1, 1f1b, 2 micro-batches)"):
         assert f"ok    train {grid} == one process" in proc.stdout, proc.stdout
-    assert "69/69 distributed checks pass" in proc.stdout, proc.stdout
+    assert "71/71 distributed checks pass" in proc.stdout, proc.stdout
 
 
 BROKEN = """

@@ -214,7 +214,7 @@ def test_tensor_parallel_refuses_what_it_does_not_split(mpirun, small):
     data, root = small
     for extra, message in (
             (["--tp", "2", "--zero", "2"], "--zero 2 with --tp 2"),
-            (["--pp", "2", "--zero", "1"], "--zero 1 with --pp 2"),
+            (["--pp", "2", "--zero", "2"], "--zero 2 with --pp 2"),
             (["--dp", "2", "--sequence-parallel"], "--sequence-parallel splits"),
             (["--tp", "2", "--preset", "moe"], "--tp 2: tensor parallelism does not cover")):
         proc = mpirun(2, "-m", "scratchllm", "train", *extra, *train_args(data, root / "no-tp"))
@@ -276,3 +276,23 @@ def test_tensor_and_pipeline_parallel_on_a_2x2_grid_equal_one_process(mpirun, sm
     rel, _ = max_rel(load_model(root / "one-then-tp2pp2")[0],
                      load_model(root / "one-then-one")[0])
     assert rel <= 1e-12, rel
+
+
+def test_zero_1_over_the_data_parallel_ranks_of_each_stage_equals_one_process(mpirun, small,
+                                                                             one):
+    """--dp 2 --pp 2 --zero 1 on 4 ranks: each stage's AdamW state split over its two
+    data-parallel ranks (a quarter of it on rank 0), the checkpoint's parameters and moments
+    one process's."""
+    data, root = small
+    out = root / "dp2pp2-zero1"
+    proc = mpirun(4, "-m", "scratchllm", "train", "--dp", "2", "--pp", "2", "--zero", "1",
+                  "--micro-batches", "2", *train_args(data, out, "--eval-every", "2"),
+                  timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ZeRO-1: AdamW state 4.00 MiB on rank 0 between steps, of 16.02 MiB" in proc.stdout
+    assert "(equal to the model's" in proc.stdout, proc.stdout
+    assert max_rel(load_model(out)[0], load_model(one)[0])[0] <= 1e-12
+    a, b = checkpoint.load_state(out)[0], checkpoint.load_state(one)[0]
+    assert sorted(a) == sorted(b)
+    for k in (k for k in b if k.startswith(("opt.m", "opt.v"))):
+        assert np.abs(a[k] - b[k]).max() <= 1e-12 * np.abs(b[k]).max(), k
