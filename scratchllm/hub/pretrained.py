@@ -194,7 +194,8 @@ def _hf_arrays(model, table, attr):
     """{HF name: array} of the Params' `attr` (data: and the buffers; grad), for the Entries
     of `table` (a family's names)."""
     arrays = _library_arrays(model, attr)
-    return {e.hf: to_hf(e, arrays) for e in table if attr == "data" or not e.buffer}
+    return {e.hf: to_hf(e, arrays, attr == "grad") for e in table
+            if attr == "data" or not e.buffer}
 
 
 def _saved_as(model):

@@ -10,7 +10,8 @@ causal -> every attention layer's Mask.causal; attention_chunk -> Mask.chunk of 
 "chunked_attention" layers of layer_types; nope_layers: the indices of attention layers
 without RoPE (NoPE layers, whose weightless qk_norm "l2" is off too, as Llama 4's);
 moe_gate_input -> MoESpec.gate_input; shared_gate -> MoESpec.shared_gate; rope_partial ->
-RopeSpec.partial; attn_temperature [attn_scale, floor_scale] -> a TemperatureSpec as the
+RopeSpec.partial; rescale_every N -> LayerSpec.out_scale 0.5 of every N-th layer (RWKV's
+inference rescale; 0 off); attn_temperature [attn_scale, floor_scale] -> a TemperatureSpec as the
 position_bias of every attention layer without RoPE (Llama 4's temperature tuning); index_topk, index_n_heads, index_head_dim ->
 MLASpec.indexer, an IndexerSpec when index_topk is set (DeepSeek-V3.2); mlm_head ->
 HeadSpec(transform=True, gelu_approx, bias=True) (BERT's MLM head, with the FFN's GELU). The per-layer choices
@@ -119,6 +120,7 @@ class Flat:
     shared_gate: bool = False
     rope_partial: float = 1.0
     attn_temperature: list = None
+    rescale_every: int = 0
 
 
 FLAT_NAMES = tuple(f.name for f in fields(Flat))
@@ -156,7 +158,7 @@ def from_flat(**flat):
         norm = NormSpec(f.norm, f.norm_eps, f.norm_offset)
         single = "F" in _kinds(f)  # one sub-layer per layer
         layers = tuple(LayerSpec(_mixer(f, i, kind), None if single and kind != "F" else
-                                 _ffn(f, i), norm, f.block)
+                                 _ffn(f, i), norm, f.block, _out_scale(f, i))
                        for i, kind in enumerate(_kinds(f)))
         for kind in "AM":  # the fields of the kinds it lacks
             _mixer(f, 0, kind)
@@ -177,6 +179,11 @@ def from_flat(**flat):
                          f"{e.field})") from None
 
 
+def _out_scale(f, i):
+    """LayerSpec.out_scale of layer i: 0.5 after every rescale_every-th block, else 1.0."""
+    return 0.5 if f.rescale_every and (i + 1) % f.rescale_every == 0 else 1.0
+
+
 def _kinds(f):
     return f.layer_pattern or "A" * f.n_layers
 
@@ -189,6 +196,9 @@ def _check_layers(f):
         v = getattr(f, name)
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             bad(f"{name} must be a positive integer, got {v!r}")
+    v = f.rescale_every
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        bad(f"rescale_every must be an integer >= 0 (0: off), got {v!r}")
     kinds = _kinds(f)
     if not isinstance(kinds, str) or len(kinds) != f.n_layers or set(kinds) - set(LAYER_KINDS):
         bad(f"layer_pattern must be {f.n_layers} letters of {LAYER_KINDS!r}, got {kinds!r}")

@@ -78,11 +78,14 @@ class MTPSpec:
 class LayerSpec:
     """One block: mixer, ffn (None = the block is the mixer alone), norm and its placement.
     mixer None: an MLP-only layer, the FFN sub-layer alone (NVIDIA's Mamba-2-Hybrid, Waleffe
-    et al. 2024, arXiv 2406.07887, makes each layer one of Mamba-2, attention or an MLP)."""
+    et al. 2024, arXiv 2406.07887, makes each layer one of Mamba-2, attention or an MLP).
+    out_scale: the block's output y times out_scale (1.0: as is; RWKV's inference rescale
+    halves the hidden state after every rescale_every-th block: 0.5)."""
     mixer: object = AttentionSpec()
     ffn: object = FFNSpec()
     norm: NormSpec = NormSpec()
     placement: str = "pre"
+    out_scale: float = 1.0
 
     def __post_init__(self):
         instance(self, "mixer", MIXERS, none_ok=True)
@@ -93,6 +96,7 @@ class LayerSpec:
             fail(self, f"an MLP-only block (mixer=None) is pre-norm, got {self.placement!r}")
         instance(self, "norm", NormSpec)
         one_of(self, "placement", ("pre", "post", "sandwich", "output"))
+        real(self, "out_scale", 0, open_low=True)
         if self.ffn is None and self.placement != "pre":
             fail(self, f"a mixer-only block (ffn=None) is pre-norm, got {self.placement!r}")
 
