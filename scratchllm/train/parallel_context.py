@@ -31,7 +31,7 @@ from scratchllm.attention.sdpa import (merge_heads, repeat_kv_backward, repeat_k
                                        split_heads)
 from scratchllm.core import fused
 from scratchllm.core.ops import linear_backward, linear_forward, linear_out
-from scratchllm.core.validate import expect_dout, expect_ndim
+from scratchllm.core.validate import expect_dout, expect_linear, expect_ndim
 from scratchllm.dist import (all_reduce_grads, bytes_per_step, ring_attention_backward,
                              ring_attention_forward, ring_positions)
 from scratchllm.lm import LM
@@ -69,6 +69,9 @@ def cp_attention_forward(x, w, *, spec, group):
         v, _ = repeat_kv_forward(v, G)
     o, c_ring = ring_attention_forward(q, k, v, group=group, causal=spec.mask.causal,
                                        zigzag=True, scale=spec.scale)  # (B, H, Tl, Dh)
+    D = x.shape[2]
+    expect_linear("cp_attention", spec.n_heads * spec.dh(D), w.wo, w.bo, ("w.wo", "w.bo"),
+                  d_out=D)
     y, lin_o = linear_forward(merge_heads(o), w.wo, w.bo)  # (B, Tl, D)
     return y, CPAttentionCache(c_qkv, rep, c_ring, lin_o)
 
@@ -91,8 +94,8 @@ def cp_attention_backward(dy, cache):
 
 def check_context_parallel(cfg, P, seq_len=None):
     """ValueError naming what of cfg (and seq_len) context parallelism over P ranks does not
-    cover: attention layers with a plain causal (or full) mask and no position bias, sinks
-    or soft-cap; dense FFNs (an MoE's balance loss is per data shard, and a
+    cover: attention layers with a plain causal (or full) mask and no position bias, sinks,
+    soft-cap or output gate; dense FFNs (an MoE's balance loss is per data shard, and a
     shard's tokens would be spread over the ranks); no MTP; T a multiple of 2P."""
     bad = []
     if cfg.mtp is not None:
@@ -103,9 +106,9 @@ def check_context_parallel(cfg, P, seq_len=None):
             bad.append(f"layer {i}'s mixer {type(m).__name__} (ring attention replaces GQA "
                        f"attention only)")
         elif m.mask not in (Mask(), Mask(causal=False)) or m.position_bias is not None or \
-                m.sinks or m.softcap is not None:
+                m.sinks or m.softcap is not None or m.output_gate:
             bad.append(f"layer {i}'s attention (a plain causal or full mask, no position "
-                       f"bias, sinks or soft-cap)")
+                       f"bias, sinks, soft-cap or output gate)")
         if not isinstance(spec.ffn, FFNSpec):
             bad.append(f"layer {i}'s FFN {type(spec.ffn).__name__} (dense FFNs only: an MoE's "
                        f"balance loss is computed per data shard)")

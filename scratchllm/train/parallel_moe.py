@@ -39,7 +39,8 @@ from scratchllm.dist import all_gather_forward, all_reduce_backward, all_reduce_
 from scratchllm.lm import LM
 from scratchllm.moe import MoE
 from scratchllm.moe.layer import moe_forward
-from scratchllm.moe.losses import balance_loss_backward, balance_loss_forward
+from scratchllm.moe.losses import (balance_loss_backward, balance_loss_forward,
+                                   check_balance_inputs)
 from scratchllm.specs import MoESpec
 from scratchllm.train.expert_parallel import expert_parallel_backward, expert_parallel_forward
 from scratchllm.train.parallel_slices import SlicedLM
@@ -179,7 +180,7 @@ def balance_loss_across_forward(probs, topk_idx, *, group):
     Inputs: probs (BT, E), topk_idx (BT, K) ints in [0, E) of this rank's tokens.
     Returns: (L 0-d array, AcrossCache).
     """
-    balance_loss_forward(probs, topk_idx)  # its checks, under its name
+    check_balance_inputs("balance_loss_across", probs, topk_idx)
     BT, E = probs.shape
     counts = np.concatenate([np.bincount(topk_idx.ravel(), minlength=E), [BT, topk_idx.size]])
     counts, _ = all_reduce_forward(counts.astype(np.float64), group=group)  # constants
