@@ -46,7 +46,8 @@ class Settings:
     steps: int = 600           # total optimizer steps
     batch_size: int = 16       # sequences per step
     seq_len: int = 128         # tokens per sequence (context length while training)
-    lr: float = 8e-3           # peak learning rate (after warmup), cosine down to lr / 10
+    lr: float = 8e-3           # peak learning rate (after warmup), cosine down to lr * final_lr
+    final_lr: float = 0.1      # the lr at the last step, as a fraction of the peak
     warmup: int = 30           # linear warmup steps
     weight_decay: float = 0.1  # AdamW decoupled decay on matrices (not norms, not biases)
     clip: float = 1.0          # global gradient-norm clip
@@ -109,9 +110,9 @@ class Run:
     def __init__(self, cfg, settings, dtype=np.float32, model=None, grid=None, zero=0,
                  sequence=False, pipeline=("1f1b", 0)):
         """model: an LM of cfg to train (e.g. a loaded checkpoint); default a fresh one.
-        grid: the dist.RankGrid of an MPI run (data parallel over grid.groups["dp"]); None for
-        one process. zero: the ZeRO stage over the data-parallel ranks: 1 shards AdamW's
-        state, 2 the gradients too, 3 the weights too (dist/zero.py, dist/zero_layers.py).
+        grid: the dist.RankGrid of an MPI run (data parallel over grid.groups["dp"]), or None.
+        zero: the ZeRO stage over the data-parallel ranks: 1 shards AdamW's state, 2 the
+        gradients too, 3 the weights too (dist/zero.py, dist/zero_layers.py).
         With grid.shape.tp > 1 the model is this rank's MegatronLM slice (megatron.py);
         sequence: sequence parallelism inside it. With grid.shape.pp > 1 this rank runs its
         stage of the blocks (pipeline.py); pipeline: (schedule, micro-batches; 0: one per
@@ -226,7 +227,7 @@ class Run:
             clip_grad_norm(params, s.clip, across=norm_across)
         except NonFiniteError as e:
             raise NonFiniteError(f"step {self.step + 1}: {e}; {self.likely_cause()}") from None
-        self.opt.lr = cosine_schedule(self.step + 1, s.lr, s.lr / 10, s.warmup, s.steps)
+        self.opt.lr = cosine_schedule(self.step + 1, s.lr, s.lr * s.final_lr, s.warmup, s.steps)
         if self.stage is None:
             self.opt.step()
         else:
