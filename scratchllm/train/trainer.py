@@ -168,8 +168,7 @@ class Run:
         # times slower on a loaded machine)
         set_blas_threads(1)
         self.dp = DataParallel(self.model, settings.threads)
-        self.rng = np.random.default_rng([settings.seed, 1])
-        self.step = 0
+        self.rng, self.step = np.random.default_rng([settings.seed, 1]), 0
         self.data = None   # the text file trained on (recorded so --resume finds it)
         self.losses = []   # train loss per step
         self.mtp_losses = []  # per step, each MTP module's cross-entropy (not saved)
