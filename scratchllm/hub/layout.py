@@ -68,3 +68,12 @@ def from_hf(e, array, arrays):
     widths = [a.shape[-1] for a in parts]
     for a, piece in zip(parts, np.split(array, np.cumsum(widths)[:-1], axis=-1)):
         a[...] = piece
+
+
+def whole_target(e, arrays):
+    """The one library array (or expert slice) that Entry e's HF tensor is, element for
+    element in the same order (no concatenation, transpose, axis or reshape), so a loader may
+    read the tensor straight into it; None when the tensor must be rearranged (from_hf)."""
+    if len(e.lib) != 1 or e.transpose or e.unsqueeze is not None or e.reshape is not None:
+        return None
+    return _pieces(e, arrays)[0]
