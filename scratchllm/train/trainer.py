@@ -43,15 +43,15 @@ from scratchllm.train.pipeline import PipelineStage
 @dataclass
 class Settings:
     """How to train (not what): everything here may change on --resume except where noted."""
-    steps: int = 600           # total optimizer steps
-    batch_size: int = 16       # sequences per step
+    steps: int = 1200          # total optimizer steps
+    batch_size: int = 8        # sequences per step
     seq_len: int = 128         # tokens per sequence (context length while training)
-    lr: float = 8e-3           # peak learning rate (after warmup), cosine down to lr * final_lr
+    lr: float = 5e-3           # peak learning rate (after warmup), cosine down to lr * final_lr
     final_lr: float = 0.1      # the lr at the last step, as a fraction of the peak
     warmup: int = 30           # linear warmup steps
     weight_decay: float = 0.1  # AdamW decoupled decay on matrices (not norms, not biases)
     clip: float = 1.0          # global gradient-norm clip
-    eval_every: int = 100      # validation every N steps (and at the end)
+    eval_every: int = 200      # validation every N steps (and at the end)
     eval_tokens: int = 65536   # validation tokens per evaluation (at most; the same set)
     seed: int = 0              # weight init and batch order
     threads: int = min(2, os.cpu_count() or 1)  # data-parallel batch shards, one thread each
