@@ -32,6 +32,10 @@ Sections:
   without the 4 sink tokens (StreamingLLM's claim: dropping them makes perplexity explode).
 - evict: held-out perplexity against the KV budget per eviction policy (window, streaming,
   h2o, snapkv) on the same checkpoint.
+- gptq: int4 weights round-to-nearest against GPTQ (gptq_weights, calibrated on windows of
+  the training split; in order, and by decreasing input energy with static groups) on the
+  trained checkpoint (--ckpt) and, when present, the Hugging Face one (--hf): held-out
+  perplexity and the KL divergence from the float model's next-token distributions.
 """
 import os
 import sys
@@ -360,6 +364,57 @@ def bench_mtp():
               f"{acc:.0%} of drafted tokens accepted, ids equal to the target's: {same}")
 
 
+def _log_softmax(logits):
+    z = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)  # (B, T, V)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def bench_gptq():
+    from scratchllm.serve import gptq_weights
+    from scratchllm.train.corpus import DEFAULT_CORPUS, split
+    text = DEFAULT_CORPUS.read_text(encoding="utf-8")
+    models = []
+    if (loaded := _checkpoint()) is not None:  # all of the validation split
+        model, tok, where = loaded
+        train, val = split(np.array(tok.encode(text, allowed_special="all")))
+        models.append((model, where, 128, (len(val) - 1) // 128, train, val))
+    where = sys.argv[sys.argv.index("--hf") + 1] if "--hf" in sys.argv else "/tmp/smollm2"
+    if os.path.isdir(where):  # the first 100k characters to calibrate, the last 40k to test
+        from scratchllm.hub.pretrained import load_pretrained, load_tokenizer
+        tok = load_tokenizer(where)
+        models.append((load_pretrained(where), where, 32, 16, *(np.array(tok.encode(
+            t, allowed_special="all")) for t in (text[:100000], text[-40000:]))))
+    for model, where, n_cal, n_val, train, val in models:
+        T = 128
+        step = (len(train) - T) // n_cal  # windows spread over the calibration text
+        cal = np.stack([train[i * step:i * step + T] for i in range(n_cal)])  # (n_cal, T)
+        windows = np.stack([val[i * T:(i + 1) * T + 1] for i in range(n_val)])  # (n_val, T+1)
+        x, y = windows[:, :-1], windows[:, 1:]
+        base = model.cross_entropy(x, y)
+        ref = _log_softmax(model.forward(x)[0])  # (n_val, T, V)
+        print(f"{where}: {n_val} held-out windows of {T} tokens; GPTQ calibrated on {n_cal} "
+              f"training windows of {T}; float32 CE {base:.4f}, perplexity {np.exp(base):.3f}; "
+              f"KL: mean KL(float || quantised) of the next-token distributions, nats")
+        for group in (32, 128):
+            if any(p.data.shape[0] % group for n, p in model.named_parameters()
+                   if p.data.ndim == 2 and not n.startswith("embed")):
+                continue
+            for label, make in (("round to nearest", lambda: quantize_weights(
+                    model, "int4", group_size=group)), ("GPTQ", lambda: gptq_weights(
+                    model, cal, group_size=group)), ("GPTQ, act order", lambda: gptq_weights(
+                    model, cal, group_size=group, act_order=True))):
+                t0 = time.perf_counter()
+                q_model, rep = make()
+                sec = time.perf_counter() - t0
+                ce = q_model.cross_entropy(x, y)
+                kl = np.mean(np.sum(np.exp(ref) * (ref - _log_softmax(q_model.forward(x)[0])),
+                                    axis=-1))
+                print(f"  int4 groups of {group}, {label:16s} CE {ce:.4f}, perplexity "
+                      f"{np.exp(ce):.3f} ({np.exp(ce - base) - 1:+.2%}), KL {kl:.4f}; "
+                      f"{rep['params']:,} weights ({rep.get('rtn', 0):,} of them round to "
+                      f"nearest), {sec:.1f} s", flush=True)
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
     for flag in ("--ckpt", "--mtp-ckpt", "--hf"):
@@ -367,5 +422,6 @@ if __name__ == "__main__":
             i = args.index(flag)
             args = args[:i] + args[i + 2:]
     sys.exit(run_named([bench_engine, bench_long, bench_prefix, bench_quality,
-                        bench_speculative, bench_mtp, bench_prefill, bench_hf, bench_evict],
+                        bench_speculative, bench_mtp, bench_prefill, bench_hf, bench_evict,
+                        bench_gptq],
                        args))

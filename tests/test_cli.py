@@ -17,6 +17,7 @@ USAGE_ERRORS = {
     "notebooks": [],  # --html is required
     "finetune": ["--hf", "x"],  # --data and --out are required
     "experiment": ["run", "nope"],
+    "embed": ["--steps", "-1"],
 }
 
 

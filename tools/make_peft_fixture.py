@@ -1,11 +1,13 @@
-"""Write tests/fixtures/peft/llama_lora/: a LoRA adapter made by peft on the llama fixture
-(tests/fixtures/hf/llama), and transformers' logits of the adapted model (runs alone; needs
-torch, transformers and peft):
+"""Write tests/fixtures/peft/llama_lora/ and gpt2_lora/: LoRA adapters made by peft on the
+llama and gpt2 fixtures (tests/fixtures/hf/...), and transformers' logits of the adapted models
+(runs alone; needs torch, transformers and peft):
 
     PYTHONPATH=$PWD python tools/make_peft_fixture.py
 
 peft's LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]) on
-the base; lora_B starts at zero in peft, so every lora_A and lora_B is redrawn from a seeded
+llama (nn.Linear), and target_modules=["c_attn", "c_proj"] on gpt2 (transformers' Conv1D: the
+fused q|k|v projection and both c_proj; peft sets fan_in_fan_out itself); lora_B starts at
+zero in peft, so every lora_A and lora_B is redrawn from a seeded
 normal, rounded to float32 (an adapter that changes something, saved exactly). Written:
 adapter_config.json and adapter_model.safetensors by peft's save_pretrained, and
 expected.npz with ids (B, T) and
@@ -23,12 +25,16 @@ import torch
 import transformers
 
 ROOT = Path(__file__).resolve().parent.parent
-BASE = ROOT / "tests" / "fixtures" / "hf" / "llama"
-OUT = ROOT / "tests" / "fixtures" / "peft" / "llama_lora"
-TARGETS = ["q_proj", "v_proj", "down_proj"]
+FIXTURES = ROOT / "tests" / "fixtures"
+ADAPTERS = {"llama": ["q_proj", "v_proj", "down_proj"], "gpt2": ["c_attn", "c_proj"]}
 
 
 def main():
+    for name, targets in ADAPTERS.items():
+        make(FIXTURES / "hf" / name, FIXTURES / "peft" / f"{name}_lora", targets)
+
+
+def make(BASE, OUT, TARGETS):
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_pretrained(BASE, dtype=torch.float64)
     gen = torch.Generator().manual_seed(1)

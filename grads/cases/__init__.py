@@ -13,7 +13,8 @@ Register a case with @case (grads.cases._common); `python -m grads NAME ...` run
     ssm                zoh, kernel, FFT conv, S4D, selective scan, SSD, Mamba, Mamba-2
     lm                 whole tiny models (LM_TINY, lm_tiny) and the encoder models
     vision             the convolution, the patch embedding, the ViT embedding, MAP pooling,
-                       tiny ViTs (ViT, SigLIP, CLIP shapes), a tiny LLaVA
+                       tiny ViTs (ViT, SigLIP, CLIP shapes), a tiny LLaVA, Qwen2-VL and
+                       multimodal Gemma 3, Qwen2-VL's merger, Gemma 3's pooled projector
     hub                whole tiny models of each Hugging Face family the hub reads
     dist               the collectives on one rank (across ranks: grads/mpi.py)
 (The tokenizer has nothing to differentiate.)

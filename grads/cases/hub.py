@@ -82,8 +82,8 @@ HF_CONFIGS["deepseek_v32"] = dict(  # deepseek_v3 with the indexer: top 3 of the
     _DSV3, model_type="deepseek_v32", num_hidden_layers=2, q_lora_rank=12,
     first_k_dense_replace=1, n_group=4, topk_group=2, n_shared_experts=1, index_topk=3,
     index_head_dim=8, index_n_heads=2)
-HF_CONFIGS["rwkv"] = dict(model_type="rwkv", vocab_size=300, hidden_size=16,  # RWKV-4
-                          num_hidden_layers=2, intermediate_size=24, rescale_every=0)
+HF_CONFIGS["rwkv"] = dict(model_type="rwkv", vocab_size=300, hidden_size=16,  # RWKV-4, halved
+                          num_hidden_layers=2, intermediate_size=24, rescale_every=1)
 HF_CONFIGS["bert"] = dict(model_type="bert", vocab_size=50, hidden_size=16, num_hidden_layers=2,
                           num_attention_heads=4, intermediate_size=24, type_vocab_size=2,
                           max_position_embeddings=64)

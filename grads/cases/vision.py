@@ -1,6 +1,7 @@
 """Gradient-check cases of scratchllm.vision: the 2-D convolution, the patch embedding (the
 same map as one matmul of flattened patches), the ViT embedding ([CLS] and positions), and a
-whole tiny Vision Transformer of each kind (a classifier with [CLS]; an encoder without)."""
+whole tiny Vision Transformer of each kind (a classifier with [CLS]; an encoder without), and
+the vision-language models (LLaVA, Qwen2-VL, the multimodal Gemma 3) with their projectors."""
 import numpy as np
 
 from grads.cases._common import case
@@ -155,7 +156,7 @@ def llava(rng):
     [CLS]-free, the GELU projector, a tiny dense LM of width 12): d every Param, 2 random
     directions each; the encoder's last block and norm come after the features (gradient 0)."""
     from scratchllm.specs import preset
-    from scratchllm.specs.vision import LlavaConfig
+    from scratchllm.specs.vision_lm import LlavaConfig
     from scratchllm.vision.llava import Llava
     text = preset("dense", vocab_size=23, d_model=12, n_layers=1, n_heads=2, n_kv_heads=1,
                   d_ff=14)
@@ -168,3 +169,68 @@ def llava(rng):
     return check(forward, backward, rng=rng, max_full=0, n_directions=2,
                  wrt=["pixel_values"] + [n for n in params if not n.endswith(".bk")],
                  pixel_values=rng.standard_normal((2, 2, 8, 12)), **params)
+
+
+@case
+def pool_project(rng):
+    """The multimodal Gemma 3's projector: a 4 x 4 grid pooled to 2 x 2 tokens, the RMSNorm
+    with gain 1 + g, the matrix."""
+    from scratchllm.specs.vision_lm import PoolProjectorSpec
+    from scratchllm.vision.gemma3 import (PoolProjectorWeights, pool_project_backward,
+                                          pool_project_forward)
+    w = PoolProjectorWeights(0.1 * rng.standard_normal(3), rng.standard_normal((3, 5)))
+    return check(pool_project_forward, pool_project_backward, rng=rng,
+                 spec=PoolProjectorSpec(tokens_per_image=4), x=rng.standard_normal((2, 16, 3)),
+                 w=w)
+
+
+def _vlm(model_type, hf, rng):
+    """The float64 model of a tiny config.json dict of a vision-language family."""
+    from scratchllm.hub import family_named
+    family = family_named(model_type)
+    return family.build(family.from_hf(hf), rng=rng, dtype=np.float64)
+
+
+@case
+def qwen2_vl(rng):
+    """logits . dout of a tiny Qwen2-VL (a tower of one block of width 8 over two images of
+    2 x 4 and 4 x 2 patches, packed; the merger; one qwen2 layer with M-RoPE): d every Param
+    and d pixel_values, 2 random directions each."""
+    text = dict(vocab_size=19, hidden_size=12, intermediate_size=10, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-6,
+                rope_parameters={"rope_type": "default", "rope_theta": 50.0,
+                                 "mrope_section": [1, 1, 1]})
+    vision = dict(depth=1, embed_dim=8, num_heads=2, mlp_ratio=2, patch_size=2,
+                  temporal_patch_size=1, in_channels=1, spatial_merge_size=2, hidden_size=12)
+    model = _vlm("qwen2_vl", dict(text_config=text, vision_config=vision, image_token_id=18),
+                 rng)
+    grid = np.array([[1, 2, 4], [1, 4, 2]])
+    ids = rng.integers(0, 18, (1, 9))
+    ids[0, 1:3], ids[0, 5:7] = 18, 18  # two merged tokens per image
+    forward, backward, params = _model_pair(
+        model, rng, lambda x: model.forward(input_ids=ids, pixel_values=x, image_grid_thw=grid))
+    return check(forward, backward, rng=rng, max_full=0, n_directions=2,
+                 wrt=["pixel_values", *params], pixel_values=rng.standard_normal((16, 4)),
+                 **params)
+
+
+@case
+def gemma3_vl(rng):
+    """logits . dout of a tiny multimodal Gemma 3 (a SigLIP tower over 8 x 8 images in 2 x 2
+    patches, pooled to 4 tokens; a sliding and a full Gemma 3 layer), each image's tokens
+    attending each other: d every Param (but the tower's key bias, 0) and d pixel_values."""
+    text = dict(vocab_size=19, hidden_size=12, intermediate_size=10, num_hidden_layers=2,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=6,
+                query_pre_attn_scalar=6, sliding_window=3,
+                layer_types=["sliding_attention", "full_attention"])
+    vision = dict(hidden_size=8, intermediate_size=10, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=8, patch_size=2, num_channels=1)
+    model = _vlm("gemma3", dict(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                image_token_index=18), rng)
+    ids = rng.integers(1, 18, (2, 8))
+    ids[0, 2:6], ids[1, 3:7] = 18, 18
+    forward, backward, params = _model_pair(
+        model, rng, lambda x: model.forward(input_ids=ids, pixel_values=x))
+    return check(forward, backward, rng=rng, max_full=0, n_directions=2,
+                 wrt=["pixel_values"] + [n for n in params if not n.endswith(".bk")],
+                 pixel_values=rng.standard_normal((2, 1, 8, 8)), **params)

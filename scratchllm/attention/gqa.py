@@ -271,15 +271,17 @@ class Attention(Module):
         return RollingKVState(mask.window, mask.n_sink, batch, self.spec.n_kv_heads,
                               self.head_dim, dt)
 
-    def prefill(self, x, state):
-        """The whole prompt x (B, T, D) at positions 0..T-1 in one forward: returns y (B, T, D)
-        and appends its (rotated) keys and values, which gqa_forward's cache names k and v, to
-        the empty `state`, as T decode calls would."""
+    def prefill(self, x, state, positions=None, mask=None):
+        """The whole prompt x (B, T, D) at positions 0..T-1 (or forward's `positions`, under
+        forward's `mask`) in one forward: returns y (B, T, D) and appends its (rotated) keys
+        and values, which gqa_forward's cache names k and v, to the empty `state`, as T
+        decode calls would."""
         _expect_empty("Attention.prefill", state)
-        y, cache = self.forward(x)  # (B, T, D)
+        y, cache = self.forward(x, positions, mask)  # (B, T, D)
         state.append(cache.k, cache.v)  # (B, Hkv, T, Dh) each
         return y
 
-    def decode(self, x_t, state, position):
-        """One token (B, D) -> (B, D), appending its k, v to `state` (from init_state)."""
-        return gqa_decode(x_t, self._weights(), state, position, spec=self.spec)
+    def decode(self, x_t, state, position, rope=None):
+        """One token (B, D) -> (B, D), appending its k, v to `state` (from init_state); rope:
+        gqa_decode's (a Rope at other positions than the state's: M-RoPE's)."""
+        return gqa_decode(x_t, self._weights(), state, position, spec=self.spec, rope=rope)

@@ -142,7 +142,9 @@ def make_rope(spec, head_dim, positions, seq_len=None):
              spec.mrope_section) with Dr = rotary_dim(spec, head_dim): the first Dr numbers of
              a head turn (HF's partial_rotary_factor, spec.partial), rotary None when Dr =
              head_dim. M-RoPE positions are (3, T) or (3, B, T); (T,) ones become three equal
-             rows (text only), (B, T) ones must be given as (3, B, T).
+             rows (text only), (B, T) ones must be given as (3, B, T). spec.axial: each
+             section's pairs have the frequencies of a head of twice its size (the same
+             ramp for the height and the width rows of a 2-D grid).
     """
     positions = np.asarray(positions)
     if spec.mrope_section is not None and positions.ndim == 1:  # text only: 3 equal rows
@@ -151,6 +153,9 @@ def make_rope(spec, head_dim, positions, seq_len=None):
         seq_len = int(positions.max()) + 1
     Dr = rotary_dim(spec, head_dim)
     inv_freq, af = rope_frequencies(Dr, spec.base, spec.scaling, seq_len)  # (Dr/2,)
+    if spec.axial:  # each section n restarts: base^(-2j / 2n), j < n (Qwen2-VL's tower)
+        inv_freq = np.concatenate([_default_inv_freq(2 * n, spec.base)
+                                   for n in spec.mrope_section])  # (sum n,)
     return Rope(inv_freq, spec.style, af, positions, None if Dr == head_dim else Dr,
                 spec.mrope_section)
 

@@ -114,7 +114,9 @@ def packed_mask(mask, doc_ids):
     Inputs:  mask the layer's Mask (plain causal, causal with a window, or causal=False) or
              None (everywhere); doc_ids (B, T) ints (document_mask's).
     Returns: Mask(array=(B, 1, T, T) bool): the layer's pattern AND the same document.
-    A window W keeps i - j < W, which inside one document is the distance within it; sinks
+    A window W keeps i - j < W, which inside one document is the distance within it; chunks
+    of C start at each document's first token (Llama 4's chunks of a left-padded row start
+    at its first real token in transformers too: masking_utils.chunked_overlay); sinks
     (the row's first keys) and block patterns are not a document's own, so they are refused.
     """
     if mask is not None:
@@ -127,6 +129,9 @@ def packed_mask(mask, doc_ids):
     expect_ndim("packed_mask", "doc_ids", doc_ids, 2, "(B, T)")
     causal = mask is not None and mask.causal
     docs = document_mask(doc_ids, causal=causal)  # (B, 1, T, T)
+    if mask is not None and mask.chunk is not None:  # chunks from each document's start
+        c = document_positions(doc_ids) // mask.chunk  # (B, T) each token's chunk
+        return Mask(array=docs & (c[:, :, None] == c[:, None, :])[:, None])  # (B, 1, T, T)
     own = None if mask is None else mask_array(mask, doc_ids.shape[1], doc_ids.shape[1])
     return Mask(array=docs if own is None else docs & own)  # (B, 1, T, T)
 

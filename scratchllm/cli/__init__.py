@@ -18,6 +18,7 @@ COMMANDS = {
     "exercise": ("scratchllm.cli.exercise", "the chapters' exercises: statement, hint, checks"),
     "notebooks": ("scratchllm.cli.notebooks", "the notebooks, executed, as HTML pages"),
     "experiment": ("scratchllm.cli.experiment", "the chapters' claims measured: list, run NAME"),
+    "embed": ("scratchllm.cli.embed", "train a tiny embedding model, print retrieval accuracy"),
 }
 
 

@@ -23,6 +23,12 @@ WEIGHT_DECAY` gives the parameters whose names match the glob PATTERN their own 
 experts), and each validation prints every MoE layer's share of routed slots per expert (a
 drift from the checkpoint's balance shows there), as does the end of the run.
 
+A vision-language checkpoint (llava, qwen2_vl, gemma3) fine-tunes its LM on the text, the
+image encoder and projector as they are; --projector-only trains the projector between its
+image encoder and its LM alone instead, on image-caption pairs (--data a JSON-lines file of
+{"image": PATH, "text": CAPTION}, or LLaVA's own JSON list of {"image", "conversations"}):
+LLaVA's stage 1 (scratchllm/cli/projector.py).
+
 --lora R trains rank-R LoRA adapters on the --lora-targets projections (HF module names'
 last part; scale --lora-alpha / R, alpha default R) and nothing else, and saves them in
 peft's format (scratchllm/cli/lora.py).
@@ -35,6 +41,7 @@ import numpy as np
 
 from scratchllm.cli.common import Parser, run
 from scratchllm.cli.lora import add_lora_arguments, lora_main
+from scratchllm.cli.projector import projector_finetune
 from scratchllm.hub import load_pretrained, load_tokenizer, save_pretrained
 from scratchllm.train import Run, Settings, checkpoint, corpus, evaluate, fit
 from scratchllm.train.trainer import expert_usage_line
@@ -70,6 +77,10 @@ def build_parser():
                    metavar=("PATTERN", "LR_SCALE", "WEIGHT_DECAY"), help="parameters whose "
                    "names match the glob PATTERN train at LR_SCALE x --lr with WEIGHT_DECAY "
                    "(repeatable; the first match wins)")
+    p.add_argument("--projector-only", action="store_true", help="a vision-language "
+                   "checkpoint's projector alone on image-caption pairs (--data a JSON-lines "
+                   "file of {\"image\": PATH, \"text\": CAPTION}, or LLaVA's JSON list of "
+                   "{\"image\", \"conversations\"}): LLaVA's stage 1")
     add_lora_arguments(p)
     return p
 
@@ -107,10 +118,15 @@ def _param_groups(args):
 
 
 def _main(args):
+    if args.projector_only and (args.lora is not None or args.preset is not None):
+        raise ValueError("--projector-only trains a --hf checkpoint's projector, not --lora "
+                         "adapters or a --preset")
     if args.lora is not None or args.preset is not None:
         return lora_main(args, _settings(args))
     if args.merge:
         raise ValueError("--merge goes with --lora")
+    if args.projector_only:
+        return _projector_only(args)
     out, state = Path(args.out), Path(args.out) / "state"
     if (state / checkpoint.STATE).exists() and not args.resume:
         raise ValueError(f"{out} already holds a fine-tuning state; pass --resume to continue "
@@ -125,7 +141,8 @@ def _main(args):
                          f"validation split) must hold more than --seq-len {s.seq_len}")
     if args.freeze_router and not any("router" in n for n, _ in model.named_parameters()):
         raise ValueError(f"--freeze-router: {args.hf} ({model.cfg.name}) has no MoE router")
-    job = Run(model.cfg, s, model.dtype, model=model)
+    lm = model.lm if hasattr(model, "image_inputs") else model  # a vision-language model:
+    job = Run(lm.cfg, s, lm.dtype, model=lm)                      # its LM on the text
     job.data = str(Path(args.data).resolve())
     if args.resume:
         job.load(state)
@@ -141,12 +158,22 @@ def _main(args):
         print(f"validation loss {evaluate(job.model, eval_set, job.dp):.3f} nats/token")
     if job.last_stats:
         print(f"routing in the last step: {expert_usage_line(job.last_stats)}")
-    save_pretrained(job.model, out)
+    save_pretrained(model, out)  # job.model is model (or its LM)
     copied = _copy_side_files(Path(args.hf), out)
     if finished and not args.keep_state:
         shutil.rmtree(state)
-    print(_closing(out, copied, state, finished))
+    print(_closing(out, copied, state, finished, lm is not model))
     return 0 if finished else 130
+
+
+def _projector_only(args):
+    """finetune --projector-only: train, then save the whole model and the side files."""
+    out = Path(args.out)
+    model = projector_finetune(args, _settings(args))
+    save_pretrained(model, out)
+    copied = _copy_side_files(Path(args.hf), out)
+    print("\n".join(_closing(out, copied, out / "state", True, True).splitlines()[:2]))
+    return 0
 
 
 def _copy_side_files(src, out):
@@ -176,12 +203,13 @@ def _size(path):
         n /= 1000
 
 
-def _closing(out, copied, state, finished):
-    """What the run wrote, with sizes."""
+def _closing(out, copied, state, finished, images=False):
+    """What the run wrote, with sizes (images: a vision-language checkpoint)."""
     written = ["config.json", "model.safetensors"] + copied
     lines = [f"saved {out}: " + ", ".join(f"{n} ({_size(out / n.rstrip('/'))})"
                                           for n in written if (out / n.rstrip("/")).exists()),
-             f"  transformers: AutoModelForCausalLM.from_pretrained({str(out)!r})"]
+             f"  transformers: AutoModelFor{'ImageTextToText' if images else 'CausalLM'}"
+             f".from_pretrained({str(out)!r})"]
     if state.exists():
         why = "to continue with --resume" if not finished else "(--keep-state)"
         lines.append(f"  optimizer state kept in {state} ({_size(state)}: weights and AdamW "

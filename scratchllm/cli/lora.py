@@ -9,7 +9,9 @@ scratchllm/hub/peft.py), scale --lora-alpha / R (alpha default R), and train alo
 (scratchllm/train/lora.py). DIR2 gets adapter_config.json and adapter_model.safetensors
 (peft.PeftModel.from_pretrained(base, DIR2) loads them); --merge also writes the merged model
 (W0 + (alpha / R) A B) as a checkpoint in DIR2/merged (beside the adapter files, transformers
-would load the adapter instead).
+would load the adapter instead). The resumable state (adapters, AdamW moments, batch RNG)
+goes to DIR2/lora_state every --eval-every steps; an interrupted run continues with --resume
+(bit for bit), and a finished one removes it unless --keep-state.
 """
 import shutil
 from pathlib import Path
@@ -20,7 +22,7 @@ from scratchllm.hub import load_pretrained, load_tokenizer, save_pretrained
 from scratchllm.hub.peft import LoRA, save_adapter
 from scratchllm.lm import LM, preset
 from scratchllm.specs import PRESETS
-from scratchllm.train import corpus, evaluate
+from scratchllm.train import checkpoint, corpus, evaluate
 from scratchllm.train.lora import fit_lora
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -56,8 +58,12 @@ def lora_main(args, s):
         raise ValueError("--preset goes with --lora R (a fresh preset has nothing to keep)")
     if args.lora < 1:
         raise ValueError(f"--lora must be a rank >= 1, got {args.lora}")
-    if args.resume:
-        raise ValueError("--resume does not apply to --lora (the adapters train in one go)")
+    out, state = Path(args.out), Path(args.out) / "lora_state"
+    if (state / checkpoint.STATE).exists() and not args.resume:
+        raise ValueError(f"{out} already holds a LoRA state; pass --resume to continue it or "
+                         f"choose another --out")
+    if args.resume and not (state / checkpoint.STATE).exists():
+        raise ValueError(f"--resume: {state} holds no LoRA state to continue")
     model, ids = _model(args)
     train_ids, val_ids = corpus.split(ids, val_fraction=0.1)
     if len(val_ids) <= s.seq_len:
@@ -72,9 +78,11 @@ def lora_main(args, s):
           f"trainable); {s.steps} steps of {s.batch_size}x{s.seq_len}")
     eval_set = corpus.eval_batches(val_ids, 16, s.seq_len, s.eval_tokens)  # 16 rows a call
     before = evaluate(model, eval_set)
-    _, val = fit_lora(model, lora, train_ids, eval_set, s, progress=not args.no_progress)
+    _, val = fit_lora(model, lora, train_ids, eval_set, s, progress=not args.no_progress,
+                      state=state, resume=args.resume)
     print(f"validation loss {before:.3f} -> {val:.3f} nats/token")
-    out = Path(args.out)
+    if not args.keep_state:
+        shutil.rmtree(state, ignore_errors=True)  # finished: the adapters below are the result
     if args.merge:
         save_pretrained(model, out / "merged")  # the adapters are merged after fit_lora
         for name in TOKENIZER_FILES if args.hf else ():

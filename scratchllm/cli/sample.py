@@ -17,8 +17,10 @@ import sys
 import numpy as np
 
 from scratchllm.cli.common import Parser, float_in, int_at_least, run
+from scratchllm.cli.images import add_image_argument, bind_images
 from scratchllm.hub import FAMILIES, eos_ids, load_pretrained, load_tokenizer
-from scratchllm.lm import Seq2SeqLM, generate
+from scratchllm.lm import (Seq2SeqLM, encode_prompt, generate, generate_batch_ids,
+                          generate_ids, generates_padded, pad_rows, stream_text)
 from scratchllm.tokenizer import EOT, chat_template_of, encode_chat, token_bytes
 from scratchllm.train import load_model
 
@@ -30,7 +32,10 @@ def build_parser():
     src.add_argument("--checkpoint", help="directory written by train")
     src.add_argument("--hf", help="Hugging Face checkpoint directory (config.json, "
                      "model.safetensors, tokenizer.json)")
-    p.add_argument("--prompt", default="", help="text to continue (default: a new document)")
+    p.add_argument("--prompt", action="append", default=None,
+                   help="text to continue (default: a new document); give it again for more "
+                        "prompts: they run as one padded batch (attention_mask), each "
+                        "printed after its number, each what it would give alone")
     p.add_argument("--chat", default=None, metavar="TEXT",
                    help="with --hf: send TEXT as a user turn through the checkpoint's chat "
                         "template and print the reply (instruct models)")
@@ -51,6 +56,7 @@ def build_parser():
     p.add_argument("--top-p", type=float_in(0, 1, open_low=True), default=0.95,
                    help="nucleus mass (0.95)")
     p.add_argument("--seed", type=int_at_least(0), default=None, help="sampling seed")
+    add_image_argument(p)
     return p
 
 
@@ -68,6 +74,10 @@ def _chat_prompt(args, tok, template, specials):
 
 
 def _sample(args):
+    prompts, args.prompt = args.prompt or [""], (args.prompt or [""])[0]
+    if len(prompts) > 1 and (args.chat is not None or args.heal or args.image):
+        raise ValueError("several --prompt values run as one batch, which takes neither "
+                         "--chat, --heal nor --image; give one --prompt for those")
     if args.chat is not None and (not args.hf or args.prompt):
         raise ValueError("--chat needs --hf DIR and no --prompt (it sends the question through "
                          "the checkpoint's chat template)")
@@ -82,8 +92,13 @@ def _sample(args):
                              f"to start a document with")
     else:
         (model, tok, _), stop = load_model(args.checkpoint), ()
-    prompt = _chat_prompt(args, tok, template, specials) if args.chat is not None else \
-        args.prompt
+    if args.image:  # a vision-language checkpoint: the images' tokens, then the prompt's
+        model, prompt = bind_images(args, model, tok, (template, specials))
+    else:
+        prompt = _chat_prompt(args, tok, template, specials) if args.chat is not None else \
+            args.prompt
+    if len(prompts) > 1:
+        return _sample_batch(args, model, tok, prompts, stop)
     if args.heal and token_bytes(tok) is None:
         raise ValueError(f"--heal: the {type(getattr(tok, 'inner', tok)).__name__} tokenizer "
                          f"does not expose its tokens' bytes (byte-level and SentencePiece "
@@ -105,4 +120,30 @@ def _sample(args):
                 else "")
         print(f"sample: nothing was generated: the first sampled token was an end-of-sequence "
               f"id (stop ids {sorted(set(stop))}).{hint}", file=sys.stderr)
+    return 0
+
+
+def _sample_batch(args, model, tok, prompts, stop):
+    """Several prompts as one padded batch (lm.generate_batch_ids: a decoder's rows padded
+    on the left, an encoder-decoder's sources on the right, as transformers' tokenizers pad
+    them; a model whose states take no padded batch, one prompt after another); every row
+    draws from its own Generator seeded with --seed, so each prints what `sample` with that
+    prompt alone prints."""
+    rows = [encode_prompt(model, tok, text, args.allow_special) for text in prompts]
+    seq2seq = isinstance(model, Seq2SeqLM)
+    stop_ids = {tok.special_tokens.get(EOT), *stop} - {None}
+    sampling = dict(stop_ids=stop_ids, temperature=args.temperature, top_k=args.top_k,
+                    top_p=args.top_p)
+    if seq2seq or generates_padded(model):
+        ids, mask = pad_rows(rows, left=not seq2seq,
+                             pad_id=getattr(model.cfg, "pad_id", None) or 0)
+        out = generate_batch_ids(model, ids, mask, args.max_tokens,
+                                 [np.random.default_rng(args.seed) for _ in rows], **sampling)
+    else:  # a hybrid or another recurrence: one prompt after another
+        out = [list(generate_ids(model, row, args.max_tokens,
+                                 np.random.default_rng(args.seed), **sampling))
+               for row in rows]
+    for b, (text, row, new) in enumerate(zip(prompts, rows, out), 1):
+        shown = "".join(stream_text(tok, new, () if seq2seq else row[-1:]))
+        print(f"[{b}] {shown}" if seq2seq else f"[{b}] {text}{shown}")
     return 0

@@ -5,8 +5,9 @@ import json
 
 from scratchllm.specs import MoESpec
 from scratchllm.teach.serving import (batch_sweep, decode_step, expected_experts, knee,
-                                      max_batch, peak_flops, prefill)
-from scratchllm.teach.sizing import human, human_bytes
+                                      kv_cache_bytes, max_batch, peak_flops, prefill,
+                                      sequence_intensity)
+from scratchllm.teach.sizing import human, human_bytes, nbytes, parameters
 
 FLOP_UNITS = (" kFLOP", " MFLOP", " GFLOP", " TFLOP", " PFLOP")
 
@@ -32,8 +33,7 @@ def serve_table(cfg, hw, batches, context, dtypes, measured=None, experts=None):
              f"  largest batch that fits: {top:,}" + (_at(cfg, hw, top, context, dtypes) if top
                                                       else " (not even the weights and one "
                                                       "sequence)"),
-             "  compute-bound from batch " + (f"{k:,}" if k else "never (intensity tends to "
-                                               "FLOPs / KV bytes per sequence, below the ridge)"),
+             "  compute-bound from batch " + _knee(cfg, hw, k, context, dtypes),
              "",
              f"  {'batch':>6} {'weights read':>13} {'KV read':>12} {'FLOPs':>13} "
              f"{'FLOP/B':>8} {'ms/step':>9} {'tokens/s':>11}  bound    fits"
@@ -58,6 +58,18 @@ def serve_table(cfg, hw, batches, context, dtypes, measured=None, experts=None):
                   f"{human_bytes(p.weight_bytes + p.kv_bytes)} moved, {p.intensity:,.0f} "
                   f"FLOP/B, {p.seconds * 1e3:,.1f} ms, {p.bound}-bound"]
     return "\n".join(line.rstrip() for line in lines + _experts_lines(cfg, experts))
+
+
+def _knee(cfg, hw, k, context, dtypes):
+    """"K (a sequence's FLOP/B; the memory there)", or "never (...)" when k is None."""
+    per_sequence = sequence_intensity(cfg, context, *dtypes)
+    if k is None:
+        return (f"never (intensity tends to FLOPs / KV bytes per sequence, "
+                f"{per_sequence:,.0f}, below the ridge)")
+    need = nbytes(parameters(cfg).total, dtypes[0]) + kv_cache_bytes(cfg, context, k, dtypes[1])
+    return (f"{k:,} (a sequence's FLOPs per byte of its cache {per_sequence:,.0f}; weights "
+            f"and cache there {need / 1e9:,.0f} GB, {need / hw.memory:,.1f}× the device's "
+            f"memory)")
 
 
 def _at(cfg, hw, batch, context, dtypes):

@@ -14,6 +14,7 @@ from scipy.special import expit
 
 from scratchllm.core.fp8 import (FP8LinearCache, fp8_active, fp8_linear_backward,
                                  fp8_linear_forward)
+from scratchllm.core.frozen import is_frozen
 from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_gated_ffn,
                                       expect_int, expect_integer, expect_linear, expect_shape)
 
@@ -57,7 +58,10 @@ def linear_backward(dy, cache):
     x, W, has_bias = cache
     Din, Dout = W.shape
     dx = dy @ W.T  # (..., Din)
-    dW = x.reshape(-1, Din).T @ dy.reshape(-1, Dout)  # (Din, Dout)
+    if is_frozen(W):  # core/frozen.py: nothing trains W, skip x^T dy
+        dW = np.zeros((Din, Dout), np.result_type(x, dy))
+    else:
+        dW = x.reshape(-1, Din).T @ dy.reshape(-1, Dout)  # (Din, Dout)
     grads = {"x": dx, "W": dW}
     if has_bias:
         grads["b"] = dy.reshape(-1, Dout).sum(axis=0)  # (Dout,)

@@ -29,7 +29,7 @@ def _run(mode, seed):
     for name, hkv in VARIANTS.items():
         cfg = preset("dense", vocab_size=256, d_model=d_model, n_layers=n_layers, n_heads=8,
                      n_kv_heads=hkv, d_ff=pick(mode, 64, 192, 384))
-        _, _, val, n = train_preset(cfg, train_ids, eval_set, settings, False)
+        _, _, val, n = train_preset(cfg, train_ids, eval_set, settings, mode == "full")
         val_loss[name] = float(val)
         kv_bytes[name] = sizing.kv_cache(cfg, context=1, dtype="bf16").bytes
         params[name] = int(n)

@@ -15,13 +15,15 @@ by the state size, and attention exact at every length; Jelassi et al. 2024 (arX
 Metrics: accuracy[model][T] (recall), copy_accuracy[model][T], state_bytes[model] (bf16, one
 sequence at the longest T: teach/sizing.kv_cache), params[model].
 """
+from dataclasses import replace
+
 import numpy as np
 from matplotlib.ticker import NullFormatter
 
 from scratchllm.experiments.base import Experiment, Outcome, pick
 from scratchllm.experiments.synthetic import accuracy, copy_batch, recall_batch, train_task
 from scratchllm.lm import LM
-from scratchllm.specs import preset
+from scratchllm.specs import RecurrentSpec, preset
 from scratchllm.teach import sizing
 
 _NAME = "recall"
@@ -47,11 +49,18 @@ def _sizes(mode):
                 n_keys=pick(mode, 16, 32, 64), lr=1e-2)
 
 
+RECURRENT_CHUNK = 16  # the chunked form's chunk: 3x faster than 64 at T 64 on a CPU, same math
+
+
 def recall_config(name, z):
-    """The ModelConfig of architecture `name` at the sizes z."""
+    """The ModelConfig of architecture `name` at the sizes z (the linear-attention mixers with
+    chunks of RECURRENT_CHUNK)."""
     V = 2 * z["n_keys"] + 1  # keys, values (also the copied symbols), COPY
-    return preset("dense", vocab_size=V, d_model=z["d_model"], n_layers=2,
-                  n_heads=4, n_kv_heads=4, ffn="none", **RECALL_MODELS[name])
+    cfg = preset("dense", vocab_size=V, d_model=z["d_model"], n_layers=2,
+                 n_heads=4, n_kv_heads=4, ffn="none", **RECALL_MODELS[name])
+    return replace(cfg, layers=tuple(
+        replace(layer, mixer=replace(layer.mixer, chunk=RECURRENT_CHUNK))
+        if isinstance(layer.mixer, RecurrentSpec) else layer for layer in cfg.layers))
 
 
 def _tasks(z):
@@ -107,7 +116,8 @@ def _run(mode, seed, z=None):
                f"{copy['mamba'][T]:.2f}: attention above Mamba and linear attention "
                f"{'holds' if holds else 'does not hold here'}")
     config = dict(z, n_layers=2, n_heads=4, ffn="none", models=RECALL_MODELS, params=params,
-                  recall_pairs="T / 8", copy_span="T / 4 to T / 2", state_dtype="bf16")
+                  recall_pairs="T / 8", copy_span="T / 4 to T / 2", state_dtype="bf16",
+                  recurrent_chunk=RECURRENT_CHUNK)
     metrics = dict(accuracy=acc, copy_accuracy=copy, state_bytes=state, params=params)
     return Outcome(metrics, config, "\n".join(lines), verdict)
 

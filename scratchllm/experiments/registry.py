@@ -8,6 +8,7 @@ from matplotlib.figure import Figure
 from scratchllm.experiments.abf import ABF
 from scratchllm.experiments.base import write_results
 from scratchllm.experiments.collapse import COLLAPSE
+from scratchllm.experiments.exits import EARLY_EXIT
 from scratchllm.experiments.experts import EXPERTS_BY_TOKEN
 from scratchllm.experiments.heads import HEADS
 from scratchllm.experiments.induction import INDUCTION
@@ -18,7 +19,7 @@ from scratchllm.experiments.scale import SCALE
 from scratchllm.experiments.sinks import SINKS
 
 EXPERIMENTS = {e.name: e for e in (COLLAPSE, SCALE, HEADS, INDUCTION, MOE, EXPERTS_BY_TOKEN, ABF,
-                                   RECALL, NEEDLE, SINKS)}
+                                   RECALL, NEEDLE, SINKS, EARLY_EXIT)}
 
 
 def run_experiment(name, mode="full", out="runs/experiments", seed=0, log=print):

@@ -16,7 +16,7 @@ from dataclasses import replace
 import numpy as np
 
 from scratchllm.experiments.base import Experiment, Outcome, byte_corpus, pick
-from scratchllm.experiments.synthetic import train_task
+from scratchllm.experiments.synthetic import one_blas_thread, train_task
 from scratchllm.experiments.tools import attention_patterns
 from scratchllm.lm import LM
 from scratchllm.specs import Mask, preset
@@ -49,8 +49,9 @@ def with_bos(x, y):
 
 
 def perplexity(model, batches):
-    """exp(mean next-token cross-entropy) over the batches."""
-    total = sum(model.cross_entropy(x, y) * y.size for x, y in batches)
+    """exp(mean next-token cross-entropy) over the batches (one BLAS thread)."""
+    with one_blas_thread():
+        total = sum(model.cross_entropy(x, y) * y.size for x, y in batches)
     return float(np.exp(total / sum(y.size for _, y in batches)))
 
 

@@ -12,6 +12,8 @@ accuracy is the share of asked positions where the argmax of the logits is the t
     needle: filler tokens, one needle token at distance d before the end, then QUERY:
         the needle is asked at the QUERY.
 """
+from contextlib import contextmanager
+
 import numpy as np
 from tqdm import tqdm
 
@@ -86,22 +88,38 @@ def needle_batch(rng, batch, seq_len, depths, n_fill, n_needles):
     return _asked(seq, np.broadcast_to(ask, (batch, seq_len)))
 
 
+@contextmanager
+def one_blas_thread():
+    """One OpenBLAS thread inside the block, the previous count restored after: these models'
+    matrices are small, and on a loaded machine a second BLAS thread that waits for a core can
+    make one matmul of an evaluation take a second instead of a millisecond (measured)."""
+    before = blas_threads()
+    set_blas_threads(1)
+    try:
+        yield
+    finally:
+        if before:
+            set_blas_threads(before[0])
+
+
 def accuracy(model, ids, targets):
-    """Share of the asked positions (targets != IGNORE) where the argmax is the target."""
-    logits, _ = model.forward(ids)  # (B, T, V)
+    """Share of the asked positions (targets != IGNORE) where the argmax is the target (run
+    with one BLAS thread)."""
+    with one_blas_thread():
+        logits, _ = model.forward(ids)  # (B, T, V)
     asked = targets != IGNORE
     return float((logits.argmax(-1)[asked] == targets[asked]).mean())
 
 
-def train_task(model, sample, steps, lr, desc="train"):
+def train_task(model, sample, steps, lr, desc="train", on_step=None):
     """AdamW (weight decay 0.01, warmup min(30, steps), cosine to lr / 10, clip 1) on the
     loss over the asked positions of sample(step) -> (ids, targets), with one BLAS thread
-    (restored after). Returns the losses."""
+    (restored after); on_step(step), if given, runs after each update (a probe along
+    training). Returns the losses."""
     s = Settings(steps=steps, lr=lr, warmup=min(30, steps), weight_decay=0.01)
     opt = make_optimizer(model, s)
-    losses, before = [], blas_threads()
-    set_blas_threads(1)  # small matrices: a second BLAS thread costs more than it brings
-    try:
+    losses = []
+    with one_blas_thread():  # small matrices: a second BLAS thread costs more than it brings
         for step in tqdm(range(1, steps + 1), desc=desc, leave=False, mininterval=1.0):
             ids, targets = sample(step)
             model.zero_grad()
@@ -111,7 +129,6 @@ def train_task(model, sample, steps, lr, desc="train"):
             opt.lr = cosine_schedule(step, s.lr, s.lr / 10, s.warmup, steps)
             opt.step()
             losses.append(float(loss))
-    finally:
-        if before:
-            set_blas_threads(before[0])
+            if on_step is not None:
+                on_step(step)
     return losses

@@ -1,7 +1,7 @@
 """Tools to look inside a language model (any scratchllm.lm.LM, a loaded Hugging Face
 checkpoint included): the logit lens, direct logit attribution, attention patterns, head
-scores, and steering vectors added to the residual stream. Forward only; nothing here changes
-a weight.
+scores, steering vectors added to the residual stream, and the state propagation of an early
+exit (propagate_state). Forward only; nothing here changes a weight.
 
 The residual stream of a pre-norm model is a sum (Elhage et al. 2021, "A Mathematical
 Framework for Transformer Circuits", transformer-circuits.pub/2021/framework):
@@ -27,7 +27,8 @@ Glossary: B batch, T time, D model width, V vocabulary, L layers, H heads.
 import numpy as np
 
 from scratchllm.attention import (Attention, AttentionWeights, alibi_bias, alibi_slopes,
-                                  project_qkv_forward, relative_bias_forward, sdpa_forward)
+                                  make_rope, project_qkv_forward, relative_bias_forward,
+                                  sdpa_forward)
 from scratchllm.core import RMSNorm
 from scratchllm.core.validate import expect_int, expect_ndim
 
@@ -241,3 +242,23 @@ def _check_layer(fn, model, layer):
             not -1 <= layer < L:
         raise ValueError(f"{fn}: layer must be an integer in -1..{L - 1} (-1: the embedding), "
                          f"got {layer!r}")
+
+
+def propagate_state(layer, h, state, position):
+    """Put one token into the decoding state of a block that did not run for it, from the
+    hidden state h (B, D) where the stream stopped (CALM's state propagation, Schuster et al.
+    2022): an Attention layer of a pre-norm (or sandwich) block appends the k, v of
+    norm1(h) (no query, no attention, no FFN); any other block runs in full on h (a
+    recurrence must see every token), its output dropped."""
+    mixer = layer.mixer
+    fast = (isinstance(mixer, Attention) and layer.spec.placement in ("pre", "sandwich")
+            and layer.cross is None and not hasattr(layer.ffn, "init_state"))
+    if fast:
+        a, _ = layer.norm1.forward(h[:, None])  # (B, 1, D)
+        rope = None if mixer.spec.rope is None else make_rope(
+            mixer.spec.rope, mixer.spec.dh(h.shape[-1]), np.array([position]), position + 1)
+        (_, k, v), _ = project_qkv_forward(a, _weights(mixer), spec=mixer.spec,
+                                           rope=rope)  # (B, Hkv, 1, Dh) each
+        state.append(k, v)
+    elif mixer is not None:
+        layer.decode(h, state, position)

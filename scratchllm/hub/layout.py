@@ -21,7 +21,10 @@ class Entry(NamedTuple):
     last axis), whether it is the transpose of the library's layout, the expert it is a slice
     of (None: the whole array), the size-1 axis HF adds (None: none), and whether the library
     name is a buffer (no gradient: DeepSeek-V3's e_score_correction_bias) rather than a Param,
-    and the HF tensor's shape when it is the (transposed) array reshaped (None: no reshape)."""
+    and the HF tensor's shape when it is the (transposed) array reshaped (None: no reshape),
+    and the factor the library holds the tensor times (RWKV's output weights divided by
+    2^(i // rescale_every) on load, as transformers' inference; its gradient is the
+    library's times the factor)."""
     hf: str
     lib: tuple
     transpose: bool
@@ -29,6 +32,7 @@ class Entry(NamedTuple):
     unsqueeze: int = None
     buffer: bool = False
     reshape: tuple = None
+    scale: float = 1.0
 
 
 def _pieces(e, arrays):
@@ -47,10 +51,13 @@ def hf_shape(e, arrays):
     return shape if e.unsqueeze is None else shape[:e.unsqueeze] + (1,) + shape[e.unsqueeze:]
 
 
-def to_hf(e, arrays):
-    """The HF tensor of Entry e from the library arrays (weights or gradients), contiguous."""
+def to_hf(e, arrays, grad=False):
+    """The HF tensor of Entry e from the library arrays (weights, or gradients with grad),
+    contiguous."""
     parts = _pieces(e, arrays)
     a = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
+    if e.scale != 1.0:  # the library holds w * scale: dL/dw = scale dL/d(w * scale)
+        a = a * np.asarray(e.scale if grad else 1 / e.scale, a.dtype)
     a = a.T if e.transpose else a
     a = a if e.reshape is None else np.ascontiguousarray(a).reshape(e.reshape)
     return np.ascontiguousarray(a if e.unsqueeze is None else np.expand_dims(a, e.unsqueeze))
@@ -65,6 +72,7 @@ def from_hf(e, array, arrays):
         shape = parts[0].shape[:-1] + (sum(a.shape[-1] for a in parts),)
         array = array.reshape(shape[::-1] if e.transpose else shape)
     array = array.T if e.transpose else array
+    array = array if e.scale == 1.0 else np.asarray(array, np.float64) * e.scale
     widths = [a.shape[-1] for a in parts]
     for a, piece in zip(parts, np.split(array, np.cumsum(widths)[:-1], axis=-1)):
         a[...] = piece

@@ -16,12 +16,21 @@ A projection the library keeps as a plain Param W (Din, Dout) trains through the
 model's forward and backward run unchanged, and `backward` turns W's gradient into A's and
 B's (W0 stays frozen). `unmerge` puts W0 back bit for bit.
 Targets are the last part of the module name (peft's target_modules list): "q_proj",
-"v_proj", ... A projection is a target when its HF tensor is one library weight, transposed
-(nn.Linear's (out, in)): GPT-2's fused Conv1D c_attn is not one.
+"v_proj", ... A projection is a target when its HF tensor is a 2-D weight made of library
+weights: one, transposed (nn.Linear's (out, in)), or stored as is (transformers' Conv1D,
+(in, out): GPT-2's c_attn, c_proj, c_fc; peft's fan_in_fan_out), and fused ones whose
+library weights sit side by side along the output axis (GPT-2's c_attn = [wq | wk | wv]):
+one adapter (A (Din, R), B (R, Dq + Dk + Dv)) on the fused projection, its update split over
+the library weights as the checkpoint's columns are,
+    [Wq' | Wk' | Wv'] = [Wq0 | Wk0 | Wv0] + s A B,   d(s A B) = [dWq' | dWk' | dWv'].
+peft's layout is the same for both kinds (lora_A (R, Din), lora_B (Dout, R)); its config says
+fan_in_fan_out true for Conv1D targets (peft sets it itself for them), and a model's targets
+must be all Linear or all Conv1D.
 """
 import json
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
@@ -36,12 +45,31 @@ ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetens
 PREFIX = "base_model.model."
 
 
+class Site(NamedTuple):
+    """One adapted projection: its library weights (several: fused, side by side along the
+    output axis), W0 = their base values side by side (Din, Dout), the adapter's Params."""
+    weights: tuple  # the library Params, e.g. (wq,) or (wq, wk, wv)
+    W0: np.ndarray  # (Din, Dout) the frozen base, the weights concatenated on the last axis
+    A: Param  # (Din, R)
+    B: Param  # (R, Dout)
+
+
 def lora_sites(model):
-    """{HF module name: library Param name} of every projection an adapter can sit on."""
+    """{HF module name: (library Param names, conv1d)} of every projection an adapter can sit
+    on: a 2-D weight of one or more (fused) library weights; conv1d True when the HF tensor is
+    stored (in, out) (transformers' Conv1D), False for nn.Linear's (out, in)."""
     f = flat_of(model.cfg)
-    return {e.hf[:-len(".weight")]: e.lib[0] for e in family_for(f).names(model, f)
-            if e.hf.endswith(".weight") and len(e.lib) == 1 and e.transpose and
-            e.expert is None and not e.buffer and e.unsqueeze is None and e.reshape is None}
+    params = dict(model.named_parameters())
+    return {e.hf[:-len(".weight")]: (tuple(e.lib), not e.transpose)
+            for e in family_for(f).names(model, f)
+            if e.hf.endswith(".weight") and e.expert is None and not e.buffer
+            and e.unsqueeze is None and e.reshape is None
+            and all(n in params and params[n].data.ndim == 2 and not n.endswith(".E")
+                    for n in e.lib)}  # .E: an embedding table, not a projection
+
+
+def _concat(arrays):
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=-1)
 
 
 class LoRA:
@@ -61,45 +89,62 @@ class LoRA:
             names = sorted({m.rsplit(".", 1)[-1] for m in sites})
             raise ValueError(f"LoRA: no projection matches targets {list(self.targets)}; this "
                              f"model has {names}")
+        kinds = {conv for _, conv in chosen.values()}
+        if len(kinds) > 1:
+            raise ValueError(f"LoRA: targets {list(self.targets)} mix nn.Linear and Conv1D "
+                             f"projections; peft's fan_in_fan_out is one flag: adapt one kind")
+        self.conv1d = kinds.pop()
         params = dict(model.named_parameters())
         rng = np.random.default_rng(0) if rng is None else rng
-        self.sites = {}  # module -> (W Param, W0, A Param, B Param)
-        for module, lib in sorted(chosen.items()):
-            W = params[lib]
-            d_in, d_out = W.data.shape
-            A = Param(normal_init(rng, (d_in, rank), d_in ** -0.5, W.data.dtype))
-            B = Param(np.zeros((rank, d_out), W.data.dtype))
-            self.sites[module] = (W, W.data.copy(), A, B)
+        self.sites = {}  # module -> Site(weights, W0, A, B)
+        for module, (libs, _) in sorted(chosen.items()):
+            weights = tuple(params[n] for n in libs)
+            W0 = _concat([w.data for w in weights]).copy()  # (Din, Dout)
+            d_in, d_out = W0.shape
+            A = Param(normal_init(rng, (d_in, rank), d_in ** -0.5, W0.dtype))
+            B = Param(np.zeros((rank, d_out), W0.dtype))
+            self.sites[module] = Site(weights, W0, A, B)
         self._caches = {}
 
     def parameters(self):
         """The adapters' Params [A, B, ...] (what trains)."""
-        return [p for _, _, A, B in self.sites.values() for p in (A, B)]
+        return [p for site in self.sites.values() for p in (site.A, site.B)]
+
+    @staticmethod
+    def _split(weights, W):
+        """Write W (Din, Dout) into the library weights, side by side along the last axis."""
+        start = 0
+        for w in weights:
+            w.data[...] = W[:, start:start + w.data.shape[1]]
+            start += w.data.shape[1]
 
     def merge(self):
         """W = W0 + s A B in every target (before each training forward; for inference)."""
-        for module, (W, W0, A, B) in self.sites.items():
-            W.data[...], self._caches[module] = lora_merge_forward(
-                W0, LoRAFactors(A.data, B.data), scale=self.scale)
+        for module, (weights, W0, A, B) in self.sites.items():
+            W, self._caches[module] = lora_merge_forward(
+                W0, LoRAFactors(A.data, B.data), scale=self.scale)  # (Din, Dout)
+            self._split(weights, W)
 
     def backward(self):
-        """After the model's backward: A.grad, B.grad += from W.grad (W.grad then zeroed: W0
-        does not train)."""
-        for module, (W, _, A, B) in self.sites.items():
-            g = lora_merge_backward(W.grad, self._caches[module])["w"]  # fwd: W = W0 + s A B
+        """After the model's backward: A.grad, B.grad += from the weights' gradients (which
+        are then zeroed: W0 does not train)."""
+        for module, (weights, _, A, B) in self.sites.items():
+            dW = _concat([w.grad for w in weights])  # (Din, Dout): the fused weight's gradient
+            g = lora_merge_backward(dW, self._caches[module])["w"]  # fwd: W = W0 + s A B
             A.grad += g.A
             B.grad += g.B
-            W.grad[...] = 0
+            for w in weights:
+                w.grad[...] = 0
 
     def unmerge(self):
         """W = W0 in every target: the base model back, bit for bit."""
-        for W, W0, _, _ in self.sites.values():
-            W.data[...] = W0
+        for weights, W0, _, _ in self.sites.values():
+            self._split(weights, W0)
 
     def state(self):
         """{peft tensor name: array} in peft's layout (module docstring)."""
         out = {}
-        for module, (_, _, A, B) in self.sites.items():
+        for module, (_, _, A, B) in self.sites.items():  # Linear and Conv1D alike
             out[f"{PREFIX}{module}.lora_A.weight"] = np.ascontiguousarray(A.data.T)
             out[f"{PREFIX}{module}.lora_B.weight"] = np.ascontiguousarray(B.data.T)
         return out
@@ -108,7 +153,7 @@ class LoRA:
         """adapter_config.json's fields (LoraConfig's; what peft reads back)."""
         return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": self.rank,
                 "lora_alpha": self.alpha, "target_modules": sorted(self.targets),
-                "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
+                "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": self.conv1d,
                 "use_rslora": self.rslora, "use_dora": False, "inference_mode": True,
                 "init_lora_weights": True, "modules_to_save": None, "layers_to_transform": None,
                 "rank_pattern": {}, "alpha_pattern": {},
@@ -128,7 +173,7 @@ def save_adapter(lora, path, base_model=None):
 
 def _check_config(path, c):
     bad = {"peft_type": c.get("peft_type") != "LORA", "bias": c.get("bias", "none") != "none",
-           "fan_in_fan_out": bool(c.get("fan_in_fan_out")), "use_dora": bool(c.get("use_dora")),
+           "use_dora": bool(c.get("use_dora")),
            "rank_pattern": bool(c.get("rank_pattern")),
            "alpha_pattern": bool(c.get("alpha_pattern"))}
     refused = [k for k, b in bad.items() if b]
@@ -154,11 +199,15 @@ def load_adapter(model, path):
     targets = sorted({m.rsplit(".", 1)[-1] for m in modules})
     lora = LoRA(model, int(c["r"]), alpha=float(c["lora_alpha"]), targets=targets,
                 rslora=bool(c.get("use_rslora")))
+    if bool(c.get("fan_in_fan_out")) != lora.conv1d:
+        raise ValueError(f"load_adapter: {path} has fan_in_fan_out="
+                         f"{c.get('fan_in_fan_out')!r}, but its modules are "
+                         f"{'Conv1D' if lora.conv1d else 'nn.Linear'} projections here")
     missing = sorted(set(lora.sites) - set(modules))
     if missing:  # targets named by suffix reach modules the file lacks (layers_to_transform)
         for m in missing:
             del lora.sites[m]
-    for module, (W, _, A, B) in lora.sites.items():
+    for module, (_, _, A, B) in lora.sites.items():
         a = tensors[f"{PREFIX}{module}.lora_A.weight"]
         b = tensors[f"{PREFIX}{module}.lora_B.weight"]
         if a.shape != A.data.T.shape or b.shape != B.data.T.shape:

@@ -84,12 +84,14 @@ def weight_files(path):
 def _canonical(name, family):
     """A tensor's name as the family's names() give it: checkpoints of the headless model
     (GPT-2's GPT2Model, openai-community/gpt2) leave out the family's bare_prefix; older
-    checkpoints of a ModuleFamily put its old_prefix first."""
+    checkpoints of a ModuleFamily put its old_prefix first; older names are renamed
+    (renames)."""
     if isinstance(family, ModuleFamily):
-        return name.removeprefix(family.old_prefix) if family.old_prefix else name
-    prefix = family.bare_prefix
-    if prefix and not name.startswith((prefix, "lm_head.")):
-        name = prefix + name
+        name = name.removeprefix(family.old_prefix) if family.old_prefix else name
+    else:
+        prefix = family.bare_prefix
+        if prefix and not name.startswith((prefix, "lm_head.")):
+            name = prefix + name
     for old, new in family.renames:  # older checkpoints' names (BERT's LayerNorm.gamma)
         name = name.replace(old, new)
     return name
@@ -203,7 +205,8 @@ def _hf_arrays(model, table, attr):
     """{HF name: array} of the Params' `attr` (data: and the buffers; grad), for the Entries
     of `table` (a family's names)."""
     arrays = _library_arrays(model, attr)
-    return {e.hf: to_hf(e, arrays) for e in table if attr == "data" or not e.buffer}
+    return {e.hf: to_hf(e, arrays, attr == "grad") for e in table
+            if attr == "data" or not e.buffer}
 
 
 def _saved_as(model):

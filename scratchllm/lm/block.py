@@ -10,6 +10,7 @@ A sub-layer f with its norm N sits where LayerSpec.placement says:
                                              toward the output layers: Xiong et al. 2020,
                                              arXiv 2002.04745)
 The block:  h = sub(x, mixer)   [h = sub(h, cross-attention to a context)]   y = sub(h, ffn)
+(times LayerSpec.out_scale when it is not 1: RWKV's inference rescale)
 (ffn None: the block is the mixer sub-layer alone, as HF Mamba-1's MambaBlock; mixer None: the
 FFN sub-layer alone, an MLP-only layer of a Mamba-2-Hybrid).
 
@@ -34,6 +35,7 @@ from scratchllm.core.nn import Module
 from scratchllm.core.validate import expect_int
 from scratchllm.lm.ffn import make_ffn
 from scratchllm.lm.mixers import make_mixer, make_norm
+from scratchllm.lm.shifted import ShiftedCache, mix_shifted_back, mix_shifted
 
 
 class SublayerCache(NamedTuple):
@@ -44,9 +46,13 @@ class SublayerCache(NamedTuple):
 
 
 class Packing(NamedTuple):
-    """Several documents in each row of a batch (LM.forward's doc_ids)."""
-    doc_ids: np.ndarray    # (B, T) ints, the document of each token
+    """Several documents in each row of a batch (LM.forward's doc_ids), or a padded batch
+    (attention_mask, lm/padding.py: keep its real tokens, the only ones a recurrent mixer
+    reads); doc_ids None: one document per row at the given positions (M-RoPE's (3, B, T):
+    a vision-language LM's)."""
+    doc_ids: np.ndarray    # (B, T) ints, the document of each token, or None
     positions: np.ndarray  # (B, T) ints, restarting at 0 where each document starts
+    keep: np.ndarray = None  # (B, T) bool, a padded batch's real tokens (None: packed)
 
 
 def make_packing(fn, ids, doc_ids):
@@ -130,9 +136,14 @@ class Block(Module):
         if self.cross is not None:
             h, c_cross = self._sublayer(h, self.norm_cross, None, read)
         if self.ffn is None:
-            return h, BlockCache(c_mix, c_cross, None)
+            return self._scaled(h), BlockCache(c_mix, c_cross, None)
         y, c_ffn = self._sublayer(h, self.norm2, self.post_ffn_norm, ffn or self.ffn.forward)
-        return y, BlockCache(c_mix, c_cross, c_ffn)  # (..., D)
+        return self._scaled(y), BlockCache(c_mix, c_cross, c_ffn)  # (..., D)
+
+    def _scaled(self, y):
+        """y * spec.out_scale (RWKV's inference rescale), y itself at 1.0."""
+        s = self.spec.out_scale
+        return y if s == 1.0 else y * np.asarray(s, y.dtype)
 
     def forward(self, x, context=None, packing=None):
         """x (B, T, D) [, context (B, Tc, D) with cross-attention] [, packing: a Packing of
@@ -148,11 +159,14 @@ class Block(Module):
         positions that restart per document (RoPE's; ALiBi and T5's bias read distances,
         which inside a document are its own)."""
         spec = self.spec.mixer
+        if packing.keep is not None and not hasattr(spec, "mask"):  # a padded batch
+            return lambda a: mix_shifted(self.mixer, a, packing.keep)
         if not hasattr(self.mixer, "prefill") or not hasattr(spec, "mask"):
             raise ValueError(f"Block: packed documents need an attention or MLA mixer; a "
                              f"{type(spec).__name__} layer's recurrence would carry one "
                              f"document's state into the next")
-        mask = packed_mask(spec.mask, packing.doc_ids)  # Mask(array=(B, 1, T, T))
+        mask = None if packing.doc_ids is None else packed_mask(  # Mask(array=(B,1,T,T))
+            spec.mask, packing.doc_ids)
         positions = None if spec.rope is None else packing.positions  # (B, T)
         return lambda a: self.mixer.forward(a, positions, mask)
 
@@ -226,6 +240,7 @@ class Block(Module):
         context. dloss_aux: the loss's gradient on each FFN aux term (an MoE's). Param grads
         accumulate in the Modules."""
         c_mix, c_cross, c_ffn = cache
+        dy = self._scaled(dy)  # fwd: y = out_scale * y
         dh = dy  # fwd: y = h (a mixer-only block)
         if c_ffn is not None:  # fwd: y = sub(h, ffn)
             dh, _ = self._sublayer_backward(
@@ -239,7 +254,8 @@ class Block(Module):
             return dh if c_cross is None else {"x": dh, "context": dcontext}
         dx, _ = self._sublayer_backward(  # fwd: h = sub(x, mixer)
             dh, c_mix, self.norm1, self.post_mixer_norm,
-            lambda dm, c: (self.mixer.backward(dm, c), None))
+            lambda dm, c: (mix_shifted_back(self.mixer, dm, c) if isinstance(
+                c, ShiftedCache) else self.mixer.backward(dm, c), None))
         return dx if c_cross is None else {"x": dx, "context": dcontext}
 
     def _cross_backward(self, dm, cache):

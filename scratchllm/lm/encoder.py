@@ -87,9 +87,12 @@ class MaskedLM(LM):
                              f"attends both ways (Mask(causal=False))")
         super().__init__(cfg, rng=rng, dtype=dtype)
 
-    def forward(self, input_ids, token_type_ids=None):
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None):
         """input_ids (B, T) ints [, token_type_ids (B, T) ints in [0, type_vocab_size), None:
-        all 0] -> (logits (B, T, V), LMCache)."""
+        all 0] [, attention_mask (B, T) 0/1: a padded batch, transformers' (lm/padding.py):
+        padding keys masked in every layer, positions 0..T-1 as BERT's absolute ones, so a
+        right-padded row (a tokenizer's padding) equals the row alone] -> (logits (B, T, V),
+        LMCache)."""
         if token_type_ids is not None:
             expect_int("MaskedLM", "token_type_ids", token_type_ids)
             expect_ndim("MaskedLM", "token_type_ids", token_type_ids, 2, "(B, T)")
@@ -97,7 +100,8 @@ class MaskedLM(LM):
                 raise ValueError(f"MaskedLM: token_type_ids {token_type_ids.shape} needs the "
                                  f"shape of input_ids {np.shape(input_ids)} and a config with "
                                  f"type_vocab_size (it has {self.cfg.type_vocab_size})")
-        return self._forward(input_ids, token_type_ids)
+        return self._forward(input_ids, token_type_ids, attention_mask=attention_mask,
+                             positions="absolute")
 
     def init_state(self, batch, max_len):
         raise ValueError("MaskedLM: a bidirectional model has no token-by-token decoding")

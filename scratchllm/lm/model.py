@@ -35,6 +35,7 @@ from scratchllm.lm.ends import EmbedCache, LMEnds
 from scratchllm.lm.heads import HeadTransform
 from scratchllm.lm.mixers import make_norm
 from scratchllm.lm.mtp import MTP
+from scratchllm.lm.padding import padding_packing
 from scratchllm.specs import ModelConfig
 
 
@@ -106,23 +107,35 @@ class LM(LMEnds, Module):
         return [(f"layers.{i}.{name}", b) for i, layer in enumerate(self.layers)
                 for name, b in layer.named_buffers()]
 
-    def forward(self, ids=None, *, input_ids=None, doc_ids=None):
-        """ids (B, T) ints -> (logits (B, T, V), LMCache). The ids go positionally or by
-        transformers' keyword, forward(input_ids=ids); exactly one of the two. doc_ids (B, T)
-        ints: a packed batch, the document of each token (each run of equal ids along a row
-        is one document); attention stays inside each document and positions restart."""
+    def forward(self, ids=None, *, input_ids=None, doc_ids=None, attention_mask=None,
+                position_ids=None):
+        """ids (B, T) ints -> (logits (B, T, V), LMCache); the ids positionally or as
+        transformers' input_ids=, once. doc_ids (B, T) ints: a packed batch, each run of equal
+        ids along a row one document; attention stays inside it and positions restart.
+        attention_mask (B, T) 0/1, position_ids (B, T) or (T,) ints: transformers' padded
+        batch (lm/padding.py: padding keys masked, positions the mask's cumulative sum unless
+        position_ids gives them; the real tokens' logits are each row's alone)."""
         if (ids is None) == (input_ids is None):
             raise TypeError("LM.forward: give the token ids once, as forward(ids) or "
                             "forward(input_ids=ids)")
-        return self._forward(input_ids if ids is None else ids, doc_ids=doc_ids)
+        return self._forward(input_ids if ids is None else ids, doc_ids=doc_ids,
+                             attention_mask=attention_mask, positions=position_ids)
 
-    def _forward(self, ids, types=None, doc_ids=None):
-        """forward, with the token types (B, T) ints of a config with type_vocab_size (None:
-        all 0)."""
+    def _forward(self, ids, types=None, doc_ids=None, attention_mask=None, positions="shift"):
+        """forward with token types (B, T) (None: all 0) and a padded batch's positions
+        (padding_packing's: "shift", "absolute" for BERT's 0..T-1, or position_ids)."""
         self._check_ids("LM", "ids", ids)
         if ids.shape[1] < 1:
             raise ValueError(f"LM: ids has shape {ids.shape}: no tokens (T must be >= 1)")
+        given = not isinstance(positions, (str, type(None)))  # position_ids
+        positions = "shift" if positions is None else positions
+        if doc_ids is not None and (attention_mask is not None or given):
+            raise ValueError("LM.forward: doc_ids (a packed batch, positions restarting per "
+                             "document) or attention_mask / position_ids, not both")
         packing = None if doc_ids is None else make_packing("LM", ids, doc_ids)
+        if attention_mask is not None or given:
+            mask = np.ones(ids.shape, np.int64) if attention_mask is None else attention_mask
+            packing = padding_packing("LM.forward", self, ids, mask, positions)
         x, c_emb = self._embed_forward(  # (B, T, D)
             ids, types=types, positions=None if packing is None else packing.positions)
         logits, cache = self.trunk_forward(x, packing)  # (B, T, V)
@@ -193,18 +206,22 @@ class LM(LMEnds, Module):
             dx = dx + dlast  # fwd: x_L also feeds MTP module 1
         return self._blocks_backward(dx, cache, dloss_aux)  # fwd: x_L = blocks(x_0)
 
-    def loss(self, ids, targets, doc_ids=None):
+    def loss(self, ids, targets, doc_ids=None, attention_mask=None):
         """Cross-entropy of next tokens plus the FFNs' weighted auxiliary terms.
 
-        Inputs: ids, targets (B, T) ints; doc_ids (B, T) ints for a packed batch (forward's).
+        Inputs: ids, targets (B, T) ints; doc_ids (B, T) ints for a packed batch, or
+        attention_mask (B, T) 0/1 for a padded one (forward's; the padding's targets are
+        left out, as -100; an MoE's aux terms still count every token).
         Returns: (loss 0-d array, LossCache with .ce).
         """
-        if doc_ids is not None and self.mtp is not None:
-            raise ValueError("LM.loss: packed documents (doc_ids) with MTP modules: the MTP "
-                             "modules would predict across document boundaries; train one "
-                             "or the other")
+        if (doc_ids is not None or attention_mask is not None) and self.mtp is not None:
+            raise ValueError("LM.loss: packed documents (doc_ids) or padding with MTP "
+                             "modules, which would predict across them: train one or the other")
         packed = {} if doc_ids is None else {"doc_ids": doc_ids}  # (a subclass's forward
-        logits, cache = self.forward(ids, **packed)  # (B, T, V)      may take no doc_ids)
+        if attention_mask is not None:                                # may take neither)
+            packed = {"attention_mask": attention_mask}
+            targets = np.where(np.asarray(attention_mask) == 1, targets, -100)  # (B, T)
+        logits, cache = self.forward(ids, **packed)  # (B, T, V)
         ce, c_ce = fused.CROSS_ENTROPY.forward(logits, targets)
         aux = sum(sum(value for _, value in terms) for terms in cache.aux)
         mtp, c_mtp = (0.0, None) if self.mtp is None else \

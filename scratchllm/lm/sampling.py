@@ -16,6 +16,7 @@ import codecs
 
 import numpy as np
 
+from scratchllm.lm.padding import prefill_padded
 from scratchllm.lm.seq2seq import Seq2SeqLM
 from scratchllm.tokenizer import EOT, heal_table, token_bytes
 
@@ -88,6 +89,45 @@ def generate_seq2seq_ids(model, source_ids, max_new_tokens, rng, stop_ids=(), **
         yield t
 
 
+def generate_batch_ids(model, input_ids, attention_mask, max_new_tokens, rng, stop_ids=(),
+                       **sampling):
+    """Sample after a batch of prompts of different lengths, padded as transformers pads
+    them: input_ids (B, T) ints with attention_mask (B, T) 0/1 (1 = a real token; None: no
+    padding). An LM takes left padding (lm/padding.py prefill_padded: each row's state holds
+    its own tokens, then one position per row); an encoder-decoder (Seq2SeqLM) the padded sources (its
+    encoder and cross-attention mask the padding). rng: a Generator, or a list of B of them
+    (row b draws from rng[b]). Returns B lists, each row's ids, up to max_new_tokens, ending
+    before the row's first id in stop_ids; each equals generate_ids / generate_seq2seq_ids
+    on the row alone (with its own Generator when sampled; greedy, temperature 0, always)."""
+    B = np.shape(input_ids)[0]
+    rngs = list(rng) if isinstance(rng, (list, tuple)) else [rng] * B
+    if len(rngs) != B:
+        raise ValueError(f"generate_batch_ids: rng is a list of {len(rngs)} Generators for "
+                         f"{B} rows (one per row, or one Generator)")
+    out, live = [[] for _ in range(B)], np.ones(B, bool)
+    if isinstance(model, Seq2SeqLM):
+        state = model.init_state(B, max(max_new_tokens, 1), input_ids=input_ids,
+                                 attention_mask=attention_mask)
+        logits = model.decode(np.full(B, model.cfg.decoder_start_id), state, 0)  # (B, V)
+        pos = 1
+    else:
+        state = model.init_state(B, np.shape(input_ids)[1] + max_new_tokens)
+        mask = np.ones(np.shape(input_ids), np.int64) if attention_mask is None else \
+            attention_mask  # None: no padding
+        logits, pos = prefill_padded(model, input_ids, mask, state)  # (B, V), (B,)
+    for step in range(max_new_tokens):
+        t = np.array([sample_next(z, r, **sampling) for z, r in zip(logits, rngs)])  # (B,)
+        for b in np.flatnonzero(live):
+            live[b] = int(t[b]) not in stop_ids
+            if live[b]:
+                out[b].append(int(t[b]))
+        if not live.any() or step + 1 == max_new_tokens:
+            break
+        logits = model.decode(t, state, pos)  # (B, V)
+        pos = pos + 1
+    return out
+
+
 def heal(tokenizer, prompt_ids, vocab_size):
     """Token healing (Lundberg 2023, the guidance library's "token healing"): a prompt that
     ends mid-word ("https:") ends on a token the model rarely saw there, since training text
@@ -134,6 +174,24 @@ def stream_text(tokenizer, ids, context=()):
         yield text[len(done):]
 
 
+def encode_prompt(model, tokenizer, prompt, allow_special=False):
+    """The ids generate sends for prompt: a list of ids as they are; else the text as
+    ordinary text (special-token strings become their ids only with allow_special). An
+    encoder-decoder's source ends with the tokenizer's post-processor suffix (T5's </s>); a
+    decoder's empty prompt is [<|endoftext|>], the start of a document."""
+    if isinstance(prompt, (list, tuple)):
+        return [int(i) for i in prompt]
+    if isinstance(model, Seq2SeqLM):
+        encode = tokenizer.encode if allow_special else tokenizer.encode_ordinary
+        extra = {"add_special_tokens": True} if hasattr(tokenizer, "suffix") else {}
+        return list(encode(prompt, **extra))
+    if not prompt:
+        return [tokenizer.special_tokens.get(EOT)]
+    if allow_special:
+        return list(tokenizer.encode(prompt, allowed_special="all"))
+    return list(tokenizer.encode_ordinary(prompt))
+
+
 def generate(model, tokenizer, prompt, max_new_tokens=100, rng=None, allow_special=False,
              stop_ids=(), **sampling):
     """Yield text pieces as they are sampled (stops early at <|endoftext|> or an id in
@@ -148,23 +206,12 @@ def generate(model, tokenizer, prompt, max_new_tokens=100, rng=None, allow_speci
     rng = np.random.default_rng() if rng is None else rng
     healing = sampling.pop("heal", False)
     eot = tokenizer.special_tokens.get(EOT)
-    if isinstance(model, Seq2SeqLM):  # the prompt is the source, with the tokenizer's
-        encode = tokenizer.encode if allow_special else tokenizer.encode_ordinary  # suffix
-        extra = {"add_special_tokens": True} if hasattr(tokenizer, "suffix") else {}
-        source = list(prompt) if isinstance(prompt, (list, tuple)) else \
-            list(encode(prompt, **extra))
-        ids = generate_seq2seq_ids(model, source, max_new_tokens, rng,
+    prompt_ids = encode_prompt(model, tokenizer, prompt, allow_special)
+    if isinstance(model, Seq2SeqLM):  # the prompt is the source
+        ids = generate_seq2seq_ids(model, prompt_ids, max_new_tokens, rng,
                                    stop_ids={eot, *stop_ids} - {None}, **sampling)
         yield from stream_text(tokenizer, ids)
         return
-    if isinstance(prompt, (list, tuple)):
-        prompt_ids = [int(i) for i in prompt]
-    elif not prompt:
-        prompt_ids = [eot]
-    elif allow_special:
-        prompt_ids = tokenizer.encode(prompt, allowed_special="all")
-    else:
-        prompt_ids = tokenizer.encode_ordinary(prompt)
     allowed, tail = None, b""
     if healing:
         prompt_ids, allowed, tail = heal(tokenizer, prompt_ids, model.cfg.vocab_size)

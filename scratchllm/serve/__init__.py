@@ -4,7 +4,8 @@ contiguous, read by the LM's decode through KVState-like views), one call for se
 different positions (rows), a continuous-batching engine (engine: generate_batch), what
 quantising the cache costs (quality), weight quantisation of Linear layers (weights),
 speculative decoding (speculative; its drafters: another model or the target's MTP module,
-drafts) and token eviction under a KV budget (evict)."""
+drafts) and token eviction under a KV budget (evict); calibrated int4 weights (gptq: GPTQ).
+"""
 from .blocks import BlockManager, OutOfBlocks
 from .evict import POLICIES, EvictingKV, kv_budget_cross_entropy
 from .engine import Engine, Request, generate_batch, make_engine
@@ -16,6 +17,7 @@ from .rows import (attention_weights, block_rows, decode_rows, forward_rows, pre
                    rows_supported, trunk_rows)
 from .speculative import accept_draft, residual, speculative_generate
 from .weights import quantizable, quantize_weights
+from .gptq import gptq_quantize, gptq_weights
 from .quantize import (FORMATS, Quantized, default_group_size, dequantize_codes, error_bound,
                        quantize)
 
@@ -27,3 +29,4 @@ __all__ = ["BlockManager", "ContiguousCache", "Engine", "EvictingKV", "FORMATS",
            "generate_batch", "kv_attention_error", "kv_budget_cross_entropy", "kv_cross_entropy",
            "make_engine", "paged_supported", "prefill_rows", "quantizable", "quantize", "quantize_weights",
            "residual", "rows_supported", "speculative_generate", "trunk_rows"]
+__all__ += ["gptq_quantize", "gptq_weights"]

@@ -1,9 +1,10 @@
 """Weight quantisation of a model's Linear layers, round-to-nearest (the baseline GPTQ and AWQ
-improve on): every weight matrix W (Din, Dout) is stored as codes with one scale per group of
-`group_size` consecutive input rows of each output column (int8 default: the whole column,
-per output channel; int4: groups of 32), and the returned model computes with the
-dequantised weights (simulated quantisation: the numbers the quantised model computes, in the
-original dtype). Embeddings, MoE routers, Mamba's A_log and convolution stay as they are.
+improve on; serve/gptq.py is GPTQ in the same storage): every weight matrix W (Din, Dout) is
+stored as codes with one scale per group of `group_size` consecutive input rows of each
+output column (int8 default: the whole column, per output channel; int4: groups of 32), and
+the returned model computes with the dequantised weights (simulated quantisation: the numbers
+the quantised model computes, in the original dtype). Embeddings, MoE routers, Mamba's A_log
+and convolution stay as they are.
 Reference: arXiv 2210.17323 (GPTQ: group-wise weight quantisation against round-to-nearest).
 
 Glossary: Din, Dout a matrix's input and output widths; E experts (a stacked (E, Din, Dout)).

@@ -1,4 +1,5 @@
-"""The attention specs: RoPE, the mask, a GQA layer and an MLA layer. Frozen, plain Python.
+"""The attention specs: RoPE, the mask, how scores are computed, a GQA layer and its position
+biases (specs/mla.py holds DeepSeek's attentions). Frozen, plain Python.
 
 A spec travels unchanged from the ModelConfig through the Module into the pair: Attention
 (attention/gqa.py) reads an AttentionSpec, gqa_forward(x, w, spec=..., rope=..., mask=...)
@@ -97,15 +98,16 @@ class RopeSpec:
     style "half" pairs (i, i + Dh/2) (rotate_half: HF, GPT-NeoX), "interleaved" pairs
     (2i, 2i + 1) (RoFormer, Meta's Llama); partial: the fraction of each head that turns, the
     first int(Dh partial) numbers (transformers' partial_rotary_factor: GPT-NeoX, Phi,
-    Qwen3-Next), the rest passing unchanged. attention/rope.py turns it into a Rope
-    (inv_freq, attention factor, positions) per call. mrope_section (Qwen2-VL's M-RoPE): the
-    Dh/2 pairs in consecutive sections of these sizes, section s rotated by position row
-    s mod 3 (temporal, height, width); positions are then (3, T) or (3, B, T)."""
+    Qwen3-Next), the rest passing unchanged (attention/rope.py makes a Rope per call).
+    mrope_section (Qwen2-VL's M-RoPE): the Dh/2 pairs in consecutive sections of these sizes,
+    section s rotated by position row s mod 3 (temporal, height, width); positions are then
+    (3, T) or (3, B, T). axial (Qwen2-VL's tower): section pair j of n turns at base^(-j/n)."""
     base: float = 10000.0
     scaling: dict = None
     style: str = "half"
     partial: float = 1.0
     mrope_section: tuple = None
+    axial: bool = False
 
     def __post_init__(self):
         real(self, "base", 1.0, open_low=True)
@@ -115,12 +117,15 @@ class RopeSpec:
                  "partial")
         instance(self, "scaling", dict, none_ok=True)
         one_of(self, "style", ("half", "interleaved"))
-        if self.mrope_section is not None and (
-                not isinstance(self.mrope_section, tuple) or not self.mrope_section or not all(
-                    isinstance(n, int) and not isinstance(n, bool) and n > 0
-                    for n in self.mrope_section)):
+        flag(self, "axial")
+        sections = self.mrope_section
+        if (self.axial or sections is not None) and (not isinstance(sections, tuple) or not all(
+                type(n) is int and n > 0 for n in sections) or not sections):
             fail(self, f"mrope_section must be a tuple of positive ints (pairs per position "
-                       f"section) or None, got {self.mrope_section!r}", "mrope_section")
+                       f"section; axial needs it) or None, got {sections!r}", "mrope_section")
+        if self.axial and (self.scaling is not None or self.partial != 1):
+            fail(self, "axial frequencies take no scaling and turn the whole head (partial 1)",
+                 "axial")
         if self.scaling is not None:
             try:
                 rope_scaling_params(self.scaling)
@@ -179,6 +184,24 @@ class Mask:
 
 
 @dataclass(frozen=True)
+class ScoresSpec:
+    """How a layer computes its scores. impl "sdpa" (dense scores) or "flash" (tiled, block x
+    block); softcap c: the scores become c tanh(scores / c) before the mask (Gemma 2; impl
+    "sdpa"), None for plain scores. AttentionSpec.scores; its impl, block and softcap read
+    through as AttentionSpec.impl, .block and .softcap."""
+    impl: str = "sdpa"
+    block: int = 128
+    softcap: float = None
+
+    def __post_init__(self):
+        one_of(self, "impl", ("sdpa", "flash"))
+        positive_int(self, "block")
+        real(self, "softcap", 0, open_low=True, none_ok=True)
+        if self.impl == "flash" and self.softcap is not None:
+            fail(self, "softcap caps the dense scores: it needs impl='sdpa'", "softcap")
+
+
+@dataclass(frozen=True)
 class AttentionSpec:
     """A grouped-query attention layer (GQA, Ainslie et al. 2023; MHA at Hkv = H, MQA at 1).
 
@@ -192,10 +215,9 @@ class AttentionSpec:
     (NoPE, or GPT-2's learned table); position_bias: a bias on the scores instead, "alibi"
     (ALiBi's fixed per-head slopes), a RelativeBiasSpec (T5's learned relative position
     bias: the layer owns a (num_buckets, H) table) or a TemperatureSpec (not a bias: Llama
-    4's per-query scale growing with the position), None for none.  impl
-    "sdpa" (dense scores) or "flash" (tiled, block x block).  mask: the Mask every call of the
-    layer uses (decoding keeps window + n_sink keys).  softcap c: the scores become
-    c tanh(scores / c) before the mask (Gemma 2; impl "sdpa"), None for plain scores."""
+    4's per-query scale growing with the position), None for none.  mask: the Mask every call
+    of the layer uses (decoding keeps window + n_sink keys).  scores: a ScoresSpec, dense or
+    flash and the soft-cap (read as .impl, .block, .softcap)."""
     n_heads: int = 4
     n_kv_heads: int = 2
     head_dim: int = None
@@ -208,13 +230,11 @@ class AttentionSpec:
     sinks: bool = False
     rope: RopeSpec = RopeSpec()
     position_bias: object = None
-    impl: str = "sdpa"
-    block: int = 128
     mask: Mask = Mask()
-    softcap: float = None
+    scores: ScoresSpec = ScoresSpec()
 
     def __post_init__(self):
-        for name in ("n_heads", "n_kv_heads", "block"):
+        for name in ("n_heads", "n_kv_heads"):
             positive_int(self, name)
         positive_int(self, "head_dim", none_ok=True)
         for name in ("qkv_bias", "o_bias", "sinks"):
@@ -226,10 +246,9 @@ class AttentionSpec:
         real(self, "norm_eps", 0, open_low=True)
         real(self, "norm_offset")
         real(self, "scale", 0, open_low=True, none_ok=True)
-        real(self, "softcap", 0, open_low=True, none_ok=True)
         instance(self, "rope", RopeSpec, none_ok=True)
         instance(self, "mask", Mask)
-        one_of(self, "impl", ("sdpa", "flash"))
+        instance(self, "scores", ScoresSpec)
         if self.n_heads % self.n_kv_heads:
             fail(self, f"n_heads={self.n_heads} must be a multiple of n_kv_heads="
                        f"{self.n_kv_heads}")
@@ -243,12 +262,25 @@ class AttentionSpec:
         if self.relative is not None and (self.impl != "sdpa" or self.mask.window is not None):
             fail(self, "a relative position bias (T5's) needs impl='sdpa' and no window",
                  "position_bias")
-        if self.impl == "flash" and self.softcap is not None:
-            fail(self, "softcap caps the dense scores: it needs impl='sdpa'", "softcap")
         if self.impl == "flash" and (self.mask.array is not None or self.mask.block
                                      or self.mask.chunk):
             fail(self, "impl='flash' tiles causal, window and n_sink; a mask array or a block "
                        "pattern needs impl='sdpa', and so do chunks")
+
+    @property
+    def impl(self):
+        """scores.impl: "sdpa" or "flash"."""
+        return self.scores.impl
+
+    @property
+    def block(self):
+        """scores.block: flash's tile."""
+        return self.scores.block
+
+    @property
+    def softcap(self):
+        """scores.softcap: the soft-cap of the scores, or None."""
+        return self.scores.softcap
 
     @property
     def alibi(self):
@@ -291,87 +323,6 @@ class AttentionSpec:
 
 
 @dataclass(frozen=True)
-class IndexerSpec:
-    """DeepSeek Sparse Attention's lightning indexer (DeepSeek-V3.2-Exp): n_heads HI small
-    heads of head_dim DI score every (query, key) pair, I = sum_j w_j relu(q_j . k DI^-1/2),
-    and each query attends only to its top_k causal keys by I. The indexer's key is a
-    LayerNorm (eps norm_eps, gain and bias) of x Wk; RoPE (rotate-half) turns its first dr
-    numbers and those of its queries, read from MLA's query latent."""
-    n_heads: int = 4
-    head_dim: int = 32
-    top_k: int = 16
-    norm_eps: float = 1e-6
-
-    def __post_init__(self):
-        for name in ("n_heads", "head_dim", "top_k"):
-            positive_int(self, name)
-        real(self, "norm_eps", 0, open_low=True)
-
-    def n_params(self, d_model, q_lora_rank):
-        """wq (Dq, HI*DI), wk (D, DI), the key norm's gain and bias, the head weights (D, HI)."""
-        HI, DI = self.n_heads, self.head_dim
-        return q_lora_rank * HI * DI + d_model * DI + 2 * DI + d_model * HI
-
-
-@dataclass(frozen=True)
-class MLASpec:
-    """Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434), DeepSeek-V3's names.
-
-    q_lora_rank Dq (0 = a plain wq), kv_lora_rank Dc (the cached latent), qk_nope_head_dim dn,
-    qk_rope_head_dim dr (one shared rope key per token), v_head_dim dv; norm_eps of the latent
-    RMSNorms; rope: its RoPE (YaRN's mscale enters the softmax scale); mask: causal only;
-    indexer: an IndexerSpec (DeepSeek-V3.2's sparse attention: each query attends to the
-    top_k keys its lightning indexer picks; needs q_lora_rank > 0), or None."""
-    n_heads: int = 4
-    q_lora_rank: int = 0
-    kv_lora_rank: int = 32
-    qk_nope_head_dim: int = 32
-    qk_rope_head_dim: int = 16
-    v_head_dim: int = 32
-    norm_eps: float = 1e-6
-    rope: RopeSpec = RopeSpec()
-    mask: Mask = Mask()
-    indexer: IndexerSpec = None
-
-    def __post_init__(self):
-        instance(self, "indexer", IndexerSpec, none_ok=True)
-        if self.indexer is not None and (not self.q_lora_rank or self.indexer.head_dim
-                                         < self.qk_rope_head_dim):
-            fail(self, f"indexer reads the query latent and ropes its first qk_rope_head_dim="
-                       f"{self.qk_rope_head_dim} numbers: it needs q_lora_rank > 0 (got "
-                       f"{self.q_lora_rank}) and head_dim >= qk_rope_head_dim (got "
-                       f"{self.indexer.head_dim})", "indexer")
-        for name in ("n_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-                     "v_head_dim"):
-            positive_int(self, name)
-        positive_int(self, "q_lora_rank", low=0)
-        real(self, "norm_eps", 0, open_low=True)
-        instance(self, "rope", RopeSpec)
-        instance(self, "mask", Mask)
-        if self.qk_rope_head_dim % 2:
-            fail(self, f"RoPE rotates pairs: qk_rope_head_dim={self.qk_rope_head_dim} must be "
-                       f"even")
-        if not self.mask.is_plain_causal:
-            fail(self, f"MLA attends with the plain causal mask, got {self.mask!r}")
-        if self.rope.partial != 1:
-            fail(self, f"MLA turns all qk_rope_head_dim numbers; rope.partial="
-                       f"{self.rope.partial}", "rope")
-
-    def n_params(self, d_model):
-        """wq (or wq_a, q_norm, wq_b), wkv_a, kv_norm, wkv_b, wo."""
-        D, H = d_model, self.n_heads
-        Dq, Dc, dn, dr, dv = (self.q_lora_rank, self.kv_lora_rank, self.qk_nope_head_dim,
-                              self.qk_rope_head_dim, self.v_head_dim)
-        q = D * H * (dn + dr) if Dq == 0 else D * Dq + Dq + Dq * H * (dn + dr)
-        indexer = 0 if self.indexer is None else self.indexer.n_params(D, Dq)
-        return q + D * (Dc + dr) + Dc + Dc * H * (dn + dv) + H * dv * D + indexer
-
-    def kv_per_token(self, d_model):
-        """The absorbed form caches the latent and the shared rope key: Dc + dr numbers."""
-        return self.kv_lora_rank + self.qk_rope_head_dim
-
-
-@dataclass(frozen=True)
 class RelativeBiasSpec:
     """T5's relative position bias (Raffel et al. 2019, arXiv 1910.10683, section 2.1): a
     learned scalar per head and bucket of the offset key - query, added to the scores.
@@ -407,24 +358,3 @@ class TemperatureSpec:
     def __post_init__(self):
         real(self, "attn_scale", 0)
         positive_int(self, "floor_scale")
-
-
-@dataclass(frozen=True)
-class NSASpec:
-    """Native sparse attention's sizes (Yuan et al. 2025, arXiv 2502.11089 §3): block l (the
-    compression and the selection blocks), stride d of the compression blocks (d <= l; None =
-    l, no overlap; the paper uses l = 32, d = 16), n_select blocks per query (its own
-    included), window w of the sliding branch."""
-    block: int = 32
-    stride: int = None
-    n_select: int = 16
-    window: int = 512
-
-    def __post_init__(self):
-        positive_int(self, "block")
-        positive_int(self, "stride", none_ok=True)
-        positive_int(self, "n_select")
-        positive_int(self, "window")
-        if self.stride is not None and self.stride > self.block:
-            fail(self, f"stride={self.stride} must be at most block={self.block} (overlapping "
-                       f"or adjacent compression blocks)", "stride")

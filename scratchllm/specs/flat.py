@@ -2,14 +2,16 @@
 checkpoints) mapped into a ModelConfig of specs.
 
 Each flat name is the spec field it sets, prefixed where the flat list needs it to be unique:
-attn_sinks -> AttentionSpec.sinks, attn_scale -> .scale, attn_impl -> .impl, rope_base ->
+attn_sinks -> AttentionSpec.sinks, attn_scale -> .scale, attn_impl -> ScoresSpec.impl
+(attn_softcap -> .softcap: AttentionSpec.scores), rope_base ->
 RopeSpec.base, router_bias -> RouterSpec.bias, experts -> ExpertsSpec.kind, n_shared * d_ff ->
 MoESpec.d_shared, block -> LayerSpec.placement, norm / norm_eps / norm_offset -> NormSpec.
 causal -> every attention layer's Mask.causal; attention_chunk -> Mask.chunk of the
 "chunked_attention" layers of layer_types; nope_layers: the indices of attention layers
 without RoPE (NoPE layers, whose weightless qk_norm "l2" is off too, as Llama 4's);
 moe_gate_input -> MoESpec.gate_input; shared_gate -> MoESpec.shared_gate; rope_partial ->
-RopeSpec.partial; attn_temperature [attn_scale, floor_scale] -> a TemperatureSpec as the
+RopeSpec.partial; rescale_every N -> LayerSpec.out_scale 0.5 of every N-th layer (RWKV's
+inference rescale; 0 off); attn_temperature [attn_scale, floor_scale] -> a TemperatureSpec as the
 position_bias of every attention layer without RoPE (Llama 4's temperature tuning); index_topk, index_n_heads, index_head_dim ->
 MLASpec.indexer, an IndexerSpec when index_topk is set (DeepSeek-V3.2); mlm_head ->
 HeadSpec(transform=True, gelu_approx, bias=True) (BERT's MLM head, with the FFN's GELU). The per-layer choices
@@ -19,10 +21,11 @@ the spec of each layer.
 from dataclasses import dataclass, fields
 
 from scratchllm.specs._check import SpecError
-from scratchllm.specs.attention import (AttentionSpec, IndexerSpec, Mask, MLASpec, RopeSpec,
+from scratchllm.specs.attention import (AttentionSpec, Mask, RopeSpec, ScoresSpec,
                                         TemperatureSpec)
 from scratchllm.specs.ffn import ExpertsSpec, FFNSpec, MoESpec, RouterSpec
 from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
+from scratchllm.specs.mla import IndexerSpec, MLASpec
 from scratchllm.specs.model import HeadSpec, LayerSpec, ModelConfig, NormSpec
 
 LAYER_KINDS = "AMLRGDSWF"  # attention, Mamba, linear, RetNet, GLA, DeltaNet, Mamba-2, RWKV-4,
@@ -117,12 +120,13 @@ class Flat:
     shared_gate: bool = False
     rope_partial: float = 1.0
     attn_temperature: list = None
+    rescale_every: int = 0
 
 
 FLAT_NAMES = tuple(f.name for f in fields(Flat))
 RENAMED = {  # (spec, field) -> the flat name that sets it, where the two differ
     ("AttentionSpec", "sinks"): "attn_sinks", ("AttentionSpec", "scale"): "attn_scale",
-    ("AttentionSpec", "impl"): "attn_impl", ("AttentionSpec", "softcap"): "attn_softcap",
+    ("ScoresSpec", "impl"): "attn_impl", ("ScoresSpec", "softcap"): "attn_softcap",
     ("RopeSpec", "base"): "rope_base",
     ("RopeSpec", "scaling"): "rope_scaling", ("RopeSpec", "style"): "rope_style",
     ("RopeSpec", "partial"): "rope_partial",
@@ -154,7 +158,7 @@ def from_flat(**flat):
         norm = NormSpec(f.norm, f.norm_eps, f.norm_offset)
         single = "F" in _kinds(f)  # one sub-layer per layer
         layers = tuple(LayerSpec(_mixer(f, i, kind), None if single and kind != "F" else
-                                 _ffn(f, i), norm, f.block)
+                                 _ffn(f, i), norm, f.block, _out_scale(f, i))
                        for i, kind in enumerate(_kinds(f)))
         for kind in "AM":  # the fields of the kinds it lacks
             _mixer(f, 0, kind)
@@ -175,6 +179,11 @@ def from_flat(**flat):
                          f"{e.field})") from None
 
 
+def _out_scale(f, i):
+    """LayerSpec.out_scale of layer i: 0.5 after every rescale_every-th block, else 1.0."""
+    return 0.5 if f.rescale_every and (i + 1) % f.rescale_every == 0 else 1.0
+
+
 def _kinds(f):
     return f.layer_pattern or "A" * f.n_layers
 
@@ -187,6 +196,9 @@ def _check_layers(f):
         v = getattr(f, name)
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             bad(f"{name} must be a positive integer, got {v!r}")
+    v = f.rescale_every
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        bad(f"rescale_every must be an integer >= 0 (0: off), got {v!r}")
     kinds = _kinds(f)
     if not isinstance(kinds, str) or len(kinds) != f.n_layers or set(kinds) - set(LAYER_KINDS):
         bad(f"layer_pattern must be {f.n_layers} letters of {LAYER_KINDS!r}, got {kinds!r}")
@@ -294,8 +306,7 @@ def _mixer(f, i, kind):
     return AttentionSpec(
         f.n_heads, f.n_kv_heads, f.head_dim, f.qkv_bias, f.o_bias, qk_norm, f.norm_eps,
         f.norm_offset, f.attn_scale, f.attn_sinks, None if nope else rope,
-        bias, f.attn_impl, mask=mask,
-        softcap=f.attn_softcap)
+        bias, mask=mask, scores=ScoresSpec(f.attn_impl, softcap=f.attn_softcap))
 
 
 def is_moe_layer(f, i):

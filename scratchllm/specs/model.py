@@ -10,9 +10,10 @@ sizes the same objects, so `size` and `LM` can never disagree. Plain Python: no 
 from dataclasses import dataclass
 
 from scratchllm.specs._check import fail, flag, instance, one_of, positive_int, real
-from scratchllm.specs.attention import AttentionSpec, MLASpec
+from scratchllm.specs.attention import AttentionSpec
 from scratchllm.specs.ffn import FFNSpec, MoESpec
 from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
+from scratchllm.specs.mla import MLASpec
 
 MIXERS = (AttentionSpec, MLASpec, MambaSpec, Mamba2Spec, RecurrentSpec, RWKVSpec)
 FFNS = (FFNSpec, MoESpec)
@@ -77,11 +78,14 @@ class MTPSpec:
 class LayerSpec:
     """One block: mixer, ffn (None = the block is the mixer alone), norm and its placement.
     mixer None: an MLP-only layer, the FFN sub-layer alone (NVIDIA's Mamba-2-Hybrid, Waleffe
-    et al. 2024, arXiv 2406.07887, makes each layer one of Mamba-2, attention or an MLP)."""
+    et al. 2024, arXiv 2406.07887, makes each layer one of Mamba-2, attention or an MLP).
+    out_scale: the block's output y times out_scale (1.0: as is; RWKV's inference rescale
+    halves the hidden state after every rescale_every-th block: 0.5)."""
     mixer: object = AttentionSpec()
     ffn: object = FFNSpec()
     norm: NormSpec = NormSpec()
     placement: str = "pre"
+    out_scale: float = 1.0
 
     def __post_init__(self):
         instance(self, "mixer", MIXERS, none_ok=True)
@@ -92,6 +96,7 @@ class LayerSpec:
             fail(self, f"an MLP-only block (mixer=None) is pre-norm, got {self.placement!r}")
         instance(self, "norm", NormSpec)
         one_of(self, "placement", ("pre", "post", "sandwich", "output"))
+        real(self, "out_scale", 0, open_low=True)
         if self.ffn is None and self.placement != "pre":
             fail(self, f"a mixer-only block (ffn=None) is pre-norm, got {self.placement!r}")
 

@@ -8,18 +8,22 @@ from_flat, so those checkpoints still load.
 """
 import dataclasses
 
-from scratchllm.specs.attention import (AttentionSpec, IndexerSpec, Mask, MLASpec,
-                                        RelativeBiasSpec, RopeSpec, TemperatureSpec)
+from scratchllm.specs.attention import (AttentionSpec, Mask, RelativeBiasSpec, RopeSpec,
+                                        ScoresSpec, TemperatureSpec)
 from scratchllm.specs.ffn import ExpertsSpec, FFNSpec, MoESpec, RouterSpec
 from scratchllm.specs.flat import from_flat
 from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
+from scratchllm.specs.mla import IndexerSpec, MLASpec
 from scratchllm.specs.model import HeadSpec, LayerSpec, ModelConfig, MTPSpec, NormSpec
 
 FORMAT = 2
 SPECS = {c.__name__: c for c in (AttentionSpec, Mask, MLASpec, RopeSpec, ExpertsSpec, FFNSpec,
                                  MoESpec, RouterSpec, Mamba2Spec, MambaSpec, RecurrentSpec,
                                  RWKVSpec, LayerSpec, NormSpec, HeadSpec, RelativeBiasSpec,
-                                 IndexerSpec, TemperatureSpec, MTPSpec)}
+                                 IndexerSpec, TemperatureSpec, MTPSpec, ScoresSpec)}
+# fields a spec has since moved into a sub-spec: {spec: (sub-spec field, its class, names)};
+# saved configs of before keep loading (AttentionSpec's impl, block and softcap: .scores)
+MOVED = {"AttentionSpec": ("scores", "ScoresSpec", ("impl", "block", "softcap"))}
 TRUNK = ("name", "vocab_size", "d_model", "tie_embeddings", "embed_scale", "positions",
          "max_positions", "type_vocab_size", "embed_norm", "final_norm", "pad_id",
          "logit_softcap")
@@ -40,6 +44,7 @@ def spec_from_dict(d):
         raise ValueError(f"config: expected a spec {{'spec': one of {sorted(SPECS)}, ...}}, "
                          f"got {d!r}")
     cls = SPECS[d["spec"]]
+    d = _moved_in(d)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - known - {"spec"})
     if unknown:
@@ -48,6 +53,19 @@ def spec_from_dict(d):
     return cls(**{k: spec_from_dict(v) if isinstance(v, dict) and "spec" in v else
                   tuple(v) if isinstance(v, list) else v  # JSON lists were tuples
                   for k, v in d.items() if k != "spec"})
+
+
+def _moved_in(d):
+    """d with the fields MOVED names gathered into their sub-spec (a config saved before the
+    move), else d itself."""
+    field, sub, names = MOVED.get(d["spec"], (None, None, ()))
+    old = {k: d[k] for k in names if k in d}
+    if not old:
+        return d
+    if field in d:
+        raise ValueError(f"config: {d['spec']} gives {sorted(old)} and {field!r}; {field} "
+                         f"holds them now, give one")
+    return {**{k: v for k, v in d.items() if k not in old}, field: {"spec": sub, **old}}
 
 
 FLAT_IDENTITY = ("vocab_size", "d_model", "n_layers", "n_heads")  # every flat config has them

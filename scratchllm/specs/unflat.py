@@ -6,10 +6,11 @@ from_flat(**answer) gives the config back.
 """
 import dataclasses
 
-from scratchllm.specs.attention import AttentionSpec, MLASpec
+from scratchllm.specs.attention import AttentionSpec
 from scratchllm.specs.ffn import MoESpec
 from scratchllm.specs.flat import RECURRENT, Flat, from_flat
 from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
+from scratchllm.specs.mla import MLASpec
 
 LETTER = {MambaSpec: "M", Mamba2Spec: "S", RWKVSpec: "W", AttentionSpec: "A", MLASpec: "A"}
 KIND_LETTER = {kind: letter for letter, kind in RECURRENT.items()}
@@ -26,7 +27,9 @@ def to_flat(cfg):
                 block=layers[0].placement, type_vocab_size=cfg.type_vocab_size,
                 embed_norm=cfg.embed_norm, final_norm=cfg.final_norm,
                 mlm_head=cfg.head.transform, pad_id=cfg.pad_id,
-                logit_softcap=cfg.logit_softcap)
+                logit_softcap=cfg.logit_softcap,
+                rescale_every=next((i + 1 for i, layer in enumerate(layers)
+                                    if layer.out_scale != 1.0), 0))
     if cfg.head.transform:  # the FFN's GELU below, when it has one, must be the same
         flat["gelu_approx"] = cfg.head.gelu_approx
     kinds = "".join(mixer_letter(layer.mixer) for layer in layers)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from scratchllm.specs._check import fail, flag, instance, one_of, positive_int, real
 from scratchllm.specs.attention import AttentionSpec, Mask
 from scratchllm.specs.ffn import FFNSpec
-from scratchllm.specs.model import LayerSpec, ModelConfig, NormSpec
+from scratchllm.specs.model import LayerSpec, NormSpec
 
 # ViT-Base's block (Dosovitskiy et al. 2020, table 1): 12 heads, MLP 3072, LayerNorm
 VIT_BASE_LAYER = LayerSpec(AttentionSpec(12, 12, qkv_bias=True, o_bias=True, rope=None,
@@ -247,50 +247,3 @@ class MergerSpec:
         positive_int(self, "merge_size")
         real(self, "eps", 0.0, open_low=True)
         one_of(self, "gelu_approx", ("none", "tanh"))
-
-
-@dataclass(frozen=True)
-class LlavaConfig:
-    """A LLaVA vision-language model (Liu et al. 2023, arXiv 2304.08485): an image encoder
-    (vision), a two-layer GELU projector (Linear, GELU, Linear; projector_bias, gelu_approx
-    "none" (erf) | "tanh"), and a decoder LM (text). The image's hidden state after
-    feature_layer blocks (transformers' hidden_states index: -2 the one before the last)
-    loses its first token when select is "default" ([CLS]), is projected to the LM's width,
-    and takes the places of the image_token_id tokens of the input, in order."""
-    name: str = "custom"
-    vision: VisionConfig = VisionConfig()
-    text: ModelConfig = ModelConfig()
-    feature_layer: int = -2
-    select: str = "default"
-    projector_bias: bool = True
-    gelu_approx: str = "none"
-    image_token_id: int = 0
-
-    def __post_init__(self):
-        instance(self, "vision", VisionConfig)
-        instance(self, "text", ModelConfig)
-        one_of(self, "select", ("default", "full"))
-        one_of(self, "gelu_approx", ("none", "tanh"))
-        flag(self, "projector_bias")
-        positive_int(self, "image_token_id", low=0)
-        L = self.vision.n_layers
-        if isinstance(self.feature_layer, bool) or not isinstance(self.feature_layer, int) \
-                or not -L - 1 <= self.feature_layer <= L:
-            fail(self, f"feature_layer must index the {L + 1} hidden states of the vision "
-                       f"encoder, got {self.feature_layer!r}", "feature_layer")
-        if self.image_token_id >= self.text.vocab_size:
-            fail(self, f"image_token_id={self.image_token_id} is outside the vocabulary "
-                       f"({self.text.vocab_size})", "image_token_id")
-        if self.text.positions != "none" or self.text.embed_scale:
-            fail(self, "the LM's input is its token embedding alone (positions='none', no "
-                       "embed_scale), where image features take the image tokens' places",
-                 "text")
-
-    @property
-    def n_layers(self):
-        return self.text.n_layers
-
-    def n_params(self):
-        Dv, Dt = self.vision.d_model, self.text.d_model
-        proj = Dv * Dt + Dt * Dt + (2 * Dt if self.projector_bias else 0)
-        return self.vision.n_params() + proj + self.text.n_params()

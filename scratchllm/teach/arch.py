@@ -8,7 +8,7 @@ defaults. Sources: each config's published config.json or paper, cited beside it
 """
 from dataclasses import replace
 
-from scratchllm.specs import (ExpertsSpec, FFNSpec, LayerSpec, MLASpec, ModelConfig, MoESpec,
+from scratchllm.specs import (AttentionSpec, ExpertsSpec, FFNSpec, LayerSpec, MLASpec, ModelConfig, MoESpec,
                               RouterSpec, from_flat)
 
 
@@ -27,6 +27,17 @@ def _deepseek(name, vocab_size, d_model, n_dense, dense_d_ff, n_moe, moe):
     layers = ((LayerSpec(mla, FFNSpec("swiglu", dense_d_ff)),) * n_dense
               + (LayerSpec(mla, moe),) * n_moe)
     return ModelConfig(name, vocab_size, d_model, layers)
+
+
+def _gemma3(name, vocab_size, d_model, n_layers, n_heads, n_kv_heads, head_dim, d_ff, window):
+    """Gemma 3's layout: five sliding-window layers per global one (layer i is global when
+    (i + 1) % 6 == 0), QK-norm, GeGLU, sandwich norms, tied head (the hub's gemma3_text)."""
+    types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+             for i in range(n_layers)]
+    return _gqa(name, vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_ff,
+                head_dim=head_dim, window=window, layer_types=types, rope_base=1e6,
+                rope_local_base=1e4, qk_norm=True, ffn="geglu", gelu_approx="tanh",
+                block="sandwich", norm_offset=1.0, embed_scale=True, tie_embeddings=True)
 
 
 MODELS = {cfg.name: cfg for cfg in [
@@ -59,6 +70,10 @@ MODELS = {cfg.name: cfg for cfg in [
     _gqa("gpt-3-175b", 50257, 12288, 96, 96, 96, 4 * 12288, tie_embeddings=True,
          ffn="gelu_mlp", norm="layernorm", qkv_bias=True, o_bias=True, positions="learned",
          max_positions=2048),
+    # google/gemma-3-1b-pt and gemma-3-4b-pt config.json (text): 999,885,952 and
+    # 3,880,263,168 parameters, as transformers' Gemma3ForCausalLM counts them
+    _gemma3("gemma-3-1b", 262144, 1152, 26, 4, 1, 256, 6912, 512),
+    _gemma3("gemma-3-4b", 262208, 2560, 34, 8, 4, 256, 10240, 1024),
     # state-spaces/mamba-130m-hf: 24 Mamba mixers, no MLP, no attention, tied head
     from_flat(name="mamba-130m", vocab_size=50280, d_model=768, n_layers=24,
               layer_pattern="M" * 24, ffn="none", tie_embeddings=True),
@@ -70,6 +85,17 @@ def get(name):
     if name not in MODELS:
         raise ValueError(f"arch.get: unknown model {name!r}; known: {', '.join(MODELS)}")
     return MODELS[name]
+
+
+def without_windows(cfg):
+    """cfg with every attention layer global (its window and sinks dropped): the same weights,
+    and the cache a model of global layers only (Llama, Gemma 1) keeps."""
+    def drop(mixer):
+        return replace(mixer, mask=replace(mixer.mask, window=None, n_sink=0))
+    attention = (AttentionSpec, MLASpec)
+    return replace(cfg, layers=tuple(
+        replace(layer, mixer=drop(layer.mixer)) if isinstance(layer.mixer, attention) else layer
+        for layer in cfg.layers))
 
 
 def with_mixer(cfg, mixer):

@@ -2,15 +2,18 @@
 12·L·D² for the blocks' weights, 2N / 6N FLOPs per token, the context at which attention
 overtakes the weight matmuls, L·W through stacked sliding windows, and a Mamba state against
 the KV cache at 1k / 32k / 1M tokens, F ≈ 8/3·D (Llama: 3.5·D), the embedding's share of a
-small model with a large vocabulary, and DeepSeek-V2's KV cut against DeepSeek 67B.
+small model with a large vocabulary, DeepSeek-V2's KV cut against DeepSeek 67B, and Gemma 3's
+KV cache against its weights at 32K with and without its local layers.
 `python -m scratchllm size` prints them beside the exact counts (--explain shows the
 formulas). Pure Python, as sizing is.
 """
 from typing import NamedTuple
 
 from scratchllm.specs import FFNSpec, MambaSpec, MoESpec
+from scratchllm.teach.arch import without_windows
 from scratchllm.teach.sizing import (attention_spec, attention_width, ffns, kv_cache, mixers,
-                                     n_attention_layers, parameters, sliding_window, weights)
+                                     n_attention_layers, n_global_layers, nbytes, parameters,
+                                     sliding_window, weights)
 
 CONTEXTS = (1024, 32768, 1048576)  # 1k, 32k, 1M tokens
 
@@ -67,8 +70,12 @@ def attention_crossover(cfg, convention="4n2d"):
 
 def receptive_field(cfg):
     """L·W tokens: how far back the last layer sees through stacked sliding windows of W
-    (each layer reaches W further back). 0 without a window. Mistral-7B-v0.1: 32·4096."""
+    (each layer reaches W further back). 0 without a window; None when some layers have one
+    and others are global (Gemma 3): a global layer sees every token. Mistral-7B-v0.1:
+    32·4096."""
     window = sliding_window(cfg)
+    if window and n_global_layers(cfg):
+        return None
     return n_attention_layers(cfg) * window if window else 0
 
 
@@ -94,7 +101,7 @@ def cache_at(cfg, contexts=CONTEXTS, dtype="bf16"):
     out = []
     for T in contexts:
         c = kv_cache(cfg, T, 1, dtype)
-        out.append((T, c.tokens * c.bytes_per_token, c.state_bytes))
+        out.append((T, c.kv_bytes, c.state_bytes))
     return out
 
 
@@ -138,3 +145,38 @@ def kv_cut(cfg, reference, bits=6):
     mine = n_attention_layers(cfg) * kv_cache(cfg).elements_per_layer
     ref = n_attention_layers(reference) * kv_cache(reference).elements_per_layer
     return KVCut(mine, ref, 1 - mine / ref, 1 - mine * bits / (ref * 16))
+
+
+class KVOverhead(NamedTuple):
+    kv: int             # bytes of one sequence's KV cache at the context, as cfg's layers keep it
+    weights: int        # bytes of all the weights
+    ratio: float        # kv / weights
+    global_kv: int      # the same cache with every layer global (without_windows)
+    global_ratio: float  # global_kv / weights
+
+
+def kv_overhead(cfg, context=32768, dtype="bf16"):
+    """One sequence's KV cache against the weights' memory, both in `dtype`, as cfg keeps it
+    and with every attention layer global. The Gemma 3 report (arXiv 2503.19786, §5, Fig. 5:
+    KV cache against model memory with a 32K pre-fill) finds a global-only model's cache near
+    60% of its weights and the local:global mix under 15%. Gemma 3 4B (34 layers, 2·4·256
+    numbers per token per layer; 5 global layers keep 32,768 tokens, 29 local ones 1,024):
+    4,563,402,752 bytes all global = 58.8% of 7,760,526,336 bf16 weight bytes; 792,723,456 =
+    10.2% with its windows."""
+    weights = nbytes(parameters(cfg).total, dtype)
+    kv = kv_cache(cfg, context, 1, dtype).kv_bytes
+    full = kv_cache(without_windows(cfg), context, 1, dtype).kv_bytes
+    return KVOverhead(kv, weights, kv / weights, full, full / weights)
+
+
+class Int4Weights(NamedTuple):
+    rule: int   # ½ byte per parameter
+    exact: int  # 4-bit codes and a bf16 scale per group (sizing.dtype_bytes)
+
+
+def int4_weights(cfg, dtype="int4"):
+    """cfg's weights in 4 bits: the rule's ½ byte per parameter (Llama 3 70B in ~35 GB)
+    against the bytes with the scales, 2/g more per parameter (g = 128: +3.1%; int4-g32,
+    llama.cpp's Q4_0: +12.5%)."""
+    n = parameters(cfg).total
+    return Int4Weights(n // 2 + n % 2, nbytes(n, dtype))

@@ -219,13 +219,22 @@ def max_batch(cfg, hw, context, dtype="bf16", kv_dtype=None):
     per_sequence = kv_cache_bytes(cfg, context, 1, kv_dtype or dtype)
     if free < per_sequence:
         return 0
-    return free // per_sequence if per_sequence else 10 ** 9
+    return int(free // per_sequence) if per_sequence else 10 ** 9
 
 
 def knee(cfg, hw, context, dtype="bf16", kv_dtype=None, limit=1 << 20):
     """The smallest batch at which a decode step turns compute-bound (None if it never does
-    up to `limit`, as when the KV cache grows with the batch as fast as the FLOPs):
-    tokens/s rises ~linearly with the batch before it and flattens after."""
+    up to `limit`): tokens/s rises ~linearly with the batch before it and flattens after.
+    Memory is not a limit here (max_batch is): the knee may lie beyond what fits.
+
+    Once a batch reads every expert, a step moves W + b·K bytes for b·F FLOPs (W the weights
+    read, F and K one sequence's FLOPs and KV bytes), so with the ridge R = peak / bandwidth
+        knee = ceil(R·W / (F − R·K))        when F / K > R (sequence_intensity), else never.
+    GQA at long context: F / K falls below R (Llama-3-8B on an H100 at 4096 tokens: never).
+    Absorbed MLA's attention alone does 2·H·(2·Dc + Dr) FLOPs per 2·(Dc + Dr) bytes of cache
+    (DeepSeek-V3: 128·1088/576 = 242 FLOP/B, above an H200's R = 206), so longer contexts
+    bring its knee down: 3,642 at 1,024 tokens, 1,776 at 32,768, on an H200 in bf16 (where
+    the 671B weights alone need 9.5 devices' memory)."""
     lo, hi = 1, limit
     if decode_step(cfg, hw, hi, context, dtype, kv_dtype).bound == "memory":
         return None
@@ -236,6 +245,16 @@ def knee(cfg, hw, context, dtype="bf16", kv_dtype=None, limit=1 << 20):
         else:
             lo = mid + 1
     return lo
+
+
+def sequence_intensity(cfg, context, dtype="bf16", kv_dtype=None):
+    """F / K: one sequence's decode FLOPs per byte of its own cache (and states) at `context`,
+    the intensity a decode step tends to as the batch grows (the weights' bytes shared by
+    ever more tokens). A knee exists iff it is above the ridge; inf without a cache."""
+    _, active = weight_numbers(cfg, 1)
+    kv = kv_cache_bytes(cfg, context, 1, kv_dtype or dtype)
+    flops = 2 * active + attention_flops(cfg, context)
+    return flops / kv if kv else float("inf")
 
 
 def batch_sweep(cfg, hw, context, dtype="bf16", kv_dtype=None):

@@ -26,8 +26,11 @@ FLOPs per token (Kaplan et al. 2020, Table 1), context T:
     Dqk = Dh (MLA: Dn + Dr) the query-key width of a head.
 KV cache elements per token per attention layer: 2·Hkv·Dh (MHA Hkv = H, MQA Hkv = 1);
     MLA absorbed Dc + Dr (one latent, one shared rope key); MLA naive H·(Dn + Dr + Dv).
-Serving memory = params·bytes(weights) + B·(T·La·cache per token per layer + Mamba states)
-    ·bytes(cache); a sliding window keeps min(T, window + n_sink) tokens.
+Serving memory = params·bytes(weights) + B·(Σ_layers T_l·cache per token per layer + Mamba
+    states)·bytes(cache); a layer with a sliding window keeps T_l = min(T, window + n_sink)
+    tokens, a global one T (Gemma 3: five local layers of 1024 per global one).
+Bytes per number: fp32 4, bf16/fp16 2, fp8/int8 1, int4 ½ + 2/g (a bf16 scale per group of g
+    numbers; "int4" g = 128, "int4-g32" g = 32).
 
 Glossary: V vocab, D d_model, L layers, H query heads, Hkv KV heads, Dh head dim, F dense FFN
 hidden, E routed experts, K top-k, Fe expert hidden, Fs shared experts' hidden (S·Fe for S
@@ -35,6 +38,8 @@ shared experts), Dq query latent (q_lora_rank), Dc KV latent (kv_lora_rank), Dn/
 nope/rope/value head dims, P learned positions, T context, B batch; Mamba: Di = expand·D inner
 width, N state size, R = ceil(D/16).
 """
+import math
+from dataclasses import replace
 from typing import NamedTuple
 
 from scratchllm.specs import AttentionSpec, FFNSpec, MambaSpec, MLASpec, MoESpec
@@ -69,7 +74,9 @@ kv_cache_elements("mla", kv_lora_rank=512, qk_rope_head_dim=64)
     return 2 * heads * head_dim
 
 
-DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "fp16": 2, "float16": 2, "fp8": 1, "int8": 1}
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "fp16": 2, "float16": 2, "fp8": 1, "int8": 1,
+               "int4": 0.5}  # before scales: dtype_bytes adds int4's
+INT4_GROUP, SCALE_BYTES = 128, 2  # int4: one bf16 scale per group of 128 numbers
 
 
 # ---------------------------------------------------------------- the layers of a config
@@ -88,21 +95,53 @@ def n_attention_layers(cfg):
 
 
 def attention_spec(cfg):
-    """The AttentionSpec or MLASpec of cfg's attention layers; None without attention. Layers
-    whose attention differs (a window in some only) are refused: their cache and FLOPs are not
-    one per-layer number times La."""
+    """The AttentionSpec or MLASpec of cfg's attention layers (the first one's); None without
+    attention. The layers may differ in their masks (a window in some only: Gemma 3's five
+    sliding-window layers per global one) and positions (a RoPE base per kind): neither changes
+    a layer's weights or what it caches per token, and layer_tokens reads each layer's own
+    mask. Layers whose sizes differ are refused: their cache and FLOPs are not one per-layer
+    number times La."""
     at = [i for i, layer in enumerate(cfg.layers) if isinstance(layer.mixer, ATTENTION)]
-    other = next((i for i in at if cfg.layers[i].mixer != cfg.layers[at[0]].mixer), None)
+    if not at:
+        return None
+    first = cfg.layers[at[0]].mixer
+
+    def same_sizes(m):
+        return type(m) is type(first) and replace(m, mask=first.mask, rope=first.rope) == first
+
+    other = next((i for i in at if not same_sizes(cfg.layers[i].mixer)), None)
     if other is not None:
         raise ValueError(f"sizing: cfg {cfg.name!r} has attention layers {at[0]} and {other} "
-                         f"with different specs; sizing reads one attention spec per model")
-    return cfg.layers[at[0]].mixer if at else None
+                         f"with different sizes; sizing reads one attention spec per model "
+                         f"(masks and positions may differ)")
+    return first
+
+
+def layer_windows(cfg):
+    """W + n_sink of each attention layer in order (None: a global layer, it keeps every
+    token). Gemma 3: five local layers of 1024 per global one."""
+    attention_spec(cfg)  # the layers' sizes agree
+    return tuple(None if layer.mixer.mask.window is None
+                 else layer.mixer.mask.window + layer.mixer.mask.n_sink
+                 for layer in cfg.layers if isinstance(layer.mixer, ATTENTION))
 
 
 def sliding_window(cfg):
-    """W of cfg's attention layers; None without a sliding window (or without attention)."""
-    spec = attention_spec(cfg)
-    return spec.mask.window if spec else None
+    """W of cfg's sliding-window attention layers (all of them, or some: Gemma 3's local
+    layers); None without a window (or without attention). Windows of different widths are
+    refused."""
+    windows = {layer.mixer.mask.window for layer in cfg.layers
+               if isinstance(layer.mixer, ATTENTION) and layer.mixer.mask.window is not None}
+    attention_spec(cfg)
+    if len(windows) > 1:
+        raise ValueError(f"sizing: cfg {cfg.name!r} has sliding windows of {sorted(windows)} "
+                         f"tokens; sizing reads one window per model")
+    return windows.pop() if windows else None
+
+
+def n_global_layers(cfg):
+    """Attention layers without a window: they keep all T tokens."""
+    return sum(w is None for w in layer_windows(cfg))
 
 
 def biases(spec, d_model):
@@ -167,15 +206,14 @@ def parameters(cfg):
 
 def flops_per_token(cfg, context, training=False):
     """FLOPs for one token attending to `context` tokens (Kaplan et al. 2020, Table 1):
-    forward 2·N + 2·La·T·H·Dqk, training 3× forward. N = active parameters that enter a
-    matmul: the head does (also when tied), embedding and position lookups do not. The Mamba
-    scan itself (a few Di·N per token) is not counted. A sliding window attends to at most
-    window + n_sink tokens, so T = min(context, window + n_sink) there."""
+    forward 2·N + 2·Σ_layers T_l·H·Dqk, training 3× forward. N = active parameters that enter
+    a matmul: the head does (also when tied), embedding and position lookups do not. The Mamba
+    scan itself (a few Di·N per token) is not counted. A layer with a sliding window attends
+    to at most window + n_sink tokens, T_l = min(context, window + n_sink); the others T."""
     p = parameters(cfg)
     n = p.active - p.parts.get("embedding", (0, 0))[0] - p.parts.get("positions", (0, 0))[0]
     n += cfg.vocab_size * cfg.d_model if cfg.tie_embeddings else 0
-    T = tokens_kept(cfg, context)
-    forward = 2 * n + 2 * n_attention_layers(cfg) * T * attention_width(cfg)
+    forward = 2 * n + 2 * sum(layer_tokens(cfg, context)) * attention_width(cfg)
     return 3 * forward if training else forward
 
 
@@ -191,9 +229,34 @@ def attention_width(cfg):
 # ---------------------------------------------------------------- KV cache and serving memory
 
 def dtype_bytes(dtype):
+    """Bytes per number in `dtype`, scales included: whole-byte formats their itemsize; "int4"
+    half a byte plus a 2-byte (bf16) scale per group of 128 numbers, 0.515625 (4.125 bits,
+    GPTQ's and AWQ's default groups); "int4-g32" groups of 32, 0.5625 (llama.cpp's Q4_0)."""
+    group = int4_group(dtype)
+    if group is not None:
+        return 0.5 + SCALE_BYTES / group
     if dtype not in DTYPE_BYTES:
-        raise ValueError(f"sizing: unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
+        raise ValueError(f"sizing: unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)} "
+                         f"and int4-gN (int4 in groups of N)")
     return DTYPE_BYTES[dtype]
+
+
+def int4_group(dtype):
+    """The group size of an int4 dtype name ("int4": 128, "int4-g64": 64); None for the
+    others."""
+    if dtype == "int4":
+        return INT4_GROUP
+    if not (isinstance(dtype, str) and dtype.startswith("int4-g")):
+        return None
+    digits = dtype[len("int4-g"):]
+    if not digits.isdigit() or int(digits) < 1:
+        raise ValueError(f"sizing: int4 groups are named int4-gN with N >= 1, got {dtype!r}")
+    return int(digits)
+
+
+def nbytes(numbers, dtype):
+    """Bytes of `numbers` numbers in `dtype` (scales included), rounded up to a whole byte."""
+    return math.ceil(numbers * dtype_bytes(dtype))
 
 
 def kv_elements_per_token_layer(cfg, absorbed=True):
@@ -208,36 +271,42 @@ def kv_elements_per_token_layer(cfg, absorbed=True):
     return spec.kv_per_token(cfg.d_model)
 
 
+def layer_tokens(cfg, context):
+    """Tokens each attention layer keeps (and a query there attends to) at `context`, in
+    layer order: T, or min(T, window + n_sink) in a layer with a sliding window."""
+    return tuple(context if w is None else min(context, w) for w in layer_windows(cfg))
+
+
 def tokens_kept(cfg, context):
-    """Tokens an attention layer keeps (and a query attends to) at `context`: all of them, or
-    min(context, window + n_sink) with a sliding window."""
-    spec = attention_spec(cfg)
-    if spec is None or spec.mask.window is None:
-        return context
-    return min(context, spec.mask.window + spec.mask.n_sink)
+    """Tokens the attention layer that keeps most keeps at `context` (T when any layer is
+    global; min(T, W + n_sink) when every layer has a window); `context` without attention."""
+    return max(layer_tokens(cfg, context), default=context)
 
 
 class CacheSize(NamedTuple):
     elements_per_layer: int  # per token per attention layer
     bytes_per_layer: int     # per token per attention layer
-    bytes_per_token: int     # per token, all attention layers
-    tokens: int              # tokens kept per sequence: T, or window + n_sink
+    bytes_per_token: int     # per token held by every attention layer (La · bytes_per_layer)
+    tokens: int              # tokens kept per sequence by the layer that keeps most
     state_bytes: int         # per sequence, the states of the Mamba and recurrent mixers
                              # (their specs' state_per_sequence)
-    bytes: int               # batch · (tokens · bytes_per_token + state_bytes)
+    bytes: int               # batch · (kv_bytes + state_bytes)
+    layer_tokens: tuple      # tokens kept per sequence by each attention layer
+    kv_bytes: int            # per sequence: Σ layer_tokens · bytes_per_layer
 
 
 def kv_cache(cfg, context=1, batch=1, dtype="bf16", absorbed=True):
-    """Cache sizes of ModelConfig `cfg` for `batch` sequences of `context` tokens in `dtype`."""
-    size = dtype_bytes(dtype)
+    """Cache sizes of ModelConfig `cfg` for `batch` sequences of `context` tokens in `dtype`,
+    layer by layer (a window in some layers only keeps fewer tokens there)."""
     elements = kv_elements_per_token_layer(cfg, absorbed)
-    per_token = n_attention_layers(cfg) * elements * size
-    tokens = tokens_kept(cfg, context)
+    per_layer = nbytes(elements, dtype)
+    kept = layer_tokens(cfg, context)
     recurrent = [layer.mixer for layer in cfg.layers
                  if layer.mixer is not None and not isinstance(layer.mixer, ATTENTION)]
-    state = sum(m.state_per_sequence(cfg.d_model) for m in recurrent) * size
-    return CacheSize(elements, elements * size, per_token, tokens, state,
-                     batch * (tokens * per_token + state))
+    state = nbytes(sum(m.state_per_sequence(cfg.d_model) for m in recurrent), dtype)
+    kv = sum(kept) * per_layer
+    return CacheSize(elements, per_layer, len(kept) * per_layer, tokens_kept(cfg, context),
+                     state, batch * (kv + state), kept, kv)
 
 
 class ServingMemory(NamedTuple):
@@ -249,7 +318,7 @@ class ServingMemory(NamedTuple):
 def serving_memory(cfg, context, batch, dtype="bf16", kv_dtype=None):
     """Bytes to serve `batch` sequences of `context` tokens: all weights in `dtype`, plus the
     (absorbed) cache in `kv_dtype` (default: `dtype`). Activations and overheads not counted."""
-    weight_bytes = parameters(cfg).total * dtype_bytes(dtype)
+    weight_bytes = nbytes(parameters(cfg).total, dtype)
     cache = kv_cache(cfg, context, batch, kv_dtype or dtype).bytes
     return ServingMemory(weight_bytes, cache, weight_bytes + cache)
 

@@ -19,11 +19,13 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core.gelu import gelu_backward, gelu_forward
-from scratchllm.core.nn import Linear, Module
+from scratchllm.core.nn import Linear
 from scratchllm.core.validate import expect_int, expect_ndim
 from scratchllm.lm import LM
-from scratchllm.specs.vision import LlavaConfig
+from scratchllm.specs.vision_lm import LlavaConfig
 from scratchllm.vision.model import VisionTransformer
+from scratchllm.vision.preprocess import preprocess
+from scratchllm.vision.vlm import ImageTokensLM
 
 
 class LlavaCache(NamedTuple):
@@ -37,7 +39,7 @@ class LlavaCache(NamedTuple):
     feature_shape: tuple  # the vision encoder's output shape (Bi, N', Dv)
 
 
-class Llava(Module):
+class Llava(ImageTokensLM):
     """The model of a LlavaConfig (Params: tower, proj1, proj2, lm)."""
 
     def __init__(self, cfg, *, rng, dtype=np.float32):
@@ -49,13 +51,6 @@ class Llava(Module):
         self.proj1 = Linear(Dv, Dt, bias=cfg.projector_bias, rng=rng, dtype=dtype)
         self.proj2 = Linear(Dt, Dt, bias=cfg.projector_bias, rng=rng, dtype=dtype)
         self.lm = LM(cfg.text, rng=rng, dtype=dtype)
-
-    @property
-    def dtype(self):
-        return self.lm.dtype
-
-    def named_buffers(self):
-        return [(f"lm.{n}", b) for n, b in self.lm.named_buffers()]
 
     def image_features(self, pixel_values):
         """pixel_values (Bi, C, H, W) -> (projected features (Bi, N, Dt), caches)."""
@@ -81,19 +76,27 @@ class Llava(Module):
                 raise ValueError(f"Llava: input_ids hold {int(image.sum())} image tokens "
                                  f"({self.cfg.image_token_id}); {p.shape[0]} image(s) give "
                                  f"{p.shape[0] * p.shape[1]} features")
-            x = x.copy()
-            x[image] = p.reshape(-1, p.shape[2])  # (B, T, Dt)
+            x = self.place_features(x, image, p.reshape(-1, p.shape[2]))  # (B, T, Dt)
         elif image.any():
             raise ValueError("Llava: input_ids hold image tokens but no pixel_values")
         return x, c_emb, image, parts
 
-    def forward(self, input_ids, pixel_values=None):
+    def forward(self, input_ids, pixel_values=None, *, attention_mask=None):
         """input_ids (B, T) ints [, pixel_values (Bi, C, H, W)] -> (logits (B, T, V),
-        LlavaCache). The image tokens (image_token_id) must number Bi * N."""
+        LlavaCache). The image tokens (image_token_id) must number Bi * N. attention_mask
+        (all ones), which transformers' processor also gives, is checked and adds nothing."""
+        self.check_extras(input_ids, attention_mask)
         x, c_emb, image, parts = self._inputs(input_ids, pixel_values)  # (B, T, Dt)
         logits, c_lm = self.lm.trunk_forward(x)  # (B, T, V)
         c_vis, c1, c_act, c2, shape = parts
         return logits, LlavaCache(c_vis, c1, c_act, c2, c_emb, image, c_lm, shape)
+
+    def image_inputs(self, images, spec):
+        """images (paths or PIL images) and the checkpoint's ImageProcessorSpec -> (prefill's
+        and forward's keywords {"pixel_values": (Bi, C, H, W)}, image tokens per image)."""
+        pixel_values = preprocess(images, spec)  # (Bi, C, H, W)
+        n = self.cfg.vision.patch.n_positions - (self.cfg.select == "default")
+        return {"pixel_values": pixel_values}, [n] * len(pixel_values)
 
     def init_state(self, batch, max_len):
         """The LM's decoding state."""
@@ -109,14 +112,14 @@ class Llava(Module):
         """One text token per sequence (B,) at `position` -> logits (B, V)."""
         return self.lm.decode(ids_t, state, position)
 
-    def backward(self, dlogits, cache):
+    def backward(self, dlogits, cache, encoder=True):
         """dlogits (B, T, V) -> Param grads (+=); returns d pixel_values (None without an
-        image)."""
+        image, or with encoder=False: the image encoder below the projector gets no
+        gradient, as in LLaVA's stage 1, and its backward is not run)."""
         dx = self.lm.trunk_backward(dlogits, cache.lm)  # fwd: logits = trunk(x_0)
         dpixels = None
         if cache.vision is not None:
-            dp = dx[cache.image]  # fwd: x_0[image] = p   (Bi*N, Dt)
-            dx = np.where(cache.image[..., None], 0, dx)  # the embedding lost those rows
+            dp, dx = self.split_grad(dx, cache.image)  # fwd: x_0[image] = p   (Bi*N, Dt)
             Bi, n_tokens, _ = cache.feature_shape
             N = n_tokens - (1 if self.cfg.select == "default" else 0)
             dg = self.proj2.backward(dp.reshape(Bi, N, -1), cache.proj2)  # fwd: p = g W2 + b2
@@ -124,6 +127,6 @@ class Llava(Module):
             df = self.proj1.backward(da, cache.proj1)  # fwd: a = f W1 + b1
             if self.cfg.select == "default":  # fwd: f = f[:, 1:]
                 df = np.concatenate([np.zeros_like(df[:, :1]), df], axis=1)
-            dpixels = self.tower.backward(df, cache.vision)
+            dpixels = self.tower.backward(df, cache.vision) if encoder else None
         self.lm.embed.backward(dx, cache.embed)  # fwd: x_0 = E[input_ids]
         return dpixels

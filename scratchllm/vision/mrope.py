@@ -12,9 +12,10 @@ decoding step T + k of that row is at position T + k + delta in all three rows.
 The vision tower's own RoPE is 2-D (vision_rope): a patch at grid (h, w) turns its first
 Dh/4 pairs by h * f_j, the next Dh/4 by w * f_j, f_j = theta^(-2j / (Dh/2)), j < Dh/4 (the
 same frequencies for both axes); the patches in merge-group order, as dynamic.py lays them.
-It is a Rope with sections (Dh/4, Dh/4) over the rows (h, w, h) (the third row turns nothing).
-In the tower each patch attends the patches of its own image (frame group) only
-(image_attention_mask: transformers' cu_seqlens as a block-diagonal Mask).
+It is M-RoPE with sections (Dh/4, Dh/4), RopeSpec.axial, over the rows (h, w, h)
+(vision_positions; the third row turns nothing).
+In the tower each patch attends the patches of its own frame only (frame_ids; one frame per
+still image; image_attention_mask: transformers' cu_seqlens as a block-diagonal Mask).
 Reference: huggingface/transformers src/transformers/models/qwen2_vl/modeling_qwen2_vl.py
 (Qwen2VLModel.get_rope_index, get_vision_position_ids, Qwen2VLVisionRotaryEmbedding);
 huggingface/transformers src/transformers/vision_utils.py (get_vision_position_ids).
@@ -23,8 +24,8 @@ Glossary: B batch, T tokens, p running position, m spatial merge size.
 """
 import numpy as np
 
-from scratchllm.attention.rope import Rope
-from scratchllm.specs.attention import Mask
+from scratchllm.attention.rope import make_rope
+from scratchllm.specs.attention import Mask, RopeSpec
 from scratchllm.core.validate import expect_int
 
 
@@ -74,29 +75,43 @@ def _grids(fn, image_grid_thw, merge_size):
     return grids
 
 
-def vision_rope(image_grid_thw, head_dim, theta=10000.0, merge_size=2):
-    """The Rope of the vision tower's N = sum(t h w) patches (merge-group order, image by
-    image, each frame's (h, w) positions repeated over its t frames); head_dim a multiple of
-    4."""
-    grids = _grids("vision_rope", image_grid_thw, merge_size)
-    if head_dim % 4:
-        raise ValueError(f"vision_rope: head_dim must be a multiple of 4 (h and w each turn "
-                         f"head_dim/4 pairs), got {head_dim}")
+def vision_positions(image_grid_thw, merge_size=2):
+    """The tower's positions of its N = sum(t h w) patches (merge-group order, image by image,
+    each frame's (h, w) repeated over its t frames): (3, N) int64 rows (h, w, h), the rows
+    axial M-RoPE with sections (Dh/4, Dh/4) reads (the third turns nothing)."""
+    grids = _grids("vision_positions", image_grid_thw, merge_size)
     m, rows = merge_size, []
     for t, h, w in grids.tolist():
         hh, ww = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")  # (h, w)
         hw = np.stack([hh, ww]).reshape(2, h // m, m, w // m, m).transpose(0, 1, 3, 2, 4)
         rows.append(np.tile(hw.reshape(2, h * w), t))  # (2, t h w) merge-group order
     hw = np.concatenate(rows, axis=1) if rows else np.zeros((2, 0), np.int64)  # (2, N)
+    return np.concatenate([hw, hw[:1]]).astype(np.int64)  # (3, N)
+
+
+def vision_rope(image_grid_thw, head_dim, theta=10000.0, merge_size=2):
+    """The Rope of the vision tower's N = sum(t h w) patches (vision_positions) with the axial
+    frequencies (RopeSpec(theta, mrope_section=(Dh/4, Dh/4), axial=True)); head_dim a
+    multiple of 4."""
+    if head_dim % 4:
+        raise ValueError(f"vision_rope: head_dim must be a multiple of 4 (h and w each turn "
+                         f"head_dim/4 pairs), got {head_dim}")
     q = head_dim // 4
-    inv = 1.0 / theta ** (np.arange(0, 2 * q, 2, dtype=np.float64) / (2 * q))  # (Dh/4,)
-    return Rope(np.concatenate([inv, inv]), "half", 1.0, np.concatenate([hw, hw[:1]]),
-                sections=(q, q))
+    return make_rope(RopeSpec(theta, mrope_section=(q, q), axial=True), head_dim,
+                     vision_positions(image_grid_thw, merge_size))
+
+
+def frame_ids(image_grid_thw):
+    """(N,) ints: the frame of each of the tower's N = sum(t h w) patches, counted over all
+    images (image i's t frames of h w consecutive rows each): what a patch attends is its own
+    frame (transformers' cu_seqlens, one segment per frame)."""
+    grids = _grids("frame_ids", image_grid_thw, 1)
+    frames = np.repeat(grids[:, 1] * grids[:, 2], grids[:, 0])  # (sum t,) patches per frame
+    return np.repeat(np.arange(len(frames)), frames)  # (N,)
 
 
 def image_attention_mask(image_grid_thw):
-    """Mask(array=(1, 1, N, N)) (the whole pattern; no causal order): patch i may attend patch j when both belong to
-    the same image (its t h w consecutive rows), N = sum(t h w)."""
-    grids = _grids("image_attention_mask", image_grid_thw, 1)
-    image = np.repeat(np.arange(len(grids)), grids.prod(axis=1))  # (N,)
-    return Mask(array=(image[:, None] == image[None, :])[None, None])
+    """Mask(array=(1, 1, N, N)) (the whole pattern; no causal order): patch i may attend
+    patch j when both belong to the same frame of the same image (frame_ids)."""
+    frame = frame_ids(image_grid_thw)  # (N,)
+    return Mask(array=(frame[:, None] == frame[None, :])[None, None])

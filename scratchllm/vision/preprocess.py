@@ -34,8 +34,9 @@ PROCESSORS = {
     "SiglipImageProcessor": dict(resample=3, do_convert_rgb=True),
     "CLIPImageProcessor": dict(resample=3, do_convert_rgb=True, image_mean=_CLIP_MEAN,
                                image_std=_CLIP_STD, size={"shortest_edge": 224},
-                               do_center_crop=True, crop_size={"height": 224, "width": 224})}
-_OFF = ("do_pad", "do_reduce_labels")  # steps not implemented: must be off
+                               do_center_crop=True, crop_size={"height": 224, "width": 224}),
+    "Gemma3ImageProcessor": dict(resample=2, do_convert_rgb=True)}
+_OFF = ("do_pad", "do_reduce_labels", "do_pan_and_scan")  # not implemented: must be off
 
 
 def image_processor_spec(config):

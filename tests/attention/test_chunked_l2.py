@@ -6,7 +6,7 @@ import pytest
 
 from scratchllm.attention import (Attention, KVState, chunked_causal_mask, flash_sdpa_forward,
                                   make_rope, mask_array, rope_forward)
-from scratchllm.specs import AttentionSpec, Mask, RopeSpec
+from scratchllm.specs import AttentionSpec, Mask, RopeSpec, ScoresSpec
 
 
 def test_chunked_mask():
@@ -18,7 +18,7 @@ def test_chunked_mask():
         with pytest.raises(ValueError, match="chunk"):
             Mask(**bad)
     with pytest.raises(ValueError, match="impl='sdpa', and so do chunks"):
-        AttentionSpec(mask=Mask(chunk=2), impl="flash")
+        AttentionSpec(mask=Mask(chunk=2), scores=ScoresSpec("flash"))
     q = np.zeros((1, 1, 3, 4))
     with pytest.raises(ValueError, match="sdpa_forward, and so do chunks"):
         flash_sdpa_forward(q, q, q, mask=Mask(chunk=2))

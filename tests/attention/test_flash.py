@@ -9,7 +9,7 @@ from grads.cases import CASES
 from scratchllm.attention import (Attention, alibi_bias, alibi_slopes, causal_mask,
                                   flash_sdpa_backward, flash_sdpa_forward, sdpa_backward,
                                   sdpa_forward)
-from scratchllm.specs import AttentionSpec, Mask
+from scratchllm.specs import AttentionSpec, Mask, ScoresSpec
 
 
 def test_gradient_check():
@@ -167,7 +167,7 @@ def test_bad_options_are_errors(kwargs, match):
 def test_attention_module_with_flash_equals_sdpa(mask):
     rng = np.random.default_rng(5)
     x = rng.standard_normal((2, 9, 16))
-    mods = [Attention(16, AttentionSpec(4, 2, impl=impl, block=4, mask=mask),
+    mods = [Attention(16, AttentionSpec(4, 2, mask=mask, scores=ScoresSpec(impl, 4)),
                       rng=np.random.default_rng(1), dtype=np.float64)
             for impl in ("sdpa", "flash")]
     dy = rng.standard_normal(x.shape)
@@ -186,7 +186,7 @@ def test_attention_module_with_sinks_flash_sdpa_and_decode_agree(mask):
     rng = np.random.default_rng(6)
     x = rng.standard_normal((2, 9, 16))
     mods = [Attention(16, AttentionSpec(4, 2, qkv_bias=True, o_bias=True, sinks=True,
-                                        impl=impl, block=4, mask=mask),
+                                        mask=mask, scores=ScoresSpec(impl, 4)),
                       rng=np.random.default_rng(1), dtype=np.float64)
             for impl in ("sdpa", "flash")]
     for m in mods:

@@ -23,7 +23,10 @@ KEYS = {  # experiment -> its metrics and the keys of each nested metric
     "recall": {"accuracy": RECALL_MODELS, "state_bytes": RECALL_MODELS,
                "copy_accuracy": RECALL_MODELS},
     "needle": {"accuracy": ["full", "local_global", "swa"], "reach": ["full", "local_global",
-                                                                      "swa"]},
+                                                                      "swa"],
+               "lost_in_middle": ["end_heavy", "uniform"], "accuracy_end_heavy": None},
+    "early_exit": {m: ["1.0", "0.95", "0.9", "0.8", "0.6", "0.4", "0.0"] for m in (
+        "agreement", "blocks_fraction", "ms_per_token", "lens_agreement")},
     "sinks": {"ppl_with_sinks": ["16", "8"], "ppl_without_sinks": ["16", "8"],
               "ppl_full": None},
 }
@@ -45,7 +48,7 @@ def test_smoke_run_writes_the_metrics(name, tmp_path):
             assert sorted(body[metric]) == sorted(keys), metric
     extra = {"collapse": _collapse, "scale": _scale, "heads": _heads, "induction": _induction,
              "moe": _moe, "experts": _experts, "abf": _abf,
-             "recall": _recall, "needle": _needle, "sinks": _sinks}
+             "recall": _recall, "needle": _needle, "sinks": _sinks, "early_exit": _early_exit}
     extra[name](body)
 
 
@@ -117,6 +120,16 @@ def _needle(body):
         assert sorted(body["accuracy"][model], key=int) == [str(d) for d in depths]
     assert max(depths) > body["reach"]["swa"]  # the deepest needle is out of the window's reach
     assert body["reach"]["full"] == body["reach"]["local_global"] == max(depths)
+    assert sorted(body["accuracy_end_heavy"], key=int) == [str(d) for d in depths]
+    for curve in body["lost_in_middle"].values():  # a probe every twentieth of training
+        assert int(max(curve, key=int)) == body["config"]["steps"]
+        assert all(sorted(c) == ["ends", "middle"] for c in curve.values())
+
+
+def _early_exit(body):
+    assert body["agreement"]["1.0"] == 1.0 and body["blocks_fraction"]["1.0"] == 1.0
+    assert body["blocks_fraction"]["0.0"] == pytest.approx(1 / body["config"]["n_layers"])
+    assert all(0 <= a <= 1 for a in body["lens_agreement"].values())
 
 
 def _sinks(body):

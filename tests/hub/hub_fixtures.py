@@ -16,3 +16,53 @@ def expected(name):
 def rel_err(a, b):
     """max |a - b| / max |b|."""
     return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def assert_names_round_trip(family, model):
+    """family.names(model, model.cfg) names every Param once under distinct HF names, and
+    writing each Param out and reading it back (layout.to_hf, from_hf) restores it exactly."""
+    from scratchllm.hub.layout import from_hf, to_hf
+    table = family.names(model, model.cfg)
+    assert len({e.hf for e in table}) == len(table)
+    arrays = {n: p.data for n, p in model.named_parameters()}
+    assert sorted(lib for e in table for lib in e.lib) == sorted(arrays)
+    restored = {n: np.zeros_like(a) for n, a in arrays.items()}
+    for e in table:
+        from_hf(e, to_hf(e, arrays), restored)
+    assert all(np.array_equal(restored[n], a) for n, a in arrays.items())
+
+
+def assert_greedy_and_cached(model, ids, greedy, **images):
+    """Greedy decoding after ids (1, T) and its images (the model's prefill keywords) gives
+    the ids `greedy`; the prefill's last row and every decoded step equal a full forward over
+    the sequence so far."""
+    state = model.init_state(1, ids.shape[1] + len(greedy))
+    logits = model.prefill(ids, state, **images)[:, -1]  # (1, V)
+    seq = ids[0].tolist()
+    for _ in greedy:
+        full, _ = model.forward(input_ids=np.array([seq]), **images)
+        assert rel_err(logits[0], full[0, -1]) < 1e-10
+        seq.append(int(np.argmax(logits[0])))
+        logits = model.decode(np.array(seq[-1:]), state, len(seq) - 1)
+    assert seq[ids.shape[1]:] == list(greedy)
+    return state
+
+
+def assert_saves_bit_identical(directory, saved):
+    """save_pretrained of load_pretrained(directory) into `saved` writes every tensor of
+    directory's model.safetensors bit-identical, and a config.json its family reads as the
+    same config."""
+    import json
+
+    from safetensors.numpy import load_file
+
+    from scratchllm.hub import family_named, load_pretrained, save_pretrained
+    save_pretrained(load_pretrained(directory), saved)
+    original, written = load_file(directory / "model.safetensors"), load_file(
+        saved / "model.safetensors")
+    assert sorted(written) == sorted(original)
+    assert all(np.array_equal(written[n], original[n]) for n in original)
+    hf = json.loads((directory / "config.json").read_text())
+    family = family_named(hf["model_type"])
+    assert family.from_hf(json.loads((saved / "config.json").read_text())) == \
+        family.from_hf(hf)

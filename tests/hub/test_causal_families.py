@@ -25,7 +25,7 @@ from hub_fixtures import HF
     ("llama4_text", "layer_types", ["sliding_attention"] * 4),
     ("llama4_text", "attention_bias", True), ("deepseek_v32", "q_lora_rank", None),
     ("deepseek_v32", "mlp_layer_types", ["sparse", "dense"]),
-    ("deepseek_v32", "layer_types", ["full_attention"] * 2), ("rwkv", "rescale_every", 2),
+    ("deepseek_v32", "layer_types", ["full_attention"] * 2), ("rwkv", "rescale_every", -1),
     ("rwkv", "attention_hidden_size", 8), ("rwkv", "layer_norm_epsilon", 1e-6)])
 def test_config_errors_name_the_field(family, field, value, tmp_path):
     d = tmp_path / family

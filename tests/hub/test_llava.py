@@ -8,13 +8,12 @@ import shutil
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
-from scratchllm.hub import family_named, grad_dict, load_pretrained, save_pretrained
-from scratchllm.hub.layout import from_hf, to_hf
+from scratchllm.hub import family_named, grad_dict, load_pretrained
 from scratchllm.hub.registry import module_family_for
 from scratchllm.vision.llava import Llava
-from hub_fixtures import HF, rel_err
+from hub_fixtures import (HF, assert_greedy_and_cached, assert_names_round_trip,
+                          assert_saves_bit_identical, expected, rel_err)
 
 DIR = HF / "llava"
 
@@ -51,18 +50,8 @@ def test_logits_and_every_gradient_match_transformers(name):
 
 @pytest.mark.parametrize("name", ["llava", "llava_clip"])
 def test_save_load_is_bit_identical_and_transformers_loads_it(name, tmp_path):
-    ref = dict(np.load(HF / name / "expected.npz"))
-    model = load_pretrained(HF / name)
-    save_pretrained(model, tmp_path)
-    original, saved = load_file(HF / name / "model.safetensors"), load_file(
-        tmp_path / "model.safetensors")
-    assert sorted(saved) == sorted(original)
-    assert all(np.array_equal(saved[n], original[n]) for n in original)
-    written = json.loads((tmp_path / "config.json").read_text())
-    family = family_named("llava")
-    assert family.from_hf(written) == family.from_hf(json.loads(
-        (HF / name / "config.json").read_text()))
-    assert ref["saved_by_scratchllm_rel_err"] < 1e-5  # the generator's from_pretrained
+    assert_saves_bit_identical(HF / name, tmp_path)
+    assert expected(name)["saved_by_scratchllm_rel_err"] < 1e-5  # the generator's
 
 
 def test_config_and_names_round_trip():
@@ -70,15 +59,7 @@ def test_config_and_names_round_trip():
     cfg = family.from_hf(json.loads((DIR / "config.json").read_text()))
     assert family.from_hf(family.to_hf(cfg, "float32")) == cfg
     assert module_family_for(cfg) is family
-    model = Llava(cfg, rng=np.random.default_rng(0))
-    table = family.names(model, cfg)
-    arrays = {n: p.data for n, p in model.named_parameters()}
-    assert sorted(lib for e in table for lib in e.lib) == sorted(arrays)
-    assert len({e.hf for e in table}) == len(table)
-    restored = {n: np.zeros_like(a) for n, a in arrays.items()}
-    for e in table:
-        from_hf(e, to_hf(e, arrays), restored)
-    assert all(np.array_equal(restored[n], a) for n, a in arrays.items())
+    assert_names_round_trip(family, Llava(cfg, rng=np.random.default_rng(0)))
 
 
 def test_text_alone_and_what_cannot_be_honoured(ref, tmp_path):
@@ -89,6 +70,10 @@ def test_text_alone_and_what_cannot_be_honoured(ref, tmp_path):
         model.forward(input_ids=ref["input_ids"], pixel_values=ref["pixel_values"][:1])
     with pytest.raises(ValueError, match="image tokens but no pixel_values"):
         model.forward(input_ids=ref["input_ids"])
+    with pytest.raises(ValueError, match="Llava.forward: attention_mask with padding"):
+        model.forward(input_ids=text, attention_mask=np.zeros_like(text))
+    assert model.forward(input_ids=text, attention_mask=np.ones_like(text))[0].shape == \
+        ref["logits"].shape
     hf = json.loads((DIR / "config.json").read_text())
     hf["vision_config"]["model_type"] = "eva_vision_model"
     (tmp_path / "config.json").write_text(json.dumps(hf))
@@ -101,16 +86,6 @@ def test_text_alone_and_what_cannot_be_honoured(ref, tmp_path):
 def test_greedy_ids_and_cached_decoding(name):
     """Greedy decoding after sequence 0 and its image: transformers' ids; the prefill's last
     row and every decoded step equal a full forward over the sequence so far."""
-    ref = dict(np.load(HF / name / "expected.npz"))
-    model = load_pretrained(HF / name, dtype=np.float64)
-    ids, image = ref["input_ids"][:1], ref["pixel_values"][:1]
-    n_new = len(ref["greedy"])
-    state = model.init_state(1, ids.shape[1] + n_new)
-    logits = model.prefill(ids, state, pixel_values=image)[:, -1]  # (1, V)
-    seq = ids[0].tolist()
-    for _ in range(n_new):
-        full, _ = model.forward(input_ids=np.array([seq]), pixel_values=image)
-        assert rel_err(logits[0], full[0, -1]) < 1e-10
-        seq.append(int(np.argmax(logits[0])))
-        logits = model.decode(np.array(seq[-1:]), state, len(seq) - 1)
-    assert seq[ids.shape[1]:] == ref["greedy"].tolist()
+    ref = expected(name)
+    assert_greedy_and_cached(load_pretrained(HF / name, dtype=np.float64), ref["input_ids"][:1],
+                             ref["greedy"], pixel_values=ref["pixel_values"][:1])

@@ -26,6 +26,7 @@ FAMILIES += ["llama4_text"]  # chunks, NoPE, L2 QK-norm, input-gated MoE (same t
 FAMILIES += ["deepseek_v32"]  # MLA with the lightning indexer's top-k keys (same tool)
 FAMILIES += ["rwkv"]  # RWKV-4: time mix + channel mix (its decoding state), pre_ln
 FAMILIES += [pytest.param("llama4_text_plain", marks=pytest.mark.slow)]  # llama3 RoPE, top-2
+FAMILIES += [pytest.param("rwkv_rescale", marks=pytest.mark.slow)]  # rescale_every 2 of 3
 
 
 @pytest.mark.parametrize("family", FAMILIES)

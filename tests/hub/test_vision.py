@@ -16,10 +16,9 @@ from safetensors.numpy import load_file, save_file
 from scratchllm.hub import (FAMILIES, family_named, grad_dict, load_pretrained,
                             save_pretrained, state_dict)
 from scratchllm.hub.families.modules import ModuleFamily
-from scratchllm.hub.layout import from_hf, to_hf
 from scratchllm.hub.registry import module_family_for
 from scratchllm.vision import VisionTransformer
-from hub_fixtures import HF, expected, rel_err
+from hub_fixtures import HF, assert_names_round_trip, expected, rel_err
 
 VISION = ["vit", "siglip_vision", "siglip_vision_head", "clip_vision"]
 
@@ -129,15 +128,7 @@ def test_config_and_tensor_names_round_trip(name):
         assert family.from_hf(written) == cfg
     assert module_family_for(cfg) is family
     assert module_family_for(dataclasses.replace(cfg, name="custom")) is family
-    model = VisionTransformer(cfg, rng=np.random.default_rng(0))
-    table = family.names(model, cfg)
-    assert len({e.hf for e in table}) == len(table)
-    arrays = {n: p.data for n, p in model.named_parameters()}
-    assert sorted(lib for e in table for lib in e.lib) == sorted(arrays)
-    restored = {n: np.zeros_like(a) for n, a in arrays.items()}
-    for e in table:
-        from_hf(e, to_hf(e, arrays), restored)
-    assert all(np.array_equal(restored[n], a) for n, a in arrays.items())
+    assert_names_round_trip(family, VisionTransformer(cfg, rng=np.random.default_rng(0)))
 
 
 def test_old_siglip_names_load(tmp_path):

@@ -18,6 +18,7 @@ CASES = {
     "alibi": ("dense", dict(positions="alibi")),
     "window": ("dense", dict(window=4)),
     "mla": ("dense", dict(attention="mla")),
+    "chunk": ("dense", dict(layer_types=["chunked_attention"] * 2, attention_chunk=2)),
     "moe": ("moe", dict(n_experts=4, d_ff=8)),
 }
 

@@ -74,3 +74,10 @@ def test_encode_backward_is_the_gradient_of_the_embedding():
 def test_a_tiny_embedding_model_learns_to_retrieve():
     _, before, after = train_embedder(60, seed=0)
     assert before < 0.25 and after >= 0.95  # chance is 1/16
+
+
+def test_the_embed_command_prints_accuracy_before_and_after(capsys):
+    from scratchllm import cli
+    assert cli.main(["embed", "--steps", "3", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "16 topics, chance 0.062" in out and "after 3 steps" in out

@@ -41,6 +41,21 @@ def test_a_flat_dict_of_the_first_format_still_loads():
     assert from_dict(written) == preset("swa")
 
 
+def test_a_config_saved_before_attention_scores_had_a_spec_still_loads():
+    """AttentionSpec's impl, block and softcap moved into AttentionSpec.scores (a ScoresSpec);
+    a config.json written before keeps them beside the other fields and loads the same."""
+    cfg = preset("dense", attn_impl="flash")
+    d = to_dict(cfg)
+    for spec in d["specs"].values():
+        scores = spec["mixer"].pop("scores")
+        spec["mixer"].update({k: v for k, v in scores.items() if k != "spec"})
+    assert "impl" in d["specs"]["0"]["mixer"]
+    assert from_dict(json.loads(json.dumps(d))) == cfg
+    d["specs"]["0"]["mixer"]["scores"] = {"spec": "ScoresSpec"}
+    with pytest.raises(ValueError, match="AttentionSpec gives .*'impl'.* and 'scores'"):
+        from_dict(d)
+
+
 @pytest.mark.parametrize("d, missing", [
     ({}, "'vocab_size', 'd_model', 'n_layers', 'n_heads'"),
     ({"name": "swa", "window": 32}, "'vocab_size', 'd_model', 'n_layers', 'n_heads'"),

@@ -3,6 +3,7 @@ from the published configs (Llama 3 paper, arXiv 2407.21783, Table 3; DeepSeek-V
 inference/configs/config_671B.json) and the vendors' datasheets, the expected distinct experts
 against a seeded simulation, and `size --serve --json` against its pinned keys."""
 import json
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -97,7 +98,7 @@ def test_kv_bytes_layer_by_layer_with_windows_in_some_layers():
     assert serving.kv_cache_bytes(cfg_mqa, 50, 1, "fp32") == 2 * 2 * 16 * 50 * 4  # one KV head
     window = serving.decode_step(get("mistral-7b-v0.1"), serving.hardware("h100"), 2, 2 * T)
     assert window.kv_bytes == 2 * 32 * 2 * 8 * 128 * T * 2             # W = 4096 kept of 8192
-    for name in ("llama-3-8b", "mistral-7b-v0.1", "deepseek-v3", "mamba-130m"):  # one spec
+    for name in ("llama-3-8b", "mistral-7b-v0.1", "deepseek-v3", "mamba-130m", "gemma-3-4b"):
         assert serving.kv_cache_bytes(get(name), 9000, 3) == \
             sizing.kv_cache(get(name), 9000, 3).bytes
 
@@ -208,3 +209,23 @@ def test_serve_loads_no_numpy_unless_measuring_this_machine():
             "size.main(['llama-3-8b', '--serve', '--hw', 'h200', '--json']); "
             "assert 'numpy' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True)
+
+
+@pytest.mark.parametrize("T, want", [(1024, 3642), (32768, 1776)])
+def test_deepseek_v3_knee_by_hand(T, want):
+    """At the knee every expert is read ((1 − 8/256)^3642 ≈ e^-116), so a step moves W + b·K
+    bytes for b·F FLOPs: knee = ceil(R·W / (F − R·K)) with the ridge R = 989e12 / 4.8e12.
+    It falls with the context because absorbed MLA's attention, 2·128·(2·512 + 64) FLOPs per
+    2·576 bytes of cache (242 FLOP/B), is above the ridge by itself."""
+    V, D, E, K, Fe, L, n_dense = 129280, 7168, 256, 8, 2048, 61, 3
+    weight_bytes = _deepseek_v3(1)[0] + (L - n_dense) * (E - K) * 3 * D * Fe * 2  # all experts
+    active = 37_552_297_472 - V * D                      # the embedding lookup multiplies nothing
+    F = 2 * active + L * 2 * T * 128 * (2 * 512 + 64)
+    kv = L * 576 * 2 * T
+    R = 989e12 / 4.8e12
+    assert math.ceil(R * weight_bytes / (F - R * kv)) == want
+    v3, h200 = get("deepseek-v3"), serving.hardware("h200")
+    assert serving.knee(v3, h200, T) == want
+    assert serving.sequence_intensity(v3, T) == pytest.approx(F / kv, rel=1e-12)
+    assert 128 * 1088 / 576 > R                          # the attention alone: compute-bound
+    assert not serving.decode_step(v3, h200, want, T).fits   # one H200 holds no such batch

@@ -139,11 +139,22 @@ def test_the_lms_flat_names_describe_the_same_models():
     assert acc.n_attention_layers(hybrid) == 2
 
 
-def test_attention_layers_that_differ_are_refused():
-    mixed = from_flat(n_layers=3, window=8, layer_types=["sliding_attention", "sliding_attention",
-                                                          "full_attention"])
-    with pytest.raises(ValueError, match="attention layers 0 and 2 with different specs"):
-        kv_cache(mixed)
+def test_windows_in_some_layers_are_counted_layer_by_layer():
+    mixed = from_flat(n_layers=3, d_model=32, n_heads=4, n_kv_heads=2, window=8,
+                      layer_types=["sliding_attention", "sliding_attention", "full_attention"])
+    assert acc.layer_windows(mixed) == (8, 8, None) and acc.n_global_layers(mixed) == 1
+    c = kv_cache(mixed, context=100, batch=3, dtype="fp32")
+    per_layer = 2 * 2 * 8 * 4                                # K and V, 2 heads of 8, fp32
+    assert c.layer_tokens == (8, 8, 100) and c.tokens == 100
+    assert c.kv_bytes == (8 + 8 + 100) * per_layer and c.bytes == 3 * c.kv_bytes
+    assert kv_cache(mixed, context=5).layer_tokens == (5, 5, 5)
+    n = 2 * (parameters(mixed).total - mixed.vocab_size * 32)
+    assert acc.flops_per_token(mixed, 100) == n + 2 * (8 + 8 + 100) * 4 * 8
+    assert rules.receptive_field(mixed) is None               # the global layer sees it all
+    wider = replace(mixed, layers=mixed.layers[:2] + (replace(
+        mixed.layers[2], mixer=replace(mixed.layers[2].mixer, n_kv_heads=4)),))
+    with pytest.raises(ValueError, match="attention layers 0 and 2 with different sizes"):
+        kv_cache(wider)
 
 
 def test_cli_prints_exact_integers(capsys):

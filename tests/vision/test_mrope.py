@@ -55,6 +55,11 @@ def test_errors_name_the_problem():
                                             sections=(1, 1, 2)))
     with pytest.raises(ValueError, match="mrope_section must be a tuple of positive ints"):
         RopeSpec(mrope_section=[1, 1, 2])
+    with pytest.raises(ValueError, match="axial needs it"):
+        RopeSpec(axial=True)
+    with pytest.raises(ValueError, match="axial frequencies take no scaling"):
+        RopeSpec(mrope_section=(2, 2), axial=True, scaling={"rope_type": "linear",
+                                                            "factor": 2.0})
 
 
 def test_the_sections_survive_a_json_round_trip():

@@ -41,3 +41,14 @@ def test_the_mask_keeps_each_image_to_itself():
     m = image_attention_mask([[1, 2, 2], [1, 2, 4]]).array[0, 0]
     assert m.shape == (12, 12) and m[:4, :4].all() and m[4:, 4:].all()
     assert not m[:4, 4:].any() and not m[4:, :4].any()
+
+
+def test_each_frame_attends_itself():
+    """A grid of t = 2 frames is two segments (transformers' cu_seqlens repeats h w over t)."""
+    from scratchllm.vision.mrope import frame_ids
+    from scratchllm.vision.qwen2_tower import image_packing
+    assert frame_ids([[2, 2, 2], [1, 2, 4]]).tolist() == [0] * 4 + [1] * 4 + [2] * 8
+    m = image_attention_mask([[2, 2, 2]]).array[0, 0]
+    assert m[:4, :4].all() and m[4:, 4:].all() and not m[:4, 4:].any()
+    packing = image_packing([[2, 2, 2]], 2)
+    assert packing.doc_ids.tolist() == [[0] * 4 + [1] * 4] and packing.positions.shape == (3, 1, 8)

@@ -91,6 +91,7 @@ CAUSAL_LM = dict(causal=True, type_vocab_size=0, embed_norm=False, final_norm=Tr
 CAUSAL_LM.update(attention_chunk=None, nope_layers=None, moe_gate_input=False)  # Llama 4's
 CAUSAL_LM.update(index_topk=None, shared_gate=False, attn_temperature=None,
                  rope_partial=1.0)  # DeepSeek-V3.2's indexer, Qwen3-Next's
+CAUSAL_LM.update(rescale_every=0)  # RWKV's inference rescale
 
 
 def write_pad_id(hf, f):

@@ -15,17 +15,19 @@ qwen3.
 Reference: huggingface/transformers src/transformers/models/llava/modeling_llava.py.
 """
 from scratchllm.hub.families.base import fail_config, over, require
+from scratchllm.hub.families.defaults import with_defaults
 from scratchllm.hub.families.dense import LLAMA, MISTRAL, QWEN2, QWEN3
 from scratchllm.hub.families.modules import ModuleFamily
 from scratchllm.hub.families.vision import CLIP_VISION, SIGLIP_VISION
 from scratchllm.hub.layout import Entry
 from scratchllm.specs import from_flat
 from scratchllm.specs.unflat import flat_view
-from scratchllm.specs.vision import LlavaConfig
+from scratchllm.specs.vision_lm import LlavaConfig
 from scratchllm.vision.llava import Llava
 
 TEXT = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3)}
 TOWERS = {f.model_type: f for f in (CLIP_VISION, SIGLIP_VISION)}
+TOWER_RENAMES = (("vision_tower.vision_model.", "vision_tower."),)  # transformers 4's names
 _ACT = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
 
 
@@ -38,7 +40,9 @@ def _text_family(model_type):
 
 def _from_hf(hf):
     require(hf, ("vision_config", "text_config"), "llava")
-    vc, tc = hf["vision_config"], hf["text_config"]
+    vc = {"model_type": "clip_vision_model", **hf["vision_config"]}  # LlavaConfig's default
+    tc = {"model_type": "llama", **hf["text_config"]}
+    tc = with_defaults(tc["model_type"], tc)  # transformers 4 wrote the changed fields only
     if vc.get("model_type") not in TOWERS:
         fail_config(f"llava: vision_config model_type {vc.get('model_type')!r} is not "
                     f"implemented (only {sorted(TOWERS)})")
@@ -50,7 +54,7 @@ def _from_hf(hf):
     if act not in _ACT:
         fail_config(f"llava: projector_hidden_act = {act!r} is not implemented (only "
                     f"{sorted(_ACT)})")
-    text = from_flat(**_text_family(tc.get("model_type", "llama")).from_hf(tc))
+    text = from_flat(**_text_family(tc["model_type"]).from_hf(tc))
     image_token = hf.get("image_token_id", hf.get("image_token_index", 32000))
     return LlavaConfig(name="llava", vision=TOWERS[vc["model_type"]].from_hf(vc), text=text,
                        feature_layer=layer,
@@ -109,4 +113,5 @@ def _names(model, cfg):
 
 LLAVA = ModuleFamily("llava", "LlavaForConditionalGeneration", _from_hf, _to_hf,
                      claims=lambda cfg: isinstance(cfg, LlavaConfig), check=_check,
-                     build=Llava, names=_names)
+                     build=Llava, names=_names,
+                     renames=TOWER_RENAMES)

@@ -26,6 +26,9 @@ class ModuleFamily:
     names(model, cfg)  [layout.Entry]: every HF tensor and the library arrays it is made of
     old_prefix     a prefix that older checkpoints put before every tensor name, dropped on
                    loading ("vision_model.": SigLIP vision towers saved by transformers 4)
+    renames        ((old, new), ...): parts of the names older checkpoints write, replaced on
+                   loading (a vision-language model's tower saved by transformers 4 under
+                   vision_tower.vision_model.)
     unused         prefixes of tensors a checkpoint may carry that the model does not read
                    (T5's per-stack copies of the shared embedding): read past
     tied_head      (head tensor, embedding tensor) of a model whose config ties them: a
@@ -41,5 +44,6 @@ class ModuleFamily:
     build: Callable
     names: Callable
     old_prefix: str = ""
+    renames: tuple = ()
     unused: tuple = ()
     tied_head: tuple = ()

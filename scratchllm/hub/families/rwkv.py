@@ -9,12 +9,20 @@ shift and the decay are the model's sense of order).
            y = h + channel_mix(ln2(h)); logits = ln_out(x_L) W_head
                                                (Peng et al. 2023, arXiv 2305.13048)
 
-Not implemented, each an error naming it: rescale_every from 1 to num_hidden_layers
-(transformers' inference halves the hidden states after every rescale_every-th block and
-divides the output weights to match: equal up to the LayerNorms' eps, not exactly; 0 turns
-it off, and a value above num_hidden_layers reaches no block, so both load; saving writes 0),
-attention_hidden_size other than hidden_size, layer_norm_epsilon other than 1e-5 (ln_out
-keeps LayerNorm's default eps whatever the config says), a tied head.
+rescale_every N (transformers' default 6) as transformers' inference runs it
+(RwkvModel._rescale_layers, in eval mode): block i's attention.output and feed_forward.value
+weights divided by 2^(i // N) (on load: the library holds them so, Entry.scale; a save
+multiplies them back, so the files keep the checkpoint's weights, and their gradients in
+grad_dict are those of the files' weights), and the hidden state halved after every N-th
+block (LayerSpec.out_scale 0.5: flat rescale_every). The halving and the division cancel but
+for the LayerNorms' eps, which sees a 4^k smaller variance: transformers' training mode (no
+rescale) differs from its inference by that; the library runs the inference form, training
+too. 0 turns it off, as does a value above num_hidden_layers (it reaches no block; saved as
+0).
+
+Not implemented, each an error naming it: attention_hidden_size other than hidden_size,
+layer_norm_epsilon other than 1e-5 (ln_out keeps LayerNorm's default eps whatever the config
+says), a tied head.
 
 Names ("T" transposed), in rwkv.blocks.i.:
 
@@ -61,6 +69,7 @@ _LAYER = {  # library name in layers.i -> (name in rwkv.blocks.i, transposed, re
     "ffn.Wk": ("feed_forward.key.weight", True, False),
     "ffn.Wr": ("feed_forward.receptance.weight", True, False),
     "ffn.Wv": ("feed_forward.value.weight", True, False)}
+_RESCALED = ("mixer.Wo", "ffn.Wv")  # divided by 2^(i // rescale_every): the blocks' outputs
 _TOP = {"embed.E": "rwkv.embeddings.weight", "embed_norm.g": "rwkv.blocks.0.pre_ln.weight",
         "embed_norm.b": "rwkv.blocks.0.pre_ln.bias", "norm.g": "rwkv.ln_out.weight",
         "norm.b": "rwkv.ln_out.bias"}
@@ -74,12 +83,12 @@ def _from_hf(hf):
     if hf["attention_hidden_size"] not in (None, D):
         fail_config(f"attention_hidden_size = {hf['attention_hidden_size']!r} is not "
                     f"implemented for rwkv (only hidden_size = {D})")
-    if 0 < hf["rescale_every"] <= L:
-        fail_config(f"rescale_every = {hf['rescale_every']!r} is not implemented for rwkv "
-                    f"with {L} layers (transformers' inference halves the hidden states after "
-                    f"every {hf['rescale_every']}-th block; only 0, or more than "
-                    f"num_hidden_layers)")
+    N = hf["rescale_every"]
+    if isinstance(N, bool) or not isinstance(N, int) or N < 0:
+        fail_config(f"rescale_every = {N!r} is not implemented for rwkv (an integer >= 0; 0 "
+                    f"turns the rescale off)")
     return dict(name="rwkv", vocab_size=hf["vocab_size"], d_model=D, n_layers=L,
+                rescale_every=N if N <= L else 0,
                 layer_pattern="W" * L, ffn="channel_mix",
                 d_ff=hf["intermediate_size"] or 4 * D,
                 norm="layernorm", norm_eps=1e-5, embed_norm=True, tie_embeddings=False,
@@ -91,7 +100,8 @@ def _to_hf(f, dtype_name, base=None):
     hf.update(architectures=[RWKV.architecture], model_type="rwkv", vocab_size=f.vocab_size,
               hidden_size=f.d_model, num_hidden_layers=f.n_layers, attention_hidden_size=None,
               intermediate_size=f.d_ff, layer_norm_epsilon=f.norm_eps,
-              context_length=f.max_positions, rescale_every=0, tie_word_embeddings=False,
+              context_length=f.max_positions, rescale_every=f.rescale_every,
+              tie_word_embeddings=False,
               dtype=dtype_name)
     return hf
 
@@ -99,6 +109,7 @@ def _to_hf(f, dtype_name, base=None):
 def _check(f):
     """_NEEDS and RWKV-4 time mixing in every layer."""
     differ = differences(f, _NEEDS)
+    differ.pop("rescale_every", None)  # any N: rwkv's own
     if set(layer_kinds(f)) != {"W"}:
         differ["layer_pattern"] = "layer_pattern of 'W' only (RWKV-4 time mixing)"
     refuse(f, "rwkv", differ)
@@ -107,8 +118,10 @@ def _check(f):
 def _names(model, f):
     out = [Entry(hf, (lib,), False) for lib, hf in _TOP.items()]
     for i in range(f.n_layers):
+        scale = 2.0 ** -(i // f.rescale_every) if f.rescale_every else 1.0
         out += [Entry(f"rwkv.blocks.{i}.{hf}", (f"layers.{i}.{lib}",), t,
-                      reshape=(1, 1, f.d_model) if shaped else None)
+                      reshape=(1, 1, f.d_model) if shaped else None,
+                      scale=scale if lib in _RESCALED else 1.0)
                 for lib, (hf, t, shaped) in _LAYER.items()]
     return out + [Entry("head.weight", ("head.W",), True)]
 

@@ -34,6 +34,7 @@ Glossary: C channels, P patch side, N patches, N' tokens, D model width.
 from types import SimpleNamespace
 
 from scratchllm.hub.families.base import differences, fail_config, over, refuse, require
+from scratchllm.hub.families.defaults import with_defaults
 from scratchllm.hub.families.modules import ModuleFamily
 from scratchllm.hub.layout import Entry
 from scratchllm.specs import AttentionSpec, FFNSpec, LayerSpec, Mask, NormSpec
@@ -214,6 +215,7 @@ VIT = ModuleFamily(
 # ---------------------------------------------------------------------------- siglip
 def _siglip_from_hf(hf):
     """vision_use_head: the attention-pooling head, of the blocks' own geometry."""
+    hf = with_defaults("siglip_vision_model", hf)  # a sub-config may leave them out
     return _config(hf, "siglip_vision_model", cls_token=False, qkv_bias=True, eps=1e-6,
                    n_labels=0, pool=bool(hf.get("vision_use_head", True)))
 
@@ -263,6 +265,7 @@ SIGLIP_VISION = ModuleFamily(
 def _clip_from_hf(hf):
     """CLIPVisionModel: [CLS], no patch bias, pre_layrnorm, quick-GELU; its post_layernorm
     reads the [CLS] vector alone (pooler_output)."""
+    hf = with_defaults("clip_vision_model", hf)  # LLaVA-1.5's leaves out hidden_act
     return _config(hf, "clip_vision_model", cls_token=True, qkv_bias=True, eps=1e-5,
                    n_labels=0, clip=True)
 
