@@ -80,8 +80,9 @@ def from_hf(e, array, arrays):
 
 def whole_target(e, arrays):
     """The one library array (or expert slice) that Entry e's HF tensor is, element for
-    element in the same order (no concatenation, transpose, axis or reshape), so a loader may
-    read the tensor straight into it; None when the tensor must be rearranged (from_hf)."""
-    if len(e.lib) != 1 or e.transpose or e.unsqueeze is not None or e.reshape is not None:
+    element in the same order (no concatenation, transpose, axis, reshape or scale), so a
+    loader may read the tensor straight into it; None when it must go through from_hf."""
+    if len(e.lib) != 1 or e.transpose or e.unsqueeze is not None or e.reshape is not None \
+            or e.scale != 1.0:
         return None
     return _pieces(e, arrays)[0]
