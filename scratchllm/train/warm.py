@@ -35,6 +35,7 @@ def _warm(cfg, settings, dtype, conn, tokenizer):
                 Tokenizer(assemble_vocab(merges, [EOT]), merges, special_tokens=[EOT]).encode(
                     "a 1. a", allowed_special={EOT})
             run = Run(cfg, replace(settings, steps=1, warmup=0), dtype)
+            run.eot = 0  # any id: --pack-documents' masks need a separator
             ids = np.random.default_rng(0).integers(0, cfg.vocab_size, 4 * settings.seq_len
                                                     * settings.batch_size, dtype=np.int32)
             run.train_step(ids)
