@@ -10,6 +10,7 @@ Register a case with @case (grads.cases._common); `python -m grads NAME ...` run
     attention          RoPE, sdpa (masks, biases, sinks, flash), cross, sparse, GQA, MLA
     moe                routers, experts, aux losses, the MoE layer, expert choice
     linear_attention   linear, RetNet, GLA, delta rule, RWKV-4, the recurrent mixer
+    gated              Qwen3-Next's gated layers: gated attention's output gate
     ssm                zoh, kernel, FFT conv, S4D, selective scan, SSD, Mamba, Mamba-2
     lm                 whole tiny models (LM_TINY, lm_tiny) and the encoder models
     vision             the convolution, the patch embedding, the ViT embedding, MAP pooling,
@@ -19,13 +20,13 @@ Register a case with @case (grads.cases._common); `python -m grads NAME ...` run
     dist               the collectives on one rank (across ranks: grads/mpi.py)
 (The tokenizer has nothing to differentiate.)
 """
-from grads.cases import attention, core, dist, hub, linear_attention, lm, moe, ssm, vision
+from grads.cases import attention, core, dist, gated, hub, linear_attention, lm, moe, ssm, vision
 from grads.cases._common import REGISTERED, case
 from grads.cases.hub import HF_FIXTURES
 from grads.cases.lm import LM_CHECKPOINTS, LM_TINY, LM_TINY_EXTRA, lm_tiny
 
 # the order of CASES
-MODULES = (core, attention, moe, linear_attention, ssm, lm, vision, hub, dist)
+MODULES = (core, attention, moe, linear_attention, gated, ssm, lm, vision, hub, dist)
 CASES = {name: fn for module in MODULES for name, fn in REGISTERED.items()
          if fn.__module__ == module.__name__}
 

@@ -5,8 +5,7 @@ import numpy as np
 
 from grads.cases._common import case
 from grads.check import check
-from scratchllm.specs import (AttentionSpec, Mask, MLASpec, RopeSpec, ScoresSpec,
-                              TemperatureSpec)
+from scratchllm.specs import AttentionSpec, Mask, MLASpec, RopeSpec, ScoresSpec, TemperatureSpec
 
 
 @case
@@ -284,9 +283,8 @@ def gqa_options(rng):
                   spec=AttentionSpec(H, Hkv, head_dim=Dh, qk_norm="full")),
             check(gqa_forward, gqa_backward, rng=rng,
                   label="soft-capped scores, window 3 (Gemma 2)",
-                  x=x, w=w, spec=AttentionSpec(H, Hkv, head_dim=Dh, scale=0.7,
-                                               mask=Mask(window=3),
-                                               scores=ScoresSpec(softcap=0.8))),
+                  x=x, w=w, spec=AttentionSpec(H, Hkv, head_dim=Dh, scale=0.7, mask=Mask(
+                      window=3), scores=ScoresSpec(softcap=0.8))),
             check(gqa_forward, gqa_backward, rng=rng, label="all biases but bk, no rope",
                   wrt=no_bk, x=x, w=gpt_oss._replace(sinks=None),
                   spec=AttentionSpec(H, Hkv, head_dim=Dh, qkv_bias=True, o_bias=True,
@@ -296,9 +294,8 @@ def gqa_options(rng):
                                                      o_bias=True, sinks=True,
                                                      mask=Mask(window=3))),
             check(gqa_forward, gqa_backward, rng=rng, label="sinks through flash, causal",
-                  x=x, w=w._replace(sinks=gpt_oss.sinks),
-                  spec=AttentionSpec(H, Hkv, head_dim=Dh, sinks=True,
-                                     scores=ScoresSpec("flash", 3)))]
+                  x=x, w=w._replace(sinks=gpt_oss.sinks), spec=AttentionSpec(
+                      H, Hkv, head_dim=Dh, sinks=True, scores=ScoresSpec("flash", 3)))]
 
 
 def _mla_inputs(rng, D, H, dn, dr, dv, Dc, Dq):

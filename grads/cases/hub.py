@@ -93,6 +93,17 @@ HF_CONFIGS["deepseek_v2"] = dict(
     n_shared_experts=1, routed_scaling_factor=2.5, rope_parameters=dict(
         rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16,
         mscale=1.0, mscale_all_dim=0.5))
+# qwen3_next: a gated DeltaNet layer (2 key heads of 16, 4 value heads) and a gated attention
+# layer, dense FFNs (its MoE is qwen3_moe's with the shared gate, checked against transformers'
+# gradients in tests/hub; here it cost 7 s). Key heads of 16: the l2 norms of q and k curve
+# sharply at short heads, and with 4 or 8 the differences at h = 1e-5 were off by up to
+# 1.3e-6 on some seeds (falling as h^2: truncation, not a wrong gradient); with 16, below
+# 2e-8 on 6 seeds.
+HF_CONFIGS["qwen3_next"] = dict(
+    _GEOMETRY, model_type="qwen3_next", head_dim=8,
+    layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2,
+    linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=6, num_experts=0,
+    rope_parameters=dict(rope_type="default", rope_theta=1000.0, partial_rotary_factor=0.5))
 HF_CONFIGS["mamba2"] = dict(model_type="mamba2", vocab_size=300, hidden_size=16,
                             num_hidden_layers=2, num_heads=4, head_dim=8, expand=2,
                             state_size=8, n_groups=1, conv_kernel=4, layer_norm_epsilon=1e-5)

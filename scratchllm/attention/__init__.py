@@ -1,7 +1,7 @@
 """Attention: RoPE and its scalings (rope), boolean masks and the array of a Mask spec
 (masks), scaled dot-product attention with grouped K/V heads (sdpa), the projections of a
 GQA layer (qkv), grouped-query attention and its decoding step (gqa), decoding state
-(kv_state), and multi-head latent attention (mla_projection, mla); tiled Flash attention
+(kv_state), gated attention's output gate (gate), and multi-head latent attention (mla_projection, mla); tiled Flash attention
 (flash), sinusoidal and ALiBi positions (positions), MHA -> GQA conversion (convert),
 cross-attention (cross), DeepSeek's top-k sparse attention (indexer, sparse), the fixed
 sparse patterns and document masks (sparse_masks), native sparse attention (nsa);
@@ -15,6 +15,7 @@ from .convert import mha_to_gqa
 from .cross import (CrossAttention, CrossContext, cross_attention_backward,
                     cross_attention_context, cross_attention_forward, cross_attention_read)
 from .flash import FlashCache, flash_sdpa_backward, flash_sdpa_forward
+from .gate import GateCache, output_gate_backward, output_gate_forward
 from .gqa import Attention, gqa_backward, gqa_decode, gqa_forward, gqa_forward_ref
 from .indexer import (attention_distribution, indexer_kl_loss_backward,
                       indexer_kl_loss_forward, lightning_indexer_backward,
@@ -49,6 +50,7 @@ __all__ = [
     "Attention", "AttentionWeights", "KVState", "LatentKVState", "MLA", "MLAProjection",
     "MLAWeights", "QKV", "RollingKVState", "Rope", "attention_sink_mask", "block_sparse_mask",
     "causal_mask", "chunked_causal_mask", "get_mscale", "gqa_backward", "gqa_decode", "gqa_forward",
+    "GateCache", "output_gate_backward", "output_gate_forward",
     "gqa_forward_ref", "make_rope", "mask_array", "merge_heads", "mla_backward", "mla_decode",
     "mla_decode_ref", "mla_forward", "mla_project_backward", "mla_project_forward",
     "mla_softmax_scale", "project_qkv_backward", "project_qkv_forward", "repeat_kv_backward",

@@ -37,10 +37,11 @@ def _check_spec(fn, spec):
     spec.qkv_bias, spec.o_bias), and its queries read the whole context: what the spec may
     ask of it."""
     asked = [f"{name}={getattr(spec, name)!r}" for name, off in (
-        ("rope", None), ("alibi", False), ("impl", "sdpa")) if getattr(spec, name) != off]
+        ("rope", None), ("alibi", False), ("impl", "sdpa"), ("output_gate", False))
+        if getattr(spec, name) != off]
     if asked:
         raise ValueError(f"{fn}: spec has {', '.join(asked)}; cross-attention takes rope=None, "
-                         f"position_bias=None, impl='sdpa'")
+                         f"position_bias=None, impl='sdpa', no output_gate")
     if spec.mask.causal and spec.mask.array is None:
         raise ValueError(f"{fn}: spec.mask={spec.mask!r} is causal; cross-attention reads the "
                          f"whole context: give Mask(causal=False) (or a padding array)")

@@ -9,7 +9,8 @@ Options the published checkpoints need: biases on the projections (x Wq + bq, ..
 GPT-2), QK-norm (q = rope(rmsnorm_Dh(x Wq) * gq), an RMSNorm over each head vector before
 RoPE: Qwen3, Gemma 3; Dehghani et al. 2023, arXiv 2302.05442), no RoPE (GPT-2's learned
 positions), a softmax scale other than Dh^-1/2 (Gemma 3's query_pre_attn_scalar^-1/2) and
-soft-capped scores c tanh(S / c) (Gemma 2's attn_logit_softcapping).
+soft-capped scores c tanh(S / c) (Gemma 2's attn_logit_softcapping) and an output gate
+(concat_heads(o) ⊙ sigmoid(x Wg) before Wo: Qwen3-Next's gated attention, gate.py).
 Backward: the linear, sdpa, rope (rotation by -theta) and KV-sharing (a sum over the G query
 heads of each group) backwards, each through its own pair.
 Decoding keeps the (already rotated) keys and values of past tokens in a KVState (or a
@@ -26,6 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.attention.flash import flash_sdpa_backward, flash_sdpa_forward
+from scratchllm.attention.gate import output_gate_backward, output_gate_forward
 from scratchllm.attention.kv_state import KVState, RollingKVState, begin_step, rows_mask
 from scratchllm.attention.positions import (alibi_bias, alibi_slopes, relative_bias_backward,
                                            relative_bias_forward, relative_offset_buckets)
@@ -50,6 +52,7 @@ class GQACache(NamedTuple):
     v: np.ndarray  # (B, Hkv, T, Dh) holds after these tokens (Attention.prefill)
     rel: tuple = None  # the relative bias's cache (spec.relative), else None
     q_scale: np.ndarray = None  # (1|B, 1, T, 1) Llama 4's query temperature, else None
+    gate: tuple = None  # the output gate's GateCache (spec.output_gate), else None
 
 
 def query_temperature(spec, positions, dtype):
@@ -94,7 +97,9 @@ def gqa_forward(x, w, *, spec, rope=None, mask=None, positions=None):
              at positions 0..T-1; mask a Mask, or None: spec.mask (Mask(causal=False)
              attends everywhere); positions (T,) or (B, T) ints, default 0..T-1: where
              spec.temperature (Llama 4's NoPE layers) scales each query by
-             query_temperature (its backward: dq times the same scale).
+             query_temperature (its backward: dq times the same scale); with
+             spec.output_gate, w.wg (D, H*Dh) (and bg with qkv_bias) gates the merged heads:
+             y = (concat_h o_h ⊙ sigmoid(x wg + bg)) @ wo (+ bo) (gate.py's pair).
     Returns: y (B, T, D).  Cache: GQACache (qkv, attention and output-linear caches).
     Fast path: sdpa attends the G query heads of a group to their KV head directly.
     gqa_forward_ref is its twin that copies each KV head G times first (HF repeat_kv).
@@ -123,21 +128,26 @@ def _gqa(x, w, spec, rope, mask, expand_kv, positions=None):
         ka, rep = repeat_kv_forward(k, spec.n_heads // spec.n_kv_heads)  # (B, H, T, Dh)
         va, _ = repeat_kv_forward(v, spec.n_heads // spec.n_kv_heads)  # (B, H, T, Dh)
     o, att, att_backward, rel = _attend(q, ka, va, spec, mask, w)  # (B, H, T, Dh)
-    y, lin_o = linear_forward(merge_heads(o), w.wo, w.bo)  # (B, T, D)
-    return y, GQACache(qkv, rep, att, att_backward, lin_o, k, v, rel, q_scale)
+    o, gate = merge_heads(o), None  # (B, T, H*Dh)
+    if spec.output_gate:  # Qwen3-Next: o sigmoid(x wg + bg)
+        o, gate = output_gate_forward(x, o, w.wg, w.bg)  # (B, T, H*Dh)
+    y, lin_o = linear_forward(o, w.wo, w.bo)  # (B, T, D)
+    return y, GQACache(qkv, rep, att, att_backward, lin_o, k, v, rel, q_scale, gate)
 
 
 def gqa_backward(dy, cache):
     """Reverse of gqa_forward (or gqa_forward_ref) through the pairs: linear, sdpa (or flash),
-    the KV-sharing backward (a sum over each group: inside sdpa, or repeat_kv_backward for the
-    ref), rope (rotation by -theta), linear (the projections' pair is in qkv.py).
+    the output gate's pair (spec.output_gate), the KV-sharing backward (a sum over each group:
+    inside sdpa, or repeat_kv_backward for the ref), rope (rotation by -theta), linear (the
+    projections' pair is in qkv.py); the gate's dx adds to the projections'.
     Returns {"x": dx, "w": AttentionWeights of gradients (None where w had None)}.
     Reference: Ainslie et al. 2023 (arXiv 2305.13245); huggingface/transformers
     src/transformers/models/llama/modeling_llama.py repeat_kv."""
-    qkv, rep, att, att_backward, lin_o, _, _, rel, q_scale = cache
+    qkv, rep, att, att_backward, lin_o, _, _, rel, q_scale, gate = cache
     expect_dout("gqa_backward", dy, *linear_out(lin_o), name="dy")
-    g_o = linear_backward(dy, lin_o)  # fwd: y = merge_heads(o) @ wo + bo
-    do = split_heads(g_o["x"], qkv.n_heads)  # (B, H, T, Dh)
+    g_o = linear_backward(dy, lin_o)  # fwd: y = merge_heads(o) @ wo + bo (o gated)
+    g_gate = None if gate is None else output_gate_backward(g_o["x"], gate)  # fwd: o sigma(.)
+    do = split_heads(g_o["x"] if gate is None else g_gate["o"], qkv.n_heads)  # (B, H, T, Dh)
     g_att = att_backward(do, att)  # fwd: o = sdpa(q, k, v) (or flash_sdpa)
     dk, dv = g_att["k"], g_att["v"]  # (B, Hkv, T, Dh), or (B, H, T, Dh) for the ref
     if rep is not None:
@@ -149,6 +159,9 @@ def gqa_backward(dy, cache):
     dw = g["w"]._replace(wo=g_o["W"], bo=g_o.get("b"), sinks=g_att.get("sinks"))
     if rel is not None:  # fwd: bias = R[bucket] (T5), added to the scores in sdpa
         dw = dw._replace(rel_table=relative_bias_backward(g_att["bias"], rel)["table"])
+    if g_gate is not None:  # fwd: gate = sigmoid(x wg + bg): its dx adds to the projections'
+        dw = dw._replace(wg=g_gate["wg"], bg=g_gate.get("bg"))
+        return {"x": g["x"] + g_gate["x"], "w": dw}
     return {"x": g["x"], "w": dw}
 
 
@@ -193,7 +206,10 @@ def gqa_decode(x_t, w, state, position, *, spec, rope=None):
         bias = w.rel_table[buckets].transpose(0, 2, 1)[:, :, None, :]  # (B|1, H, 1, L)
     o, _ = sdpa_forward(q, K, V, None if keep is None else Mask(array=keep), spec.scale,
                         bias=bias, sinks=w.sinks, softcap=spec.softcap)  # (B, H, 1, Dh)
-    y, _ = linear_forward(merge_heads(o), w.wo, w.bo)  # (B, 1, D)
+    o = merge_heads(o)  # (B, 1, H*Dh)
+    if spec.output_gate:  # o sigmoid(x_t wg + bg)
+        o = output_gate_forward(x_t[:, None], o, w.wg, w.bg)[0]
+    y, _ = linear_forward(o, w.wo, w.bo)  # (B, 1, D)
     return y[:, 0]  # (B, D)
 
 
@@ -208,8 +224,8 @@ def _expect_empty(fn, state):
 
 class Attention(Module):
     """GQA self-attention layer owning wq, wk, wv, wo (and, as the AttentionSpec says, bq,
-    bk, bv, bo, q_norm, k_norm, sinks); calls gqa_forward / gqa_backward / gqa_decode with
-    its spec unchanged.
+    bk, bv, bo, q_norm, k_norm, sinks, the output gate's wg and bg); calls gqa_forward /
+    gqa_backward / gqa_decode with its spec unchanged.
 
     RoPE (spec.rope) is made per call by make_rope (cheap), so that "dynamic" scaling sees
     the current length. QK-norm gains start at 1 - spec.norm_offset (gain = offset + g is 1);
@@ -226,6 +242,9 @@ class Attention(Module):
         self.bq, self.bk = zeros(H * Dh, spec.qkv_bias), zeros(Hkv * Dh, spec.qkv_bias)
         self.bv, self.bo = zeros(Hkv * Dh, spec.qkv_bias), zeros(d_model, spec.o_bias)
         self.sinks = zeros(H, spec.sinks)  # (H,) or None
+        self.wg = Param(normal_init(rng, (d_model, H * Dh), d_model ** -0.5, dtype)) \
+            if spec.output_gate else None  # (D, H*Dh): the output gate
+        self.bg = zeros(H * Dh, spec.output_gate and spec.qkv_bias)
         relative = spec.relative  # T5's bias table (num_buckets, H), from zero
         self.rel_table = None if relative is None else Param(
             np.zeros((relative.num_buckets, H), dtype))

@@ -36,11 +36,13 @@ class AttentionWeights(NamedTuple):
     k_norm: np.ndarray = None  # (Dh,)  ("full": q_norm (H*Dh,), k_norm (Hkv*Dh,))
     sinks: np.ndarray = None  # (H,)    spec.sinks: one sink logit per query head
     rel_table: np.ndarray = None  # (num_buckets, H)  spec.relative: T5's bias table
+    wg: np.ndarray = None  # (D, H*Dh)  spec.output_gate: the gate's projection (gate.py)
+    bg: np.ndarray = None  # (H*Dh,)    spec.output_gate with spec.qkv_bias
 
 
 _OPTIONS = (("qkv_bias", ("bq", "bk", "bv")), ("o_bias", ("bo",)),
             ("qk_norm", ("q_norm", "k_norm")), ("sinks", ("sinks",)),
-            ("relative", ("rel_table",)))
+            ("relative", ("rel_table",)), ("output_gate", ("wg",)))
 
 
 def check_attention_weights(fn, w, spec):
@@ -59,6 +61,10 @@ def check_attention_weights(fn, w, spec):
             if (getattr(w, name) is not None) != on:
                 raise ValueError(f"{fn}: spec.{option}={on}, but w.{name} is "
                                  f"{'None' if on else 'given'}")
+    if (w.bg is not None) != (spec.output_gate and spec.qkv_bias):
+        raise ValueError(f"{fn}: w.bg (the output gate's bias) goes with spec.output_gate and "
+                         f"spec.qkv_bias (here {spec.output_gate} and {spec.qkv_bias}), but it "
+                         f"is {'given' if w.bg is not None else 'None'}")
 
 
 def _check_qkv_inputs(fn, x, w, spec, rope):
@@ -82,6 +88,8 @@ def _check_qkv_inputs(fn, x, w, spec, rope):
                      "(H*Dh,)" if full else "(Dh,)")
         expect_shape(fn, "k_norm", w.k_norm, ((Hkv if full else 1) * Dh,),
                      "(Hkv*Dh,)" if full else "(Dh,)")
+    if spec.output_gate:
+        expect_shape(fn, "wg", w.wg, (D, H * Dh), f"(D, H*Dh) = (D, {H}*{Dh})")
     if spec.relative is not None:
         expect_shape(fn, "rel_table", w.rel_table, (spec.relative.num_buckets, H),
                      "(num_buckets, H)")

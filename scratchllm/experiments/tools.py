@@ -27,8 +27,9 @@ Glossary: B batch, T time, D model width, V vocabulary, L layers, H heads.
 import numpy as np
 
 from scratchllm.attention import (Attention, AttentionWeights, alibi_bias, alibi_slopes,
-                                  make_rope, project_qkv_forward, relative_bias_forward,
-                                  sdpa_forward)
+                                  make_rope, merge_heads, output_gate_forward,
+                                  project_qkv_forward, relative_bias_forward, sdpa_forward,
+                                  split_heads)
 from scratchllm.core import RMSNorm
 from scratchllm.core.validate import expect_int, expect_ndim
 
@@ -67,8 +68,11 @@ def _attend(mixer, a, values):
     if spec.relative is not None:  # T5's bucketed relative bias (1, H, T, T)
         bias = relative_bias_forward(w.rel_table, spec=spec.relative, Tq=T, Tk=T)[0]
     v = v if values is None else values.astype(q.dtype)
-    return sdpa_forward(q, k, v, spec.mask, spec.scale, bias=bias, sinks=w.sinks,
-                        softcap=spec.softcap)[0]
+    o = sdpa_forward(q, k, v, spec.mask, spec.scale, bias=bias, sinks=w.sinks,
+                     softcap=spec.softcap)[0]  # (B, H, T, Dv)
+    if spec.output_gate:  # gated attention: each head's output times its gate
+        o = split_heads(output_gate_forward(a, merge_heads(o), w.wg, w.bg)[0], spec.n_heads)
+    return o
 
 
 def _head_parts(mixer, a):

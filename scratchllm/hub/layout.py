@@ -3,7 +3,10 @@ gives (families/), and the three conversions they share.
 
 An HF tensor is built from the library arrays `lib` (Params, or buffers) by
     1. taking slice [expert] of each (a stacked (E, ...) expert Param, when expert is set),
-    2. concatenating them along the last axis (GPT-2's fused c_attn = [q | k | v]),
+    2. concatenating them along the last axis (GPT-2's fused c_attn = [q | k | v]), or group
+       by group when `groups` is set: each array's last axis is that many equal runs, and
+       the tensor holds run g of every array before run g + 1 (Qwen3-Next's q_proj, query
+       and gate head by head, and its in_proj_qkvz, q, k, v, z key-head group by group),
     3. transposing (torch's nn.Linear weight (out, in) against the library's W (in, out)),
     4. inserting an axis of size 1 at `unsqueeze` (nn.Conv1d's depthwise weight (d, 1, K)
        against the library's (d, K)), or reshaping to `reshape` (nn.Conv2d's patch weight
@@ -24,7 +27,8 @@ class Entry(NamedTuple):
     and the HF tensor's shape when it is the (transposed) array reshaped (None: no reshape),
     and the factor the library holds the tensor times (RWKV's output weights divided by
     2^(i // rescale_every) on load, as transformers' inference; its gradient is the
-    library's times the factor)."""
+    library's times the factor), and the number of groups the concatenation interleaves
+    (None: one after the other)."""
     hf: str
     lib: tuple
     transpose: bool
@@ -33,6 +37,7 @@ class Entry(NamedTuple):
     buffer: bool = False
     reshape: tuple = None
     scale: float = 1.0
+    groups: int = None
 
 
 def _pieces(e, arrays):
@@ -55,7 +60,11 @@ def to_hf(e, arrays, grad=False):
     """The HF tensor of Entry e from the library arrays (weights, or gradients with grad),
     contiguous."""
     parts = _pieces(e, arrays)
-    a = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
+    if e.groups is not None:  # run g of every part, then run g + 1: (..., groups, sum) flat
+        a = np.concatenate([p.reshape(p.shape[:-1] + (e.groups, -1)) for p in parts], axis=-1)
+        a = a.reshape(a.shape[:-2] + (-1,))
+    else:
+        a = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
     if e.scale != 1.0:  # the library holds w * scale: dL/dw = scale dL/d(w * scale)
         a = a * np.asarray(e.scale if grad else 1 / e.scale, a.dtype)
     a = a.T if e.transpose else a
@@ -73,16 +82,18 @@ def from_hf(e, array, arrays):
         array = array.reshape(shape[::-1] if e.transpose else shape)
     array = array.T if e.transpose else array
     array = array if e.scale == 1.0 else np.asarray(array, np.float64) * e.scale
-    widths = [a.shape[-1] for a in parts]
+    widths = [a.shape[-1] // (e.groups or 1) for a in parts]
+    if e.groups is not None:  # (..., groups, sum of the runs)
+        array = array.reshape(array.shape[:-1] + (e.groups, -1))
     for a, piece in zip(parts, np.split(array, np.cumsum(widths)[:-1], axis=-1)):
-        a[...] = piece
+        a[...] = piece.reshape(a.shape)
 
 
 def whole_target(e, arrays):
     """The one library array (or expert slice) that Entry e's HF tensor is, element for
-    element in the same order (no concatenation, transpose, axis, reshape or scale), so a
-    loader may read the tensor straight into it; None when it must go through from_hf."""
+    element in the same order (no concatenation, transpose, axis, reshape, scale or groups),
+    so a loader may read the tensor straight into it; None when it must go through from_hf."""
     if len(e.lib) != 1 or e.transpose or e.unsqueeze is not None or e.reshape is not None \
-            or e.scale != 1.0:
+            or e.scale != 1.0 or e.groups is not None:
         return None
     return _pieces(e, arrays)[0]

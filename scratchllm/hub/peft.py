@@ -63,13 +63,23 @@ def lora_sites(model):
     return {e.hf[:-len(".weight")]: (tuple(e.lib), not e.transpose)
             for e in family_for(f).names(model, f)
             if e.hf.endswith(".weight") and e.expert is None and not e.buffer
-            and e.unsqueeze is None and e.reshape is None
+            and e.unsqueeze is None and e.reshape is None and e.groups is None
+            and e.scale == 1.0
             and all(n in params and params[n].data.ndim == 2 and not n.endswith(".E")
                     for n in e.lib)}  # .E: an embedding table, not a projection
 
 
 def _concat(arrays):
     return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=-1)
+
+
+def _interleaved_projections(model):
+    """The module names (last part) of projections whose tensor interleaves several library
+    arrays head group by head group (Qwen3-Next's q_proj: each head's query, then its output
+    gate) or holds them rescaled (RWKV's rescale_every): no adapter sits on them yet."""
+    f = flat_of(model.cfg)
+    return {e.hf[:-len(".weight")].rsplit(".", 1)[-1] for e in family_for(f).names(model, f)
+            if e.hf.endswith(".weight") and (e.groups is not None or e.scale != 1.0)}
 
 
 class LoRA:
@@ -85,6 +95,12 @@ class LoRA:
         self.model, self.targets = model, tuple(targets)
         sites = lora_sites(model)
         chosen = {m: lib for m, lib in sites.items() if m.rsplit(".", 1)[-1] in self.targets}
+        mixed = sorted(_interleaved_projections(model) & set(self.targets))
+        if mixed:  # else the adapters would silently leave them out
+            raise ValueError(f"LoRA: targets {mixed} are projections this model keeps "
+                             f"interleaved or rescaled in their tensor; an adapter on them is "
+                             f"not implemented: choose among "
+                             f"{sorted({m.rsplit('.', 1)[-1] for m in sites})}")
         if not chosen:
             names = sorted({m.rsplit(".", 1)[-1] for m in sites})
             raise ValueError(f"LoRA: no projection matches targets {list(self.targets)}; this "

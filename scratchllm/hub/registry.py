@@ -28,6 +28,7 @@ from scratchllm.hub.families.moe import DEEPSEEK_V3, MIXTRAL
 from scratchllm.hub.families.moe2 import DEEPSEEK_V2, QWEN3_MOE
 from scratchllm.hub.families.gemma3 import GEMMA3_VL
 from scratchllm.hub.families.qwen2_vl import QWEN2_VL
+from scratchllm.hub.families.qwen3_next import QWEN3_NEXT
 from scratchllm.hub.families.rwkv import RWKV
 from scratchllm.hub.families.ssm import JAMBA, MAMBA
 from scratchllm.hub.families.ssm2 import MAMBA2
@@ -50,6 +51,7 @@ FAMILIES += (LLAMA4_TEXT,)  # families/llama4.py
 FAMILIES += (DEEPSEEK_V32,)  # families/deepseek_v32.py
 FAMILIES += (RWKV,)  # families/rwkv.py
 FAMILIES += (QWEN2_VL, GEMMA3_VL)  # families/qwen2_vl.py, families/gemma3.py
+FAMILIES += (QWEN3_NEXT,)  # families/qwen3_next.py
 BY_TYPE = {family.model_type: family for family in FAMILIES}
 
 

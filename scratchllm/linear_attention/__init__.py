@@ -6,9 +6,13 @@ RWKV-4's WKV (rwkv; its recurrent training pair, the stabilised scan and its adj
 rwkv_scan) and its time-mix / channel-mix blocks (rwkv_blocks: TimeMixWeights,
 ChannelMixWeights, RWKVSpec); RWKV-7's generalised delta rule (rwkv7: recurrent, chunked
 and step forms); the token-mixer pair and Module for a language model (layer: RecurrentWeights,
-RecurrentSpec). Stands on core and specs."""
-from .delta import (delta_rule_backward, delta_rule_forward, delta_rule_recurrent,
-                    delta_rule_recurrent_ref, delta_rule_step)
+RecurrentSpec); Qwen3-Next's gated DeltaNet layer (gated_deltanet: conv, l2-normed q and k,
+the decay and β gates, the gated output norm around delta's gated rule). Stands on core and specs."""
+from .delta import (delta_rule_backward, delta_rule_final_state, delta_rule_forward,
+                    delta_rule_recurrent, delta_rule_recurrent_ref, delta_rule_step)
+from .gated_deltanet import (GatedDeltaNet, GatedDeltaState, GatedDeltaWeights,
+                             gated_deltanet_backward, gated_deltanet_forward,
+                             gated_deltanet_step)
 from .gla import (GLACache, gla_attention_backward, gla_attention_forward,
                   gla_attention_recurrent, gla_attention_recurrent_ref, gla_attention_step)
 from .layer import (RecurrentMixer, RecurrentWeights, recurrent_mixer_backward,
@@ -31,9 +35,10 @@ from .retnet import (retnet_attention_backward, retnet_attention_forward,
                      retnet_attention_step, retnet_gammas)
 
 __all__ = [
-    "ChannelMixWeights", "GLACache", "RWKV4ChannelMix", "RWKV4TimeMix", "RecurrentMixer",
+    "ChannelMixWeights", "GLACache", "GatedDeltaNet", "GatedDeltaState", "GatedDeltaWeights",
+    "gated_deltanet_backward", "gated_deltanet_forward", "gated_deltanet_step", "RWKV4ChannelMix", "RWKV4TimeMix", "RecurrentMixer",
     "RecurrentWeights",
-    "TimeMixWeights", "WKVState", "delta_rule_backward",
+    "TimeMixWeights", "WKVState", "delta_rule_backward", "delta_rule_final_state",
     "delta_rule_forward", "delta_rule_recurrent", "delta_rule_recurrent_ref", "delta_rule_step",
     "gla_attention_backward", "gla_attention_forward", "gla_attention_recurrent",
     "gla_attention_recurrent_ref", "gla_attention_step", "linear_attention_backward",

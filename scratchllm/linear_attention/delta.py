@@ -262,6 +262,19 @@ def delta_rule_backward(do, cache):
     return grads
 
 
+def delta_rule_final_state(cache):
+    """The state S_T (B, H, Dk, Dv) after the last step of the delta_rule_forward that made
+    `cache`: the recurrent form's last state, or the chunked form's last chunk run from the
+    state entering it, S_C = γ_C S_in + Kd^T (Ũ − Wk S_in) (its zero padding writes nothing:
+    β = 0 there). What a prefill hands to delta_rule_step."""
+    if cache.form == "recurrent":
+        return cache.states[:, :, -1].copy()
+    p = _wy(*(a[:, :, -1:] for a in (cache.q, cache.k, cache.v, cache.beta, cache.g)))
+    S = cache.states[:, :, -1:]  # (B, H, 1, Dk, Dv)
+    W = p.Ut - p.Wk @ S  # (B, H, 1, C, Dv)
+    return (p.gam_C * S + np.swapaxes(p.Kd, -1, -2) @ W)[:, :, 0]  # (B, H, Dk, Dv)
+
+
 def delta_rule_recurrent(q, k, v, beta, g=None):
     """The recurrent form, T calls of delta_rule_step. Returns (o (B, H, T, Dv), final state)."""
     _check("delta_rule_recurrent", q, k, v, beta, g, "recurrent", None)

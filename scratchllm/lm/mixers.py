@@ -1,7 +1,7 @@
 """Which Module a spec becomes: the token mixer of a LayerSpec (GQA attention, MLA, Mamba,
-Mamba-2, a linear-attention-family recurrence, RWKV-4's time mix) and the norms (RMSNorm or
-LayerNorm). No math here: each mixer Module is built as Module(d_model, spec, rng=, dtype=)
-and passes its spec unchanged into its pair.
+Mamba-2, a linear-attention-family recurrence, RWKV-4's time mix, Qwen3-Next's gated
+DeltaNet) and the norms (RMSNorm or LayerNorm). No math here: each mixer Module is built as
+Module(d_model, spec, rng=, dtype=) and passes its spec unchanged into its pair.
 
 Every mixer offers forward(x) -> (y, cache), backward(dy, cache) -> dx, and for decoding
 init_state(batch, max_len) -> state, decode(x_t, state, position) -> y_t and (attention, MLA,
@@ -9,12 +9,14 @@ Mamba) prefill(x, state) -> y.
 """
 from scratchllm.attention import MLA, Attention
 from scratchllm.core import LayerNorm, RMSNorm
-from scratchllm.linear_attention import RecurrentMixer, RWKV4TimeMix
-from scratchllm.specs import AttentionSpec, Mamba2Spec, MambaSpec, MLASpec, RecurrentSpec, RWKVSpec
+from scratchllm.linear_attention import GatedDeltaNet, RecurrentMixer, RWKV4TimeMix
+from scratchllm.specs import (AttentionSpec, GatedDeltaNetSpec, Mamba2Spec, MambaSpec, MLASpec,
+                              RecurrentSpec, RWKVSpec)
 from scratchllm.ssm import Mamba, Mamba2
 
 MIXER_MODULES = {AttentionSpec: Attention, MLASpec: MLA, MambaSpec: Mamba, Mamba2Spec: Mamba2,
-                 RecurrentSpec: RecurrentMixer, RWKVSpec: RWKV4TimeMix}
+                 RecurrentSpec: RecurrentMixer, RWKVSpec: RWKV4TimeMix,
+                 GatedDeltaNetSpec: GatedDeltaNet}
 
 
 def make_mixer(d_model, spec, *, rng, dtype):

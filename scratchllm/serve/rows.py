@@ -20,8 +20,8 @@ L longest row.
 """
 import numpy as np
 
-from scratchllm.attention import (AttentionWeights, make_rope, merge_heads, project_qkv_forward,
-                                  sdpa_forward, sinusoidal_positions)
+from scratchllm.attention import (AttentionWeights, make_rope, merge_heads, output_gate_forward,
+                                  project_qkv_forward, sdpa_forward, sinusoidal_positions)
 from scratchllm.core.ops import linear_forward
 from scratchllm.core.validate import expect_int, expect_shape
 from scratchllm.serve.pool import attention_layers
@@ -65,7 +65,10 @@ def _attend_rows(a, attn, cache, layer, seqs, starts, lengths=None):
     keep = np.arange(K.shape[2]) <= positions[:, :, None]  # (B, t, L) causal, own keys only
     o, _ = sdpa_forward(q, K, V, Mask(array=keep[:, None]), spec.scale, sinks=w.sinks,
                         softcap=spec.softcap)  # (B, H, t, Dh)
-    y, _ = linear_forward(merge_heads(o), w.wo, w.bo)  # (B, t, D)
+    o = merge_heads(o)  # (B, t, H*Dh)
+    if spec.output_gate:  # gated attention (Qwen3-Next)
+        o = output_gate_forward(a, o, w.wg, w.bg)[0]
+    y, _ = linear_forward(o, w.wo, w.bo)  # (B, t, D)
     return y
 
 

@@ -4,7 +4,8 @@ from scratchllm.specs.attention import (AttentionSpec, Mask, RelativeBiasSpec, R
                                         ScoresSpec, TemperatureSpec)
 from scratchllm.specs.ffn import ExpertsSpec, FFNSpec, MoESpec, RouterSpec
 from scratchllm.specs.flat import FLAT_NAMES, LAYER_KINDS, from_flat
-from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
+from scratchllm.specs.mixers import (GatedDeltaNetSpec, Mamba2Spec, MambaSpec, RecurrentSpec,
+                                     RWKVSpec)
 from scratchllm.specs.mla import IndexerSpec, MLASpec, NSASpec
 from scratchllm.specs.model import HeadSpec, LayerSpec, ModelConfig, MTPSpec, NormSpec
 from scratchllm.specs.presets import PRESETS, preset
@@ -13,5 +14,5 @@ from scratchllm.specs.serialize import from_dict, to_dict
 __all__ = ["AttentionSpec", "IndexerSpec", "TemperatureSpec", "Mask", "MLASpec", "NSASpec",
            "RelativeBiasSpec", "RopeSpec", "ScoresSpec", "ExpertsSpec",
            "FFNSpec", "MoESpec", "RouterSpec", "FLAT_NAMES", "LAYER_KINDS", "from_flat",
-           "Mamba2Spec", "MambaSpec", "RecurrentSpec", "RWKVSpec", "HeadSpec", "LayerSpec",
+           "GatedDeltaNetSpec", "Mamba2Spec", "MambaSpec", "RecurrentSpec", "RWKVSpec", "HeadSpec", "LayerSpec",
            "ModelConfig", "MTPSpec", "NormSpec", "PRESETS", "preset", "from_dict", "to_dict"]

@@ -217,7 +217,9 @@ class AttentionSpec:
     bias: the layer owns a (num_buckets, H) table) or a TemperatureSpec (not a bias: Llama
     4's per-query scale growing with the position), None for none.  mask: the Mask every call
     of the layer uses (decoding keeps window + n_sink keys).  scores: a ScoresSpec, dense or
-    flash and the soft-cap (read as .impl, .block, .softcap)."""
+    flash and the soft-cap (read as .impl, .block, .softcap).  output_gate: the heads' output
+    times sigmoid(x Wg (+ bg with qkv_bias)) before wo, one gate per head and channel (gated
+    attention, Qiu et al. 2025, arXiv 2505.06708: Qwen3-Next)."""
     n_heads: int = 4
     n_kv_heads: int = 2
     head_dim: int = None
@@ -232,12 +234,13 @@ class AttentionSpec:
     position_bias: object = None
     mask: Mask = Mask()
     scores: ScoresSpec = ScoresSpec()
+    output_gate: bool = False
 
     def __post_init__(self):
         for name in ("n_heads", "n_kv_heads"):
             positive_int(self, name)
         positive_int(self, "head_dim", none_ok=True)
-        for name in ("qkv_bias", "o_bias", "sinks"):
+        for name in ("qkv_bias", "o_bias", "sinks", "output_gate"):
             flag(self, name)
         if not isinstance(self.qk_norm, bool) and self.qk_norm not in ("full", "l2"):
             fail(self, f"qk_norm must be False, True (per head) 'full' (over the whole "
@@ -305,16 +308,20 @@ class AttentionSpec:
         return self.head_dim or d_model // self.n_heads
 
     def n_params(self, d_model):
-        """wq, wk, wv, wo (+ biases, QK-norm gains, sink logits, relative bias table)."""
+        """wq, wk, wv, wo (+ biases, QK-norm gains, sink logits, relative bias table, the
+        output gate's wg)."""
         D, H, Hkv, Dh = d_model, self.n_heads, self.n_kv_heads, self.dh(d_model)
         n = D * H * Dh + 2 * D * Hkv * Dh + H * Dh * D + self.n_biases(d_model)
+        n += D * H * Dh if self.output_gate else 0
         n += {"full": (H + Hkv) * Dh, "l2": 0, True: 2 * Dh}.get(self.qk_norm, 0)
         n += self.relative.num_buckets * H if self.relative is not None else 0
         return n + (H if self.sinks else 0)
 
     def n_biases(self, d_model):
-        """The bias vectors among n_params: bq, bk, bv (qkv_bias) and bo (o_bias)."""
-        qkv = (self.n_heads + 2 * self.n_kv_heads) * self.dh(d_model) if self.qkv_bias else 0
+        """The bias vectors among n_params: bq, bk, bv (qkv_bias; and bg with output_gate) and
+        bo (o_bias)."""
+        heads = self.n_heads * (2 if self.output_gate else 1) + 2 * self.n_kv_heads
+        qkv = heads * self.dh(d_model) if self.qkv_bias else 0
         return qkv + (d_model if self.o_bias else 0)
 
     def kv_per_token(self, d_model):

@@ -9,7 +9,9 @@ MoESpec.d_shared, block -> LayerSpec.placement, norm / norm_eps / norm_offset ->
 causal -> every attention layer's Mask.causal; attention_chunk -> Mask.chunk of the
 "chunked_attention" layers of layer_types; nope_layers: the indices of attention layers
 without RoPE (NoPE layers, whose weightless qk_norm "l2" is off too, as Llama 4's);
-moe_gate_input -> MoESpec.gate_input; shared_gate -> MoESpec.shared_gate; rope_partial ->
+moe_gate_input -> MoESpec.gate_input; attn_output_gate -> AttentionSpec.output_gate;
+gdn_k_heads, gdn_v_heads, gdn_k_head_dim, gdn_v_head_dim (with d_conv, norm_eps) ->
+GatedDeltaNetSpec (the "N" layers); shared_gate -> MoESpec.shared_gate; rope_partial ->
 RopeSpec.partial; rescale_every N -> LayerSpec.out_scale 0.5 of every N-th layer (RWKV's
 inference rescale; 0 off); attn_temperature [attn_scale, floor_scale] -> a TemperatureSpec as the
 position_bias of every attention layer without RoPE (Llama 4's temperature tuning); index_topk, index_n_heads, index_head_dim ->
@@ -24,13 +26,15 @@ from scratchllm.specs._check import SpecError
 from scratchllm.specs.attention import (AttentionSpec, Mask, RopeSpec, ScoresSpec,
                                         TemperatureSpec)
 from scratchllm.specs.ffn import ExpertsSpec, FFNSpec, MoESpec, RouterSpec
-from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
+from scratchllm.specs.mixers import (GatedDeltaNetSpec, Mamba2Spec, MambaSpec, RecurrentSpec,
+                                     RWKVSpec)
 from scratchllm.specs.mla import IndexerSpec, MLASpec
 from scratchllm.specs.model import HeadSpec, LayerSpec, ModelConfig, NormSpec
 
-LAYER_KINDS = "AMLRGDSWF"  # attention, Mamba, linear, RetNet, GLA, DeltaNet, Mamba-2, RWKV-4,
-#                            F an MLP-only layer (in a pattern with F every layer is one
-#                            sub-layer: the mixers lose their FFN, Mamba-2-Hybrid's form)
+LAYER_KINDS = "AMLRGDSWFN"  # attention, Mamba, linear, RetNet, GLA, DeltaNet, Mamba-2, RWKV-4,
+#                             F an MLP-only layer (in a pattern with F every layer is one
+#                             sub-layer: the mixers lose their FFN, Mamba-2-Hybrid's form),
+#                             N Qwen3-Next's gated DeltaNet (gdn_* sizes, d_conv, norm_eps)
 RECURRENT = {"L": "linear", "R": "retnet", "G": "gla", "D": "delta"}
 
 
@@ -121,11 +125,21 @@ class Flat:
     rope_partial: float = 1.0
     attn_temperature: list = None
     rescale_every: int = 0
+    attn_output_gate: bool = False
+    gdn_k_heads: int = 2
+    gdn_v_heads: int = 4
+    gdn_k_head_dim: int = 16
+    gdn_v_head_dim: int = 16
 
 
 FLAT_NAMES = tuple(f.name for f in fields(Flat))
 RENAMED = {  # (spec, field) -> the flat name that sets it, where the two differ
     ("AttentionSpec", "sinks"): "attn_sinks", ("AttentionSpec", "scale"): "attn_scale",
+    ("AttentionSpec", "output_gate"): "attn_output_gate",
+    ("GatedDeltaNetSpec", "n_k_heads"): "gdn_k_heads",
+    ("GatedDeltaNetSpec", "n_v_heads"): "gdn_v_heads",
+    ("GatedDeltaNetSpec", "k_head_dim"): "gdn_k_head_dim",
+    ("GatedDeltaNetSpec", "v_head_dim"): "gdn_v_head_dim",
     ("ScoresSpec", "impl"): "attn_impl", ("ScoresSpec", "softcap"): "attn_softcap",
     ("RopeSpec", "base"): "rope_base",
     ("RopeSpec", "scaling"): "rope_scaling", ("RopeSpec", "style"): "rope_style",
@@ -160,7 +174,7 @@ def from_flat(**flat):
         layers = tuple(LayerSpec(_mixer(f, i, kind), None if single and kind != "F" else
                                  _ffn(f, i), norm, f.block, _out_scale(f, i))
                        for i, kind in enumerate(_kinds(f)))
-        for kind in "AM":  # the fields of the kinds it lacks
+        for kind in "AMN":  # the fields of the kinds it lacks
             _mixer(f, 0, kind)
         _moe(f)
         embedded = f.positions if f.positions in ("learned", "sinusoidal") else "none"
@@ -244,10 +258,11 @@ def _check_layers(f):
     if f.attention == "mla" and (f.positions != "rope" or f.attn_impl != "sdpa"
                                  or f.window is not None or f.head_dim or f.qkv_bias
                                  or f.qk_norm or f.attn_softcap is not None
-                                 or f.attention_chunk or f.nope_layers):
+                                 or f.attention_chunk or f.nope_layers
+                                 or f.attn_output_gate):
         bad("attention='mla' supports positions='rope', attn_impl='sdpa', no window, and none "
-            "of head_dim, qkv_bias, qk_norm, attn_softcap, attention_chunk, nope_layers "
-            "(options of attention='gqa')")
+            "of head_dim, qkv_bias, qk_norm, attn_softcap, attention_chunk, nope_layers, "
+            "attn_output_gate (options of attention='gqa')")
     temp = f.attn_temperature
     if temp is not None and (not isinstance(temp, (list, tuple)) or len(temp) != 2
                              or not (f.positions == "nope" or f.nope_layers)):
@@ -288,6 +303,9 @@ def _mixer(f, i, kind):
         return Mamba2Spec(f.n_heads, f.d_state, f.expand, f.d_conv, n_groups=f.ssm_groups)
     if kind == "W":
         return RWKVSpec()
+    if kind == "N":
+        return GatedDeltaNetSpec(f.gdn_k_heads, f.gdn_v_heads, f.gdn_k_head_dim,
+                                 f.gdn_v_head_dim, f.d_conv, f.norm_eps)
     if kind == "M":
         return MambaSpec(f.d_state, f.d_conv, f.expand, f.dt_rank, f.mamba_inner_norms,
                          f.norm_eps)
@@ -306,7 +324,8 @@ def _mixer(f, i, kind):
     return AttentionSpec(
         f.n_heads, f.n_kv_heads, f.head_dim, f.qkv_bias, f.o_bias, qk_norm, f.norm_eps,
         f.norm_offset, f.attn_scale, f.attn_sinks, None if nope else rope,
-        bias, mask=mask, scores=ScoresSpec(f.attn_impl, softcap=f.attn_softcap))
+        bias, mask=mask, scores=ScoresSpec(f.attn_impl, softcap=f.attn_softcap),
+        output_gate=f.attn_output_gate)
 
 
 def is_moe_layer(f, i):

@@ -1,4 +1,5 @@
-"""The recurrent token mixers' specs: Mamba, Mamba-2, the linear-attention family, RWKV-4.
+"""The recurrent token mixers' specs: Mamba, Mamba-2, the linear-attention family, RWKV-4,
+Qwen3-Next's gated DeltaNet.
 
 Glossary: D model width, Di inner width (expand * D), N state size, R dt rank, H heads.
 """
@@ -111,3 +112,46 @@ class RWKVSpec:
 
     def state_per_sequence(self, d_model):
         return 4 * d_model
+
+
+@dataclass(frozen=True)
+class GatedDeltaNetSpec:
+    """Qwen3-Next's gated DeltaNet layer (Yang et al. 2024, arXiv 2412.06464;
+    linear_attention/gated_deltanet.py): n_k_heads Hk query/key heads of k_head_dim dk and
+    n_v_heads Hv value heads of v_head_dim dv (Hv a multiple of Hk: each query/key head
+    serves Hv / Hk value heads), a causal convolution of width d_conv K over q, k and v,
+    the gated output RMSNorm's norm_eps, and chunk: the chunk length of the chunked form."""
+    n_k_heads: int = 2
+    n_v_heads: int = 4
+    k_head_dim: int = 16
+    v_head_dim: int = 16
+    d_conv: int = 4
+    norm_eps: float = 1e-6
+    chunk: int = 64
+
+    def __post_init__(self):
+        for name in ("n_k_heads", "n_v_heads", "k_head_dim", "v_head_dim", "d_conv", "chunk"):
+            positive_int(self, name)
+        real(self, "norm_eps", 0, open_low=True)
+        if self.n_v_heads % self.n_k_heads:
+            fail(self, f"n_v_heads={self.n_v_heads} must be a multiple of n_k_heads="
+                       f"{self.n_k_heads} (each query/key head serves n_v_heads / n_k_heads "
+                       f"value heads)")
+
+    def widths(self):
+        """(Hk dk, Hv dv, the conv's channels 2 Hk dk + Hv dv)."""
+        kd, vd = self.n_k_heads * self.k_head_dim, self.n_v_heads * self.v_head_dim
+        return kd, vd, 2 * kd + vd
+
+    def n_params(self, d_model):
+        """Wq, Wk (D, Hk dk), Wv, Wz (D, Hv dv), Wb, Wa (D, Hv), conv_w (C, K), dt_bias,
+        A_log (Hv,), norm (dv,), Wout (Hv dv, D)."""
+        kd, vd, C = self.widths()
+        H = self.n_v_heads
+        return d_model * (2 * kd + 2 * vd + 2 * H) + C * self.d_conv + 2 * H + \
+            self.v_head_dim + vd * d_model
+
+    def state_per_sequence(self, d_model):
+        """The last K - 1 conv inputs and Hv states of dk x dv."""
+        return (self.d_conv - 1) * self.widths()[2] + self.n_v_heads * self.k_head_dim * \
+            self.v_head_dim

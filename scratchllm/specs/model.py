@@ -1,7 +1,7 @@
 """ModelConfig: a trunk (vocabulary, width, embedding, final norm) plus one LayerSpec per layer.
 
 A LayerSpec is a token mixer spec (AttentionSpec, MLASpec, MambaSpec, Mamba2Spec,
-RecurrentSpec, RWKVSpec), an FFN spec (FFNSpec, MoESpec or None for a mixer-only block), the
+RecurrentSpec, RWKVSpec, GatedDeltaNetSpec), an FFN spec (FFNSpec, MoESpec or None for a mixer-only block), the
 norm and where it sits: "pre" (x + f(norm(x))), "post" (norm(x + f(x)): Vaswani et al. 2017)
 "sandwich" (x + norm(f(norm(x))): Gemma 2, 3) or "output" (x + norm(f(x)): OLMo 2's norm on
 the sub-layer's output only). lm/ builds one Block per LayerSpec; teach/
@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from scratchllm.specs._check import fail, flag, instance, one_of, positive_int, real
 from scratchllm.specs.attention import AttentionSpec
 from scratchllm.specs.ffn import FFNSpec, MoESpec
-from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
+from scratchllm.specs.mixers import (GatedDeltaNetSpec, Mamba2Spec, MambaSpec, RecurrentSpec,
+                                     RWKVSpec)
 from scratchllm.specs.mla import MLASpec
 
-MIXERS = (AttentionSpec, MLASpec, MambaSpec, Mamba2Spec, RecurrentSpec, RWKVSpec)
+MIXERS = (AttentionSpec, MLASpec, MambaSpec, Mamba2Spec, RecurrentSpec, RWKVSpec,
+          GatedDeltaNetSpec)
 FFNS = (FFNSpec, MoESpec)
 
 

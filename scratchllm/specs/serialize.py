@@ -12,7 +12,8 @@ from scratchllm.specs.attention import (AttentionSpec, Mask, RelativeBiasSpec, R
                                         ScoresSpec, TemperatureSpec)
 from scratchllm.specs.ffn import ExpertsSpec, FFNSpec, MoESpec, RouterSpec
 from scratchllm.specs.flat import from_flat
-from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
+from scratchllm.specs.mixers import (GatedDeltaNetSpec, Mamba2Spec, MambaSpec, RecurrentSpec,
+                                     RWKVSpec)
 from scratchllm.specs.mla import IndexerSpec, MLASpec
 from scratchllm.specs.model import HeadSpec, LayerSpec, ModelConfig, MTPSpec, NormSpec
 
@@ -20,7 +21,8 @@ FORMAT = 2
 SPECS = {c.__name__: c for c in (AttentionSpec, Mask, MLASpec, RopeSpec, ExpertsSpec, FFNSpec,
                                  MoESpec, RouterSpec, Mamba2Spec, MambaSpec, RecurrentSpec,
                                  RWKVSpec, LayerSpec, NormSpec, HeadSpec, RelativeBiasSpec,
-                                 IndexerSpec, TemperatureSpec, MTPSpec, ScoresSpec)}
+                                 IndexerSpec, TemperatureSpec, MTPSpec, ScoresSpec,
+                                 GatedDeltaNetSpec)}
 # fields a spec has since moved into a sub-spec: {spec: (sub-spec field, its class, names)};
 # saved configs of before keep loading (AttentionSpec's impl, block and softcap: .scores)
 MOVED = {"AttentionSpec": ("scores", "ScoresSpec", ("impl", "block", "softcap"))}

@@ -9,10 +9,12 @@ import dataclasses
 from scratchllm.specs.attention import AttentionSpec
 from scratchllm.specs.ffn import MoESpec
 from scratchllm.specs.flat import RECURRENT, Flat, from_flat
-from scratchllm.specs.mixers import Mamba2Spec, MambaSpec, RecurrentSpec, RWKVSpec
+from scratchllm.specs.mixers import (GatedDeltaNetSpec, Mamba2Spec, MambaSpec, RecurrentSpec,
+                                     RWKVSpec)
 from scratchllm.specs.mla import MLASpec
 
-LETTER = {MambaSpec: "M", Mamba2Spec: "S", RWKVSpec: "W", AttentionSpec: "A", MLASpec: "A"}
+LETTER = {MambaSpec: "M", Mamba2Spec: "S", RWKVSpec: "W", AttentionSpec: "A", MLASpec: "A",
+          GatedDeltaNetSpec: "N"}
 KIND_LETTER = {kind: letter for letter, kind in RECURRENT.items()}
 
 
@@ -76,6 +78,10 @@ def _mixer_fields(cfg):
             out["ssm_groups"] = m.n_groups
         if isinstance(m, MambaSpec):
             out.update(dt_rank=m.dt_rank, mamba_inner_norms=m.inner_norms)
+        if isinstance(m, GatedDeltaNetSpec):
+            out.update(gdn_k_heads=m.n_k_heads, gdn_v_heads=m.n_v_heads,
+                       gdn_k_head_dim=m.k_head_dim, gdn_v_head_dim=m.v_head_dim,
+                       d_conv=m.d_conv)
     attention = [m for m in mixers if isinstance(m, AttentionSpec)]
     mla = [m for m in mixers if isinstance(m, MLASpec)]
     if mla:
@@ -104,7 +110,7 @@ def _attention_fields(attention, positions, mixers):
     out = dict(n_heads=a.n_heads, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim,
                qkv_bias=a.qkv_bias, o_bias=a.o_bias, qk_norm=a.qk_norm,
                attn_scale=a.scale, attn_sinks=a.sinks, attn_impl=a.impl,
-               attn_softcap=a.softcap, causal=a.mask.causal)
+               attn_softcap=a.softcap, causal=a.mask.causal, attn_output_gate=a.output_gate)
     if positions == "none":
         out["positions"] = "alibi" if a.alibi else "rope" if a.rope is not None else "nope"
     temperature = [m.temperature for m in attention if m.temperature is not None]

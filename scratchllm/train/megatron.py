@@ -62,9 +62,9 @@ def check_tensor_parallel(cfg, P):
     for i, spec in enumerate(cfg.layers):
         m, f = spec.mixer, spec.ffn
         if type(m).__name__ != "AttentionSpec" or m.o_bias or m.qk_norm or m.sinks or \
-                m.position_bias is not None:
+                m.position_bias is not None or m.output_gate:
             bad.append(f"layer {i}'s mixer (tensor parallel splits plain attention heads: no "
-                       f"output bias, QK-norm, sinks or position bias)")
+                       f"output bias, QK-norm, sinks, position bias or output gate)")
         elif m.n_heads % P or m.n_kv_heads % P:
             bad.append(f"layer {i}'s {m.n_heads} heads / {m.n_kv_heads} KV heads (not "
                        f"multiples of {P})")

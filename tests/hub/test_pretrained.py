@@ -25,6 +25,8 @@ FAMILIES += ["olmo2", "gemma2", "qwen3_moe", "qwen3_moe_step", "deepseek_v2",
 FAMILIES += ["llama4_text"]  # chunks, NoPE, L2 QK-norm, input-gated MoE (same tool)
 FAMILIES += ["deepseek_v32"]  # MLA with the lightning indexer's top-k keys (same tool)
 FAMILIES += ["rwkv"]  # RWKV-4: time mix + channel mix (its decoding state), pre_ln
+FAMILIES += ["qwen3_next"]  # gated DeltaNet + gated attention (make_hf_fixtures_qwen3_next.py)
+FAMILIES += [pytest.param("qwen3_next_dense", marks=pytest.mark.slow)]  # biases, dense, r = 1
 FAMILIES += [pytest.param("llama4_text_plain", marks=pytest.mark.slow)]  # llama3 RoPE, top-2
 FAMILIES += [pytest.param("rwkv_rescale", marks=pytest.mark.slow)]  # rescale_every 2 of 3
 

@@ -21,6 +21,9 @@ FLAT_CASES = [
          qk_norm=True, attn_scale=0.1),
     dict(layer_pattern="MMMM", ffn="none", mamba_inner_norms=True, dt_rank=3),
     dict(ffn="moe", experts="clamped", router_bias=True, attn_sinks=True),
+    dict(attn_output_gate=True, qk_norm=True, norm_offset=1.0, rope_partial=0.25),
+    dict(layer_pattern="NNAN", attn_output_gate=True, gdn_k_heads=1, gdn_v_heads=2, d_conv=3,
+         ffn="moe", shared_gate=True, n_shared=2, norm_eps=1e-6),
 ] + [dict(PRESETS[name]) for name in sorted(PRESETS)]
 
 

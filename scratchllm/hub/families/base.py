@@ -90,7 +90,7 @@ CAUSAL_LM = dict(causal=True, type_vocab_size=0, embed_norm=False, final_norm=Tr
                  mlm_head=False, pad_id=None)
 CAUSAL_LM.update(attention_chunk=None, nope_layers=None, moe_gate_input=False)  # Llama 4's
 CAUSAL_LM.update(index_topk=None, shared_gate=False, attn_temperature=None,
-                 rope_partial=1.0)  # DeepSeek-V3.2's indexer, Qwen3-Next's
+                 rope_partial=1.0, attn_output_gate=False)  # DeepSeek-V3.2's, Qwen3-Next's
 CAUSAL_LM.update(rescale_every=0)  # RWKV's inference rescale
 
 
@@ -141,9 +141,13 @@ def over(base, drop=()):
     return hf
 
 
-def rope_of(hf):
+def rope_of(hf, *, partial=False):
     """(rope_theta, rope_scaling dict or None) from config.json's `rope_parameters`
-    (transformers >= 5) or its older `rope_theta` + `rope_scaling`."""
+    (transformers >= 5) or its older `rope_theta` + `rope_scaling`; with partial=True (a
+    family whose transformers model turns only part of each head: Qwen3-Next)
+    (rope_theta, rope_scaling, partial_rotary_factor), the factor read from rope_parameters
+    or the top level (older configs), 1.0 when absent. Without partial, a factor other than 1
+    is an error naming it."""
     params = hf.get("rope_parameters")
     if params is None:
         params = dict(hf.get("rope_scaling") or {})
@@ -151,8 +155,18 @@ def rope_of(hf):
     else:
         params = dict(params)
         theta = params.pop("rope_theta", hf.get("rope_theta", 10000.0))
-    if params.pop("partial_rotary_factor", 1.0) != 1.0:
-        fail_config("partial_rotary_factor != 1 (a partial rotary dim) is not implemented")
+    factor = params.pop("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+        fail_config(f"partial_rotary_factor = {factor!r} must be a number in (0, 1]")
+    if factor != 1.0 and not partial:
+        fail_config(f"partial_rotary_factor = {factor!r} (a partial rotary dim) is not "
+                    f"implemented for model_type {hf.get('model_type')!r}")
+    theta, scaling = _rope_type(hf, params, theta)
+    return (theta, scaling, float(factor)) if partial else (theta, scaling)
+
+
+def _rope_type(hf, params, theta):
+    """(theta, the rope_scaling dict or None) of rope_parameters without theta and factor."""
     rope_type = params.pop("rope_type", params.pop("type", "default"))
     if rope_type == "default":
         return float(theta), None
@@ -168,10 +182,13 @@ def rope_of(hf):
 
 def rope_parameters(f, max_pos):
     """(rope_parameters dict, max_position_embeddings) for config.json: HF's dynamic NTK
-    reads its original length from max_position_embeddings, so that takes it."""
+    reads its original length from max_position_embeddings, so that takes it; a partial
+    rotary dim (f.rope_partial < 1) is its partial_rotary_factor."""
     scaling = dict(f.rope_scaling or {"rope_type": "default"})
     if scaling.get("rope_type") == "dynamic":
         max_pos = scaling.pop("original_max_position_embeddings")
+    if f.rope_partial != 1.0:
+        scaling["partial_rotary_factor"] = f.rope_partial
     return {**scaling, "rope_theta": f.rope_base}, max_pos
 
 
