@@ -28,7 +28,9 @@ class Entry(NamedTuple):
     and the factor the library holds the tensor times (RWKV's output weights divided by
     2^(i // rescale_every) on load, as transformers' inference; its gradient is the
     library's times the factor), and the number of groups the concatenation interleaves
-    (None: one after the other)."""
+    (None: one after the other); copy: a second tensor of arrays another Entry names
+    (DeepSeek-V3's MTP layers store the embedding and head again): written on saving, never
+    read into the arrays."""
     hf: str
     lib: tuple
     transpose: bool
@@ -38,6 +40,7 @@ class Entry(NamedTuple):
     reshape: tuple = None
     scale: float = 1.0
     groups: int = None
+    copy: bool = False
 
 
 def _pieces(e, arrays):

@@ -170,11 +170,18 @@ def load_pretrained(path, dtype=np.float32):
         tied = family.tied_head[:1]
     else:
         cfg = config_from_flat(family.from_hf(hf))
+        if cfg.mtp is not None:  # the MTP layers config.json counts that the file holds
+            held = family.mtp_layers(flat_of(cfg), stored)
+            cfg = dataclasses.replace(cfg, mtp=dataclasses.replace(cfg.mtp, depth=held)
+                                      if held else None)
         model = family.model_class(cfg, rng=_NoInit(), dtype=dtype)
         f, tied = flat_of(cfg), family.tied_names
     table = family.names(model, f)
-    _check_names(path, f, stored, {e.hf for e in table}, tied, family.unused)
-    _load_into(path, stored, {e.hf: e for e in table}, _library_arrays(model, "data"))
+    copies = {e.hf for e in table if e.copy}  # optional: checked by mtp_layers when there
+    _check_names(path, f, {n: w for n, w in stored.items() if n not in copies},
+                 {e.hf for e in table} - copies, tied, family.unused)
+    _load_into(path, stored, {e.hf: e for e in table if not e.copy},
+               _library_arrays(model, "data"))
     model.hf_config = hf
     return model
 
@@ -206,7 +213,7 @@ def _hf_arrays(model, table, attr):
     of `table` (a family's names)."""
     arrays = _library_arrays(model, attr)
     return {e.hf: to_hf(e, arrays, attr == "grad") for e in table
-            if attr == "data" or not e.buffer}
+            if attr == "data" or not (e.buffer or e.copy)}
 
 
 def _saved_as(model):

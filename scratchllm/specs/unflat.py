@@ -32,6 +32,8 @@ def to_flat(cfg):
                 logit_softcap=cfg.logit_softcap,
                 rescale_every=next((i + 1 for i, layer in enumerate(layers)
                                     if layer.out_scale != 1.0), 0))
+    if cfg.mtp is not None:
+        flat.update(mtp_depth=cfg.mtp.depth, mtp_weight=cfg.mtp.weight)
     if cfg.head.transform:  # the FFN's GELU below, when it has one, must be the same
         flat["gelu_approx"] = cfg.head.gelu_approx
     kinds = "".join(mixer_letter(layer.mixer) for layer in layers)
