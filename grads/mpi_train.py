@@ -1,8 +1,9 @@
 """Training steps across ranks against one process, in float64, on a tiny dense LM: the ranks
 of a data-parallel group (plain, and ZeRO stages 1, 2 and 3) and of a tensor-parallel one
-(Megatron, with and without sequence parallelism; and a dp x tp grid on 4 ranks) must reach the
-parameters one process reaches on the whole batch, and send the bytes the communication model
-predicts.
+(Megatron, with and without sequence parallelism; and a dp x tp grid on 4 ranks), a context-
+parallel one (ring attention over zig-zag chunks), an expert-parallel one (an MoE with capacity
+drops) and a pipeline must reach the parameters one process reaches on the whole batch, and
+send the bytes the communication model predicts.
 Part of `mpiexec -n P python -m grads.mpi` (grads/mpi.py), so the fast test tier's one
 2-rank run covers the collectives' gradients and a training equivalence together."""
 from typing import NamedTuple
@@ -32,7 +33,7 @@ def _train(cfg, settings, ids, grid=None, zero=0, sequence=False, pipeline=("1f1
     if run.shards is not None:
         run.shards.gather_all()
     run.whole()  # a pipeline's stages exchange their Params
-    model = run.model if run.tp is None else run._whole_tp(run.opt.state_dict())[0]
+    model = run.model if run.sliced is None else run.model.gather_whole(cfg, [], {})[0]
     return model.parameters(), run.sent[-1], sum(run.comm_model.values())
 
 
@@ -69,7 +70,21 @@ def training_checks(world):
             grid = dist.RankGrid(shape, world)
             name = shape.describe() + (" (sequence parallel)" if sequence else "")
             out += _compare(world, name, _train(cfg, s, ids, grid, sequence=sequence), one)
-    for shape in [dist.GridShape(dp=P // 2, pp=2)] if P % 2 == 0 else []:
+    out += _balance_across_training(world, s, ids)
+    grid = dist.RankGrid(dist.GridShape(cp=P), world)  # zig-zag chunks of T = 8 (2P | 8)
+    out += _compare(world, f"cp={P} (ring attention)", _train(cfg, s, ids, grid), one)
+    for shape, zero in ([(dist.GridShape(dp=2, cp=P // 2), 1),
+                         (dist.GridShape(dp=2, tp=P // 2), 1)] if P >= 4 else []):
+        out += _compare(world, f"{shape.describe()} (ZeRO-{zero})",
+                        _train(cfg, s, ids, dist.RankGrid(shape, world), zero), one)
+    if P >= 4:  # ZeRO-1 over the data-parallel ranks of each pipeline stage
+        shape = dist.GridShape(dp=2, pp=P // 2)
+        out += _compare(world, f"{shape.describe()} (ZeRO-1, 1f1b, 2 micro-batches)",
+                        _train(cfg, s, ids, dist.RankGrid(shape, world), 1, pipeline=("1f1b",
+                                                                                       2)), one)
+    out += _expert_parallel_training(world, s, ids)
+    for shape in [dist.GridShape(dp=P // 2, pp=2)] + ([dist.GridShape(tp=2, pp=P // 2)]
+                                                      if P >= 4 else []) if P % 2 == 0 else []:
         for schedule in ("gpipe", "1f1b"):
             grid = dist.RankGrid(shape, world)
             out += _compare(world, f"{shape.describe()} ({schedule}, 2 micro-batches)",
@@ -108,3 +123,87 @@ def expert_parallel_checks(world, rng, check):
     return out + [TrainResult(f"expert_parallel == the one-process experts ({E} experts on {P} "
                               f"ranks: outputs, dxs, every expert's weight gradients)", err,
                               err < 1e-12)]
+
+
+def _expert_parallel_training(world, s, ids):
+    """ep=P on the tiny MoE (4 experts; capacity factor 0.6, so slots are dropped) against
+    one process on one data shard: the parameters (the all-to-alls' bytes follow the
+    routing, so they have no prediction to meet)."""
+    from dataclasses import replace
+
+    from scratchllm import dist
+    cfg = lm_tiny("moe", vocab_size=24)
+    cfg = replace(cfg, layers=tuple(replace(ls, ffn=replace(ls.ffn, capacity_factor=0.6))
+                                    for ls in cfg.layers))
+    one, _, _ = _train(cfg, s, ids)
+    grid = dist.RankGrid(dist.GridShape(ep=world.size), world)
+    out = _compare(world, f"ep={world.size} (capacity drops)", _train(cfg, s, ids, grid),
+                   one)[:1]
+    if world.size >= 4:  # dp x ep: ep=P/2 ranks of each rank's slice equal one process on
+        # two shards (the aux losses per data-parallel rank)
+        two, _, _ = _train(cfg, replace(s, threads=2), ids)
+        grid2 = dist.RankGrid(dist.GridShape(dp=2, ep=world.size // 2), world)
+        out += _compare(world, f"dp=2 x ep={world.size // 2} (ZeRO-1; 2 shards)",
+                        _train(cfg, s, ids, grid2, 1), two)[:1]
+    return out + [_drops(world, cfg, grid)]
+
+
+def _drops(world, cfg, grid):
+    """The slots each MoE layer drops at capacity, counted on every expert-parallel rank, are
+    the one-process layer's (and some are dropped), the loss the same."""
+    from scratchllm.lm import LM
+    from scratchllm.train.parallel_moe import ExpertParallelLM
+    rng = np.random.default_rng(5)
+    x, y = rng.integers(0, cfg.vocab_size, (2, 2, 8))
+    ep = ExpertParallelLM(cfg, grid.groups["ep"], rng=np.random.default_rng(3),
+                          dtype=np.float64)
+    (a, c_a), (b, c_b) = ep.loss(x, y), LM(cfg, rng=np.random.default_rng(3),
+                                            dtype=np.float64).loss(x, y)
+    drops = [c.ffn.inner.n_dropped for c in c_a.lm.blocks]
+    want = [c.ffn.inner.n_dropped for c in c_b.lm.blocks]
+    same = all(world.comm.allgather(drops == want)) and sum(want) > 0
+    err = max(world.comm.allgather(float(abs(a - b) / abs(b))))
+    return TrainResult(f"ep={world.size} drops {drops} slots per layer at capacity factor "
+                       f"0.6, one process {want}", err, same and err < 1e-12)
+
+
+def _balance_across_training(world, s, ids):
+    """dp=P with the balance loss across the ranks (--balance-across-ranks) against one
+    process on one data shard (whose balance loss is over the whole batch): equal, and its
+    all-reduces in the communication model."""
+    from dataclasses import replace
+
+    from scratchllm import dist
+    cfg = lm_tiny("moe", vocab_size=24)
+    one, _, _ = _train(cfg, s, ids)
+    grid = dist.RankGrid(dist.GridShape(dp=world.size), world)
+    across = replace(s, balance_across=True)
+    return _compare(world, f"dp={world.size} (MoE, balance loss across the ranks; one "
+                    f"process on one shard)", _train(cfg, across, ids, grid), one)
+
+
+def balance_across_checks(world, check):
+    """[TrainResult]: the across-ranks balance loss pair through the distributed check, and
+    the chapters' point in numbers: rank r's tokens prefer experts 2r and 2r + 1, so the
+    batch is balanced as a whole (the loss across ranks near 1) while every micro-batch uses
+    half the experts (its own loss near 2)."""
+    from scratchllm.moe.losses import balance_loss_forward
+    from scratchllm.train.parallel_moe import (balance_loss_across_backward,
+                                               balance_loss_across_forward)
+    P, r = world.size, world.rank
+    E = 2 * P
+    rng = np.random.default_rng([31, r])
+    s = rng.standard_normal((8, E))
+    s[:, 2 * r:2 * r + 2] += 4.0  # this rank's favourites
+    probs = np.exp(s) / np.exp(s).sum(axis=1, keepdims=True)
+    top = np.argsort(-probs, axis=1)[:, :2]
+    out = [check("balance_loss_across (counts and probabilities all-reduced)",
+                 (balance_loss_across_forward, balance_loss_across_backward),
+                 {"probs": probs}, world, world, rng=rng, h=1e-6, tol=1e-7, topk_idx=top)]
+    mine = float(balance_loss_forward(probs, top)[0])
+    whole = float(balance_loss_across_forward(probs, top, group=world)[0])
+    mean_mine = world.sum_scalar(mine) / P
+    ok = mean_mine > 1.5 and whole < 1.1
+    return out + [TrainResult(f"balance loss per micro-batch {mean_mine:.2f} (mean over {P} "
+                              f"ranks) vs across the ranks {whole:.2f}: only the per-shard "
+                              f"loss sees each rank using {2} of {E} experts", 0.0, ok)]

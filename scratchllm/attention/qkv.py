@@ -88,8 +88,13 @@ def _check_qkv_inputs(fn, x, w, spec, rope):
                      "(H*Dh,)" if full else "(Dh,)")
         expect_shape(fn, "k_norm", w.k_norm, ((Hkv if full else 1) * Dh,),
                      "(Hkv*Dh,)" if full else "(Dh,)")
+    for name, width in (("bq", H * Dh), ("bk", Hkv * Dh), ("bv", Hkv * Dh)):
+        if getattr(w, name) is not None:
+            expect_shape(fn, name, getattr(w, name), (width,), f"({width},)")
     if spec.output_gate:
         expect_shape(fn, "wg", w.wg, (D, H * Dh), f"(D, H*Dh) = (D, {H}*{Dh})")
+        if w.bg is not None:
+            expect_shape(fn, "bg", w.bg, (H * Dh,), f"({H * Dh},)")
     if spec.relative is not None:
         expect_shape(fn, "rel_table", w.rel_table, (spec.relative.num_buckets, H),
                      "(num_buckets, H)")

@@ -18,8 +18,11 @@ files as a one-process run). --threads defaults to 1 per rank under MPI. --zero 
 the optimizer state, the gradients, the weights; --tp B splits heads, SwiGLU units and the
 vocabulary over B ranks (Megatron; --sequence-parallel splits the sequence between them), and
 --dp A --tp B runs on A x B ranks; --pp C cuts the blocks into C stages fed --micro-batches
-M micro-batches on the --schedule gpipe or 1f1b, and prints the pipeline bubble.
+M micro-batches on the --schedule gpipe or 1f1b, and prints the pipeline bubble; --cp D
+splits every sequence into D ranks' zig-zag chunks (ring attention); --ep E splits each MoE
+layer's experts over E ranks (dispatch and combine all-to-alls).
 """
+import resource
 import sys
 import time
 from dataclasses import asdict, replace
@@ -29,6 +32,7 @@ import numpy as np
 
 from scratchllm.cli.common import LR, Parser, int_at_least, run, run_on_ranks
 from scratchllm.core.atomic import remove_stale_temps
+from scratchllm.core.compiling import PhaseClock
 from scratchllm.dist import (AXES, GridError, GridShape, Group, MPIUnavailable, RankGrid,
                              launched_by_mpiexec)
 from scratchllm.lm import generate, preset
@@ -37,9 +41,11 @@ from scratchllm.specs.unflat import flat_view
 from scratchllm.tokenizer import EOT
 from scratchllm.train import checkpoint, corpus
 from scratchllm.train.checkpoint import load_model
+from scratchllm.train.parallel_run import check_combination, check_split
 from scratchllm.train.pipeline import bubble_fraction
 from scratchllm.train.plots import save_run_plot
 from scratchllm.train.trainer import Run, Settings, fit
+from scratchllm.train.warm import KernelWarmup
 
 
 def build_parser():
@@ -90,6 +96,10 @@ def build_parser():
                    "of the tokens; all-gather / reduce-scatter in place of the all-reduces)")
     p.add_argument("--micro-batches", type=int_at_least(1), default=0, help="with --pp: "
                    "micro-batches per step on each data-parallel rank (default: one per stage)")
+    p.add_argument("--balance-across-ranks", dest="balance_across", action="store_true",
+                   default=None, help="MoE: the balance loss over every data-parallel rank's "
+                   "tokens (routed counts and probabilities all-reduced), not per rank's "
+                   "micro-batch (the default, as Switch and GShard compute it per device)")
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b", help="with --pp: "
                    "all forwards then all backwards (gpipe), or one forward one backward (1f1b)")
     return p
@@ -102,7 +112,7 @@ def _settings(args, saved=None, ranks=1):
     if ranks > 1:
         s["threads"] = 1
     for name in ("steps", "batch_size", "seq_len", "lr", "seed", "eval_every", "threads",
-                 "fp8", "pack_documents"):
+                 "fp8", "pack_documents", "balance_across"):
         if getattr(args, name) is not None:
             s[name] = getattr(args, name)
     for name in ("steps", "batch_size", "seq_len", "eval_every"):
@@ -159,23 +169,18 @@ def _on_ranks(args, shape):
         return 1
     try:
         grid = RankGrid(shape, world)
-        later = [f"--{a} {getattr(shape, a)}" for a in AXES
-                 if a not in ("dp", "tp", "pp") and getattr(shape, a) > 1]
-        if later:
-            raise GridError(f"{', '.join(later)}: this version trains data, tensor and "
-                            f"pipeline parallel only (--dp, --tp, --pp); context and expert "
-                            f"parallel training are not available yet")
-        for axis in ("tp", "pp"):
-            if getattr(shape, axis) > 1 and args.zero:
-                raise GridError(f"--zero {args.zero} with --{axis} {getattr(shape, axis)}: ZeRO "
-                                f"shards over the data-parallel ranks of an unsplit model "
-                                f"only, for now")
-        if shape.tp > 1 and shape.pp > 1:
-            raise GridError("--tp with --pp: not available yet (each works with --dp)")
+        if args.sequence_parallel and shape.pp > 1:
+            raise GridError("--sequence-parallel with --pp: the stages pass whole (B, T, D) "
+                            "activations; use --tp with --pp without it")
         if args.sequence_parallel and shape.tp == 1:
             raise GridError("--sequence-parallel splits the tensor-parallel ranks' sequence: "
                             "it needs --tp above 1")
-    except GridError as e:
+        if not args.resume:  # what the split models do not cover, before any work
+            cfg = preset(args.preset or "dense")
+            cfg = replace(cfg, mtp=MTPSpec(depth=args.mtp)) if args.mtp else cfg
+            check_split(cfg, shape, args.seq_len or Settings().seq_len)
+        check_combination(shape._asdict(), args.threads or 1, args.zero)
+    except (GridError, ValueError) as e:
         if world.rank == 0:
             print(f"scratchllm train: {e}", file=sys.stderr)
         return 1
@@ -207,9 +212,13 @@ def _main(args, grid=None):
                   grid.world.size)
     dtype = np.dtype(args.dtype or (saved_meta or {}).get("dtype", "float32"))
     data = args.data or (saved_meta or {}).get("data") or str(corpus.DEFAULT_CORPUS)
-    t_start = time.perf_counter()
+    t_start, clock = time.perf_counter(), PhaseClock()
+    # one process: the kernels compile in a forked child while the data is prepared
+    fresh = not corpus.is_prepared(data, cfg.vocab_size, out.parent / "cache")
+    warm = None if grid is not None or s.fp8 else KernelWarmup(cfg, s, dtype, tokenizer=fresh)
     say(f"data: {data} (tokenizer: BPE, vocab {cfg.vocab_size})")
-    tok, ids = _prepare(data, cfg.vocab_size, out.parent / "cache", grid)
+    with clock.phase("data"):
+        tok, ids = _prepare(data, cfg.vocab_size, out.parent / "cache", grid, clock)
     if args.resume:
         checkpoint.check_tokenizer(out, tok, saved_meta)
     train_ids, val_ids = corpus.split(ids)
@@ -225,7 +234,7 @@ def _main(args, grid=None):
         job.load(out)
         say(f"resumed {out} at step {job.step}")
     mtp = f" (with {cfg.mtp.depth} MTP modules)" if cfg.mtp else ""
-    n_params = job.model.n_params() if job.tp is None else cfg.n_params()  # not a slice's
+    n_params = job.model.n_params() if job.sliced is None else cfg.n_params()  # not a slice's
     say(f"model: {cfg.name}{mtp}, {n_params:,} parameters, {s.steps} steps of "
         f"{s.batch_size}x{s.seq_len} tokens, {dtype}{', FP8 matmuls' if s.fp8 else ''}")
     if grid is not None:
@@ -234,10 +243,17 @@ def _main(args, grid=None):
         say(f"communication model: {_bytes(job.comm_model)} sent per step by rank 0")
         if args.zero:
             say(_zero_line(job, args.zero, dtype))
+    if warm is not None:
+        with clock.phase("waiting for the warm-up"):
+            warmed = warm.wait()
+    job.evaluate = clock.timed("validation", job.evaluate)
+    job.save = clock.timed("checkpoints", job.save)
     t_train = time.perf_counter()
-    finished = fit(job, train_ids, val_ids, out=out, tokenizer=tok,
-                   progress=not args.no_progress)
+    with clock.phase("train"):
+        finished = fit(job, train_ids, val_ids, out=out, tokenizer=tok,
+                       progress=not args.no_progress)
     if not finished:
+        clock.close()
         return 130
     if job.shards is not None:
         job.shards.gather_all()  # ZeRO-3: the whole model on every rank again (to sample)
@@ -255,19 +271,36 @@ def _main(args, grid=None):
         say(_bubble_line(job))
     if grid is not None and job.sent:
         predicted = sum(job.comm_model.values())
+        same = "equal to" if job.sent[-1] == predicted else "NOT equal to"
+        if job.ep is not None:  # the all-to-alls' sizes are the routing's
+            same = "the expert-parallel all-to-alls and gathers, whose sizes follow the " \
+                   "routing, beside"
         say(f"communication measured: {job.sent[-1]:,} bytes sent by rank 0 in the last step "
-            f"({'equal to' if job.sent[-1] == predicted else 'NOT equal to'} the model's "
-            f"{predicted:,})")
+            f"({same} the model's {predicted:,})")
+    if grid is not None:  # collective
+        say(_memory_line(grid))
     if job.mtp_losses:
         last = np.mean(job.mtp_losses[-20:], axis=0)
         say("MTP modules' train cross-entropy (mean of the last 20 steps): " + ", ".join(
             f"{v:.3f} (token +{k + 2})" for k, v in enumerate(last)))
     say(f"checkpoint: {out}")
     if job.writer:
-        say(f"loss curve: {save_run_plot(out / 'loss.png', job, baseline)}")
-        # a tensor-parallel rank holds a slice: sample from the whole model it saved
-        _print_sample(job.model if job.tp is None else load_model(out)[0], tok)
+        with clock.phase("plot"):
+            say(f"loss curve: {save_run_plot(out / 'loss.png', job, baseline)}")
+        with clock.phase("sample"):  # a split model (tp, cp, ep) samples badly or not at
+            # all: the whole model it saved
+            _print_sample(job.model if grid is None else load_model(out)[0], tok)
+    clock.close()
+    say(clock.summary() + ("" if warm is None else _warm_line(warmed)))
     return 0
+
+
+def _warm_line(warmed):
+    """'; the warm-up process compiled 11 kernels in 9.8 s beside the data' (or its error)."""
+    if isinstance(warmed, str):
+        return f"; the warm-up process failed ({warmed}), the run compiled for itself"
+    n, sec = warmed
+    return f"; the warm-up process compiled {n} kernel{'s' * (n != 1)} in {sec:.1f} s beside it"
 
 
 def _zero_line(job, stage, dtype):
@@ -293,16 +326,24 @@ def _bubble_line(job):
             f"activations held on a stage")
 
 
+def _memory_line(grid):
+    """'peak memory per rank: 412, 398 MiB' (resident set size; collective)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    per_rank = grid.world.comm.gather(peak, root=0)
+    return ("peak memory (resident) per rank: " + ", ".join(f"{m:,.0f}" for m in per_rank)
+            + " MiB" if per_rank else "")
+
+
 def _bytes(model):
     """'2,099,456 B all_reduce + ...' of a communication model."""
     return " + ".join(f"{n:,} B {op}" for op, n in model.items()) or "nothing"
 
 
-def _prepare(data, vocab_size, cache, grid):
+def _prepare(data, vocab_size, cache, grid, clock):
     """corpus.prepare, on rank 0 first under MPI (the others then read its cache)."""
     if grid is not None and not grid.is_first():
         grid.world.barrier()
-    tok, ids, _ = corpus.prepare(data, vocab_size, cache)
+    tok, ids, _ = corpus.prepare(data, vocab_size, cache, clock)
     if grid is not None and grid.is_first():
         grid.world.barrier()
     return tok, ids

@@ -32,8 +32,10 @@ fp8_matmuls(spec) switches every linear_forward (core.ops) to this pair for the 
 `with` block (a process-wide switch, seen by the data-parallel threads; the fused Numba twins,
 whose matmuls do not go through linear_forward, stand aside meanwhile); the choice travels with
 each forward's cache, so a backward run later needs no switch. full_precision() exempts a block
-inside it (the LM's output head, kept in higher precision as DeepSeek-V3 keeps it; embeddings,
-norms, attention's softmax and the loss never went through linear_forward).
+inside it: the LM's output head and the MoE routers' logits (moe/router.py, moe/expert_choice.py),
+kept in their original precision as DeepSeek-V3 keeps "the output head, MoE gating modules"
+(sec. 3.3.1); embeddings, norms, attention's softmax and the loss never went through
+linear_forward.
 
 Glossary: N tokens (rows of x's 2-D view), Din, Dout the linear's widths, r x c a tile.
 """

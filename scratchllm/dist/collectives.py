@@ -265,6 +265,38 @@ def ring_shift_backward(dout, cache):
     return {"x": _shift(dout, cache.group, -cache.shift)}  # fwd: y_r = x_{r - k}
 
 
+def _hop(x, group, k):
+    """x_{r - k} on rank r, zeros where r - k is not a rank: one step along the line of ranks
+    (no wrap-around). Each rank first receives (if it has a source), then sends (if it has a
+    destination), so the chain starts at the end that has no source."""
+    P, r = group.size, group.rank
+    x, out = contiguous(x), np.zeros_like(x)
+    if 0 <= r - k < P and k:
+        group.comm.Recv(out, source=r - k, tag=7)
+    if 0 <= r + k < P and k:
+        group.comm.Send(x, dest=r + k, tag=7)
+        group.count("send", x.nbytes)
+    return out
+
+
+def pipeline_hop_forward(x, *, group):
+    """A pipeline's point-to-point step: stage r + 1 receives stage r's activation, y_r =
+    x_{r-1} (y_0 = 0: the first stage receives nothing; the last stage's x goes nowhere).
+
+    Inputs: x (any shape, the same on every rank). Returns: (y, same shape; ShiftCache).
+    """
+    expect_float("pipeline_hop", "x", x)
+    y = _hop(x, group, 1)  # fwd: y_r = x_{r - 1}
+    return y, ShiftCache(group, y.shape, y.dtype, 1)
+
+
+def pipeline_hop_backward(dout, cache):
+    """x_r lands only in y_{r+1}, so dx_r = dy_{r+1}, and dx_{P-1} = 0: the gradient takes the
+    step back, from stage r + 1 to stage r (the stage's backward sends dx the reverse way)."""
+    expect_dout("pipeline_hop_backward", dout, cache.shape, cache.dtype)
+    return {"x": _hop(dout, cache.group, -1)}  # fwd: y_r = x_{r - 1}
+
+
 def copy_to_group_forward(x, *, group):
     """Megatron's f, entering a tensor-parallel region: y_r = x, the identity.
 

@@ -133,8 +133,14 @@ class Group:
         self.comm.Abort(code)
 
     def sum_scalar(self, value):
-        """A Python float summed over the group (not counted: logging only)."""
+        """A Python float summed over the group: an all-reduce of one float64, counted as
+        "sum_scalar" by the ring formula (scalar_bytes())."""
+        self.count("sum_scalar", self.scalar_bytes())
         return float(self.comm.allreduce(float(value)))
+
+    def scalar_bytes(self):
+        """The bytes one sum_scalar sends from this rank: 2 (P - 1) 8 / P (0 alone)."""
+        return 2 * (self.size - 1) * 8 // self.size
 
     def broadcast(self, value, root=0):
         """A picklable value from `root` to every rank (setup only, not counted)."""

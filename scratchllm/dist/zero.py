@@ -38,15 +38,19 @@ class ZeroAdamW:
     `step()`, `state_dict()` and `load_state_dict()` as AdamW's; state_dict is collective
     (every rank calls it; rank 0 gets the whole state, the others None)."""
 
-    def __init__(self, opt, group, stage=1):
+    def __init__(self, opt, group, stage=1, only=None):
         """opt: a core.optim.AdamW over every Param; group: the data-parallel ranks; stage:
         the ZeRO stage (1 and 2 all-gather the updated Params after each step; at 3 each
-        rank keeps only its own)."""
+        rank keeps only its own); only: the optimizer slots this rank's group updates (a
+        pipeline stage's), None for all: the others have no owner (and no moments)."""
         if stage not in (1, 2, 3):
             raise ValueError(f"ZeroAdamW: stage must be 1, 2 or 3, got {stage!r}")
         self.opt, self.group, self.stage = opt, group, stage
         params = opt.params
-        self.owner = partition([p.data.size for p in params], group.size)
+        slots = list(range(len(params))) if only is None else sorted(only)
+        self.owner = [None] * len(params)  # the rank of each slot (None: not this group's)
+        for i, r in zip(slots, partition([params[i].data.size for i in slots], group.size)):
+            self.owner[i] = r
         self.mine = [i for i, r in enumerate(self.owner) if r == group.rank]
         for i, r in enumerate(self.owner):
             if r != group.rank:  # not this rank's: no moments at all
@@ -55,6 +59,11 @@ class ZeroAdamW:
     def owners(self):
         """{id(Param): the rank that owns it} (zero_layers.ShardedModel's partition)."""
         return {id(p): r for p, r in zip(self.opt.params, self.owner)}
+
+    @property
+    def params(self):
+        """AdamW's Params, in its slot order."""
+        return self.opt.params
 
     def owned(self):
         """[Param] this rank owns (whose gradients it holds from stage 2 on)."""
@@ -76,10 +85,10 @@ class ZeroAdamW:
         """Bytes of optimizer moments this rank holds."""
         return sum(self.opt.m[i].nbytes + self.opt.v[i].nbytes for i in self.mine)
 
-    def step(self):
-        """AdamW on this rank's Params, then (stages 1 and 2) every Param from its owner (an
-        all-gather-v)."""
-        self.opt.step(only=self.mine)
+    def step(self, only=None):
+        """AdamW on this rank's Params (those of `only` among them: AdamW.step's), then
+        (stages 1 and 2) every owned Param from its owner (an all-gather-v)."""
+        self.opt.step(only=self.mine if only is None else sorted(set(self.mine) & set(only)))
         if self.stage < 3:
             self._all_gather_params()
 

@@ -103,9 +103,12 @@ class LM(LMEnds, Module):
 
     def named_buffers(self):
         """Non-trainable state saved in checkpoints: the MoE selection biases
-        ("layers.{i}.ffn.selection_bias")."""
+        ("layers.{i}.ffn.selection_bias", and "mtp.depths.{k}.block..." of MTP modules)."""
+        mtp = [] if self.mtp is None else [(f"mtp.depths.{k}.block.{name}", b)
+                                           for k, mod in enumerate(self.mtp.depths)
+                                           for name, b in mod.block.named_buffers()]
         return [(f"layers.{i}.{name}", b) for i, layer in enumerate(self.layers)
-                for name, b in layer.named_buffers()]
+                for name, b in layer.named_buffers()] + mtp
 
     def forward(self, ids=None, *, input_ids=None, doc_ids=None, attention_mask=None,
                 position_ids=None):

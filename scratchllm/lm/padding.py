@@ -82,6 +82,10 @@ def check_padded_layers(fn, model):
     padding keys masked), Mamba or Mamba-2 (lm/shifted.py: as transformers' masked mixers)."""
     for i, layer in enumerate(model.layers):
         spec = layer.spec.mixer
+        if getattr(spec, "indexer", None) is not None:
+            raise ValueError(f"{fn}: attention_mask with a lightning indexer (layer {i}, "
+                             f"DeepSeek-V3.2's sparse attention) is not implemented: its "
+                             f"top-k picks among the causal keys of the whole row")
         if layer.mixer is not None and not hasattr(spec, "mask") and not isinstance(
                 spec, (MambaSpec, Mamba2Spec)):
             raise ValueError(f"{fn}: attention_mask needs attention, MLA, Mamba or Mamba-2 "

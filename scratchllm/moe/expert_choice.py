@@ -21,6 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core import ops
+from scratchllm.core.fp8 import full_precision
 from scratchllm.core.validate import common_float, expect_dout, expect_positive
 from scratchllm.moe.experts import ExpertsCache, check_layer, experts_backward, experts_forward
 
@@ -50,7 +51,8 @@ def expert_choice_forward(x, w_router, w1, w3, w2, *, capacity_factor=2.0):
     BT = xf.shape[0]
     expect_positive("expert_choice", "capacity_factor", capacity_factor)
     C = min(BT, math.ceil(capacity_factor * BT / E))
-    logits, lin = ops.linear_forward(xf, w_router)  # (BT, E)
+    with full_precision():  # the gating stays out of FP8 training (DeepSeek-V3 sec. 3.3.1)
+        logits, lin = ops.linear_forward(xf, w_router)  # (BT, E)
     S, sm = ops.softmax_forward(logits)  # (BT, E)
     token_idx = np.sort(np.argpartition(-S.T, C - 1, axis=1)[:, :C], axis=1)  # (E, C)
     gates = np.take_along_axis(S.T, token_idx, axis=1)  # (E, C)

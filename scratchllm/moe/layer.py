@@ -91,6 +91,8 @@ class MoECache(NamedTuple):
     losses: tuple  # (aux, z): the values of MoEOut.aux, MoEOut.z (for MoE.aux_losses)
     xs: np.ndarray = None  # (M, D) the kept tokens before their gate (spec.gate_input)
     shared_gate: tuple = None  # (x (BT, D), w_gate (D,), gate (BT,), shared output (BT, D))
+    hook: object = None  # moe_forward's experts= (expert parallel), else None
+    balance_hook: object = None  # moe_forward's balance=, else None
 
     @property
     def tokens_per_expert(self):
@@ -101,10 +103,11 @@ class MoECache(NamedTuple):
         return self.dispatch.n_dropped
 
 
-def _check_moe(fn, x, w, spec):
+def _check_moe(fn, x, w, spec, hook=None):
     """Validate a layer's inputs against its spec; return x flattened to (BT, D). The experts
-    are spec.experts.kind's set, whole; the shared expert is there exactly when the spec has
-    one; E, F and Fs agree with the spec (router_forward checks b_router)."""
+    are spec.experts.kind's set, whole (a hook checks its own: hook.check(fn, x, w) -> (x
+    flattened, E, F)); the shared expert is there exactly when the spec has one; E, F and Fs
+    agree with the spec (router_forward checks b_router)."""
     expect_instance(fn, "spec", spec, MoESpec)
     expect_instance(fn, "w", w, MoEWeights)
     if spec.expert_capacity is not None or spec.experts.kind == "relu":
@@ -115,7 +118,9 @@ def _check_moe(fn, x, w, spec):
     if sorted(given) != sorted(names):
         raise ValueError(f"{fn}: spec.experts.kind {kind!r} takes the experts {list(names)}, "
                          f"got w with {list(given)}")
-    if kind == "swiglu":
+    if hook is not None:
+        xf, E, F = hook.check(fn, x, w)  # (BT, D)
+    elif kind == "swiglu":
         xf, E = check_layer(fn, x, w.w_router, w.w1, w.w3, w.w2)  # (BT, D)
         F = w.w1.shape[2]
     elif kind == "mlp":
@@ -151,7 +156,7 @@ def _check_shared(fn, D, w, Fs):
             expect_shape(fn, name, getattr(w, name), shape, f"D = {D}, Fs = spec.d_shared")
 
 
-def moe_forward(x, w, *, spec, selection_bias=None):
+def moe_forward(x, w, *, spec, selection_bias=None, experts=None, balance=None):
     """Top-k MoE with capacity and an optional shared expert.
 
     Inputs:  x (..., D); w MoEWeights: w_router (D, E), b_router (E,) iff spec.router.bias;
@@ -161,24 +166,34 @@ def moe_forward(x, w, *, spec, selection_bias=None):
              spec.d_shared = Fs > 0.  spec: MoESpec (router options: router_forward;
              capacity_factor c or None; the clamped experts' alpha, limit).
              selection_bias (E,) or None: moves the top-k choice only.
+             experts: None, or a hook running the experts in w's place (expert
+             parallelism: train/parallel_expert.py): check(fn, x, w) -> (x (BT, D), E, F),
+             forward(xs, bounds) -> (ys, cache), backward(dys, cache) -> {"xs", its arrays'
+             gradients}; w then holds this rank's experts.
+             balance: None, or a pair in balance_loss_forward's place (forward(probs,
+             topk_idx) -> (aux, cache), backward(daux, cache) -> {"probs"}): the balance
+             loss of every data-parallel rank's tokens (train/parallel_moe.py).
     Returns: MoEOut(y (..., D), aux 0-d balance loss, z 0-d router z-loss).
     Cache:   MoECache; .tokens_per_expert (E,) routed counts, .n_dropped, .dispatch.
     """
     x, w = common_float(x, w)
-    xf = _check_moe("moe", x, w, spec)  # (BT, D)
+    xf = _check_moe("moe", x, w, spec, experts)  # (BT, D)
     BT, D = xf.shape
     E, k = spec.router.n_experts, spec.router.top_k
     C = capacity_of(BT, k, E, spec.capacity_factor)
     (gates, topk_idx, probs, logits), r_cache = router_forward(
         xf, w.w_router, w.b_router, spec=spec.router, selection_bias=selection_bias)
-    aux, b_cache = balance_loss_forward(probs, topk_idx)
+    aux, b_cache = (balance_loss_forward if balance is None else balance.forward)(probs,
+                                                                                 topk_idx)
     z, z_cache = z_loss_forward(logits)
     disp = dispatch(topk_idx, E, C)
     xs = xf[disp.slots // k]  # (M, D) kept tokens, grouped by expert
     g = gates.reshape(-1)[disp.slots]  # (M,)
     x_in = g[:, None] * xs if spec.gate_input else xs  # (M, D) what the experts read
     kind = spec.experts.kind
-    if kind == "mlp":
+    if experts is not None:  # fwd: the hook's experts (on other ranks too)
+        ys, e_cache = experts.forward(x_in, disp.bounds)  # (M, D)
+    elif kind == "mlp":
         ys, e_cache = mlp_experts_forward(x_in, disp.bounds, w.w1, w.b1, w.w2, w.b2)  # (M, D)
     elif kind == "clamped":
         ys, e_cache = clamped_experts_forward(x_in, disp.bounds, w.gate_up, w.gate_up_b, w.down,
@@ -199,7 +214,7 @@ def moe_forward(x, w, *, spec, selection_bias=None):
     if spec.d_shared:
         y = y + y_shared  # (BT, D)
     cache = MoECache(x.shape, r_cache, b_cache, z_cache, disp, e_cache, ys, g, s_cache,
-                     kind, (aux, z), xs if spec.gate_input else None, gated)
+                     kind, (aux, z), xs if spec.gate_input else None, gated, experts, balance)
     return MoEOut(y.reshape(x.shape), aux, z), cache
 
 
@@ -216,7 +231,8 @@ def moe_backward(dout, cache):
     Returns: {"x": dx (..., D), "w": MoEWeights of the gradients (None where w had None)}.
     Reference: Switch Transformer (arXiv 2101.03961) §2; Mixtral (arXiv 2401.04088) §2.1.
     """
-    x_shape, r_cache, b_cache, z_cache, disp, e_cache, ys, g, s_cache, kind, _, xs, gated = cache
+    x_shape, r_cache, b_cache, z_cache, disp, e_cache, ys, g, s_cache, kind, _, xs, gated, \
+        hook, balance = cache
     expect_douts("moe_backward", dout, {"y": (x_shape, ys.dtype), "aux": ((), ys.dtype),
                                         "z": ((), ys.dtype)})
     dy, daux, dz = dout
@@ -226,16 +242,18 @@ def moe_backward(dout, cache):
     dslot = dy[disp.slots // k]  # (M, D)  fwd: slot_out[slots] = g * ys, y = sum of slots
     dgates = np.zeros(BT * k, ys.dtype)  # (BTK,)
     dx_slot = np.zeros((BT * k, D), ys.dtype)  # (BTK, D)  fwd: xs = x[slots // k]
+    experts_back = EXPERTS_PAIRS[kind] if hook is None else hook.backward
     if xs is None:  # fwd: slot_out = g * ys
         dgates[disp.slots] = np.einsum("md,md->m", dslot, ys)  # dg = <dy, ys>
-        g_e = EXPERTS_PAIRS[kind](g[:, None] * dslot, e_cache)  # dys = g dy
+        g_e = experts_back(g[:, None] * dslot, e_cache)  # dys = g dy
         dx_slot[disp.slots] = g_e.pop("xs")
     else:  # fwd: ys = experts(g * xs), slot_out = ys
-        g_e = EXPERTS_PAIRS[kind](dslot, e_cache)  # dys = dy
+        g_e = experts_back(dslot, e_cache)  # dys = dy
         du = g_e.pop("xs")  # (M, D) d/d(g xs)
         dgates[disp.slots] = np.einsum("md,md->m", du, xs)  # dg = <du, xs>
         dx_slot[disp.slots] = g[:, None] * du  # dxs = g du
-    dprobs = None if daux is None else balance_loss_backward(daux, b_cache)["probs"]
+    b_back = balance_loss_backward if balance is None else balance.backward
+    dprobs = None if daux is None else b_back(daux, b_cache)["probs"]
     dlogits = None if dz is None else z_loss_backward(dz, z_cache)["logits"]
     g_r = router_backward(RouterOut(dgates.reshape(BT, k), None, dprobs, dlogits), r_cache)
     dx = dx_slot.reshape(BT, k, D).sum(axis=1) + g_r["x"]  # (BT, D)
@@ -255,10 +273,14 @@ def moe_backward(dout, cache):
     return {"x": dx.reshape(x_shape), "w": dw}
 
 
-def moe_forward_ref(x, w, *, spec, selection_bias=None):
+def moe_forward_ref(x, w, *, spec, selection_bias=None, experts=None, balance=None):
     """The `_ref` twin of moe_forward: y by a plain loop over tokens in order with a per-expert
     slot counter (the capacity rule read literally), no sorting; aux and z from the same
-    router outputs. Forward only: returns (MoEOut, None)."""
+    router outputs (balance: moe_forward's). Forward only: returns (MoEOut, None). It runs
+    w's experts: experts (the expert-parallel hook) must be None."""
+    if experts is not None:
+        raise ValueError("moe_ref: the reference loops over w's experts; experts= (a hook) "
+                         "is moe_forward's")
     xf = _check_moe("moe_ref", x, w, spec)  # (BT, D)
     BT = xf.shape[0]
     E, k = spec.router.n_experts, spec.router.top_k
@@ -290,7 +312,8 @@ def moe_forward_ref(x, w, *, spec, selection_bias=None):
         if spec.d_shared:
             gate = 1 / (1 + np.exp(-xf[n] @ w.shared_gate)) if spec.shared_gate else 1
             y[n] += gate * ops.swiglu_forward(xf[n], w.shared_w1, w.shared_w3, w.shared_w2)[0]
-    aux, z = balance_loss_forward(probs, topk_idx)[0], z_loss_forward(logits)[0]
+    aux = (balance_loss_forward if balance is None else balance.forward)(probs, topk_idx)[0]
+    z = z_loss_forward(logits)[0]
     return MoEOut(y.reshape(x.shape), aux, z), None
 
 

@@ -27,6 +27,19 @@ class ZLossCache(NamedTuple):
 
 
 # ---------------------------------------------------------------------------- balance loss
+def check_balance_inputs(fn, probs, topk_idx):
+    """ValueError/TypeError under the caller's name fn unless probs is (BT, E) floats and
+    topk_idx (BT, K) integers in [0, E)."""
+    expect_float(fn, "probs", probs)
+    expect_int(fn, "topk_idx", topk_idx)
+    expect_shape(fn, "probs", probs, (None, None), "(BT, E)")
+    expect_shape(fn, "topk_idx", topk_idx, (probs.shape[0], None), "(BT, K)")
+    E = probs.shape[1]
+    if topk_idx.size and (topk_idx.min() < 0 or topk_idx.max() >= E):
+        raise ValueError(f"{fn}: topk_idx must lie in [0, E) = [0, {E}) (probs has E "
+                         f"columns), got values in [{topk_idx.min()}, {topk_idx.max()}]")
+
+
 def balance_loss_forward(probs, topk_idx):
     """Switch balance loss L = E * sum_i f_i P_i, equal to 1 at perfect balance.
 
@@ -49,14 +62,8 @@ def balance_loss_forward(probs, topk_idx):
     Inputs:  probs (BT, E), topk_idx (BT, K) integers in [0, E).
     Returns: loss, 0-d array of probs' dtype.  Cache: (f, BT).
     """
-    expect_float("balance_loss", "probs", probs)
-    expect_int("balance_loss", "topk_idx", topk_idx)
-    expect_shape("balance_loss", "probs", probs, (None, None), "(BT, E)")
-    expect_shape("balance_loss", "topk_idx", topk_idx, (probs.shape[0], None), "(BT, K)")
+    check_balance_inputs("balance_loss", probs, topk_idx)
     BT, E = probs.shape
-    if topk_idx.size and (topk_idx.min() < 0 or topk_idx.max() >= E):
-        raise ValueError(f"balance_loss: topk_idx must lie in [0, E) = [0, {E}) (probs has E "
-                         f"columns), got values in [{topk_idx.min()}, {topk_idx.max()}]")
     slots = np.bincount(topk_idx.ravel(), minlength=E)  # (E,)
     f = (slots / max(topk_idx.size, 1)).astype(probs.dtype)  # (E,); no tokens: 0
     P = probs.sum(axis=0) / max(BT, 1)  # (E,) the mean; no tokens: 0, the empty sum's limit

@@ -29,6 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.core import ops
+from scratchllm.core.fp8 import full_precision
 from scratchllm.core.validate import (expect_dout, expect_douts, expect_float,
                                       expect_instance, expect_shape)
 from scratchllm.specs import RouterSpec
@@ -144,7 +145,8 @@ def router_forward(x, w_router, b_router=None, *, spec, selection_bias=None):
     Cache:   the logits' linear cache, the scores, topk_idx, the two normalise caches, r.
     """
     E = _check_router(x, w_router, b_router, spec)
-    logits, lin = ops.linear_forward(x, w_router, b_router)  # (BT, E)
+    with full_precision():  # the gating stays out of FP8 training (DeepSeek-V3 sec. 3.3.1)
+        logits, lin = ops.linear_forward(x, w_router, b_router)  # (BT, E)
     score_forward = ops.softmax_forward if spec.score == "softmax" else ops.sigmoid_forward
     scores, s_cache = score_forward(logits)  # (BT, E)
     w = None if spec.score == "softmax" else _rescaled_sigmoid(logits)  # (BT, E)

@@ -6,18 +6,22 @@ ModelDraft: the draft model decodes k tokens one at a time through its own cache
 on what it has not seen); after a rejection its cache past the accepted prefix is stale and the
 next round writes over it.
 
-MTPDraft, with h_p the target's hidden state (before its final norm) at position p and module 1
-of the target's MTP (its enorm, hnorm, projection M, Block, norm and the shared head):
-    g_p  = Block(M [enorm(E t_{p+1}); hnorm(h_p)])     causal over p, a KV cache of its own
-    q(t_{p+2} | ...) = softmax(head(norm(g_p)))
-At each round, with L tokens of which the target has seen L - 1 (its hidden states known up to
-position L - 2), module 1 catches up on the positions it has not seen (exact: the inputs are
-verified) and its output at p = L - 2 proposes d_1 (the token at index L). Later proposals
-reuse module 1 one position further each, its own output standing in for the target's hidden
-state it does not have yet:  d_j from Block(M [enorm(E d_{j-1}); hnorm(g_{p+j-2})]) at
-position p + j - 1 (so one trained module drafts any k; further modules of a deeper MTP only
-train the trunk here). Those speculative positions of the module's cache are written over by
-the next round's catch-up. In the first round no hidden state exists yet: nothing is proposed.
+MTPDraft chains the target's MTP modules 1 .. c (c = depth, default all D of them) as
+DeepSeek-V3 trains them (lm/mtp.py). With h^0_p the target's hidden state (before its final
+norm) at position p, and module m's enorm, hnorm, projection M_m, Block, norm and the shared
+head:
+    h^m_p = Block_m(M_m [enorm_m(E t_{p+m}); hnorm_m(h^{m-1}_p)])   causal over p, each
+                                                                  module a KV cache of its own
+    q(t_{p+m+1} | ...) = softmax(head(norm_m(h^m_p)))
+At each round, with L tokens of which the target has seen L - 1 (h^0 known up to p = L - 2),
+module m runs positions seen_m .. p and its output at p proposes d_m (the token at index
+L + m - 1): module 1 reads the last verified token, module m > 1 reads d_{m-1} and module
+m - 1's outputs. Module m's positions 0 .. L - 1 - m had only verified inputs and are kept
+(seen_m); the later ones read drafts and are written over by the next round's catch-up.
+Beyond c drafts, module c runs one position further each, its own output standing in for
+the hidden state it does not have: d_j from Block_c(M_c [enorm_c(E d_{j-1}); hnorm_c(h^c_{p
++ j - c - 1})]) at position p + j - c (c = 1: module 1 alone drafts any k). In the first
+round no hidden state exists yet: nothing is proposed.
 
 Glossary: L tokens so far, p a position, D model width, V vocabulary.
 """
@@ -69,28 +73,34 @@ class ModelDraft:
 
 
 class MTPDraft:
-    """Module 1 of target.mtp as the draft (module docstring), with caches for `size`
-    tokens."""
+    """Modules 1 .. depth of target.mtp chained as the draft (module docstring; depth None:
+    all of them), with caches for `size` tokens."""
 
-    def __init__(self, target, size):
+    def __init__(self, target, size, depth=None):
         if getattr(target, "mtp", None) is None:
             raise ValueError("speculative_generate: draft='mtp' needs a target trained with "
                              "multi-token-prediction modules (train --mtp D, cfg.mtp), and "
                              "this one has none")
-        self.target, self.module = target, target.mtp.depths[0]
-        self.cache = ContiguousCache(SimpleNamespace(layers=[self.module.block],
-                                                     dtype=target.dtype))
+        n = len(target.mtp.depths)
+        depth = n if depth is None else depth
+        if not 1 <= depth <= n:
+            raise ValueError(f"speculative_generate: the MTP draft's depth must be 1 .. {n} "
+                             f"(the target's modules), got {depth}")
+        self.target, self.depth = target, depth
+        blocks = [m.block for m in target.mtp.depths[:depth]]  # cache layer k - 1: module k
+        self.cache = ContiguousCache(SimpleNamespace(layers=blocks, dtype=target.dtype))
         self.cache.add(0, size)
-        self.hidden = np.zeros((size, target.cfg.d_model), target.dtype)  # h_p, verified
-        self.n_hidden = 0  # positions whose h_p is known
-        self.n_seen = 0    # positions the module has seen with verified inputs
+        # outs[0]: the target's h^0_p (verified); outs[k]: module k's output h^k_p
+        self.outs = np.zeros((depth + 1, size, target.cfg.d_model), target.dtype)
+        self.n_hidden = 0  # positions whose h^0_p is known
+        self.seen = [0] * (depth + 1)  # seen[k]: module k's positions with verified inputs
 
-    def _run(self, h_prev, ids_ahead, start):
-        """Module 1 at positions start .. start + t - 1: h_prev (t, D), ids (t,) -> (g (t, D),
-        logits (t, V))."""
+    def _run(self, k, h_prev, ids_ahead, start):
+        """Module k at positions start .. start + t - 1: h_prev (t, D), ids (t,) -> (h^k (t,
+        D), logits (t, V))."""
         def run_block(block, a):
-            return block_rows(block, 0, a, self.cache, [0], np.array([start])), None
-        g, logits, _ = self.target.mtp.step(self.target, 1, h_prev[None],
+            return block_rows(block, k - 1, a, self.cache, [0], np.array([start])), None
+        g, logits, _ = self.target.mtp.step(self.target, k, h_prev[None],
                                              np.asarray(ids_ahead)[None], run_block)
         return g[0], logits[0]
 
@@ -99,20 +109,23 @@ class MTPDraft:
         L = len(tokens)
         if k == 0 or L < 2 or self.n_hidden < L - 1:
             return [], []
-        lo, hi = self.n_seen, L - 1  # catch up on positions lo .. L - 2 (inputs verified)
-        g, logits = self._run(self.hidden[lo:hi], tokens[lo + 1:hi + 1], lo)
-        self.n_seen = hi
-        drafts, qs = [], []
-        for j in range(k):
+        p, ext, qs = L - 2, list(tokens), []  # every module's last position; tokens + drafts
+        for m in range(1, min(k, self.depth) + 1):  # module m catches up on lo .. p
+            lo = self.seen[m]  # h^{m-1} holds lo .. p: module m - 1 just ran up to p
+            g, logits = self._run(m, self.outs[m - 1, lo:p + 1], ext[lo + m:p + m + 1], lo)
+            self.outs[m, lo:p + 1] = g
+            self.seen[m] = max(lo, L - m)  # positions 0 .. L - 1 - m: every input verified
             qs.append(probs(logits[-1], temperature))
-            drafts.append(draw(qs[-1], rng))
-            if j + 1 < k:  # module 1 one position further, its own output as the hidden
-                g, logits = self._run(g[-1:], drafts[-1:], hi + j)
-        return drafts, qs
+            ext.append(draw(qs[-1], rng))
+        for j in range(len(qs), k):  # the last module one position further, own output in
+            g, logits = self._run(self.depth, g[-1:], ext[-1:], p + j - self.depth + 1)
+            qs.append(probs(logits[-1], temperature))
+            ext.append(draw(qs[-1], rng))
+        return ext[L:], qs
 
     def accepted(self, tokens, hidden, start):
         """After a round: `tokens` now, the target's hidden states (t, D) of the positions it
         was fed from `start`; those of the first len(tokens) - 1 positions are verified."""
         valid = len(tokens) - 1 - start
-        self.hidden[start:start + valid] = hidden[:valid]
+        self.outs[0, start:start + valid] = hidden[:valid]
         self.n_hidden = start + valid

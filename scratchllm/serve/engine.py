@@ -218,7 +218,7 @@ def make_engine(model, kv="paged", block_size=16, n_blocks=None, kv_dtype="float
 
 
 def generate_batch(model, prompts, max_new_tokens, *, kv="paged", block_size=16,
-                   n_blocks=None, kv_dtype="float32"):
+                   n_blocks=None, kv_dtype="float32", batch_prefill=False):
     """Greedy continuation of every prompt through the continuous-batching engine.
 
     Inputs:  model an LM (kv "paged" or a quantised kv_dtype: every layer full causal GQA
@@ -229,7 +229,10 @@ def generate_batch(model, prompts, max_new_tokens, *, kv="paged", block_size=16,
              sized prompt + max_new_tokens; for a model with sliding windows, MLA or
              recurrent layers, each request's own model.init_state, decoded one request per
              call); kv_dtype "float32" (unquantised: the model's own
-             dtype), "int8", "fp8" or "int4" (per token per head; int4 in groups).
+             dtype), "int8", "fp8" or "int4" (per token per head; int4 in groups);
+             batch_prefill: the prompts admitted in one step are prefilled in one
+             right-padded forward (rows.prefill_rows; the models decode_rows serves) instead
+             of one LM.prefill each; the tokens are the same.
     Returns: one list per prompt of exactly its max_new_tokens new ids (no early stop).
     """
     prompts = [list(map(int, p)) for p in prompts]
@@ -242,7 +245,12 @@ def generate_batch(model, prompts, max_new_tokens, *, kv="paged", block_size=16,
         raise ValueError(f"generate_batch: max_new_tokens must be ints >= 0, got {news}")
     bs = block_size
     total = sum(-(-(len(p) + n) // bs) * bs for p, n in zip(prompts, news))
-    engine = make_engine(model, kv, block_size, n_blocks, kv_dtype, max_tokens=total)
+    engine = make_engine(model, kv, block_size, n_blocks, kv_dtype, max_tokens=total,
+                         batch_prefill=batch_prefill)
+    if batch_prefill and not engine.batch_prefill:
+        raise ValueError("generate_batch: batch_prefill=True needs a model decode_rows serves "
+                         "(full causal GQA attention, RoPE without dynamic scaling) on a "
+                         "paged or contiguous cache; this one is decoded one request per call")
     for i, (p, n) in enumerate(zip(prompts, news)):
         engine.submit(i, p, int(n))
     out = engine.run()

@@ -129,10 +129,13 @@ class GroupState:
 
 
 class PagedCache:
-    """Every layer's block pool and the one BlockManager they share."""
+    """Every layer's block pool and the one BlockManager they share; kernel: a quantised
+    pool's decode_rows and one-token forward_rows attend in qattention's kernel (reading the
+    codes) instead of dequantising first (off by default: no speed-up measured yet)."""
     batchable = True
 
-    def __init__(self, model, n_blocks, block_size, kv_dtype="float32"):
+    def __init__(self, model, n_blocks, block_size, kv_dtype="float32", kernel=False):
+        self.kernel = kernel and kv_dtype != "float32"
         shapes = attention_layers(model)
         self.blocks = BlockManager(n_blocks, block_size)
         self.codecs = [_Codec(kv_dtype, dh, model.dtype) for _, dh in shapes]
@@ -164,13 +167,18 @@ class PagedCache:
             if scales is not None:
                 scales[blk, :, off] = s.reshape((B * t,) + s.shape[2:])  # (B*t, Hkv, G)
 
+    def table(self, seqs, L):
+        """The block tables of seqs for their first L tokens, (B, nb) ints; a shorter table is
+        padded with its first block (entries past a row's length are never read as its)."""
+        nb = self.blocks.blocks_for(L)
+        tables = [self.blocks.tables[s][:nb] for s in seqs]
+        return np.array([t + t[:1] * (nb - len(t)) for t in tables])  # (B, nb)
+
     def read(self, layer, seqs, lengths):
         """Keys and values of seqs[b]'s first lengths[b] tokens, (B, Hkv, max length, Dh)
         each; a row past its own length holds padding (another block's entries)."""
         L = int(max(lengths))
-        nb = self.blocks.blocks_for(L)
-        tables = [self.blocks.tables[s][:nb] for s in seqs]
-        table = np.array([t + t[:1] * (nb - len(t)) for t in tables])  # (B, nb)
+        table = self.table(seqs, L)  # (B, nb)
         out = []
         for codes, scales in self.pools[layer]:
             c = _gather(codes, table, L)  # (B, Hkv, L, Dc)

@@ -24,7 +24,8 @@ from scratchllm.attention import (AttentionWeights, make_rope, merge_heads, outp
                                   project_qkv_forward, sdpa_forward, sinusoidal_positions)
 from scratchllm.core.ops import linear_forward
 from scratchllm.core.validate import expect_int, expect_shape
-from scratchllm.serve.pool import attention_layers
+from scratchllm.serve.pool import PagedCache, attention_layers
+from scratchllm.serve.qattention import QUANTIZED_PAGED_ATTENTION, ScoreOptions
 from scratchllm.specs import Mask
 
 
@@ -60,16 +61,31 @@ def _attend_rows(a, attn, cache, layer, seqs, starts, lengths=None):
         for b, n in enumerate(lengths):
             cache.write(layer, seqs[b:b + 1], starts[b:b + 1], k[b:b + 1, :, :n],
                         v[b:b + 1, :, :n])
-    K, V = cache.read(layer, seqs, starts + (a.shape[1] if lengths is None else
-                                             np.asarray(lengths)))  # (B, Hkv, L, Dh)
-    keep = np.arange(K.shape[2]) <= positions[:, :, None]  # (B, t, L) causal, own keys only
-    o, _ = sdpa_forward(q, K, V, Mask(array=keep[:, None]), spec.scale, sinks=w.sinks,
-                        softcap=spec.softcap)  # (B, H, t, Dh)
+    if lengths is None and _fused_decode(cache, a.shape[1]):  # the quantised pool in the kernel
+        codec = cache.codecs[layer]
+        scale = attn.head_dim ** -0.5 if spec.scale is None else spec.scale
+        o, _ = QUANTIZED_PAGED_ATTENTION.forward(
+            q[:, :, 0], *cache.pools[layer], cache.table(seqs, int(starts.max()) + 1),
+            starts + 1, fmt=codec.fmt, group_size=codec.group,
+            scores=ScoreOptions(scale, spec.softcap, w.sinks))  # (B, H, Dh)
+        o = o[:, :, None]  # (B, H, 1, Dh)
+    else:
+        K, V = cache.read(layer, seqs, starts + (a.shape[1] if lengths is None else
+                                                 np.asarray(lengths)))  # (B, Hkv, L, Dh)
+        keep = np.arange(K.shape[2]) <= positions[:, :, None]  # (B, t, L) causal, own keys
+        o, _ = sdpa_forward(q, K, V, Mask(array=keep[:, None]), spec.scale, sinks=w.sinks,
+                            softcap=spec.softcap)  # (B, H, t, Dh)
     o = merge_heads(o)  # (B, t, H*Dh)
     if spec.output_gate:  # gated attention (Qwen3-Next)
         o = output_gate_forward(a, o, w.wg, w.bg)[0]
     y, _ = linear_forward(o, w.wo, w.bo)  # (B, t, D)
     return y
+
+
+def _fused_decode(cache, t):
+    """Whether one token per row attends through qattention's kernel: on a quantised
+    PagedCache made with kernel=True."""
+    return t == 1 and isinstance(cache, PagedCache) and cache.kernel
 
 
 def block_rows(block, i, x, cache, seqs, starts, lengths=None):
@@ -134,7 +150,13 @@ def trunk_rows(model, ids, cache, seqs, starts, lengths=None):
 def decode_rows(model, ids_t, cache, seqs, positions):
     """One token per sequence at its own position: ids_t (B,) at positions (B,) ints (= the
     tokens each holds) -> logits (B, V): the LM's own decode with one position per row, on
-    GroupState views of the cache (each row attends only its own keys: their key_mask)."""
+    GroupState views of the cache (each row attends only its own keys: their key_mask); on a
+    quantised PagedCache made with kernel=True, forward_rows with one token per row, whose
+    attention reads the codes in qattention's kernel instead of dequantising the cache
+    first."""
     positions = np.asarray(positions)
     expect_int("decode_rows", "positions", positions)
-    return model.decode(np.asarray(ids_t), cache.views(seqs, positions), positions)  # (B, V)
+    ids_t = np.asarray(ids_t)
+    if _fused_decode(cache, 1):
+        return forward_rows(model, ids_t[:, None], cache, seqs, positions)[:, 0]  # (B, V)
+    return model.decode(ids_t, cache.views(seqs, positions), positions)  # (B, V)

@@ -37,9 +37,19 @@ def residual(p, q):
     return r / r.sum() if r.sum() > 0 else p
 
 
+def mtp_depth(draft):
+    """The MTP modules a draft string chains: "mtp" -> None (all), "mtp:N" -> N; False for
+    any other string."""
+    if draft == "mtp":
+        return None
+    head, _, n = draft.partition(":")
+    return int(n) if head == "mtp" and n.isdigit() else False
+
+
 def _check(target, draft, prompt, max_new_tokens, k, temperature, rng):
-    if isinstance(draft, str) and draft != "mtp":
-        raise ValueError(f"speculative_generate: draft must be a model or 'mtp', got {draft!r}")
+    if isinstance(draft, str) and mtp_depth(draft) is False:
+        raise ValueError(f"speculative_generate: draft must be a model, 'mtp' or 'mtp:N', "
+                         f"got {draft!r}")
     if not prompt or k < 1 or max_new_tokens < 0 or temperature < 0:
         raise ValueError(f"speculative_generate: need a non-empty prompt, k >= 1, "
                          f"max_new_tokens >= 0, temperature >= 0; got {len(prompt)} tokens, "
@@ -60,8 +70,9 @@ def speculative_generate(target, draft, prompt, max_new_tokens, *, k=4, temperat
     """max_new_tokens tokens after `prompt` from `target`, proposed k at a time by `draft`.
 
     Inputs:  target an LM (attention layers decode_rows serves); draft an LM over the same
-             vocabulary, or "mtp": the target's own multi-token-prediction module 1 (a target
-             trained with train --mtp D); prompt a non-empty list of ids; k >= 1;
+             vocabulary, or "mtp": the target's own multi-token-prediction modules 1 .. D
+             chained (a target trained with train --mtp D; "mtp:N" chains the first N, and
+             module N drafts on past N: drafts.MTPDraft); prompt a non-empty list of ids; k >= 1;
              temperature 0 (greedy: the target's own greedy ids) or > 0 (sampled: the
              target's distribution, with rng a numpy Generator).
     Returns: (ids, stats) with stats["accepted"] draft tokens kept of stats["proposed"],
@@ -70,7 +81,8 @@ def speculative_generate(target, draft, prompt, max_new_tokens, *, k=4, temperat
     _check(target, draft, prompt, max_new_tokens, k, temperature, rng)
     rng = rng if temperature > 0 else None
     size = len(prompt) + max_new_tokens + k + 1
-    drafter = MTPDraft(target, size) if isinstance(draft, str) else ModelDraft(draft, size)
+    drafter = MTPDraft(target, size, mtp_depth(draft)) if isinstance(draft, str) \
+        else ModelDraft(draft, size)
     cache = ContiguousCache(target)
     cache.add(0, size)
     tokens, held = list(prompt), 0  # the tokens the target's cache holds

@@ -16,7 +16,9 @@ RopeSpec.partial; rescale_every N -> LayerSpec.out_scale 0.5 of every N-th layer
 inference rescale; 0 off); attn_temperature [attn_scale, floor_scale] -> a TemperatureSpec as the
 position_bias of every attention layer without RoPE (Llama 4's temperature tuning); index_topk, index_n_heads, index_head_dim ->
 MLASpec.indexer, an IndexerSpec when index_topk is set (DeepSeek-V3.2); mlm_head ->
-HeadSpec(transform=True, gelu_approx, bias=True) (BERT's MLM head, with the FFN's GELU). The per-layer choices
+HeadSpec(transform=True, gelu_approx, bias=True) (BERT's MLM head, with the FFN's GELU);
+mtp_depth, mtp_weight -> ModelConfig.mtp, an MTPSpec when mtp_depth > 0 (DeepSeek-V3's
+multi-token prediction; 0: none). The per-layer choices
 (layer_pattern, layer_types, moe_every, moe_offset, first_k_dense) pick
 the spec of each layer.
 """
@@ -29,7 +31,7 @@ from scratchllm.specs.ffn import ExpertsSpec, FFNSpec, MoESpec, RouterSpec
 from scratchllm.specs.mixers import (GatedDeltaNetSpec, Mamba2Spec, MambaSpec, RecurrentSpec,
                                      RWKVSpec)
 from scratchllm.specs.mla import IndexerSpec, MLASpec
-from scratchllm.specs.model import HeadSpec, LayerSpec, ModelConfig, NormSpec
+from scratchllm.specs.model import HeadSpec, LayerSpec, ModelConfig, MTPSpec, NormSpec
 
 LAYER_KINDS = "AMLRGDSWFN"  # attention, Mamba, linear, RetNet, GLA, DeltaNet, Mamba-2, RWKV-4,
 #                             F an MLP-only layer (in a pattern with F every layer is one
@@ -90,6 +92,7 @@ class Flat:
     norm_topk_prob: bool = True
     routed_scaling_factor: float = 1.0
     mamba_inner_norms: bool = False
+    mamba_scan: str = "sequential"
     dt_rank: int = None
     head_dim: int = None
     qkv_bias: bool = False
@@ -130,6 +133,8 @@ class Flat:
     gdn_v_heads: int = 4
     gdn_k_head_dim: int = 16
     gdn_v_head_dim: int = 16
+    mtp_depth: int = 0
+    mtp_weight: float = 0.3
 
 
 FLAT_NAMES = tuple(f.name for f in fields(Flat))
@@ -149,6 +154,7 @@ RENAMED = {  # (spec, field) -> the flat name that sets it, where the two differ
     ("RouterSpec", "bias"): "router_bias",
     ("ExpertsSpec", "kind"): "experts", ("ExpertsSpec", "alpha"): "swiglu_alpha",
     ("ExpertsSpec", "limit"): "swiglu_limit", ("MambaSpec", "inner_norms"): "mamba_inner_norms",
+    ("MambaSpec", "scan"): "mamba_scan",
     ("NormSpec", "kind"): "norm", ("NormSpec", "eps"): "norm_eps",
     ("NormSpec", "offset"): "norm_offset", ("LayerSpec", "placement"): "block",
     ("HeadSpec", "transform"): "mlm_head",
@@ -156,6 +162,7 @@ RENAMED = {  # (spec, field) -> the flat name that sets it, where the two differ
     ("Mask", "chunk"): "attention_chunk", ("MoESpec", "gate_input"): "moe_gate_input",
     ("IndexerSpec", "top_k"): "index_topk", ("IndexerSpec", "n_heads"): "index_n_heads",
     ("IndexerSpec", "head_dim"): "index_head_dim",
+    ("MTPSpec", "depth"): "mtp_depth", ("MTPSpec", "weight"): "mtp_weight",
 }
 
 
@@ -180,9 +187,11 @@ def from_flat(**flat):
         embedded = f.positions if f.positions in ("learned", "sinusoidal") else "none"
         head = HeadSpec(True, f.gelu_approx, True) if f.mlm_head is True else HeadSpec(
             f.mlm_head)  # HeadSpec checks the flag
+        mtp = MTPSpec(f.mtp_depth or 1, f.mtp_weight)  # checked even when mtp_depth is 0
         return ModelConfig(f.name, f.vocab_size, f.d_model, layers, norm, f.tie_embeddings,
                            f.embed_scale, embedded, f.max_positions, f.type_vocab_size,
-                           f.embed_norm, f.final_norm, head, f.pad_id, f.logit_softcap)
+                           f.embed_norm, f.final_norm, head, f.pad_id, f.logit_softcap,
+                           mtp if f.mtp_depth else None)
     except SpecError as e:
         if e.spec == "ModelConfig":
             raise
@@ -308,7 +317,7 @@ def _mixer(f, i, kind):
                                  f.gdn_v_head_dim, f.d_conv, f.norm_eps)
     if kind == "M":
         return MambaSpec(f.d_state, f.d_conv, f.expand, f.dt_rank, f.mamba_inner_norms,
-                         f.norm_eps)
+                         f.norm_eps, f.mamba_scan)
     mask, rope = _attention_layer(f, i)
     if f.attention == "mla":
         indexer = None if f.index_topk is None else IndexerSpec(

@@ -32,6 +32,8 @@ def to_flat(cfg):
                 logit_softcap=cfg.logit_softcap,
                 rescale_every=next((i + 1 for i, layer in enumerate(layers)
                                     if layer.out_scale != 1.0), 0))
+    if cfg.mtp is not None:
+        flat.update(mtp_depth=cfg.mtp.depth, mtp_weight=cfg.mtp.weight)
     if cfg.head.transform:  # the FFN's GELU below, when it has one, must be the same
         flat["gelu_approx"] = cfg.head.gelu_approx
     kinds = "".join(mixer_letter(layer.mixer) for layer in layers)
@@ -77,7 +79,7 @@ def _mixer_fields(cfg):
         if isinstance(m, Mamba2Spec):
             out["ssm_groups"] = m.n_groups
         if isinstance(m, MambaSpec):
-            out.update(dt_rank=m.dt_rank, mamba_inner_norms=m.inner_norms)
+            out.update(dt_rank=m.dt_rank, mamba_inner_norms=m.inner_norms, mamba_scan=m.scan)
         if isinstance(m, GatedDeltaNetSpec):
             out.update(gdn_k_heads=m.n_k_heads, gdn_v_heads=m.n_v_heads,
                        gdn_k_head_dim=m.k_head_dim, gdn_v_head_dim=m.v_head_dim,

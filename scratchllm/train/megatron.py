@@ -21,7 +21,8 @@ replicated gains' gradients, partial per rank, are all-reduced after the backwar
 
 Every rank builds the whole one-process model from the seed and keeps its slices, so a TP run
 starts from the same weights as one process; `gather_full` and `load_full` map between the two
-(checkpoints hold the whole model, so they load in one process and on any grid). The regions
+(checkpoints hold the whole model, so they load in one process and on any grid:
+parallel_slices.py). The regions
 are hooked by replacing the mixer's, the FFN's and the head's bound forward and backward
 (instance attributes: the Modules and their Param names are those of the one-process LM).
 """
@@ -38,6 +39,7 @@ from scratchllm.dist import (all_gather_backward, all_gather_forward, all_reduce
 from scratchllm.lm import LM
 from scratchllm.lm.ends import EmbedCache
 from scratchllm.lm.model import LossCache
+from scratchllm.train.parallel_slices import SlicedLM
 
 SPLITS = {"mixer.wq": 1, "mixer.wk": 1, "mixer.wv": 1, "mixer.wo": 0, "ffn.W1": 1, "ffn.W3": 1,
           "ffn.W2": 0, "embed.E": 0, "head.W": 1}
@@ -96,7 +98,7 @@ def _no_packing(doc_ids):
                          "not available: train one or the other")
 
 
-class MegatronLM(LM):
+class MegatronLM(SlicedLM, LM):
     """This rank's slice of an LM of cfg over a tensor-parallel group; loss, loss_backward and
     cross_entropy as LM's (the loss replicated on every rank of the group)."""
 
@@ -184,7 +186,7 @@ class MegatronLM(LM):
         replicated Params' gradients (partial: this rank's tokens) are summed over the
         group."""
         dx = self.trunk_backward(dlogits, cache, dloss_aux)  # (B, T or T/P, D)
-        self.embed.E.grad += vocab_embedding_backward(dx, cache.embed.tok)["E"]
+        self.embed_backward(dx, cache.embed)
         if self.sequence:
             shared = [p for n, p in self.named_parameters() if split_axis(n) is None]
             total, _ = all_reduce_forward(np.concatenate([p.grad.ravel() for p in shared]),
@@ -193,6 +195,18 @@ class MegatronLM(LM):
             for p in shared:
                 p.grad[...] = total[start:start + p.grad.size].reshape(p.grad.shape)
                 start += p.grad.size
+
+    def embed_backward(self, dx, c_emb):
+        """The vocab-parallel embedding's backward: dx_0 -> this rank's rows of E (+=)."""
+        self.embed.E.grad += vocab_embedding_backward(dx, c_emb.tok)["E"]
+
+    def ce_forward(self, logits, targets):
+        """The vocab-parallel cross-entropy of this rank's logits columns (a pipeline's last
+        stage calls it in the fused pair's place)."""
+        return vocab_cross_entropy_forward(logits, targets, group=self.group)
+
+    def ce_backward(self, dloss, cache):
+        return vocab_cross_entropy_backward(dloss, cache)
 
     def loss(self, ids, targets, doc_ids=None):
         _no_packing(doc_ids)
@@ -209,78 +223,24 @@ class MegatronLM(LM):
         logits, _ = self.forward(ids)
         return float(vocab_cross_entropy_forward(logits, targets, group=self.group)[0])
 
-    def squares_over_group(self, _local=None):
-        """The whole model's sum of squared gradients (for the global-norm clip): the split
-        Params' summed over the group, the replicated ones' counted once (every rank holds
-        their whole gradient). Collective; clip_grad_norm's `across` (its local sum unused)."""
-        split = rep = 0.0
-        for name, p in self.named_parameters():
-            sq = float(np.sum(p.grad * p.grad))
-            if split_axis(name) is None:
-                rep += sq
-            else:
-                split += sq
-        return self.group.sum_scalar(split) + rep
-
     def replica(self):
         raise ValueError("tensor parallel: one data shard per rank (no --threads above 1)")
 
-    # ------------------------------------------------------------------ whole <-> slices
-    def load_full(self, arrays):
-        """Keep this rank's slice of each whole array ({Param name: array}, the one-process
-        model's names and shapes)."""
-        for name, p in self.named_parameters():
-            a = self._slice(name, np.asarray(arrays[name]))
-            if a.shape != p.data.shape:
-                raise ValueError(f"tensor parallel: {name} of shape {a.shape} does not fit "
-                                 f"this rank's {p.data.shape}")
-            p.data[...] = a
+    def split_axis(self, name):
+        """The axis Param `name` is split along over the group (None: replicated)."""
+        return split_axis(name)
 
-    def gather_full(self, arrays):
-        """{name: whole array} from {name: this rank's slice} (an all-gather per split array;
-        collective: every rank of the group calls it)."""
-        out = {}
-        for name, a in arrays.items():
-            axis = split_axis(name)
-            out[name] = a if axis is None else all_gather_forward(
-                np.ascontiguousarray(a), group=self.group, axis=axis)[0]
-        return out
-
-    def gather_whole(self, cfg, names, opt_state):
-        """(the one-process LM of cfg, AdamW's whole state_dict) gathered from this rank's
-        slices; names: the Param name of each optimizer slot (collective)."""
-        model = LM(cfg, rng=np.random.default_rng(0), dtype=self.dtype)
-        arrays = self.gather_full({n: p.data for n, p in self.named_parameters()})
-        for n, p in model.named_parameters():
-            p.data[...] = arrays[n]
-        state = dict(opt_state)
-        for i, name in enumerate(names):
-            for k in (f"m.{i}", f"v.{i}"):
-                state[k] = self.gather_full({name: opt_state[k]})[name]
-        return model, state
-
-    def slice_state(self, names, state):
-        """AdamW's whole state_dict cut to this rank's slices (names as in gather_whole)."""
-        out = dict(state)
-        for i, name in enumerate(names):
-            for k in (f"m.{i}", f"v.{i}"):
-                out[k] = self._slice(name, state[k])
-        return out
-
-    def _slice(self, name, a):
-        axis, P, r = split_axis(name), self.group.size, self.group.rank
-        if axis is None:
-            return a
-        n = a.shape[axis] // P
-        return np.take(a, np.arange(r * n, (r + 1) * n), axis=axis)
-
-    def bytes_per_step(self, batch, seq_len):
+    def bytes_per_step(self, batch, seq_len, stage=None):
         """{collective: bytes this rank sends over the group in one step on `batch`
         sequences of seq_len}: the regions' f/g (or all-gather/reduce-scatter) per block and
-        at the ends, and the cross-entropy's three exchanges of N = batch x seq_len numbers."""
+        at the ends, and the cross-entropy's three exchanges of N = batch x seq_len numbers.
+        stage: a PipelineStage of this model (its blocks; the embedding on the first stage,
+        the head and loss on the last), or None for the whole model."""
         P, item = self.group.size, self.dtype.itemsize
         if P == 1:
             return {}
+        if stage is not None:  # (sequence parallelism does not run in stages)
+            return self._stage_bytes(batch * seq_len, stage)
         N = batch * seq_len
         act = N * self.cfg.d_model * item  # one (B, T, D) activation
         out = {"all_reduce": 0, "all_gather": 0, "reduce_scatter": 0}
@@ -302,3 +262,15 @@ class MegatronLM(LM):
         out["all_gather"] += (P - 1) * N * item  # the row maxima
         out["all_reduce"] += 2 * (2 * (P - 1) * N * item // P)  # sum of exp, target logits
         return {k: v for k, v in out.items() if v}
+
+    def _stage_bytes(self, N, stage):
+        """bytes_per_step of a pipeline stage's parts on N tokens (no sequence parallelism)."""
+        P, item = self.group.size, self.dtype.itemsize
+        ar = 2 * (P - 1) * N * self.cfg.d_model * item // P  # one (B, T, D) all-reduce
+        out = {"all_reduce": 2 * 2 * len(stage.layer_ids) * ar}  # each region's g and f
+        if stage.first:
+            out["all_reduce"] += ar  # the embedding's g
+        if stage.last:  # the head's f (its backward), the cross-entropy's exchanges
+            out["all_reduce"] += ar + 2 * (2 * (P - 1) * N * item // P)
+            out["all_gather"] = (P - 1) * N * item
+        return out

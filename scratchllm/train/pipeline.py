@@ -8,9 +8,11 @@ arXiv:2104.04473).
     stage P-1    its blocks + norm, head, CE  receives x_m; sends dx_m back
 
 Sending an activation forward is the identity across ranks (y on stage s+1 = x on stage s), so
-its backward is the identity back: the gradient travels the reverse way (the ring_shift pair's
-rule, collectives.py, for one hop). A micro-batch of n_m of the B sequences has loss weight
-n_m / B, so the stages' summed gradients are the whole batch's, as with data-parallel shards.
+its backward is the identity back: the gradient travels the reverse way (the pair
+dist.pipeline_hop_forward / _backward, checked across ranks by grads.mpi; the stage posts the
+same messages non-blocking, in its schedule's order). A micro-batch of n_m of the B sequences
+has loss weight n_m / B, so the stages' summed gradients are the whole batch's, as with
+data-parallel shards.
 
 Schedules (F_m: micro-batch m's forward on this stage, B_m its backward):
     gpipe   F_0 .. F_{M-1}, then B_0 .. B_{M-1}: M micro-batches' activations held at once
@@ -51,6 +53,35 @@ def schedule(name, n_stages, stage, n_micro):
 def bubble_fraction(n_stages, n_micro):
     """(P - 1) / (M + P - 1): the idle share of a step with equal stages."""
     return (n_stages - 1) / (n_micro + n_stages - 1)
+
+
+def simulated_bubble(schedule_name, n_stages, n_micro, f_cost=1.0, b_cost=2.0):
+    """The idle share of a step when every stage runs `schedule` with forwards of f_cost and
+    backwards of b_cost and messages take no time: each op starts when its stage is free and
+    its input has arrived (F_m from stage s - 1's F_m; B_m from stage s + 1's B_m, or on the
+    last stage from its own F_m). Returns 1 - (busy time) / (stages x makespan), which is
+    (P - 1) / (M + P - 1) for both schedules when the stages cost the same: the measured bubble
+    without the machine's noise."""
+    P, M = n_stages, n_micro
+    ops = [schedule(schedule_name, P, s, M) for s in range(P)]
+    done, free, nxt = {}, [0.0] * P, [0] * P
+    while any(nxt[s] < len(ops[s]) for s in range(P)):
+        moved = False
+        for s in range(P):
+            if nxt[s] == len(ops[s]):
+                continue
+            kind, m = ops[s][nxt[s]]
+            dep = (("F", s - 1, m) if s else None) if kind == "F" else \
+                (("B", s + 1, m) if s < P - 1 else ("F", s, m))
+            if dep is not None and dep not in done:
+                continue
+            start = max(free[s], done[dep] if dep else 0.0)
+            free[s] = done[(kind, s, m)] = start + (f_cost if kind == "F" else b_cost)
+            nxt[s], moved = nxt[s] + 1, True
+        if not moved:
+            raise RuntimeError(f"pipeline: schedule {schedule_name} deadlocks on {P} stages "
+                               f"with {M} micro-batches")
+    return 1.0 - M * (f_cost + b_cost) / max(free)
 
 
 class PipelineStage:
@@ -142,8 +173,8 @@ class PipelineStage:
             blocks.append(c)
         if not self.last:
             return (c_emb, blocks, None), h
-        logits, c_head = model.head_forward(h)  # (b, T, V)
-        ce, c_ce = fused.CROSS_ENTROPY.forward(logits, targets)
+        logits, c_head = model.head_forward(h)  # (b, T, V) (V/tp: a MegatronLM's columns)
+        ce, c_ce = getattr(model, "ce_forward", fused.CROSS_ENTROPY.forward)(logits, targets)
         return (c_emb, blocks, (c_head, c_ce)), float(ce) * w
 
     def _backward(self, cache, dh, w):
@@ -154,7 +185,8 @@ class PipelineStage:
         c_emb, blocks, tail = cache
         if self.last:
             c_head, c_ce = tail
-            dlogits = fused.CROSS_ENTROPY.backward(np.asarray(w, model.dtype), c_ce)
+            dlogits = getattr(model, "ce_backward", fused.CROSS_ENTROPY.backward)(
+                np.asarray(w, model.dtype), c_ce)
             dh = model.head_backward(dlogits["logits"], c_head)  # (b, T, D)
         for i, c in zip(reversed(self.layer_ids), reversed(blocks)):
             dh = model.layers[i].backward(dh, c, w)  # fwd: h = block_i(h)

@@ -22,7 +22,7 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -31,26 +31,25 @@ from tqdm import tqdm
 from scratchllm.core.fp8 import FP8Spec, fp8_matmuls
 from scratchllm.core.nn import detect_anomaly
 from scratchllm.core.optim import AdamW, NonFiniteError, clip_grad_norm, cosine_schedule
-from scratchllm.dist import (Group, ShardedModel, ZeroAdamW, all_reduce_forward,
-                             all_reduce_grads, bytes_per_step)
+from scratchllm.dist import all_reduce_forward, all_reduce_grads
 from scratchllm.lm import LM
-from scratchllm.train import checkpoint, corpus
-from scratchllm.train.megatron import MegatronLM
+from scratchllm.train import checkpoint, corpus, parallel_run
 from scratchllm.train.parallel import DataParallel, set_blas_threads
-from scratchllm.train.pipeline import PipelineStage
+from scratchllm.train.parallel_run import attach_parallel, parallel_model
 
 
 @dataclass
 class Settings:
     """How to train (not what): everything here may change on --resume except where noted."""
-    steps: int = 600           # total optimizer steps
-    batch_size: int = 16       # sequences per step
+    steps: int = 1200          # total optimizer steps
+    batch_size: int = 8        # sequences per step
     seq_len: int = 128         # tokens per sequence (context length while training)
-    lr: float = 8e-3           # peak learning rate (after warmup), cosine down to lr / 10
+    lr: float = 5e-3           # peak learning rate (after warmup), cosine down to lr * final_lr
+    final_lr: float = 0.1      # the lr at the last step, as a fraction of the peak
     warmup: int = 30           # linear warmup steps
     weight_decay: float = 0.1  # AdamW decoupled decay on matrices (not norms, not biases)
     clip: float = 1.0          # global gradient-norm clip
-    eval_every: int = 100      # validation every N steps (and at the end)
+    eval_every: int = 200      # validation every N steps (and at the end)
     eval_tokens: int = 65536   # validation tokens per evaluation (at most; the same set)
     seed: int = 0              # weight init and batch order
     threads: int = min(2, os.cpu_count() or 1)  # data-parallel batch shards, one thread each
@@ -60,6 +59,8 @@ class Settings:
     param_groups: list = None  # [[pattern, lr_scale, weight_decay], ...]: a Param whose name
                                # matches the glob pattern (the first that does) gets its own
                                # lr (scale of lr; 0 freezes it) and weight decay
+    balance_across: bool = False  # MoE balance loss over every data-parallel rank's tokens
+                                  # (train/parallel_moe.py), not per data shard
 
 
 def _decays(name, p):
@@ -109,66 +110,30 @@ class Run:
     def __init__(self, cfg, settings, dtype=np.float32, model=None, grid=None, zero=0,
                  sequence=False, pipeline=("1f1b", 0)):
         """model: an LM of cfg to train (e.g. a loaded checkpoint); default a fresh one.
-        grid: the dist.RankGrid of an MPI run (data parallel over grid.groups["dp"]); None for
-        one process. zero: the ZeRO stage over the data-parallel ranks: 1 shards AdamW's
-        state, 2 the gradients too, 3 the weights too (dist/zero.py, dist/zero_layers.py).
+        grid: the dist.RankGrid of an MPI run (data parallel over grid.groups["dp"]), or None.
+        zero: the ZeRO stage over the data-parallel ranks: 1 shards AdamW's state, 2 the
+        gradients too, 3 the weights too (dist/zero.py, dist/zero_layers.py).
         With grid.shape.tp > 1 the model is this rank's MegatronLM slice (megatron.py);
         sequence: sequence parallelism inside it. With grid.shape.pp > 1 this rank runs its
         stage of the blocks (pipeline.py); pipeline: (schedule, micro-batches; 0: one per
-        stage)."""
+        stage). With cp or ep > 1, its ContextParallelLM or ExpertParallelLM (parallel_run.py
+        says which model each axis builds)."""
         self.cfg, self.s = cfg, settings
-        axes = {a: None if grid is None or getattr(grid.shape, a) == 1 else grid.groups[a]
-                for a in ("tp", "pp")}
-        self.tp, pp = axes["tp"], axes["pp"]
-        self.world = Group.single() if grid is None else grid.world
-        if (self.tp or pp) and (settings.threads > 1 or zero or model is not None or
-                                (self.tp and pp)):
-            raise ValueError(f"--tp / --pp: one data shard per rank, without ZeRO, one of the "
-                             f"two (got --threads {settings.threads}, --zero {zero})")
-        if self.tp is not None:
-            model = MegatronLM(cfg, self.tp, rng=np.random.default_rng(settings.seed),
-                               dtype=dtype, sequence=sequence)
+        self.world, self.group, axes, model = parallel_model(cfg, settings, dtype, grid, model,
+                                                             zero, sequence)
+        self.tp, self.cp, self.ep = axes["tp"], axes["cp"], axes["ep"]
+        self.sliced = self.tp or self.ep  # a model of slices (SlicedLM), or None
         self.model = model or LM(cfg, rng=np.random.default_rng(settings.seed), dtype=dtype)
-        self.group = Group.single() if grid is None else grid.groups["dp"]
         self.opt = make_optimizer(self.model, settings)
-        self.stage = None if pp is None else PipelineStage(
-            self.model, pp, pipeline[1] or pp.size, pipeline[0])
-        self.shards = None  # ZeRO-2/3's hooks
-        if zero:
-            self.opt = ZeroAdamW(self.opt, self.group, stage=zero)
-        if zero >= 2:
-            if settings.threads > 1:
-                raise ValueError(f"--zero {zero} reduce-scatters each block's gradients inside "
-                                 f"the backward of one data shard per rank; --threads "
-                                 f"{settings.threads} is not supported with it (use --threads 1)")
-            self.shards = ShardedModel(self.model, self.opt.owners(), self.group, zero)
+        attach_parallel(self, axes, zero, pipeline)  # .stage, .shards, .rows, .comm_model
         self.writer = grid is None or grid.is_first()  # prints, saves
-        if settings.batch_size < self.group.size:
-            raise ValueError(f"--batch-size {settings.batch_size} is smaller than the "
-                             f"{self.group.size} data-parallel ranks (each needs a sequence)")
-        self.rows = np.array_split(np.arange(settings.batch_size), self.group.size)[
-            self.group.rank]  # this rank's contiguous slice of the global batch
-        moe = [layer.ffn for layer in self.model.layers if hasattr(layer.ffn, "update_bias")]
-        reduced = self.model.parameters() if self.stage is None else self.stage.params
-        self.comm_model = bytes_per_step(  # bytes this rank sends per step: predicted
-            [p.data.nbytes for p in reduced], self.group.size, zero=zero,
-            small=[8 * f.spec.router.n_experts for f in moe], rank=self.group.rank)
-        if self.shards is not None:
-            self.comm_model.update(self.shards.bytes_per_step())
-        if self.tp is not None:  # the tensor-parallel axis's collectives, per step
-            self.comm_model.update({f"tp {op}": n for op, n in self.model.bytes_per_step(
-                len(self.rows), settings.seq_len).items()})
-        if self.stage is not None:
-            self.comm_model["pp send"] = self.stage.bytes_per_step(len(self.rows),
-                                                                   settings.seq_len)
         self.sent = []  # bytes this rank sent in each step: measured (not saved)
         # one BLAS thread per shard or rank, --threads 1 included: OpenBLAS's own threads
         # spin-wait, so a "one-thread" run would otherwise keep two cores busy (and be many
         # times slower on a loaded machine)
         set_blas_threads(1)
         self.dp = DataParallel(self.model, settings.threads)
-        self.rng = np.random.default_rng([settings.seed, 1])
-        self.step = 0
+        self.rng, self.step = np.random.default_rng([settings.seed, 1]), 0
         self.data = None   # the text file trained on (recorded so --resume finds it)
         self.losses = []   # train loss per step
         self.mtp_losses = []  # per step, each MTP module's cross-entropy (not saved)
@@ -214,8 +179,9 @@ class Run:
             params, norm_across = self.opt.owned(), self.group.sum_scalar
         elif self.group.size > 1:
             all_reduce_grads(model.parameters(), self.group)  # grad = sum_d (n_d / B) grad_d
-        if self.tp is not None:  # the norm of the whole model's gradient
-            norm_across = model.squares_over_group
+        if self.sliced is not None:  # the norm of the whole model's gradient (of the stages)
+            norm_across = model.squares_over_group if self.stage is None else \
+                (lambda local: self.stage.pp_sum(model.squares_over_group(local)))
         if self.group.size > 1:
             ce = self.group.sum_scalar(ce)
             across = self._sum_over_ranks
@@ -226,7 +192,7 @@ class Run:
             clip_grad_norm(params, s.clip, across=norm_across)
         except NonFiniteError as e:
             raise NonFiniteError(f"step {self.step + 1}: {e}; {self.likely_cause()}") from None
-        self.opt.lr = cosine_schedule(self.step + 1, s.lr, s.lr / 10, s.warmup, s.steps)
+        self.opt.lr = cosine_schedule(self.step + 1, s.lr, s.lr * s.final_lr, s.warmup, s.steps)
         if self.stage is None:
             self.opt.step()
         else:
@@ -242,9 +208,7 @@ class Run:
         return ce, stats
 
     def _sent(self):
-        """Bytes this rank has sent over its data-, tensor- and pipeline-parallel groups."""
-        return (self.group.total_sent() + (0 if self.tp is None else self.tp.total_sent()) +
-                (0 if self.stage is None else self.stage.sent))
+        return parallel_run.sent(self)
 
     def _documents(self, x):
         """The documents of windows x (B, T) when packing (corpus.document_ids), else None."""
@@ -308,41 +272,27 @@ class Run:
         (every rank holds the same weights and optimizer state)."""
         opt_state = self.opt.state_dict()  # collective under ZeRO: every rank calls it
         model = self.model
-        if self.tp is not None:  # the whole model and moments, gathered (collective)
-            model, opt_state = self._whole_tp(opt_state)
-        if self.stage is not None:  # every stage's moments, on rank 0
-            opt_state = self.stage.gather_moments(self.opt, opt_state)
+        if self.stage is not None and self.sliced is not None:
+            self.stage.sync_whole()  # every stage's slices, before the slices are gathered
+        if self.sliced is not None and opt_state is not None:  # the whole model and moments,
+            # gathered over the slices' group (collective; ZeRO: data-parallel rank 0's)
+            model, opt_state = self.model.gather_whole(self.cfg, parallel_run.opt_names(self),
+                                                       opt_state)
+        if self.stage is not None and opt_state is not None:  # every stage's moments, on
+            opt_state = self.stage.gather_moments(self.opt, opt_state)  # rank 0
         with self.whole():
             if self.writer:
                 checkpoint.save_run(self, directory, tokenizer, opt_state, model=model)
 
-    def _opt_names(self):
-        """The Param name of each optimizer slot (AdamW's m.i / v.i)."""
-        names = {id(p): n for n, p in self.model.named_parameters()}
-        return [names[id(p)] for p in self.opt.params]
-
-    def _whole_tp(self, opt_state):
-        """(the one-process LM, AdamW's whole state_dict) from this rank's slices."""
-        return self.model.gather_whole(self.cfg, self._opt_names(), opt_state)
-
     def load(self, directory):
         """Restore everything `save` wrote (checkpoint.load_run); CheckpointError on any
         mismatch."""
-        if self.tp is not None:
-            return self._load_tp(directory)
+        if self.sliced is not None:  # the whole run in one process, then this rank's slices
+            whole = Run(self.cfg, replace(self.s, threads=1), self.model.dtype)
+            checkpoint.load_run(whole, directory)
+            return parallel_run.load_sliced(self, whole)
         with self.whole():
             checkpoint.load_run(self, directory)
-
-    def _load_tp(self, directory):
-        """Load the whole checkpoint into a one-process run, then keep this rank's slices."""
-        whole = Run(self.cfg, Settings(**dict(vars(self.s), threads=1)), self.model.dtype)
-        checkpoint.load_run(whole, directory)
-        self.model.load_full({n: p.data for n, p in whole.model.named_parameters()})
-        self.opt.load_state_dict(self.model.slice_state(self._opt_names(),
-                                                        whole.opt.state_dict()))
-        self.rng.bit_generator.state = whole.rng.bit_generator.state
-        self.step, self.losses, self.evals = whole.step, whole.losses, whole.evals
-        whole.dp.close()
 
 
 # ---------------------------------------------------------------------------- the loop

@@ -14,16 +14,27 @@ from scratchllm import dist
 def test_every_collective_pair_passes_the_distributed_check_on_2_ranks(mpirun):
     """The fast tier's one mpiexec: every pair's gradients and bytes, and a tiny LM trained
     data parallel (plain, ZeRO-1, 2 and 3), tensor parallel (with and without sequence
-    parallelism) and pipeline parallel (GPipe and 1F1B) equal to one process in float64."""
+    parallelism), pipeline parallel (GPipe and 1F1B), context parallel (ring attention) and
+    expert parallel (an MoE dropping slots at capacity, the drops counted) equal to one
+    process in float64; the MoE balance loss across the data-parallel ranks equal to one
+    shard's, and in numbers against the per-rank one."""
     proc = mpirun(2, "-m", "grads.mpi", timeout=180)  # a loaded CI machine
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ok    ring_attention (causal, zig-zag) == sdpa on the whole sequence" in proc.stdout
+    assert "ok    cp_attention == gqa on the whole sequence (out, dx)" in proc.stdout
+    assert "ok    pipeline_hop (a pipeline's point-to-point step)" in proc.stdout
     assert "ok    expert_parallel == the one-process experts (4 experts on 2 ranks" in proc.stdout
     for what in ("dp=2 (plain)", "dp=2 (ZeRO-1)", "dp=2 (ZeRO-2)", "dp=2 (ZeRO-3)", "tp=2",
                  "tp=2 (sequence parallel)", "pp=2 (gpipe, 2 micro-batches)",
-                 "pp=2 (1f1b, 2 micro-batches)"):
+                 "pp=2 (1f1b, 2 micro-batches)", "cp=2 (ring attention)",
+                 "ep=2 (capacity drops)"):
         assert f"ok    train {what} == one process" in proc.stdout, proc.stdout
-    assert "46/46 distributed checks pass" in proc.stdout, proc.stdout
+    assert "ok    train dp=2 (MoE, balance loss across the ranks; one process on one shard)" \
+        in proc.stdout
+    assert "ok    ep=2 drops [12, 14] slots per layer at capacity factor 0.6" in proc.stdout
+    assert "ok    balance loss per micro-batch 1.96 (mean over 2 ranks) vs across the ranks " \
+        "1.00" in proc.stdout
+    assert "58/58 distributed checks pass" in proc.stdout, proc.stdout
 
 
 @pytest.mark.slow
@@ -35,7 +46,13 @@ def test_on_4_ranks_and_on_the_groups_of_a_2x2_grid(mpirun):
     assert "ok    train dp=4 (ZeRO-3) == one process" in proc.stdout
     assert "ok    train dp=2 x tp=2 (sequence parallel) == one process" in proc.stdout
     assert "ok    train pp=2 x dp=2 (1f1b, 2 micro-batches) == one process" in proc.stdout
-    assert "48/48 distributed checks pass" in proc.stdout, proc.stdout
+    assert "ok    train cp=4 (ring attention) == one process" in proc.stdout
+    assert "ok    train ep=4 (capacity drops) == one process" in proc.stdout
+    for grid in ("dp=2 x cp=2 (ZeRO-1)", "dp=2 x tp=2 (ZeRO-1)", "dp=2 x ep=2 (ZeRO-1; 2 shards)",
+                 "pp=2 x tp=2 (gpipe, 2 micro-batches)", "pp=2 x tp=2 (1f1b, 2 micro-batches)",
+                 "pp=2 x dp=2 (ZeRO-1, 1f1b, 2 micro-batches)"):
+        assert f"ok    train {grid} == one process" in proc.stdout, proc.stdout
+    assert "71/71 distributed checks pass" in proc.stdout, proc.stdout
 
 
 BROKEN = """

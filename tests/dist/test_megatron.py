@@ -67,3 +67,16 @@ def test_pipeline_schedules_and_their_bubble():
     assert bubble_fraction(2, 4) == pytest.approx(0.2) and bubble_fraction(4, 1) == 0.75
     with pytest.raises(ValueError, match="schedule must be one of"):
         schedule("zigzag", 2, 0, 2)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_the_simulated_schedule_idles_for_the_formula_s_bubble(name):
+    """Each stage running its schedule, ops starting when their input has arrived: the idle
+    share is (P-1)/(M+P-1) at every size up to 32 micro-batches (equal stages; a backward
+    twice a forward, or as cheap as one)."""
+    from scratchllm.train.pipeline import bubble_fraction, simulated_bubble
+    for P in (2, 3, 4):
+        for M in (1, 2, 4, 8, 16, 32):
+            assert simulated_bubble(name, P, M) == pytest.approx(bubble_fraction(P, M))
+    assert simulated_bubble(name, 4, 16) == pytest.approx(3 / 19)
+    assert simulated_bubble(name, 2, 8, f_cost=1.0, b_cost=1.0) == pytest.approx(1 / 9)

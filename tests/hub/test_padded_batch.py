@@ -67,3 +67,10 @@ def test_a_padded_bert_batch_matches_transformers():
             assert np.abs(g).max() < 1e-12  # softmax ignores it, the gradient is 0 exactly
             continue
         assert rel_err(g, ref["grad/" + key]) < 1e-8, key
+
+
+def test_a_padded_batch_is_refused_by_name_where_it_is_not_implemented():
+    model = load_pretrained(HF / "deepseek_v32")
+    ids = np.ones((2, 4), np.int64)
+    with pytest.raises(ValueError, match="attention_mask with a lightning indexer"):
+        model.forward(input_ids=ids, attention_mask=np.array([[0, 1, 1, 1], [1] * 4]))

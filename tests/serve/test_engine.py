@@ -204,3 +204,34 @@ def test_the_engine_with_batched_prefill_equals_unbatched_decoding(model):
             engine.submit(i, p, k)
         assert [engine.run()[i] for i in range(len(prompts))] == want
         assert engine.stats["prefill_calls"] == 1  # all admitted in the first step
+
+
+def test_generate_batch_prefills_prompts_of_different_lengths_in_one_call(model, monkeypatch):
+    """generate_batch(batch_prefill=True): the first step's prompts (lengths 1 to 9) go through
+    one rows.prefill_rows call; every request's tokens equal its own unbatched greedy decode,
+    on paged, contiguous and tight (preempting) caches; quantised caches give the tokens of
+    the same cache prefilled one prompt at a time."""
+    from scratchllm.serve import engine as engine_module
+    calls, original = [], engine_module.prefill_rows
+
+    def counting(model, prompts, *args):
+        calls.append([len(p) for p in prompts])
+        return original(model, prompts, *args)
+    monkeypatch.setattr(engine_module, "prefill_rows", counting)
+    prompts, news = _mix(11)
+    want = [_alone(model, p, k) for p, k in zip(prompts, news)]
+    admitted = [len(p) for p, k in zip(prompts, news) if k > 0]
+    assert len(set(admitted)) > 1
+    for kw in (dict(kv="contiguous"), dict(block_size=4)):
+        calls.clear()
+        assert generate_batch(model, prompts, news, batch_prefill=True, **kw) == want
+        assert calls == [admitted]  # every prompt in the first step's one call
+    calls.clear()
+    tight = generate_batch(model, prompts, news, block_size=2, n_blocks=9, batch_prefill=True)
+    assert tight == want and len(calls) > 1  # preempted requests are prefilled again later
+    for kv_dtype in ("int8", "int4"):
+        assert generate_batch(model, prompts, news, kv_dtype=kv_dtype, batch_prefill=True) \
+            == generate_batch(model, prompts, news, kv_dtype=kv_dtype)
+    with pytest.raises(ValueError, match="batch_prefill=True needs"):
+        generate_batch(LM(lm_tiny("swa"), rng=np.random.default_rng(0)), [[1], [2, 3]], 1,
+                       kv="contiguous", batch_prefill=True)

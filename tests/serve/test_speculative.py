@@ -61,18 +61,18 @@ def test_bad_arguments():
         speculative_generate(target, other, [1], 3)
     with pytest.raises(ValueError, match="train --mtp"):
         speculative_generate(target, "mtp", [1], 3)
-    with pytest.raises(ValueError, match="a model or 'mtp'"):
+    with pytest.raises(ValueError, match="a model, 'mtp' or 'mtp:N'"):
         speculative_generate(target, "eagle", [1], 3)
     with pytest.raises(ValueError, match="needs rng"):
         speculative_generate(target, target, [1], 3, temperature=1.0)
     assert speculative_generate(target, target, [1], 0)[0] == []
 
 
-def _mtp_target(**kw):
+def _mtp_target(depth=1, **kw):
     from dataclasses import replace
 
     from scratchllm.specs import MTPSpec
-    cfg = replace(lm_tiny("dense", **kw), mtp=MTPSpec(1))
+    cfg = replace(lm_tiny("dense", **kw), mtp=MTPSpec(depth))
     return LM(cfg, rng=np.random.default_rng(0), dtype=np.float64)
 
 
@@ -101,23 +101,81 @@ def test_the_mtp_drafts_first_proposal_is_module_1_on_the_full_sequence():
     assert drafts[0] == int(np.argmax(logits[0, -1]))
 
 
-def test_sampled_mtp_speculation_follows_the_target():
-    """Prompt [1], three tokens, k = 1: the first comes from the target alone (no hidden state
-    yet), the second through an MTP proposal and the acceptance rule: their pair law is the
-    target's."""
-    target = _mtp_target(vocab_size=4)
+def _mtp_samples(depth, n_new, k, cells, draws, seed):
+    """A 4-token-vocabulary target with `depth` MTP modules made unlike it; over `draws` runs
+    of speculative_generate(target, "mtp", [1], n_new, k=k) at temperature 0.7, the counts
+    (4, 4) of ids[cells[0]], ids[cells[1]], the drafts proposed, and the target's law
+    p(next | ids) at that temperature."""
+    target = _mtp_target(depth=depth, vocab_size=4)
     for p in target.mtp.parameters():
         p.data = p.data * 3  # a draft clearly unlike the target
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(seed)
     counts, proposed = np.zeros((4, 4)), 0
-    for _ in range(300):
-        ids, stats = speculative_generate(target, "mtp", [1], 3, k=1, temperature=0.7,
+    for _ in range(draws):
+        ids, stats = speculative_generate(target, "mtp", [1], n_new, k=k, temperature=0.7,
                                           rng=rng)
-        counts[ids[0], ids[1]] += 1
+        counts[ids[cells[0]], ids[cells[1]]] += 1
         proposed += stats["proposed"]
 
     def law(ids):
         z = target.forward(np.array([ids]))[0][0, -1] / 0.7
         return np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    return counts, proposed, law
+
+
+def test_sampled_mtp_speculation_follows_the_target():
+    """Prompt [1], three tokens, k = 1: the first comes from the target alone (no hidden state
+    yet), the second through an MTP proposal and the acceptance rule: their pair law is the
+    target's."""
+    counts, proposed, law = _mtp_samples(1, 3, 1, (0, 1), 300, seed=7)
     exact = np.stack([law([1])[a] * law([1, a]) for a in range(4)]).ravel()
     assert proposed >= 300 and chisquare(counts.ravel(), exact * 300).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("draft,k", [("mtp", 2), ("mtp", 3), ("mtp", 5), ("mtp:2", 4)])
+def test_greedy_chained_mtp_drafting_equals_the_targets_greedy_output(draft, k):
+    target = _mtp_target(depth=3)
+    prompt = [3, 1, 4, 1, 5]
+    ids, stats = speculative_generate(target, draft, prompt, 13, k=k)
+    assert ids == list(generate_ids(target, prompt, 13, None, temperature=0.0))
+    assert stats["proposed"] > 0 and 0 <= stats["accepted"] <= stats["proposed"]
+
+
+def test_chained_mtp_drafts_are_modules_1_to_d_on_the_full_sequence():
+    """Module m's proposal at position L - 2 equals MTP.step m on the whole sequence from
+    position 0 (module m - 1's outputs and the tokens m places ahead, the drafts included),
+    its distribution to 1e-12, after two rounds of cached catch-up; past D, module D runs one
+    position further on its own output."""
+    from scratchllm.serve import MTPDraft
+    target = _mtp_target(depth=3)
+    tokens = [3, 1, 4, 1, 5, 9, 2]
+    h0 = target.forward(np.array([tokens[:-1]]))[1].last  # (1, L - 1, D)
+    draft = MTPDraft(target, 32)
+    draft.accepted(tokens[:4], h0[0, :3], 0)  # a first round saw 3 positions
+    draft.propose(tokens[:4], 3, 1.0, np.random.default_rng(0))
+    draft.accepted(tokens, h0[0, 3:], 3)  # the next round saw the rest
+    drafts, qs = draft.propose(tokens, 4, 1.0, np.random.default_rng(1))
+    ext, hs, L = tokens + drafts, [h0], len(tokens)
+    for m in (1, 2, 3):
+        h, logits, _ = target.mtp.step(target, m, hs[-1], np.array([ext[m:L - 1 + m]]))
+        hs.append(h)
+        z = logits[0, -1] - logits[0, -1].max()
+        np.testing.assert_allclose(qs[m - 1], np.exp(z) / np.exp(z).sum(), rtol=0, atol=1e-12)
+    # the fourth: module 3 at position L - 1 reading d_3 and its own output at L - 2
+    h_in = np.concatenate([hs[2], hs[3][:, -1:]], axis=1)  # (1, L, D)
+    _, logits, _ = target.mtp.step(target, 3, h_in, np.array([ext[3:L + 3]]))
+    z = logits[0, -1] - logits[0, -1].max()
+    np.testing.assert_allclose(qs[3], np.exp(z) / np.exp(z).sum(), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="depth must be 1 .. 3"):
+        MTPDraft(target, 32, depth=4)
+
+
+@pytest.mark.slow
+def test_sampled_chained_mtp_speculation_follows_the_target():
+    """Two MTP modules chained, k = 2, prompt [1], four tokens: the first from the target
+    alone, the next two proposed by modules 1 and 2 and kept by the acceptance rule: the law
+    of tokens 2 and 3 (summed over the first) is the target's."""
+    counts, proposed, law = _mtp_samples(2, 4, 2, (1, 2), 400, seed=8)
+    exact = sum(law([1])[a] * np.outer(law([1, a]), np.ones(4)) *
+                np.stack([law([1, a, b]) for b in range(4)]) for a in range(4)).ravel()
+    assert proposed >= 800 and chisquare(counts.ravel(), exact * 400).pvalue > 1e-3

@@ -36,3 +36,40 @@ def _leaves(tree):
     elif isinstance(tree, (tuple, list)):
         for t in tree:
             yield from _leaves(t)
+
+
+def _instances(tree, kind):
+    if isinstance(tree, kind):
+        yield tree
+    if isinstance(tree, (tuple, list)):
+        for t in tree:
+            yield from _instances(t, kind)
+
+
+def test_the_moe_router_stays_out_of_fp8():
+    """DeepSeek-V3 keeps its MoE gating in the original precision (sec. 3.3.1): inside
+    fp8_matmuls the router's logits are the float ones bit for bit while the same matmul
+    elsewhere is FP8, and an MoE model's FP8 forward has FP8 experts and float routers."""
+    from scratchllm.core import ops
+    from scratchllm.core.fp8 import FP8Spec, fp8_matmuls
+    from scratchllm.lm import LM
+    from scratchllm.moe.router import RouterCache, router_forward
+    from scratchllm.specs import RouterSpec
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 256)).astype(np.float32)  # two 128-channel tiles per row
+    w = rng.standard_normal((256, 8)).astype(np.float32)
+    spec = RouterSpec(n_experts=8, top_k=2, score="sigmoid")
+    plain, _ = router_forward(x, w, spec=spec)
+    with fp8_matmuls(FP8Spec()):
+        out, cache = router_forward(x, w, spec=spec)
+        y, lin = ops.linear_forward(x, w)
+    assert isinstance(lin, FP8LinearCache) and not np.array_equal(y, x @ w)
+    assert not isinstance(cache.linear, FP8LinearCache)
+    np.testing.assert_array_equal(out.logits, plain.logits)
+    np.testing.assert_array_equal(out.topk_idx, plain.topk_idx)
+    model = LM(lm_tiny("moe"), rng=np.random.default_rng(1))
+    with fp8_matmuls(FP8Spec()):
+        _, lm_cache = model.forward(rng.integers(0, model.cfg.vocab_size, (2, 8)))
+    routers = list(_instances(lm_cache, RouterCache))
+    assert routers and not any(isinstance(r.linear, FP8LinearCache) for r in routers)
+    assert any(True for _ in _leaves(lm_cache))  # the experts' and attention's linears are FP8

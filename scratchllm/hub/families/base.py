@@ -49,6 +49,9 @@ class Family:
                    writes the new names
     unused         prefixes of tensors a checkpoint may carry for heads the model does not
                    have (BertForPreTraining's pooler and next-sentence head): read past
+    mtp_layers(f, stored)  for a family whose from_hf sets mtp_depth: how many of those
+                   multi-token-prediction layers the checkpoint's tensors {name: (file,
+                   name)} hold (deepseek_mtp.py); None for the others
     """
     model_type: str
     architecture: str
@@ -62,6 +65,7 @@ class Family:
     tied_names: tuple = ("lm_head.weight",)
     renames: tuple = ()
     unused: tuple = ()
+    mtp_layers: Callable = None
 
 
 def fail_config(msg):
@@ -92,6 +96,7 @@ CAUSAL_LM.update(attention_chunk=None, nope_layers=None, moe_gate_input=False)  
 CAUSAL_LM.update(index_topk=None, shared_gate=False, attn_temperature=None,
                  rope_partial=1.0, attn_output_gate=False)  # DeepSeek-V3.2's, Qwen3-Next's
 CAUSAL_LM.update(rescale_every=0)  # RWKV's inference rescale
+CAUSAL_LM.update(mtp_depth=0)  # multi-token prediction: deepseek_v3's alone (deepseek_mtp.py)
 
 
 def write_pad_id(hf, f):
@@ -215,19 +220,27 @@ def decoder_entries(model, family, layer_names, experts=None):
     names a stacked expert Param (E, ...) one tensor per expert:
     model.layers.i.<prefix>.<e>.<tensor>.weight, transposed. ValueError for a Param of
     neither table."""
-    prefix, per_expert = experts or ("", {})
     out = []
     for name, p in model.named_parameters():
+        if name.startswith("mtp."):  # a family with MTP layers names them (deepseek_mtp.py)
+            continue
         if name in TOP_NAMES:
             out.append(Entry(TOP_NAMES[name][0], (name,), TOP_NAMES[name][1]))
             continue
         _, i, rest = name.split(".", 2)  # "layers", i, "mixer.wq"
-        layer = f"model.layers.{i}."
-        if rest in per_expert:
-            out += [Entry(f"{layer}{prefix}.{e}.{per_expert[rest]}.weight", (name,), True, e)
-                    for e in range(p.data.shape[0])]
-        elif rest in layer_names:
-            out.append(Entry(layer + layer_names[rest][0], (name,), layer_names[rest][1]))
-        else:
-            raise ValueError(f"hub: parameter {name!r} has no {family} tensor name")
+        out += layer_entries(f"model.layers.{i}.", name, rest, p, (layer_names, experts),
+                             family)
     return out
+
+
+def layer_entries(layer, name, rest, p, tables, family):
+    """[Entry] of Param p (library name `name`) of a decoder layer whose HF names start with
+    `layer` ("model.layers.3."): rest its name inside the layer, tables (layer_names,
+    experts) as decoder_entries takes them. ValueError for a Param of neither table."""
+    layer_names, (prefix, per_expert) = tables[0], tables[1] or ("", {})
+    if rest in per_expert:
+        return [Entry(f"{layer}{prefix}.{e}.{per_expert[rest]}.weight", (name,), True, e)
+                for e in range(p.data.shape[0])]
+    if rest in layer_names:
+        return [Entry(layer + layer_names[rest][0], (name,), layer_names[rest][1])]
+    raise ValueError(f"hub: parameter {name!r} has no {family} tensor name")

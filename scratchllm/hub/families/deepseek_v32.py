@@ -61,7 +61,8 @@ def _from_hf(hf):
     if mlp != ["dense"] * k + ["sparse"] * (L - k):
         fail_config(f"mlp_layer_types = {mlp!r} is not implemented for deepseek_v32 (only "
                     f"dense layers first, then sparse ones)")
-    flat = DEEPSEEK_V3.from_hf({**hf, "rope_interleave": True, "first_k_dense_replace": k})
+    flat = DEEPSEEK_V3.from_hf({**hf, "rope_interleave": True, "first_k_dense_replace": k,
+                                "num_nextn_predict_layers": 0})  # no MTP layers here
     return dict(flat, name="deepseek_v32", index_topk=hf["index_topk"],
                 index_n_heads=hf["index_n_heads"], index_head_dim=hf["index_head_dim"])
 

@@ -13,7 +13,8 @@ from the library's pairs (attention/gqa.py, attention/mla.py, moe/layer.py, moe/
                  moe_intermediate_size experts: sigmoid scores, e_score_correction_bias added
                  for the choice only, group-limited (n_group, topk_group), norm_topk_prob,
                  routed_scaling_factor, and n_shared_experts shared experts, one SwiGLU of
-                 n_shared_experts * moe_intermediate_size      (DeepSeek-AI 2024, arXiv 2412.19437)
+                 n_shared_experts * moe_intermediate_size      (DeepSeek-AI 2024, arXiv 2412.19437);
+                 num_nextn_predict_layers MTP layers after the trunk (deepseek_mtp.py)
 
 Training-only knobs. These configs have no field for the library's balance loss, z-loss or
 aux-loss-free bias update (balance_coef, z_coef, bias_gamma; Mixtral's router_aux_loss_coef
@@ -60,6 +61,7 @@ from scratchllm.hub.families.base import (DECODER_FIELDS, LAYER_NAMES, Family, d
                                           differences, fail_config, head_dim, layer_kinds, only,
                                           over, refuse, require, rope_of, rope_parameters,
                                           write_pad_id)
+from scratchllm.hub.families.deepseek_mtp import mtp_entries, mtp_layers
 from scratchllm.hub.layout import Entry
 
 _MIXTRAL = dict(rms_norm_eps=1e-5, tie_word_embeddings=False, head_dim=None,
@@ -72,7 +74,7 @@ _DEEPSEEK = dict(rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embe
                  q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128,
                  n_group=8, topk_group=4, num_experts_per_tok=8, first_k_dense_replace=3,
                  norm_topk_prob=True, rope_interleave=True, attention_bias=False,
-                 hidden_act="silu")
+                 hidden_act="silu", num_nextn_predict_layers=1)
 # HF's DeepseekV3RMSNorm(q_lora_rank) and (kv_lora_rank) keep their default eps, whatever
 # rms_norm_eps says: the library's MLA norms take it as mla_norm_eps.
 MLA_NORM_EPS = 1e-6
@@ -197,7 +199,8 @@ def _deepseek_from_hf(hf):
         first_k_dense=hf["first_k_dense_replace"] or 0, n_experts=hf["n_routed_experts"],
         n_shared=hf["n_shared_experts"], score="sigmoid", n_group=hf["n_group"] or 1,
         topk_group=hf["topk_group"] or 1, norm_topk_prob=bool(hf["norm_topk_prob"]),
-        routed_scaling_factor=float(hf["routed_scaling_factor"]))
+        routed_scaling_factor=float(hf["routed_scaling_factor"]),
+        mtp_depth=hf["num_nextn_predict_layers"] or 0)  # those held: deepseek_mtp.mtp_layers
 
 
 def _deepseek_to_hf(f, dtype_name, base=None):
@@ -212,15 +215,17 @@ def _deepseek_to_hf(f, dtype_name, base=None):
               first_k_dense_replace=f.first_k_dense, n_routed_experts=f.n_experts,
               n_shared_experts=f.n_shared, n_group=f.n_group, topk_group=f.topk_group,
               norm_topk_prob=f.norm_topk_prob, routed_scaling_factor=f.routed_scaling_factor,
-              num_nextn_predict_layers=0)  # the library has no multi-token-prediction layers
+              num_nextn_predict_layers=f.mtp_depth)  # MTP layers: deepseek_mtp.py
     return hf
 
 
-def deepseek_check(needs, family):
+def deepseek_check(needs, family, mtp=False):
     """The check of a DeepSeek family: `needs`, every layer attention, and a shared expert
-    (HF always has one)."""
+    (HF always has one); with mtp, any number of MTP layers (deepseek_mtp.py)."""
     def check(f):
         differ = moe_differences(f, needs)
+        if mtp:
+            differ.pop("mtp_depth", None)
         if f.n_group == 1:  # without groups the group score plays no part
             differ.pop("group_top", None)
         if f.n_shared < 1:
@@ -233,7 +238,9 @@ def _deepseek_names(model, f):
     """Every Param, and each MoE layer's selection bias (a buffer: e_score_correction_bias)."""
     out = decoder_entries(model, "deepseek_v3", DEEPSEEK_LAYER, DEEPSEEK_EXPERTS)
     return out + [Entry(f"model.layers.{name.split('.')[1]}.{_BIAS}", (name,), False,
-                        buffer=True) for name, _ in model.named_buffers()]
+                        buffer=True) for name, _ in model.named_buffers()
+                  if name.startswith("layers.")] + mtp_entries(
+        model, f, DEEPSEEK_LAYER, DEEPSEEK_EXPERTS, _BIAS)  # deepseek_mtp.py
 
 
 def _deepseek_claims(f):
@@ -246,4 +253,5 @@ def _deepseek_claims(f):
 
 DEEPSEEK_V3 = Family("deepseek_v3", "DeepseekV3ForCausalLM", _deepseek_from_hf,
                      _deepseek_to_hf, _deepseek_claims,
-                     deepseek_check(_DEEPSEEK_NEEDS, "deepseek_v3"), _deepseek_names)
+                     deepseek_check(_DEEPSEEK_NEEDS, "deepseek_v3", mtp=True), _deepseek_names,
+                     mtp_layers=mtp_layers)

@@ -1,0 +1,251 @@
+"""Expert parallelism inside the model (GShard, Lepikhin et al. 2020, arXiv:2006.16668;
+DeepSeek-V3, arXiv:2412.19437 §3.4): the E experts of every MoE layer split over the P ranks of
+an expert-parallel group, rank r owning experts r E/P .. (r+1) E/P - 1; every other weight
+(attention, norms, routers, shared experts, embedding, head) is replicated.
+
+The ranks of the group see the same data (their data-parallel slice, whole), so each runs the
+replicated parts on every token, routes every token (the same choices, capacity drops and aux
+losses as one process) and takes 1/P of the kept slots to dispatch:
+
+    slots (M rows, sorted by expert)  ->  rank r's contiguous 1/P of them (a split: no message;
+                                          its backward an all-gather of the rows' gradients)
+        ->  dispatch all-to-all -> the owners' experts -> combine all-to-all
+            (expert_parallel_forward: train/expert_parallel.py)
+        ->  every rank's outputs on every rank (an all-gather; its backward keeps rank r's
+            rows of the replicated gradient: a split, no message)
+
+Both split/gather pairs are Megatron's for a replicated region next to a split one: the
+gradient arriving from replicated work is the same on every rank, so the gather's backward
+takes its slice instead of reduce-scattering P equal copies. The experts' weight gradients stay
+with their owner, summed over every rank's rows; the replicated Params' gradients are whole
+on every rank. Checkpoints hold the whole model (parallel_slices.py).
+
+The balance loss of an MoE layer is computed per data shard (each rank's micro-batch, as
+each device computes it in Switch and GShard); balance_loss_across_forward is the option that
+computes it over every data-parallel rank's tokens together (`train --balance-across-ranks`):
+the routed counts and the probability sums all-reduced first. A batch can be balanced as a
+whole while each micro-batch sends its tokens to a few experts: only the per-shard loss sees
+(and penalises) that, and per-shard imbalance is what overflows an expert's capacity on a device.
+
+Glossary: M kept slots, D width, E experts, P ranks, F expert width, BT tokens, N every rank's
+tokens.
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+from scratchllm.core.validate import expect_dout, expect_float, expect_shape
+from scratchllm.dist import all_gather_forward, all_reduce_backward, all_reduce_forward
+from scratchllm.lm import LM
+from scratchllm.moe import MoE
+from scratchllm.moe.layer import moe_forward
+from scratchllm.moe.losses import (balance_loss_backward, balance_loss_forward,
+                                   check_balance_inputs)
+from scratchllm.specs import MoESpec
+from scratchllm.train.expert_parallel import expert_parallel_backward, expert_parallel_forward
+from scratchllm.train.parallel_slices import SlicedLM
+
+EXPERT_PARAMS = ("w1", "w3", "w2")  # the SwiGLU experts' stacks, split along E (axis 0)
+
+
+def check_expert_parallel(cfg, P):
+    """ValueError naming what of cfg expert parallelism over P ranks does not cover: top-k
+    MoE layers of SwiGLU experts (no Switch layer), E a multiple of P; at least one. (MTP
+    modules' experts stay whole on every rank.)"""
+    bad, moe = [], 0
+    for i, spec in enumerate(cfg.layers):
+        f = spec.ffn
+        if not isinstance(f, MoESpec):
+            continue
+        moe += 1
+        if f.expert_capacity is not None or f.experts.kind != "swiglu":
+            bad.append(f"layer {i}'s MoE (top-k SwiGLU experts only, not "
+                       f"{'Switch' if f.expert_capacity is not None else f.experts.kind!r})")
+        elif f.router.n_experts % P:
+            bad.append(f"layer {i}'s {f.router.n_experts} experts (not a multiple of {P})")
+    if not moe:
+        bad.append("dense FFNs (no MoE layer: there are no experts to split)")
+    if bad:
+        raise ValueError(f"--ep {P}: expert parallelism does not cover {cfg.name}'s "
+                         f"{'; '.join(bad)}")
+
+
+class ExpertShard:
+    """moe_forward's experts= hook for one MoE Module over an expert-parallel group: its Params
+    w1, w3 (E/P, D, F), w2 (E/P, F, D) are this rank's experts."""
+
+    def __init__(self, module, group):
+        self.module, self.group = module, group
+
+    def check(self, fn, x, w):
+        """x (..., D) float; w_router (D, E) with E = P x the E/P experts of w1, w3, w2.
+        Returns (x as (BT, D), E, F)."""
+        expect_float(fn, "x", x, 1)
+        D, P = x.shape[-1], self.group.size
+        expect_shape(fn, "w_router", w.w_router, (D, None), f"(D, E) with D = {D}")
+        E = w.w_router.shape[1]
+        expect_shape(fn, "w1", w.w1, (E // P, D, None),
+                     f"(E/P, D, F): this rank's {E // P} of {E} experts on {P} ranks")
+        expect_shape(fn, "w3", w.w3, w.w1.shape, "(E/P, D, F), like w1")
+        expect_shape(fn, "w2", w.w2, (E // P, w.w1.shape[2], D), "(E/P, F, D), matching w1")
+        return x.reshape(-1, D), E, w.w1.shape[2]
+
+    def _rows(self, M):
+        """(rows of each rank, this rank's lo, hi) of M slots cut into P contiguous runs."""
+        counts = [len(c) for c in np.array_split(np.arange(M), self.group.size)]
+        lo = sum(counts[:self.group.rank])
+        return counts, lo, lo + counts[self.group.rank]
+
+    def forward(self, xs, bounds):
+        """xs (M, D), every kept slot's input sorted by expert with bounds (E+1,) -> (ys (M, D)
+        on every rank, cache)."""
+        counts, lo, hi = self._rows(len(xs))
+        mine = np.clip(np.asarray(bounds) - lo, 0, hi - lo)  # (E+1,) edges inside lo..hi
+        m = self.module
+        ys, c = expert_parallel_forward(xs[lo:hi], mine, m.w1.data, m.w3.data, m.w2.data,
+                                        group=self.group)  # fwd: split, experts on the owners
+        ys, _ = all_gather_forward(ys, group=self.group, counts=counts)  # fwd: gather
+        return ys, (c, counts, lo, hi)
+
+    def backward(self, dys, cache):
+        """dys (M, D), the same on every rank -> {"xs": dxs (M, D) on every rank, "w1", "w3",
+        "w2": this rank's experts' gradients over every rank's rows}."""
+        c, counts, lo, hi = cache
+        g = expert_parallel_backward(dys[lo:hi], c)  # fwd: gather (backward: keep my rows)
+        dxs, _ = all_gather_forward(g.pop("xs"), group=self.group, counts=counts)  # fwd: split
+        return dict(g, xs=dxs)
+
+
+class ExpertParallelLM(SlicedLM, LM):
+    """This rank's share of an LM of cfg over an expert-parallel group: E/P experts of each MoE
+    layer, every other weight whole. Built from the one-process model of the seed and cut, so
+    it starts from the same weights; loss, loss_backward and cross_entropy as LM's (the same
+    values on every rank of the group)."""
+
+    def __init__(self, cfg, group, *, rng, dtype=np.float32):
+        check_expert_parallel(cfg, group.size)
+        super().__init__(cfg, rng=rng, dtype=dtype)
+        self.group = group
+        for name, p in self.named_parameters():
+            if self.split_axis(name) is not None:
+                p.data = np.ascontiguousarray(self._slice(name, p.data))
+                p.grad = np.zeros_like(p.data)
+        for layer in self.layers:
+            if isinstance(layer.ffn, MoE):
+                self._hook(layer.ffn)
+
+    def split_axis(self, name):
+        """0 for an MoE layer's expert stacks (layers.i.ffn.w1/w3/w2), else None."""
+        layer, _, param = name.rpartition(".")
+        if param in EXPERT_PARAMS and layer.endswith("ffn") and layer.startswith("layers."):
+            return 0 if isinstance(self.layers[int(layer.split(".")[1])].ffn, MoE) else None
+        return None
+
+    def _hook(self, ffn):
+        shard = ExpertShard(ffn, self.group)
+
+        set_moe_hooks(ffn, experts=shard)
+
+    def replica(self):
+        raise ValueError("expert parallel: one data shard per rank (no --threads above 1)")
+
+
+def set_moe_hooks(ffn, **hooks):
+    """ffn.forward (an MoEFFN's) becomes moe_forward with the given hooks (experts=,
+    balance=) and those it had (an instance attribute: the Module and its Params unchanged)."""
+    ffn.moe_hooks = dict(getattr(ffn, "moe_hooks", {}), **hooks)
+
+    def forward(x):  # MoEFFN.forward with the hooks
+        out, cache = moe_forward(x, ffn.weights(), spec=ffn.spec,
+                                 selection_bias=ffn.selection_bias, **ffn.moe_hooks)
+        return out.y, cache
+
+    ffn.forward = forward
+
+
+# ---------------------------------------------------------------------------- balance loss
+class AcrossCache(NamedTuple):
+    f: np.ndarray  # (E,) routed share over every rank's slots, a constant
+    BT: int        # this rank's tokens
+    N: int         # every rank's tokens
+    sums: tuple    # the probability sums' all-reduce cache
+
+
+def balance_loss_across_forward(probs, topk_idx, *, group):
+    """The Switch balance loss of every rank's tokens together, the same value on every rank:
+    L = E sum_i f_i P_i, f_i = (slots routed to expert i on every rank) / (every rank's BT k),
+    a constant; P_i = S_i / N, S_i = sum over every rank's tokens of p_ni (an all-reduce), N
+    every rank's tokens. On one rank it is balance_loss_forward.
+
+    Inputs: probs (BT, E), topk_idx (BT, K) ints in [0, E) of this rank's tokens.
+    Returns: (L 0-d array, AcrossCache).
+    """
+    check_balance_inputs("balance_loss_across", probs, topk_idx)
+    BT, E = probs.shape
+    counts = np.concatenate([np.bincount(topk_idx.ravel(), minlength=E), [BT, topk_idx.size]])
+    counts, _ = all_reduce_forward(counts.astype(np.float64), group=group)  # constants
+    S, c_sum = all_reduce_forward(probs.sum(axis=0), group=group)  # fwd: (E,) over ranks
+    N = int(counts[E])
+    f = (counts[:E] / max(counts[E + 1], 1)).astype(probs.dtype)  # (E,)
+    loss = E * np.dot(f, S) / max(N, 1)
+    return np.asarray(loss, probs.dtype), AcrossCache(f, BT, N, c_sum)
+
+
+def balance_loss_across_backward(dloss, cache):
+    """Each rank's copy of L enters its own rank's loss (weighted by dloss_r there), so the
+    whole loss's derivative is sum_r dloss_r dL: with dL/dS_i = E f_i / N on every rank, the
+    all-reduce pair's backward (an all-reduce) sums it, and dp_ni = dS_i for every one of this
+    rank's tokens n (S_i sums them).
+    Reference: Switch Transformer (arXiv 2101.03961) eq. (4), its f and P over the group."""
+    f, BT, N, c_sum = cache
+    expect_dout("balance_loss_across_backward", dloss, (), f.dtype, name="dloss")
+    E = f.shape[0]
+    dS = np.asarray(dloss, f.dtype) * (E / max(N, 1)) * f  # (E,)  fwd: L = E f . S / N
+    dS = all_reduce_backward(dS, c_sum)["x"]  # fwd: S = sum over the ranks
+    return {"probs": np.broadcast_to(dS, (BT, E)).copy()}  # fwd: S_i = sum_n p_ni
+
+
+class BalanceAcross:
+    """moe_forward's balance= hook: while .on, the balance loss over every rank of group's
+    tokens (balance_loss_across_forward); off, this rank's own (balance_loss_forward), so a
+    forward outside training (evaluation: ranks take different numbers of batches) sends
+    nothing."""
+
+    def __init__(self, group):
+        self.group, self.on = group, False
+
+    def forward(self, probs, topk_idx):
+        if not self.on:
+            return balance_loss_forward(probs, topk_idx)
+        return balance_loss_across_forward(probs, topk_idx, group=self.group)
+
+    def backward(self, dloss, cache):
+        if isinstance(cache, AcrossCache):
+            return balance_loss_across_backward(dloss, cache)
+        return balance_loss_backward(dloss, cache)
+
+
+def balance_across(model, group):
+    """Every top-k MoE layer of model takes its balance loss over the tokens of every rank of
+    group in model.loss (the training step's forward); returns the bytes of the all-reduces
+    that adds per step ([counts, sums, their gradient] per layer: the communication model's)."""
+    hook, sizes = BalanceAcross(group), []
+    for layer in model.layers:
+        if isinstance(layer.ffn, MoE):
+            set_moe_hooks(layer.ffn, balance=hook)
+            E = layer.ffn.spec.router.n_experts
+            sizes += [8 * (E + 2), E * model.dtype.itemsize, E * model.dtype.itemsize]
+    if not sizes:
+        raise ValueError("--balance-across-ranks: the model has no top-k MoE layer (no balance "
+                         "loss to compute across ranks)")
+    loss = model.loss
+
+    def loss_across(*args, **kwargs):
+        hook.on = True
+        try:
+            return loss(*args, **kwargs)
+        finally:
+            hook.on = False
+
+    model.loss = loss_across
+    return sizes

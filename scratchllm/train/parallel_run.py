@@ -1,0 +1,160 @@
+"""The parallel plumbing of a training Run (trainer.py) on a rank grid (dist.RankGrid): which
+model a rank builds, the ZeRO and pipeline wrappers, the rows of the global batch it takes,
+the communication model, and the whole-model views of its checkpoints.
+
+    axis   the model a rank builds                         its gradients
+    dp     the whole LM, the rank's rows of the batch      all-reduced over dp (trainer.py)
+    tp     MegatronLM: heads, SwiGLU units, vocab split    replicated ones whole on each rank
+    pp     PipelineStage: its blocks only run              all-reduced over dp per stage
+    cp     ContextParallelLM: its zig-zag chunks of T      summed over cp inside the backward
+    ep     ExpertParallelLM: E/P experts per MoE layer     the experts' on their owner
+Every rank draws the same global batch and keeps its data-parallel slice (np.array_split over
+the dp ranks); the other axes see that slice whole.
+"""
+import numpy as np
+
+from scratchllm.dist import Group, ShardedModel, ZeroAdamW, bytes_per_step
+from scratchllm.train.megatron import MegatronLM, check_tensor_parallel
+from scratchllm.train.parallel_context import ContextParallelLM, check_context_parallel
+from scratchllm.train.parallel_moe import (ExpertParallelLM, balance_across,
+                                          check_expert_parallel)
+from scratchllm.train.pipeline import PipelineStage
+
+SPLIT_MODELS = {"tp": MegatronLM, "cp": ContextParallelLM, "ep": ExpertParallelLM}
+
+
+def check_combination(sizes, threads, zero, model=None):
+    """ValueError naming a combination this version does not train: sizes {axis: ranks} of
+    tp, pp, cp, ep; threads: data shards per rank; zero: the ZeRO stage; model: one given to
+    the Run (a split axis builds its own)."""
+    on = [a for a in ("tp", "pp", "cp", "ep") if sizes.get(a, 1) > 1]
+    flags = ", ".join(f"--{a} {sizes[a]}" for a in on)
+    if len(on) > 1 and on != ["tp", "pp"]:
+        raise ValueError(f"{flags}: one of --tp, --pp, --cp, --ep at a time (each works with "
+                         f"--dp; --tp also with --pp)")
+    if on and threads > 1:
+        raise ValueError(f"{flags}: one data shard per rank (got --threads {threads}; use "
+                         f"--threads 1)")
+    if on and zero > 1:
+        raise ValueError(f"--zero {zero} with {flags}: ZeRO-1 shards the optimizer over the "
+                         f"data-parallel ranks of a split model or a pipeline stage; ZeRO-2/3 "
+                         f"(per-block gradients and weights) only with --dp, for now")
+    if on and model is not None:
+        raise ValueError(f"{flags}: the run builds its own slice of the model (no model=)")
+
+
+def check_split(cfg, shape, seq_len):
+    """ValueError naming what of cfg the split model of each axis above one rank of shape (a
+    GridShape) does not cover (seq_len: the tokens per sequence, for the zig-zag split); the
+    same checks the models make, callable before any work."""
+    if shape.tp > 1:
+        check_tensor_parallel(cfg, shape.tp)
+    if shape.cp > 1:
+        check_context_parallel(cfg, shape.cp, seq_len)
+    if shape.ep > 1:
+        check_expert_parallel(cfg, shape.ep)
+
+
+def parallel_model(cfg, settings, dtype, grid, model=None, zero=0, sequence=False):
+    """(world, the dp group, {axis: group or None (size 1)}, the model to train: `model`, a
+    split model of the one axis above one rank, or None for a fresh LM)."""
+    world = Group.single() if grid is None else grid.world
+    dp = Group.single() if grid is None else grid.groups["dp"]
+    axes = {a: None if grid is None or getattr(grid.shape, a) == 1 else grid.groups[a]
+            for a in ("tp", "pp", "cp", "ep")}
+    check_combination({a: 1 if g is None else g.size for a, g in axes.items()},
+                      settings.threads, zero, model)
+    if sequence and axes["pp"] is not None:
+        raise ValueError("--sequence-parallel with --pp: the stages pass whole (B, T, D) "
+                         "activations; use --tp with --pp without it")
+    rng = np.random.default_rng(settings.seed)
+    for axis, kind in SPLIT_MODELS.items():
+        if axes[axis] is not None:
+            extra = {"sequence": sequence} if axis == "tp" else {}
+            model = kind(cfg, axes[axis], rng=rng, dtype=dtype, **extra)
+    return world, dp, axes, model
+
+
+def attach_parallel(run, axes, zero, pipeline):
+    """The pipeline stage, ZeRO's optimizer and hooks, this rank's rows of the global batch
+    and the communication model, set on `run` (its model and AdamW built)."""
+    s, group = run.s, run.group
+    pp = axes["pp"]
+    run.stage = None if pp is None else PipelineStage(run.model, pp, pipeline[1] or pp.size,
+                                                      pipeline[0])
+    run.shards = None  # ZeRO-2/3's hooks
+    if zero:  # (a stage's ranks share its Params' optimizer slots only)
+        only = None if run.stage is None else run.stage.opt_indices(run.opt)
+        run.opt = ZeroAdamW(run.opt, group, stage=zero, only=only)
+    if zero >= 2:
+        if s.threads > 1:
+            raise ValueError(f"--zero {zero} reduce-scatters each block's gradients inside "
+                             f"the backward of one data shard per rank; --threads "
+                             f"{s.threads} is not supported with it (use --threads 1)")
+        run.shards = ShardedModel(run.model, run.opt.owners(), group, zero)
+    run.balance_bytes = []  # the across-ranks balance loss's all-reduces (their bytes)
+    if s.balance_across:
+        if s.threads > 1:
+            raise ValueError(f"--balance-across-ranks sums the balance loss's statistics over "
+                             f"the data-parallel ranks, not threads: use --threads 1 (got "
+                             f"{s.threads})")
+        run.balance_bytes = balance_across(run.model, group)
+    if s.batch_size < group.size:
+        raise ValueError(f"--batch-size {s.batch_size} is smaller than the {group.size} "
+                         f"data-parallel ranks (each needs a sequence)")
+    run.rows = np.array_split(np.arange(s.batch_size), group.size)[
+        group.rank]  # this rank's contiguous slice of the global batch
+    run.comm_model = comm_model(run, zero)
+
+
+def comm_model(run, zero):
+    """{'[axis ]collective': bytes} this rank sends per step: predicted."""
+    s, model = run.s, run.model
+    moe = [layer.ffn for layer in model.layers if hasattr(layer.ffn, "update_bias")]
+    reduced = model.parameters() if run.stage is None else run.stage.params
+    out = bytes_per_step([p.data.nbytes for p in reduced], run.group.size, zero=zero,
+                         small=[8 * f.spec.router.n_experts for f in moe] + run.balance_bytes,
+                         rank=run.group.rank)
+    if run.shards is not None:
+        out.update(run.shards.bytes_per_step())
+    for axis in ("tp", "cp"):  # the split model's own collectives, per step (a stage's)
+        if getattr(run, axis) is not None:
+            part = {"stage": run.stage} if axis == "tp" else {}
+            out.update({f"{axis} {op}": n for op, n in model.bytes_per_step(
+                len(run.rows), s.seq_len, **part).items()})
+    if run.stage is not None:
+        out["pp send"] = run.stage.bytes_per_step(len(run.rows), s.seq_len)
+    # the floats summed per step (Group.sum_scalar): the loss over the data-parallel ranks
+    # (and ZeRO-2/3's gradient norm), the norm over a split model's group, the loss over
+    # the context-parallel ranks, the loss and the norm over the stages
+    scalars = {"": (run.group, 1 + (run.shards is not None)), "tp ": (run.tp, 1),
+               "ep ": (run.ep, 1), "cp ": (run.cp, 1), "pp ": (run.stage and run.stage.group, 2)}
+    for axis, (group, n) in scalars.items():
+        if group is not None and group.size > 1:
+            out[f"{axis}sum_scalar"] = n * group.scalar_bytes()
+    return out
+
+
+def sent(run):
+    """Bytes this rank has sent over its data-, tensor-, context-, expert- and pipeline-
+    parallel groups."""
+    groups = [run.group] + [g for g in (run.tp, run.cp, run.ep) if g is not None]
+    if run.stage is not None:  # its sends, and its group's collectives (the sums)
+        return sum(g.total_sent() for g in groups + [run.stage.group]) + run.stage.sent
+    return sum(g.total_sent() for g in groups)
+
+
+def opt_names(run):
+    """The Param name of each optimizer slot (AdamW's m.i / v.i)."""
+    names = {id(p): n for n, p in run.model.named_parameters()}
+    return [names[id(p)] for p in getattr(run.opt, "opt", run.opt).params]  # (ZeroAdamW's)
+
+
+def load_sliced(run, whole):
+    """Keep this rank's slices in `run` of `whole`, a one-process Run of the same config that
+    loaded the checkpoint (checkpoints hold the whole model: parallel_slices.py)."""
+    run.model.load_full({n: p.data for n, p in whole.model.named_parameters()})
+    run.opt.load_state_dict(run.model.slice_state(opt_names(run), whole.opt.state_dict()))
+    run.rng.bit_generator.state = whole.rng.bit_generator.state
+    run.step, run.losses, run.evals = whole.step, whole.losses, whole.evals
+    whole.dp.close()
