@@ -11,9 +11,10 @@ experts: a loop over the experts hit, CPU), same weights, float32, batch-1 greed
              tensors)
     qwen3_moe  Qwen3-MoE's options (QK-norm, explicit head_dim, softmax router, top-8 of 64
              fine-grained experts renormalised, no shared expert) at ~235M parameters: D 512,
-             L 8, H 8, Hkv 2, head_dim 64, experts of F 256, V 32000: prefill 256 tokens,
-             decode tokens/s after them (median over 32 tokens), and bench_hub.py's
-             fine-tune step (B 4 x T 128, AdamW, clipping; tokens/s)
+             L 8, H 8, Hkv 2, head_dim 64, experts of F 256, V 32000: prefill 256 tokens
+             (median of 3, each on a fresh cache), decode tokens/s after them (median over
+             32 tokens), and bench_hub.py's fine-tune step (B 4 x T 128, AdamW,
+             clipping; tokens/s)
     load     load_pretrained / AutoModelForCausalLM.from_pretrained, seconds
     RSS      ru_maxrss of each process
 
@@ -53,6 +54,7 @@ MODELS = {
 PROMPT = {"mixtral": 16, "dsv3": 2048, "qwen3_moe": 256}
 NEW = {"mixtral": 32, "dsv3": 16, "qwen3_moe": 32}
 FINETUNE = ("qwen3_moe",)  # the models with a fine-tune row
+PREFILLS = {"qwen3_moe": 3}  # timed prefills, each on a fresh state (median); default 1
 
 
 def make_checkpoint(name, directory):
@@ -75,10 +77,13 @@ def worker_numpy(name, directory):
     model = load_pretrained(directory)
     load = time.perf_counter() - t0
     ids = np.random.default_rng(0).integers(0, model.cfg.vocab_size, (1, PROMPT[name]))
-    state = model.init_state(1, PROMPT[name] + NEW[name])
-    t = time.perf_counter()
-    logits = model.prefill(ids, state)[:, -1]  # (1, V)
-    prefill = time.perf_counter() - t
+    times = []
+    for _ in range(PREFILLS.get(name, 1)):
+        state = model.init_state(1, PROMPT[name] + NEW[name])
+        t = time.perf_counter()
+        logits = model.prefill(ids, state)[:, -1]  # (1, V)
+        times.append(time.perf_counter() - t)
+    prefill = _median(times)
     steps = []
     for pos in range(PROMPT[name], PROMPT[name] + NEW[name]):
         t = time.perf_counter()
@@ -105,9 +110,12 @@ def worker_torch(name, directory):
     ids = torch.randint(0, model.config.vocab_size, (1, PROMPT[name]), generator=g)
     steps = []
     with torch.no_grad():
-        t = time.perf_counter()
-        out = model(ids, use_cache=True)
-        prefill = time.perf_counter() - t
+        times = []
+        for _ in range(PREFILLS.get(name, 1)):
+            t = time.perf_counter()
+            out = model(ids, use_cache=True)
+            times.append(time.perf_counter() - t)
+        prefill = _median(times)
         cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
         for _ in range(NEW[name]):
             t = time.perf_counter()
