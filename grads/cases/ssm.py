@@ -1,5 +1,5 @@
 """Gradient-check cases of scratchllm.ssm: the LTI pieces (zoh, kernel, FFT convolution),
-S4D, the selective scan, SSD, Mamba (with Jamba's inner norms), Mamba-2, the associative
+S4D, the selective scan, SSD, Mamba (on either scan, with Jamba's inner norms), Mamba-2, the associative
 scan (Blelloch) with the selective scan on it, and S4's Cauchy kernel."""
 import numpy as np
 
@@ -102,18 +102,22 @@ def mamba(rng):
     from scratchllm.ssm import (MambaWeights, causal_conv1d_backward, causal_conv1d_forward,
                                 mamba_backward, mamba_forward)
     batch, T, width, Di, N, R, K = 2, 7, 5, 10, 3, 2, 4
-    block = check(mamba_forward, mamba_backward, rng=rng, label="block",
-                  spec=MambaSpec(N, K, Di // width, R), x=rng.standard_normal((batch, T, width)),
-                  w=MambaWeights(W_in=rng.normal(0, 0.5, (width, 2 * Di)),
-                                 conv_w=rng.normal(0, 0.5, (Di, K)), conv_b=rng.normal(0, 0.1, Di),
-                                 W_x=rng.normal(0, 0.5, (Di, R + 2 * N)),
-                                 W_dt=rng.normal(0, 0.5, (R, Di)), b_dt=rng.normal(-1, 0.5, Di),
-                                 A_log=rng.normal(0, 0.5, (Di, N)), D=rng.standard_normal(Di),
-                                 W_out=rng.normal(0, 0.5, (Di, width))))
+
+    def weights():
+        return MambaWeights(W_in=rng.normal(0, 0.5, (width, 2 * Di)),
+                            conv_w=rng.normal(0, 0.5, (Di, K)), conv_b=rng.normal(0, 0.1, Di),
+                            W_x=rng.normal(0, 0.5, (Di, R + 2 * N)),
+                            W_dt=rng.normal(0, 0.5, (R, Di)), b_dt=rng.normal(-1, 0.5, Di),
+                            A_log=rng.normal(0, 0.5, (Di, N)), D=rng.standard_normal(Di),
+                            W_out=rng.normal(0, 0.5, (Di, width)))
+    blocks = [check(mamba_forward, mamba_backward, rng=rng, label=f"block, {scan} scan",
+                    spec=MambaSpec(N, K, Di // width, R, scan=scan),
+                    x=rng.standard_normal((batch, T, width)), w=weights())
+              for scan in ("sequential", "associative")]
     conv = check(causal_conv1d_forward, causal_conv1d_backward, rng=rng, label="causal conv1d",
                  x=rng.standard_normal((batch, T, 3)), w=rng.standard_normal((3, K)),
                  b=rng.standard_normal(3))
-    return [block, conv]
+    return blocks + [conv]
 
 
 @case

@@ -25,7 +25,8 @@ from .masks import (attention_sink_mask, block_sparse_mask, causal_mask, chunked
                     mask_array, padding_mask, sliding_window_mask)
 from .mla import MLA, mla_backward, mla_decode, mla_decode_ref, mla_forward, mla_softmax_scale
 from .mla_projection import MLAProjection, MLAWeights, mla_project_backward, mla_project_forward
-from .nsa import compress_matrix, nsa_backward, nsa_forward, nsa_forward_ref, nsa_indices
+from .nsa import (compress_matrix, nsa_backward, nsa_forward, nsa_forward_ref, nsa_indices,
+                  selection_weights)
 from .nsa_mlp import (CompressWeights, NSAWeights, nsa_compress_backward, nsa_compress_forward,
                       nsa_mlp_backward, nsa_mlp_forward, nsa_mlp_forward_ref)
 from .positions import (alibi_bias, alibi_slopes, relative_bias_backward, relative_bias_forward,
@@ -43,6 +44,7 @@ from .sdpa_softmax import softmax_scores_, softmax_scores_backward_
 
 __all__ = [
     "compress_matrix", "nsa_backward", "nsa_forward", "nsa_forward_ref", "nsa_indices",
+    "selection_weights",
     "CompressWeights", "NSAWeights", "nsa_compress_backward", "nsa_compress_forward",
     "nsa_mlp_backward", "nsa_mlp_forward", "nsa_mlp_forward_ref",
     "bigbird_mask", "document_mask", "document_positions", "fixed_mask", "mask_receptive_field",

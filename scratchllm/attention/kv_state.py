@@ -43,9 +43,10 @@ def begin_step(fn, state, position):
     the tokens the row holds)."""
     if np.ndim(position) == 0:
         expect_integer(fn, "position", position, 0)
-        if np.ndim(state.n_seen) or position != state.n_seen:
-            raise ValueError(f"{fn}: position={position}, but the state holds {state.n_seen} "
-                             f"tokens: the next token is at position {state.n_seen}")
+        seen = state.n_seen  # (computed once: this runs in every layer of every step)
+        if np.ndim(seen) or position != seen:
+            raise ValueError(f"{fn}: position={position}, but the state holds {seen} "
+                             f"tokens: the next token is at position {seen}")
         return position
     if not hasattr(state, "lengths"):
         raise ValueError(f"{fn}: this {type(state).__name__} keeps one length for all rows; "
@@ -102,12 +103,15 @@ class _Rows:
             return None
         return (np.arange(self.length) < self.lengths[:, None])[:, None, None, :]
 
-    def _slots(self, t):
-        """(rows (B, 1), slots (B, t)): where each row's next t tokens go."""
-        if self.lengths.max() + t > self.max_len:
-            raise ValueError(f"{type(self).__name__} is full: it holds {self.length} of max_len="
+    def _check_room(self, longest, t):
+        if longest + t > self.max_len:
+            raise ValueError(f"{type(self).__name__} is full: it holds {longest} of max_len="
                              f"{self.max_len} tokens and cannot take {t} more; allocate it "
                              f"with a larger max_len or use RollingKVState")
+
+    def _slots(self, t):
+        """(rows (B, 1), slots (B, t)): where each row's next t tokens go."""
+        self._check_room(self.length, t)
         return np.arange(len(self.lengths))[:, None], self.lengths[:, None] + np.arange(t)
 
 
@@ -141,12 +145,13 @@ class KVState(_Rows):
         expect_shape("KVState.append", "k", k, self.k.shape[:2] + (None, self.k.shape[3]),
                      "(B, Hkv, t, Dh) of this state")
         expect_shape("KVState.append", "v", v, k.shape, "like k")
-        t = k.shape[2]
-        rows, slots = self._slots(t)  # (B, 1), (B, t)
-        if np.ndim(self.n_seen) == 0:  # the rows in step: one slice
-            self.k[:, :, self.length:self.length + t] = k
-            self.v[:, :, self.length:self.length + t] = v
+        t, seen = k.shape[2], self.n_seen
+        if np.ndim(seen) == 0:  # the rows in step: one slice
+            self._check_room(seen, t)
+            self.k[:, :, seen:seen + t] = k
+            self.v[:, :, seen:seen + t] = v
         else:  # each row after its own tokens: (B, t, Hkv, Dh) in the indexed order
+            rows, slots = self._slots(t)  # (B, 1), (B, t)
             self.k[rows, :, slots] = k.transpose(0, 2, 1, 3)
             self.v[rows, :, slots] = v.transpose(0, 2, 1, 3)
         self.lengths += t

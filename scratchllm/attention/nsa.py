@@ -19,12 +19,17 @@ Backward: dg_c = σ'(g_c) <do, o_c>, do_c = σ(g_c) do; each branch's own backwa
 (topk_sparse_attention_backward, sdpa_backward); the compression's K̃ = C k (C[j, jl+i] = φ_i)
 gives dk += Cᵀ dK̃ and dφ_i = Σ_j <dK̃_j, k_{jl+i}> (and the same for v).
 
-Overlapping compression blocks (the paper's stride d < l, §3.3.1: K̃_j from the l tokens from
-j d on, nb = (T − l) // d + 1 of them, visible once they have ended) take `stride`; the
-selection blocks stay the l-token blocks j l .. j l + l − 1, and a selection block's importance
-sums the compressed blocks' probabilities weighted by the share of their tokens inside it
-(M[i, j] = |[i d, i d + l) ∩ [j l, j l + l)| / l; the identity at d = l). nsa_mlp.py has the
-paper's MLP compressor on these blocks.
+Overlapping compression blocks (the paper's stride d < l, §3.3.1: K̃_i from the l tokens from
+i d on, nb = (T − l) // d + 1 of them, visible once they have ended) take `stride` (d must
+divide l); the selection blocks stay the l-token blocks j l .. j l + l − 1 (the paper's
+l' = l), and a selection block's importance is the paper's eq. 9 (§3.3.2) with r = l' / d = l / d:
+    p_slc[j] = Σ_{m=0}^{r−1} Σ_{n=0}^{r−1} p_cmp[r j − m − n]     (indices below 0 dropped)
+that is p_slc = p_cmp M with M[i, j] = #{(m, n) : r j − m − n = i} = min(k + 1, 2r − 1 − k)
+for k = r j − i in 0 .. 2r − 2 (selection_weights); the identity at d = l. As printed, the sum
+runs over the compressed blocks that start at or before selection block j: block r j lies
+inside it, blocks r j − k with 0 < k < r straddle its start, and those with k >= r end before
+it. Every one of them has ended when block j has, so no query sees a later block through it.
+nsa_mlp.py has the paper's MLP compressor on these blocks.
 
 Glossary: B batch, H query heads, Hkv KV heads, T time, Dh head dim, l block, d stride of the
 compression blocks, nb compressed blocks, n selected blocks per query, w window.
@@ -87,12 +92,16 @@ def cmp_mask(T, block, stride=None):
     return ends[None, :] <= np.arange(T)[:, None]  # (T, nb)
 
 
-def _overlap(T, block, stride):
-    """M (nb, T // l): the share of compression block i's tokens inside selection block j."""
-    starts = block_starts(T, block, stride)[:, None]  # (nb, 1)
-    j = np.arange(T // block)[None, :] * block  # (1, T // l) selection block starts
-    inter = np.minimum(starts + block, j + block) - np.maximum(starts, j)  # (nb, T // l)
-    return np.maximum(inter, 0) / block
+def selection_weights(T, block, stride):
+    """M (nb, T // l): the paper's eq. 9 as a matrix, p_slc = p_cmp M, for compression blocks of
+    l = block tokens at stride d and selection blocks of l tokens (r = l / d, d must divide l):
+    M[i, j] = #{(m, n) : 0 <= m, n < r, r j − m − n = i} (the module docstring)."""
+    if block % stride:
+        raise ValueError(f"selection_weights: stride={stride} must divide block={block} (the "
+                         f"paper's eq. 9 sums l / d compressed blocks per selection block)")
+    r, nb = block // stride, len(block_starts(T, block, stride))
+    k = r * np.arange(T // block)[None, :] - np.arange(nb)[:, None]  # (nb, T // l): r j − i
+    return np.where((k >= 0) & (k <= 2 * r - 2), np.minimum(k + 1, 2 * r - 1 - k), 0)
 
 
 def nsa_indices(q, k_cmp, block, n_select, window, stride=None):
@@ -100,10 +109,14 @@ def nsa_indices(q, k_cmp, block, n_select, window, stride=None):
 
     Importance of block j for query t: Σ_h softmax over the visible compressed blocks of
     q_t · K̃_j / √Dh (the compressed branch's attention, §3.3.2), mapped onto the l-token
-    selection blocks by the overlap shares when the compression blocks overlap (stride d < l).
+    selection blocks by eq. 9 (selection_weights) when the compression blocks overlap
+    (stride d < l; d must divide l).
     Query t keeps its own block and the n − 1 most important complete blocks before it
     (fewer when fewer exist).
     """
+    if stride is not None and block % stride:
+        raise ValueError(f"nsa_indices: stride={stride} must divide block={block} (the "
+                         f"selection's eq. 9)")
     B, H, T, Dh = q.shape
     G = H // k_cmp.shape[1]
     vis = cmp_mask(T, block, stride)  # (T, nb)
@@ -111,7 +124,7 @@ def nsa_indices(q, k_cmp, block, n_select, window, stride=None):
     p = softmax_forward(np.where(vis, s, -np.inf))[0]  # (B, H, T, nb)
     p = np.nan_to_num(p).sum(axis=1)  # (B, T, nb) importance, summed over heads
     if stride is not None and stride != block:
-        p = p @ _overlap(T, block, stride)  # (B, T, T // l) per selection block
+        p = p @ selection_weights(T, block, stride)  # (B, T, T // l) eq. 9
         vis = cmp_mask(T, block)  # (T, T // l) the selection blocks that have ended
     nb = p.shape[-1]
     t = np.arange(T)

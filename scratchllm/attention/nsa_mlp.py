@@ -5,7 +5,8 @@ intra-block position encoding,
     φ(X) = gelu(vec(X + E) W1 + b1) W2 + b2,    X, E (l, Dh),  vec: (l, Dh) -> (l·Dh,)
 one φ for the keys and one for the values, shared by the heads. nsa_mlp_forward runs NSA's
 three gated branches (nsa.py: compressed, selected, sliding window) on these tokens, the
-selection ranking the l-token blocks by the overlap-weighted compressed attention.
+selection ranking the l-token blocks by the compressed attention summed as the paper's eq. 9
+(nsa.py's selection_weights).
 
 Backward: φ is core's gelu_mlp pair (linear, gelu, linear); dE = Σ over blocks of dX; the
 blocks overlap when d < l, so dk_s = Σ over the blocks that hold token s of their row for s

@@ -61,7 +61,8 @@ def build_parser():
     p.add_argument("--steps", type=int_at_least(1), default=100, help="steps per preset (100)")
     p.add_argument("--batch-size", type=int_at_least(1), default=16)
     p.add_argument("--seq-len", type=int_at_least(1), default=128)
-    p.add_argument("--lr", type=LR, default=Settings.lr)
+    p.add_argument("--lr", type=LR, default=8e-3, help="peak learning rate (8e-3: 100 steps "
+                   "of 16 sequences, as compare's table in README was measured)")
     p.add_argument("--out", default="runs/compare",
                    help="directory for the plot (token cache in OUT/../cache)")
     p.add_argument("--no-progress", action="store_true")

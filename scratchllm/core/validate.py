@@ -12,7 +12,8 @@ def expect_shape(fn, name, array, shape, hint=""):
     """
     _expect_array(fn, name, array)
     got = array.shape
-    fits = len(got) == len(shape) and all(s is None or s == g for s, g in zip(shape, got))
+    fits = got == shape or (len(got) == len(shape) and  # equal: no per-axis walk
+                            all(s is None or s == g for s, g in zip(shape, got)))
     if not fits:
         want = "(" + ", ".join("*" if s is None else str(s) for s in shape)
         want += ",)" if len(shape) == 1 else ")"
@@ -37,7 +38,7 @@ def _expect_array(fn, name, array):
 def expect_float(fn, name, array, min_ndim=0):
     """Raise TypeError unless `array` is a floating-point ndarray (ValueError unless it has at
     least `min_ndim` axes: a 0-d array has no feature axis to index)."""
-    if not isinstance(array, np.ndarray) or not np.issubdtype(array.dtype, np.floating):
+    if not isinstance(array, np.ndarray) or array.dtype.kind != "f":  # np.floating's kind
         got = array.dtype if isinstance(array, np.ndarray) else type(array).__name__
         raise TypeError(f"{fn}: {name} must be a float array, got {got}")
     if array.ndim < min_ndim:
@@ -47,14 +48,14 @@ def expect_float(fn, name, array, min_ndim=0):
 
 def expect_inexact(fn, name, array):
     """Raise TypeError unless `array` is a float or complex ndarray (complex SSM arrays)."""
-    if not isinstance(array, np.ndarray) or not np.issubdtype(array.dtype, np.inexact):
+    if not isinstance(array, np.ndarray) or array.dtype.kind not in "fc":  # np.inexact
         got = array.dtype if isinstance(array, np.ndarray) else type(array).__name__
         raise TypeError(f"{fn}: {name} must be a float or complex array, got {got}")
 
 
 def expect_int(fn, name, array):
     """Raise TypeError unless `array` is an ndarray of integers (ids, positions, indices)."""
-    if not isinstance(array, np.ndarray) or not np.issubdtype(array.dtype, np.integer):
+    if not isinstance(array, np.ndarray) or array.dtype.kind not in "iu":  # np.integer
         got = array.dtype if isinstance(array, np.ndarray) else type(array).__name__
         raise TypeError(f"{fn}: {name} must be an integer array, got {got}")
 
@@ -210,7 +211,7 @@ def common_float(*items):
     (dtype('float64'), dtype('float64'))
     """
     floats = [a for item in items for a in _leaves(item)
-              if isinstance(a, np.ndarray) and np.issubdtype(a.dtype, np.floating)]
+              if isinstance(a, np.ndarray) and a.dtype.kind == "f"]
     if not floats:
         return items
     dtype = np.result_type(*floats)
@@ -224,6 +225,6 @@ def _leaves(item):
 def _cast(item, dtype):
     if isinstance(item, tuple) and hasattr(item, "_fields"):
         return type(item)(*(_cast(a, dtype) for a in item))
-    if isinstance(item, np.ndarray) and np.issubdtype(item.dtype, np.floating):
+    if isinstance(item, np.ndarray) and item.dtype.kind == "f":
         return item.astype(dtype, copy=False)
     return item

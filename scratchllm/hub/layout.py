@@ -90,3 +90,13 @@ def from_hf(e, array, arrays):
         array = array.reshape(array.shape[:-1] + (e.groups, -1))
     for a, piece in zip(parts, np.split(array, np.cumsum(widths)[:-1], axis=-1)):
         a[...] = piece.reshape(a.shape)
+
+
+def whole_target(e, arrays):
+    """The one library array (or expert slice) that Entry e's HF tensor is, element for
+    element in the same order (no concatenation, transpose, axis, reshape, scale or groups),
+    so a loader may read the tensor straight into it; None when it must go through from_hf."""
+    if len(e.lib) != 1 or e.transpose or e.unsqueeze is not None or e.reshape is not None \
+            or e.scale != 1.0 or e.groups is not None:
+        return None
+    return _pieces(e, arrays)[0]

@@ -28,7 +28,8 @@ from safetensors.numpy import save_file
 
 from scratchllm.core.atomic import atomic_write, write_text
 from scratchllm.hub.families.modules import ModuleFamily
-from scratchllm.hub.layout import from_hf, hf_shape, to_hf
+from scratchllm.hub.layout import from_hf, hf_shape, to_hf, whole_target
+from scratchllm.hub.mapped import MappedSafetensors
 from scratchllm.hub.registry import (config_from_flat, family_for, family_named, flat_of,
                                      module_family_for)
 from scratchllm.lm import LM
@@ -97,27 +98,35 @@ def _canonical(name, family):
 
 
 def _load_into(path, stored, by_hf, arrays):
-    """Read every wanted tensor into the model's arrays, one shard open at a time; stored maps
-    a name to (file, the name inside the file). LOAD_THREADS threads: one reads a tensor while
-    another transposes the last (safetensors and NumPy's copies release the GIL)."""
+    """Read every wanted tensor into the model's arrays, one shard open (memory-mapped) at a
+    time; stored maps a name to (file, the name inside the file). LOAD_THREADS threads: one
+    reads a tensor while another transposes the last (reads and NumPy's copies release the
+    GIL)."""
     by_file = {}
     for name in by_hf:
         by_file.setdefault(stored[name][0], []).append(name)
     for file, names in by_file.items():
-        with safe_open(file, framework="np") as f, ThreadPoolExecutor(LOAD_THREADS) as pool:
-            list(pool.map(lambda n: _place(path, by_hf[n], f.get_tensor(stored[n][1]), arrays),
-                          names))
+        with MappedSafetensors(file) as f, ThreadPoolExecutor(LOAD_THREADS) as pool:
+            list(pool.map(lambda n: _place(path, by_hf[n], f, stored[n][1], arrays), names))
 
 
-def _place(path, e, array, arrays):
-    """Check an HF tensor's shape against its library arrays and write it into them in place
-    (layout.from_hf: transposed, split, squeezed or an expert's slice, cast to their dtype; an
-    MoE expert is one slice of its stacked array, so threads write disjoint memory)."""
+def _place(path, e, f, name, arrays):
+    """Check an HF tensor's shape against its library arrays and write it into them in place:
+    read straight into the array when it is the tensor as stored (same dtype and order), else
+    through the map (layout.from_hf: transposed, split, squeezed or an expert's slice, cast to
+    their dtype), whose pages are then dropped. No tensor is copied twice; an MoE expert is
+    one slice of its stacked array, so threads write disjoint memory."""
+    dtype, shape = f.dtype_shape(name)
     want = hf_shape(e, arrays)
-    if array.shape != want:
-        raise ValueError(f"load_pretrained: {path}: tensor {e.hf!r} has shape {array.shape}, "
+    if shape != want:
+        raise ValueError(f"load_pretrained: {path}: tensor {e.hf!r} has shape {shape}, "
                          f"expected {want} from config.json")
-    from_hf(e, array, arrays)
+    target = whole_target(e, arrays)
+    if target is not None and target.dtype == dtype and target.flags.c_contiguous:
+        f.read_into(name, target)
+        return
+    from_hf(e, f.view(name), arrays)
+    f.release(name)
 
 
 def _check_names(path, f, stored, expected, tied=("lm_head.weight",), unused=()):

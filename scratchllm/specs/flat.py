@@ -92,6 +92,7 @@ class Flat:
     norm_topk_prob: bool = True
     routed_scaling_factor: float = 1.0
     mamba_inner_norms: bool = False
+    mamba_scan: str = "sequential"
     dt_rank: int = None
     head_dim: int = None
     qkv_bias: bool = False
@@ -153,6 +154,7 @@ RENAMED = {  # (spec, field) -> the flat name that sets it, where the two differ
     ("RouterSpec", "bias"): "router_bias",
     ("ExpertsSpec", "kind"): "experts", ("ExpertsSpec", "alpha"): "swiglu_alpha",
     ("ExpertsSpec", "limit"): "swiglu_limit", ("MambaSpec", "inner_norms"): "mamba_inner_norms",
+    ("MambaSpec", "scan"): "mamba_scan",
     ("NormSpec", "kind"): "norm", ("NormSpec", "eps"): "norm_eps",
     ("NormSpec", "offset"): "norm_offset", ("LayerSpec", "placement"): "block",
     ("HeadSpec", "transform"): "mlm_head",
@@ -315,7 +317,7 @@ def _mixer(f, i, kind):
                                  f.gdn_v_head_dim, f.d_conv, f.norm_eps)
     if kind == "M":
         return MambaSpec(f.d_state, f.d_conv, f.expand, f.dt_rank, f.mamba_inner_norms,
-                         f.norm_eps)
+                         f.norm_eps, f.mamba_scan)
     mask, rope = _attention_layer(f, i)
     if f.attention == "mla":
         indexer = None if f.index_topk is None else IndexerSpec(

@@ -13,13 +13,16 @@ from scratchllm.specs._check import fail, flag, one_of, positive_int, real
 class MambaSpec:
     """A Mamba (S6) block (Gu & Dao 2023, arXiv 2312.00752): d_state N, d_conv K, expand
     (Di = expand D), dt_rank R (None = ceil(D / 16)); inner_norms: Jamba's RMSNorms on dt, B
-    and C, with norm_eps."""
+    and C, with norm_eps; scan: how the selective scan runs, "sequential" (the time loop,
+    ssm/scan.py) or "associative" (Blelloch's parallel scan, ssm/assoc_scan.py: the same
+    outputs and gradients, O(log T) depth, the (B, T, Di, N) states held for the backward)."""
     d_state: int = 16
     d_conv: int = 4
     expand: int = 2
     dt_rank: int = None
     inner_norms: bool = False
     norm_eps: float = 1e-6
+    scan: str = "sequential"
 
     def __post_init__(self):
         for name in ("d_state", "d_conv", "expand"):
@@ -27,6 +30,7 @@ class MambaSpec:
         positive_int(self, "dt_rank", none_ok=True)
         flag(self, "inner_norms")
         real(self, "norm_eps", 0, open_low=True)
+        one_of(self, "scan", ("sequential", "associative"))
 
     def rank(self, d_model):
         return self.dt_rank or math.ceil(d_model / 16)

@@ -92,8 +92,8 @@ class MLASpec:
 @dataclass(frozen=True)
 class NSASpec:
     """Native sparse attention's sizes (Yuan et al. 2025, arXiv 2502.11089 §3): block l (the
-    compression and the selection blocks), stride d of the compression blocks (d <= l; None =
-    l, no overlap; the paper uses l = 32, d = 16), n_select blocks per query (its own
+    compression and the selection blocks), stride d of the compression blocks (d divides l;
+    None = l, no overlap; the paper uses l = 32, d = 16), n_select blocks per query (its own
     included), window w of the sliding branch."""
     block: int = 32
     stride: int = None
@@ -108,3 +108,6 @@ class NSASpec:
         if self.stride is not None and self.stride > self.block:
             fail(self, f"stride={self.stride} must be at most block={self.block} (overlapping "
                        f"or adjacent compression blocks)", "stride")
+        if self.stride is not None and self.block % self.stride:
+            fail(self, f"stride={self.stride} must divide block={self.block} (the selection's "
+                       f"eq. 9 sums block / stride compressed blocks)", "stride")

@@ -79,7 +79,7 @@ def _mixer_fields(cfg):
         if isinstance(m, Mamba2Spec):
             out["ssm_groups"] = m.n_groups
         if isinstance(m, MambaSpec):
-            out.update(dt_rank=m.dt_rank, mamba_inner_norms=m.inner_norms)
+            out.update(dt_rank=m.dt_rank, mamba_inner_norms=m.inner_norms, mamba_scan=m.scan)
         if isinstance(m, GatedDeltaNetSpec):
             out.update(gdn_k_heads=m.n_k_heads, gdn_v_heads=m.n_v_heads,
                        gdn_k_head_dim=m.k_head_dim, gdn_v_head_dim=m.v_head_dim,

@@ -13,7 +13,9 @@ Decoding keeps a MambaState (conv: the last K-1 values of xi, ssm: h (B, Di, N))
 Jamba (arXiv 2403.19887; huggingface/transformers modeling_jamba.py JambaMambaMixer) adds
 the three inner RMSNorms, with gains dt_norm (R,), B_norm (N,), C_norm (N,).
 The sizes and options come from one MambaSpec (scratchllm.specs: d_state, d_conv, expand,
-dt_rank, inner_norms, norm_eps); the arrays of one block travel as one MambaWeights.
+dt_rank, inner_norms, norm_eps, scan); spec.scan = "associative" runs the selective scan as
+Blelloch's parallel scan (assoc_scan.py: work O(T) combines, depth O(log T)) in place of the
+time loop, with the same y and gradients; the arrays of one block travel as one MambaWeights.
 
 Glossary: B batch, T time, D model width, Di = expand·D inner width (scan channels), N state
 size, R dt rank (spec.dt_rank, default ceil(D/16)), K conv kernel (4).
@@ -29,10 +31,13 @@ from scratchllm.core.ops import (InputCache, LinearCache, linear_backward, linea
 from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_instance,
                                       expect_ndim, expect_shape)
 from scratchllm.specs import MambaSpec
+from scratchllm.ssm.assoc_scan import (SelectiveAssocCache, selective_scan_assoc_backward,
+                                       selective_scan_assoc_forward)
 from scratchllm.ssm.scan import (ScanCache, selective_scan_backward, selective_scan_forward,
                                  selective_scan_step)
 
 INNER_NORMS = ("dt_norm", "B_norm", "C_norm")  # Jamba's, on dt_low, Bm, Cm
+_SCANS = {"sequential": selective_scan_forward, "associative": selective_scan_assoc_forward}
 
 
 # ---------------------------------------------------------------------------- causal conv1d
@@ -108,7 +113,7 @@ class MambaCache(NamedTuple):
     proj_x: LinearCache
     proj_dt: LinearCache
     soft: InputCache
-    scan: ScanCache
+    scan: ScanCache  # or SelectiveAssocCache (spec.scan = "associative")
     gate: InputCache
     proj_out: LinearCache
     y: np.ndarray
@@ -167,9 +172,10 @@ def mamba_forward(x, w, *, spec):
              W_x (Di, R+2N); W_dt (R, Di); b_dt (Di,); A_log (Di, N); D (Di,); W_out (Di, D);
              Jamba's inner RMSNorm gains dt_norm (R,), B_norm (N,), C_norm (N,) iff
              spec.inner_norms (epsilon spec.norm_eps); spec: MambaSpec (Di = expand D,
-             N = d_state, K = d_conv, R = rank(D)).
-    Returns: out (B, T, D).  Cache: the children's caches (MambaCache); the scan's holds
-             only its inputs, never the (B, T, Di, N) states.
+             N = d_state, K = d_conv, R = rank(D); scan picks the selective scan).
+    Returns: out (B, T, D).  Cache: the children's caches (MambaCache); the sequential
+             scan's holds only its inputs, the associative scan's also the (B, T, Di, N)
+             states.
     """
     x, w = common_float(x, w)
     expect_ndim("mamba", "x", x, 3, "(B, T, D)")
@@ -182,7 +188,7 @@ def mamba_forward(x, w, *, spec):
     dt, proj_dt = linear_forward(dt_low, w.W_dt, w.b_dt)  # (B, T, Di)
     delta, soft = softplus_forward(dt)  # (B, T, Di)
     A = -np.exp(w.A_log)  # (Di, N)
-    y, scan = selective_scan_forward(u, delta, A, Bm, Cm, w.D)  # (B, T, Di)
+    y, scan = _SCANS[spec.scan](u, delta, A, Bm, Cm, w.D)  # (B, T, Di)
     silu_z, gate = silu_forward(xz[..., Di:])  # (B, T, Di)
     out, proj_out = linear_forward(y * silu_z, w.W_out)  # (B, T, D)
     return out, MambaCache(proj_in, conv, act, proj_x, proj_dt, soft, scan, gate, proj_out,
@@ -190,8 +196,9 @@ def mamba_forward(x, w, *, spec):
 
 
 def mamba_backward(dout, cache):
-    """The forward in reverse, through the pairs' backwards (the scan's is the adjoint scan;
-    Jamba's inner norms go through rmsnorm_backward).
+    """The forward in reverse, through the pairs' backwards (the scan's is the adjoint scan,
+    sequential or associative as the forward's was; Jamba's inner norms go through
+    rmsnorm_backward).
 
     Returns: {"x": dx (B, T, D), "w": MambaWeights of the gradients (None for absent norms)}.
     """
@@ -201,7 +208,9 @@ def mamba_backward(dout, cache):
     g_out = linear_backward(dout, proj_out)  # fwd: out = (y * silu(z)) @ W_out
     dgated = g_out["x"]  # (B, T, Di)
     dz = silu_backward(dgated * y, gate)["x"]  # fwd: silu_z = silu(z)
-    g_scan = selective_scan_backward(dgated * silu_z, scan)  # fwd: y = scan(u, Δ, A, B, C, D)
+    scan_backward = (selective_scan_assoc_backward if isinstance(scan, SelectiveAssocCache)
+                     else selective_scan_backward)
+    g_scan = scan_backward(dgated * silu_z, scan)  # fwd: y = scan(u, Δ, A, B, C, D)
     ddt = softplus_backward(g_scan["delta"], soft)["x"]  # fwd: Δ = softplus(dt)
     g_dt = linear_backward(ddt, proj_dt)  # fwd: dt = dt_low @ W_dt + b_dt
     parts, norm_grads = (g_dt["x"], g_scan["B"], g_scan["C"]), {}

@@ -20,6 +20,8 @@ tokens; ends = end offset of each pre-token; (a, b) -> (rank, new id) = the merg
 """
 import numpy as np
 import numba as nb
+from numba import types
+from numba.extending import overload
 
 from . import nbcache
 from .fast_bpe import LONG, _bpe, _bpe_long
@@ -216,10 +218,28 @@ def encode_pieces(kind, cls, data, segments, byte_ids, table, cache, max_cached=
                           cache, int(max_cached))
 
 
+def _next_end(kind, data, cls, i, n):
+    """End offset of the pre-token starting at i for scanner `kind`, a compile-time constant
+    inside _encode_pieces: GPT-2's kind compiles GPT-2's scanner alone (the other scanners
+    of fast_scan.py cost it seconds of compilation on a fresh clone)."""
+    raise NotImplementedError("_next_end runs inside Numba kernels only")
+
+
+@overload(_next_end)
+def _next_end_kind(kind, data, cls, i, n):
+    if not isinstance(kind, types.IntegerLiteral):
+        return None
+    if kind.literal_value == GPT2:
+        return lambda kind, data, cls, i, n: _next_pretoken(data, cls, i, n)
+    return lambda kind, data, cls, i, n: next_pretoken(kind, data, cls, i, n)
+
+
 @nb.njit(cache=True)
 def _encode_pieces(kind, data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news, cache,
                    max_cached):
-    """The kernel of encode_pieces (inputs checked there)."""
+    """The kernel of encode_pieces (inputs checked there); one specialisation per scanner
+    kind (the default path compiles GPT-2's scanner alone)."""
+    nb.literally(kind)
     n = data.shape[0]
     out = np.empty(n + seg_ends.shape[0], dtype=np.int32)   # (N + K,) at most one id per byte
     parts = np.empty(64, dtype=np.int64)                    # (L,) work arrays of _bpe, grown
@@ -234,10 +254,7 @@ def _encode_pieces(kind, data, seg_ends, seg_special, cls, byte_ids, keys, ranks
             continue
         stop = seg_ends[k]
         while i < stop:
-            if kind == GPT2:
-                e = _next_pretoken(data, cls, i, stop)
-            else:
-                e = next_pretoken(kind, data, cls, i, stop)
+            e = _next_end(kind, data, cls, i, stop)
             if LONG >= e - i > parts.shape[0]:                  # long ones: _bpe_long
                 parts = np.empty(2 * (e - i), dtype=np.int64)  # (L,)
                 prank = np.empty(2 * (e - i), dtype=np.int64)  # (L,)

@@ -219,7 +219,8 @@ class Tokenizer:
             parts = [self._encode_array(c, allowed_re).astype(dtype) for c in chunks]
         else:
             if self._fast:
-                self._char_table()                   # build the table once, before the fork
+                self._char_table()                   # build the table once, before the fork,
+                self._encode_array("a 1.", None)     # and compile the kernel once, not per worker
             with Pool(workers, initializer=_init_worker,
                       initargs=(self, dtype, allowed)) as pool:
                 parts = list(bounded_map(pool, _encode_chunk, chunks, 2 * workers))

@@ -106,7 +106,8 @@ def count_pretokens(input, special_tokens=(), pattern="gpt2", workers=None):
         for part in map(job, chunks):
             total.update(part)
         return total
-    fast.char_classes()                      # build the table once, before the fork
+    fast.char_classes()                      # build the table once, before the fork,
+    job("a 1.")                              # and compile the kernels once, not per worker
     with Pool(workers) as pool:
         for part in bounded_map(pool, job, chunks, 2 * workers):
             total.update(part)

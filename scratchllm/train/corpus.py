@@ -17,6 +17,7 @@ Glossary: B batch, T context length, V vocabulary.
 """
 import hashlib
 import json
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -28,33 +29,50 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 DEFAULT_CORPUS = DATA_DIR / "python-docs.txt"
 
 
-def prepare(text_path, vocab_size, cache_dir):
+def prepare(text_path, vocab_size, cache_dir, clock=None):
     """Train a byte-level BPE tokenizer on `text_path` and encode it, cached in `cache_dir`
-    under a key of (text hash, vocab size), so a second run skips both.
+    under a key of (text hash, vocab size), so a second run skips both. clock: a
+    core.compiling.PhaseClock to time the two ("BPE training", "encoding"), or None.
 
     Returns: (tokenizer, ids (n_tokens,) int32, cache directory of this key).
     """
     text_path = Path(text_path)
-    if not text_path.is_file():
-        raise FileNotFoundError(f"corpus.prepare: data file {str(text_path)!r} does not exist")
-    raw = text_path.read_bytes()
-    key = f"{hashlib.sha256(raw).hexdigest()[:16]}-v{vocab_size}"
-    where = Path(cache_dir) / key
+    where = _cache_of(text_path, vocab_size, cache_dir)
     ids_path = where / "ids.npy"
-    if ids_path.is_file() and (where / "DONE").is_file():
+    if is_prepared(text_path, vocab_size, cache_dir):
         return Tokenizer.load(str(where / TOKENIZER_FILE)), np.load(ids_path), where
     if vocab_size < 257:
         raise ValueError(f"corpus.prepare: vocab_size must be >= 257 (256 bytes + {EOT}), "
                          f"got {vocab_size}")
     where.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(where)
-    vocab, merges = train_bpe(str(text_path), vocab_size, special_tokens=[EOT])
+    with _phase(clock, "BPE training"):
+        vocab, merges = train_bpe(str(text_path), vocab_size, special_tokens=[EOT])
     tok = Tokenizer(vocab, merges, special_tokens=[EOT])
     atomic_write(where / TOKENIZER_FILE, lambda tmp: tok.save(str(tmp)))
-    ids = tok.encode_file(str(text_path), allowed_special={EOT}).astype(np.int32)  # (n_tokens,)
+    with _phase(clock, "encoding"):
+        ids = tok.encode_file(str(text_path), allowed_special={EOT}).astype(np.int32)  # (N,)
     atomic_write(ids_path, lambda tmp: _save_npy(tmp, ids))
     write_bytes(where / "DONE", json.dumps({"source": str(text_path)}).encode())
     return tok, ids, where
+
+
+def _cache_of(text_path, vocab_size, cache_dir):
+    """The cache directory of (text hash, vocab size)."""
+    if not Path(text_path).is_file():
+        raise FileNotFoundError(f"corpus.prepare: data file {str(text_path)!r} does not exist")
+    key = f"{hashlib.sha256(Path(text_path).read_bytes()).hexdigest()[:16]}-v{vocab_size}"
+    return Path(cache_dir) / key
+
+
+def is_prepared(text_path, vocab_size, cache_dir):
+    """Whether prepare(text_path, vocab_size, cache_dir) would only read its cache."""
+    where = _cache_of(text_path, vocab_size, cache_dir)
+    return (where / "ids.npy").is_file() and (where / "DONE").is_file()
+
+
+def _phase(clock, name):
+    return nullcontext() if clock is None else clock.phase(name)
 
 
 def _save_npy(path, array):

@@ -41,14 +41,15 @@ from scratchllm.train.parallel_run import attach_parallel, parallel_model
 @dataclass
 class Settings:
     """How to train (not what): everything here may change on --resume except where noted."""
-    steps: int = 600           # total optimizer steps
-    batch_size: int = 16       # sequences per step
+    steps: int = 1200          # total optimizer steps
+    batch_size: int = 8        # sequences per step
     seq_len: int = 128         # tokens per sequence (context length while training)
-    lr: float = 8e-3           # peak learning rate (after warmup), cosine down to lr / 10
+    lr: float = 5e-3           # peak learning rate (after warmup), cosine down to lr * final_lr
+    final_lr: float = 0.1      # the lr at the last step, as a fraction of the peak
     warmup: int = 30           # linear warmup steps
     weight_decay: float = 0.1  # AdamW decoupled decay on matrices (not norms, not biases)
     clip: float = 1.0          # global gradient-norm clip
-    eval_every: int = 100      # validation every N steps (and at the end)
+    eval_every: int = 200      # validation every N steps (and at the end)
     eval_tokens: int = 65536   # validation tokens per evaluation (at most; the same set)
     seed: int = 0              # weight init and batch order
     threads: int = min(2, os.cpu_count() or 1)  # data-parallel batch shards, one thread each
@@ -109,9 +110,9 @@ class Run:
     def __init__(self, cfg, settings, dtype=np.float32, model=None, grid=None, zero=0,
                  sequence=False, pipeline=("1f1b", 0)):
         """model: an LM of cfg to train (e.g. a loaded checkpoint); default a fresh one.
-        grid: the dist.RankGrid of an MPI run (data parallel over grid.groups["dp"]); None for
-        one process. zero: the ZeRO stage over the data-parallel ranks: 1 shards AdamW's
-        state, 2 the gradients too, 3 the weights too (dist/zero.py, dist/zero_layers.py).
+        grid: the dist.RankGrid of an MPI run (data parallel over grid.groups["dp"]), or None.
+        zero: the ZeRO stage over the data-parallel ranks: 1 shards AdamW's state, 2 the
+        gradients too, 3 the weights too (dist/zero.py, dist/zero_layers.py).
         With grid.shape.tp > 1 the model is this rank's MegatronLM slice (megatron.py);
         sequence: sequence parallelism inside it. With grid.shape.pp > 1 this rank runs its
         stage of the blocks (pipeline.py); pipeline: (schedule, micro-batches; 0: one per
@@ -132,8 +133,7 @@ class Run:
         # times slower on a loaded machine)
         set_blas_threads(1)
         self.dp = DataParallel(self.model, settings.threads)
-        self.rng = np.random.default_rng([settings.seed, 1])
-        self.step = 0
+        self.rng, self.step = np.random.default_rng([settings.seed, 1]), 0
         self.data = None   # the text file trained on (recorded so --resume finds it)
         self.losses = []   # train loss per step
         self.mtp_losses = []  # per step, each MTP module's cross-entropy (not saved)
@@ -192,7 +192,7 @@ class Run:
             clip_grad_norm(params, s.clip, across=norm_across)
         except NonFiniteError as e:
             raise NonFiniteError(f"step {self.step + 1}: {e}; {self.likely_cause()}") from None
-        self.opt.lr = cosine_schedule(self.step + 1, s.lr, s.lr / 10, s.warmup, s.steps)
+        self.opt.lr = cosine_schedule(self.step + 1, s.lr, s.lr * s.final_lr, s.warmup, s.steps)
         if self.stage is None:
             self.opt.step()
         else:

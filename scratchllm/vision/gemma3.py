@@ -26,7 +26,8 @@ import numpy as np
 from scratchllm.attention import mask_array
 from scratchllm.core.nn import Module, Param, normal_init
 from scratchllm.core.ops import linear_backward, linear_forward, rmsnorm_backward, rmsnorm_forward
-from scratchllm.core.validate import expect_dout, expect_float, expect_int, expect_ndim
+from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_int,
+                                      expect_linear, expect_ndim, expect_shape)
 from scratchllm.lm import LM
 from scratchllm.lm.model import LMCache
 from scratchllm.specs import Mask
@@ -63,10 +64,13 @@ def pool_project_forward(x, w, *, spec):
     if p * p != N or p % t:
         raise ValueError(f"pool_project: x has {N} patches; expected a square grid whose side "
                          f"is a multiple of {t} (tokens_per_image {spec.tokens_per_image})")
-    if not isinstance(w, PoolProjectorWeights) or w.g.shape != (Dv,) or w.W.ndim != 2 \
-            or w.W.shape[0] != Dv:
-        raise ValueError(f"pool_project: w must be PoolProjectorWeights with g ({Dv},) and W "
-                         f"({Dv}, Dt), Dv = x.shape[2]")
+    if not isinstance(w, PoolProjectorWeights):
+        raise TypeError(f"pool_project: w must be PoolProjectorWeights, got {type(w).__name__}")
+    expect_float("pool_project", "w.g", w.g)
+    expect_float("pool_project", "w.W", w.W)
+    expect_shape("pool_project", "w.g", w.g, (Dv,), "(Dv,) with Dv = x.shape[2]")
+    expect_linear("pool_project", Dv, w.W, names=("w.W", None))
+    x, w = common_float(x, w)
     k = p // t
     q = x.reshape(Bi, t, k, t, k, Dv).mean(axis=(2, 4)).reshape(Bi, t * t, Dv)  # avgpool_k
     h, c_norm = rmsnorm_forward(q, spec.offset + w.g, spec.eps)  # (Bi, t*t, Dv)

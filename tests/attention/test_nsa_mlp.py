@@ -1,12 +1,13 @@
 """NSA with the paper's MLP compressor over overlapping blocks: equal to the block-by-block,
-dense-mask reference; the overlap-weighted block importance against a loop; the compressor
+dense-mask reference; the selection's block importance (the paper's eq. 9) against a loop of
+eq. 9 as printed; the compressor
 against one block's MLP written out; the key bias's zero gradient."""
 import numpy as np
 import pytest
 
 from scratchllm.attention import (CompressWeights, NSAWeights, nsa_compress_forward,
                                   nsa_indices, nsa_mlp_backward, nsa_mlp_forward,
-                                  nsa_mlp_forward_ref)
+                                  nsa_mlp_forward_ref, selection_weights)
 from scratchllm.core.gelu import gelu_forward
 from scratchllm.specs import NSASpec
 
@@ -44,26 +45,55 @@ def test_the_compressor_is_one_mlp_per_overlapping_block():
     np.testing.assert_allclose(y[0, 0, 2], want, rtol=0, atol=1e-13)
 
 
-def test_overlapping_importance_is_the_overlap_weighted_sum():
-    """Selection block j's importance: Σ_i p_i |block i ∩ block j| / l over the compressed
-    blocks i (l = 4 tokens at stride 2); a query keeps its own block and the best others."""
+def _eq9(p_cmp, l, d, l_sel, n_sel):
+    """Yuan et al. 2025 (arXiv 2502.11089) eq. 9 as printed, one term at a time:
+    p_slc[j] = Σ_{m=0}^{l'/d−1} Σ_{n=0}^{l/d−1} p_cmp[(l'/d) j − m − n], indices < 0 absent."""
+    out = np.zeros(n_sel)
+    for j in range(n_sel):
+        for m in range(l_sel // d):
+            for n in range(l // d):
+                i = (l_sel // d) * j - m - n
+                if 0 <= i < len(p_cmp):
+                    out[j] += p_cmp[i]
+    return out
+
+
+@pytest.mark.parametrize("T, l, d", [(16, 4, 2), (24, 6, 2), (12, 4, 1), (12, 3, 3)])
+def test_selection_weights_are_eq_9(T, l, d):
+    nb = (T - l) // d + 1
+    M = selection_weights(T, l, d)
+    assert M.shape == (nb, T // l)
+    for i in range(nb):  # p_cmp = the i-th unit vector picks row i of M
+        np.testing.assert_array_equal(M[i], _eq9(np.eye(nb)[i], l, d, l, T // l))
+    if d == l:
+        np.testing.assert_array_equal(M, np.eye(nb))
+    with pytest.raises(ValueError, match="stride=3 must divide block=4"):
+        selection_weights(T, 4, 3)
+
+
+def test_the_selection_ranks_blocks_by_eq_9():
+    """A query keeps its own block and the n − 1 best complete earlier blocks, their
+    importance eq. 9 of the compressed attention summed over the heads (l = 4 tokens at
+    stride 2)."""
     rng = np.random.default_rng(1)
-    B, H, T, Dh, l, d = 1, 2, 16, 3, 4, 2
+    B, H, T, Dh, l, d, n = 1, 2, 16, 3, 4, 2, 3
     q = rng.standard_normal((B, H, T, Dh))
     k_cmp = rng.standard_normal((B, 1, 7, Dh))  # blocks at 0, 2, ..., 12
-    slc, _ = nsa_indices(q, k_cmp, l, 2, 3, d)
+    slc, _ = nsa_indices(q, k_cmp, l, n, 3, d)
     for t in range(T):
         ends = np.arange(7) * d + l - 1
         s = np.array([[q[0, h, t] @ k_cmp[0, 0, i] / np.sqrt(Dh) if ends[i] <= t else -np.inf
                        for i in range(7)] for h in range(H)])  # (H, nb)
         p = np.exp(s - s.max(1, keepdims=True)) if np.isfinite(s).any() else np.zeros_like(s)
         p = (p / np.maximum(p.sum(1, keepdims=True), 1e-300)).sum(0)  # (nb,)
-        imp = [sum(p[i] * max(0, min(i * d + l, j * l + l) - max(i * d, j * l)) / l
-                   for i in range(7)) for j in range(T // l)]
-        done = [j for j in range(T // l) if j * l + l - 1 <= t and j != t // l]
-        keep = {t // l} | ({max(done, key=lambda j: (imp[j], -j))} if done else set())
+        imp = _eq9(p, l, d, l, T // l)
+        done = sorted((j for j in range(T // l) if j * l + l - 1 <= t and j != t // l),
+                      key=lambda j: (-imp[j], j))
+        keep = {t // l} | set(done[:n - 1])
         want = sorted(s_ for j in keep for s_ in range(j * l, j * l + l) if s_ <= t)
         assert [s_ for s_ in slc[0, t] if s_ >= 0] == want, t
+    with pytest.raises(ValueError, match="nsa_indices: stride=3 must divide block=4"):
+        nsa_indices(q, k_cmp, 4, n, 3, 3)
 
 
 def test_the_key_bias_has_no_gradient():
@@ -85,5 +115,7 @@ def test_bad_sizes_are_named():
     inp = _inputs(rng, 6, 4)
     with pytest.raises(ValueError, match="stride=5 must be at most block=4"):
         NSASpec(4, 5)
+    with pytest.raises(ValueError, match="stride=3 must divide block=4"):
+        NSASpec(4, 3)
     with pytest.raises(ValueError, match="spec.block=8 is longer than the T=6 tokens"):
         nsa_mlp_forward(**inp, spec=NSASpec(8, 2, 2, 3))

@@ -1,8 +1,12 @@
 """The parallel (Blelloch) scan against the sequential scan and a hand loop; its backward
-against the reverse-time adjoint loop; the selective scan on it against the Numba scan."""
+against the reverse-time adjoint loop; the selective scan on it against the Numba scan, and a
+model whose Mamba layers run on it (MambaSpec.scan) against the same model on the time loop."""
 import numpy as np
 import pytest
 
+from scratchllm.lm import LM
+from scratchllm.specs import MambaSpec, from_dict, from_flat, preset, to_dict
+from scratchllm.specs.unflat import to_flat
 from scratchllm.ssm import (associative_scan_backward, associative_scan_forward,
                             associative_scan_forward_ref, selective_scan_assoc_backward,
                             selective_scan_assoc_forward, selective_scan_backward,
@@ -51,6 +55,35 @@ def test_selective_scan_on_the_parallel_scan_equals_the_numba_scan():
     g, g_ref = selective_scan_assoc_backward(dy, cache), selective_scan_backward(dy, cache_ref)
     for name in g_ref:
         np.testing.assert_allclose(g[name], g_ref[name], atol=1e-11, err_msg=name)
+
+
+def test_a_model_on_the_associative_scan_equals_the_sequential_scan():
+    small = dict(vocab_size=23, d_model=8, n_heads=2, n_kv_heads=1, d_ff=16, d_state=3,
+                 n_layers=3, layer_pattern="MAM")
+    models = {}
+    for scan in ("sequential", "associative"):
+        cfg = preset("hybrid", **small, mamba_scan=scan)
+        assert [layer.mixer.scan for layer in cfg.layers if isinstance(layer.mixer, MambaSpec)] \
+            == [scan, scan]
+        assert from_dict(to_dict(cfg)) == cfg and from_flat(**to_flat(cfg)) == cfg
+        models[scan] = LM(cfg, rng=np.random.default_rng(0), dtype=np.float64)
+    block = models["associative"].layers[0].mixer  # the option reaches the layer's scan
+    assert type(block.forward(np.zeros((1, 2, 8)))[1].scan).__name__ == "SelectiveAssocCache"
+    ids = np.random.default_rng(1).integers(0, 23, (2, 9))
+    out = {}
+    for scan, model in models.items():
+        logits, _ = model.forward(ids)
+        loss, cache = model.loss(ids[:, :-1], ids[:, 1:])
+        model.loss_backward(1.0, cache)
+        out[scan] = logits, {n: p.grad for n, p in model.named_parameters()}
+    (logits, grads), (logits_ref, grads_ref) = out["associative"], out["sequential"]
+    np.testing.assert_allclose(logits, logits_ref, rtol=0, atol=1e-10)
+    assert grads.keys() == grads_ref.keys() and any("A_log" in n for n in grads)
+    for name in grads_ref:
+        np.testing.assert_allclose(grads[name], grads_ref[name], rtol=0, atol=1e-10,
+                                   err_msg=name)
+    with pytest.raises(ValueError, match="scan"):
+        MambaSpec(scan="blelloch")
 
 
 def test_shape_and_dtype_errors():

@@ -1,0 +1,76 @@
+"""Compile the training step's Numba kernels in the background while the data is prepared.
+
+On a fresh clone every fused kernel of the step (RMSNorm, RoPE, the softmax, SwiGLU's gate,
+the cross-entropy, AdamW: one signature each) compiles at the first step, one after another:
+Numba holds one compiler lock per process, so a thread cannot compile beside the tokenizer's
+own kernels. A forked process can: `KernelWarmup` forks one that runs a step of the same
+model, batch shape and dtype on made-up ids, so each kernel compiles there with the
+signature the run will ask for and lands in Numba's on-disk cache; the run waits for it
+(`wait`) before its first step and then only loads them. With a warm cache the child loads
+them too and ends within a second. Anything it fails at, the run compiles itself, as before.
+"""
+import multiprocessing as mp
+from dataclasses import replace
+
+import numpy as np
+
+from scratchllm.core.compiling import CompileLog
+from scratchllm.tokenizer import EOT, Tokenizer
+from scratchllm.tokenizer.train import assemble_vocab
+from scratchllm.train import corpus
+from scratchllm.train.trainer import Run
+
+__all__ = ["KernelWarmup"]
+
+
+def _warm(cfg, settings, dtype, conn, tokenizer):
+    """In the child: with `tokenizer`, encode a few bytes with a BPE tokenizer of two merges
+    (the encoding kernel, GPT-2's scanner); then one step and one validation batch of a fresh
+    model of cfg on random ids (threads, batch and context as the run's); then send (kernels
+    compiled, seconds)."""
+    try:
+        with CompileLog() as log:
+            if tokenizer:
+                merges = [(b"a", b" "), (b"1", b".")]
+                Tokenizer(assemble_vocab(merges, [EOT]), merges, special_tokens=[EOT]).encode(
+                    "a 1. a", allowed_special={EOT})
+            run = Run(cfg, replace(settings, steps=1, warmup=0), dtype)
+            run.eot = 0  # any id: --pack-documents' masks need a separator
+            ids = np.random.default_rng(0).integers(0, cfg.vocab_size, 4 * settings.seq_len
+                                                    * settings.batch_size, dtype=np.int32)
+            run.train_step(ids)
+            run.evaluate(corpus.eval_batches(ids, settings.batch_size, settings.seq_len,
+                                             settings.seq_len)[:1])
+            run.dp.close()
+        conn.send((log.count, log.seconds))
+    except BaseException as e:  # the run compiles what is missing itself
+        conn.send(f"{type(e).__name__}: {e}")
+    finally:
+        conn.close()
+
+
+class KernelWarmup:
+    """A forked process compiling the step's kernels of (cfg, settings, dtype) into Numba's
+    on-disk cache, and first the BPE encoding kernel with tokenizer=True (when the data is
+    still to be encoded: the run gets there after the tokenizer's training, whose merge loop
+    it compiles itself meanwhile); wait() before the run's first step."""
+
+    def __init__(self, cfg, settings, dtype, tokenizer=False):
+        ctx = mp.get_context("fork")
+        self._conn, child = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(target=_warm, args=(cfg, settings, np.dtype(dtype), child,
+                                                    tokenizer),
+                                daemon=True, name="scratchllm-warmup")
+        self.proc.start()
+        child.close()
+
+    def wait(self):
+        """Block until the child is done; returns (kernels it compiled, seconds), or the
+        error it met as a string (the run then compiles for itself)."""
+        try:
+            result = self._conn.recv()
+        except EOFError:
+            result = f"the warm-up process ended with exit code {self.proc.exitcode}"
+        self.proc.join()
+        self._conn.close()
+        return result
