@@ -1,6 +1,13 @@
-"""A Hugging Face checkpoint in scratchllm vs transformers (eager, CPU), same weights, float32:
-a Llama with SmolLM-135M's geometry (D 576, L 30, H 9, Hkv 3, F 1536, V 49152, tied head),
-random weights written once as safetensors by scratchllm.hub.save_pretrained.
+"""A Hugging Face checkpoint in scratchllm vs transformers (eager, CPU), same weights, float32,
+random weights written once as safetensors by scratchllm.hub.save_pretrained:
+
+    --family llama   (default) SmolLM-135M's geometry (D 576, L 30, H 9, Hkv 3, F 1536,
+                     V 49152, tied head)
+    --family gemma2  a Gemma 2 at the same size (D 576, L 30, H 9, Hkv 3, head_dim 64,
+                     F 1536 GeGLU-tanh, V 49152, tied head) with Gemma 2's options: sandwich
+                     norms with 1 + w gains, embeddings scaled by sqrt(D), attention logits
+                     soft-capped at 50 and final logits at 30, sliding-window (128) and global
+                     layers alternating
 
     load      load_pretrained / AutoModelForCausalLM.from_pretrained, seconds
     decode    batch-1 greedy decoding through the KV state / DynamicCache, tokens/s
@@ -11,9 +18,10 @@ random weights written once as safetensors by scratchllm.hub.save_pretrained.
 
 Each framework runs in its own subprocess with 2 threads; medians over the timed repeats.
 
-    flock /tmp/scratchllm-bench.lock python benchmarks/bench_hub.py [--rounds 2]
+    flock /tmp/scratchllm-bench.lock python benchmarks/bench_hub.py [--rounds 2] [--family gemma2]
 """
 import argparse
+import functools
 import json
 import os
 import resource
@@ -27,6 +35,12 @@ THREADS = "2"
 ROOT = Path(__file__).resolve().parents[1]
 SMOL = dict(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, d_ff=1536,
             tie_embeddings=True, norm_eps=1e-5, rope_base=10000.0)
+GEMMA2 = dict(model_type="gemma2", vocab_size=49152, hidden_size=576, num_hidden_layers=30,
+              num_attention_heads=9, num_key_value_heads=3, head_dim=64, intermediate_size=1536,
+              query_pre_attn_scalar=64, sliding_window=128, attn_logit_softcapping=50.0,
+              final_logit_softcapping=30.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+              rope_theta=10000.0, max_position_embeddings=8192,
+              layer_types=["sliding_attention", "full_attention"] * 15)
 PROMPT, NEW, PREFILL, B, T, STEPS = 16, 32, 256, 4, 128, 3
 
 
@@ -38,11 +52,15 @@ def _env():
     return env
 
 
-def make_checkpoint(directory):
+def make_checkpoint(directory, family="llama"):
+    """Random weights of `family` ("llama": SMOL; "gemma2": GEMMA2) saved in `directory`."""
     import numpy as np
     from scratchllm.hub import save_pretrained
+    from scratchllm.hub.registry import config_from_flat, family_named
     from scratchllm.lm import LM, preset
-    save_pretrained(LM(preset("dense", **SMOL), rng=np.random.default_rng(0)), directory)
+    cfg = (preset("dense", **SMOL) if family == "llama"
+           else config_from_flat(family_named("gemma2").from_hf(GEMMA2)))
+    save_pretrained(LM(cfg, rng=np.random.default_rng(0)), directory)
 
 
 def _median(xs):
@@ -52,11 +70,10 @@ def _median(xs):
 def worker_numpy(directory):
     import numpy as np
     from scratchllm.hub import load_pretrained
-    from scratchllm.train import Run, Settings
     t0 = time.perf_counter()
     model = load_pretrained(directory)
     load = time.perf_counter() - t0
-    ids = np.random.default_rng(0).integers(0, SMOL["vocab_size"], 20_000)
+    ids = np.random.default_rng(0).integers(0, model.cfg.vocab_size, 20_000)
     state = model.init_state(1, PROMPT + NEW)
     for pos in range(PROMPT):
         logits = model.decode(ids[pos:pos + 1], state, pos)
@@ -70,6 +87,14 @@ def worker_numpy(directory):
         t = time.perf_counter()
         model.forward(ids[None, :PREFILL])
         prefill.append(time.perf_counter() - t)
+    return dict(load=load, decode=1 / _median(steps), prefill=PREFILL / _median(prefill),
+                finetune=finetune_numpy(model, ids))
+
+
+def finetune_numpy(model, ids):
+    """Tokens/s of Run.train_step (B x T from `ids`, 2 threads, AdamW, clipping): the median
+    of STEPS steps after one warm-up step."""
+    from scratchllm.train import Run, Settings
     run = Run(model.cfg, Settings(batch_size=B, seq_len=T, steps=10 ** 6, threads=2,
                                   lr=1e-4), model.dtype, model=model)
     ft = []
@@ -78,8 +103,7 @@ def worker_numpy(directory):
         run.train_step(ids)
         if i:
             ft.append(time.perf_counter() - t)
-    return dict(load=load, decode=1 / _median(steps), prefill=PREFILL / _median(prefill),
-                finetune=B * T / _median(ft))
+    return B * T / _median(ft)
 
 
 def worker_torch(directory):
@@ -91,7 +115,7 @@ def worker_torch(directory):
         directory, dtype=torch.float32, attn_implementation="eager")
     load = time.perf_counter() - t0
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, SMOL["vocab_size"], (20_000,), generator=g)
+    ids = torch.randint(0, model.config.vocab_size, (20_000,), generator=g)
     steps = []
     with torch.no_grad():
         out = model(ids[None, :PROMPT], use_cache=True)
@@ -106,6 +130,14 @@ def worker_torch(directory):
             t = time.perf_counter()
             model(ids[None, :PREFILL], use_cache=False)
             prefill.append(time.perf_counter() - t)
+    return dict(load=load, decode=1 / _median(steps), prefill=PREFILL / _median(prefill),
+                finetune=finetune_torch(model, ids, g))
+
+
+def finetune_torch(model, ids, g):
+    """Tokens/s of one torch training step (B x T from `ids` drawn with generator `g`, autograd,
+    torch.optim.AdamW, clipping): the median of STEPS steps after one warm-up step."""
+    import torch
     decay = [p for p in model.parameters() if p.ndim >= 2]
     rest = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
@@ -126,8 +158,7 @@ def worker_torch(directory):
         opt.step()
         if i:
             ft.append(time.perf_counter() - t)
-    return dict(load=load, decode=1 / _median(steps), prefill=PREFILL / _median(prefill),
-                finetune=B * T / _median(ft))
+    return B * T / _median(ft)
 
 
 def child(workers, kind, directory):
@@ -155,15 +186,20 @@ def side_by_side(script, make_checkpoint, rounds):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--family", choices=("llama", "gemma2"), default="llama",
+                    help="the checkpoint's geometry (default llama: SmolLM-135M's)")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child({"numpy": worker_numpy, "torch": worker_torch}, *args.child)
-    med = side_by_side(__file__, make_checkpoint, args.rounds)
+    med = side_by_side(__file__, functools.partial(make_checkpoint, family=args.family),
+                       args.rounds)
     print(f"uptime: {os.popen('uptime').read().strip()}")
+    print(f"{args.family}, {args.rounds} round(s)")
     print("| metric | scratchllm | transformers | ratio | target |")
     print("|---|---|---|---|---|")
-    targets = {"decode": 1.0, "prefill": 0.8, "finetune": 0.8}
+    targets = ({"decode": 1.0, "prefill": 0.8, "finetune": 0.8} if args.family == "llama"
+               else {"decode": 1.2, "prefill": 1.0, "finetune": 1.0})
     for m, unit in (("decode", "tok/s"), ("prefill", "tok/s"), ("finetune", "tok/s")):
         a, b = med["numpy"][m], med["torch"][m]
         print(f"| {m} | {a:,.1f} {unit} | {b:,.1f} {unit} | {a / b:.2f} | >= {targets[m]} |")
