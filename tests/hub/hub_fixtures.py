@@ -66,3 +66,28 @@ def assert_saves_bit_identical(directory, saved):
     family = family_named(hf["model_type"])
     assert family.from_hf(json.loads((saved / "config.json").read_text())) == \
         family.from_hf(hf)
+
+
+def assert_logits_and_gradients(model, ref, *, key_bias_zero, **inputs):
+    """model.forward(**inputs)'s logits within 1e-9 of ref's, and the gradients of
+    sum(logits * G) (G from ref's G_seed) within 1e-8, name by name. A gradient transformers
+    gives as exactly 0 must be exactly 0. With key_bias_zero, a k_proj.bias gradient is 0 in
+    exact arithmetic (softmax is shift-invariant over the keys when no RoPE turns the bias):
+    both sides must lie below 1e-12 of the key weight's largest gradient."""
+    from scratchllm.hub import grad_dict
+    model.zero_grad()
+    logits, cache = model.forward(**inputs)
+    assert rel_err(logits, ref["logits"]) < 1e-9
+    model.backward(np.random.default_rng(int(ref["G_seed"])).standard_normal(logits.shape),
+                   cache)
+    grads = grad_dict(model)
+    want = {k.removeprefix("grad/"): v for k, v in ref.items() if k.startswith("grad/")}
+    assert sorted(grads) == sorted(want)
+    for n, g in want.items():
+        if not np.abs(g).max() > 0:
+            assert not grads[n].any(), n
+        elif key_bias_zero and n.endswith("k_proj.bias"):
+            scale = np.abs(want[n.replace(".bias", ".weight")]).max()
+            assert max(np.abs(grads[n]).max(), np.abs(g).max()) < 1e-12 * scale, n
+        else:
+            assert rel_err(grads[n], g) < 1e-8, n

@@ -9,11 +9,11 @@ import shutil
 import numpy as np
 import pytest
 
-from scratchllm.hub import family_named, grad_dict, load_pretrained
+from scratchllm.hub import family_named, load_pretrained
 from scratchllm.hub.registry import module_family_for
 from scratchllm.vision.llava import Llava
-from hub_fixtures import (HF, assert_greedy_and_cached, assert_names_round_trip,
-                          assert_saves_bit_identical, expected, rel_err)
+from hub_fixtures import (HF, assert_greedy_and_cached, assert_logits_and_gradients,
+                          assert_names_round_trip, assert_saves_bit_identical, expected)
 
 DIR = HF / "llava"
 
@@ -28,25 +28,11 @@ def test_logits_and_every_gradient_match_transformers(name):
     """The key bias of the tower has gradient 0 in exact arithmetic (round-off on both
     sides); the tower's last block and post-norm come after its feature layer: zero.
     llava_clip is LLaVA-1.5's shape: a CLIP tower whose [CLS] the features leave out."""
-    ref = dict(np.load(HF / name / "expected.npz"))
     model = load_pretrained(HF / name, dtype=np.float64)
     assert isinstance(model, Llava)
-    logits, cache = model.forward(input_ids=ref["input_ids"], pixel_values=ref["pixel_values"])
-    assert rel_err(logits, ref["logits"]) < 1e-9
-    G = np.random.default_rng(int(ref["G_seed"])).standard_normal(logits.shape)
-    model.backward(G, cache)
-    grads = grad_dict(model)
-    want = {k.removeprefix("grad/"): v for k, v in ref.items() if k.startswith("grad/")}
-    assert sorted(grads) == sorted(want)
-    for n, g in want.items():
-        if not np.abs(g).max() > 0:
-            assert not grads[n].any(), n
-        elif n.endswith("k_proj.bias"):
-            scale = np.abs(want[n.replace(".bias", ".weight")]).max()
-            assert max(np.abs(grads[n]).max(), np.abs(g).max()) < 1e-12 * scale, n
-        else:
-            assert rel_err(grads[n], g) < 1e-8, n
-
+    ref = expected(name)
+    assert_logits_and_gradients(model, ref, key_bias_zero=True, input_ids=ref["input_ids"],
+                                pixel_values=ref["pixel_values"])
 
 @pytest.mark.parametrize("name", ["llava", "llava_clip"])
 def test_save_load_is_bit_identical_and_transformers_loads_it(name, tmp_path):
