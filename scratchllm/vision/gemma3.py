@@ -161,11 +161,7 @@ class Gemma3VL(ImageTokensLM):
         if pixel_values is not None:
             h, c_tower = self.tower.forward(pixel_values)  # (Bi, p*p, Dv)
             f, c_proj = self.proj.forward(h)  # (Bi, t*t, Dt)
-            if image.sum() != f.shape[0] * f.shape[1]:
-                raise ValueError(f"Gemma3VL: input_ids hold {int(image.sum())} image tokens "
-                                 f"({self.cfg.image_token_id}); {f.shape[0]} image(s) give "
-                                 f"{f.shape[0] * f.shape[1]} features")
-            x = self.place_features(x, image, f.reshape(-1, f.shape[2]))  # (B, T, Dt)
+            x = self.place_features(x, image, f)  # (B, T, Dt)
         elif image.any():
             raise ValueError("Gemma3VL: input_ids hold image tokens but no pixel_values")
         masks = bidirectional_masks(self.lm.layers, image) if image.any() else None

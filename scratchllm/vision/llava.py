@@ -72,11 +72,7 @@ class Llava(ImageTokensLM):
         parts = (None,) * 5
         if pixel_values is not None:
             p, parts = self.image_features(pixel_values)  # (Bi, N, Dt)
-            if image.sum() != p.shape[0] * p.shape[1]:
-                raise ValueError(f"Llava: input_ids hold {int(image.sum())} image tokens "
-                                 f"({self.cfg.image_token_id}); {p.shape[0]} image(s) give "
-                                 f"{p.shape[0] * p.shape[1]} features")
-            x = self.place_features(x, image, p.reshape(-1, p.shape[2]))  # (B, T, Dt)
+            x = self.place_features(x, image, p)  # (B, T, Dt)
         elif image.any():
             raise ValueError("Llava: input_ids hold image tokens but no pixel_values")
         return x, c_emb, image, parts

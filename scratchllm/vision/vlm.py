@@ -29,8 +29,15 @@ class ImageTokensLM(Module):
         return [(n, p) for n, p in self.named_parameters() if n.startswith(self.PROJECTOR)]
 
     def place_features(self, x, image, p):
-        """x (B, T, D) embeddings, image (B, T) bool, p (n_image_tokens, D) -> x with the
-        image rows replaced, in order (a copy)."""
+        """x (B, T, D) embeddings, image (B, T) bool, p (Bi, n, D) features of Bi images (or
+        (n_image_tokens, D), counted already) -> x with the image rows replaced, in order (a
+        copy). A ValueError naming the model when the image tokens and features differ."""
+        if p.ndim == 3:
+            if image.sum() != p.shape[0] * p.shape[1]:
+                raise ValueError(f"{type(self).__name__}: input_ids hold {int(image.sum())} "
+                                 f"image tokens ({self.cfg.image_token_id}); {p.shape[0]} "
+                                 f"image(s) give {p.shape[0] * p.shape[1]} features")
+            p = p.reshape(-1, p.shape[2])  # (Bi*n, D)
         x = x.copy()
         x[image] = p  # (B, T, D)
         return x
