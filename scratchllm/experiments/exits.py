@@ -33,8 +33,8 @@ THRESHOLDS = (1.0, 0.95, 0.9, 0.8, 0.6, 0.4, 0.0)
 
 
 def _sizes(mode):
-    return dict(steps=pick(mode, 3, 300, 600), d_model=pick(mode, 32, 64, 128),
-                n_layers=pick(mode, 2, 6, 8), batch=pick(mode, 4, 16, 16),
+    return dict(steps=pick(mode, 3, 300, 400), d_model=pick(mode, 32, 64, 128),
+                n_layers=pick(mode, 2, 6, 8), batch=pick(mode, 4, 16, 8),
                 seq_len=pick(mode, 32, 64, 128), prompts=pick(mode, 2, 8, 8),
                 prompt_len=pick(mode, 8, 32, 64), new_tokens=pick(mode, 4, 48, 96),
                 repeats=pick(mode, 1, 3, 3))

@@ -18,7 +18,7 @@ state_per_sequence). Zoology (Arora et al. 2023, arXiv 2312.04927) finds recall 
 by the state size, and attention exact at every length; Jelassi et al. 2024 (arXiv
 2402.01032) find the same for copying.
 Metrics: accuracy[model][T] (recall), copy_accuracy[model][T], state_bytes[model] (bf16, one
-sequence at the longest T: teach/sizing.kv_cache), params[model].
+sequence at the longest T: teach/sizing.kv_cache); config["params"][model].
 """
 from dataclasses import replace
 
@@ -132,7 +132,7 @@ def _run(mode, seed, z=None):
                   recall_pairs="T / 8", copy_span="T / 4 to T / 2", state_dtype="bf16",
                   recurrent_chunk=RECURRENT_CHUNK,
                   curriculum="stage s of len(lengths) cycles through the s + 1 shortest")
-    metrics = dict(accuracy=acc, copy_accuracy=copy, state_bytes=state, params=params)
+    metrics = dict(accuracy=acc, copy_accuracy=copy, state_bytes=state)
     return Outcome(metrics, config, "\n".join(lines), verdict)
 
 

@@ -149,3 +149,9 @@ def test_cli_run_writes_results(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "claim:" in out and "measured:" in out
     assert "load_after" in json.loads((tmp_path / "results.json").read_text())
+
+
+def test_the_recall_curriculum_adds_one_length_a_stage():
+    from scratchllm.experiments.recall import length_at
+    seen = [length_at(step, 9, (16, 32, 64)) for step in range(1, 10)]
+    assert seen == [16, 16, 16, 16, 32, 16, 32, 64, 16]  # stages of 3 steps: 16 | 16 32 | all
