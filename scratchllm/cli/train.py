@@ -255,8 +255,6 @@ def _main(args, grid=None):
     if not finished:
         clock.close()
         return 130
-    if job.shards is not None:
-        job.shards.gather_all()  # ZeRO-3: the whole model on every rank again (to sample)
     train_time = time.perf_counter() - t_train
     val = job.evaluate(job.eval_set(val_ids))
     if not np.isfinite(val):

@@ -43,6 +43,7 @@ from scratchllm.moe.losses import (balance_loss_backward, balance_loss_forward,
                                    check_balance_inputs)
 from scratchllm.specs import MoESpec
 from scratchllm.train.expert_parallel import expert_parallel_backward, expert_parallel_forward
+from scratchllm.train.parallel_build import NO_DRAWS, build_part
 from scratchllm.train.parallel_slices import SlicedLM
 
 EXPERT_PARAMS = ("w1", "w3", "w2")  # the SwiGLU experts' stacks, split along E (axis 0)
@@ -124,12 +125,9 @@ class ExpertParallelLM(SlicedLM, LM):
 
     def __init__(self, cfg, group, *, rng, dtype=np.float32):
         check_expert_parallel(cfg, group.size)
-        super().__init__(cfg, rng=rng, dtype=dtype)
-        self.group = group
-        for name, p in self.named_parameters():
-            if self.split_axis(name) is not None:
-                p.data = np.ascontiguousarray(self._slice(name, p.data))
-                p.grad = np.zeros_like(p.data)
+        super().__init__(cfg, rng=NO_DRAWS, dtype=dtype)  # untouched pages
+        self.group = group  # the seed's draws replayed, each expert stack sliced as drawn
+        self.take_parts(build_part(cfg, rng, dtype, self._slice))
         for layer in self.layers:
             if isinstance(layer.ffn, MoE):
                 self._hook(layer.ffn)

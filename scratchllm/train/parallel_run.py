@@ -10,15 +10,23 @@ the communication model, and the whole-model views of its checkpoints.
     ep     ExpertParallelLM: E/P experts per MoE layer     the experts' on their owner
 Every rank draws the same global batch and keeps its data-parallel slice (np.array_split over
 the dp ranks); the other axes see that slice whole.
+
+Memory: a rank builds only what it holds (parallel_build.py: a split model's slices, a stage's
+Params, ZeRO-3's shard), an evaluation runs on the parts (through the stages; ZeRO-3 gathering
+block by block), and a checkpoint's whole model and moments are gathered on rank 0 alone
+(`whole_on_root`).
 """
+from contextlib import contextmanager
+
 import numpy as np
 
 from scratchllm.dist import Group, ShardedModel, ZeroAdamW, bytes_per_step
+from scratchllm.train.parallel_build import build_part, skeleton, zero_owned
 from scratchllm.train.megatron import MegatronLM, check_tensor_parallel
 from scratchllm.train.parallel_context import ContextParallelLM, check_context_parallel
 from scratchllm.train.parallel_moe import (ExpertParallelLM, balance_across,
                                           check_expert_parallel)
-from scratchllm.train.pipeline import PipelineStage
+from scratchllm.train.pipeline import PipelineStage, stage_holds, stage_layers
 
 SPLIT_MODELS = {"tp": MegatronLM, "cp": ContextParallelLM, "ep": ExpertParallelLM}
 
@@ -72,6 +80,15 @@ def parallel_model(cfg, settings, dtype, grid, model=None, zero=0, sequence=Fals
         if axes[axis] is not None:
             extra = {"sequence": sequence} if axis == "tp" else {}
             model = kind(cfg, axes[axis], rng=rng, dtype=dtype, **extra)
+    pp = axes["pp"]
+    if model is None and pp is not None:  # this stage's Params only (its blocks, its ends)
+        ids = stage_layers(cfg.n_layers, pp.size, pp.rank)
+        first, last = pp.rank == 0, pp.rank == pp.size - 1
+        model = build_part(cfg, rng, dtype, lambda n, a: a if stage_holds(n, ids, first, last)
+                           else None)
+    elif model is None and zero == 3 and dp.size > 1:  # this rank's ZeRO-3 shard only
+        owned = zero_owned(cfg, dtype, settings, dp)
+        model = build_part(cfg, rng, dtype, lambda n, a: a if n in owned else None)
     return world, dp, axes, model
 
 
@@ -150,11 +167,93 @@ def opt_names(run):
     return [names[id(p)] for p in getattr(run.opt, "opt", run.opt).params]  # (ZeroAdamW's)
 
 
-def load_sliced(run, whole):
-    """Keep this rank's slices in `run` of `whole`, a one-process Run of the same config that
-    loaded the checkpoint (checkpoints hold the whole model: parallel_slices.py)."""
-    run.model.load_full({n: p.data for n, p in whole.model.named_parameters()})
-    run.opt.load_state_dict(run.model.slice_state(opt_names(run), whole.opt.state_dict()))
+def evaluates_in_parts(run):
+    """Whether an evaluation runs on the ranks' parts of the weights (a pipeline's stages,
+    ZeRO-3's shards) rather than on each rank's model (whole, or a split model's own)."""
+    return run.stage is not None or (run.shards is not None and run.shards.stage == 3)
+
+
+def evaluate_parts(run, batches):
+    """The mean cross-entropy over batches ((x, y)) with a pipeline or ZeRO-3 (collective):
+    the data-parallel rank d takes batches d, d + size, ...; a pipeline passes them through
+    its stages forward only, ZeRO-3 gathers each block on use, every rank running as many
+    forwards (a rank short of batches repeats one, uncounted)."""
+    g = run.group
+    mine = batches[g.rank::g.size]
+    if run.stage is not None:
+        total = run.stage.pp_sum(run.stage.cross_entropy_sum(mine))
+    else:
+        pad = [batches[0]] * (-(-len(batches) // g.size) - len(mine))
+        with run.shards.evaluation():
+            losses = [run.model.cross_entropy(*b) * b[1].size for b in mine + pad]
+        total = sum(losses[:len(mine)])
+    return (g.sum_scalar(total) if g.size > 1 else total) / sum(b[1].size for b in batches)
+
+
+@contextmanager
+def whole_on_root(run, opt_state):
+    """(the whole model, AdamW's whole state_dict) on world rank 0 for the duration, (None,
+    None) on the other ranks (collective; opt_state: this rank's run.opt.state_dict(), None
+    off ZeRO's data-parallel rank 0). A split model's slices and a stage's Params and moments
+    are gathered on rank 0 alone; ZeRO-3's shards too (`ShardedModel.on_root`)."""
+    if run.shards is not None and run.shards.stage == 3:
+        with run.shards.on_root():
+            yield (run.model, opt_state) if run.writer else (None, None)
+        return
+    if run.stage is None and run.sliced is None:
+        yield (run.model, opt_state) if run.writer else (None, None)
+        return
+    # data-parallel rank 0's split and pipeline groups gather (the others hold copies)
+    whole = None if opt_state is None or run.group.rank else _gather_parts(run, opt_state)
+    if whole is None or not run.writer:
+        yield None, None
+        return
+    arrays, moments = whole
+    model, _ = skeleton(run.cfg, run.model.dtype)  # np.empty weights, filled here
+    for n, p in model.named_parameters():
+        p.data = arrays[n]
+    if run.stage is None:  # (a pipeline covers dense models: no buffers)
+        for (_, b), (_, mine) in zip(model.named_buffers(), run.model.named_buffers()):
+            b[...] = mine
+    state = {k: opt_state[k] for k in ("t", "lr")}
+    names = opt_names(run)
+    for i in range(len(names)):
+        state[f"m.{i}"], state[f"v.{i}"] = moments[f"m.{i}"], moments[f"v.{i}"]
+    yield model, state
+
+
+def _gather_parts(run, opt_state):
+    """({name: whole Param}, {"m.i"/"v.i": whole moment}) on the first rank of the split and
+    pipeline groups, None elsewhere (collective)."""
+    names = opt_names(run)
+    slot = {n: i for i, n in enumerate(names)}
+    params = dict(run.model.named_parameters())
+    held = names if run.stage is None else run.stage.names
+    arrays = {n: params[n].data for n in held}
+    moments = {f"{k}.{slot[n]}": opt_state[f"{k}.{slot[n]}"] for n in held for k in "mv"}
+    if run.sliced is not None:
+        arrays = run.model.gather_on_root(arrays)
+        moments = run.model.gather_on_root(moments, {k: names[int(k[2:])] for k in moments})
+    if run.stage is not None:
+        arrays = run.stage.gather_on_root(arrays)
+        moments = run.stage.gather_on_root(moments)
+    return None if arrays is None else (arrays, moments)
+
+
+def load_part(run, whole):
+    """Keep this rank's part in `run` of `whole`, a one-process Run of the same config that
+    loaded the checkpoint (checkpoints hold the whole model): a split model's slices
+    (parallel_slices.py), a stage's Params; the moments likewise."""
+    arrays = {n: p.data for n, p in whole.model.named_parameters()}
+    state = whole.opt.state_dict()
+    if run.sliced is not None:
+        run.model.load_full(arrays)
+        state = run.model.slice_state(opt_names(run), state)
+    else:
+        for n, p in run.model.named_parameters():
+            if p.data.flags.writeable:  # (another stage's is released)
+                p.data[...] = arrays[n]
+    run.opt.load_state_dict(state)
     run.rng.bit_generator.state = whole.rng.bit_generator.state
     run.step, run.losses, run.evals = whole.step, whole.losses, whole.evals
     whole.dp.close()
