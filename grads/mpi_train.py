@@ -25,16 +25,16 @@ class TrainResult(NamedTuple):
 def _train(cfg, settings, ids, grid=None, zero=0, sequence=False, pipeline=("1f1b", 0)):
     """(the run's whole Params after STEPS steps, bytes this rank sent in the last step,
     predicted)."""
+    from scratchllm.train import parallel_run
     from scratchllm.train.trainer import Run
     run = Run(cfg, settings, np.float64, grid=grid, zero=zero, sequence=sequence,
               pipeline=pipeline)
     for _ in range(STEPS):
         run.train_step(ids)
-    from scratchllm.train import parallel_run
     with parallel_run.whole_on_root(run, run.opt.state_dict()) as (model, _):
         # the whole model on rank 0 alone, as a checkpoint gathers it (None elsewhere)
         params = None if model is None else [p.data.copy() for p in model.parameters()]
-    return params, run.sent[-1], sum(run.comm_model.values())
+    return params, run.sent[-1], parallel_run.predicted_sent(run)  # (ep: from the routing)
 
 
 def _compare(world, name, got, one):
@@ -127,8 +127,8 @@ def expert_parallel_checks(world, rng, check):
 
 def _expert_parallel_training(world, s, ids):
     """ep=P on the tiny MoE (4 experts; capacity factor 0.6, so slots are dropped) against
-    one process on one data shard: the parameters (the all-to-alls' bytes follow the
-    routing, so they have no prediction to meet)."""
+    one process on one data shard: the parameters, and the bytes sent against the model's
+    with the all-to-alls and gathers sized from the step's routing (expert_bytes)."""
     from dataclasses import replace
 
     from scratchllm import dist
@@ -138,13 +138,13 @@ def _expert_parallel_training(world, s, ids):
     one, _, _ = _train(cfg, s, ids)
     grid = dist.RankGrid(dist.GridShape(ep=world.size), world)
     out = _compare(world, f"ep={world.size} (capacity drops)", _train(cfg, s, ids, grid),
-                   one)[:1]
+                   one)
     if world.size >= 4:  # dp x ep: ep=P/2 ranks of each rank's slice equal one process on
         # two shards (the aux losses per data-parallel rank)
         two, _, _ = _train(cfg, replace(s, threads=2), ids)
         grid2 = dist.RankGrid(dist.GridShape(dp=2, ep=world.size // 2), world)
         out += _compare(world, f"dp=2 x ep={world.size // 2} (ZeRO-1; 2 shards)",
-                        _train(cfg, s, ids, grid2, 1), two)[:1]
+                        _train(cfg, s, ids, grid2, 1), two)
     return out + [_drops(world, cfg, grid)]
 
 

@@ -139,6 +139,8 @@ def comm_model(run, zero):
             part = {"stage": run.stage} if axis == "tp" else {}
             out.update({f"{axis} {op}": n for op, n in model.bytes_per_step(
                 len(run.rows), s.seq_len, **part).items()})
+    if run.ep is not None:  # the all-to-alls' sizes follow the routing: the config's bound
+        out.update(model.bytes_bound(len(run.rows), s.seq_len))
     if run.stage is not None:
         out["pp send"] = run.stage.bytes_per_step(len(run.rows), s.seq_len)
     # the floats summed per step (Group.sum_scalar): the loss over the data-parallel ranks
@@ -150,6 +152,14 @@ def comm_model(run, zero):
         if group is not None and group.size > 1:
             out[f"{axis}sum_scalar"] = n * group.scalar_bytes()
     return out
+
+
+def predicted_sent(run):
+    """The bytes this rank should have sent in its last step: the communication model, its
+    expert-parallel bounds replaced by the sizes the step's routing gives
+    (ExpertParallelLM.routed_bytes)."""
+    model = {k: n for k, n in run.comm_model.items() if not k.endswith("(at most)")}
+    return sum(model.values()) + (0 if run.ep is None else sum(run.model.routed_bytes.values()))
 
 
 def sent(run):
