@@ -3,6 +3,7 @@ train --cp 2` (ring attention over the zig-zag chunks of every sequence) and `--
 layer's experts split, dispatch and combine all-to-alls) give, in float64, the parameters and
 AdamW moments of one process on the whole batch, and their checkpoints resume across grids;
 `--dp 2 --balance-across-ranks` computes the MoE balance loss over both ranks' tokens."""
+import re
 import shutil
 
 import numpy as np
@@ -75,7 +76,10 @@ def test_expert_parallel_equals_one_process_on_one_shard_and_resumes_across_grid
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ranks: 2 (ep=2)" in proc.stdout and "model: moe, 2,823,296 parameters" in \
         proc.stdout
-    assert "all-to-alls and gathers, whose sizes follow the routing" in proc.stdout
+    # the bytes counted in the last step are those the step's routing gives (expert_bytes)
+    assert re.search(r"communication measured: [\d,]+ bytes sent by rank 0 in the last step "
+                     r"\(equal to the model's [\d,]+, its expert-parallel all-to-alls and "
+                     r"gathers sized from the step's routing", proc.stdout), proc.stdout
     rel, buffers = max_rel(load_model(root / "ep")[0], load_model(moe_one)[0])
     assert rel <= 1e-12 and buffers <= 1e-12, (rel, buffers)
     _same_moments(root / "ep", moe_one)
