@@ -25,10 +25,26 @@ import numpy as np
 from scratchllm.core.nn import Param
 from scratchllm.dist import partition
 from scratchllm.dist.zero_layers import empty_grad, released
-from scratchllm.hub.pretrained import _NoInit  # an rng that draws nothing
 from scratchllm.lm import LM
 
-NO_DRAWS = _NoInit()  # LM(cfg, rng=NO_DRAWS): weights np.empty (no page touched), no draws
+
+class _Shapes:
+    """An rng for LM(cfg) when only the Params' shapes matter: core.nn.normal_init sees
+    skip_init and returns np.empty (no draw, no page touched); a module drawing directly gets
+    a constant array of its size (standard_normal 0, uniform the interval's midpoint)."""
+
+    skip_init = True
+
+    @staticmethod
+    def standard_normal(size):
+        return np.zeros(size)  # (size)
+
+    @staticmethod
+    def uniform(low, high, size):
+        return np.full(size, (low + high) / 2)  # (size)
+
+
+NO_DRAWS = _Shapes()  # LM(cfg, rng=NO_DRAWS): weights np.empty (no page touched), no draws
 
 
 @contextmanager
@@ -85,12 +101,12 @@ def build_part(cfg, rng, dtype, hold):
     return model
 
 
-def zero_owned(cfg, dtype, settings, group):
-    """The names of the Params ZeRO's partition (dist.ZeroAdamW) gives this rank of group: the
-    optimizer's slot order (trainer.make_optimizer) on a skeleton of cfg."""
-    from scratchllm.train.trainer import make_optimizer  # (the trainer imports this module)
+def zero_owned(cfg, dtype, optimizer, group):
+    """The names of the Params ZeRO's partition (dist.ZeroAdamW) gives this rank of group, in
+    the slot order of optimizer(model) (the run's AdamW: trainer.make_optimizer) on a skeleton
+    of cfg."""
     model, _ = skeleton(cfg, dtype)
     names = {id(p): n for n, p in model.named_parameters()}
-    params = make_optimizer(model, settings).params
+    params = optimizer(model).params
     owner = partition([p.data.size for p in params], group.size)
     return {names[id(p)] for p, r in zip(params, owner) if r == group.rank}

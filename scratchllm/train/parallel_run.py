@@ -63,9 +63,11 @@ def check_split(cfg, shape, seq_len):
         check_expert_parallel(cfg, shape.ep)
 
 
-def parallel_model(cfg, settings, dtype, grid, model=None, zero=0, sequence=False):
+def parallel_model(cfg, settings, dtype, grid, model=None, zero=0, sequence=False,
+                   optimizer=None):
     """(world, the dp group, {axis: group or None (size 1)}, the model to train: `model`, a
-    split model of the one axis above one rank, or None for a fresh LM)."""
+    split model of the one axis above one rank, a pipeline stage's or ZeRO-3's part of the LM,
+    or None for a fresh LM); optimizer: model -> the run's AdamW (ZeRO-3's slot order)."""
     world = Group.single() if grid is None else grid.world
     dp = Group.single() if grid is None else grid.groups["dp"]
     axes = {a: None if grid is None or getattr(grid.shape, a) == 1 else grid.groups[a]
@@ -86,8 +88,8 @@ def parallel_model(cfg, settings, dtype, grid, model=None, zero=0, sequence=Fals
         first, last = pp.rank == 0, pp.rank == pp.size - 1
         model = build_part(cfg, rng, dtype, lambda n, a: a if stage_holds(n, ids, first, last)
                            else None)
-    elif model is None and zero == 3 and dp.size > 1:  # this rank's ZeRO-3 shard only
-        owned = zero_owned(cfg, dtype, settings, dp)
+    elif model is None and zero == 3 and dp.size > 1 and optimizer is not None:
+        owned = zero_owned(cfg, dtype, optimizer, dp)  # this rank's ZeRO-3 shard only
         model = build_part(cfg, rng, dtype, lambda n, a: a if n in owned else None)
     return world, dp, axes, model
 

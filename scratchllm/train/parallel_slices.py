@@ -52,7 +52,8 @@ class SlicedLM:
         return out if self.group.rank == 0 else None
 
     def slice_state(self, names, state):
-        """AdamW's whole state_dict cut to this rank's slices (names as in gather_whole)."""
+        """AdamW's whole state_dict cut to this rank's slices (names: the Param name of each
+        optimizer slot)."""
         out = dict(state)
         for i, name in enumerate(names):
             for k in (f"m.{i}", f"v.{i}"):

@@ -119,8 +119,9 @@ class Run:
         stage). With cp or ep > 1, its ContextParallelLM or ExpertParallelLM (parallel_run.py
         says which model each axis builds)."""
         self.cfg, self.s = cfg, settings
-        self.world, self.group, axes, model = parallel_model(cfg, settings, dtype, grid, model,
-                                                             zero, sequence)
+        self.world, self.group, axes, model = parallel_model(
+            cfg, settings, dtype, grid, model, zero, sequence,
+            lambda m: make_optimizer(m, settings))
         self.tp, self.cp, self.ep = axes["tp"], axes["cp"], axes["ep"]
         self.sliced = self.tp or self.ep  # a model of slices (SlicedLM), or None
         self.model = model or LM(cfg, rng=np.random.default_rng(settings.seed), dtype=dtype)
