@@ -139,9 +139,13 @@ def _expert_parallel_training(world, s, ids):
     grid = dist.RankGrid(dist.GridShape(ep=world.size), world)
     out = _compare(world, f"ep={world.size} (capacity drops)", _train(cfg, s, ids, grid),
                    one)
+    # two data-parallel threads per rank, each on its twin of the group: one process on
+    # two threads (two shards' aux losses and capacities)
+    two, _, _ = _train(cfg, replace(s, threads=2), ids)
+    out += _compare(world, f"ep={world.size}, 2 threads", _train(cfg, replace(s, threads=2),
+                                                              ids, grid), two)
     if world.size >= 4:  # dp x ep: ep=P/2 ranks of each rank's slice equal one process on
         # two shards (the aux losses per data-parallel rank)
-        two, _, _ = _train(cfg, replace(s, threads=2), ids)
         grid2 = dist.RankGrid(dist.GridShape(dp=2, ep=world.size // 2), world)
         out += _compare(world, f"dp=2 x ep={world.size // 2} (ZeRO-1; 2 shards)",
                         _train(cfg, s, ids, grid2, 1), two)

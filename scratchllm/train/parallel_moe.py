@@ -179,7 +179,9 @@ class ExpertParallelLM(SlicedLM, LM):
         self.group = group  # the seed's draws replayed, each expert stack sliced as drawn
         self.take_parts(build_part(cfg, rng, dtype, self._slice))
         self.tally, self.routed_bytes = {}, {}  # the all-to-alls' and gathers' bytes: this
-        for layer in self.layers:  # step's so far, the last step's (expert_bytes)
+        self.twin_groups, self.twin_tallies = [], []  # step's so far, the last step's
+        # (expert_bytes); and replica()'s twins' groups and tallies
+        for layer in self.layers:
             if isinstance(layer.ffn, MoE):
                 self._hook(layer.ffn)
 
@@ -193,15 +195,22 @@ class ExpertParallelLM(SlicedLM, LM):
     def after_step(self, caches, across=None):
         """LM.after_step; and the step's expert-parallel bytes from its routing kept in
         routed_bytes."""
-        self.routed_bytes = dict(self.tally)
-        self.tally.clear()  # (the dict every ExpertShard adds to)
+        self.routed_bytes = {}
+        for tally in [self.tally] + self.twin_tallies:  # this thread's, the other shards'
+            for op, n in tally.items():
+                self.routed_bytes[op] = self.routed_bytes.get(op, 0) + n
+            tally.clear()  # (the dict each of a model's ExpertShards adds to)
         return super().after_step(caches, across)
 
-    def bytes_bound(self, batch, seq_len):
-        """The config's bound on a step's expert-parallel bytes (expert_bytes_bound) for batch
-        sequences of seq_len tokens on this rank."""
-        return expert_bytes_bound(self.cfg, self.group.size, batch * seq_len,
-                                  self.dtype.itemsize)
+    def bytes_bound(self, shards, seq_len):
+        """The config's bound on a step's expert-parallel bytes (expert_bytes_bound) for this
+        rank's data shards of `shards` sequences each (one per thread) of seq_len tokens."""
+        out = {}
+        for n in shards:
+            for op, b in expert_bytes_bound(self.cfg, self.group.size, n * seq_len,
+                                            self.dtype.itemsize).items():
+                out[op] = out.get(op, 0) + b
+        return out
 
     def _hook(self, ffn):
         shard = ExpertShard(ffn, self.group, self.tally)
@@ -209,7 +218,20 @@ class ExpertParallelLM(SlicedLM, LM):
         set_moe_hooks(ffn, experts=shard)
 
     def replica(self):
-        raise ValueError("expert parallel: one data shard per rank (no --threads above 1)")
+        """A data-parallel thread's twin: the same Params' data (its own .grad), the same
+        buffers, and its experts' collectives on a twin of the group (Group.twin: each
+        thread's all-to-alls apart); collective, made in the same order on every rank."""
+        twin = ExpertParallelLM(self.cfg, self.group.twin(), rng=NO_DRAWS, dtype=self.dtype)
+        for p, q in zip(self.parameters(), twin.parameters()):
+            q.data = p.data
+        twin.share_buffers(self)
+        self.twin_groups.append(twin.group)  # (not the twin itself: a Module in a list
+        self.twin_tallies.append(twin.tally)  # attribute would join this one's Params)
+        return twin
+
+    def groups(self):
+        """This model's expert-parallel group and its threads' twins' (for the bytes sent)."""
+        return [self.group] + self.twin_groups
 
 
 def set_moe_hooks(ffn, **hooks):

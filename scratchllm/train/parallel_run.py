@@ -40,9 +40,9 @@ def check_combination(sizes, threads, zero, model=None):
     if len(on) > 1 and on != ["tp", "pp"]:
         raise ValueError(f"{flags}: one of --tp, --pp, --cp, --ep at a time (each works with "
                          f"--dp; --tp also with --pp)")
-    if on and threads > 1:
+    if on and on != ["ep"] and threads > 1:
         raise ValueError(f"{flags}: one data shard per rank (got --threads {threads}; use "
-                         f"--threads 1)")
+                         f"--threads 1; --ep takes threads)")
     if on and zero > 1:
         raise ValueError(f"--zero {zero} with {flags}: ZeRO-1 shards the optimizer over the "
                          f"data-parallel ranks of a split model or a pipeline stage; ZeRO-2/3 "
@@ -142,7 +142,8 @@ def comm_model(run, zero):
             out.update({f"{axis} {op}": n for op, n in model.bytes_per_step(
                 len(run.rows), s.seq_len, **part).items()})
     if run.ep is not None:  # the all-to-alls' sizes follow the routing: the config's bound
-        out.update(model.bytes_bound(len(run.rows), s.seq_len))
+        shards = np.array_split(run.rows, min(s.threads, len(run.rows)))  # a thread's each
+        out.update(model.bytes_bound([len(c) for c in shards], s.seq_len))
     if run.stage is not None:
         out["pp send"] = run.stage.bytes_per_step(len(run.rows), s.seq_len)
     # the floats summed per step (Group.sum_scalar): the loss over the data-parallel ranks
@@ -167,7 +168,9 @@ def predicted_sent(run):
 def sent(run):
     """Bytes this rank has sent over its data-, tensor-, context-, expert- and pipeline-
     parallel groups."""
-    groups = [run.group] + [g for g in (run.tp, run.cp, run.ep) if g is not None]
+    groups = [run.group] + [g for g in (run.tp, run.cp) if g is not None]
+    if run.ep is not None:  # and its data-parallel threads' twins of the group
+        groups += run.model.groups()
     if run.stage is not None:  # its sends, and its group's collectives (the sums)
         return sum(g.total_sent() for g in groups + [run.stage.group]) + run.stage.sent
     return sum(g.total_sent() for g in groups)
@@ -181,12 +184,14 @@ def opt_names(run):
 
 def evaluates_in_parts(run):
     """Whether an evaluation runs on the ranks' parts of the weights (a pipeline's stages,
-    ZeRO-3's shards) rather than on each rank's model (whole, or a split model's own)."""
-    return run.stage is not None or (run.shards is not None and run.shards.stage == 3)
+    ZeRO-3's shards) or, with expert parallel threads, on the main thread alone, rather than
+    on each rank's threads and model (whole, or a split model's own)."""
+    return run.stage is not None or (run.shards is not None and run.shards.stage == 3) or (
+        run.ep is not None and run.s.threads > 1)
 
 
 def evaluate_parts(run, batches):
-    """The mean cross-entropy over batches ((x, y)) with a pipeline or ZeRO-3 (collective):
+    """The mean cross-entropy over batches ((x, y)) where evaluates_in_parts (collective):
     the data-parallel rank d takes batches d, d + size, ...; a pipeline passes them through
     its stages forward only, ZeRO-3 gathers each block on use, every rank running as many
     forwards (a rank short of batches repeats one, uncounted)."""
@@ -194,6 +199,9 @@ def evaluate_parts(run, batches):
     mine = batches[g.rank::g.size]
     if run.stage is not None:
         total = run.stage.pp_sum(run.stage.cross_entropy_sum(mine))
+    elif run.shards is None:  # expert parallel: one thread (the threads' forwards on one
+        total = sum(run.model.cross_entropy(*b) * b[1].size for b in mine)  # communicator
+        # would mix their messages; the ranks of the group take the same batches)
     else:
         pad = [batches[0]] * (-(-len(batches) // g.size) - len(mine))
         with run.shards.evaluation():

@@ -113,3 +113,14 @@ def test_expert_parallel_bytes_count_the_slots_that_change_rank():
     worst = np.array([0] + [M] * E)  # every slot on expert 0 (rank 0 receives half)
     assert sum(expert_bytes(worst, 0, 2, cfg.d_model * 4).values()) * n_moe <= \
         sum(bound.values())
+
+
+def test_threads_per_rank_go_with_expert_parallel_only():
+    """--ep takes data-parallel threads (each thread's collectives on its twin of the group);
+    --tp, --pp and --cp refuse them by name."""
+    from scratchllm.train.parallel_run import check_combination
+    check_combination({"ep": 2}, threads=2, zero=0)
+    for axis in ("tp", "pp", "cp"):
+        with pytest.raises(ValueError, match=rf"--{axis} 2: one data shard per rank \(got "
+                                             rf"--threads 2; use --threads 1; --ep takes"):
+            check_combination({axis: 2}, threads=2, zero=0)
