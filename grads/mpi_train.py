@@ -6,6 +6,7 @@ drops) and a pipeline must reach the parameters one process reaches on the whole
 send the bytes the communication model predicts.
 Part of `mpiexec -n P python -m grads.mpi` (grads/mpi.py), so the fast test tier's one
 2-rank run covers the collectives' gradients and a training equivalence together."""
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -73,6 +74,9 @@ def training_checks(world):
     out += _balance_across_training(world, s, ids)
     grid = dist.RankGrid(dist.GridShape(cp=P), world)  # zig-zag chunks of T = 8 (2P | 8)
     out += _compare(world, f"cp={P} (ring attention)", _train(cfg, s, ids, grid), one)
+    two = _train(cfg, replace(s, threads=2), ids)[0]  # (each thread's ring on its own twin
+    out += _compare(world, f"cp={P}, 2 threads", _train(cfg, replace(s, threads=2), ids, grid),
+                    two)  # of the group)
     for shape, zero in ([(dist.GridShape(dp=2, cp=P // 2), 1),
                          (dist.GridShape(dp=2, tp=P // 2), 1)] if P >= 4 else []):
         out += _compare(world, f"{shape.describe()} (ZeRO-{zero})",
@@ -129,8 +133,6 @@ def _expert_parallel_training(world, s, ids):
     """ep=P on the tiny MoE (4 experts; capacity factor 0.6, so slots are dropped) against
     one process on one data shard: the parameters, and the bytes sent against the model's
     with the all-to-alls and gathers sized from the step's routing (expert_bytes)."""
-    from dataclasses import replace
-
     from scratchllm import dist
     cfg = lm_tiny("moe", vocab_size=24)
     cfg = replace(cfg, layers=tuple(replace(ls, ffn=replace(ls.ffn, capacity_factor=0.6))
@@ -175,7 +177,6 @@ def _balance_across_training(world, s, ids):
     """dp=P with the balance loss across the ranks (--balance-across-ranks) against one
     process on one data shard (whose balance loss is over the whole batch): equal, and its
     all-reduces in the communication model."""
-    from dataclasses import replace
 
     from scratchllm import dist
     cfg = lm_tiny("moe", vocab_size=24)

@@ -148,7 +148,7 @@ class Group:
     def twin(self):
         """A group of the same ranks on a duplicate communicator (collective: every rank
         makes its twins in the same order), whose messages never meet this group's: one per
-        data-parallel thread, each thread's collectives on its own (MPI_THREAD_MULTIPLE)."""
+        data shard of a rank (a data-parallel thread's model replica)."""
         return Group(self.comm.Dup(), self.name)
 
     def broadcast(self, value, root=0):

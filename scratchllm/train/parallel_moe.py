@@ -173,6 +173,8 @@ class ExpertParallelLM(SlicedLM, LM):
     it starts from the same weights; loss, loss_backward and cross_entropy as LM's (the same
     values on every rank of the group)."""
 
+    serial_shards = True  # data-parallel threads run their shards one at a time (parallel.py)
+
     def __init__(self, cfg, group, *, rng, dtype=np.float32):
         check_expert_parallel(cfg, group.size)
         super().__init__(cfg, rng=NO_DRAWS, dtype=dtype)  # untouched pages

@@ -40,9 +40,9 @@ def check_combination(sizes, threads, zero, model=None):
     if len(on) > 1 and on != ["tp", "pp"]:
         raise ValueError(f"{flags}: one of --tp, --pp, --cp, --ep at a time (each works with "
                          f"--dp; --tp also with --pp)")
-    if on and on != ["ep"] and threads > 1:
+    if on and on not in (["cp"], ["ep"]) and threads > 1:
         raise ValueError(f"{flags}: one data shard per rank (got --threads {threads}; use "
-                         f"--threads 1; --ep takes threads)")
+                         f"--threads 1; --cp and --ep take threads)")
     if on and zero > 1:
         raise ValueError(f"--zero {zero} with {flags}: ZeRO-1 shards the optimizer over the "
                          f"data-parallel ranks of a split model or a pipeline stage; ZeRO-2/3 "
@@ -136,21 +136,24 @@ def comm_model(run, zero):
                          rank=run.group.rank)
     if run.shards is not None:
         out.update(run.shards.bytes_per_step())
-    for axis in ("tp", "cp"):  # the split model's own collectives, per step (a stage's)
-        if getattr(run, axis) is not None:
-            part = {"stage": run.stage} if axis == "tp" else {}
-            out.update({f"{axis} {op}": n for op, n in model.bytes_per_step(
-                len(run.rows), s.seq_len, **part).items()})
+    shards = [len(c) for c in np.array_split(run.rows, min(s.threads, len(run.rows)))]
+    if run.tp is not None:  # the split model's own collectives, per step (a stage's)
+        out.update({f"tp {op}": n for op, n in model.bytes_per_step(
+            len(run.rows), s.seq_len, stage=run.stage).items()})
+    if run.cp is not None:  # each data shard's (thread's) ring and gradients' all-reduce
+        for rows in shards:
+            for op, n in model.bytes_per_step(rows, s.seq_len).items():
+                out[f"cp {op}"] = out.get(f"cp {op}", 0) + n
     if run.ep is not None:  # the all-to-alls' sizes follow the routing: the config's bound
-        shards = np.array_split(run.rows, min(s.threads, len(run.rows)))  # a thread's each
-        out.update(model.bytes_bound([len(c) for c in shards], s.seq_len))
+        out.update(model.bytes_bound(shards, s.seq_len))
     if run.stage is not None:
         out["pp send"] = run.stage.bytes_per_step(len(run.rows), s.seq_len)
     # the floats summed per step (Group.sum_scalar): the loss over the data-parallel ranks
     # (and ZeRO-2/3's gradient norm), the norm over a split model's group, the loss over
     # the context-parallel ranks, the loss and the norm over the stages
     scalars = {"": (run.group, 1 + (run.shards is not None)), "tp ": (run.tp, 1),
-               "ep ": (run.ep, 1), "cp ": (run.cp, 1), "pp ": (run.stage and run.stage.group, 2)}
+               "ep ": (run.ep, 1), "cp ": (run.cp, len(shards)),  # (a loss per shard)
+               "pp ": (run.stage and run.stage.group, 2)}
     for axis, (group, n) in scalars.items():
         if group is not None and group.size > 1:
             out[f"{axis}sum_scalar"] = n * group.scalar_bytes()
@@ -168,8 +171,8 @@ def predicted_sent(run):
 def sent(run):
     """Bytes this rank has sent over its data-, tensor-, context-, expert- and pipeline-
     parallel groups."""
-    groups = [run.group] + [g for g in (run.tp, run.cp) if g is not None]
-    if run.ep is not None:  # and its data-parallel threads' twins of the group
+    groups = [run.group] + ([] if run.tp is None else [run.tp])
+    if run.cp is not None or run.ep is not None:  # and the threads' twins of the group
         groups += run.model.groups()
     if run.stage is not None:  # its sends, and its group's collectives (the sums)
         return sum(g.total_sent() for g in groups + [run.stage.group]) + run.stage.sent
@@ -184,10 +187,10 @@ def opt_names(run):
 
 def evaluates_in_parts(run):
     """Whether an evaluation runs on the ranks' parts of the weights (a pipeline's stages,
-    ZeRO-3's shards) or, with expert parallel threads, on the main thread alone, rather than
+    ZeRO-3's shards) or, with context or expert parallel threads, on one thread, rather than
     on each rank's threads and model (whole, or a split model's own)."""
     return run.stage is not None or (run.shards is not None and run.shards.stage == 3) or (
-        run.ep is not None and run.s.threads > 1)
+        (run.cp is not None or run.ep is not None) and run.s.threads > 1)
 
 
 def evaluate_parts(run, batches):
@@ -199,9 +202,10 @@ def evaluate_parts(run, batches):
     mine = batches[g.rank::g.size]
     if run.stage is not None:
         total = run.stage.pp_sum(run.stage.cross_entropy_sum(mine))
-    elif run.shards is None:  # expert parallel: one thread (the threads' forwards on one
-        total = sum(run.model.cross_entropy(*b) * b[1].size for b in mine)  # communicator
-        # would mix their messages; the ranks of the group take the same batches)
+    elif run.shards is None:  # context or expert parallel: one thread (the threads'
+        # forwards on one communicator would mix their messages; the group's ranks take
+        # the same batches)
+        total = sum(run.model.cross_entropy(*b) * b[1].size for b in mine)
     else:
         pad = [batches[0]] * (-(-len(batches) // g.size) - len(mine))
         with run.shards.evaluation():

@@ -39,7 +39,8 @@ def test_every_collective_pair_passes_the_distributed_check_on_2_ranks(mpirun):
     assert re.search(r"ok    bytes ep=2 \(capacity drops\): ([\d,]+) sent by rank 0, model \1",
                      proc.stdout), proc.stdout
     assert "ok    train ep=2, 2 threads == one process" in proc.stdout
-    assert "61/61 distributed checks pass" in proc.stdout, proc.stdout
+    assert "ok    train cp=2, 2 threads == one process" in proc.stdout
+    assert "63/63 distributed checks pass" in proc.stdout, proc.stdout
 
 
 @pytest.mark.slow
@@ -57,7 +58,7 @@ def test_on_4_ranks_and_on_the_groups_of_a_2x2_grid(mpirun):
                  "pp=2 x tp=2 (gpipe, 2 micro-batches)", "pp=2 x tp=2 (1f1b, 2 micro-batches)",
                  "pp=2 x dp=2 (ZeRO-1, 1f1b, 2 micro-batches)"):
         assert f"ok    train {grid} == one process" in proc.stdout, proc.stdout
-    assert "75/75 distributed checks pass" in proc.stdout, proc.stdout
+    assert "77/77 distributed checks pass" in proc.stdout, proc.stdout
 
 
 BROKEN = """

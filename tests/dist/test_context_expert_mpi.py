@@ -129,7 +129,7 @@ def test_context_and_expert_parallel_refuse_what_they_do_not_cover(mpirun, small
                                               "multiple of 2 x 2)"),
             (["--ep", "2"], "--ep 2: expert parallelism does not cover dense's dense FFNs"),
             (["--cp", "2", "--zero", "3"], "--zero 3 with --cp 2"),
-            (["--cp", "2", "--threads", "2"], "--cp 2: one data shard per rank (got --threads 2"),
+            (["--pp", "2", "--threads", "2"], "--pp 2: one data shard per rank (got --threads 2"),
             (["--dp", "2", "--balance-across-ranks"], "the model has no top-k MoE layer")):
         proc = mpirun(2, "-m", "scratchllm", "train", *train_args(data, root / "no-cp"),
                       *extra)

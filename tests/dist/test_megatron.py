@@ -115,12 +115,13 @@ def test_expert_parallel_bytes_count_the_slots_that_change_rank():
         sum(bound.values())
 
 
-def test_threads_per_rank_go_with_expert_parallel_only():
-    """--ep takes data-parallel threads (each thread's collectives on its twin of the group);
-    --tp, --pp and --cp refuse them by name."""
+def test_threads_per_rank_go_with_context_and_expert_parallel_only():
+    """--cp and --ep take data-parallel threads (each thread's collectives on its twin of the
+    group); --tp and --pp refuse them by name."""
     from scratchllm.train.parallel_run import check_combination
+    check_combination({"cp": 2}, threads=2, zero=0)
     check_combination({"ep": 2}, threads=2, zero=0)
-    for axis in ("tp", "pp", "cp"):
+    for axis in ("tp", "pp"):
         with pytest.raises(ValueError, match=rf"--{axis} 2: one data shard per rank \(got "
-                                             rf"--threads 2; use --threads 1; --ep takes"):
+                                             rf"--threads 2; use --threads 1; --cp and --ep"):
             check_combination({axis: 2}, threads=2, zero=0)
