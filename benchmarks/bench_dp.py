@@ -10,6 +10,12 @@ threads, and two MPI ranks of one thread each:
     mpiexec -n 2 python benchmarks/bench_dp.py cp2 DATA     (context parallel: ring attention)
     python benchmarks/bench_dp.py m1 DATA                   (the moe preset, one thread)
     mpiexec -n 2 python benchmarks/bench_dp.py ep2 DATA     (the moe preset, experts split)
+
+Peak memory per rank (the line `train` prints under MPI) on a preset widened by flat-name
+overrides, so that the weights outweigh the interpreter's ~250 MiB:
+
+    mpiexec -n 2 python benchmarks/bench_dp.py mem dense d_model=768,d_ff=2048,n_layers=8 \
+        --dp 2 --zero 3 --steps 2 ...        (every other argument is `train`'s)
 """
 import sys
 
@@ -38,5 +44,15 @@ def main(mode, data):
         print(f"{mode}: median step {med * 1000:.0f} ms, {16 * 128 / med:,.0f} tokens/s")
 
 
+def memory(name, overrides, flags):
+    """`train --preset name flags` with the preset's flat-name overrides ("k=v,k=v")."""
+    from scratchllm.cli import train
+    widened = dict((k, int(v)) for k, v in (kv.split("=") for kv in overrides.split(",")))
+    train.preset = lambda n: preset(n, **widened)  # the command reads its config from here
+    return train.main(["--preset", name, *flags])
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "mem":
+        sys.exit(memory(sys.argv[2], sys.argv[3], sys.argv[4:]))
     main(sys.argv[1], sys.argv[2])

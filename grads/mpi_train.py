@@ -6,6 +6,7 @@ drops) and a pipeline must reach the parameters one process reaches on the whole
 send the bytes the communication model predicts.
 Part of `mpiexec -n P python -m grads.mpi` (grads/mpi.py), so the fast test tier's one
 2-rank run covers the collectives' gradients and a training equivalence together."""
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -25,22 +26,22 @@ class TrainResult(NamedTuple):
 def _train(cfg, settings, ids, grid=None, zero=0, sequence=False, pipeline=("1f1b", 0)):
     """(the run's whole Params after STEPS steps, bytes this rank sent in the last step,
     predicted)."""
+    from scratchllm.train import parallel_run
     from scratchllm.train.trainer import Run
     run = Run(cfg, settings, np.float64, grid=grid, zero=zero, sequence=sequence,
               pipeline=pipeline)
     for _ in range(STEPS):
         run.train_step(ids)
-    if run.shards is not None:
-        run.shards.gather_all()
-    run.whole()  # a pipeline's stages exchange their Params
-    model = run.model if run.sliced is None else run.model.gather_whole(cfg, [], {})[0]
-    return model.parameters(), run.sent[-1], sum(run.comm_model.values())
+    with parallel_run.whole_on_root(run, run.opt.state_dict()) as (model, _):
+        # the whole model on rank 0 alone, as a checkpoint gathers it (None elsewhere)
+        params = None if model is None else [p.data.copy() for p in model.parameters()]
+    return params, run.sent[-1], parallel_run.predicted_sent(run)  # (ep: from the routing)
 
 
 def _compare(world, name, got, one):
-    params, sent, predicted = got
-    err = max(float(np.abs(p.data - q.data).max() / np.abs(q.data).max())
-              for p, q in zip(params, one))
+    params, sent, predicted = got  # params: on world rank 0 only
+    err = 0.0 if params is None else max(float(np.abs(p - q).max() / np.abs(q).max())
+                                         for p, q in zip(params, one))
     err = max(world.comm.allgather(err))
     same = all(world.comm.allgather(sent == predicted))
     return [TrainResult(f"train {name} == one process, {STEPS} steps", err, err <= TOL),
@@ -73,6 +74,9 @@ def training_checks(world):
     out += _balance_across_training(world, s, ids)
     grid = dist.RankGrid(dist.GridShape(cp=P), world)  # zig-zag chunks of T = 8 (2P | 8)
     out += _compare(world, f"cp={P} (ring attention)", _train(cfg, s, ids, grid), one)
+    two = _train(cfg, replace(s, threads=2), ids)[0]  # (each thread's ring on its own twin
+    out += _compare(world, f"cp={P}, 2 threads", _train(cfg, replace(s, threads=2), ids, grid),
+                    two)  # of the group)
     for shape, zero in ([(dist.GridShape(dp=2, cp=P // 2), 1),
                          (dist.GridShape(dp=2, tp=P // 2), 1)] if P >= 4 else []):
         out += _compare(world, f"{shape.describe()} (ZeRO-{zero})",
@@ -127,10 +131,8 @@ def expert_parallel_checks(world, rng, check):
 
 def _expert_parallel_training(world, s, ids):
     """ep=P on the tiny MoE (4 experts; capacity factor 0.6, so slots are dropped) against
-    one process on one data shard: the parameters (the all-to-alls' bytes follow the
-    routing, so they have no prediction to meet)."""
-    from dataclasses import replace
-
+    one process on one data shard: the parameters, and the bytes sent against the model's
+    with the all-to-alls and gathers sized from the step's routing (expert_bytes)."""
     from scratchllm import dist
     cfg = lm_tiny("moe", vocab_size=24)
     cfg = replace(cfg, layers=tuple(replace(ls, ffn=replace(ls.ffn, capacity_factor=0.6))
@@ -138,13 +140,17 @@ def _expert_parallel_training(world, s, ids):
     one, _, _ = _train(cfg, s, ids)
     grid = dist.RankGrid(dist.GridShape(ep=world.size), world)
     out = _compare(world, f"ep={world.size} (capacity drops)", _train(cfg, s, ids, grid),
-                   one)[:1]
+                   one)
+    # two data-parallel threads per rank, each on its twin of the group: one process on
+    # two threads (two shards' aux losses and capacities)
+    two, _, _ = _train(cfg, replace(s, threads=2), ids)
+    out += _compare(world, f"ep={world.size}, 2 threads", _train(cfg, replace(s, threads=2),
+                                                              ids, grid), two)
     if world.size >= 4:  # dp x ep: ep=P/2 ranks of each rank's slice equal one process on
         # two shards (the aux losses per data-parallel rank)
-        two, _, _ = _train(cfg, replace(s, threads=2), ids)
         grid2 = dist.RankGrid(dist.GridShape(dp=2, ep=world.size // 2), world)
         out += _compare(world, f"dp=2 x ep={world.size // 2} (ZeRO-1; 2 shards)",
-                        _train(cfg, s, ids, grid2, 1), two)[:1]
+                        _train(cfg, s, ids, grid2, 1), two)
     return out + [_drops(world, cfg, grid)]
 
 
@@ -171,7 +177,6 @@ def _balance_across_training(world, s, ids):
     """dp=P with the balance loss across the ranks (--balance-across-ranks) against one
     process on one data shard (whose balance loss is over the whole batch): equal, and its
     all-reduces in the communication model."""
-    from dataclasses import replace
 
     from scratchllm import dist
     cfg = lm_tiny("moe", vocab_size=24)

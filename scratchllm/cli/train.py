@@ -41,6 +41,7 @@ from scratchllm.specs.unflat import flat_view
 from scratchllm.tokenizer import EOT
 from scratchllm.train import checkpoint, corpus
 from scratchllm.train.checkpoint import load_model
+from scratchllm.train import parallel_run
 from scratchllm.train.parallel_run import check_combination, check_split
 from scratchllm.train.pipeline import bubble_fraction
 from scratchllm.train.plots import save_run_plot
@@ -255,8 +256,6 @@ def _main(args, grid=None):
     if not finished:
         clock.close()
         return 130
-    if job.shards is not None:
-        job.shards.gather_all()  # ZeRO-3: the whole model on every rank again (to sample)
     train_time = time.perf_counter() - t_train
     val = job.evaluate(job.eval_set(val_ids))
     if not np.isfinite(val):
@@ -270,13 +269,14 @@ def _main(args, grid=None):
     if job.stage is not None:
         say(_bubble_line(job))
     if grid is not None and job.sent:
-        predicted = sum(job.comm_model.values())
+        predicted = parallel_run.predicted_sent(job)
         same = "equal to" if job.sent[-1] == predicted else "NOT equal to"
-        if job.ep is not None:  # the all-to-alls' sizes are the routing's
-            same = "the expert-parallel all-to-alls and gathers, whose sizes follow the " \
-                   "routing, beside"
+        routed = "" if job.ep is None else (  # the all-to-alls' sizes are the routing's
+            f", its expert-parallel all-to-alls and gathers sized from the step's routing: "
+            f"{_bytes(job.model.routed_bytes)}, within the config's bound "
+            f"{sum(n for k, n in job.comm_model.items() if k.endswith('(at most)')):,}")
         say(f"communication measured: {job.sent[-1]:,} bytes sent by rank 0 in the last step "
-            f"({same} the model's {predicted:,})")
+            f"({same} the model's {predicted:,}{routed})")
     if grid is not None:  # collective
         say(_memory_line(grid))
     if job.mtp_losses:

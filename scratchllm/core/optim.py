@@ -45,8 +45,11 @@ class AdamW:
             expect_finite("AdamW", "a group's lr_scale", g.get("lr_scale", 1.0), 0))
             for g in params]
         self.t = 0
-        self.m = [np.zeros_like(p.data) for p in self.params]
-        self.v = [np.zeros_like(p.data) for p in self.params]
+        # np.zeros (calloc), not zeros_like (which writes its zeros): a moment's pages stay
+        # untouched until a step writes them, so the Params a rank never updates (a ZeRO
+        # shard's or a pipeline stage's others) cost it no memory
+        self.m = [np.zeros(p.data.shape, p.data.dtype) for p in self.params]
+        self.v = [np.zeros(p.data.shape, p.data.dtype) for p in self.params]
 
     @property
     def params(self):

@@ -94,6 +94,9 @@ class SelfComm:
     def Split(self, color, key):
         return self
 
+    def Dup(self):
+        return self
+
     def Abort(self, code):
         raise SystemExit(code)
 
@@ -141,6 +144,12 @@ class Group:
     def scalar_bytes(self):
         """The bytes one sum_scalar sends from this rank: 2 (P - 1) 8 / P (0 alone)."""
         return 2 * (self.size - 1) * 8 // self.size
+
+    def twin(self):
+        """A group of the same ranks on a duplicate communicator (collective: every rank
+        makes its twins in the same order), whose messages never meet this group's: one per
+        data shard of a rank (a data-parallel thread's model replica)."""
+        return Group(self.comm.Dup(), self.name)
 
     def broadcast(self, value, root=0):
         """A picklable value from `root` to every rank (setup only, not counted)."""

@@ -26,8 +26,10 @@ n - o (reduce-scatter) and, once for the whole model, N - S (the update's all-ga
 Memory: between steps a rank holds its Params' gradients only (stage 2) and its Params'
 weights only (stage 3); during the step one block's gradients (and weights) at a time, plus
 whatever the forward caches keep. Weights released are read-only zero views of the same shape
-(a stray read gives zeros, a stray write raises); every rank first builds the whole model from
-the seed, as a one-process run does, and then releases what it does not own.
+(a stray read gives zeros, a stray write raises). At stage 3 a rank builds only its own Params
+(train/parallel_build.py: the seed's draws replayed, the others released as they are made);
+an evaluation gathers each block on use as the step does (`evaluation()`: every rank runs as
+many forwards), and a checkpoint gathers the weights on rank 0 alone (`on_root()`).
 
 The units are hooked by replacing each block's bound forward and backward with gathering
 versions (instance attributes; the block's class is untouched and its Params keep their names).
@@ -50,12 +52,12 @@ class ZeroUnit(NamedTuple):
     counts: tuple   # elements per rank
 
 
-def _released(p):
+def released(p):
     """A read-only, zero-strided zero array of p.data's shape and dtype (one element held)."""
     return np.broadcast_to(np.zeros((), p.data.dtype), p.data.shape)
 
 
-def _empty_grad(p):
+def empty_grad(p):
     """A zero-strided grad placeholder that zero_grad may write (one element held)."""
     return np.lib.stride_tricks.as_strided(np.zeros(1, p.data.dtype), p.data.shape,
                                            (0,) * p.data.ndim)
@@ -88,9 +90,9 @@ class ShardedModel:
         for unit in self.units + [self.rest]:
             for p, r in zip(unit.params, unit.owners):
                 if r != self.rank:
-                    p.grad = _empty_grad(p)
+                    p.grad = empty_grad(p)
                     if stage == 3:
-                        p.data = _released(p)
+                        p.data = released(p)
         for layer, unit in zip(model.layers, self.units):
             self._hook(layer, unit)
 
@@ -149,7 +151,7 @@ class ShardedModel:
     def _release(self, unit):
         for p, r in zip(unit.params, unit.owners):
             if r != self.rank:
-                p.data = _released(p)
+                p.data = released(p)
         self.resident.discard(unit.name)
 
     # ------------------------------------------------------------------ gradients
@@ -173,7 +175,7 @@ class ShardedModel:
                 p.grad[...] = mine[start:start + p.data.size].reshape(p.data.shape)
                 start += p.data.size
             else:
-                p.grad = _empty_grad(p)
+                p.grad = empty_grad(p)
 
     # ------------------------------------------------------------------ the trainer's calls
     def begin_step(self):
@@ -206,6 +208,43 @@ class ShardedModel:
             self.whole = False
             for unit in self.units + [self.rest]:
                 self._release(unit)
+
+    @contextmanager
+    def evaluation(self):
+        """For forward-only passes (collective): the rest's weights gathered for the duration;
+        the blocks gather on use, so every rank must run as many forwards."""
+        if self.stage == 2 or self.whole:
+            yield
+            return
+        self._gather(self.rest)
+        try:
+            yield
+        finally:
+            self._release(self.rest)
+
+    @contextmanager
+    def on_root(self):
+        """Every weight on the group's rank 0 alone for the duration (collective: a gather of
+        each unit's shards; the other ranks keep theirs), to write a checkpoint."""
+        if self.stage == 2 or self.whole:
+            yield
+            return
+        units = self.units + [self.rest]
+        for unit in units:
+            mine = [p.data for p, r in zip(unit.params, unit.owners) if r == self.rank]
+            parts = self.group.comm.gather(mine, root=0)
+            if self.rank == 0:
+                held = [iter(part) for part in parts]
+                for p, r in zip(unit.params, unit.owners):
+                    whole = next(held[r])
+                    if r != self.rank:
+                        p.data = whole
+        try:
+            yield
+        finally:
+            if self.rank == 0:
+                for unit in units:
+                    self._release(unit)
 
     def gather_all(self):
         """Every weight gathered for good (collective): the model is whole again on every

@@ -19,8 +19,9 @@ f becomes an all-gather along T and g a reduce-scatter along T (the same bytes: 
 is a reduce-scatter then an all-gather), the norms run on 1/P of the tokens, and their
 replicated gains' gradients, partial per rank, are all-reduced after the backward.
 
-Every rank builds the whole one-process model from the seed and keeps its slices, so a TP run
-starts from the same weights as one process; `gather_full` and `load_full` map between the two
+Every rank replays the one-process model's draws from the seed and keeps its slice of each
+weight as it is drawn (parallel_build.py: never the whole model at once), so a TP run starts
+from the same weights as one process; `gather_on_root` and `load_full` map between the two
 (checkpoints hold the whole model, so they load in one process and on any grid:
 parallel_slices.py). The regions
 are hooked by replacing the mixer's, the FFN's and the head's bound forward and backward
@@ -39,6 +40,7 @@ from scratchllm.dist import (all_gather_backward, all_gather_forward, all_reduce
 from scratchllm.lm import LM
 from scratchllm.lm.ends import EmbedCache
 from scratchllm.lm.model import LossCache
+from scratchllm.train.parallel_build import NO_DRAWS, build_part
 from scratchllm.train.parallel_slices import SlicedLM
 
 SPLITS = {"mixer.wq": 1, "mixer.wk": 1, "mixer.wv": 1, "mixer.wo": 0, "ffn.W1": 1, "ffn.W3": 1,
@@ -106,10 +108,9 @@ class MegatronLM(SlicedLM, LM):
         """rng: the one-process model's init RNG (the whole model is built from it and
         sliced); sequence: sequence parallelism (T must split into group.size blocks)."""
         check_tensor_parallel(cfg, group.size)
-        super().__init__(local_config(cfg, group.size), rng=np.random.default_rng(0),
-                         dtype=dtype)
+        super().__init__(local_config(cfg, group.size), rng=NO_DRAWS, dtype=dtype)  # untouched
         self.full_cfg, self.group, self.sequence = cfg, group, sequence
-        self.load_full({n: p.data for n, p in LM(cfg, rng=rng, dtype=dtype).named_parameters()})
+        self.take_parts(build_part(cfg, rng, dtype, self._slice))  # the seed's, sliced
         for layer in self.layers:
             self._region(layer.mixer)
             self._region(layer.ffn)

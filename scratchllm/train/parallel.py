@@ -66,14 +66,19 @@ def blas_threads():
 
 class DataParallel:
     """loss + backward of a model over S batch shards on S threads, gradients summed into
-    the main model's Params. S = 1 runs in the calling thread."""
+    the main model's Params. S = 1 runs in the calling thread. A model whose forward and
+    backward talk to other processes (`serial_shards = True`: context and expert parallel,
+    whose ranks must meet in each collective) gets its shards one after another on one
+    thread: a thread blocked in MPI while another waits for Numba's compiler lock can hang
+    the job."""
 
     def __init__(self, model, n_shards):
         if n_shards < 1:
             raise ValueError(f"DataParallel: n_shards must be >= 1, got {n_shards}")
         self.model = model
         self.replicas = [model] + [model.replica() for _ in range(n_shards - 1)]
-        self.pool = ThreadPoolExecutor(n_shards) if n_shards > 1 else None
+        workers = 1 if getattr(model, "serial_shards", False) else n_shards
+        self.pool = ThreadPoolExecutor(workers) if n_shards > 1 else None
 
     def _shard(self, model, x, y, scale, docs):
         model.zero_grad()

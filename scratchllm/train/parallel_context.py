@@ -37,6 +37,7 @@ from scratchllm.dist import (all_reduce_grads, bytes_per_step, ring_attention_ba
 from scratchllm.lm import LM
 from scratchllm.lm.model import LossCache
 from scratchllm.specs import AttentionSpec, FFNSpec, Mask
+from scratchllm.train.parallel_build import NO_DRAWS
 
 
 class CPAttentionCache(NamedTuple):
@@ -126,10 +127,12 @@ class ContextParallelLM(LM):
     sequence's mean on every rank, and after loss_backward every rank holds the whole
     gradient."""
 
+    serial_shards = True  # data-parallel threads run their shards one at a time (parallel.py)
+
     def __init__(self, cfg, group, *, rng, dtype=np.float32):
         check_context_parallel(cfg, group.size)
         super().__init__(cfg, rng=rng, dtype=dtype)
-        self.group = group
+        self.group, self.twin_groups = group, []
         for layer in self.layers:
             self._ring(layer.mixer)
 
@@ -190,7 +193,19 @@ class ContextParallelLM(LM):
         return self.group.sum_scalar(ce) / self.group.size
 
     def replica(self):
-        raise ValueError("context parallel: one data shard per rank (no --threads above 1)")
+        """A data-parallel thread's twin: the same Params' data (its own .grad; its
+        gradients all-reduced over the group by its own loss_backward) and its ring on a
+        twin of the group (Group.twin: each thread's messages apart); collective, made in
+        the same order on every rank."""
+        twin = ContextParallelLM(self.cfg, self.group.twin(), rng=NO_DRAWS, dtype=self.dtype)
+        for p, q in zip(self.parameters(), twin.parameters()):
+            q.data = p.data
+        self.twin_groups.append(twin.group)  # (not the twin: a Module in a list attribute
+        return twin                          # would join this model's Params)
+
+    def groups(self):
+        """This model's context-parallel group and its threads' twins' (for the bytes sent)."""
+        return [self.group] + self.twin_groups
 
     def bytes_per_step(self, batch, seq_len):
         """{collective: bytes this rank sends over the group in one step on `batch` sequences

@@ -38,11 +38,13 @@ from scratchllm.core.validate import expect_dout, expect_float, expect_shape
 from scratchllm.dist import all_gather_forward, all_reduce_backward, all_reduce_forward
 from scratchllm.lm import LM
 from scratchllm.moe import MoE
+from scratchllm.moe.experts import capacity_of
 from scratchllm.moe.layer import moe_forward
 from scratchllm.moe.losses import (balance_loss_backward, balance_loss_forward,
                                    check_balance_inputs)
 from scratchllm.specs import MoESpec
 from scratchllm.train.expert_parallel import expert_parallel_backward, expert_parallel_forward
+from scratchllm.train.parallel_build import NO_DRAWS, build_part
 from scratchllm.train.parallel_slices import SlicedLM
 
 EXPERT_PARAMS = ("w1", "w3", "w2")  # the SwiGLU experts' stacks, split along E (axis 0)
@@ -70,12 +72,57 @@ def check_expert_parallel(cfg, P):
                          f"{'; '.join(bad)}")
 
 
+def _slot_split(M, P):
+    """[slots of each rank]: M kept slots cut into P contiguous runs (np.array_split)."""
+    return [len(c) for c in np.array_split(np.arange(M), P)]
+
+
+def expert_bytes(bounds, rank, n_ranks, row_bytes):
+    """{"ep all_to_all": bytes, "ep all_gather": bytes} one MoE layer's step (forward and
+    backward) sends from this rank, from its routing: bounds (E+1,) the edges of each
+    expert's kept slots (sorted by expert), row_bytes = D x itemsize. Rank r takes the run
+    S_r of the slots and owns the run O_r of its experts' slots (contiguous: sorted by expert);
+    the dispatch sends S_r minus O_r, the combine sends back O_r minus S_r, their backwards
+    the reverse, so 2(|S_r - O_r| + |O_r - S_r|) rows; each all-gather (the outputs forward,
+    the inputs' gradients backward) sends every run but the successor's (the ring's)."""
+    P, r, M = n_ranks, rank, int(bounds[-1])
+    E_local = (len(bounds) - 1) // P
+    counts = _slot_split(M, P)
+    lo = sum(counts[:r])
+    hi = lo + counts[r]
+    a, b = int(bounds[r * E_local]), int(bounds[(r + 1) * E_local])  # O_r
+    both = max(0, min(hi, b) - max(lo, a))
+    moved = (hi - lo - both) + (b - a - both)
+    return {"ep all_to_all": 2 * moved * row_bytes,
+            "ep all_gather": 2 * (M - counts[(r + 1) % P]) * row_bytes}
+
+
+def expert_bytes_bound(cfg, n_ranks, tokens, itemsize):
+    """{"ep all_to_all (at most)": ..., "ep all_gather (at most)": ...} a step sends over the
+    MoE layers for `tokens` tokens on the rank, from the config: M <= min(N k, E C) kept slots
+    (C the capacity, N k without one), every slot of the rank's run leaving it and every slot
+    of its experts arriving (<= M rows each way), the all-gathers' M - floor(M/P) rows."""
+    a2a = gather = 0
+    for spec in cfg.layers:
+        f = spec.ffn
+        if not isinstance(f, MoESpec):
+            continue
+        E, k = f.router.n_experts, f.router.top_k
+        M = min(tokens * k, E * capacity_of(tokens, k, E, f.capacity_factor))
+        row = cfg.d_model * itemsize
+        a2a += 2 * M * row
+        gather += 2 * (M - M // n_ranks) * row
+    return {"ep all_to_all (at most)": a2a, "ep all_gather (at most)": gather}
+
+
 class ExpertShard:
     """moe_forward's experts= hook for one MoE Module over an expert-parallel group: its Params
-    w1, w3 (E/P, D, F), w2 (E/P, F, D) are this rank's experts."""
+    w1, w3 (E/P, D, F), w2 (E/P, F, D) are this rank's experts. tally: a dict to which each
+    backward adds the bytes its step's all-to-alls and gathers send (expert_bytes)."""
 
-    def __init__(self, module, group):
+    def __init__(self, module, group, tally=None):
         self.module, self.group = module, group
+        self.tally = {} if tally is None else tally
 
     def check(self, fn, x, w):
         """x (..., D) float; w_router (D, E) with E = P x the E/P experts of w1, w3, w2.
@@ -92,7 +139,7 @@ class ExpertShard:
 
     def _rows(self, M):
         """(rows of each rank, this rank's lo, hi) of M slots cut into P contiguous runs."""
-        counts = [len(c) for c in np.array_split(np.arange(M), self.group.size)]
+        counts = _slot_split(M, self.group.size)
         lo = sum(counts[:self.group.rank])
         return counts, lo, lo + counts[self.group.rank]
 
@@ -105,14 +152,18 @@ class ExpertShard:
         ys, c = expert_parallel_forward(xs[lo:hi], mine, m.w1.data, m.w3.data, m.w2.data,
                                         group=self.group)  # fwd: split, experts on the owners
         ys, _ = all_gather_forward(ys, group=self.group, counts=counts)  # fwd: gather
-        return ys, (c, counts, lo, hi)
+        return ys, (c, counts, lo, hi, np.asarray(bounds))
 
     def backward(self, dys, cache):
         """dys (M, D), the same on every rank -> {"xs": dxs (M, D) on every rank, "w1", "w3",
         "w2": this rank's experts' gradients over every rank's rows}."""
-        c, counts, lo, hi = cache
+        c, counts, lo, hi, bounds = cache
         g = expert_parallel_backward(dys[lo:hi], c)  # fwd: gather (backward: keep my rows)
         dxs, _ = all_gather_forward(g.pop("xs"), group=self.group, counts=counts)  # fwd: split
+        # a training step's (forward and backward; an evaluation's forwards are not counted)
+        for op, n in expert_bytes(bounds, self.group.rank, self.group.size,
+                                  dys.shape[1] * dys.itemsize).items():
+            self.tally[op] = self.tally.get(op, 0) + n
         return dict(g, xs=dxs)
 
 
@@ -122,14 +173,16 @@ class ExpertParallelLM(SlicedLM, LM):
     it starts from the same weights; loss, loss_backward and cross_entropy as LM's (the same
     values on every rank of the group)."""
 
+    serial_shards = True  # data-parallel threads run their shards one at a time (parallel.py)
+
     def __init__(self, cfg, group, *, rng, dtype=np.float32):
         check_expert_parallel(cfg, group.size)
-        super().__init__(cfg, rng=rng, dtype=dtype)
-        self.group = group
-        for name, p in self.named_parameters():
-            if self.split_axis(name) is not None:
-                p.data = np.ascontiguousarray(self._slice(name, p.data))
-                p.grad = np.zeros_like(p.data)
+        super().__init__(cfg, rng=NO_DRAWS, dtype=dtype)  # untouched pages
+        self.group = group  # the seed's draws replayed, each expert stack sliced as drawn
+        self.take_parts(build_part(cfg, rng, dtype, self._slice))
+        self.tally, self.routed_bytes = {}, {}  # the all-to-alls' and gathers' bytes: this
+        self.twin_groups, self.twin_tallies = [], []  # step's so far, the last step's
+        # (expert_bytes); and replica()'s twins' groups and tallies
         for layer in self.layers:
             if isinstance(layer.ffn, MoE):
                 self._hook(layer.ffn)
@@ -141,13 +194,46 @@ class ExpertParallelLM(SlicedLM, LM):
             return 0 if isinstance(self.layers[int(layer.split(".")[1])].ffn, MoE) else None
         return None
 
+    def after_step(self, caches, across=None):
+        """LM.after_step; and the step's expert-parallel bytes from its routing kept in
+        routed_bytes."""
+        self.routed_bytes = {}
+        for tally in [self.tally] + self.twin_tallies:  # this thread's, the other shards'
+            for op, n in tally.items():
+                self.routed_bytes[op] = self.routed_bytes.get(op, 0) + n
+            tally.clear()  # (the dict each of a model's ExpertShards adds to)
+        return super().after_step(caches, across)
+
+    def bytes_bound(self, shards, seq_len):
+        """The config's bound on a step's expert-parallel bytes (expert_bytes_bound) for this
+        rank's data shards of `shards` sequences each (one per thread) of seq_len tokens."""
+        out = {}
+        for n in shards:
+            for op, b in expert_bytes_bound(self.cfg, self.group.size, n * seq_len,
+                                            self.dtype.itemsize).items():
+                out[op] = out.get(op, 0) + b
+        return out
+
     def _hook(self, ffn):
-        shard = ExpertShard(ffn, self.group)
+        shard = ExpertShard(ffn, self.group, self.tally)
 
         set_moe_hooks(ffn, experts=shard)
 
     def replica(self):
-        raise ValueError("expert parallel: one data shard per rank (no --threads above 1)")
+        """A data-parallel thread's twin: the same Params' data (its own .grad), the same
+        buffers, and its experts' collectives on a twin of the group (Group.twin: each
+        thread's all-to-alls apart); collective, made in the same order on every rank."""
+        twin = ExpertParallelLM(self.cfg, self.group.twin(), rng=NO_DRAWS, dtype=self.dtype)
+        for p, q in zip(self.parameters(), twin.parameters()):
+            q.data = p.data
+        twin.share_buffers(self)
+        self.twin_groups.append(twin.group)  # (not the twin itself: a Module in a list
+        self.twin_tallies.append(twin.tally)  # attribute would join this one's Params)
+        return twin
+
+    def groups(self):
+        """This model's expert-parallel group and its threads' twins' (for the bytes sent)."""
+        return [self.group] + self.twin_groups
 
 
 def set_moe_hooks(ffn, **hooks):

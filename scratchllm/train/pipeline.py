@@ -24,15 +24,17 @@ the step takes, a fraction (P - 1) / (M + P - 1) when the stages cost the same (
 schedule), averaged over the stages: it includes the waits and the imbalance between stages
 (the last stage's head and loss cost more than a block).
 
-Every rank builds the whole model from the seed and updates only its stage's Params; before an
-evaluation or a checkpoint the stages' Params are exchanged (`sync_whole`), so every rank holds
-the whole current model then.
+A rank holds only its stage's Params (the others are released placeholders: it builds its part
+from the seed's draws, train/parallel_build.py) and updates only those. An evaluation passes
+the activations through the stages forward only (`cross_entropy_sum`); a checkpoint gathers
+every stage's Params and moments on the group's rank 0 alone (`gather_on_root`).
 """
 import time
 
 import numpy as np
 
 from scratchllm.core import fused
+from scratchllm.dist.zero_layers import empty_grad, released
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -84,6 +86,21 @@ def simulated_bubble(schedule_name, n_stages, n_micro, f_cost=1.0, b_cost=2.0):
     return 1.0 - M * (f_cost + b_cost) / max(free)
 
 
+def stage_layers(n_layers, n_stages, stage):
+    """[block index] of a stage: np.array_split of the blocks, earlier stages the longer."""
+    return [int(i) for i in np.array_split(np.arange(n_layers), n_stages)[stage]]
+
+
+def stage_holds(name, layer_ids, first, last):
+    """Whether the stage of blocks layer_ids (first and/or last of the pipeline) holds the
+    Param of this name: its blocks', the first stage the embedding's, the last the rest."""
+    if name.startswith("layers."):
+        return int(name.split(".")[1]) in layer_ids
+    if name.startswith(("embed.", "pos.", "types.", "embed_norm.")):
+        return first
+    return last  # the final norm, head transform, head and its bias
+
+
 class PipelineStage:
     """This rank's stage of a model (an LM) over a pipeline group: `step(x, y, total)` runs
     the schedule on this rank's rows and leaves the stage's gradients in its Params."""
@@ -98,21 +115,19 @@ class PipelineStage:
                              f"head or MoE aux losses span the stages)")
         schedule(schedule_name, P, s, n_micro)  # checks the name
         self.model, self.group, self.n_micro, self.name = model, group, n_micro, schedule_name
-        bounds = np.array_split(np.arange(len(model.layers)), P)[s]
-        self.layer_ids = [int(i) for i in bounds]
+        self.layer_ids = stage_layers(len(model.layers), P, s)
         self.first, self.last = s == 0, s == P - 1
         self.names = [n for n, _ in model.named_parameters() if self._mine(n)]
         self.params = [p for n, p in model.named_parameters() if self._mine(n)]
+        for n, p in model.named_parameters():  # the other stages' (when built whole)
+            if not self._mine(n) and p.data.flags.writeable:
+                p.data, p.grad = released(p), empty_grad(p)
         self.sent = 0        # bytes sent to the neighbouring stages (counted like the groups')
         self.busy = self.wall = 0.0  # seconds computing and of the whole schedule, last step
         self.held = 0        # most micro-batches' activations held at once, last step
 
     def _mine(self, name):
-        if name.startswith("layers."):
-            return int(name.split(".")[1]) in self.layer_ids
-        if name.startswith(("embed.", "pos.", "types.", "embed_norm.")):
-            return self.first
-        return self.last  # the final norm, head transform, head and its bias
+        return stage_holds(name, self.layer_ids, self.first, self.last)
 
     # ------------------------------------------------------------------ point to point
     def _send(self, x, to, tag, pending):
@@ -206,27 +221,31 @@ class PipelineStage:
         return (float(np.mean([1 - b / w for b, w, _ in parts if w > 0])),
                 max(h for _, _, h in parts))
 
-    def sync_whole(self):
-        """Every stage's Params to every rank of the group (collective; not counted: outside
-        the steps), so each holds the whole current model."""
-        mine = {n: p.data for n, p in zip(self.names, self.params)}
-        arrays = {}
-        for part in self.group.comm.allgather(mine):
-            arrays.update(part)
-        for n, p in self.model.named_parameters():
-            if n not in mine:
-                p.data[...] = arrays[n]
+    def cross_entropy_sum(self, batches):
+        """Sum over batches (x, y) of the cross-entropy times y.size, forward only through the
+        stages (collective over the group: every stage takes the same batches): the last
+        stage's sum, 0 on the others."""
+        s, total = self.group.rank, 0.0
+        for i, (x, y) in enumerate(batches):
+            h = None
+            if not self.first:
+                h = self._recv((x.shape[0], x.shape[1], self.model.cfg.d_model),
+                               self.model.dtype, s - 1, i)
+            _, out = self._forward(x, y, h, y.size)  # (its cache dropped at once)
+            if self.last:
+                total += out
+            else:
+                self.group.comm.Send(np.ascontiguousarray(out), dest=s + 1, tag=i)
+        return total
 
-    def gather_moments(self, opt, state):
-        """AdamW's state_dict with every stage's moments, on the group's rank 0 (collective;
-        state: this rank's opt.state_dict())."""
-        index = {id(p): i for i, p in enumerate(opt.params)}
-        mine = {k: state[k] for p in self.params for k in (f"m.{index[id(p)]}",
-                                                         f"v.{index[id(p)]}")}
-        parts = self.group.comm.gather(mine, root=0)
-        if self.group.rank != 0:
+    def gather_on_root(self, arrays):
+        """{key: array} of every stage merged on the group's rank 0, None elsewhere
+        (collective; arrays: this stage's, e.g. its Params and their moments by name; not
+        counted: outside the steps). arrays None on every rank: None."""
+        parts = self.group.comm.gather(arrays, root=0)
+        if self.group.rank != 0 or arrays is None:
             return None
-        out = dict(state)
+        out = {}
         for part in parts:
             out.update(part)
         return out

@@ -119,8 +119,9 @@ class Run:
         stage). With cp or ep > 1, its ContextParallelLM or ExpertParallelLM (parallel_run.py
         says which model each axis builds)."""
         self.cfg, self.s = cfg, settings
-        self.world, self.group, axes, model = parallel_model(cfg, settings, dtype, grid, model,
-                                                             zero, sequence)
+        self.world, self.group, axes, model = parallel_model(
+            cfg, settings, dtype, grid, model, zero, sequence,
+            lambda m: make_optimizer(m, settings))
         self.tp, self.cp, self.ep = axes["tp"], axes["cp"], axes["ep"]
         self.sliced = self.tp or self.ep  # a model of slices (SlicedLM), or None
         self.model = model or LM(cfg, rng=np.random.default_rng(settings.seed), dtype=dtype)
@@ -246,14 +247,15 @@ class Run:
     def whole(self):
         """A context in which every weight is on this rank (ZeRO-3 gathers them; collective),
         else nothing."""
-        if self.stage is not None:  # every stage's current Params on every rank
-            self.stage.sync_whole()
         return nullcontext() if self.shards is None else self.shards.gathered()
 
     def evaluate(self, batches):
         """evaluate() on this run's threads and data-parallel ranks (in the step's
-        precision)."""
-        with self.whole(), self.precision():
+        precision); on the stages or ZeRO-3's shards, parallel_run.evaluate_parts."""
+        if parallel_run.evaluates_in_parts(self):
+            with self.precision():
+                return parallel_run.evaluate_parts(self, batches)
+        with self.precision():
             return evaluate(self.model, batches, self.dp, None if self.group.size == 1 else
                             self.group)
 
@@ -271,26 +273,18 @@ class Run:
         """Atomically write the checkpoint (checkpoint.save_run); on rank 0 only under MPI
         (every rank holds the same weights and optimizer state)."""
         opt_state = self.opt.state_dict()  # collective under ZeRO: every rank calls it
-        model = self.model
-        if self.stage is not None and self.sliced is not None:
-            self.stage.sync_whole()  # every stage's slices, before the slices are gathered
-        if self.sliced is not None and opt_state is not None:  # the whole model and moments,
-            # gathered over the slices' group (collective; ZeRO: data-parallel rank 0's)
-            model, opt_state = self.model.gather_whole(self.cfg, parallel_run.opt_names(self),
-                                                       opt_state)
-        if self.stage is not None and opt_state is not None:  # every stage's moments, on
-            opt_state = self.stage.gather_moments(self.opt, opt_state)  # rank 0
-        with self.whole():
+        # the whole model and moments on rank 0 alone (collective: slices, stages, shards)
+        with parallel_run.whole_on_root(self, opt_state) as (model, opt_state):
             if self.writer:
                 checkpoint.save_run(self, directory, tokenizer, opt_state, model=model)
 
     def load(self, directory):
         """Restore everything `save` wrote (checkpoint.load_run); CheckpointError on any
         mismatch."""
-        if self.sliced is not None:  # the whole run in one process, then this rank's slices
-            whole = Run(self.cfg, replace(self.s, threads=1), self.model.dtype)
-            checkpoint.load_run(whole, directory)
-            return parallel_run.load_sliced(self, whole)
+        if self.sliced is not None or self.stage is not None:  # the whole run in one
+            whole = Run(self.cfg, replace(self.s, threads=1), self.model.dtype)  # process,
+            checkpoint.load_run(whole, directory)  # then this rank's part
+            return parallel_run.load_part(self, whole)
         with self.whole():
             checkpoint.load_run(self, directory)
 

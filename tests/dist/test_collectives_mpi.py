@@ -4,6 +4,7 @@ backward caught by it, and what needs no MPI: the rank grid's error, a one-rank 
 partition, the install message. The fast tier keeps the 2-rank check (one mpiexec, about a
 second); the 4-rank run and the broken backward are in the slow tier."""
 import builtins
+import re
 
 import numpy as np
 import pytest
@@ -34,7 +35,12 @@ def test_every_collective_pair_passes_the_distributed_check_on_2_ranks(mpirun):
     assert "ok    ep=2 drops [12, 14] slots per layer at capacity factor 0.6" in proc.stdout
     assert "ok    balance loss per micro-batch 1.96 (mean over 2 ranks) vs across the ranks " \
         "1.00" in proc.stdout
-    assert "58/58 distributed checks pass" in proc.stdout, proc.stdout
+    # the expert-parallel bytes: those the step's routing gives (parallel_moe.expert_bytes)
+    assert re.search(r"ok    bytes ep=2 \(capacity drops\): ([\d,]+) sent by rank 0, model \1",
+                     proc.stdout), proc.stdout
+    assert "ok    train ep=2, 2 threads == one process" in proc.stdout
+    assert "ok    train cp=2, 2 threads == one process" in proc.stdout
+    assert "63/63 distributed checks pass" in proc.stdout, proc.stdout
 
 
 @pytest.mark.slow
@@ -52,7 +58,7 @@ def test_on_4_ranks_and_on_the_groups_of_a_2x2_grid(mpirun):
                  "pp=2 x tp=2 (gpipe, 2 micro-batches)", "pp=2 x tp=2 (1f1b, 2 micro-batches)",
                  "pp=2 x dp=2 (ZeRO-1, 1f1b, 2 micro-batches)"):
         assert f"ok    train {grid} == one process" in proc.stdout, proc.stdout
-    assert "71/71 distributed checks pass" in proc.stdout, proc.stdout
+    assert "77/77 distributed checks pass" in proc.stdout, proc.stdout
 
 
 BROKEN = """

@@ -3,6 +3,7 @@ train --cp 2` (ring attention over the zig-zag chunks of every sequence) and `--
 layer's experts split, dispatch and combine all-to-alls) give, in float64, the parameters and
 AdamW moments of one process on the whole batch, and their checkpoints resume across grids;
 `--dp 2 --balance-across-ranks` computes the MoE balance loss over both ranks' tokens."""
+import re
 import shutil
 
 import numpy as np
@@ -75,11 +76,32 @@ def test_expert_parallel_equals_one_process_on_one_shard_and_resumes_across_grid
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ranks: 2 (ep=2)" in proc.stdout and "model: moe, 2,823,296 parameters" in \
         proc.stdout
-    assert "all-to-alls and gathers, whose sizes follow the routing" in proc.stdout
+    # the bytes counted in the last step are those the step's routing gives (expert_bytes)
+    assert re.search(r"communication measured: [\d,]+ bytes sent by rank 0 in the last step "
+                     r"\(equal to the model's [\d,]+, its expert-parallel all-to-alls and "
+                     r"gathers sized from the step's routing", proc.stdout), proc.stdout
     rel, buffers = max_rel(load_model(root / "ep")[0], load_model(moe_one)[0])
     assert rel <= 1e-12 and buffers <= 1e-12, (rel, buffers)
     _same_moments(root / "ep", moe_one)
     _resumes_across_grids(mpirun, "ep", moe_one, root / "ep")
+
+
+def test_expert_parallel_with_two_threads_per_rank_equals_one_process_on_two(mpirun, small):
+    """--ep 2 --threads 2 (each thread's all-to-alls on its twin of the group; evaluation on
+    one thread) against one process with --threads 2 (two shards' aux losses): parameters
+    and buffers, the printed validation loss, and the bytes the routing gives."""
+    data, root = small
+    assert train.main(train_args(data, root / "moe-t2", "--preset", "moe", "--threads",
+                                 "2")) == 0
+    proc = mpirun(2, "-m", "scratchllm", "train", "--ep", "2", "--threads", "2", "--preset",
+                  "moe", *train_args(data, root / "ep-t2"), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ranks: 2 (ep=2), 2 thread(s) each" in proc.stdout
+    assert "(equal to the model's" in proc.stdout, proc.stdout
+    rel, buffers = max_rel(load_model(root / "ep-t2")[0], load_model(root / "moe-t2")[0])
+    assert rel <= 1e-12 and buffers <= 1e-12, (rel, buffers)
+    evals = [checkpoint.load_state(root / d)[0]["evals"] for d in ("ep-t2", "moe-t2")]
+    assert np.allclose(evals[0], evals[1], rtol=1e-12, atol=0), evals
 
 
 def test_the_balance_loss_across_ranks_is_one_shards_and_per_rank_is_not(mpirun, small,
@@ -107,6 +129,7 @@ def test_context_and_expert_parallel_refuse_what_they_do_not_cover(mpirun, small
                                               "multiple of 2 x 2)"),
             (["--ep", "2"], "--ep 2: expert parallelism does not cover dense's dense FFNs"),
             (["--cp", "2", "--zero", "3"], "--zero 3 with --cp 2"),
+            (["--pp", "2", "--threads", "2"], "--pp 2: one data shard per rank (got --threads 2"),
             (["--dp", "2", "--balance-across-ranks"], "the model has no top-k MoE layer")):
         proc = mpirun(2, "-m", "scratchllm", "train", *train_args(data, root / "no-cp"),
                       *extra)

@@ -80,3 +80,48 @@ def test_the_simulated_schedule_idles_for_the_formula_s_bubble(name):
             assert simulated_bubble(name, P, M) == pytest.approx(bubble_fraction(P, M))
     assert simulated_bubble(name, 4, 16) == pytest.approx(3 / 19)
     assert simulated_bubble(name, 2, 8, f_cost=1.0, b_cost=1.0) == pytest.approx(1 / 9)
+
+
+def test_expert_parallel_bytes_count_the_slots_that_change_rank():
+    """expert_bytes against a count slot by slot: rank r sends the slots of its run owned by
+    another rank's experts and receives its experts' slots of other runs, each way twice
+    (forward and backward); the all-gathers send every run but the successor's, twice; and
+    the config's bound holds when every slot is kept."""
+    from scratchllm.specs.presets import preset
+    from scratchllm.train.parallel_moe import expert_bytes, expert_bytes_bound
+    rng = np.random.default_rng(0)
+    for P, E in ((2, 4), (4, 8), (3, 6)):
+        for _ in range(5):
+            per_expert = rng.integers(0, 7, E)
+            bounds = np.concatenate(([0], np.cumsum(per_expert)))
+            M = int(bounds[-1])
+            owner = np.repeat(np.arange(E) // (E // P), per_expert)  # (M,) each slot's owner
+            run = np.concatenate([np.full(len(c), j) for j, c in
+                                  enumerate(np.array_split(np.arange(M), P))])  # (M,)
+            for r in range(P):
+                moved = int(np.sum((run == r) & (owner != r)) + np.sum((owner == r) & (run != r)))
+                succ = int(np.sum(run == (r + 1) % P))
+                assert expert_bytes(bounds, r, P, 12) == {"ep all_to_all": 2 * moved * 12,
+                                                          "ep all_gather": 2 * (M - succ) * 12}
+    cfg = preset("moe")
+    k, E = cfg.layers[0].ffn.router.top_k, cfg.layers[0].ffn.router.n_experts
+    n_moe = sum(1 for ls in cfg.layers if hasattr(ls.ffn, "router"))
+    bound = expert_bytes_bound(cfg, 2, 10, 4)
+    M = 10 * k  # no capacity: every slot kept
+    assert bound == {"ep all_to_all (at most)": n_moe * 2 * M * cfg.d_model * 4,
+                     "ep all_gather (at most)": n_moe * 2 * (M - M // 2) * cfg.d_model * 4}
+    worst = np.array([0] + [M] * E)  # every slot on expert 0 (rank 0 receives half)
+    assert sum(expert_bytes(worst, 0, 2, cfg.d_model * 4).values()) * n_moe <= \
+        sum(bound.values())
+
+
+def test_threads_per_rank_go_with_context_and_expert_parallel_only():
+    """--cp and --ep take data-parallel threads (each thread's collectives on its twin of the
+    group); --tp and --pp refuse them by name."""
+    from scratchllm.train.parallel_run import check_combination
+    check_combination({"cp": 2}, threads=2, zero=0)
+    check_combination({"ep": 2}, threads=2, zero=0)
+    for axis in ("tp", "pp"):
+        with pytest.raises(ValueError, match=rf"--{axis} 2: one data shard per rank \(got "
+                                             rf"--threads 2; use --threads 1; --cp and --ep"):
+            check_combination({axis: 2}, threads=2, zero=0)
