@@ -1,8 +1,14 @@
-"""Benchmarks of serving (scratchllm/serve/): float32, 2 threads, medians, side by side in one run.
+"""Benchmarks of serving (scratchllm/serve/): float32, medians, side by side in one run.
 
 Run serialised with other helpers:
     flock /tmp/scratchllm-bench.lock python benchmarks/bench_serve.py [NAME ...] [--ckpt DIR]
-        [--mtp-ckpt DIR] [--hf DIR]
+        [--mtp-ckpt DIR] [--hf DIR] [--threads N]
+
+--threads N (default 1) sets OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS and
+NUMBA_NUM_THREADS before numpy loads (overriding the environment) and the run prints it with
+the load average. One thread by default: on a loaded machine two OpenBLAS threads made every
+product of >= 4 rows cost ~30 ms (they spin waiting for a busy core), which made anything that
+batches rows look slower and anything that does not look faster.
 
 Sections:
 - engine: the engine on the paged cache against the contiguous one (the default `dense`
@@ -40,6 +46,9 @@ Sections:
   without the 4 sink tokens (StreamingLLM's claim: dropping them makes perplexity explode).
 - evict: held-out perplexity against the KV budget per eviction policy (window, streaming,
   h2o, snapkv) on the same checkpoint.
+- mla: the engine on the `mla` preset (MLA + fine-grained MoE, random weights): the paged
+  cache of latents against the contiguous one and the requests one after the other, same
+  mixed workload as engine's; and the bytes a token holds against the GQA `dense` preset.
 - gptq: int4 weights round-to-nearest against GPTQ (gptq_weights, calibrated on windows of
   the training split; in order, and by decreasing input energy with static groups) on the
   trained checkpoint (--ckpt) and, when present, the Hugging Face one (--hf): held-out
@@ -49,9 +58,19 @@ import os
 import sys
 import time
 
-os.environ.setdefault("OMP_NUM_THREADS", "2")
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "2")
-os.environ.setdefault("MKL_NUM_THREADS", "2")
+
+def _threads(argv):
+    """--threads N from argv (default 1), set for every BLAS and Numba before numpy loads."""
+    n = argv[argv.index("--threads") + 1] if "--threads" in argv else "1"
+    if not n.isdigit() or int(n) < 1:
+        sys.exit(f"--threads must be an integer >= 1, got {n!r}")
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                "NUMBA_NUM_THREADS"):
+        os.environ[var] = n
+    return int(n)
+
+
+THREADS = _threads(sys.argv[1:])
 
 import numpy as np  # noqa: E402
 from runner import run_named  # noqa: E402  (benchmarks/ is on sys.path as the script's folder)
@@ -445,6 +464,33 @@ def bench_mtp():
               f"tokens accepted, {per:.2f} per round")
 
 
+def bench_mla():
+    model = LM(preset("mla"), rng=np.random.default_rng(0), dtype=np.float32)
+    rng = np.random.default_rng(0)
+    V, spec = model.cfg.vocab_size, model.layers[0].mixer.spec
+    prompts = [[int(t) for t in rng.integers(0, V, rng.integers(8, 120))] for _ in range(8)]
+    news = [int(n) for n in rng.integers(8, 120, 8)]
+    fns = [lambda: _engine_run(model, prompts, news, "paged", None),
+           lambda: _engine_run(model, prompts, news, "contiguous", None),
+           lambda: [list(generate_ids(model, p, n, None, temperature=0.0))
+                    for p, n in zip(prompts, news)]]
+    paged, contiguous, alone = median_times_interleaved(fns, repeats=3)
+    same = _engine_run(model, prompts, news, "paged", None) == {
+        i: list(generate_ids(model, p, n, None, temperature=0.0))
+        for i, (p, n) in enumerate(zip(prompts, news))}
+    from scratchllm.serve.pool import cache_layers
+    n, gqa = sum(news), cache_layers(_model())[0]
+    print(f"mla preset (Dc {spec.kv_lora_rank} + dr {spec.qk_rope_head_dim} = "
+          f"{spec.kv_lora_rank + spec.qk_rope_head_dim} numbers per token per layer; the dense "
+          f"preset's GQA keeps 2 Hkv Dh = {gqa.streams * gqa.heads * gqa.width}), mixed "
+          f"lengths, {n} new tokens, 8 requests (prefill included):\n"
+          f"  paged latents, one decode_rows call per step {n / paged:7,.0f} tok/s\n"
+          f"  contiguous latents, the same                 {n / contiguous:7,.0f} tok/s  "
+          f"(paged {contiguous / paged:.2f}x its speed)\n"
+          f"  one request after another (generate_ids)     {n / alone:7,.0f} tok/s  "
+          f"(paged {alone / paged:.2f}x its speed); same ids: {same}")
+
+
 def _log_softmax(logits):
     z = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)  # (B, T, V)
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
@@ -498,11 +544,13 @@ def bench_gptq():
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    for flag in ("--ckpt", "--mtp-ckpt", "--hf"):
+    for flag in ("--ckpt", "--mtp-ckpt", "--hf", "--threads"):
         if flag in args:
             i = args.index(flag)
             args = args[:i] + args[i + 2:]
+    print(f"BLAS and Numba threads: {THREADS} (--threads); load average "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     sys.exit(run_named([bench_engine, bench_long, bench_qattn, bench_prefix, bench_quality,
-                        bench_speculative, bench_mtp, bench_prefill, bench_hf, bench_evict,
-                        bench_gptq],
+                        bench_speculative, bench_mtp, bench_prefill, bench_mla, bench_hf,
+                        bench_evict, bench_gptq],
                        args))
