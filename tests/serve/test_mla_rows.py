@@ -50,9 +50,8 @@ def test_the_caches_hold_one_latent_of_dc_plus_dr_per_token(model):
     assert paged_supported(model)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_random_mixes_equal_unbatched_decoding(model, seed):
-    prompts, news = _mix(seed)
+def test_random_mixes_equal_unbatched_decoding(model):
+    prompts, news = _mix(0)
     want = [_alone(model, p, k) for p, k in zip(prompts, news)]
     assert generate_batch(model, prompts, news, kv="contiguous") == want
     assert generate_batch(model, prompts, news, kv="paged", block_size=4) == want
