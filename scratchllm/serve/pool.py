@@ -27,7 +27,7 @@ import numpy as np
 from scratchllm.attention import MLA, Attention
 from scratchllm.serve.blocks import BlockManager
 from scratchllm.serve.quantize import FORMATS, default_group_size, dequantize_codes, quantize
-from scratchllm.serve.views import GroupState, LatentView
+from scratchllm.serve.views import GroupState, KernelView, LatentView
 
 KV_DTYPES = ("float32",) + FORMATS  # "float32": unquantised, in the model's own dtype
 
@@ -95,9 +95,11 @@ def paged_supported(model):
 
 def make_views(cache, seqs, length):
     """Per-layer views of `seqs` (each holding `length` tokens) for LM.decode: a GroupState
-    for a GQA layer, a LatentView for an MLA layer."""
+    for a GQA layer (a KernelView on a quantised PagedCache with kernel=True), a LatentView
+    for an MLA layer."""
+    gqa = KernelView if getattr(cache, "kernel", False) else GroupState
     return [LatentView(cache, i, seqs, length) if layer.kind == "mla" else
-            GroupState(cache, i, seqs, length) for i, layer in enumerate(cache.layers)]
+            gqa(cache, i, seqs, length) for i, layer in enumerate(cache.layers)]
 
 
 class _Codec:
@@ -142,8 +144,9 @@ class _Codec:
 
 class PagedCache:
     """Every layer's block pool and the one BlockManager they share; kernel: a quantised
-    pool's decode_rows and one-token forward_rows attend in qattention's kernel (reading the
-    codes) instead of dequantising first (off by default: no speed-up measured yet)."""
+    pool's GQA layers attend in qattention's kernel (reading the codes) instead of
+    dequantising first, in LM.decode on its views (KernelView), decode_rows and one-token
+    forward_rows (off by default: no speed-up measured yet)."""
     batchable = True
 
     def __init__(self, model, n_blocks, block_size, kv_dtype="float32", kernel=False):

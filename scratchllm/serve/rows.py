@@ -183,13 +183,9 @@ def trunk_rows(model, ids, cache, seqs, starts, lengths=None):
 def decode_rows(model, ids_t, cache, seqs, positions):
     """One token per sequence at its own position: ids_t (B,) at positions (B,) ints (= the
     tokens each holds) -> logits (B, V): the LM's own decode with one position per row, on
-    GroupState views of the cache (each row attends only its own keys: their key_mask); on a
-    quantised PagedCache made with kernel=True, forward_rows with one token per row, whose
-    attention reads the codes in qattention's kernel instead of dequantising the cache
-    first (its GQA layers; MLA layers dequantise their latents)."""
+    the cache's views (each row attends only its own keys: their key_mask; on a quantised
+    PagedCache made with kernel=True its GQA layers read the codes in qattention's kernel,
+    views.KernelView)."""
     positions = np.asarray(positions)
     expect_int("decode_rows", "positions", positions)
-    ids_t = np.asarray(ids_t)
-    if _fused_decode(cache, 1):
-        return forward_rows(model, ids_t[:, None], cache, seqs, positions)[:, 0]  # (B, V)
-    return model.decode(ids_t, cache.views(seqs, positions), positions)  # (B, V)
+    return model.decode(np.asarray(ids_t), cache.views(seqs, positions), positions)  # (B, V)

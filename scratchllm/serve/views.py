@@ -3,6 +3,9 @@ sequences, with the protocol of that layer's own decoding state, so LM.prefill a
 run unchanged on a paged or quantised cache.
 
     GroupState   a GQA layer's, as KVState: append(k, v), kv(), positions(), key_mask()
+    KernelView   a GroupState of a quantised PagedCache made with kernel=True: also
+                 attend(q, scale, softcap, sinks), which gqa_decode calls instead of kv() and
+                 sdpa, reading the codes in qattention's kernel (no dequantised copy)
     LatentView   an MLA layer's, as LatentKVState (attention/kv_state.py): append(ckv, k_pe)
                  one token, latents (B, L, Dc + dr) = [kv_norm(c_kv) | k_pe], kv, pe,
                  key_mask(); latent_width = Dc + dr is what mla_decode checks
@@ -13,6 +16,8 @@ Glossary: B sequences in a group, Hkv KV heads, Dh head dim, L tokens held, Dc K
 dr rope dim.
 """
 import numpy as np
+
+from scratchllm.serve.qattention import QUANTIZED_PAGED_ATTENTION, ScoreOptions
 
 
 class GroupState:
@@ -55,6 +60,19 @@ class GroupState:
         if np.ndim(self.n_seen) == 0:
             return None
         return (np.arange(self.length) < self.lengths[:, None])[:, None, None, :]
+
+
+class KernelView(GroupState):
+    """A GroupState whose decode attention runs in qattention's kernel on the pool's codes."""
+
+    def attend(self, q, scale, softcap, sinks):
+        """q (B, H, 1, Dh) against every row's first lengths[b] tokens -> o (B, H, 1, Dh)."""
+        cache, codec = self.cache, self.cache.codecs[self.layer]
+        o, _ = QUANTIZED_PAGED_ATTENTION.forward(
+            q[:, :, 0], *cache.pools[self.layer], cache.table(self.seqs, self.length),
+            self.lengths, fmt=codec.fmt, group_size=codec.group,
+            scores=ScoreOptions(scale, softcap, sinks))  # (B, H, Dh)
+        return o[:, :, None]  # (B, H, 1, Dh)
 
 
 class LatentView(GroupState):
