@@ -17,8 +17,8 @@ Sections:
   equal-length requests, and the requests run one after the other through lm.generate_ids.
 - long: one decode step at long context (B = 4, 2,048 cached tokens) reading a float32, int8,
   fp8 or int4 paged cache, and a contiguous float32 one (LM.decode: dequantise, then attend);
-  and the quantised ones through rows.decode_rows, whose attention reads the codes in
-  qattention's kernel ("kernel").
+  and the quantised ones made kernel=True ("kernel": LM.decode through rows.decode_rows on
+  KernelViews, whose attention reads the codes in qattention's kernel).
 - qattn: one layer's decode attention at 2,048 cached tokens reading an int8, fp8 or int4
   paged cache: the fused kernel (serve/qattention.py, dequantising each row as it reads it)
   against its readable twin and against PagedCache.read + sdpa (dequantise, then attend).
@@ -152,10 +152,10 @@ def bench_long():
                 cache.blocks.reserve(s, T + rounds)
         views[kv_dtype], caches[kv_dtype] = cache.views(list(range(B)), 0), cache
         model.prefill(ids[:, :T], views[kv_dtype])
-    kernel = tuple(f"{fmt} kernel" for fmt in ("int8", "fp8", "int4"))  # decode_rows: fused
+    kernel = tuple(f"{fmt} kernel" for fmt in ("int8", "fp8", "int4"))  # KernelViews: fused
     for name in kernel:  # the same cache, each step written over by the LM.decode step after
         caches[name] = caches[name.split()[0]]
-        caches[name].kernel = True  # decode_rows attends in the kernel; LM.decode never does
+        caches[name].kernel = True  # decode_rows' fresh views attend in the kernel; views[] not
     times = {name: [] for name in names + kernel}
     for t in range(T, T + rounds):
         for name in kernel + names:
