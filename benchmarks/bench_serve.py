@@ -48,7 +48,9 @@ Sections:
   h2o, snapkv) on the same checkpoint.
 - mla: the engine on the `mla` preset (MLA + fine-grained MoE, random weights): the paged
   cache of latents against the contiguous one and the requests one after the other, same
-  mixed workload as engine's; and the bytes a token holds against the GQA `dense` preset.
+  mixed workload as engine's; the numbers a token holds against the GQA `dense` preset; and
+  one decode step at 1,024 cached tokens (B = 4): the model's own LatentKVState against
+  paged float32 and int8 latents.
 - gptq: int4 weights round-to-nearest against GPTQ (gptq_weights, calibrated on windows of
   the training split; in order, and by decreasing input energy with static groups) on the
   trained checkpoint (--ckpt) and, when present, the Hugging Face one (--hf): held-out
@@ -489,6 +491,34 @@ def bench_mla():
           f"(paged {contiguous / paged:.2f}x its speed)\n"
           f"  one request after another (generate_ids)     {n / alone:7,.0f} tok/s  "
           f"(paged {alone / paged:.2f}x its speed); same ids: {same}")
+    _mla_long(model)
+
+
+def _mla_long(model, B=4, T=1024, rounds=12, bs=16):
+    """One MLA decode step at long context: the model's own LatentKVState against paged
+    latents in float32 and int8 (LM.decode on LatentViews: gather, dequantise, attend)."""
+    ids = np.random.default_rng(1).integers(0, model.cfg.vocab_size, (B, T + rounds))
+    states = {"LatentKVState": model.init_state(B, T + rounds)}
+    for kv_dtype in ("float32", "int8"):
+        cache = PagedCache(model, B * -(-(T + rounds) // bs), bs, kv_dtype)
+        for s in range(B):
+            cache.blocks.add(s, [0])
+            cache.blocks.reserve(s, T + rounds)
+        states[f"paged {kv_dtype}"] = cache.views(list(range(B)), 0)
+    for state in states.values():
+        model.prefill(ids[:, :T], state)
+    times = {name: [] for name in states}
+    for t in range(T, T + rounds):
+        for name, state in states.items():
+            t0 = time.perf_counter()
+            model.decode(ids[:, t], state, t)
+            times[name].append(time.perf_counter() - t0)
+    base = float(np.median(times["LatentKVState"][1:]))
+    print(f"MLA decode step, B={B}, context {T}, medians of {rounds - 1} interleaved steps:")
+    for name in states:
+        sec = float(np.median(times[name][1:]))
+        print(f"  {name:14s} {sec * 1e3:7.2f} ms/step  {B / sec:7,.0f} tok/s  "
+              f"{base / sec:.2f}x LatentKVState's speed")
 
 
 def _log_softmax(logits):
