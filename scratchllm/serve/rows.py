@@ -31,7 +31,7 @@ from scratchllm.attention.mla import mla_latent_attention
 from scratchllm.core.ops import linear_forward
 from scratchllm.core.validate import expect_int, expect_shape
 from scratchllm.serve.pool import PagedCache, cache_layers
-from scratchllm.serve.qattention import QUANTIZED_PAGED_ATTENTION, ScoreOptions
+from scratchllm.serve.views import KernelView
 from scratchllm.specs import Mask
 
 
@@ -89,13 +89,9 @@ def _attend_rows(a, attn, cache, layer, seqs, starts, lengths=None):
     (q, k, v), _ = project_qkv_forward(a, w, spec=spec, rope=rope)  # (B, H|Hkv, t, Dh)
     _store(cache, layer, seqs, starts, lengths, k, v)
     if lengths is None and _fused_decode(cache, a.shape[1]):  # the quantised pool in the kernel
-        codec = cache.codecs[layer]
         scale = attn.head_dim ** -0.5 if spec.scale is None else spec.scale
-        o, _ = QUANTIZED_PAGED_ATTENTION.forward(
-            q[:, :, 0], *cache.pools[layer], cache.table(seqs, int(starts.max()) + 1),
-            starts + 1, fmt=codec.fmt, group_size=codec.group,
-            scores=ScoreOptions(scale, spec.softcap, w.sinks))  # (B, H, Dh)
-        o = o[:, :, None]  # (B, H, 1, Dh)
+        view = KernelView(cache, layer, seqs, starts + 1)  # each row with its new token
+        o = view.attend(q, scale, spec.softcap, w.sinks)  # (B, H, 1, Dh)
     else:
         K, V = cache.read(layer, seqs, starts + (a.shape[1] if lengths is None else
                                                  np.asarray(lengths)))  # (B, Hkv, L, Dh)
