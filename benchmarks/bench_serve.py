@@ -1,8 +1,14 @@
-"""Benchmarks of serving (scratchllm/serve/): float32, 2 threads, medians, side by side in one run.
+"""Benchmarks of serving (scratchllm/serve/): float32, medians, side by side in one run.
 
 Run serialised with other helpers:
     flock /tmp/scratchllm-bench.lock python benchmarks/bench_serve.py [NAME ...] [--ckpt DIR]
-        [--mtp-ckpt DIR] [--hf DIR]
+        [--mtp-ckpt DIR] [--hf DIR] [--threads N]
+
+--threads N (default 1) sets OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS and
+NUMBA_NUM_THREADS before numpy loads (overriding the environment) and the run prints it with
+the load average. One thread by default: on a loaded machine two OpenBLAS threads made every
+product of >= 4 rows cost ~30 ms (they spin waiting for a busy core), which made anything that
+batches rows look slower and anything that does not look faster.
 
 Sections:
 - engine: the engine on the paged cache against the contiguous one (the default `dense`
@@ -11,8 +17,8 @@ Sections:
   equal-length requests, and the requests run one after the other through lm.generate_ids.
 - long: one decode step at long context (B = 4, 2,048 cached tokens) reading a float32, int8,
   fp8 or int4 paged cache, and a contiguous float32 one (LM.decode: dequantise, then attend);
-  and the quantised ones through rows.decode_rows, whose attention reads the codes in
-  qattention's kernel ("kernel").
+  and the quantised ones made kernel=True ("kernel": LM.decode through rows.decode_rows on
+  KernelViews, whose attention reads the codes in qattention's kernel).
 - qattn: one layer's decode attention at 2,048 cached tokens reading an int8, fp8 or int4
   paged cache: the fused kernel (serve/qattention.py, dequantising each row as it reads it)
   against its readable twin and against PagedCache.read + sdpa (dequantise, then attend).
@@ -40,6 +46,11 @@ Sections:
   without the 4 sink tokens (StreamingLLM's claim: dropping them makes perplexity explode).
 - evict: held-out perplexity against the KV budget per eviction policy (window, streaming,
   h2o, snapkv) on the same checkpoint.
+- mla: the engine on the `mla` preset (MLA + fine-grained MoE, random weights): the paged
+  cache of latents against the contiguous one and the requests one after the other, same
+  mixed workload as engine's; the numbers a token holds against the GQA `dense` preset; and
+  one decode step at 1,024 cached tokens (B = 4): the model's own LatentKVState against
+  paged float32 and int8 latents.
 - gptq: int4 weights round-to-nearest against GPTQ (gptq_weights, calibrated on windows of
   the training split; in order, and by decreasing input energy with static groups) on the
   trained checkpoint (--ckpt) and, when present, the Hugging Face one (--hf): held-out
@@ -49,9 +60,19 @@ import os
 import sys
 import time
 
-os.environ.setdefault("OMP_NUM_THREADS", "2")
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "2")
-os.environ.setdefault("MKL_NUM_THREADS", "2")
+
+def _threads(argv):
+    """--threads N from argv (default 1), set for every BLAS and Numba before numpy loads."""
+    n = argv[argv.index("--threads") + 1] if "--threads" in argv else "1"
+    if not n.isdigit() or int(n) < 1:
+        sys.exit(f"--threads must be an integer >= 1, got {n!r}")
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                "NUMBA_NUM_THREADS"):
+        os.environ[var] = n
+    return int(n)
+
+
+THREADS = _threads(sys.argv[1:])
 
 import numpy as np  # noqa: E402
 from runner import run_named  # noqa: E402  (benchmarks/ is on sys.path as the script's folder)
@@ -133,10 +154,10 @@ def bench_long():
                 cache.blocks.reserve(s, T + rounds)
         views[kv_dtype], caches[kv_dtype] = cache.views(list(range(B)), 0), cache
         model.prefill(ids[:, :T], views[kv_dtype])
-    kernel = tuple(f"{fmt} kernel" for fmt in ("int8", "fp8", "int4"))  # decode_rows: fused
+    kernel = tuple(f"{fmt} kernel" for fmt in ("int8", "fp8", "int4"))  # KernelViews: fused
     for name in kernel:  # the same cache, each step written over by the LM.decode step after
         caches[name] = caches[name.split()[0]]
-        caches[name].kernel = True  # decode_rows attends in the kernel; LM.decode never does
+        caches[name].kernel = True  # decode_rows' fresh views attend in the kernel; views[] not
     times = {name: [] for name in names + kernel}
     for t in range(T, T + rounds):
         for name in kernel + names:
@@ -445,6 +466,61 @@ def bench_mtp():
               f"tokens accepted, {per:.2f} per round")
 
 
+def bench_mla():
+    model = LM(preset("mla"), rng=np.random.default_rng(0), dtype=np.float32)
+    rng = np.random.default_rng(0)
+    V, spec = model.cfg.vocab_size, model.layers[0].mixer.spec
+    prompts = [[int(t) for t in rng.integers(0, V, rng.integers(8, 120))] for _ in range(8)]
+    news = [int(n) for n in rng.integers(8, 120, 8)]
+    fns = [lambda: _engine_run(model, prompts, news, "paged", None),
+           lambda: _engine_run(model, prompts, news, "contiguous", None),
+           lambda: [list(generate_ids(model, p, n, None, temperature=0.0))
+                    for p, n in zip(prompts, news)]]
+    paged, contiguous, alone = median_times_interleaved(fns, repeats=3)
+    same = _engine_run(model, prompts, news, "paged", None) == {
+        i: list(generate_ids(model, p, n, None, temperature=0.0))
+        for i, (p, n) in enumerate(zip(prompts, news))}
+    from scratchllm.serve.pool import cache_layers
+    n, gqa = sum(news), cache_layers(_model())[0]
+    print(f"mla preset (Dc {spec.kv_lora_rank} + dr {spec.qk_rope_head_dim} = "
+          f"{spec.kv_lora_rank + spec.qk_rope_head_dim} numbers per token per layer; the dense "
+          f"preset's GQA keeps 2 Hkv Dh = {gqa.streams * gqa.heads * gqa.width}), mixed "
+          f"lengths, {n} new tokens, 8 requests (prefill included):\n"
+          f"  paged latents, one decode_rows call per step {n / paged:7,.0f} tok/s\n"
+          f"  contiguous latents, the same                 {n / contiguous:7,.0f} tok/s  "
+          f"(paged {contiguous / paged:.2f}x its speed)\n"
+          f"  one request after another (generate_ids)     {n / alone:7,.0f} tok/s  "
+          f"(paged {alone / paged:.2f}x its speed); same ids: {same}")
+    _mla_long(model)
+
+
+def _mla_long(model, B=4, T=1024, rounds=12, bs=16):
+    """One MLA decode step at long context: the model's own LatentKVState against paged
+    latents in float32 and int8 (LM.decode on LatentViews: gather, dequantise, attend)."""
+    ids = np.random.default_rng(1).integers(0, model.cfg.vocab_size, (B, T + rounds))
+    states = {"LatentKVState": model.init_state(B, T + rounds)}
+    for kv_dtype in ("float32", "int8"):
+        cache = PagedCache(model, B * -(-(T + rounds) // bs), bs, kv_dtype)
+        for s in range(B):
+            cache.blocks.add(s, [0])
+            cache.blocks.reserve(s, T + rounds)
+        states[f"paged {kv_dtype}"] = cache.views(list(range(B)), 0)
+    for state in states.values():
+        model.prefill(ids[:, :T], state)
+    times = {name: [] for name in states}
+    for t in range(T, T + rounds):
+        for name, state in states.items():
+            t0 = time.perf_counter()
+            model.decode(ids[:, t], state, t)
+            times[name].append(time.perf_counter() - t0)
+    base = float(np.median(times["LatentKVState"][1:]))
+    print(f"MLA decode step, B={B}, context {T}, medians of {rounds - 1} interleaved steps:")
+    for name in states:
+        sec = float(np.median(times[name][1:]))
+        print(f"  {name:14s} {sec * 1e3:7.2f} ms/step  {B / sec:7,.0f} tok/s  "
+              f"{base / sec:.2f}x LatentKVState's speed")
+
+
 def _log_softmax(logits):
     z = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)  # (B, T, V)
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
@@ -498,11 +574,13 @@ def bench_gptq():
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    for flag in ("--ckpt", "--mtp-ckpt", "--hf"):
+    for flag in ("--ckpt", "--mtp-ckpt", "--hf", "--threads"):
         if flag in args:
             i = args.index(flag)
             args = args[:i] + args[i + 2:]
+    print(f"BLAS and Numba threads: {THREADS} (--threads); load average "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     sys.exit(run_named([bench_engine, bench_long, bench_qattn, bench_prefix, bench_quality,
-                        bench_speculative, bench_mtp, bench_prefill, bench_hf, bench_evict,
-                        bench_gptq],
+                        bench_speculative, bench_mtp, bench_prefill, bench_mla, bench_hf,
+                        bench_evict, bench_gptq],
                        args))

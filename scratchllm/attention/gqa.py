@@ -179,7 +179,9 @@ def gqa_decode(x_t, w, state, position, *, spec, rope=None):
     C floor(position / C) on (the state keeps every token; the others are masked).
     The state holds exactly the keys the token may attend; rows of different lengths mask
     each shorter row's stale slots (state.key_mask(); a state without one keeps its rows in
-    step: n_seen, append, kv and positions are the whole protocol).
+    step: n_seen, append, kv and positions are the whole protocol). A state with an
+    `attend(q, scale, softcap, sinks)` method (a quantised serving cache that reads its codes
+    in a kernel, serve/views.py) attends itself when the mask is plain causal, no bias.
     """
     expect_ndim("gqa_decode", "x_t", x_t, 2, "(B, D)")
     position = begin_step("gqa_decode", state, position)  # int, or (B,) int64
@@ -190,6 +192,22 @@ def gqa_decode(x_t, w, state, position, *, spec, rope=None):
     if spec.temperature is not None:  # Llama 4's query temperature at the token's position
         q = q * query_temperature(spec, np.reshape(position, (-1, 1)), q.dtype)
     state.append(k, v)
+    if getattr(state, "attend", None) is not None and spec.mask.chunk is None \
+            and not spec.alibi and spec.relative is None:  # a serving cache's own kernel
+        scale = q.shape[-1] ** -0.5 if spec.scale is None else spec.scale
+        o = state.attend(q, scale, spec.softcap, w.sinks)  # (B, H, 1, Dh)
+    else:
+        o = _attend_state(q, state, position, w, spec)  # (B, H, 1, Dh)
+    o = merge_heads(o)  # (B, 1, H*Dh)
+    if spec.output_gate:  # o sigmoid(x_t wg + bg)
+        o = output_gate_forward(x_t[:, None], o, w.wg, w.bg)[0]
+    y, _ = linear_forward(o, w.wo, w.bo)  # (B, 1, D)
+    return y[:, 0]  # (B, D)
+
+
+def _attend_state(q, state, position, w, spec):
+    """gqa_decode's attention of q (B, H, 1, Dh) over the state's keys (masks and biases as
+    the spec says) -> o (B, H, 1, Dh)."""
     K, V = state.kv()  # (B, Hkv, L, Dh); every cached key is at or before `position`
     bias, keep = None, rows_mask(state)  # keep None, or (B, 1, 1, L)
     if spec.mask.chunk is not None:  # only the keys of the token's own chunk
@@ -197,7 +215,7 @@ def gqa_decode(x_t, w, state, position, *, spec, rope=None):
         in_chunk = state.positions() >= start  # (B|1, 1, 1, L)
         keep = in_chunk if keep is None else keep & in_chunk
     if spec.alibi:  # -slope |position - j| over the kept keys' positions
-        slopes = alibi_slopes(spec.n_heads).astype(x_t.dtype)  # (H,)
+        slopes = alibi_slopes(spec.n_heads).astype(q.dtype)  # (H,)
         dist = np.abs(np.reshape(position, (-1, 1, 1, 1)) - state.positions())  # (B|1,1,1,L)
         bias = -slopes[:, None, None] * dist  # (B|1, H, 1, L)
     if spec.relative is not None:  # R[bucket(key position - position)] over the kept keys
@@ -206,11 +224,7 @@ def gqa_decode(x_t, w, state, position, *, spec, rope=None):
         bias = w.rel_table[buckets].transpose(0, 2, 1)[:, :, None, :]  # (B|1, H, 1, L)
     o, _ = sdpa_forward(q, K, V, None if keep is None else Mask(array=keep), spec.scale,
                         bias=bias, sinks=w.sinks, softcap=spec.softcap)  # (B, H, 1, Dh)
-    o = merge_heads(o)  # (B, 1, H*Dh)
-    if spec.output_gate:  # o sigmoid(x_t wg + bg)
-        o = output_gate_forward(x_t[:, None], o, w.wg, w.bg)[0]
-    y, _ = linear_forward(o, w.wo, w.bo)  # (B, 1, D)
-    return y[:, 0]  # (B, D)
+    return o
 
 
 # ---------------------------------------------------------------------------- module

@@ -158,8 +158,10 @@ def _decode_project(fn, x_t, w, state, position, spec, rope):
     check_mla_weights(fn, x_t.shape[1], w, spec, names=("wkv_b", "wo"))  # the rest: below
     check_indexer_weights(fn, x_t.shape[1], w, spec)
     g = geometry(fn, spec)
-    if not isinstance(state, LatentKVState) or state.latents.shape[2] != g.Dc + g.dr or (
-            spec.indexer is not None and not isinstance(state, IndexedLatentState)):
+    width = state.latents.shape[2] if isinstance(state, LatentKVState) else \
+        getattr(state, "latent_width", None)  # or a serving cache's view (serve/pool.py)
+    if width != g.Dc + g.dr or (spec.indexer is not None and
+                                not isinstance(state, IndexedLatentState)):
         raise ValueError(f"{fn}: state must be a LatentKVState of width Dc + dr = "
                          f"{g.Dc + g.dr} (an IndexedLatentState with spec.indexer)")
     position = begin_step(fn, state, position)  # int, or (B,) int64: one per row
@@ -177,31 +179,50 @@ def mla_decode(x_t, w, state, position, *, spec, rope=None):
     """One decoding step in the absorbed form (DeepSeek-V3 attn_impl="absorb").
 
     Inputs:  x_t (B, D) the new token; w, spec as mla_forward; state: a LatentKVState
-             (appended to); position: the new token's position, an int or (B,) ints (one
-             per row, kv_state.begin_step); rope a Rope there, or None: spec.rope there.
+             (appended to; or a view with its protocol: latent_width, append, latents,
+             key_mask); position: the new token's position, an int or (B,) ints (one per
+             row, kv_state.begin_step); rope a Rope there, or None: spec.rope there.
     Returns: out (B, D), equal to the last row of mla_forward on the whole sequence.
-    Math:    wkv_b as (Dc, H, dn+dv) = [W_UK | W_UV].  q_abs = W_UK q_nope (B, H, Dc), so
-             scores = (q_abs . ckv_t + q_pe . k_pe_t) * scale; o = W_UV (sum_t P_t ckv_t).
-             All heads share one key (like MQA), so per sequence this is one small
-             attention of H query rows against t latent rows. The scores are computed as
-             latents @ q^T (t rows), which OpenBLAS runs faster than sdpa's q @ k^T with only
-             H query rows (1.0 vs 3.6 ms at t = 4096, B = 8, one thread).
+    Math:    mla_latent_attention with one query per row against the state's latents.
     """
     q_nope, q_pe, g, keep = _decode_project("mla_decode", x_t, w, state, position, spec,
                                             rope)
-    H, dn, dr, dv, Dc = g
-    B = x_t.shape[0]
-    wb = w.wkv_b.reshape(Dc, H, dn + dv).transpose(1, 0, 2)  # (H, Dc, dn+dv)
-    q_abs = q_nope[:, :, 0].transpose(1, 0, 2) @ wb[..., :dn].swapaxes(1, 2)  # (H, B, Dc)
-    q = np.concatenate([q_abs.transpose(1, 0, 2), q_pe[:, :, 0]], axis=-1)  # (B, H, Dc+dr)
     lat = state.latents[:, :state.length]  # (B, t, Dc+dr) view: the keys; [..., :Dc] values
-    s = (lat @ q.swapaxes(1, 2)).swapaxes(1, 2) * np.asarray(_scale(spec), x_t.dtype)  # (B,H,t)
-    if keep is not None:  # (B, 1, 1, t): a shorter row's stale slots, the unpicked keys
-        s = np.where(keep[:, 0], s, -np.inf)
-    p, _ = ops.softmax_forward(s)  # (B, H, t)
-    o_lat = p @ lat[..., :Dc]  # (B, H, Dc)
-    o = o_lat.transpose(1, 0, 2) @ wb[..., dn:]  # (H, B, dv); W_UV after attention
-    return ops.linear_forward(o.transpose(1, 0, 2).reshape(B, H * dv), w.wo)[0]  # (B, D)
+    keep = None if keep is None else keep[:, 0]  # (B, 1, t)
+    return mla_latent_attention(q_nope, q_pe, lat, keep, w, spec)[:, 0]  # (B, D)
+
+
+def mla_latent_attention(q_nope, q_pe, lat, keep, w, spec):
+    """The absorbed form's attention of t queries per row against cached latents.
+
+    Inputs:  q_nope (B, H, t, dn), q_pe (B, H, t, dr) roped (mla_project_forward's); lat
+             (B, L, Dc+dr) the rows' cached [kv_norm(c_kv) | k_pe]; keep (B, t, L) bool (query
+             j of row b may read key l), or None: all; w (wkv_b, wo), spec as mla_forward.
+    Returns: out (B, t, D) (forward only: decoding and serving).
+    Math:    wkv_b as (Dc, H, dn+dv) = [W_UK | W_UV].  q_abs = W_UK q_nope (B, H, t, Dc), so
+             scores = (q_abs . ckv_l + q_pe . k_pe_l) * scale; o = W_UV (sum_l P_l ckv_l).
+             All heads share one key (like MQA), so per sequence this is one small
+             attention of H t query rows against L latent rows. The scores are computed as
+             latents @ q^T (L rows), which OpenBLAS runs faster than sdpa's q @ k^T with only
+             H query rows (1.0 vs 3.6 ms at L = 4096, B = 8, t = 1, one thread).
+    """
+    H, dn, dr, dv, Dc = geometry("mla_latent_attention", spec)
+    B, _, t, _ = q_nope.shape
+    wb = w.wkv_b.reshape(Dc, H, dn + dv).transpose(1, 0, 2)  # (H, Dc, dn+dv)
+    qn = q_nope.transpose(1, 0, 2, 3).reshape(H, B * t, dn)  # (H, B*t, dn)
+    q_abs = (qn @ wb[..., :dn].swapaxes(1, 2)).reshape(H, B, t, Dc)  # (H, B, t, Dc)
+    q = np.concatenate([q_abs.transpose(1, 0, 2, 3), q_pe], axis=-1)  # (B, H, t, Dc+dr)
+    q = q.reshape(B, H * t, Dc + dr)  # (B, H*t, Dc+dr) rows (h, j)
+    s = (lat @ q.swapaxes(1, 2)).swapaxes(1, 2) * np.asarray(_scale(spec), q.dtype)  # (B,H*t,L)
+    s = s.reshape(B, H, t, lat.shape[1])  # (B, H, t, L)
+    if keep is not None:  # a shorter row's stale slots, the unpicked keys, the causal mask
+        s = np.where(keep[:, None], s, -np.inf)
+    p, _ = ops.softmax_forward(s)  # (B, H, t, L)
+    o_lat = p.reshape(B, H * t, -1) @ lat[..., :Dc]  # (B, H*t, Dc)
+    o_lat = o_lat.reshape(B, H, t, Dc).transpose(1, 0, 2, 3).reshape(H, B * t, Dc)
+    o = o_lat @ wb[..., dn:]  # (H, B*t, dv); W_UV after attention
+    o = o.reshape(H, B, t, dv).transpose(1, 2, 0, 3).reshape(B, t, H * dv)  # (B, t, H*dv)
+    return ops.linear_forward(o, w.wo)[0]  # (B, t, D)
 
 
 def mla_decode_ref(x_t, w, state, position, *, spec, rope=None):

@@ -1,6 +1,7 @@
 """Serving: quantised arrays (quantize: int8, fp8 e4m3, int4 packed), a paged KV cache (blocks:
 block tables, free list, prefix sharing, copy-on-write; pool: the per-layer arrays, paged or
-contiguous, read by the LM's decode through KVState-like views), one call for sequences at
+contiguous, keys and values of GQA layers or MLA's latents, read by the LM's decode through
+views with its states' interfaces: views), one call for sequences at
 different positions (rows), a continuous-batching engine (engine: generate_batch), what
 quantising the cache costs (quality), weight quantisation of Linear layers (weights),
 speculative decoding (speculative; its drafters: another model or the target's MTP module,
@@ -10,8 +11,9 @@ paged cache in one Numba pass (qattention); calibrated int4 weights (gptq: GPTQ)
 from .blocks import BlockManager, OutOfBlocks
 from .evict import POLICIES, EvictingKV, kv_budget_cross_entropy
 from .engine import Engine, Request, generate_batch, make_engine
-from .pool import (KV_DTYPES, ContiguousCache, GroupState, PagedCache, StateCache,
-                   attention_layers, paged_supported)
+from .pool import (KV_DTYPES, CacheLayer, ContiguousCache, PagedCache, StateCache,
+                   attention_layers, cache_layers, paged_supported)
+from .views import GroupState, KernelView, LatentView
 from .quality import kv_attention_error, kv_cross_entropy
 from .drafts import MTPDraft, ModelDraft
 from .rows import (attention_weights, block_rows, decode_rows, forward_rows, prefill_rows,
@@ -33,4 +35,5 @@ __all__ = ["BlockManager", "ContiguousCache", "Engine", "EvictingKV", "FORMATS",
            "make_engine", "paged_supported", "prefill_rows", "quantizable", "quantize",
            "quantize_weights", "quantized_paged_attention", "quantized_paged_attention_ref",
            "residual", "rows_supported", "speculative_generate", "trunk_rows"]
-__all__ += ["gptq_quantize", "gptq_weights"]
+__all__ += ["gptq_quantize", "gptq_weights", "CacheLayer", "KernelView", "LatentView",
+            "cache_layers"]

@@ -207,7 +207,7 @@ def make_engine(model, kv="paged", block_size=16, n_blocks=None, kv_dtype="float
         raise ValueError(f"serve: kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
     if kv == "contiguous":
         if kv_dtype == "float32" and not paged_supported(model):
-            return Engine(model, StateCache(model), rows=False)  # windows, MLA, recurrences
+            return Engine(model, StateCache(model), rows=False)  # windows, recurrences
         return Engine(model, ContiguousCache(model, kv_dtype), rows, batch_prefill)
     if kv != "paged":
         raise ValueError(f"serve: kv must be 'paged' or 'contiguous', got {kv!r}")
@@ -222,13 +222,13 @@ def generate_batch(model, prompts, max_new_tokens, *, kv="paged", block_size=16,
     """Greedy continuation of every prompt through the continuous-batching engine.
 
     Inputs:  model an LM (kv "paged" or a quantised kv_dtype: every layer full causal GQA
-             attention); prompts a list of non-empty
+             attention or MLA: pool.cache_layers); prompts a list of non-empty
              lists of ids; max_new_tokens an int or one int per prompt; kv "paged" (blocks of
              block_size tokens, n_blocks of them: default room for every request at once;
              fewer forces preemption by recomputation) or "contiguous" (one array per request
-             sized prompt + max_new_tokens; for a model with sliding windows, MLA or
-             recurrent layers, each request's own model.init_state, decoded one request per
-             call); kv_dtype "float32" (unquantised: the model's own
+             sized prompt + max_new_tokens; for a model with sliding windows, DSA's indexer
+             or recurrent layers, each request's own model.init_state, decoded one request
+             per call); kv_dtype "float32" (unquantised: the model's own
              dtype), "int8", "fp8" or "int4" (per token per head; int4 in groups);
              batch_prefill: the prompts admitted in one step are prefilled in one
              right-padded forward (rows.prefill_rows; the models decode_rows serves) instead
@@ -249,8 +249,8 @@ def generate_batch(model, prompts, max_new_tokens, *, kv="paged", block_size=16,
                          batch_prefill=batch_prefill)
     if batch_prefill and not engine.batch_prefill:
         raise ValueError("generate_batch: batch_prefill=True needs a model decode_rows serves "
-                         "(full causal GQA attention, RoPE without dynamic scaling) on a "
-                         "paged or contiguous cache; this one is decoded one request per call")
+                         "(full causal GQA or MLA attention, RoPE without dynamic scaling) on "
+                         "a paged or contiguous cache; this one is decoded one request per call")
     for i, (p, n) in enumerate(zip(prompts, news)):
         engine.submit(i, p, int(n))
     out = engine.run()

@@ -10,30 +10,36 @@ starts[b] + t - 1 (chunked prefill):
                           store k, v at those slots of sequence b in the cache;
                           read the batch's keys padded to the longest row and attend query j
                           of row b to keys 0 .. starts[b] + j only (a (B, 1, t, L) mask)
+    per MLA layer:        q_nope, q_pe, ckv, k_pe = mla_project(x) at the same positions;
+                          store [ckv | k_pe] (the latent) at those slots; attend in the
+                          absorbed form against the rows' latents under the same mask
+                          (mla_latent_attention, what the MLA's own decode step runs)
     the Block around each layer (norms, residuals, FFN) is the LM's own (block_rows); the
     scores' and the logits' soft caps as the model's config says (LM.unembed)
 So one call serves the whole batch; each row's numbers are those of its own forward (the
 padded keys get probability exactly 0).
 
 Glossary: B rows, t tokens per row, D model width, H heads, Hkv KV heads, Dh head dim,
-L longest row.
+L longest row, Dc KV latent, dr rope dim.
 """
 import numpy as np
 
-from scratchllm.attention import (AttentionWeights, make_rope, merge_heads, output_gate_forward,
-                                  project_qkv_forward, sdpa_forward, sinusoidal_positions)
+from scratchllm.attention import (MLA, AttentionWeights, MLAWeights, make_rope, merge_heads,
+                                  mla_project_forward, output_gate_forward, project_qkv_forward,
+                                  sdpa_forward, sinusoidal_positions)
+from scratchllm.attention.mla import mla_latent_attention
 from scratchllm.core.ops import linear_forward
 from scratchllm.core.validate import expect_int, expect_shape
-from scratchllm.serve.pool import PagedCache, attention_layers
-from scratchllm.serve.qattention import QUANTIZED_PAGED_ATTENTION, ScoreOptions
+from scratchllm.serve.pool import PagedCache, cache_layers
+from scratchllm.serve.views import KernelView
 from scratchllm.specs import Mask
 
 
 def rows_supported(model):
-    """Whether decode_rows serves this model: full causal GQA layers (attention_layers) whose
-    RoPE, if any, does not depend on the length (dynamic NTK does: each row would need its own
-    frequencies)."""
-    attention_layers(model)
+    """Whether decode_rows serves this model: full causal GQA or MLA layers (cache_layers)
+    whose RoPE, if any, does not depend on the length (dynamic NTK does: each row would need
+    its own frequencies)."""
+    cache_layers(model)
     for layer in model.layers:
         rope = layer.mixer.spec.rope
         if rope is not None and (rope.scaling or {}).get("rope_type") == "dynamic":
@@ -47,28 +53,45 @@ def attention_weights(attn):
     return AttentionWeights(*(None if p is None else p.data for p in params))
 
 
+def _store(cache, layer, seqs, starts, lengths, *streams):
+    """Write each row's streams (B, heads, t, W) at its positions: all t tokens, or only the
+    first lengths[b] of row b (a padded row's padding is never stored)."""
+    if lengths is None:
+        cache.write(layer, seqs, starts, *streams)
+        return
+    for b, n in enumerate(lengths):
+        cache.write(layer, seqs[b:b + 1], starts[b:b + 1], *(x[b:b + 1, :, :n] for x in streams))
+
+
+def _attend_rows_mla(a, mla, cache, layer, seqs, starts, lengths=None):
+    """_attend_rows of an MLA layer: a (B, t, D) -> (B, t, D), storing each row's latents."""
+    spec, w = mla.spec, mla_weights(mla)
+    positions = starts[:, None] + np.arange(a.shape[1])  # (B, t)
+    rope = make_rope(spec.rope, spec.qk_rope_head_dim, positions)
+    (q_nope, q_pe, ckv, k_pe), _ = mla_project_forward(a, w, spec=spec, rope=rope)
+    lat = np.concatenate([ckv, k_pe[:, 0]], axis=-1)[:, None]  # (B, 1, t, Dc+dr)
+    _store(cache, layer, seqs, starts, lengths, lat)
+    ends = starts + (a.shape[1] if lengths is None else np.asarray(lengths))  # (B,)
+    (lats,) = cache.read(layer, seqs, ends)  # (B, 1, L, Dc+dr)
+    keep = np.arange(lats.shape[2]) <= positions[:, :, None]  # (B, t, L) causal, own keys
+    return mla_latent_attention(q_nope, q_pe, lats[:, 0], keep, w, spec)  # (B, t, D)
+
+
 def _attend_rows(a, attn, cache, layer, seqs, starts, lengths=None):
     """a (B, t, D) normed inputs of tokens at starts[b] .. + t - 1 -> the attention output
     (B, t, D), storing each row's k, v (only its first lengths[b] with lengths: a padded
     row's padding is never stored)."""
+    if isinstance(attn, MLA):
+        return _attend_rows_mla(a, attn, cache, layer, seqs, starts, lengths)
     spec, w = attn.spec, attention_weights(attn)
     positions = starts[:, None] + np.arange(a.shape[1])  # (B, t)
     rope = None if spec.rope is None else make_rope(spec.rope, attn.head_dim, positions)
     (q, k, v), _ = project_qkv_forward(a, w, spec=spec, rope=rope)  # (B, H|Hkv, t, Dh)
-    if lengths is None:
-        cache.write(layer, seqs, starts, k, v)
-    else:
-        for b, n in enumerate(lengths):
-            cache.write(layer, seqs[b:b + 1], starts[b:b + 1], k[b:b + 1, :, :n],
-                        v[b:b + 1, :, :n])
+    _store(cache, layer, seqs, starts, lengths, k, v)
     if lengths is None and _fused_decode(cache, a.shape[1]):  # the quantised pool in the kernel
-        codec = cache.codecs[layer]
         scale = attn.head_dim ** -0.5 if spec.scale is None else spec.scale
-        o, _ = QUANTIZED_PAGED_ATTENTION.forward(
-            q[:, :, 0], *cache.pools[layer], cache.table(seqs, int(starts.max()) + 1),
-            starts + 1, fmt=codec.fmt, group_size=codec.group,
-            scores=ScoreOptions(scale, spec.softcap, w.sinks))  # (B, H, Dh)
-        o = o[:, :, None]  # (B, H, 1, Dh)
+        view = KernelView(cache, layer, seqs, starts + 1)  # each row with its new token
+        o = view.attend(q, scale, spec.softcap, w.sinks)  # (B, H, 1, Dh)
     else:
         K, V = cache.read(layer, seqs, starts + (a.shape[1] if lengths is None else
                                                  np.asarray(lengths)))  # (B, Hkv, L, Dh)
@@ -80,6 +103,12 @@ def _attend_rows(a, attn, cache, layer, seqs, starts, lengths=None):
         o = output_gate_forward(a, o, w.wg, w.bg)[0]
     y, _ = linear_forward(o, w.wo, w.bo)  # (B, t, D)
     return y
+
+
+def mla_weights(mla):
+    """An MLA Module's arrays as the pairs' MLAWeights (None for the absent query form)."""
+    params = (getattr(mla, name, None) for name in MLAWeights._fields)
+    return MLAWeights(*(None if p is None else p.data for p in params))
 
 
 def _fused_decode(cache, t):
@@ -150,13 +179,9 @@ def trunk_rows(model, ids, cache, seqs, starts, lengths=None):
 def decode_rows(model, ids_t, cache, seqs, positions):
     """One token per sequence at its own position: ids_t (B,) at positions (B,) ints (= the
     tokens each holds) -> logits (B, V): the LM's own decode with one position per row, on
-    GroupState views of the cache (each row attends only its own keys: their key_mask); on a
-    quantised PagedCache made with kernel=True, forward_rows with one token per row, whose
-    attention reads the codes in qattention's kernel instead of dequantising the cache
-    first."""
+    the cache's views (each row attends only its own keys: their key_mask; on a quantised
+    PagedCache made with kernel=True its GQA layers read the codes in qattention's kernel,
+    views.KernelView)."""
     positions = np.asarray(positions)
     expect_int("decode_rows", "positions", positions)
-    ids_t = np.asarray(ids_t)
-    if _fused_decode(cache, 1):
-        return forward_rows(model, ids_t[:, None], cache, seqs, positions)[:, 0]  # (B, V)
-    return model.decode(ids_t, cache.views(seqs, positions), positions)  # (B, V)
+    return model.decode(np.asarray(ids_t), cache.views(seqs, positions), positions)  # (B, V)

@@ -89,11 +89,11 @@ def test_bad_inputs_and_no_backward():
                                     ("fp8", dict(attn_softcap=0.5, attn_sinks=True))])
 def test_decode_rows_on_a_quantised_paged_cache_reads_the_codes_in_the_kernel(fmt, kw,
                                                                               monkeypatch):
-    """decode_rows on a quantised PagedCache(kernel=True) goes through the kernel (once per
-    layer; not without kernel=True) and
-    gives the logits of LM.decode on the same cache (dequantise, then attend) to 1e-12,
-    soft-capped scores, sink logits and an output gate too."""
-    from scratchllm.serve import decode_rows, qattention
+    """decode_rows, LM.decode and one-token forward_rows on a quantised PagedCache(kernel=True)
+    go through the kernel (once per layer; not without kernel=True) and give the logits of
+    LM.decode on the same cache without it (dequantise, then attend) to 1e-12, soft-capped
+    scores, sink logits and an output gate too."""
+    from scratchllm.serve import decode_rows, forward_rows, qattention
     model = LM(lm_tiny("dense", **kw), rng=np.random.default_rng(0), dtype=np.float64)
     for layer in model.layers:  # sinks away from 0, so that they matter
         if layer.mixer.sinks is not None:
@@ -103,7 +103,7 @@ def test_decode_rows_on_a_quantised_paged_cache_reads_the_codes_in_the_kernel(fm
     for kernel in (True, False):
         cache = PagedCache(model, n_blocks=12, block_size=2, kv_dtype=fmt, kernel=kernel)
         for s, p in enumerate(prompts):
-            cache.blocks.add(s, p), cache.blocks.reserve(s, len(p) + 1)
+            cache.blocks.add(s, p), cache.blocks.reserve(s, len(p) + 3)
             model.prefill(np.array([p]), cache.views([s], 0))
         caches.append(cache)
     calls = []
@@ -111,12 +111,22 @@ def test_decode_rows_on_a_quantised_paged_cache_reads_the_codes_in_the_kernel(fm
     monkeypatch.setattr(qattention, "QUANTIZED_PAGED_ATTENTION", qattention.Twin(
         (lambda *a, **k: calls.append(1) or kernel(*a, **k), None), (None, None)))
     monkeypatch.setenv("SCRATCHLLM_READABLE", "0")
-    import scratchllm.serve.rows as rows
-    monkeypatch.setattr(rows, "QUANTIZED_PAGED_ATTENTION", qattention.QUANTIZED_PAGED_ATTENTION)
+    import scratchllm.serve.views as views
+    monkeypatch.setattr(views, "QUANTIZED_PAGED_ATTENTION", qattention.QUANTIZED_PAGED_ATTENTION)
     ids, positions = np.array([1, 2, 3]), np.array([3, 7, 5])
     fused = decode_rows(model, ids, caches[0], [0, 1, 2], positions)  # (3, V)
     assert len(calls) == len(model.layers)
     decode_rows(model, ids, caches[1], [0, 1, 2], positions)
     assert len(calls) == len(model.layers)  # kernel=False (the default): dequantise first
     want = model.decode(ids, caches[1].views([0, 1, 2], positions), positions)  # (3, V)
+    np.testing.assert_allclose(fused, want, rtol=0, atol=1e-12)
+    ids2, at = np.array([4, 5, 6]), positions + 1  # LM.decode on the kernel cache's views
+    fused = model.decode(ids2, caches[0].views([0, 1, 2], at), at)  # (3, V)
+    assert len(calls) == 2 * len(model.layers)
+    want = model.decode(ids2, caches[1].views([0, 1, 2], at), at)  # (3, V)
+    np.testing.assert_allclose(fused, want, rtol=0, atol=1e-12)
+    ids3, at = np.array([[7], [8], [9]]), at + 1  # forward_rows with one token per row
+    fused = forward_rows(model, ids3, caches[0], [0, 1, 2], at)[:, 0]  # (3, V)
+    assert len(calls) == 3 * len(model.layers)
+    want = model.decode(ids3[:, 0], caches[1].views([0, 1, 2], at), at)  # (3, V)
     np.testing.assert_allclose(fused, want, rtol=0, atol=1e-12)
