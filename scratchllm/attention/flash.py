@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.attention.flash_kernels import exp_shift_, softmax_grad_
+from scratchllm.attention.flash_lanes import backward_lanes, forward_lanes
 from scratchllm.attention.sdpa import check_heads
 from scratchllm.core.twins import use_fused
 from scratchllm.core.validate import (common_float, expect_dout, expect_finite, expect_float,
@@ -56,7 +56,7 @@ class FlashOptions(NamedTuple):
     n_sink: int
     block_q: int
     block_k: int
-    fused: bool       # not SCRATCHLLM_READABLE: flash_kernels' Numba passes for float32
+    fused: bool       # not SCRATCHLLM_READABLE: flash_lanes.py's twin (without ALiBi)
 
 
 class FlashCache(NamedTuple):
@@ -172,6 +172,9 @@ def flash_sdpa_forward(q, k, v, *, mask=None, scale=None, alibi_slopes=None, sin
     slopes = None if alibi_slopes is None else alibi_slopes.reshape(Hkv, G, 1, 1)  # (Hkv,G,1,1)
     out = np.zeros((B, H, Tq, Dv), q.dtype)  # (B, H, Tq, Dv)
     lse = np.full((B, Hkv, G * Tq, 1), -np.inf, q.dtype)  # (B, Hkv, G*Tq, 1)
+    if opts.fused and alibi_slopes is None:  # the fused twin: these loops per lane, threaded
+        forward_lanes(q, k, v, sinks, opts, list(_blocks(opts, Tq, Tk)), out, lse)
+        return out, FlashCache(q, k, v, alibi_slopes, sinks, out, lse, opts)
     for i0, i1, ks in _blocks(opts, Tq, Tk):
         qb = _rows(q, G, i0, i1)  # (B, Hkv, G*bq, Dh)
         m, l = _start(sinks, qb.shape[:3], G, i1 - i0, q.dtype)  # (B, Hkv, G*bq, 1) max, sum
@@ -180,7 +183,7 @@ def flash_sdpa_forward(q, k, v, *, mask=None, scale=None, alibi_slopes=None, sin
             s = _scores(qb, k[:, :, j0:j1], slopes, keep, opts, i0, i1, j0, j1, Tk - Tq)
             m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (B, Hkv, G*bq, 1)
             ref = np.where(np.isfinite(m_new), m_new, 0)  # (B, Hkv, G*bq, 1): no inf - inf
-            p = _exp_shift(s, ref, opts.fused)  # exp(S - ref) in place  (B, Hkv, G*bq, bk)
+            p = _exp_shift(s, ref)  # exp(S - ref) in place  (B, Hkv, G*bq, bk)
             alpha = np.exp(m - ref)  # (B, Hkv, G*bq, 1) rescales the earlier blocks
             l = alpha * l + p.sum(axis=-1, keepdims=True)  # (B, Hkv, G*bq, 1)
             acc = alpha * acc + p @ v[:, :, j0:j1]  # (B, Hkv, G*bq, Dv)
@@ -194,27 +197,16 @@ def flash_sdpa_forward(q, k, v, *, mask=None, scale=None, alibi_slopes=None, sin
     return out, FlashCache(q, k, v, alibi_slopes, sinks, out, lse, opts)
 
 
-def _numba(a, fused):
-    """Whether flash_kernels' in-place passes take the block a: the fused twin was chosen,
-    and a is float32 and C-contiguous."""
-    return fused and a.dtype == np.float32 and a.flags.c_contiguous
-
-
-def _exp_shift(s, ref, fused):
-    """exp(s - ref) in place, s (B, Hkv, G*bq, bk), ref (B, Hkv, G*bq, 1): one Numba pass
-    (flash_kernels.py) when the forward chose the fused twin, else these NumPy lines (the
-    readable twin)."""
-    if _numba(s, fused):
-        return exp_shift_(s, ref)
+def _exp_shift(s, ref):
+    """exp(s - ref) in place, s (B, Hkv, G*bq, bk), ref (B, Hkv, G*bq, 1) (flash_kernels'
+    online_block_ and probs_block_ do this inside one loop)."""
     s -= ref
     return np.exp(s, out=s)
 
 
-def _softmax_grad(dp, p, d_row, c, fused):
-    """c P (dP - D) in place of dp (B, Hkv, G*bq, bk), d_row (B, Hkv, G*bq, 1): one Numba
-    pass (flash_kernels.py) for the fused twin, else these NumPy lines."""
-    if _numba(dp, fused):
-        return softmax_grad_(dp, p, d_row, c)
+def _softmax_grad(dp, p, d_row, c):
+    """c P (dP - D) in place of dp (B, Hkv, G*bq, bk), d_row (B, Hkv, G*bq, 1)
+    (flash_kernels.softmax_grad_ in one loop)."""
     dp -= d_row
     np.multiply(dp, p, out=dp)
     if c != 1:
@@ -255,6 +247,10 @@ def flash_sdpa_backward(dout, cache):
     B, H, Tq, Dh = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     G = H // Hkv
+    if opts.fused and alibi_slopes is None:  # the fused twin (flash_lanes.py)
+        dq, dk, dv, dsinks = backward_lanes(dout, cache, list(_blocks(opts, Tq, Tk)))
+        grads = {"q": dq, "k": dk, "v": dv}
+        return grads if sinks is None else {**grads, "sinks": dsinks.reshape(H)}
     slopes = None if alibi_slopes is None else alibi_slopes.reshape(Hkv, G, 1, 1)  # (Hkv,G,1,1)
     dq = np.zeros_like(q)  # (B, H, Tq, Dh)
     dk, dv = np.zeros_like(k), np.zeros_like(v)  # (B, Hkv, Tk, Dh), (B, Hkv, Tk, Dv)
@@ -272,11 +268,11 @@ def flash_sdpa_backward(dout, cache):
         for j0, j1, keep in ks:
             kb, vb = k[:, :, j0:j1], v[:, :, j0:j1]  # (B, Hkv, bk, Dh|Dv)
             s = _scores(qb, kb, slopes, keep, opts, i0, i1, j0, j1, Tk - Tq)
-            p = _exp_shift(s, L, opts.fused)  # fwd: P = exp(S - L)  (B, Hkv, G*bq, bk)
+            p = _exp_shift(s, L)  # fwd: P = exp(S - L)  (B, Hkv, G*bq, bk)
             dv[:, :, j0:j1] += p.swapaxes(-1, -2) @ dob  # fwd: out = P v -> dv = P^T dout
             dp = dob @ vb.swapaxes(-1, -2)  # fwd: out = P v -> dP = dout v^T  (B,Hkv,G*bq,bk)
             c = 1.0 if slopes is not None else opts.scale  # the scale after ALiBi's gradient
-            ds = _softmax_grad(dp, p, d_row, c, opts.fused)  # fwd: P = softmax(S) -> c P (dP-D)
+            ds = _softmax_grad(dp, p, d_row, c)  # fwd: P = softmax(S) -> c P (dP - D)
             if slopes is not None:  # fwd: S += slope * dist -> dslope = sum dS * dist
                 dist = _distance(i0, i1, j0, j1, Tk - Tq)  # (bq, bk)
                 dslopes += np.einsum("bgxij,ij->gx", ds.reshape(
