@@ -34,6 +34,12 @@ distance. Grouped K/V heads as in sdpa: the G query heads of a KV head are stack
 rows, so each block is one (G*bq, Dh) @ (Dh, bk) product. Extra memory: out, L, dq and the
 blocks, O(B H T + B H bq bk); no (Tq, Tk) array.
 
+Two twins (core/twins.use_fused, chosen in the forward and carried by the cache): these
+NumPy loops, all heads of a block in one batched product (the readable twin, and ALiBi's
+path), and flash_lanes.py's, the same loops per KV head on threads with each tile's
+elementwise work in one Numba loop (flash_kernels.py); tests/attention/test_flash.py checks
+that they agree.
+
 Glossary: B batch, Tq/Tk query/key lengths, H query heads, Hkv KV heads, G = H / Hkv, Dh head
 dim, Dv value head dim, W window, S sink tokens; bq, bk query and key block sizes.
 """
@@ -103,6 +109,14 @@ def _block_keep(opts, i0, i1, j0, j1, offset):
     """Which (query i, key j) pairs of the block may attend: True (all), False (none) or a
     (bq, bk) bool array. Query i sits at position i + offset."""
     if not opts.causal:
+        return True
+    first, last = i0 + offset, i1 - 1 + offset  # the block's first and last positions
+    if j0 > last:  # every key after every query
+        return False
+    if opts.window is not None and j1 - 1 <= first - opts.window and j0 >= opts.n_sink:
+        return False  # every key older than every query's window, and no sink
+    in_window = opts.window is None or j0 > last - opts.window or j1 - 1 < opts.n_sink
+    if j1 - 1 <= first and in_window:  # every key at or before every query, inside its window
         return True
     pos = np.arange(i0, i1)[:, None] + offset  # (bq, 1)
     j = np.arange(j0, j1)[None, :]  # (1, bk)
