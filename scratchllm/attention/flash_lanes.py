@@ -3,12 +3,15 @@ head, b and hkv, with its G query heads), each tile's elementwise work in one Nu
 (flash_kernels.py) between BLAS products written into buffers made once per lane, and the
 lanes on threads, one BLAS thread each.
 
-Why lanes on threads: a (256, 64) x (64, 256) product is too small for OpenBLAS's own
+Why tasks on threads: a (256, 64) x (64, 256) product is too small for OpenBLAS's own
 threads, which spin-wait for each other (on a busy machine a small product then takes many
-times longer), and the Numba loops and Python between the products run on one core. Lanes
-share nothing but the read-only inputs and write disjoint slices of out, L, dq, dk and dv,
-so W worker threads (W = the BLAS thread count when the call starts, OpenBLAS set to one
-thread meanwhile) give the same bits as one. Without an OpenBLAS to set, lanes run in turn.
+times longer), and the Numba loops and Python between the products run on one core. The
+forward's tasks are (lane, query block) pairs, the longest rows first; the backward's are
+lanes (dk and dv sum over a lane's query blocks). Tasks share nothing but the read-only
+inputs and write disjoint slices of out, L, dq, dk and dv, so W worker threads pulling tasks
+(W = the BLAS thread count when the call starts, OpenBLAS set to one thread meanwhile) give
+the same bits as one, and a thread the machine pauses holds up only its own task. Without
+an OpenBLAS to set, the tasks run in turn.
 
 The math is flash.py's (its docstring derives it); each line below restates the readable
 twin's line it replaces. Glossary: B batch, H query heads, Hkv KV heads, G = H / Hkv, Tq/Tk
@@ -48,19 +51,19 @@ def _blas_thread_controls():
     return controls
 
 
-def run_lanes(fn, n_lanes):
-    """[fn(i) for i in range(n_lanes)], on as many threads as BLAS had (BLAS at one thread
-    meanwhile, then restored); in turn when BLAS has one thread or there is one lane."""
-    controls = _blas_thread_controls() if n_lanes > 1 else []
+def run_tasks(fn, n_tasks):
+    """[fn(i) for i in range(n_tasks)], on as many threads as BLAS had (BLAS at one thread
+    meanwhile, then restored); in turn when BLAS has one thread or there is one task."""
+    controls = _blas_thread_controls() if n_tasks > 1 else []
     before = [int(get()) for get, _ in controls]
-    workers = min(n_lanes, max(before, default=1))
+    workers = min(n_tasks, max(before, default=1))
     if workers <= 1:
-        return [fn(i) for i in range(n_lanes)]
+        return [fn(i) for i in range(n_tasks)]
     for _, set_threads in controls:
         set_threads(1)
     try:
         with ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(fn, range(n_lanes)))
+            return list(pool.map(fn, range(n_tasks)))
     finally:
         for (_, set_threads), n in zip(controls, before):
             set_threads(n)
@@ -85,40 +88,37 @@ def _tile(buf, R, bk):
 
 
 def forward_lanes(q, k, v, sinks, opts, sched, out, lse):
-    """flash_sdpa_forward's loops per lane; fills out (B, H, Tq, Dv) and lse (B, Hkv, G*Tq, 1).
-    sched: flash._blocks's list [(i0, i1, [(j0, j1, keep)])]; sinks (H,) or None."""
+    """flash_sdpa_forward's loops per lane and query block (tasks, the longest rows first);
+    fills out (B, H, Tq, Dv) and lse (B, Hkv, G*Tq, 1). sched: flash._blocks's list
+    [(i0, i1, [(j0, j1, keep)])]; sinks (H,) or None."""
     B, H, Tq, Dh = q.shape
     Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[3]
     G, dt = H // Hkv, q.dtype
     scale, ninf = dt.type(opts.scale), dt.type(-np.inf)
     lowest = np.finfo(dt).min  # online_block_'s reference for a row with no key yet
-    R_max = G * opts.block_q
+    order = sorted(range(len(sched)), key=lambda i: -len(sched[i][2]))  # longest rows first
 
-    def lane(n):
-        b, h = divmod(n, Hkv)
+    def task(n):  # one query block of one lane: independent of every other
+        (b, h), (i0, i1, ks) = divmod(n % (B * Hkv), Hkv), sched[order[n // (B * Hkv)]]
         ql, kl, vl = q[b, h * G:(h + 1) * G], k[b, h], v[b, h]  # (G,Tq,Dh), (Tk,Dh), (Tk,Dv)
-        sink = None if sinks is None else sinks[h * G:(h + 1) * G].astype(dt)  # (G,)
-        lse_l = lse[b, h, :, 0].reshape(G, Tq)  # (G, Tq), a view
-        sbuf = np.empty(R_max * opts.block_k, dt)  # the score tile's memory
-        pv = np.empty((R_max, Dv), dt)  # (R, Dv)
-        for i0, i1, ks in sched:
-            qb, R = _lane_rows(ql, G, i0, i1), G * (i1 - i0)  # (R, Dh)
-            if sink is None:  # m = -inf, l = 0 (or the sink column: m = sink, l = 1)
-                m, l = np.full(R, ninf, dt), np.zeros(R, dt)  # (R,), (R,)
-            else:
-                m, l = np.repeat(sink, i1 - i0), np.ones(R, dt)  # (R,), (R,)
-            acc = np.zeros((R, Dv), dt)  # (R, Dv)
-            for j0, j1, keep in ks:
-                s = np.matmul(qb, kl[j0:j1].T, out=_tile(sbuf, R, j1 - j0))  # (R, bk)
-                online_block_(s, m, l, acc, scale, lowest, *_mask_args(opts, i0, i1, j0, keep,
-                                                                     Tk - Tq))
-                acc += np.matmul(s, vl[j0:j1], out=pv[:R])  # fwd: A += exp(S - m) v
-            seen = l > 0  # (R,)
-            ob = np.divide(acc, l[:, None], out=np.zeros_like(acc), where=seen[:, None])
-            out[b, h * G:(h + 1) * G, i0:i1] = ob.reshape(G, i1 - i0, Dv)
-            lse_l[:, i0:i1] = np.where(seen, m + np.log(np.where(seen, l, 1)),
-                                       ninf).reshape(G, i1 - i0)
-    run_lanes(lane, B * Hkv)
+        qb, R = _lane_rows(ql, G, i0, i1), G * (i1 - i0)  # (R, Dh)
+        if sinks is None:  # m = -inf, l = 0 (or the sink column: m = sink, l = 1)
+            m, l = np.full(R, ninf, dt), np.zeros(R, dt)  # (R,), (R,)
+        else:
+            m, l = np.repeat(sinks[h * G:(h + 1) * G].astype(dt), i1 - i0), np.ones(R, dt)
+        acc, pv = np.zeros((R, Dv), dt), np.empty((R, Dv), dt)  # (R, Dv), (R, Dv)
+        sbuf = np.empty(R * opts.block_k, dt)  # the score tile's memory
+        for j0, j1, keep in ks:
+            s = np.matmul(qb, kl[j0:j1].T, out=_tile(sbuf, R, j1 - j0))  # (R, bk)
+            online_block_(s, m, l, acc, scale, lowest, *_mask_args(opts, i0, i1, j0, keep,
+                                                                 Tk - Tq))
+            acc += np.matmul(s, vl[j0:j1], out=pv)  # fwd: A += exp(S - m) v
+        seen = l > 0  # (R,)
+        ob = np.divide(acc, l[:, None], out=np.zeros_like(acc), where=seen[:, None])
+        out[b, h * G:(h + 1) * G, i0:i1] = ob.reshape(G, i1 - i0, Dv)
+        lse[b, h, :, 0].reshape(G, Tq)[:, i0:i1] = np.where(  # lse: (G, Tq) view of the lane
+            seen, m + np.log(np.where(seen, l, 1)), ninf).reshape(G, i1 - i0)
+    run_tasks(task, B * Hkv * len(sched))
 
 
 def backward_lanes(dout, cache, sched):
@@ -161,6 +161,6 @@ def backward_lanes(dout, cache, sched):
             dq[b, heads, i0:i1] = dqb.reshape(G, i1 - i0, Dh)
         return dsink
 
-    dsinks = run_lanes(lane, B * Hkv)
+    dsinks = run_tasks(lane, B * Hkv)
     dsinks = None if sinks is None else np.sum(np.reshape(dsinks, (B, Hkv, G)), axis=0)
     return dq, dk, dv, dsinks

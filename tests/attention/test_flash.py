@@ -232,7 +232,7 @@ def test_float32_numba_passes_equal_the_readable_numpy_twin(opts, monkeypatch):
 
 @pytest.mark.parametrize("opts", [dict(mask=Mask()), dict(mask=Mask(window=5, n_sink=2))])
 def test_lanes_on_threads_give_the_bits_of_lanes_in_turn(opts, monkeypatch):
-    """flash_lanes.run_lanes: with a BLAS of 2 threads the lanes run on 2 threads (BLAS set to
+    """flash_lanes.run_tasks: with a BLAS of 2 threads the lanes run on 2 threads (BLAS set to
     1 meanwhile, then restored), and every output and gradient has the same bits as with a
     BLAS of 1 thread (lanes in turn)."""
     from scratchllm.attention import flash_lanes
