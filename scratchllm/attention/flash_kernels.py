@@ -54,7 +54,7 @@ def online_block_(s, m, l, acc, scale, lowest, i0, bq, j0, offset, causal, windo
         for c in range(bk):
             mx = max(mx, s[r, c])
         ref = max(mx, lowest)  # finite: no -inf - -inf for a row with no key yet
-        alpha = exp_lanes(m[r] - ref)  # rescales the earlier blocks
+        alpha = np.exp(m[r] - ref)  # rescales the earlier blocks (once per row: libm)
         tot = 0 * scale
         for c in range(bk):
             e = exp_lanes(s[r, c] - ref)
