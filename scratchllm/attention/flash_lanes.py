@@ -51,10 +51,14 @@ def _blas_thread_controls():
     return controls
 
 
-def run_tasks(fn, n_tasks):
+THREADS_FROM = 1 << 24  # multiply-adds of a call below which threads cost more than they give
+
+
+def run_tasks(fn, n_tasks, work):
     """[fn(i) for i in range(n_tasks)], on as many threads as BLAS had (BLAS at one thread
-    meanwhile, then restored); in turn when BLAS has one thread or there is one task."""
-    controls = _blas_thread_controls() if n_tasks > 1 else []
+    meanwhile, then restored); in turn when BLAS has one thread, there is one task, or the
+    call's work (multiply-adds) is below THREADS_FROM (a thread pool costs ~0.1-1 ms)."""
+    controls = _blas_thread_controls() if n_tasks > 1 and work >= THREADS_FROM else []
     before = [int(get()) for get, _ in controls]
     workers = min(n_tasks, max(before, default=1))
     if workers <= 1:
@@ -118,7 +122,7 @@ def forward_lanes(q, k, v, sinks, opts, sched, out, lse):
         out[b, h * G:(h + 1) * G, i0:i1] = ob.reshape(G, i1 - i0, Dv)
         lse[b, h, :, 0].reshape(G, Tq)[:, i0:i1] = np.where(  # lse: (G, Tq) view of the lane
             seen, m + np.log(np.where(seen, l, 1)), ninf).reshape(G, i1 - i0)
-    run_tasks(task, B * Hkv * len(sched))
+    run_tasks(task, B * Hkv * len(sched), B * H * Tq * Tk * (Dh + Dv))
 
 
 def backward_lanes(dout, cache, sched):
@@ -161,6 +165,6 @@ def backward_lanes(dout, cache, sched):
             dq[b, heads, i0:i1] = dqb.reshape(G, i1 - i0, Dh)
         return dsink
 
-    dsinks = run_tasks(lane, B * Hkv)
+    dsinks = run_tasks(lane, B * Hkv, B * H * Tq * Tk * (2 * Dh + 3 * Dv))
     dsinks = None if sinks is None else np.sum(np.reshape(dsinks, (B, Hkv, G)), axis=0)
     return dq, dk, dv, dsinks

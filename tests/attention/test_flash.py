@@ -241,6 +241,7 @@ def test_lanes_on_threads_give_the_bits_of_lanes_in_turn(opts, monkeypatch):
     sinks, dout = rng.standard_normal(6).astype(np.float32), rng.standard_normal(
         (2, 6, 37, 3)).astype(np.float32)
     monkeypatch.setenv("SCRATCHLLM_READABLE", "0")
+    monkeypatch.setattr(flash_lanes, "THREADS_FROM", 0)  # threads even for this small call
 
     def run(blas_threads):
         calls = []
