@@ -54,28 +54,41 @@ def _blas_thread_controls():
 THREADS_FROM = 1 << 24  # multiply-adds of a call below which threads cost more than they give
 
 
-def run_tasks(fn, n_tasks, work):
-    """[fn(i) for i in range(n_tasks)], on as many threads as BLAS had (BLAS at one thread
-    meanwhile, then restored); in turn when BLAS has one thread, there is one task, or the
-    call's work (multiply-adds) is below THREADS_FROM (a thread pool costs ~0.1-1 ms)."""
-    controls = _blas_thread_controls() if n_tasks > 1 and work >= THREADS_FROM else []
-    before = [int(get()) for get, _ in controls]
-    workers = min(n_tasks, max(before, default=1))
-    if workers <= 1:
+def _workers(n_lanes, work):
+    """Threads for a call: the BLAS thread count, or 1 (one lane, work below THREADS_FROM,
+    or no OpenBLAS found)."""
+    if n_lanes < 2 or work < THREADS_FROM:
+        return 1
+    return max([int(get()) for get, _ in _blas_thread_controls()], default=1)
+
+
+def run_tasks(fn, n_tasks, workers):
+    """[fn(i) for i in range(n_tasks)] on `workers` threads (BLAS at one thread meanwhile,
+    then restored), or in turn for one worker."""
+    if workers <= 1 or n_tasks < 2:
         return [fn(i) for i in range(n_tasks)]
+    controls = _blas_thread_controls()
+    before = [int(get()) for get, _ in controls]
     for _, set_threads in controls:
         set_threads(1)
     try:
-        with ThreadPoolExecutor(workers) as pool:
+        with ThreadPoolExecutor(min(workers, n_tasks)) as pool:
             return list(pool.map(fn, range(n_tasks)))
     finally:
         for (_, set_threads), n in zip(controls, before):
             set_threads(n)
 
 
-def _lane_rows(a, G, i0, i1):
-    """Rows i0:i1 of a lane's G heads (G, T, X), grouped: (G*bq, X), C-contiguous."""
-    return np.ascontiguousarray(a[:, i0:i1]).reshape(G * (i1 - i0), a.shape[-1])  # (R, X)
+def _lane_groups(N, workers):
+    """[(a, b)]: lanes a:b of one task; one lane each on threads, all of them in turn (then
+    each product is one batched call over the lanes)."""
+    return [(n, n + 1) for n in range(N)] if workers > 1 else [(0, N)]
+
+
+def _rows(a, i0, i1):
+    """Rows i0:i1 of lanes (n, G, T, X), grouped: (n, G*bq, X), C-contiguous."""
+    n, G, _, X = a.shape
+    return np.ascontiguousarray(a[:, :, i0:i1]).reshape(n, G * (i1 - i0), X)  # (n, R, X)
 
 
 def _mask_args(opts, i0, i1, j0, keep, offset):
@@ -86,9 +99,15 @@ def _mask_args(opts, i0, i1, j0, keep, offset):
     return i0, i1 - i0, j0, offset, causal, window, opts.n_sink
 
 
-def _tile(buf, R, bk):
-    """The first R*bk entries of a flat buffer as a C-contiguous (R, bk) tile."""
-    return buf[:R * bk].reshape(R, bk)  # (R, bk)
+def _tile(buf, *shape):
+    """The first entries of a flat buffer as a C-contiguous array of the shape."""
+    return buf[:np.prod(shape)].reshape(shape)
+
+
+def _lanes(a, N):
+    """(B, heads, ...) -> (N = B * Hkv, heads / Hkv, ...): a view for our own C-contiguous
+    outputs, a copy at most for an input."""
+    return a.reshape((N, -1) + a.shape[2:])
 
 
 def forward_lanes(q, k, v, sinks, opts, sched, out, lse):
@@ -97,32 +116,37 @@ def forward_lanes(q, k, v, sinks, opts, sched, out, lse):
     [(i0, i1, [(j0, j1, keep)])]; sinks (H,) or None."""
     B, H, Tq, Dh = q.shape
     Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[3]
-    G, dt = H // Hkv, q.dtype
+    N, G, dt = B * Hkv, H // Hkv, q.dtype
     scale, ninf = dt.type(opts.scale), dt.type(-np.inf)
     lowest = np.finfo(dt).min  # online_block_'s reference for a row with no key yet
+    q4, out4 = q.reshape(N, G, Tq, Dh), out.reshape(N, G, Tq, Dv)  # (N, G, Tq, Dh|Dv)
+    k3, v3, lse3 = k.reshape(N, Tk, Dh), v.reshape(N, Tk, Dv), lse.reshape(N, G, Tq)
+    sink2 = None if sinks is None else np.tile(sinks.astype(dt).reshape(Hkv, G), (B, 1))  # (N,G)
     order = sorted(range(len(sched)), key=lambda i: -len(sched[i][2]))  # longest rows first
+    workers = _workers(N, B * H * Tq * Tk * (Dh + Dv))
+    groups = _lane_groups(N, workers)
 
-    def task(n):  # one query block of one lane: independent of every other
-        (b, h), (i0, i1, ks) = divmod(n % (B * Hkv), Hkv), sched[order[n // (B * Hkv)]]
-        ql, kl, vl = q[b, h * G:(h + 1) * G], k[b, h], v[b, h]  # (G,Tq,Dh), (Tk,Dh), (Tk,Dv)
-        qb, R = _lane_rows(ql, G, i0, i1), G * (i1 - i0)  # (R, Dh)
-        if sinks is None:  # m = -inf, l = 0 (or the sink column: m = sink, l = 1)
-            m, l = np.full(R, ninf, dt), np.zeros(R, dt)  # (R,), (R,)
+    def task(t):  # one query block of some lanes: independent of every other
+        (a, b), (i0, i1, ks) = groups[t % len(groups)], sched[order[t // len(groups)]]
+        n, R = b - a, G * (i1 - i0)
+        qb = _rows(q4[a:b], i0, i1)  # (n, R, Dh)
+        if sink2 is None:  # m = -inf, l = 0 (or the sink column: m = sink, l = 1)
+            m, l = np.full(n * R, ninf, dt), np.zeros(n * R, dt)  # (n*R,), (n*R,)
         else:
-            m, l = np.repeat(sinks[h * G:(h + 1) * G].astype(dt), i1 - i0), np.ones(R, dt)
-        acc, pv = np.zeros((R, Dv), dt), np.empty((R, Dv), dt)  # (R, Dv), (R, Dv)
-        sbuf = np.empty(R * opts.block_k, dt)  # the score tile's memory
+            m, l = np.repeat(sink2[a:b], i1 - i0, axis=1).reshape(n * R), np.ones(n * R, dt)
+        acc, pv = np.zeros((n, R, Dv), dt), np.empty((n, R, Dv), dt)  # (n, R, Dv)
+        sbuf = np.empty(n * R * opts.block_k, dt)  # the score tile's memory
         for j0, j1, keep in ks:
-            s = np.matmul(qb, kl[j0:j1].T, out=_tile(sbuf, R, j1 - j0))  # (R, bk)
-            online_block_(s, m, l, acc, scale, lowest, *_mask_args(opts, i0, i1, j0, keep,
-                                                                 Tk - Tq))
-            acc += np.matmul(s, vl[j0:j1], out=pv)  # fwd: A += exp(S - m) v
-        seen = l > 0  # (R,)
-        ob = np.divide(acc, l[:, None], out=np.zeros_like(acc), where=seen[:, None])
-        out[b, h * G:(h + 1) * G, i0:i1] = ob.reshape(G, i1 - i0, Dv)
-        lse[b, h, :, 0].reshape(G, Tq)[:, i0:i1] = np.where(  # lse: (G, Tq) view of the lane
-            seen, m + np.log(np.where(seen, l, 1)), ninf).reshape(G, i1 - i0)
-    run_tasks(task, B * Hkv * len(sched), B * H * Tq * Tk * (Dh + Dv))
+            s = np.matmul(qb, k3[a:b, j0:j1].swapaxes(-1, -2), out=_tile(sbuf, n, R, j1 - j0))
+            online_block_(s.reshape(n * R, j1 - j0), m, l, acc.reshape(n * R, Dv), scale,
+                          lowest, *_mask_args(opts, i0, i1, j0, keep, Tk - Tq))
+            acc += np.matmul(s, v3[a:b, j0:j1], out=pv)  # fwd: A += exp(S - m) v  (n, R, Dv)
+        seen = (l > 0).reshape(n, R, 1)  # (n, R, 1)
+        ob = np.divide(acc, l.reshape(n, R, 1), out=np.zeros_like(acc), where=seen)
+        out4[a:b, :, i0:i1] = ob.reshape(n, G, i1 - i0, Dv)
+        lse3[a:b, :, i0:i1] = np.where(seen[..., 0], m.reshape(n, R) + np.log(
+            np.where(seen[..., 0], l.reshape(n, R), 1)), ninf).reshape(n, G, i1 - i0)
+    run_tasks(task, len(groups) * len(sched), workers)
 
 
 def backward_lanes(dout, cache, sched):
@@ -130,41 +154,47 @@ def backward_lanes(dout, cache, sched):
     q, k, v, _, sinks, out, lse, opts = cache
     B, H, Tq, Dh = q.shape
     Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[3]
-    G, dt = H // Hkv, q.dtype
+    N, G, dt = B * Hkv, H // Hkv, q.dtype
     scale = dt.type(opts.scale)
-    dq, dk, dv = np.empty_like(q), np.zeros_like(k), np.zeros_like(v)
-    R_max = G * opts.block_q
+    dq, dk, dv = np.empty(q.shape, dt), np.zeros(k.shape, dt), np.zeros(v.shape, dt)
+    q4, do4, out4, dq4 = (_lanes(a, N) for a in (q, dout, out, dq))  # (N, G, Tq, Dh|Dv)
+    k3, v3, dk3, dv3 = (_lanes(a, N)[:, 0] for a in (k, v, dk, dv))  # (N, Tk, Dh|Dv)
+    lse3 = lse.reshape(N, G, Tq)
+    sink2 = None if sinks is None else np.tile(sinks.astype(dt).reshape(Hkv, G), (B, 1))  # (N,G)
+    workers = _workers(N, B * H * Tq * Tk * (2 * Dh + 3 * Dv))
+    groups = _lane_groups(N, workers)
 
-    def lane(n):
-        b, h = divmod(n, Hkv)
-        heads = slice(h * G, (h + 1) * G)
-        ql, dol, kl, vl = q[b, heads], dout[b, heads], k[b, h], v[b, h]
-        d_row = np.sum(dol * out[b, heads], axis=-1)  # D = rowsum(dout * out)  (G, Tq)
-        L = lse[b, h, :, 0].reshape(G, Tq)  # (G, Tq)
-        L = np.where(np.isfinite(L), L, np.inf)  # a fully masked row: P = exp(-inf) = 0
-        dsink = None if sinks is None else -np.sum(  # dS_sink = -P_sink D, summed over rows
-            np.exp(sinks[heads].astype(dt)[:, None] - L) * d_row, axis=-1)  # (G,)
-        sbuf, dpbuf = np.empty(R_max * opts.block_k, dt), np.empty(R_max * opts.block_k, dt)
-        dk_tmp, dv_tmp = np.empty((opts.block_k, Dh), dt), np.empty((opts.block_k, Dv), dt)
-        dq_tmp = np.empty((R_max, Dh), dt)  # the products added into dk, dv, dq
+    def task(t):
+        a, b = groups[t]
+        n, R_max, bk_max = b - a, G * opts.block_q, opts.block_k
+        d_row = np.sum(do4[a:b] * out4[a:b], axis=-1)  # D = rowsum(dout * out)  (n, G, Tq)
+        L = np.where(np.isfinite(lse3[a:b]), lse3[a:b], np.inf)  # masked row: P = 0  (n,G,Tq)
+        dsink = None if sink2 is None else -np.sum(  # dS_sink = -P_sink D, summed over rows
+            np.exp(sink2[a:b, :, None] - L) * d_row, axis=-1)  # (n, G)
+        sbuf, dpbuf = (np.empty(n * R_max * bk_max, dt) for _ in range(2))  # the two tiles
+        dk_tmp, dv_tmp = np.empty(n * bk_max * Dh, dt), np.empty(n * bk_max * Dv, dt)
+        dq_tmp = np.empty(n * R_max * Dh, dt)  # the products added into dk, dv, dq
         for i0, i1, ks in sched:
             R = G * (i1 - i0)
-            qb, dob = _lane_rows(ql, G, i0, i1), _lane_rows(dol, G, i0, i1)  # (R, Dh|Dv)
-            Lb = np.ascontiguousarray(L[:, i0:i1]).reshape(R)  # (R,)
-            Db = np.ascontiguousarray(d_row[:, i0:i1]).reshape(R)  # (R,)
-            dqb = np.zeros((R, Dh), dt)  # (R, Dh)
+            qb, dob = _rows(q4[a:b], i0, i1), _rows(do4[a:b], i0, i1)  # (n, R, Dh|Dv)
+            Lb = np.ascontiguousarray(L[:, :, i0:i1]).reshape(n * R)  # (n*R,)
+            Db = np.ascontiguousarray(d_row[:, :, i0:i1]).reshape(n * R)  # (n*R,)
+            dqb = np.zeros((n, R, Dh), dt)  # (n, R, Dh)
             for j0, j1, keep in ks:
-                bk, kb, vb = j1 - j0, kl[j0:j1], vl[j0:j1]  # (bk, Dh), (bk, Dv)
-                p = np.matmul(qb, kb.T, out=_tile(sbuf, R, bk))  # (R, bk)
-                probs_block_(p, Lb, scale, *_mask_args(opts, i0, i1, j0, keep, Tk - Tq))
-                dv[b, h, j0:j1] += np.matmul(p.T, dob, out=dv_tmp[:bk])  # dv = P^T dout
-                dp = np.matmul(dob, vb.T, out=_tile(dpbuf, R, bk))  # dP = dout v^T  (R, bk)
-                ds = softmax_grad_(dp, p, Db, scale)  # scale P (dP - D)  (R, bk)
-                dqb += np.matmul(ds, kb, out=dq_tmp[:R])  # dq = scale dS k
-                dk[b, h, j0:j1] += np.matmul(ds.T, qb, out=dk_tmp[:bk])  # dk = scale dS^T q
-            dq[b, heads, i0:i1] = dqb.reshape(G, i1 - i0, Dh)
+                bk, kb, vb = j1 - j0, k3[a:b, j0:j1], v3[a:b, j0:j1]  # (n, bk, Dh|Dv)
+                p = np.matmul(qb, kb.swapaxes(-1, -2), out=_tile(sbuf, n, R, bk))  # (n, R, bk)
+                probs_block_(p.reshape(n * R, bk), Lb, scale,
+                             *_mask_args(opts, i0, i1, j0, keep, Tk - Tq))  # P = exp(S - L)
+                dv3[a:b, j0:j1] += np.matmul(p.swapaxes(-1, -2), dob,
+                                             out=_tile(dv_tmp, n, bk, Dv))  # dv = P^T dout
+                dp = np.matmul(dob, vb.swapaxes(-1, -2), out=_tile(dpbuf, n, R, bk))  # dout v^T
+                ds = softmax_grad_(dp, p, Db, scale)  # scale P (dP - D)  (n, R, bk)
+                dqb += np.matmul(ds, kb, out=_tile(dq_tmp, n, R, Dh))  # dq = scale dS k
+                dk3[a:b, j0:j1] += np.matmul(ds.swapaxes(-1, -2), qb,
+                                             out=_tile(dk_tmp, n, bk, Dh))  # dk = scale dS^T q
+            dq4[a:b, :, i0:i1] = dqb.reshape(n, G, i1 - i0, Dh)
         return dsink
 
-    dsinks = run_tasks(lane, B * Hkv, B * H * Tq * Tk * (2 * Dh + 3 * Dv))
-    dsinks = None if sinks is None else np.sum(np.reshape(dsinks, (B, Hkv, G)), axis=0)
+    dsinks = run_tasks(task, len(groups), workers)
+    dsinks = None if sinks is None else np.concatenate(dsinks).reshape(B, Hkv, G).sum(axis=0)
     return dq, dk, dv, dsinks
