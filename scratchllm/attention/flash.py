@@ -34,6 +34,12 @@ distance. Grouped K/V heads as in sdpa: the G query heads of a KV head are stack
 rows, so each block is one (G*bq, Dh) @ (Dh, bk) product. Extra memory: out, L, dq and the
 blocks, O(B H T + B H bq bk); no (Tq, Tk) array.
 
+Two twins (core/twins.use_fused, chosen in the forward and carried by the cache): these
+NumPy loops, all heads of a block in one batched product (the readable twin, and ALiBi's
+path), and flash_lanes.py's, the same loops per KV head on threads with each tile's
+elementwise work in one Numba loop (flash_kernels.py); tests/attention/test_flash.py checks
+that they agree.
+
 Glossary: B batch, Tq/Tk query/key lengths, H query heads, Hkv KV heads, G = H / Hkv, Dh head
 dim, Dv value head dim, W window, S sink tokens; bq, bk query and key block sizes.
 """
@@ -41,7 +47,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.attention.flash_kernels import exp_shift_, softmax_grad_
+from scratchllm.attention.flash_lanes import backward_lanes, forward_lanes
 from scratchllm.attention.sdpa import check_heads
 from scratchllm.core.twins import use_fused
 from scratchllm.core.validate import (common_float, expect_dout, expect_finite, expect_float,
@@ -56,7 +62,7 @@ class FlashOptions(NamedTuple):
     n_sink: int
     block_q: int
     block_k: int
-    fused: bool       # not SCRATCHLLM_READABLE: flash_kernels' Numba passes for float32
+    fused: bool       # not SCRATCHLLM_READABLE: flash_lanes.py's twin (without ALiBi)
 
 
 class FlashCache(NamedTuple):
@@ -103,6 +109,14 @@ def _block_keep(opts, i0, i1, j0, j1, offset):
     """Which (query i, key j) pairs of the block may attend: True (all), False (none) or a
     (bq, bk) bool array. Query i sits at position i + offset."""
     if not opts.causal:
+        return True
+    first, last = i0 + offset, i1 - 1 + offset  # the block's first and last positions
+    if j0 > last:  # every key after every query
+        return False
+    if opts.window is not None and j1 - 1 <= first - opts.window and j0 >= opts.n_sink:
+        return False  # every key older than every query's window, and no sink
+    in_window = opts.window is None or j0 > last - opts.window or j1 - 1 < opts.n_sink
+    if j1 - 1 <= first and in_window:  # every key at or before every query, inside its window
         return True
     pos = np.arange(i0, i1)[:, None] + offset  # (bq, 1)
     j = np.arange(j0, j1)[None, :]  # (1, bk)
@@ -172,6 +186,9 @@ def flash_sdpa_forward(q, k, v, *, mask=None, scale=None, alibi_slopes=None, sin
     slopes = None if alibi_slopes is None else alibi_slopes.reshape(Hkv, G, 1, 1)  # (Hkv,G,1,1)
     out = np.zeros((B, H, Tq, Dv), q.dtype)  # (B, H, Tq, Dv)
     lse = np.full((B, Hkv, G * Tq, 1), -np.inf, q.dtype)  # (B, Hkv, G*Tq, 1)
+    if opts.fused and alibi_slopes is None:  # the fused twin: these loops per lane, threaded
+        forward_lanes(q, k, v, sinks, opts, list(_blocks(opts, Tq, Tk)), out, lse)
+        return out, FlashCache(q, k, v, alibi_slopes, sinks, out, lse, opts)
     for i0, i1, ks in _blocks(opts, Tq, Tk):
         qb = _rows(q, G, i0, i1)  # (B, Hkv, G*bq, Dh)
         m, l = _start(sinks, qb.shape[:3], G, i1 - i0, q.dtype)  # (B, Hkv, G*bq, 1) max, sum
@@ -180,7 +197,7 @@ def flash_sdpa_forward(q, k, v, *, mask=None, scale=None, alibi_slopes=None, sin
             s = _scores(qb, k[:, :, j0:j1], slopes, keep, opts, i0, i1, j0, j1, Tk - Tq)
             m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (B, Hkv, G*bq, 1)
             ref = np.where(np.isfinite(m_new), m_new, 0)  # (B, Hkv, G*bq, 1): no inf - inf
-            p = _exp_shift(s, ref, opts.fused)  # exp(S - ref) in place  (B, Hkv, G*bq, bk)
+            p = _exp_shift(s, ref)  # exp(S - ref) in place  (B, Hkv, G*bq, bk)
             alpha = np.exp(m - ref)  # (B, Hkv, G*bq, 1) rescales the earlier blocks
             l = alpha * l + p.sum(axis=-1, keepdims=True)  # (B, Hkv, G*bq, 1)
             acc = alpha * acc + p @ v[:, :, j0:j1]  # (B, Hkv, G*bq, Dv)
@@ -194,27 +211,16 @@ def flash_sdpa_forward(q, k, v, *, mask=None, scale=None, alibi_slopes=None, sin
     return out, FlashCache(q, k, v, alibi_slopes, sinks, out, lse, opts)
 
 
-def _numba(a, fused):
-    """Whether flash_kernels' in-place passes take the block a: the fused twin was chosen,
-    and a is float32 and C-contiguous."""
-    return fused and a.dtype == np.float32 and a.flags.c_contiguous
-
-
-def _exp_shift(s, ref, fused):
-    """exp(s - ref) in place, s (B, Hkv, G*bq, bk), ref (B, Hkv, G*bq, 1): one Numba pass
-    (flash_kernels.py) when the forward chose the fused twin, else these NumPy lines (the
-    readable twin)."""
-    if _numba(s, fused):
-        return exp_shift_(s, ref)
+def _exp_shift(s, ref):
+    """exp(s - ref) in place, s (B, Hkv, G*bq, bk), ref (B, Hkv, G*bq, 1) (flash_kernels'
+    online_block_ and probs_block_ do this inside one loop)."""
     s -= ref
     return np.exp(s, out=s)
 
 
-def _softmax_grad(dp, p, d_row, c, fused):
-    """c P (dP - D) in place of dp (B, Hkv, G*bq, bk), d_row (B, Hkv, G*bq, 1): one Numba
-    pass (flash_kernels.py) for the fused twin, else these NumPy lines."""
-    if _numba(dp, fused):
-        return softmax_grad_(dp, p, d_row, c)
+def _softmax_grad(dp, p, d_row, c):
+    """c P (dP - D) in place of dp (B, Hkv, G*bq, bk), d_row (B, Hkv, G*bq, 1)
+    (flash_kernels.softmax_grad_ in one loop)."""
     dp -= d_row
     np.multiply(dp, p, out=dp)
     if c != 1:
@@ -255,6 +261,10 @@ def flash_sdpa_backward(dout, cache):
     B, H, Tq, Dh = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     G = H // Hkv
+    if opts.fused and alibi_slopes is None:  # the fused twin (flash_lanes.py)
+        dq, dk, dv, dsinks = backward_lanes(dout, cache, list(_blocks(opts, Tq, Tk)))
+        grads = {"q": dq, "k": dk, "v": dv}
+        return grads if sinks is None else {**grads, "sinks": dsinks.reshape(H)}
     slopes = None if alibi_slopes is None else alibi_slopes.reshape(Hkv, G, 1, 1)  # (Hkv,G,1,1)
     dq = np.zeros_like(q)  # (B, H, Tq, Dh)
     dk, dv = np.zeros_like(k), np.zeros_like(v)  # (B, Hkv, Tk, Dh), (B, Hkv, Tk, Dv)
@@ -272,11 +282,11 @@ def flash_sdpa_backward(dout, cache):
         for j0, j1, keep in ks:
             kb, vb = k[:, :, j0:j1], v[:, :, j0:j1]  # (B, Hkv, bk, Dh|Dv)
             s = _scores(qb, kb, slopes, keep, opts, i0, i1, j0, j1, Tk - Tq)
-            p = _exp_shift(s, L, opts.fused)  # fwd: P = exp(S - L)  (B, Hkv, G*bq, bk)
+            p = _exp_shift(s, L)  # fwd: P = exp(S - L)  (B, Hkv, G*bq, bk)
             dv[:, :, j0:j1] += p.swapaxes(-1, -2) @ dob  # fwd: out = P v -> dv = P^T dout
             dp = dob @ vb.swapaxes(-1, -2)  # fwd: out = P v -> dP = dout v^T  (B,Hkv,G*bq,bk)
             c = 1.0 if slopes is not None else opts.scale  # the scale after ALiBi's gradient
-            ds = _softmax_grad(dp, p, d_row, c, opts.fused)  # fwd: P = softmax(S) -> c P (dP-D)
+            ds = _softmax_grad(dp, p, d_row, c)  # fwd: P = softmax(S) -> c P (dP - D)
             if slopes is not None:  # fwd: S += slope * dist -> dslope = sum dS * dist
                 dist = _distance(i0, i1, j0, j1, Tk - Tq)  # (bq, bk)
                 dslopes += np.einsum("bgxij,ij->gx", ds.reshape(

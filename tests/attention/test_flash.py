@@ -207,8 +207,9 @@ def test_attention_module_with_sinks_flash_sdpa_and_decode_agree(mask):
 @pytest.mark.parametrize("opts", [dict(mask=Mask()), dict(mask=Mask(window=5, n_sink=2)),
                                   dict(alibi_slopes=alibi_slopes(6))])
 def test_float32_numba_passes_equal_the_readable_numpy_twin(opts, monkeypatch):
-    """flash_kernels' fused exp and dS passes (float32) against the NumPy lines they replace
-    (SCRATCHLLM_READABLE=1), forward and every gradient, sinks included."""
+    """The fused twin (flash_lanes.py: per-lane loops, flash_kernels' Numba passes) against
+    the readable NumPy loops (SCRATCHLLM_READABLE=1) in float32, forward and every gradient,
+    sinks included."""
     rng = np.random.default_rng(9)
     q, k, v = (a.astype(np.float32) for a in _inputs(rng, Tq=21, Tk=21))
     sinks, dout = rng.standard_normal(6).astype(np.float32), rng.standard_normal(
@@ -227,3 +228,31 @@ def test_float32_numba_passes_equal_the_readable_numpy_twin(opts, monkeypatch):
     readable = run("1")
     for name, want in readable.items():
         np.testing.assert_allclose(fast[name], want, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("opts", [dict(mask=Mask()), dict(mask=Mask(window=5, n_sink=2))])
+def test_lanes_on_threads_give_the_bits_of_lanes_in_turn(opts, monkeypatch):
+    """flash_lanes.run_tasks: with a BLAS of 2 threads the lanes run on 2 threads (BLAS set to
+    1 meanwhile, then restored), and every output and gradient has the same bits as with a
+    BLAS of 1 thread (lanes in turn)."""
+    from scratchllm.attention import flash_lanes
+    rng = np.random.default_rng(11)
+    q, k, v = (a.astype(np.float32) for a in _inputs(rng, B=2, H=6, Hkv=3, Tq=37, Tk=37))
+    sinks, dout = rng.standard_normal(6).astype(np.float32), rng.standard_normal(
+        (2, 6, 37, 3)).astype(np.float32)
+    monkeypatch.setenv("SCRATCHLLM_READABLE", "0")
+    monkeypatch.setattr(flash_lanes, "THREADS_FROM", 0)  # threads even for this small call
+
+    def run(blas_threads):
+        calls = []
+        controls = [(lambda: blas_threads, calls.append)]
+        monkeypatch.setattr(flash_lanes, "_blas_thread_controls", lambda: controls)
+        out, cache = flash_sdpa_forward(q, k, v, sinks=sinks, block=(8, 5), **opts)
+        return {"out": out, **flash_sdpa_backward(dout, cache)}, calls
+
+    threaded, calls = run(2)
+    assert calls == [1, 2, 1, 2]  # forward and backward: one BLAS thread, then restored
+    in_turn, calls = run(1)
+    assert calls == []
+    for name, want in in_turn.items():
+        np.testing.assert_array_equal(threaded[name], want, err_msg=name)
