@@ -17,39 +17,12 @@ The math is flash.py's (its docstring derives it); each line below restates the 
 twin's line it replaces. Glossary: B batch, H query heads, Hkv KV heads, G = H / Hkv, Tq/Tk
 query/key lengths, Dh head dim, Dv value head dim, bq/bk block sizes, R = G * bq rows of a tile.
 """
-import ctypes
 from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache
 
 import numpy as np
 
 from scratchllm.attention.flash_kernels import online_block_, probs_block_, softmax_grad_
-
-_OPENBLAS = ("scipy_openblas_{}_num_threads64_", "scipy_openblas_{}_num_threads",
-             "openblas_{}_num_threads64_", "openblas_{}_num_threads")
-
-
-@lru_cache(maxsize=1)
-def _blas_thread_controls():
-    """[(get, set)] thread-count functions of the OpenBLAS libraries mapped into this process
-    (NumPy's, SciPy's), read once from /proc/self/maps; [] when there is none."""
-    try:
-        with open("/proc/self/maps") as f:
-            paths = sorted({line.split()[-1] for line in f if "openblas" in line.lower()})
-    except OSError:
-        return []
-    controls = []
-    for path in paths:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for name in _OPENBLAS:
-            if hasattr(lib, name.format("get")) and hasattr(lib, name.format("set")):
-                controls.append((getattr(lib, name.format("get")), getattr(lib, name.format("set"))))
-                break
-    return controls
-
+from scratchllm.core.blas import blas_threads, one_blas_thread
 
 THREADS_FROM = 1 << 24  # multiply-adds of a call below which threads cost more than they give
 
@@ -59,7 +32,7 @@ def _workers(n_lanes, work):
     or no OpenBLAS found)."""
     if n_lanes < 2 or work < THREADS_FROM:
         return 1
-    return max([int(get()) for get, _ in _blas_thread_controls()], default=1)
+    return max(blas_threads(), default=1)
 
 
 def run_tasks(fn, n_tasks, workers):
@@ -67,16 +40,8 @@ def run_tasks(fn, n_tasks, workers):
     then restored), or in turn for one worker."""
     if workers <= 1 or n_tasks < 2:
         return [fn(i) for i in range(n_tasks)]
-    controls = _blas_thread_controls()
-    before = [int(get()) for get, _ in controls]
-    for _, set_threads in controls:
-        set_threads(1)
-    try:
-        with ThreadPoolExecutor(min(workers, n_tasks)) as pool:
-            return list(pool.map(fn, range(n_tasks)))
-    finally:
-        for (_, set_threads), n in zip(controls, before):
-            set_threads(n)
+    with one_blas_thread(), ThreadPoolExecutor(min(workers, n_tasks)) as pool:
+        return list(pool.map(fn, range(n_tasks)))
 
 
 def _lane_groups(N, workers):

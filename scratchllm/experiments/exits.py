@@ -16,10 +16,10 @@ import time
 
 import numpy as np
 
+from scratchllm.core.blas import one_blas_thread
 from scratchllm.experiments.base import Experiment, Outcome, byte_corpus, pick
 from scratchllm.experiments.early_exit import early_exit_decode, early_exit_tradeoff
 from scratchllm.experiments.loop import train_curve
-from scratchllm.experiments.synthetic import one_blas_thread
 from scratchllm.lm import LM
 from scratchllm.specs import preset
 from scratchllm.train import corpus

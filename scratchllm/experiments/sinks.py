@@ -15,8 +15,9 @@ from dataclasses import replace
 
 import numpy as np
 
+from scratchllm.core.blas import one_blas_thread
 from scratchllm.experiments.base import Experiment, Outcome, byte_corpus, pick
-from scratchllm.experiments.synthetic import one_blas_thread, train_task
+from scratchllm.experiments.synthetic import train_task
 from scratchllm.experiments.tools import attention_patterns
 from scratchllm.lm import LM
 from scratchllm.specs import Mask, preset

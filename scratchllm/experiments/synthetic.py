@@ -12,13 +12,12 @@ accuracy is the share of asked positions where the argmax of the logits is the t
     needle: filler tokens, one needle token at distance d before the end, then QUERY:
         the needle is asked at the QUERY.
 """
-from contextlib import contextmanager
 
 import numpy as np
 from tqdm import tqdm
 
 from scratchllm.core import clip_grad_norm, cosine_schedule
-from scratchllm.train.parallel import blas_threads, set_blas_threads
+from scratchllm.core.blas import one_blas_thread
 from scratchllm.train.trainer import Settings, make_optimizer
 
 IGNORE = -100
@@ -86,20 +85,6 @@ def needle_batch(rng, batch, seq_len, depths, n_fill, n_needles):
     seq[:, seq_len] = needle  # what the QUERY asks
     ask = np.arange(seq_len) == seq_len - 1
     return _asked(seq, np.broadcast_to(ask, (batch, seq_len)))
-
-
-@contextmanager
-def one_blas_thread():
-    """One OpenBLAS thread inside the block, the previous count restored after: these models'
-    matrices are small, and on a loaded machine a second BLAS thread that waits for a core can
-    make one matmul of an evaluation take a second instead of a millisecond (measured)."""
-    before = blas_threads()
-    set_blas_threads(1)
-    try:
-        yield
-    finally:
-        if before:
-            set_blas_threads(before[0])
 
 
 def accuracy(model, ids, targets):

@@ -15,53 +15,11 @@ MoE auxiliary losses are computed per shard, as on real data-parallel devices.
 BLAS itself is kept at one thread per shard (`set_blas_threads`): OpenBLAS's own threads
 spin-wait, which on a busy machine makes small matmuls many times slower.
 """
-import ctypes
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
-            "openblas_set_num_threads64_", "openblas_set_num_threads")
-_GETTERS = tuple(s.replace("set_", "get_") for s in _SETTERS)
-
-
-def _openblas_libs():
-    """The OpenBLAS libraries loaded in this process (ctypes handles; [] when none is
-    found or /proc is missing)."""
-    try:
-        with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "openblas" in line.lower()}
-    except OSError:
-        return []
-    libs = []
-    for path in sorted(paths):
-        try:
-            libs.append(ctypes.CDLL(path))
-        except OSError:
-            continue
-    return libs
-
-
-def set_blas_threads(n):
-    """Set the thread count of every OpenBLAS library loaded in this process (NumPy's and
-    SciPy's). Returns how many libraries were set (0: none found, nothing changed)."""
-    done = 0
-    for lib in _openblas_libs():
-        setter = next((getattr(lib, s) for s in _SETTERS if hasattr(lib, s)), None)
-        if setter is not None:
-            setter(int(n))
-            done += 1
-    return done
-
-
-def blas_threads():
-    """[thread count of each OpenBLAS library loaded in this process] ([] when none)."""
-    out = []
-    for lib in _openblas_libs():
-        getter = next((getattr(lib, s) for s in _GETTERS if hasattr(lib, s)), None)
-        if getter is not None:
-            out.append(int(getter()))
-    return out
+from scratchllm.core.blas import blas_threads, set_blas_threads  # noqa: F401 (re-exported)
 
 
 class DataParallel:

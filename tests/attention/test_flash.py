@@ -236,6 +236,7 @@ def test_lanes_on_threads_give_the_bits_of_lanes_in_turn(opts, monkeypatch):
     1 meanwhile, then restored), and every output and gradient has the same bits as with a
     BLAS of 1 thread (lanes in turn)."""
     from scratchllm.attention import flash_lanes
+    from scratchllm.core import blas
     rng = np.random.default_rng(11)
     q, k, v = (a.astype(np.float32) for a in _inputs(rng, B=2, H=6, Hkv=3, Tq=37, Tk=37))
     sinks, dout = rng.standard_normal(6).astype(np.float32), rng.standard_normal(
@@ -246,7 +247,7 @@ def test_lanes_on_threads_give_the_bits_of_lanes_in_turn(opts, monkeypatch):
     def run(blas_threads):
         calls = []
         controls = [(lambda: blas_threads, calls.append)]
-        monkeypatch.setattr(flash_lanes, "_blas_thread_controls", lambda: controls)
+        monkeypatch.setattr(blas, "thread_controls", lambda: controls)
         out, cache = flash_sdpa_forward(q, k, v, sinks=sinks, block=(8, 5), **opts)
         return {"out": out, **flash_sdpa_backward(dout, cache)}, calls
 

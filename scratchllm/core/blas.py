@@ -1,0 +1,68 @@
+"""OpenBLAS's thread count, read and set from Python.
+
+OpenBLAS's own threads spin-wait for each other: a small product (a 256 x 64 tile, a model of
+width 64) split over two BLAS threads is slower than on one, and on a busy machine a thread
+that waits for a core can make one such product take many times longer. So the library's own
+threads (training shards, flash attention's lanes) run with BLAS at one thread each.
+
+The controls are the get/set functions of every OpenBLAS library mapped into this process
+(NumPy's, SciPy's), found in /proc/self/maps; without /proc or OpenBLAS there are none and
+every function here does nothing.
+"""
+import ctypes
+from contextlib import contextmanager
+from functools import lru_cache
+
+_NAMES = ("scipy_openblas_{}_num_threads64_", "scipy_openblas_{}_num_threads",
+          "openblas_{}_num_threads64_", "openblas_{}_num_threads")
+
+
+@lru_cache(maxsize=1)
+def thread_controls():
+    """[(get, set)]: the thread-count functions of each OpenBLAS library in this process,
+    read once (`set_blas_threads` reads them again, for a library loaded since)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted({line.split()[-1] for line in f if "openblas" in line.lower()})
+    except OSError:
+        return []
+    controls = []
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in _NAMES:
+            if hasattr(lib, name.format("get")) and hasattr(lib, name.format("set")):
+                controls.append((getattr(lib, name.format("get")),
+                                 getattr(lib, name.format("set"))))
+                break
+    return controls
+
+
+def blas_threads():
+    """[thread count of each OpenBLAS library loaded in this process] ([] when none)."""
+    return [int(get()) for get, _ in thread_controls()]
+
+
+def set_blas_threads(n):
+    """Set the thread count of every OpenBLAS library loaded in this process. Returns how
+    many libraries were set (0: none found, nothing changed)."""
+    thread_controls.cache_clear()  # a library loaded since the last read
+    for _, set_threads in thread_controls():
+        set_threads(int(n))
+    return len(thread_controls())
+
+
+@contextmanager
+def one_blas_thread():
+    """One OpenBLAS thread inside the block; each library's count restored after."""
+    controls = thread_controls()
+    before = [int(get()) for get, _ in controls]
+    for _, set_threads in controls:
+        set_threads(1)
+    try:
+        yield
+    finally:
+        for (_, set_threads), n in zip(controls, before):
+            set_threads(n)
