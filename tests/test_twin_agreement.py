@@ -1,5 +1,5 @@
 """Each fast kernel and its readable twin agree, forward and backward, on random valid shapes and
-dtypes (hypothesis): the fused Numba twins (rmsnorm, SwiGLU, cross-entropy), the one-pass RoPE
+dtypes (hypothesis): the fused Numba twins (rmsnorm, SwiGLU, GeGLU-tanh, cross-entropy), the one-pass RoPE
 head split, the GLA score kernel, the RWKV-4 and selective scans, the associative scan and flash
 attention against sdpa. Tolerances: 1e-9 relative in float64, 2e-4 in float32."""
 import numpy as np
@@ -11,7 +11,7 @@ from scratchllm.attention.rope import make_rope
 from scratchllm.attention.rope_heads import (rope_heads_backward, rope_heads_backward_ref,
                                              rope_heads_forward, rope_heads_forward_ref)
 from scratchllm.attention.sdpa import sdpa_backward, sdpa_forward
-from scratchllm.core import fused, ops
+from scratchllm.core import fused, fused_geglu, ops
 from scratchllm.linear_attention.gla_scores import (gla_scores_backward, gla_scores_backward_ref,
                                                     gla_scores_forward, gla_scores_forward_ref)
 from scratchllm.linear_attention.rwkv_scan import (rwkv4_wkv_scan_backward,
@@ -101,6 +101,8 @@ TWINS = {  # name: (fast (forward, backward), readable (forward, backward), inpu
                 (ops.rmsnorm_forward, ops.rmsnorm_backward), rmsnorm),
     "swiglu": ((fused.fused_swiglu_forward, fused.fused_swiglu_backward),
                (ops.swiglu_forward, ops.swiglu_backward), swiglu),
+    "geglu_tanh": ((fused_geglu.fused_geglu_forward, fused_geglu.fused_geglu_backward),
+                   (fused_geglu.geglu_tanh_forward, fused_geglu.gelu.geglu_backward), swiglu),
     "cross_entropy": ((fused.fused_cross_entropy_forward, fused.fused_cross_entropy_backward),
                       (ops.cross_entropy_forward, ops.cross_entropy_backward), cross_entropy),
     "rope_heads": ((rope_heads_forward, rope_heads_backward),

@@ -133,11 +133,15 @@ def relu_mlp(rng):
 
 @case
 def geglu(rng):
+    """The readable pair, and the fused tanh twin (core/fused_geglu.py)."""
     from scratchllm.core import geglu_backward, geglu_forward
+    from scratchllm.core.fused_geglu import fused_geglu_backward, fused_geglu_forward
     D, F = 7, 9
-    return check(geglu_forward, geglu_backward, rng=rng, x=rng.standard_normal((2, 3, D)),
-                 W1=rng.standard_normal((D, F)), W3=rng.standard_normal((D, F)),
-                 W2=rng.standard_normal((F, D)))
+    x, W2 = rng.standard_normal((2, 3, D)), rng.standard_normal((F, D))
+    W1, W3 = rng.standard_normal((D, F)), rng.standard_normal((D, F))
+    return [check(fwd, bwd, rng=rng, label=label, x=x, W1=W1, W3=W3, W2=W2)
+            for label, fwd, bwd in (("readable", geglu_forward, geglu_backward),
+                                    ("fused tanh", fused_geglu_forward, fused_geglu_backward))]
 
 
 @case

@@ -21,8 +21,8 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.attention.masks import mask_array
-from scratchllm.attention.sdpa_softmax import (FusedSoftmaxCache, softmax_scores_,
-                                               softmax_scores_backward_)
+from scratchllm.attention.sdpa_softmax import (FusedSoftmaxCache, softcap_softmax_scores_,
+                                               softmax_scores_, softmax_scores_backward_)
 from scratchllm.core.twins import use_fused
 from scratchllm.core.ops import SoftmaxCache, softmax_backward, softmax_forward
 from scratchllm.core.softcap import softcap_backward, softcap_forward
@@ -100,12 +100,17 @@ def sdpa_forward(q, k, v, mask=None, scale=None, *, bias=None, sinks=None, softc
     keep = mask_array(mask, Tq, Tk, "sdpa")  # None, (Tq, Tk), or broadcastable to (B,H,Tq,Tk)
     G = H // Hkv
     scale = Dh ** -0.5 if scale is None else expect_finite("sdpa", "scale", scale)
+    if softcap is not None:
+        softcap = expect_finite("sdpa", "softcap", softcap, 0, open_low=True)
     qg = q.reshape(B, Hkv, G * Tq, Dh)  # (B, Hkv, G*Tq, Dh)
     s = qg @ k.swapaxes(-1, -2)  # (B, Hkv, G*Tq, Tk)
-    if softcap is None and _fused_case(keep, bias, sinks, s, Tq) and use_fused():
-        p = softmax_scores_(s, keep, scale)  # (B, Hkv, G*Tq, Tk), in place, one pass per row
+    if _fused_case(keep, bias, sinks, s, Tq) and use_fused():
+        if softcap is None:
+            p, t = softmax_scores_(s, keep, scale), None  # (B, Hkv, G*Tq, Tk), in place
+        else:  # Gemma 2: P = softmax(c t), t = tanh(scale q k^T / c)  (B, Hkv, G*Tq, Tk) x2
+            p, t = softcap_softmax_scores_(s, keep, scale, softcap)
         return (p @ v).reshape(B, H, Tq, v.shape[3]), SDPACache(
-            qg, k, v, scale, FusedSoftmaxCache(p), None, False, H, True)  # (B, H, Tq, Dv)
+            qg, k, v, scale, FusedSoftmaxCache(p, t), None, False, H, True)  # (B, H, Tq, Dv)
     s *= np.asarray(scale, dtype=s.dtype)
     cap_cache = None
     if softcap is not None:  # Gemma 2: S = c tanh(scale q k^T / c)
@@ -153,7 +158,8 @@ def sdpa_backward(dout, cache):
     dv = p.swapaxes(-1, -2) @ dog  # fwd: out = P v -> dv = P^T dout      (B, Hkv, Tk, Dv)
     dp = dog @ v.swapaxes(-1, -2)  # fwd: out = P v -> dP = dout v^T      (B, Hkv, G*Tq, Tk)
     if fused:  # the forward's one-pass softmax: dS = scale P (dP - rowsum(dP P)), one pass
-        ds = softmax_scores_backward_(dp, p, scale)  # (B, Hkv, G*Tq, Tk), in place of dp
+        #        (soft-capped: times 1 - t^2, t = tanh(scale q k^T / c))
+        ds = softmax_scores_backward_(dp, p, scale, sm_cache.t)  # (B, Hkv, G*Tq, Tk), in place
         return {"q": (ds @ k).reshape(B, H, Tq, qg.shape[3]), "k": ds.swapaxes(-1, -2) @ qg,
                 "v": dv}
     if has_sinks:  # fwd: the sink column carries no value -> its dP is 0

@@ -42,7 +42,8 @@ def gelu_forward(x, approximate="tanh"):
     """
     expect_float("gelu", "x", x)
     if approximate == "tanh":
-        y = 0.5 * x * (1 + np.tanh(_C * (x + _K * x ** 3)))  # (...)
+        y = 0.5 * x * (1 + np.tanh(_C * (x + _K * (x * x * x))))  # (...); x*x*x, not x**3:
+        # NumPy's float32 power is ~300x slower than two multiplies
     elif approximate == "none":
         y = 0.5 * x * (1 + erf(x / math.sqrt(2.0)))  # (...)
     elif approximate == "quick":
@@ -62,7 +63,7 @@ def gelu_backward(dy, cache):
     expect_dout("gelu_backward", dy, cache.x.shape, cache.x.dtype, name="dy")
     x, approximate = cache
     if approximate == "tanh":
-        t = np.tanh(_C * (x + _K * x ** 3))  # (...)
+        t = np.tanh(_C * (x + _K * (x * x * x)))  # (...)
         d = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _C * (1 + 3 * _K * x * x)  # (...)
     elif approximate == "quick":
         sg = expit(_Q * x)  # (...)

@@ -13,6 +13,8 @@ import numpy as np
 
 from scratchllm.core import fused, gelu, norms, ops, relu
 from scratchllm.core.fp8 import FP8Spec, fp8_linear_backward, fp8_linear_forward
+from scratchllm.core.fused_geglu import GEGLU_TANH
+from scratchllm.core.twins import TwinCache
 from scratchllm.core.optim import NonFiniteError
 
 
@@ -278,8 +280,13 @@ class GeGLU(Module):
         self.approximate = approximate
 
     def forward(self, x):
-        return gelu.geglu_forward(x, self.W1.data, self.W3.data, self.W2.data,
-                                  approximate=self.approximate)
+        """The tanh gate takes core/fused_geglu.py's twin (the fused one unless
+        SCRATCHLLM_READABLE); the erf and quick gates the readable pair."""
+        if self.approximate == "tanh":
+            return GEGLU_TANH.forward(x, self.W1.data, self.W3.data, self.W2.data)
+        y, cache = gelu.geglu_forward(x, self.W1.data, self.W3.data, self.W2.data,
+                                      approximate=self.approximate)
+        return y, TwinCache(gelu.geglu_backward, cache)
 
     def backward(self, dy, cache):
-        return self.add_grads(gelu.geglu_backward(dy, cache))
+        return self.add_grads(GEGLU_TANH.backward(dy, cache))  # the cache's own backward

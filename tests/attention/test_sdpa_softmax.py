@@ -1,6 +1,7 @@
 """sdpa's fused softmax (attention/sdpa_softmax.py) against the readable path
 (SCRATCHLLM_READABLE=1): outputs and gradients to 1e-6 (float32) / 1e-12 (float64), for a
-causal, a sliding + sink, a per-head and no mask, with grouped heads and a fully masked row."""
+causal, a sliding + sink, a per-head and no mask, with grouped heads and a fully masked row,
+plain and soft-capped (Gemma 2: the fused kernels take c tanh(scale s / c) and its 1 - t^2)."""
 import numpy as np
 import pytest
 
@@ -11,18 +12,21 @@ from scratchllm.specs import AttentionSpec, Mask
 TOL = {np.float32: 1e-6, np.float64: 1e-12}
 
 
-def run(q, k, v, mask, dout, readable, monkeypatch):
+def run(q, k, v, mask, dout, readable, monkeypatch, softcap=None):
     if readable:
         monkeypatch.setenv("SCRATCHLLM_READABLE", "1")
     else:
         monkeypatch.delenv("SCRATCHLLM_READABLE", raising=False)
-    out, cache = sdpa_forward(q, k, v, None if mask is None else Mask(array=mask))
+    out, cache = sdpa_forward(q, k, v, None if mask is None else Mask(array=mask),
+                              softcap=softcap)
+    assert cache.fused == (not readable and (mask is None or mask.ndim == 2))
     return out, sdpa_backward(dout, cache)
 
 
+@pytest.mark.parametrize("softcap", [None, 0.9])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("kind", ["causal", "sink", "per-head", "none", "empty row"])
-def test_fused_softmax_matches_the_readable_sdpa(kind, dtype, monkeypatch):
+def test_fused_softmax_matches_the_readable_sdpa(kind, dtype, softcap, monkeypatch):
     rng = np.random.default_rng(0)
     B, H, Hkv, T, Dh = 2, 6, 2, 9, 5
     q = (2 * rng.standard_normal((B, H, T, Dh))).astype(dtype)
@@ -33,8 +37,8 @@ def test_fused_softmax_matches_the_readable_sdpa(kind, dtype, monkeypatch):
         mask = mask.copy()
         mask[4] = False
     dout = rng.standard_normal((B, H, T, Dh)).astype(dtype)
-    out, g = run(q, k, v, mask, dout, False, monkeypatch)
-    out_r, g_r = run(q, k, v, mask, dout, True, monkeypatch)
+    out, g = run(q, k, v, mask, dout, False, monkeypatch, softcap)
+    out_r, g_r = run(q, k, v, mask, dout, True, monkeypatch, softcap)
     for a, b in [(out, out_r)] + [(g[n], g_r[n]) for n in ("q", "k", "v")]:
         assert a.dtype == b.dtype == dtype
         assert np.max(np.abs(a - b)) <= TOL[dtype] * np.max(np.abs(b))
