@@ -40,7 +40,7 @@ _SPACE, _DUMMY = 0x20, ord(SPACE)
 
 class DoubleArray:
     """The double array of a PieceTrie: cmap (max code point + 1,) code of each character,
-    base, check, value (slots,); max_len the longest piece."""
+    base, check, value (slots,) int32."""
 
     def __init__(self, trie):
         used = trie.keys >= 0
@@ -50,53 +50,48 @@ class DoubleArray:
         self.cmap = np.zeros(int(alphabet.max(initial=0)) + 1, np.int32)
         self.cmap[alphabet] = np.arange(1, len(alphabet) + 1, dtype=np.int32)
         order = np.lexsort((char, parent))                        # by parent, then character
-        n_nodes = len(trie.node_piece)
-        first = np.searchsorted(parent[order], np.arange(n_nodes + 1))  # children of node u:
-        self.base, self.check, self.value = _build(                     # order[first[u]:..]
-            first, self.cmap[char[order]], child[order], trie.node_piece, len(alphabet))
-        self.max_len = trie.max_len
+        n = len(trie.node_piece)
+        first = np.searchsorted(parent[order], np.arange(n + 1))  # node u's children: order[
+        codes, kids = self.cmap[char[order]], child[order]          # first[u]:first[u+1]]
+        size = 2 * len(keys) + 2 * len(alphabet) + 2
+        while True:
+            base, check = np.zeros(size, np.int32), np.full(size, -1, np.int32)
+            slot = np.zeros(n, np.int64)                                    # node -> slot
+            end = _place(first, codes, kids, len(alphabet), base, check,
+                         np.arange(size + 1, dtype=np.int64), slot)
+            if end >= 0:
+                break
+            size *= 2
+        self.base, self.check = base[:end], check[:end]
+        self.value = np.full(end, -1, np.int32)
+        self.value[slot] = trie.node_piece[:n]                  # unused nodes: slot 0, id -1
+
+    def node_scores(self, scores):
+        """(slots,) float64 score of the piece ending at each slot (-inf: none)."""
+        return np.where(self.value >= 0, np.asarray(scores, np.float64)[self.value], -np.inf)
 
 
 @nb.njit(cache=True)
-def _free(nxt, i):  # pragma: no cover (compiled)
-    """The first free slot >= i: nxt[v] = v while v is free, else a later slot to look at
-    (a union-find over the taken slots, paths halved as they are walked)."""
-    while nxt[i] != i:
-        nxt[i] = nxt[nxt[i]]
-        i = nxt[i]
-    return i
-
-
-@nb.njit(cache=True)
-def _grow(a, fill):  # pragma: no cover (compiled)
-    out = np.full(2 * len(a), fill, np.int64)
-    out[:len(a)] = a
-    return out
-
-
-@nb.njit(cache=True)
-def _build(first, codes, kids, node_piece, n_codes):  # pragma: no cover (compiled)
+def _place(first, codes, kids, n_codes, base, check, nxt, slot):  # pragma: no cover
     """Place nodes 0, 1, ... (a child's id is above its parent's, so every node's slot is
     known before its children are placed): base = the first b >= 1 whose slots b + code are
-    all free, tried at the free slots only. Returns base, check, value over the slots."""
-    n = len(node_piece)
-    size = 2 * n + n_codes + 2
-    base, check = np.zeros(size, np.int64), np.full(size, -1, np.int64)
-    nxt = np.arange(size + 1, dtype=np.int64)     # the free slots (nxt[size]: past the end)
-    slot = np.zeros(n, np.int64)                  # node -> slot (the root is slot 0)
+    all free, tried at the free slots only (nxt[v] = v while v is free, else a later slot to
+    look at: a union-find over the taken slots, its paths halved as they are walked). Fills
+    base, check, slot; returns the number of slots used, or -1 if `check` is too short."""
     check[0], nxt[0] = 0, 1                       # slot 0 is the root's
-    for u in range(n):
+    end = 1
+    for u in range(len(first) - 1):
         a, b = first[u], first[u + 1]
         if a == b:
             continue
-        v = _free(nxt, 1 + codes[a])              # the first child's slot: a free one
+        v = 1 + codes[a]
         while True:
+            while nxt[v] != v:                    # the first free slot >= v
+                nxt[v] = nxt[nxt[v]]
+                v = nxt[v]
             start = v - codes[a]
-            while start + n_codes + 1 >= len(check):              # room for any code
-                base, check = _grow(base, 0), _grow(check, -1)
-                grown = np.arange(len(check) + 1, dtype=np.int64)
-                grown[:len(nxt) - 1] = nxt[:len(nxt) - 1]
-                nxt = grown
+            if start + n_codes + 1 >= len(check):
+                return -1
             fits = True
             for e in range(a + 1, b):
                 if check[start + codes[e]] != -1:
@@ -104,24 +99,19 @@ def _build(first, codes, kids, node_piece, n_codes):  # pragma: no cover (compil
                     break
             if fits:
                 break
-            v = _free(nxt, v + 1)
+            v += 1
         base[slot[u]] = start
+        end = max(end, start + n_codes + 1)       # every lookup base + code stays inside
         for e in range(a, b):
             w = start + codes[e]
             check[w], slot[kids[e]], nxt[w] = slot[u], w, w + 1
-    end = np.max(base) + n_codes + 1              # every lookup base + code stays inside
-    value = np.full(end, -1, np.int32)
-    for u in range(n):
-        value[slot[u]] = node_piece[u]
-    return base[:end].astype(np.int32), check[:end].astype(np.int32), value
+    return end
 
 
 @nb.njit(cache=True)
-def _viterbi(x, bounds, arrays, max_len, scores, f32, unk):  # pragma: no cover (compiled)
-    """arrays = (cmap, base, check, value); unk = (unk_id, unk_score). See the module
-    docstring; returns the pieces' (starts, ends, ids) in text order and counts per text."""
-    cmap, base, check, value = arrays
-    unk_id, unk_score = unk
+def _viterbi(x, bounds, cmap, base, check, value, node_score, f32, unk_id, unk_score):
+    """See the module docstring (node_score: DoubleArray.node_scores). Returns the pieces'
+    (starts, ends, ids) in text order and counts per text."""
     n_texts = len(bounds) - 1
     longest = 0
     for t in range(n_texts):
@@ -130,10 +120,6 @@ def _viterbi(x, bounds, arrays, max_len, scores, f32, unk):  # pragma: no cover 
     from_ = np.empty(longest + 1, np.int64)                  # its last piece's start
     piece = np.empty(longest + 1, np.int64)                  # and id
     code = np.empty(longest + 1, np.int32)                   # the text's characters' codes
-    node_score = np.full(len(value), -np.inf)                # score of the piece at a slot
-    for v in range(len(value)):
-        if value[v] >= 0:
-            node_score[v] = scores[value[v]]
     starts, ends, ids = (np.empty(len(x), np.int64), np.empty(len(x), np.int64),
                          np.empty(len(x), np.int64))
     counts = np.zeros(n_texts, np.int64)
@@ -145,11 +131,12 @@ def _viterbi(x, bounds, arrays, max_len, scores, f32, unk):  # pragma: no cover 
             code[j] = cmap[c] if c < len(cmap) else 0
         code[n] = 0                                           # the walk stops at the end
         best[0] = 0.0
-        best[1:n + 1] = -np.inf
+        for j in range(1, n + 1):
+            best[j] = -np.inf
         for i in range(n):
             here, u, one = best[i], 0, False
-            for j in range(i, i + max_len):
-                if code[j] == 0:
+            for j in range(i, n):
+                if code[j] == 0:                  # (the trie ends the walk at the longest piece)
                     break
                 v = base[u] + code[j]
                 if check[v] != u:
@@ -188,11 +175,9 @@ def viterbi(x, bounds, trie, scores, unk_id, unk_score):
     if getattr(trie, "double_array", None) is None:
         trie.double_array = DoubleArray(trie)
     da = trie.double_array
-    f32 = scores.dtype == np.float32
-    return _viterbi(np.ascontiguousarray(x, np.int32), np.asarray(bounds, np.int64),
-                    (da.cmap, da.base, da.check, da.value), da.max_len,
-                    np.asarray(scores, np.float64), f32,
-                    (np.int64(unk_id), float(scores.dtype.type(unk_score))))
+    return _viterbi(np.ascontiguousarray(x, np.int32), np.asarray(bounds, np.int64), da.cmap,
+                    da.base, da.check, da.value, da.node_scores(scores),
+                    scores.dtype == np.float32, int(unk_id), float(scores.dtype.type(unk_score)))
 
 
 def viterbi_ref(x, bounds, trie, scores, unk_id, unk_score):
