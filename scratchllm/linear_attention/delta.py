@@ -233,7 +233,7 @@ def delta_rule_forward(q, k, v, beta, g=None, *, form="chunked", chunk=64):
     bc, beta_c = (split_chunks(a[..., None], C)[..., 0] for a in (g0, beta))  # (B, H, n, C)
     bc = np.cumsum(bc, axis=-1)  # in-chunk cumulative log gate
     o, states = map_lanes(lambda i: _chunked(qc[i], kc[i], vc[i], beta_c[i], bc[i]),
-                          *q.shape[:2])  # lane groups in threads (lanes.py)
+                          *q.shape[:2], q.size + v.size)  # lane groups in threads (lanes.py)
     return merge_chunks(o, T), DeltaCache(form, qc, kc, vc, beta_c, bc, states, T, g is not None)
 
 
@@ -257,7 +257,8 @@ def delta_rule_backward(do, cache):
         T = cache.T
         fields = ("q", "k", "v", "beta", "g", "states")
         dq, dk, dv, dbeta, dg = map_lanes(
-            lambda i: _chunked_backward(do[i], lanes_of(cache, i, fields)), *do.shape[:2])
+            lambda i: _chunked_backward(do[i], lanes_of(cache, i, fields)), *do.shape[:2],
+            cache.q.size + cache.v.size)
         dq, dk, dv = merge_chunks(dq, T), merge_chunks(dk, T), merge_chunks(dv, T)
         dbeta, dg = (merge_chunks(a[..., None], T)[..., 0] for a in (dbeta, dg))
     grads = {"q": dq, "k": dk, "v": dv, "beta": dbeta}

@@ -183,7 +183,7 @@ def _chunked_in_lanes(q, k, v, g, C):
     def run(i):
         o, parts = _chunked(q[i], k[i], v[i], g[i], C)
         return (o,) + parts
-    o, *parts = map_lanes(run, *q.shape[:2])
+    o, *parts = map_lanes(run, *q.shape[:2], q.size + v.size)
     return o, tuple(parts)
 
 
@@ -191,7 +191,7 @@ def _chunked_backward_in_lanes(do, cache):
     """_chunked_backward run on lane groups in threads (lanes.py)."""
     fields = ("q", "k", "v", "b", "states")
     return map_lanes(lambda i: _chunked_backward(do[i], lanes_of(cache, i, fields)),
-                     *do.shape[:2])
+                     *do.shape[:2], cache.q.size + cache.v.size)
 
 
 def _recurrence(q, k, v, a):

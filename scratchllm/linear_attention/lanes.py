@@ -26,6 +26,7 @@ import numpy as np
 _POOL = {}
 _LOCK = threading.Lock()
 _THREADABLE = []      # [bool] once known
+MIN_WORK = 1 << 16    # elements of input below which one thread is faster than handing off
 
 
 def _pool(n):
@@ -65,11 +66,12 @@ def _one_thread(fn, idx):
     return fn(idx)
 
 
-def map_lanes(fn, B, H):
-    """fn(idx) for each lane group idx of lane_groups(B, H, threads), in threads. fn returns a
+def map_lanes(fn, B, H, work):
+    """fn(idx) for each lane group idx of lane_groups(B, H, threads), in threads (one call
+    fn((slice(None),)) when work, the elements of the input, is under MIN_WORK). fn returns a
     flat tuple of arrays whose first two axes are the group's lanes; returns the same tuple
     with every array assembled over all lanes (B, H, ...)."""
-    groups = lane_groups(B, H, _threads())
+    groups = lane_groups(B, H, _threads() if work >= MIN_WORK else 1)
     if len(groups) == 1 or not _can_thread():
         return fn(groups[0])
     pool = _pool(len(groups))

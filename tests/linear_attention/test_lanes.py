@@ -48,14 +48,19 @@ def _mixers(rng, B=2, H=3, T=21, D=5):
 @pytest.mark.parametrize("name", ["linear", "retnet", "gla", "delta", "ssd"])
 def test_lane_groups_give_the_same_bits(name, monkeypatch):
     fwd, bwd, inputs = _mixers(np.random.default_rng(0))[name]
+    calls = []
+    real = lanes._one_thread
+    monkeypatch.setattr(lanes, "_one_thread", lambda fn, idx: calls.append(idx) or real(fn, idx))
     dout = None
     runs = []
     for threads in (1, 2, 3):
         monkeypatch.setattr(lanes, "_threads", lambda n=threads: n)
+        monkeypatch.setattr(lanes, "MIN_WORK", 0)
         out, cache = fwd(**inputs, form="chunked", chunk=8)
         if dout is None:
             dout = np.random.default_rng(1).standard_normal(out.shape).astype(out.dtype)
         runs.append((out, bwd(dout, cache)))
+    assert len(calls) == 2 * (2 + 3)          # forward and backward, in 2 then 3 groups
     (out1, g1) = runs[0]
     for out, g in runs[1:]:
         np.testing.assert_array_equal(out, out1)
