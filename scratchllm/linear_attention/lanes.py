@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
+from numba.np.ufunc.parallel import _launch_threads
 
 _POOL = {}
 _LOCK = threading.Lock()
@@ -40,7 +41,6 @@ def _can_thread():
     """False under Numba's workqueue layer (not reentrant from two threads)."""
     if not _THREADABLE:
         try:
-            from numba.np.ufunc.parallel import _launch_threads
             _launch_threads()
             _THREADABLE.append(numba.threading_layer() != "workqueue")
         except Exception:  # noqa: BLE001 (no threading layer at all: stay on one thread)
