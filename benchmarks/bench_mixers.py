@@ -195,6 +195,45 @@ def bench_threads():
         print(f"{name:<8}{t1:>12.1f}{t2:>14.1f}{t1 / t2:>10.2f}")
 
 
+def bench_share():
+    """Load-proof evidence for bench_threads: in one thread, the share of each chunked pair's
+    CPU time (time.thread_time) spent inside lanes.map_lanes, i.e. in work that the (batch,
+    head) lane groups run in parallel, and the Amdahl bound 1 / ((1 - p) + p / 2) it allows
+    two threads. The groups run in this thread here (lanes._threads set to 1)."""
+    import time
+    import scratchllm.linear_attention.delta as delta
+    import scratchllm.linear_attention.lanes as lanes
+    import scratchllm.linear_attention.gla as gla
+    import scratchllm.linear_attention.linear as linear
+    import scratchllm.ssm.ssd as ssd
+    from scratchllm.linear_attention.lanes import map_lanes
+    inside = [0.0]
+
+    def timed(fn, B, H, work):
+        t = time.thread_time()
+        out = map_lanes(fn, B, H, work)
+        inside[0] += time.thread_time() - t
+        return out
+    for module in (delta, gla, linear, ssd):
+        module.map_lanes = timed
+    lanes._threads = lambda: 1
+    inputs = _inputs(np.random.default_rng(0))
+    print(f"one thread; load average {os.getloadavg()[0]:.1f}")
+    for name, ((fwd, bwd, opts), _) in _pairs().items():
+        if name == "rwkv":
+            continue                          # a Numba prange kernel end to end
+        run = _fwd_bwd(fwd, bwd, inputs[name], **opts)
+        run()
+        shares = []
+        for _ in range(3):
+            inside[0], t = 0.0, time.thread_time()
+            run()
+            shares.append(inside[0] / (time.thread_time() - t))
+        p = float(np.median(shares))
+        print(f"{name:<8} parallel share {p:.3f}  Amdahl bound at 2 threads "
+              f"{1 / ((1 - p) + p / 2):.2f}x")
+
+
 def _machine():
     """Two independent batched-matmul loops in a pool of THREADS threads."""
     from concurrent.futures import ThreadPoolExecutor
@@ -219,4 +258,4 @@ def bench_ours():
 
 if __name__ == "__main__":
     sys.exit(run_named([bench_mixers, bench_ssd_vs_scan, bench_threads,
-                        bench_ours]))
+                        bench_ours, bench_share]))
