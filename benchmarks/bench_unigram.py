@@ -20,7 +20,8 @@ which reports its wall time and its own peak RSS (ru_maxrss):
   (unigram_em.expected_counts) with each model's learned pieces' scores renormalised to sum
   to 1 (sentencepiece's do not after its final pruning). Target: ours within 1% of spm's;
 - Viterbi encode MB/s on the first --encode-mb MB of lines, one thread each: ours (on our
-  model, encode_ordinary_batch: normalised per line in Python, segmented in one kernel call)
+  model, encode_ordinary_batch: the whitespace rules and the segmentation are one kernel call
+  each over all lines, unigram_viterbi.py)
   vs sentencepiece (on its model, num_threads=1) vs HF tokenizers (on our model saved as
   tokenizer.json, encode_batch, RAYON_NUM_THREADS=1).
 """
@@ -104,7 +105,7 @@ def child(stage, vocab, mb, encode_mb):
                                        split_by_unicode_script=False, split_by_number=False)
     elif stage == "encode-ours":
         tok = ours_model(vocab, mb)
-        tok.encode_ordinary(lines[0])                                   # compile / load cache
+        tok.encode_ordinary_batch(lines[:2])                            # compile / load cache
         start = time.perf_counter()
         out["ids"] = sum(map(len, tok.encode_ordinary_batch(lines)))
     elif stage == "encode-spm":

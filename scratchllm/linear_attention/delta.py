@@ -28,6 +28,7 @@ import numpy as np
 from scratchllm.core.validate import expect_dout, expect_float, expect_positive, expect_shape
 from scratchllm.linear_attention.gla import (FORMS, check_head_step, check_qkv, merge_chunks,
                                             split_chunks)
+from scratchllm.linear_attention.lanes import lanes_of, map_lanes
 
 
 class DeltaCache(NamedTuple):
@@ -231,7 +232,8 @@ def delta_rule_forward(q, k, v, beta, g=None, *, form="chunked", chunk=64):
     qc, kc, vc = split_chunks(q, C), split_chunks(k, C), split_chunks(v, C)  # (B,H,n,C,*)
     bc, beta_c = (split_chunks(a[..., None], C)[..., 0] for a in (g0, beta))  # (B, H, n, C)
     bc = np.cumsum(bc, axis=-1)  # in-chunk cumulative log gate
-    o, states = _chunked(qc, kc, vc, beta_c, bc)
+    o, states = map_lanes(lambda i: _chunked(qc[i], kc[i], vc[i], beta_c[i], bc[i]),
+                          *q.shape[:2], q.size + v.size)  # lane groups in threads (lanes.py)
     return merge_chunks(o, T), DeltaCache(form, qc, kc, vc, beta_c, bc, states, T, g is not None)
 
 
@@ -253,7 +255,10 @@ def delta_rule_backward(do, cache):
         dq, dk, dv, dbeta, dg = _recurrent_backward(do, cache)
     else:
         T = cache.T
-        dq, dk, dv, dbeta, dg = _chunked_backward(do, cache)
+        fields = ("q", "k", "v", "beta", "g", "states")
+        dq, dk, dv, dbeta, dg = map_lanes(
+            lambda i: _chunked_backward(do[i], lanes_of(cache, i, fields)), *do.shape[:2],
+            cache.q.size + cache.v.size)
         dq, dk, dv = merge_chunks(dq, T), merge_chunks(dk, T), merge_chunks(dv, T)
         dbeta, dg = (merge_chunks(a[..., None], T)[..., 0] for a in (dbeta, dg))
     grads = {"q": dq, "k": dk, "v": dv, "beta": dbeta}

@@ -29,6 +29,7 @@ from scratchllm.core.validate import (common_float, expect_dout, expect_float, e
                                       expect_positive, expect_shape)
 from scratchllm.linear_attention.gla_scores import (decay_tensor, gla_scores_backward,
                                                     gla_scores_forward)
+from scratchllm.linear_attention.lanes import lanes_of, map_lanes
 
 FORMS = ("parallel", "chunked", "recurrent")
 
@@ -177,6 +178,22 @@ def _chunked_backward(do, cache):
     return merge_chunks(dq, T), merge_chunks(dk, T), merge_chunks(dv, T), merge_chunks(dg, T)
 
 
+def _chunked_in_lanes(q, k, v, g, C):
+    """_chunked run on lane groups in threads (lanes.py): the same numbers, bit for bit."""
+    def run(i):
+        o, parts = _chunked(q[i], k[i], v[i], g[i], C)
+        return (o,) + parts
+    o, *parts = map_lanes(run, *q.shape[:2], q.size + v.size)
+    return o, tuple(parts)
+
+
+def _chunked_backward_in_lanes(do, cache):
+    """_chunked_backward run on lane groups in threads (lanes.py)."""
+    fields = ("q", "k", "v", "b", "states")
+    return map_lanes(lambda i: _chunked_backward(do[i], lanes_of(cache, i, fields)),
+                     *do.shape[:2], cache.q.size + cache.v.size)
+
+
 def _recurrence(q, k, v, a):
     """o_t = S_t^T q_t with S_t = diag(a_t) S_{t-1} + k_t v_t^T; returns o and S_0 .. S_T."""
     B, H, T, Dk = q.shape
@@ -221,7 +238,7 @@ def gla_forward_parts(fn, q, k, v, g, form, chunk):
             raise TypeError(f"{fn}: chunk must be an int, got {type(chunk).__name__}")
         expect_positive(fn, "chunk", chunk)
     C = q.shape[2] if form == "parallel" else chunk
-    o, (qc, kc, vc, b, states) = _chunked(q, k, v, g4, max(C, 1))
+    o, (qc, kc, vc, b, states) = _chunked_in_lanes(q, k, v, g4, max(C, 1))
     return o, GLACache(form, qc, kc, vc, b, states, q.shape[2], gate)
 
 
@@ -233,7 +250,7 @@ def gla_out(cache):
 
 def gla_backward_parts(do, cache):
     """(dq, dk, dv, dg) with dg in g's layout (None when there was no gate)."""
-    back = _recurrence_backward if cache.form == "recurrent" else _chunked_backward
+    back = _recurrence_backward if cache.form == "recurrent" else _chunked_backward_in_lanes
     dq, dk, dv, dg = back(do, cache)
     dg = {"none": None, "head": dg[..., 0], "channel": dg}[cache.gate]
     return dq, dk, dv, dg

@@ -20,6 +20,7 @@ from scratchllm.core.validate import expect_dout
 from scratchllm.linear_attention.gla import (GLACache, check_head_step, check_qkv,
                                              gla_attention_step, gla_backward_parts,
                                              gla_forward_parts, gla_out)
+from scratchllm.linear_attention.lanes import map_lanes
 
 FEATURES = ("elu", "identity")
 
@@ -79,10 +80,12 @@ def linear_attention_forward(q, k, v, *, feature="elu", normalize=True, eps=1e-6
     fn = "linear_attention"
     check_qkv(fn, q, k, v)
     _check_options(fn, feature, normalize)
-    out, gla = gla_forward_parts(fn, _phi(q, feature), _phi(k, feature),
-                                 _with_ones(v, normalize), None, form, chunk)  # (B, H, T, Dv+1)
+    lanes = q.shape[:2] + (q.size + v.size,)  # the elementwise steps in threads too (lanes.py)
+    phq, phk, vv = map_lanes(lambda i: (_phi(q[i], feature), _phi(k[i], feature),
+                                        _with_ones(v[i], normalize)), *lanes)
+    out, gla = gla_forward_parts(fn, phq, phk, vv, None, form, chunk)  # (B, H, T, Dv+1)
     cache = LinearAttentionCache(q, k, feature, eps, out if normalize else None, gla)
-    return _normalise(out, normalize, eps), cache
+    return map_lanes(lambda i: (_normalise(out[i], normalize, eps),), *lanes)[0], cache
 
 
 def _linear_out(cache):
@@ -101,18 +104,23 @@ def linear_attention_backward(do, cache):
     here).
     """
     expect_dout("linear_attention_backward", do, *_linear_out(cache), name="do")
+    lanes = do.shape[:2] + (cache.q.size + do.size,)  # elementwise steps in threads (lanes.py)
     if cache.out is None:
         dout = do
     else:
-        num, den = cache.out[..., :-1], cache.out[..., -1:] + cache.eps  # (B,H,T,Dv), (B,H,T,1)
-        # fwd: o = num / den  ->  dnum = do / den, dden = -sum(do * num) / den^2
-        dden = -(do * num).sum(axis=-1, keepdims=True) / den ** 2  # (B, H, T, 1)
-        dout = np.concatenate([do / den, dden], axis=-1)  # (B, H, T, Dv + 1)
+        def unnormalise(i):
+            out = cache.out[i]
+            num, den = out[..., :-1], out[..., -1:] + cache.eps  # (B, H, T, Dv), (B, H, T, 1)
+            # fwd: o = num / den  ->  dnum = do / den, dden = -sum(do * num) / den^2
+            dden = -(do[i] * num).sum(axis=-1, keepdims=True) / den ** 2  # (B, H, T, 1)
+            return (np.concatenate([do[i] / den, dden], axis=-1),)  # (B, H, T, Dv + 1)
+        dout, = map_lanes(unnormalise, *lanes)
     dphq, dphk, dv, _ = gla_backward_parts(dout, cache.gla)
     if cache.out is not None:
         dv = dv[..., :-1]  # the column of ones is a constant
-    return {"q": _phi_backward(dphq, cache.q, cache.feature),
-            "k": _phi_backward(dphk, cache.k, cache.feature), "v": dv}
+    dq, dk = map_lanes(lambda i: (_phi_backward(dphq[i], cache.q[i], cache.feature),
+                                  _phi_backward(dphk[i], cache.k[i], cache.feature)), *lanes)
+    return {"q": dq, "k": dk, "v": dv}
 
 
 def linear_attention_step(q_t, k_t, v_t, state, *, feature="elu", normalize=True, eps=1e-6):

@@ -26,6 +26,7 @@ from scratchllm.core.validate import (common_float, expect_dout, expect_float, e
                                       expect_shape)
 from scratchllm.linear_attention.gla import (GLACache, gla_attention_step, gla_backward_parts,
                                              gla_forward_parts, gla_out)
+from scratchllm.linear_attention.lanes import map_lanes
 
 
 class SSDCache(NamedTuple):
@@ -92,11 +93,16 @@ def ssd_forward(x, dt, A, B, C, D, *, form="chunked", chunk=64):
     """
     x, dt, A, B, C, D = common_float(x, dt, A, B, C, D)
     group = _check("ssd", x, dt, A, B, C, D)
-    xt, dtt = np.swapaxes(x, 1, 2), np.swapaxes(dt, 1, 2)  # (B, H, T, Dh), (B, H, T)
+    rows = (x.shape[0], 1, x.size)  # the elementwise steps: batch rows in threads (lanes.py)
+
+    def values(i):
+        xt, dtt = np.swapaxes(x[i], 1, 2), np.swapaxes(dt[i], 1, 2)  # (B,H,T,Dh), (B,H,T)
+        return xt * dtt[..., None], dtt * A[:, None]  # v = Δ x, g = Δ A
+    v, g = map_lanes(values, *rows)
     (Ch, rep), (Bh, _) = _heads(C, group), _heads(B, group)  # (B, H, T, N) each
-    y, gla = gla_forward_parts("ssd", Ch, Bh, xt * dtt[..., None], dtt * A[:, None], form,
-                               chunk)  # (B, H, T, Dh)
-    return np.swapaxes(y, 1, 2) + D[:, None] * x, SSDCache(x, dt, A, D, rep, gla)
+    y, gla = gla_forward_parts("ssd", Ch, Bh, v, g, form, chunk)  # (B, H, T, Dh)
+    y, = map_lanes(lambda i: (np.swapaxes(y[i], 1, 2) + D[:, None] * x[i],), *rows)
+    return y, SSDCache(x, dt, A, D, rep, gla)
 
 
 def ssd_backward(dy, cache):
@@ -111,9 +117,11 @@ def ssd_backward(dy, cache):
     x, dt, A, D, rep, gla = cache
     dq, dk, dv, dg = gla_backward_parts(np.swapaxes(dy, 1, 2), gla)  # (B, H, T, *)
     dv, dg = np.swapaxes(dv, 1, 2), np.swapaxes(dg, 1, 2)  # (B, T, H, Dh), (B, T, H)
-    # fwd: y = swap(gla) + D x;  v = dt x;  g = dt A
-    dx = D[:, None] * dy + dv * dt[..., None]  # (B, T, H, Dh)
-    ddt = (dv * x).sum(-1) + dg * A  # (B, T, H)
+
+    def inputs(i):  # fwd: y = swap(gla) + D x;  v = dt x;  g = dt A
+        dx = D[:, None] * dy[i] + dv[i] * dt[i][..., None]  # (B, T, H, Dh)
+        return dx, (dv[i] * x[i]).sum(-1) + dg[i] * A  # dx, ddt (B, T, H)
+    dx, ddt = map_lanes(inputs, x.shape[0], 1, x.size)  # batch rows in threads (lanes.py)
     # fwd: B, C shared by the heads of a group  ->  the sum over the group
     dB, dC = (np.swapaxes(repeat_kv_backward(d, rep)["kv"], 1, 2) for d in (dk, dq))
     return {"x": dx, "dt": ddt, "A": (dg * dt).sum(axis=(0, 1)), "B": dB, "C": dC,

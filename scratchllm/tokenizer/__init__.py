@@ -6,7 +6,7 @@ hf_pretokenizers.py, hf_models.py, hf_decoders.py: every other), special-token s
 (specials.py), chat templates with jinja2 (chat.py). The
 Unigram language model (SentencePiece): Unigram (unigram.py), its Normalizer (normalizer.py),
 train_unigram and its TrainerSpec (unigram_train.py), their Numba kernels (unigram_lattice.py,
-unigram_em.py), tokenizer.json and .model files (unigram_files.py). SentencePiece BPE with byte
+unigram_em.py; encoding's double-array trie and Viterbi: unigram_viterbi.py), tokenizer.json and .model files (unigram_files.py). SentencePiece BPE with byte
 fallback, the Llama-2 form (spm_bpe.py), trained as sentencepiece trains it (spm_bpe_train.py). Of the rest of scratchllm it uses core's atomic
 writer only (its CLI is scratchllm.cli.bpe)."""
 from .chat import chat_template_of, encode_chat, render_chat

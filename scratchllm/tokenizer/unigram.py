@@ -21,6 +21,9 @@ and replace only on a strictly better score).
 
 Glossary: piece = vocabulary string; score = log p(piece); lattice edge = (start, end, id).
 """
+import contextlib
+import gc
+
 import numpy as np
 import regex
 
@@ -29,10 +32,29 @@ from .normalizer import Normalizer
 from .pretokenize import special_regex, split_special
 from .specials import check_disallowed, special_plan
 from .spm_decode import sentencepiece_decode
-from .unigram_lattice import PieceTrie, code_points, lattice_edges, viterbi
+from .unigram_lattice import PieceTrie, _text, code_points, lattice_edges
+from .unigram_viterbi import viterbi, whitespace
 
 UNK_PENALTY = 10.0
 _BEFORE_SPACE = regex.compile(f"(?={SPACE})")
+
+
+@contextlib.contextmanager
+def _no_gc():
+    """Pause Python's cyclic garbage collector (it would scan the heap every 700 new lists)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _bounds(texts):
+    """(T+1,) offsets of the texts in their concatenation."""
+    lens = np.fromiter(map(len, texts), np.int64, len(texts))  # (T,)
+    return np.concatenate([[0], np.cumsum(lens)])  # (T+1,)
 
 
 class Unigram:
@@ -111,20 +133,25 @@ class Unigram:
         return self._batch_ids(list(xs))
 
     def _batch_ids(self, xs):
-        """Viterbi ids of each normalised text (the Numba kernel unigram_lattice.viterbi, all
-        texts in one call); unknown pieces resolved by _ids."""
+        """Viterbi ids of each normalised text (all texts in one kernel call)."""
+        return self._kernel_ids(code_points("".join(xs)), _bounds(xs))
+
+    def _kernel_ids(self, x, bounds):
+        """Viterbi ids of the texts x[bounds[t]:bounds[t+1]] (code points, normalised): the
+        kernel unigram_viterbi.viterbi, then unknown pieces resolved by _ids."""
         if self._trie is None:
             self._trie = PieceTrie.from_strings(list(self._index), list(self._index.values()),
                                                 len(self.pieces))
-        bounds = np.concatenate([[0], np.cumsum([len(x) for x in xs])])
-        starts, ends, ids, counts = viterbi(code_points("".join(xs)), bounds, self._trie,
-                                            self._score, self.unk_id, self.unk_score)
+        starts, ends, ids, counts = viterbi(x, bounds, self._trie, self._score, self.unk_id,
+                                            self.unk_score)
         ends_at = np.cumsum(counts).tolist()
         flat = ids.tolist()
-        out = [flat[a:b] for a, b in zip([0] + ends_at[:-1], ends_at)]
+        with _no_gc():                 # one list per text: no cycles for the collector to find
+            out = [flat[a:b] for a, b in zip([0] + ends_at[:-1], ends_at)]
         for k in set(np.searchsorted(ends_at, np.flatnonzero(ids == self.unk_id), "right")):
             a, b = ends_at[k] - counts[k], ends_at[k]
-            out[k] = self._ids(xs[k], zip(starts[a:b].tolist(), ends[a:b].tolist(), out[k]))
+            text = _text(x[bounds[k]:bounds[k + 1]])
+            out[k] = self._ids(text, zip(starts[a:b].tolist(), ends[a:b].tolist(), out[k]))
         return out
 
     def _forward(self, edges, n, alpha):
@@ -167,8 +194,15 @@ class Unigram:
         return self._segment_ids(x)
 
     def encode_ordinary_batch(self, texts):
-        """[encode_ordinary(t) for t in texts], segmented in one kernel call."""
-        return self._split_ids([self.normalize(t) for t in texts])
+        """[encode_ordinary(t) for t in texts]. Without normalisation rules (no NFKC, no
+        charsmap) and without split_pieces, the whitespace steps and the segmentation are two
+        kernel calls over all texts (unigram_viterbi.whitespace, viterbi)."""
+        texts, norm = list(texts), self.normalizer
+        if self.split_pieces or norm.nfkc or norm.charsmap is not None:
+            return self._split_ids([self.normalize(t) for t in texts])
+        x, bounds = whitespace(code_points("".join(texts)), _bounds(texts),
+                               norm.remove_extra_whitespaces, norm.add_dummy_prefix)
+        return self._kernel_ids(x, bounds)
 
     def nbest(self, text, n):
         """The n most likely segmentations of text (ordinary): [(ids, log P)], best first."""

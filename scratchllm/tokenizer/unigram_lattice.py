@@ -6,7 +6,6 @@ by code point c is found in an open-addressing hash table keyed by u * 0x110000 
 text x gives every lattice edge i -> j (x[i:j] a piece) in increasing j, and stops as soon as
 x[i:j] is no prefix of any piece. An edge whose piece has log p = -inf is absent.
 
-    viterbi          best[j] = max_{i->j} best[i] + s(x[i:j]); ties keep the smaller start
     expected_counts  forward a[j] = logsumexp_{i->j} a[i] + s, backward b[i] = logsumexp_{i->j}
                      s + b[j]; expected count of the edge's piece += f exp(a[i] + s + b[j] -
                      a[n]); log-likelihood += f a[n]   (the E-step, over every word)
@@ -15,6 +14,7 @@ x[i:j] is no prefix of any piece. An edge whose piece has log p = -inf is absent
 
 Words are given as one int32 array of code points (pool), offsets off (W+1,) and counts freq
 (W,); the word w is pool[off[w]:off[w+1]].
+Encoding's Viterbi walks a double array instead (unigram_viterbi.py).
 Glossary: s = score = log p(piece); f = count of a word; V = number of piece ids.
 """
 import math
@@ -133,46 +133,6 @@ def _logadd(a, b):
     return a + math.log1p(math.exp(b - a))
 
 
-# ---- Viterbi (encoding) ----------------------------------------------------------------------
-def viterbi(x, bounds, trie, scores, unk_id, unk_score):
-    """The best segmentation of each text x[bounds[t]:bounds[t+1]] of code points: (starts,
-    ends, ids) of all texts' pieces in order (starts and ends within their text) and counts
-    (T,) of pieces per text. Scores (n_ids,) add up in their own dtype; a position no piece
-    covers is one unk_id edge of score unk_score."""
-    return _viterbi(x, np.asarray(bounds, np.int64), trie.keys, trie.child, trie.node_piece,
-                    trie.max_len, scores, unk_id, scores.dtype.type(unk_score))
-
-
-@nb.njit(cache=True)
-def _viterbi(x, bounds, keys, child, node_piece, max_len, scores, unk_id, unk_score):
-    longest = np.max(bounds[1:] - bounds[:-1]) if len(bounds) > 1 else 0
-    es = np.empty(longest * (max_len + 1), np.int64)
-    ee, ep = np.empty_like(es), np.empty_like(es)
-    best = np.empty(longest + 1, scores.dtype)               # best path score up to j
-    back = np.empty(longest + 1, np.int64)                   # its last edge
-    starts, ends, ids = np.empty(len(x), np.int64), np.empty(len(x), np.int64), \
-        np.empty(len(x), np.int64)
-    counts = np.zeros(len(bounds) - 1, np.int64)
-    t = 0
-    for text in range(len(bounds) - 1):
-        n = bounds[text + 1] - bounds[text]
-        m = _edges(x, bounds[text], n, keys, child, node_piece, max_len, scores, es, ee, ep)
-        best[:n + 1], best[0] = -np.inf, 0.0
-        for e in range(m):
-            s = best[es[e]] + (scores[ep[e]] if ep[e] >= 0 else unk_score)
-            if s > best[ee[e]]:
-                best[ee[e]], back[ee[e]] = s, e
-        j = n
-        while j > 0:
-            counts[text], j = counts[text] + 1, es[back[j]]
-        j, t = n, t + counts[text]
-        for k in range(t - 1, t - 1 - counts[text], -1):
-            e = back[j]
-            starts[k], ends[k], ids[k] = es[e], j, ep[e] if ep[e] >= 0 else unk_id
-            j = es[e]
-    return starts[:t], ends[:t], ids[:t], counts
-
-
 def lattice_edges(x, index, max_len, scores, unk_id, unk_score):
     """edges[i] = [(j, id, score)] of the str x: every piece x[i:j] in `index` whose score is
     finite, then an unk_id edge i -> i+1 if no piece covers x[i]."""
@@ -189,27 +149,3 @@ def lattice_edges(x, index, max_len, scores, unk_id, unk_score):
 
 def _text(x):
     return np.asarray(x, "<i4").tobytes().decode("utf-32-le")
-
-
-def viterbi_ref(x, bounds, trie, scores, unk_id, unk_score):
-    """Readable twin of viterbi."""
-    path, counts = [], []
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        s, n = _text(x[a:b]), b - a
-        best = np.full(n + 1, -np.inf, dtype=scores.dtype)    # (n+1,)
-        back = [None] * (n + 1)
-        best[0] = 0.0
-        for i, out in enumerate(lattice_edges(s, trie.index, trie.max_len, scores, unk_id,
-                                            scores.dtype.type(unk_score))):
-            for j, k, score in out:
-                if best[i] + score > best[j]:
-                    best[j], back[j] = best[i] + score, (i, k)
-        mine, j = [], n
-        while j > 0:
-            i, k = back[j]
-            mine.append((i, j, k))
-            j = i
-        path += mine[::-1]
-        counts.append(len(mine))
-    starts, ends, ids = (np.array([e[c] for e in path], dtype=np.int64) for c in range(3))
-    return starts, ends, ids, np.array(counts, dtype=np.int64)

@@ -1,6 +1,8 @@
-"""The Unigram kernels (unigram_lattice.py, unigram_em.py): the E-step against a brute-force
-enumeration of every segmentation, and each Numba kernel against its Python twin (`_ref`) on
-random words and vocabularies, with unknown characters, float32 and float64 scores."""
+"""The Unigram kernels (unigram_lattice.py, unigram_em.py, unigram_viterbi.py): the E-step
+against a brute-force enumeration of every segmentation, each Numba kernel against its Python
+twin (`_ref`) on random words and vocabularies, with unknown characters, float32 and float64
+scores; the double array against the vocabulary, the whitespace kernel against
+Normalizer.normalize, and encode_ordinary_batch against per-text encoding."""
 import itertools
 import math
 
@@ -8,9 +10,11 @@ import numpy as np
 import pytest
 
 from scratchllm.tokenizer import unigram_em as em
-from scratchllm.tokenizer.unigram_lattice import (PieceTrie, code_points, lattice_edges, viterbi,
-                                                  viterbi_ref)
+from scratchllm.tokenizer.normalizer import Normalizer
+from scratchllm.tokenizer.unigram import Unigram
+from scratchllm.tokenizer.unigram_lattice import PieceTrie, code_points, lattice_edges
 from scratchllm.tokenizer.unigram_train import digamma
+from scratchllm.tokenizer.unigram_viterbi import DoubleArray, viterbi, viterbi_ref, whitespace
 
 SP = "\u2581"
 
@@ -103,25 +107,6 @@ def test_count_substrings_agrees_with_its_twin(cap):
                                             for s, f in zip(strings, words[2]))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_viterbi_agrees_with_its_twin(dtype):
-    rng = np.random.default_rng(4)
-    pieces, logp = _random_vocab(rng, "abcé" + SP, 50)
-    scores = logp.astype(dtype)
-    trie = PieceTrie.from_strings(pieces, range(len(pieces)), len(pieces))
-    texts = _random_words(rng, "abcéxy", 30) + ["", "x", SP + "a" * 40]   # x, y unknown
-    x = code_points("".join(texts))
-    bounds = np.concatenate([[0], np.cumsum([len(t) for t in texts])])
-    got, want = viterbi(x, bounds, trie, scores, 99, -30.0), \
-        viterbi_ref(x, bounds, trie, scores, 99, -30.0)
-    for g, w in zip(got, want):
-        np.testing.assert_array_equal(g, w)
-    starts, ends, ids, counts = got
-    assert counts[-3] == 0 and counts[-2] == 1 and ids[counts[:-2].sum()] == 99   # "", "x"
-    ends_of_text = ends[np.cumsum(counts)[counts > 0] - 1]
-    assert ends_of_text.tolist() == [len(t) for t in texts if t]
-
-
 def test_trie_walk_finds_every_piece_of_the_text():
     rng = np.random.default_rng(5)
     pieces, logp = _random_vocab(rng, "abc" + SP, 40)
@@ -147,3 +132,87 @@ def test_digamma_matches_its_series_and_recurrence():
     assert abs(got[0] - want[0]) < 1e-6 and abs(got[1] - want[1]) < 1e-6
     np.testing.assert_allclose(digamma(x + 1) - got, 1 / x, rtol=1e-6)
     assert abs(got[4] - (math.log(120) - 1 / 240 - 1 / (12 * 120 ** 2))) < 1e-9
+
+
+# ---- encoding's fast path (unigram_viterbi.py) ----------------------------------------
+def _walk(da, s):
+    """The id of the piece s by the double array's rule v = base[u] + code, check[v] == u."""
+    u = 0
+    for ch in s:
+        c = ord(ch)
+        code = da.cmap[c] if c < len(da.cmap) else 0
+        if code == 0 or da.check[da.base[u] + code] != u:
+            return None
+        u = da.base[u] + code
+    return int(da.value[u]) if da.value[u] >= 0 else None
+
+
+def test_double_array_holds_exactly_the_pieces():
+    rng = np.random.default_rng(0)
+    pieces, _ = _random_vocab(rng, "abcdé" + SP + "\U0001F600", 300)
+    ids = rng.permutation(1000)[:len(pieces)]
+    da = DoubleArray(PieceTrie.from_strings(pieces, ids, 1000))
+    assert [_walk(da, p) for p in pieces] == ids.tolist()
+    others = {"".join(rng.choice(list("abcdéx" + SP), int(rng.integers(1, 8))))
+              for _ in range(500)} - set(pieces)
+    assert others and all(_walk(da, s) is None for s in others)
+    assert len(da.base) == len(da.check) == len(da.value)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_viterbi_agrees_with_its_twin(dtype):
+    rng = np.random.default_rng(4)
+    pieces, logp = _random_vocab(rng, "abcé" + SP + "\U0001F600", 60)
+    scores = logp.astype(dtype)
+    scores[pieces.index("ab") if "ab" in pieces else 5] = -np.inf         # an absent piece
+    trie = PieceTrie.from_strings(pieces, range(len(pieces)), len(pieces))
+    texts = _random_words(rng, "abcéxy\U0001F600\U0010FFFF", 40) + ["", "x", SP + "a" * 40]
+    x = code_points("".join(texts))                                # x, y, U+10FFFF unknown
+    bounds = np.concatenate([[0], np.cumsum([len(t) for t in texts])])
+    got, want = viterbi(x, bounds, trie, scores, 99, -30.0), \
+        viterbi_ref(x, bounds, trie, scores, 99, -30.0)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    starts, ends, ids, counts = got
+    assert counts[-3] == 0 and counts[-2] == 1 and ids[counts[:-2].sum()] == 99   # "", "x"
+    assert (ids == 99).sum() > 10
+    ends_of_text = ends[np.cumsum(counts)[counts > 0] - 1]
+    assert ends_of_text.tolist() == [len(t) for t in texts if t]
+
+
+def test_viterbi_float32_ties_as_sentencepiece():
+    """▁a + b = -6 against ▁ + ab = -6 - 1e-9: in float64 the first is better; in float32 the
+    two tie and the edge from the smaller start (ab from 1, not b from 2) is kept."""
+    pieces = [SP, "a", "b", SP + "a", "ab"]
+    scores = np.array([-1.0, -2.0, -3.0, -3.0, -5.0 - 1e-9])
+    trie = PieceTrie.from_strings(pieces, range(5), 5)
+    x, bounds = code_points(SP + "ab"), np.array([0, 3])
+    for dtype, want in (("float32", [0, 4]), ("float64", [3, 2])):
+        got = viterbi(x, bounds, trie, scores.astype(dtype), 9, -20.0)[2].tolist()
+        ref = viterbi_ref(x, bounds, trie, scores.astype(dtype), 9, -20.0)[2].tolist()
+        assert got == ref == want
+
+
+@pytest.mark.parametrize("prefix", [True, False, "always", "first"])
+@pytest.mark.parametrize("collapse", [True, False])
+def test_whitespace_kernel_equals_normalizer(prefix, collapse):
+    rng = np.random.default_rng(1)
+    texts = ["".join(rng.choice(list("ab  é\t" + SP), int(rng.integers(0, 12))))
+             for _ in range(300)] + ["", " ", "   ", "a", " a ", "a  b"]
+    norm = Normalizer(add_dummy_prefix=prefix, remove_extra_whitespaces=collapse)
+    bounds = np.concatenate([[0], np.cumsum([len(t) for t in texts])])
+    y, yb = whitespace(code_points("".join(texts)), bounds, collapse, prefix)
+    got = [y[a:b].tobytes().decode("utf-32-le") for a, b in zip(yb[:-1], yb[1:])]
+    assert got == [norm.normalize(t) for t in texts]
+
+
+def test_encode_ordinary_batch_equals_each_text():
+    rng = np.random.default_rng(2)
+    pieces, logp = _random_vocab(rng, "abcé" + SP, 80)
+    texts = [" ".join(t[1:] for t in _random_words(rng, "abcéx", int(rng.integers(1, 5))))
+             for _ in range(100)] + ["", "  ", " a  b ", "x"]
+    for kw in ({}, dict(fuse_unk=True), dict(score_dtype="float32")):
+        for norm in (Normalizer(), Normalizer(add_dummy_prefix=False,
+                                              remove_extra_whitespaces=False)):
+            tok = Unigram([("<unk>", 0.0)] + list(zip(pieces, logp)), normalizer=norm, **kw)
+            assert tok.encode_ordinary_batch(texts) == [tok.encode_ordinary(t) for t in texts]

@@ -1,0 +1,96 @@
+"""Independent (batch, head) lanes run in threads: how the chunked forms use a second core.
+
+Every chunked form of the family (gla.py, and through it linear attention, RetNet and SSD;
+delta.py) computes each (batch, head) lane on its own: no sum runs across lanes. So the lanes
+are cut into groups (along the batch when it has enough rows, else along the heads), each group
+is run by the same NumPy code in its own thread, and each thread copies its results into the
+full arrays. NumPy's loops, its batched matmuls (OpenBLAS) and Numba kernels release the GIL,
+so the groups overlap; only the Python between NumPy calls is serial. Every group computes
+exactly what the whole call would for its lanes (same code, same order of every sum), so the
+result is bit for bit the single-thread one, whatever the number of threads.
+
+The thread count is Numba's (NUMBA_NUM_THREADS, or numba.set_num_threads in this thread); a
+Numba kernel called inside a group runs on one thread (the groups are the parallelism). With
+Numba's workqueue threading layer, which cannot be entered from two threads at once, groups
+run one after another.
+
+Glossary: lane = one (batch row, head); group = a basic slice of the lanes (a view); n
+groups = min(threads, lanes along the cut axis).
+"""
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
+import numpy as np
+from numba.np.ufunc.parallel import _launch_threads
+
+_POOL = {}
+_LOCK = threading.Lock()
+_THREADABLE = []      # [bool] once known
+MIN_WORK = 1 << 16    # elements of input below which one thread is faster than handing off
+
+
+def _pool(n):
+    with _LOCK:
+        if n not in _POOL:
+            _POOL[n] = ThreadPoolExecutor(n, thread_name_prefix="scratchllm-lanes")
+        return _POOL[n]
+
+
+def _can_thread():
+    """False under Numba's workqueue layer (not reentrant from two threads)."""
+    if not _THREADABLE:
+        try:
+            _launch_threads()
+            _THREADABLE.append(numba.threading_layer() != "workqueue")
+        except Exception:  # noqa: BLE001 (no threading layer at all: stay on one thread)
+            _THREADABLE.append(False)
+    return _THREADABLE[0]
+
+
+def lane_groups(B, H, n):
+    """Index tuples cutting the (B, H) lanes into at most n groups of basic slices: along B
+    when B >= n, else along H. [(slice(None),)] for one group."""
+    axis, size = (0, B) if B >= n or B >= H else (1, H)
+    n = max(1, min(n, size))
+    cuts = [size * i // n for i in range(n + 1)]
+    return [(slice(None),) * axis + (slice(a, b),) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def _threads():
+    return numba.get_num_threads()
+
+
+def _one_thread(fn, idx):
+    numba.set_num_threads(1)          # thread-local: this group's Numba kernels stay serial
+    return fn(idx)
+
+
+def map_lanes(fn, B, H, work):
+    """fn(idx) for each lane group idx of lane_groups(B, H, threads), in threads (one call
+    fn((slice(None),)) when work, the elements of the input, is under MIN_WORK). fn returns a
+    flat tuple of arrays whose first two axes are the group's lanes; returns the same tuple
+    with every array assembled over all lanes (B, H, ...)."""
+    groups = lane_groups(B, H, _threads() if work >= MIN_WORK else 1)
+    if len(groups) == 1 or not _can_thread():
+        return fn(groups[0])
+    pool = _pool(len(groups))
+    parts = list(pool.map(_one_thread, [fn] * len(groups), groups))
+    axis = len(groups[0]) - 1
+    full = []
+    for k, a in enumerate(parts[0]):
+        shape = list(a.shape)
+        shape[axis] = sum(p[k].shape[axis] for p in parts)
+        full.append(np.empty(shape, a.dtype))
+
+    def put(i):
+        for k, out in enumerate(full):
+            out[groups[i]] = parts[i][k]
+    list(pool.map(put, range(len(groups))))
+    return tuple(full)
+
+
+def lanes_of(cache, idx, fields):
+    """The NamedTuple `cache` with each of `fields` (arrays with leading (B, H)) cut to the
+    lane group idx."""
+    return cache._replace(**{f: getattr(cache, f)[idx] for f in fields})

@@ -1,0 +1,70 @@
+"""The chunked forms on (batch, head) lane groups in threads (linear_attention/lanes.py): the
+groups cover every lane once, and each mixer's forward and backward are bit for bit the same
+with 1, 2 (cut along the batch) and 3 (cut along the heads) groups."""
+import numpy as np
+import pytest
+
+from scratchllm import ssm
+from scratchllm.linear_attention import (delta_rule_backward, delta_rule_forward,
+                                         gla_attention_backward, gla_attention_forward,
+                                         linear_attention_backward, linear_attention_forward,
+                                         retnet_attention_backward, retnet_attention_forward,
+                                         retnet_gammas)
+from scratchllm.linear_attention import lanes
+
+
+@pytest.mark.parametrize("B,H,n,groups", [(4, 4, 2, 2), (1, 4, 2, 2), (2, 3, 3, 3),
+                                          (3, 1, 2, 2), (2, 2, 5, 2), (5, 2, 1, 1)])
+def test_lane_groups_cover_every_lane_once(B, H, n, groups):
+    seen = np.zeros((B, H), int)
+    cut = lanes.lane_groups(B, H, n)
+    for idx in cut:
+        seen[idx] += 1
+        assert np.shares_memory(seen[idx], seen)          # a view, not a copy
+    assert (seen == 1).all() and len(cut) == groups
+
+
+def _mixers(rng, B=2, H=3, T=21, D=5):
+    f = np.float32
+    q, k, v = (rng.standard_normal((B, H, T, D)).astype(f) for _ in range(3))
+    k_unit = k / np.linalg.norm(k, axis=-1, keepdims=True)
+    return {
+        "linear": (linear_attention_forward, linear_attention_backward, dict(q=q, k=k, v=v)),
+        "retnet": (retnet_attention_forward, retnet_attention_backward,
+                   dict(q=q, k=k, v=v, gamma=retnet_gammas(H, f))),
+        "gla": (gla_attention_forward, gla_attention_backward,
+                dict(q=q, k=k, v=v, g=np.log(rng.uniform(0.8, 1, q.shape)).astype(f))),
+        "delta": (delta_rule_forward, delta_rule_backward,
+                  dict(q=q, k=k_unit, v=v, beta=rng.uniform(0.1, 0.9, (B, H, T)).astype(f),
+                       g=np.log(rng.uniform(0.8, 1, (B, H, T))).astype(f))),
+        "ssd": (ssm.ssd_forward, ssm.ssd_backward,
+                dict(x=np.swapaxes(v, 1, 2).copy(), dt=rng.uniform(0.01, 0.1, (B, T, H)).astype(f),
+                     A=-rng.uniform(0.5, 2, H).astype(f),
+                     B=rng.standard_normal((B, T, 1, D)).astype(f),
+                     C=rng.standard_normal((B, T, 1, D)).astype(f), D=np.ones(H, f))),
+    }
+
+
+@pytest.mark.parametrize("name", ["linear", "retnet", "gla", "delta", "ssd"])
+def test_lane_groups_give_the_same_bits(name, monkeypatch):
+    fwd, bwd, inputs = _mixers(np.random.default_rng(0))[name]
+    calls = {1: 0, 2: 0, 3: 0}                # groups run in threads, per thread count
+    real = lanes._one_thread
+    dout = None
+    runs = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(lanes, "_threads", lambda n=threads: n)
+        monkeypatch.setattr(lanes, "MIN_WORK", 0)
+        monkeypatch.setattr(lanes, "_one_thread", lambda fn, idx, n=threads: calls.__setitem__(
+            n, calls[n] + 1) or real(fn, idx))
+        out, cache = fwd(**inputs, form="chunked", chunk=8)
+        if dout is None:
+            dout = np.random.default_rng(1).standard_normal(out.shape).astype(out.dtype)
+        runs.append((out, bwd(dout, cache)))
+    assert calls[1] == 0 and calls[2] >= 2 * 2 and calls[3] >= 2 * 3   # forward, backward
+    (out1, g1) = runs[0]
+    for out, g in runs[1:]:
+        np.testing.assert_array_equal(out, out1)
+        assert g.keys() == g1.keys()
+        for key in g1:
+            np.testing.assert_array_equal(g[key], g1[key], err_msg=key)
