@@ -24,8 +24,11 @@ S = slots of the pair table (a power of two, at most half full).
 """
 import numba as nb
 import numpy as np
+from . import nbcache
 from .fast_bpe import _slot
 from .kernel_checks import check_words
+
+nbcache.drop_stale(__file__, "fast_bpe.py")   # the pair table hashes with fast_bpe's _slot
 
 
 @nb.njit(cache=True, inline="always")
