@@ -4,6 +4,13 @@ tokenizer cache in CACHE_DIR, Run, train_step), and the second step.
 
     NUMBA_CACHE_DIR=$(mktemp -d) flock /tmp/scratchllm-bench.lock nice -n -15 \
         python benchmarks/cold_start.py runs/cache      (an empty Numba cache: cold)
+
+The whole first run as a new user meets it (a fresh clone: no __pycache__, so no Numba cache,
+and no runs/cache, so the BPE tokenizer trains; the run's last line says where the time and
+the CPU seconds went):
+
+    rm -rf /tmp/cold && git clone -q /work/main /tmp/cold && cd /tmp/cold && \
+        flock /tmp/scratchllm-bench.lock /usr/bin/time -v python -m scratchllm train
 """
 import os
 import sys

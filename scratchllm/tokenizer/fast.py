@@ -23,7 +23,7 @@ import numba as nb
 
 from . import nbcache
 from .fast_bpe import LONG, _bpe, _bpe_long
-from .fast_scan import GPT2, decode_utf8, next_pretoken, property_table
+from .fast_scan import GPT2, decode_utf8, property_table, scan
 from .kernel_checks import check_ends, check_tables, check_text
 
 nbcache.drop_stale(__file__, "fast_bpe.py", "fast_scan.py")
@@ -96,7 +96,7 @@ def scan_gpt2(data, cls, seg_ends):
 def _scan_gpt2(data, cls, seg_ends):
     """The kernel of scan_gpt2 (inputs checked there)."""
     ends = np.empty(data.shape[0], dtype=np.int64)  # (N,) upper bound: one per byte
-    t, i = 0, 0
+    t, i = np.int64(0), np.int64(0)  # int64 from the start: one typing of the callee
     for n in seg_ends:
         while i < n:
             i = _next_pretoken(data, cls, i, n)
@@ -194,8 +194,10 @@ def _cache_put(cache, h, data, s, e, out, t, t2):
             or meta[2] + t2 - t > ipool.shape[0]:
         return
     key_off[h], key_len[h], ids_off[h], ids_len[h] = meta[1], e - s, meta[2], t2 - t
-    kpool[meta[1]:meta[1] + e - s] = data[s:e]
-    ipool[meta[2]:meta[2] + t2 - t] = out[t:t2]
+    for j in range(e - s):  # loops: a slice assignment compiles NumPy's shape error (~3 s)
+        kpool[meta[1] + j] = data[s + j]
+    for j in range(t2 - t):
+        ipool[meta[2] + j] = out[t + j]
     meta[0] += 1
     meta[1] += e - s
     meta[2] += t2 - t
@@ -212,23 +214,28 @@ def encode_pieces(kind, cls, data, segments, byte_ids, table, cache, max_cached=
     keys, ranks, news = table
     check_text("encode_pieces", data, cls, seg_ends, "seg_ends")
     check_tables("encode_pieces", seg_ends, seg_special, byte_ids, (keys, ranks, news), cache)
-    return _encode_pieces(kind, data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news,
-                          cache, int(max_cached))
+    if kind == GPT2:
+        ends = _scan_gpt2(data, cls, seg_ends)  # (P,) the kernel counting already compiled
+    else:
+        ends = scan(kind, data, cls, seg_ends)  # (P,)
+    return _encode_pieces(data, ends, seg_ends, seg_special, byte_ids, keys, ranks, news, cache,
+                          int(max_cached))
 
 
 @nb.njit(cache=True)
-def _encode_pieces(kind, data, seg_ends, seg_special, cls, byte_ids, keys, ranks, news, cache,
+def _encode_pieces(data, ends, seg_ends, seg_special, byte_ids, keys, ranks, news, cache,
                    max_cached):
-    """The kernel of encode_pieces (inputs checked there). kind is a runtime argument: a
-    literal kind (numba.literally) would compile GPT-2's scanner alone, but makes every call
-    go through the dispatcher's literal retry, about 20 ms, which short encodes cannot pay."""
+    """The kernel of encode_pieces (inputs checked there), on the pre-tokens' end offsets
+    `ends` (P,) that the scanner found. The scanners run before it, in kernels of their own:
+    an encoder with the scanners inside compiled all three (GPT-2's, cl100k's, o200k's) for
+    a runtime kind, ~10 CPU s cold, where this one compiles the BPE and its cache alone."""
     n = data.shape[0]
     out = np.empty(n + seg_ends.shape[0], dtype=np.int32)   # (N + K,) at most one id per byte
     parts = np.empty(64, dtype=np.int64)                    # (L,) work arrays of _bpe, grown
     prank = np.empty(64, dtype=np.int64)                    # (L,) to the longest pre-token
     pslot = np.empty(64, dtype=np.int64)                    # (L,)
     ids_off, ids_len, ipool = cache[2], cache[3], cache[5]
-    t, i = 0, 0
+    t, i, p = np.int64(0), np.int64(0), np.int64(0)  # not literals: each callee typed once
     for k in range(seg_ends.shape[0]):
         if seg_special[k] >= 0:
             out[t] = seg_special[k]
@@ -236,10 +243,8 @@ def _encode_pieces(kind, data, seg_ends, seg_special, cls, byte_ids, keys, ranks
             continue
         stop = seg_ends[k]
         while i < stop:
-            if kind == GPT2:
-                e = _next_pretoken(data, cls, i, stop)
-            else:
-                e = next_pretoken(kind, data, cls, i, stop)
+            e = ends[p]
+            p += 1
             if LONG >= e - i > parts.shape[0]:                  # long ones: _bpe_long
                 parts = np.empty(2 * (e - i), dtype=np.int64)  # (L,)
                 prank = np.empty(2 * (e - i), dtype=np.int64)  # (L,)

@@ -105,7 +105,8 @@ def _heap_push(heap, n, key):
     """Push int64 `key` onto the min-heap heap[:n] (grown when full); returns (heap, n + 1)."""
     if n == heap.shape[0]:
         grown = np.empty(2 * n + 16, dtype=np.int64)  # (2n+16,)
-        grown[:n] = heap[:n]
+        for i in range(n):  # a loop: a slice assignment compiles NumPy's shape error
+            grown[i] = heap[i]
         heap = grown
     i = n
     heap[i] = key

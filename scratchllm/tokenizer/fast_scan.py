@@ -235,7 +235,7 @@ def next_pretoken(kind, data, flags, i, n):
 def scan(kind, data, flags, seg_ends):
     """int64 (T,) end offsets of all pre-tokens; each segment is scanned as its own string."""
     ends = np.empty(data.shape[0], dtype=np.int64)  # (N,) upper bound: one per byte
-    t, i = 0, 0
+    t, i = np.int64(0), np.int64(0)  # int64 from the start: one typing of the callee
     for n in seg_ends:
         while i < n:
             i = next_pretoken(kind, data, flags, i, n)

@@ -24,16 +24,13 @@ __all__ = ["KernelWarmup"]
 
 
 def _warm(cfg, settings, dtype, conn, tokenizer):
-    """In the child: with `tokenizer`, encode a few bytes with a BPE tokenizer of two merges
-    (the encoding kernel, GPT-2's scanner); then one step and one validation batch of a fresh
-    model of cfg on random ids (threads, batch and context as the run's); then send (kernels
+    """In the child: one step and one validation batch of a fresh model of cfg on random ids
+    (threads, batch and context as the run's); then, with `tokenizer`, encode a few bytes with
+    a BPE tokenizer of two merges (the encoding kernel: by then the parent's counting has put
+    GPT-2's scanner in the cache, so it is loaded, not compiled twice); then send (kernels
     compiled, seconds)."""
     try:
         with CompileLog() as log:
-            if tokenizer:
-                merges = [(b"a", b" "), (b"1", b".")]
-                Tokenizer(assemble_vocab(merges, [EOT]), merges, special_tokens=[EOT]).encode(
-                    "a 1. a", allowed_special={EOT})
             run = Run(cfg, replace(settings, steps=1, warmup=0), dtype)
             run.eot = 0  # any id: --pack-documents' masks need a separator
             ids = np.random.default_rng(0).integers(0, cfg.vocab_size, 4 * settings.seq_len
@@ -42,6 +39,10 @@ def _warm(cfg, settings, dtype, conn, tokenizer):
             run.evaluate(corpus.eval_batches(ids, settings.batch_size, settings.seq_len,
                                              settings.seq_len)[:1])
             run.dp.close()
+            if tokenizer:
+                merges = [(b"a", b" "), (b"1", b".")]
+                Tokenizer(assemble_vocab(merges, [EOT]), merges, special_tokens=[EOT]).encode(
+                    "a 1. a", allowed_special={EOT})
         conn.send((log.count, log.seconds))
     except BaseException as e:  # the run compiles what is missing itself
         conn.send(f"{type(e).__name__}: {e}")
@@ -51,9 +52,10 @@ def _warm(cfg, settings, dtype, conn, tokenizer):
 
 class KernelWarmup:
     """A forked process compiling the step's kernels of (cfg, settings, dtype) into Numba's
-    on-disk cache, and first the BPE encoding kernel with tokenizer=True (when the data is
-    still to be encoded: the run gets there after the tokenizer's training, whose merge loop
-    it compiles itself meanwhile); wait() before the run's first step."""
+    on-disk cache, and then the BPE encoding kernel with tokenizer=True (when the data is
+    still to be encoded: the run gets there after the tokenizer's training, whose counting
+    and merge loop it compiles itself meanwhile, ~3 CPU s of kernels each side); wait()
+    before the run's first step."""
 
     def __init__(self, cfg, settings, dtype, tokenizer=False):
         ctx = mp.get_context("fork")

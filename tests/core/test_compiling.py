@@ -1,5 +1,7 @@
 """CompileLog counts real compilations only (a cached or already compiled kernel is not one),
 one record per top-level kernel; PhaseClock's phases and "other" add up to the total."""
+import os
+import re
 import time
 
 import numba
@@ -47,4 +49,9 @@ def test_phase_clock_splits_the_wall_time_and_labels_compilations():
     line = clock.summary()
     assert line.startswith("time: ") and "Numba compiled 1 kernel in" in line
     assert "BPE training" in line and ", other " in line
+    cpu = re.search(r"; CPU ([0-9.]+) s \(this process ([0-9.]+) s, its finished child "
+                    r"processes ([0-9.]+) s\)$", line)
+    t = os.times()
+    assert cpu and float(cpu[2]) <= t.user + t.system + 0.05
+    assert abs(float(cpu[1]) - float(cpu[2]) - float(cpu[3])) <= 0.11
     clock.close()  # idempotent
