@@ -175,7 +175,7 @@ def sparse_attention(rng):
                   q=rng.standard_normal((B, H, T, Dh)), k=rng.standard_normal((B, Hkv, T, Dh)),
                   v=rng.standard_normal((B, Hkv, T, Dv)), indices=topk_select(scores, 4),
                   block_q=4),
-            check(sp.topk_sparse_attention_forward_fused, sp.topk_sparse_attention_backward_fused,
+            check(sp.fused_topk_sparse_attention_forward, sp.fused_topk_sparse_attention_backward,
                   rng=rng, label="fused twin, one KV head (query chunks), top 3 of 9",
                   q=rng.standard_normal((1, 3, T, Dh)), k=rng.standard_normal((1, 1, T, Dh)),
                   v=rng.standard_normal((1, 1, T, Dv)), indices=topk_select(scores[:1], 3)),

@@ -10,10 +10,11 @@ Backward through the selected entries only: with the gathered k_sel = k[S_t], v_
 It equals sdpa under the mask "key s is in S_t", and full causal attention when k >= T.
 Two twins (core/twins.py), chosen once per forward (the fused one unless SCRATCHLLM_READABLE=1),
 the cache carrying the matching backward:
-- fused (sparse_kernels.py, Numba, float32 and float64): each query walks its K key rows in
-  place with the softmax over them, keeps only out and the row logsumexp, and the backward
-  recomputes P and adds dk, dv per (b, KV head) lane in query order: O(B H Tq K Dh) work,
-  no copy of the selected rows, no sort;
+- fused (sparse_kernels.py, Numba, float32 and float64; other dtypes run the readable one):
+  each query walks its K key rows (sorted) in place with an online softmax, keeps only out
+  and the row logsumexp, and the backward recomputes P and adds dk, dv per (b, KV head)
+  lane in query order, key tile by key tile: O(B H Tq K Dh) work, no copy of the selected
+  rows, no scatter by sorting;
 - readable (_ref): queries in blocks, the gathered (bq, k, Dh) keys of one block the largest
   temporary, P (B, H, Tq, k) kept for the backward, dk, dv scatter-added by sorting.
 
@@ -25,7 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.attention.sdpa import check_heads
-from scratchllm.attention.sparse_kernels import (LANES, run_tasks, sparse_backward_tasks,
+from scratchllm.attention.sparse_kernels import (LANES, TILE_BYTES, run_tasks, sparse_backward_tasks,
                                                 sparse_forward_tasks)
 from scratchllm.core.ops import softmax_forward
 from scratchllm.core.twins import Twin, TwinCache
@@ -129,16 +130,22 @@ def topk_sparse_attention_forward(q, k, v, indices, *, scale=None, block_q=64):
 def topk_sparse_attention_backward(dout, cache):
     """{q, k, v} by the backward of the twin whose forward made `cache` (the math of both:
     topk_sparse_attention_backward_ref)."""
+    _check_dout("topk_sparse_attention_backward", dout, cache.cache)
     return SPARSE.backward(dout, cache)
 
 
-def topk_sparse_attention_forward_fused(q, k, v, indices, *, scale=None, block_q=64):
+def _check_dout(fn, dout, cache):
+    """dout has the forward output's shape (B, H, Tq, Dv) and dtype (either twin's cache)."""
+    expect_dout(fn, dout, cache.q.shape[:3] + cache.v.shape[3:], cache.q.dtype)
+
+
+def fused_topk_sparse_attention_forward(q, k, v, indices, *, scale=None, block_q=64):
     """The fused twin (sparse_kernels.py): the same inputs and out; Cache: FusedSparseCache
     (the inputs, out and the row logsumexp (B, H, Tq); P is recomputed in the backward)."""
     q, k, v, scale, block_q, (B, H, Tq, Dh, Hkv, Tk, G, K, Dv) = _inputs(q, k, v, indices,
                                                                          scale, block_q)
     q, k, v = (np.ascontiguousarray(a) for a in (q, k, v))
-    idx = np.ascontiguousarray(indices, np.int64)  # (B, Tq, K)
+    idx = np.sort(indices, axis=-1).astype(np.int64, copy=False)  # (B, Tq, K) -1 first
     out = np.empty((B, H, Tq, Dv), q.dtype)  # (B, H, Tq, Dv)
     lse = np.empty((B, H, Tq), q.dtype)  # (B, H, Tq)
     sc = q.dtype.type(scale)
@@ -148,21 +155,22 @@ def topk_sparse_attention_forward_fused(q, k, v, indices, *, scale=None, block_q
     return out, FusedSparseCache(q, k, v, idx, out, lse, scale)
 
 
-def topk_sparse_attention_backward_fused(dout, cache):
+def fused_topk_sparse_attention_backward(dout, cache):
     """The fused twin's backward: topk_sparse_attention_backward_ref's math with P
     recomputed from the row logsumexp, D = rowsum(dout * out) (flash.py), and dk, dv added
     per (b, KV head, query chunk) lane (sparse_kernels.py)."""
+    _check_dout("fused_topk_sparse_attention_backward", dout, cache)  # (B, H, Tq, Dv)
     q, k, v, idx, out, lse, scale = cache
-    expect_dout("topk_sparse_attention_backward", dout, out.shape, out.dtype)  # (B, H, Tq, Dv)
     B, H, Tq, Dh = q.shape
     Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[3]
     C = max(1, min(Tq, -(-LANES // (B * Hkv))))  # query chunks per (b, KV head): shapes only
+    tile = max(16, TILE_BYTES // (2 * (Dh + Dv) * q.itemsize))  # k, v, dk, dv rows in cache
     dq = np.empty_like(q)  # (B, H, Tq, Dh)
     dk = np.zeros((B, Hkv, C, Tk, Dh), k.dtype)  # (B, Hkv, C, Tk, Dh) per-chunk partials
     dv = np.zeros((B, Hkv, C, Tk, Dv), v.dtype)  # (B, Hkv, C, Tk, Dv)
     before = (q.reshape(B * H, Tq, Dh), k.reshape(B * Hkv, Tk, Dh), v.reshape(B * Hkv, Tk, Dv),
               idx, q.dtype.type(scale), (out.reshape(B * H, Tq, Dv), lse.reshape(B * H, Tq)),
-              np.ascontiguousarray(dout).reshape(B * H, Tq, Dv), C)
+              np.ascontiguousarray(dout).reshape(B * H, Tq, Dv), (C, tile))
     run_tasks(sparse_backward_tasks, before, ((dq.reshape(B * H, Tq, Dh),
                                                dk.reshape(B * Hkv * C, Tk, Dh),
                                                dv.reshape(B * Hkv * C, Tk, Dv)),))
@@ -197,8 +205,7 @@ def topk_sparse_attention_backward_ref(dout, cache):
     Only the selected entries carry gradient; padding (-1) has P = 0.
     Reference: deepseek-ai/DeepSeek-V3.2-Exp inference/model.py; Dao 2023 (arXiv 2307.08691)
     for the softmax backward's row term."""
-    expect_dout("topk_sparse_attention_backward", dout, cache.q.shape[:3] + cache.v.shape[3:],
-                cache.q.dtype)  # (B, H, Tq, Dv)
+    _check_dout("topk_sparse_attention_backward_ref", dout, cache)  # (B, H, Tq, Dv)
     q, k, v, indices, p, scale, block_q = cache
     B, H, Tq, Dh = q.shape
     Hkv, G, Dv = k.shape[1], H // k.shape[1], v.shape[3]
@@ -222,5 +229,5 @@ def topk_sparse_attention_backward_ref(dout, cache):
     return {"q": dq, "k": _unflatten(dk, B, Hkv), "v": _unflatten(dv, B, Hkv)}
 
 
-SPARSE = Twin((topk_sparse_attention_forward_fused, topk_sparse_attention_backward_fused),
+SPARSE = Twin((fused_topk_sparse_attention_forward, fused_topk_sparse_attention_backward),
               (topk_sparse_attention_forward_ref, topk_sparse_attention_backward_ref))

@@ -95,11 +95,11 @@ def _twin_inputs(rng, B, H, Hkv, Tq, Tk, top_k, dtype):
                                                       (2, 2, 2, 5, 9, 3)])    # Tq < Tk
 def test_fused_twin_equals_the_readable_twin(dtype, tol, B, H, Hkv, Tq, Tk, top_k):
     q, k, v, idx, dout = _twin_inputs(np.random.default_rng(Tq), B, H, Hkv, Tq, Tk, top_k, dtype)
-    out, cache = sp.topk_sparse_attention_forward_fused(q, k, v, idx, block_q=4)
+    out, cache = sp.fused_topk_sparse_attention_forward(q, k, v, idx, block_q=4)
     want, want_cache = sp.topk_sparse_attention_forward_ref(q, k, v, idx, block_q=4)
     assert out.dtype == dtype and np.all(out[0, :, 0] == 0)
     np.testing.assert_allclose(out, want, rtol=0, atol=tol)
-    got = sp.topk_sparse_attention_backward_fused(dout, cache)
+    got = sp.fused_topk_sparse_attention_backward(dout, cache)
     ref = sp.topk_sparse_attention_backward_ref(dout, want_cache)
     for name in "qkv":
         assert got[name].dtype == dtype
@@ -107,22 +107,24 @@ def test_fused_twin_equals_the_readable_twin(dtype, tol, B, H, Hkv, Tq, Tk, top_
     assert np.all(got["q"][0, :, 0] == 0)
 
 
-def test_the_fused_kernels_give_the_same_bits_on_any_thread_count():
+def test_the_fused_kernels_give_the_same_bits_on_any_thread_count_and_key_tile():
     B, H, Hkv, Tq, Tk, K = 2, 4, 2, 9, 9, 5
     q, k, v, idx, dout = _twin_inputs(np.random.default_rng(3), B, H, Hkv, Tq, Tk, K,
                                       np.float32)
+    idx = np.sort(idx, axis=-1)  # as the fused forward passes them: -1 first
     q3, k3, v3, do3 = (np.ascontiguousarray(a.reshape((-1,) + a.shape[2:]))
                        for a in (q, k, v, dout))  # (B*H | B*Hkv, T, .)
     runs = []
-    for threads in (1, 2, 3):
+    for threads, tile in ((1, 4), (2, 4), (3, 4), (2, 2), (1, Tk)):  # tile: key rows
         out, lse = np.empty((B * H, Tq, 5), np.float32), np.empty((B * H, Tq), np.float32)
         run_tasks(sparse_forward_tasks, (q3, k3, v3, idx, np.float32(0.5), 2), (out, lse),
                   threads)
         grads = (np.empty_like(q3), np.zeros((B * Hkv, Tk, 4), np.float32),
                  np.zeros((B * Hkv, Tk, 5), np.float32))
-        run_tasks(sparse_backward_tasks, (q3, k3, v3, idx, np.float32(0.5), (out, lse), do3, 1),
-                  (grads,), threads)
+        run_tasks(sparse_backward_tasks, (q3, k3, v3, idx, np.float32(0.5), (out, lse), do3,
+                                          (1, tile)), (grads,), threads)
         runs.append((out, lse) + grads)
+    assert np.abs(runs[0][3]).max() > 0  # dk
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
             np.testing.assert_array_equal(a, b)
@@ -134,7 +136,7 @@ def test_the_twin_is_chosen_by_the_forward_and_travels_with_the_cache(monkeypatc
     _, fused = topk_sparse_attention_forward(q, k, v, idx)
     monkeypatch.setenv("SCRATCHLLM_READABLE", "1")
     _, readable = topk_sparse_attention_forward(q, k, v, idx)
-    assert fused.backward is sp.topk_sparse_attention_backward_fused
+    assert fused.backward is sp.fused_topk_sparse_attention_backward
     assert readable.backward is sp.topk_sparse_attention_backward_ref
     got = topk_sparse_attention_backward(dout, fused)  # still the fused one's backward
     want = sp.topk_sparse_attention_backward_ref(dout, readable.cache)
