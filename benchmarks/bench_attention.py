@@ -13,7 +13,7 @@ Sections:
 - Flash (attention/flash.py, attention/sparse.py): flash_sdpa vs sdpa vs torch
   scaled_dot_product_attention, causal fwd+bwd at T = 1k..16k, time and peak extra memory
   (each in a fresh subprocess: `bench_attention.py --peak IMPL T`); top-k sparse attention vs
-  flash at T = 8k, k = 512.
+  flash at T = 8k and 16k (SPARSE_TS=...), k = 512.
 """
 import os
 import subprocess
@@ -332,25 +332,44 @@ def bench_flash():
         print(f"T=16384  flash peak {peak_extra_mib('flash', 16384):.0f} MiB (not timed)")
 
 
-def bench_sparse():
-    from scratchllm.attention import topk_sparse_attention_backward, topk_sparse_attention_forward
-    T, K = 8192, 512
-    q, k, v, dout = flash_inputs(T, **FLASH_SHAPE)
-    rng = np.random.default_rng(1)
-    # the top-k of random causal scores: K random earlier keys per query (all of them early on)
+SPARSE_TS = tuple(int(t) for t in os.environ.get("SPARSE_TS", "8192,16384").split(","))
+
+
+def sparse_inputs(T, K, seed=1):
+    """The top-k of random causal scores: K random earlier keys per query (all of them
+    early on), sorted, -1 padded: (1, T, K) int64."""
+    rng = np.random.default_rng(seed)
     idx = np.full((1, T, K), -1, np.int64)
     for t in range(T):
         n = min(t + 1, K)
         idx[0, t, :n] = np.sort(rng.choice(t + 1, n, replace=False))
+    return idx
 
-    def sparse():
-        return topk_sparse_attention_backward(dout, topk_sparse_attention_forward(
-            q, k, v, idx, block_q=128)[1])
 
-    sp, fl = median_times_interleaved([sparse, flash_step("flash", T)], repeats=1, warmup=0)
-    print(f"T={T} k={K} B=1 H=8 Dh=64 float32 fwd+bwd (selection given): sparse "
-          f"{sp * 1e3:.0f} ms, flash {fl * 1e3:.0f} ms, sparse/flash {sp / fl:.2f}x  target < 1: "
-          + ("met" if sp < fl else "NOT met"))
+def bench_sparse():
+    """top-k sparse attention (the fused twin: sparse_kernels.py, on numba.get_num_threads()
+    threads) vs flash (2 BLAS threads) at T = 8k and 16k, k = 512, fwd+bwd, selection given."""
+    import numba
+    from scratchllm.attention import topk_sparse_attention_backward, topk_sparse_attention_forward
+    K = 512
+    print(f"top-k sparse (fused twin, {numba.get_num_threads()} Numba threads) vs flash "
+          f"(blocks 256x256), B=1 H=8 Dh=64 float32 fwd+bwd, k={K}, selection given; "
+          f"load {os.getloadavg()[0]:.1f}")
+    for T in SPARSE_TS:
+        q, k, v, dout = flash_inputs(T, **FLASH_SHAPE)
+        idx = sparse_inputs(T, K)
+
+        def sparse():
+            return topk_sparse_attention_backward(dout, topk_sparse_attention_forward(
+                q, k, v, idx, block_q=64)[1])
+
+        sparse()  # compiled (or loaded from the cache) before timing
+        repeats = 3 if T <= 8192 else 1
+        sp, fl = median_times_interleaved([sparse, flash_step("flash", T)], repeats=repeats,
+                                          warmup=0)
+        print(f"T={T:<6} sparse {sp * 1e3:9.1f} ms   flash {fl * 1e3:9.1f} ms   "
+              f"sparse/flash {sp / fl:5.3f}x  target < 1: " + ("met" if sp < fl else "NOT met")
+              + f"  (median of {repeats}; load {os.getloadavg()[0]:.1f})")
 
 
 FLASH_BENCHMARKS = [bench_flash, bench_sparse]

@@ -158,6 +158,7 @@ def sparse_attention(rng):
                                       lightning_indexer_backward, lightning_indexer_forward,
                                       topk_select, topk_sparse_attention_backward,
                                       topk_sparse_attention_forward)
+    from scratchllm.attention import sparse as sp
     B, T, HI, DI, H, Hkv, Dh, Dv = 2, 9, 3, 5, 6, 2, 4, 3
     q_idx, k_idx = rng.standard_normal((B, T, HI, DI)), rng.standard_normal((B, T, DI))
     scores = rng.standard_normal((B, T, T))  # distinct: the top 4 has no ties
@@ -169,6 +170,15 @@ def sparse_attention(rng):
                   label="top 4 of 9, GQA, blocks of 4", q=rng.standard_normal((B, H, T, Dh)),
                   k=rng.standard_normal((B, Hkv, T, Dh)), v=rng.standard_normal((B, Hkv, T, Dv)),
                   indices=topk_select(scores, 4), block_q=4),
+            check(sp.topk_sparse_attention_forward_ref, sp.topk_sparse_attention_backward_ref,
+                  rng=rng, label="readable twin, top 4 of 9, GQA",
+                  q=rng.standard_normal((B, H, T, Dh)), k=rng.standard_normal((B, Hkv, T, Dh)),
+                  v=rng.standard_normal((B, Hkv, T, Dv)), indices=topk_select(scores, 4),
+                  block_q=4),
+            check(sp.fused_topk_sparse_attention_forward, sp.fused_topk_sparse_attention_backward,
+                  rng=rng, label="fused twin, one KV head (query chunks), top 3 of 9",
+                  q=rng.standard_normal((1, 3, T, Dh)), k=rng.standard_normal((1, 1, T, Dh)),
+                  v=rng.standard_normal((1, 1, T, Dv)), indices=topk_select(scores[:1], 3)),
             check(indexer_kl_loss_forward, indexer_kl_loss_backward, rng=rng, label="KL, causal",
                   wrt=["index_scores"], index_scores=scores, target=target,
                   allowed=np.tril(np.ones((T, T), bool)))]
