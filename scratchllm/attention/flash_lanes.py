@@ -17,12 +17,10 @@ The math is flash.py's (its docstring derives it); each line below restates the 
 twin's line it replaces. Glossary: B batch, H query heads, Hkv KV heads, G = H / Hkv, Tq/Tk
 query/key lengths, Dh head dim, Dv value head dim, bq/bk block sizes, R = G * bq rows of a tile.
 """
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 
 from scratchllm.attention.flash_kernels import online_block_, probs_block_, softmax_grad_
-from scratchllm.core.blas import blas_threads, one_blas_thread
+from scratchllm.core.blas import blas_threads, run_tasks
 
 THREADS_FROM = 1 << 24  # multiply-adds of a call below which threads cost more than they give
 
@@ -33,15 +31,6 @@ def _workers(n_lanes, work):
     if n_lanes < 2 or work < THREADS_FROM:
         return 1
     return max(blas_threads(), default=1)
-
-
-def run_tasks(fn, n_tasks, workers):
-    """[fn(i) for i in range(n_tasks)] on `workers` threads (BLAS at one thread meanwhile,
-    then restored), or in turn for one worker."""
-    if workers <= 1 or n_tasks < 2:
-        return [fn(i) for i in range(n_tasks)]
-    with one_blas_thread(), ThreadPoolExecutor(min(workers, n_tasks)) as pool:
-        return list(pool.map(fn, range(n_tasks)))
 
 
 def _lane_groups(N, workers):

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scratchllm.attention.sdpa import check_heads
-from scratchllm.attention.sparse_kernels import (LANES, TILE_BYTES, run_tasks, sparse_backward_tasks,
+from scratchllm.attention.sparse_kernels import (LANES, TILE_BYTES, run_strided, sparse_backward_tasks,
                                                 sparse_forward_tasks)
 from scratchllm.core.ops import softmax_forward
 from scratchllm.core.twins import Twin, TwinCache
@@ -149,7 +149,7 @@ def fused_topk_sparse_attention_forward(q, k, v, indices, *, scale=None, block_q
     out = np.empty((B, H, Tq, Dv), q.dtype)  # (B, H, Tq, Dv)
     lse = np.empty((B, H, Tq), q.dtype)  # (B, H, Tq)
     sc = q.dtype.type(scale)
-    run_tasks(sparse_forward_tasks, (q.reshape(B * H, Tq, Dh), k.reshape(B * Hkv, Tk, Dh),
+    run_strided(sparse_forward_tasks, (q.reshape(B * H, Tq, Dh), k.reshape(B * Hkv, Tk, Dh),
                                      v.reshape(B * Hkv, Tk, Dv), idx, sc, block_q),
               (out.reshape(B * H, Tq, Dv), lse.reshape(B * H, Tq)))
     return out, FusedSparseCache(q, k, v, idx, out, lse, scale)
@@ -171,7 +171,7 @@ def fused_topk_sparse_attention_backward(dout, cache):
     before = (q.reshape(B * H, Tq, Dh), k.reshape(B * Hkv, Tk, Dh), v.reshape(B * Hkv, Tk, Dv),
               idx, q.dtype.type(scale), (out.reshape(B * H, Tq, Dv), lse.reshape(B * H, Tq)),
               np.ascontiguousarray(dout).reshape(B * H, Tq, Dv), (C, tile))
-    run_tasks(sparse_backward_tasks, before, ((dq.reshape(B * H, Tq, Dh),
+    run_strided(sparse_backward_tasks, before, ((dq.reshape(B * H, Tq, Dh),
                                                dk.reshape(B * Hkv * C, Tk, Dh),
                                                dv.reshape(B * Hkv * C, Tk, Dv)),))
     if C == 1:

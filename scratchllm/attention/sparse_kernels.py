@@ -30,12 +30,11 @@ Glossary: B batch, H query heads, Hkv KV heads, G = H / Hkv, Tq/Tk query/key len
 dim, Dv value dim, K selected keys per query, bq query block, C query chunks per lane,
 R key tile rows.
 """
-from concurrent.futures import ThreadPoolExecutor
-
 import numba
 import numpy as np
 from numba import njit
 
+from scratchllm.core.blas import run_tasks
 from scratchllm.core.exp32 import exp_lanes
 
 FASTMATH = {"reassoc", "contract"}
@@ -43,15 +42,11 @@ LANES = 4  # the backward splits each (b, KV head) into ceil(LANES / (B * Hkv)) 
 TILE_BYTES = 1 << 19  # the backward's key tile: rows of k, v, dk, dv in 512 KiB (L2)
 
 
-def run_tasks(kernel, before, after, threads=None):
+def run_strided(kernel, before, after, threads=None):
     """kernel(*before, first, step, *after) for first = 0 .. n - 1, step = n, on n threads
     (default numba.get_num_threads(): NUMBA_NUM_THREADS; the kernels release the GIL)."""
     n = numba.get_num_threads() if threads is None else threads
-    if n == 1:
-        return kernel(*before, 0, 1, *after)
-    with ThreadPoolExecutor(n) as pool:
-        for f in [pool.submit(kernel, *before, first, n, *after) for first in range(n)]:
-            f.result()  # re-raises a task's error
+    run_tasks(lambda first: kernel(*before, first, n, *after), n, n)
 
 
 @njit(cache=True, fastmath=FASTMATH, inline="always")

@@ -1,4 +1,4 @@
-"""OpenBLAS's thread count, read and set from Python.
+"""OpenBLAS's thread count, read and set from Python, and tasks on threads beside it.
 
 OpenBLAS's own threads spin-wait for each other: a small product (a 256 x 64 tile, a model of
 width 64) split over two BLAS threads is slower than on one, and on a busy machine a thread
@@ -10,6 +10,7 @@ The controls are the get/set functions of every OpenBLAS library mapped into thi
 every function here does nothing.
 """
 import ctypes
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import lru_cache
 
@@ -66,3 +67,12 @@ def one_blas_thread():
     finally:
         for (_, set_threads), n in zip(controls, before):
             set_threads(n)
+
+
+def run_tasks(fn, n_tasks, workers):
+    """[fn(i) for i in range(n_tasks)] on `workers` threads (BLAS at one thread meanwhile,
+    then restored), or in turn for one worker."""
+    if workers <= 1 or n_tasks < 2:
+        return [fn(i) for i in range(n_tasks)]
+    with one_blas_thread(), ThreadPoolExecutor(min(workers, n_tasks)) as pool:
+        return list(pool.map(fn, range(n_tasks)))

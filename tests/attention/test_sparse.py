@@ -12,7 +12,7 @@ from scratchllm.attention import (attention_distribution, causal_mask,
                                   topk_select, topk_sparse_attention_backward,
                                   topk_sparse_attention_forward)
 from scratchllm.attention import sparse as sp
-from scratchllm.attention.sparse_kernels import run_tasks, sparse_backward_tasks, sparse_forward_tasks
+from scratchllm.attention.sparse_kernels import run_strided, sparse_backward_tasks, sparse_forward_tasks
 from scratchllm.specs import Mask
 
 
@@ -117,11 +117,11 @@ def test_the_fused_kernels_give_the_same_bits_on_any_thread_count_and_key_tile()
     runs = []
     for threads, tile in ((1, 4), (2, 4), (3, 4), (2, 2), (1, Tk)):  # tile: key rows
         out, lse = np.empty((B * H, Tq, 5), np.float32), np.empty((B * H, Tq), np.float32)
-        run_tasks(sparse_forward_tasks, (q3, k3, v3, idx, np.float32(0.5), 2), (out, lse),
+        run_strided(sparse_forward_tasks, (q3, k3, v3, idx, np.float32(0.5), 2), (out, lse),
                   threads)
         grads = (np.empty_like(q3), np.zeros((B * Hkv, Tk, 4), np.float32),
                  np.zeros((B * Hkv, Tk, 5), np.float32))
-        run_tasks(sparse_backward_tasks, (q3, k3, v3, idx, np.float32(0.5), (out, lse), do3,
+        run_strided(sparse_backward_tasks, (q3, k3, v3, idx, np.float32(0.5), (out, lse), do3,
                                           (1, tile)), (grads,), threads)
         runs.append((out, lse) + grads)
     assert np.abs(runs[0][3]).max() > 0  # dk
