@@ -126,10 +126,30 @@ def _checked(name, module, method):
     return checked
 
 
+class _NoDraws:
+    """An rng for a model's constructor when its weights will be overwritten or only their
+    shapes matter (hub's loader, a rank building its shard): normal_init sees skip_init and
+    returns np.empty (no draw, no page touched); a module drawing directly gets a constant
+    array of its size (standard_normal 0, uniform its low end: Mamba-2 takes log(U[1, 16)))."""
+
+    skip_init = True
+
+    @staticmethod
+    def standard_normal(size):
+        return np.zeros(size, np.float32)  # (size)
+
+    @staticmethod
+    def uniform(low, high, size):
+        return np.full(size, low, np.float32)  # (size)
+
+
+NO_DRAWS = _NoDraws()  # Model(cfg, rng=NO_DRAWS): weights np.empty, nothing drawn
+
+
 def normal_init(rng, shape, std, dtype):
     """A weight drawn from N(0, std^2) in `dtype` (std = d_in^-1/2 for projections). An rng
-    with `skip_init = True` (hub's loader, which overwrites every Param) gets np.empty: no
-    draws and no memory touched."""
+    with `skip_init = True` (NO_DRAWS: hub's loader, which overwrites every Param) gets
+    np.empty: no draws and no memory touched."""
     if getattr(rng, "skip_init", False):
         return np.empty(shape, dtype)
     return (rng.standard_normal(shape) * std).astype(dtype)

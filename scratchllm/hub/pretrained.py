@@ -27,6 +27,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from scratchllm.core.atomic import atomic_write, write_text
+from scratchllm.core.nn import NO_DRAWS
 from scratchllm.hub.families.modules import ModuleFamily
 from scratchllm.hub.layout import from_hf, hf_shape, to_hf, whole_target
 from scratchllm.hub.mapped import MappedSafetensors
@@ -40,23 +41,6 @@ CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16,
           "float64": np.float64}
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")  # old buffers
-
-
-class _NoInit:
-    """An rng for LM(...) that draws nothing: load_pretrained overwrites every Param, so
-    drawing N(0, 1) numbers for a 100M-parameter model first would waste seconds. normal_init
-    sees skip_init and leaves its weights uninitialised; a module drawing directly gets zeros
-    (uniform: its low end)."""
-
-    skip_init = True
-
-    @staticmethod
-    def standard_normal(shape):
-        return np.zeros(shape, np.float32)  # (shape)
-
-    @staticmethod
-    def uniform(low, high, size):  # the Mamba blocks' conv, dt and A initialisation
-        return np.full(size, low, np.float32)  # (size); low: Mamba-2 takes log(U[1, 16))
 
 
 def read_hf_config(path):
@@ -166,7 +150,7 @@ def load_pretrained(path, dtype=np.float32):
     stored = {_canonical(n, family): (file, n) for n, file in weight_files(path).items()}
     if isinstance(family, ModuleFamily):  # a model of its own class: its config is the view
         f = _untie(family, family.from_hf(hf), stored)
-        model = family.build(f, rng=_NoInit(), dtype=dtype)
+        model = family.build(f, rng=NO_DRAWS, dtype=dtype)
         tied = family.tied_head[:1]
     else:
         cfg = config_from_flat(family.from_hf(hf))
@@ -174,7 +158,7 @@ def load_pretrained(path, dtype=np.float32):
             held = family.mtp_layers(flat_of(cfg), stored)
             cfg = dataclasses.replace(cfg, mtp=dataclasses.replace(cfg.mtp, depth=held)
                                       if held else None)
-        model = family.model_class(cfg, rng=_NoInit(), dtype=dtype)
+        model = family.model_class(cfg, rng=NO_DRAWS, dtype=dtype)
         f, tied = flat_of(cfg), family.tied_names
     table = family.names(model, f)
     copies = {e.hf for e in table if e.copy}  # optional: checked by mtp_layers when there

@@ -31,6 +31,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from scratchllm.core.nn import NO_DRAWS
 from scratchllm.dist import (all_gather_backward, all_gather_forward, all_reduce_forward,
                              copy_to_group_backward, copy_to_group_forward,
                              reduce_from_group_backward, reduce_from_group_forward,
@@ -40,7 +41,7 @@ from scratchllm.dist import (all_gather_backward, all_gather_forward, all_reduce
 from scratchllm.lm import LM
 from scratchllm.lm.ends import EmbedCache
 from scratchllm.lm.model import LossCache
-from scratchllm.train.parallel_build import NO_DRAWS, build_part
+from scratchllm.train.parallel_build import build_part
 from scratchllm.train.parallel_slices import SlicedLM
 
 SPLITS = {"mixer.wq": 1, "mixer.wk": 1, "mixer.wv": 1, "mixer.wo": 0, "ffn.W1": 1, "ffn.W3": 1,

@@ -22,29 +22,10 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from scratchllm.core.nn import Param
+from scratchllm.core.nn import NO_DRAWS, Param
 from scratchllm.dist import partition
 from scratchllm.dist.zero_layers import empty_grad, released
 from scratchllm.lm import LM
-
-
-class _Shapes:
-    """An rng for LM(cfg) when only the Params' shapes matter: core.nn.normal_init sees
-    skip_init and returns np.empty (no draw, no page touched); a module drawing directly gets
-    a constant array of its size (standard_normal 0, uniform the interval's midpoint)."""
-
-    skip_init = True
-
-    @staticmethod
-    def standard_normal(size):
-        return np.zeros(size)  # (size)
-
-    @staticmethod
-    def uniform(low, high, size):
-        return np.full(size, (low + high) / 2)  # (size)
-
-
-NO_DRAWS = _Shapes()  # LM(cfg, rng=NO_DRAWS): weights np.empty (no page touched), no draws
 
 
 @contextmanager

@@ -30,6 +30,7 @@ from scratchllm.attention.rope import make_rope
 from scratchllm.attention.sdpa import (merge_heads, repeat_kv_backward, repeat_kv_forward,
                                        split_heads)
 from scratchllm.core import fused
+from scratchllm.core.nn import NO_DRAWS
 from scratchllm.core.ops import linear_backward, linear_forward, linear_out
 from scratchllm.core.validate import expect_dout, expect_linear, expect_ndim
 from scratchllm.dist import (all_reduce_grads, bytes_per_step, ring_attention_backward,
@@ -37,7 +38,6 @@ from scratchllm.dist import (all_reduce_grads, bytes_per_step, ring_attention_ba
 from scratchllm.lm import LM
 from scratchllm.lm.model import LossCache
 from scratchllm.specs import AttentionSpec, FFNSpec, Mask
-from scratchllm.train.parallel_build import NO_DRAWS
 
 
 class CPAttentionCache(NamedTuple):

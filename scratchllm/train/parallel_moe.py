@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from scratchllm.core.nn import NO_DRAWS
 from scratchllm.core.validate import expect_dout, expect_float, expect_shape
 from scratchllm.dist import all_gather_forward, all_reduce_backward, all_reduce_forward
 from scratchllm.lm import LM
@@ -44,7 +45,7 @@ from scratchllm.moe.losses import (balance_loss_backward, balance_loss_forward,
                                    check_balance_inputs)
 from scratchllm.specs import MoESpec
 from scratchllm.train.expert_parallel import expert_parallel_backward, expert_parallel_forward
-from scratchllm.train.parallel_build import NO_DRAWS, build_part
+from scratchllm.train.parallel_build import build_part
 from scratchllm.train.parallel_slices import SlicedLM
 
 EXPERT_PARAMS = ("w1", "w3", "w2")  # the SwiGLU experts' stacks, split along E (axis 0)
