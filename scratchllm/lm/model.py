@@ -33,6 +33,7 @@ from scratchllm.core.validate import expect_int, expect_ndim
 from scratchllm.lm.block import Block, make_packing
 from scratchllm.lm.ends import EmbedCache, LMEnds
 from scratchllm.lm.heads import HeadTransform
+from scratchllm.lm.lean_decode import lean_decode, lean_step
 from scratchllm.lm.mixers import make_norm
 from scratchllm.lm.mtp import MTP
 from scratchllm.lm.padding import padding_packing
@@ -323,8 +324,11 @@ class LM(LMEnds, Module):
         self._check_ids("LM.decode", "ids_t", ids_t, state=state, per_step=True)
         x, _ = self._embed_forward(ids_t[:, None], position)  # (B, 1, D)
         x = x[:, 0]  # (B, D)
-        for layer, st in zip(self.layers, state):
-            x = layer.decode(x, st, position)  # (B, D)
+        if lean_step(self, state, position):  # a plain Llama-style stack: lm/lean_decode.py
+            x = lean_decode(self, x, state, position)  # (B, D)
+        else:
+            for layer, st in zip(self.layers, state):
+                x = layer.decode(x, st, position)  # (B, D)
         h, _ = self._norm_forward(x)  # (B, D)
         return self._cap(self._head_forward(h)[0])[0]  # (B, V)
 
