@@ -1,12 +1,21 @@
-"""The output head's transform (HeadSpec.transform): BERT's MLM head (Devlin et al. 2018,
-arXiv 1810.04805), which maps the last hidden state once more before the tied projection:
+"""The output head's pieces beyond a plain projection:
 
+The transform (HeadSpec.transform): BERT's MLM head (Devlin et al. 2018, arXiv 1810.04805),
+which maps the last hidden state once more before the tied projection:
     t = norm(gelu(h W_t + b_t))        W_t (D, D), b_t (D,), norm the trunk's NormSpec
 Backward: dh = (d norm -> d gelu -> d linear)(dt), each by its own pair.
-
 Reference: huggingface/transformers src/transformers/models/bert/modeling_bert.py
 (BertPredictionHeadTransform: dense, transform_act_fn, LayerNorm).
-Glossary: D model width.
+
+The tied projection's backward (tied_head_backward): logits = h E^T with E (V, D) the
+embedding table, so
+    dh = dlogits E,        dE += dlogits^T h     (V, D): the embedding's own layout
+The generic linear backward would form dW = h^T dlogits (D, V) and add its transpose into
+E.grad: a (D, V) temporary and a strided pass over V*D numbers (28M at a 49,152-word
+vocabulary, about as long as the GEMM itself). Here the GEMM accumulates into E.grad in place
+(BLAS gemm with beta = 1).
+
+Glossary: N rows (B*T), D model width, V vocabulary.
 """
 from typing import NamedTuple
 
@@ -14,6 +23,8 @@ import numpy as np
 
 from scratchllm.core import gelu
 from scratchllm.core.nn import Linear, Module
+from scratchllm.core.ops import LinearCache, linear_backward, linear_out
+from scratchllm.core.validate import expect_dout
 from scratchllm.lm.mixers import make_norm
 
 
@@ -43,3 +54,41 @@ class HeadTransform(Module):
         dg = self.norm.backward(dt, cache.norm)  # fwd: t = norm(g)
         da = gelu.gelu_backward(dg, cache.act)["x"]  # fwd: g = gelu(a)
         return self.dense.backward(da, cache.dense)  # fwd: a = h W_t + b_t
+
+
+def tied_head_backward(dlogits, cache, embed):
+    """The backward of the tied head logits = h @ E^T (embed.attend) into the embedding's
+    Param E: E.grad += dlogits^T h (the GEMM accumulating in place), returns dh.
+
+    Inputs:  dlogits (..., V); cache the head's LinearCache (h (..., D), W = E.data^T);
+             embed the Embedding Module (E.data, E.grad (V, D)).
+    Returns: dh (..., D) = dlogits E.
+    Math:    fwd logits = h E^T -> dh = dlogits E, dE = dlogits^T h (= (h^T dlogits)^T).
+    A cache of another kind (FP8) or a dtype BLAS has no gemm for takes
+    embed.attend_backward (the readable twin: tests/lm/test_heads.py checks they agree).
+    """
+    E = embed.E
+    gemm = _gemm(cache, E)
+    if gemm is None:
+        return embed.attend_backward(dlogits, cache)
+    expect_dout("tied_head_backward", dlogits, *linear_out(cache), name="dlogits")
+    h, W, _ = cache
+    D, V = W.shape
+    h2, dl = h.reshape(-1, D), np.ascontiguousarray(dlogits).reshape(-1, V)  # (N, D), (N, V)
+    dh = dl @ W.T  # (N, D)   fwd: logits = h E^T -> dh = dlogits E
+    # E.grad (V, D) C-order is E.grad^T (D, V) in Fortran order: C^T += h^T (D, N) dl (N, V),
+    # both operands passed as Fortran views of the C arrays (no copies)
+    gemm(1.0, h2.T, dl.T, beta=1.0, c=E.grad.T, trans_b=True, overwrite_c=True)
+    return dh.reshape(h.shape)
+
+
+def _gemm(cache, E):
+    """scipy's BLAS gemm for E's dtype when the in-place accumulation applies (a plain
+    LinearCache, float32/float64, C-contiguous rows h and grad: E.grad^T is then a Fortran
+    array gemm writes into), else None."""
+    if not isinstance(cache, LinearCache) or \
+            E.grad.dtype not in (np.float32, np.float64) or cache.x.dtype != E.grad.dtype \
+            or not (E.grad.flags.c_contiguous and cache.x.flags.c_contiguous):
+        return None
+    from scipy.linalg import blas  # only a training step needs it
+    return blas.sgemm if E.grad.dtype == np.float32 else blas.dgemm
