@@ -6,13 +6,18 @@ AdamW (Loshchilov & Hutter 2019), exactly torch.optim.AdamW's update for step t 
     v     <- b2 v + (1 - b2) g^2
     p     <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 The update of one parameter is core/fused.py adamw_update (one Numba pass), or its readable
-twin adamw_update_ref under SCRATCHLLM_READABLE.
+twin adamw_update_ref under SCRATCHLLM_READABLE. The update is elementwise and memory-bound
+(p, grad, m, v read, p, m, v written: 28 bytes a float32 parameter), so the fused step splits
+every parameter into `opt.threads` equal spans updated on as many threads at once (the Numba
+kernel releases the GIL): the same numbers whatever the split.
 """
 import math
+import os
 
 import numpy as np
 
 from scratchllm.core import fused
+from scratchllm.core.blas import run_tasks
 from scratchllm.core.fused import AdamWStep
 from scratchllm.core.twins import use_fused
 from scratchllm.core.validate import expect_finite
@@ -27,7 +32,8 @@ class AdamW:
     `{"params": [...], "weight_decay": wd, "lr_scale": s}` (torch-style, e.g. no decay for
     norms); a group's learning rate is s · opt.lr (s = 1 by default; s = 0 freezes it: no
     step and no decay), as torch's per-group lr under a schedule that scales every group
-    alike. Set `opt.lr` before `step()` to follow a schedule."""
+    alike. Set `opt.lr` before `step()` to follow a schedule. `opt.threads` (default: up to
+    2 cores) threads share the fused update."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
         expect_finite("AdamW", "lr", lr, 0, open_low=True)
@@ -45,6 +51,7 @@ class AdamW:
             expect_finite("AdamW", "a group's lr_scale", g.get("lr_scale", 1.0), 0))
             for g in params]
         self.t = 0
+        self.threads = min(2, os.cpu_count() or 1)
         # np.zeros (calloc), not zeros_like (which writes its zeros): a moment's pages stay
         # untouched until a step writes them, so the Params a rank never updates (a ZeRO
         # shard's or a pipeline stage's others) cost it no memory
@@ -61,13 +68,30 @@ class AdamW:
         update, the others untouched (a ZeRO shard: dist/zero.py); None for all."""
         expect_finite("AdamW.step", "lr", self.lr, 0)
         self.t += 1
-        update = fused.adamw_update if use_fused() else fused.adamw_update_ref
         hps = [(wd, s) for ps, wd, s in self.groups for _ in ps]
         params = self.params
-        for i in range(len(params)) if only is None else only:
-            wd, s = hps[i]
-            update(params[i].data, params[i].grad, self.m[i], self.v[i],
-                   AdamWStep(self.lr * s, self.betas, self.eps, wd, self.t))
+        todo = [(params[i], self.m[i], self.v[i],
+                 AdamWStep(self.lr * hps[i][1], self.betas, self.eps, hps[i][0], self.t))
+                for i in (range(len(params)) if only is None else only)]
+        if not use_fused():
+            for p, m, v, hp in todo:
+                fused.adamw_update_ref(p.data, p.grad, m, v, hp)
+            return
+        n = max(1, int(self.threads))
+
+        def span(k):  # the k-th of n equal spans of every parameter
+            for p, m, v, hp in todo:
+                arrays = (p.data, p.grad, m, v)
+                if not all(a.flags.c_contiguous and a.dtype == p.data.dtype and
+                           a.shape == p.data.shape for a in arrays):
+                    if k == 0:  # whole: adamw_update's own error names the array
+                        fused.adamw_update(*arrays, hp)
+                    continue
+                lo, hi = p.data.size * k // n, p.data.size * (k + 1) // n
+                if hi > lo:  # flat views of the C-contiguous arrays, updated in place
+                    fused.adamw_update(*(a.reshape(-1)[lo:hi] for a in arrays), hp)
+
+        run_tasks(span, n, n)
 
     def state_dict(self):
         """Arrays and counters needed to resume exactly."""

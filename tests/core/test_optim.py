@@ -99,3 +99,34 @@ def test_cosine_schedule_warmup_cosine_floor():
 def test_cosine_schedule_rejects_warmup_past_total():
     with pytest.raises(ValueError, match="warmup=20, total=10"):
         cosine_schedule(0, 1.0, 0.1, warmup=20, total=10)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_adamw_on_threads_gives_the_bits_of_one_thread_and_of_the_readable_twin(
+        dtype, monkeypatch):
+    shapes = [(7, 5), (1,), (3,), (2, 3, 4)]  # spans of 1 and 0 numbers at 3 threads too
+    runs = {}
+    for label, threads, readable in (("1", 1, "0"), ("2", 2, "0"), ("3", 3, "0"),
+                                     ("ref", 1, "1")):
+        monkeypatch.setenv("SCRATCHLLM_READABLE", readable)
+        draws = np.random.default_rng(4)
+        params = [Param(draws.standard_normal(s).astype(dtype)) for s in shapes]
+        opt = AdamW([{"params": params[:2]}, {"params": params[2:], "weight_decay": 0.0,
+                                              "lr_scale": 0.5}], lr=0.01, weight_decay=0.1)
+        opt.threads = threads
+        for _ in range(3):
+            for p in params:
+                p.grad[...] = draws.standard_normal(p.data.shape)
+            opt.step()
+        runs[label] = [p.data.copy() for p in params] + opt.m + opt.v
+    for label in ("2", "3", "ref"):
+        for a, b in zip(runs["1"], runs[label]):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_adamw_on_threads_refuses_a_non_contiguous_parameter():
+    p = Param(np.ones((4, 6))[:, ::2])  # a strided view: no flat span of it exists
+    opt = AdamW([p], lr=0.1)
+    opt.threads = 2
+    with pytest.raises(ValueError, match="adamw_update: p must be C-contiguous"):
+        opt.step()
