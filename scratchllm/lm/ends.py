@@ -18,7 +18,7 @@ import numpy as np
 from scratchllm.attention import sinusoidal_positions
 from scratchllm.core.fp8 import full_precision
 from scratchllm.core.softcap import softcap_backward, softcap_forward
-from scratchllm.lm.heads import tied_head_backward
+from scratchllm.lm.heads import backprop_tied_head
 
 
 class EmbedCache(NamedTuple):
@@ -112,7 +112,7 @@ class LMEnds:
         if self.head_bias is not None:  # fwd: logits = ... + b
             self.head_bias.grad += dlogits.reshape(-1, dlogits.shape[-1]).sum(0)
         if self.head is None:
-            dh = tied_head_backward(dlogits, ch.proj, self.embed)  # fwd: logits = t @ E^T
+            dh = backprop_tied_head(dlogits, ch.proj, self.embed)  # fwd: logits = t @ E^T
         else:
             dh = self.head.backward(dlogits, ch.proj)  # fwd: logits = t @ W_head
         if ch.transform is not None:

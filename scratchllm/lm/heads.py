@@ -7,13 +7,12 @@ Backward: dh = (d norm -> d gelu -> d linear)(dt), each by its own pair.
 Reference: huggingface/transformers src/transformers/models/bert/modeling_bert.py
 (BertPredictionHeadTransform: dense, transform_act_fn, LayerNorm).
 
-The tied projection's backward (tied_head_backward): logits = h E^T with E (V, D) the
+The tied projection's backward (backprop_tied_head): logits = h E^T with E (V, D) the
 embedding table, so
     dh = dlogits E,        dE += dlogits^T h     (V, D): the embedding's own layout
-The generic linear backward would form dW = h^T dlogits (D, V) and add its transpose into
-E.grad: a (D, V) temporary and a strided pass over V*D numbers (28M at a 49,152-word
-vocabulary, about as long as the GEMM itself). Here the GEMM accumulates into E.grad in place
-(BLAS gemm with beta = 1).
+The generic linear backward forms dW = h^T dlogits (D, V) and adds its transpose into
+E.grad: a strided pass over V*D numbers (28M at a 49,152-word vocabulary), about as long as
+the GEMM itself. Formed as dlogits^T h, the add runs along contiguous rows.
 
 Glossary: N rows (B*T), D model width, V vocabulary.
 """
@@ -23,7 +22,7 @@ import numpy as np
 
 from scratchllm.core import gelu
 from scratchllm.core.nn import Linear, Module
-from scratchllm.core.ops import LinearCache, linear_backward, linear_out
+from scratchllm.core.ops import LinearCache, linear_out
 from scratchllm.core.validate import expect_dout
 from scratchllm.lm.mixers import make_norm
 
@@ -56,39 +55,22 @@ class HeadTransform(Module):
         return self.dense.backward(da, cache.dense)  # fwd: a = h W_t + b_t
 
 
-def tied_head_backward(dlogits, cache, embed):
+def backprop_tied_head(dlogits, cache, embed):
     """The backward of the tied head logits = h @ E^T (embed.attend) into the embedding's
-    Param E: E.grad += dlogits^T h (the GEMM accumulating in place), returns dh.
+    Param E: E.grad += dlogits^T h, formed in E's own (V, D) layout; returns dh.
 
     Inputs:  dlogits (..., V); cache the head's LinearCache (h (..., D), W = E.data^T);
              embed the Embedding Module (E.data, E.grad (V, D)).
     Returns: dh (..., D) = dlogits E.
     Math:    fwd logits = h E^T -> dh = dlogits E, dE = dlogits^T h (= (h^T dlogits)^T).
-    A cache of another kind (FP8) or a dtype BLAS has no gemm for takes
-    embed.attend_backward (the readable twin: tests/lm/test_heads.py checks they agree).
+    A cache of another kind (FP8) takes embed.attend_backward (the linear pair, its dW
+    added transposed: tests/lm/test_heads.py checks the two agree).
     """
-    E = embed.E
-    gemm = _gemm(cache, E)
-    if gemm is None:
+    if not isinstance(cache, LinearCache):
         return embed.attend_backward(dlogits, cache)
-    expect_dout("tied_head_backward", dlogits, *linear_out(cache), name="dlogits")
+    expect_dout("backprop_tied_head", dlogits, *linear_out(cache), name="dlogits")
     h, W, _ = cache
     D, V = W.shape
-    h2, dl = h.reshape(-1, D), np.ascontiguousarray(dlogits).reshape(-1, V)  # (N, D), (N, V)
-    dh = dl @ W.T  # (N, D)   fwd: logits = h E^T -> dh = dlogits E
-    # E.grad (V, D) C-order is E.grad^T (D, V) in Fortran order: C^T += h^T (D, N) dl (N, V),
-    # both operands passed as Fortran views of the C arrays (no copies)
-    gemm(1.0, h2.T, dl.T, beta=1.0, c=E.grad.T, trans_b=True, overwrite_c=True)
-    return dh.reshape(h.shape)
-
-
-def _gemm(cache, E):
-    """scipy's BLAS gemm for E's dtype when the in-place accumulation applies (a plain
-    LinearCache, float32/float64, C-contiguous rows h and grad: E.grad^T is then a Fortran
-    array gemm writes into), else None."""
-    if not isinstance(cache, LinearCache) or \
-            E.grad.dtype not in (np.float32, np.float64) or cache.x.dtype != E.grad.dtype \
-            or not (E.grad.flags.c_contiguous and cache.x.flags.c_contiguous):
-        return None
-    from scipy.linalg import blas  # only a training step needs it
-    return blas.sgemm if E.grad.dtype == np.float32 else blas.dgemm
+    h2, dl = h.reshape(-1, D), dlogits.reshape(-1, V)  # (N, D), (N, V)
+    embed.E.grad += dl.T @ h2  # (V, D)   fwd: logits = h E^T -> dE = dlogits^T h
+    return (dl @ W.T).reshape(h.shape)  # (..., D)   dh = dlogits E

@@ -1,10 +1,10 @@
-"""lm/heads.py tied_head_backward: the tied head's backward accumulating dE in place equals
+"""lm/heads.py backprop_tied_head: the tied head's backward accumulating dE in place equals
 the readable one (Embedding.attend_backward: the linear pair, its dW added transposed)."""
 import numpy as np
 import pytest
 
 from scratchllm.core.nn import Embedding
-from scratchllm.lm.heads import tied_head_backward
+from scratchllm.lm.heads import backprop_tied_head
 
 
 def _pair(dtype, seed=0):
@@ -19,10 +19,10 @@ def _pair(dtype, seed=0):
 
 
 @pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-13), (np.float32, 1e-5)])
-def test_tied_head_backward_equals_the_linear_pair(dtype, tol):
+def test_backprop_tied_head_equals_the_linear_pair(dtype, tol):
     a, b, h, dlogits, start = _pair(dtype)
     _, cache = a.attend(h)  # logits (2, 3, 11)
-    dh = tied_head_backward(dlogits, cache, a)
+    dh = backprop_tied_head(dlogits, cache, a)
     dh_ref = b.attend_backward(dlogits, b.attend(h)[1])
     assert dh.dtype == dtype and a.E.grad.dtype == dtype
     np.testing.assert_allclose(dh, dh_ref, rtol=0, atol=tol)
@@ -33,10 +33,10 @@ def test_tied_head_backward_equals_the_linear_pair(dtype, tol):
     np.testing.assert_allclose(dh, dlogits @ a.E.data, rtol=0, atol=tol)
 
 
-def test_tied_head_backward_checks_dlogits():
+def test_backprop_tied_head_checks_dlogits():
     a, _, h, dlogits, _ = _pair(np.float64)
-    with pytest.raises(ValueError, match="tied_head_backward"):
-        tied_head_backward(dlogits[:, :2], a.attend(h)[1], a)
+    with pytest.raises(ValueError, match="backprop_tied_head"):
+        backprop_tied_head(dlogits[:, :2], a.attend(h)[1], a)
 
 
 
@@ -46,6 +46,6 @@ def test_an_fp8_cache_takes_the_readable_pair():
     with fp8_matmuls():
         _, cache = a.attend(h)  # the FP8 pair's cache
         _, cache_b = b.attend(h)
-    np.testing.assert_array_equal(tied_head_backward(dlogits, cache, a),
+    np.testing.assert_array_equal(backprop_tied_head(dlogits, cache, a),
                                   b.attend_backward(dlogits, cache_b))
     np.testing.assert_array_equal(a.E.grad, b.E.grad)
