@@ -15,7 +15,8 @@ random weights written once as safetensors by scratchllm.hub.save_pretrained:
               does, with the logits of every position (both sides), tokens/s
     finetune  one training step, B 4 x T 128: scratchllm's Run.train_step (2 data-parallel
               threads, AdamW, clipping) vs torch autograd + torch.optim.AdamW + clipping
-    peak RSS  ru_maxrss of each process (load + inference + fine-tune steps)
+    peak RSS  ru_maxrss of each process (load + inference + fine-tune steps); for scratchllm
+              also right before and after load_pretrained, against the weights' bytes
 
 Each framework runs in its own subprocess with 2 threads; medians over the timed repeats.
 
@@ -71,9 +72,12 @@ def _median(xs):
 def worker_numpy(directory):
     import numpy as np
     from scratchllm.hub import load_pretrained
+    before = _rss_mib()  # the interpreter and the imports
     t0 = time.perf_counter()
     model = load_pretrained(directory)
     load = time.perf_counter() - t0
+    loaded = dict(load_rss=_rss_mib(), import_rss=before,
+                  weights_mib=sum(p.data.nbytes for p in model.parameters()) / 2 ** 20)
     ids = np.random.default_rng(0).integers(0, model.cfg.vocab_size, 20_000)
     state = model.init_state(1, PROMPT + NEW)
     for pos in range(PROMPT):
@@ -90,7 +94,12 @@ def worker_numpy(directory):
         model.prefill(ids[None, :PREFILL], fresh)  # logits (1, T, V), the KV cache filled
         prefill.append(time.perf_counter() - t)
     return dict(load=load, decode=1 / _median(steps), prefill=PREFILL / _median(prefill),
-                finetune=finetune_numpy(model, ids))
+                finetune=finetune_numpy(model, ids), **loaded)
+
+
+def _rss_mib():
+    """This process's peak RSS so far (ru_maxrss), MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def finetune_numpy(model, ids):
@@ -213,8 +222,8 @@ def main():
     print(f"{args.family}, {args.rounds} round(s)")
     print("| metric | scratchllm | transformers | ratio | target |")
     print("|---|---|---|---|---|")
-    targets = ({"decode": 1.0, "prefill": 0.8, "finetune": 0.8} if args.family == "llama"
-               else {"decode": 1.2, "prefill": 1.0, "finetune": 1.0})
+    targets = ({"decode": 2.0, "prefill": 1.3, "finetune": 1.3} if args.family == "llama"
+               else {"decode": 1.2, "prefill": 1.0, "finetune": 1.0})  # issue 28's, 27's
     for m, unit in (("decode", "tok/s"), ("prefill", "tok/s"), ("finetune", "tok/s")):
         a, b = med["numpy"][m], med["torch"][m]
         print(f"| {m} | {a:,.1f} {unit} | {b:,.1f} {unit} | {a / b:.2f} | >= {targets[m]} |")
@@ -222,6 +231,13 @@ def main():
     print(f"| load | {a:.2f} s | {b:.2f} s | {a / b:.2f} | < 2 s |")
     a, b = med["numpy"]["rss_mib"], med["torch"]["rss_mib"]
     print(f"| peak RSS | {a:,.0f} MiB | {b:,.0f} MiB | {a / b:.2f} | <= 1.2 |")
+    n = med["numpy"]
+    whole, above = n["load_rss"] / n["weights_mib"], \
+        (n["load_rss"] - n["import_rss"]) / n["weights_mib"]
+    print(f"loading (scratchllm): peak RSS {n['load_rss']:,.0f} MiB after the load, "
+          f"{n['import_rss']:,.0f} MiB before it (interpreter and imports), "
+          f"{n['weights_mib']:,.0f} MiB of weights: {whole:.2f}x the weights for the process, "
+          f"{above:.2f}x above the imports (target <= 1.2x)")
 
 
 if __name__ == "__main__":
