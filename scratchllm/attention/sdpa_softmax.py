@@ -17,6 +17,7 @@ backward turns the fresh dP into dS (sdpa owns both arrays).
 
 Glossary: Tq, Tk query and key lengths; rows = B * Hkv * G * Tq.
 """
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -142,7 +143,17 @@ def _softmax_from(src, s, keep, scale):
 def kept_runs(keep):
     """The runs of True in each row of keep (Tq, Tk) bool: (starts, ends (Tq, R) int64,
     n_runs (Tq,)), row t's runs starts[t, u] <= j < ends[t, u] for u < n_runs[t] (R the
-    most runs of any row). Causal: one run per row; a sliding window with sinks: two."""
+    most runs of any row). Causal: one run per row; a sliding window with sinks: two.
+    Every layer of every step passes the same mask: the runs are computed once per mask
+    (a cache keyed by its bits; read-only arrays)."""
+    return _runs_of(keep.shape, np.packbits(keep).tobytes())
+
+
+@lru_cache(maxsize=32)
+def _runs_of(shape, bits):
+    """kept_runs of the mask whose packed bits are `bits` (np.packbits of a (Tq, Tk) bool)."""
+    keep = np.unpackbits(np.frombuffer(bits, np.uint8), count=shape[0] * shape[1]).reshape(
+        shape)  # (Tq, Tk) 0/1
     edges = np.diff(keep.astype(np.int8), axis=1, prepend=0, append=0)  # (Tq, Tk + 1)
     t_up, j_up = np.nonzero(edges == 1)  # a run starts at j (row-major: sorted per row)
     j_down = np.nonzero(edges == -1)[1]  # and ends before j, in the same order
@@ -152,6 +163,8 @@ def kept_runs(keep):
     ends = np.zeros((keep.shape[0], R), np.int64)
     u = np.arange(t_up.size) - np.repeat(np.cumsum(n_runs) - n_runs, n_runs)  # run index
     starts[t_up, u], ends[t_up, u] = j_up, j_down
+    for a in (starts, ends, n_runs):
+        a.flags.writeable = False  # shared by every later call with this mask
     return starts, ends, n_runs
 
 

@@ -34,16 +34,6 @@ def sum64(x):
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc"})
-def dot64(a, b):
-    """sum_j a[j] b[j] of two 1-D arrays of one length, each product rounded to the arrays'
-    dtype (as `a[j] * b[j]` in it) and accumulated in float64 (lanes)."""
-    acc = 0.0
-    for j in range(a.shape[0]):
-        acc += np.float64(a[j] * b[j])
-    return acc
-
-
-@njit(cache=True, nogil=True, fastmath={"reassoc"})
 def dot64_exact(a, b):
     """sum_j float64(a[j]) float64(b[j]): the products in float64 (exact for float32
     inputs), accumulated in float64 (lanes)."""
