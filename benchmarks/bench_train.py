@@ -81,11 +81,12 @@ def _rope_half(dim, T, base):
 
 
 def torch_gqa(cfg, w, p, a, mask):
-    """GQA self-attention (repeat_interleave of K/V, F.scaled_dot_product_attention)."""
+    """GQA self-attention (repeat_interleave of K/V, F.scaled_dot_product_attention); RoPE
+    unless the config has no positions (hybrid's attention layers: "nope")."""
     import torch.nn.functional as F
     B, T, D = a.shape
     H, Hkv, Dh = cfg.n_heads, cfg.n_kv_heads, cfg.d_model // cfg.n_heads
-    rope = _rope_half(Dh, T, cfg.rope_base)
+    rope = _rope_half(Dh, T, cfg.rope_base) if cfg.positions == "rope" else (lambda t: t)
 
     def heads(t, n):
         return t.view(B, T, n, Dh).transpose(1, 2)
@@ -119,7 +120,8 @@ def torch_mamba(cfg, w, p, a, mask):
     """The Mamba block (ssm/mamba.py): in-projection, causal depthwise conv1d + silu, x_proj
     to (dt, B, C), softplus dt, the selective scan h_t = exp(dt A) h_{t-1} + dt B_t u_t,
     y_t = C_t h_t + D u_t as a loop over t (mamba_simple's selective_scan_ref), silu(z) gate,
-    out-projection. `mask` is unused (the recurrence is causal)."""
+    out-projection; with the config's mamba_inner_norms, Jamba's RMSNorms on dt_low, B and C
+    first. `mask` is unused (the recurrence is causal)."""
     import torch
     import torch.nn.functional as F
     B, T, _ = a.shape
@@ -130,20 +132,24 @@ def torch_mamba(cfg, w, p, a, mask):
                   padding=K - 1, groups=Di)[..., :T].transpose(1, 2)  # (B, T, Di)
     u = F.silu(xc)
     dbc = u @ w[p + "W_x"]  # (B, T, R+2N)
-    delta = F.softplus(dbc[..., :R] @ w[p + "W_dt"] + w[p + "b_dt"])  # (B, T, Di)
+    dt_low, Bm, Cm = dbc[..., :R], dbc[..., R:R + N], dbc[..., R + N:]
+    if cfg.mamba_inner_norms:  # Jamba's RMSNorms on dt_low, B, C (modeling_jamba.py)
+        dt_low, Bm, Cm = (F.rms_norm(t, (t.shape[-1],), w[p + g], cfg.norm_eps)
+                          for t, g in ((dt_low, "dt_norm"), (Bm, "B_norm"), (Cm, "C_norm")))
+    delta = F.softplus(dt_low @ w[p + "W_dt"] + w[p + "b_dt"])  # (B, T, Di)
     decay = torch.exp(delta.unsqueeze(-1) * -torch.exp(w[p + "A_log"]))  # (B, T, Di, N)
-    drive = (delta * u).unsqueeze(-1) * dbc[..., None, R:R + N]  # (B, T, Di, N)
+    drive = (delta * u).unsqueeze(-1) * Bm.unsqueeze(-2)  # (B, T, Di, N)
     h, ys = torch.zeros(B, Di, N), []
     for t in range(T):
         h = decay[:, t] * h + drive[:, t]
-        ys.append(torch.einsum("bdn,bn->bd", h, dbc[:, t, R + N:]))
+        ys.append(torch.einsum("bdn,bn->bd", h, Cm[:, t]))
     y = torch.stack(ys, 1) + u * w[p + "D"]  # (B, T, Di)
     return (y * F.silu(xz[..., Di:])) @ w[p + "W_out"]
 
 
 def torch_moe(cfg, w, p, x):
     """Top-k MoE without capacity (moe/layer.py): softmax or sigmoid scores, gates over the
-    chosen k, argsort dispatch, SwiGLU experts, shared expert; (y, balance loss, z-loss).
+    chosen k (renormalised over them with norm_topk_prob), argsort dispatch, SwiGLU experts, shared expert; (y, balance loss, z-loss).
     The selection bias is left at its initial 0 (ours moves it when bias_gamma > 0)."""
     import torch
     import torch.nn.functional as F
@@ -152,7 +158,7 @@ def torch_moe(cfg, w, p, x):
     logits = x @ w[p + "w_router"]  # (N, E)
     q = torch.softmax(logits, -1) if cfg.score == "softmax" else torch.sigmoid(logits)
     top_q, idx = torch.topk(q, k, dim=-1)  # (N, K)
-    gates = top_q / top_q.sum(-1, keepdim=True)  # (N, K)
+    gates = top_q / top_q.sum(-1, keepdim=True) if cfg.norm_topk_prob else top_q  # (N, K)
     flat = idx.reshape(-1)  # (NK,)
     order = torch.argsort(flat, stable=True)  # (NK,)
     counts = torch.bincount(flat, minlength=E)  # (E,)

@@ -17,12 +17,14 @@ backward turns the fresh dP into dS (sdpa owns both arrays).
 
 Glossary: Tq, Tk query and key lengths; rows = B * Hkv * G * Tq.
 """
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
 from numba import njit
 
 from scratchllm.core.exp32 import exp_lanes
+from scratchllm.core.fused_sums import dot64_exact, max_lanes, sum64
 
 
 class FusedSoftmaxCache(NamedTuple):
@@ -32,35 +34,43 @@ class FusedSoftmaxCache(NamedTuple):
 
 
 @njit(cache=True, nogil=True)
-def _softmax_rows(src, s, lo, hi, keep, holes, Tq, scale, zero, minus_inf):
+def _softmax_rows(src, s, starts, ends, n_runs, Tq, scale, zero, minus_inf):
     """s = softmax of scale times each row of src (src may be s itself) over the kept keys;
-    row r (position t = r mod Tq) keeps keys lo[t] <= j < hi[t], and inside that span only
-    those with keep[t, j] when `holes` (else the span is all kept: causal and sliding masks,
-    no branch in the loops). scale, zero and minus_inf are in s's dtype, so that exp_lanes
-    runs in it (vectorised for float32)."""
+    row r (position t = r mod Tq) keeps the n_runs[t] runs of keys starts[t, u] <= j <
+    ends[t, u] (causal: one run 0..t+1; a window with sinks: two) and nothing else, so a
+    masked key costs no exp and the loops carry no mask branch. scale, zero and minus_inf are
+    in s's dtype, so that exp_lanes runs in it (vectorised for float32)."""
     rows, Tk = s.shape
     for r in range(rows):
         t = r % Tq
-        a, b = lo[t], hi[t]
-        s[r, :a] = zero
-        s[r, b:] = zero
         m = minus_inf
-        for j in range(a, b):
-            v = src[r, j] * scale
-            if holes and not keep[t, j]:
-                v = minus_inf
-            s[r, j] = v
-            if v > m or v != v:  # a NaN score makes the row NaN, as the readable path does
-                m = v
-        if m == minus_inf:  # nothing to attend: zeros
-            s[r, a:b] = zero
+        for u in range(n_runs[t]):
+            run = s[r, starts[t, u]:ends[t, u]]  # (run length,) kept keys
+            _scaled(src[r, starts[t, u]:ends[t, u]], scale, run)
+            m = max(m, max_lanes(run, minus_inf))  # NaN skipped: exp(NaN - m) below makes
+        _zero_gaps(s[r], starts[t], ends[t], n_runs[t], zero)  # the row NaN, as the
+        if m == minus_inf:  # nothing to attend: zeros (only NaN: NaN)  readable path does
+            for u in range(n_runs[t]):
+                run = s[r, starts[t, u]:ends[t, u]]
+                run[:] = np.nan if np.isnan(run).any() else zero
             continue
-        row = s[r, a:b]  # (b - a,) the kept span
-        _exp_shifted(row, m)  # exp(-inf) = 0 at the holes
         total = 0.0
-        for j in range(b - a):
-            total += row[j]
-        _times(row, 1.0 / total)
+        for u in range(n_runs[t]):
+            run = s[r, starts[t, u]:ends[t, u]]
+            _exp_shifted(run, m)
+            total += sum64(run)  # float64 lanes (core/fused_sums.py)
+        for u in range(n_runs[t]):
+            _times(s[r, starts[t, u]:ends[t, u]], 1.0 / total)
+
+
+@njit(cache=True, nogil=True)
+def _zero_gaps(row, starts, ends, n, zero):
+    """row <- zero outside the n runs [starts[u], ends[u]) (sorted, disjoint)."""
+    j = 0
+    for u in range(n):
+        row[j:starts[u]] = zero
+        j = ends[u]
+    row[j:] = zero
 
 
 @njit(cache=True, nogil=True)
@@ -69,6 +79,13 @@ def _exp_shifted(x, m):
     here (inside _softmax_rows' 2-D loop nest it stayed scalar: 15x slower)."""
     for j in range(x.shape[0]):
         x[j] = exp_lanes(x[j] - m)
+
+
+@njit(cache=True, nogil=True)
+def _scaled(src, c, x):
+    """x <- src * c (1-D slices, vectorised; src may be x)."""
+    for j in range(x.shape[0]):
+        x[j] = src[j] * c
 
 
 @njit(cache=True, nogil=True)
@@ -82,9 +99,7 @@ def _times(x, c):
 def _softmax_rows_backward(dp, p, scale):
     rows, Tk = p.shape
     for r in range(rows):
-        acc = 0.0
-        for j in range(Tk):
-            acc += np.float64(dp[r, j]) * p[r, j]
+        acc = dot64_exact(dp[r], p[r])  # rowsum(dP P) in float64 lanes (core/fused_sums.py)
         for j in range(Tk):
             dp[r, j] = scale * p[r, j] * (dp[r, j] - acc)
 
@@ -93,9 +108,7 @@ def _softmax_rows_backward(dp, p, scale):
 def _softcap_softmax_rows_backward(dp, p, t, scale):
     rows, Tk = p.shape
     for r in range(rows):
-        acc = 0.0
-        for j in range(Tk):
-            acc += np.float64(dp[r, j]) * p[r, j]
+        acc = dot64_exact(dp[r], p[r])  # rowsum(dP P)
         for j in range(Tk):  # fwd: logit = c tanh(scale s / c) -> times scale (1 - t^2)
             dp[r, j] = scale * (1 - t[r, j] * t[r, j]) * p[r, j] * (dp[r, j] - acc)
 
@@ -103,8 +116,7 @@ def _softcap_softmax_rows_backward(dp, p, t, scale):
 def softmax_scores_(s, keep, scale):
     """In place: s (..., Tq, Tk) scores (C-contiguous) -> P = softmax(scale * s) where keep
     (Tq, Tk) bool (None: no mask) says a query may attend a key; returns s. Each mask row is
-    reduced to the span of its kept keys (causal: 0..t), so masked keys outside it cost no
-    exp."""
+    reduced to its runs of kept keys (causal: 0..t), so masked keys cost no exp."""
     return _softmax_from(s, s, keep, scale)
 
 
@@ -122,13 +134,38 @@ def _softmax_from(src, s, keep, scale):
     Tk = s.shape[-1]
     if keep is None:
         keep = np.ones((1, Tk), dtype=bool)  # (1, Tk)
-    any_kept = keep.any(axis=1)  # (Tq,)
-    lo = np.where(any_kept, keep.argmax(axis=1), 0)  # (Tq,) first kept key
-    hi = np.where(any_kept, Tk - keep[:, ::-1].argmax(axis=1), 0)  # (Tq,) last kept + 1
-    holes = bool(np.any(keep.sum(axis=1) != hi - lo))  # a masked key inside some span
-    _softmax_rows(src.reshape(-1, Tk), s.reshape(-1, Tk), lo, hi, keep, holes, keep.shape[0],
+    starts, ends, n_runs = kept_runs(keep)
+    _softmax_rows(src.reshape(-1, Tk), s.reshape(-1, Tk), starts, ends, n_runs, keep.shape[0],
                   *(s.dtype.type(c) for c in (scale, 0, -np.inf)))
     return s
+
+
+def kept_runs(keep):
+    """The runs of True in each row of keep (Tq, Tk) bool: (starts, ends (Tq, R) int64,
+    n_runs (Tq,)), row t's runs starts[t, u] <= j < ends[t, u] for u < n_runs[t] (R the
+    most runs of any row). Causal: one run per row; a sliding window with sinks: two.
+    Every layer of every step passes the same mask: the runs are computed once per mask
+    (a cache keyed by its bits; read-only arrays)."""
+    return _runs_of(keep.shape, np.packbits(keep).tobytes())
+
+
+@lru_cache(maxsize=32)
+def _runs_of(shape, bits):
+    """kept_runs of the mask whose packed bits are `bits` (np.packbits of a (Tq, Tk) bool)."""
+    keep = np.unpackbits(np.frombuffer(bits, np.uint8), count=shape[0] * shape[1]).reshape(
+        shape)  # (Tq, Tk) 0/1
+    edges = np.diff(keep.astype(np.int8), axis=1, prepend=0, append=0)  # (Tq, Tk + 1)
+    t_up, j_up = np.nonzero(edges == 1)  # a run starts at j (row-major: sorted per row)
+    j_down = np.nonzero(edges == -1)[1]  # and ends before j, in the same order
+    n_runs = np.bincount(t_up, minlength=keep.shape[0])  # (Tq,)
+    R = max(int(n_runs.max(initial=0)), 1)
+    starts = np.zeros((keep.shape[0], R), np.int64)  # (Tq, R)
+    ends = np.zeros((keep.shape[0], R), np.int64)
+    u = np.arange(t_up.size) - np.repeat(np.cumsum(n_runs) - n_runs, n_runs)  # run index
+    starts[t_up, u], ends[t_up, u] = j_up, j_down
+    for a in (starts, ends, n_runs):
+        a.flags.writeable = False  # shared by every later call with this mask
+    return starts, ends, n_runs
 
 
 def softmax_scores_backward_(dp, p, scale, t=None):

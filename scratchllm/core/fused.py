@@ -18,7 +18,8 @@ Math (the same as the readable pairs):
     swiglu:   a = x W1,  b = x W3,  m = silu(a) b (one pass),  y = m W2
     softmax + CE per row n: loss_n = logsumexp(z_n) - z_n[t_n];  dz_n = softmax(z_n) - onehot
     adamw:    torch.optim.AdamW's single-tensor update, every scalar rounded to the dtype
-Sums run in float64 registers (never a float64 array); the outputs keep the input dtype; exp
+Sums run in float64 registers (never a float64 array), in SIMD lanes (core/fused_sums.py:
+a fixed reordering of the float64 additions); the outputs keep the input dtype; exp
 is core/exp32.py's exp_lanes, which LLVM vectorises for float32 (np.exp for float64).
 Every kernel releases the GIL (nogil), so the data-parallel threads run them side by side.
 A kernel that divides inside its inner loop uses error_model="numpy" (x / 0 gives inf, as in
@@ -35,6 +36,7 @@ from numba import njit
 
 from scratchllm.core import ops
 from scratchllm.core.exp32 import exp_lanes
+from scratchllm.core.fused_sums import dot64_exact, max_lanes, sum64
 from scratchllm.core.twins import Twin
 from scratchllm.core.validate import common_float, expect_dout, expect_finite, expect_gated_ffn
 
@@ -56,13 +58,20 @@ class FusedRMSNormCache(NamedTuple):
 def _rmsnorm_rows(x, g, eps, y, rstd):
     BT, D = x.shape
     for i in range(BT):
-        acc = 0.0
-        for j in range(D):
-            acc += np.float64(x[i, j]) * x[i, j]
+        acc = dot64_exact(x[i], x[i])  # sum_j x_j^2 in float64 (fused_sums: vectorised)
         rstd[i] = 1.0 / np.sqrt(acc / D + eps)
         r = rstd[i]
         for j in range(D):
             y[i, j] = x[i, j] * r * g[j]
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _dxhat_dot_xhat(dy, g, x, r):
+    """sum_j (dy_j g_j) (x_j r) in float64, reordered into lanes (core/fused_sums.py)."""
+    acc = 0.0
+    for j in range(x.shape[0]):
+        acc += np.float64(dy[j] * g[j]) * (x[j] * r)
+    return acc
 
 
 @njit(cache=True, nogil=True)
@@ -70,12 +79,9 @@ def _rmsnorm_rows_backward(dy, x, g, rstd, dx, dg):
     BT, D = x.shape
     for i in range(BT):
         r = rstd[i]
-        acc = 0.0
+        mean = _dxhat_dot_xhat(dy[i], g, x[i], r) / D  # mean(dxhat xhat)
         for j in range(D):
-            xhat = x[i, j] * r
-            acc += np.float64(dy[i, j] * g[j]) * xhat
-            dg[j] += np.float64(dy[i, j]) * xhat
-        mean = acc / D
+            dg[j] += np.float64(dy[i, j]) * (x[i, j] * r)  # dg += dy xhat
         for j in range(D):
             dx[i, j] = r * (dy[i, j] * g[j] - x[i, j] * r * mean)
 
@@ -188,7 +194,7 @@ class FusedCrossEntropyCache(NamedTuple):
 
 
 @njit(cache=True, nogil=True)
-def _softmax_xent_rows(z, targets, ignore_index, dz, zero):
+def _softmax_xent_rows(z, targets, ignore_index, dz, zero, minus_inf):
     """Sum over counted rows of logsumexp(z_n) - z_n[t_n]; dz = softmax - onehot."""
     BT, V = z.shape
     total = 0.0
@@ -197,27 +203,29 @@ def _softmax_xent_rows(z, targets, ignore_index, dz, zero):
         if t == ignore_index:
             dz[i, :] = 0
             continue
-        m = z[i, 0]
-        n_inf = 0
-        for j in range(V):
-            m = max(m, z[i, j])
-            n_inf += z[i, j] == np.inf
-        if n_inf == 1:  # the limit: softmax one-hot on the +inf logit, loss 0 or inf
-            total += _one_inf_row(z[i], t, dz[i])
+        m = max_lanes(z[i], minus_inf)  # NaN logits skipped: their exp below is NaN
+        if m == np.inf and _count_inf(z[i]) == 1:  # the limit: softmax one-hot on the
+            total += _one_inf_row(z[i], t, dz[i])  # +inf logit, loss 0 or inf
             continue
         if not np.isfinite(m):  # a fully masked row: shift by 0 (several +inf: NaN)
             m = zero
         for j in range(V):  # vectorised: exp_lanes in z's dtype
             dz[i, j] = exp_lanes(z[i, j] - m)
-        s = 0.0
-        for j in range(V):
-            s += dz[i, j]
+        s = sum64(dz[i])  # float64, vectorised (fused_sums)
         total += m + np.log(s) - z[i, t]
         inv = 1.0 / s
         for j in range(V):
             dz[i, j] = dz[i, j] * inv
         dz[i, t] -= 1
     return total
+
+
+@njit(cache=True, nogil=True)
+def _count_inf(z):
+    n = 0
+    for j in range(z.shape[0]):
+        n += z[j] == np.inf
+    return n
 
 
 @njit(cache=True, nogil=True)
@@ -239,7 +247,8 @@ def fused_cross_entropy_forward(logits, targets, ignore_index=-100):
     z = _rows(logits)  # (BT, V)
     dz = np.empty_like(z)  # (BT, V)
     n_valid = int(keep.sum())
-    total = _softmax_xent_rows(z, flat_t, ignore_index, dz, z.dtype.type(0))
+    total = _softmax_xent_rows(z, flat_t, ignore_index, dz, z.dtype.type(0),
+                               z.dtype.type(-np.inf))
     loss = np.asarray(total / max(n_valid, 1), dtype=logits.dtype)
     return loss, FusedCrossEntropyCache(dz, logits.shape, n_valid)
 
@@ -261,10 +270,7 @@ fused_cross_entropy_backward_ref = ops.cross_entropy_backward
 # ---------------------------------------------------------------------------- adamw
 @njit(cache=True, nogil=True)
 def _sum_squares_flat(a):
-    total = 0.0
-    for i in range(a.size):
-        total += np.float64(a[i]) * a[i]
-    return total
+    return dot64_exact(a, a)  # float64 squares, summed in lanes (fused_sums)
 
 
 def sum_squares(a):

@@ -20,6 +20,16 @@ from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, 
 
 
 # ---------------------------------------------------------------------------- linear
+def matmul_rows(a, M):
+    """a @ M for a (..., K) and a matrix M (K, N): one GEMM over all of a's rows when a is
+    C-contiguous (its leading axes flattened into a view), where NumPy's matmul would call
+    one per (T, K) slice of a (B, T, K) batch (5-15% slower at T = 128: more, smaller
+    GEMMs). Returns (..., N); the same products, each row's dot products in BLAS's order."""
+    if a.ndim <= 2 or not a.flags.c_contiguous:
+        return a @ M  # (..., N)
+    return (a.reshape(-1, a.shape[-1]) @ M).reshape(a.shape[:-1] + M.shape[1:])  # (..., N)
+
+
 class LinearCache(NamedTuple):
     x: np.ndarray
     W: np.ndarray
@@ -37,7 +47,7 @@ def linear_forward(x, W, b=None):
         return fp8_linear_forward(x, W, b, spec=fp8)
     expect_float("linear", "x", x, 1)
     expect_linear("linear", x.shape[-1], W, b)
-    y = x @ W  # (..., Dout)
+    y = matmul_rows(x, W)  # (..., Dout)
     if b is not None:
         y = y + b  # (..., Dout)
     return y, LinearCache(x, W, b is not None)
@@ -57,7 +67,7 @@ def linear_backward(dy, cache):
     expect_dout("linear_backward", dy, *linear_out(cache), name="dy")
     x, W, has_bias = cache
     Din, Dout = W.shape
-    dx = dy @ W.T  # (..., Din)
+    dx = matmul_rows(dy, W.T)  # (..., Din)
     if is_frozen(W):  # core/frozen.py: nothing trains W, skip x^T dy
         dW = np.zeros((Din, Dout), np.result_type(x, dy))
     else:

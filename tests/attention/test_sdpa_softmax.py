@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from scratchllm.attention import attention_sink_mask, causal_mask, sdpa_backward, sdpa_forward
-from scratchllm.attention.sdpa_softmax import softmax_scores_
+from scratchllm.attention.sdpa_softmax import kept_runs, softmax_scores_
 from scratchllm.specs import AttentionSpec, Mask
 
 TOL = {np.float32: 1e-6, np.float64: 1e-12}
@@ -25,14 +25,15 @@ def run(q, k, v, mask, dout, readable, monkeypatch, softcap=None):
 
 @pytest.mark.parametrize("softcap", [None, 0.9])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("kind", ["causal", "sink", "per-head", "none", "empty row"])
+@pytest.mark.parametrize("kind", ["causal", "sink", "per-head", "none", "empty row", "runs"])
 def test_fused_softmax_matches_the_readable_sdpa(kind, dtype, softcap, monkeypatch):
     rng = np.random.default_rng(0)
     B, H, Hkv, T, Dh = 2, 6, 2, 9, 5
     q = (2 * rng.standard_normal((B, H, T, Dh))).astype(dtype)
     k, v = (rng.standard_normal((B, Hkv, T, Dh)).astype(dtype) for _ in range(2))
     mask = {"causal": causal_mask(T), "sink": attention_sink_mask(T, 3, 2), "none": None,
-            "per-head": rng.random((H, T, T)) < 0.7, "empty row": causal_mask(T)}[kind]
+            "per-head": rng.random((H, T, T)) < 0.7, "empty row": causal_mask(T),
+            "runs": rng.random((T, T)) < 0.5}[kind]  # one mask, several runs of keys a row
     if kind == "empty row":
         mask = mask.copy()
         mask[4] = False
@@ -87,3 +88,20 @@ def test_a_row_of_nan_scores_stays_nan_as_on_the_readable_path():
     softmax_scores_(s, keep, 0.5)
     assert np.isnan(s[0, 1, :2]).all() and (s[0, 1, 2:] == 0).all()
     assert np.isfinite(s[0, [0, 2, 3]]).all()
+
+
+def test_kept_runs_are_the_runs_of_each_mask_row():
+    """kept_runs: rebuilding each row from its runs gives the mask back; a window with sinks
+    has two runs a row once the window has left the sinks, causal one, an empty row none."""
+    rng = np.random.default_rng(4)
+    for keep in (rng.random((7, 11)) < 0.5, attention_sink_mask(9, 3, 2), causal_mask(5),
+                 np.zeros((2, 3), bool), np.ones((1, 4), bool)):
+        starts, ends, n_runs = kept_runs(keep)
+        rebuilt = np.zeros_like(keep)
+        for t in range(keep.shape[0]):
+            for u in range(n_runs[t]):
+                assert starts[t, u] < ends[t, u]
+                rebuilt[t, starts[t, u]:ends[t, u]] = True
+        assert np.array_equal(rebuilt, keep)
+    assert kept_runs(attention_sink_mask(9, 3, 2))[2].tolist() == [1] * 5 + [2] * 4
+    assert kept_runs(causal_mask(5))[2].tolist() == [1] * 5

@@ -173,3 +173,23 @@ def test_sum_squares_matches_its_float64_ref():
     a = np.random.default_rng(6).standard_normal((37, 11)).astype(np.float32) * 1e3
     assert fused.sum_squares(a) == pytest.approx(fused.sum_squares_ref(a), rel=1e-13)
     assert fused.sum_squares(a.T) == pytest.approx(fused.sum_squares_ref(a), rel=1e-13)
+
+
+def test_fused_sums_equal_numpys_float64_sums_and_max():
+    """core/fused_sums.py: the lane-reordered float64 sums equal NumPy's float64 sums to
+    round-off, and max_lanes is the exact max (NaN skipped, `lowest` for an empty row), for
+    lengths around the 8 chains (7, 8, 9, 1000)."""
+    from scratchllm.core.fused_sums import dot64_exact, max_lanes, sum64
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 7, 8, 9, 1000):
+        a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        assert sum64(a) == pytest.approx(a64.sum(), rel=1e-13, abs=1e-13)
+        assert dot64_exact(a, b) == pytest.approx(a64 @ b64, rel=1e-13, abs=1e-13)
+        lowest = np.float32(-np.inf)
+        assert max_lanes(a, lowest) == (a.max() if n else lowest)
+    x = np.array([1.0, np.nan, 3.0, -2.0, np.nan, 2.5, 0.0, 1.0, 2.9], np.float32)
+    assert max_lanes(x, np.float32(-np.inf)) == np.float32(3.0)
+    from numba import types  # the max stays float32 inside the kernels (no float64 exp)
+    assert {c.signature.return_type for c in max_lanes.overloads.values()
+            if c.signature.args[1] == types.float32} == {types.float32}

@@ -171,3 +171,16 @@ def test_pairs_do_not_mutate_inputs():
     np.testing.assert_array_equal(x, x_copy)
     np.testing.assert_array_equal(dy, dy_copy)
     assert grads.check(ops.softmax_forward, ops.softmax_backward, x=x).ok
+
+
+def test_matmul_rows_is_matmul_over_the_flattened_rows():
+    """ops.matmul_rows(a, M) == a @ M for contiguous batches (one GEMM over all rows), for
+    strided ones (NumPy's matmul) and for 1-D and 2-D a; float64 to round-off."""
+    rng = np.random.default_rng(3)
+    M = rng.standard_normal((7, 5))
+    a = rng.standard_normal((3, 4, 7))  # (B, T, K) contiguous
+    for x in (a, a.transpose(1, 0, 2), a[0], a[0, 0], a[None]):
+        got = ops.matmul_rows(x, M)
+        assert got.shape == x.shape[:-1] + (5,)
+        np.testing.assert_allclose(got, np.einsum("...k,kn->...n", x, M), rtol=1e-13)
+    assert np.array_equal(ops.matmul_rows(a, M.T.T), (a.reshape(12, 7) @ M).reshape(3, 4, 5))
