@@ -1,7 +1,9 @@
-"""Independent (batch, head) lanes run in threads: how the chunked forms use a second core.
+"""Independent (batch, head) lanes run in threads: how the delta rule's chunked form (and the
+elementwise steps of linear attention and SSD) use a second core. (GLA's chunked form, and
+through it linear attention, RetNet and SSD, runs its lanes in gla_chunks.py's Numba prange:
+many NumPy steps per group shared the cores badly, see there.)
 
-Every chunked form of the family (gla.py, and through it linear attention, RetNet and SSD;
-delta.py) computes each (batch, head) lane on its own: no sum runs across lanes. So the lanes
+Every chunked form of the family computes each (batch, head) lane on its own: no sum runs across lanes. So the lanes
 are cut into groups (along the batch when it has enough rows, else along the heads), each group
 is run by the same NumPy code in its own thread, and each thread copies its results into the
 full arrays. NumPy's loops, its batched matmuls (OpenBLAS) and Numba kernels release the GIL,
