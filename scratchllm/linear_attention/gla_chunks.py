@@ -27,6 +27,7 @@ import numba
 import numpy as np
 
 from scratchllm.linear_attention.gla_scores import chunk_scores_, chunk_scores_backward_
+from scratchllm.linear_attention.lanes import keep_freed_memory
 
 
 @numba.njit(cache=True, nogil=True)
@@ -181,6 +182,7 @@ def chunked_kernel(qc, kc, vc, b):
     (B, H, n, C, Dv), b (B, H, n, C, G) -> o (B, H, n, C, Dv), states (B, H, n, Dk, Dv)."""
     B, H, n, C, Dk = qc.shape
     Dv = vc.shape[-1]
+    keep_freed_memory()  # for the NumPy steps around the kernel (lanes.py)
     o = np.empty((B, H, n, C, Dv), qc.dtype)  # (B, H, n, C, Dv)
     states = np.empty((B, H, n, Dk, Dv), qc.dtype)  # (B, H, n, Dk, Dv)
     chunked_forward_kernel(_lanes(qc), _lanes(kc), _lanes(vc), _lanes(b),
