@@ -172,9 +172,15 @@ def chunked_backward_kernel(do, q, k, v, b, states, dq, dk, dv, dg):  # pragma: 
                     lam[i, j] = dS_in[i, j] + decay * lam[i, j]
 
 
-def _lanes(a):
-    """(B, H, n, C, X) -> (B·H, n, C, X), C-contiguous."""
-    return np.ascontiguousarray(a.reshape((-1,) + a.shape[2:]))
+def _lanes(a, dtype):
+    """(B, H, n, C, X) -> (B·H, n, C, X) of dtype, C-contiguous."""
+    return np.ascontiguousarray(a.reshape((-1,) + a.shape[2:]), dtype)
+
+
+def _dtypes(*arrays):
+    """(the result's dtype, the kernel's: float32 or float64, at least the result's)."""
+    out = np.result_type(*arrays)
+    return out, np.result_type(out, np.float32)
 
 
 def chunked_kernel(qc, kc, vc, b):
@@ -183,20 +189,21 @@ def chunked_kernel(qc, kc, vc, b):
     B, H, n, C, Dk = qc.shape
     Dv = vc.shape[-1]
     keep_freed_memory()  # for the NumPy steps around the kernel (lanes.py)
-    o = np.empty((B, H, n, C, Dv), qc.dtype)  # (B, H, n, C, Dv)
-    states = np.empty((B, H, n, Dk, Dv), qc.dtype)  # (B, H, n, Dk, Dv)
-    chunked_forward_kernel(_lanes(qc), _lanes(kc), _lanes(vc), _lanes(b),
+    dtype, work = _dtypes(qc, kc, vc, b)
+    o = np.empty((B, H, n, C, Dv), work)  # (B, H, n, C, Dv)
+    states = np.empty((B, H, n, Dk, Dv), work)  # (B, H, n, Dk, Dv)
+    chunked_forward_kernel(*(_lanes(a, work) for a in (qc, kc, vc, b)),
                            o.reshape((-1, n, C, Dv)), states.reshape((-1, n, Dk, Dv)))
-    return o, states
+    return o.astype(dtype, copy=False), states.astype(dtype, copy=False)
 
 
 def chunked_backward_kernel_call(doc, qc, kc, vc, b, states):
     """The twin of gla._chunked_backward's core: doc (B, H, n, C, Dv) -> (dq, dk, dv, dg) in
     the chunked layout (dg (B, H, n, C, G) for the log gate)."""
-    dq, dk = np.empty(qc.shape, qc.dtype), np.empty(qc.shape, qc.dtype)  # (B, H, n, C, Dk)
-    dv, dg = np.empty(vc.shape, qc.dtype), np.empty(b.shape, qc.dtype)  # (.., Dv), (.., G)
+    dtype, work = _dtypes(doc, qc, kc, vc, b, states)
+    dq, dk = np.empty(qc.shape, work), np.empty(qc.shape, work)  # (B, H, n, C, Dk)
+    dv, dg = np.empty(vc.shape, work), np.empty(b.shape, work)  # (.., Dv), (.., G)
     L = qc.shape[0] * qc.shape[1]
-    chunked_backward_kernel(_lanes(doc), _lanes(qc), _lanes(kc), _lanes(vc), _lanes(b),
-                            _lanes(states), *(a.reshape((L,) + a.shape[2:])
-                                              for a in (dq, dk, dv, dg)))
-    return dq, dk, dv, dg
+    chunked_backward_kernel(*(_lanes(a, work) for a in (doc, qc, kc, vc, b, states)),
+                            *(a.reshape((L,) + a.shape[2:]) for a in (dq, dk, dv, dg)))
+    return tuple(a.astype(dtype, copy=False) for a in (dq, dk, dv, dg))
