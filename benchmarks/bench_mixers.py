@@ -197,26 +197,32 @@ def bench_threads():
 
 def bench_share():
     """Load-proof evidence for bench_threads: in one thread, the share of each chunked pair's
-    CPU time (time.thread_time) spent inside lanes.map_lanes, i.e. in work that the (batch,
-    head) lane groups run in parallel, and the Amdahl bound 1 / ((1 - p) + p / 2) it allows
-    two threads. The groups run in this thread here (lanes._threads set to 1)."""
+    CPU time (time.thread_time) spent in work that runs in parallel on two threads: inside
+    gla_chunks' lane kernels (a prange over batch x head; linear attention, RetNet, GLA, SSD)
+    and inside lanes.map_lanes (the delta rule's lane groups, the elementwise steps of linear
+    attention and SSD), and the Amdahl bound 1 / ((1 - p) + p / 2) it allows two threads."""
     import time
+    import numba
     import scratchllm.linear_attention.delta as delta
-    import scratchllm.linear_attention.lanes as lanes
     import scratchllm.linear_attention.gla as gla
+    import scratchllm.linear_attention.lanes as lanes
     import scratchllm.linear_attention.linear as linear
     import scratchllm.ssm.ssd as ssd
-    from scratchllm.linear_attention.lanes import map_lanes
     inside = [0.0]
 
-    def timed(fn, B, H, work):
-        t = time.thread_time()
-        out = map_lanes(fn, B, H, work)
-        inside[0] += time.thread_time() - t
-        return out
-    for module in (delta, gla, linear, ssd):
-        module.map_lanes = timed
+    def timed(fn):
+        def run(*args):
+            t = time.thread_time()
+            out = fn(*args)
+            inside[0] += time.thread_time() - t
+            return out
+        return run
+    for module in (delta, linear, ssd):
+        module.map_lanes = timed(lanes.map_lanes)
+    gla.chunked_kernel = timed(gla.chunked_kernel)
+    gla.chunked_backward_kernel_call = timed(gla.chunked_backward_kernel_call)
     lanes._threads = lambda: 1
+    numba.set_num_threads(1)
     inputs = _inputs(np.random.default_rng(0))
     print(f"one thread; load average {os.getloadavg()[0]:.1f}")
     for name, ((fwd, bwd, opts), _) in _pairs().items():
@@ -224,14 +230,15 @@ def bench_share():
             continue                          # a Numba prange kernel end to end
         run = _fwd_bwd(fwd, bwd, inputs[name], **opts)
         run()
-        shares = []
+        shares, cpu = [], []
         for _ in range(3):
             inside[0], t = 0.0, time.thread_time()
             run()
-            shares.append(inside[0] / (time.thread_time() - t))
+            cpu.append(time.thread_time() - t)
+            shares.append(inside[0] / cpu[-1])
         p = float(np.median(shares))
-        print(f"{name:<8} parallel share {p:.3f}  Amdahl bound at 2 threads "
-              f"{1 / ((1 - p) + p / 2):.2f}x")
+        print(f"{name:<8} CPU {np.median(cpu) * 1e3:6.1f} ms  parallel share {p:.3f}  "
+              f"Amdahl bound at 2 threads {1 / ((1 - p) + p / 2):.2f}x")
 
 
 def _machine():

@@ -2,6 +2,7 @@
 
     flock /tmp/scratchllm-bench.lock nice -n -15 python benchmarks/bench_unigram.py \
         [--vocab 4000] [--mb 0 (= the whole 33 MB corpus)] [--encode-mb 2] [--stages a,b]
+        [--interleave 7 (encode only, ours and spm alternating in one process)]
 
 --stages runs some stages only (to keep each locked run short); every stage's result is kept
 in benchmarks/data/unigram_results_<vocab>_<mb>.json and the table is printed once all five
@@ -149,6 +150,35 @@ def likelihoods(args):
     return out, len(words[2])
 
 
+def interleaved(args):
+    """Viterbi encode in one process, ours and spm alternating for --interleave rounds (one
+    thread each): medians of wall and CPU time, their ratios, and whether the counts of ids
+    match; robust to load that comes and goes, unlike the stages' one run each."""
+    import statistics
+    import sentencepiece as spm
+    lines, mb = lines_of(corpus(args.mb), args.encode_mb)
+    tok = ours_model(args.vocab, args.mb)
+    proc = spm.SentencePieceProcessor(model_file=model_path("spm", args.vocab, args.mb) + ".model")
+    tok.encode_ordinary_batch(lines[:2])                                # compile / load cache
+    runs = {"ours": (lambda: tok.encode_ordinary_batch(lines)),
+            "spm": (lambda: proc.encode(lines, num_threads=1))}
+    times = {name: [] for name in runs}
+    for _ in range(args.interleave):
+        for name, fn in runs.items():
+            wall, cpu = time.perf_counter(), time.process_time()
+            ids = fn()
+            times[name].append((time.perf_counter() - wall, time.process_time() - cpu,
+                                sum(map(len, ids))))
+    med = {n: [statistics.median(r[i] for r in t) for i in range(2)] for n, t in times.items()}
+    print(f"Viterbi encode {mb:.2f} MB, vocab {args.vocab}, {args.interleave} rounds "
+          f"interleaved, load average {os.getloadavg()[0]:.1f}")
+    for name, (wall, cpu) in med.items():
+        print(f"{name:<5} wall {wall * 1e3:7.1f} ms ({mb / wall:5.2f} MB/s)  CPU "
+              f"{cpu * 1e3:7.1f} ms  ids {times[name][0][2]}")
+    print(f"ours / spm speed: wall {med['spm'][0] / med['ours'][0]:.2f}x, CPU "
+          f"{med['spm'][1] / med['ours'][1]:.2f}x  (target >= 1.0x)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--vocab", type=int, default=4000)
@@ -156,7 +186,11 @@ def main():
     ap.add_argument("--encode-mb", type=float, default=2.0)
     ap.add_argument("--child")
     ap.add_argument("--stages", default=STAGES)
+    ap.add_argument("--interleave", type=int, default=0,
+                    help="rounds of ours and spm's encoding alternating in one process")
     args = ap.parse_args()
+    if args.interleave:
+        return interleaved(args)
     if args.child:
         return child(args.child, args.vocab, args.mb, args.encode_mb)
     from bench_bpe import print_rows

@@ -1,7 +1,8 @@
 """The linear-attention family, one recurrence S_t = (decay) S_{t-1} + (write) with three forms
 each (parallel, chunked, recurrent): gated linear attention, the engine (gla;
-its per-channel intra-chunk scores as a Numba kernel in gla_scores; the chunked forms run
-their (batch, head) lane groups in threads, lanes); causal linear
+its per-channel intra-chunk scores as a Numba kernel in gla_scores; its chunked form as Numba
+lane kernels, a prange over (batch, head), in gla_chunks; the delta rule's chunks run their
+lane groups in threads, lanes); causal linear
 attention (linear); RetNet's scalar decay (retnet); the delta rule and gated DeltaNet (delta);
 RWKV-4's WKV (rwkv; its recurrent training pair, the stabilised scan and its adjoint, in
 rwkv_scan) and its time-mix / channel-mix blocks (rwkv_blocks: TimeMixWeights,

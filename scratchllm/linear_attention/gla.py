@@ -29,7 +29,7 @@ from scratchllm.core.validate import (common_float, expect_dout, expect_float, e
                                       expect_positive, expect_shape)
 from scratchllm.linear_attention.gla_scores import (decay_tensor, gla_scores_backward,
                                                     gla_scores_forward)
-from scratchllm.linear_attention.lanes import lanes_of, map_lanes
+from scratchllm.linear_attention.gla_chunks import chunked_backward_kernel_call, chunked_kernel
 
 FORMS = ("parallel", "chunked", "recurrent")
 
@@ -86,6 +86,8 @@ def split_chunks(a, C):
     """(B, H, T, X) -> (B, H, n, C, X), zero-padded at the end."""
     B, H, T, X = a.shape
     n = -(-T // C)
+    if n * C == T:
+        return a.reshape(B, H, n, C, X)  # (B, H, n, C, X), no padding needed
     pad = np.zeros((B, H, n * C - T, X), a.dtype)  # (B, H, nC - T, X)
     return np.concatenate([a, pad], axis=2).reshape(B, H, n, C, X)  # (B, H, n, C, X)
 
@@ -178,20 +180,21 @@ def _chunked_backward(do, cache):
     return merge_chunks(dq, T), merge_chunks(dk, T), merge_chunks(dv, T), merge_chunks(dg, T)
 
 
-def _chunked_in_lanes(q, k, v, g, C):
-    """_chunked run on lane groups in threads (lanes.py): the same numbers, bit for bit."""
-    def run(i):
-        o, parts = _chunked(q[i], k[i], v[i], g[i], C)
-        return (o,) + parts
-    o, *parts = map_lanes(run, *q.shape[:2], q.size + v.size)
-    return o, tuple(parts)
+def _chunked_fast(q, k, v, g, C):
+    """_chunked with its core in gla_chunks' Numba kernel (lanes in parallel, no GIL): the
+    same numbers to round-off."""
+    T = q.shape[2]
+    qc, kc, vc = split_chunks(q, C), split_chunks(k, C), split_chunks(v, C)  # (B, H, n, C, *)
+    b = np.cumsum(split_chunks(g, C), axis=3)  # (B, H, n, C, G)
+    o, states = chunked_kernel(qc, kc, vc, b)  # (B, H, n, C, Dv), (B, H, n, Dk, Dv)
+    return merge_chunks(o, T), (qc, kc, vc, b, states)
 
 
-def _chunked_backward_in_lanes(do, cache):
-    """_chunked_backward run on lane groups in threads (lanes.py)."""
-    fields = ("q", "k", "v", "b", "states")
-    return map_lanes(lambda i: _chunked_backward(do[i], lanes_of(cache, i, fields)),
-                     *do.shape[:2], cache.q.size + cache.v.size)
+def _chunked_backward_fast(do, cache):
+    """_chunked_backward with its core in gla_chunks' Numba kernel."""
+    doc = split_chunks(do, cache.q.shape[3])  # (B, H, n, C, Dv)
+    grads = chunked_backward_kernel_call(doc, cache.q, cache.k, cache.v, cache.b, cache.states)
+    return tuple(merge_chunks(a, cache.T) for a in grads)
 
 
 def _recurrence(q, k, v, a):
@@ -238,7 +241,7 @@ def gla_forward_parts(fn, q, k, v, g, form, chunk):
             raise TypeError(f"{fn}: chunk must be an int, got {type(chunk).__name__}")
         expect_positive(fn, "chunk", chunk)
     C = q.shape[2] if form == "parallel" else chunk
-    o, (qc, kc, vc, b, states) = _chunked_in_lanes(q, k, v, g4, max(C, 1))
+    o, (qc, kc, vc, b, states) = _chunked_fast(q, k, v, g4, max(C, 1))
     return o, GLACache(form, qc, kc, vc, b, states, q.shape[2], gate)
 
 
@@ -250,7 +253,7 @@ def gla_out(cache):
 
 def gla_backward_parts(do, cache):
     """(dq, dk, dv, dg) with dg in g's layout (None when there was no gate)."""
-    back = _recurrence_backward if cache.form == "recurrent" else _chunked_backward_in_lanes
+    back = _recurrence_backward if cache.form == "recurrent" else _chunked_backward_fast
     dq, dk, dv, dg = back(do, cache)
     dg = {"none": None, "head": dg[..., 0], "channel": dg}[cache.gate]
     return dq, dk, dv, dg

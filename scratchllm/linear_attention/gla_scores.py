@@ -63,40 +63,55 @@ def gla_scores_backward_ref(dP, cache):
 
 
 # ---------------------------------------------------------------------------- Numba twins
+@numba.njit(cache=True, nogil=True)
+def chunk_scores_(q, k, b, P):  # pragma: no cover (compiled)
+    """One chunk: q, k, b (C, Dk) -> P (C, C) written on and below the diagonal (also used by
+    gla_chunks.py's lane kernels)."""
+    C, Dk = q.shape
+    alpha = np.exp(b[1:] - b[:-1])  # (C − 1, Dk): α_t = exp(g_t), t ≥ 1
+    for s in range(C):
+        e = k[s].copy()  # k_s ⊙ E_ss (E_ss = 1)
+        for t in range(s, C):
+            if t > s:
+                e *= alpha[t - 1]
+            acc = q.dtype.type(0)
+            for i in range(Dk):
+                acc += q[t, i] * e[i]
+            P[t, s] = acc
+
+
+@numba.njit(cache=True, nogil=True)
+def chunk_scores_backward_(dP, q, k, b, dq, dk, db):  # pragma: no cover (compiled)
+    """One chunk: adds the scores' (dq, dk, db) (C, Dk) for dP (C, C) (read on and below the
+    diagonal) into dq, dk, db."""
+    C, Dk = q.shape
+    alpha = np.exp(b[1:] - b[:-1])  # (C − 1, Dk)
+    e = np.empty(Dk, q.dtype)
+    for s in range(C):
+        e[:] = 1  # E_ts for this s, walking t forward
+        for t in range(s, C):
+            if t > s:
+                e *= alpha[t - 1]
+            d = dP[t, s]
+            for i in range(Dk):
+                de = d * e[i]
+                dq[t, i] += de * k[s, i]
+                dk[s, i] += de * q[t, i]
+                w = de * q[t, i] * k[s, i]
+                db[t, i] += w
+                db[s, i] -= w
+
+
 @numba.njit(parallel=True, cache=True)
 def _forward_kernel(q, k, b, P):  # pragma: no cover (compiled)
-    M, C, Dk = q.shape
-    for m in numba.prange(M):
-        alpha = np.exp(b[m, 1:] - b[m, :-1])  # (C − 1, Dk): α_t = exp(g_t), t ≥ 1
-        for s in range(C):
-            e = k[m, s].copy()  # k_s ⊙ E_ss (E_ss = 1)
-            for t in range(s, C):
-                if t > s:
-                    e *= alpha[t - 1]
-                acc = q.dtype.type(0)
-                for i in range(Dk):
-                    acc += q[m, t, i] * e[i]
-                P[m, t, s] = acc
+    for m in numba.prange(q.shape[0]):
+        chunk_scores_(q[m], k[m], b[m], P[m])
 
 
 @numba.njit(parallel=True, cache=True)
 def _backward_kernel(dP, q, k, b, dq, dk, db):  # pragma: no cover (compiled)
-    M, C, Dk = q.shape
-    for m in numba.prange(M):
-        alpha = np.exp(b[m, 1:] - b[m, :-1])  # (C − 1, Dk)
-        for s in range(C):
-            e = np.ones(Dk, q.dtype)  # E_ts for this s, walking t forward
-            for t in range(s, C):
-                if t > s:
-                    e *= alpha[t - 1]
-                d = dP[m, t, s]
-                for i in range(Dk):
-                    de = d * e[i]
-                    dq[m, t, i] += de * k[m, s, i]
-                    dk[m, s, i] += de * q[m, t, i]
-                    w = de * q[m, t, i] * k[m, s, i]
-                    db[m, t, i] += w
-                    db[m, s, i] -= w
+    for m in numba.prange(q.shape[0]):
+        chunk_scores_backward_(dP[m], q[m], k[m], b[m], dq[m], dk[m], db[m])
 
 
 def _flat(a):

@@ -26,17 +26,18 @@ FEATURES = ("elu", "identity")
 
 
 def _phi(x, feature):
-    """φ(x): elu(x) + 1 = x + 1 (x > 0), exp(x) (x ≤ 0); or x."""
+    """φ(x): elu(x) + 1 = x + 1 (x > 0), exp(x) (x ≤ 0), written max(x, 0) + exp(min(x, 0))
+    (plain ufuncs: a third of np.where's time); or x."""
     if feature == "identity":
         return x
-    return np.where(x > 0, x + 1, np.exp(np.minimum(x, 0)))  # (..., Dk)
+    return np.maximum(x, 0) + np.exp(np.minimum(x, 0))  # (..., Dk)
 
 
 def _phi_backward(dphi, x, feature):
-    """fwd: φ = elu(x) + 1  ->  dx = dφ · (1 if x > 0 else exp(x))."""
+    """fwd: φ = elu(x) + 1  ->  dx = dφ · (1 if x > 0 else exp(x)) = dφ · exp(min(x, 0))."""
     if feature == "identity":
         return dphi
-    return dphi * np.where(x > 0, 1, np.exp(np.minimum(x, 0)))  # (..., Dk)
+    return dphi * np.exp(np.minimum(x, 0))  # (..., Dk)
 
 
 def _check_options(fn, feature, normalize):

@@ -120,8 +120,8 @@ def _viterbi(x, bounds, cmap, base, check, value, node_score, f32, unk_id, unk_s
     from_ = np.empty(longest + 1, np.int64)                  # its last piece's start
     piece = np.empty(longest + 1, np.int64)                  # and id
     code = np.empty(longest + 1, np.int32)                   # the text's characters' codes
-    starts, ends, ids = (np.empty(len(x), np.int64), np.empty(len(x), np.int64),
-                         np.empty(len(x), np.int64))
+    starts, ends, ids = (np.empty(len(x), np.int32), np.empty(len(x), np.int32),
+                         np.empty(len(x), np.int32))   # int32: half the pages to touch
     counts = np.zeros(n_texts, np.int64)
     out = 0
     for t in range(n_texts):
