@@ -26,8 +26,8 @@ Glossary: L = B·H lanes, n chunks, C chunk length, Dk key dim, Dv value dim, G 
 import numba
 import numpy as np
 
+from scratchllm.core.heap import keep_freed_memory
 from scratchllm.linear_attention.gla_scores import chunk_scores_, chunk_scores_backward_
-from scratchllm.linear_attention.lanes import keep_freed_memory
 
 
 @numba.njit(cache=True, nogil=True)

@@ -19,15 +19,14 @@ run one after another.
 glibc hands freed heap memory back to the kernel, so the next array of the same size faults in
 fresh zeroed pages; with two threads those page faults contend in the kernel (perf of the delta
 rule on two threads: clear_page, exc_page_fault and the page lists' spinlock above the BLAS
-kernels). keep_freed_memory, called by the first call of map_lanes, keeps up to 512 MiB of freed
-memory for reuse instead (the delta rule's fwd + bwd at B 4, T 1,024, d 256: 185 -> 145 ms on
-one thread, 1.2x -> 1.6x from a second one). The price: up to 512 MiB of freed memory stays
-with the process instead of going back to the system.
+kernels). map_lanes calls core/heap.py's keep_freed_memory, which keeps freed memory for reuse
+instead (the delta rule's fwd + bwd at B 4, T 1,024, d 256: 185 -> 145 ms on one thread, 1.2x
+-> 1.6x from a second one). The price: freed memory stays with the process instead of going
+back to the system.
 
 Glossary: lane = one (batch row, head); group = a basic slice of the lanes (a view); n
 groups = min(threads, lanes along the cut axis).
 """
-import ctypes
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -35,11 +34,11 @@ import numba
 import numpy as np
 from numba.np.ufunc.parallel import _launch_threads
 
+from scratchllm.core.heap import keep_freed_memory
+
 _POOL = {}
 _LOCK = threading.Lock()
 _THREADABLE = []      # [bool] once known
-_MALLOPT = []         # [results] once set
-M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # glibc's mallopt parameters
 MIN_WORK = 1 << 16    # elements of input below which one thread is faster than handing off
 
 
@@ -59,24 +58,6 @@ def _can_thread():
         except Exception:  # noqa: BLE001 (no threading layer at all: stay on one thread)
             _THREADABLE.append(False)
     return _THREADABLE[0]
-
-
-def keep_freed_memory():
-    """Once per process, where the C library has glibc's mallopt: arrays up to 32 MiB (glibc's
-    largest threshold) come from the heap, and up to 512 MiB of freed heap stays mapped for the
-    next arrays (plus 64 MiB of padding per heap growth). Returns mallopt's results (1 = set),
-    or () without mallopt."""
-    with _LOCK:
-        if not _MALLOPT:
-            try:
-                mallopt = ctypes.CDLL(None).mallopt
-            except (OSError, AttributeError):  # not a glibc-like C library
-                _MALLOPT.append(())
-            else:
-                _MALLOPT.append(tuple(int(mallopt(param, value)) for param, value in (
-                    (M_MMAP_THRESHOLD, 32 << 20), (M_TRIM_THRESHOLD, 512 << 20),
-                    (M_TOP_PAD, 64 << 20))))
-        return _MALLOPT[0]
 
 
 def lane_groups(B, H, n):

@@ -74,11 +74,3 @@ def test_lane_groups_give_the_same_bits(name, monkeypatch):
         assert g.keys() == g1.keys()
         for key in g1:
             np.testing.assert_array_equal(g[key], g1[key], err_msg=key)
-
-
-def test_keep_freed_memory_sets_glibc_once():
-    import platform
-    first = lanes.keep_freed_memory()
-    assert lanes.keep_freed_memory() is first              # once per process
-    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
-        assert first == (1, 1, 1)                          # all three parameters accepted
