@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from scratchllm.core.fp8 import FP8Spec, fp8_matmuls
 from scratchllm.core.nn import detect_anomaly
+from scratchllm.core.muon import Muon, MuonAdamW
 from scratchllm.core.optim import AdamW, NonFiniteError, clip_grad_norm, cosine_schedule
 from scratchllm.dist import all_reduce_forward, all_reduce_grads
 from scratchllm.lm import LM
@@ -62,6 +63,19 @@ class Settings:
                                # lr (scale of lr; 0 freezes it) and weight decay
     balance_across: bool = False  # MoE balance loss over every data-parallel rank's tokens
                                   # (train/parallel_moe.py), not per data shard
+    optimizer: str = "adamw"   # "adamw" for every Param, or "muon": Muon (core/muon.py) on
+                               # the blocks' matrices (muon_params), AdamW on the rest
+    muon_lr: float = 0.02      # Muon's peak lr (the same warmup + cosine as lr scales it)
+
+
+OPTIMIZERS = ("adamw", "muon")
+
+
+def first_run():
+    """The settings of `python -m scratchllm train` where no flag overrides them (README's
+    first command): Settings() with Muon on the blocks' matrices. Swept in benchmarks/README.md
+    ("The first run, session 8")."""
+    return Settings(optimizer="muon", muon_lr=0.05)
 
 
 def _decays(name, p):
@@ -69,25 +83,41 @@ def _decays(name, p):
     return p.data.ndim >= 2 and not name.endswith("A_log")
 
 
+def muon_params(name, p):
+    """Muon's Params: the matrices inside the blocks (attention and MLP projections,
+    routers, mixers' projections), not Mamba's A_log or a depthwise convolution's taps, not
+    3-D expert stacks, embeddings or the head (Keller Jordan's split: AdamW for those)."""
+    return (name.startswith("layers.") and p.data.ndim == 2
+            and name.rsplit(".", 1)[-1] not in ("A_log", "conv_w"))
+
+
 def make_optimizer(model, s):
     """AdamW (betas 0.9, 0.95) with decoupled weight decay where _decays says so; with
     s.param_groups, the Params each rule's glob pattern matches (the first rule wins) form
     a group of their own lr scale and weight decay (an error names a rule that matches
-    nothing)."""
+    nothing). With s.optimizer "muon", the muon_params not matched by a rule get Muon
+    (momentum 0.95, Nesterov, no weight decay; peak lr s.muon_lr) instead."""
+    if s.optimizer not in OPTIMIZERS:
+        raise ValueError(f"Settings.optimizer must be one of {OPTIMIZERS}, got {s.optimizer!r}")
     rules = [tuple(r) for r in (s.param_groups or [])]
     groups = [{"params": [], "lr_scale": float(scale), "weight_decay": float(wd)}
               for _, scale, wd in rules]
-    decay, rest = [], []
+    decay, rest, hidden = [], [], []
     for n, p in model.named_parameters():
         i = next((i for i, r in enumerate(rules) if fnmatch.fnmatchcase(n, r[0])), None)
-        (groups[i]["params"] if i is not None else decay if _decays(n, p) else rest).append(p)
+        (groups[i]["params"] if i is not None else
+         hidden if s.optimizer == "muon" and muon_params(n, p) else
+         decay if _decays(n, p) else rest).append(p)
     empty = [r[0] for r, g in zip(rules, groups) if not g["params"]]
     if empty:
         raise ValueError(f"param_groups: no parameter name matches {empty} (names look like "
                          f"{next(iter(dict(model.named_parameters())))!r}, "
                          f"'layers.0.ffn.w_router')")
-    return AdamW([{"params": decay, "weight_decay": s.weight_decay},
-                  {"params": rest, "weight_decay": 0.0}] + groups, lr=s.lr, betas=(0.9, 0.95))
+    adamw = AdamW([{"params": decay, "weight_decay": s.weight_decay},
+                   {"params": rest, "weight_decay": 0.0}] + groups, lr=s.lr, betas=(0.9, 0.95))
+    if s.optimizer == "adamw":
+        return adamw
+    return MuonAdamW(adamw, Muon(hidden, lr=s.muon_lr, threads=s.threads), s.muon_lr / s.lr)
 
 
 def evaluate(model, batches, dp=None, group=None):
