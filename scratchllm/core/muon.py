@@ -22,9 +22,9 @@ Newton-Schulz, quintic. With X0 = U / ||U||_F (every singular value in (0, 1]), 
     A = X X^T;   X <- a X + (b A + c A A) X        (a, b, c) = (3.4445, -4.7750, 2.0315)
 X = P S V^T gives A = P S^2 P^T, so the new X = P (a S + b S^3 + c S^5) V^T: each singular
 value goes through the odd polynomial phi(s) = a s + b s^3 + c s^5 and the singular vectors
-stay. Five applications of phi map (0, 1] into about [0.7, 1.2] for s above ~1e-3 (a large
-slope a = 3.4 at 0 grows small values fast; exact convergence to 1 is traded for speed, which
-Keller found does not hurt the loss). Working on the wide side (X with rows <= cols, the tall
+stay. Five applications of phi map every s in [2e-3, 1] into [0.68, 1.21] (the slope a = 3.4
+at 0 grows small values fast; exact convergence to 1 is traded for that speed, which Keller
+found does not hurt the loss; tests/core/test_muon.py checks the band against the SVD). Working on the wide side (X with rows <= cols, the tall
 matrix transposed) keeps A the small Gram matrix: 2 r^2 c + r^3 multiply-adds an iteration.
 
 Cost on a CPU. Five iterations on every hidden matrix are about 35% of the FLOPs of a
@@ -46,7 +46,7 @@ NS_COEFFS = (3.4445, -4.7750, 2.0315)  # (a, b, c) of phi(s) = a s + b s^3 + c s
 
 def newton_schulz(G, steps=5):
     """The quintic Newton-Schulz iteration: G (r, c) -> about P V^T for G = P S V^T, its
-    singular values in about [0.7, 1.2] (module docstring). Same dtype as G."""
+    singular values in [0.68, 1.21] (module docstring). Same dtype as G."""
     if G.ndim != 2:
         raise ValueError(f"newton_schulz: G must be a matrix (2-D), got shape {G.shape}")
     a, b, c = NS_COEFFS

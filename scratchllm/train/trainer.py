@@ -96,7 +96,8 @@ def make_optimizer(model, s):
     s.param_groups, the Params each rule's glob pattern matches (the first rule wins) form
     a group of their own lr scale and weight decay (an error names a rule that matches
     nothing). With s.optimizer "muon", the muon_params not matched by a rule get Muon
-    (momentum 0.95, Nesterov, no weight decay; peak lr s.muon_lr) instead."""
+    (momentum 0.95, Nesterov; peak lr s.muon_lr) instead, decayed by the same factor
+    1 - lr_t * weight_decay a step as AdamW's matrices (Muon's wd = wd * lr / muon_lr)."""
     if s.optimizer not in OPTIMIZERS:
         raise ValueError(f"Settings.optimizer must be one of {OPTIMIZERS}, got {s.optimizer!r}")
     rules = [tuple(r) for r in (s.param_groups or [])]
@@ -117,7 +118,9 @@ def make_optimizer(model, s):
                    {"params": rest, "weight_decay": 0.0}] + groups, lr=s.lr, betas=(0.9, 0.95))
     if s.optimizer == "adamw":
         return adamw
-    return MuonAdamW(adamw, Muon(hidden, lr=s.muon_lr, threads=s.threads), s.muon_lr / s.lr)
+    muon = Muon(hidden, lr=s.muon_lr, weight_decay=s.weight_decay * s.lr / s.muon_lr,
+                threads=s.threads)
+    return MuonAdamW(adamw, muon, s.muon_lr / s.lr)
 
 
 def evaluate(model, batches, dp=None, group=None):

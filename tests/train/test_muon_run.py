@@ -28,7 +28,9 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
                            "mixer.wq", "mixer.wv"] * n_layers)
     adamw = {names[id(p)] for p in opt.adamw.params}
     assert {"embed.E", "head.W", "norm.g"} <= adamw and len(adamw) + len(muon) == len(names)
-    assert opt.muon.wd == 0.0 and opt.muon.momentum == 0.95 and opt.muon.nesterov
+    assert opt.muon.momentum == 0.95 and opt.muon.nesterov
+    # the same decay a step as AdamW's matrices: muon lr * muon wd = lr * wd
+    assert opt.muon.lr * opt.muon.wd == pytest.approx(5e-3 * 0.1, rel=1e-12)
     assert isinstance(trainer.Run(lm_tiny("dense"), _settings()).opt, AdamW)  # the default
     with pytest.raises(ValueError, match=r"Settings.optimizer must be one of \('adamw', "
                                          r"'muon'\), got 'sgd'"):
