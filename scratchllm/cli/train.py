@@ -63,10 +63,11 @@ def build_parser():
     p.add_argument("--seq-len", type=int_at_least(1), default=None, help=f"context ({d.seq_len})")
     p.add_argument("--lr", type=LR, default=None, help=f"peak learning rate ({d.lr}; in (0, 1]; "
                    f"AdamW's, of every Param with --optimizer adamw)")
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default=None, help=f"{d.optimizer}: Muon "
-                   f"on the blocks' matrices (attention and MLP projections: momentum, then the "
-                   f"update orthogonalised by a Newton-Schulz iteration), AdamW on embeddings, "
-                   f"head and gains; adamw: AdamW everywhere (the default under mpiexec)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=None, help=f"adamw: AdamW "
+                   f"everywhere; muon: Muon on the blocks' matrices (attention and MLP "
+                   f"projections: momentum, then the update orthogonalised by a Newton-Schulz "
+                   f"iteration), AdamW on embeddings, head and gains ({d.optimizer}; adamw "
+                   f"under mpiexec)")
     p.add_argument("--muon-lr", type=LR, default=None,
                    help=f"Muon's peak learning rate ({d.muon_lr}; same warmup and cosine)")
     p.add_argument("--dtype", choices=("float32", "float64"), default=None,
@@ -116,12 +117,10 @@ def build_parser():
 def _settings(args, saved=None, ranks=1):
     """Flags given explicitly win; then the checkpoint's settings (one saved before
     Settings.optimizer existed is AdamW's: Settings()); then the first run's (trainer.first_run;
-    under MPI, ranks > 1, one thread per rank and AdamW)."""
+    and one thread per rank when ranks > 1)."""
     s = dict(asdict(Settings() if saved else first_run()), **(saved or {}))
     if ranks > 1:
         s["threads"] = 1
-        if saved is None:
-            s["optimizer"] = "adamw"
     for name in ("steps", "batch_size", "seq_len", "lr", "seed", "eval_every", "threads",
                  "fp8", "pack_documents", "balance_across", "optimizer", "muon_lr"):
         if getattr(args, name) is not None:

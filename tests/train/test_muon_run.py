@@ -83,11 +83,14 @@ def _args(**given):
 
 def test_cli_defaults_to_the_first_run_and_resumes_old_checkpoints_as_adamw():
     assert train._settings(_args()) == trainer.first_run()
-    assert trainer.first_run().optimizer == "muon"
-    assert train._settings(_args(optimizer="adamw")).optimizer == "adamw"
+    assert trainer.first_run() == trainer.Settings(weight_decay=0.3)
+    assert train._settings(_args(optimizer="muon", muon_lr=0.03)) == trainer.Settings(
+        weight_decay=0.3, optimizer="muon", muon_lr=0.03)
     old = asdict(trainer.Settings(steps=70))
     del old["optimizer"], old["muon_lr"]  # saved before the field existed
     assert train._settings(_args(), saved=old) == trainer.Settings(steps=70)
+    muon_run = dict(asdict(trainer.Settings(optimizer="muon")), threads=2)
+    assert train._settings(_args(), saved=muon_run).optimizer == "muon"  # resumed as saved
     assert train._settings(_args(), ranks=2).optimizer == "adamw"  # mpiexec: AdamW
     with pytest.raises(ValueError, match="--optimizer muon runs in one process"):
         train._settings(_args(optimizer="muon"), ranks=2)
