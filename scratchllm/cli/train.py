@@ -5,7 +5,8 @@ train the `dense` preset, report the validation loss against the unigram baselin
 checkpoint directory and a loss-curve PNG, and print a short sample.
 
 One step:  loss = CE(LM(x), y) + sum of MoE aux terms  ->  backward  ->  clip global grad norm
-           ->  AdamW with lr = warmup + cosine(step)  ->  aux-free router bias update (MoE).
+           ->  AdamW with lr = warmup + cosine(step) (--optimizer muon: Muon on the blocks'
+           matrices, core/muon.py)  ->  aux-free router bias update (MoE).
 The run is deterministic given --seed, and --resume continues bit-exactly: the weights,
 optimizer moments, step, losses and the batch RNG's state all live in the checkpoint.
 The loop itself lives in scratchllm/train/trainer.py.
@@ -45,7 +46,8 @@ from scratchllm.train import parallel_run
 from scratchllm.train.parallel_run import check_combination, check_split
 from scratchllm.train.pipeline import bubble_fraction
 from scratchllm.train.plots import save_run_plot
-from scratchllm.train.trainer import OPTIMIZERS, Run, Settings, first_run, fit
+from scratchllm.train.optimizers import OPTIMIZERS
+from scratchllm.train.trainer import Run, Settings, first_run, fit
 from scratchllm.train.warm import KernelWarmup
 
 
