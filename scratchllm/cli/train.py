@@ -5,7 +5,8 @@ train the `dense` preset, report the validation loss against the unigram baselin
 checkpoint directory and a loss-curve PNG, and print a short sample.
 
 One step:  loss = CE(LM(x), y) + sum of MoE aux terms  ->  backward  ->  clip global grad norm
-           ->  AdamW with lr = warmup + cosine(step)  ->  aux-free router bias update (MoE).
+           ->  AdamW with lr = warmup + cosine(step) (--optimizer muon: Muon on the blocks'
+           matrices, core/muon.py)  ->  aux-free router bias update (MoE).
 The run is deterministic given --seed, and --resume continues bit-exactly: the weights,
 optimizer moments, step, losses and the batch RNG's state all live in the checkpoint.
 The loop itself lives in scratchllm/train/trainer.py.
@@ -45,13 +46,14 @@ from scratchllm.train import parallel_run
 from scratchllm.train.parallel_run import check_combination, check_split
 from scratchllm.train.pipeline import bubble_fraction
 from scratchllm.train.plots import save_run_plot
-from scratchllm.train.trainer import Run, Settings, fit
+from scratchllm.train.optimizers import OPTIMIZERS
+from scratchllm.train.trainer import Run, Settings, first_run, fit
 from scratchllm.train.warm import KernelWarmup
 
 
 def build_parser():
     p = Parser("train", __doc__)
-    d = Settings()
+    d = first_run()
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="model architecture (default: dense)")
     p.add_argument("--data", default=None,
@@ -61,7 +63,15 @@ def build_parser():
     p.add_argument("--batch-size", type=int_at_least(1), default=None,
                    help=f"sequences ({d.batch_size})")
     p.add_argument("--seq-len", type=int_at_least(1), default=None, help=f"context ({d.seq_len})")
-    p.add_argument("--lr", type=LR, default=None, help=f"peak learning rate ({d.lr}; in (0, 1])")
+    p.add_argument("--lr", type=LR, default=None, help=f"peak learning rate ({d.lr}; in (0, 1]; "
+                   f"AdamW's, of every Param with --optimizer adamw)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=None, help=f"adamw: AdamW "
+                   f"everywhere; muon: Muon on the blocks' matrices (attention and MLP "
+                   f"projections: momentum, then the update orthogonalised by a Newton-Schulz "
+                   f"iteration), AdamW on embeddings, head and gains ({d.optimizer}; adamw "
+                   f"under mpiexec)")
+    p.add_argument("--muon-lr", type=LR, default=None,
+                   help=f"Muon's peak learning rate ({d.muon_lr}; same warmup and cosine)")
     p.add_argument("--dtype", choices=("float32", "float64"), default=None,
                    help="parameter and activation dtype (float32)")
     p.add_argument("--out", default=None, help="checkpoint directory (runs/PRESET); the "
@@ -107,13 +117,14 @@ def build_parser():
 
 
 def _settings(args, saved=None, ranks=1):
-    """Flags given explicitly win; then the checkpoint's settings; then the defaults (and one
-    thread per rank when ranks > 1)."""
-    s = dict(asdict(Settings()), **(saved or {}))
+    """Flags given explicitly win; then the checkpoint's settings (one saved before
+    Settings.optimizer existed is AdamW's: Settings()); then the first run's (trainer.first_run;
+    and one thread per rank when ranks > 1)."""
+    s = dict(asdict(Settings() if saved else first_run()), **(saved or {}))
     if ranks > 1:
         s["threads"] = 1
     for name in ("steps", "batch_size", "seq_len", "lr", "seed", "eval_every", "threads",
-                 "fp8", "pack_documents", "balance_across"):
+                 "fp8", "pack_documents", "balance_across", "optimizer", "muon_lr"):
         if getattr(args, name) is not None:
             s[name] = getattr(args, name)
     for name in ("steps", "batch_size", "seq_len", "eval_every"):
@@ -121,6 +132,10 @@ def _settings(args, saved=None, ranks=1):
             raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {s[name]}")
     if s["lr"] <= 0:
         raise ValueError(f"--lr must be > 0, got {s['lr']}")
+    if ranks > 1 and s["optimizer"] == "muon":
+        raise ValueError("--optimizer muon runs in one process (it orthogonalises whole "
+                         "matrices; the ranks' slices and ZeRO's shards are AdamW's); use "
+                         "--optimizer adamw under mpiexec")
     s["warmup"] = min(s["warmup"], s["steps"])
     return Settings(**s)
 
@@ -179,7 +194,7 @@ def _on_ranks(args, shape):
         if not args.resume:  # what the split models do not cover, before any work
             cfg = preset(args.preset or "dense")
             cfg = replace(cfg, mtp=MTPSpec(depth=args.mtp)) if args.mtp else cfg
-            check_split(cfg, shape, args.seq_len or Settings().seq_len)
+            check_split(cfg, shape, args.seq_len or first_run().seq_len)
         check_combination(shape._asdict(), args.threads or 1, args.zero)
     except (GridError, ValueError) as e:
         if world.rank == 0:
