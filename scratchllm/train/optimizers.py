@@ -47,6 +47,7 @@ def make_optimizer(model, s):
                          f"'layers.0.ffn.w_router')")
     adamw = AdamW([{"params": decay, "weight_decay": s.weight_decay},
                    {"params": rest, "weight_decay": 0.0}] + groups, lr=s.lr, betas=(0.9, 0.95))
+    adamw.threads = s.threads  # the fused update's threads: the run's (--threads 1: one)
     if s.optimizer == "adamw":
         return adamw
     muon = Muon(hidden, lr=s.muon_lr, weight_decay=s.weight_decay * s.lr / s.muon_lr,

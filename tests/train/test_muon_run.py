@@ -101,3 +101,11 @@ def test_cli_rejects_an_unknown_optimizer(capsys):
         train.build_parser().parse_args(["--optimizer", "sgd"])
     assert e.value.code == 2
     assert "--optimizer: invalid choice: 'sgd' (choose from" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_optimizers_threads_are_the_runs(threads):
+    """--threads 1 keeps AdamW's fused update (and Muon's) on one thread too."""
+    assert trainer.Run(lm_tiny("dense"), _settings(threads=threads)).opt.threads == threads
+    muon = trainer.Run(lm_tiny("dense"), _settings(threads=threads, optimizer="muon")).opt
+    assert muon.adamw.threads == threads
