@@ -196,7 +196,9 @@ class Embedding(Module):
         return ops.embedding_forward(ids, self.E.data)
 
     def backward(self, dout, cache):
-        self.add_grads(ops.embedding_backward(dout, cache))
+        """E.grad += dE, scattered into the rows of ids (a 49k-word table's (V, D) of zeros
+        and its add cost more than the rows themselves)."""
+        ops.embedding_backward(dout, cache, into=self.E.grad)
 
     def attend(self, x):
         """Tied head: logits = x @ E^T, (..., D) -> (..., V)."""

@@ -101,11 +101,14 @@ def embedding_forward(ids, E):
     return E[ids], EmbeddingCache(ids, *E.shape, E.dtype)  # (..., D)
 
 
-def embedding_backward(dout, cache):
-    """Math: dE[v] = sum of dout over the positions where ids == v (repeats accumulate)."""
+def embedding_backward(dout, cache, into=None):
+    """Math: dE[v] = sum of dout over the positions where ids == v (repeats accumulate).
+
+    into: a (V, D) array to add dE to in place (a Param's grad: only the rows of ids are
+    touched), instead of a fresh (V, D) of zeros; returned as "E" either way."""
     ids, V, D, dtype = cache
     expect_dout("embedding_backward", dout, ids.shape + (D,), dtype)
-    dE = np.zeros((V, D), dtype=dout.dtype)  # (V, D)
+    dE = np.zeros((V, D), dtype=dout.dtype) if into is None else into  # (V, D)
     np.add.at(dE, ids.reshape(-1), dout.reshape(-1, D))
     return {"E": dE}
 

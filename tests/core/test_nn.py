@@ -107,3 +107,22 @@ def test_named_parameters_walks_the_tree_once_per_param():
     names = [n for n, _ in model.named_parameters()]
     assert names == ["embed.E", "norm.g", "blocks.0.W", "blocks.1.W"]
     assert model.n_params() == 7 * 4 + 4 + 2 * 16
+
+
+def test_embedding_backward_adds_into_e_grad_as_the_dense_pair_does():
+    """Embedding.backward scatters into E.grad; the same as adding the pair's dense (V, D)
+    dE (repeated ids accumulate), computed here with an explicit loop over positions."""
+    rng = np.random.default_rng(3)
+    emb = nn.Embedding(11, 4, rng=rng, dtype=np.float64)
+    emb.E.grad[:] = rng.standard_normal((11, 4))
+    before = emb.E.grad.copy()
+    ids = np.array([[1, 5, 1], [10, 0, 5]])
+    out, cache = emb.forward(ids)
+    dout = rng.standard_normal(out.shape)
+    emb.backward(dout, cache)
+    want = before.copy()
+    for b, t in np.ndindex(ids.shape):
+        want[ids[b, t]] += dout[b, t]
+    np.testing.assert_allclose(emb.E.grad, want, rtol=0, atol=1e-15)
+    untouched = [v for v in range(11) if v not in ids]
+    np.testing.assert_array_equal(emb.E.grad[untouched], before[untouched])
