@@ -6,7 +6,7 @@ of two BLAS threads each on two cores would spin-wait for each other. `-n 0` run
 in this process with the defaults untouched."""
 import os
 
-MAX_WORKERS = 4  # each worker holds its own NumPy, Numba and compiled kernels (~0.3 GB)
+MAX_WORKERS = 4  # each worker holds its own NumPy, Numba and kernels (peaks near 1 GB measured)
 
 
 def pytest_xdist_auto_num_workers(config):
