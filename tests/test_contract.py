@@ -42,52 +42,70 @@ def forward_of(module, name):
 
 
 CHECK_OPTIONS = ("rng", "wrt", "label", "fd_step", "n_directions", "max_full")
-FAILED_CHECKS = []  # the first gradient checks that failed, filled by returned_keys
+LIBRARY_CASES = [name for name in grads.cases.CASES if not name.startswith(SLOW_CASES)]
+SEEN = {}    # {backward: [the gradient dicts it returned]}, filled by the cases run so far
+FAILED = {}  # {case name: the first gradient checks of that case that failed}
 
 
-@pytest.fixture(scope="module")
-def returned_keys():
-    """Run every grads case with a recording checker: {backward: [key sets it returned]}.
-    Each backward's first call is a full gradient check (so every public pair is checked
-    against finite differences in the fast tier); its later calls (other shapes and options of
-    the same case) run forward and backward once, for the keys: `python -m grads` differences
-    them all."""
-    seen = {}
-
-    def recording_check(forward, backward, **kwargs):
+def recording_check(failed):
+    """A checker for grads.check's place: a backward's first call in this process is a full
+    gradient check (its failures appended to `failed`); its later calls (other shapes and
+    options, other cases) run forward and backward once, for the keys: `python -m grads`
+    differences them all. Every returned dict is recorded in SEEN."""
+    def checker(forward, backward, **kwargs):
         def recorded(dout, cache):
             grads_ = backward(dout, cache)
-            seen.setdefault(backward, []).append(grads_)
+            SEEN.setdefault(backward, []).append(grads_)
             return grads_
-        if backward not in seen:
+        if backward not in SEEN:
             report = real_check(forward, recorded, **kwargs)
             if report.failed:
-                FAILED_CHECKS.append(f"{backward.__module__}.{backward.__name__}:\n{report}")
+                failed.append(f"{backward.__module__}.{backward.__name__}:\n{report}")
             return report
         out, cache = forward(**{k: v for k, v in kwargs.items() if k not in CHECK_OPTIONS})
         recorded(_random_like(out, np.random.default_rng(0)), cache)
         return Report()
-
-    run_cases_with(recording_check)
-    return seen
+    return checker
 
 
-def run_cases_with(checker):
-    """Run every library grads case (not the whole-model ones) with `checker` in place of
-    grads.check (in every case module of the grads.cases package)."""
+def run_case(name):
+    """Run the grads case `name` once per process with the recording checker; returns the
+    first gradient checks it failed."""
+    if name not in FAILED:
+        failed = []
+        run_cases_with(recording_check(failed), [name])
+        FAILED[name] = failed
+    return FAILED[name]
+
+
+def run_cases_with(checker, names=LIBRARY_CASES):
+    """Run the library grads cases `names` (default: every one but the whole-model ones), each
+    on a fresh rng seeded 0, with `checker` in place of grads.check (in every case module of
+    the grads.cases package)."""
     for module in grads.cases.MODULES:
         module.check = checker
     try:
-        for name, case in grads.cases.CASES.items():
-            if not name.startswith(SLOW_CASES):
-                case(np.random.default_rng(0))
+        for name in names:
+            grads.cases.CASES[name](np.random.default_rng(0))
     finally:
         for module in grads.cases.MODULES:
             module.check = real_check
 
 
-def test_every_public_pair_passes_its_first_gradient_check(returned_keys):
-    assert FAILED_CHECKS == []
+@pytest.mark.parametrize("name", LIBRARY_CASES)
+def test_every_public_pair_passes_its_first_gradient_check(name):
+    """One test per case, in the cases' order, so each pays only its own compilations: the
+    first call of every public backward is a full gradient check (finite differences)."""
+    assert run_case(name) == []
+
+
+@pytest.fixture(scope="module")
+def returned_keys():
+    """{backward: [key sets it returned]} over every library case (the ones the tests above
+    ran are not run again)."""
+    for name in LIBRARY_CASES:
+        run_case(name)
+    return SEEN
 
 
 def test_the_library_has_backwards_to_check():

@@ -4,7 +4,6 @@ dtype, or not an array raises an error that names the backward and its dout argu
 dout of the right shape and dtype still works. Driven by the grads cases: each case's first
 (dout, cache) is recorded and then fed wrong douts.
 """
-import functools
 import inspect
 import re
 from typing import NamedTuple
@@ -12,8 +11,9 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
+import grads.cases
 from grads.check import Report, _random_like
-from test_contract import BACKWARDS, run_cases_with
+from test_contract import BACKWARDS, LIBRARY_CASES, run_cases_with
 
 
 class Call(NamedTuple):
@@ -24,28 +24,47 @@ class Call(NamedTuple):
     cache: tuple
 
 
-@functools.lru_cache(maxsize=None)
+CALLS = {}  # {backward: Call}: its first call by the library grads cases, in their order
+RAN = []    # the cases run so far: the first len(RAN) of LIBRARY_CASES
+
+
+def _record(forward, backward, *, rng=None, **kwargs):
+    """Instead of checking: one forward, a random dout like grads.check draws, recorded."""
+    inputs = {k: v for k, v in kwargs.items()
+              if k not in ("wrt", "label", "fd_step", "n_directions", "max_full")}
+    out, cache = forward(**inputs)
+    dout = _random_like(out, np.random.default_rng(0))
+    CALLS.setdefault(backward, Call(forward, inputs, dout, cache))
+    return Report()
+
+
+def recorded_call(backward):
+    """The Call of `backward` by the first library grads case that calls it (the whole-model
+    cases excepted: they check loss_pair, not a library pair), running the cases in their
+    order only as far as needed; None when no case calls it."""
+    while backward not in CALLS and len(RAN) < len(LIBRARY_CASES):
+        name = LIBRARY_CASES[len(RAN)]
+        run_cases_with(_record, [name])
+        RAN.append(name)
+    return CALLS.get(backward)
+
+
 def record_cases():
-    """{backward: Call} from the first call of every grads case (the whole-model cases
-    excepted: they check loss_pair, not a library pair)."""
-    seen = {}
-
-    def recording_check(forward, backward, *, rng=None, **kwargs):
-        """Instead of checking: one forward, a random dout like grads.check draws, recorded."""
-        inputs = {k: v for k, v in kwargs.items()
-                  if k not in ("wrt", "label", "fd_step", "n_directions", "max_full")}
-        out, cache = forward(**inputs)
-        dout = _random_like(out, np.random.default_rng(0))
-        seen.setdefault(backward, Call(forward, inputs, dout, cache))
-        return Report()
-
-    run_cases_with(recording_check)
-    return seen
+    """{backward: Call} from the first call of every library grads case."""
+    recorded_call(None)  # no case calls None: runs them all
+    return CALLS
 
 
-@pytest.fixture(scope="module")
-def recorded():
-    return record_cases()
+def in_case_order(keys):
+    """The (module, name) keys of backwards ordered as the grads cases' topics (core,
+    attention, ...; then the rest), so that tests asking recorded_call in this order run the
+    cases a few at a time."""
+    topics = [module.__name__.rsplit(".", 1)[-1] for module in grads.cases.MODULES]
+
+    def topic(key):
+        package = key[0].split(".")[1]
+        return topics.index(package) if package in topics else len(topics)
+    return sorted(keys, key=lambda key: (topic(key), key))
 
 
 def wrong_versions(d):
@@ -75,11 +94,12 @@ def wrong_douts(dout):
     return out
 
 
-@pytest.mark.parametrize("key", sorted(BACKWARDS), ids=lambda k: k[1])
-def test_backward_rejects_a_wrong_dout_by_name(key, recorded):
+@pytest.mark.parametrize("key", in_case_order(BACKWARDS), ids=lambda k: k[1])
+def test_backward_rejects_a_wrong_dout_by_name(key):
     backward = BACKWARDS[key]
-    assert backward in recorded, f"no grads case calls {key[1]}"
-    dout, cache = recorded[backward].dout, recorded[backward].cache
+    call = recorded_call(backward)
+    assert call is not None, f"no grads case calls {key[1]}"
+    dout, cache = call.dout, call.cache
     arg = next(iter(inspect.signature(backward).parameters))
     backward(dout, cache)  # the recorded dout is fine
     cases = wrong_douts(dout)

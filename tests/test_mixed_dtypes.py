@@ -15,9 +15,6 @@ from test_properties import all_finite, array_slots, leaves, random_dout, with_s
 
 pytestmark = pytest.mark.slow  # the exhaustive tier: `python -m pytest -q -m slow`
 
-CALLS = record_cases()
-KEYS = sorted(k for k in BACKWARDS if BACKWARDS[k] in CALLS)
-
 
 def slot_value(kwargs, slot):
     name, _, field = slot.partition(".")
@@ -38,8 +35,27 @@ def differentiable_slots(call, backward):
     return slots
 
 
-SLOTS = {key: differentiable_slots(CALLS[BACKWARDS[key]], BACKWARDS[key]) for key in KEYS}
-CASES = [(key, slot) for key in KEYS if len(SLOTS[key]) > 1 for slot in SLOTS[key]]
+def mixed_cases():
+    """[(key, slot)]: every differentiable input of every pair with two or more."""
+    calls = record_cases()
+    keys = sorted(k for k in BACKWARDS if BACKWARDS[k] in calls)
+    slots = {key: differentiable_slots(calls[BACKWARDS[key]], BACKWARDS[key]) for key in keys}
+    return [(key, slot) for key in keys if len(slots[key]) > 1 for slot in slots[key]]
+
+
+def selects_slow(config):
+    """Whether the run's -m expression selects tests marked slow (this module's are all)."""
+    from _pytest.mark.expression import Expression
+    expression = config.getoption("markexpr")
+    return not expression or Expression.compile(expression).evaluate(
+        lambda name, **kwargs: name == "slow")
+
+
+def pytest_generate_tests(metafunc):
+    """The cases are run (every grads case, forward and backward) only when this slow module's
+    tests are selected, not while the fast tier is collected."""
+    cases = mixed_cases() if selects_slow(metafunc.config) else []
+    metafunc.parametrize("key, slot", cases, ids=[f"{k[1]}-{s}" for k, s in cases])
 
 
 def float_leaves(tree):
@@ -47,9 +63,8 @@ def float_leaves(tree):
             if isinstance(a, np.ndarray) and np.issubdtype(a.dtype, np.floating)]
 
 
-@pytest.mark.parametrize("key, slot", CASES, ids=[f"{k[1]}-{s}" for k, s in CASES])
 def test_a_float32_input_among_float64_computes_in_float64(key, slot):
-    call, backward = CALLS[BACKWARDS[key]], BACKWARDS[key]
+    call, backward = record_cases()[BACKWARDS[key]], BACKWARDS[key]
     kwargs = with_slot(call.kwargs, slot, lambda a: a.astype(np.float32))
     out, cache = call.forward(**kwargs)
     assert {a.dtype for a in float_leaves(out)} == {np.dtype(np.float64)}, \

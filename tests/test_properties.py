@@ -7,7 +7,8 @@ case (test_dout_checks.record_cases):
   a helper's it calls) or a finite result;
 - no call mutates its inputs or its dout;
 - the backward refuses a wrong dout with a clear error.
-Examples are few and derandomized, so the whole file runs in seconds.
+Examples are few and derandomized, so the whole file runs in seconds. The cases run when a
+test first needs them (test_dout_checks.recorded_call), not while the tests are collected.
 """
 import re
 
@@ -16,10 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from test_contract import BACKWARDS
-from test_dout_checks import record_cases, wrong_douts
+from test_dout_checks import in_case_order, recorded_call, wrong_douts
 
-CALLS = record_cases()
-KEYS = sorted(k for k in BACKWARDS if BACKWARDS[k] in CALLS)
+KEYS = in_case_order(BACKWARDS)  # the tests run the grads cases as they need them
 IN_UNIT_INTERVAL = {"gamma"}  # decays in (0, 1]: rescaled as gamma ** factor, which stays there
 FEW = settings(max_examples=12, deadline=None, derandomize=True,
                suppress_health_check=[HealthCheck.too_slow])
@@ -74,6 +74,13 @@ def in_dtype(value, dtype):
     return value
 
 
+def call_of(key):
+    """The recorded Call of the backward `key` (module, name)."""
+    call = recorded_call(BACKWARDS[key])
+    assert call is not None, f"no grads case calls {key[1]}"
+    return call
+
+
 def float_inputs(call):
     return [k for k, v in call.kwargs.items()
             if isinstance(v, np.ndarray) and np.issubdtype(v.dtype, np.floating)]
@@ -123,7 +130,7 @@ def mutate(value, kind, axis):
        dtype=st.sampled_from([np.float64, np.float32]))
 def test_valid_inputs_give_finite_outputs_and_gradients_without_mutation(key, factor, seed,
                                                                           dtype):
-    call = CALLS[BACKWARDS[key]]
+    call = call_of(key)
     kwargs = dict(call.kwargs)
     for k in float_inputs(call):
         kwargs[k] = kwargs[k] ** factor if k in IN_UNIT_INTERVAL else kwargs[k] * factor
@@ -146,7 +153,7 @@ def test_valid_inputs_give_finite_outputs_and_gradients_without_mutation(key, fa
 @FEW
 @given(data=st.data())
 def test_wrong_inputs_give_a_clear_error_or_a_finite_result(key, data):
-    call = CALLS[BACKWARDS[key]]
+    call = call_of(key)
     name = data.draw(st.sampled_from(array_slots(call.kwargs)), "input")
     kind = data.draw(st.sampled_from(["extra axis", "cut an axis", "int64", "float32", "list",
                                       "0-d"]), "mutation")
@@ -170,7 +177,7 @@ def test_wrong_inputs_give_a_clear_error_or_a_finite_result(key, data):
 @given(data=st.data())
 def test_the_backward_refuses_a_wrong_dout(key, data):
     backward = BACKWARDS[key]
-    call = CALLS[backward]
+    call = call_of(key)
     label, bad = data.draw(st.sampled_from(wrong_douts(call.dout)), "wrong dout")
     with pytest.raises((ValueError, TypeError), match=rf"^{backward.__name__}: "):
         backward(bad, call.cache)

@@ -121,6 +121,7 @@ def _inputs(fn, q, k, v, w, gates, spec):
         raise ValueError(f"{fn}: k has {Tk} positions and q {T}; NSA here is self-attention")
     if spec.block > T:
         raise ValueError(f"{fn}: spec.block={spec.block} is longer than the T={T} tokens")
+    expect_shape(fn, "v", v, (B, Hkv, T, Dh), "(B, Hkv, T, Dh) like k: one MLP compresses both")
     expect_float(fn, "gates", gates)
     expect_shape(fn, "gates", gates, (B, H, T, 3), "(B, H, T, 3) gate logits (cmp, slc, win)")
     wk, wv = CompressWeights(*w[:5]), CompressWeights(*w[5:])
