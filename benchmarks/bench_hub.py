@@ -223,7 +223,7 @@ def main():
     print("| metric | scratchllm | transformers | ratio | target |")
     print("|---|---|---|---|---|")
     targets = ({"decode": 2.0, "prefill": 1.3, "finetune": 1.3} if args.family == "llama"
-               else {"decode": 1.2, "prefill": 1.0, "finetune": 1.0})  # issue 28's, 27's
+               else {"decode": 1.2, "prefill": 1.0, "finetune": 1.0})  # speed's; the checkpoints'
     for m, unit in (("decode", "tok/s"), ("prefill", "tok/s"), ("finetune", "tok/s")):
         a, b = med["numpy"][m], med["torch"][m]
         print(f"| {m} | {a:,.1f} {unit} | {b:,.1f} {unit} | {a / b:.2f} | >= {targets[m]} |")

@@ -17,8 +17,8 @@ select each step) that LLVM does not vectorise: `max_lanes` keeps 8 running maxi
 chains overlap) and returns exactly the row's max. A NaN is left to the caller's next pass
 (exp(NaN - m) is NaN).
 
-Reference: LLVM Language Reference, "Fast-Math Flags" (reassoc); Numba documentation,
-"Performance tips: fastmath".
+Reference: llvm/llvm-project llvm/docs/LangRef.rst ("Fast-Math Flags": reassoc);
+numba/numba docs/source/user/performance-tips.rst (fastmath).
 """
 import numpy as np
 from numba import njit

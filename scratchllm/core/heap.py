@@ -16,8 +16,9 @@ high-water mark instead of shrinking between steps (it does not raise the peak).
 CPU tuning guide gives the same advice for the same reason (swap in jemalloc or TCMalloc,
 which cache freed blocks).
 
-Reference: glibc malloc/malloc.c (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, M_ARENA_MAX);
-mallopt(3); PyTorch docs, "Performance Tuning Guide", CPU-specific optimizations.
+The parameters are mallopt(3)'s. Reference: bminor/glibc malloc/malloc.c (M_MMAP_THRESHOLD,
+M_TRIM_THRESHOLD, M_ARENA_MAX); pytorch/tutorials recipes_source/recipes/tuning_guide.py
+(CPU-specific optimizations).
 """
 import ctypes
 import ctypes.util
