@@ -15,7 +15,7 @@ random weights written once as safetensors by scratchllm.hub.save_pretrained:
               does, with the logits of every position (both sides), tokens/s
     finetune  one training step, B 4 x T 128: scratchllm's Run.train_step (2 data-parallel
               threads, AdamW, clipping) vs torch autograd + torch.optim.AdamW + clipping
-    peak RSS  ru_maxrss of each process (load + inference + fine-tune steps); for scratchllm
+    peak RSS  VmHWM of each process (load + inference + fine-tune steps); for scratchllm
               also right before and after load_pretrained, against the weights' bytes
 
 Each framework runs in its own subprocess with 2 threads; medians over the timed repeats.
@@ -98,8 +98,14 @@ def worker_numpy(directory):
 
 
 def _rss_mib():
-    """This process's peak RSS so far (ru_maxrss), MiB."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak RSS so far, MiB: /proc/self/status's VmHWM where there is one.
+    (ru_maxrss survives exec: a child started by the parent that built the checkpoint
+    reports the parent's 1.5 GB from its first line.)"""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def finetune_numpy(model, ids):
@@ -189,7 +195,7 @@ def child(workers, kind, directory):
     """In a child process: run workers[kind](directory) and print its result as JSON, with
     this process's peak RSS (MiB)."""
     result = workers[kind](directory)
-    result["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["rss_mib"] = _rss_mib()
     print(json.dumps(result))
 
 
