@@ -174,6 +174,10 @@ def lm_hub(rng):
         # RWKV-4: round-off in the WKV scan's exponentials reaches 1.4e-7 of embed.E's
         # gradient at h = 1e-5 (5e-7 at 1e-6); at 1e-4 every Param is below 3e-8.
         h = 1e-4 if f.ffn == "channel_mix" else h
+        # DeepSeek-V3.2 (the indexer's Params are left out above): round-off reaches 1.18e-7
+        # of layer 1's q_norm gradient at h = 1e-5, while at 2e-5, 3e-5 and 5e-5 every Param is
+        # below 3e-8 (the error falls as h grows: round-off, not a wrong gradient).
+        h = 3e-5 if any(".mixer.idx_" in n for n in params) else h
         reports.append(check(forward, backward, rng=fam_rng, max_full=0, n_directions=2, wrt=wrt,
                              label=family, fd_step=h, **_hub_ids(model, fam_rng), **params))
     return reports
