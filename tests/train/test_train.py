@@ -210,6 +210,27 @@ def test_data_parallel_equals_one_batch(batch):
         np.testing.assert_allclose(p.grad, g, rtol=1e-10, atol=1e-13)
 
 
+def test_data_parallel_sums_the_shards_gradients_in_replica_order():
+    """Three shards on three threads: the main grads are exactly g0 + g1 + g2 (in that order)
+    of the shards' gradients, each computed here by a model of its own."""
+    cfg = lm_tiny("dense")
+    rng = np.random.default_rng(5)
+    x, y = rng.integers(0, 23, (6, 7)), rng.integers(0, 23, (6, 7))
+    shard_grads = []
+    for xs, ys in zip(np.array_split(x, 3), np.array_split(y, 3)):
+        solo = LM(cfg, rng=np.random.default_rng(1), dtype=np.float64)
+        _, cache = solo.loss(xs, ys)
+        solo.loss_backward(len(xs) / 6, cache)
+        shard_grads.append([p.grad for p in solo.parameters()])
+    model = LM(cfg, rng=np.random.default_rng(1), dtype=np.float64)
+    dp = DataParallel(model, 3)
+    dp.loss_backward(x, y)
+    dp.close()
+    for i, p in enumerate(model.parameters()):
+        np.testing.assert_array_equal(
+            p.grad, shard_grads[0][i] + shard_grads[1][i] + shard_grads[2][i])
+
+
 def test_compare_prints_the_table(tmp_path, capsys):
     from scratchllm.cli import compare
     args = ["--presets", "dense,swa", "--steps", "2", "--batch-size", "2", "--seq-len", "16",
