@@ -76,3 +76,14 @@ def run_tasks(fn, n_tasks, workers):
         return [fn(i) for i in range(n_tasks)]
     with one_blas_thread(), ThreadPoolExecutor(min(workers, n_tasks)) as pool:
         return list(pool.map(fn, range(n_tasks)))
+
+
+def flat_spans(arrays, k, n):
+    """The k-th of n equal spans of each array's flat view, [a.reshape(-1)[lo:hi], ...] (views:
+    writes reach the arrays), so n threads can share an elementwise pass over them; None when
+    the arrays differ in shape or one is not C-contiguous (no flat view): take them whole."""
+    first = arrays[0]
+    if not all(a.flags.c_contiguous and a.shape == first.shape for a in arrays):
+        return None
+    lo, hi = first.size * k // n, first.size * (k + 1) // n
+    return [a.reshape(-1)[lo:hi] for a in arrays]

@@ -17,7 +17,7 @@ import os
 import numpy as np
 
 from scratchllm.core import fused
-from scratchllm.core.blas import run_tasks
+from scratchllm.core.blas import flat_spans, run_tasks
 from scratchllm.core.fused import AdamWStep
 from scratchllm.core.twins import use_fused
 from scratchllm.core.validate import expect_finite
@@ -82,14 +82,14 @@ class AdamW:
         def span(k):  # the k-th of n equal spans of every parameter
             for p, m, v, hp in todo:
                 arrays = (p.data, p.grad, m, v)
-                if not all(a.flags.c_contiguous and a.dtype == p.data.dtype and
-                           a.shape == p.data.shape for a in arrays):
+                same = all(a.dtype == p.data.dtype for a in arrays)
+                views = flat_spans(arrays, k, n) if same else None
+                if views is None:
                     if k == 0:  # whole: adamw_update's own error names the array
                         fused.adamw_update(*arrays, hp)
                     continue
-                lo, hi = p.data.size * k // n, p.data.size * (k + 1) // n
-                if hi > lo:  # flat views of the C-contiguous arrays, updated in place
-                    fused.adamw_update(*(a.reshape(-1)[lo:hi] for a in arrays), hp)
+                if views[0].size:  # flat views of the arrays, updated in place
+                    fused.adamw_update(*views, hp)
 
         run_tasks(span, n, n)
 

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from scratchllm.core.blas import blas_threads, set_blas_threads  # noqa: F401 (re-exported)
+from scratchllm.core.blas import flat_spans
 
 
 class DataParallel:
@@ -74,15 +75,15 @@ class DataParallel:
 
         def span(k):
             for i, p in enumerate(main):
-                if not all(g.flags.c_contiguous for g in [p.grad] + [q[i].grad for q in theirs]):
+                grads = [p.grad] + [q[i].grad for q in theirs]
+                views = flat_spans(grads, k, n)
+                if views is None:
                     if k == 0:
-                        for q in theirs:
-                            p.grad += q[i].grad
+                        for g in grads[1:]:
+                            p.grad += g
                     continue
-                flat = p.grad.reshape(-1)  # (numel,) a view
-                lo, hi = flat.size * k // n, flat.size * (k + 1) // n
-                for q in theirs:
-                    flat[lo:hi] += q[i].grad.reshape(-1)[lo:hi]
+                for g in views[1:]:
+                    views[0] += g
 
         list(self.map(span, range(n)))
 
