@@ -35,10 +35,10 @@ them. The larger the batch, the smaller that share (it does not grow with the to
 State per matrix: the momentum M (one array, where AdamW keeps two).
 """
 import math
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from scratchllm.core.blas import run_tasks
 from scratchllm.core.validate import expect_finite
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)  # (a, b, c) of phi(s) = a s + b s^3 + c s^5
@@ -83,7 +83,7 @@ class Muon:
         self.lr, self.momentum, self.nesterov, self.wd = lr, momentum, nesterov, weight_decay
         self.t = 0
         self.m = [np.zeros(p.data.shape, p.data.dtype) for p in self.params]
-        self.pool = ThreadPoolExecutor(threads) if threads > 1 else None
+        self.threads = threads
 
     def _update(self, i):
         """Momentum, then W -= lr (wd W + scale NS5(U)) for Param i."""
@@ -102,12 +102,9 @@ class Muon:
         expect_finite("Muon.step", "lr", self.lr, 0)
         self.t += 1
         todo = range(len(self.params)) if only is None else list(only)
-        if self.pool is None:
-            for i in todo:
-                self._update(i)
-        else:  # the largest first: the two workers finish together
-            order = sorted(todo, key=lambda i: -self.params[i].data.size)
-            list(self.pool.map(self._update, order))
+        # the largest first: the workers finish together
+        order = sorted(todo, key=lambda i: -self.params[i].data.size)
+        run_tasks(lambda j: self._update(order[j]), len(order), self.threads)
 
     def state_dict(self):
         """The momentum of every parameter, the step count and lr: all it needs to resume."""
