@@ -1,7 +1,7 @@
 """The linear-attention family, one recurrence S_t = (decay) S_{t-1} + (write) with three forms
 each (parallel, chunked, recurrent): gated linear attention, the engine (gla;
 its per-channel intra-chunk scores as a Numba kernel in gla_scores; its chunked form as Numba
-lane kernels, a prange over (batch, head), in gla_chunks; the delta rule's chunks run their
+lane kernels, spans of (batch, head) lanes on threads, in gla_chunks; the delta rule's chunks run their
 lane groups in threads, lanes); causal linear
 attention (linear); RetNet's scalar decay (retnet); the delta rule and gated DeltaNet (delta);
 RWKV-4's WKV (rwkv; its recurrent training pair, the stabilised scan and its adjoint, in

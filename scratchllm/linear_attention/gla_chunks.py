@@ -7,8 +7,17 @@ its arrays through memory, each allocation faults in fresh pages, and np.where, 
 sums keep the GIL or the allocator busy, so the threads mostly take turns (perf: page faults,
 PyArray_Where and memmove above the BLAS kernels). Here each lane walks its chunks in order
 with (C, C) and (C, Dk) scratch arrays that stay in cache, the products are BLAS calls on
-those tiles (np.dot), and no step holds the GIL: the lanes are a prange, so a second thread
-takes half of them. Lanes share nothing, so the bits do not depend on the thread count.
+those tiles (np.dot into preallocated tiles), and no step holds the GIL: each kernel is serial
+over a span of lanes and releases the GIL (nogil), and lanes.run_spans gives each thread a span,
+so a second thread takes half of them. Lanes share nothing, so the bits do not depend on the
+thread count.
+
+Compile cost: a parallel (prange) kernel compiled in ~20 s of CPU per dtype and direction on
+this machine (parfor lowering of the whole inlined body), the serial kernel in ~2-3 s; and
+`out[:] = array` between 2-D arrays costs seconds of compilation by itself, so the tiles are
+written by np.dot(a, b, out) and plain loops. After a prange kernel Numba's worker threads
+also keep spinning for a while and compete with the NumPy steps around it; Python threads
+blocked on a queue do not.
 
 Per lane and chunk c entering with the state S (Dk, Dv), b the in-chunk cumulative log gate:
     P = scores(q, k, b)                      (C, C), s ≤ t
@@ -28,18 +37,21 @@ import numpy as np
 
 from scratchllm.core.heap import keep_freed_memory
 from scratchllm.linear_attention.gla_scores import chunk_scores_, chunk_scores_backward_
+from scratchllm.linear_attention.lanes import run_spans
 
 
 @numba.njit(cache=True, nogil=True)
 def _decay_(b, E):  # pragma: no cover (compiled)
     """E (C, C) = exp(b_t − b_s) on and below the diagonal, 0 above, for b (C, 1)."""
     C = b.shape[0]
-    alpha = np.exp(b[1:, 0] - b[:-1, 0])  # (C − 1,): α_t = exp(g_t), t ≥ 1
+    alpha = np.empty(C, b.dtype)  # α_t = exp(g_t), t ≥ 1
+    for t in range(1, C):
+        alpha[t] = np.exp(b[t, 0] - b[t - 1, 0])
     for s in range(C):
         e = b.dtype.type(1)
         E[s, s] = e
         for t in range(s + 1, C):
-            e *= alpha[t - 1]
+            e *= alpha[t]
             E[t, s] = e
         for t in range(s):
             E[t, s] = 0
@@ -68,56 +80,75 @@ def _scores_(qc, kc, b, P, E):  # pragma: no cover (compiled)
         chunk_scores_(qc, kc, b, P)
     else:
         _decay_(b, E)
-        P[:] = np.dot(qc, kc.T) * E
+        np.dot(qc, kc.T, P)  # (C, C) = q k^T
+        for t in range(P.shape[0]):
+            for s in range(P.shape[1]):
+                P[t, s] *= E[t, s]
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
-def chunked_forward_kernel(q, k, v, b, o, states):  # pragma: no cover (compiled)
+@numba.njit(cache=True, nogil=True)
+def chunked_forward_kernel(q, k, v, b, o, states, lo, hi):  # pragma: no cover (compiled)
     """q, k (L, n, C, Dk); v (L, n, C, Dv); b (L, n, C, G) -> o (L, n, C, Dv) and
-    states (L, n, Dk, Dv), the state entering each chunk, written in place."""
-    L, n, C, Dk = q.shape
-    G = b.shape[3]
-    for lane in numba.prange(L):
-        S = np.zeros((Dk, v.shape[3]), q.dtype)  # (Dk, Dv)
-        P, E = np.empty((C, C), q.dtype), np.empty((C, C), q.dtype)
-        qd, kd = np.empty((C, Dk), q.dtype), np.empty((C, Dk), q.dtype)
-        eb, ebl = np.empty((C, G), q.dtype), np.empty((C, G), q.dtype)
+    states (L, n, Dk, Dv), the state entering each chunk, written in place for the lanes
+    lo .. hi − 1."""
+    n, C, Dk = q.shape[1:]
+    Dv, G = v.shape[3], b.shape[3]
+    S, X = np.empty((Dk, Dv), q.dtype), np.empty((Dk, Dv), q.dtype)  # (Dk, Dv)
+    P, E = np.empty((C, C), q.dtype), np.empty((C, C), q.dtype)
+    qd, kd = np.empty((C, Dk), q.dtype), np.empty((C, Dk), q.dtype)
+    eb, ebl = np.empty((C, G), q.dtype), np.empty((C, G), q.dtype)
+    Y = np.empty((C, Dv), q.dtype)  # (C, Dv)
+    for lane in range(lo, hi):
+        S[:] = 0
         for c in range(n):
-            qc, kc, vc, bc = q[lane, c], k[lane, c], v[lane, c], b[lane, c]
-            states[lane, c] = S
+            qc, kc, vc, bc, oc = q[lane, c], k[lane, c], v[lane, c], b[lane, c], o[lane, c]
+            Sc = states[lane, c]
+            for i in range(Dk):
+                for j in range(Dv):
+                    Sc[i, j] = S[i, j]
             _scores_(qc, kc, bc, P, E)
             _gate_factors_(bc, qc, kc, qd, kd, eb, ebl)
-            o[lane, c] = np.dot(P, vc) + np.dot(qd, S)  # intra + inter-chunk
-            X = np.dot(kd.T, vc)  # (Dk, Dv)
+            np.dot(P, vc, oc)  # intra-chunk
+            np.dot(qd, S, Y)  # inter-chunk
+            for t in range(C):
+                for j in range(Dv):
+                    oc[t, j] += Y[t, j]
+            np.dot(kd.T, vc, X)  # (Dk, Dv)
             for i in range(Dk):
-                S[i] = np.exp(bc[C - 1, i if G > 1 else 0]) * S[i] + X[i]
+                decay = np.exp(bc[C - 1, i if G > 1 else 0])
+                for j in range(Dv):
+                    S[i, j] = decay * S[i, j] + X[i, j]
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
-def chunked_backward_kernel(do, q, k, v, b, states, dq, dk, dv, dg):  # pragma: no cover
+@numba.njit(cache=True, nogil=True)
+def chunked_backward_kernel(do, q, k, v, b, states, dq, dk, dv, dg, lo, hi):  # pragma: no cover
     """do (L, n, C, Dv) and the forward's arrays -> dq, dk (L, n, C, Dk), dv (L, n, C, Dv),
-    dg (L, n, C, G) (the log gate per chunk step), written in place."""
-    L, n, C, Dk = q.shape
+    dg (L, n, C, G) (the log gate per chunk step), written in place for the lanes lo .. hi − 1."""
+    n, C, Dk = q.shape[1:]
     Dv, G = v.shape[3], b.shape[3]
-    for lane in numba.prange(L):
-        lam = np.zeros((Dk, Dv), q.dtype)  # dL/dS leaving the chunk
-        P, E = np.empty((C, C), q.dtype), np.empty((C, C), q.dtype)
-        qd, kd = np.empty((C, Dk), q.dtype), np.empty((C, Dk), q.dtype)
-        eb, ebl = np.empty((C, G), q.dtype), np.empty((C, G), q.dtype)
-        dqs, dks = np.empty((C, Dk), q.dtype), np.empty((C, Dk), q.dtype)
-        db, dbs = np.empty((C, G), q.dtype), np.empty((C, Dk), q.dtype)
-        dlast = np.empty(G, q.dtype)
+    dt = q.dtype
+    lam, dS_in = np.empty((Dk, Dv), dt), np.empty((Dk, Dv), dt)  # λ = dL/dS leaving the chunk
+    P, E, dP = np.empty((C, C), dt), np.empty((C, C), dt), np.empty((C, C), dt)
+    QK, Y = np.empty((C, C), dt), np.empty((C, Dv), dt)
+    qd, kd, dqd, dkd = (np.empty((C, Dk), dt), np.empty((C, Dk), dt), np.empty((C, Dk), dt),
+                        np.empty((C, Dk), dt))
+    dqs, dks, dbs = np.empty((C, Dk), dt), np.empty((C, Dk), dt), np.empty((C, Dk), dt)
+    eb, ebl, db = np.empty((C, G), dt), np.empty((C, G), dt), np.empty((C, G), dt)
+    dlast = np.empty(G, dt)
+    for lane in range(lo, hi):
+        lam[:] = 0
         for c in range(n - 1, -1, -1):
             qc, kc, vc, bc, S, doc = (q[lane, c], k[lane, c], v[lane, c], b[lane, c],
                                       states[lane, c], do[lane, c])
+            dvc = dv[lane, c]
             _scores_(qc, kc, bc, P, E)
             _gate_factors_(bc, qc, kc, qd, kd, eb, ebl)
             # fwd: o += qd S  ->  dqd = do S^T, dS_in = qd^T do
-            dqd = np.dot(doc, S.T)  # (C, Dk)
-            dS_in = np.dot(qd.T, doc)  # (Dk, Dv)
+            np.dot(doc, S.T, dqd)  # (C, Dk)
+            np.dot(qd.T, doc, dS_in)  # (Dk, Dv)
             # fwd: S_out = diag(exp b_C) S + kd^T v  ->  dkd = v λ^T, dv = kd λ, d(b_C)
-            dkd = np.dot(vc, lam.T)  # (C, Dk)
-            dvc = np.dot(kd, lam)  # (C, Dv)
+            np.dot(vc, lam.T, dkd)  # (C, Dk)
+            np.dot(kd, lam, dvc)  # (C, Dv)
             dlast[:] = 0
             for i in range(Dk):
                 g = i if G > 1 else 0
@@ -133,8 +164,11 @@ def chunked_backward_kernel(do, q, k, v, b, states, dq, dk, dv, dg):  # pragma: 
                     db[t, g] += dqd[t, i] * qd[t, i] - wk  # fwd: qd = q exp(b)
                     dlast[g] += wk
             # fwd: o = P v  ->  dP = do v^T (read s ≤ t), dv += P^T do
-            dP = np.dot(doc, vc.T)  # (C, C)
-            dvc += np.dot(P.T, doc)
+            np.dot(doc, vc.T, dP)  # (C, C)
+            np.dot(P.T, doc, Y)  # (C, Dv)
+            for t in range(C):
+                for j in range(Dv):
+                    dvc[t, j] += Y[t, j]
             if G > 1:
                 dqs[:] = 0
                 dks[:] = 0
@@ -145,20 +179,21 @@ def chunked_backward_kernel(do, q, k, v, b, states, dq, dk, dv, dg):  # pragma: 
                         db[t, i] += dbs[t, i]
             else:
                 # fwd: P = (q k^T) ⊙ E  ->  dqk = dP ⊙ E; d(b_t − b_s) = dqk ⊙ q k^T
-                dqk = dP * E  # (C, C), 0 above the diagonal
-                W = dqk * np.dot(qc, kc.T)  # (C, C)
+                np.dot(qc, kc.T, QK)  # (C, C)
                 for t in range(C):
+                    for s in range(C):
+                        dP[t, s] *= E[t, s]  # dqk, 0 above the diagonal
                     for s in range(t + 1):
-                        db[t, 0] += W[t, s]
-                        db[s, 0] -= W[t, s]
-                dqs[:] = np.dot(dqk, kc)
-                dks[:] = np.dot(dqk.T, qc)
+                        w = dP[t, s] * QK[t, s]
+                        db[t, 0] += w
+                        db[s, 0] -= w
+                np.dot(dP, kc, dqs)
+                np.dot(dP.T, qc, dks)
             for t in range(C):
                 for i in range(Dk):
                     g = i if G > 1 else 0
                     dq[lane, c, t, i] = dqs[t, i] + dqd[t, i] * eb[t, g]
                     dk[lane, c, t, i] = dks[t, i] + dkd[t, i] * ebl[t, g]
-            dv[lane, c] = dvc
             for g in range(G):
                 db[C - 1, g] += dlast[g]  # fwd: b_C = b[-1]
                 acc = q.dtype.type(0)  # fwd: b = cumsum(g)  ->  dg = reverse cumsum of db
@@ -192,8 +227,9 @@ def chunked_kernel(qc, kc, vc, b):
     dtype, work = _dtypes(qc, kc, vc, b)
     o = np.empty((B, H, n, C, Dv), work)  # (B, H, n, C, Dv)
     states = np.empty((B, H, n, Dk, Dv), work)  # (B, H, n, Dk, Dv)
-    chunked_forward_kernel(*(_lanes(a, work) for a in (qc, kc, vc, b)),
-                           o.reshape((-1, n, C, Dv)), states.reshape((-1, n, Dk, Dv)))
+    args = (*(_lanes(a, work) for a in (qc, kc, vc, b)), o.reshape((-1, n, C, Dv)),
+            states.reshape((-1, n, Dk, Dv)))
+    run_spans(lambda lo, hi: chunked_forward_kernel(*args, lo, hi), B * H, o.size)
     return o.astype(dtype, copy=False), states.astype(dtype, copy=False)
 
 
@@ -204,6 +240,7 @@ def chunked_backward_kernel_call(doc, qc, kc, vc, b, states):
     dq, dk = np.empty(qc.shape, work), np.empty(qc.shape, work)  # (B, H, n, C, Dk)
     dv, dg = np.empty(vc.shape, work), np.empty(b.shape, work)  # (.., Dv), (.., G)
     L = qc.shape[0] * qc.shape[1]
-    chunked_backward_kernel(*(_lanes(a, work) for a in (doc, qc, kc, vc, b, states)),
-                            *(a.reshape((L,) + a.shape[2:]) for a in (dq, dk, dv, dg)))
+    args = (*(_lanes(a, work) for a in (doc, qc, kc, vc, b, states)),
+            *(a.reshape((L,) + a.shape[2:]) for a in (dq, dk, dv, dg)))
+    run_spans(lambda lo, hi: chunked_backward_kernel(*args, lo, hi), L, dq.size)
     return tuple(a.astype(dtype, copy=False) for a in (dq, dk, dv, dg))

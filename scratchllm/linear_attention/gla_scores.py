@@ -18,6 +18,7 @@ import numba
 import numpy as np
 
 from scratchllm.core.validate import common_float, expect_dout, expect_float, expect_shape
+from scratchllm.linear_attention.lanes import run_spans
 
 
 class ScoresCache(NamedTuple):
@@ -64,16 +65,27 @@ def gla_scores_backward_ref(dP, cache):
 
 # ---------------------------------------------------------------------------- Numba twins
 @numba.njit(cache=True, nogil=True)
+def _alphas_(b, alpha):  # pragma: no cover (compiled)
+    """alpha (C, Dk): α_t = exp(b_t − b_{t−1}) = exp(g_t) for t ≥ 1 (row 0 unused)."""
+    for t in range(1, b.shape[0]):
+        for i in range(b.shape[1]):
+            alpha[t, i] = np.exp(b[t, i] - b[t - 1, i])
+
+
+@numba.njit(cache=True, nogil=True)
 def chunk_scores_(q, k, b, P):  # pragma: no cover (compiled)
     """One chunk: q, k, b (C, Dk) -> P (C, C) written on and below the diagonal (also used by
     gla_chunks.py's lane kernels)."""
     C, Dk = q.shape
-    alpha = np.exp(b[1:] - b[:-1])  # (C − 1, Dk): α_t = exp(g_t), t ≥ 1
+    alpha, e = np.empty((C, Dk), q.dtype), np.empty(Dk, q.dtype)  # (C, Dk), (Dk,)
+    _alphas_(b, alpha)
     for s in range(C):
-        e = k[s].copy()  # k_s ⊙ E_ss (E_ss = 1)
+        for i in range(Dk):
+            e[i] = k[s, i]  # k_s ⊙ E_ss (E_ss = 1)
         for t in range(s, C):
             if t > s:
-                e *= alpha[t - 1]
+                for i in range(Dk):
+                    e[i] *= alpha[t, i]  # k_s ⊙ E_ts
             acc = q.dtype.type(0)
             for i in range(Dk):
                 acc += q[t, i] * e[i]
@@ -85,13 +97,15 @@ def chunk_scores_backward_(dP, q, k, b, dq, dk, db):  # pragma: no cover (compil
     """One chunk: adds the scores' (dq, dk, db) (C, Dk) for dP (C, C) (read on and below the
     diagonal) into dq, dk, db."""
     C, Dk = q.shape
-    alpha = np.exp(b[1:] - b[:-1])  # (C − 1, Dk)
-    e = np.empty(Dk, q.dtype)
+    alpha, e = np.empty((C, Dk), q.dtype), np.empty(Dk, q.dtype)  # (C, Dk), (Dk,)
+    _alphas_(b, alpha)
     for s in range(C):
-        e[:] = 1  # E_ts for this s, walking t forward
+        for i in range(Dk):
+            e[i] = 1  # E_ts for this s, walking t forward
         for t in range(s, C):
             if t > s:
-                e *= alpha[t - 1]
+                for i in range(Dk):
+                    e[i] *= alpha[t, i]
             d = dP[t, s]
             for i in range(Dk):
                 de = d * e[i]
@@ -102,15 +116,16 @@ def chunk_scores_backward_(dP, q, k, b, dq, dk, db):  # pragma: no cover (compil
                 db[s, i] -= w
 
 
-@numba.njit(parallel=True, cache=True)
-def _forward_kernel(q, k, b, P):  # pragma: no cover (compiled)
-    for m in numba.prange(q.shape[0]):
+@numba.njit(cache=True, nogil=True)
+def _forward_kernel(q, k, b, P, lo, hi):  # pragma: no cover (compiled)
+    """The chunks lo .. hi − 1 (a span per thread: lanes.run_spans)."""
+    for m in range(lo, hi):
         chunk_scores_(q[m], k[m], b[m], P[m])
 
 
-@numba.njit(parallel=True, cache=True)
-def _backward_kernel(dP, q, k, b, dq, dk, db):  # pragma: no cover (compiled)
-    for m in numba.prange(q.shape[0]):
+@numba.njit(cache=True, nogil=True)
+def _backward_kernel(dP, q, k, b, dq, dk, db, lo, hi):  # pragma: no cover (compiled)
+    for m in range(lo, hi):
         chunk_scores_backward_(dP[m], q[m], k[m], b[m], dq[m], dk[m], db[m])
 
 
@@ -124,7 +139,8 @@ def gla_scores_forward(q, k, b):
     q, k, b = common_float(q, k, b)
     _check("gla_scores", q, k, b)
     P = np.zeros(q.shape[:-1] + q.shape[-2:-1], q.dtype)  # (..., C, C), 0 above the diagonal
-    _forward_kernel(_flat(q), _flat(k), _flat(b), P.reshape((-1,) + P.shape[-2:]))
+    args = (_flat(q), _flat(k), _flat(b), P.reshape((-1,) + P.shape[-2:]))
+    run_spans(lambda lo, hi: _forward_kernel(*args, lo, hi), len(args[0]), P.size)
     return P, ScoresCache(q, k, b, None)
 
 
@@ -134,6 +150,7 @@ def gla_scores_backward(dP, cache):
     q, k, b, _ = cache
     expect_dout("gla_scores_backward", dP, q.shape[:-1] + q.shape[-2:-1], q.dtype, "dP")
     grads = [np.zeros(q.shape, q.dtype) for _ in range(3)]  # dq, dk, db (..., C, Dk)
-    _backward_kernel(_flat(dP), _flat(q), _flat(k), _flat(b),
-                     *(g.reshape((-1,) + q.shape[-2:]) for g in grads))
+    args = (_flat(dP), _flat(q), _flat(k), _flat(b),
+            *(g.reshape((-1,) + q.shape[-2:]) for g in grads))
+    run_spans(lambda lo, hi: _backward_kernel(*args, lo, hi), len(args[0]), dP.size)
     return dict(zip("qkb", grads))

@@ -1,7 +1,8 @@
 """Independent (batch, head) lanes run in threads: how the delta rule's chunked form (and the
-elementwise steps of linear attention and SSD) use a second core. (GLA's chunked form, and
-through it linear attention, RetNet and SSD, runs its lanes in gla_chunks.py's Numba prange:
-many NumPy steps per group shared the cores badly, see there.)
+elementwise steps of linear attention and SSD) use a second core; and run_spans, which hands
+spans of lanes to a serial Numba kernel that releases the GIL (GLA's chunked form, and through
+it linear attention, RetNet and SSD: gla_chunks.py; many NumPy steps per group shared the cores
+badly, see there).
 
 Every chunked form of the family computes each (batch, head) lane on its own: no sum runs across lanes. So the lanes
 are cut into groups (along the batch when it has enough rows, else along the heads), each group
@@ -34,6 +35,7 @@ import numba
 import numpy as np
 from numba.np.ufunc.parallel import _launch_threads
 
+from scratchllm.core.blas import one_blas_thread
 from scratchllm.core.heap import keep_freed_memory
 
 _POOL = {}
@@ -101,6 +103,30 @@ def map_lanes(fn, B, H, work):
             out[groups[i]] = parts[i][k]
     list(pool.map(put, range(len(groups))))
     return tuple(full)
+
+
+def spans(L, n):
+    """[(lo, hi)]: range(L) cut into min(n, L) spans of nearly equal length (at least one)."""
+    n = max(1, min(n, L))
+    cuts = [L * i // n for i in range(n + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def run_spans(kernel, L, work):
+    """kernel(lo, hi) for spans of the L lanes, one span per thread (one call kernel(0, L)
+    when work, the elements of the output, is under MIN_WORK): for a serial Numba kernel
+    compiled with nogil=True, whose lanes write disjoint rows (so the bits do not depend on
+    the thread count). The calling thread runs the last span; OpenBLAS stays at one thread
+    meanwhile (the lanes are the parallelism)."""
+    parts = spans(L, _threads() if work >= MIN_WORK else 1)
+    if len(parts) == 1:
+        kernel(0, L)
+        return
+    with one_blas_thread():
+        pending = [_pool(len(parts) - 1).submit(kernel, lo, hi) for lo, hi in parts[:-1]]
+        kernel(*parts[-1])
+        for job in pending:
+            job.result()
 
 
 def lanes_of(cache, idx, fields):

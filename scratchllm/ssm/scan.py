@@ -22,11 +22,15 @@ G channel groups of the backward.
 """
 from typing import NamedTuple
 
+import numba
 import numpy as np
 
+from scratchllm.core.blas import run_tasks
 from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_ndim,
                                       expect_shape)
 from scratchllm.ssm.scan_kernels import GROUPS, W, backward_blocks, forward_blocks
+
+MIN_WORK = 1 << 16  # elements of output below which one thread is faster than handing off
 
 
 class ScanCache(NamedTuple):
@@ -148,6 +152,16 @@ def _unpad(a, d):
     return a if a.shape[-1] == d else np.ascontiguousarray(a[..., :d])
 
 
+def _in_spans(kernel, tasks, work):
+    """kernel(lo, hi) over `tasks` cut into one span per Numba thread (one span below MIN_WORK
+    elements of output): the kernels are serial and release the GIL, so Python threads run
+    the spans side by side (a parallel Numba loop costs far more to compile, and its workers
+    keep spinning after it returns); each task writes its own rows, so the bits do not depend
+    on the thread count."""
+    n = min(tasks, numba.get_num_threads() if work >= MIN_WORK else 1)
+    run_tasks(lambda i: kernel(tasks * i // n, tasks * (i + 1) // n), n, n)
+
+
 def selective_scan_forward(x, delta, A, B, C, D):
     """Selective scan, Numba-parallel over (batch, block of W channels) tasks.
 
@@ -160,8 +174,9 @@ def selective_scan_forward(x, delta, A, B, C, D):
     d = x.shape[-1]
     dp = -(-d // W) * W
     y = np.empty(x.shape[:2] + (dp,), x.dtype)  # (B, T, dp)
-    forward_blocks(_pad(cache.x, 2, dp), _pad(cache.delta, 2, dp), _pad(cache.A.T, 1, dp).copy(),
-                    cache.B, cache.C, _pad(cache.D, 0, dp), y)
+    args = (_pad(cache.x, 2, dp), _pad(cache.delta, 2, dp), _pad(cache.A.T, 1, dp).copy(),
+            cache.B, cache.C, _pad(cache.D, 0, dp), y)
+    _in_spans(lambda lo, hi: forward_blocks(*args, lo, hi), x.shape[0] * (dp // W), y.size)
     return _unpad(y, d), cache
 
 
@@ -183,8 +198,9 @@ def selective_scan_backward(dy, cache):
     dBC_g = np.empty((batch, G, T, N, 2), x.dtype)  # (B, G, T, N, 2)
     dD_b = np.zeros((batch, dp), x.dtype)  # (B, dp)
     dyp = _pad(np.ascontiguousarray(dy, dtype=x.dtype), 2, dp)  # (B, T, dp)
-    backward_blocks(dyp, _pad(x, 2, dp), _pad(delta, 2, dp), _pad(A.T, 1, dp).copy(), B, C,
-                     _pad(D, 0, dp), G, dx, ddelta, dAT_b, dBC_g, dD_b)
+    args = (dyp, _pad(x, 2, dp), _pad(delta, 2, dp), _pad(A.T, 1, dp).copy(), B, C,
+            _pad(D, 0, dp), G, dx, ddelta, dAT_b, dBC_g, dD_b)
+    _in_spans(lambda lo, hi: backward_blocks(*args, lo, hi), batch * G, dx.size)
     dBC = _fixed_sum(dBC_g, 1)  # (B, T, N, 2)
     return {"x": _unpad(dx, d), "delta": _unpad(ddelta, d),
             "A": _fixed_sum(dAT_b)[:, :d].T.copy(), "B": dBC[..., 0].copy(),

@@ -11,8 +11,10 @@ into task-local buffers (the cache holds only the inputs; the exp is paid once p
 runs the adjoint scan, and sums its channels' dB, dC shares (float64: lanes added block after
 block, then folded pairwise over W: _sum_lanes; float32: folded over each block's W lanes at
 every t, then added block after block); those per-task partials and the per-b dA, dD are
-then summed in a fixed order outside prange. Groups depend on d only, so the bits are the
-same for any thread count. The float32 adjoint is written on explicit 16-lane vectors
+then summed in a fixed order outside the kernel. Groups depend on d only, so the bits are the
+same for any thread count. The kernels are serial over a span of tasks and release the GIL;
+scan.py gives each thread a span (a prange kernel cost more to compile, and its workers kept
+spinning after it returned). The float32 adjoint is written on explicit 16-lane vectors
 (Lanes16, vexp.py): Numba disables LLVM's SLP vectoriser, which left those loops scalar.
 Memory: O(B·T·(d + N·G)) plus O(threads·T·N·W), G = min(d/W, 2) groups.
 
@@ -21,7 +23,7 @@ d_inner), dp = d padded to a multiple of W, N state size, W channels per task bl
 G channel groups of the backward.
 """
 import numpy as np
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import overload
 
 from scratchllm.ssm.vexp import exp16, exp_lanes, fold16, load16, splat16, store16
@@ -35,12 +37,13 @@ GROUPS = 2  # block groups per batch row in the backward: fixes the reduction or
 # constant trip count and no reduction, so LLVM turns them into SIMD code (exp_lanes: vexp.py).
 # float32 kernels are written on explicit 16-lane vectors instead (vexp.Lanes16, exp16): the
 # same operations per lane, the same bits, without per-(t, n) loop entries and views.
-@njit(parallel=True, cache=True, fastmath=False)
-def forward_blocks(x, delta, AT, B, C, D, y):
-    """y for every task (b, block of W channels) in parallel; h (N, W) is task-local."""
-    batch, T, dp = x.shape
+@njit(cache=True, nogil=True, fastmath=False)
+def forward_blocks(x, delta, AT, B, C, D, y, lo, hi):
+    """y for the tasks lo .. hi − 1 of batch · dp / W (b, block of W channels); h (N, W) is
+    task-local. A span of tasks per thread (linear_attention/lanes.run_spans)."""
+    dp = x.shape[2]
     nblk = dp // W
-    for task in prange(batch * nblk):
+    for task in range(lo, hi):
         _forward_task(x, delta, AT, B, C, D, y, task // nblk, task % nblk * W)
 
 
@@ -268,14 +271,15 @@ def _sum_lanes(P, out):
                 out[t, n, k] = (p[0] + p[2]) + (p[1] + p[3])
 
 
-@njit(parallel=True, cache=True, fastmath=False)
-def backward_blocks(dy, x, delta, AT, B, C, D, G, dx, ddelta, dAT_b, dBC_g, dD_b):
+@njit(cache=True, nogil=True, fastmath=False)
+def backward_blocks(dy, x, delta, AT, B, C, D, G, dx, ddelta, dAT_b, dBC_g, dD_b, lo, hi):
     """Adjoint scan per task (b, group g of blocks): each block's states and Ā are recomputed
     into task buffers, then scanned in reverse (_backward_task). Writes dx, ddelta (B, T, dp),
-    dAT_b (B, N, dp), dD_b (B, dp) and dBC_g (B, G, T, N, 2) = the task's (dB, dC)."""
-    batch, T, dp = x.shape
+    dAT_b (B, N, dp), dD_b (B, dp) and dBC_g (B, G, T, N, 2) = the task's (dB, dC); for the
+    tasks lo .. hi − 1 of batch · G."""
+    dp = x.shape[2]
     nblk = dp // W
-    for task in prange(batch * G):
+    for task in range(lo, hi):
         b, g = task // G, task % G
         _backward_task(dy, x, delta, AT, B, C, D, b, g * nblk // G * W, (g + 1) * nblk // G * W,
                        dx, ddelta, dAT_b, dBC_g[b, g], dD_b)

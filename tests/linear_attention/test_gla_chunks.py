@@ -1,12 +1,11 @@
 """GLA's chunked form as Numba lane kernels (linear_attention/gla_chunks.py) against its
 readable NumPy twin (gla._chunked, gla._chunked_backward): every gate layout (none, one per
 head, one per channel), ragged T, one chunk longer than T; float64 to round-off, float32 with
-strong gates finite and close to float64; and the same bits on 1 or 2 Numba threads."""
-import numba
+strong gates finite and close to float64; and the same bits on 1, 2 or 3 threads."""
 import numpy as np
 import pytest
 
-from scratchllm.linear_attention import gla
+from scratchllm.linear_attention import gla, lanes
 
 
 def rel(a, b):
@@ -53,16 +52,28 @@ def test_float32_strong_gates_stay_finite(gate):
         assert got.dtype == f and np.all(np.isfinite(got)) and rel(got, want) < 1e-3
 
 
-def test_the_same_bits_on_one_or_two_threads():
+def test_the_same_bits_on_one_or_two_threads(monkeypatch):
     rng = np.random.default_rng(3)
     q, k, v, g = (a.astype(np.float32) for a in _inputs(rng, "channel", B=3, H=2, T=33))
     do = rng.standard_normal((3, 2, 33, 7)).astype(np.float32)
+    monkeypatch.setattr(lanes, "MIN_WORK", 0)  # small inputs too: spans on threads
+    real, cut = lanes.spans, []
+    monkeypatch.setattr(lanes, "spans", lambda L, n: cut.append(n) or real(L, n))
     runs = []
-    for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
-        numba.set_num_threads(threads)
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(lanes, "_threads", lambda n=threads: n)
         o, parts = gla._chunked_fast(q, k, v, g, 8)
         runs.append((o,) + gla._chunked_backward_fast(do, gla.GLACache("chunked", *parts, 33,
                                                                         "channel")))
-    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
-    for a, b in zip(*runs):
-        np.testing.assert_array_equal(a, b)
+    assert cut == [1, 1, 2, 2, 3, 3]  # forward and backward, each thread count
+    for run in runs[1:]:
+        for a, b in zip(run, runs[0]):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_spans_cover_every_lane_once():
+    for L, n in ((6, 1), (6, 2), (7, 3), (2, 5), (1, 2)):
+        cut = lanes.spans(L, n)
+        assert len(cut) == min(n, L) and cut[0][0] == 0 and cut[-1][1] == L
+        assert all(hi == lo for (_, hi), (lo, _) in zip(cut[:-1], cut[1:]))
+        assert all(hi > lo for lo, hi in cut)
