@@ -40,6 +40,7 @@ import numpy as np
 
 from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_ndim,
                                       expect_shape)
+from scratchllm.linear_attention.lanes import run_spans
 
 NEG = -1e38
 BLOCK = 32  # channels per Numba task
@@ -111,12 +112,13 @@ def rwkv4_wkv_scan_backward_ref(dy, cache):
 
 
 # ---------------------------------------------------------------------------- Numba twins
-@numba.njit(parallel=True, cache=True)
-def _forward_kernel(w, u, k, v, y, a, b, p):  # pragma: no cover (compiled)
-    """The scan of rwkv4_wkv_scan_forward_ref; one task per (batch row, block of channels)."""
-    batch, T, D = k.shape
+@numba.njit(cache=True, nogil=True)
+def _forward_kernel(w, u, k, v, y, a, b, p, lo, hi):  # pragma: no cover (compiled)
+    """The scan of rwkv4_wkv_scan_forward_ref; one task per (batch row, block of channels),
+    the tasks lo .. hi − 1 (a span per thread: lanes.run_spans)."""
+    T, D = k.shape[1:]
     blocks = (D + BLOCK - 1) // BLOCK
-    for task in numba.prange(batch * blocks):
+    for task in range(lo, hi):
         bi, c0 = task // blocks, (task % blocks) * BLOCK
         c1 = min(c0 + BLOCK, D)
         at, bt, pt = np.zeros(c1 - c0), np.zeros(c1 - c0), np.full(c1 - c0, NEG)
@@ -133,12 +135,13 @@ def _forward_kernel(w, u, k, v, y, a, b, p):  # pragma: no cover (compiled)
                 at[j], bt[j], pt[j] = e1 * at[j] + e2 * vv, e1 * bt[j] + e2, q
 
 
-@numba.njit(parallel=True, cache=True)
-def _backward_kernel(w, u, k, v, y, a, b, p, dy, dk, dv, dw, du):  # pragma: no cover
-    """The adjoint of rwkv4_wkv_scan_backward_ref; dw, du (B, D) summed over B by the caller."""
-    batch, T, D = k.shape
+@numba.njit(cache=True, nogil=True)
+def _backward_kernel(w, u, k, v, y, a, b, p, dy, dk, dv, dw, du, lo, hi):  # pragma: no cover
+    """The adjoint of rwkv4_wkv_scan_backward_ref for the tasks lo .. hi − 1; dw, du (B, D)
+    summed over B by the caller."""
+    T, D = k.shape[1:]
     blocks = (D + BLOCK - 1) // BLOCK
-    for task in numba.prange(batch * blocks):
+    for task in range(lo, hi):
         bi, c0 = task // blocks, (task % blocks) * BLOCK
         for c in range(c0, min(c0 + BLOCK, D)):
             l, m, s, gw, gu = 0.0, 0.0, NEG, 0.0, 0.0
@@ -158,6 +161,11 @@ def _backward_kernel(w, u, k, v, y, a, b, p, dy, dk, dv, dw, du):  # pragma: no 
             dw[bi, c], du[bi, c] = gw, gu
 
 
+def _tasks(k):
+    """The kernels' task count for k (B, T, D): batch rows × blocks of BLOCK channels."""
+    return k.shape[0] * -(-k.shape[2] // BLOCK)
+
+
 def _contiguous(*arrays):
     return [np.ascontiguousarray(x) for x in arrays]
 
@@ -168,7 +176,7 @@ def rwkv4_wkv_scan_forward(w, u, k, v):
     check_wkv("rwkv4_wkv_scan", w, u, k, v)
     w, u, k, v = _contiguous(w, u, k, v)
     y, a, b, p = (np.empty_like(k) for _ in range(4))  # (B, T, D) each
-    _forward_kernel(w, u, k, v, y, a, b, p)
+    run_spans(lambda lo, hi: _forward_kernel(w, u, k, v, y, a, b, p, lo, hi), _tasks(k), y.size)
     return y, WKVScanCache(w, u, k, v, y, a, b, p)
 
 
@@ -178,5 +186,6 @@ def rwkv4_wkv_scan_backward(dy, cache):
     expect_dout("rwkv4_wkv_scan_backward", dy, cache.y.shape, cache.y.dtype, "dy")
     dk, dv = np.empty_like(cache.k), np.empty_like(cache.v)  # (B, T, D)
     dw, du = (np.empty_like(cache.k[:, 0]) for _ in range(2))  # (B, D)
-    _backward_kernel(*cache, np.ascontiguousarray(dy), dk, dv, dw, du)
+    args = (*cache, np.ascontiguousarray(dy), dk, dv, dw, du)
+    run_spans(lambda lo, hi: _backward_kernel(*args, lo, hi), _tasks(dk), dk.size)
     return {"w": dw.sum(0), "u": du.sum(0), "k": dk, "v": dv}

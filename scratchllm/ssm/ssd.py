@@ -26,7 +26,7 @@ from scratchllm.core.validate import (common_float, expect_dout, expect_float, e
                                       expect_shape)
 from scratchllm.linear_attention.gla import (GLACache, gla_attention_step, gla_backward_parts,
                                              gla_forward_parts, gla_out)
-from scratchllm.linear_attention.lanes import map_lanes
+from scratchllm.linear_attention.lanes import map_lanes, run_spans
 
 
 class SSDCache(NamedTuple):
@@ -158,12 +158,13 @@ def ssd_recurrent_ref(x, dt, A, B, C, D):
     return y, final
 
 
-@numba.njit(parallel=True, cache=True)
-def _scan_kernel(x, dt, A, B, C, D, group, y, final):  # pragma: no cover (compiled)
-    """The scan of ssd_recurrent_ref, one (batch, head) lane per task, in parallel."""
-    batch, T, H, Dh = x.shape
+@numba.njit(cache=True, nogil=True)
+def _scan_kernel(x, dt, A, B, C, D, group, y, final, lo, hi):  # pragma: no cover (compiled)
+    """The scan of ssd_recurrent_ref, one (batch, head) lane per task, the tasks lo .. hi − 1
+    (a span per thread: lanes.run_spans)."""
+    T, H, Dh = x.shape[1:]
     N = B.shape[3]
-    for task in numba.prange(batch * H):
+    for task in range(lo, hi):
         b, h = task // H, task % H
         g = h // group
         S = np.zeros((N, Dh), x.dtype)  # (N, Dh)
@@ -177,7 +178,9 @@ def _scan_kernel(x, dt, A, B, C, D, group, y, final):  # pragma: no cover (compi
                 for n in range(1, N):
                     acc += S[n, p] * C[b, t, g, n]
                 y[b, t, h, p] = acc + D[h] * x[b, t, h, p]
-        final[b, h] = S
+        for n in range(N):
+            for p in range(Dh):
+                final[b, h, n, p] = S[n, p]
 
 
 def ssd_recurrent(x, dt, A, B, C, D):
@@ -188,5 +191,5 @@ def ssd_recurrent(x, dt, A, B, C, D):
     arrays = [np.ascontiguousarray(a) for a in (x, dt, A, B, C, D)]
     y = np.empty(x.shape, x.dtype)  # (B, T, H, Dh)
     final = np.empty((batch, H, B.shape[-1], Dh), x.dtype)  # (B, H, N, Dh)
-    _scan_kernel(*arrays, group, y, final)
+    run_spans(lambda lo, hi: _scan_kernel(*arrays, group, y, final, lo, hi), batch * H, y.size)
     return y, final

@@ -1,8 +1,8 @@
 """The chunked forms on (batch, head) lanes in threads: lane groups (linear_attention/lanes.py:
 the delta rule, and the elementwise steps of linear attention and SSD) and the GLA kernels'
-prange over lanes (gla_chunks.py). The groups cover every lane once, and each mixer's forward
-and backward are bit for bit the same with 1, 2 (cut along the batch) and 3 (cut along the
-heads) groups, and with 1 or 2 Numba threads."""
+spans of lanes (lanes.run_spans: gla_chunks.py, RWKV-4's scan, SSD's recurrent kernel). The
+groups cover every lane once, and each mixer's forward and backward are bit for bit the same
+with 1, 2 (cut along the batch) and 3 (cut along the heads) groups or spans."""
 import numba
 import numpy as np
 import pytest
@@ -13,7 +13,8 @@ from scratchllm.linear_attention import (delta_rule_backward, delta_rule_forward
                                          linear_attention_backward, linear_attention_forward,
                                          retnet_attention_backward, retnet_attention_forward,
                                          retnet_gammas)
-from scratchllm.linear_attention import lanes
+from scratchllm.linear_attention import (lanes, rwkv4_wkv_scan_backward,
+                                         rwkv4_wkv_scan_forward)
 
 
 @pytest.mark.parametrize("B,H,n,groups", [(4, 4, 2, 2), (1, 4, 2, 2), (2, 3, 3, 3),
@@ -66,7 +67,7 @@ def test_lane_groups_give_the_same_bits(name, monkeypatch):
             dout = np.random.default_rng(1).standard_normal(out.shape).astype(out.dtype)
         runs.append((out, bwd(dout, cache)))
     numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
-    if name in ("linear", "delta", "ssd"):      # lane groups (the others: gla_chunks' prange)
+    if name in ("linear", "delta", "ssd"):      # lane groups (all: gla_chunks' spans)
         assert calls[1] == 0 and calls[2] >= 2 * 2 and calls[3] >= 2 * 3  # forward, backward
     (out1, g1) = runs[0]
     for out, g in runs[1:]:
@@ -74,3 +75,25 @@ def test_lane_groups_give_the_same_bits(name, monkeypatch):
         assert g.keys() == g1.keys()
         for key in g1:
             np.testing.assert_array_equal(g[key], g1[key], err_msg=key)
+
+
+def test_span_kernels_give_the_same_bits(monkeypatch):
+    """RWKV-4's scan pair and SSD's recurrent kernel on 1, 2 and 3 spans (lanes.run_spans)."""
+    rng = np.random.default_rng(5)
+    f = np.float32
+    w, u = rng.uniform(0.1, 2, 70).astype(f), rng.standard_normal(70).astype(f)
+    k, v, dy = (rng.standard_normal((3, 9, 70)).astype(f) for _ in range(3))
+    ssd_in = _mixers(rng)["ssd"][2]
+    monkeypatch.setattr(lanes, "MIN_WORK", 0)
+    real, cut = lanes.spans, []
+    monkeypatch.setattr(lanes, "spans", lambda L, n: cut.append(n) or real(L, n))
+    runs = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(lanes, "_threads", lambda n=threads: n)
+        y, cache = rwkv4_wkv_scan_forward(w, u, k, v)
+        runs.append([y, *rwkv4_wkv_scan_backward(dy, cache).values(),
+                     *ssm.ssd_recurrent(**ssd_in)])
+    assert cut == [1] * 3 + [2] * 3 + [3] * 3  # rwkv forward, backward, ssd per count
+    for run in runs[1:]:
+        for a, b in zip(run, runs[0]):
+            np.testing.assert_array_equal(a, b)

@@ -3,6 +3,7 @@ import numba
 import numpy as np
 import pytest
 
+import scratchllm.ssm.scan as scan_module
 from grads.check import check
 from scratchllm.ssm import (selective_scan_backward, selective_scan_forward,
                              selective_scan_forward_ref, selective_scan_backward_ref)
@@ -70,7 +71,11 @@ def _run(a, dy):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_same_bits_for_one_and_two_threads_and_over_runs(dtype):
+def test_same_bits_for_one_and_two_threads_and_over_runs(dtype, monkeypatch):
+    monkeypatch.setattr(scan_module, "MIN_WORK", 0)  # this small input on threads too
+    spans, real = [], scan_module.run_tasks
+    monkeypatch.setattr(scan_module, "run_tasks", lambda fn, n, workers: spans.append(n) or real(
+        fn, n, workers))
     rng = np.random.default_rng(3)
     a = inputs(rng, Bt=3, T=40, d=70, N=6, dtype=dtype)  # 3 tasks of 2 groups each
     dy = rng.standard_normal((3, 40, 70)).astype(dtype)
@@ -82,6 +87,7 @@ def test_same_bits_for_one_and_two_threads_and_over_runs(dtype):
         two, again = _run(a, dy), _run(a, dy)
     finally:
         numba.set_num_threads(before)
+    assert spans == [1, 1] + [min(2, numba.config.NUMBA_NUM_THREADS)] * 4  # fwd, bwd per run
     for u, v, w in zip(one, two, again):
         assert u.dtype == dtype
         assert np.array_equal(u, v) and np.array_equal(v, w)
