@@ -51,7 +51,7 @@ def _forward_task(x, delta, AT, B, C, D, y, b, c0):
     """y[b, :, c0:c0 + W]: _forward_lanes for float32 (Lanes16), else _forward_scalar."""
 
 
-@overload(_forward_task, jit_options={"cache": True}, inline="always")
+@overload(_forward_task, jit_options={"cache": True, "nogil": True})
 def _forward_task_overload(x, delta, AT, B, C, D, y, b, c0):
     return _forward_lanes if x.dtype == types.float32 else _forward_scalar
 
@@ -92,7 +92,7 @@ def _forward_lanes(x, delta, AT, B, C, D, y, b, c0):
             store16(y, i, acc)
 
 
-@njit(cache=True, fastmath=False, inline="always")
+@njit(cache=True, fastmath=False, nogil=True)
 def _recompute_block(x, delta, AT, B, b, c0, hs, ab):
     """fwd for one block: hs[t+1] = h_t (hs[0] = 0) and ab[t] = Ā_t = exp(Δ_t A), each (N, W).
     The exp is paid here once; the reverse scan only reads ab."""
@@ -114,7 +114,7 @@ def _backward_task(dy, x, delta, AT, B, C, D, b, c_lo, c_hi, dx, ddelta, dAT_b, 
     on explicit vectors (_task_lanes), float64 on scalar loops (_task_scalar)."""
 
 
-@overload(_backward_task, jit_options={"cache": True}, inline="always")
+@overload(_backward_task, jit_options={"cache": True, "nogil": True})
 def _backward_task_overload(dy, x, delta, AT, B, C, D, b, c_lo, c_hi, dx, ddelta, dAT_b, dBC,
                             dD_b):
     return _task_lanes if dy.dtype == types.float32 else _task_scalar
@@ -152,7 +152,7 @@ def _task_lanes(dy, x, delta, AT, B, C, D, b, c_lo, c_hi, dx, ddelta, dAT_b, dBC
                        dD_b)
 
 
-@njit(cache=True, fastmath=False, inline="always")
+@njit(cache=True, fastmath=False, nogil=True)
 def _adjoint_scalar(dy, x, delta, AT, B, C, D, b, c0, hs, ab, S, dA, acc, P, dx, ddelta, dAT_b,
                    dD_b):
     """Reverse-time adjoint scan of one block, reading hs and ab from _recompute_block (no exp).
@@ -188,7 +188,7 @@ def _adjoint_scalar(dy, x, delta, AT, B, C, D, b, c0, hs, ab, S, dA, acc, P, dx,
         dAT_b[b, n, c0:c0 + W] = dA[n]
 
 
-@njit(cache=True, fastmath=False, inline="always")
+@njit(cache=True, fastmath=False, nogil=True)
 def _recompute_lanes(x, delta, AT, B, b, c0, hs, ab):
     """_recompute_block on explicit vectors (float32 only): the same operations per lane
     (exp16 is exp_lanes on 16 lanes), so the same hs[t+1] = h_t and ab[t] = Ā_t bits."""
@@ -206,7 +206,7 @@ def _recompute_lanes(x, delta, AT, B, b, c0, hs, ab):
                 store16(hs, kt + N * W, an * load16(hs, kt) + dtx * B[b, t, n])
 
 
-@njit(cache=True, fastmath=False, inline="always")
+@njit(cache=True, fastmath=False, nogil=True)
 def _adjoint_lanes(dy, x, delta, AT, B, C, D, b, c0, hs, ab, g, dA, dx, ddelta, dAT_b, dBC,
                    dD_b):
     """_adjoint_scalar on explicit vectors (float32 only; Lanes16: vexp.py): the block's W = 32
@@ -241,7 +241,7 @@ def _adjoint_lanes(dy, x, delta, AT, B, C, D, b, c0, hs, ab, g, dA, dx, ddelta, 
         dAT_b[b, n, c0:c0 + W] = dA[n]
 
 
-@njit(cache=True, fastmath=False, inline="always")
+@njit(cache=True, fastmath=False, nogil=True)
 def _lanes_step(Cn, Bn, dyt, dt, dtx, AT, ia, g, k, ab, hs, kt, NW, dA, a, s):
     """One (t, n) step on 16 channels (offsets: ia of A, k of g and dA, kt of Ā_t and h_{t-1},
     kt + NW of h_t). Returns the sums a + λ_t Ā_t h_{t-1} A, s + λ_t B_t and this step's
@@ -254,7 +254,7 @@ def _lanes_step(Cn, Bn, dyt, dt, dtx, AT, ia, g, k, ab, hs, kt, NW, dA, a, s):
     return a + gh * load16(AT, ia), s + lam * Bn, lam * dtx, dyt * load16(hs, kt + NW)
 
 
-@njit(cache=True, fastmath=False, inline="always")
+@njit(cache=True, fastmath=False, nogil=True)
 def _sum_lanes(P, out):
     """out[t, n, k] = Σ_w P[t, n, k, w] by pairwise folding (a fixed order; P is overwritten)."""
     T, N = P.shape[0], P.shape[1]
