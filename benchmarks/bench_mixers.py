@@ -198,7 +198,7 @@ def bench_threads():
 def bench_share():
     """Load-proof evidence for bench_threads: in one thread, the share of each chunked pair's
     CPU time (time.thread_time) spent in work that runs in parallel on two threads: inside
-    gla_chunks' lane kernels (a prange over batch x head; linear attention, RetNet, GLA, SSD)
+    gla_chunks' lane kernels (spans of batch x head lanes; linear attention, RetNet, GLA, SSD)
     and inside lanes.map_lanes (the delta rule's lane groups, the elementwise steps of linear
     attention and SSD), and the Amdahl bound 1 / ((1 - p) + p / 2) it allows two threads."""
     import time
@@ -227,7 +227,7 @@ def bench_share():
     print(f"one thread; load average {os.getloadavg()[0]:.1f}")
     for name, ((fwd, bwd, opts), _) in _pairs().items():
         if name == "rwkv":
-            continue                          # a Numba prange kernel end to end
+            continue                          # a span kernel end to end
         run = _fwd_bwd(fwd, bwd, inputs[name], **opts)
         run()
         shares, cpu = [], []
@@ -263,6 +263,42 @@ def bench_ours():
     print(f"machine {_machine() * 1e3:.1f}")
 
 
+def bench_ours_cpu():
+    """Each chunked pair's process CPU ms per fwd+bwd (all threads; median of 5), as
+    'name ms' lines (for bench_cpu)."""
+    import time
+    inputs = _inputs(np.random.default_rng(0))
+    for name, ((fwd, bwd, opts), _) in _pairs().items():
+        run = _fwd_bwd(fwd, bwd, inputs[name], **opts)
+        run()
+        cpu = []
+        for _ in range(5):
+            t = time.process_time()
+            run()
+            cpu.append(time.process_time() - t)
+        print(f"{name} {np.median(cpu) * 1e3:.1f}")
+
+
+def bench_cpu():
+    """Load-proof companion of bench_threads: process CPU per fwd+bwd (all threads) at 1 and 2
+    threads, each in a fresh process. Work that two threads share adds no CPU; threads that
+    spin while waiting (Numba's OpenMP workers after a prange kernel) add CPU that a busy
+    machine hides in wall time and a quiet one pays. With bench_share's parallel share p, the
+    two-thread speed-up on two free cores is about (1 / ((1 - p) + p / 2)) / (CPU 2 / CPU 1)."""
+    rows = {}
+    for threads in ("1", "2"):
+        env = dict(os.environ, SCRATCHLLM_BENCH_THREADS=threads)
+        out = subprocess.run([sys.executable, __file__, "ours_cpu"], env=env, check=True,
+                             capture_output=True, text=True).stdout
+        rows[threads] = dict(line.split() for line in out.splitlines()
+                             if line.count(" ") == 1 and not line.startswith("#"))
+    print(f"load average {os.getloadavg()[0]:.1f}; process CPU per fwd+bwd, medians of 5")
+    print(f"{'mixer':<8}{'1 thread ms':>12}{'2 threads ms':>14}{'CPU 2 / 1':>11}")
+    for name in rows["1"]:
+        c1, c2 = float(rows["1"][name]), float(rows["2"][name])
+        print(f"{name:<8}{c1:>12.1f}{c2:>14.1f}{c2 / c1:>11.2f}")
+
+
 if __name__ == "__main__":
     sys.exit(run_named([bench_mixers, bench_ssd_vs_scan, bench_threads,
-                        bench_ours, bench_share]))
+                        bench_ours, bench_share, bench_ours_cpu, bench_cpu]))

@@ -30,7 +30,7 @@ from scratchllm.core.validate import (common_float, expect_dout, expect_float, e
                                       expect_shape)
 from scratchllm.ssm.scan_kernels import GROUPS, W, backward_blocks, forward_blocks
 
-MIN_WORK = 1 << 16  # elements of output below which one thread is faster than handing off
+_MIN_WORK = 1 << 16  # elements of output below which one thread is faster than handing off
 
 
 class ScanCache(NamedTuple):
@@ -153,12 +153,12 @@ def _unpad(a, d):
 
 
 def _in_spans(kernel, tasks, work):
-    """kernel(lo, hi) over `tasks` cut into one span per Numba thread (one span below MIN_WORK
+    """kernel(lo, hi) over `tasks` cut into one span per Numba thread (one span below _MIN_WORK
     elements of output): the kernels are serial and release the GIL, so Python threads run
     the spans side by side (a parallel Numba loop costs far more to compile, and its workers
     keep spinning after it returns); each task writes its own rows, so the bits do not depend
     on the thread count."""
-    n = min(tasks, numba.get_num_threads() if work >= MIN_WORK else 1)
+    n = min(tasks, numba.get_num_threads() if work >= _MIN_WORK else 1)
     run_tasks(lambda i: kernel(tasks * i // n, tasks * (i + 1) // n), n, n)
 
 

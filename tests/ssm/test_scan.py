@@ -72,7 +72,7 @@ def _run(a, dy):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_same_bits_for_one_and_two_threads_and_over_runs(dtype, monkeypatch):
-    monkeypatch.setattr(scan_module, "MIN_WORK", 0)  # this small input on threads too
+    monkeypatch.setattr(scan_module, "_MIN_WORK", 0)  # this small input on threads too
     spans, real = [], scan_module.run_tasks
     monkeypatch.setattr(scan_module, "run_tasks", lambda fn, n, workers: spans.append(n) or real(
         fn, n, workers))
