@@ -1,9 +1,10 @@
 """The test run on every core: setup.cfg's addopts run the tests in pytest-xdist workers
 (`-n auto`, one per core this process may use, at most MAX_WORKERS), each test file whole on
 one worker (its module fixtures are built once), tests/dist's files together on one worker
-(their session fixtures are shared, and one `mpiexec` job runs at a time). With workers, each runs OpenBLAS on one thread: two workers
-of two BLAS threads each on two cores would spin-wait for each other. `-n 0` runs everything
-in this process with the defaults untouched."""
+(their session fixtures are shared, and one `mpiexec` job runs at a time), and files that
+compile the same Numba kernels together (SHARED_KERNELS). With workers, each runs OpenBLAS on
+one thread: two workers of two BLAS threads each on two cores would spin-wait for each other.
+`-n 0` runs everything in this process with the defaults untouched."""
 import os
 
 MAX_WORKERS = 4  # each worker holds its own NumPy, Numba and kernels (peaks near 1 GB measured)
@@ -31,13 +32,29 @@ def pytest_configure(config):
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
+# Files that compile the same Numba kernels run as one work unit, one after the other on one
+# worker: the second loads what the first compiled from Numba's cache. Side by side on two
+# workers, each would compile them itself (a kernel lands in the cache only when compiled).
+SHARED_KERNELS = {
+    "tests/tokenizer/test_unigram_kernels.py": "unigram EM kernels",
+    "tests/tokenizer/test_unigram.py": "unigram EM kernels",
+}
+
+
+def work_unit(nodeid):
+    """The work unit of a test: its file, its SHARED_KERNELS group, or tests/dist."""
+    path = nodeid.split("::", 1)[0]
+    if path.startswith("tests/dist/"):
+        return "tests/dist"
+    return SHARED_KERNELS.get(path, path)
+
+
 def pytest_xdist_make_scheduler(config, log):
-    """Work units for the workers: one per test file, tests/dist's files all one."""
+    """Work units for the workers (work_unit), largest first (xdist's order by test count)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class FileScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid):
-            path = nodeid.split("::", 1)[0]
-            return "tests/dist" if path.startswith("tests/dist/") else path
+            return work_unit(nodeid)
 
     return FileScheduling(config, log)
