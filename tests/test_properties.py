@@ -20,10 +20,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from test_contract import BACKWARDS
 from test_dout_checks import in_case_order, recorded_call, wrong_douts
 
-# The topics in reverse (ssm, linear_attention, ..., core): test_contract.py, on another
-# worker, checks them in the cases' order, so the two files meet each family's float64
-# kernels at different times and the second one loads them from Numba's cache.
-KEYS = in_case_order(BACKWARDS)[::-1]
+KEYS = in_case_order(BACKWARDS)  # the tests run the grads cases as they need them
 IN_UNIT_INTERVAL = {"gamma"}  # decays in (0, 1]: rescaled as gamma ** factor, which stays there
 FEW = settings(max_examples=12, deadline=None, derandomize=True,
                suppress_health_check=[HealthCheck.too_slow])
