@@ -4,6 +4,7 @@ dtype, or not an array raises an error that names the backward and its dout argu
 dout of the right shape and dtype still works. Driven by the grads cases: each case's first
 (dout, cache) is recorded and then fed wrong douts.
 """
+import copy
 import inspect
 import re
 from typing import NamedTuple
@@ -24,34 +25,48 @@ class Call(NamedTuple):
     cache: tuple
 
 
-CALLS = {}  # {backward: Call}: its first call by the library grads cases, in their order
-RAN = []    # the cases run so far: the first len(RAN) of LIBRARY_CASES
+CALLS = {}    # {backward: Call}: its first call by the library grads cases, forward run
+PENDING = {}  # {backward: (forward, inputs)}: first calls seen whose forward has not run yet
+RAN = []      # the cases run so far: the first len(RAN) of LIBRARY_CASES
 
 
 def _record(forward, backward, *, rng=None, **kwargs):
-    """Instead of checking: one forward, a random dout like grads.check draws, recorded."""
-    inputs = {k: v for k, v in kwargs.items()
-              if k not in ("wrt", "label", "fd_step", "n_directions", "max_full")}
-    out, cache = forward(**inputs)
-    dout = _random_like(out, np.random.default_rng(0))
-    CALLS.setdefault(backward, Call(forward, inputs, dout, cache))
+    """Instead of checking: keep (a copy of) the inputs of the first call of each backward.
+    Its forward runs only when a test asks for that Call (recorded_call), so walking the cases
+    up to one pair compiles no other pair's kernels."""
+    if backward not in CALLS and backward not in PENDING:
+        inputs = {k: v for k, v in kwargs.items()
+                  if k not in ("wrt", "label", "fd_step", "n_directions", "max_full")}
+        PENDING[backward] = (forward, copy.deepcopy(inputs))  # the case may reuse its arrays
     return Report()
+
+
+def _call(backward):
+    """The Call of a recorded backward: one forward, a random dout like grads.check draws."""
+    if backward in PENDING:
+        forward, inputs = PENDING.pop(backward)
+        out, cache = forward(**inputs)
+        dout = _random_like(out, np.random.default_rng(0))
+        CALLS[backward] = Call(forward, inputs, dout, cache)
+    return CALLS.get(backward)
 
 
 def recorded_call(backward):
     """The Call of `backward` by the first library grads case that calls it (the whole-model
     cases excepted: they check loss_pair, not a library pair), running the cases in their
     order only as far as needed; None when no case calls it."""
-    while backward not in CALLS and len(RAN) < len(LIBRARY_CASES):
+    while backward not in CALLS and backward not in PENDING and len(RAN) < len(LIBRARY_CASES):
         name = LIBRARY_CASES[len(RAN)]
         run_cases_with(_record, [name])
         RAN.append(name)
-    return CALLS.get(backward)
+    return _call(backward)
 
 
 def record_cases():
     """{backward: Call} from the first call of every library grads case."""
     recorded_call(None)  # no case calls None: runs them all
+    for backward in list(PENDING):
+        _call(backward)
     return CALLS
 
 

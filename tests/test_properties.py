@@ -8,7 +8,8 @@ case (test_dout_checks.record_cases):
 - no call mutates its inputs or its dout;
 - the backward refuses a wrong dout with a clear error.
 Examples are few and derandomized, so the whole file runs in seconds. The cases run when a
-test first needs them (test_dout_checks.recorded_call), not while the tests are collected.
+test first needs them (test_dout_checks.recorded_call), not while the tests are collected, and
+each test runs only its own pair's forward.
 """
 import re
 

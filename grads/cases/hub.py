@@ -146,41 +146,43 @@ def hub_model(family, rng):
 def lm_hub(rng):
     """d loss / d every Param of a tiny model of each Hugging Face family of HF_FIXTURES, in
     float64 (2 random directions per Param; weights, ids and directions from a seed of the
-    family's own)."""
+    family's own: `rng` is not used)."""
+    return [lm_hub_family(family) for family in HF_FIXTURES]
+
+
+def lm_hub_family(family):
+    """lm_hub's check of one family (tests/hub/test_hub_grads.py runs them one test each)."""
     from scratchllm.hub import flat_of
     from scratchllm.lm import loss_pair
-    reports = []
-    for family in HF_FIXTURES:
-        # Each family draws its weights, ids and directions from its own seed, so adding a
-        # family does not change the others' checks.
-        fam_rng = np.random.default_rng(zlib.crc32(family.encode()))
-        model = hub_model(family, fam_rng)
-        forward, backward, params = loss_pair(model)
-        f = flat_of(model.cfg)
-        # Without RoPE (GPT-2, BERT) a key bias adds q . bk to every score of a query's row, which
-        # softmax ignores: d loss / d bk = 0 exactly, so there is nothing to compare.
-        wrt = [n for n in params if not (n.endswith(".bk") and f.positions != "rope")]
-        # DeepSeek-V3.2's indexer only chooses keys (a discrete top-k): its weights get 0.
-        wrt = [n for n in wrt if ".mixer.idx_" not in n]
-        # Mamba layers: the dt path (W_dt, A_log, b_dt, ...) moves the loss little, so at
-        # h = 1e-5 round-off reaches ~1e-7 of those gradients (Mamba-1's W_dt: kinks at
-        # 1e-7 to 5e-7 on 2 of 4 seeds, and at 3e-5 on 1 of 4); with attention layers, at
-        # 1e-4 the curvature of Jamba's attention does (kinks near 1.5e-7 on 2 of 4 seeds).
-        # So h = 1e-4 for Mamba layers alone (below 3e-8 on 8 seeds) and 3e-5 with
-        # attention (below 6e-8 on 4 seeds). Jamba's gradients equal torch autograd to 2e-14
-        # (tests/hub/test_ssm_families.py).
-        kinds = f.layer_pattern or ""  # None: attention only
-        h = (1e-4 if set(kinds) == {"M"} else 3e-5) if "M" in kinds else 1e-5
-        # RWKV-4: round-off in the WKV scan's exponentials reaches 1.4e-7 of embed.E's
-        # gradient at h = 1e-5 (5e-7 at 1e-6); at 1e-4 every Param is below 3e-8.
-        h = 1e-4 if f.ffn == "channel_mix" else h
-        # DeepSeek-V3.2 (the indexer's Params are left out above): round-off reaches 1.18e-7
-        # of layer 1's q_norm gradient at h = 1e-5, while at 2e-5, 3e-5 and 5e-5 every Param is
-        # below 3e-8 (the error falls as h grows: round-off, not a wrong gradient).
-        h = 3e-5 if any(".mixer.idx_" in n for n in params) else h
-        reports.append(check(forward, backward, rng=fam_rng, max_full=0, n_directions=2, wrt=wrt,
-                             label=family, fd_step=h, **_hub_ids(model, fam_rng), **params))
-    return reports
+    # Each family draws its weights, ids and directions from its own seed, so adding a
+    # family does not change the others' checks.
+    fam_rng = np.random.default_rng(zlib.crc32(family.encode()))
+    model = hub_model(family, fam_rng)
+    forward, backward, params = loss_pair(model)
+    f = flat_of(model.cfg)
+    # Without RoPE (GPT-2, BERT) a key bias adds q . bk to every score of a query's row, which
+    # softmax ignores: d loss / d bk = 0 exactly, so there is nothing to compare.
+    wrt = [n for n in params if not (n.endswith(".bk") and f.positions != "rope")]
+    # DeepSeek-V3.2's indexer only chooses keys (a discrete top-k): its weights get 0.
+    wrt = [n for n in wrt if ".mixer.idx_" not in n]
+    # Mamba layers: the dt path (W_dt, A_log, b_dt, ...) moves the loss little, so at
+    # h = 1e-5 round-off reaches ~1e-7 of those gradients (Mamba-1's W_dt: kinks at
+    # 1e-7 to 5e-7 on 2 of 4 seeds, and at 3e-5 on 1 of 4); with attention layers, at
+    # 1e-4 the curvature of Jamba's attention does (kinks near 1.5e-7 on 2 of 4 seeds).
+    # So h = 1e-4 for Mamba layers alone (below 3e-8 on 8 seeds) and 3e-5 with
+    # attention (below 6e-8 on 4 seeds). Jamba's gradients equal torch autograd to 2e-14
+    # (tests/hub/test_ssm_families.py).
+    kinds = f.layer_pattern or ""  # None: attention only
+    h = (1e-4 if set(kinds) == {"M"} else 3e-5) if "M" in kinds else 1e-5
+    # RWKV-4: round-off in the WKV scan's exponentials reaches 1.4e-7 of embed.E's
+    # gradient at h = 1e-5 (5e-7 at 1e-6); at 1e-4 every Param is below 3e-8.
+    h = 1e-4 if f.ffn == "channel_mix" else h
+    # DeepSeek-V3.2 (the indexer's Params are left out above): round-off reaches 1.18e-7
+    # of layer 1's q_norm gradient at h = 1e-5, while at 2e-5, 3e-5 and 5e-5 every Param is
+    # below 3e-8 (the error falls as h grows: round-off, not a wrong gradient).
+    h = 3e-5 if any(".mixer.idx_" in n for n in params) else h
+    return check(forward, backward, rng=fam_rng, max_full=0, n_directions=2, wrt=wrt,
+                 label=family, fd_step=h, **_hub_ids(model, fam_rng), **params)
 
 
 def _index_margin(model, blocks):

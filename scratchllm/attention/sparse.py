@@ -151,7 +151,7 @@ def fused_topk_sparse_attention_forward(q, k, v, indices, *, scale=None, block_q
     sc = q.dtype.type(scale)
     run_strided(sparse_forward_tasks, (q.reshape(B * H, Tq, Dh), k.reshape(B * Hkv, Tk, Dh),
                                      v.reshape(B * Hkv, Tk, Dv), idx, sc, block_q),
-              (out.reshape(B * H, Tq, Dv), lse.reshape(B * H, Tq)))
+              (out.reshape(B * H, Tq, Dv), lse.reshape(B * H, Tq)), work=B * H * Tq * K * (Dh + Dv))
     return out, FusedSparseCache(q, k, v, idx, out, lse, scale)
 
 
@@ -173,7 +173,8 @@ def fused_topk_sparse_attention_backward(dout, cache):
               np.ascontiguousarray(dout).reshape(B * H, Tq, Dv), (C, tile))
     run_strided(sparse_backward_tasks, before, ((dq.reshape(B * H, Tq, Dh),
                                                dk.reshape(B * Hkv * C, Tk, Dh),
-                                               dv.reshape(B * Hkv * C, Tk, Dv)),))
+                                               dv.reshape(B * Hkv * C, Tk, Dv)),),
+                work=B * H * Tq * idx.shape[-1] * (2 * Dh + 2 * Dv))
     if C == 1:
         return {"q": dq, "k": dk[:, :, 0], "v": dv[:, :, 0]}
     return {"q": dq, "k": dk.sum(axis=2), "v": dv.sum(axis=2)}  # chunks added in order

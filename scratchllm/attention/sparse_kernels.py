@@ -40,12 +40,18 @@ from scratchllm.core.exp32 import exp_lanes
 FASTMATH = {"reassoc", "contract"}
 LANES = 4  # the backward splits each (b, KV head) into ceil(LANES / (B * Hkv)) query chunks
 TILE_BYTES = 1 << 19  # the backward's key tile: rows of k, v, dk, dv in 512 KiB (L2)
+# multiply-adds below which one thread is faster than handing off to a pool (a call at the
+# grads case's sizes, ~10^4, took 3x the CPU on two threads: starting them is the cost)
+MIN_THREADED_WORK = 1 << 16
 
 
-def run_strided(kernel, before, after, threads=None):
+def run_strided(kernel, before, after, threads=None, *, work=None):
     """kernel(*before, first, step, *after) for first = 0 .. n - 1, step = n, on n threads
-    (default numba.get_num_threads(): NUMBA_NUM_THREADS; the kernels release the GIL)."""
-    n = numba.get_num_threads() if threads is None else threads
+    (default numba.get_num_threads(): NUMBA_NUM_THREADS, or 1 when `work`, the multiply-adds
+    of the call, is under MIN_THREADED_WORK; the kernels release the GIL)."""
+    n = threads
+    if n is None:
+        n = numba.get_num_threads() if work is None or work >= MIN_THREADED_WORK else 1
     run_tasks(lambda first: kernel(*before, first, n, *after), n, n)
 
 

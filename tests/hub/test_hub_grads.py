@@ -1,18 +1,20 @@
-"""The grads case of every loaded tiny checkpoint (lm_hub), and the one gradient it leaves
-out: GPT-2's key bias, whose gradient is zero without RoPE."""
+"""The grads case of every loaded tiny checkpoint (lm_hub, one test per family), and the one
+gradient it leaves out: GPT-2's key bias, whose gradient is zero without RoPE."""
 
 import numpy as np
+import pytest
 
-from grads.cases import CASES, HF_FIXTURES
+from grads.cases import HF_FIXTURES
+from grads.cases.hub import lm_hub_family
 from scratchllm.hub import flat_of, load_pretrained
 from hub_fixtures import HF
 
 
-def test_every_loaded_family_passes_its_gradient_check():
-    reports = CASES["lm_hub"](np.random.default_rng(3))
-    assert [r.label for r in reports] == list(HF_FIXTURES)
-    for report in reports:
-        assert report.ok, f"\n{report}"
+@pytest.mark.parametrize("family", HF_FIXTURES)
+def test_every_loaded_family_passes_its_gradient_check(family):
+    report = lm_hub_family(family)
+    assert report.label == family and report.rows
+    assert report.ok, f"\n{report}"
 
 
 def test_gpt2_key_bias_gradient_is_zero():
