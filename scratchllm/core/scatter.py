@@ -1,6 +1,6 @@
 """Scatter-add of rows, the embedding's backward, as one Numba pass: dE[ids[i]] += dout[i].
 
-NumPy's np.add.at(dE, ids, dout) (the readable twin, in ops.embedding_backward) runs its
+NumPy's np.add.at(dE, ids, dout) (the readable twin; `add_rows` picks) runs its
 generic indexed-ufunc loop: about 1.4 us a row of 128 floats, ~1.5 ms of the default
 training step (1,024 rows), more than the rest of the embedding. The kernel adds the rows in
 the same order (i = 0, 1, ...), each element with the same one addition in the table's
@@ -11,6 +11,8 @@ Glossary: N rows scattered, D features, V table rows.
 """
 import numpy as np
 from numba import njit
+
+from scratchllm.core.twins import use_fused
 
 
 @njit(cache=True, nogil=True)
@@ -34,3 +36,10 @@ def scatter_add_rows(table, ids, rows):
         return False
     _scatter_add_rows(table, ids.astype(np.int64, copy=False), np.ascontiguousarray(rows))
     return True
+
+
+def add_rows(table, ids, rows):
+    """table[ids[i]] += rows[i] for every i, in place (ops.embedding_backward): the kernel,
+    or np.add.at under SCRATCHLLM_READABLE=1 and for the layouts the kernel leaves alone."""
+    if not (use_fused() and scatter_add_rows(table, ids, rows)):
+        np.add.at(table, ids, rows)
