@@ -2,7 +2,7 @@
 of `python -m scratchllm train`), one shard on one thread so the profile sees every call.
 
     flock /tmp/scratchllm-bench.lock python benchmarks/profile_train.py [--preset dense]
-        [--steps 10] [--top 30] [--cpu]     (SCRATCHLLM_READABLE=1: the readable pairs)
+        [--steps 10] [--top 30] [--cpu] [--batch 16 --seq 128]     (SCRATCHLLM_READABLE=1: the readable pairs)
 
 Prints the functions with the most own time (tottime) and the pairs' cumulative times, and
 the step's minor page faults and system time (fresh pages the kernel zero-fills: what
@@ -28,12 +28,14 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--cpu", action="store_true", help="profile in CPU seconds, not wall")
+    p.add_argument("--batch", type=int, default=16, help="sequences a step (the first run: 8)")
+    p.add_argument("--seq", type=int, default=128, help="tokens a sequence")
     args = p.parse_args()
     import numpy as np
     from scratchllm.lm import preset
     from scratchllm.train import Run, Settings
     cfg = preset(args.preset)
-    run = Run(cfg, Settings(steps=10 ** 6, threads=1))
+    run = Run(cfg, Settings(batch_size=args.batch, seq_len=args.seq, steps=10 ** 6, threads=1))
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, 100_000)
     for _ in range(2):  # compile and warm up
         run.train_step(ids)

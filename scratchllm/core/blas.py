@@ -10,7 +10,9 @@ The controls are the get/set functions of every OpenBLAS library mapped into thi
 every function here does nothing.
 """
 import ctypes
-from concurrent.futures import ThreadPoolExecutor
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from functools import lru_cache
 
@@ -71,11 +73,57 @@ def one_blas_thread():
 
 def run_tasks(fn, n_tasks, workers):
     """[fn(i) for i in range(n_tasks)] on `workers` threads (BLAS at one thread meanwhile,
-    then restored), or in turn for one worker."""
-    if workers <= 1 or n_tasks < 2:
+    then restored), or in turn for one worker. The calling thread is one of the workers and
+    the others are a pool kept for the process (`pool_for`): a step that calls this every
+    time (AdamW's update, flash attention's lanes) neither starts threads nor waits for a new
+    one to wake. The tasks are taken in index order by whichever worker is free, so the
+    first ones start first (Muon puts its largest matrices there). A call from inside a
+    pool's task runs its tasks in turn (a worker waiting for its own pool could deadlock)."""
+    if workers <= 1 or n_tasks < 2 or getattr(_in_pool, "yes", False):
         return [fn(i) for i in range(n_tasks)]
-    with one_blas_thread(), ThreadPoolExecutor(min(workers, n_tasks)) as pool:
-        return list(pool.map(fn, range(n_tasks)))
+    results, errors = [None] * n_tasks, []
+    order, lock = iter(range(n_tasks)), threading.Lock()
+
+    def drain():  # take the next task until none is left
+        while True:
+            with lock:
+                i = next(order, None)
+            if i is None:
+                return
+            try:
+                results[i] = fn(i)
+            except BaseException as e:  # noqa: B036 (re-raised below, on the caller)
+                errors.append((i, e))
+    with one_blas_thread():
+        helpers = [pool_for(workers - 1).submit(drain)
+                   for _ in range(min(workers, n_tasks) - 1)]
+        try:
+            drain()
+        finally:  # a helper still queued (behind another caller's) has nothing left to do
+            wait([h for h in helpers if not h.cancel()])
+    if errors:
+        raise min(errors, key=lambda ie: ie[0])[1]  # the first failing task's error
+    return results
+
+
+_POOLS = {}  # (process id, threads) -> ThreadPoolExecutor
+_POOLS_LOCK = threading.Lock()
+_in_pool = threading.local()  # .yes on the pools' threads
+
+
+def _mark_pool_thread():
+    _in_pool.yes = True
+
+
+def pool_for(n):
+    """A pool of n threads kept for the rest of the process (a forked child gets its own:
+    its parent's threads do not exist in it)."""
+    key = (os.getpid(), n)
+    with _POOLS_LOCK:
+        if key not in _POOLS:
+            _POOLS[key] = ThreadPoolExecutor(n, thread_name_prefix="scratchllm-tasks",
+                                             initializer=_mark_pool_thread)
+        return _POOLS[key]
 
 
 def flat_spans(arrays, k, n):

@@ -15,6 +15,7 @@ from scipy.special import expit
 from scratchllm.core.fp8 import (FP8LinearCache, fp8_active, fp8_linear_backward,
                                  fp8_linear_forward)
 from scratchllm.core.frozen import is_frozen
+from scratchllm.core.scatter import add_rows
 from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_gated_ffn,
                                       expect_int, expect_integer, expect_linear, expect_shape)
 
@@ -109,7 +110,7 @@ def embedding_backward(dout, cache, into=None):
     ids, V, D, dtype = cache
     expect_dout("embedding_backward", dout, ids.shape + (D,), dtype)
     dE = np.zeros((V, D), dtype=dout.dtype) if into is None else into  # (V, D)
-    np.add.at(dE, ids.reshape(-1), dout.reshape(-1, D))
+    add_rows(dE, ids.reshape(-1), dout.reshape(-1, D))  # np.add.at, or its fused twin's bits
     return {"E": dE}
 
 

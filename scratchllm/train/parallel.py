@@ -15,12 +15,10 @@ MoE auxiliary losses are computed per shard, as on real data-parallel devices.
 BLAS itself is kept at one thread per shard (`set_blas_threads`): OpenBLAS's own threads
 spin-wait, which on a busy machine makes small matmuls many times slower.
 """
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 
 from scratchllm.core.blas import blas_threads, set_blas_threads  # noqa: F401 (re-exported)
-from scratchllm.core.blas import flat_spans
+from scratchllm.core.blas import flat_spans, run_tasks
 
 
 class DataParallel:
@@ -29,7 +27,8 @@ class DataParallel:
     backward talk to other processes (`serial_shards = True`: context and expert parallel,
     whose ranks must meet in each collective) gets its shards one after another on one
     thread: a thread blocked in MPI while another waits for Numba's compiler lock can hang
-    the job."""
+    the job. The calling thread runs the first shard itself and the process's task pool
+    (core/blas.run_tasks) the others: no thread is started or woken for it."""
 
     def __init__(self, model, n_shards):
         if n_shards < 1:
@@ -37,7 +36,6 @@ class DataParallel:
         self.model = model
         self.replicas = [model] + [model.replica() for _ in range(n_shards - 1)]
         self.workers = 1 if getattr(model, "serial_shards", False) else n_shards
-        self.pool = ThreadPoolExecutor(self.workers) if n_shards > 1 else None
 
     def _shard(self, model, x, y, scale, docs):
         model.zero_grad()
@@ -57,10 +55,7 @@ class DataParallel:
         d = [None] * S if docs is None else np.array_split(docs, S)
         shards = [(m, a, b, len(a) / B, c) for m, a, b, c in
                   zip(self.replicas, np.array_split(x, S), np.array_split(y, S), d)]
-        if self.pool is None or S == 1:
-            caches = [self._shard(*shards[0])]
-        else:
-            caches = [f.result() for f in [self.pool.submit(self._shard, *sh) for sh in shards]]
+        caches = run_tasks(lambda s: self._shard(*shards[s]), S, self.workers)
         self._sum_grads(self.replicas[1:S])
         return sum(c.ce * sh[3] for c, sh in zip(caches, shards)), caches
 
@@ -71,7 +66,7 @@ class DataParallel:
         C-contiguous (no flat view) is added whole, by the first span's thread."""
         main = self.model.parameters()
         theirs = [r.parameters() for r in others]
-        n = self.workers if self.pool is not None and others else 1
+        n = self.workers if others else 1
 
         def span(k):
             for i, p in enumerate(main):
@@ -85,13 +80,14 @@ class DataParallel:
                 for g in views[1:]:
                     views[0] += g
 
-        list(self.map(span, range(n)))
+        run_tasks(span, n, n)
 
     def map(self, fn, items):
         """[fn(item) for item in items] on the threads (forward-only work: a Module's forward
         reads its Params and writes nothing, so threads may share the main model)."""
-        return list(map(fn, items) if self.pool is None else self.pool.map(fn, items))
+        items = list(items)
+        return run_tasks(lambda i: fn(items[i]), len(items), self.workers)
 
     def close(self):
-        if self.pool is not None:
-            self.pool.shutdown()
+        """Nothing to release: the threads are the process's task pool (core/blas.pool_for),
+        kept for the next run."""

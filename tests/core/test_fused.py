@@ -193,3 +193,38 @@ def test_fused_sums_equal_numpys_float64_sums_and_max():
     from numba import types  # the max stays float32 inside the kernels (no float64 exp)
     assert {c.signature.return_type for c in max_lanes.overloads.values()
             if c.signature.args[1] == types.float32} == {types.float32}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_embedding_scatter_gives_the_bits_of_np_add_at(dtype, monkeypatch):
+    """core/scatter.py: the embedding's backward adds the rows of repeated ids in the same
+    order as np.add.at (the readable twin), so E.grad has the same bits on either switch,
+    accumulated into a table that already holds gradient; ids of int32 too."""
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, 7, (3, 11)).astype(np.int32)  # 33 lookups of 7 rows: repeats
+    dout = rng.standard_normal((3, 11, 5)).astype(dtype)
+    start = rng.standard_normal((7, 5)).astype(dtype)
+    _, cache = ops.embedding_forward(ids, start)
+    got = {}
+    for readable in ("0", "1"):
+        monkeypatch.setenv("SCRATCHLLM_READABLE", readable)
+        table = start.copy()
+        assert ops.embedding_backward(dout, cache, into=table)["E"] is table
+        got[readable] = table
+    want = start.copy()
+    for i, row in zip(ids.reshape(-1), dout.reshape(-1, 5)):  # one row at a time, in order
+        want[i] += row
+    np.testing.assert_array_equal(got["0"], want)
+    np.testing.assert_array_equal(got["1"], want)
+
+
+def test_scatter_leaves_other_layouts_to_numpy():
+    """scatter_add_rows does nothing and says so (False) for a table of another dtype than
+    the rows or a non-contiguous one; ops.embedding_backward then takes np.add.at."""
+    from scratchllm.core.scatter import scatter_add_rows
+    rows, ids = np.ones((2, 3), np.float32), np.array([0, 0])
+    table = np.zeros((4, 3))
+    assert scatter_add_rows(table, ids, rows) is False and not table.any()
+    wide = np.zeros((4, 6), np.float32)
+    assert scatter_add_rows(wide[:, ::2], ids, rows) is False and not wide.any()
+    assert scatter_add_rows(wide[:, :3].copy(), ids, rows) is True
