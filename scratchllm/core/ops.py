@@ -10,12 +10,12 @@ linear's sizes, F FFN hidden size, V vocabulary, T time.
 from typing import NamedTuple
 
 import numpy as np
-from scipy.linalg.blas import dgemm, sgemm
 from scipy.special import expit
 
 from scratchllm.core.fp8 import (FP8LinearCache, fp8_active, fp8_linear_backward,
                                  fp8_linear_forward)
 from scratchllm.core.frozen import is_frozen
+from scratchllm.core.gemm import matmul_add
 from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_gated_ffn,
                                       expect_int, expect_integer, expect_linear, expect_shape)
 
@@ -29,39 +29,6 @@ def matmul_rows(a, M):
     if a.ndim <= 2 or not a.flags.c_contiguous:
         return a @ M  # (..., N)
     return (a.reshape(-1, a.shape[-1]) @ M).reshape(a.shape[:-1] + M.shape[1:])  # (..., N)
-
-
-_GEMM = {np.dtype(np.float32): sgemm, np.dtype(np.float64): dgemm}
-
-
-def _blas_operand(a):
-    """(array, trans) such that BLAS's column-major op(array) is a^T, or None: a
-    C-contiguous a is a^T read column-major (trans 0), an F-contiguous a is a itself (trans 1:
-    a transposed view needs no copy)."""
-    if a.flags.c_contiguous:
-        return a.T, 0
-    if a.flags.f_contiguous:
-        return a, 1
-    return None
-
-
-def matmul_add(out, a, b):
-    """out += a @ b in place, out (M, N), a (M, K), b (K, N): one BLAS gemm with beta = 1
-    accumulating straight into out (a Param's grad), instead of a temporary a @ b added
-    after (a pass over M*N numbers and their fresh pages: 113 MB for a 49,152-word tied
-    head). Column-major BLAS sees out^T += b^T a^T, every operand a view (no copy).
-    Other dtypes or layouts take the readable `out += a @ b`. Returns out."""
-    gemm = _GEMM.get(out.dtype)
-    ops_a, ops_b = _blas_operand(b), _blas_operand(a)  # BLAS's A = b^T, B = a^T
-    if (gemm is None or a.dtype != out.dtype or b.dtype != out.dtype or not out.size
-            or not a.shape[1] or not out.flags.c_contiguous or ops_a is None or ops_b is None):
-        out += a @ b  # (M, N)
-        return out
-    res = gemm(1.0, ops_a[0], ops_b[0], beta=1.0, c=out.T, trans_a=ops_a[1],
-               trans_b=ops_b[1], overwrite_c=1)  # out^T (N, M) in place
-    if not np.shares_memory(res, out):  # BLAS wrapper copied (not expected): write it back
-        out[...] = res.T
-    return out
 
 
 class LinearCache(NamedTuple):

@@ -13,7 +13,7 @@ embedding table, so
 The generic linear backward forms dW = h^T dlogits (D, V) and adds its transpose into
 E.grad: a strided pass over V*D numbers (28M at a 49,152-word vocabulary), about as long as
 the GEMM itself. Formed as dlogits^T h in E's layout, one gemm with beta = 1 adds it
-straight into E.grad (core.ops.matmul_add): no (V, D) temporary, no pass after.
+straight into E.grad (core.gemm.matmul_add): no (V, D) temporary, no pass after.
 
 Glossary: N rows (B*T), D model width, V vocabulary.
 """
@@ -23,7 +23,8 @@ import numpy as np
 
 from scratchllm.core import gelu
 from scratchllm.core.nn import Linear, Module
-from scratchllm.core.ops import LinearCache, linear_out, matmul_add
+from scratchllm.core.gemm import matmul_add
+from scratchllm.core.ops import LinearCache, linear_out
 from scratchllm.core.validate import expect_dout
 from scratchllm.lm.mixers import make_norm
 

@@ -1,9 +1,10 @@
-"""core/ops.py matmul_add (out += a @ b by one gemm with beta = 1) and linear_backward's
+"""core/gemm.py matmul_add (out += a @ b by one gemm with beta = 1) and linear_backward's
 into= (x^T dy added straight into a Param's grad), against the readable forms."""
 import numpy as np
 import pytest
 
 from scratchllm.core import ops
+from scratchllm.core.gemm import matmul_add
 from scratchllm.core.nn import Linear
 
 
@@ -20,7 +21,7 @@ def test_matmul_add_accumulates_in_place(dtype, tol, a_order, b_order):
     a, b = np.asarray(a, order=a_order), np.asarray(b, order=b_order)
     want = out + a @ b
     before = out.ctypes.data
-    res = ops.matmul_add(out, a, b)
+    res = matmul_add(out, a, b)
     assert res is out and out.ctypes.data == before and out.dtype == dtype
     np.testing.assert_allclose(out, want, rtol=0, atol=tol)
 
@@ -28,14 +29,14 @@ def test_matmul_add_accumulates_in_place(dtype, tol, a_order, b_order):
 def test_matmul_add_takes_strided_views_and_other_dtypes():
     out, a, b = _arrays(np.float64, M=6, K=8, N=4)
     want = out + a[:, ::2] @ b[::2]
-    ops.matmul_add(out, a[:, ::2], b[::2])  # neither C- nor F-contiguous: the readable form
+    matmul_add(out, a[:, ::2], b[::2])  # neither C- nor F-contiguous: the readable form
     np.testing.assert_allclose(out, want, rtol=0, atol=1e-13)
     o16, a16, b16 = (x.astype(np.float16) for x in _arrays(np.float64))
     want16 = o16 + a16 @ b16
-    ops.matmul_add(o16, a16, b16)
+    matmul_add(o16, a16, b16)
     np.testing.assert_array_equal(o16, want16)
     empty = np.ones((3, 2))
-    ops.matmul_add(empty, np.ones((3, 0)), np.ones((0, 2)))  # K = 0: adds nothing
+    matmul_add(empty, np.ones((3, 0)), np.ones((0, 2)))  # K = 0: adds nothing
     np.testing.assert_array_equal(empty, np.ones((3, 2)))
 
 
