@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_hub import SMOL, _env, _median  # noqa: E402
+from bench_hub import SMOL, THREADS, _env, _median  # noqa: E402
 
 B, T, PROMPT = 4, 128, 16
 
@@ -68,8 +68,11 @@ def numpy_side(repeats):
 
 def prefill_numpy(model, ids, repeats, T=256):
     """Seconds of a T-token prefill's layers by the general path and by the lean one (the
-    same fresh state each time), and of the final norm + head."""
+    same fresh state each time), and of the final norm + head, BLAS at bench_hub's THREADS
+    (the fine-tune's Run leaves it at one)."""
+    from scratchllm.core.blas import set_blas_threads
     from scratchllm.lm.lean_prefill import lean_prefill, lean_prefill_ok
+    set_blas_threads(int(THREADS))  # Run set BLAS to one thread for its shards
     x = model._embed_forward(ids[None, :T])[0]  # (1, T, D)
     rows = {k: [] for k in ("pre_layers_general", "pre_layers_lean", "pre_norm_head")}
     for i in range(repeats * 2 + 1):
