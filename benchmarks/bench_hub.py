@@ -72,11 +72,11 @@ def _median(xs):
 def worker_numpy(directory):
     import numpy as np
     from scratchllm.hub import load_pretrained
-    before = _rss_mib()  # the interpreter and the imports
+    before = peak_rss_mib()  # the interpreter and the imports
     t0 = time.perf_counter()
     model = load_pretrained(directory)
     load = time.perf_counter() - t0
-    loaded = dict(load_rss=_rss_mib(), import_rss=before,
+    loaded = dict(load_rss=peak_rss_mib(), import_rss=before,
                   weights_mib=sum(p.data.nbytes for p in model.parameters()) / 2 ** 20)
     ids = np.random.default_rng(0).integers(0, model.cfg.vocab_size, 20_000)
     state = model.init_state(1, PROMPT + NEW)
@@ -97,7 +97,7 @@ def worker_numpy(directory):
                 finetune=finetune_numpy(model, ids), **loaded)
 
 
-def _rss_mib():
+def peak_rss_mib():
     """This process's peak RSS so far, MiB: /proc/self/status's VmHWM where there is one.
     (ru_maxrss survives exec: a child started by the parent that built the checkpoint
     reports the parent's 1.5 GB from its first line.)"""
@@ -195,7 +195,7 @@ def child(workers, kind, directory):
     """In a child process: run workers[kind](directory) and print its result as JSON, with
     this process's peak RSS (MiB)."""
     result = workers[kind](directory)
-    result["rss_mib"] = _rss_mib()
+    result["rss_mib"] = peak_rss_mib()
     print(json.dumps(result))
 
 

@@ -13,7 +13,7 @@ once by scratchllm.hub.save_pretrained.
               matrices, 0 on vectors): train.make_optimizer + clip_grad_norm vs torch
               autograd + torch.nn.utils.clip_grad_norm_ + torch.optim.AdamW, tokens/s (median
               of REPEATS steps after one warm-up step)
-    peak RSS  ru_maxrss of each process
+    peak RSS  peak RSS of each process (VmHWM: bench_hub.child)
 
 Each framework runs in its own subprocess with 2 threads (bench_hub.py's environment);
 medians over the timed repeats.

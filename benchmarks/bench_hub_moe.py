@@ -16,7 +16,7 @@ experts: a loop over the experts hit, CPU), same weights, float32, batch-1 greed
              32 tokens), and bench_hub.py's fine-tune step (B 4 x T 128, AdamW,
              clipping; tokens/s)
     load     load_pretrained / AutoModelForCausalLM.from_pretrained, seconds
-    RSS      ru_maxrss of each process
+    RSS      peak RSS of each process (VmHWM: bench_hub.peak_rss_mib)
 
 Random weights written once per model by scratchllm.hub.save_pretrained; each framework runs
 in its own subprocess with 2 threads (bench_hub.py's environment).
@@ -27,13 +27,12 @@ in its own subprocess with 2 threads (bench_hub.py's environment).
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 
-from bench_hub import THREADS, _env, _median, finetune_numpy, finetune_torch
+from bench_hub import THREADS, _env, _median, finetune_numpy, finetune_torch, peak_rss_mib
 
 MODELS = {
     "mixtral": ("moe", dict(vocab_size=32000, d_model=512, n_layers=8, n_heads=8,
@@ -133,7 +132,7 @@ def worker_torch(name, directory):
 def _child(kind, name, directory):
     worker = worker_numpy if kind == "numpy" else worker_torch
     result = worker(name, directory)
-    result["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["rss_mib"] = peak_rss_mib()
     print(json.dumps(result))
 
 

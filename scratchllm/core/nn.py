@@ -166,7 +166,15 @@ class Linear(Module):
         return ops.linear_forward(x, self.W.data, None if self.b is None else self.b.data)
 
     def backward(self, dy, cache):
-        return self.add_grads(ops.linear_backward(dy, cache))
+        """dy (..., Dout) -> dx (..., Din); W.grad += x^T dy by one gemm into W.grad
+        (linear_backward's into=: no (Din, Dout) temporary), b.grad += the rows' sum of dy.
+        An FP8 cache (core.fp8.fp8_matmuls) adds its pair's gradients."""
+        if not isinstance(cache, ops.LinearCache):
+            return self.add_grads(ops.linear_backward(dy, cache))
+        g = ops.linear_backward(dy, cache, into=self.W.grad)  # fwd: y = x W (+ b)
+        if self.b is not None:
+            self.b.grad += g["b"]
+        return g["x"]
 
 
 class FP8Linear(Linear):

@@ -15,6 +15,7 @@ from scipy.special import expit
 from scratchllm.core.fp8 import (FP8LinearCache, fp8_active, fp8_linear_backward,
                                  fp8_linear_forward)
 from scratchllm.core.frozen import is_frozen
+from scratchllm.core.gemm import matmul_add
 from scratchllm.core.scatter import add_rows
 from scratchllm.core.validate import (expect_dout, expect_finite, expect_float, expect_gated_ffn,
                                       expect_int, expect_integer, expect_linear, expect_shape)
@@ -60,17 +61,26 @@ def linear_out(cache):
     return cache.x.shape[:-1] + cache.W.shape[1:], np.result_type(cache.x, cache.W)
 
 
-def linear_backward(dy, cache):
+def linear_backward(dy, cache, into=None):
     """Math: dx = dy @ W^T, dW = sum over rows of x^T dy, db = sum over rows of dy. (A cache
-    made under core.fp8.fp8_matmuls goes to the FP8 pair's backward.)"""
+    made under core.fp8.fp8_matmuls goes to the FP8 pair's backward.)
+
+    into: a (Din, Dout) array (a Param's grad) that x^T dy is added to in place by one gemm
+    with beta = 1 (matmul_add), instead of a fresh dW; returned as "W" either way."""
     if isinstance(cache, FP8LinearCache):
+        if into is not None:
+            raise ValueError("linear_backward: into= is not taken with an FP8 cache")
         return fp8_linear_backward(dy, cache)
     expect_dout("linear_backward", dy, *linear_out(cache), name="dy")
     x, W, has_bias = cache
     Din, Dout = W.shape
+    if into is not None:
+        expect_shape("linear_backward", "into", into, (Din, Dout), "(Din, Dout)")
     dx = matmul_rows(dy, W.T)  # (..., Din)
     if is_frozen(W):  # core/frozen.py: nothing trains W, skip x^T dy
-        dW = np.zeros((Din, Dout), np.result_type(x, dy))
+        dW = np.zeros((Din, Dout), np.result_type(x, dy)) if into is None else into
+    elif into is not None:  # fwd: y = x W -> into += x^T dy
+        dW = matmul_add(into, x.reshape(-1, Din).T, dy.reshape(-1, Dout))  # (Din, Dout)
     else:
         dW = x.reshape(-1, Din).T @ dy.reshape(-1, Dout)  # (Din, Dout)
     grads = {"x": dx, "W": dW}

@@ -12,7 +12,8 @@ embedding table, so
     dh = dlogits E,        dE += dlogits^T h     (V, D): the embedding's own layout
 The generic linear backward forms dW = h^T dlogits (D, V) and adds its transpose into
 E.grad: a strided pass over V*D numbers (28M at a 49,152-word vocabulary), about as long as
-the GEMM itself. Formed as dlogits^T h, the add runs along contiguous rows.
+the GEMM itself. Formed as dlogits^T h in E's layout, one gemm with beta = 1 adds it
+straight into E.grad (core.gemm.matmul_add): no (V, D) temporary, no pass after.
 
 Glossary: N rows (B*T), D model width, V vocabulary.
 """
@@ -22,6 +23,7 @@ import numpy as np
 
 from scratchllm.core import gelu
 from scratchllm.core.nn import Linear, Module
+from scratchllm.core.gemm import matmul_add
 from scratchllm.core.ops import LinearCache, linear_out
 from scratchllm.core.validate import expect_dout
 from scratchllm.lm.mixers import make_norm
@@ -72,5 +74,5 @@ def backprop_tied_head(dlogits, cache, embed):
     h, W, _ = cache
     D, V = W.shape
     h2, dl = h.reshape(-1, D), dlogits.reshape(-1, V)  # (N, D), (N, V)
-    embed.E.grad += dl.T @ h2  # (V, D)   fwd: logits = h E^T -> dE = dlogits^T h
+    matmul_add(embed.E.grad, dl.T, h2)  # (V, D)   fwd: logits = h E^T -> dE += dlogits^T h
     return (dl @ W.T).reshape(h.shape)  # (..., D)   dh = dlogits E

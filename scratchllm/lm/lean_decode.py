@@ -71,20 +71,25 @@ def lean_step(model, state, position):
 
 
 def _rotation(spec, head_dim, position, dtype):
-    """RoPE at `position` as (C, S, perm) over a head's Dh numbers: y = x C + x[perm] S.
-    "half" pairs (i, i + P): C = [cos, cos], S = [-sin, sin], perm swaps the halves;
-    "interleaved" pairs (2i, 2i + 1): C, S interleave the same way; a partial rotary width Dr
-    leaves the numbers past it with C = 1, S = 0."""
-    rope = row_rope("LM.decode", spec, head_dim, position)  # position [p]
-    cos, sin = (a[0] for a in rope_angles(rope, 3, dtype))  # (P,) each, af folded in
-    P = cos.shape[0]
-    C, S = np.ones(head_dim, dtype), np.zeros(head_dim, dtype)  # (Dh,)
+    """RoPE at `position` as (C, S, perm) over a head's Dh numbers (rotation's, one row)."""
+    C, S, perm = rotation(row_rope("LM.decode", spec, head_dim, position), head_dim, dtype)
+    return C[0], S[0], perm  # (Dh,), (Dh,), (Dh,)
+
+
+def rotation(rope, head_dim, dtype):
+    """RoPE at rope's positions (n,) as (C, S, perm): y = x C + x[..., perm] S over a head's
+    Dh numbers, C, S (n, Dh). "half" pairs (i, i + P): C = [cos, cos], S = [-sin, sin], perm
+    swaps the halves; "interleaved" pairs (2i, 2i + 1): C, S interleave the same way; a
+    partial rotary width Dr leaves the numbers past it with C = 1, S = 0."""
+    cos, sin = rope_angles(rope, 3, dtype)  # (n, P) each, af folded in
+    n, P = cos.shape
+    C, S = np.ones((n, head_dim), dtype), np.zeros((n, head_dim), dtype)  # (n, Dh)
     perm = np.arange(head_dim)  # (Dh,)
-    if spec.style == "half":
-        C[:P], C[P:2 * P], S[:P], S[P:2 * P] = cos, cos, -sin, sin
+    if rope.style == "half":
+        C[:, :P], C[:, P:2 * P], S[:, :P], S[:, P:2 * P] = cos, cos, -sin, sin
         perm[:2 * P] = np.concatenate([np.arange(P, 2 * P), np.arange(P)])
     else:
-        C[0:2 * P:2], C[1:2 * P:2], S[0:2 * P:2], S[1:2 * P:2] = cos, cos, -sin, sin
+        C[:, 0:2 * P:2], C[:, 1:2 * P:2], S[:, 0:2 * P:2], S[:, 1:2 * P:2] = cos, cos, -sin, sin
         perm[0:2 * P:2], perm[1:2 * P:2] = np.arange(1, 2 * P, 2), np.arange(0, 2 * P, 2)
     return C, S, perm
 
