@@ -80,8 +80,8 @@ def test_moe_on_2_ranks_keeps_the_aux_losses_per_data_shard(mpirun, small, zero)
     with ZeRO-3 too (the experts' weights gathered per block)."""
     data, root = small
     extra = ["--zero", zero] if zero != "0" else []
-    proc = mpirun(2, "-m", "scratchllm", "train", "--dp", "2", "--preset", "mla", *extra,
-                  *train_args(data, root / f"dp-mla{zero}"), timeout=120)
+    proc = mpirun(2, "-m", "scratchllm", "train", "--dp", "2", *extra,
+                  *train_args(data, root / f"dp-mla{zero}", "--preset", "mla"), timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "(equal to the model's" in proc.stdout  # with each MoE layer's counts all-reduced
     dp = load_model(root / f"dp-mla{zero}")[0]
@@ -174,7 +174,7 @@ def test_tensor_parallel_equals_one_process_and_resumes_across_grids(mpirun, sma
                   *train_args(data, root / name), timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ranks: 2 (tp=2), 1 thread(s) each" in proc.stdout
-    assert "model: dense, 602,976 parameters" in proc.stdout  # the whole (first run's) model
+    assert "model: dense, 1,049,728 parameters" in proc.stdout  # the whole model's count
     assert "B tp reduce_scatter" in proc.stdout if sp else "B tp all_reduce" in proc.stdout
     assert "(equal to the model's" in proc.stdout, proc.stdout
     assert max_rel(load_model(root / name)[0], load_model(one)[0])[0] <= 1e-12
@@ -217,7 +217,7 @@ def test_tensor_parallel_refuses_what_it_does_not_split(mpirun, small):
             (["--pp", "2", "--zero", "2"], "--zero 2 with --pp 2"),
             (["--dp", "2", "--sequence-parallel"], "--sequence-parallel splits"),
             (["--tp", "2", "--preset", "moe"], "--tp 2: tensor parallelism does not cover")):
-        proc = mpirun(2, "-m", "scratchllm", "train", *extra, *train_args(data, root / "no-tp"))
+        proc = mpirun(2, "-m", "scratchllm", "train", *train_args(data, root / "no-tp", *extra))
         assert proc.returncode == 1 and message in proc.stderr, proc.stderr
 
 
