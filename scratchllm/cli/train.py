@@ -1,8 +1,10 @@
 """python -m scratchllm train: train a small decoder LM on a CPU, every gradient hand-written.
 
 With no arguments: train a byte-level BPE tokenizer on the bundled Python-docs corpus (cached),
-train the `dense` preset, report the validation loss against the unigram baseline, save a
-checkpoint directory and a loss-curve PNG, and print a short sample.
+train the first run's model (the `dense` preset narrowed to d_model 96, d_ff 256:
+trainer.first_run_model; --preset dense trains the preset itself), report the validation loss
+against the unigram baseline, save a checkpoint directory and a loss-curve PNG, and print a
+short sample.
 
 One step:  loss = CE(LM(x), y) + sum of MoE aux terms  ->  backward  ->  clip global grad norm
            ->  AdamW with lr = warmup + cosine(step) (--optimizer muon: Muon on the blocks'
@@ -47,7 +49,7 @@ from scratchllm.train.parallel_run import check_combination, check_split
 from scratchllm.train.pipeline import bubble_fraction
 from scratchllm.train.plots import save_run_plot
 from scratchllm.train.optimizers import OPTIMIZERS
-from scratchllm.train.trainer import Run, Settings, first_run, fit
+from scratchllm.train.trainer import Run, Settings, first_run, first_run_model, fit
 from scratchllm.train.warm import KernelWarmup
 
 
@@ -55,7 +57,8 @@ def build_parser():
     p = Parser("train", __doc__)
     d = first_run()
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                   help="model architecture (default: dense)")
+                   help="model architecture (default: the first run's model, the dense "
+                   "preset narrowed to d_model 96 and d_ff 256: trainer.first_run_model)")
     p.add_argument("--data", default=None,
                    help="UTF-8 text file to train on (default: the bundled Python docs)")
     p.add_argument("--steps", type=int_at_least(1), default=None,
@@ -140,6 +143,11 @@ def _settings(args, saved=None, ranks=1):
     return Settings(**s)
 
 
+def _model(name):
+    """The config of --preset NAME; without one, the first run's (trainer.first_run_model)."""
+    return first_run_model() if name is None else preset(name)
+
+
 def _config_for_resume(args, out):
     """The checkpoint's config; a --preset that disagrees with it is an error."""
     cfg = checkpoint.read_config(out)
@@ -192,7 +200,7 @@ def _on_ranks(args, shape):
             raise GridError("--sequence-parallel splits the tensor-parallel ranks' sequence: "
                             "it needs --tp above 1")
         if not args.resume:  # what the split models do not cover, before any work
-            cfg = preset(args.preset or "dense")
+            cfg = _model(args.preset)
             cfg = replace(cfg, mtp=MTPSpec(depth=args.mtp)) if args.mtp else cfg
             check_split(cfg, shape, args.seq_len or first_run().seq_len)
         check_combination(shape._asdict(), args.threads or 1, args.zero)
@@ -221,7 +229,7 @@ def _main(args, grid=None):
         if (out / checkpoint.STATE).exists():
             raise ValueError(f"{out} already holds a checkpoint; pass --resume to "
                              f"continue it, --out to start elsewhere, or delete {out}")
-        cfg = preset(name)
+        cfg = _model(args.preset)
         if args.mtp:
             cfg = replace(cfg, mtp=MTPSpec(depth=args.mtp))
     s = _settings(args, saved_meta and saved_meta["settings"], 1 if grid is None else

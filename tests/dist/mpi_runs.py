@@ -8,8 +8,11 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "python-docs-slice.
 
 
 def train_args(data, out, *extra):
-    """`train` flags for 3 steps of 5 x 16 tokens in float64 on `data`, written to `out`."""
-    return ["--data", str(data), "--batch-size", "5", "--seq-len", "16", "--steps", "3",
+    """`train` flags for 3 steps of 5 x 16 tokens of the dense preset (not the first run's
+    narrower model; an --preset in `extra` comes later and wins) in float64 on `data`, written
+    to `out`."""
+    return ["--preset", "dense", "--data", str(data), "--batch-size", "5", "--seq-len", "16",
+            "--steps", "3",
             "--dtype", "float64", "--eval-every", "100", "--no-progress", "--out", str(out),
             *extra]
 

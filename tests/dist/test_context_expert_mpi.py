@@ -71,8 +71,8 @@ def test_expert_parallel_equals_one_process_on_one_shard_and_resumes_across_grid
     --threads 1 (the aux losses of one data shard): parameters, MoE buffers and the gathered
     moments; a one-process checkpoint resumes on ep=2 (the experts sliced on load)."""
     data, root = small
-    proc = mpirun(2, "-m", "scratchllm", "train", "--ep", "2", "--preset", "moe",
-                  *train_args(data, root / "ep"), timeout=120)
+    proc = mpirun(2, "-m", "scratchllm", "train", "--ep", "2",
+                  *train_args(data, root / "ep", "--preset", "moe"), timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ranks: 2 (ep=2)" in proc.stdout and "model: moe, 2,823,296 parameters" in \
         proc.stdout
@@ -93,8 +93,8 @@ def test_expert_parallel_with_two_threads_per_rank_equals_one_process_on_two(mpi
     data, root = small
     assert train.main(train_args(data, root / "moe-t2", "--preset", "moe", "--threads",
                                  "2")) == 0
-    proc = mpirun(2, "-m", "scratchllm", "train", "--ep", "2", "--threads", "2", "--preset",
-                  "moe", *train_args(data, root / "ep-t2"), timeout=120)
+    proc = mpirun(2, "-m", "scratchllm", "train", "--ep", "2", "--threads", "2",
+                  *train_args(data, root / "ep-t2", "--preset", "moe"), timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ranks: 2 (ep=2), 2 thread(s) each" in proc.stdout
     assert "(equal to the model's" in proc.stdout, proc.stdout
@@ -109,13 +109,13 @@ def test_the_balance_loss_across_ranks_is_one_shards_and_per_rank_is_not(mpirun,
     """--dp 2 --balance-across-ranks equals one process on one shard (the balance loss over
     the whole batch); plain --dp 2 (a balance loss per rank's micro-batch) does not."""
     data, root = small
-    proc = mpirun(2, "-m", "scratchllm", "train", "--dp", "2", "--preset", "moe",
-                  "--balance-across-ranks", *train_args(data, root / "across"), timeout=120)
+    proc = mpirun(2, "-m", "scratchllm", "train", "--dp", "2", "--balance-across-ranks",
+                  *train_args(data, root / "across", "--preset", "moe"), timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "(equal to the model's" in proc.stdout, proc.stdout
     assert max_rel(load_model(root / "across")[0], load_model(moe_one)[0])[0] <= 1e-12
-    proc = mpirun(2, "-m", "scratchllm", "train", "--dp", "2", "--preset", "moe",
-                  *train_args(data, root / "per-rank"), timeout=120)
+    proc = mpirun(2, "-m", "scratchllm", "train", "--dp", "2",
+                  *train_args(data, root / "per-rank", "--preset", "moe"), timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert max_rel(load_model(root / "per-rank")[0], load_model(moe_one)[0])[0] > 1e-9
 

@@ -80,8 +80,8 @@ def test_moe_on_2_ranks_keeps_the_aux_losses_per_data_shard(mpirun, small, zero)
     with ZeRO-3 too (the experts' weights gathered per block)."""
     data, root = small
     extra = ["--zero", zero] if zero != "0" else []
-    proc = mpirun(2, "-m", "scratchllm", "train", "--dp", "2", "--preset", "mla", *extra,
-                  *train_args(data, root / f"dp-mla{zero}"), timeout=120)
+    proc = mpirun(2, "-m", "scratchllm", "train", "--dp", "2", *extra,
+                  *train_args(data, root / f"dp-mla{zero}", "--preset", "mla"), timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "(equal to the model's" in proc.stdout  # with each MoE layer's counts all-reduced
     dp = load_model(root / f"dp-mla{zero}")[0]
@@ -217,7 +217,7 @@ def test_tensor_parallel_refuses_what_it_does_not_split(mpirun, small):
             (["--pp", "2", "--zero", "2"], "--zero 2 with --pp 2"),
             (["--dp", "2", "--sequence-parallel"], "--sequence-parallel splits"),
             (["--tp", "2", "--preset", "moe"], "--tp 2: tensor parallelism does not cover")):
-        proc = mpirun(2, "-m", "scratchllm", "train", *extra, *train_args(data, root / "no-tp"))
+        proc = mpirun(2, "-m", "scratchllm", "train", *train_args(data, root / "no-tp", *extra))
         assert proc.returncode == 1 and message in proc.stderr, proc.stderr
 
 

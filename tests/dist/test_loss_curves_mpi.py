@@ -33,8 +33,8 @@ def test_the_float32_loss_curve_on_2_ranks_is_one_process_s(mpirun, small, curve
                                                              preset):
     data, root = small
     run = root / f"f32-{axis}"
-    proc = mpirun(2, "-m", "scratchllm", "train", f"--{axis}", "2", "--preset", preset,
-                  *train_args(data, run, *F32), timeout=120)
+    proc = mpirun(2, "-m", "scratchllm", "train", f"--{axis}", "2",
+                  *train_args(data, run, *F32, "--preset", preset), timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     got, want = checkpoint.load_state(run)[0]["losses"], curves[preset]
     assert got.shape == want.shape == (5,)

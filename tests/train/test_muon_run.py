@@ -10,6 +10,8 @@ from grads.cases import lm_tiny
 from scratchllm.cli import train
 from scratchllm.core.muon import MuonAdamW
 from scratchllm.core.optim import AdamW
+from scratchllm.lm import preset
+from scratchllm.specs.unflat import flat_view
 from scratchllm.train import trainer
 
 
@@ -83,9 +85,11 @@ def _args(**given):
 
 def test_cli_defaults_to_the_first_run_and_resumes_old_checkpoints_as_adamw():
     assert train._settings(_args()) == trainer.first_run()
-    assert trainer.first_run() == trainer.Settings(weight_decay=0.3)
+    assert trainer.first_run() == trainer.Settings(steps=1800, lr=7e-3, weight_decay=0.3,
+                                                   eval_every=600)
     assert train._settings(_args(optimizer="muon", muon_lr=0.03)) == trainer.Settings(
-        weight_decay=0.3, optimizer="muon", muon_lr=0.03)
+        steps=1800, lr=7e-3, weight_decay=0.3, eval_every=600, optimizer="muon",
+        muon_lr=0.03)
     old = asdict(trainer.Settings(steps=70))
     del old["optimizer"], old["muon_lr"]  # saved before the field existed
     assert train._settings(_args(), saved=old) == trainer.Settings(steps=70)
@@ -94,6 +98,20 @@ def test_cli_defaults_to_the_first_run_and_resumes_old_checkpoints_as_adamw():
     assert train._settings(_args(), ranks=2).optimizer == "adamw"  # mpiexec: AdamW
     with pytest.raises(ValueError, match="--optimizer muon runs in one process"):
         train._settings(_args(optimizer="muon"), ranks=2)
+
+
+def test_cli_trains_the_first_run_model_without_a_preset_and_the_preset_with_one():
+    """No --preset: the dense preset narrowed to d_model 96, d_ff 256 (still Llama-style:
+    4 pre-norm layers of RMSNorm, GQA with RoPE on 4 query and 2 KV heads, SwiGLU)."""
+    first = train._model(None)
+    assert first == trainer.first_run_model() == preset("dense", d_model=96, d_ff=256)
+    assert first.n_params() == 602_976 and preset("dense").n_params() == 1_049_728
+    view = flat_view(first)
+    assert (view.n_layers, view.n_heads, view.n_kv_heads, view.positions, view.ffn,
+            view.norm, view.block, view.vocab_size) == (4, 4, 2, "rope", "swiglu", "rmsnorm",
+                                                        "pre", 1024)
+    assert train._model("dense") == preset("dense")
+    assert train._model("moe") == preset("moe")
 
 
 def test_cli_rejects_an_unknown_optimizer(capsys):
