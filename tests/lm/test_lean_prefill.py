@@ -39,7 +39,7 @@ def test_lean_prefill_equals_the_general_path(kw):
     got = lean_prefill(model, x, lean)  # (2, T, D)
     want = _general(model, x, general)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(model.unembed(got), model.prefill(ids, model.init_state(2, T)),
+    np.testing.assert_allclose(model.prefill(ids, model.init_state(2, T)), model.unembed(want),
                                rtol=0, atol=1e-12)
     for a, b in zip(lean, general):  # the same keys and values, the same lengths
         np.testing.assert_allclose(a.k, b.k, rtol=0, atol=1e-12)
