@@ -6,10 +6,8 @@ transformers (eager, CPU), on SmolLM2-135M's geometry (bench_hub.SMOL, random we
              sum, clipping, AdamW; torch: forward, loss, backward, clipping, AdamW
     decode   one batch-1 decode step after a 16-token prompt split per layer kind: embedding,
              30 blocks, final norm, head (scratchllm) / torch's whole step
-    prefill  bench_hub's 256-token prefill (scratchllm): its 30 layers by the general path
-             (Block.prefill, OpenBLAS splitting each product over 2 threads) and by
-             lm/lean_prefill.py (a span of positions per thread, BLAS at 1 thread each),
-             alternating, and the final norm + head they share
+    prefill  bench_hub's 256-token prefill (scratchllm): its 30 layers (Block.prefill,
+             OpenBLAS splitting each product over 2 threads) and the final norm + head
 
 Each side runs in its own subprocess with 2 threads (bench_hub's environment); medians of
 --repeats. A loaded machine moves every number; read the shares within one side.
@@ -67,29 +65,22 @@ def numpy_side(repeats):
 
 
 def prefill_numpy(model, ids, repeats, T=256):
-    """Seconds of a T-token prefill's layers by the general path and by the lean one (the
-    same fresh state each time), and of the final norm + head, BLAS at bench_hub's THREADS
-    (the fine-tune's Run leaves it at one)."""
+    """Seconds of a T-token prefill's layers (a fresh state each time) and of the final norm +
+    head, BLAS at bench_hub's THREADS (the fine-tune's Run leaves it at one)."""
     from scratchllm.core.blas import set_blas_threads
-    from scratchllm.lm.lean_prefill import lean_prefill, lean_prefill_ok
     set_blas_threads(int(THREADS))  # Run set BLAS to one thread for its shards
     x = model._embed_forward(ids[None, :T])[0]  # (1, T, D)
-    rows = {k: [] for k in ("pre_layers_general", "pre_layers_lean", "pre_norm_head")}
-    for i in range(repeats * 2 + 1):
+    rows = {k: [] for k in ("pre_layers", "pre_norm_head")}
+    for i in range(repeats + 1):
         state = model.init_state(1, T)
         t0, y = time.perf_counter(), x
         for layer, st in zip(model.layers, state):
             y = layer.prefill(y, st)  # (1, T, D)
         t1 = time.perf_counter()
-        state = model.init_state(1, T)
-        assert lean_prefill_ok(model, state, T)
-        t2 = time.perf_counter()
-        y = lean_prefill(model, x, state)
-        t3 = time.perf_counter()
         model.unembed(y)
-        t4 = time.perf_counter()
+        t2 = time.perf_counter()
         if i:
-            for k, v in zip(rows, (t1 - t0, t3 - t2, t4 - t3)):
+            for k, v in zip(rows, (t1 - t0, t2 - t1)):
                 rows[k].append(v)
     return {k: _median(v) for k, v in rows.items()}
 

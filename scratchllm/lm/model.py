@@ -34,7 +34,6 @@ from scratchllm.lm.block import Block, make_packing
 from scratchllm.lm.ends import EmbedCache, LMEnds
 from scratchllm.lm.heads import HeadTransform
 from scratchllm.lm.lean_decode import lean_decode, lean_step
-from scratchllm.lm.lean_prefill import lean_prefill, lean_prefill_ok
 from scratchllm.lm.mixers import make_norm
 from scratchllm.lm.mtp import MTP
 from scratchllm.lm.padding import padding_packing
@@ -307,11 +306,8 @@ class LM(LMEnds, Module):
 
     def trunk_prefill(self, x, state):
         """prefill after the embedding: x_0 (B, T, D) -> logits (B, T, V), filling state."""
-        if lean_prefill_ok(self, state, x.shape[1]):  # a plain Llama-style stack
-            x = lean_prefill(self, x, state)  # (B, T, D): lm/lean_prefill.py
-        else:
-            for layer, st in zip(self.layers, state):
-                x = layer.prefill(x, st)  # (B, T, D)
+        for layer, st in zip(self.layers, state):
+            x = layer.prefill(x, st)  # (B, T, D)
         h, _ = self._norm_forward(x)  # (B, T, D)
         return self._cap(self._head_forward(h)[0])[0]  # (B, T, V)
 
