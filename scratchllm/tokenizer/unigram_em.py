@@ -15,12 +15,13 @@ the trie's, ids 0..V-1, log-probabilities logp (V,) (-inf: absent).
 """
 import math
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import numba as nb
 import numpy as np
 
 from . import nbcache
-from .unigram_lattice import _edges, _logadd, _text, lattice_edges
+from .unigram_lattice import _edges, _logadd, _text, frozen, lattice_edges
 
 nbcache.drop_stale(__file__, "unigram_lattice.py")   # these kernels call unigram_lattice's
 
@@ -28,51 +29,70 @@ SPACE_CP = 0x2581
 _FNV = np.uint64(0x100000001B3)
 
 
-def _chunks():
-    return nb.get_num_threads()
+def _on_threads(kernel, *args):
+    """kernel(*args, c, n) for c = 0..n-1, n = Numba's thread count, each on a thread of its
+    own (the kernels release the GIL; chunk c takes words c, c + n, ...). Plain threads over
+    one serial kernel, not prange: parallel=True compiled each kernel's loop a second time
+    as a gufunc, 2-3 CPU s per kernel cold."""
+    n = nb.get_num_threads()
+    if n == 1:
+        kernel(*args, 0, 1)
+        return
+    with ThreadPoolExecutor(n) as threads:
+        for _ in threads.map(lambda c: kernel(*args, c, n), range(n)):
+            pass
 
 
 def _word_refs(pool, off):
     return [_text(pool[off[w]:off[w + 1]]) for w in range(len(off) - 1)]
 
 
+@nb.njit(cache=True)
+def _longest(off):
+    """The most code points of a word (a loop: np.max over off[1:] - off[:-1] compiled an
+    array expression and NumPy's max for each kernel)."""
+    most = 0
+    for w in range(len(off) - 1):
+        most = max(most, off[w + 1] - off[w])
+    return most
+
+
 # ---- E-step ----------------------------------------------------------------------------------
 def expected_counts(pool, off, freq, trie, logp):
     """(c (V,), L): expected piece counts and corpus log-likelihood (nats)."""
-    c, ll = _expected_counts(pool, off, freq, trie.keys, trie.child, trie.node_piece,
-                             trie.max_len, logp, _chunks())
-    return c.sum(0), float(ll.sum())
+    n = nb.get_num_threads()
+    counts, ll = np.zeros((n, len(logp))), np.zeros(n)         # (chunks, V), (chunks,)
+    _on_threads(_expected_counts, frozen(pool), off, freq, trie.keys, trie.child,
+                trie.node_piece, trie.max_len, logp, counts, ll)
+    return counts.sum(0), float(ll.sum())
 
 
-@nb.njit(cache=True, parallel=True)
-def _expected_counts(pool, off, freq, keys, child, node_piece, max_len, logp, n_chunks):
-    counts = np.zeros((n_chunks, len(logp)))                 # (chunks, V)
-    ll = np.zeros(n_chunks)
-    longest = np.max(off[1:] - off[:-1])
-    for c in nb.prange(n_chunks):
-        es = np.empty(longest * (max_len + 1), np.int64)
-        ee, ep = np.empty_like(es), np.empty_like(es)
-        a, b = np.empty(longest + 1), np.empty(longest + 1)   # forward, backward log weights
-        for w in range(c, len(freq), n_chunks):
-            n = off[w + 1] - off[w]
-            m = _edges(pool, off[w], n, keys, child, node_piece, max_len, logp, es, ee, ep)
-            a[:n + 1], b[:n + 1] = -np.inf, -np.inf
-            a[0], b[n] = 0.0, 0.0
-            for e in range(m):
-                if ep[e] >= 0:
-                    a[ee[e]] = _logadd(a[ee[e]], a[es[e]] + logp[ep[e]])
-            if a[n] == -np.inf:
-                ll[c] = -np.inf
-                continue
-            for e in range(m - 1, -1, -1):
-                if ep[e] >= 0:
-                    b[es[e]] = _logadd(b[es[e]], logp[ep[e]] + b[ee[e]])
-            ll[c] += freq[w] * a[n]
-            for e in range(m):
-                if ep[e] >= 0:
-                    counts[c, ep[e]] += freq[w] * math.exp(a[es[e]] + logp[ep[e]] + b[ee[e]]
-                                                           - a[n])
-    return counts, ll
+@nb.njit(cache=True, nogil=True)
+def _expected_counts(pool, off, freq, keys, child, node_piece, max_len, logp, counts, ll, c,
+                     n_chunks):
+    """Chunk c of expected_counts: its words' counts into counts[c], log-lik into ll[c]."""
+    longest = _longest(off)
+    es = np.empty(longest * (max_len + 1), np.int64)
+    ee, ep = np.empty_like(es), np.empty_like(es)
+    a, b = np.empty(longest + 1), np.empty(longest + 1)       # forward, backward log weights
+    for w in range(c, len(freq), n_chunks):
+        n = off[w + 1] - off[w]
+        m = _edges(pool, off[w], n, keys, child, node_piece, max_len, logp, es, ee, ep)
+        a[:n + 1], b[:n + 1] = -np.inf, -np.inf
+        a[0], b[n] = 0.0, 0.0
+        for e in range(m):
+            if ep[e] >= 0:
+                a[ee[e]] = _logadd(a[ee[e]], a[es[e]] + logp[ep[e]])
+        if a[n] == -np.inf:
+            ll[c] = -np.inf
+            continue
+        for e in range(m - 1, -1, -1):
+            if ep[e] >= 0:
+                b[es[e]] = _logadd(b[es[e]], logp[ep[e]] + b[ee[e]])
+        ll[c] += freq[w] * a[n]
+        for e in range(m):
+            if ep[e] >= 0:
+                counts[c, ep[e]] += freq[w] * math.exp(a[es[e]] + logp[ep[e]] + b[ee[e]] - a[n])
 
 
 def expected_counts_ref(pool, off, freq, trie, logp):
@@ -102,8 +122,10 @@ def expected_counts_ref(pool, off, freq, trie, logp):
 # ---- Viterbi counts --------------------------------------------------------------------------
 def viterbi_counts(pool, off, freq, trie, logp):
     """F (V,): weighted count of each piece in the words' Viterbi segmentations."""
-    return _viterbi_counts(pool, off, freq, trie.keys, trie.child, trie.node_piece,
-                           trie.max_len, logp, _chunks()).sum(0)
+    counts = np.zeros((nb.get_num_threads(), len(logp)))   # (chunks, V)
+    _on_threads(_viterbi_counts, frozen(pool), off, freq, trie.keys, trie.child,
+                trie.node_piece, trie.max_len, logp, counts)
+    return counts.sum(0)
 
 
 @nb.njit(cache=True)
@@ -119,23 +141,22 @@ def _best(m, n, es, ee, ep, logp, best, back, banned):
             best[ee[e]], back[ee[e]] = s, e
 
 
-@nb.njit(cache=True, parallel=True)
-def _viterbi_counts(pool, off, freq, keys, child, node_piece, max_len, logp, n_chunks):
-    counts = np.zeros((n_chunks, len(logp)))                 # (chunks, V)
-    longest = np.max(off[1:] - off[:-1])
-    for c in nb.prange(n_chunks):
-        es = np.empty(longest * (max_len + 1), np.int64)
-        ee, ep = np.empty_like(es), np.empty_like(es)
-        best, back = np.empty(longest + 1), np.empty(longest + 1, np.int64)
-        for w in range(c, len(freq), n_chunks):
-            n = off[w + 1] - off[w]
-            m = _edges(pool, off[w], n, keys, child, node_piece, max_len, logp, es, ee, ep)
-            _best(m, n, es, ee, ep, logp, best, back, -1)
-            j = n if best[n] > -np.inf else 0
-            while j > 0:
-                counts[c, ep[back[j]]] += freq[w]
-                j = es[back[j]]
-    return counts
+@nb.njit(cache=True, nogil=True)
+def _viterbi_counts(pool, off, freq, keys, child, node_piece, max_len, logp, counts, c,
+                    n_chunks):
+    """Chunk c of viterbi_counts, into counts[c]."""
+    longest = _longest(off)
+    es = np.empty(longest * (max_len + 1), np.int64)
+    ee, ep = np.empty_like(es), np.empty_like(es)
+    best, back = np.empty(longest + 1), np.empty(longest + 1, np.int64)
+    for w in range(c, len(freq), n_chunks):
+        n = off[w + 1] - off[w]
+        m = _edges(pool, off[w], n, keys, child, node_piece, max_len, logp, es, ee, ep)
+        _best(m, n, es, ee, ep, logp, best, back, np.int64(-1))   # int64: one typing of _best
+        j = n if best[n] > -np.inf else 0
+        while j > 0:
+            counts[c, ep[back[j]]] += freq[w]
+            j = es[back[j]]
 
 
 def _viterbi_pieces_ref(w, index, max_len, logp, banned=None):
@@ -166,15 +187,19 @@ def viterbi_counts_ref(pool, off, freq, trie, logp):
 # ---- pruning loss ----------------------------------------------------------------------------
 def prune_losses(trie, logp, freq):
     """loss (V,) of each piece (module docstring); freq = viterbi_counts."""
-    return _prune_losses(trie.pool, trie.off, trie.ids, trie.keys, trie.child, trie.node_piece,
-                         trie.max_len, logp, freq)
-
-
-@nb.njit(cache=True, parallel=True)
-def _prune_losses(pool, off, ids, keys, child, node_piece, max_len, logp, freq):
     loss = np.full(len(logp), -np.inf)
+    _on_threads(_prune_losses, trie.pool, trie.off, trie.ids, trie.keys, trie.child,
+                trie.node_piece, trie.max_len, logp, freq, loss)
+    return loss
+
+
+@nb.njit(cache=True, nogil=True)
+def _prune_losses(pool, off, ids, keys, child, node_piece, max_len, logp, freq, loss, c,
+                  n_chunks):
+    """Chunk c of prune_losses: pieces c, c + n_chunks, ... (distinct ids: each loss[v] has
+    one writer)."""
     total = freq.sum()
-    for k in nb.prange(len(ids)):
+    for k in range(c, len(ids), n_chunks):
         v, n = ids[k], off[k + 1] - off[k]
         if freq[v] == 0 or logp[v] == -np.inf:
             continue
@@ -196,7 +221,6 @@ def _prune_losses(pool, off, ids, keys, child, node_piece, max_len, logp, freq):
             lp_alt += math.log(freq[ep[back[j]]] + freq[v]) - logsum_alt
             j = es[back[j]]
         loss[v] = freq[v] * (math.log(freq[v]) - math.log(total) - lp_alt)
-    return loss
 
 
 def prune_losses_ref(trie, logp, freq):
@@ -221,15 +245,38 @@ def count_substrings(pool, off, freq, max_len, cap):
     SPACE after their first character), counted with the words' freq, in words' order; each
     substring is represented by its first occurrence pool[start:start+len]. Whenever more
     than `cap` distinct substrings are held, those whose count is <= the lower median count
-    are dropped (a dropped substring seen again starts afresh). Sorted by (start, len)."""
+    are dropped (a dropped substring seen again starts afresh). Sorted by (start, len).
+
+    The kernel counts until the cap is passed and returns; the halving runs here in NumPy
+    (its kernel _reinsert compiles only when a corpus reaches the cap), then the count goes
+    on from where it stopped."""
+    pool, off, freq = frozen(pool), np.ascontiguousarray(off, np.int64), np.asarray(freq, float)
     slots = 1 << int(2 * cap + 2).bit_length()
-    starts, lens, counts = _count_substrings(pool, off, freq, max_len, cap, slots)
+    table = (np.zeros(slots, np.uint64), np.zeros(slots, np.int64),      # hash (0 = empty),
+             np.zeros(slots, np.int8), np.zeros(slots))                   # start, len, count
+    state = np.array([0, 0, 0, 0], np.int64)                  # word, start, end, held
+    while True:
+        _count_substrings(pool, off, freq, max_len, cap, table, state)
+        if state[0] == len(freq):
+            break
+        live = np.flatnonzero(table[0])                          # (held,) in slot order
+        median = np.sort(table[3][live])[(len(live) - 1) // 2]
+        kept = [a[live[table[3][live] > median]] for a in table]
+        for a in table:
+            a[:] = 0
+        _reinsert(table, pool, *kept)
+        state[3] = len(kept[0])
+    live = np.flatnonzero(table[0])
+    starts, lens, counts = table[1][live], table[2][live].astype(np.int64), table[3][live]
     order = np.lexsort((lens, starts))
     return starts[order], lens[order], counts[order]
 
 
 @nb.njit(cache=True)
-def _insert(hashes, reps, lens, counts, pool, h, s, n, f):
+def _insert(table, pool, h, s, n, f):
+    """Add f to the count of the substring pool[s:s+n] (hash h) or insert it: returns 1 if
+    it was new."""
+    hashes, reps, lens, counts = table
     mask = len(hashes) - 1
     t = np.int64(h >> np.uint64(20)) & mask
     while hashes[t] != 0:
@@ -240,7 +287,7 @@ def _insert(hashes, reps, lens, counts, pool, h, s, n, f):
                     same = False
                     break
             if same:
-                counts[t] += f
+                table[3][t] += f
                 return 0
         t = (t + 1) & mask
     hashes[t], reps[t], lens[t], counts[t] = h, s, n, f
@@ -248,32 +295,33 @@ def _insert(hashes, reps, lens, counts, pool, h, s, n, f):
 
 
 @nb.njit(cache=True)
-def _count_substrings(pool, off, freq, max_len, cap, slots):
-    hashes = np.zeros(slots, np.uint64)                       # 0 = empty slot
-    reps, lens = np.zeros(slots, np.int64), np.zeros(slots, np.int8)
-    counts = np.zeros(slots)
-    held = 0
-    for w in range(len(freq)):
-        for i in range(off[w], off[w + 1]):
+def _count_substrings(pool, off, freq, max_len, cap, table, state):
+    """Count from state = (word w, start i, end j, held): the substrings pool[i:j'] with j' >
+    j come next (j = 0: all of them). Stops at the end (state[0] = W) or when more than cap
+    are held (state: where to go on)."""
+    w, i, skip, held = state[0], state[1], state[2], state[3]
+    while w < len(freq):
+        i = max(i, off[w])
+        while i < off[w + 1]:
             h = np.uint64(0xCBF29CE484222325)
             for j in range(i, min(off[w + 1], i + max_len)):
                 if j > i and pool[j] == SPACE_CP:
                     break
                 h = (h ^ np.uint64(pool[j])) * _FNV
-                if j > i:
-                    held += _insert(hashes, reps, lens, counts, pool, h | np.uint64(1), i,
-                                    j + 1 - i, freq[w])
-                if held > cap:
-                    live = counts[hashes != 0]
-                    median = np.sort(live)[(len(live) - 1) // 2]
-                    keep = (hashes != 0) & (counts > median)
-                    kh, kr, kl, kc = hashes[keep], reps[keep], lens[keep], counts[keep]
-                    hashes[:], counts[:] = 0, 0.0
-                    for t in range(len(kh)):
-                        _insert(hashes, reps, lens, counts, pool, kh[t], kr[t], kl[t], kc[t])
-                    held = len(kh)
-    live = hashes != 0
-    return reps[live], lens[live].astype(np.int64), counts[live]
+                if j > i and j >= skip:
+                    held += _insert(table, pool, h | np.uint64(1), i, j + 1 - i, freq[w])
+                    if held > cap:
+                        state[0], state[1], state[2], state[3] = w, i, j + 1, held
+                        return
+            i, skip = i + 1, 0
+        w += 1
+    state[0], state[3] = w, held
+
+
+@nb.njit(cache=True)
+def _reinsert(table, pool, hashes, reps, lens, counts):
+    for t in range(len(hashes)):
+        _insert(table, pool, hashes[t], reps[t], np.int64(lens[t]), counts[t])
 
 
 def count_substrings_ref(pool, off, freq, max_len, cap):

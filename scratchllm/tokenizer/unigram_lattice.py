@@ -27,15 +27,26 @@ _BASE = 0x110000
 
 
 def code_points(text):
-    """int32 (len(text),) code points of a str."""
+    """int32 (len(text),) code points of a str (read-only: see frozen)."""
     return np.frombuffer(text.encode("utf-32-le"), dtype="<i4")
+
+
+def frozen(a, dtype=np.int32):
+    """A read-only C-contiguous `dtype` view of a (a copy only to change dtype or layout).
+    Numba compiles one specialisation per array type, and read-only vs writable is part of
+    it: every kernel taking code points gets them through here, so each compiles once."""
+    a = np.ascontiguousarray(a, dtype)
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
 
 
 class PieceTrie:
     """The trie of the pieces pool[off[k]:off[k+1]] with ids ids[k] (ids < n_ids)."""
 
     def __init__(self, pool, off, ids, n_ids):
-        pool, off = np.ascontiguousarray(pool, np.int32), np.ascontiguousarray(off, np.int64)
+        pool, off = frozen(pool), np.ascontiguousarray(off, np.int64)
         self.pool, self.off, self.ids = pool, off, np.ascontiguousarray(ids, np.int64)
         self.n_ids, self.max_len = int(n_ids), int(np.diff(off).max(initial=1))
         slots = 1 << max(4, int(4 * len(off)).bit_length())    # doubled while over half full

@@ -33,7 +33,7 @@ import numba as nb
 import numpy as np
 
 from .charsmap import SPACE
-from .unigram_lattice import _BASE, _text, lattice_edges
+from .unigram_lattice import _BASE, _text, frozen, lattice_edges
 
 _SPACE, _DUMMY = 0x20, ord(SPACE)
 
@@ -175,7 +175,7 @@ def viterbi(x, bounds, trie, scores, unk_id, unk_score):
     if getattr(trie, "double_array", None) is None:
         trie.double_array = DoubleArray(trie)
     da = trie.double_array
-    return _viterbi(np.ascontiguousarray(x, np.int32), np.asarray(bounds, np.int64), da.cmap,
+    return _viterbi(frozen(x), np.ascontiguousarray(bounds, np.int64), da.cmap,
                     da.base, da.check, da.value, da.node_scores(scores),
                     scores.dtype == np.float32, int(unk_id), float(scores.dtype.type(unk_score)))
 
@@ -239,5 +239,5 @@ def whitespace(x, bounds, collapse, prefix):
     remove_extra_whitespaces; prefix: False | True | "always" (the dummy prefix rule at the
     start of a text). Returns (code points int32, bounds (T+1,))."""
     mode = 2 if prefix == "always" else int(bool(prefix))
-    return _spaces(np.ascontiguousarray(x, np.int32), np.asarray(bounds, np.int64),
+    return _spaces(frozen(x), np.ascontiguousarray(bounds, np.int64),
                    bool(collapse), mode)
