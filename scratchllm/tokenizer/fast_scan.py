@@ -65,7 +65,7 @@ def char_flags():
     return _FLAGS
 
 
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True)
 def decode_utf8(data, i):
     """(code point, next offset) of the UTF-8 character at byte offset i (valid UTF-8)."""
     b0 = np.int64(data[i])
@@ -81,7 +81,9 @@ def decode_utf8(data, i):
 
 @nb.njit(cache=True)
 def _span(data, flags, i, n, want, mask):
-    """Offset after the run of characters from i with flags & mask == want."""
+    """Offset after the run of characters from i with flags & mask == want. (Callers pass
+    np.int64 / np.bool_ values, not the constants: a literal argument compiles a callee
+    once per value.)"""
     while i < n:
         c, j = decode_utf8(data, i)
         if flags[c] & mask != want:
@@ -123,7 +125,7 @@ def _digits(data, flags, j, n):
 @nb.njit(cache=True)
 def _punct(data, flags, i, n, slash):
     """End of [^\\s\\p{L}\\p{N}]+ at i, then [\\r\\n]* ([\\r\\n/]* when slash)."""
-    e = _span(data, flags, i, n, 0, L | N | S)
+    e = _span(data, flags, i, n, np.int64(0), np.int64(L | N | S))
     while e < n and (data[e] == 10 or data[e] == 13 or (slash and data[e] == 47)):
         e += 1
     return e
@@ -172,12 +174,12 @@ def _next_cl100k(data, flags, i, n):
         if e >= 0:
             return e
     if f & L:                                                   # \p{L}+
-        return _span(data, flags, j, n, L, L)
+        return _span(data, flags, j, n, np.int64(L), np.int64(L))
     if not f & N and c != 10 and c != 13 and j < n:            # X \p{L}+
         c2, k = decode_utf8(data, j)
         if flags[c2] & L:
-            return _span(data, flags, k, n, L, L)
-    return _rest(data, flags, c, f, i, j, n, False)
+            return _span(data, flags, k, n, np.int64(L), np.int64(L))
+    return _rest(data, flags, c, f, i, j, n, np.bool_(False))
 
 
 @nb.njit(cache=True)
@@ -194,15 +196,15 @@ def _upper_lower(data, flags, s, n):
     if p < n:
         c, q = decode_utf8(data, p)
         if flags[c] & W:                                  # an Ll right after the U-run
-            return _span(data, flags, q, n, W, W)
+            return _span(data, flags, q, n, np.int64(W), np.int64(W))
     return after_w
 
 
 @nb.njit(cache=True)
 def _upper(data, flags, s, n):
     """End of U+W* at s, or -1."""
-    p = _span(data, flags, s, n, U, U)
-    return -1 if p == s else _span(data, flags, p, n, W, W)
+    p = _span(data, flags, s, n, np.int64(U), np.int64(U))
+    return -1 if p == s else _span(data, flags, p, n, np.int64(W), np.int64(W))
 
 
 @nb.njit(cache=True)
@@ -220,25 +222,36 @@ def _next_o200k(data, flags, i, n):
     if e >= 0:
         k = _contraction(data, flags, e, n)
         return k if k >= 0 else e
-    return _rest(data, flags, c, f, i, j, n, True)
+    return _rest(data, flags, c, f, i, j, n, np.bool_(True))
 
 
-@nb.njit(cache=True, inline="always")
-def next_pretoken(kind, data, flags, i, n):
-    """End offset of the pre-token starting at i (segment ends at n) for kind CL100K/O200K."""
-    if kind == O200K:
-        return _next_o200k(data, flags, i, n)
-    return _next_cl100k(data, flags, i, n)
+def scan(kind, data, flags, seg_ends):
+    """int64 (T,) end offsets of all pre-tokens of kind CL100K/O200K; each segment is
+    scanned as its own string. A kernel per kind: one kernel for both compiled both
+    scanners for a runtime kind (5.2 CPU s cold), where a cl100k scan needs one."""
+    return (_scan_o200k if kind == O200K else _scan_cl100k)(data, flags, seg_ends)
 
 
 @nb.njit(cache=True)
-def scan(kind, data, flags, seg_ends):
-    """int64 (T,) end offsets of all pre-tokens; each segment is scanned as its own string."""
+def _scan_cl100k(data, flags, seg_ends):
     ends = np.empty(data.shape[0], dtype=np.int64)  # (N,) upper bound: one per byte
     t, i = np.int64(0), np.int64(0)  # int64 from the start: one typing of the callee
     for n in seg_ends:
         while i < n:
-            i = next_pretoken(kind, data, flags, i, n)
+            i = _next_cl100k(data, flags, i, n)
+            ends[t] = i
+            t += 1
+    return ends[:t]
+
+
+@nb.njit(cache=True)
+def _scan_o200k(data, flags, seg_ends):
+    """_scan_cl100k with the o200k scanner."""
+    ends = np.empty(data.shape[0], dtype=np.int64)  # (N,)
+    t, i = np.int64(0), np.int64(0)
+    for n in seg_ends:
+        while i < n:
+            i = _next_o200k(data, flags, i, n)
             ends[t] = i
             t += 1
     return ends[:t]
