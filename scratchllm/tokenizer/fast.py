@@ -105,7 +105,7 @@ def _scan_gpt2(data, cls, seg_ends):
     return ends[:t]
 
 
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True)
 def _hash_bytes(data, s, e):
     h = np.uint64(1469598103934665603)                      # FNV-1a, 64 bit
     for i in range(s, e):
@@ -113,7 +113,7 @@ def _hash_bytes(data, s, e):
     return h
 
 
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True)
 def _same(data, s1, e1, s2, e2):
     if e1 - s1 != e2 - s2:
         return False
@@ -138,7 +138,7 @@ def _unique_pretokens(data, ends):
     us = np.empty(ends.shape[0], dtype=np.int64)   # (T,) starts of unique pre-tokens
     ue = np.empty(ends.shape[0], dtype=np.int64)   # (T,)
     uc = np.zeros(ends.shape[0], dtype=np.int64)   # (T,)
-    u, s = 0, 0
+    u, s = np.int64(0), np.int64(0)  # not literals: one typing of _hash_bytes and _same
     for e in ends:
         h = _hash_bytes(data, s, e) & np.uint64(size - 1)
         while True:

@@ -53,7 +53,7 @@ def _slot(key, size):
     return np.int64((np.uint64(key) * _MULT) >> np.uint64(40)) & (size - 1)
 
 
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True)
 def _lookup(a, b, keys, ranks):
     """(rank, slot) of the merge (a, b), or (-1, -1) when a, b never merge."""
     key = (a << 32) | b
@@ -100,7 +100,7 @@ def _bpe(data, s, e, byte_ids, keys, ranks, news, parts, prank, pslot, out, t):
 LONG = 256  # pre-tokens of more bytes merge through a heap (_bpe_long): O(m log m), not O(m^2)
 
 
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True)
 def _heap_push(heap, n, key):
     """Push int64 `key` onto the min-heap heap[:n] (grown when full); returns (heap, n + 1)."""
     if n == heap.shape[0]:
@@ -117,7 +117,7 @@ def _heap_push(heap, n, key):
     return heap, n + 1
 
 
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True)
 def _heap_pop(heap, n):
     """(smallest key, n - 1) of the min-heap heap[:n]."""
     top = heap[0]
@@ -149,7 +149,7 @@ def _bpe_long(data, s, e, byte_ids, keys, ranks, news, out, t):
     nxt = np.empty(m, dtype=np.int64)  # (m,)
     prv = np.empty(m, dtype=np.int64)  # (m,)
     heap = np.empty(m, dtype=np.int64)  # (m,) grows
-    n = 0
+    n = np.int64(0)  # not a literal: one typing of _heap_push and _heap_pop
     for i in range(m):
         parts[i], nxt[i], prv[i] = byte_ids[data[s + i]], i + 1 if i + 1 < m else -1, i - 1
     for i in range(m - 1):
@@ -185,5 +185,6 @@ def bpe_long(token, byte_ids, keys, ranks, news):
     """int64 ids of one pre-token (bytes, any length) by the heap merge (_bpe_long); the
     Tokenizer's non-Numba path uses it for pre-tokens longer than LONG bytes."""
     data = np.frombuffer(bytes(token), dtype=np.uint8)  # (m,)
-    out = np.empty(max(len(data), 1), dtype=np.int64)  # (m,)
-    return out[:_bpe_long(data, 0, len(data), byte_ids, keys, ranks, news, out, 0)]
+    out = np.empty(max(len(data), 1), dtype=np.int32)  # (m,) int32 as encode_pieces' (ids <
+    n = _bpe_long(data, 0, len(data), byte_ids, keys, ranks, news, out, 0)  # 2^31): 1 typing
+    return out[:n].astype(np.int64)
