@@ -27,6 +27,19 @@ def test_a_long_pretoken_gives_the_ids_of_the_rescanning_merge(gpt2, seed):
     assert gpt2.decode(want) == word
 
 
+def test_long_pretokens_keep_their_place_among_the_others(gpt2):
+    # the encoder leaves pre-tokens over LONG bytes to the heap merge and splices their ids
+    # back in: they land where the regex path (pre-token by pre-token) puts them
+    from scratchllm.tokenizer.pretokenize import special_regex
+    rng = np.random.default_rng(2)
+    word = "".join(rng.choice(list("etaoinshrdlu"), size=fast_bpe.LONG + 1))
+    text = f"a {word}, b<|endoftext|>{word}{word.upper()}\n\n{'=' * 300} c. {word}"
+    special = special_regex(["<|endoftext|>"])
+    want = gpt2._encode_slow(gpt2._pieces(text, special))
+    assert gpt2.encode(text, allowed_special="all") == want
+    assert gpt2.decode(want) == text and want.count(50256) == 1
+
+
 def test_a_400k_character_pretoken_encodes_and_round_trips():
     """The reported case: 64k characters took 2.8 s, 4x per doubling; 400k would take minutes."""
     vocab = {b: bytes([b]) for b in range(256)}
