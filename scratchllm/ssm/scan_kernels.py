@@ -70,7 +70,8 @@ def _forward_scalar(x, delta, AT, B, C, D, y, b, c0):
             for w in range(W):  # h_t = exp(Δ_t A) h_{t-1} + Δ_t x_t B_t; y_t += C_t h_t
                 hn[w] = exp_lanes(dt[w] * An[w]) * hn[w] + dt[w] * xt[w] * Bn
                 acc[w] += Cn * hn[w]
-        yt[:] = acc
+        for w in range(W):  # (a loop: an array-to-slice copy compiles a shape check)
+            yt[w] = acc[w]
 
 
 def _forward_lanes(x, delta, AT, B, C, D, y, b, c0):
@@ -185,7 +186,8 @@ def _adjoint_scalar(dy, x, delta, AT, B, C, D, b, c0, hs, ab, S, dA, acc, P, dx,
             dx[b, t, c0 + w] = D[c0 + w] * dyt[w] + dt[w] * acc[1, w]  # D dy_t + Δ_t Σ_n λ_t B_t
             dD_b[b, c0 + w] += dyt[w] * xt[w]
     for n in range(N):
-        dAT_b[b, n, c0:c0 + W] = dA[n]
+        for w in range(W):  # (a loop: an array-to-slice copy compiles a shape check)
+            dAT_b[b, n, c0 + w] = dA[n, w]
 
 
 @njit(cache=True, fastmath=False, nogil=True)
@@ -238,7 +240,8 @@ def _adjoint_lanes(dy, x, delta, AT, B, C, D, b, c0, hs, ab, g, dA, dx, ddelta, 
             store16(dx, i + v, load16(D, c0 + v) * dyt + dt * s)  # D dy_t + Δ_t Σ_n λ_t B_t
             store16(dD_b, b * dp + c0 + v, load16(dD_b, b * dp + c0 + v) + dyt * xt)
     for n in range(N):
-        dAT_b[b, n, c0:c0 + W] = dA[n]
+        for w in range(W):  # (a loop: an array-to-slice copy compiles a shape check)
+            dAT_b[b, n, c0 + w] = dA[n, w]
 
 
 @njit(cache=True, fastmath=False, nogil=True)
