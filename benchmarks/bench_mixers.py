@@ -199,8 +199,9 @@ def bench_share():
     """Load-proof evidence for bench_threads: in one thread, the share of each chunked pair's
     CPU time (time.thread_time) spent in work that runs in parallel on two threads: inside
     gla_chunks' lane kernels (spans of batch x head lanes; linear attention, RetNet, GLA, SSD)
-    and inside lanes.map_lanes (the delta rule's lane groups, the elementwise steps of linear
-    attention and SSD), and the Amdahl bound 1 / ((1 - p) + p / 2) it allows two threads."""
+    and inside lanes.map_lanes / for_lanes (the delta rule's lane groups, the elementwise steps
+    of linear attention and SSD), and the Amdahl bound 1 / ((1 - p) + p / 2) it allows two
+    threads."""
     import time
     import numba
     import scratchllm.linear_attention.delta as delta
@@ -218,7 +219,9 @@ def bench_share():
             return out
         return run
     for module in (delta, linear, ssd):
-        module.map_lanes = timed(lanes.map_lanes)
+        for name in ("map_lanes", "for_lanes"):   # lane groups, results copied or in place
+            if hasattr(module, name):
+                setattr(module, name, timed(getattr(lanes, name)))
     gla.chunked_kernel = timed(gla.chunked_kernel)
     gla.chunked_backward_kernel_call = timed(gla.chunked_backward_kernel_call)
     lanes._threads = lambda: 1

@@ -105,6 +105,19 @@ def map_lanes(fn, B, H, work):
     return tuple(full)
 
 
+def for_lanes(fn, B, H, work):
+    """fn(idx) for each lane group idx of lane_groups(B, H, threads), in threads as map_lanes,
+    for an fn that writes its lanes of arrays allocated beforehand (nothing returned): no
+    parts to copy into whole arrays afterwards (for an elementwise step that copy costs as
+    much as the step: linear attention's CPU at 2 threads was 25% above 1 thread's)."""
+    groups = lane_groups(B, H, _threads() if work >= MIN_WORK else 1)
+    keep_freed_memory()
+    if len(groups) == 1 or not _can_thread():
+        fn(groups[0])
+        return
+    list(_pool(len(groups)).map(_one_thread, [fn] * len(groups), groups))
+
+
 def spans(L, n):
     """[(lo, hi)]: range(L) cut into min(n, L) spans of nearly equal length (at least one)."""
     n = max(1, min(n, L))

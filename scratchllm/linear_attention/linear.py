@@ -20,7 +20,7 @@ from scratchllm.core.validate import expect_dout
 from scratchllm.linear_attention.gla import (GLACache, check_head_step, check_qkv,
                                              gla_attention_step, gla_backward_parts,
                                              gla_forward_parts, gla_out)
-from scratchllm.linear_attention.lanes import map_lanes
+from scratchllm.linear_attention.lanes import for_lanes
 
 FEATURES = ("elu", "identity")
 
@@ -33,11 +33,20 @@ def _phi(x, feature):
     return np.maximum(x, 0) + np.exp(np.minimum(x, 0))  # (..., Dk)
 
 
-def _phi_backward(dphi, x, feature):
-    """fwd: φ = elu(x) + 1  ->  dx = dφ · (1 if x > 0 else exp(x)) = dφ · exp(min(x, 0))."""
-    if feature == "identity":
-        return dphi
-    return dphi * np.exp(np.minimum(x, 0))  # (..., Dk)
+def _phi_into(x, out):
+    """out = elu(x) + 1 = exp(min(x, 0)) + max(x, 0): _phi's operations (a sum of two terms in
+    either order has the same bits), in out."""
+    np.minimum(x, 0, out=out)
+    np.exp(out, out=out)
+    out += np.maximum(x, 0)
+
+
+def _phi_backward_into(dphi, x, out):
+    """fwd: φ = elu(x) + 1  ->  dx = dφ · (1 if x > 0 else exp(x)) = dφ · exp(min(x, 0)),
+    written in out (elu only: the identity's dx is dφ)."""
+    np.minimum(x, 0, out=out)
+    np.exp(out, out=out)
+    out *= dphi
 
 
 def _check_options(fn, feature, normalize):
@@ -82,11 +91,24 @@ def linear_attention_forward(q, k, v, *, feature="elu", normalize=True, eps=1e-6
     check_qkv(fn, q, k, v)
     _check_options(fn, feature, normalize)
     lanes = q.shape[:2] + (q.size + v.size,)  # the elementwise steps in threads too (lanes.py)
-    phq, phk, vv = map_lanes(lambda i: (_phi(q[i], feature), _phi(k[i], feature),
-                                        _with_ones(v[i], normalize)), *lanes)
+    phq, phk = (x if feature == "identity" else np.empty_like(x) for x in (q, k))
+    vv = np.empty(v.shape[:-1] + (v.shape[-1] + 1,), v.dtype) if normalize else v
+
+    def features(i):  # φ(q), φ(k) and [v | 1] for the lanes i, written in place
+        if feature != "identity":
+            _phi_into(q[i], phq[i])
+            _phi_into(k[i], phk[i])
+        if normalize:
+            vv[i][..., :-1], vv[i][..., -1] = v[i], 1
+    if feature != "identity" or normalize:
+        for_lanes(features, *lanes)
     out, gla = gla_forward_parts(fn, phq, phk, vv, None, form, chunk)  # (B, H, T, Dv+1)
     cache = LinearAttentionCache(q, k, feature, eps, out if normalize else None, gla)
-    return map_lanes(lambda i: (_normalise(out[i], normalize, eps),), *lanes)[0], cache
+    if not normalize:
+        return out, cache
+    o = np.empty(out.shape[:-1] + (out.shape[-1] - 1,), out.dtype)  # (B, H, T, Dv)
+    for_lanes(lambda i: np.divide(out[i][..., :-1], out[i][..., -1:] + eps, out=o[i]), *lanes)
+    return o, cache
 
 
 def _linear_out(cache):
@@ -109,18 +131,27 @@ def linear_attention_backward(do, cache):
     if cache.out is None:
         dout = do
     else:
+        out = cache.out
+        dout = np.empty(out.shape, np.result_type(do, out))  # (B, H, T, Dv + 1)
+
         def unnormalise(i):
-            out = cache.out[i]
-            num, den = out[..., :-1], out[..., -1:] + cache.eps  # (B, H, T, Dv), (B, H, T, 1)
+            num, den = out[i][..., :-1], out[i][..., -1:] + cache.eps  # (.., Dv), (.., 1)
             # fwd: o = num / den  ->  dnum = do / den, dden = -sum(do * num) / den^2
-            dden = -(do[i] * num).sum(axis=-1, keepdims=True) / den ** 2  # (B, H, T, 1)
-            return (np.concatenate([do[i] / den, dden], axis=-1),)  # (B, H, T, Dv + 1)
-        dout, = map_lanes(unnormalise, *lanes)
+            dout[i][..., -1:] = -(do[i] * num).sum(axis=-1, keepdims=True) / den ** 2
+            np.divide(do[i], den, out=dout[i][..., :-1])
+        for_lanes(unnormalise, *lanes)
     dphq, dphk, dv, _ = gla_backward_parts(dout, cache.gla)
     if cache.out is not None:
         dv = dv[..., :-1]  # the column of ones is a constant
-    dq, dk = map_lanes(lambda i: (_phi_backward(dphq[i], cache.q[i], cache.feature),
-                                  _phi_backward(dphk[i], cache.k[i], cache.feature)), *lanes)
+    if cache.feature == "identity":
+        return {"q": dphq, "k": dphk, "v": dv}
+    dq = np.empty(dphq.shape, np.result_type(dphq, cache.q))  # (B, H, T, Dk)
+    dk = np.empty(dphk.shape, np.result_type(dphk, cache.k))
+
+    def features_backward(i):
+        _phi_backward_into(dphq[i], cache.q[i], dq[i])
+        _phi_backward_into(dphk[i], cache.k[i], dk[i])
+    for_lanes(features_backward, *lanes)
     return {"q": dq, "k": dk, "v": dv}
 
 

@@ -28,7 +28,8 @@ import numpy as np
 from scratchllm.core.blas import run_tasks
 from scratchllm.core.validate import (common_float, expect_dout, expect_float, expect_ndim,
                                       expect_shape)
-from scratchllm.ssm.scan_kernels import GROUPS, W, backward_blocks, forward_blocks
+from scratchllm.ssm.scan_kernels import (GROUPS, W, backward_blocks, backward_blocks_lanes,
+                                         forward_blocks, forward_blocks_lanes)
 
 _MIN_WORK = 1 << 16  # elements of output below which one thread is faster than handing off
 
@@ -176,7 +177,8 @@ def selective_scan_forward(x, delta, A, B, C, D):
     y = np.empty(x.shape[:2] + (dp,), x.dtype)  # (B, T, dp)
     args = (_pad(cache.x, 2, dp), _pad(cache.delta, 2, dp), _pad(cache.A.T, 1, dp).copy(),
             cache.B, cache.C, _pad(cache.D, 0, dp), y)
-    _in_spans(lambda lo, hi: forward_blocks(*args, lo, hi), x.shape[0] * (dp // W), y.size)
+    kernel = forward_blocks_lanes if x.dtype == np.float32 else forward_blocks  # (Lanes16)
+    _in_spans(lambda lo, hi: kernel(*args, lo, hi), x.shape[0] * (dp // W), y.size)
     return _unpad(y, d), cache
 
 
@@ -200,7 +202,8 @@ def selective_scan_backward(dy, cache):
     dyp = _pad(np.ascontiguousarray(dy, dtype=x.dtype), 2, dp)  # (B, T, dp)
     args = (dyp, _pad(x, 2, dp), _pad(delta, 2, dp), _pad(A.T, 1, dp).copy(), B, C,
             _pad(D, 0, dp), G, dx, ddelta, dAT_b, dBC_g, dD_b)
-    _in_spans(lambda lo, hi: backward_blocks(*args, lo, hi), batch * G, dx.size)
+    kernel = backward_blocks_lanes if x.dtype == np.float32 else backward_blocks  # (Lanes16)
+    _in_spans(lambda lo, hi: kernel(*args, lo, hi), batch * G, dx.size)
     dBC = _fixed_sum(dBC_g, 1)  # (B, T, N, 2)
     return {"x": _unpad(dx, d), "delta": _unpad(ddelta, d),
             "A": _fixed_sum(dAT_b)[:, :d].T.copy(), "B": dBC[..., 0].copy(),

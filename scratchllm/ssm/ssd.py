@@ -26,7 +26,7 @@ from scratchllm.core.validate import (common_float, expect_dout, expect_float, e
                                       expect_shape)
 from scratchllm.linear_attention.gla import (GLACache, gla_attention_step, gla_backward_parts,
                                              gla_forward_parts, gla_out)
-from scratchllm.linear_attention.lanes import map_lanes, run_spans
+from scratchllm.linear_attention.lanes import for_lanes, run_spans
 
 
 class SSDCache(NamedTuple):
@@ -95,13 +95,18 @@ def ssd_forward(x, dt, A, B, C, D, *, form="chunked", chunk=64):
     group = _check("ssd", x, dt, A, B, C, D)
     rows = (x.shape[0], 1, x.size)  # the elementwise steps: batch rows in threads (lanes.py)
 
-    def values(i):
+    v = np.empty(x.shape[:1] + x.shape[2:3] + x.shape[1:2] + x.shape[3:], x.dtype)  # (B,H,T,Dh)
+    g = np.empty(dt.shape[:1] + dt.shape[2:] + dt.shape[1:2], dt.dtype)  # (B, H, T)
+
+    def values(i):  # v = Δ x, g = Δ A for the rows i, written in place
         xt, dtt = np.swapaxes(x[i], 1, 2), np.swapaxes(dt[i], 1, 2)  # (B,H,T,Dh), (B,H,T)
-        return xt * dtt[..., None], dtt * A[:, None]  # v = Δ x, g = Δ A
-    v, g = map_lanes(values, *rows)
+        np.multiply(xt, dtt[..., None], out=v[i])
+        np.multiply(dtt, A[:, None], out=g[i])
+    for_lanes(values, *rows)
     (Ch, rep), (Bh, _) = _heads(C, group), _heads(B, group)  # (B, H, T, N) each
-    y, gla = gla_forward_parts("ssd", Ch, Bh, v, g, form, chunk)  # (B, H, T, Dh)
-    y, = map_lanes(lambda i: (np.swapaxes(y[i], 1, 2) + D[:, None] * x[i],), *rows)
+    yg, gla = gla_forward_parts("ssd", Ch, Bh, v, g, form, chunk)  # (B, H, T, Dh)
+    y = np.empty(x.shape, np.result_type(yg, D, x))  # (B, T, H, Dh)
+    for_lanes(lambda i: np.add(np.swapaxes(yg[i], 1, 2), D[:, None] * x[i], out=y[i]), *rows)
     return y, SSDCache(x, dt, A, D, rep, gla)
 
 
@@ -118,10 +123,13 @@ def ssd_backward(dy, cache):
     dq, dk, dv, dg = gla_backward_parts(np.swapaxes(dy, 1, 2), gla)  # (B, H, T, *)
     dv, dg = np.swapaxes(dv, 1, 2), np.swapaxes(dg, 1, 2)  # (B, T, H, Dh), (B, T, H)
 
+    dx = np.empty(x.shape, np.result_type(D, dy, dv, dt))  # (B, T, H, Dh)
+    ddt = np.empty(dt.shape, np.result_type(dv, x, dg, A))  # (B, T, H)
+
     def inputs(i):  # fwd: y = swap(gla) + D x;  v = dt x;  g = dt A
-        dx = D[:, None] * dy[i] + dv[i] * dt[i][..., None]  # (B, T, H, Dh)
-        return dx, (dv[i] * x[i]).sum(-1) + dg[i] * A  # dx, ddt (B, T, H)
-    dx, ddt = map_lanes(inputs, x.shape[0], 1, x.size)  # batch rows in threads (lanes.py)
+        np.add(D[:, None] * dy[i], dv[i] * dt[i][..., None], out=dx[i])
+        np.add((dv[i] * x[i]).sum(-1), dg[i] * A, out=ddt[i])
+    for_lanes(inputs, x.shape[0], 1, x.size)  # batch rows in threads, in place (lanes.py)
     # fwd: B, C shared by the heads of a group  ->  the sum over the group
     dB, dC = (np.swapaxes(repeat_kv_backward(d, rep)["kv"], 1, 2) for d in (dk, dq))
     return {"x": dx, "dt": ddt, "A": (dg * dt).sum(axis=(0, 1)), "B": dB, "C": dC,
