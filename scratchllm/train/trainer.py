@@ -30,7 +30,8 @@ from tqdm import tqdm
 from scratchllm.core.fp8 import FP8Spec, fp8_matmuls
 from scratchllm.core.heap import keep_freed_memory
 from scratchllm.core.nn import detect_anomaly
-from scratchllm.core.optim import NonFiniteError, clip_grad_norm, cosine_schedule
+from scratchllm.core.optim import (AdamW, NonFiniteError, clip_grad_norm, clip_scale,
+                                   cosine_schedule)
 from scratchllm.dist import all_reduce_forward, all_reduce_grads
 from scratchllm.lm import LM, preset
 from scratchllm.train import checkpoint, corpus, parallel_run
@@ -195,12 +196,23 @@ class Run:
         if not math.isfinite(ce):
             raise NonFiniteError(f"step {self.step + 1}: the training loss is {ce}; "
                                  f"{self.likely_cause()}")
+        # the data-parallel sum left each Param's squares (when params are all of its model's):
+        # the clip reads them, and AdamW scales the gradients in its own pass
+        whole = self.dp.squares is not None and self.group.size == 1 and \
+            self.stage is None and self.shards is None and self.sliced is None
+        fold = whole and isinstance(self.opt, AdamW)
         try:
-            clip_grad_norm(params, s.clip, across=norm_across)
+            if fold:
+                _, scale = clip_scale(params, s.clip, squares=self.dp.squares)
+            else:
+                clip_grad_norm(params, s.clip, across=norm_across,
+                               squares=self.dp.squares if whole else None)
         except NonFiniteError as e:
             raise NonFiniteError(f"step {self.step + 1}: {e}; {self.likely_cause()}") from None
         self.opt.lr = cosine_schedule(self.step + 1, s.lr, s.lr * s.final_lr, s.warmup, s.steps)
-        if self.stage is None:
+        if fold:
+            self.opt.step(grad_scale=scale)
+        elif self.stage is None:
             self.opt.step()
         else:
             self.opt.step(only=self.stage.opt_indices(self.opt))
