@@ -177,7 +177,7 @@ class Run:
                 packed = {} if docs is None else {"docs": docs[lo:hi]}
                 ce, caches = self.dp.loss_backward(x[lo:hi], y[lo:hi], total=s.batch_size,
                                                    **packed)
-        across, params, norm_across = None, model.parameters(), None
+        across, params, norm_across = None, None, None  # params None: the model's
         if self.stage is not None:  # a stage's own Params; the norm summed over the stages
             params, norm_across = self.stage.params, self.stage.pp_sum
             if self.group.size > 1:
@@ -201,9 +201,11 @@ class Run:
         whole = self.dp.squares is not None and self.group.size == 1 and \
             self.stage is None and self.shards is None and self.sliced is None
         fold = whole and isinstance(self.opt, AdamW)
+        if params is None and not fold:
+            params = model.parameters()
         try:
             if fold:
-                _, scale = clip_scale(params, s.clip, squares=self.dp.squares)
+                _, scale = clip_scale((), s.clip, squares=self.dp.squares)
             else:
                 clip_grad_norm(params, s.clip, across=norm_across,
                                squares=self.dp.squares if whole else None)
