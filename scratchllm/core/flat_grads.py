@@ -72,14 +72,16 @@ class FlatGrads:
     @staticmethod
     def fits(models):
         """Whether FlatGrads can take these models' gradients: one float dtype, every Param's
-        data and grad of one shape, and at least one Param."""
+        data and grad of one shape and C-contiguous (not a ZeRO or pipeline placeholder of
+        zero strides: dist/zero_layers.py empty_grad), and at least one Param."""
         params = [m.parameters() for m in models]
         if not params[0] or any(len(ps) != len(params[0]) for ps in params):
             return False
         dtype = params[0][0].data.dtype
         return dtype in (np.float32, np.float64) and all(
             p.data.dtype == dtype and p.grad.dtype == dtype and p.grad.shape == p.data.shape
-            and p.data.shape == q.data.shape
+            and p.data.shape == q.data.shape and p.grad.flags.c_contiguous
+            and p.data.flags.c_contiguous
             for ps in params for p, q in zip(ps, params[0]))
 
     def valid(self):

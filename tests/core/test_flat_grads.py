@@ -45,13 +45,15 @@ def test_flat_grads_are_views_until_one_is_re_pointed():
     assert not flat.valid()
 
 
-def test_fits_only_one_float_dtype():
+def test_fits_only_one_float_dtype_of_real_arrays():
     a, b = _Two(np.random.default_rng(0), np.float32), _Two(np.random.default_rng(0),
                                                              np.float32)
     assert FlatGrads.fits([a, b])
     b.b[0].grad = np.zeros(1, np.float64)
     assert not FlatGrads.fits([a, b])
     assert not FlatGrads.fits([Module()])  # no Params
+    a.a.W.grad = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), (5, 7), (0, 0))
+    assert not FlatGrads.fits([a])  # a ZeRO placeholder (dist/zero_layers.py empty_grad)
 
 
 def test_balanced_split_gives_each_thread_about_its_share():
