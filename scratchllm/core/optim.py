@@ -84,8 +84,16 @@ class AdamW:
         `p.grad *= grad_scale` would: the clip's, clip_scale), or None."""
         expect_finite("AdamW.step", "lr", self.lr, 0)
         self.t += 1
+        params, n = self.params, max(1, int(self.threads))
+        plan = self._plan(params, n) if only is None and use_fused() else None
+        if plan is not None:  # whole Params per thread, one kernel call each
+            scalars = [fused.adamw_scalars(plan.dtype, AdamWStep(
+                self.lr * s, self.betas, self.eps, wd, self.t)) for _, wd, s in self.groups]
+            scale = None if grad_scale is None else plan.dtype.type(grad_scale)
+            run_tasks(lambda k: fused.adamw_params(plan.flat, plan.which[k], plan.group,
+                                                   scalars, scale), n, n)
+            return
         hps = [(wd, s) for ps, wd, s in self.groups for _ in ps]
-        params = self.params
         todo = [(params[i], self.m[i], self.v[i],
                  AdamWStep(self.lr * hps[i][1], self.betas, self.eps, hps[i][0], self.t))
                 for i in (range(len(params)) if only is None else only)]
@@ -94,15 +102,6 @@ class AdamW:
                 if grad_scale is not None:
                     p.grad *= grad_scale
                 fused.adamw_update_ref(p.data, p.grad, m, v, hp)
-            return
-        n = max(1, int(self.threads))
-        plan = self._plan(params, n) if only is None else None
-        if plan is not None:  # whole Params per thread, one kernel call each
-            scalars = [fused.adamw_scalars(plan.dtype, AdamWStep(
-                self.lr * s, self.betas, self.eps, wd, self.t)) for _, wd, s in self.groups]
-            scale = None if grad_scale is None else plan.dtype.type(grad_scale)
-            run_tasks(lambda k: fused.adamw_params(plan.flat, plan.which[k], plan.group,
-                                                   scalars, scale), n, n)
             return
         if grad_scale is not None:
             for p, *_ in todo:
