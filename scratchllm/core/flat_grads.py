@@ -51,7 +51,8 @@ class FlatGrads:
     """The Params' gradients of `models` (a model and its replicas: the same Params in the
     same order, one dtype) moved into one (R, N) array: each p.grad becomes a view of its
     row (its values kept). `valid()` says whether every p.grad is still that view (a caller
-    that re-points a p.grad gets the Param-by-Param path again)."""
+    that re-points a p.grad gets the Param-by-Param path again). The Params are the models'
+    at construction, as an optimizer's are: a Param added or replaced later is not summed."""
 
     def __init__(self, models, threads):
         self.params = [m.parameters() for m in models]
