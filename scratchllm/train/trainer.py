@@ -196,19 +196,15 @@ class Run:
         if not math.isfinite(ce):
             raise NonFiniteError(f"step {self.step + 1}: the training loss is {ce}; "
                                  f"{self.likely_cause()}")
-        # the data-parallel sum left each Param's squares (when params are all of its model's):
-        # the clip reads them, and AdamW scales the gradients in its own pass
-        whole = self.dp.squares is not None and self.group.size == 1 and \
-            self.stage is None and self.shards is None and self.sliced is None
-        fold = whole and isinstance(self.opt, AdamW)
-        if params is None and not fold:
-            params = model.parameters()
+        # the data-parallel sum's squares (of all Params) for the clip; AdamW scales in its pass
+        whole = self.dp.squares is not None and self.group.size == 1 and params is None
+        fold = whole and norm_across is None and isinstance(self.opt, AdamW)
+        params = model.parameters() if params is None and not fold else params
         try:
             if fold:
                 _, scale = clip_scale((), s.clip, squares=self.dp.squares)
             else:
-                clip_grad_norm(params, s.clip, across=norm_across,
-                               squares=self.dp.squares if whole else None)
+                clip_grad_norm(params, s.clip, norm_across, self.dp.squares if whole else None)
         except NonFiniteError as e:
             raise NonFiniteError(f"step {self.step + 1}: {e}; {self.likely_cause()}") from None
         self.opt.lr = cosine_schedule(self.step + 1, s.lr, s.lr * s.final_lr, s.warmup, s.steps)
