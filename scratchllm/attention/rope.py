@@ -209,11 +209,20 @@ def rope_angles(rope, x_ndim, dtype):
     """cos and sin (times af) of rope.positions * rope.inv_freq, shaped to broadcast against x.
 
     positions (T,) -> (T, P); positions (B, T) -> (B, 1, ..., 1, T, P) for x of x_ndim axes.
+    (T,) positions' tables are kept by value (_ANGLES): a training step's layers, q and k, and
+    both data-parallel shards ask the same ones (80 us each at T = 128), and share them.
     M-RoPE (rope.sections): positions (3, T) or (3, B, T); pair i of section s takes the
     angle of position row s mod 3 (Qwen2VLRotaryEmbedding.recomposition_frequencies).
     """
     expect_int("rope", "positions", rope.positions)
     pos = np.asarray(rope.positions)
+    af = expect_finite("rope", "attention_factor", rope.attention_factor, 0, open_low=True)
+    key = None
+    if pos.ndim == 1 and pos.size <= 8192 and rope.sections is None:  # a step's every layer
+        key = (pos.tobytes(), pos.dtype.str, np.asarray(rope.inv_freq).tobytes(),  # asks
+               np.asarray(rope.inv_freq).dtype.str, af, np.dtype(dtype).str)  # the same
+        if key in _ANGLES:
+            return _ANGLES[key]
     ang = pos[..., None].astype(np.float64) * rope.inv_freq  # (T, P) or (B, T, P)
     if rope.sections is not None:  # ang (3, [B,] T, P): one angle table per position row
         row = np.repeat(np.arange(len(rope.sections)) % 3, rope.sections)  # (P,)
@@ -222,10 +231,17 @@ def rope_angles(rope, x_ndim, dtype):
         pos = pos[0]
     if pos.ndim == 2:
         ang = ang.reshape(ang.shape[:1] + (1,) * (x_ndim - 3) + ang.shape[1:])  # (B,1..,T,P)
-    af = expect_finite("rope", "attention_factor", rope.attention_factor, 0, open_low=True)
     cos = (np.cos(ang) * af).astype(dtype)  # (..., T, P)
     sin = (np.sin(ang) * af).astype(dtype)  # (..., T, P)
+    if key is not None:
+        if len(_ANGLES) >= 64:  # decoding asks new positions every step: keep a few
+            _ANGLES.clear()
+        _ANGLES[key] = cos, sin
     return cos, sin
+
+
+_ANGLES = {}  # rope_angles of (T,) positions, by their numbers: (cos, sin), read, never
+#               written by the rotations (the Numba kernels take them writable: one compile)
 
 
 def check_rope(fn, rope, Dh):

@@ -301,7 +301,7 @@ class AdamWStep(NamedTuple):
     step: int
 
 
-def _adamw_scalars(dtype, hp):
+def adamw_scalars(dtype, hp):
     """The update's scalars, each rounded to dtype as torch does with Python numbers."""
     lr, (b1, b2), eps, weight_decay, step = hp
     values = (1 - lr * weight_decay, 1 - b1, b2, 1 - b2, -lr / (1 - b1 ** step),
@@ -317,9 +317,21 @@ def adamw_update(p, grad, m, v, hp):
             raise ValueError(f"adamw_update: {name} must be C-contiguous {p.dtype} of shape "
                              f"{p.shape} (updated in place), got {a.dtype} {a.shape}, "
                              f"contiguous={a.flags.c_contiguous}")
-    decay, w1, b2, w2, neg_step, bc2_sqrt, e = _adamw_scalars(p.dtype, hp)
+    decay, w1, b2, w2, neg_step, bc2_sqrt, e = adamw_scalars(p.dtype, hp)
     _adamw_flat(p.reshape(-1), grad.reshape(-1), m.reshape(-1), v.reshape(-1), decay, w1, b2,
                 w2, neg_step, bc2_sqrt, e)
+
+
+def adamw_params(flat, which, group, scalars, scale=None):
+    """adamw_update of the Params `which` (indices into flat: per Param its flat C-contiguous
+    (p, grad, m, v) of one dtype, checked by the caller), Param j with the adamw_scalars
+    scalars[group[j]]; scale (in that dtype), or None: each grad multiplied by it first, in
+    place."""
+    for j in which:
+        p, g, m, v = flat[j]
+        if scale is not None:
+            g *= scale  # in g's dtype, as `p.grad *= s` rounds a Python float s to it
+        _adamw_flat(p, g, m, v, *scalars[group[j]])
 
 
 def adamw_update_ref(p, grad, m, v, hp):
@@ -332,7 +344,7 @@ def adamw_update_ref(p, grad, m, v, hp):
     1 ulp off on some entries, so p can differ from torch's by an ulp; m and v match.)
     Reference: pytorch/pytorch torch/optim/adam.py; Loshchilov & Hutter 2019
     (arXiv 1711.05101)."""
-    decay, w1, b2, w2, neg_step, bc2_sqrt, e = _adamw_scalars(p.dtype, hp)
+    decay, w1, b2, w2, neg_step, bc2_sqrt, e = adamw_scalars(p.dtype, hp)
     p *= decay
     m[...] = np.float64(w1) * (grad - m) + m  # lerp(m, g, w1) for w1 < 0.5, as an fma
     v *= b2

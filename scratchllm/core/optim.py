@@ -7,17 +7,23 @@ AdamW (Loshchilov & Hutter 2019), exactly torch.optim.AdamW's update for step t 
     p     <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 The update of one parameter is core/fused.py adamw_update (one Numba pass), or its readable
 twin adamw_update_ref under SCRATCHLLM_READABLE. The update is elementwise and memory-bound
-(p, grad, m, v read, p, m, v written: 28 bytes a float32 parameter), so the fused step splits
-every parameter into `opt.threads` equal spans updated on as many threads at once (the Numba
-kernel releases the GIL): the same numbers whatever the split.
+(p, grad, m, v read, p, m, v written: 28 bytes a float32 parameter), so the fused step gives
+each of `opt.threads` threads whole parameters, balanced by size (a step of `only` some: every
+parameter cut into equal spans, one per thread), updated at once (the Numba kernel releases the
+GIL): the same numbers whatever the split. The flat views a step needs are kept between steps
+while every p.data and p.grad stays the same array, so a step costs one kernel call a
+parameter and no Python per element span. The clip's factor can come in as grad_scale
+(`clip_scale`): the gradients are scaled in the same thread, just before their update.
 """
 import math
 import os
+from typing import NamedTuple
 
 import numpy as np
 
 from scratchllm.core import fused
 from scratchllm.core.blas import flat_spans, run_tasks
+from scratchllm.core.flat_grads import balanced_split
 from scratchllm.core.fused import AdamWStep
 from scratchllm.core.twins import use_fused
 from scratchllm.core.validate import expect_finite
@@ -25,6 +31,13 @@ from scratchllm.core.validate import expect_finite
 
 class NonFiniteError(ValueError):
     """A loss, gradient norm or update that went NaN or inf: training must stop there."""
+
+
+class _Plan(NamedTuple):
+    flat: list    # per Param: flat views (p, grad, m, v)
+    which: list   # per thread: the indices of its whole Params
+    group: list   # per Param: its group's index
+    dtype: np.dtype
 
 
 class AdamW:
@@ -57,27 +70,42 @@ class AdamW:
         # shard's or a pipeline stage's others) cost it no memory
         self.m = [np.zeros(p.data.shape, p.data.dtype) for p in self.params]
         self.v = [np.zeros(p.data.shape, p.data.dtype) for p in self.params]
+        self._cached = None  # (key, _Plan or None) of the last step: _plan
 
     @property
     def params(self):
         return [p for ps, *_ in self.groups for p in ps]
 
-    def step(self, only=None):
+    def step(self, only=None, grad_scale=None):
         """One update of every parameter from its .grad (opt.lr, set by a schedule, is checked
         here: a finite lr >= 0). only: the indices (into opt.params) of the parameters to
-        update, the others untouched (a ZeRO shard: dist/zero.py); None for all."""
+        update, the others untouched (a ZeRO shard: dist/zero.py); None for all.
+        grad_scale: a factor every .grad is multiplied by first (left so in .grad, as
+        `p.grad *= grad_scale` would: the clip's, clip_scale), or None."""
         expect_finite("AdamW.step", "lr", self.lr, 0)
         self.t += 1
+        params, n = self.params, max(1, int(self.threads))
+        plan = self._plan(params, n) if only is None and use_fused() else None
+        if plan is not None:  # whole Params per thread, one kernel call each
+            scalars = [fused.adamw_scalars(plan.dtype, AdamWStep(
+                self.lr * s, self.betas, self.eps, wd, self.t)) for _, wd, s in self.groups]
+            scale = None if grad_scale is None else plan.dtype.type(grad_scale)
+            run_tasks(lambda k: fused.adamw_params(plan.flat, plan.which[k], plan.group,
+                                                   scalars, scale), n, n)
+            return
         hps = [(wd, s) for ps, wd, s in self.groups for _ in ps]
-        params = self.params
         todo = [(params[i], self.m[i], self.v[i],
                  AdamWStep(self.lr * hps[i][1], self.betas, self.eps, hps[i][0], self.t))
                 for i in (range(len(params)) if only is None else only)]
         if not use_fused():
             for p, m, v, hp in todo:
+                if grad_scale is not None:
+                    p.grad *= grad_scale
                 fused.adamw_update_ref(p.data, p.grad, m, v, hp)
             return
-        n = max(1, int(self.threads))
+        if grad_scale is not None:
+            for p, *_ in todo:
+                p.grad *= grad_scale
 
         def span(k):  # the k-th of n equal spans of every parameter
             for p, m, v, hp in todo:
@@ -92,6 +120,27 @@ class AdamW:
                     fused.adamw_update(*views, hp)
 
         run_tasks(span, n, n)
+
+    def _plan(self, params, n):
+        """The flat views (p, grad, m, v) of every Param, their groups and each thread's
+        whole Params (balanced by size), kept while every p.data and p.grad stays the same
+        array; None when some Param's four arrays are not one dtype, shape and C layout
+        (the span path then names it)."""
+        key = (n, [id(p.data) for p in params], [id(p.grad) for p in params])
+        if self._cached is not None and self._cached[0] == key:
+            return self._cached[1]
+        dtype = params[0].data.dtype if params else None
+        flat, ok = [], True
+        for p, m, v in zip(params, self.m, self.v):
+            arrays = (p.data, p.grad, m, v)
+            ok = ok and all(a.dtype == dtype and a.flags.c_contiguous and a.shape == p.data.shape
+                            for a in arrays)
+            flat.append(tuple(a.reshape(-1) for a in arrays))
+        plan = _Plan(flat, balanced_split([p.data.size for p in params], n),
+                     [g for g, (ps, *_) in enumerate(self.groups) for _ in ps], dtype) \
+            if ok and params else None
+        self._cached = (key, plan)
+        return plan
 
     def state_dict(self):
         """Arrays and counters needed to resume exactly."""
@@ -113,27 +162,39 @@ class AdamW:
                 buf[...] = state[name]
 
 
-def clip_grad_norm(params, max_norm, across=None):
+def clip_grad_norm(params, max_norm, across=None, squares=None):
     """Scale every .grad by max_norm / (norm + 1e-6) when the global L2 norm exceeds max_norm
     (as torch.nn.utils.clip_grad_norm_). Returns the norm before clipping.
     A NaN or inf norm (some gradient holds NaN or inf) raises NonFiniteError and scales
     nothing, like torch's error_if_nonfinite=True: scaling by max_norm / inf would zero
     every gradient, and NaN would pass through to the weights.
     across: a function summing a float over processes when params are this process's shard
-    of the gradients (ZeRO-2/3: dist/zero_layers.py); None when they are all of them."""
-    expect_finite("clip_grad_norm", "max_norm", max_norm, 0, open_low=True)
+    of the gradients (ZeRO-2/3: dist/zero_layers.py); None when they are all of them.
+    squares: each Param's sum(grad^2), already computed (DataParallel's, core/flat_grads.py),
+    or None: computed here."""
     params = list(params)
-    squares = fused.sum_squares if use_fused() else fused.sum_squares_ref
-    local = sum(squares(p.grad) for p in params)
+    norm, scale = clip_scale(params, max_norm, across, squares)
+    if scale is not None:
+        for p in params:
+            p.grad *= scale
+    return norm
+
+
+def clip_scale(params, max_norm, across=None, squares=None):
+    """(norm, scale): clip_grad_norm's global norm and the factor it would scale every .grad
+    by, None when the norm is within max_norm; scales nothing (AdamW.step's grad_scale takes
+    the factor into its pass). NonFiniteError for a NaN or inf norm; across, squares as
+    clip_grad_norm's."""
+    expect_finite("clip_grad_norm", "max_norm", max_norm, 0, open_low=True)
+    if squares is None:
+        fn = fused.sum_squares if use_fused() else fused.sum_squares_ref
+        squares = [fn(p.grad) for p in params]
+    local = sum(float(q) for q in squares)  # in Param order
     norm = math.sqrt(local if across is None else across(local))
     if not math.isfinite(norm):
         raise NonFiniteError(f"clip_grad_norm: the global gradient norm is {norm} (a gradient "
                              f"holds NaN or inf); nothing was clipped")
-    if norm > max_norm:
-        scale = max_norm / (norm + 1e-6)
-        for p in params:
-            p.grad *= scale
-    return norm
+    return norm, (max_norm / (norm + 1e-6) if norm > max_norm else None)
 
 
 def cosine_schedule(step, max_lr, min_lr, warmup, total):

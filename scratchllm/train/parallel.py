@@ -19,6 +19,8 @@ import numpy as np
 
 from scratchllm.core.blas import blas_threads, set_blas_threads  # noqa: F401 (re-exported)
 from scratchllm.core.blas import flat_spans, run_tasks
+from scratchllm.core.flat_grads import FlatGrads
+from scratchllm.core.twins import use_fused
 
 
 class DataParallel:
@@ -28,7 +30,10 @@ class DataParallel:
     whose ranks must meet in each collective) gets its shards one after another on one
     thread: a thread blocked in MPI while another waits for Numba's compiler lock can hang
     the job. The calling thread runs the first shard itself and the process's task pool
-    (core/blas.run_tasks) the others: no thread is started or woken for it."""
+    (core/blas.run_tasks) the others: no thread is started or woken for it.
+    The gradients of the model and its replicas live in one array (core/flat_grads.py) when
+    they can (one float dtype): a shard zeroes its replica's in one fill, and one pass per
+    thread sums them and leaves each Param's sum of squares in `squares` for the clip."""
 
     def __init__(self, model, n_shards):
         if n_shards < 1:
@@ -36,9 +41,15 @@ class DataParallel:
         self.model = model
         self.replicas = [model] + [model.replica() for _ in range(n_shards - 1)]
         self.workers = 1 if getattr(model, "serial_shards", False) else n_shards
+        self.flat = FlatGrads(self.replicas, self.workers) if FlatGrads.fits(
+            self.replicas) else None
+        self.squares = None  # (P,) float64: each Param's summed gradient squared, or None
 
-    def _shard(self, model, x, y, scale, docs):
-        model.zero_grad()
+    def _shard(self, s, model, x, y, scale, docs):
+        if self.flat is not None:
+            self.flat.zero(s)
+        else:
+            model.zero_grad()
         _, cache = model.loss(x, y, docs)
         model.loss_backward(scale, cache)
         return cache
@@ -55,8 +66,17 @@ class DataParallel:
         d = [None] * S if docs is None else np.array_split(docs, S)
         shards = [(m, a, b, len(a) / B, c) for m, a, b, c in
                   zip(self.replicas, np.array_split(x, S), np.array_split(y, S), d)]
-        caches = run_tasks(lambda s: self._shard(*shards[s]), S, self.workers)
-        self._sum_grads(self.replicas[1:S])
+        self.squares = None
+        if self.flat is not None and not self.flat.valid():  # a p.grad was re-pointed
+            self.flat = None
+        caches = run_tasks(lambda s: self._shard(s, *shards[s]), S, self.workers)
+        if self.flat is None:
+            self._sum_grads(self.replicas[1:S])
+        else:  # row 0 += rows 1 .. S-1, and the squares, one pass per thread
+            n = len(self.flat.which)
+            run_tasks(lambda k: self.flat.sum_rows(S, k), n, n)
+            self.squares = self.flat.squares if use_fused() else None  # (the readable clip
+            #                                                     squares in its own order)
         return sum(c.ce * sh[3] for c, sh in zip(caches, shards)), caches
 
     def _sum_grads(self, others):

@@ -30,7 +30,8 @@ from tqdm import tqdm
 from scratchllm.core.fp8 import FP8Spec, fp8_matmuls
 from scratchllm.core.heap import keep_freed_memory
 from scratchllm.core.nn import detect_anomaly
-from scratchllm.core.optim import NonFiniteError, clip_grad_norm, cosine_schedule
+from scratchllm.core.optim import (AdamW, NonFiniteError, clip_grad_norm, clip_scale,
+                                   cosine_schedule)
 from scratchllm.dist import all_reduce_forward, all_reduce_grads
 from scratchllm.lm import LM, preset
 from scratchllm.train import checkpoint, corpus, parallel_run
@@ -176,7 +177,7 @@ class Run:
                 packed = {} if docs is None else {"docs": docs[lo:hi]}
                 ce, caches = self.dp.loss_backward(x[lo:hi], y[lo:hi], total=s.batch_size,
                                                    **packed)
-        across, params, norm_across = None, model.parameters(), None
+        across, params, norm_across = None, None, None  # params None: the model's
         if self.stage is not None:  # a stage's own Params; the norm summed over the stages
             params, norm_across = self.stage.params, self.stage.pp_sum
             if self.group.size > 1:
@@ -195,12 +196,21 @@ class Run:
         if not math.isfinite(ce):
             raise NonFiniteError(f"step {self.step + 1}: the training loss is {ce}; "
                                  f"{self.likely_cause()}")
+        # the data-parallel sum's squares (of all Params) for the clip; AdamW scales in its pass
+        whole = self.dp.squares is not None and self.group.size == 1 and params is None
+        fold = whole and norm_across is None and isinstance(self.opt, AdamW)
+        params = model.parameters() if params is None and not fold else params
         try:
-            clip_grad_norm(params, s.clip, across=norm_across)
+            if fold:
+                _, scale = clip_scale((), s.clip, squares=self.dp.squares)
+            else:
+                clip_grad_norm(params, s.clip, norm_across, self.dp.squares if whole else None)
         except NonFiniteError as e:
             raise NonFiniteError(f"step {self.step + 1}: {e}; {self.likely_cause()}") from None
         self.opt.lr = cosine_schedule(self.step + 1, s.lr, s.lr * s.final_lr, s.warmup, s.steps)
-        if self.stage is None:
+        if fold:
+            self.opt.step(grad_scale=scale)
+        elif self.stage is None:
             self.opt.step()
         else:
             self.opt.step(only=self.stage.opt_indices(self.opt))

@@ -207,3 +207,26 @@ def test_make_rope_from_a_spec():
         want = rope_frequencies(8, 100.0, dynamic, seq_len or int(positions.max()) + 1)[0]
         np.testing.assert_array_equal(
             make_rope(RopeSpec(100.0, dynamic), 8, positions, seq_len).inv_freq, want)
+
+
+def test_rope_angles_of_positions_asked_again_are_the_same_numbers():
+    """(T,) positions' tables are kept by value: asked again (the next layer, the other
+    shard) the same arrays come back, equal to a fresh computation; other positions, other
+    frequencies, another attention factor or dtype get their own."""
+    from scratchllm.attention.rope import Rope, rope_angles
+    inv = 1.0 / 10000.0 ** (np.arange(0, 8, 2) / 8)  # (4,)
+    first = rope_angles(Rope(inv, "half", 1.0, np.arange(6)), 4, np.float32)
+    again = rope_angles(Rope(inv.copy(), "half", 1.0, np.arange(6)), 4, np.float32)
+    assert again[0] is first[0] and again[1] is first[1]
+    ang = np.arange(6)[:, None] * inv  # (T, P)
+    np.testing.assert_array_equal(first[0], np.cos(ang).astype(np.float32))
+    np.testing.assert_array_equal(first[1], np.sin(ang).astype(np.float32))
+    for rope, dtype in ((Rope(inv, "half", 1.0, np.arange(1, 7)), np.float32),
+                        (Rope(inv * 0.5, "half", 1.0, np.arange(6)), np.float32),
+                        (Rope(inv, "half", 0.5, np.arange(6)), np.float32),
+                        (Rope(inv, "half", 1.0, np.arange(6)), np.float64)):
+        cos, sin = rope_angles(rope, 4, dtype)
+        ang = rope.positions[:, None] * rope.inv_freq
+        assert cos.dtype == dtype
+        np.testing.assert_array_equal(cos, (np.cos(ang) * rope.attention_factor).astype(dtype))
+        np.testing.assert_array_equal(sin, (np.sin(ang) * rope.attention_factor).astype(dtype))

@@ -6,6 +6,7 @@ import pytest
 
 from scratchllm.core import Param
 from scratchllm.core import AdamW, clip_grad_norm, cosine_schedule
+from scratchllm.core.optim import clip_scale
 
 
 def test_adamw_three_steps_match_the_formula_by_hand():
@@ -101,25 +102,35 @@ def test_cosine_schedule_rejects_warmup_past_total():
         cosine_schedule(0, 1.0, 0.1, warmup=20, total=10)
 
 
+def _grouped(dtype, shapes, threads, draws):
+    """Params of `shapes` drawn from draws, and an AdamW of two groups on `threads`."""
+    params = [Param(draws.standard_normal(s).astype(dtype)) for s in shapes]
+    opt = AdamW([{"params": params[:2]}, {"params": params[2:], "weight_decay": 0.0,
+                                          "lr_scale": 0.5}], lr=0.01, weight_decay=0.1)
+    opt.threads = threads
+    return params, opt
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_adamw_on_threads_gives_the_bits_of_one_thread_and_of_the_readable_twin(
         dtype, monkeypatch):
-    shapes = [(7, 5), (1,), (3,), (2, 3, 4)]  # spans of 1 and 0 numbers at 3 threads too
+    """Whole Params per thread (a step of all), equal spans of every Param per thread (a
+    step of `only` some: ZeRO's; spans of 1 and 0 numbers at 3 threads), the readable twin."""
+    shapes = [(7, 5), (1,), (3,), (2, 3, 4)]
     runs = {}
-    for label, threads, readable in (("1", 1, "0"), ("2", 2, "0"), ("3", 3, "0"),
-                                     ("ref", 1, "1")):
+    for label, threads, readable, only in (("1", 1, "0", None), ("2", 2, "0", None),
+                                           ("3", 3, "0", None), ("spans2", 2, "0", range(4)),
+                                           ("spans3", 3, "0", range(4)),
+                                           ("ref", 1, "1", None)):
         monkeypatch.setenv("SCRATCHLLM_READABLE", readable)
         draws = np.random.default_rng(4)
-        params = [Param(draws.standard_normal(s).astype(dtype)) for s in shapes]
-        opt = AdamW([{"params": params[:2]}, {"params": params[2:], "weight_decay": 0.0,
-                                              "lr_scale": 0.5}], lr=0.01, weight_decay=0.1)
-        opt.threads = threads
+        params, opt = _grouped(dtype, shapes, threads, draws)
         for _ in range(3):
             for p in params:
                 p.grad[...] = draws.standard_normal(p.data.shape)
-            opt.step()
+            opt.step(only=only)
         runs[label] = [p.data.copy() for p in params] + opt.m + opt.v
-    for label in ("2", "3", "ref"):
+    for label in ("2", "3", "spans2", "spans3", "ref"):
         for a, b in zip(runs["1"], runs[label]):
             np.testing.assert_array_equal(a, b)
 
@@ -130,3 +141,55 @@ def test_adamw_on_threads_refuses_a_non_contiguous_parameter():
     opt.threads = 2
     with pytest.raises(ValueError, match="adamw_update: p must be C-contiguous"):
         opt.step()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_adamw_grad_scale_is_the_scaled_gradients_step_on_any_threads(dtype, monkeypatch):
+    """step(grad_scale=s) (the clip's factor, taken into AdamW's pass; whole Params per
+    thread) gives the bits of `p.grad *= s` then step(), and leaves .grad so scaled."""
+    shapes = [(7, 5), (1,), (3,), (2, 3, 4), (40,)]
+    runs = {}
+    for label, threads, readable, fold in (("plain", 1, "0", False), ("1", 1, "0", True),
+                                           ("2", 2, "0", True), ("3", 3, "0", True),
+                                           ("ref", 1, "1", True)):
+        monkeypatch.setenv("SCRATCHLLM_READABLE", readable)
+        draws = np.random.default_rng(4)
+        params, opt = _grouped(dtype, shapes, threads, draws)
+        for scale in (0.37, None, 0.81):
+            for p in params:
+                p.grad[...] = draws.standard_normal(p.data.shape)
+            if fold:
+                opt.step(grad_scale=scale)
+            else:
+                for p in params:
+                    p.grad *= 1.0 if scale is None else scale
+                opt.step()
+        runs[label] = [p.data.copy() for p in params] + [p.grad for p in params] + opt.m + opt.v
+    for label in ("1", "2", "3", "ref"):
+        for a, b in zip(runs["plain"], runs[label]):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_adamw_follows_a_param_whose_data_is_re_pointed():
+    """The update's flat views are rebuilt when a Param's .data is another array (a loaded
+    checkpoint's): the step lands on the new array, the old one is left alone."""
+    p = Param(np.ones((3, 4), np.float32))
+    opt = AdamW([p], lr=0.1, weight_decay=0.0)
+    p.grad[...] = 1.0
+    opt.step()
+    old, p.data = p.data, np.full((3, 4), 5.0, np.float32)
+    kept = old.copy()
+    opt.step()
+    np.testing.assert_array_equal(old, kept)
+    assert (p.data < 5.0).all()
+
+
+def test_clip_scale_is_clip_grad_norms_factor_and_takes_given_squares():
+    a, b = Param(np.zeros(3)), Param(np.zeros(2))
+    a.grad[...], b.grad[...] = [3.0, 0.0, 0.0], [0.0, 4.0]
+    norm, scale = clip_scale([a, b], 1.0)
+    assert norm == 5.0 and scale == pytest.approx(1.0 / (5.0 + 1e-6), rel=1e-15)
+    assert clip_scale([a, b], 10.0) == (5.0, None)
+    assert clip_scale([a, b], 1.0, squares=[9.0, 16.0]) == (norm, scale)
+    assert clip_grad_norm([a, b], 1.0, squares=[0.0, 1.0]) == 1.0  # the given squares count
+    np.testing.assert_array_equal(a.grad, [3.0, 0.0, 0.0])  # norm 1 <= max_norm: unscaled

@@ -85,15 +85,14 @@ def test_a_nan_step_stops_fit_and_keeps_the_last_good_checkpoint(tmp_path, monke
 
 def test_an_inf_gradient_with_finite_weights_is_named_as_a_too_high_learning_rate():
     run = _tiny_run()
-    backward = run.dp.loss_backward
+    backward = run.model.loss_backward
 
-    def overflowing(x, y):  # the gradients overflow at step 2, as after a huge update
-        ce, caches = backward(x, y)
-        if run.step == 1:
+    def overflowing(dloss, cache):  # the gradients overflow at step 2, as after a huge
+        backward(dloss, cache)      # update (inside the backward: the data-parallel sum
+        if run.step == 1:           # after it squares them for the clip)
             run.model.parameters()[0].grad[0] = np.inf
-        return ce, caches
 
-    run.dp.loss_backward = overflowing
+    run.model.loss_backward = overflowing
     run.train_step(IDS)
     before = [p.data.copy() for p in run.model.parameters()]
     peak = re.escape(f"{trainer.Settings().lr:g}")  # the default peak lr
