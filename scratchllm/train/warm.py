@@ -8,6 +8,10 @@ model, batch shape and dtype on made-up ids, so each kernel compiles there with 
 signature the run will ask for and lands in Numba's on-disk cache; the run waits for it
 (`wait`) before its first step and then only loads them. With a warm cache the child loads
 them too and ends within a second. Anything it fails at, the run compiles itself, as before.
+`KernelWarmup.encoder()` forks one for the BPE encoding kernel alone: the first run starts it
+once its own counting kernels are compiled (the encoder loads GPT-2's scanner from their
+cache), so on two cores the encoder compiles beside the tokenizer's training and the step's
+warm-up instead of after either.
 """
 import multiprocessing as mp
 from dataclasses import replace
@@ -24,21 +28,15 @@ __all__ = ["KernelWarmup"]
 
 
 def _warm(cfg, settings, dtype, conn, tokenizer):
-    """In the child: one step and one validation batch of a fresh model of cfg on random ids
-    (threads, batch and context as the run's); then, with `tokenizer`, encode a few bytes with
-    a BPE tokenizer of two merges (the encoding kernel: by then the parent's counting has put
-    GPT-2's scanner in the cache, so it is loaded, not compiled twice); then send (kernels
+    """In the child: with a cfg, one step and one validation batch of a fresh model of cfg on
+    random ids (threads, batch and context as the run's); with `tokenizer`, encode a few bytes
+    with a BPE tokenizer of two merges (the encoding kernel, with the signature of the run's:
+    GPT-2's scanner must be in the cache by then, or it compiles twice); then send (kernels
     compiled, seconds)."""
     try:
         with CompileLog() as log:
-            run = Run(cfg, replace(settings, steps=1, warmup=0), dtype)
-            run.eot = 0  # any id: --pack-documents' masks need a separator
-            ids = np.random.default_rng(0).integers(0, cfg.vocab_size, 4 * settings.seq_len
-                                                    * settings.batch_size, dtype=np.int32)
-            run.train_step(ids)
-            run.evaluate(corpus.eval_batches(ids, settings.batch_size, settings.seq_len,
-                                             settings.seq_len)[:1])
-            run.dp.close()
+            if cfg is not None:
+                _warm_step(cfg, settings, dtype)
             if tokenizer:
                 merges = [(b"a", b" "), (b"1", b".")]
                 Tokenizer(assemble_vocab(merges, [EOT]), merges, special_tokens=[EOT]).encode(
@@ -50,21 +48,36 @@ def _warm(cfg, settings, dtype, conn, tokenizer):
         conn.close()
 
 
+def _warm_step(cfg, settings, dtype):
+    """One training step and one validation batch of a fresh model of cfg on random ids."""
+    run = Run(cfg, replace(settings, steps=1, warmup=0), dtype)
+    run.eot = 0  # any id: --pack-documents' masks need a separator
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, 4 * settings.seq_len
+                                            * settings.batch_size, dtype=np.int32)
+    run.train_step(ids)
+    run.evaluate(corpus.eval_batches(ids, settings.batch_size, settings.seq_len,
+                                     settings.seq_len)[:1])
+    run.dp.close()
+
+
 class KernelWarmup:
     """A forked process compiling the step's kernels of (cfg, settings, dtype) into Numba's
-    on-disk cache, and then the BPE encoding kernel with tokenizer=True (when the data is
-    still to be encoded: the run gets there after the tokenizer's training, whose counting
-    and merge loop it compiles itself meanwhile, ~3 CPU s of kernels each side); wait()
-    before the run's first step."""
+    on-disk cache (cfg None: no step), and then the BPE encoding kernel with tokenizer=True;
+    wait() before the run's first step (or its encoding)."""
 
     def __init__(self, cfg, settings, dtype, tokenizer=False):
         ctx = mp.get_context("fork")
         self._conn, child = ctx.Pipe(duplex=False)
-        self.proc = ctx.Process(target=_warm, args=(cfg, settings, np.dtype(dtype), child,
-                                                    tokenizer),
+        self.proc = ctx.Process(target=_warm, args=(cfg, settings, None if dtype is None else
+                                                    np.dtype(dtype), child, tokenizer),
                                 daemon=True, name="scratchllm-warmup")
         self.proc.start()
         child.close()
+
+    @classmethod
+    def encoder(cls):
+        """A warm-up of the BPE encoding kernel alone (no step)."""
+        return cls(None, None, None, tokenizer=True)
 
     def wait(self):
         """Block until the child is done; returns (kernels it compiled, seconds), or the
