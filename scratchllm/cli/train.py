@@ -319,7 +319,7 @@ def _main(args, grid=None):
             # all: the whole model it saved
             _print_sample(job.model if grid is None else load_model(out)[0], tok)
     clock.close()
-    say(clock.summary() + ("" if warm is None else _warm_line(warmed)))
+    say(clock.summary() + ("" if warm is None else _warm_line(warmed, 1 + bool(encoder))))
     return 0
 
 
@@ -362,13 +362,13 @@ def _sum_warmed(step, encoder):
     return step if encoder is None else (step[0] + encoder[0], step[1] + encoder[1])
 
 
-def _warm_line(warmed):
-    """'; the warm-up processes compiled 11 kernels in 9.8 s beside it' (or the error)."""
+def _warm_line(warmed, n_procs):
+    """'; the warm-up processes compiled 14 kernels in 9.8 s beside it' (or the error)."""
     if isinstance(warmed, str):
         return f"; a warm-up process failed ({warmed}), the run compiled for itself"
     n, sec = warmed
-    return (f"; the warm-up processes compiled {n} kernel{'s' * (n != 1)} in {sec:.1f} s "
-            f"beside it")
+    procs = "process" if n_procs == 1 else f"{n_procs} processes"
+    return f"; the warm-up {procs} compiled {n} kernel{'s' * (n != 1)} in {sec:.1f} s beside it"
 
 
 def _zero_line(job, stage, dtype):
