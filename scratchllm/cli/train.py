@@ -363,12 +363,12 @@ def _sum_warmed(step, encoder):
 
 
 def _warm_line(warmed, n_procs):
-    """'; the warm-up processes compiled 14 kernels in 9.8 s beside it' (or the error)."""
+    """'; the 2 warm-up processes compiled 14 kernels in 9.8 s beside it' (or the error)."""
     if isinstance(warmed, str):
         return f"; a warm-up process failed ({warmed}), the run compiled for itself"
     n, sec = warmed
-    procs = "process" if n_procs == 1 else f"{n_procs} processes"
-    return f"; the warm-up {procs} compiled {n} kernel{'s' * (n != 1)} in {sec:.1f} s beside it"
+    procs = "warm-up process" if n_procs == 1 else f"{n_procs} warm-up processes"
+    return f"; the {procs} compiled {n} kernel{'s' * (n != 1)} in {sec:.1f} s beside it"
 
 
 def _zero_line(job, stage, dtype):
