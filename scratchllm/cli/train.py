@@ -42,7 +42,6 @@ from scratchllm.lm import generate, preset
 from scratchllm.specs import PRESETS, MTPSpec, to_dict
 from scratchllm.specs.unflat import flat_view
 from scratchllm.tokenizer import EOT
-from scratchllm.tokenizer.train import count_chunk
 from scratchllm.train import checkpoint, corpus
 from scratchllm.train.checkpoint import load_model
 from scratchllm.train import parallel_run
@@ -51,7 +50,7 @@ from scratchllm.train.pipeline import bubble_fraction
 from scratchllm.train.plots import save_run_plot
 from scratchllm.train.optimizers import OPTIMIZERS
 from scratchllm.train.trainer import Run, Settings, first_run, first_run_model, fit
-from scratchllm.train.warm import KernelWarmup
+from scratchllm.train.warm import EncoderFirst, KernelWarmup, sum_warmed
 
 
 def build_parser():
@@ -245,7 +244,7 @@ def _main(args, grid=None):
     encoder = None  # the encoder's warm-up, when the tokenizer is to be trained
     with clock.phase("data"):
         if fresh and warm is not None:
-            encoder = _EncoderFirst(clock, _warm_encoder(clock))
+            encoder = EncoderFirst(clock)
         tok, ids = _prepare(data, cfg.vocab_size, out.parent / "cache", grid,
                             clock if encoder is None else encoder)
     if args.resume:
@@ -274,7 +273,7 @@ def _main(args, grid=None):
             say(_zero_line(job, args.zero, dtype))
     if warm is not None:
         with clock.phase("waiting for the warm-up"):
-            warmed = _sum_warmed(warm.wait(), encoder and encoder.wait())
+            warmed = sum_warmed(warm.wait(), encoder and encoder.wait())
     job.evaluate = clock.timed("validation", job.evaluate)
     job.save = clock.timed("checkpoints", job.save)
     t_train = time.perf_counter()
@@ -321,45 +320,6 @@ def _main(args, grid=None):
     clock.close()
     say(clock.summary() + ("" if warm is None else _warm_line(warmed, 1 + bool(encoder))))
     return 0
-
-
-def _warm_encoder(clock):
-    """Compile the tokenizer's counting kernels here (GPT-2's scanner and the unique pre-token
-    counter, with the signatures train_bpe's counting asks for), then fork the encoder's
-    warm-up (KernelWarmup.encoder), which loads the scanner from their cache: on two cores the
-    encoder then compiles beside the BPE training and the step's warm-up."""
-    with clock.phase("BPE training"):
-        count_chunk("a 1.", (EOT,), "gpt2")
-    return KernelWarmup.encoder()
-
-
-class _EncoderFirst:
-    """The run's PhaseClock for corpus.prepare, which waits for the encoder's warm-up when
-    the encoding phase begins (the encoder then loads from the cache instead of compiling a
-    second time beside it); the warm-up's result is kept in .warmed."""
-
-    def __init__(self, clock, encoder):
-        self.clock, self.encoder, self.warmed = clock, encoder, None
-
-    def phase(self, name):
-        if name == "encoding":
-            with self.clock.phase("waiting for the warm-up"):
-                self.wait()
-        return self.clock.phase(name)
-
-    def wait(self):
-        """The encoder warm-up's result (waiting for it the first time)."""
-        if self.warmed is None:
-            self.warmed = self.encoder.wait()
-        return self.warmed
-
-
-def _sum_warmed(step, encoder):
-    """The warm-up processes' (kernels, seconds) added up, or the first error (a string)."""
-    for w in (step, encoder):
-        if isinstance(w, str):
-            return w
-    return step if encoder is None else (step[0] + encoder[0], step[1] + encoder[1])
 
 
 def _warm_line(warmed, n_procs):

@@ -20,11 +20,11 @@ import numpy as np
 
 from scratchllm.core.compiling import CompileLog
 from scratchllm.tokenizer import EOT, Tokenizer
-from scratchllm.tokenizer.train import assemble_vocab
+from scratchllm.tokenizer.train import assemble_vocab, count_chunk
 from scratchllm.train import corpus
 from scratchllm.train.trainer import Run
 
-__all__ = ["KernelWarmup"]
+__all__ = ["EncoderFirst", "KernelWarmup", "sum_warmed"]
 
 
 def _warm(cfg, settings, dtype, conn, tokenizer):
@@ -89,3 +89,40 @@ class KernelWarmup:
         self.proc.join()
         self._conn.close()
         return result
+
+
+class EncoderFirst:
+    """The encoder's warm-up of a run that trains its tokenizer, and the run's PhaseClock for
+    corpus.prepare: created, it compiles the tokenizer's counting kernels here (GPT-2's scanner
+    and the unique pre-token counter, with the signatures train_bpe's counting asks for), then
+    forks KernelWarmup.encoder(), which loads the scanner from their cache, so on two cores
+    the encoder compiles beside the BPE training and the step's warm-up; when the encoding
+    phase begins it waits for that warm-up (the encoder then loads from the cache instead of
+    compiling a second time beside it)."""
+
+    def __init__(self, clock):
+        self.clock, self.warmed = clock, None
+        with clock.phase("BPE training"):
+            count_chunk("a 1.", (EOT,), "gpt2")
+        self.encoder = KernelWarmup.encoder()
+
+    def phase(self, name):
+        if name == "encoding":
+            with self.clock.phase("waiting for the warm-up"):
+                self.wait()
+        return self.clock.phase(name)
+
+    def wait(self):
+        """The encoder warm-up's result (waiting for it the first time)."""
+        if self.warmed is None:
+            self.warmed = self.encoder.wait()
+        return self.warmed
+
+
+def sum_warmed(step, encoder):
+    """The warm-up processes' (kernels, seconds) added up, or the first error (a string);
+    encoder None: the step's alone."""
+    for w in (step, encoder):
+        if isinstance(w, str):
+            return w
+    return step if encoder is None else (step[0] + encoder[0], step[1] + encoder[1])

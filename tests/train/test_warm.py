@@ -6,7 +6,7 @@ from scratchllm.lm import preset
 from scratchllm.tokenizer import EOT, Tokenizer
 from scratchllm.tokenizer.train import assemble_vocab
 from scratchllm.train.trainer import Run, Settings
-from scratchllm.train.warm import KernelWarmup
+from scratchllm.train.warm import KernelWarmup, sum_warmed
 import numpy as np
 
 CFG = preset("dense", vocab_size=300, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1,
@@ -33,3 +33,10 @@ def test_after_the_warm_ups_the_first_step_and_the_encoding_compile_nothing():
 def test_a_failed_warm_up_says_why():
     bad = KernelWarmup(CFG, Settings(steps=1, batch_size=4, seq_len=10 ** 9), np.float32)
     assert isinstance(bad.wait(), str)
+
+
+def test_the_warm_ups_results_add_up_and_an_error_wins():
+    assert sum_warmed((12, 7.0), (2, 4.5)) == (14, 11.5)
+    assert sum_warmed((12, 7.0), None) == (12, 7.0)
+    assert sum_warmed((12, 7.0), "EOFError: gone") == "EOFError: gone"
+    assert sum_warmed("ValueError: bad", (2, 4.5)) == "ValueError: bad"
