@@ -50,7 +50,7 @@ from scratchllm.train.pipeline import bubble_fraction
 from scratchllm.train.plots import save_run_plot
 from scratchllm.train.optimizers import OPTIMIZERS
 from scratchllm.train.trainer import Run, Settings, first_run, first_run_model, fit
-from scratchllm.train.warm import KernelWarmup
+from scratchllm.train.warm import EncoderFirst, KernelWarmup, sum_warmed
 
 
 def build_parser():
@@ -239,10 +239,14 @@ def _main(args, grid=None):
     t_start, clock = time.perf_counter(), PhaseClock()
     # one process: the kernels compile in a forked child while the data is prepared
     fresh = not corpus.is_prepared(data, cfg.vocab_size, out.parent / "cache")
-    warm = None if grid is not None or s.fp8 else KernelWarmup(cfg, s, dtype, tokenizer=fresh)
+    warm = None if grid is not None or s.fp8 else KernelWarmup(cfg, s, dtype)
     say(f"data: {data} (tokenizer: BPE, vocab {cfg.vocab_size})")
+    encoder = None  # the encoder's warm-up, when the tokenizer is to be trained
     with clock.phase("data"):
-        tok, ids = _prepare(data, cfg.vocab_size, out.parent / "cache", grid, clock)
+        if fresh and warm is not None:
+            encoder = EncoderFirst(clock)
+        tok, ids = _prepare(data, cfg.vocab_size, out.parent / "cache", grid,
+                            clock if encoder is None else encoder)
     if args.resume:
         checkpoint.check_tokenizer(out, tok, saved_meta)
     train_ids, val_ids = corpus.split(ids)
@@ -269,7 +273,7 @@ def _main(args, grid=None):
             say(_zero_line(job, args.zero, dtype))
     if warm is not None:
         with clock.phase("waiting for the warm-up"):
-            warmed = warm.wait()
+            warmed = sum_warmed(warm.wait(), encoder and encoder.wait())
     job.evaluate = clock.timed("validation", job.evaluate)
     job.save = clock.timed("checkpoints", job.save)
     t_train = time.perf_counter()
@@ -314,16 +318,17 @@ def _main(args, grid=None):
             # all: the whole model it saved
             _print_sample(job.model if grid is None else load_model(out)[0], tok)
     clock.close()
-    say(clock.summary() + ("" if warm is None else _warm_line(warmed)))
+    say(clock.summary() + ("" if warm is None else _warm_line(warmed, 1 + bool(encoder))))
     return 0
 
 
-def _warm_line(warmed):
-    """'; the warm-up process compiled 11 kernels in 9.8 s beside the data' (or its error)."""
+def _warm_line(warmed, n_procs):
+    """'; the 2 warm-up processes compiled 14 kernels in 9.8 s beside it' (or the error)."""
     if isinstance(warmed, str):
-        return f"; the warm-up process failed ({warmed}), the run compiled for itself"
+        return f"; a warm-up process failed ({warmed}), the run compiled for itself"
     n, sec = warmed
-    return f"; the warm-up process compiled {n} kernel{'s' * (n != 1)} in {sec:.1f} s beside it"
+    procs = "warm-up process" if n_procs == 1 else f"{n_procs} warm-up processes"
+    return f"; the {procs} compiled {n} kernel{'s' * (n != 1)} in {sec:.1f} s beside it"
 
 
 def _zero_line(job, stage, dtype):

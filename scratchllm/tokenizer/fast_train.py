@@ -16,11 +16,13 @@ Merging (a, b) -> new: at each site, left to right in each word, with `prev` the
 it in the rewritten word and `next` the one after, (prev, a) becomes (prev, new) and (b, next)
 becomes (new, next); nothing else in the word changes. Twin: train.py `train_bpe_ref` (full
 recount per merge).
-The kernel uses arrays only (no typed Dict, no generator): on a fresh install it compiles in
-a few seconds where the Dict version took ~9 CPU s, and that compile is on the first run's path.
+The kernel uses arrays only (no typed Dict, no generator), every state a 2-D int64 array
+(rows named below) rather than a tuple of arrays, and one specialisation of each helper (no
+literal-int arguments): on a fresh install its compile is on the first run's path, ~3.9 CPU s
+where the tuple-of-arrays version took ~6.5 and the Dict version ~18.
 
-Glossary: key(a, b) = a << 32 | b; pool/off/size = the bytes of every token, for tie-breaks;
-S = slots of the pair table (a power of two, at most half full).
+Glossary: key(a, b) = a << 32 | b; pool/span = the bytes of every token (span: offset and
+size in pool), for tie-breaks; S = slots of the pair table (a power of two, at most half full).
 """
 import numba as nb
 import numpy as np
@@ -30,6 +32,10 @@ from .kernel_checks import check_words
 
 nbcache.drop_stale(__file__, "fast_bpe.py")   # the pair table hashes with fast_bpe's _slot
 
+KEY, COUNT, HEAD, STAMP = 0, 1, 2, 3   # the pair table's rows
+POS, NEXT = 0, 1                       # the postings' rows
+WORD, NXT, PRV = 0, 1, 2               # the links' rows
+
 
 @nb.njit(cache=True, inline="always")
 def _key(a, b):
@@ -37,74 +43,66 @@ def _key(a, b):
 
 
 @nb.njit(cache=True)
-def _cmp_tokens(pool, off, size, x, y):
-    """-1, 0, 1 as bytes(x) <, ==, > bytes(y) (a proper prefix is smaller)."""
-    n = min(size[x], size[y])
-    for i in range(n):
-        p, q = pool[off[x] + i], pool[off[y] + i]
-        if p != q:
-            return 1 if p > q else -1
-    return 0 if size[x] == size[y] else (1 if size[x] > size[y] else -1)
+def _better(heap, i, j, pool, span):
+    """Heap entry i outranks entry j: larger count, then greater (bytes(a), bytes(b)) (bytes
+    compared as strings: a proper prefix is smaller)."""
+    if heap[0, i] != heap[0, j]:
+        return heap[0, i] > heap[0, j]
+    for row in range(1, 3):
+        x, y = heap[row, i], heap[row, j]
+        for k in range(min(span[1, x], span[1, y])):
+            p, q = pool[0, span[0, x] + k], pool[0, span[0, y] + k]
+            if p != q:
+                return p > q
+        if span[1, x] != span[1, y]:
+            return span[1, x] > span[1, y]
+    return False
 
 
 @nb.njit(cache=True)
-def _better(hc, ha, hb, i, j, pool, off, size):
-    """Heap entry i outranks entry j: larger count, then greater (bytes(a), bytes(b))."""
-    if hc[i] != hc[j]:
-        return hc[i] > hc[j]
-    c = _cmp_tokens(pool, off, size, ha[i], ha[j])
-    if c == 0:
-        c = _cmp_tokens(pool, off, size, hb[i], hb[j])
-    return c > 0
-
-
-@nb.njit(cache=True)
-def _swap(hc, ha, hb, i, j):
-    hc[i], hc[j] = hc[j], hc[i]
-    ha[i], ha[j] = ha[j], ha[i]
-    hb[i], hb[j] = hb[j], hb[i]
-
-
-@nb.njit(cache=True)
-def _push(heap, n, c, a, b, pool, off, size):
-    """Push (c, a, b) onto the heap (hc, ha, hb) holding n entries; returns (heap, n + 1)."""
-    hc, ha, hb = heap
-    if n == hc.shape[0]:
-        hc, ha, hb = _grow(hc, 2 * n), _grow(ha, 2 * n), _grow(hb, 2 * n)
-    hc[n], ha[n], hb[n] = c, a, b
+def _push(heap, n, c, a, b, pool, span):
+    """Push (c, a, b) onto the heap (3, H) holding n entries; returns the heap (grown when
+    full)."""
+    if n == heap.shape[1]:
+        heap = _grow(heap, 2 * n)
+    heap[0, n], heap[1, n], heap[2, n] = c, a, b
     i = n
-    while i > 0 and _better(hc, ha, hb, i, (i - 1) // 2, pool, off, size):
-        _swap(hc, ha, hb, i, (i - 1) // 2)
+    while i > 0 and _better(heap, i, (i - 1) // 2, pool, span):
+        for r in range(3):
+            heap[r, i], heap[r, (i - 1) // 2] = heap[r, (i - 1) // 2], heap[r, i]
         i = (i - 1) // 2
-    return (hc, ha, hb), n + 1
+    return heap
 
 
 @nb.njit(cache=True)
-def _pop(hc, ha, hb, n, pool, off, size):
-    """Remove the best entry (returned as c, a, b); the heap then holds n - 1 entries."""
-    c, a, b = hc[0], ha[0], hb[0]
+def _pop(heap, n, pool, span):
+    """Move the best of the n entries to column n - 1, the rest stay a heap of n - 1."""
     n -= 1
-    _swap(hc, ha, hb, 0, n)
-    i = 0
+    for r in range(3):
+        heap[r, 0], heap[r, n] = heap[r, n], heap[r, 0]
+    i = np.int64(0)  # not a literal 0: _better would compile a second time for it
     while True:
         best, l, r = i, 2 * i + 1, 2 * i + 2
-        if l < n and _better(hc, ha, hb, l, best, pool, off, size):
+        if l < n and _better(heap, l, best, pool, span):
             best = l
-        if r < n and _better(hc, ha, hb, r, best, pool, off, size):
+        if r < n and _better(heap, r, best, pool, span):
             best = r
         if best == i:
-            return c, a, b
-        _swap(hc, ha, hb, i, best)
+            return
+        for k in range(3):
+            heap[k, i], heap[k, best] = heap[k, best], heap[k, i]
         i = best
 
 
 @nb.njit(cache=True)
 def _grow(arr, n):
-    """arr copied into a new array of max(n, 16) entries. (Loops, not slice assignments: a
-    slice assignment compiles NumPy's shape-mismatch error message, ~4 CPU s cold.)"""
-    out = np.empty(max(n, 16), dtype=arr.dtype)  # (n,)
-    for i in range(arr.shape[0]):
-        out[i] = arr[i]
+    """arr (R, C) copied into a new array of max(n, 16) columns. (Loops, not slice
+    assignments: a slice assignment compiles NumPy's shape-mismatch error message, ~4 CPU s
+    cold.)"""
+    out = np.empty((arr.shape[0], max(n, 16)), dtype=np.int64)  # (R, n)
+    for r in range(arr.shape[0]):
+        for i in range(arr.shape[1]):
+            out[r, i] = arr[r, i]
     return out
 
 
@@ -147,43 +145,40 @@ def merge_loop_numba(sym, start, length, freq, n_merges):
 
 @nb.njit(cache=True)
 def _links(start, length, n):
-    """Each position's word, and the next and previous live position in that word (-1 past
-    its ends): (N,) each. A merge unlinks the right half of each site."""
-    wof, nxt, prv = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    """(3, N): each position's word, and the next and previous live position in that word (-1
+    past its ends). A merge unlinks the right half of each site."""
+    links = np.empty((3, n), np.int64)
     for w in range(start.shape[0]):
         s, e = start[w], start[w] + length[w]
         for j in range(s, e):
-            wof[j], nxt[j], prv[j] = w, j + 1 if j + 1 < e else -1, j - 1 if j > s else -1
-    return wof, nxt, prv
+            links[WORD, j], links[NXT, j] = w, j + 1 if j + 1 < e else -1
+            links[PRV, j] = j - 1 if j > s else -1
+    return links
 
 
 @nb.njit(cache=True)
-def _find(tkey, k):
+def _find(tab, k):
     """The slot of key k in the pair table, or the empty slot (key -1) where it would go."""
-    h = _slot(k, tkey.shape[0])
-    while tkey[h] >= 0 and tkey[h] != k:
-        h = (h + 1) & (tkey.shape[0] - 1)
+    h = _slot(k, tab.shape[1])
+    while tab[KEY, h] >= 0 and tab[KEY, h] != k:
+        h = (h + 1) & (tab.shape[1] - 1)
     return h
 
 
 @nb.njit(cache=True)
-def _table(size):
-    """An empty pair table of `size` slots (a power of two): key (-1: empty), count, posting
-    head (-1: none), stamp (the last merge that pushed the pair)."""
-    return (np.full(size, -1, np.int64), np.zeros(size, np.int64), np.full(size, -1, np.int64),
-            np.full(size, -1, np.int64))                 # 4x (S,)
-
-
-@nb.njit(cache=True)
 def _rehash(tab, size):
-    """The live pairs (count > 0) of `tab` in a fresh table of `size` slots; (table, used)."""
-    tkey, tcount, thead, tstamp = tab
-    new = _table(size)
+    """An empty pair table (4, size) (size a power of two): key (-1: empty), count, posting
+    head (-1: none), stamp (the last merge that pushed the pair), holding the live pairs
+    (count > 0) of `tab`; returns (table, used slots)."""
+    new = np.empty((4, size), np.int64)
+    for h in range(size):
+        new[KEY, h], new[COUNT, h], new[HEAD, h], new[STAMP, h] = -1, 0, -1, -1
     used = np.int64(0)
-    for h in range(tkey.shape[0]):
-        if tkey[h] >= 0 and tcount[h] > 0:
-            g = _find(new[0], tkey[h])
-            new[0][g], new[1][g], new[2][g], new[3][g] = tkey[h], tcount[h], thead[h], tstamp[h]
+    for h in range(tab.shape[1]):
+        if tab[KEY, h] >= 0 and tab[COUNT, h] > 0:
+            g = _find(new, tab[KEY, h])
+            for r in range(4):
+                new[r, g] = tab[r, h]
             used += 1
     return new, used
 
@@ -191,126 +186,119 @@ def _rehash(tab, size):
 @nb.njit(cache=True)
 def _merge_loop(sym, start, length, freq, n_merges):
     """The kernel of merge_loop_numba (inputs checked there): (M, 2) merged pairs (a, b)."""
-    tab = _table(1 << 17)                                 # 4x (S,) pair table
-    used = np.int64(0)
-    links = _links(start, length, sym.shape[0])           # 3x (N,): word, next, previous
-    pp = np.empty(sym.shape[0] + 16, dtype=np.int64)      # (P,) posting -> position
-    pn = np.empty(sym.shape[0] + 16, dtype=np.int64)      # (P,) posting -> next posting
+    tab, used = _rehash(np.empty((4, 0), np.int64), np.int64(1 << 17))  # (4, S) pairs
+    links = _links(start, length, sym.shape[0])           # (3, N): word, next, previous
+    # (2, P) postings: position, next posting. The words' pairs post at most N, and each
+    # merge site at most two more while removing a position (at most N sites): P <= 3N.
+    posts = np.empty((2, 3 * sym.shape[0] + 16), dtype=np.int64)
     n_post = np.int64(0)
     for w in range(start.shape[0]):
         for j in range(start[w], start[w] + length[w] - 1):
-            h = _find(tab[0], _key(sym[j], sym[j + 1]))   # at most 2^16 byte pairs: no growth
-            if tab[0][h] < 0:
-                tab[0][h] = _key(sym[j], sym[j + 1])
-                used += 1
-            tab[1][h] += freq[w]
-            pp[n_post], pn[n_post] = j, tab[2][h]
-            tab[2][h] = n_post
-            n_post += 1
+            used, n_post = _add(tab, used, posts, n_post, _key(sym[j], sym[j + 1]), freq[w], j)
     n_tok = 256 + n_merges
-    off = np.zeros(n_tok, dtype=np.int64)                 # (V,) token bytes in pool
-    size = np.ones(n_tok, dtype=np.int64)                 # (V,)
-    pool = np.empty(4096, dtype=np.int64)                 # (Z,) grows
+    span = np.empty((2, n_tok), dtype=np.int64)           # (2, V) token: offset, size in pool
+    pool = np.empty((1, 4096), dtype=np.int64)            # (1, Z) token bytes; grows
     for t in range(256):
-        off[t], pool[t] = t, t
+        span[0, t], span[1, t], pool[0, t] = t, 1, t
     pool_n = np.int64(256)
-    heap = (np.empty(16, np.int64), np.empty(16, np.int64), np.empty(16, np.int64))  # 3x (H,)
+    heap = np.empty((3, 16), np.int64)                    # (3, H) count, a, b; grows
     n_heap = np.int64(0)
-    for h in range(tab[0].shape[0]):
-        if tab[1][h] > 0:
-            heap, n_heap = _push(heap, n_heap, tab[1][h], tab[0][h] >> 32,
-                                 tab[0][h] & 0xFFFFFFFF, pool, off, size)
+    for h in range(tab.shape[1]):
+        if tab[COUNT, h] > 0:
+            heap = _push(heap, n_heap, tab[COUNT, h], tab[KEY, h] >> 32,
+                         tab[KEY, h] & 0xFFFFFFFF, pool, span)
+            n_heap += 1
     merged = np.empty((n_merges, 2), dtype=np.int64)      # (M, 2)
     for step in range(n_merges):
         a, b, found = np.int64(0), np.int64(0), False
         while n_heap > 0 and not found:
-            c, a, b = _pop(heap[0], heap[1], heap[2], n_heap, pool, off, size)
+            _pop(heap, n_heap, pool, span)
             n_heap -= 1
-            now = tab[1][_find(tab[0], _key(a, b))]
+            c, a, b = heap[0, n_heap], heap[1, n_heap], heap[2, n_heap]
+            now = tab[COUNT, _find(tab, _key(a, b))]
             found = now == c
             if not found and now > 0:
-                heap, n_heap = _push(heap, n_heap, now, a, b, pool, off, size)
+                heap = _push(heap, n_heap, now, a, b, pool, span)
+                n_heap += 1
         if not found:
             return merged[:step]
         new = 256 + step
         merged[step, 0], merged[step, 1] = a, b
-        if pool_n + size[a] + size[b] > pool.shape[0]:
-            pool = _grow(pool, 2 * (pool_n + size[a] + size[b]))
-        for i in range(size[a]):
-            pool[pool_n + i] = pool[off[a] + i]
-        for i in range(size[b]):
-            pool[pool_n + size[a] + i] = pool[off[b] + i]
-        off[new], size[new] = pool_n, size[a] + size[b]
-        pool_n += size[new]
-        sites = _sites(tab, pp, pn, _key(a, b))
-        if 2 * (used + 2 * sites.shape[0]) > tab[0].shape[0]:  # room for every new pair
-            tab, used = _rehash(tab, 2 * tab[0].shape[0])
-            while 2 * (used + 2 * sites.shape[0]) > tab[0].shape[0]:
-                tab, used = _rehash(tab, 2 * tab[0].shape[0])
-        touched, pp, pn, n_post, used = _merge_sites(sym, links, freq, tab, used, pp, pn,
-                                                     n_post, sites, (a, b, new))
-        h = _find(tab[0], _key(a, b))
-        tab[1][h], tab[2][h] = 0, -1                      # (a, b) is gone
+        grown = pool_n + span[1, a] + span[1, b]
+        if grown > pool.shape[1]:
+            pool = _grow(pool, 2 * grown)
+        for i in range(span[1, a]):
+            pool[0, pool_n + i] = pool[0, span[0, a] + i]
+        for i in range(span[1, b]):
+            pool[0, pool_n + span[1, a] + i] = pool[0, span[0, b] + i]
+        span[0, new], span[1, new] = pool_n, span[1, a] + span[1, b]
+        pool_n = grown
+        sites = _sites(tab, posts, _key(a, b))
+        while 2 * (used + 2 * sites.shape[0]) > tab.shape[1]:  # room for every new pair
+            tab, used = _rehash(tab, 2 * tab.shape[1])
+        touched, n_post, used = _merge_sites(sym, links, freq, tab, used, posts, n_post,
+                                             sites, (a, b, new))
+        h = _find(tab, _key(a, b))
+        tab[COUNT, h], tab[HEAD, h] = 0, -1               # (a, b) is gone
         for k in touched:
-            h = _find(tab[0], k)
-            if tab[1][h] > 0 and tab[3][h] != step:       # each touched pair pushed once
-                tab[3][h] = step
-                heap, n_heap = _push(heap, n_heap, tab[1][h], k >> 32, k & 0xFFFFFFFF,
-                                     pool, off, size)
+            h = _find(tab, k)
+            if tab[COUNT, h] > 0 and tab[STAMP, h] != step:  # each touched pair pushed once
+                tab[STAMP, h] = step
+                heap = _push(heap, n_heap, tab[COUNT, h], k >> 32, k & 0xFFFFFFFF, pool, span)
+                n_heap += 1
     return merged
 
 
 @nb.njit(cache=True)
-def _add(tab, used, pp, pn, n_post, k, f, j):
+def _add(tab, used, posts, n_post, k, f, j):
     """count[k] += f (a new key takes an empty slot: the caller made room), position j posted
-    under pair k. Returns (pp, pn, n_post + 1, used)."""
-    h = _find(tab[0], k)
-    if tab[0][h] < 0:
-        tab[0][h] = k
+    under pair k. Returns (used, n_post + 1)."""
+    h = _find(tab, k)
+    if tab[KEY, h] < 0:
+        tab[KEY, h] = k
         used += 1
-    tab[1][h] += f
-    if n_post == pp.shape[0]:
-        pp, pn = _grow(pp, 2 * n_post), _grow(pn, 2 * n_post)
-    pp[n_post], pn[n_post] = j, tab[2][h]
-    tab[2][h] = n_post
-    return pp, pn, n_post + 1, used
+    tab[COUNT, h] += f
+    posts[POS, n_post], posts[NEXT, n_post] = j, tab[HEAD, h]
+    tab[HEAD, h] = n_post
+    return used, n_post + 1
 
 
 @nb.njit(cache=True)
-def _sites(tab, pp, pn, k):
+def _sites(tab, posts, k):
     """The positions posted under pair k, in position order (so each word's sites are merged
     left to right, as a scan would); some are stale or repeated."""
-    out = np.empty(16, dtype=np.int64)                    # (S,) grows
-    n, node = 0, tab[2][_find(tab[0], k)]
+    head, n = tab[HEAD, _find(tab, k)], 0
+    node = head
     while node >= 0:
-        if n == out.shape[0]:
-            out = _grow(out, 2 * n)
-        out[n], n, node = pp[node], n + 1, pn[node]
-    return _sort(out[:n])
+        n, node = n + 1, posts[NEXT, node]
+    out = np.empty(n, dtype=np.int64)                     # (n,)
+    node = head
+    for i in range(n):
+        out[i], node = posts[POS, node], posts[NEXT, node]
+    return _sort(out)
 
 
 @nb.njit(cache=True)
-def _merge_sites(sym, links, freq, tab, used, pp, pn, n_post, sites, merge):
+def _merge_sites(sym, links, freq, tab, used, posts, n_post, sites, merge):
     """Rewrite (a, b) -> new (merge) at each live site: the work is per site, not per word (a
     word of m bytes costs O(sites), not O(m), per merge). Returns the touched pair keys (pairs
-    with `new`), the postings and the table's used slots."""
+    with `new`), the postings' count and the table's used slots."""
     a, b, new = merge
-    wof, nxt, prv = links
     touched = np.empty(2 * sites.shape[0] + 1, dtype=np.int64)  # (K,)
     nt = np.int64(0)
     for p in sites:
-        q = nxt[p]
+        q = links[NXT, p]
         if sym[p] != a or q < 0 or sym[q] != b:           # stale, or merged at this step
             continue
-        f, o, r = freq[wof[p]], prv[p], nxt[q]
+        f, o, r = freq[links[WORD, p]], links[PRV, p], links[NXT, q]
         if o >= 0:                                        # (prev, a) -> (prev, new)
-            tab[1][_find(tab[0], _key(sym[o], a))] -= f
+            tab[COUNT, _find(tab, _key(sym[o], a))] -= f
             touched[nt], nt = _key(sym[o], new), nt + 1
-            pp, pn, n_post, used = _add(tab, used, pp, pn, n_post, touched[nt - 1], f, o)
+            used, n_post = _add(tab, used, posts, n_post, touched[nt - 1], f, o)
         if r >= 0:                                        # (b, next) -> (new, next)
-            tab[1][_find(tab[0], _key(b, sym[r]))] -= f
+            tab[COUNT, _find(tab, _key(b, sym[r]))] -= f
             touched[nt], nt = _key(new, sym[r]), nt + 1
-            pp, pn, n_post, used = _add(tab, used, pp, pn, n_post, touched[nt - 1], f, p)
-            prv[r] = p
-        sym[p], sym[q], nxt[p] = new, -1, r               # q leaves the word
-    return touched[:nt], pp, pn, n_post, used
+            used, n_post = _add(tab, used, posts, n_post, touched[nt - 1], f, p)
+            links[PRV, r] = p
+        sym[p], sym[q], links[NXT, p] = new, -1, r        # q leaves the word
+    return touched[:nt], n_post, used
