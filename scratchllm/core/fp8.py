@@ -43,12 +43,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import ml_dtypes
 import numpy as np
 
 from scratchllm.core.validate import common_float, expect_dout, expect_float, expect_linear
 
-FP8_FORMATS = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
+FP8_FORMATS = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}  # fmt -> its ml_dtypes dtype
+
+
+def _fp8_dtype(fmt):
+    """The ml_dtypes dtype of fmt. ml_dtypes is imported here, on the first FP8 cast, not with
+    the package: its import costs about 0.6 s, which every run that never casts to FP8 (a
+    first training run, the tests of other packages) would otherwise pay at startup."""
+    import ml_dtypes
+    return getattr(ml_dtypes, FP8_FORMATS[fmt])
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 
 
@@ -116,7 +123,7 @@ def fp8_quantize(x, fmt="e4m3", tile=None):
     scales = np.where(amax > 0, amax / np.float32(FP8_MAX[fmt]), np.float32(1))  # (R/r, C/c)
     full = np.repeat(np.repeat(scales, r, axis=0), c, axis=1)[:a.shape[0], :a.shape[1]]
     ratio = np.clip(a / full, -FP8_MAX[fmt], FP8_MAX[fmt])  # (R, C) |.| <= fmax
-    return FP8Tensor(ratio.astype(FP8_FORMATS[fmt]), scales, (r, c), x.shape, x.dtype)
+    return FP8Tensor(ratio.astype(_fp8_dtype(fmt)), scales, (r, c), x.shape, x.dtype)
 
 
 def fp8_dequantize(q):

@@ -1,6 +1,9 @@
 """FP8 matmuls (core/fp8.py): the quantisers equal ml_dtypes casts on their tiles' scales and
 stay within each format's rounding bound; the FP8 linear's straight-through check can fail;
 fp8_matmuls switches linear_forward and the fused twins."""
+import subprocess
+import sys
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -112,3 +115,13 @@ def test_fp8_linear_module_keeps_float_master_weights():
     assert np.allclose(y, x @ lin.W.data + lin.b.data, rtol=0.1, atol=0.1)
     lin.backward(np.ones_like(y), cache)
     assert lin.W.grad.shape == (9, 5) and np.allclose(lin.b.grad, 2.0)
+
+
+def test_the_training_command_does_not_import_ml_dtypes():
+    """ml_dtypes comes in with the first FP8 cast, not with the package (its import is about
+    0.6 s of every first run's startup)."""
+    code = ("import sys, scratchllm.cli.train, scratchllm.core; "
+            "print('ml_dtypes' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
