@@ -18,7 +18,8 @@ from scratchllm.linear_attention import (lanes, rwkv4_wkv_scan_backward,
 
 
 @pytest.mark.parametrize("B,H,n,groups", [(4, 4, 2, 2), (1, 4, 2, 2), (2, 3, 3, 3),
-                                          (3, 1, 2, 2), (2, 2, 5, 2), (5, 2, 1, 1)])
+                                          (3, 1, 2, 2), (2, 2, 5, 4), (5, 2, 1, 1),
+                                          (4, 4, 16, 16), (4, 4, 8, 8), (4, 1, 16, 4)])
 def test_lane_groups_cover_every_lane_once(B, H, n, groups):
     seen = np.zeros((B, H), int)
     cut = lanes.lane_groups(B, H, n)
