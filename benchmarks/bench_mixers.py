@@ -302,6 +302,43 @@ def bench_cpu():
         print(f"{name:<8}{c1:>12.1f}{c2:>14.1f}{c2 / c1:>11.2f}")
 
 
+def bench_alternate():
+    """1 against 2 threads in ONE process, alternating every repetition
+    (numba.set_num_threads: the lanes' thread count; OpenBLAS at one thread), so a change of
+    load hits both columns alike: medians and the median of the per-pair ratios, over
+    SCRATCHLLM_BENCH_ROUNDS repetitions (default 15), and the calibration row. Run it at
+    real-time priority (`chrt -f 10`) for what two free cores give on a shared machine."""
+    import time
+    import numba
+    from concurrent.futures import ThreadPoolExecutor
+    from scratchllm.core.blas import set_blas_threads
+    reps = int(os.environ.get("SCRATCHLLM_BENCH_ROUNDS", "15"))
+    inputs, a = _inputs(np.random.default_rng(0)), np.ones((256, 64, 64), np.float32)
+    pools = {1: ThreadPoolExecutor(1), 2: ThreadPoolExecutor(2)}
+
+    def machine(threads):
+        return lambda: list(pools[threads].map(lambda _: [a @ a for _ in range(10)], range(2)))
+    runs = {n: (lambda t, r=_fwd_bwd(f, b, inputs[n], **o): r)
+            for n, ((f, b, o), _) in _pairs().items()}
+    runs["machine"] = machine
+    set_blas_threads(1)
+    print(f"load average {os.getloadavg()[0]:.1f}; {reps} repetitions, 1 and 2 threads alternating")
+    print(f"{'mixer':<8}{'1 thread ms':>12}{'2 threads ms':>14}{'speed-up':>10}{'per pair':>10}")
+    for name, make in runs.items():
+        times = {1: [], 2: []}
+        for r in range(reps + 1):              # the first pair is a warm-up
+            for threads in ((1, 2) if r % 2 else (2, 1)):
+                numba.set_num_threads(threads)
+                run, t = make(threads), time.perf_counter()
+                run()
+                if r:
+                    times[threads].append(time.perf_counter() - t)
+        t1, t2 = (float(np.median(times[n])) * 1e3 for n in (1, 2))
+        pair = float(np.median(np.array(times[1]) / np.array(times[2])))
+        print(f"{name:<8}{t1:>12.1f}{t2:>14.1f}{t1 / t2:>10.2f}{pair:>10.2f}")
+    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+
+
 if __name__ == "__main__":
-    sys.exit(run_named([bench_mixers, bench_ssd_vs_scan, bench_threads,
+    sys.exit(run_named([bench_mixers, bench_ssd_vs_scan, bench_threads, bench_alternate,
                         bench_ours, bench_share, bench_ours_cpu, bench_cpu]))

@@ -25,30 +25,28 @@ instead (the delta rule's fwd + bwd at B 4, T 1,024, d 256: 185 -> 145 ms on one
 -> 1.6x from a second one). The price: freed memory stays with the process instead of going
 back to the system.
 
-Glossary: lane = one (batch row, head); group = a basic slice of the lanes (a view); n
-groups = min(threads, lanes along the cut axis).
-"""
-import threading
-from concurrent.futures import ThreadPoolExecutor
+The lanes are cut finer than the threads (_tasks: a Numba kernel's spans 8 a thread, at most
+one lane a span; the NumPy steps' groups 2 a thread, per batch row and then per heads) and the
+threads take the pieces in order as they come free (core/blas.run_tasks, the calling thread one
+of them): cut in fixed halves, a call waited for its slower half, whether the second thread woke
+late (~0.1-0.3 ms on an idle core here) or another process held its core (RWKV-4's scan, B 4,
+T 1,024, D 256, two threads: 57 -> 44 ms a fwd + bwd, 75 ms on one).
 
+Glossary: lane = one (batch row, head); group = a basic slice of the lanes (a view); n
+groups = min(n asked, lanes along the cut axis).
+"""
 import numba
 import numpy as np
 from numba.np.ufunc.parallel import _launch_threads
 
-from scratchllm.core.blas import one_blas_thread
+from scratchllm.core.blas import run_tasks
 from scratchllm.core.heap import keep_freed_memory
 
-_POOL = {}
-_LOCK = threading.Lock()
 _THREADABLE = []      # [bool] once known
 MIN_WORK = 1 << 16    # elements of input below which one thread is faster than handing off
-
-
-def _pool(n):
-    with _LOCK:
-        if n not in _POOL:
-            _POOL[n] = ThreadPoolExecutor(n, thread_name_prefix="scratchllm-lanes")
-        return _POOL[n]
+TASKS_PER_THREAD = 8  # spans of lanes per thread (at most one lane a span): run_spans
+GROUPS_PER_THREAD = 2  # lane groups per thread for NumPy steps (for_lanes): finer groups make
+#                        NumPy calls of tens of microseconds, and the GIL between them costs more
 
 
 def _can_thread():
@@ -62,22 +60,57 @@ def _can_thread():
     return _THREADABLE[0]
 
 
+def _cuts(size, n):
+    """range(size) cut into min(n, size) nearly equal slices (at least one)."""
+    n = max(1, min(n, size))
+    return [slice(size * i // n, size * (i + 1) // n) for i in range(n)]
+
+
 def lane_groups(B, H, n):
     """Index tuples cutting the (B, H) lanes into at most n groups of basic slices: along B
-    when B >= n, else along H. [(slice(None),)] for one group."""
-    axis, size = (0, B) if B >= n or B >= H else (1, H)
-    n = max(1, min(n, size))
-    cuts = [size * i // n for i in range(n + 1)]
-    return [(slice(None),) * axis + (slice(a, b),) for a, b in zip(cuts[:-1], cuts[1:])]
+    when B >= n; else, with H > 1 and n >= 2B, every batch row cut along H into n // B pieces;
+    else along the longer of B and H. [(slice(None),)] for one group."""
+    if n <= 1:
+        return [(slice(None),)]
+    if B >= n:
+        return [(rows,) for rows in _cuts(B, n)]
+    per_row = min(H, n // B)
+    if B > 1 and per_row > 1:
+        return [(slice(b, b + 1), heads) for b in range(B) for heads in _cuts(H, per_row)]
+    if B >= H:
+        return [(rows,) for rows in _cuts(B, n)]
+    return [(slice(None), heads) for heads in _cuts(H, n)]
 
 
 def _threads():
     return numba.get_num_threads()
 
 
+def _tasks(threads, size, per_thread=TASKS_PER_THREAD):
+    """How many pieces `size` lanes are cut into for `threads` threads: one piece on one
+    thread, else per_thread per thread (at most one lane each). The threads take the
+    pieces in order as they come free (core/blas.run_tasks; the calling thread is one of
+    them), so a thread that starts late (a wake-up on an idle core costs ~0.1-0.3 ms here) or
+    is slowed by another process leaves its share to the others instead of the whole call
+    waiting for its fixed half."""
+    return 1 if threads <= 1 else min(size, per_thread * threads)
+
+
 def _one_thread(fn, idx):
-    numba.set_num_threads(1)          # thread-local: this group's Numba kernels stay serial
-    return fn(idx)
+    """fn(idx) with Numba at one thread in this thread (the groups are the parallelism), the
+    thread's count restored after (the calling thread runs groups too)."""
+    n = numba.get_num_threads()
+    numba.set_num_threads(1)          # thread-local
+    try:
+        return fn(idx)
+    finally:
+        numba.set_num_threads(n)
+
+
+def _threads_for(work):
+    """The threads a call of `work` elements runs on: Numba's count, one below MIN_WORK or
+    under the workqueue layer."""
+    return _threads() if work >= MIN_WORK and _can_thread() else 1
 
 
 def map_lanes(fn, B, H, work):
@@ -85,37 +118,34 @@ def map_lanes(fn, B, H, work):
     fn((slice(None),)) when work, the elements of the input, is under MIN_WORK). fn returns a
     flat tuple of arrays whose first two axes are the group's lanes; returns the same tuple
     with every array assembled over all lanes (B, H, ...)."""
-    groups = lane_groups(B, H, _threads() if work >= MIN_WORK else 1)
+    threads = _threads_for(work)
+    groups = lane_groups(B, H, threads)
     keep_freed_memory()
-    if len(groups) == 1 or not _can_thread():
+    if len(groups) == 1:
         return fn(groups[0])
-    pool = _pool(len(groups))
-    parts = list(pool.map(_one_thread, [fn] * len(groups), groups))
-    axis = len(groups[0]) - 1
-    full = []
-    for k, a in enumerate(parts[0]):
-        shape = list(a.shape)
-        shape[axis] = sum(p[k].shape[axis] for p in parts)
-        full.append(np.empty(shape, a.dtype))
+    parts = run_tasks(lambda j: _one_thread(fn, groups[j]), len(groups), threads)
+    full = [np.empty((B, H) + a.shape[2:], a.dtype) for a in parts[0]]  # (B, H, ...)
 
     def put(i):
         for k, out in enumerate(full):
             out[groups[i]] = parts[i][k]
-    list(pool.map(put, range(len(groups))))
+    run_tasks(put, len(groups), threads)
     return tuple(full)
 
 
 def for_lanes(fn, B, H, work):
-    """fn(idx) for each lane group idx of lane_groups(B, H, threads), in threads as map_lanes,
-    for an fn that writes its lanes of arrays allocated beforehand (nothing returned): no
-    parts to copy into whole arrays afterwards (for an elementwise step that copy costs as
-    much as the step: linear attention's CPU at 2 threads was 25% above 1 thread's)."""
-    groups = lane_groups(B, H, _threads() if work >= MIN_WORK else 1)
+    """fn(idx) for each lane group idx of lane_groups(B, H, GROUPS_PER_THREAD · threads), in
+    threads as map_lanes, for an fn that writes its lanes of arrays allocated
+    beforehand (nothing returned): no parts to copy into whole arrays afterwards (for an
+    elementwise step that copy costs as much as the step: linear attention's CPU at 2 threads
+    was 25% above 1 thread's). The groups are finer than the threads (_tasks)."""
+    threads = _threads_for(work)
+    groups = lane_groups(B, H, _tasks(threads, B * H, GROUPS_PER_THREAD))
     keep_freed_memory()
-    if len(groups) == 1 or not _can_thread():
+    if len(groups) == 1:
         fn(groups[0])
         return
-    list(_pool(len(groups)).map(_one_thread, [fn] * len(groups), groups))
+    run_tasks(lambda j: _one_thread(fn, groups[j]), len(groups), threads)
 
 
 def spans(L, n):
@@ -126,20 +156,17 @@ def spans(L, n):
 
 
 def run_spans(kernel, L, work):
-    """kernel(lo, hi) for spans of the L lanes, one span per thread (one call kernel(0, L)
-    when work, the elements of the output, is under MIN_WORK): for a serial Numba kernel
-    compiled with nogil=True, whose lanes write disjoint rows (so the bits do not depend on
-    the thread count). The calling thread runs the last span; OpenBLAS stays at one thread
-    meanwhile (the lanes are the parallelism)."""
-    parts = spans(L, _threads() if work >= MIN_WORK else 1)
+    """kernel(lo, hi) for spans of the L lanes, _tasks(threads, L) spans taken in order by the
+    threads as they come free (one call kernel(0, L) when work, the elements of the output,
+    is under MIN_WORK): for a serial Numba kernel compiled with nogil=True, whose lanes write
+    disjoint rows (so the bits do not depend on the thread count). The calling thread is one
+    of the threads; OpenBLAS stays at one thread meanwhile (the lanes are the parallelism)."""
+    threads = _threads() if work >= MIN_WORK else 1  # serial kernels: any threading layer
+    parts = spans(L, _tasks(threads, L))
     if len(parts) == 1:
         kernel(0, L)
         return
-    with one_blas_thread():
-        pending = [_pool(len(parts) - 1).submit(kernel, lo, hi) for lo, hi in parts[:-1]]
-        kernel(*parts[-1])
-        for job in pending:
-            job.result()
+    run_tasks(lambda i: kernel(*parts[i]), len(parts), threads)
 
 
 def lanes_of(cache, idx, fields):

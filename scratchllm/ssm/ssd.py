@@ -120,20 +120,26 @@ def ssd_backward(dy, cache):
     expect_dout("ssd_backward", dy, cache.x.shape,
                 np.result_type(cache.x, cache.D, gla_out(cache.gla)[1]), name="dy")
     x, dt, A, D, rep, gla = cache
-    dq, dk, dv, dg = gla_backward_parts(np.swapaxes(dy, 1, 2), gla)  # (B, H, T, *)
+    batch, T, H, Dh = x.shape
+    rows = (batch, 1, x.size)  # the elementwise steps: batch rows in threads (lanes.py)
+    do = np.empty((batch, H, T, Dh), dy.dtype)  # (B, H, T, Dh): dy in the heads' layout
+    for_lanes(lambda i: np.copyto(do[i], np.swapaxes(dy[i], 1, 2)), *rows)
+    dq, dk, dv, dg = gla_backward_parts(do, gla)  # (B, H, T, *)
     dv, dg = np.swapaxes(dv, 1, 2), np.swapaxes(dg, 1, 2)  # (B, T, H, Dh), (B, T, H)
 
     dx = np.empty(x.shape, np.result_type(D, dy, dv, dt))  # (B, T, H, Dh)
     ddt = np.empty(dt.shape, np.result_type(dv, x, dg, A))  # (B, T, H)
+    dD_steps = np.empty(dt.shape, np.result_type(dy, x))  # (B, T, H): Σ_p dy x per step
 
     def inputs(i):  # fwd: y = swap(gla) + D x;  v = dt x;  g = dt A
         np.add(D[:, None] * dy[i], dv[i] * dt[i][..., None], out=dx[i])
         np.add((dv[i] * x[i]).sum(-1), dg[i] * A, out=ddt[i])
-    for_lanes(inputs, x.shape[0], 1, x.size)  # batch rows in threads, in place (lanes.py)
+        np.sum(dy[i] * x[i], axis=-1, out=dD_steps[i])
+    for_lanes(inputs, *rows)  # in place
     # fwd: B, C shared by the heads of a group  ->  the sum over the group
     dB, dC = (np.swapaxes(repeat_kv_backward(d, rep)["kv"], 1, 2) for d in (dk, dq))
     return {"x": dx, "dt": ddt, "A": (dg * dt).sum(axis=(0, 1)), "B": dB, "C": dC,
-            "D": (dy * x).sum(axis=(0, 1, 3))}  # dB, dC (B, T, Hg, N)
+            "D": dD_steps.sum(axis=(0, 1))}  # dB, dC (B, T, Hg, N)
 
 
 def ssd_step(x_t, dt_t, A, B_t, C_t, D, state):

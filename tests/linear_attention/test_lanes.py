@@ -18,7 +18,8 @@ from scratchllm.linear_attention import (lanes, rwkv4_wkv_scan_backward,
 
 
 @pytest.mark.parametrize("B,H,n,groups", [(4, 4, 2, 2), (1, 4, 2, 2), (2, 3, 3, 3),
-                                          (3, 1, 2, 2), (2, 2, 5, 2), (5, 2, 1, 1)])
+                                          (3, 1, 2, 2), (2, 2, 5, 4), (5, 2, 1, 1),
+                                          (4, 4, 16, 16), (4, 4, 8, 8), (4, 1, 16, 4)])
 def test_lane_groups_cover_every_lane_once(B, H, n, groups):
     seen = np.zeros((B, H), int)
     cut = lanes.lane_groups(B, H, n)
@@ -93,7 +94,9 @@ def test_span_kernels_give_the_same_bits(monkeypatch):
         y, cache = rwkv4_wkv_scan_forward(w, u, k, v)
         runs.append([y, *rwkv4_wkv_scan_backward(dy, cache).values(),
                      *ssm.ssd_recurrent(**ssd_in)])
-    assert cut == [1] * 3 + [2] * 3 + [3] * 3  # rwkv forward, backward, ssd per count
+    # rwkv forward, backward (9 tasks: 3 rows x 3 blocks of 32 channels), ssd (6 lanes) per
+    # thread count: one span on one thread, else finer than the threads (lanes._tasks)
+    assert cut == [1] * 3 + [9, 9, 6] * 2
     for run in runs[1:]:
         for a, b in zip(run, runs[0]):
             np.testing.assert_array_equal(a, b)
