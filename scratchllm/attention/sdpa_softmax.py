@@ -44,18 +44,12 @@ def _softmax_rows(src, s, starts, ends, n_runs, Tq, scale, zero, minus_inf):
     for r in range(rows):
         t = r % Tq
         m = minus_inf
-        j = 0
         for u in range(n_runs[t]):
-            a, b = starts[t, u], ends[t, u]
-            for k in range(j, a):  # the masked keys before this run
-                s[r, k] = zero
-            run = s[r, a:b]  # (run length,) kept keys
-            _scaled(src[r, a:b], scale, run)
+            run = s[r, starts[t, u]:ends[t, u]]  # (run length,) kept keys
+            _scaled(src[r, starts[t, u]:ends[t, u]], scale, run)
             m = max(m, max_lanes(run, minus_inf))  # NaN skipped: exp(NaN - m) below makes
-            j = b                                  # the row NaN, as the readable path does
-        for k in range(j, Tk):
-            s[r, k] = zero
-        if m == minus_inf:  # nothing to attend: zeros (only NaN: NaN)
+        _zero_gaps(s[r], starts[t], ends[t], n_runs[t], zero)  # the row NaN, as the
+        if m == minus_inf:  # nothing to attend: zeros (only NaN: NaN)  readable path does
             _fill_masked_row(s[r], starts[t], ends[t], n_runs[t], zero)
             continue
         total = 0.0
@@ -68,8 +62,19 @@ def _softmax_rows(src, s, starts, ends, n_runs, Tq, scale, zero, minus_inf):
 
 
 @njit(cache=True, nogil=True)
+def _zero_gaps(row, starts, ends, n, zero):
+    """row <- zero outside the n runs [starts[u], ends[u]) (sorted, disjoint)."""
+    j = 0
+    for u in range(n):
+        row[j:starts[u]] = zero
+        j = ends[u]
+    row[j:] = zero
+
+
+@njit(cache=True, nogil=True)
 def _fill_masked_row(row, starts, ends, n, zero):
-    """A row whose kept keys are all -inf (or NaN): zeros, or NaN everywhere kept if any is."""
+    """The kept keys of a row that has no finite score: zeros, or NaN if any is NaN (loops:
+    np.isnan(run).any() compiles a temporary and a reduction of its own)."""
     fill = zero
     for u in range(n):
         for j in range(starts[u], ends[u]):
