@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from scratchllm.core.exp32 import exp_lanes
+from scratchllm.core.exp32 import exp_linked
 from scratchllm.core.fused_sums import dot64_exact, max_lanes, sum64
 
 
@@ -39,7 +39,7 @@ def _softmax_rows(src, s, starts, ends, n_runs, Tq, scale, zero, minus_inf):
     row r (position t = r mod Tq) keeps the n_runs[t] runs of keys starts[t, u] <= j <
     ends[t, u] (causal: one run 0..t+1; a window with sinks: two) and nothing else, so a
     masked key costs no exp and the loops carry no mask branch. scale, zero and minus_inf are
-    in s's dtype, so that exp_lanes runs in it (vectorised for float32)."""
+    in s's dtype, so that exp_linked runs in it (vectorised for float32)."""
     rows, Tk = s.shape
     for r in range(rows):
         t = r % Tq
@@ -50,9 +50,7 @@ def _softmax_rows(src, s, starts, ends, n_runs, Tq, scale, zero, minus_inf):
             m = max(m, max_lanes(run, minus_inf))  # NaN skipped: exp(NaN - m) below makes
         _zero_gaps(s[r], starts[t], ends[t], n_runs[t], zero)  # the row NaN, as the
         if m == minus_inf:  # nothing to attend: zeros (only NaN: NaN)  readable path does
-            for u in range(n_runs[t]):
-                run = s[r, starts[t, u]:ends[t, u]]
-                run[:] = np.nan if np.isnan(run).any() else zero
+            _fill_masked_row(s[r], starts[t], ends[t], n_runs[t], zero)
             continue
         total = 0.0
         for u in range(n_runs[t]):
@@ -74,11 +72,25 @@ def _zero_gaps(row, starts, ends, n, zero):
 
 
 @njit(cache=True, nogil=True)
+def _fill_masked_row(row, starts, ends, n, zero):
+    """The kept keys of a row that has no finite score: zeros, or NaN if any is NaN (loops:
+    np.isnan(run).any() compiles a temporary and a reduction of its own)."""
+    fill = zero
+    for u in range(n):
+        for j in range(starts[u], ends[u]):
+            if row[j] != row[j]:
+                fill = row[j]
+    for u in range(n):
+        for j in range(starts[u], ends[u]):
+            row[j] = fill
+
+
+@njit(cache=True, nogil=True)
 def _exp_shifted(x, m):
     """x <- exp(x - m), in place. A loop of its own over a 1-D slice: LLVM vectorises it
     here (inside _softmax_rows' 2-D loop nest it stayed scalar: 15x slower)."""
     for j in range(x.shape[0]):
-        x[j] = exp_lanes(x[j] - m)
+        x[j] = exp_linked(x[j] - m)
 
 
 @njit(cache=True, nogil=True)

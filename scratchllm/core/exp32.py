@@ -12,12 +12,16 @@ Every a·b + c is an explicit fused multiply-add (_fma32 = llvm.fma: one roundin
 instruction; fastmath=False never fuses by itself): 17 vector ops per 16 lanes instead of 30,
 ~1.4x faster scans. float64 (the gradient-checked path) keeps np.exp. Max relative error vs
 np.exp: < 1e-7 on [-87, 88.7] (tests/ssm/test_scan.py).
+`exp_linked` is the same exp as a kernel of its own: Numba types and lowers its body once per
+dtype (and caches it), and LLVM inlines the call into the caller's loop, which still
+vectorises; calling exp_lanes, each kernel re-types the body (~0.1-0.3 CPU s of compile per
+kernel). The training step's kernels (core/fused.py, attention/sdpa_softmax.py) call it.
 The Numba cache tracks only a jitted function's own file: after editing this one, touch the
 files whose kernels inline it (core/fused.py, attention/sdpa_softmax.py, ssm/scan_kernels.py).
 """
 import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.extending import intrinsic, overload
 
 f32 = np.float32
@@ -44,6 +48,12 @@ def _fma32(typingctx, a, b, c):
 def exp_lanes(v):
     """e^v; inside @njit code, float32 gets the vectorisable version below."""
     return np.exp(v)
+
+
+@njit(cache=True, nogil=True)
+def exp_linked(v):
+    """exp_lanes(v), compiled once per dtype and linked (module docstring)."""
+    return exp_lanes(v)
 
 
 @overload(exp_lanes, jit_options={"cache": True}, inline="always")

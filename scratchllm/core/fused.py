@@ -20,7 +20,8 @@ Math (the same as the readable pairs):
     adamw:    torch.optim.AdamW's single-tensor update, every scalar rounded to the dtype
 Sums run in float64 registers (never a float64 array), in SIMD lanes (core/fused_sums.py:
 a fixed reordering of the float64 additions); the outputs keep the input dtype; exp
-is core/exp32.py's exp_lanes, which LLVM vectorises for float32 (np.exp for float64).
+is core/exp32.py's exp_lanes, which LLVM vectorises for float32 (np.exp for float64), called
+as exp_linked (compiled once, inlined by LLVM: each kernel does not re-type its body).
 Every kernel releases the GIL (nogil), so the data-parallel threads run them side by side.
 A kernel that divides inside its inner loop uses error_model="numpy" (x / 0 gives inf, as in
 NumPy, instead of Python's ZeroDivisionError check, whose branch stops the loop vectoriser:
@@ -35,7 +36,7 @@ import numpy as np
 from numba import njit
 
 from scratchllm.core import ops
-from scratchllm.core.exp32 import exp_lanes
+from scratchllm.core.exp32 import exp_linked
 from scratchllm.core.fused_sums import dot64_exact, max_lanes, sum64
 from scratchllm.core.twins import Twin
 from scratchllm.core.validate import common_float, expect_dout, expect_finite, expect_gated_ffn
@@ -135,7 +136,7 @@ def _gate(a, b, m, one):
     BT, F = m.shape
     for i in range(BT):
         for j in range(F):
-            m[i, j] = a[i, j] / (one + exp_lanes(-a[i, j])) * b[i, j]
+            m[i, j] = a[i, j] / (one + exp_linked(-a[i, j])) * b[i, j]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -145,7 +146,7 @@ def _gate_backward(a, b, dm, da, db, one):
     for i in range(BT):
         for j in range(F):
             x, d = a[i, j], dm[i, j]
-            s = one / (one + exp_lanes(-x))
+            s = one / (one + exp_linked(-x))
             da[i, j] = d * b[i, j] * s * (one + x * (one - s))
             db[i, j] = d * x * s
 
@@ -209,8 +210,8 @@ def _softmax_xent_rows(z, targets, ignore_index, dz, zero, minus_inf):
             continue
         if not np.isfinite(m):  # a fully masked row: shift by 0 (several +inf: NaN)
             m = zero
-        for j in range(V):  # vectorised: exp_lanes in z's dtype
-            dz[i, j] = exp_lanes(z[i, j] - m)
+        for j in range(V):  # vectorised: exp_linked in z's dtype
+            dz[i, j] = exp_linked(z[i, j] - m)
         s = sum64(dz[i])  # float64, vectorised (fused_sums)
         total += m + np.log(s) - z[i, t]
         inv = 1.0 / s
@@ -247,8 +248,10 @@ def fused_cross_entropy_forward(logits, targets, ignore_index=-100):
     z = _rows(logits)  # (BT, V)
     dz = np.empty_like(z)  # (BT, V)
     n_valid = int(keep.sum())
-    total = _softmax_xent_rows(z, flat_t, ignore_index, dz, z.dtype.type(0),
-                               z.dtype.type(-np.inf))
+    # int64 targets and ignore_index whatever the caller's int type: one specialisation
+    # per float dtype (the run's int32 ids and the tests' int64 compile the same kernel)
+    total = _softmax_xent_rows(z, flat_t.astype(np.int64, copy=False), np.int64(ignore_index),
+                               dz, z.dtype.type(0), z.dtype.type(-np.inf))
     loss = np.asarray(total / max(n_valid, 1), dtype=logits.dtype)
     return loss, FusedCrossEntropyCache(dz, logits.shape, n_valid)
 
