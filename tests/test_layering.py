@@ -54,8 +54,9 @@ STDLIB_ONLY = ("scratchllm.teach.sizing", "scratchllm.teach.rules", "scratchllm.
 # library and the others of them
 OPTIONAL = {"matplotlib", "sentencepiece", "mpi4py", "PIL",  # the only modules a function may
             "nbformat", "nbclient", "nbconvert"}  # (the notebooks extra: cli/notebooks.py)
-LAZY = {("scratchllm.cli.size", "scratchllm.cli.hardware")}  # (importer, library module) a
-# function may import: `size --hw this` measures with numpy; every other `size` loads none
+LAZY = {("scratchllm.cli.size", "scratchllm.cli.hardware"),  # (importer, library module) a
+        ("scratchllm.core.fp8", "ml_dtypes")}  # function may import: `size --hw this`
+# measures with numpy, every other `size` loads none; ml_dtypes comes with the first FP8 cast
 
 
 def modules(root, package="scratchllm"):

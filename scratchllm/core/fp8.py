@@ -54,7 +54,7 @@ def _fp8_dtype(fmt):
     """The ml_dtypes dtype of fmt. ml_dtypes is imported here, on the first FP8 cast, not with
     the package: its import costs about 0.6 s, which every run that never casts to FP8 (a
     first training run, the tests of other packages) would otherwise pay at startup."""
-    import ml_dtypes
+    import ml_dtypes  # lazily: only FP8 casts need it
     return getattr(ml_dtypes, FP8_FORMATS[fmt])
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 
