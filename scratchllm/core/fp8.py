@@ -48,6 +48,7 @@ import numpy as np
 from scratchllm.core.validate import common_float, expect_dout, expect_float, expect_linear
 
 FP8_FORMATS = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}  # fmt -> its ml_dtypes dtype
+FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 
 
 def _fp8_dtype(fmt):
@@ -56,7 +57,6 @@ def _fp8_dtype(fmt):
     first training run, the tests of other packages) would otherwise pay at startup."""
     import ml_dtypes  # lazily: only FP8 casts need it
     return getattr(ml_dtypes, FP8_FORMATS[fmt])
-FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 
 
 @dataclass(frozen=True)
