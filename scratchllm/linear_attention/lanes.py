@@ -61,9 +61,8 @@ def _can_thread():
 
 
 def _cuts(size, n):
-    """range(size) cut into min(n, size) nearly equal slices (at least one)."""
-    n = max(1, min(n, size))
-    return [slice(size * i // n, size * (i + 1) // n) for i in range(n)]
+    """spans(size, n) as slices."""
+    return [slice(lo, hi) for lo, hi in spans(size, n)]
 
 
 def lane_groups(B, H, n):
