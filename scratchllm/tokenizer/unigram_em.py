@@ -15,10 +15,11 @@ the trie's, ids 0..V-1, log-probabilities logp (V,) (-inf: absent).
 """
 import math
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 
 import numba as nb
 import numpy as np
+
+from scratchllm.core.blas import run_tasks
 
 from . import nbcache
 from .unigram_lattice import _edges, _logadd, _text, frozen, lattice_edges
@@ -30,17 +31,12 @@ _FNV = np.uint64(0x100000001B3)
 
 
 def _on_threads(kernel, *args):
-    """kernel(*args, c, n) for c = 0..n-1, n = Numba's thread count, each on a thread of its
-    own (the kernels release the GIL; chunk c takes words c, c + n, ...). Plain threads over
-    one serial kernel, not prange: parallel=True compiled each kernel's loop a second time
-    as a gufunc, 2-3 CPU s per kernel cold."""
+    """kernel(*args, c, n) for c = 0..n-1, n = Numba's thread count, on the process's task
+    threads (core/blas.run_tasks; the kernels release the GIL; chunk c takes words c, c + n,
+    ...). Threads over one serial kernel, not prange: parallel=True compiled each kernel's
+    loop a second time as a gufunc, 2-3 CPU s per kernel cold."""
     n = nb.get_num_threads()
-    if n == 1:
-        kernel(*args, 0, 1)
-        return
-    with ThreadPoolExecutor(n) as threads:
-        for _ in threads.map(lambda c: kernel(*args, c, n), range(n)):
-            pass
+    run_tasks(lambda c: kernel(*args, c, n), n, n)
 
 
 def _word_refs(pool, off):
