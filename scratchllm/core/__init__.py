@@ -1,6 +1,6 @@
 """The foundation every other package stands on: input checks (validate), the element-wise and
 dense ops as forward/backward pairs (ops; LayerNorm in norms, GELU and the GPT-2 MLP in
-gelu; T5's ReLU MLP in relu), Param/Module and the thin Modules (nn), the optimizer (optim), and the fused Numba twins
+gelu; T5's ReLU MLP in relu), Param/Module and the thin Modules (nn), the optimizer (optim; its fused kernels in fused_adamw), and the fused Numba twins
 of the training step's element-wise ops (fused) with the Twin that picks one per forward
 (twins), the contrastive InfoNCE loss (contrastive), the one atomic file writer (atomic),
 logit soft-capping (softcap), LoRA adapters on a Linear (lora), FP8 matmuls for training
@@ -14,10 +14,10 @@ from .fp8 import (FP8_FORMATS, FP8_MAX, FP8LinearCache, FP8Spec, FP8Tensor, fp8_
 from .contrastive import info_nce_backward, info_nce_forward
 from .pooling import (HeadWeights, pool_backward, pool_forward, sequence_head_backward,
                       sequence_head_forward)
-from .fused import (CROSS_ENTROPY, RMSNORM, SWIGLU, AdamWStep, adamw_update, adamw_update_ref,
-                    fused_cross_entropy_backward, fused_cross_entropy_forward,
-                    fused_rmsnorm_backward, fused_rmsnorm_forward, fused_swiglu_backward,
-                    fused_swiglu_forward, sum_squares, sum_squares_ref)
+from .fused import (CROSS_ENTROPY, RMSNORM, SWIGLU, fused_cross_entropy_backward,
+                    fused_cross_entropy_forward, fused_rmsnorm_backward, fused_rmsnorm_forward,
+                    fused_swiglu_backward, fused_swiglu_forward)
+from .fused_adamw import AdamWStep, adamw_update, adamw_update_ref, sum_squares, sum_squares_ref
 from .gelu import (geglu_backward, geglu_forward, gelu_backward, gelu_forward,
                    gelu_mlp_backward, gelu_mlp_forward)
 from .nn import (Embedding, FP8Linear, GeGLU, GeluMLP, LayerNorm, Linear, Module, Param, ReluMLP, RMSNorm,

@@ -8,7 +8,7 @@ clip's norm), is one Numba pass per thread over whole Params.
 
 The sum adds the rows in order (row 0 += row 1, then += row 2 ...), each element with the
 same float additions as `main.grad += replica.grad` in replica order, and each Param's sum of
-squares is fused.sum_squares's kernel on its whole flat gradient: the same bits as the Param
+squares is fused_adamw.sum_squares's kernel on its whole flat gradient: the same bits as the Param
 by Param loops (tests/core/test_flat_grads.py). A thread takes whole Params (the squares run
 over whole Params), balanced by size (largest first, to the least loaded thread).
 

@@ -1,6 +1,7 @@
-"""Fused Numba twins of the training step's element-wise ops: RMSNorm, the SwiGLU gate,
-softmax + cross-entropy, and the AdamW update. Each does in one pass over its arrays what the
-readable NumPy pair (core/ops.py, core/optim.py) does in several passes with a temporary each.
+"""Fused Numba twins of the training step's element-wise ops: RMSNorm, the SwiGLU gate and
+softmax + cross-entropy (the optimizer's, AdamW and the clip's sum of squares, are in
+core/fused_adamw.py). Each does in one pass over its arrays what the readable NumPy pair
+(core/ops.py) does in several passes with a temporary each.
 
 Naming: `fused_<op>_forward/backward` is the fast twin of the readable pair `<op>_forward/
 backward` in ops.py, with the same signature and the same dict of gradients, and
@@ -9,7 +10,7 @@ teaching text keeps its own name, used by drills, notebooks and grads cases).
 tests/core/test_fused.py checks every twin against its `_ref` (float32 to 1e-6, float64 to
 1e-12); grads/cases/core.py checks every fused backward by finite differences.
 The Modules (core/nn.py) and the LM's loss run them through the Twin objects at the end of
-this file (RMSNORM, SWIGLU, CROSS_ENTROPY: twins.py), AdamW picks its update at construction:
+this file (RMSNORM, SWIGLU, CROSS_ENTROPY: twins.py):
 set SCRATCHLLM_READABLE=1 to run the readable pairs instead (to step through them, say); a
 backward always runs the twin its forward chose, which the cache carries.
 
@@ -17,7 +18,6 @@ Math (the same as the readable pairs):
     rmsnorm:  y = x r g,  r = (mean(x^2) + eps)^-1/2;  dx = r (dy g - xhat mean(dy g xhat))
     swiglu:   a = x W1,  b = x W3,  m = silu(a) b (one pass),  y = m W2
     softmax + CE per row n: loss_n = logsumexp(z_n) - z_n[t_n];  dz_n = softmax(z_n) - onehot
-    adamw:    torch.optim.AdamW's single-tensor update, every scalar rounded to the dtype
 Sums run in float64 registers (never a float64 array), in SIMD lanes (core/fused_sums.py:
 a fixed reordering of the float64 additions); the outputs keep the input dtype; exp
 is core/exp32.py's exp_lanes, which LLVM vectorises for float32 (np.exp for float64), called
@@ -29,7 +29,6 @@ the gate ran 4x slower with it).
 
 Glossary: BT token rows, D features, F FFN hidden width, V vocabulary.
 """
-import math
 from typing import NamedTuple
 
 import numpy as np
@@ -268,91 +267,6 @@ def fused_cross_entropy_backward(dloss, cache):
 
 fused_cross_entropy_forward_ref = ops.cross_entropy_forward
 fused_cross_entropy_backward_ref = ops.cross_entropy_backward
-
-
-# ---------------------------------------------------------------------------- adamw
-@njit(cache=True, nogil=True)
-def _sum_squares_flat(a):
-    return dot64_exact(a, a)  # float64 squares, summed in lanes (fused_sums)
-
-
-def sum_squares(a):
-    """sum(a^2) accumulated in float64 in one pass, without a float64 copy of a."""
-    return float(_sum_squares_flat(np.ascontiguousarray(a).reshape(-1)))
-
-
-def sum_squares_ref(a):
-    """sum(a^2) in float64, readable: a float64 copy, squared, summed (pairwise)."""
-    return float(np.sum(a.astype(np.float64) ** 2))
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _adamw_flat(p, g, m, v, decay, w1, b2, w2, neg_step, bc2_sqrt, eps):
-    for i in range(p.size):
-        m[i] = np.float64(w1) * (g[i] - m[i]) + m[i]  # fma(w1, g - m, m): torch's lerp
-        vb = v[i] * b2
-        v[i] = np.float64(w2 * g[i]) * g[i] + vb  # fma(w2 g, g, v b2): torch's addcmul
-        p[i] = p[i] * decay + neg_step * m[i] / (np.sqrt(v[i]) / bc2_sqrt + eps)
-
-
-class AdamWStep(NamedTuple):
-    """The numbers of one AdamW step: lr, (beta1, beta2), eps, weight decay, step t >= 1."""
-    lr: float
-    betas: tuple
-    eps: float
-    weight_decay: float
-    step: int
-
-
-def adamw_scalars(dtype, hp):
-    """The update's scalars, each rounded to dtype as torch does with Python numbers."""
-    lr, (b1, b2), eps, weight_decay, step = hp
-    values = (1 - lr * weight_decay, 1 - b1, b2, 1 - b2, -lr / (1 - b1 ** step),
-              math.sqrt(1 - b2 ** step), eps)
-    return tuple(dtype.type(s) for s in values)
-
-
-def adamw_update(p, grad, m, v, hp):
-    """One AdamW step of one parameter, in place, in one pass: p, m, v (any shape,
-    C-contiguous, one dtype) from grad, with the step's numbers hp (an AdamWStep)."""
-    for name, a in (("p", p), ("grad", grad), ("m", m), ("v", v)):
-        if not a.flags.c_contiguous or a.dtype != p.dtype or a.shape != p.shape:
-            raise ValueError(f"adamw_update: {name} must be C-contiguous {p.dtype} of shape "
-                             f"{p.shape} (updated in place), got {a.dtype} {a.shape}, "
-                             f"contiguous={a.flags.c_contiguous}")
-    decay, w1, b2, w2, neg_step, bc2_sqrt, e = adamw_scalars(p.dtype, hp)
-    _adamw_flat(p.reshape(-1), grad.reshape(-1), m.reshape(-1), v.reshape(-1), decay, w1, b2,
-                w2, neg_step, bc2_sqrt, e)
-
-
-def adamw_params(flat, which, group, scalars, scale=None):
-    """adamw_update of the Params `which` (indices into flat: per Param its flat C-contiguous
-    (p, grad, m, v) of one dtype, checked by the caller), Param j with the adamw_scalars
-    scalars[group[j]]; scale (in that dtype), or None: each grad multiplied by it first, in
-    place."""
-    for j in which:
-        p, g, m, v = flat[j]
-        if scale is not None:
-            g *= scale  # in g's dtype, as `p.grad *= s` rounds a Python float s to it
-        _adamw_flat(p, g, m, v, *scalars[group[j]])
-
-
-def adamw_update_ref(p, grad, m, v, hp):
-    """adamw_update as torch.optim.AdamW's single-tensor update writes it:
-        p *= 1 - lr wd;  m = lerp(m, g, 1 - b1);  v = v b2 + (1 - b2) g g
-        p += -lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-    torch's CPU kernels fuse two of these into multiply-adds (lerp = fma(w, g - m, m),
-    addcmul = fma(w g, g, v)); a float32 product is exact in float64, so the float64 lines
-    below round like an fma. (torch's vectorised float32 sqrt is not IEEE-rounded: it is
-    1 ulp off on some entries, so p can differ from torch's by an ulp; m and v match.)
-    Reference: pytorch/pytorch torch/optim/adam.py; Loshchilov & Hutter 2019
-    (arXiv 1711.05101)."""
-    decay, w1, b2, w2, neg_step, bc2_sqrt, e = adamw_scalars(p.dtype, hp)
-    p *= decay
-    m[...] = np.float64(w1) * (grad - m) + m  # lerp(m, g, w1) for w1 < 0.5, as an fma
-    v *= b2
-    v[...] = (w2 * grad).astype(np.float64) * grad + v  # addcmul, as an fma
-    p += neg_step * m / (np.sqrt(v) / bc2_sqrt + e)
 
 
 # The pairs with both twins, for the Modules and the LM: each forward chooses once (use_fused)

@@ -5,7 +5,7 @@ AdamW (Loshchilov & Hutter 2019), exactly torch.optim.AdamW's update for step t 
     m     <- b1 m + (1 - b1) g
     v     <- b2 v + (1 - b2) g^2
     p     <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-The update of one parameter is core/fused.py adamw_update (one Numba pass), or its readable
+The update of one parameter is core/fused_adamw.py adamw_update (one Numba pass), or its readable
 twin adamw_update_ref under SCRATCHLLM_READABLE. The update is elementwise and memory-bound
 (p, grad, m, v read, p, m, v written: 28 bytes a float32 parameter), so the fused step gives
 each of `opt.threads` threads whole parameters, balanced by size (a step of `only` some: every
@@ -21,10 +21,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scratchllm.core import fused
+from scratchllm.core import fused_adamw
 from scratchllm.core.blas import flat_spans, run_tasks
 from scratchllm.core.flat_grads import balanced_split
-from scratchllm.core.fused import AdamWStep
+from scratchllm.core.fused_adamw import AdamWStep
 from scratchllm.core.twins import use_fused
 from scratchllm.core.validate import expect_finite
 
@@ -87,10 +87,10 @@ class AdamW:
         params, n = self.params, max(1, int(self.threads))
         plan = self._plan(params, n) if only is None and use_fused() else None
         if plan is not None:  # whole Params per thread, one kernel call each
-            scalars = [fused.adamw_scalars(plan.dtype, AdamWStep(
+            scalars = [fused_adamw.adamw_scalars(plan.dtype, AdamWStep(
                 self.lr * s, self.betas, self.eps, wd, self.t)) for _, wd, s in self.groups]
             scale = None if grad_scale is None else plan.dtype.type(grad_scale)
-            run_tasks(lambda k: fused.adamw_params(plan.flat, plan.which[k], plan.group,
+            run_tasks(lambda k: fused_adamw.adamw_params(plan.flat, plan.which[k], plan.group,
                                                    scalars, scale), n, n)
             return
         hps = [(wd, s) for ps, wd, s in self.groups for _ in ps]
@@ -101,7 +101,7 @@ class AdamW:
             for p, m, v, hp in todo:
                 if grad_scale is not None:
                     p.grad *= grad_scale
-                fused.adamw_update_ref(p.data, p.grad, m, v, hp)
+                fused_adamw.adamw_update_ref(p.data, p.grad, m, v, hp)
             return
         if grad_scale is not None:
             for p, *_ in todo:
@@ -114,10 +114,10 @@ class AdamW:
                 views = flat_spans(arrays, k, n) if same else None
                 if views is None:
                     if k == 0:  # whole: adamw_update's own error names the array
-                        fused.adamw_update(*arrays, hp)
+                        fused_adamw.adamw_update(*arrays, hp)
                     continue
                 if views[0].size:  # flat views of the arrays, updated in place
-                    fused.adamw_update(*views, hp)
+                    fused_adamw.adamw_update(*views, hp)
 
         run_tasks(span, n, n)
 
@@ -187,7 +187,7 @@ def clip_scale(params, max_norm, across=None, squares=None):
     clip_grad_norm's."""
     expect_finite("clip_grad_norm", "max_norm", max_norm, 0, open_low=True)
     if squares is None:
-        fn = fused.sum_squares if use_fused() else fused.sum_squares_ref
+        fn = fused_adamw.sum_squares if use_fused() else fused_adamw.sum_squares_ref
         squares = [fn(p.grad) for p in params]
     local = sum(float(q) for q in squares)  # in Param order
     norm = math.sqrt(local if across is None else across(local))

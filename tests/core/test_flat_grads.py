@@ -1,9 +1,9 @@
 """FlatGrads: the replicas' gradients in one array, summed and squared per thread with the
-bits of the Param-by-Param loops (numpy's += in replica order, fused.sum_squares)."""
+bits of the Param-by-Param loops (numpy's += in replica order, fused_adamw.sum_squares)."""
 import numpy as np
 import pytest
 
-from scratchllm.core import Linear, Module, Param, fused
+from scratchllm.core import Linear, Module, Param, fused_adamw
 from scratchllm.core.flat_grads import FlatGrads, balanced_split
 
 
@@ -28,7 +28,7 @@ def test_sum_rows_gives_the_loops_bits_and_each_params_squares(dtype, threads):
         flat.sum_rows(3, k)
     for j, p in enumerate(models[0].parameters()):
         np.testing.assert_array_equal(p.grad, want[j])  # the values kept, then summed
-        assert flat.squares[j] == fused.sum_squares(want[j])
+        assert flat.squares[j] == fused_adamw.sum_squares(want[j])
     for p, g in zip(models[1].parameters(), before):
         np.testing.assert_array_equal(p.grad, g)  # the other rows untouched
     flat.zero(1)

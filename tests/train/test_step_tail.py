@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from grads.cases import lm_tiny
-from scratchllm.core import fused
+from scratchllm.core import fused_adamw
 from scratchllm.core.flat_grads import FlatGrads
 from scratchllm.train import DataParallel, Run, Settings
 
@@ -36,4 +36,4 @@ def test_data_parallel_leaves_each_summed_gradients_squares():
     dp = DataParallel(model, 2)
     rng = np.random.default_rng(1)
     dp.loss_backward(rng.integers(0, 23, (4, 7)), rng.integers(0, 23, (4, 7)))
-    assert dp.squares.tolist() == [fused.sum_squares(p.grad) for p in model.parameters()]
+    assert dp.squares.tolist() == [fused_adamw.sum_squares(p.grad) for p in model.parameters()]
