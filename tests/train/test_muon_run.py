@@ -85,11 +85,11 @@ def _args(**given):
 
 def test_cli_defaults_to_the_first_run_and_resumes_old_checkpoints_as_adamw():
     assert train._settings(_args()) == trainer.first_run()
-    assert trainer.first_run() == trainer.Settings(steps=1800, lr=7e-3, weight_decay=0.3,
-                                                   eval_every=900)
+    assert trainer.first_run() == trainer.Settings(steps=1700, lr=7e-3, final_lr=0.03,
+                                                   weight_decay=0.3, eval_every=850)
     assert train._settings(_args(optimizer="muon", muon_lr=0.03)) == trainer.Settings(
-        steps=1800, lr=7e-3, weight_decay=0.3, eval_every=900, optimizer="muon",
-        muon_lr=0.03)
+        steps=1700, lr=7e-3, final_lr=0.03, weight_decay=0.3, eval_every=850,
+        optimizer="muon", muon_lr=0.03)
     old = asdict(trainer.Settings(steps=70))
     del old["optimizer"], old["muon_lr"]  # saved before the field existed
     assert train._settings(_args(), saved=old) == trainer.Settings(steps=70)
