@@ -47,6 +47,58 @@ from scratchllm.linear_attention.gla_scores import chunk_scores_, chunk_scores_b
 from scratchllm.linear_attention.lanes import run_spans
 
 
+@numba.njit(nogil=True, inline='always')
+def _head_scores_(q, k, b, alpha, E, QK, P):  # pragma: no cover (compiled)
+    """One chunk with one gate per head (G = 1): q, k (C, Dk), b (C, 1) -> P (C, C) =
+    (q k^T) ⊙ E, with E_ts = exp(b_t − b_s) = Π_(s, t] α (0 above the diagonal) and QK = q k^T
+    kept for the backward; alpha (C,) scratch."""
+    C = q.shape[0]
+    for t in range(1, C):
+        alpha[t] = np.exp(b[t, 0] - b[t - 1, 0])  # α_t = exp(g_t)
+    for s in range(C):
+        e = q.dtype.type(1)
+        E[s, s] = e
+        for t in range(s + 1, C):
+            e *= alpha[t]
+            E[t, s] = e
+        for t in range(s):
+            E[t, s] = 0
+    gemm_(q, k.T, QK)  # (C, C)
+    for t in range(C):
+        for s in range(C):
+            P[t, s] = QK[t, s] * E[t, s]
+
+
+@numba.njit(nogil=True, inline='always')
+def _head_scores_backward_(dP, q, k, E, QK, dq, dk, db):  # pragma: no cover (compiled)
+    """Adds _head_scores_' (dq, dk (C, Dk), db (C, 1)) for dP (C, C) into dq, dk, db; dP is
+    overwritten. fwd: P = (q k^T) ⊙ E  ->  dqk = dP ⊙ E, d(b_t − b_s) = dqk ⊙ q k^T,
+    dq += dqk k, dk += dqk^T q."""
+    C = dP.shape[0]
+    for t in range(C):
+        for s in range(C):
+            dP[t, s] *= E[t, s]  # dqk, 0 above the diagonal
+            w = dP[t, s] * QK[t, s]
+            db[t, 0] += w
+            db[s, 0] -= w
+    gemm_add_(dP, k, dq)
+    gemm_add_(dP.T, q, dk)
+
+
+@numba.njit(nogil=True, inline='always')
+def _gate_factors_(b, q, k, eb, ebl, qd, kd):  # pragma: no cover (compiled)
+    """eb = exp(b), ebl = exp(b_C − b) (C, G); qd = q ⊙ eb, kd = k ⊙ ebl (C, Dk)."""
+    C, G = b.shape
+    for t in range(C):
+        for g in range(G):
+            eb[t, g] = np.exp(b[t, g])
+            ebl[t, g] = np.exp(b[C - 1, g] - b[t, g])
+        for i in range(q.shape[1]):
+            g = i if G > 1 else 0
+            qd[t, i] = q[t, i] * eb[t, g]
+            kd[t, i] = k[t, i] * ebl[t, g]
+
+
 @numba.njit(cache=True, nogil=True)
 def lane_kernel(q, k, v, b, per_channel, states, o, grads, backward, lo, hi):  # pragma: no cover
     """Forward (backward False): q, k (L, n, C, Dk); v (L, n, C, Dv); b (L, n, C, G) -> o
@@ -75,32 +127,11 @@ def lane_kernel(q, k, v, b, per_channel, states, o, grads, backward, lo, hi):  #
             qc, kc, vc, bc, oc = q[lane, c], k[lane, c], v[lane, c], b[lane, c], o[lane, c]
             Sc = states[lane, c]  # (Dk, Dv)
             # P = the chunk's scores
-            if per_channel is None:  # P = (q k^T) ⊙ E, E_ts = exp(b_t − b_s) = Π_(s, t] α
-                for t in range(1, C):
-                    alpha[t] = np.exp(bc[t, 0] - bc[t - 1, 0])  # α_t = exp(g_t)
-                for s in range(C):
-                    e = dt.type(1)
-                    E[s, s] = e
-                    for t in range(s + 1, C):
-                        e *= alpha[t]
-                        E[t, s] = e
-                    for t in range(s):
-                        E[t, s] = 0
-                gemm_(qc, kc.T, QK)  # (C, C)
-                for t in range(C):
-                    for s in range(C):
-                        P[t, s] = QK[t, s] * E[t, s]
+            if per_channel is None:
+                _head_scores_(qc, kc, bc, alpha, E, QK, P)
             else:
                 chunk_scores_(qc, kc, bc, P)
-            # eb = exp(b), ebl = exp(b_C − b) (C, G); qd = q ⊙ eb, kd = k ⊙ ebl (C, Dk)
-            for t in range(C):
-                for g in range(G):
-                    eb[t, g] = np.exp(bc[t, g])
-                    ebl[t, g] = np.exp(bc[C - 1, g] - bc[t, g])
-                for i in range(Dk):
-                    g = 0 if per_channel is None else i
-                    qd[t, i] = qc[t, i] * eb[t, g]
-                    kd[t, i] = kc[t, i] * ebl[t, g]
+            _gate_factors_(bc, qc, kc, eb, ebl, qd, kd)
             if backward:  # oc is do; R is λ leaving the chunk
                 dqc, dkc, dvc, dgc = dq[lane, c], dk[lane, c], dv[lane, c], dg[lane, c]
                 # fwd: o += qd S  ->  dqd = do S^T (dS_in = qd^T do joins λ below)
@@ -132,15 +163,7 @@ def lane_kernel(q, k, v, b, per_channel, states, o, grads, backward, lo, hi):  #
                         dkc[t, i] = dkd[t, i] * ebl[t, g]
                 # the scores' (dq, dk, db), added in
                 if per_channel is None:
-                    # fwd: P = (q k^T) ⊙ E  ->  dqk = dP ⊙ E; d(b_t − b_s) = dqk ⊙ q k^T
-                    for t in range(C):
-                        for s in range(C):
-                            dP[t, s] *= E[t, s]  # dqk, 0 above the diagonal
-                            w = dP[t, s] * QK[t, s]
-                            db[t, 0] += w
-                            db[s, 0] -= w
-                    gemm_add_(dP, kc, dqc)
-                    gemm_add_(dP.T, qc, dkc)
+                    _head_scores_backward_(dP, qc, kc, E, QK, dqc, dkc, db)
                 else:
                     chunk_scores_backward_(dP, qc, kc, bc, dqc, dkc, db)
                 for g in range(G):
