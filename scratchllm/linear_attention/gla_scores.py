@@ -64,11 +64,7 @@ def gla_scores_backward_ref(dP, cache):
 
 
 # ---------------------------------------------------------------------------- Numba twins
-# The chunk helpers are inlined into their callers (inline='always': Numba copies their code in
-# before typing). Called as functions, each compiled on its own and then again, linked and
-# optimised, inside every kernel calling it (gla_chunks' lane kernel, the span kernels here).
-# Numba's cache tracks only the caller's file: after editing them, clear gla_chunks' cache.
-@numba.njit(nogil=True, inline='always')
+@numba.njit(cache=True, nogil=True)
 def _alphas_(b, alpha):  # pragma: no cover (compiled)
     """alpha (C, Dk): α_t = exp(b_t − b_{t−1}) = exp(g_t) for t ≥ 1 (row 0 unused)."""
     for t in range(1, b.shape[0]):
@@ -76,7 +72,7 @@ def _alphas_(b, alpha):  # pragma: no cover (compiled)
             alpha[t, i] = np.exp(b[t, i] - b[t - 1, i])
 
 
-@numba.njit(nogil=True, inline='always')
+@numba.njit(cache=True, nogil=True)
 def chunk_scores_(q, k, b, P):  # pragma: no cover (compiled)
     """One chunk: q, k, b (C, Dk) -> P (C, C) written on and below the diagonal (also used by
     gla_chunks.py's lane kernels)."""
@@ -96,7 +92,7 @@ def chunk_scores_(q, k, b, P):  # pragma: no cover (compiled)
             P[t, s] = acc
 
 
-@numba.njit(nogil=True, inline='always')
+@numba.njit(cache=True, nogil=True)
 def chunk_scores_backward_(dP, q, k, b, dq, dk, db):  # pragma: no cover (compiled)
     """One chunk: adds the scores' (dq, dk, db) (C, Dk) for dP (C, C) (read on and below the
     diagonal) into dq, dk, db."""
