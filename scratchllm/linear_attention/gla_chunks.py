@@ -23,7 +23,8 @@ need, then runs its forward lines or, chunks in reverse, its adjoint lines; the 
 tested once per chunk, not in the inner loops, which stay vectorised), the products are
 tile_gemm's bare gemm calls (accumulating with beta = 1 where a sum follows a product), and the
 gate's layout is a compile-time switch: `per_channel` None (a gate per head, or none) or True
-(a gate per key channel) gives two specialisations that each compile only their own scores.
+(a gate per key channel), Numba dropping the other branch, so each compiles only its own
+scores; _lane_kernel's one source is compiled as two kernels, PER_HEAD and PER_CHANNEL.
 Cold compile CPU of a first fwd + bwd in one dtype, loaded (the same harness, base beside):
 8.0-8.6 s before, now 4.3-4.8 s with a gate per channel and ~3 s with one per head. Helpers
 inlined at Numba's level (inline='always') cost their share in every caller's front end: only
@@ -42,6 +43,8 @@ __pycache__'s gla_chunks*.nbi/.nbc.
 
 Glossary: L = B·H lanes, n chunks, C chunk length, Dk key dim, Dv value dim, G gate width.
 """
+from types import FunctionType
+
 import numba
 import numpy as np
 
@@ -103,8 +106,7 @@ def _gate_factors_(b, q, k, eb, ebl, qd, kd):  # pragma: no cover (compiled)
             kd[t, i] = k[t, i] * ebl[t, g]
 
 
-@numba.njit(cache=True, nogil=True)
-def lane_kernel(q, k, v, b, per_channel, states, o, grads, backward, lo, hi):  # pragma: no cover
+def _lane_kernel(q, k, v, b, per_channel, states, o, grads, backward, lo, hi):  # pragma: no cover
     """Forward (backward False): q, k (L, n, C, Dk); v (L, n, C, Dv); b (L, n, C, G) -> o
     (L, n, C, Dv) and states (L, n, Dk, Dv), the state entering each chunk. Backward: o holds
     do and is read, states is read, and grads = (dq, dk (L, n, C, Dk), dv (L, n, C, Dv),
@@ -207,9 +209,21 @@ def _dtypes(*arrays):
     return out, np.result_type(out, np.float32)
 
 
-def _per_channel(b):
-    """lane_kernel's compile-time switch: True for a gate per key channel, None for G = 1."""
-    return True if b.shape[-1] > 1 else None
+def _dispatcher(name):
+    """_lane_kernel compiled as the kernel `name`: its own Numba dispatcher and cache files, so
+    the specialisations per gate layout are two kernels (the tests' conftest lets one process
+    at a time compile a kernel: two workers then compile one each side by side)."""
+    fn = FunctionType(_lane_kernel.__code__, _lane_kernel.__globals__, name)
+    fn.__qualname__, fn.__doc__ = name, _lane_kernel.__doc__
+    return numba.njit(cache=True, nogil=True)(fn)
+
+
+PER_HEAD, PER_CHANNEL = _dispatcher("lane_kernel_per_head"), _dispatcher("lane_kernel_per_channel")
+
+
+def _kernel(b):
+    """(the lane kernel, its per_channel switch) for gates b (..., G): G = 1 or G = Dk."""
+    return (PER_CHANNEL, True) if b.shape[-1] > 1 else (PER_HEAD, None)
 
 
 def chunked_kernel(qc, kc, vc, b):
@@ -222,9 +236,10 @@ def chunked_kernel(qc, kc, vc, b):
     o = np.empty((B, H, n, C, Dv), work)  # (B, H, n, C, Dv)
     states = np.empty((B, H, n, Dk, Dv), work)  # (B, H, n, Dk, Dv)
     none = (np.empty((0, 0, 0, 0), work),) * 4  # no gradients in the forward
-    args = (*(_lanes(a, work) for a in (qc, kc, vc, b)), _per_channel(b),
+    kernel, per_channel = _kernel(b)
+    args = (*(_lanes(a, work) for a in (qc, kc, vc, b)), per_channel,
             states.reshape((-1, n, Dk, Dv)), o.reshape((-1, n, C, Dv)), none, False)
-    run_spans(lambda lo, hi: lane_kernel(*args, lo, hi), B * H, o.size)
+    run_spans(lambda lo, hi: kernel(*args, lo, hi), B * H, o.size)
     return o.astype(dtype, copy=False), states.astype(dtype, copy=False)
 
 
@@ -237,6 +252,7 @@ def chunked_backward_kernel_call(doc, qc, kc, vc, b, states):
     L = qc.shape[0] * qc.shape[1]
     q_, k_, v_, b_, states_, do_ = (_lanes(a, work) for a in (qc, kc, vc, b, states, doc))
     grads = tuple(a.reshape((L,) + a.shape[2:]) for a in (dq, dk, dv, dg))
-    args = (q_, k_, v_, b_, _per_channel(b), states_, do_, grads, True)
-    run_spans(lambda lo, hi: lane_kernel(*args, lo, hi), L, dq.size)
+    kernel, per_channel = _kernel(b)
+    args = (q_, k_, v_, b_, per_channel, states_, do_, grads, True)
+    run_spans(lambda lo, hi: kernel(*args, lo, hi), L, dq.size)
     return tuple(a.astype(dtype, copy=False) for a in (dq, dk, dv, dg))
