@@ -24,7 +24,7 @@ tested once per chunk, not in the inner loops, which stay vectorised), the produ
 tile_gemm's bare gemm calls (accumulating with beta = 1 where a sum follows a product), and the
 gate's layout is a compile-time switch: `per_channel` None (a gate per head, or none) or True
 (a gate per key channel), Numba dropping the other branch, so each compiles only its own
-scores; _lane_kernel's one source is compiled as two kernels, PER_HEAD and PER_CHANNEL.
+scores; _lane_kernel's one source is compiled as a kernel per layout and dtype (KERNELS).
 Cold compile CPU of a first fwd + bwd in one dtype, loaded (the same harness, base beside):
 8.0-8.6 s before, now 4.3-4.8 s with a gate per channel and ~3 s with one per head. Helpers
 inlined at Numba's level (inline='always') cost their share in every caller's front end: only
@@ -210,20 +210,25 @@ def _dtypes(*arrays):
 
 
 def _dispatcher(name):
-    """_lane_kernel compiled as the kernel `name`: its own Numba dispatcher and cache files, so
-    the specialisations per gate layout are two kernels (the tests' conftest lets one process
-    at a time compile a kernel: two workers then compile one each side by side)."""
+    """_lane_kernel compiled as the kernel `name`: its own Numba dispatcher and cache files.
+    One per gate layout and dtype (KERNELS), each with one signature: the tests' conftest lets
+    one process at a time compile a kernel, so two workers needing two of them compile side
+    by side instead of one waiting for the other."""
     fn = FunctionType(_lane_kernel.__code__, _lane_kernel.__globals__, name)
     fn.__qualname__, fn.__doc__ = name, _lane_kernel.__doc__
     return numba.njit(cache=True, nogil=True)(fn)
 
 
-PER_HEAD, PER_CHANNEL = _dispatcher("lane_kernel_per_head"), _dispatcher("lane_kernel_per_channel")
+KERNELS = {(layout, dtype): _dispatcher(f"lane_kernel_{layout}_{dtype}")
+           for layout in ("per_head", "per_channel") for dtype in ("float32", "float64")}
 
 
-def _kernel(b):
-    """(the lane kernel, its per_channel switch) for gates b (..., G): G = 1 or G = Dk."""
-    return (PER_CHANNEL, True) if b.shape[-1] > 1 else (PER_HEAD, None)
+def _kernel(b, work):
+    """(the lane kernel, its per_channel switch) for gates b (..., G), G = 1 or G = Dk, in the
+    work dtype (float32 or float64)."""
+    channel = b.shape[-1] > 1
+    layout = "per_channel" if channel else "per_head"
+    return KERNELS[layout, np.dtype(work).name], (True if channel else None)
 
 
 def chunked_kernel(qc, kc, vc, b):
@@ -236,7 +241,7 @@ def chunked_kernel(qc, kc, vc, b):
     o = np.empty((B, H, n, C, Dv), work)  # (B, H, n, C, Dv)
     states = np.empty((B, H, n, Dk, Dv), work)  # (B, H, n, Dk, Dv)
     none = (np.empty((0, 0, 0, 0), work),) * 4  # no gradients in the forward
-    kernel, per_channel = _kernel(b)
+    kernel, per_channel = _kernel(b, work)
     args = (*(_lanes(a, work) for a in (qc, kc, vc, b)), per_channel,
             states.reshape((-1, n, Dk, Dv)), o.reshape((-1, n, C, Dv)), none, False)
     run_spans(lambda lo, hi: kernel(*args, lo, hi), B * H, o.size)
@@ -252,7 +257,7 @@ def chunked_backward_kernel_call(doc, qc, kc, vc, b, states):
     L = qc.shape[0] * qc.shape[1]
     q_, k_, v_, b_, states_, do_ = (_lanes(a, work) for a in (qc, kc, vc, b, states, doc))
     grads = tuple(a.reshape((L,) + a.shape[2:]) for a in (dq, dk, dv, dg))
-    kernel, per_channel = _kernel(b)
+    kernel, per_channel = _kernel(b, work)
     args = (q_, k_, v_, b_, per_channel, states_, do_, grads, True)
     run_spans(lambda lo, hi: kernel(*args, lo, hi), L, dq.size)
     return tuple(a.astype(dtype, copy=False) for a in (dq, dk, dv, dg))
