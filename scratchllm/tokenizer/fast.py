@@ -21,6 +21,8 @@ tokens; ends = end offset of each pre-token; (a, b) -> (rank, new id) = the merg
 import numpy as np
 import numba as nb
 
+from scratchllm.core.compiling import inner_kernel
+
 from . import nbcache
 from .fast_bpe import LONG, _bpe, _bpe_long
 from .fast_scan import GPT2, decode_utf8, property_table, scan
@@ -41,7 +43,7 @@ def char_classes():
     return _CLASSES
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _run(data, cls, i, n, k):
     """Offset after the run of characters of class k starting at byte offset i."""
     while i < n:
@@ -52,7 +54,7 @@ def _run(data, cls, i, n, k):
     return n
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _next_pretoken(data, cls, i, n):
     """End offset of the GPT-2 pre-token starting at i (the segment ends at n)."""
     c, j = decode_utf8(data, i)
@@ -172,7 +174,7 @@ def new_cache(slots=1 << 18, key_bytes=1 << 21, ids=1 << 19):
             np.zeros(3, dtype=np.int64))                                           # (3,)
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _cache_find(cache, data, s, e):
     """The slot of pre-token data[s:e]: where it is cached, or the empty slot it would take."""
     key_off, key_len, kpool = cache[0], cache[1], cache[4]
@@ -192,7 +194,7 @@ def _cache_find(cache, data, s, e):
     return h
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _cache_put(cache, h, data, s, e, out, t, t2):
     """Store pre-token data[s:e] -> ids out[t:t2] in empty slot h, if there is room."""
     key_off, key_len, ids_off, ids_len, kpool, ipool, meta = cache

@@ -14,6 +14,8 @@ of a pre-token; prank[i] = rank of the merge (parts[i], parts[i+1]).
 import numba as nb
 import numpy as np
 
+from scratchllm.core.compiling import inner_kernel
+
 _MULT = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -53,7 +55,7 @@ def _slot(key, size):
     return np.int64((np.uint64(key) * _MULT) >> np.uint64(40)) & (size - 1)
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _lookup(a, b, keys, ranks):
     """(rank, slot) of the merge (a, b), or (-1, -1) when a, b never merge."""
     key = (a << 32) | b
@@ -65,7 +67,7 @@ def _lookup(a, b, keys, ranks):
     return -1, -1
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _bpe(data, s, e, byte_ids, keys, ranks, news, parts, prank, pslot, out, t):
     """Write the ids of pre-token data[s:e] to out[t:]; return the new t.
 
@@ -100,7 +102,7 @@ def _bpe(data, s, e, byte_ids, keys, ranks, news, parts, prank, pslot, out, t):
 LONG = 256  # pre-tokens of more bytes merge through a heap (_bpe_long): O(m log m), not O(m^2)
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _heap_push(heap, n, key):
     """Push int64 `key` onto the min-heap heap[:n] (grown when full); returns (heap, n + 1)."""
     if n == heap.shape[0]:
@@ -117,7 +119,7 @@ def _heap_push(heap, n, key):
     return heap, n + 1
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _heap_pop(heap, n):
     """(smallest key, n - 1) of the min-heap heap[:n]."""
     top = heap[0]

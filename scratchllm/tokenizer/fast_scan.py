@@ -31,6 +31,8 @@ import numpy as np
 import numba as nb
 import regex
 
+from scratchllm.core.compiling import inner_kernel
+
 from .pretokenize import PATTERNS
 
 L, N, S, U, W = 1, 2, 4, 8, 16
@@ -65,7 +67,7 @@ def char_flags():
     return _FLAGS
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def decode_utf8(data, i):
     """(code point, next offset) of the UTF-8 character at byte offset i (valid UTF-8)."""
     b0 = np.int64(data[i])
@@ -79,7 +81,7 @@ def decode_utf8(data, i):
             | (data[i + 3] & 0x3F)), i + 4
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _span(data, flags, i, n, want, mask):
     """Offset after the run of characters from i with flags & mask == want. (Callers pass
     np.int64 / np.bool_ values, not the constants: a literal argument compiles a callee
@@ -92,7 +94,7 @@ def _span(data, flags, i, n, want, mask):
     return n
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _contraction(data, flags, i, n):
     """End of (?i:'s|'t|'re|'ve|'m|'ll|'d) at i, or -1."""
     if i + 1 >= n or data[i] != 39:
@@ -109,7 +111,7 @@ def _contraction(data, flags, i, n):
     return -1
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _digits(data, flags, j, n):
     """End of \\p{N}{1,3} whose first digit ends at j."""
     for _ in range(2):
@@ -122,7 +124,7 @@ def _digits(data, flags, j, n):
     return j
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _punct(data, flags, i, n, slash):
     """End of [^\\s\\p{L}\\p{N}]+ at i, then [\\r\\n]* ([\\r\\n/]* when slash)."""
     e = _span(data, flags, i, n, np.int64(0), np.int64(L | N | S))
@@ -131,7 +133,7 @@ def _punct(data, flags, i, n, slash):
     return e
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _spaces(data, flags, i, n):
     """\\s*[\\r\\n]+ | \\s+(?!\\S) | \\s+ at the whitespace character at i: up to the run's
     last newline if it has one, else the run (minus its last character if \\S follows)."""
@@ -150,7 +152,7 @@ def _spaces(data, flags, i, n):
     return last
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _rest(data, flags, c, f, i, j, n, slash):
     """The alternatives both patterns end with, at character c (flags f, next offset j):
     \\p{N}{1,3} | ' '?[^\\s\\p{L}\\p{N}]+[\\r\\n]* (or [\\r\\n/]* when slash) | whitespace."""
@@ -165,7 +167,7 @@ def _rest(data, flags, c, f, i, j, n, slash):
     return _spaces(data, flags, i, n)
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _next_cl100k(data, flags, i, n):
     c, j = decode_utf8(data, i)
     f = flags[c]
@@ -182,7 +184,7 @@ def _next_cl100k(data, flags, i, n):
     return _rest(data, flags, c, f, i, j, n, np.bool_(False))
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _upper_lower(data, flags, s, n):
     """End of U*W+ at s, or -1."""
     p, after_w = s, -1
@@ -200,14 +202,14 @@ def _upper_lower(data, flags, s, n):
     return after_w
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _upper(data, flags, s, n):
     """End of U+W* at s, or -1."""
     p = _span(data, flags, s, n, np.int64(U), np.int64(U))
     return -1 if p == s else _span(data, flags, p, n, np.int64(W), np.int64(W))
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _next_o200k(data, flags, i, n):
     c, j = decode_utf8(data, i)
     f = flags[c]

@@ -19,13 +19,18 @@ recount per merge).
 The kernel uses arrays only (no typed Dict, no generator), every state a 2-D int64 array
 (rows named below) rather than a tuple of arrays, and one specialisation of each helper (no
 literal-int arguments): on a fresh install its compile is on the first run's path, ~3.9 CPU s
-where the tuple-of-arrays version took ~6.5 and the Dict version ~18.
+where the tuple-of-arrays version took ~6.5 and the Dict version ~18. The helpers are inner
+kernels (core.compiling.inner_kernel: no CPython wrapper each, ~1 CPU s of it), NumPy
+functions are called with one argument form (np.empty's dtype positional: the keyword form
+compiles np.empty again) and min/max are conditionals (each a kernel of its own).
 
 Glossary: key(a, b) = a << 32 | b; pool/span = the bytes of every token (span: offset and
 size in pool), for tie-breaks; S = slots of the pair table (a power of two, at most half full).
 """
 import numba as nb
 import numpy as np
+from scratchllm.core.compiling import inner_kernel
+
 from . import nbcache
 from .fast_bpe import _slot
 from .kernel_checks import check_words
@@ -42,7 +47,7 @@ def _key(a, b):
     return (np.int64(a) << 32) | np.int64(b)
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _better(heap, i, j, pool, span):
     """Heap entry i outranks entry j: larger count, then greater (bytes(a), bytes(b)) (bytes
     compared as strings: a proper prefix is smaller)."""
@@ -50,7 +55,8 @@ def _better(heap, i, j, pool, span):
         return heap[0, i] > heap[0, j]
     for row in range(1, 3):
         x, y = heap[row, i], heap[row, j]
-        for k in range(min(span[1, x], span[1, y])):
+        m = span[1, x] if span[1, x] < span[1, y] else span[1, y]  # not min(): a kernel
+        for k in range(m):
             p, q = pool[0, span[0, x] + k], pool[0, span[0, y] + k]
             if p != q:
                 return p > q
@@ -59,7 +65,7 @@ def _better(heap, i, j, pool, span):
     return False
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _push(heap, n, c, a, b, pool, span):
     """Push (c, a, b) onto the heap (3, H) holding n entries; returns the heap (grown when
     full)."""
@@ -74,7 +80,7 @@ def _push(heap, n, c, a, b, pool, span):
     return heap
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _pop(heap, n, pool, span):
     """Move the best of the n entries to column n - 1, the rest stay a heap of n - 1."""
     n -= 1
@@ -94,31 +100,20 @@ def _pop(heap, n, pool, span):
         i = best
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _grow(arr, n):
     """arr (R, C) copied into a new array of max(n, 16) columns. (Loops, not slice
     assignments: a slice assignment compiles NumPy's shape-mismatch error message, ~4 CPU s
-    cold.)"""
-    out = np.empty((arr.shape[0], max(n, 16)), dtype=np.int64)  # (R, n)
-    for r in range(arr.shape[0]):
-        for i in range(arr.shape[1]):
+    cold. Rows in the inner loop: row by row, LLVM vectorised the copy into ~1,100 lines of IR
+    that every caller optimises again; it runs a few times per training.)"""
+    out = np.empty((arr.shape[0], n if n > 16 else np.int64(16)), np.int64)  # (R, n) no max()
+    for i in range(arr.shape[1]):
+        for r in range(arr.shape[0]):
             out[r, i] = arr[r, i]
     return out
 
 
-@nb.njit(cache=True)
-def _sort(a):
-    """a (n,) sorted in place, ascending (heapsort: np.sort compiles a quicksort, ~2 CPU s)."""
-    n = a.shape[0]
-    for i in range(n // 2 - 1, -1, -1):
-        _sift(a, i, n)
-    for end in range(n - 1, 0, -1):
-        a[0], a[end] = a[end], a[0]
-        _sift(a, 0, end)
-    return a
-
-
-@nb.njit(cache=True)
+@inner_kernel
 def _sift(a, i, n):
     """Move a[i] down the max-heap a[:n] to its place."""
     while True:
@@ -143,7 +138,7 @@ def merge_loop_numba(sym, start, length, freq, n_merges):
     return map(tuple, merged.tolist())
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _links(start, length, n):
     """(3, N): each position's word, and the next and previous live position in that word (-1
     past its ends). A merge unlinks the right half of each site."""
@@ -156,7 +151,7 @@ def _links(start, length, n):
     return links
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _find(tab, k):
     """The slot of key k in the pair table, or the empty slot (key -1) where it would go."""
     h = _slot(k, tab.shape[1])
@@ -165,7 +160,7 @@ def _find(tab, k):
     return h
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _rehash(tab, size):
     """An empty pair table (4, size) (size a power of two): key (-1: empty), count, posting
     head (-1: none), stamp (the last merge that pushed the pair), holding the live pairs
@@ -190,14 +185,14 @@ def _merge_loop(sym, start, length, freq, n_merges):
     links = _links(start, length, sym.shape[0])           # (3, N): word, next, previous
     # (2, P) postings: position, next posting. The words' pairs post at most N, and each
     # merge site at most two more while removing a position (at most N sites): P <= 3N.
-    posts = np.empty((2, 3 * sym.shape[0] + 16), dtype=np.int64)
+    posts = np.empty((2, 3 * sym.shape[0] + 16), np.int64)
     n_post = np.int64(0)
     for w in range(start.shape[0]):
         for j in range(start[w], start[w] + length[w] - 1):
             used, n_post = _add(tab, used, posts, n_post, _key(sym[j], sym[j + 1]), freq[w], j)
     n_tok = 256 + n_merges
-    span = np.empty((2, n_tok), dtype=np.int64)           # (2, V) token: offset, size in pool
-    pool = np.empty((1, 4096), dtype=np.int64)            # (1, Z) token bytes; grows
+    span = np.empty((2, n_tok), np.int64)                 # (2, V) token: offset, size in pool
+    pool = np.empty((1, 4096), np.int64)                  # (1, Z) token bytes; grows
     for t in range(256):
         span[0, t], span[1, t], pool[0, t] = t, 1, t
     pool_n = np.int64(256)
@@ -208,7 +203,7 @@ def _merge_loop(sym, start, length, freq, n_merges):
             heap = _push(heap, n_heap, tab[COUNT, h], tab[KEY, h] >> 32,
                          tab[KEY, h] & 0xFFFFFFFF, pool, span)
             n_heap += 1
-    merged = np.empty((n_merges, 2), dtype=np.int64)      # (M, 2)
+    merged = np.empty((n_merges, 2), np.int64)            # (M, 2)
     for step in range(n_merges):
         a, b, found = np.int64(0), np.int64(0), False
         while n_heap > 0 and not found:
@@ -227,10 +222,9 @@ def _merge_loop(sym, start, length, freq, n_merges):
         grown = pool_n + span[1, a] + span[1, b]
         if grown > pool.shape[1]:
             pool = _grow(pool, 2 * grown)
-        for i in range(span[1, a]):
-            pool[0, pool_n + i] = pool[0, span[0, a] + i]
-        for i in range(span[1, b]):
-            pool[0, pool_n + span[1, a] + i] = pool[0, span[0, b] + i]
+        for i in range(span[1, a] + span[1, b]):  # the bytes of a, then of b: one loop (LLVM
+            pool[0, pool_n + i] = pool[0, span[0, a] + i if i < span[1, a] else  # vectorised
+                                       span[0, b] + i - span[1, a]]             # each of two)
         span[0, new], span[1, new] = pool_n, span[1, a] + span[1, b]
         pool_n = grown
         sites = _sites(tab, posts, _key(a, b))
@@ -249,7 +243,7 @@ def _merge_loop(sym, start, length, freq, n_merges):
     return merged
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _add(tab, used, posts, n_post, k, f, j):
     """count[k] += f (a new key takes an empty slot: the caller made room), position j posted
     under pair k. Returns (used, n_post + 1)."""
@@ -263,28 +257,35 @@ def _add(tab, used, posts, n_post, k, f, j):
     return used, n_post + 1
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _sites(tab, posts, k):
     """The positions posted under pair k, in position order (so each word's sites are merged
-    left to right, as a scan would); some are stale or repeated."""
+    left to right, as a scan would); some are stale or repeated. The heapsort is written here,
+    not as a kernel of its own: every kernel is optimised and emitted by LLVM once alone and
+    again in each caller (~0.2 CPU s cold for a separate _sort)."""
     head, n = tab[HEAD, _find(tab, k)], 0
     node = head
     while node >= 0:
         n, node = n + 1, posts[NEXT, node]
-    out = np.empty(n, dtype=np.int64)                     # (n,)
+    out = np.empty(n, np.int64)                           # (n,)
     node = head
     for i in range(n):
         out[i], node = posts[POS, node], posts[NEXT, node]
-    return _sort(out)
+    for i in range(n // 2 - 1, -1, -1):                   # heapsort (np.sort compiles a
+        _sift(out, i, n)                                  # quicksort, ~2 CPU s)
+    for end in range(n - 1, 0, -1):
+        out[0], out[end] = out[end], out[0]
+        _sift(out, np.int64(0), end)  # not a literal 0: a second typing of _sift
+    return out
 
 
-@nb.njit(cache=True)
+@inner_kernel
 def _merge_sites(sym, links, freq, tab, used, posts, n_post, sites, merge):
     """Rewrite (a, b) -> new (merge) at each live site: the work is per site, not per word (a
     word of m bytes costs O(sites), not O(m), per merge). Returns the touched pair keys (pairs
     with `new`), the postings' count and the table's used slots."""
     a, b, new = merge
-    touched = np.empty(2 * sites.shape[0] + 1, dtype=np.int64)  # (K,)
+    touched = np.empty(2 * sites.shape[0] + 1, np.int64)  # (K,)
     nt = np.int64(0)
     for p in sites:
         q = links[NXT, p]

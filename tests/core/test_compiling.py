@@ -1,5 +1,6 @@
 """CompileLog counts real compilations only (a cached or already compiled kernel is not one),
-one record per top-level kernel; PhaseClock's phases and "other" add up to the total."""
+one record per top-level kernel; PhaseClock's phases and "other" add up to the total; an
+inner_kernel compiles without a Python entry point and refuses calls from Python."""
 import os
 import re
 import time
@@ -7,7 +8,9 @@ import time
 import numba
 import numpy as np
 
-from scratchllm.core.compiling import CompileLog, PhaseClock
+import pytest
+
+from scratchllm.core.compiling import CompileLog, PhaseClock, inner_kernel
 
 
 def _kernels():
@@ -55,3 +58,23 @@ def test_phase_clock_splits_the_wall_time_and_labels_compilations():
     assert cpu and float(cpu[2]) <= t.user + t.system + 0.05
     assert abs(float(cpu[1]) - float(cpu[2]) - float(cpu[3])) <= 0.11
     clock.close()  # idempotent
+
+
+@inner_kernel
+def _halve(x):
+    return x // 2
+
+
+@numba.njit
+def _halve_then_add(x, y):
+    return _halve(x) + y
+
+
+def test_inner_kernel_has_no_python_entry_and_refuses_python_calls():
+    assert _halve_then_add(np.int64(9), np.int64(1)) == 9 // 2 + 1
+    (sig,) = _halve.signatures
+    cres = _halve.overloads[sig]
+    assert cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name) != 0
+    assert cres.library.get_pointer_to_function(cres.fndesc.llvm_cpython_wrapper_name) == 0
+    with pytest.raises(TypeError, match="_halve is an inner kernel"):
+        _halve(np.int64(9))
