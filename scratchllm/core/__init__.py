@@ -1,7 +1,8 @@
 """The foundation every other package stands on: input checks (validate), the element-wise and
 dense ops as forward/backward pairs (ops; LayerNorm in norms, GELU and the GPT-2 MLP in
-gelu; T5's ReLU MLP in relu), Param/Module and the thin Modules (nn), the optimizer (optim; its fused kernels in fused_adamw), and the fused Numba twins
-of the training step's element-wise ops (fused) with the Twin that picks one per forward
+gelu; T5's ReLU MLP in relu), Param/Module and the thin Modules (nn), the optimizer (optim;
+its fused kernels in fused_adamw), and the fused Numba twins of the training step's
+element-wise ops (fused) with the Twin that picks one per forward
 (twins), the contrastive InfoNCE loss (contrastive), the one atomic file writer (atomic),
 logit soft-capping (softcap), LoRA adapters on a Linear (lora), FP8 matmuls for training
 (fp8: the e4m3/e5m2 quantisers on fine-grained scales, the FP8 linear pair, the fp8_matmuls

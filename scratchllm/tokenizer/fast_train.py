@@ -29,6 +29,7 @@ size in pool), for tie-breaks; S = slots of the pair table (a power of two, at m
 """
 import numba as nb
 import numpy as np
+
 from scratchllm.core.compiling import inner_kernel
 
 from . import nbcache
@@ -222,9 +223,10 @@ def _merge_loop(sym, start, length, freq, n_merges):
         grown = pool_n + span[1, a] + span[1, b]
         if grown > pool.shape[1]:
             pool = _grow(pool, 2 * grown)
-        for i in range(span[1, a] + span[1, b]):  # the bytes of a, then of b: one loop (LLVM
-            pool[0, pool_n + i] = pool[0, span[0, a] + i if i < span[1, a] else  # vectorised
-                                       span[0, b] + i - span[1, a]]             # each of two)
+        # the bytes of a, then of b, in one loop (two loops: LLVM vectorised each of them)
+        for i in range(span[1, a] + span[1, b]):
+            pool[0, pool_n + i] = pool[0, span[0, a] + i if i < span[1, a] else
+                                       span[0, b] + i - span[1, a]]
         span[0, new], span[1, new] = pool_n, span[1, a] + span[1, b]
         pool_n = grown
         sites = _sites(tab, posts, _key(a, b))

@@ -7,7 +7,6 @@ import time
 
 import numba
 import numpy as np
-
 import pytest
 
 from scratchllm.core.compiling import CompileLog, PhaseClock, inner_kernel

@@ -10,7 +10,9 @@ import pytest
 from grads.cases import CASES
 from scratchllm.attention import rope_heads as rh
 from scratchllm.attention.rope import Rope, rope_frequencies
-from scratchllm.core import RMSNorm, SwiGLU, fused, fused_adamw, ops
+from scratchllm.core import RMSNorm, SwiGLU, fused, ops
+from scratchllm.core.fused_adamw import (AdamWStep, adamw_update, adamw_update_ref, sum_squares,
+                                         sum_squares_ref)
 
 TOL = {np.float32: 1e-6, np.float64: 1e-12}
 PAIRS = ["rmsnorm", "swiglu", "cross_entropy"]
@@ -62,7 +64,7 @@ def test_refs_are_the_readable_pairs_with_the_fast_signature(name):
         ref = getattr(fused, f"fused_{name}_{half}_ref")
         assert ref is getattr(ops, f"{name}_{half}")
         assert inspect.signature(fast) == inspect.signature(ref)
-    assert inspect.signature(fused_adamw.adamw_update) == inspect.signature(fused_adamw.adamw_update_ref)
+    assert inspect.signature(adamw_update) == inspect.signature(adamw_update_ref)
 
 
 @pytest.mark.parametrize("name", ["rmsnorm", "swiglu", "cross_entropy", "rope_heads"])
@@ -119,9 +121,9 @@ def test_adamw_kernel_gives_the_bits_of_its_numpy_ref():
     twins = [[p.copy(), np.zeros_like(p), np.zeros_like(p)] for _ in range(2)]
     for t in range(1, 6):
         g = rng.standard_normal(257).astype(np.float32)
-        for update, (pp, m, v) in zip((fused_adamw.adamw_update, fused_adamw.adamw_update_ref), twins):
-            update(pp, g, m, v, fused_adamw.AdamWStep(lr=3e-3, betas=(0.9, 0.95), eps=1e-8,
-                                                weight_decay=0.1, step=t))
+        for update, (pp, m, v) in zip((adamw_update, adamw_update_ref), twins):
+            update(pp, g, m, v, AdamWStep(lr=3e-3, betas=(0.9, 0.95), eps=1e-8,
+                                          weight_decay=0.1, step=t))
     for a, b in zip(*twins):
         assert a.dtype == np.float32
         np.testing.assert_array_equal(a, b)
@@ -131,9 +133,8 @@ def test_adamw_kernel_gives_the_bits_of_its_numpy_ref():
 def test_adamw_kernel_refuses_a_non_contiguous_parameter():
     p = np.zeros((4, 4), np.float32).T[:, :3]
     with pytest.raises(ValueError, match="adamw_update: p must be C-contiguous"):
-        fused_adamw.adamw_update(p, p.copy(), p.copy(), p.copy(),
-                           fused_adamw.AdamWStep(lr=1e-3, betas=(0.9, 0.9), eps=1e-8, weight_decay=0.0,
-                                           step=1))
+        adamw_update(p, p.copy(), p.copy(), p.copy(),
+                     AdamWStep(lr=1e-3, betas=(0.9, 0.9), eps=1e-8, weight_decay=0.0, step=1))
 
 
 @pytest.mark.parametrize("module, cache_type", [
@@ -160,7 +161,7 @@ def test_adamw_kernel_gives_torchs_bits():
     f = np.load(Path(__file__).resolve().parents[1] / "fixtures" / "adamw_torch_float32.npz")
     p, m, v = f["p0"].copy(), np.zeros_like(f["p0"]), np.zeros_like(f["p0"])
     for t, (lr, g) in enumerate(zip(f["lrs"], f["grads"]), start=1):
-        fused_adamw.adamw_update(p, g, m, v, fused_adamw.AdamWStep(
+        adamw_update(p, g, m, v, AdamWStep(
             lr=float(lr), betas=tuple(f["betas"]), eps=float(f["eps"]),
             weight_decay=float(f["weight_decay"]), step=t))
     np.testing.assert_array_equal(m, f["m"])
@@ -171,8 +172,8 @@ def test_adamw_kernel_gives_torchs_bits():
 
 def test_sum_squares_matches_its_float64_ref():
     a = np.random.default_rng(6).standard_normal((37, 11)).astype(np.float32) * 1e3
-    assert fused_adamw.sum_squares(a) == pytest.approx(fused_adamw.sum_squares_ref(a), rel=1e-13)
-    assert fused_adamw.sum_squares(a.T) == pytest.approx(fused_adamw.sum_squares_ref(a), rel=1e-13)
+    assert sum_squares(a) == pytest.approx(sum_squares_ref(a), rel=1e-13)
+    assert sum_squares(a.T) == pytest.approx(sum_squares_ref(a), rel=1e-13)
 
 
 def test_fused_sums_equal_numpys_float64_sums_and_max():
