@@ -24,7 +24,8 @@ import numpy as np
 from scratchllm import dist
 from scratchllm.lm import preset
 from scratchllm.train import corpus, set_blas_threads
-from scratchllm.train.trainer import Run, Settings
+from scratchllm.train.settings import Settings
+from scratchllm.train.trainer import Run
 
 
 def main(mode, data):

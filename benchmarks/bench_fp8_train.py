@@ -21,7 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from scratchllm.lm import preset  # noqa: E402
 from scratchllm.train import corpus  # noqa: E402
-from scratchllm.train.trainer import Run, Settings, fit  # noqa: E402
+from scratchllm.train.settings import Settings  # noqa: E402
+from scratchllm.train.trainer import Run, fit  # noqa: E402
 
 
 def smooth(x, n=20):

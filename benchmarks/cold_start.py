@@ -22,7 +22,8 @@ t_proc = float(open(f"/proc/{os.getpid()}/stat").read().split()[21]) / os.syscon
 boot = time.time() - float(open("/proc/uptime").read().split()[0])
 t0 = boot + t_proc  # the process's start, wall clock
 from scratchllm.train import corpus  # noqa: E402
-from scratchllm.train.trainer import Run, first_run, first_run_model  # noqa: E402
+from scratchllm.train.settings import first_run, first_run_model  # noqa: E402
+from scratchllm.train.trainer import Run  # noqa: E402
 cfg = first_run_model()
 tok, ids, _ = corpus.prepare(str(corpus.DEFAULT_CORPUS), cfg.vocab_size, Path(sys.argv[1]))
 train_ids, val_ids = corpus.split(ids)

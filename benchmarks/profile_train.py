@@ -3,8 +3,8 @@ of `python -m scratchllm train`), one shard on one thread so the profile sees ev
 
     flock /tmp/scratchllm-bench.lock python benchmarks/profile_train.py [--preset dense]
         [--steps 10] [--top 30] [--cpu] [--batch 16 --seq 128]     (SCRATCHLLM_READABLE=1: the readable pairs)
-        [--first]   (the model and settings of `python -m scratchllm train`: trainer.first_run_model,
-                     trainer.first_run's weight decay, batch 8)
+        [--first]   (the model and settings of `python -m scratchllm train`: settings.first_run_model,
+                     settings.first_run's weight decay, batch 8)
 
 Prints the functions with the most own time (tottime) and the pairs' cumulative times, and
 the step's minor page faults and system time (fresh pages the kernel zero-fills: what
@@ -38,10 +38,11 @@ def main():
     args = p.parse_args()
     import numpy as np
     from scratchllm.lm import preset
-    from scratchllm.train import Run, Settings, trainer
-    cfg = trainer.first_run_model() if args.first else preset(args.preset)
+    from scratchllm.train import Run, Settings
+    from scratchllm.train.settings import first_run, first_run_model
+    cfg = first_run_model() if args.first else preset(args.preset)
     batch = args.batch or (8 if args.first else 16)
-    wd = trainer.first_run().weight_decay if args.first else Settings().weight_decay
+    wd = first_run().weight_decay if args.first else Settings().weight_decay
     run = Run(cfg, Settings(batch_size=batch, seq_len=args.seq, steps=10 ** 6, threads=1,
                             weight_decay=wd))
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, 100_000)

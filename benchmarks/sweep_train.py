@@ -9,7 +9,7 @@ Each setting is comma-separated name=value pairs: Settings fields (steps, batch_
 lr, warmup, final_lr, weight_decay, eval_every, threads, optimizer, muon_lr, ...) and the dense
 preset's flat names (d_model, n_layers, d_ff, n_heads, n_kv_heads, vocab_size, ...; a
 vocab_size trains its own tokenizer into CACHE_DIR). The base is Settings() (weight decay 0.1),
-not trainer.first_run(): give every field that differs. The validation loss is deterministic
+not settings.first_run(): give every field that differs. The validation loss is deterministic
 for a given `threads` (1 and 2 threads sum the gradients in another order); the times swing
 with the machine's load, so compare them only within one run. Besides the ratio to the unigram
 baseline each row prints nats per byte of the validated text, which compares across
@@ -30,7 +30,8 @@ import numpy as np
 
 from scratchllm.lm import preset
 from scratchllm.train import corpus
-from scratchllm.train.trainer import Run, Settings, evaluate, fit
+from scratchllm.train.settings import Settings
+from scratchllm.train.trainer import Run, evaluate, fit
 
 SETTINGS = {f.name for f in fields(Settings)}
 

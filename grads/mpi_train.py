@@ -53,7 +53,7 @@ def training_checks(world):
     """[TrainResult]: dp=P with ZeRO 0-3 against one process (every rank computes the
     one-process run too), and predicted against counted bytes."""
     from scratchllm import dist
-    from scratchllm.train.trainer import Settings
+    from scratchllm.train.settings import Settings
     cfg = lm_tiny("dense", vocab_size=24)
     P = world.size
     s = Settings(steps=STEPS, batch_size=P + 1, seq_len=8, warmup=1, threads=1, seed=3)

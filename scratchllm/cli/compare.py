@@ -21,7 +21,8 @@ from scratchllm.train.extrapolation import POSITIONS
 from scratchllm.teach import sizing
 from scratchllm.train import corpus
 from scratchllm.train.plots import save_compare_plot
-from scratchllm.train.trainer import Settings, train_preset
+from scratchllm.train.settings import Settings
+from scratchllm.train.trainer import train_preset
 
 TABLE_CONTEXTS = (4096, 131072)  # the table's cache/token columns: 4k and 128k
 

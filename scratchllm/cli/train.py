@@ -2,7 +2,7 @@
 
 With no arguments: train a byte-level BPE tokenizer on the bundled Python-docs corpus (cached),
 train the first run's model (the `dense` preset narrowed to d_model 96, d_ff 256:
-trainer.first_run_model; --preset dense trains the preset itself), report the validation loss
+settings.first_run_model; --preset dense trains the preset itself), report the validation loss
 against the unigram baseline, save a checkpoint directory and a loss-curve PNG, and print a
 short sample.
 
@@ -49,7 +49,8 @@ from scratchllm.train.parallel_run import check_combination, check_split
 from scratchllm.train.pipeline import bubble_fraction
 from scratchllm.train.plots import save_run_plot
 from scratchllm.train.optimizers import OPTIMIZERS
-from scratchllm.train.trainer import Run, Settings, first_run, first_run_model, fit
+from scratchllm.train.settings import Settings, first_run, first_run_model
+from scratchllm.train.trainer import Run, fit
 from scratchllm.train.warm import EncoderFirst, KernelWarmup, sum_warmed
 
 
@@ -58,7 +59,7 @@ def build_parser():
     d = first_run()
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="model architecture (default: the first run's model, the dense "
-                   "preset narrowed to d_model 96 and d_ff 256: trainer.first_run_model)")
+                   "preset narrowed to d_model 96 and d_ff 256: settings.first_run_model)")
     p.add_argument("--data", default=None,
                    help="UTF-8 text file to train on (default: the bundled Python docs)")
     p.add_argument("--steps", type=int_at_least(1), default=None,
@@ -121,7 +122,7 @@ def build_parser():
 
 def _settings(args, saved=None, ranks=1):
     """Flags given explicitly win; then the checkpoint's settings (one saved before
-    Settings.optimizer existed is AdamW's: Settings()); then the first run's (trainer.first_run;
+    Settings.optimizer existed is AdamW's: Settings()); then the first run's (settings.first_run;
     and one thread per rank when ranks > 1)."""
     s = dict(asdict(Settings() if saved else first_run()), **(saved or {}))
     if ranks > 1:
@@ -144,7 +145,7 @@ def _settings(args, saved=None, ranks=1):
 
 
 def _model(name):
-    """The config of --preset NAME; without one, the first run's (trainer.first_run_model)."""
+    """The config of --preset NAME; without one, the first run's (settings.first_run_model)."""
     return first_run_model() if name is None else preset(name)
 
 

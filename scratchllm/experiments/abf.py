@@ -22,7 +22,8 @@ from scratchllm.experiments.loop import train_curve
 from scratchllm.lm import LM
 from scratchllm.specs import preset
 from scratchllm.train import corpus
-from scratchllm.train.trainer import Settings, evaluate
+from scratchllm.train.settings import Settings
+from scratchllm.train.trainer import evaluate
 
 _NAME = "abf"
 _CLAIM = ("raising the RoPE base and continuing on longer sequences (ABF) extends the context "

@@ -23,7 +23,7 @@ from scratchllm.experiments.loop import train_curve
 from scratchllm.lm import LM
 from scratchllm.specs import preset
 from scratchllm.train import corpus
-from scratchllm.train.trainer import Settings
+from scratchllm.train.settings import Settings
 
 _NAME = "early_exit"
 _CLAIM = ("exiting at the first confident block saves blocks for the tokens the early layers "

@@ -34,7 +34,7 @@ from scratchllm.experiments.loop import train_curve
 from scratchllm.lm import LM
 from scratchllm.specs import preset
 from scratchllm.train import corpus
-from scratchllm.train.trainer import Settings
+from scratchllm.train.settings import Settings
 
 _NAME = "experts"
 _CLAIM = ("experts specialise by syntax (punctuation, digits, identifiers, words) more than by "

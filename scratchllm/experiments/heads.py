@@ -9,7 +9,8 @@ from scratchllm.experiments.base import Experiment, Outcome, byte_corpus, pick
 from scratchllm.specs import preset
 from scratchllm.teach import sizing
 from scratchllm.train import corpus
-from scratchllm.train.trainer import Settings, train_preset
+from scratchllm.train.settings import Settings
+from scratchllm.train.trainer import train_preset
 
 _NAME = "heads"
 _CLAIM = ("GQA costs almost nothing in loss against MHA and MQA a little, for a KV cache "

@@ -23,7 +23,8 @@ from scratchllm.experiments.base import Experiment, Outcome, pick
 from scratchllm.experiments.tools import head_scores
 from scratchllm.lm import LM
 from scratchllm.specs import AttentionSpec, LayerSpec, ModelConfig
-from scratchllm.train.trainer import Settings, make_optimizer
+from scratchllm.train.settings import Settings
+from scratchllm.train.trainer import make_optimizer
 
 _NAME = "induction"
 _CLAIM = ("a 2-layer attention-only model forms a previous-token head and an induction head, "

@@ -29,7 +29,7 @@ from scratchllm.moe import split_experts
 from scratchllm.specs import preset
 from scratchllm.teach import sizing
 from scratchllm.train import corpus
-from scratchllm.train.trainer import Settings
+from scratchllm.train.settings import Settings
 
 _NAME = "moe"
 _CLAIM = ("an MoE's loss sits between the dense model of its active size and the dense model "

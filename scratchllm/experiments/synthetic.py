@@ -18,7 +18,8 @@ from tqdm import tqdm
 
 from scratchllm.core import clip_grad_norm, cosine_schedule
 from scratchllm.core.blas import one_blas_thread
-from scratchllm.train.trainer import Settings, make_optimizer
+from scratchllm.train.settings import Settings
+from scratchllm.train.trainer import make_optimizer
 
 IGNORE = -100
 

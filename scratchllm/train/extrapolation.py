@@ -24,7 +24,8 @@ import numpy as np
 
 from scratchllm.specs import from_flat
 from scratchllm.train import corpus
-from scratchllm.train.trainer import Run, Settings, evaluate
+from scratchllm.train.settings import Settings
+from scratchllm.train.trainer import Run, evaluate
 
 POSITIONS = ("rope", "alibi", "sinusoidal", "nope")
 DATA = Path(__file__).resolve().parent.parent / "data" / "python-docs.txt"

@@ -120,7 +120,8 @@ def test_on_one_rank_every_collective_is_a_copy_and_sends_nothing():
 
 def test_zero_3_refuses_data_parallel_threads_and_on_one_rank_keeps_every_weight():
     from grads.cases import lm_tiny
-    from scratchllm.train.trainer import Run, Settings
+    from scratchllm.train.settings import Settings
+    from scratchllm.train.trainer import Run
     grid = dist.RankGrid(dist.GridShape(), dist.Group.single())
     with pytest.raises(ValueError, match=r"--zero 3 .* --threads 2 is not supported"):
         Run(lm_tiny("dense"), Settings(threads=2), np.float64, grid=grid, zero=3)

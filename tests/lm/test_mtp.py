@@ -53,7 +53,8 @@ def test_too_short_a_sequence_and_config_round_trip():
 
 def test_a_run_trains_the_modules_and_records_their_losses():
     from scratchllm.train import trainer
-    s = trainer.Settings(batch_size=2, seq_len=8, steps=2, warmup=1, threads=1)
+    from scratchllm.train.settings import Settings
+    s = Settings(batch_size=2, seq_len=8, steps=2, warmup=1, threads=1)
     run = trainer.Run(replace(lm_tiny("dense"), mtp=MTPSpec(2)), s)
     ids = np.random.default_rng(0).integers(0, run.cfg.vocab_size, 300)
     before = run.model.mtp.depths[1].proj.W.data.copy()

@@ -79,7 +79,8 @@ def test_document_ids_start_a_new_document_after_each_separator():
 
 
 def test_packed_training_step_runs_and_differs_from_unpacked():
-    from scratchllm.train.trainer import Run, Settings
+    from scratchllm.train.settings import Settings
+    from scratchllm.train.trainer import Run
     ids = np.random.default_rng(0).integers(0, 31, 400).astype(np.int32)
     ids[::17] = 30  # a separator every 17 tokens
     losses = {}

@@ -15,12 +15,13 @@ from scratchllm.specs import from_dict, from_flat, to_dict
 from scratchllm.specs.unflat import flat_view
 from scratchllm.tokenizer import TOKENIZER_FILE, Tokenizer
 from scratchllm.train import checkpoint, trainer
+from scratchllm.train.settings import Settings
 
 IDS = np.random.default_rng(0).integers(0, 23, 300)
 
 
 def _run(name="dense", **overrides):
-    s = trainer.Settings(batch_size=2, seq_len=8, steps=4, warmup=1, threads=1)
+    s = Settings(batch_size=2, seq_len=8, steps=4, warmup=1, threads=1)
     run = trainer.Run(lm_tiny(name, **overrides), s)
     run.train_step(IDS)
     return run

@@ -14,6 +14,7 @@ from scratchllm.cli import train
 from scratchllm.core import AdamW, NonFiniteError, Param, clip_grad_norm, detect_anomaly
 from scratchllm.lm import LM, preset
 from scratchllm.train import checkpoint, trainer
+from scratchllm.train.settings import Settings
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "python-docs-slice.txt"
 QUICK = ["--data", str(FIXTURE), "--batch-size", "2", "--seq-len", "16", "--no-progress"]
@@ -58,7 +59,7 @@ def test_clip_grad_norm_refuses_a_nan_norm_and_scales_nothing():
 
 
 def _tiny_run():
-    s = trainer.Settings(batch_size=2, seq_len=8, steps=6, warmup=1, eval_every=2, threads=1)
+    s = Settings(batch_size=2, seq_len=8, steps=6, warmup=1, eval_every=2, threads=1)
     return trainer.Run(lm_tiny("dense"), s)
 
 
@@ -95,7 +96,7 @@ def test_an_inf_gradient_with_finite_weights_is_named_as_a_too_high_learning_rat
     run.model.loss_backward = overflowing
     run.train_step(IDS)
     before = [p.data.copy() for p in run.model.parameters()]
-    peak = re.escape(f"{trainer.Settings().lr:g}")  # the default peak lr
+    peak = re.escape(f"{Settings().lr:g}")  # the default peak lr
     with pytest.raises(NonFiniteError, match=r"^step 2: clip_grad_norm: the global gradient "
                                              rf"norm is inf .*the learning rate \(peak {peak}, "):
         run.train_step(IDS)

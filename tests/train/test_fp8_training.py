@@ -5,10 +5,11 @@ import numpy as np
 from grads.cases import lm_tiny
 from scratchllm.core.fp8 import FP8LinearCache
 from scratchllm.train import trainer
+from scratchllm.train.settings import Settings
 
 
 def _run(fp8):
-    s = trainer.Settings(batch_size=2, seq_len=8, steps=3, warmup=1, threads=1, fp8=fp8)
+    s = Settings(batch_size=2, seq_len=8, steps=3, warmup=1, threads=1, fp8=fp8)
     return trainer.Run(lm_tiny("dense"), s)
 
 

@@ -13,10 +13,11 @@ from scratchllm.core.optim import AdamW
 from scratchllm.lm import preset
 from scratchllm.specs.unflat import flat_view
 from scratchllm.train import trainer
+from scratchllm.train.settings import Settings, first_run, first_run_model
 
 
 def _settings(**kw):
-    return trainer.Settings(**{**dict(batch_size=3, seq_len=8, steps=20, warmup=2, threads=1),
+    return Settings(**{**dict(batch_size=3, seq_len=8, steps=20, warmup=2, threads=1),
                                **kw})
 
 
@@ -84,16 +85,16 @@ def _args(**given):
 
 
 def test_cli_defaults_to_the_first_run_and_resumes_old_checkpoints_as_adamw():
-    assert train._settings(_args()) == trainer.first_run()
-    assert trainer.first_run() == trainer.Settings(steps=1700, lr=7e-3, final_lr=0.03,
-                                                   weight_decay=0.3, eval_every=850)
-    assert train._settings(_args(optimizer="muon", muon_lr=0.03)) == trainer.Settings(
+    assert train._settings(_args()) == first_run()
+    assert first_run() == Settings(steps=1700, lr=7e-3, final_lr=0.03, weight_decay=0.3,
+                                   eval_every=850)
+    assert train._settings(_args(optimizer="muon", muon_lr=0.03)) == Settings(
         steps=1700, lr=7e-3, final_lr=0.03, weight_decay=0.3, eval_every=850,
         optimizer="muon", muon_lr=0.03)
-    old = asdict(trainer.Settings(steps=70))
+    old = asdict(Settings(steps=70))
     del old["optimizer"], old["muon_lr"]  # saved before the field existed
-    assert train._settings(_args(), saved=old) == trainer.Settings(steps=70)
-    muon_run = dict(asdict(trainer.Settings(optimizer="muon")), threads=2)
+    assert train._settings(_args(), saved=old) == Settings(steps=70)
+    muon_run = dict(asdict(Settings(optimizer="muon")), threads=2)
     assert train._settings(_args(), saved=muon_run).optimizer == "muon"  # resumed as saved
     assert train._settings(_args(), ranks=2).optimizer == "adamw"  # mpiexec: AdamW
     with pytest.raises(ValueError, match="--optimizer muon runs in one process"):
@@ -104,7 +105,7 @@ def test_cli_trains_the_first_run_model_without_a_preset_and_the_preset_with_one
     """No --preset: the dense preset narrowed to d_model 96, d_ff 256 (still Llama-style:
     4 pre-norm layers of RMSNorm, GQA with RoPE on 4 query and 2 KV heads, SwiGLU)."""
     first = train._model(None)
-    assert first == trainer.first_run_model() == preset("dense", d_model=96, d_ff=256)
+    assert first == first_run_model() == preset("dense", d_model=96, d_ff=256)
     assert first.n_params() == 602_976 and preset("dense").n_params() == 1_049_728
     view = flat_view(first)
     assert (view.n_layers, view.n_heads, view.n_kv_heads, view.positions, view.ffn,

@@ -12,6 +12,7 @@ from grads.cases import lm_tiny
 from scratchllm.cli import sample as sample_cli, train
 from scratchllm.lm import sampling as generate
 from scratchllm.train import checkpoint, corpus, trainer
+from scratchllm.train.settings import Settings
 from scratchllm.lm import LM
 from scratchllm.specs import from_dict, from_flat, to_dict
 from scratchllm.specs.unflat import flat_view
@@ -69,7 +70,7 @@ def test_ctrl_c_saves_and_resume_is_bit_exact(tmp_path, monkeypatch):
 
 
 def _tiny_run(seed=0, **settings):
-    s = trainer.Settings(batch_size=4, seq_len=8, steps=50, warmup=2, seed=seed, **settings)
+    s = Settings(batch_size=4, seq_len=8, steps=50, warmup=2, seed=seed, **settings)
     return trainer.Run(lm_tiny("moe"), s)
 
 
@@ -280,5 +281,5 @@ def test_one_thread_means_one_blas_thread_too():
     if not blas_threads():
         pytest.skip("no OpenBLAS loaded (NumPy on another BLAS)")
     set_blas_threads(2)
-    trainer.Run(lm_tiny("dense"), trainer.Settings(threads=1), np.float64)
+    trainer.Run(lm_tiny("dense"), Settings(threads=1), np.float64)
     assert set(blas_threads()) == {1}

@@ -5,7 +5,8 @@ from scratchllm.core.compiling import CompileLog
 from scratchllm.lm import preset
 from scratchllm.tokenizer import EOT, Tokenizer
 from scratchllm.tokenizer.train import assemble_vocab
-from scratchllm.train.trainer import Run, Settings
+from scratchllm.train.settings import Settings
+from scratchllm.train.trainer import Run
 from scratchllm.train.warm import KernelWarmup, sum_warmed
 import numpy as np
 
