@@ -3,8 +3,8 @@ of `python -m scratchllm train`), one shard on one thread so the profile sees ev
 
     flock /tmp/scratchllm-bench.lock python benchmarks/profile_train.py [--preset dense]
         [--steps 10] [--top 30] [--cpu] [--batch 16 --seq 128]     (SCRATCHLLM_READABLE=1: the readable pairs)
-        [--first]   (the model and settings of `python -m scratchllm train`: settings.first_run_model,
-                     settings.first_run's weight decay, batch 8)
+        [--first]   (the model and settings of `python -m scratchllm train`:
+                     settings.first_run_model, settings.first_run's weight decay, batch 8)
 
 Prints the functions with the most own time (tottime) and the pairs' cumulative times, and
 the step's minor page faults and system time (fresh pages the kernel zero-fills: what

@@ -91,7 +91,7 @@ class AdamW:
                 self.lr * s, self.betas, self.eps, wd, self.t)) for _, wd, s in self.groups]
             scale = None if grad_scale is None else plan.dtype.type(grad_scale)
             run_tasks(lambda k: fused_adamw.adamw_params(plan.flat, plan.which[k], plan.group,
-                                                   scalars, scale), n, n)
+                                                         scalars, scale), n, n)
             return
         hps = [(wd, s) for ps, wd, s in self.groups for _ in ps]
         todo = [(params[i], self.m[i], self.v[i],
